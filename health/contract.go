@@ -1,0 +1,289 @@
+// Package health holds leasehold's domain: the executor registration contract,
+// the lease rules and (later) eligibility. It is pure: no I/O, time is passed in.
+package health
+
+import (
+	"fmt"
+	"net"
+	"regexp"
+	"sort"
+	"strconv"
+	"strings"
+
+	"github.com/Masterminds/semver/v3"
+)
+
+// The registration contract: how an executor appears in Consul. README.md
+// documents the same for executors written in any language.
+const (
+	// DefaultTag marks a Consul service as a leasehold task type.
+	DefaultTag = "leasehold"
+
+	MetaInstanceID = "instance_id"
+	MetaSessionID  = "session_id"
+	MetaVersion    = "version"
+	MetaCapacity   = "capacity"
+	MetaState      = "state"
+	// MetaLabelPrefix prefixes each label key: label "zone=eu" is meta "label_zone".
+	MetaLabelPrefix = "label_"
+
+	// CheckIDPrefix starts every lease check id: lease:<instance>:<session>:<task>.
+	CheckIDPrefix = "lease"
+)
+
+// Consul's own limits on service meta (agent/structs), so a registration that
+// passes Validate is never refused by the agent.
+const (
+	consulMetaMaxPairs     = 64
+	consulMetaKeyMaxLen    = 128
+	consulMetaValueMaxLen  = 512
+	consulMetaReservedPref = "consul-"
+
+	maxIDLen    = 128
+	maxTaskLen  = 63 // one DNS label, so the task resolves in Consul DNS too
+	maxCapacity = 1_000_000
+)
+
+var (
+	metaKeyRE = regexp.MustCompile(`^[a-zA-Z0-9_-]+$`)
+	idRE      = regexp.MustCompile(`^[A-Za-z0-9][A-Za-z0-9._-]*$`)
+	taskRE    = regexp.MustCompile(`^[A-Za-z0-9]([A-Za-z0-9-]*[A-Za-z0-9])?$`)
+)
+
+// State is the executor's own view of whether it takes new work.
+type State string
+
+const (
+	StateActive   State = "active"
+	StateDraining State = "draining"
+)
+
+// Registration is one executor instance serving one task type, as registered in
+// Consul: service name = Task, meta = everything else.
+type Registration struct {
+	InstanceID string
+	SessionID  string
+	Task       string
+	Address    string
+	Port       int
+	Version    string
+	Capacity   int
+	State      State
+	Labels     map[string]string
+}
+
+// ServiceID is the Consul service id of an (instance, task) registration. It
+// does not contain the session, so a restarted process on the same agent
+// replaces its predecessor's registration instead of adding a second one.
+func ServiceID(instanceID, task string) string {
+	return task + ":" + instanceID
+}
+
+// CheckID is the id of the TTL lease check of one session of one registration.
+// It embeds the session, so a heartbeat from a replaced session names a check
+// the agent no longer knows and is refused.
+func CheckID(instanceID, sessionID, task string) string {
+	return CheckIDPrefix + ":" + instanceID + ":" + sessionID + ":" + task
+}
+
+// ParseCheckID splits a lease check id; ok is false for any other check.
+func ParseCheckID(id string) (instanceID, sessionID, task string, ok bool) {
+	parts := strings.Split(id, ":")
+	if len(parts) != 4 || parts[0] != CheckIDPrefix || parts[1] == "" || parts[2] == "" || parts[3] == "" {
+		return "", "", "", false
+	}
+	return parts[1], parts[2], parts[3], true
+}
+
+// Validate checks every field against the contract and Consul's limits and
+// returns FieldErrors naming each invalid field, or nil.
+func (r Registration) Validate() error {
+	var errs FieldErrors
+	errs = append(errs, validateID(MetaInstanceID, r.InstanceID)...)
+	errs = append(errs, validateID(MetaSessionID, r.SessionID)...)
+	if e := ValidateTask(r.Task); e != nil {
+		errs = append(errs, e)
+	}
+	if e := ValidateHost(r.Address); e != nil {
+		errs = append(errs, e)
+	}
+	if r.Port < 1 || r.Port > 65535 {
+		errs = append(errs, fieldErr("port", strconv.Itoa(r.Port), "must be 1..65535"))
+	}
+	if e := ValidateVersion(r.Version); e != nil {
+		errs = append(errs, e)
+	}
+	if r.Capacity < 1 || r.Capacity > maxCapacity {
+		errs = append(errs, fieldErr(MetaCapacity, strconv.Itoa(r.Capacity), "must be a positive integer ≤ %d", maxCapacity))
+	}
+	if r.State != StateActive && r.State != StateDraining {
+		errs = append(errs, fieldErr(MetaState, string(r.State), "must be %q or %q", StateActive, StateDraining))
+	}
+	errs = append(errs, ValidateLabels(r.Labels)...)
+	return errs.err()
+}
+
+func validateID(field, v string) FieldErrors {
+	switch {
+	case v == "":
+		return FieldErrors{fieldErr(field, v, "must not be empty")}
+	case len(v) > maxIDLen:
+		return FieldErrors{fieldErr(field, v, "longer than %d bytes", maxIDLen)}
+	case !idRE.MatchString(v):
+		return FieldErrors{fieldErr(field, v, "may contain only letters, digits, '.', '_' and '-', starting with a letter or digit")}
+	}
+	return nil
+}
+
+// ValidateInstanceID checks an instance id alone (for configuration).
+func ValidateInstanceID(v string) error { return validateID(MetaInstanceID, v).err() }
+
+// ValidateTask checks a task type name: it is the Consul service name.
+func ValidateTask(v string) *FieldError {
+	switch {
+	case v == "":
+		return fieldErr("task", v, "must not be empty")
+	case len(v) > maxTaskLen:
+		return fieldErr("task", v, "longer than %d bytes (one DNS label)", maxTaskLen)
+	case !taskRE.MatchString(v):
+		return fieldErr("task", v, "may contain only letters, digits and '-', not at either end")
+	}
+	return nil
+}
+
+// ValidateHost checks the address dispatchers dial: an IP or a DNS name, not
+// an unspecified address such as 0.0.0.0.
+func ValidateHost(v string) *FieldError {
+	if v == "" {
+		return fieldErr("address", v, "must not be empty")
+	}
+	if ip := net.ParseIP(v); ip != nil {
+		if ip.IsUnspecified() {
+			return fieldErr("address", v, "unspecified address cannot be dialled; use the executor's reachable IP")
+		}
+		return nil
+	}
+	if len(v) > 253 {
+		return fieldErr("address", v, "host name longer than 253 bytes")
+	}
+	for _, label := range strings.Split(v, ".") {
+		if label == "" || len(label) > 63 || !taskRE.MatchString(label) {
+			return fieldErr("address", v, "neither an IP address nor a valid host name")
+		}
+	}
+	return nil
+}
+
+// ValidateVersion checks a strict semantic version such as 1.4.2 or 2.0.0-rc.1.
+func ValidateVersion(v string) *FieldError {
+	if v == "" {
+		return fieldErr(MetaVersion, v, "must not be empty")
+	}
+	if len(v) > consulMetaValueMaxLen {
+		return fieldErr(MetaVersion, v, "longer than %d bytes", consulMetaValueMaxLen)
+	}
+	if _, err := semver.StrictNewVersion(v); err != nil {
+		return fieldErr(MetaVersion, v, "not a semantic version (MAJOR.MINOR.PATCH): %v", err)
+	}
+	return nil
+}
+
+// ValidateLabels checks that every label can be stored as Consul meta.
+func ValidateLabels(labels map[string]string) FieldErrors {
+	var errs FieldErrors
+	if n := len(labels) + fixedMetaKeys; n > consulMetaMaxPairs {
+		errs = append(errs, fieldErr("labels", strconv.Itoa(len(labels)), "at most %d labels fit in Consul's %d meta pairs", consulMetaMaxPairs-fixedMetaKeys, consulMetaMaxPairs))
+	}
+	for _, k := range sortedKeys(labels) {
+		key := MetaLabelPrefix + k
+		switch {
+		case k == "":
+			errs = append(errs, fieldErr("labels", "", "label key must not be empty"))
+		case !metaKeyRE.MatchString(k):
+			errs = append(errs, fieldErr(key, k, "label key may contain only letters, digits, '-' and '_'"))
+		case len(key) > consulMetaKeyMaxLen:
+			errs = append(errs, fieldErr(key, k, "meta key longer than %d bytes", consulMetaKeyMaxLen))
+		case len(labels[k]) > consulMetaValueMaxLen:
+			errs = append(errs, fieldErr(key, labels[k], "value longer than %d bytes", consulMetaValueMaxLen))
+		}
+	}
+	return errs
+}
+
+const fixedMetaKeys = 5 // instance_id, session_id, version, capacity, state
+
+// Meta encodes the registration as Consul service meta.
+func (r Registration) Meta() map[string]string {
+	m := make(map[string]string, fixedMetaKeys+len(r.Labels))
+	m[MetaInstanceID] = r.InstanceID
+	m[MetaSessionID] = r.SessionID
+	m[MetaVersion] = r.Version
+	m[MetaCapacity] = strconv.Itoa(r.Capacity)
+	m[MetaState] = string(r.State)
+	for k, v := range r.Labels {
+		m[MetaLabelPrefix+k] = v
+	}
+	return m
+}
+
+// ParseRegistration decodes a Consul service (name, address, port, meta) into a
+// Registration and validates it. Meta keys outside the contract are ignored, so
+// operators may add their own.
+func ParseRegistration(task, address string, port int, meta map[string]string) (Registration, error) {
+	r := Registration{
+		InstanceID: meta[MetaInstanceID],
+		SessionID:  meta[MetaSessionID],
+		Task:       task,
+		Address:    address,
+		Port:       port,
+		Version:    meta[MetaVersion],
+		State:      State(meta[MetaState]),
+	}
+	var errs FieldErrors
+	if c, ok := meta[MetaCapacity]; ok {
+		n, err := strconv.Atoi(c)
+		if err != nil {
+			errs = append(errs, fieldErr(MetaCapacity, c, "not an integer"))
+			n = 1 // keep Validate from reporting the field twice
+		}
+		r.Capacity = n
+	}
+	for k, v := range meta {
+		if lk, ok := strings.CutPrefix(k, MetaLabelPrefix); ok {
+			if r.Labels == nil {
+				r.Labels = make(map[string]string)
+			}
+			r.Labels[lk] = v
+		}
+	}
+	if err := r.Validate(); err != nil {
+		var more FieldErrors
+		if ok := asFieldErrors(err, &more); ok {
+			errs = append(errs, more...)
+		}
+	}
+	sort.SliceStable(errs, func(i, j int) bool { return errs[i].Field < errs[j].Field })
+	return r, errs.err()
+}
+
+func asFieldErrors(err error, out *FieldErrors) bool {
+	fe, ok := err.(FieldErrors)
+	if ok {
+		*out = fe
+	}
+	return ok
+}
+
+func sortedKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+// String is for logs.
+func (r Registration) String() string {
+	return fmt.Sprintf("%s/%s@%s:%d session=%s v%s", r.Task, r.InstanceID, r.Address, r.Port, r.SessionID, r.Version)
+}

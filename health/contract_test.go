@@ -1,0 +1,154 @@
+package health
+
+import (
+	"errors"
+	"reflect"
+	"slices"
+	"strings"
+	"testing"
+)
+
+func validReg() Registration {
+	return Registration{
+		InstanceID: "exec-1", SessionID: "s1", Task: "transcode",
+		Address: "127.0.0.1", Port: 9000, Version: "1.4.2", Capacity: 4,
+		State: StateActive, Labels: map[string]string{"zone": "eu-1", "gpu": "true"},
+	}
+}
+
+func TestValidateNamesTheField(t *testing.T) {
+	long := strings.Repeat("x", 600)
+	many := map[string]string{}
+	for i := range 60 {
+		many["k"+strings.Repeat("a", i)] = "v"
+	}
+	tests := []struct {
+		name   string
+		mutate func(*Registration)
+		fields []string
+	}{
+		{"valid", func(*Registration) {}, nil},
+		{"hostname address", func(r *Registration) { r.Address = "exec-1.internal" }, nil},
+		{"ipv6 address", func(r *Registration) { r.Address = "::1" }, nil},
+		{"prerelease version", func(r *Registration) { r.Version = "2.0.0-rc.1" }, nil},
+		{"empty instance", func(r *Registration) { r.InstanceID = "" }, []string{"instance_id"}},
+		{"instance with slash", func(r *Registration) { r.InstanceID = "a/b" }, []string{"instance_id"}},
+		{"instance with colon", func(r *Registration) { r.InstanceID = "a:b" }, []string{"instance_id"}},
+		{"instance too long", func(r *Registration) { r.InstanceID = strings.Repeat("a", 129) }, []string{"instance_id"}},
+		{"empty session", func(r *Registration) { r.SessionID = "" }, []string{"session_id"}},
+		{"empty task", func(r *Registration) { r.Task = "" }, []string{"task"}},
+		{"task with underscore", func(r *Registration) { r.Task = "trans_code" }, []string{"task"}},
+		{"task too long", func(r *Registration) { r.Task = strings.Repeat("t", 64) }, []string{"task"}},
+		{"empty address", func(r *Registration) { r.Address = "" }, []string{"address"}},
+		{"unspecified address", func(r *Registration) { r.Address = "0.0.0.0" }, []string{"address"}},
+		{"garbage address", func(r *Registration) { r.Address = "not a host!" }, []string{"address"}},
+		{"port zero", func(r *Registration) { r.Port = 0 }, []string{"port"}},
+		{"port too big", func(r *Registration) { r.Port = 70000 }, []string{"port"}},
+		{"bad semver", func(r *Registration) { r.Version = "1.2" }, []string{"version"}},
+		{"v prefix", func(r *Registration) { r.Version = "v1.2.3" }, []string{"version"}},
+		{"empty version", func(r *Registration) { r.Version = "" }, []string{"version"}},
+		{"zero capacity", func(r *Registration) { r.Capacity = 0 }, []string{"capacity"}},
+		{"negative capacity", func(r *Registration) { r.Capacity = -3 }, []string{"capacity"}},
+		{"bad state", func(r *Registration) { r.State = "gone" }, []string{"state"}},
+		{"label key with dot", func(r *Registration) { r.Labels = map[string]string{"a.b": "x"} }, []string{"label_a.b"}},
+		{"label key empty", func(r *Registration) { r.Labels = map[string]string{"": "x"} }, []string{"labels"}},
+		{"label key too long", func(r *Registration) { r.Labels = map[string]string{strings.Repeat("k", 123): "x"} }, []string{"label_" + strings.Repeat("k", 123)}},
+		{"label value too long", func(r *Registration) { r.Labels = map[string]string{"zone": long} }, []string{"label_zone"}},
+		{"too many labels", func(r *Registration) { r.Labels = many }, []string{"labels"}},
+		{"several at once", func(r *Registration) { r.InstanceID = ""; r.Capacity = 0 }, []string{"instance_id", "capacity"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			r := validReg()
+			tt.mutate(&r)
+			err := r.Validate()
+			got := Fields(err)
+			if !reflect.DeepEqual(got, tt.fields) {
+				t.Fatalf("fields = %v, want %v (err: %v)", got, tt.fields, err)
+			}
+			for _, f := range tt.fields {
+				if !strings.Contains(err.Error(), f) {
+					t.Errorf("error %q does not name %q", err, f)
+				}
+			}
+		})
+	}
+}
+
+func TestMetaRoundTrip(t *testing.T) {
+	r := validReg()
+	meta := r.Meta()
+	meta["owner"] = "team-a" // operators' own meta is ignored
+	got, err := ParseRegistration(r.Task, r.Address, r.Port, meta)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if !reflect.DeepEqual(got, r) {
+		t.Fatalf("round trip:\n got %+v\nwant %+v", got, r)
+	}
+	if meta["label_zone"] != "eu-1" || meta["capacity"] != "4" || meta["state"] != "active" {
+		t.Fatalf("meta encoding: %v", meta)
+	}
+}
+
+func TestParseRegistrationRejectsBadMeta(t *testing.T) {
+	tests := []struct {
+		name   string
+		meta   map[string]string
+		fields []string
+	}{
+		{"capacity not a number", map[string]string{"capacity": "four"}, []string{"capacity"}},
+		{"capacity missing", map[string]string{"capacity": ""}, []string{"capacity"}},
+		{"state missing", map[string]string{"state": ""}, []string{"state"}},
+		{"version garbage", map[string]string{"version": "latest"}, []string{"version"}},
+		{"no instance", map[string]string{"instance_id": ""}, []string{"instance_id"}},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			meta := validReg().Meta()
+			for k, v := range tt.meta {
+				if v == "" {
+					delete(meta, k)
+				} else {
+					meta[k] = v
+				}
+			}
+			_, err := ParseRegistration("transcode", "127.0.0.1", 9000, meta)
+			if got := Fields(err); !reflect.DeepEqual(got, tt.fields) {
+				t.Fatalf("fields = %v, want %v (err: %v)", got, tt.fields, err)
+			}
+		})
+	}
+}
+
+func TestIDs(t *testing.T) {
+	if got := ServiceID("exec-1", "transcode"); got != "transcode:exec-1" {
+		t.Fatalf("ServiceID = %q", got)
+	}
+	id := CheckID("exec-1", "s1", "transcode")
+	if id != "lease:exec-1:s1:transcode" {
+		t.Fatalf("CheckID = %q", id)
+	}
+	inst, sess, task, ok := ParseCheckID(id)
+	if !ok || inst != "exec-1" || sess != "s1" || task != "transcode" {
+		t.Fatalf("ParseCheckID = %q %q %q %v", inst, sess, task, ok)
+	}
+	for _, bad := range []string{"serfHealth", "lease:a:b", "lease::s:t", "other:a:b:c", "lease:a:b:c:d"} {
+		if _, _, _, ok := ParseCheckID(bad); ok {
+			t.Errorf("ParseCheckID(%q) accepted", bad)
+		}
+	}
+}
+
+func TestFieldErrorsUnwrap(t *testing.T) {
+	r := validReg()
+	r.Port = 0
+	err := r.Validate()
+	var fe *FieldError
+	if !errors.As(err, &fe) || fe.Field != "port" {
+		t.Fatalf("errors.As: %v", err)
+	}
+	if !slices.Equal(Fields(fe), []string{"port"}) {
+		t.Fatal("Fields of a single FieldError")
+	}
+}
