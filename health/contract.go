@@ -287,3 +287,11 @@ func sortedKeys(m map[string]string) []string {
 func (r Registration) String() string {
 	return fmt.Sprintf("%s/%s@%s:%d session=%s v%s", r.Task, r.InstanceID, r.Address, r.Port, r.SessionID, r.Version)
 }
+
+// ValidateTag checks the Consul tag that marks task types.
+func ValidateTag(v string) *FieldError {
+	if v == "" || len(v) > 255 || strings.ContainsAny(v, " \t\n/") {
+		return fieldErr("tag", v, "must be a non-empty tag without spaces or '/'")
+	}
+	return nil
+}

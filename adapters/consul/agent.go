@@ -1,0 +1,123 @@
+// Package consul is leasehold's only Consul code: the executor-side Registrar
+// (register, heartbeat, fence, drain) and, later, the discovery watcher.
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"net/http"
+	"strconv"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Agent is what the Registrar needs from the local Consul agent. APIAgent
+// implements it over HTTP; unit tests use a fake.
+type Agent interface {
+	// Register registers (or replaces) a service with its checks; checks of
+	// the same service missing from reg are removed.
+	Register(ctx context.Context, reg *api.AgentServiceRegistration) error
+	// Deregister removes a service and its checks from the agent.
+	Deregister(ctx context.Context, serviceID string) error
+	// UpdateTTL renews a TTL check. A check the agent does not know returns an
+	// error matching ErrUnknownCheck.
+	UpdateTTL(ctx context.Context, checkID string, status health.CheckStatus, output string) error
+	// LocalService returns the agent's registration of serviceID, or nil.
+	LocalService(ctx context.Context, serviceID string) (*api.AgentService, error)
+	// Sessions lists every registration of instanceID for task in the catalog,
+	// on any node, with the status of its lease check.
+	Sessions(ctx context.Context, task, instanceID string) ([]RemoteSession, error)
+}
+
+// RemoteSession is one registration of an instance as the catalog shows it.
+type RemoteSession struct {
+	Node      string
+	SessionID string
+	Status    health.CheckStatus // of its lease check; critical when it has none
+}
+
+// ErrUnknownCheck means the agent refused a heartbeat because it does not know
+// the check: the session was replaced or the agent forgot it.
+var ErrUnknownCheck = errors.New("agent does not know the lease check")
+
+// APIAgent is the Agent over Consul's HTTP API.
+type APIAgent struct {
+	c *api.Client
+}
+
+var _ Agent = (*APIAgent)(nil)
+
+// NewAPIAgent wraps an API client configured for the local agent.
+func NewAPIAgent(c *api.Client) *APIAgent { return &APIAgent{c: c} }
+
+func (a *APIAgent) Register(ctx context.Context, reg *api.AgentServiceRegistration) error {
+	opts := api.ServiceRegisterOpts{ReplaceExistingChecks: true}.WithContext(ctx)
+	if err := a.c.Agent().ServiceRegisterOpts(reg, opts); err != nil {
+		return fmt.Errorf("register service %s: %w", reg.ID, err)
+	}
+	return nil
+}
+
+func (a *APIAgent) Deregister(ctx context.Context, serviceID string) error {
+	err := a.c.Agent().ServiceDeregisterOpts(serviceID, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil && !isStatus(err, http.StatusNotFound) {
+		return fmt.Errorf("deregister service %s: %w", serviceID, err)
+	}
+	return nil
+}
+
+func (a *APIAgent) UpdateTTL(ctx context.Context, checkID string, status health.CheckStatus, output string) error {
+	err := a.c.Agent().UpdateTTLOpts(checkID, output, string(status), (&api.QueryOptions{}).WithContext(ctx))
+	switch {
+	case err == nil:
+		return nil
+	case isStatus(err, http.StatusNotFound):
+		return fmt.Errorf("heartbeat %s: %w (%v)", checkID, ErrUnknownCheck, err)
+	default:
+		return fmt.Errorf("heartbeat %s: %w", checkID, err)
+	}
+}
+
+func (a *APIAgent) LocalService(ctx context.Context, serviceID string) (*api.AgentService, error) {
+	svc, _, err := a.c.Agent().Service(serviceID, (&api.QueryOptions{}).WithContext(ctx))
+	switch {
+	case err == nil:
+		return svc, nil
+	case isStatus(err, http.StatusNotFound):
+		return nil, nil
+	default:
+		return nil, fmt.Errorf("read local service %s: %w", serviceID, err)
+	}
+}
+
+func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]RemoteSession, error) {
+	q := (&api.QueryOptions{
+		Filter: "Service.Meta." + health.MetaInstanceID + " == " + strconv.Quote(instanceID),
+	}).WithContext(ctx)
+	entries, _, err := a.c.Health().Service(task, "", false, q)
+	if err != nil {
+		return nil, fmt.Errorf("list sessions of %s/%s: %w", task, instanceID, err)
+	}
+	out := make([]RemoteSession, 0, len(entries))
+	for _, e := range entries {
+		rs := RemoteSession{Node: e.Node.Node, SessionID: e.Service.Meta[health.MetaSessionID], Status: health.StatusCritical}
+		for _, c := range e.Checks {
+			if _, sess, _, ok := health.ParseCheckID(c.CheckID); ok && sess == rs.SessionID {
+				rs.Status = health.CheckStatus(c.Status)
+			}
+		}
+		if e.Checks.AggregatedStatus() == api.HealthCritical { // e.g. its node failed
+			rs.Status = health.StatusCritical
+		}
+		out = append(out, rs)
+	}
+	return out, nil
+}
+
+func isStatus(err error, code int) bool {
+	var se api.StatusError
+	return errors.As(err, &se) && se.Code == code
+}

@@ -1,0 +1,404 @@
+// Package consultest starts real Consul dev agents for tests: every port is
+// chosen free on loopback (never the default 8500), the agent is stopped and
+// its data dir removed when the test ends.
+package consultest
+
+import (
+	"bytes"
+	"context"
+	"errors"
+	"fmt"
+	"net"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"strings"
+	"sync"
+	"syscall"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+)
+
+// BinaryEnv overrides where the consul binary is found.
+const BinaryEnv = "LEASEHOLD_CONSUL"
+
+// Ports are the agent's listening ports, all on 127.0.0.1.
+type Ports struct {
+	HTTP, DNS, GRPC, SerfLAN, SerfWAN, Server int
+}
+
+// Options tune an agent. The zero value is a plain dev agent.
+type Options struct {
+	// ExtraHCL is appended to the generated configuration (e.g. ACL settings).
+	ExtraHCL string
+	// NodeName defaults to a unique name derived from the test.
+	NodeName string
+}
+
+// Agent is a running (or stopped) Consul dev agent.
+type Agent struct {
+	t       testing.TB
+	bin     string
+	dir     string
+	cfgPath string
+	Ports   Ports
+	Node    string
+
+	mu   sync.Mutex
+	cmd  *exec.Cmd
+	done chan struct{}
+	log  *tailBuffer
+}
+
+// Binary locates the consul binary: $LEASEHOLD_CONSUL, then bin/consul in the
+// repository (found by walking up from the working directory), then $PATH.
+func Binary() (string, error) {
+	if p := os.Getenv(BinaryEnv); p != "" {
+		if _, err := os.Stat(p); err != nil {
+			return "", fmt.Errorf("%s=%s: %w", BinaryEnv, p, err)
+		}
+		return p, nil
+	}
+	if dir, err := os.Getwd(); err == nil {
+		for {
+			p := filepath.Join(dir, "bin", "consul")
+			if st, err := os.Stat(p); err == nil && !st.IsDir() {
+				return p, nil
+			}
+			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
+				if b, _ := os.ReadFile(filepath.Join(dir, "go.mod")); bytes.HasPrefix(b, []byte("module github.com/leasehold/leasehold\n")) {
+					break // repository root reached
+				}
+			}
+			parent := filepath.Dir(dir)
+			if parent == dir {
+				break
+			}
+			dir = parent
+		}
+	}
+	if p, err := exec.LookPath("consul"); err == nil {
+		return p, nil
+	}
+	return "", errors.New("consul binary not found (bin/consul, $" + BinaryEnv + " or $PATH): run `make consul` to build it")
+}
+
+// RequireBinary returns the consul binary or ends the test. A missing binary
+// fails the test (under CI=true always); only `go test -short` outside CI
+// skips, and says why.
+func RequireBinary(t testing.TB) string {
+	t.Helper()
+	bin, err := Binary()
+	if err == nil {
+		return bin
+	}
+	if testing.Short() && os.Getenv("CI") != "true" {
+		t.Skip(err.Error())
+	}
+	t.Fatal(err.Error())
+	return ""
+}
+
+// Start runs a dev agent for the test and waits until it has a leader and its
+// own node is in the catalog. It is stopped when the test ends.
+func Start(t testing.TB, opts ...Options) *Agent {
+	t.Helper()
+	var o Options
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	bin := RequireBinary(t)
+	dir, err := os.MkdirTemp("", "leasehold-consul-")
+	if err != nil {
+		t.Fatal(err)
+	}
+	a := &Agent{t: t, bin: bin, dir: dir, Node: o.NodeName}
+	if a.Node == "" {
+		a.Node = "lh-" + sanitize(t.Name())
+	}
+	t.Cleanup(func() {
+		a.Stop()
+		if t.Failed() {
+			t.Logf("consul agent %s log (tail):\n%s", a.Node, a.log.String())
+		}
+		os.RemoveAll(a.dir)
+	})
+	var lastErr error
+	for attempt := 0; attempt < 3; attempt++ { // a chosen port can be taken between probe and bind
+		if lastErr = a.configure(o); lastErr != nil {
+			break
+		}
+		if lastErr = a.start(); lastErr == nil {
+			return a
+		}
+		a.Stop()
+	}
+	t.Fatalf("start consul agent: %v\n%s", lastErr, a.log.String())
+	return nil
+}
+
+func (a *Agent) configure(o Options) error {
+	ports, err := freePorts(6)
+	if err != nil {
+		return err
+	}
+	a.Ports = Ports{HTTP: ports[0], DNS: ports[1], GRPC: ports[2], SerfLAN: ports[3], SerfWAN: ports[4], Server: ports[5]}
+	hcl := fmt.Sprintf(`node_name = %q
+data_dir = %q
+bind_addr = "127.0.0.1"
+advertise_addr = "127.0.0.1"
+client_addr = "127.0.0.1"
+disable_update_check = true
+log_level = "warn"
+check_update_interval = "0s"
+ports {
+  http = %d
+  https = -1
+  dns = %d
+  grpc = %d
+  serf_lan = %d
+  serf_wan = %d
+  server = %d
+}
+%s
+`, a.Node, filepath.Join(a.dir, "data"), a.Ports.HTTP, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+	a.cfgPath = filepath.Join(a.dir, "agent.hcl")
+	return os.WriteFile(a.cfgPath, []byte(hcl), 0o600)
+}
+
+func (a *Agent) start() error {
+	a.mu.Lock()
+	a.log = newTailBuffer(64 << 10)
+	cmd := exec.Command(a.bin, "agent", "-dev", "-config-file", a.cfgPath)
+	cmd.Stdout, cmd.Stderr = a.log, a.log
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	if err := cmd.Start(); err != nil {
+		a.mu.Unlock()
+		return err
+	}
+	done := make(chan struct{})
+	a.cmd, a.done = cmd, done
+	a.mu.Unlock()
+	go func() { cmd.Wait(); close(done) }()
+	return a.waitReady(done, 60*time.Second)
+}
+
+// waitReady polls the agent until it has a leader and its node's serfHealth
+// is in the catalog, or the process exits, or the deadline passes.
+func (a *Agent) waitReady(exited <-chan struct{}, timeout time.Duration) error {
+	c := a.Client()
+	deadline := time.Now().Add(timeout)
+	tick := time.NewTicker(50 * time.Millisecond)
+	defer tick.Stop()
+	for {
+		leader, err := c.Status().Leader()
+		if err == nil && leader != "" {
+			checks, _, err := c.Health().Node(a.Node, nil)
+			if err == nil && len(checks) > 0 && checks[0].Status == api.HealthPassing {
+				return nil
+			}
+		}
+		if time.Now().After(deadline) {
+			return fmt.Errorf("agent not ready after %s (last error: %v)", timeout, err)
+		}
+		select {
+		case <-exited:
+			return errors.New("agent exited during start-up")
+		case <-tick.C:
+		}
+	}
+}
+
+// HTTPAddr is host:port of the agent's HTTP API.
+func (a *Agent) HTTPAddr() string { return fmt.Sprintf("127.0.0.1:%d", a.Ports.HTTP) }
+
+// Config is an API config for this agent.
+func (a *Agent) Config() *api.Config {
+	cfg := api.DefaultConfig()
+	cfg.Address = a.HTTPAddr()
+	cfg.Scheme = "http"
+	return cfg
+}
+
+// Client is an API client for this agent.
+func (a *Agent) Client() *api.Client {
+	c, err := api.NewClient(a.Config())
+	if err != nil {
+		a.t.Fatal(err)
+	}
+	return c
+}
+
+// Stop terminates the agent and waits for it to exit.
+func (a *Agent) Stop() {
+	a.mu.Lock()
+	cmd, done := a.cmd, a.done
+	a.cmd = nil
+	a.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+		<-done
+	}
+}
+
+// Restart stops the agent and starts a fresh one on the same ports and node
+// name. A dev agent keeps no state, so every registration is forgotten — the
+// same as an agent whose data was lost.
+func (a *Agent) Restart() {
+	a.t.Helper()
+	a.Stop()
+	if err := a.start(); err != nil {
+		a.t.Fatalf("restart consul agent: %v\n%s", err, a.log.String())
+	}
+}
+
+func sanitize(name string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(name) {
+		if (r >= 'a' && r <= 'z') || (r >= '0' && r <= '9') || r == '-' {
+			b.WriteRune(r)
+		} else {
+			b.WriteByte('-')
+		}
+	}
+	s := b.String()
+	if len(s) > 40 {
+		s = s[len(s)-40:]
+	}
+	return fmt.Sprintf("%s-%d", strings.Trim(s, "-"), time.Now().UnixNano()%100000)
+}
+
+// freePorts finds n distinct loopback ports free for both TCP and UDP (serf and
+// DNS need both). Listeners are held until all are chosen so none repeats.
+func freePorts(n int) ([]int, error) {
+	var closers []func()
+	defer func() {
+		for _, c := range closers {
+			c()
+		}
+	}()
+	var ports []int
+	for tries := 0; len(ports) < n && tries < 100; tries++ {
+		l, err := net.Listen("tcp", "127.0.0.1:0")
+		if err != nil {
+			return nil, err
+		}
+		port := l.Addr().(*net.TCPAddr).Port
+		u, err := net.ListenPacket("udp", fmt.Sprintf("127.0.0.1:%d", port))
+		if err != nil {
+			l.Close()
+			continue
+		}
+		closers = append(closers, func() { l.Close(); u.Close() })
+		ports = append(ports, port)
+	}
+	if len(ports) < n {
+		return nil, errors.New("could not find free loopback ports")
+	}
+	return ports, nil
+}
+
+// tailBuffer keeps the last max bytes written to it.
+type tailBuffer struct {
+	mu  sync.Mutex
+	max int
+	buf []byte
+}
+
+func newTailBuffer(max int) *tailBuffer { return &tailBuffer{max: max} }
+
+func (b *tailBuffer) Write(p []byte) (int, error) {
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.buf = append(b.buf, p...)
+	if len(b.buf) > b.max {
+		b.buf = append([]byte(nil), b.buf[len(b.buf)-b.max:]...)
+	}
+	return len(p), nil
+}
+
+func (b *tailBuffer) String() string {
+	if b == nil {
+		return ""
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return string(b.buf)
+}
+
+// WaitFor polls cond every 20 ms until it returns true or the deadline passes,
+// then fails the test with what. For state that only Consul can report.
+func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	tick := time.NewTicker(20 * time.Millisecond)
+	defer tick.Stop()
+	for !cond() {
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out after %s waiting for %s", timeout, what)
+		case <-tick.C:
+		}
+	}
+}
+
+// WaitService waits, with blocking queries (no polling), until cond holds for
+// the health entries of service name (all statuses), and returns them.
+func WaitService(t testing.TB, c *api.Client, name string, timeout time.Duration, what string, cond func([]*api.ServiceEntry) bool) []*api.ServiceEntry {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	var index uint64
+	var last []*api.ServiceEntry
+	for {
+		q := (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(ctx)
+		entries, meta, err := c.Health().Service(name, "", false, q)
+		if err == nil {
+			last = entries
+			if cond(entries) {
+				return entries
+			}
+			if meta.LastIndex < index {
+				index = 0
+			} else {
+				index = meta.LastIndex
+			}
+		}
+		select {
+		case <-ctx.Done():
+			t.Fatalf("timed out after %s waiting for %s; last entries: %s", timeout, what, Describe(last))
+			return nil
+		default:
+		}
+		if err != nil { // agent briefly unavailable: don't spin
+			select {
+			case <-ctx.Done():
+			case <-time.After(50 * time.Millisecond):
+			}
+		}
+	}
+}
+
+// Describe renders health entries for failure messages.
+func Describe(entries []*api.ServiceEntry) string {
+	var b strings.Builder
+	for _, e := range entries {
+		fmt.Fprintf(&b, "\n  %s %v", e.Service.ID, e.Service.Meta)
+		for _, c := range e.Checks {
+			fmt.Fprintf(&b, " [%s %s %q]", c.CheckID, c.Status, c.Output)
+		}
+	}
+	if b.Len() == 0 {
+		return "(none)"
+	}
+	return b.String()
+}

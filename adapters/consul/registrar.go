@@ -1,0 +1,488 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"math/rand/v2"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Registrar registers a Go executor through its local Consul agent under a
+// fresh session, keeps the TTL lease alive with heartbeats, fences itself when
+// the lease is lost and drains on request. One goroutine (Run) owns all state.
+type Registrar struct {
+	agent Agent
+	cfg   Config
+	log   *slog.Logger
+
+	drainCh chan drainRequest
+	lost    chan LeaseLoss
+	exited  chan struct{} // closed when Run returns
+	running atomic.Bool
+
+	own map[string]bool // sessions this process created; owned by Run
+
+	mu      sync.Mutex
+	session *Session
+	changed chan struct{} // closed and replaced whenever session changes
+}
+
+type drainRequest struct {
+	ctx  context.Context
+	done chan error
+}
+
+// NewRegistrar validates cfg and returns a Registrar; nothing is registered
+// until Run. Invalid configuration returns health.FieldErrors naming each field.
+func NewRegistrar(agent Agent, cfg Config) (*Registrar, error) {
+	if agent == nil {
+		return nil, errors.New("registrar: nil Consul agent")
+	}
+	if err := cfg.Validate(); err != nil {
+		return nil, fmt.Errorf("registrar config: %w", err)
+	}
+	cfg = cfg.withDefaults()
+	return &Registrar{
+		agent:   agent,
+		cfg:     cfg,
+		log:     cfg.Logger.With("instance_id", cfg.InstanceID),
+		drainCh: make(chan drainRequest),
+		lost:    make(chan LeaseLoss, 16),
+		exited:  make(chan struct{}),
+		changed: make(chan struct{}),
+		own:     make(map[string]bool),
+	}, nil
+}
+
+// Session is the current session, or nil before the first registration.
+func (r *Registrar) Session() *Session {
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	return r.session
+}
+
+// WaitSession waits until a registered session other than prev is current.
+func (r *Registrar) WaitSession(ctx context.Context, prev *Session) (*Session, error) {
+	for {
+		r.mu.Lock()
+		s, changed := r.session, r.changed
+		r.mu.Unlock()
+		if s != nil && s != prev && s.Err() == nil {
+			return s, nil
+		}
+		select {
+		case <-changed:
+		case <-r.exited:
+			return nil, ErrStopped
+		case <-ctx.Done():
+			return nil, ctx.Err()
+		}
+	}
+}
+
+// Lost delivers every lease loss (buffered; a reader that falls 16 behind
+// misses the oldest — OnLeaseLost and Session contexts never miss one).
+func (r *Registrar) Lost() <-chan LeaseLoss { return r.lost }
+
+// Done is closed when Run has returned.
+func (r *Registrar) Done() <-chan struct{} { return r.exited }
+
+// Run registers, heartbeats and re-registers after a lost lease until ctx ends
+// (then it deregisters), Drain completes (returns nil), a newer session of
+// this instance supersedes it (ErrSuperseded) or, with NoReregister, the lease
+// is lost (*LeaseLostError).
+func (r *Registrar) Run(ctx context.Context) error {
+	if !r.running.CompareAndSwap(false, true) {
+		return errors.New("registrar: Run called twice")
+	}
+	defer close(r.exited)
+	reregister := false
+	for {
+		sess, cancel, renewedAt, err := r.registerSession(ctx, reregister)
+		if err != nil {
+			if errors.Is(err, errDrainedIdle) {
+				return nil
+			}
+			return err
+		}
+		out := r.keepAlive(ctx, sess, renewedAt)
+		switch {
+		case out.drained:
+			cancel(ErrDrained)
+			return nil
+		case out.loss == nil: // ctx ended
+			r.deregisterOwn(sess.ID)
+			cancel(ErrStopped)
+			return ctx.Err()
+		}
+		loss := *out.loss
+		loss.Superseded = r.superseded(ctx)
+		lostErr := &LeaseLostError{Loss: loss}
+		cancel(lostErr)
+		r.notifyLost(loss)
+		r.log.Warn("lease lost", "session_id", sess.ID, "reason", loss.Reason, "since_ack", loss.SinceAck, "superseded", loss.Superseded, "err", loss.Err)
+		switch {
+		case loss.Superseded:
+			return fmt.Errorf("%w: %w", ErrSuperseded, lostErr)
+		case r.cfg.NoReregister:
+			return lostErr
+		}
+		reregister = true
+	}
+}
+
+// Drain marks every registration draining (no new dispatch; in-flight work
+// and heartbeats go on), waits until Load reports 0 or ctx ends, then
+// deregisters. It returns an error wrapping ctx's error if work was still in
+// flight when ctx ended (the registrations are removed all the same).
+func (r *Registrar) Drain(ctx context.Context) error {
+	req := drainRequest{ctx: ctx, done: make(chan error, 1)}
+	select {
+	case r.drainCh <- req:
+	case <-r.exited:
+		return ErrStopped
+	case <-ctx.Done():
+		return fmt.Errorf("drain: %w", ctx.Err())
+	}
+	select {
+	case err := <-req.done:
+		return err
+	case <-r.exited:
+		select {
+		case err := <-req.done:
+			return err
+		default:
+			return ErrStopped
+		}
+	}
+}
+
+var errDrainedIdle = errors.New("drained before registration")
+
+// registerSession registers every task under a fresh session id, retrying
+// with backoff (and only while the probe passes) until it succeeds. A
+// re-registration first makes sure no newer session of this instance exists.
+func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Session, context.CancelCauseFunc, time.Time, error) {
+	id := newSessionID()
+	log := r.log.With("session_id", id)
+	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
+	var sentAt time.Time
+	for {
+		var err error
+		sentAt, err = r.tryRegister(ctx, id, reregister)
+		if err == nil {
+			break
+		}
+		if errors.Is(err, ErrSuperseded) {
+			return nil, nil, time.Time{}, err
+		}
+		log.Warn("registration failed; retrying", "err", err)
+		wait := r.cfg.Clock.NewTimer(bo.next())
+		select {
+		case <-ctx.Done():
+			wait.Stop()
+			return nil, nil, time.Time{}, ctx.Err()
+		case req := <-r.drainCh: // nothing registered: nothing to drain
+			wait.Stop()
+			req.done <- nil
+			return nil, nil, time.Time{}, errDrainedIdle
+		case <-wait.Chan():
+		}
+	}
+	sctx, cancel := context.WithCancelCause(context.Background())
+	sess := &Session{ID: id, ctx: sctx}
+	r.mu.Lock()
+	r.session = sess
+	close(r.changed)
+	r.changed = make(chan struct{})
+	r.mu.Unlock()
+	log.Info("registered", "tasks", r.cfg.Tasks, "address", r.cfg.hostPort(), "version", r.cfg.Version, "capacity", r.cfg.Capacity, "reregister", reregister)
+	return sess, cancel, sentAt, nil
+}
+
+// tryRegister makes one attempt and returns when its requests started: the
+// agent's TTL timers started no earlier.
+func (r *Registrar) tryRegister(ctx context.Context, sessionID string, reregister bool) (time.Time, error) {
+	if err := r.probe(ctx); err != nil {
+		return time.Time{}, fmt.Errorf("probe: %w", err)
+	}
+	r.own[sessionID] = true
+	if reregister && r.superseded(ctx) {
+		return time.Time{}, ErrSuperseded
+	}
+	sentAt := r.cfg.Clock.Now()
+	rctx, cancel := context.WithTimeout(ctx, r.cfg.Lease.TTL)
+	defer cancel()
+	for _, task := range r.cfg.Tasks {
+		if err := r.agent.Register(rctx, r.serviceRegistration(sessionID, task, health.StateActive)); err != nil {
+			return time.Time{}, err
+		}
+	}
+	// A check definition has no output: the first heartbeat sets the load.
+	if err := r.renew(rctx, sessionID, sentAt, false); err != nil {
+		return time.Time{}, err
+	}
+	return sentAt, nil
+}
+
+func (r *Registrar) serviceRegistration(sessionID, task string, state health.State) *api.AgentServiceRegistration {
+	reg := r.cfg.registration(sessionID, task, state)
+	load := r.cfg.Load()
+	return &api.AgentServiceRegistration{
+		ID:      health.ServiceID(r.cfg.InstanceID, task),
+		Name:    task,
+		Tags:    []string{r.cfg.Tag},
+		Address: r.cfg.Address,
+		Port:    r.cfg.Port,
+		Meta:    reg.Meta(),
+		Checks: api.AgentServiceChecks{{
+			CheckID:                        health.CheckID(r.cfg.InstanceID, sessionID, task),
+			Name:                           "leasehold lease " + sessionID,
+			TTL:                            r.cfg.Lease.TTL.String(),
+			Status:                         string(health.HeartbeatStatus(load, r.cfg.Capacity)),
+			Notes:                          "leasehold executor lease; output carries the load",
+			DeregisterCriticalServiceAfter: r.cfg.Lease.DeregisterAfter.String(),
+		}},
+	}
+}
+
+func (r *Registrar) probe(ctx context.Context) error {
+	if r.cfg.Probe == nil {
+		return nil
+	}
+	pctx, cancel := context.WithTimeout(ctx, r.cfg.Lease.Heartbeat)
+	defer cancel()
+	return r.cfg.Probe(pctx)
+}
+
+type keepAliveResult struct {
+	drained bool
+	loss    *LeaseLoss // nil with drained false: ctx ended
+}
+
+// keepAlive heartbeats one session until its lease is lost, it is drained or
+// ctx ends. The lease deadline is measured from the instant the last
+// acknowledged heartbeat was sent, on the monotonic clock, and checked before
+// every heartbeat: a lapsed session is never renewed back to passing.
+func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time.Time) keepAliveResult {
+	clock, lease := r.cfg.Clock, r.cfg.Lease
+	log := r.log.With("session_id", sess.ID)
+	next := clock.NewTimer(lease.Heartbeat - clock.Since(renewedAt))
+	defer next.Stop()
+	deadline := clock.NewTimer(lease.TTL - clock.Since(renewedAt))
+	defer deadline.Stop()
+	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
+
+	var (
+		lastErr       error
+		drain         *drainRequest
+		drainMarked   bool // registrations carry state=draining
+		drainPollC    <-chan time.Time
+		drainPollTick interface{ Stop() }
+	)
+	defer func() {
+		if drainPollTick != nil {
+			drainPollTick.Stop()
+		}
+	}()
+	lose := func(reason LossReason, err error) keepAliveResult {
+		now := clock.Now()
+		return keepAliveResult{loss: &LeaseLoss{
+			InstanceID: r.cfg.InstanceID, SessionID: sess.ID, Reason: reason,
+			At: now, SinceAck: now.Sub(renewedAt), Err: err,
+		}}
+	}
+	finishDrain := func() keepAliveResult {
+		var err error
+		if load := r.cfg.Load(); load > 0 {
+			err = fmt.Errorf("drain: %d tasks still in flight when the deadline passed: %w", load, context.Cause(drain.ctx))
+		}
+		r.deregisterOwn(sess.ID)
+		log.Info("drained and deregistered", "err", err)
+		drain.done <- err
+		return keepAliveResult{drained: true}
+	}
+
+	for {
+		select {
+		case <-ctx.Done():
+			if drain != nil {
+				drain.done <- ErrStopped
+			}
+			return keepAliveResult{}
+
+		case <-deadline.Chan():
+			if drain != nil {
+				drain.done <- fmt.Errorf("drain: %w", ErrLeaseLost)
+			}
+			return lose(LossExpired, lastErr)
+
+		case req := <-r.drainCh:
+			if drain != nil {
+				req.done <- errors.New("drain already in progress")
+				continue
+			}
+			drain = &req
+			log.Info("draining", "in_flight", r.cfg.Load())
+			t := clock.NewTicker(min(100*time.Millisecond, lease.Heartbeat))
+			drainPollTick, drainPollC = t, t.Chan()
+			next.Reset(0) // mark draining now, through the fenced renewal below
+
+		case <-drainPollC:
+			if r.cfg.Load() <= 0 || drain.ctx.Err() != nil {
+				return finishDrain()
+			}
+
+		case <-next.Chan():
+			now := clock.Now()
+			if lease.Expired(renewedAt, now) { // e.g. the process was paused
+				if drain != nil {
+					drain.done <- fmt.Errorf("drain: %w", ErrLeaseLost)
+				}
+				return lose(LossExpired, lastErr)
+			}
+			if err := r.probe(ctx); err != nil {
+				lastErr = fmt.Errorf("probe: %w", err)
+				log.Warn("probe failed; heartbeat withheld", "err", err, "lease_left", lease.TTL-now.Sub(renewedAt))
+				next.Reset(min(lease.Heartbeat, lease.TTL-clock.Since(renewedAt)))
+				continue
+			}
+			err := r.renew(ctx, sess.ID, renewedAt, drain != nil && !drainMarked)
+			switch {
+			case err == nil:
+				renewedAt = now
+				lastErr = nil
+				bo.reset()
+				if drain != nil && !drainMarked {
+					drainMarked = true
+					log.Info("marked draining")
+				}
+				deadline.Reset(lease.TTL - clock.Since(renewedAt))
+				next.Reset(lease.Heartbeat - clock.Since(renewedAt))
+			case errors.Is(err, ErrUnknownCheck):
+				if drain != nil {
+					drain.done <- fmt.Errorf("drain: %w", ErrLeaseLost)
+				}
+				return lose(LossRefused, err)
+			case ctx.Err() != nil:
+				// handled by the ctx case
+				next.Reset(0)
+			default: // transient: retry inside the lease; only the deadline ends it
+				lastErr = err
+				wait := bo.next()
+				log.Warn("heartbeat failed; retrying", "err", err, "retry_in", wait, "lease_left", lease.TTL-clock.Since(renewedAt))
+				next.Reset(wait)
+			}
+		}
+	}
+}
+
+// renew sends one heartbeat for every task. With markDrain it then
+// re-registers with state=draining; the heartbeat first proves the session is
+// still the agent's, so a replaced session is never registered back.
+func (r *Registrar) renew(ctx context.Context, sessionID string, renewedAt time.Time, markDrain bool) error {
+	left := r.cfg.Lease.TTL - r.cfg.Clock.Since(renewedAt)
+	rctx, cancel := context.WithTimeout(ctx, left)
+	defer cancel()
+	load := r.cfg.Load()
+	status, output := health.HeartbeatStatus(load, r.cfg.Capacity), health.LoadOutput(load)
+	for _, task := range r.cfg.Tasks {
+		if err := r.agent.UpdateTTL(rctx, health.CheckID(r.cfg.InstanceID, sessionID, task), status, output); err != nil {
+			return err
+		}
+	}
+	if !markDrain {
+		return nil
+	}
+	for _, task := range r.cfg.Tasks {
+		if err := r.agent.Register(rctx, r.serviceRegistration(sessionID, task, health.StateDraining)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// superseded reports whether a session of this instance that this process
+// did not create is alive: on this agent under our service id, or (not
+// critical) anywhere in the catalog. Such a session is newer: two processes
+// must never take turns replacing each other. Errors count as "no": the
+// caller then retries registering.
+func (r *Registrar) superseded(ctx context.Context) bool {
+	qctx, cancel := context.WithTimeout(ctx, min(r.cfg.Lease.TTL, 5*time.Second))
+	defer cancel()
+	for _, task := range r.cfg.Tasks {
+		svc, err := r.agent.LocalService(qctx, health.ServiceID(r.cfg.InstanceID, task))
+		if err == nil && svc != nil && !r.own[svc.Meta[health.MetaSessionID]] {
+			return true
+		}
+		others, err := r.agent.Sessions(qctx, task, r.cfg.InstanceID)
+		if err != nil {
+			continue
+		}
+		for _, o := range others {
+			if !r.own[o.SessionID] && o.Status != health.StatusCritical {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// deregisterOwn removes this session's registrations, but never one that a
+// newer session of the same instance has already put in its place.
+func (r *Registrar) deregisterOwn(sessionID string) {
+	ctx, cancel := context.WithTimeout(context.Background(), min(r.cfg.Lease.TTL, 5*time.Second))
+	defer cancel()
+	for _, task := range r.cfg.Tasks {
+		id := health.ServiceID(r.cfg.InstanceID, task)
+		if svc, err := r.agent.LocalService(ctx, id); err == nil && svc != nil && !r.own[svc.Meta[health.MetaSessionID]] {
+			continue
+		}
+		if err := r.agent.Deregister(ctx, id); err != nil {
+			r.log.Warn("deregister failed; the lease will lapse instead", "session_id", sessionID, "service_id", id, "err", err)
+		}
+	}
+}
+
+func (r *Registrar) notifyLost(loss LeaseLoss) {
+	if r.cfg.OnLeaseLost != nil {
+		r.cfg.OnLeaseLost(loss)
+	}
+	for {
+		select {
+		case r.lost <- loss:
+			return
+		default:
+			select { // full: drop the oldest
+			case <-r.lost:
+			default:
+			}
+		}
+	}
+}
+
+// backoff is exponential with full jitter, capped.
+type backoff struct {
+	base, cap, cur time.Duration
+}
+
+func newBackoff(base, cap time.Duration) *backoff { return &backoff{base: base, cap: cap} }
+
+func (b *backoff) next() time.Duration {
+	if b.cur == 0 {
+		b.cur = b.base
+	} else {
+		b.cur = min(2*b.cur, b.cap)
+	}
+	return b.cur/2 + rand.N(b.cur/2+1)
+}
+
+func (b *backoff) reset() { b.cur = 0 }
