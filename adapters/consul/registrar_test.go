@@ -1,0 +1,473 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"reflect"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+const (
+	testHB  = 10 * time.Second
+	testTTL = 35 * time.Second
+)
+
+type harness struct {
+	t     *testing.T
+	agent *fakeAgent
+	clock *clockwork.FakeClock
+	reg   *Registrar
+	load  atomic.Int64
+	probe atomic.Value // error or nil wrapper
+	lost  chan LeaseLoss
+	done  chan error
+	stop  context.CancelFunc
+}
+
+type probeResult struct{ err error }
+
+func baseConfig() Config {
+	return Config{
+		InstanceID: "exec-1", Tasks: []string{"transcode", "thumbnail"},
+		Address: "127.0.0.1", Port: 9000, Version: "1.4.2", Capacity: 2,
+		Labels: map[string]string{"zone": "eu-1"},
+	}
+}
+
+func start(t *testing.T, mutate func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, agent: newFakeAgent(), clock: clockwork.NewFakeClock(), lost: make(chan LeaseLoss, 16), done: make(chan error, 1)}
+	h.probe.Store(probeResult{})
+	cfg := baseConfig()
+	cfg.Clock = h.clock
+	cfg.Load = func() int { return int(h.load.Load()) }
+	cfg.OnLeaseLost = func(l LeaseLoss) { h.lost <- l }
+	if mutate != nil {
+		mutate(&cfg)
+	}
+	reg, err := NewRegistrar(h.agent, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h.reg = reg
+	ctx, cancel := context.WithCancel(context.Background())
+	h.stop = cancel
+	go func() { h.done <- reg.Run(ctx) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-h.done:
+		case <-time.After(5 * time.Second):
+			t.Error("Run did not return after cancel")
+		}
+	})
+	return h
+}
+
+// advance waits until the Registrar is blocked on at least n timers, then
+// moves the fake clock.
+func (h *harness) advance(n int, d time.Duration) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.clock.BlockUntilContext(ctx, n); err != nil {
+		h.t.Fatalf("registrar never armed %d timers", n)
+	}
+	h.clock.Advance(d)
+}
+
+// session waits for a session other than prev and returns it with the calls
+// of its registration (made before it was published) already consumed.
+func (h *harness) session(prev *Session) *Session {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	s, err := h.reg.WaitSession(ctx, prev)
+	if err != nil {
+		h.t.Fatalf("no new session: %v", err)
+	}
+	for {
+		select {
+		case <-h.agent.calls:
+			continue
+		default:
+		}
+		return s
+	}
+}
+
+func (h *harness) loss() LeaseLoss {
+	h.t.Helper()
+	select {
+	case l := <-h.lost:
+		return l
+	case <-time.After(5 * time.Second):
+		h.t.Fatal("no lease loss reported")
+		return LeaseLoss{}
+	}
+}
+
+func TestRegistersEveryTaskWithContractMeta(t *testing.T) {
+	h := start(t, nil)
+	s := h.session(nil)
+	for _, task := range []string{"transcode", "thumbnail"} {
+		reg := h.agent.service(health.ServiceID("exec-1", task))
+		if reg == nil {
+			t.Fatalf("%s not registered", task)
+		}
+		want := map[string]string{"instance_id": "exec-1", "session_id": s.ID, "version": "1.4.2", "capacity": "2", "state": "active", "label_zone": "eu-1"}
+		if !reflect.DeepEqual(reg.Meta, want) {
+			t.Errorf("meta = %v, want %v", reg.Meta, want)
+		}
+		if reg.Name != task || reg.Address != "127.0.0.1" || reg.Port != 9000 || !reflect.DeepEqual(reg.Tags, []string{"leasehold"}) {
+			t.Errorf("registration = %+v", reg)
+		}
+		ch := reg.Checks[0]
+		if ch.CheckID != health.CheckID("exec-1", s.ID, task) || ch.TTL != "35s" || ch.DeregisterCriticalServiceAfter != "10m0s" || ch.Status != "passing" {
+			t.Errorf("check = %+v", ch)
+		}
+		if out := h.agent.output(ch.CheckID); out != "load=0" { // set right after registering
+			t.Errorf("initial output = %q", out)
+		}
+	}
+}
+
+func TestHeartbeatsCarryLoadAndStatus(t *testing.T) {
+	h := start(t, nil)
+	s := h.session(nil)
+	h.load.Store(2) // full
+	h.advance(2, testHB)
+	c := h.agent.next(t, "ttl")
+	if c.status != health.StatusWarning || c.output != "load=2" || c.session != s.ID {
+		t.Fatalf("full heartbeat = %+v", c)
+	}
+	h.agent.next(t, "ttl")
+	h.load.Store(1)
+	h.advance(2, testHB)
+	if c = h.agent.next(t, "ttl"); c.status != health.StatusPassing || c.output != "load=1" {
+		t.Fatalf("recovered heartbeat = %+v", c)
+	}
+	if s.Err() != nil {
+		t.Fatalf("session ended: %v", s.Err())
+	}
+}
+
+func TestTransientErrorsAreRetriedInsideTheLease(t *testing.T) {
+	h := start(t, nil)
+	s := h.session(nil)
+	var fail atomic.Int32
+	fail.Store(3)
+	h.agent.mu.Lock()
+	h.agent.ttlErr = func(string) error {
+		if fail.Add(-1) >= 0 {
+			return errors.New("500 agent busy")
+		}
+		return nil
+	}
+	h.agent.mu.Unlock()
+	h.advance(2, testHB)
+	for range 3 { // each failure is retried after a backoff, well inside the lease
+		if c := h.agent.next(t, "ttl"); c.err == nil {
+			t.Fatalf("expected a failing heartbeat, got %+v", c)
+		}
+		h.advance(2, 5*time.Second)
+	}
+	if c := h.agent.next(t, "ttl"); c.err != nil {
+		t.Fatalf("retry failed: %+v", c)
+	}
+	if s.Err() != nil || h.reg.Session() != s {
+		t.Fatalf("transient errors ended the session: %v", s.Err())
+	}
+}
+
+func TestUnreachableAgentEndsLeaseAtDeadline(t *testing.T) {
+	h := start(t, nil)
+	s := h.session(nil)
+	h.agent.mu.Lock()
+	h.agent.ttlErr = func(string) error { return errors.New("connection refused") }
+	h.agent.mu.Unlock()
+	// heartbeats keep failing; the clock runs past the lease in steps
+	for elapsed := time.Duration(0); elapsed < testTTL; elapsed += 5 * time.Second {
+		h.advance(2, 5*time.Second)
+	}
+	l := h.loss()
+	if l.Reason != LossExpired || l.SessionID != s.ID || l.SinceAck < testTTL || l.Err == nil {
+		t.Fatalf("loss = %+v", l)
+	}
+	<-s.Done()
+	if !errors.Is(s.Err(), ErrLeaseLost) {
+		t.Fatalf("session cause = %v", s.Err())
+	}
+}
+
+func TestRefusedHeartbeatReregistersUnderFreshSession(t *testing.T) {
+	h := start(t, nil)
+	s1 := h.session(nil)
+	h.agent.forget() // agent restarted without state
+	h.advance(2, testHB)
+	l := h.loss()
+	if l.Reason != LossRefused || l.Superseded || l.SessionID != s1.ID {
+		t.Fatalf("loss = %+v", l)
+	}
+	s2 := h.session(s1)
+	if s2.ID == s1.ID {
+		t.Fatal("re-registered under the same session")
+	}
+	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"]; got != s2.ID {
+		t.Fatalf("registered session = %s, want %s", got, s2.ID)
+	}
+	var lle *LeaseLostError
+	if !errors.As(s1.Err(), &lle) || lle.Loss.Reason != LossRefused {
+		t.Fatalf("old session cause = %v", s1.Err())
+	}
+}
+
+func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
+	h := start(t, nil)
+	s1 := h.session(nil)
+	// another process with the same instance id registers on the same agent
+	other := baseConfig()
+	for _, task := range other.Tasks {
+		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration("newer", task, health.StateActive)
+		if err := h.agent.Register(context.Background(), r); err != nil {
+			t.Fatal(err)
+		}
+	}
+	h.advance(2, testHB)
+	l := h.loss()
+	if l.Reason != LossRefused || !l.Superseded {
+		t.Fatalf("loss = %+v", l)
+	}
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, ErrSuperseded) {
+			t.Fatalf("Run = %v, want ErrSuperseded", err)
+		}
+		h.done <- err // for cleanup
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run went on after being superseded")
+	}
+	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"]; got != "newer" {
+		t.Fatalf("the newer registration was replaced: %s", got)
+	}
+	if s1.Err() == nil {
+		t.Fatal("old session still current")
+	}
+}
+
+func TestSupersededOnAnotherNode(t *testing.T) {
+	h := start(t, nil)
+	s1 := h.session(nil)
+	h.agent.mu.Lock()
+	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Status: health.StatusPassing}}
+	h.agent.mu.Unlock()
+	h.advance(2, testTTL+time.Second) // paused past the lease
+	l := h.loss()
+	if l.Reason != LossExpired || !l.Superseded || l.SessionID != s1.ID {
+		t.Fatalf("loss = %+v", l)
+	}
+}
+
+func TestPauseLongerThanLeaseNeverRenewsTheOldSession(t *testing.T) {
+	h := start(t, nil)
+	s1 := h.session(nil)
+	h.advance(2, testTTL+5*time.Second) // the whole process was stopped
+	l := h.loss()
+	if l.Reason != LossExpired || l.SinceAck < testTTL {
+		t.Fatalf("loss = %+v", l)
+	}
+	s2 := h.session(s1)
+	// drain the calls made so far: not one heartbeat of the old session after the pause
+	for {
+		select {
+		case c := <-h.agent.calls:
+			if c.op == "ttl" && c.session == s1.ID {
+				t.Fatalf("old session heartbeat after the lease lapsed: %+v", c)
+			}
+			continue
+		default:
+		}
+		break
+	}
+	if s2.ID == s1.ID || h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"] != s2.ID {
+		t.Fatal("no fresh session registered")
+	}
+}
+
+func TestNoReregisterReturnsTheLoss(t *testing.T) {
+	h := start(t, func(c *Config) { c.NoReregister = true })
+	h.session(nil)
+	h.agent.forget()
+	h.advance(2, testHB)
+	select {
+	case err := <-h.done:
+		var lle *LeaseLostError
+		if !errors.As(err, &lle) || !errors.Is(err, ErrLeaseLost) {
+			t.Fatalf("Run = %v", err)
+		}
+		h.done <- err
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return")
+	}
+	if h.agent.service(health.ServiceID("exec-1", "transcode")) != nil {
+		t.Fatal("re-registered despite NoReregister")
+	}
+}
+
+func TestDrainWaitsForInFlightWorkThenDeregisters(t *testing.T) {
+	h := start(t, nil)
+	s := h.session(nil)
+	h.load.Store(1)
+	drained := make(chan error, 1)
+	go func() { drained <- h.reg.Drain(context.Background()) }()
+	for range 2 {
+		if c := h.agent.next(t, "register"); c.state != "draining" || c.session != s.ID {
+			t.Fatalf("drain registration = %+v", c)
+		}
+	}
+	// work goes on: heartbeats continue, nothing is deregistered
+	h.advance(3, testHB)
+	h.agent.next(t, "ttl")
+	h.agent.noCall(t, "deregister")
+	if s.Err() != nil {
+		t.Fatal("session ended while work was in flight")
+	}
+	h.load.Store(0)
+	h.advance(3, 100*time.Millisecond)
+	select {
+	case err := <-drained:
+		if err != nil {
+			t.Fatal(err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Drain did not return")
+	}
+	if h.agent.service(health.ServiceID("exec-1", "transcode")) != nil || h.agent.service(health.ServiceID("exec-1", "thumbnail")) != nil {
+		t.Fatal("still registered after drain")
+	}
+	if !errors.Is(s.Err(), ErrDrained) {
+		t.Fatalf("session cause = %v", s.Err())
+	}
+	select {
+	case err := <-h.done:
+		if err != nil {
+			t.Fatalf("Run after drain = %v", err)
+		}
+		h.done <- err
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run did not return after drain")
+	}
+}
+
+func TestDrainDeadlineDeregistersAnyway(t *testing.T) {
+	h := start(t, nil)
+	h.session(nil)
+	h.load.Store(2)
+	ctx, cancel := context.WithCancel(context.Background())
+	drained := make(chan error, 1)
+	go func() { drained <- h.reg.Drain(ctx) }()
+	h.agent.next(t, "register")
+	cancel() // the operator's deadline
+	h.advance(3, 100*time.Millisecond)
+	select {
+	case err := <-drained:
+		if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "2 tasks still in flight") {
+			t.Fatalf("Drain = %v", err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Drain did not return")
+	}
+	if h.agent.service(health.ServiceID("exec-1", "transcode")) != nil {
+		t.Fatal("still registered")
+	}
+}
+
+func TestProbeGatesHeartbeatsAndRegistration(t *testing.T) {
+	var failing atomic.Bool
+	h := start(t, func(c *Config) {
+		c.Probe = func(context.Context) error {
+			if failing.Load() {
+				return errors.New("executor not serving")
+			}
+			return nil
+		}
+	})
+	s1 := h.session(nil)
+	failing.Store(true)
+	for elapsed := time.Duration(0); elapsed <= testTTL; elapsed += testHB {
+		h.advance(2, testHB)
+	}
+	l := h.loss()
+	if l.Reason != LossExpired || l.Err == nil || !strings.Contains(l.Err.Error(), "probe") {
+		t.Fatalf("loss = %+v", l)
+	}
+	h.agent.noCall(t, "ttl") // no heartbeat while the probe failed
+	// no registration while it still fails
+	h.advance(1, 5*time.Second)
+	h.agent.noCall(t, "register")
+	failing.Store(false)
+	h.advance(1, 5*time.Second)
+	if s2 := h.session(s1); s2.ID == s1.ID {
+		t.Fatal("same session after probe recovered")
+	}
+}
+
+func TestBadConfigNamesFieldAndRegistersNothing(t *testing.T) {
+	tests := []struct {
+		name   string
+		mutate func(*Config)
+		field  string
+	}{
+		{"empty instance", func(c *Config) { c.InstanceID = "" }, "instance_id"},
+		{"no task", func(c *Config) { c.Tasks = nil }, "task"},
+		{"bad task", func(c *Config) { c.Tasks = []string{"ok", "not ok"} }, "task"},
+		{"duplicate task", func(c *Config) { c.Tasks = []string{"a", "a"} }, "task"},
+		{"invalid semver", func(c *Config) { c.Version = "one" }, "version"},
+		{"zero capacity", func(c *Config) { c.Capacity = 0 }, "capacity"},
+		{"negative capacity", func(c *Config) { c.Capacity = -1 }, "capacity"},
+		{"label key", func(c *Config) { c.Labels = map[string]string{"a b": "x"} }, "label_a b"},
+		{"label value too long", func(c *Config) { c.Labels = map[string]string{"k": strings.Repeat("v", 513)} }, "label_k"},
+		{"lease under 2x heartbeat", func(c *Config) { c.Lease = health.Lease{TTL: 15 * time.Second} }, "lease"},
+		{"address", func(c *Config) { c.Address = "" }, "address"},
+		{"unspecified address", func(c *Config) { c.Address = "0.0.0.0" }, "address"},
+		{"port", func(c *Config) { c.Port = 0 }, "port"},
+		{"port range", func(c *Config) { c.Port = 65536 }, "port"},
+		{"tag", func(c *Config) { c.Tag = "has space" }, "tag"},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			cfg := baseConfig()
+			tt.mutate(&cfg)
+			agent := newFakeAgent()
+			_, err := NewRegistrar(agent, cfg)
+			if err == nil {
+				t.Fatal("accepted")
+			}
+			if fields := health.Fields(err); !containsStr(fields, tt.field) {
+				t.Fatalf("fields %v do not name %q: %v", fields, tt.field, err)
+			}
+			if !strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("message does not name %q: %v", tt.field, err)
+			}
+			if len(agent.calls) != 0 {
+				t.Fatal("agent was called")
+			}
+		})
+	}
+}
+
+func containsStr(xs []string, s string) bool {
+	for _, x := range xs {
+		if x == s {
+			return true
+		}
+	}
+	return false
+}
