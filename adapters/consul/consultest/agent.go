@@ -46,8 +46,9 @@ type Agent struct {
 	Ports   Ports
 	Node    string
 
-	mu   sync.Mutex
-	cmd  *exec.Cmd
+	mu      sync.Mutex
+	started time.Time
+	cmd     *exec.Cmd
 	done chan struct{}
 	log  *tailBuffer
 }
@@ -120,7 +121,7 @@ func Start(t testing.TB, opts ...Options) *Agent {
 	}
 	t.Cleanup(func() {
 		a.Stop()
-		if t.Failed() {
+		if t.Failed() || os.Getenv("LEASEHOLD_CONSUL_LOG") != "" {
 			t.Logf("consul agent %s log (tail):\n%s", a.Node, a.log.String())
 		}
 		os.RemoveAll(a.dir)
@@ -151,7 +152,7 @@ bind_addr = "127.0.0.1"
 advertise_addr = "127.0.0.1"
 client_addr = "127.0.0.1"
 disable_update_check = true
-log_level = "warn"
+log_level = %q
 check_update_interval = "0s"
 ports {
   http = %d
@@ -163,7 +164,7 @@ ports {
   server = %d
 }
 %s
-`, a.Node, filepath.Join(a.dir, "data"), a.Ports.HTTP, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+`, a.Node, filepath.Join(a.dir, "data"), logLevel(), a.Ports.HTTP, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
 	a.cfgPath = filepath.Join(a.dir, "agent.hcl")
 	return os.WriteFile(a.cfgPath, []byte(hcl), 0o600)
 }
@@ -179,7 +180,7 @@ func (a *Agent) start() error {
 		return err
 	}
 	done := make(chan struct{})
-	a.cmd, a.done = cmd, done
+	a.cmd, a.done, a.started = cmd, done, time.Now()
 	a.mu.Unlock()
 	go func() { cmd.Wait(); close(done) }()
 	return a.waitReady(done, 60*time.Second)
@@ -209,6 +210,20 @@ func (a *Agent) waitReady(exited <-chan struct{}, timeout time.Duration) error {
 		case <-tick.C:
 		}
 	}
+}
+
+// serverUpStagger is Consul's agent/ae serverUpIntv: when a server joins (as
+// the agent's own does at start), the agent holds back check syncs to the
+// catalog for a random time up to this long.
+const serverUpStagger = 3 * time.Second
+
+// SettleSync waits out that start-up stagger, so that a test measuring how
+// fast a check change reaches the catalog measures the steady state.
+func (a *Agent) SettleSync() {
+	a.mu.Lock()
+	started := a.started
+	a.mu.Unlock()
+	<-time.After(time.Until(started.Add(serverUpStagger + 200*time.Millisecond)))
 }
 
 // HTTPAddr is host:port of the agent's HTTP API.
@@ -249,15 +264,39 @@ func (a *Agent) Stop() {
 	}
 }
 
-// Restart stops the agent and starts a fresh one on the same ports and node
-// name. A dev agent keeps no state, so every registration is forgotten — the
-// same as an agent whose data was lost.
+// Restart stops the agent and starts it again on the same ports and node
+// name with its data dir wiped: every local registration is forgotten, as on
+// an agent that lost its state.
 func (a *Agent) Restart() {
 	a.t.Helper()
 	a.Stop()
+	if err := os.RemoveAll(filepath.Join(a.dir, "data")); err != nil {
+		a.t.Fatal(err)
+	}
+	a.restart()
+}
+
+// RestartKeepingState stops and starts the agent with its data dir intact:
+// the agent restores local services and TTL check state from it.
+func (a *Agent) RestartKeepingState() {
+	a.t.Helper()
+	a.Stop()
+	a.restart()
+}
+
+func (a *Agent) restart() {
+	a.t.Helper()
 	if err := a.start(); err != nil {
 		a.t.Fatalf("restart consul agent: %v\n%s", err, a.log.String())
 	}
+}
+
+// logLevel is warn unless $LEASEHOLD_CONSUL_LOG names one (e.g. debug).
+func logLevel() string {
+	if l := os.Getenv("LEASEHOLD_CONSUL_LOG"); l != "" && l != "1" {
+		return l
+	}
+	return "warn"
 }
 
 func sanitize(name string) string {

@@ -1,0 +1,47 @@
+package consultest
+
+import (
+	"os"
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestStartAndRestart(t *testing.T) {
+	t0 := time.Now()
+	a := Start(t)
+	t.Logf("agent ready in %s on %+v", time.Since(t0), a.Ports)
+	if a.Ports.HTTP == 8500 {
+		t.Fatal("default HTTP port used")
+	}
+	if leader, err := a.Client().Status().Leader(); err != nil || leader == "" {
+		t.Fatalf("leader %q %v", leader, err)
+	}
+	a.Restart()
+	if leader, err := a.Client().Status().Leader(); err != nil || leader == "" {
+		t.Fatalf("after restart: leader %q %v", leader, err)
+	}
+	dir := a.dir
+	a.Stop()
+	if _, err := a.Client().Status().Leader(); err == nil {
+		t.Fatal("agent still answers after Stop")
+	}
+	if _, err := os.Stat(dir); err != nil {
+		t.Fatalf("data dir removed before cleanup: %v", err)
+	}
+}
+
+func TestMissingBinarySaysMakeConsul(t *testing.T) {
+	t.Setenv(BinaryEnv, "/nonexistent/consul")
+	_, err := Binary()
+	if err == nil {
+		t.Fatal("found a binary that does not exist")
+	}
+	t.Setenv(BinaryEnv, "")
+	t.Setenv("PATH", "")
+	t.Chdir(t.TempDir())
+	_, err = Binary()
+	if err == nil || !strings.Contains(err.Error(), "make consul") {
+		t.Fatalf("error %v does not say `make consul`", err)
+	}
+}
