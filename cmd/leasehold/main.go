@@ -1,0 +1,48 @@
+// Command leasehold is the xDS discovery server for executor fleets and its
+// executor-side tools. Subcommands:
+//
+//	leasehold register ...   sidecar: register a non-Go executor and heartbeat while its probe passes
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"os"
+	"os/signal"
+	"syscall"
+)
+
+func main() {
+	os.Exit(run(os.Args[1:], os.Stdout, os.Stderr))
+}
+
+const usage = `usage: leasehold <command> [flags]
+
+commands:
+  register   register an executor through the local Consul agent and keep its
+             lease alive while a probe of the executor passes (sidecar)
+
+run "leasehold <command> -h" for the flags of a command.
+`
+
+// run dispatches a subcommand and returns the process exit code.
+func run(args []string, stdout, stderr io.Writer) int {
+	if len(args) == 0 {
+		fmt.Fprint(stderr, usage)
+		return 2
+	}
+	switch args[0] {
+	case "register":
+		// SIGTERM/SIGINT start a drain; the command exits when it is done.
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return runRegister(ctx, args[1:], stdout, stderr)
+	case "-h", "--help", "help":
+		fmt.Fprint(stdout, usage)
+		return 0
+	default:
+		fmt.Fprintf(stderr, "leasehold: unknown command %q\n\n%s", args[0], usage)
+		return 2
+	}
+}

@@ -1,0 +1,172 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/url"
+	"strconv"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+)
+
+// prober checks that the executor itself serves, so a heartbeat proves more
+// than that the sidecar runs.
+type prober interface {
+	Probe(ctx context.Context) error
+	Close() error
+}
+
+// newProber parses --probe: grpc://HOST:PORT[/service] runs the standard gRPC
+// health check (SERVING passes); http(s)://... passes on a 2xx answer.
+func newProber(raw string) (prober, error) {
+	u, err := url.Parse(raw)
+	if err != nil {
+		return nil, fmt.Errorf("%q is not a URL: %w", raw, err)
+	}
+	if u.Host == "" || u.Port() == "" {
+		return nil, fmt.Errorf("%q: want scheme://HOST:PORT", raw)
+	}
+	switch u.Scheme {
+	case "grpc":
+		conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			return nil, fmt.Errorf("%q: %w", raw, err)
+		}
+		return &grpcProber{conn: conn, client: healthpb.NewHealthClient(conn), service: strings.TrimPrefix(u.Path, "/")}, nil
+	case "http", "https":
+		return &httpProber{url: u.String(), client: &http.Client{}}, nil
+	default:
+		return nil, fmt.Errorf("%q: scheme must be grpc, http or https", raw)
+	}
+}
+
+type grpcProber struct {
+	conn    *grpc.ClientConn
+	client  healthpb.HealthClient
+	service string
+}
+
+func (p *grpcProber) Probe(ctx context.Context) error {
+	resp, err := p.client.Check(ctx, &healthpb.HealthCheckRequest{Service: p.service})
+	if err != nil {
+		return fmt.Errorf("grpc health check: %w", err)
+	}
+	if resp.Status != healthpb.HealthCheckResponse_SERVING {
+		return fmt.Errorf("grpc health check: %s", resp.Status)
+	}
+	return nil
+}
+
+func (p *grpcProber) Close() error { return p.conn.Close() }
+
+type httpProber struct {
+	url    string
+	client *http.Client
+}
+
+func (p *httpProber) Probe(ctx context.Context) error {
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, p.url, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := p.client.Do(req)
+	if err != nil {
+		return fmt.Errorf("http probe: %w", err)
+	}
+	io.Copy(io.Discard, io.LimitReader(resp.Body, 64<<10))
+	resp.Body.Close()
+	if resp.StatusCode < 200 || resp.StatusCode > 299 {
+		return fmt.Errorf("http probe: %s", resp.Status)
+	}
+	return nil
+}
+
+func (p *httpProber) Close() error { p.client.CloseIdleConnections(); return nil }
+
+// loadReader polls --load-url in the background; Load returns the last good
+// reading, so a slow endpoint never delays a heartbeat.
+type loadReader struct {
+	url    string
+	client *http.Client
+	load   atomic.Int64
+}
+
+func newLoadReader(raw string) (*loadReader, error) {
+	u, err := url.Parse(raw)
+	if err != nil || (u.Scheme != "http" && u.Scheme != "https") || u.Host == "" {
+		return nil, fmt.Errorf("%q: want an http(s) URL", raw)
+	}
+	return &loadReader{url: u.String(), client: &http.Client{}}, nil
+}
+
+func (l *loadReader) Load() int { return int(l.load.Load()) }
+
+func (l *loadReader) poll(ctx context.Context, every time.Duration, log *slog.Logger) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		if n, err := l.read(ctx, every); err == nil {
+			l.load.Store(int64(n))
+		} else if ctx.Err() == nil {
+			log.Warn("load not read; keeping the last value", "url", l.url, "load", l.Load(), "err", err)
+		}
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
+
+func (l *loadReader) read(ctx context.Context, timeout time.Duration) (int, error) {
+	ctx, cancel := context.WithTimeout(ctx, timeout)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, l.url, nil)
+	if err != nil {
+		return 0, err
+	}
+	resp, err := l.client.Do(req)
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	body, err := io.ReadAll(io.LimitReader(resp.Body, 4096))
+	if err != nil {
+		return 0, err
+	}
+	if resp.StatusCode != http.StatusOK {
+		return 0, fmt.Errorf("load url: %s", resp.Status)
+	}
+	return parseLoad(body)
+}
+
+// parseLoad accepts "3" or {"load": 3}.
+func parseLoad(body []byte) (int, error) {
+	text := strings.TrimSpace(string(body))
+	if n, err := strconv.Atoi(text); err == nil {
+		if n < 0 {
+			return 0, errors.New("load is negative")
+		}
+		return n, nil
+	}
+	var v struct {
+		Load *int `json:"load"`
+	}
+	if err := json.Unmarshal([]byte(text), &v); err != nil || v.Load == nil {
+		return 0, fmt.Errorf("load body %.40q: want an integer or {\"load\": N}", text)
+	}
+	if *v.Load < 0 {
+		return 0, errors.New("load is negative")
+	}
+	return *v.Load, nil
+}
