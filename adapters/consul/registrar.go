@@ -108,6 +108,9 @@ func (r *Registrar) Run(ctx context.Context) error {
 	for {
 		sess, cancel, renewedAt, err := r.registerSession(ctx, reregister)
 		if err != nil {
+			if !errors.Is(err, ErrSuperseded) {
+				r.deregisterOwn("") // a lost session's registration may linger
+			}
 			if errors.Is(err, errDrainedIdle) {
 				return nil
 			}
