@@ -47,8 +47,10 @@ func runChild(addr string) int {
 	reg, err := NewRegistrar(NewAPIAgent(c), Config{
 		InstanceID: "paused-1", Tasks: []string{"transcode"}, Address: "127.0.0.1", Port: 9100,
 		Version: "1.2.3", Capacity: 1, Lease: shortLease,
-		OnLeaseLost: func(l LeaseLoss) { enc.Encode(childEvent{Event: "lost", Session: l.SessionID, Reason: string(l.Reason)}) },
-		Logger:      slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		OnLeaseLost: func(l LeaseLoss) {
+			enc.Encode(childEvent{Event: "lost", Session: l.SessionID, Reason: string(l.Reason)})
+		},
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)

@@ -16,6 +16,7 @@ import (
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/flagx"
 )
 
 // registerFlags are the sidecar's flags, parsed and checked.
@@ -26,35 +27,6 @@ type registerFlags struct {
 	consulAddr   string
 	drainTimeout time.Duration
 	logLevel     slog.Level
-}
-
-// listFlag collects a repeatable flag; values may also be comma-separated.
-type listFlag []string
-
-func (l *listFlag) String() string { return strings.Join(*l, ",") }
-func (l *listFlag) Set(v string) error {
-	for _, p := range strings.Split(v, ",") {
-		if p = strings.TrimSpace(p); p != "" {
-			*l = append(*l, p)
-		}
-	}
-	return nil
-}
-
-// labelFlag collects repeatable k=v labels.
-type labelFlag map[string]string
-
-func (l labelFlag) String() string { return "" }
-func (l labelFlag) Set(v string) error {
-	k, val, ok := strings.Cut(v, "=")
-	if !ok || k == "" {
-		return fmt.Errorf("want key=value, got %q", v)
-	}
-	if _, dup := l[k]; dup {
-		return fmt.Errorf("label %q given twice", k)
-	}
-	l[k] = val
-	return nil
 }
 
 // fieldFlags maps contract field names to the flags that set them, so a
@@ -70,8 +42,8 @@ func parseRegisterFlags(args []string, stderr io.Writer) (*registerFlags, error)
 	fs.SetOutput(stderr)
 	var (
 		rf       registerFlags
-		tasks    listFlag
-		labels   = labelFlag{}
+		tasks    flagx.List
+		labels   = flagx.Labels{}
 		address  string
 		capacity string
 		logLevel string

@@ -49,8 +49,8 @@ type Agent struct {
 	mu      sync.Mutex
 	started time.Time
 	cmd     *exec.Cmd
-	done chan struct{}
-	log  *tailBuffer
+	done    chan struct{}
+	log     *tailBuffer
 }
 
 // Binary locates the consul binary: $LEASEHOLD_CONSUL, then bin/consul in the
@@ -110,35 +110,59 @@ func Start(t testing.TB, opts ...Options) *Agent {
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	bin := RequireBinary(t)
-	dir, err := os.MkdirTemp("", "leasehold-consul-")
+	if o.NodeName == "" {
+		o.NodeName = "lh-" + sanitize(t.Name())
+	}
+	a, err := Launch(RequireBinary(t), o)
+	if a != nil {
+		a.t = t
+		t.Cleanup(func() {
+			a.Stop()
+			if t.Failed() || os.Getenv("LEASEHOLD_CONSUL_LOG") != "" {
+				t.Logf("consul agent %s log (tail):\n%s", a.Node, a.log.String())
+			}
+			a.Close()
+		})
+	}
 	if err != nil {
 		t.Fatal(err)
 	}
-	a := &Agent{t: t, bin: bin, dir: dir, Node: o.NodeName}
-	if a.Node == "" {
-		a.Node = "lh-" + sanitize(t.Name())
+	return a
+}
+
+// Launch starts a dev agent outside a test (demo, benchmarks) and waits until
+// it is ready. Close stops it and removes its data dir. On error the returned
+// Agent, if any, still needs Close.
+func Launch(bin string, o Options) (*Agent, error) {
+	dir, err := os.MkdirTemp("", "leasehold-consul-")
+	if err != nil {
+		return nil, err
 	}
-	t.Cleanup(func() {
-		a.Stop()
-		if t.Failed() || os.Getenv("LEASEHOLD_CONSUL_LOG") != "" {
-			t.Logf("consul agent %s log (tail):\n%s", a.Node, a.log.String())
-		}
-		os.RemoveAll(a.dir)
-	})
+	a := &Agent{bin: bin, dir: dir, Node: o.NodeName}
+	if a.Node == "" {
+		a.Node = "lh-" + sanitize("agent")
+	}
 	var lastErr error
 	for attempt := 0; attempt < 3; attempt++ { // a chosen port can be taken between probe and bind
 		if lastErr = a.configure(o); lastErr != nil {
 			break
 		}
 		if lastErr = a.start(); lastErr == nil {
-			return a
+			return a, nil
 		}
 		a.Stop()
 	}
-	t.Fatalf("start consul agent: %v\n%s", lastErr, a.log.String())
-	return nil
+	return a, fmt.Errorf("start consul agent: %w\n%s", lastErr, a.log.String())
 }
+
+// Close stops the agent and removes its data dir.
+func (a *Agent) Close() {
+	a.Stop()
+	os.RemoveAll(a.dir)
+}
+
+// Log is the tail of the agent's output.
+func (a *Agent) Log() string { return a.log.String() }
 
 func (a *Agent) configure(o Options) error {
 	ports, err := freePorts(6)
@@ -240,8 +264,8 @@ func (a *Agent) Config() *api.Config {
 // Client is an API client for this agent.
 func (a *Agent) Client() *api.Client {
 	c, err := api.NewClient(a.Config())
-	if err != nil {
-		a.t.Fatal(err)
+	if err != nil { // only a bad TLS configuration fails, and there is none
+		panic(err)
 	}
 	return c
 }
@@ -268,10 +292,9 @@ func (a *Agent) Stop() {
 // name with its data dir wiped: every local registration is forgotten, as on
 // an agent that lost its state.
 func (a *Agent) Restart() {
-	a.t.Helper()
 	a.Stop()
 	if err := os.RemoveAll(filepath.Join(a.dir, "data")); err != nil {
-		a.t.Fatal(err)
+		a.fail(err)
 	}
 	a.restart()
 }
@@ -279,16 +302,23 @@ func (a *Agent) Restart() {
 // RestartKeepingState stops and starts the agent with its data dir intact:
 // the agent restores local services and TTL check state from it.
 func (a *Agent) RestartKeepingState() {
-	a.t.Helper()
 	a.Stop()
 	a.restart()
 }
 
 func (a *Agent) restart() {
-	a.t.Helper()
 	if err := a.start(); err != nil {
-		a.t.Fatalf("restart consul agent: %v\n%s", err, a.log.String())
+		a.fail(fmt.Errorf("restart consul agent: %w\n%s", err, a.log.String()))
 	}
+}
+
+// fail ends the test, or panics outside one (the demo treats it as fatal).
+func (a *Agent) fail(err error) {
+	if a.t != nil {
+		a.t.Helper()
+		a.t.Fatal(err)
+	}
+	panic(err)
 }
 
 // logLevel is warn unless $LEASEHOLD_CONSUL_LOG names one (e.g. debug).

@@ -1,0 +1,44 @@
+// Package flagx holds flag.Value types shared by leasehold's commands.
+package flagx
+
+import (
+	"fmt"
+	"strings"
+)
+
+// List collects a repeatable flag; each value may also be comma-separated.
+type List []string
+
+func (l *List) String() string { return strings.Join(*l, ",") }
+
+func (l *List) Set(v string) error {
+	for _, p := range strings.Split(v, ",") {
+		if p = strings.TrimSpace(p); p != "" {
+			*l = append(*l, p)
+		}
+	}
+	return nil
+}
+
+// Labels collects repeatable key=value flags. Use with make(Labels).
+type Labels map[string]string
+
+func (l Labels) String() string {
+	parts := make([]string, 0, len(l))
+	for k, v := range l {
+		parts = append(parts, k+"="+v)
+	}
+	return strings.Join(parts, ",")
+}
+
+func (l Labels) Set(v string) error {
+	k, val, ok := strings.Cut(v, "=")
+	if !ok || k == "" {
+		return fmt.Errorf("want key=value, got %q", v)
+	}
+	if _, dup := l[k]; dup {
+		return fmt.Errorf("label %q given twice", k)
+	}
+	l[k] = val
+	return nil
+}
