@@ -27,3 +27,8 @@ test: $(CONSUL)
 
 clean:
 	rm -rf bin
+
+# The executor side on real parts: a Consul dev agent, example executors, the drills.
+demo: $(CONSUL)
+	$(GO) build -o bin/executor ./examples/executor
+	$(GO) run ./examples/demo --executor bin/executor
