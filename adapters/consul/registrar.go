@@ -119,17 +119,24 @@ func (r *Registrar) Run(ctx context.Context) error {
 		out := r.keepAlive(ctx, sess, renewedAt)
 		switch {
 		case out.drained:
-			cancel(ErrDrained)
+			cancel(ErrDrained) // before Drain returns, so callers see the session ended
+			out.drainDone <- out.drainErr
 			return nil
 		case out.loss == nil: // ctx ended
 			r.deregisterOwn(sess.ID)
 			cancel(ErrStopped)
+			if out.drainDone != nil {
+				out.drainDone <- out.drainErr
+			}
 			return ctx.Err()
 		}
 		loss := *out.loss
 		loss.Superseded = r.superseded(ctx)
 		lostErr := &LeaseLostError{Loss: loss}
 		cancel(lostErr)
+		if out.drainDone != nil {
+			out.drainDone <- out.drainErr
+		}
 		r.notifyLost(loss)
 		r.log.Warn("lease lost", "session_id", sess.ID, "reason", loss.Reason, "since_ack", loss.SinceAck, "superseded", loss.Superseded, "err", loss.Err)
 		switch {
@@ -267,8 +274,10 @@ func (r *Registrar) probe(ctx context.Context) error {
 }
 
 type keepAliveResult struct {
-	drained bool
-	loss    *LeaseLoss // nil with drained false: ctx ended
+	drained   bool
+	drainDone chan error // answered by Run once the session is ended
+	drainErr  error
+	loss      *LeaseLoss // nil with drained false: ctx ended
 }
 
 // keepAlive heartbeats one session until its lease is lost, it is drained or
@@ -298,10 +307,14 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 	}()
 	lose := func(reason LossReason, err error) keepAliveResult {
 		now := clock.Now()
-		return keepAliveResult{loss: &LeaseLoss{
+		res := keepAliveResult{loss: &LeaseLoss{
 			InstanceID: r.cfg.InstanceID, SessionID: sess.ID, Reason: reason,
 			At: now, SinceAck: now.Sub(renewedAt), Err: err,
 		}}
+		if drain != nil { // a drain in progress ends with the lease
+			res.drainDone, res.drainErr = drain.done, fmt.Errorf("drain: %w", ErrLeaseLost)
+		}
+		return res
 	}
 	finishDrain := func() keepAliveResult {
 		var err error
@@ -310,22 +323,18 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 		}
 		r.deregisterOwn(sess.ID)
 		log.Info("drained and deregistered", "err", err)
-		drain.done <- err
-		return keepAliveResult{drained: true}
+		return keepAliveResult{drained: true, drainDone: drain.done, drainErr: err}
 	}
 
 	for {
 		select {
 		case <-ctx.Done():
 			if drain != nil {
-				drain.done <- ErrStopped
+				return keepAliveResult{drainDone: drain.done, drainErr: ErrStopped}
 			}
 			return keepAliveResult{}
 
 		case <-deadline.Chan():
-			if drain != nil {
-				drain.done <- fmt.Errorf("drain: %w", ErrLeaseLost)
-			}
 			return lose(LossExpired, lastErr)
 
 		case req := <-r.drainCh:
@@ -347,9 +356,6 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 		case <-next.Chan():
 			now := clock.Now()
 			if lease.Expired(renewedAt, now) { // e.g. the process was paused
-				if drain != nil {
-					drain.done <- fmt.Errorf("drain: %w", ErrLeaseLost)
-				}
 				return lose(LossExpired, lastErr)
 			}
 			if err := r.probe(ctx); err != nil {
@@ -371,9 +377,6 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				deadline.Reset(lease.TTL - clock.Since(renewedAt))
 				next.Reset(lease.Heartbeat - clock.Since(renewedAt))
 			case errors.Is(err, ErrUnknownCheck):
-				if drain != nil {
-					drain.done <- fmt.Errorf("drain: %w", ErrLeaseLost)
-				}
 				return lose(LossRefused, err)
 			case ctx.Err() != nil:
 				// handled by the ctx case
