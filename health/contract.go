@@ -24,11 +24,19 @@ const (
 	MetaVersion    = "version"
 	MetaCapacity   = "capacity"
 	MetaState      = "state"
+	// MetaGeneration orders the sessions of one instance: strictly increasing,
+	// taken with a check-and-set on GenerationKey at session start, so
+	// "newest session" never depends on wall clocks or catalog indexes.
+	MetaGeneration = "generation"
 	// MetaLabelPrefix prefixes each label key: label "zone=eu" is meta "label_zone".
 	MetaLabelPrefix = "label_"
 
 	// CheckIDPrefix starts every lease check id: lease:<instance>:<session>:<task>.
 	CheckIDPrefix = "lease"
+
+	// GenerationKeyPrefix + instance_id is the Consul KV key holding the last
+	// generation issued to the instance.
+	GenerationKeyPrefix = "leasehold/generation/"
 )
 
 // Consul's own limits on service meta (agent/structs), so a registration that
@@ -63,6 +71,7 @@ const (
 type Registration struct {
 	InstanceID string
 	SessionID  string
+	Generation uint64 // order of the sessions of InstanceID: newest is highest
 	Task       string
 	Address    string
 	Port       int
@@ -101,6 +110,9 @@ func (r Registration) Validate() error {
 	var errs FieldErrors
 	errs = append(errs, validateID(MetaInstanceID, r.InstanceID)...)
 	errs = append(errs, validateID(MetaSessionID, r.SessionID)...)
+	if r.Generation == 0 {
+		errs = append(errs, fieldErr(MetaGeneration, "0", "must be a positive integer (taken from Consul KV %s<instance_id> at session start)", GenerationKeyPrefix))
+	}
 	if e := ValidateTask(r.Task); e != nil {
 		errs = append(errs, e)
 	}
@@ -134,6 +146,9 @@ func validateID(field, v string) FieldErrors {
 	}
 	return nil
 }
+
+// GenerationKey is the KV key holding the last generation of an instance.
+func GenerationKey(instanceID string) string { return GenerationKeyPrefix + instanceID }
 
 // ValidateInstanceID checks an instance id alone (for configuration).
 func ValidateInstanceID(v string) error { return validateID(MetaInstanceID, v).err() }
@@ -210,13 +225,14 @@ func ValidateLabels(labels map[string]string) FieldErrors {
 	return errs
 }
 
-const fixedMetaKeys = 5 // instance_id, session_id, version, capacity, state
+const fixedMetaKeys = 6 // instance_id, session_id, generation, version, capacity, state
 
 // Meta encodes the registration as Consul service meta.
 func (r Registration) Meta() map[string]string {
 	m := make(map[string]string, fixedMetaKeys+len(r.Labels))
 	m[MetaInstanceID] = r.InstanceID
 	m[MetaSessionID] = r.SessionID
+	m[MetaGeneration] = strconv.FormatUint(r.Generation, 10)
 	m[MetaVersion] = r.Version
 	m[MetaCapacity] = strconv.Itoa(r.Capacity)
 	m[MetaState] = string(r.State)
@@ -240,6 +256,14 @@ func ParseRegistration(task, address string, port int, meta map[string]string) (
 		State:      State(meta[MetaState]),
 	}
 	var errs FieldErrors
+	if g, ok := meta[MetaGeneration]; ok {
+		n, err := strconv.ParseUint(g, 10, 64)
+		if err != nil || n == 0 {
+			errs = append(errs, fieldErr(MetaGeneration, g, "not a positive integer"))
+			n = 1 // reported once
+		}
+		r.Generation = n
+	}
 	if c, ok := meta[MetaCapacity]; ok {
 		n, err := strconv.Atoi(c)
 		if err != nil {

@@ -10,7 +10,7 @@ import (
 
 func validReg() Registration {
 	return Registration{
-		InstanceID: "exec-1", SessionID: "s1", Task: "transcode",
+		InstanceID: "exec-1", SessionID: "s1", Generation: 3, Task: "transcode",
 		Address: "127.0.0.1", Port: 9000, Version: "1.4.2", Capacity: 4,
 		State: StateActive, Labels: map[string]string{"zone": "eu-1", "gpu": "true"},
 	}
@@ -19,7 +19,7 @@ func validReg() Registration {
 func TestValidateNamesTheField(t *testing.T) {
 	long := strings.Repeat("x", 600)
 	many := map[string]string{}
-	for i := range 60 {
+	for i := range 59 {
 		many["k"+strings.Repeat("a", i)] = "v"
 	}
 	tests := []struct {
@@ -36,6 +36,7 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"instance with colon", func(r *Registration) { r.InstanceID = "a:b" }, []string{"instance_id"}},
 		{"instance too long", func(r *Registration) { r.InstanceID = strings.Repeat("a", 129) }, []string{"instance_id"}},
 		{"empty session", func(r *Registration) { r.SessionID = "" }, []string{"session_id"}},
+		{"no generation", func(r *Registration) { r.Generation = 0 }, []string{"generation"}},
 		{"empty task", func(r *Registration) { r.Task = "" }, []string{"task"}},
 		{"task with underscore", func(r *Registration) { r.Task = "trans_code" }, []string{"task"}},
 		{"task too long", func(r *Registration) { r.Task = strings.Repeat("t", 64) }, []string{"task"}},
@@ -86,7 +87,7 @@ func TestMetaRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, r)
 	}
-	if meta["label_zone"] != "eu-1" || meta["capacity"] != "4" || meta["state"] != "active" {
+	if meta["label_zone"] != "eu-1" || meta["capacity"] != "4" || meta["state"] != "active" || meta["generation"] != "3" {
 		t.Fatalf("meta encoding: %v", meta)
 	}
 }
@@ -102,6 +103,9 @@ func TestParseRegistrationRejectsBadMeta(t *testing.T) {
 		{"state missing", map[string]string{"state": ""}, []string{"state"}},
 		{"version garbage", map[string]string{"version": "latest"}, []string{"version"}},
 		{"no instance", map[string]string{"instance_id": ""}, []string{"instance_id"}},
+		{"generation missing", map[string]string{"generation": ""}, []string{"generation"}},
+		{"generation garbage", map[string]string{"generation": "x"}, []string{"generation"}},
+		{"generation zero", map[string]string{"generation": "0"}, []string{"generation"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

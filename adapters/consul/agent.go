@@ -30,12 +30,17 @@ type Agent interface {
 	// Sessions lists every registration of instanceID for task in the catalog,
 	// on any node, with the status of its lease check.
 	Sessions(ctx context.Context, task, instanceID string) ([]RemoteSession, error)
+	// NextGeneration takes the next session generation of instanceID with a
+	// check-and-set in Consul KV; the result is above floor too, so a lost
+	// KV entry never hands out a generation an existing session already has.
+	NextGeneration(ctx context.Context, instanceID string, floor uint64) (uint64, error)
 }
 
 // RemoteSession is one registration of an instance as the catalog shows it.
 type RemoteSession struct {
-	Node      string
-	SessionID string
+	Node       string
+	SessionID  string
+	Generation uint64 // 0 when its meta has none
 	Status    health.CheckStatus // of its lease check; critical when it has none
 }
 
@@ -104,6 +109,7 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 	out := make([]RemoteSession, 0, len(entries))
 	for _, e := range entries {
 		rs := RemoteSession{Node: e.Node.Node, SessionID: e.Service.Meta[health.MetaSessionID], Status: health.StatusCritical}
+		rs.Generation, _ = strconv.ParseUint(e.Service.Meta[health.MetaGeneration], 10, 64)
 		for _, c := range e.Checks {
 			if _, sess, _, ok := health.ParseCheckID(c.CheckID); ok && sess == rs.SessionID {
 				rs.Status = health.CheckStatus(c.Status)
@@ -115,6 +121,33 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 		out = append(out, rs)
 	}
 	return out, nil
+}
+
+func (a *APIAgent) NextGeneration(ctx context.Context, instanceID string, floor uint64) (uint64, error) {
+	key := health.GenerationKey(instanceID)
+	kv := a.c.KV()
+	for attempt := 0; attempt < 16; attempt++ { // CAS loses only to a concurrent start of the same instance
+		pair, _, err := kv.Get(key, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
+		if err != nil {
+			return 0, fmt.Errorf("read %s: %w", key, err)
+		}
+		var cur, index uint64
+		if pair != nil {
+			index = pair.ModifyIndex
+			if cur, err = strconv.ParseUint(string(pair.Value), 10, 64); err != nil {
+				cur = 0 // garbage: overwrite it, floor still protects the order
+			}
+		}
+		next := max(cur, floor) + 1
+		ok, _, err := kv.CAS(&api.KVPair{Key: key, Value: []byte(strconv.FormatUint(next, 10)), ModifyIndex: index}, (&api.WriteOptions{}).WithContext(ctx))
+		if err != nil {
+			return 0, fmt.Errorf("check-and-set %s: %w", key, err)
+		}
+		if ok {
+			return next, nil
+		}
+	}
+	return 0, fmt.Errorf("check-and-set %s: too much contention", key)
 }
 
 func isStatus(err error, code int) bool {

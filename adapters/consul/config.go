@@ -81,7 +81,7 @@ func (c Config) Validate() error {
 	// Validate one registration per task with a placeholder session: the
 	// contract's rules are the single source of truth.
 	base := health.Registration{
-		InstanceID: c.InstanceID, SessionID: "validate", Address: c.Address, Port: c.Port,
+		InstanceID: c.InstanceID, SessionID: "validate", Generation: 1, Address: c.Address, Port: c.Port,
 		Version: c.Version, Capacity: c.Capacity, State: health.StateActive, Labels: c.Labels,
 	}
 	if len(c.Tasks) == 0 {
@@ -118,9 +118,9 @@ func (c Config) Validate() error {
 // hostPort is the executor's address for logs.
 func (c Config) hostPort() string { return net.JoinHostPort(c.Address, strconv.Itoa(c.Port)) }
 
-func (c Config) registration(sessionID, task string, state health.State) health.Registration {
+func (c Config) registration(sess sessionKey, task string, state health.State) health.Registration {
 	return health.Registration{
-		InstanceID: c.InstanceID, SessionID: sessionID, Task: task, Address: c.Address, Port: c.Port,
+		InstanceID: c.InstanceID, SessionID: sess.id, Generation: sess.generation, Task: task, Address: c.Address, Port: c.Port,
 		Version: c.Version, Capacity: c.Capacity, State: state, Labels: c.Labels,
 	}
 }

@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"fmt"
+	"strconv"
 	"sync"
 	"testing"
 	"time"
@@ -32,6 +33,7 @@ type fakeAgent struct {
 	others   []RemoteSession // sessions on other nodes
 	ttlErr   func(checkID string) error
 	regErr   func() error
+	gens     map[string]uint64 // KV generation per instance
 	calls    chan call
 }
 
@@ -42,6 +44,7 @@ func newFakeAgent() *fakeAgent {
 		services: map[string]*api.AgentServiceRegistration{},
 		checks:   map[string]health.CheckStatus{},
 		outputs:  map[string]string{},
+		gens:     map[string]uint64{},
 		calls:    make(chan call, 10000),
 	}
 }
@@ -123,10 +126,18 @@ func (f *fakeAgent) Sessions(_ context.Context, task, instanceID string) ([]Remo
 	for _, reg := range f.services {
 		if reg.Name == task && reg.Meta[health.MetaInstanceID] == instanceID {
 			sess := reg.Meta[health.MetaSessionID]
-			out = append(out, RemoteSession{Node: "local", SessionID: sess, Status: f.checks[health.CheckID(instanceID, sess, task)]})
+			gen, _ := strconv.ParseUint(reg.Meta[health.MetaGeneration], 10, 64)
+			out = append(out, RemoteSession{Node: "local", SessionID: sess, Generation: gen, Status: f.checks[health.CheckID(instanceID, sess, task)]})
 		}
 	}
 	return append(out, f.others...), nil
+}
+
+func (f *fakeAgent) NextGeneration(_ context.Context, instanceID string, floor uint64) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gens[instanceID] = max(f.gens[instanceID], floor) + 1
+	return f.gens[instanceID], nil
 }
 
 // forget drops every registration, as a restarted agent without state does.

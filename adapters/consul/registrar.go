@@ -181,13 +181,13 @@ var errDrainedIdle = errors.New("drained before registration")
 // with backoff (and only while the probe passes) until it succeeds. A
 // re-registration first makes sure no newer session of this instance exists.
 func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Session, context.CancelCauseFunc, time.Time, error) {
-	id := newSessionID()
-	log := r.log.With("session_id", id)
+	key := sessionKey{id: newSessionID()}
+	log := r.log.With("session_id", key.id)
 	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
 	var sentAt time.Time
 	for {
 		var err error
-		sentAt, err = r.tryRegister(ctx, id, reregister)
+		sentAt, err = r.tryRegister(ctx, &key, reregister)
 		if err == nil {
 			break
 		}
@@ -208,43 +208,67 @@ func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Sess
 		}
 	}
 	sctx, cancel := context.WithCancelCause(context.Background())
-	sess := &Session{ID: id, ctx: sctx}
+	sess := &Session{ID: key.id, Generation: key.generation, ctx: sctx}
 	r.mu.Lock()
 	r.session = sess
 	close(r.changed)
 	r.changed = make(chan struct{})
 	r.mu.Unlock()
-	log.Info("registered", "tasks", r.cfg.Tasks, "address", r.cfg.hostPort(), "version", r.cfg.Version, "capacity", r.cfg.Capacity, "reregister", reregister)
+	log.Info("registered", "generation", key.generation, "tasks", r.cfg.Tasks, "address", r.cfg.hostPort(), "version", r.cfg.Version, "capacity", r.cfg.Capacity, "reregister", reregister)
 	return sess, cancel, sentAt, nil
 }
 
 // tryRegister makes one attempt and returns when its requests started: the
 // agent's TTL timers started no earlier.
-func (r *Registrar) tryRegister(ctx context.Context, sessionID string, reregister bool) (time.Time, error) {
+func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister bool) (time.Time, error) {
 	if err := r.probe(ctx); err != nil {
 		return time.Time{}, fmt.Errorf("probe: %w", err)
 	}
-	r.own[sessionID] = true
+	r.own[key.id] = true
 	if reregister && r.superseded(ctx) {
 		return time.Time{}, ErrSuperseded
 	}
-	sentAt := r.cfg.Clock.Now()
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.Lease.TTL)
 	defer cancel()
+	if key.generation == 0 {
+		gen, err := r.agent.NextGeneration(rctx, r.cfg.InstanceID, r.highestGeneration(rctx))
+		if err != nil {
+			return time.Time{}, fmt.Errorf("session generation: %w", err)
+		}
+		key.generation = gen
+	}
+	sentAt := r.cfg.Clock.Now()
 	for _, task := range r.cfg.Tasks {
-		if err := r.agent.Register(rctx, r.serviceRegistration(sessionID, task, health.StateActive)); err != nil {
+		if err := r.agent.Register(rctx, r.serviceRegistration(*key, task, health.StateActive)); err != nil {
 			return time.Time{}, err
 		}
 	}
 	// A check definition has no output: the first heartbeat sets the load.
-	if err := r.renew(rctx, sessionID, sentAt, false); err != nil {
+	if err := r.renew(rctx, *key, sentAt, false); err != nil {
 		return time.Time{}, err
 	}
 	return sentAt, nil
 }
 
-func (r *Registrar) serviceRegistration(sessionID, task string, state health.State) *api.AgentServiceRegistration {
-	reg := r.cfg.registration(sessionID, task, state)
+// highestGeneration is the highest generation any registration of this
+// instance carries in the catalog (0 if none or unknown).
+func (r *Registrar) highestGeneration(ctx context.Context) uint64 {
+	var highest uint64
+	for _, task := range r.cfg.Tasks {
+		others, err := r.agent.Sessions(ctx, task, r.cfg.InstanceID)
+		if err != nil {
+			continue // KV alone still orders sessions
+		}
+		for _, o := range others {
+			highest = max(highest, o.Generation)
+		}
+	}
+	return highest
+}
+
+func (r *Registrar) serviceRegistration(sess sessionKey, task string, state health.State) *api.AgentServiceRegistration {
+	reg := r.cfg.registration(sess, task, state)
+	sessionID := sess.id
 	load := r.cfg.Load()
 	return &api.AgentServiceRegistration{
 		ID:      health.ServiceID(r.cfg.InstanceID, task),
@@ -364,7 +388,7 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				next.Reset(min(lease.Heartbeat, lease.TTL-clock.Since(renewedAt)))
 				continue
 			}
-			err := r.renew(ctx, sess.ID, renewedAt, drain != nil && !drainMarked)
+			err := r.renew(ctx, sessionKey{sess.ID, sess.Generation}, renewedAt, drain != nil && !drainMarked)
 			switch {
 			case err == nil:
 				renewedAt = now
@@ -394,7 +418,8 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 // renew sends one heartbeat for every task. With markDrain it then
 // re-registers with state=draining; the heartbeat first proves the session is
 // still the agent's, so a replaced session is never registered back.
-func (r *Registrar) renew(ctx context.Context, sessionID string, renewedAt time.Time, markDrain bool) error {
+func (r *Registrar) renew(ctx context.Context, sess sessionKey, renewedAt time.Time, markDrain bool) error {
+	sessionID := sess.id
 	left := r.cfg.Lease.TTL - r.cfg.Clock.Since(renewedAt)
 	rctx, cancel := context.WithTimeout(ctx, left)
 	defer cancel()
@@ -409,7 +434,7 @@ func (r *Registrar) renew(ctx context.Context, sessionID string, renewedAt time.
 		return nil
 	}
 	for _, task := range r.cfg.Tasks {
-		if err := r.agent.Register(rctx, r.serviceRegistration(sessionID, task, health.StateDraining)); err != nil {
+		if err := r.agent.Register(rctx, r.serviceRegistration(sess, task, health.StateDraining)); err != nil {
 			return err
 		}
 	}

@@ -316,3 +316,67 @@ func TestConsulBadInputRegistersNothing(t *testing.T) {
 		t.Fatalf("agent has services %v (%v)", services, err)
 	}
 }
+
+func TestConsulNextGenerationIsStrictlyIncreasing(t *testing.T) {
+	a := consultest.Start(t)
+	ag := NewAPIAgent(a.Client())
+	ctx := context.Background()
+	if g, err := ag.NextGeneration(ctx, "exec-1", 0); err != nil || g != 1 {
+		t.Fatalf("first = %d, %v", g, err)
+	}
+	// concurrent session starts of one instance never share a generation
+	const n = 8
+	got := make(chan uint64, n)
+	for range n {
+		go func() {
+			g, err := ag.NextGeneration(ctx, "exec-1", 0)
+			if err != nil {
+				t.Error(err)
+			}
+			got <- g
+		}()
+	}
+	seen := map[uint64]bool{}
+	for range n {
+		g := <-got
+		if seen[g] || g < 2 || g > n+1 {
+			t.Fatalf("generation %d repeated or out of range (seen %v)", g, seen)
+		}
+		seen[g] = true
+	}
+	// KV lost: the floor (highest generation still registered) keeps the order
+	if _, err := a.Client().KV().Delete(health.GenerationKey("exec-1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	if g, err := ag.NextGeneration(ctx, "exec-1", 42); err != nil || g != 43 {
+		t.Fatalf("after KV loss = %d, %v; want 43", g, err)
+	}
+	// other instances have their own sequence
+	if g, _ := ag.NextGeneration(ctx, "exec-2", 0); g != 1 {
+		t.Fatalf("exec-2 first = %d", g)
+	}
+}
+
+func TestConsulRestartAfterKVLossStillGetsHigherGeneration(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	first := runLive(t, a, "exec-1", nil)
+	s1 := first.session(t, nil)
+	e := waitCheck(t, c, s1.ID, api.HealthPassing, 10*time.Second)
+	if e.Service.Meta[health.MetaGeneration] != "1" || s1.Generation != 1 {
+		t.Fatalf("generation meta = %q, session %d", e.Service.Meta[health.MetaGeneration], s1.Generation)
+	}
+	// The KV entry is lost while the first process is still registered: a
+	// restarted process must still be newer than what the catalog holds.
+	if _, err := c.KV().Delete(health.GenerationKey("exec-1"), nil); err != nil {
+		t.Fatal(err)
+	}
+	second := runLive(t, a, "exec-1", nil)
+	s2 := second.session(t, nil)
+	if s2.Generation <= s1.Generation {
+		t.Fatalf("restarted process generation %d not above %d", s2.Generation, s1.Generation)
+	}
+	if l := first.loss(t); !l.Superseded {
+		t.Fatalf("first process not superseded: %+v", l)
+	}
+}

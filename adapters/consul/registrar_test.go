@@ -122,7 +122,7 @@ func TestRegistersEveryTaskWithContractMeta(t *testing.T) {
 		if reg == nil {
 			t.Fatalf("%s not registered", task)
 		}
-		want := map[string]string{"instance_id": "exec-1", "session_id": s.ID, "version": "1.4.2", "capacity": "2", "state": "active", "label_zone": "eu-1"}
+		want := map[string]string{"instance_id": "exec-1", "session_id": s.ID, "generation": "1", "version": "1.4.2", "capacity": "2", "state": "active", "label_zone": "eu-1"}
 		if !reflect.DeepEqual(reg.Meta, want) {
 			t.Errorf("meta = %v, want %v", reg.Meta, want)
 		}
@@ -220,6 +220,9 @@ func TestRefusedHeartbeatReregistersUnderFreshSession(t *testing.T) {
 	if s2.ID == s1.ID {
 		t.Fatal("re-registered under the same session")
 	}
+	if s2.Generation <= s1.Generation {
+		t.Fatalf("generation %d not above the lost session's %d", s2.Generation, s1.Generation)
+	}
 	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"]; got != s2.ID {
 		t.Fatalf("registered session = %s, want %s", got, s2.ID)
 	}
@@ -235,7 +238,7 @@ func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
 	// another process with the same instance id registers on the same agent
 	other := baseConfig()
 	for _, task := range other.Tasks {
-		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration("newer", task, health.StateActive)
+		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration(sessionKey{"newer", 99}, task, health.StateActive)
 		if err := h.agent.Register(context.Background(), r); err != nil {
 			t.Fatal(err)
 		}

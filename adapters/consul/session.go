@@ -66,8 +66,15 @@ var (
 // Session is one registration generation of this process. Work claimed under
 // a session must stop (or at least not be confirmed) once Context is done.
 type Session struct {
-	ID  string
-	ctx context.Context
+	ID         string
+	Generation uint64 // orders the sessions of this instance: newest is highest
+	ctx        context.Context
+}
+
+// sessionKey identifies a session before it is published.
+type sessionKey struct {
+	id         string
+	generation uint64
 }
 
 // Context is cancelled when the session ends; context.Cause says why
