@@ -1,0 +1,99 @@
+package health
+
+import (
+	"strings"
+
+	"github.com/Masterminds/semver/v3"
+)
+
+// Node metadata keys a dispatcher (an xDS node) may set.
+const (
+	NodeMetaVersionConstraint = "version_constraint"
+	NodeMetaLabels            = "labels"
+)
+
+// Dispatcher is the constraint set of one or more dispatchers: which
+// executors they may send new work to. Dispatchers with equal constraint sets
+// share one snapshot; Key identifies the set.
+type Dispatcher struct {
+	VersionConstraint string            // semver constraint, e.g. ">=1.4.0, <2.0.0"; empty: any
+	Labels            map[string]string // selector: every pair must equal an executor label
+
+	constraint *semver.Constraints
+	key        string
+}
+
+// NewDispatcher validates a constraint set; errors name the node metadata
+// field (version_constraint, labels.<key>).
+func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatcher, error) {
+	d := Dispatcher{VersionConstraint: strings.TrimSpace(versionConstraint)}
+	var errs FieldErrors
+	if d.VersionConstraint != "" {
+		c, err := semver.NewConstraint(d.VersionConstraint)
+		if err != nil {
+			errs = append(errs, fieldErr(NodeMetaVersionConstraint, d.VersionConstraint, "not a semver constraint: %v", err))
+		}
+		d.constraint = c
+	}
+	if len(labels) > 0 {
+		d.Labels = make(map[string]string, len(labels))
+	}
+	for _, k := range sortedKeys(labels) {
+		if k == "" || !metaKeyRE.MatchString(k) || len(MetaLabelPrefix+k) > consulMetaKeyMaxLen {
+			errs = append(errs, fieldErr(NodeMetaLabels+"."+k, k, "label key may contain only letters, digits, '-' and '_' (≤ %d bytes)", consulMetaKeyMaxLen-len(MetaLabelPrefix)))
+			continue
+		}
+		if len(labels[k]) > consulMetaValueMaxLen {
+			errs = append(errs, fieldErr(NodeMetaLabels+"."+k, labels[k], "value longer than %d bytes", consulMetaValueMaxLen))
+			continue
+		}
+		d.Labels[k] = labels[k]
+	}
+	if err := errs.err(); err != nil {
+		return Dispatcher{}, err
+	}
+	d.key = d.computeKey()
+	return d, nil
+}
+
+// Key identifies the constraint set: equal sets have equal keys.
+func (d Dispatcher) Key() string {
+	if d.key == "" {
+		return d.computeKey() // a zero Dispatcher: the unconstrained set
+	}
+	return d.key
+}
+
+func (d Dispatcher) computeKey() string {
+	var b strings.Builder
+	b.WriteString("v=")
+	if d.constraint != nil {
+		b.WriteString(d.constraint.String()) // normalised spelling
+	}
+	for _, k := range sortedKeys(d.Labels) {
+		b.WriteString(";")
+		b.WriteString(k)
+		b.WriteString("=")
+		b.WriteString(d.Labels[k])
+	}
+	return b.String()
+}
+
+// versionOK reports whether version satisfies the constraint.
+func (d Dispatcher) versionOK(version string) bool {
+	if d.constraint == nil {
+		return true
+	}
+	v, err := semver.StrictNewVersion(version)
+	return err == nil && d.constraint.Check(v)
+}
+
+// labelsOK reports whether every selector pair is among labels.
+func (d Dispatcher) labelsOK(labels map[string]string) (bool, string) {
+	for _, k := range sortedKeys(d.Labels) {
+		if v, ok := labels[k]; !ok || v != d.Labels[k] {
+			return false, k
+		}
+	}
+	return true, ""
+}

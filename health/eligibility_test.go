@@ -1,0 +1,171 @@
+package health
+
+import (
+	"errors"
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func exec(mut func(*Executor)) Executor {
+	e := Executor{
+		Registration: validReg(),
+		ServiceID:    "transcode:exec-1", Node: "n1",
+		Lease: StatusPassing, LeaseFound: true, NodeChecks: StatusPassing,
+	}
+	if mut != nil {
+		mut(&e)
+	}
+	return e
+}
+
+func mustDispatcher(t *testing.T, vc string, labels map[string]string) Dispatcher {
+	t.Helper()
+	d, err := NewDispatcher(vc, labels)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return d
+}
+
+func TestEligibleEveryRuleAndReason(t *testing.T) {
+	any := mustDispatcher(t, "", nil)
+	v14 := mustDispatcher(t, ">=1.4.0, <2.0.0", nil)
+	v15 := mustDispatcher(t, ">=1.5.0", nil)
+	eu := mustDispatcher(t, "", map[string]string{"zone": "eu-1"})
+	us := mustDispatcher(t, "", map[string]string{"zone": "us-1"})
+	gpu := mustDispatcher(t, "", map[string]string{"accel": "gpu"})
+
+	tests := []struct {
+		name   string
+		e      Executor
+		d      Dispatcher
+		route  Route
+		reason Reason
+	}{
+		{"healthy", exec(nil), any, RouteHealthy, ReasonNone},
+		{"healthy in version range", exec(nil), v14, RouteHealthy, ReasonNone},
+		{"healthy with label selector", exec(nil), eu, RouteHealthy, ReasonNone},
+		{"bad metadata", exec(func(e *Executor) { e.Err = errors.New("capacity: not an integer") }), any, RouteNone, ReasonBadMetadata},
+		{"lease critical", exec(func(e *Executor) { e.Lease = StatusCritical }), any, RouteNone, ReasonLapsed},
+		{"lease check missing", exec(func(e *Executor) { e.LeaseFound = false; e.Lease = "" }), any, RouteNone, ReasonLapsed},
+		{"lease unknown status", exec(func(e *Executor) { e.Lease = "maintenance" }), any, RouteNone, ReasonLapsed},
+		{"node serfHealth critical", exec(func(e *Executor) { e.NodeChecks = StatusCritical }), any, RouteNone, ReasonLapsed},
+		{"lapse observed, passing again", exec(func(e *Executor) { e.LapseObserved = true }), any, RouteNone, ReasonLapsed},
+		{"other service check failing", exec(func(e *Executor) { e.Other = StatusCritical }), any, RouteNone, ReasonUnhealthy},
+		{"node check warning", exec(func(e *Executor) { e.NodeChecks = StatusWarning }), any, RouteNone, ReasonUnhealthy},
+		{"fenced", exec(func(e *Executor) { e.Fenced = true; e.NewerSessionID = "s2"; e.NewerGeneration = 4 }), any, RouteNone, ReasonFenced},
+		{"version too old", exec(nil), v15, RouteNone, ReasonVersion},
+		{"version too new", exec(func(e *Executor) { e.Version = "2.0.0" }), v14, RouteNone, ReasonVersion},
+		{"prerelease excluded by range", exec(func(e *Executor) { e.Version = "1.5.0-rc.1" }), v14, RouteNone, ReasonVersion},
+		{"label mismatch", exec(nil), us, RouteNone, ReasonLabels},
+		{"label missing", exec(nil), gpu, RouteNone, ReasonLabels},
+		{"draining", exec(func(e *Executor) { e.State = StateDraining }), any, RouteDraining, ReasonDraining},
+		{"draining and full", exec(func(e *Executor) { e.State = StateDraining; e.Lease = StatusWarning }), any, RouteDraining, ReasonDraining},
+		{"draining but version excluded", exec(func(e *Executor) { e.State = StateDraining }), v15, RouteNone, ReasonVersion},
+		{"full", exec(func(e *Executor) { e.Lease = StatusWarning; e.Load = 4 }), any, RouteNone, ReasonFull},
+		{"lapsed beats draining", exec(func(e *Executor) { e.State = StateDraining; e.Lease = StatusCritical }), any, RouteNone, ReasonLapsed},
+		{"fenced beats full", exec(func(e *Executor) { e.Fenced = true; e.Lease = StatusWarning }), any, RouteNone, ReasonFenced},
+		{"unhealthy beats fenced", exec(func(e *Executor) { e.Fenced = true; e.Other = StatusWarning }), any, RouteNone, ReasonUnhealthy},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			v := Eligible(tt.e, tt.d)
+			if v.Route != tt.route || v.Reason != tt.reason {
+				t.Fatalf("verdict = %+v, want %s/%s", v, tt.route, tt.reason)
+			}
+			if tt.reason != ReasonNone && v.Detail == "" {
+				t.Fatal("ineligible verdict without detail")
+			}
+		})
+	}
+}
+
+func TestNewDispatcherNamesTheField(t *testing.T) {
+	for _, tt := range []struct {
+		vc     string
+		labels map[string]string
+		field  string
+	}{
+		{">= banana", nil, "version_constraint"},
+		{"", map[string]string{"a.b": "x"}, "labels.a.b"},
+		{"", map[string]string{"": "x"}, "labels."},
+		{"", map[string]string{"k": strings.Repeat("v", 513)}, "labels.k"},
+	} {
+		_, err := NewDispatcher(tt.vc, tt.labels)
+		if got := Fields(err); len(got) != 1 || got[0] != tt.field {
+			t.Errorf("NewDispatcher(%q, %v) fields %v, want %s (%v)", tt.vc, tt.labels, got, tt.field, err)
+		}
+	}
+}
+
+func TestDispatcherKeyIsCanonical(t *testing.T) {
+	a := mustDispatcher(t, ">=1.4.0,<2.0.0", map[string]string{"zone": "eu", "gpu": "yes"})
+	b := mustDispatcher(t, " >=1.4.0, <2.0.0 ", map[string]string{"gpu": "yes", "zone": "eu"})
+	c := mustDispatcher(t, ">=1.4.0", map[string]string{"gpu": "yes", "zone": "eu"})
+	if a.Key() != b.Key() {
+		t.Fatalf("equal sets, keys %q and %q", a.Key(), b.Key())
+	}
+	if a.Key() == c.Key() || mustDispatcher(t, "", nil).Key() == a.Key() {
+		t.Fatal("different sets share a key")
+	}
+	if (Dispatcher{}).Key() != mustDispatcher(t, "", nil).Key() {
+		t.Fatal("zero Dispatcher differs from the unconstrained set")
+	}
+}
+
+func session(instance, session string, gen, create uint64, task string) Executor {
+	return exec(func(e *Executor) {
+		e.InstanceID, e.SessionID, e.Generation, e.CreateIndex, e.Task = instance, session, gen, create, task
+	})
+}
+
+func fenced(es []Executor) []string {
+	var out []string
+	for _, e := range es {
+		if e.Fenced {
+			out = append(out, e.InstanceID+"/"+e.SessionID+"/"+e.Task)
+		}
+	}
+	return out
+}
+
+func TestFence(t *testing.T) {
+	tests := []struct {
+		name  string
+		es    []Executor
+		floor map[string]uint64
+		want  []string
+	}{
+		{"one session, two tasks", []Executor{session("a", "s1", 1, 10, "t1"), session("a", "s1", 1, 11, "t2")}, nil, nil},
+		{"newer generation wins", []Executor{session("a", "s1", 1, 10, "t"), session("a", "s2", 2, 5, "t")}, nil, []string{"a/s1/t"}},
+		{"not by create index: re-synced old registration", []Executor{session("a", "old", 3, 900, "t"), session("a", "new", 4, 100, "t")}, nil, []string{"a/old/t"}},
+		{"instances are independent", []Executor{session("a", "s1", 1, 1, "t"), session("b", "s9", 9, 2, "t")}, nil, nil},
+		{"floor: newest session gone", []Executor{session("a", "s1", 1, 1, "t")}, map[string]uint64{"a": 2}, []string{"a/s1/t"}},
+		{"floor equal to present session", []Executor{session("a", "s2", 2, 1, "t")}, map[string]uint64{"a": 2}, nil},
+		{"tie broken by create index", []Executor{session("a", "x", 5, 7, "t"), session("a", "y", 5, 8, "t")}, nil, []string{"a/x/t"}},
+		{"bad metadata ignored", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) { e.InstanceID = "a"; e.SessionID = "junk"; e.Generation = 99; e.Err = errors.New("bad") })}, nil, nil},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			Fence(tt.es, tt.floor)
+			if got := fenced(tt.es); !reflect.DeepEqual(got, tt.want) {
+				t.Fatalf("fenced = %v, want %v", got, tt.want)
+			}
+		})
+	}
+}
+
+func TestFenceResetsPreviousMarks(t *testing.T) {
+	es := []Executor{session("a", "s1", 1, 1, "t"), session("a", "s2", 2, 2, "t")}
+	Fence(es, nil)
+	es = es[:1] // s2 deregistered and nothing remembers it
+	Fence(es, nil)
+	if es[0].Fenced {
+		t.Fatal("mark not recomputed")
+	}
+	Fence(es, map[string]uint64{"a": 2}) // the state owner remembers it
+	if !es[0].Fenced || es[0].NewerGeneration != 2 {
+		t.Fatalf("floor ignored: %+v", es[0])
+	}
+}
