@@ -1,0 +1,135 @@
+package health
+
+// Observations are what the Consul watch reports, in domain terms: the
+// members of each task type (with every check at the time they were read) and,
+// separately and much more often, the set of non-passing checks.
+
+// CheckState is one Consul check as observed.
+type CheckState struct {
+	Node        string
+	CheckID     string
+	ServiceID   string // "" for a node-level check such as serfHealth
+	Status      CheckStatus
+	Output      string
+	ModifyIndex uint64
+}
+
+// Member is one registration of a task type with its checks (service and
+// node) as read together with the membership.
+type Member struct {
+	Executor              // contract fields, ServiceID, Node, CreateIndex, Err
+	Checks   []CheckState // the service's checks and its node's checks
+}
+
+// TaskMembers is the full membership of one task type at Index. Gone means
+// the task type no longer exists (its last registration left).
+type TaskMembers struct {
+	Task    string
+	Index   uint64
+	Members []Member
+	Gone    bool
+}
+
+// NonPassing is every non-passing check of leasehold registrations and of
+// nodes at Index: a check absent from it was passing at Index.
+type NonPassing struct {
+	Index  uint64
+	Checks []CheckState
+}
+
+type checkKey struct{ node, checkID string }
+
+// NonPassingSet indexes a NonPassing observation for Join.
+type NonPassingSet struct {
+	index  uint64
+	checks map[checkKey]CheckState
+}
+
+// Index is the Consul index of the observation.
+func (s *NonPassingSet) Index() uint64 {
+	if s == nil {
+		return 0
+	}
+	return s.index
+}
+
+// NewNonPassingSet indexes np.
+func NewNonPassingSet(np NonPassing) *NonPassingSet {
+	s := &NonPassingSet{index: np.Index, checks: make(map[checkKey]CheckState, len(np.Checks))}
+	for _, c := range np.Checks {
+		s.checks[checkKey{c.Node, c.CheckID}] = c
+	}
+	return s
+}
+
+// current is the newest known state of c: the membership read or the
+// non-passing set, whichever observed it later. A check missing from the set
+// was passing at the set's index.
+func (s *NonPassingSet) current(c CheckState) CheckState {
+	if s == nil {
+		return c
+	}
+	if np, ok := s.checks[checkKey{c.Node, c.CheckID}]; ok {
+		if np.ModifyIndex >= c.ModifyIndex {
+			return np
+		}
+		return c
+	}
+	if s.index >= c.ModifyIndex && c.Status != StatusPassing {
+		c.Status = StatusPassing // the output (load) is kept: the newest we know
+		c.ModifyIndex = s.index
+	}
+	return c
+}
+
+// Join computes a member's check statuses from its membership read and the
+// newest non-passing set: the lease check of its own session, the worst node
+// check, the worst other check of the service, and the load from the lease
+// check's output.
+func Join(m Member, np *NonPassingSet) Executor {
+	e := m.Executor
+	e.Lease, e.LeaseFound, e.NodeChecks, e.Other = "", false, "", ""
+	if e.Err != nil {
+		return e
+	}
+	leaseID := CheckID(e.InstanceID, e.SessionID, e.Task)
+	for _, c := range m.Checks {
+		c = np.current(c)
+		switch {
+		case c.ServiceID == "":
+			e.NodeChecks = worst(e.NodeChecks, c.Status)
+		case c.CheckID == leaseID:
+			e.Lease, e.LeaseFound = c.Status, true
+			if n, ok := ParseLoad(c.Output); ok {
+				e.Load = n
+			}
+		default:
+			e.Other = worst(e.Other, c.Status)
+		}
+	}
+	return e
+}
+
+// worst orders statuses critical > warning > passing; anything unknown counts
+// as critical.
+func worst(a, b CheckStatus) CheckStatus {
+	rank := func(s CheckStatus) int {
+		switch s {
+		case "":
+			return 0
+		case StatusPassing:
+			return 1
+		case StatusWarning:
+			return 2
+		default:
+			return 3
+		}
+	}
+	if rank(b) > rank(a) {
+		if rank(b) == 3 {
+			return StatusCritical
+		}
+		return b
+	}
+	return a
+}

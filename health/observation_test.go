@@ -1,0 +1,57 @@
+package health
+
+import "testing"
+
+func member(checks ...CheckState) Member {
+	e := exec(nil)
+	e.Lease, e.LeaseFound, e.NodeChecks = "", false, ""
+	return Member{Executor: e, Checks: checks}
+}
+
+var leaseID = CheckID("exec-1", "s1", "transcode")
+
+func lease(status CheckStatus, output string, idx uint64) CheckState {
+	return CheckState{Node: "n1", CheckID: leaseID, ServiceID: "transcode:exec-1", Status: status, Output: output, ModifyIndex: idx}
+}
+
+func serf(status CheckStatus, idx uint64) CheckState {
+	return CheckState{Node: "n1", CheckID: "serfHealth", Status: status, ModifyIndex: idx}
+}
+
+func TestJoin(t *testing.T) {
+	tests := []struct {
+		name  string
+		m     Member
+		np    *NonPassingSet
+		lease CheckStatus
+		node  CheckStatus
+		other CheckStatus
+		found bool
+		load  int
+	}{
+		{"membership only", member(lease(StatusPassing, "load=1", 10), serf(StatusPassing, 5)), nil, StatusPassing, StatusPassing, "", true, 1},
+		{"lapse seen by the fast path", member(lease(StatusPassing, "load=1", 10), serf(StatusPassing, 5)),
+			NewNonPassingSet(NonPassing{Index: 20, Checks: []CheckState{lease(StatusCritical, "TTL expired", 20)}}), StatusCritical, StatusPassing, "", true, 1},
+		{"recovery seen by the fast path", member(lease(StatusWarning, "load=4", 10), serf(StatusPassing, 5)),
+			NewNonPassingSet(NonPassing{Index: 20}), StatusPassing, StatusPassing, "", true, 4},
+		{"membership newer than fast path", member(lease(StatusWarning, "load=4", 30), serf(StatusPassing, 5)),
+			NewNonPassingSet(NonPassing{Index: 20}), StatusWarning, StatusPassing, "", true, 4},
+		{"stale fast-path entry", member(lease(StatusPassing, "load=0", 30)),
+			NewNonPassingSet(NonPassing{Index: 20, Checks: []CheckState{lease(StatusCritical, "", 15)}}), StatusPassing, "", "", true, 0},
+		{"node failed", member(lease(StatusPassing, "", 10), serf(StatusPassing, 5)),
+			NewNonPassingSet(NonPassing{Index: 20, Checks: []CheckState{serf(StatusCritical, 19)}}), StatusPassing, StatusCritical, "", true, 0},
+		{"no lease check", member(serf(StatusPassing, 5)), nil, "", StatusPassing, "", false, 0},
+		{"other check of another session is not the lease", member(CheckState{Node: "n1", CheckID: CheckID("exec-1", "old", "transcode"), ServiceID: "transcode:exec-1", Status: StatusPassing}),
+			nil, "", "", StatusPassing, false, 0},
+		{"unknown status is critical", member(lease(StatusPassing, "", 1), CheckState{Node: "n1", CheckID: "mine", ServiceID: "transcode:exec-1", Status: "maintenance"}),
+			nil, StatusPassing, "", StatusCritical, true, 0},
+	}
+	for _, tt := range tests {
+		t.Run(tt.name, func(t *testing.T) {
+			e := Join(tt.m, tt.np)
+			if e.Lease != tt.lease || e.NodeChecks != tt.node || e.Other != tt.other || e.LeaseFound != tt.found || e.Load != tt.load {
+				t.Fatalf("joined lease=%q node=%q other=%q found=%v load=%d", e.Lease, e.NodeChecks, e.Other, e.LeaseFound, e.Load)
+			}
+		})
+	}
+}
