@@ -93,14 +93,16 @@ func Join(m Member, np *NonPassingSet) Executor {
 		return e
 	}
 	leaseID := CheckID(e.InstanceID, e.SessionID, e.Task)
-	for _, c := range m.Checks {
-		c = np.current(c)
+	for _, read := range m.Checks {
+		c := np.current(read)
 		switch {
 		case c.ServiceID == "":
 			e.NodeChecks = worst(e.NodeChecks, c.Status)
 		case c.CheckID == leaseID:
 			e.Lease, e.LeaseFound = c.Status, true
 			if n, ok := ParseLoad(c.Output); ok {
+				e.Load = n
+			} else if n, ok := ParseLoad(read.Output); ok { // e.g. "TTL expired": keep the last load
 				e.Load = n
 			}
 		default:
