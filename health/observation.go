@@ -135,3 +135,17 @@ func worst(a, b CheckStatus) CheckStatus {
 	}
 	return a
 }
+
+// Contact reports whether Consul answers: OK false on the first failure of a
+// run of failures, OK true when it answers again.
+type Contact struct {
+	OK  bool
+	Err error
+}
+
+// Observation is one report of the Consul watch; exactly one field is set.
+type Observation struct {
+	Members    *TaskMembers
+	NonPassing *NonPassing
+	Contact    *Contact
+}

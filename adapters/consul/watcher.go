@@ -1,0 +1,371 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"log/slog"
+	"reflect"
+	"sort"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// WatchConfig configures a Watcher. Zero values mean defaults.
+type WatchConfig struct {
+	Tag string // services with this tag are task types; default "leasehold"
+	// MaxConcurrent caps the per-task blocking queries in flight at once
+	// (default 32). The Watcher adds two of its own (the service list and
+	// the non-passing checks), so it never holds more than MaxConcurrent+2
+	// connections, whatever the number of task types: Consul answers 429
+	// past 200 per client IP.
+	MaxConcurrent int
+	// WaitTime is how long a blocking query waits (default 60s); when task
+	// watchers queue for a slot, holders wait only ContendedWait (default 2s)
+	// so every task type gets its turn.
+	WaitTime      time.Duration
+	ContendedWait time.Duration
+	// MinInterval is the least time between two queries of one watch
+	// (default 5ms for the non-passing checks, 4× that for memberships), so
+	// index resets and bursts never turn into a tight loop.
+	MinInterval time.Duration
+	// MaxBackoff caps the jittered back-off after errors (default 10s).
+	MaxBackoff time.Duration
+
+	Clock  clockwork.Clock
+	Logger *slog.Logger
+}
+
+func (c WatchConfig) withDefaults() WatchConfig {
+	if c.Tag == "" {
+		c.Tag = health.DefaultTag
+	}
+	if c.MaxConcurrent <= 0 {
+		c.MaxConcurrent = 32
+	}
+	if c.WaitTime <= 0 {
+		c.WaitTime = time.Minute
+	}
+	if c.ContendedWait <= 0 {
+		c.ContendedWait = 2 * time.Second
+	}
+	if c.MinInterval <= 0 {
+		c.MinInterval = 5 * time.Millisecond
+	}
+	if c.MaxBackoff <= 0 {
+		c.MaxBackoff = 10 * time.Second
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Watcher follows Consul with blocking queries only and reports
+// observations: the membership of every task type (re-read only when the
+// catalog entries of that task change, not on heartbeats) and the set of
+// non-passing checks (the fast path: its size and cost do not grow with the
+// number of healthy executors, so a lapse, a full executor or a recovery is
+// noticed in one small response).
+type Watcher struct {
+	cat catalog
+	cfg WatchConfig
+	log *slog.Logger
+
+	slots   chan struct{} // per-task blocking query slots
+	waiting atomic.Int32  // task watchers queued for a slot
+
+	contactMu   sync.Mutex
+	failing     bool
+	lastContact atomic.Int64 // unix nanos of the last successful answer
+}
+
+// NewWatcher watches Consul through client.
+func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
+	return newWatcher(apiCatalog{client}, cfg)
+}
+
+func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
+	cfg = cfg.withDefaults()
+	return &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent)}
+}
+
+// LastContact is when Consul last answered a query (zero before the first).
+func (w *Watcher) LastContact() time.Time {
+	n := w.lastContact.Load()
+	if n == 0 {
+		return time.Time{}
+	}
+	return time.Unix(0, n)
+}
+
+// Run watches until ctx ends, sending observations to out.
+func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error {
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); w.watchNonPassing(ctx, out) }()
+	go func() { defer wg.Done(); w.watchServices(ctx, out) }()
+	wg.Wait()
+	return ctx.Err()
+}
+
+func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o health.Observation) bool {
+	select {
+	case out <- o:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// contact records the outcome of one query and reports a change of state.
+func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, err error) {
+	if err == nil {
+		w.lastContact.Store(w.cfg.Clock.Now().UnixNano())
+	}
+	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
+		return
+	}
+	w.contactMu.Lock()
+	changed := w.failing != (err != nil)
+	w.failing = err != nil
+	w.contactMu.Unlock()
+	if changed {
+		w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: err == nil, Err: err}})
+	}
+}
+
+// blockingLoop runs one watch: query(index, wait) until ctx ends, following
+// Consul's blocking-query rules: reset the index when it goes backwards,
+// never below MinInterval between queries (so index 0 never spins), and a
+// jittered exponential back-off after errors.
+func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, name string, minInterval time.Duration, useSlot bool,
+	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
+	clock := w.cfg.Clock
+	bo := newBackoff(100*time.Millisecond, w.cfg.MaxBackoff)
+	var index uint64
+	for ctx.Err() == nil {
+		wait := w.cfg.WaitTime
+		if useSlot {
+			if !w.acquire(ctx) {
+				return
+			}
+			if w.waiting.Load() > 0 {
+				wait = w.cfg.ContendedWait
+			}
+		}
+		started := clock.Now()
+		next, err := query(ctx, index, wait)
+		if useSlot {
+			<-w.slots
+		}
+		w.contact(ctx, out, err)
+		var pause time.Duration
+		if err != nil {
+			if ctx.Err() != nil {
+				return
+			}
+			pause = bo.next()
+			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", pause)
+		} else {
+			bo.reset()
+			if next < index {
+				w.log.Info("consul index went backwards; resetting", "watch", name, "from", index, "to", next)
+				next = 0
+			}
+			index = next
+			pause = minInterval - clock.Since(started)
+		}
+		if pause > 0 {
+			t := clock.NewTimer(pause)
+			select {
+			case <-ctx.Done():
+				t.Stop()
+				return
+			case <-t.Chan():
+			}
+		}
+	}
+}
+
+func (w *Watcher) acquire(ctx context.Context) bool {
+	select {
+	case w.slots <- struct{}{}:
+		return true
+	default:
+	}
+	w.waiting.Add(1)
+	defer w.waiting.Add(-1)
+	select {
+	case w.slots <- struct{}{}:
+		return true
+	case <-ctx.Done():
+		return false
+	}
+}
+
+// watchNonPassing is the fast path.
+func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation) {
+	var last []health.CheckState
+	first := true
+	w.blockingLoop(ctx, out, "non-passing", w.cfg.MinInterval, false, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+		checks, idx, err := w.cat.NonPassing(ctx, w.cfg.Tag, index, wait)
+		if err != nil {
+			return 0, err
+		}
+		states := make([]health.CheckState, 0, len(checks))
+		for _, c := range checks {
+			states = append(states, checkState(c))
+		}
+		sortChecks(states)
+		if !first && reflect.DeepEqual(states, last) {
+			return idx, nil // identical body: nothing to rebuild
+		}
+		first, last = false, states
+		w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: idx, Checks: states}})
+		return idx, nil
+	})
+}
+
+// watchServices follows the list of task types and runs one membership
+// watch per task type, stopping those whose service disappears.
+func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observation) {
+	type running struct {
+		cancel context.CancelFunc
+		done   chan struct{}
+	}
+	tasks := map[string]running{}
+	defer func() {
+		for _, r := range tasks {
+			r.cancel()
+			<-r.done
+		}
+	}()
+	w.blockingLoop(ctx, out, "services", w.cfg.MinInterval*4, false, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+		services, idx, err := w.cat.Services(ctx, index, wait)
+		if err != nil {
+			return 0, err
+		}
+		want := map[string]bool{}
+		for name, tags := range services {
+			for _, t := range tags {
+				if t == w.cfg.Tag {
+					if err := health.ValidateTask(name); err != nil {
+						w.log.Warn("service tagged for leasehold has an invalid name; ignored", "service", name, "err", err)
+						break
+					}
+					want[name] = true
+					break
+				}
+			}
+		}
+		for task, r := range tasks {
+			if !want[task] {
+				r.cancel()
+				<-r.done
+				delete(tasks, task)
+				w.log.Info("task type gone", "task", task)
+				w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: idx, Gone: true}})
+			}
+		}
+		for task := range want {
+			if _, ok := tasks[task]; ok {
+				continue
+			}
+			tctx, cancel := context.WithCancel(ctx)
+			r := running{cancel: cancel, done: make(chan struct{})}
+			tasks[task] = r
+			w.log.Info("task type found", "task", task)
+			go func() { defer close(r.done); w.watchTask(tctx, out, task) }()
+		}
+		return idx, nil
+	})
+}
+
+// watchTask follows one task type's catalog entries (which do not change on
+// heartbeats) and, when they change, reads the members with their checks.
+func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, task string) {
+	var lastKey string
+	w.blockingLoop(ctx, out, "task "+task, w.cfg.MinInterval*4, true, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+		nodes, idx, err := w.cat.ServiceNodes(ctx, task, w.cfg.Tag, index, wait)
+		if err != nil {
+			return 0, err
+		}
+		key := membershipKey(nodes)
+		if key == lastKey {
+			return idx, nil // identical catalog entries: nothing changed for this task
+		}
+		entries, hidx, err := w.cat.HealthService(ctx, task, w.cfg.Tag)
+		if err != nil {
+			return 0, err
+		}
+		lastKey = key
+		tm := &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: make([]health.Member, 0, len(entries))}
+		for _, e := range entries {
+			tm.Members = append(tm.Members, member(task, e))
+		}
+		sort.Slice(tm.Members, func(i, j int) bool {
+			a, b := tm.Members[i], tm.Members[j]
+			if a.Node != b.Node {
+				return a.Node < b.Node
+			}
+			return a.ServiceID < b.ServiceID
+		})
+		w.send(ctx, out, health.Observation{Members: tm})
+		return idx, nil
+	})
+}
+
+// membershipKey identifies the catalog entries of a task: same key, same
+// members with the same meta, address and port.
+func membershipKey(nodes []*api.CatalogService) string {
+	keys := make([]string, len(nodes))
+	for i, n := range nodes {
+		keys[i] = fmt.Sprintf("%s/%s@%d", n.Node, n.ServiceID, n.ModifyIndex)
+	}
+	sort.Strings(keys)
+	return fmt.Sprint(keys)
+}
+
+// member converts a health entry into the domain's Member, parsing the
+// contract; bad metadata is kept (with Err) so it is shown and counted.
+func member(task string, e *api.ServiceEntry) health.Member {
+	addr := e.Service.Address
+	if addr == "" {
+		addr = e.Node.Address // Consul's rule: no service address means the node's
+	}
+	reg, err := health.ParseRegistration(task, addr, e.Service.Port, e.Service.Meta)
+	m := health.Member{Executor: health.Executor{
+		Registration: reg, ServiceID: e.Service.ID, Node: e.Node.Node, CreateIndex: e.Service.CreateIndex,
+	}}
+	if err != nil {
+		m.Err = fmt.Errorf("registration %s on node %s: %w", e.Service.ID, e.Node.Node, err)
+	}
+	for _, c := range e.Checks {
+		m.Checks = append(m.Checks, checkState(c))
+	}
+	sortChecks(m.Checks)
+	return m
+}
+
+func checkState(c *api.HealthCheck) health.CheckState {
+	return health.CheckState{Node: c.Node, CheckID: c.CheckID, ServiceID: c.ServiceID, Status: health.CheckStatus(c.Status), Output: c.Output, ModifyIndex: c.ModifyIndex}
+}
+
+func sortChecks(cs []health.CheckState) {
+	sort.Slice(cs, func(i, j int) bool {
+		if cs[i].Node != cs[j].Node {
+			return cs[i].Node < cs[j].Node
+		}
+		return cs[i].CheckID < cs[j].CheckID
+	})
+}

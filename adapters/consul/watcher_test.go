@@ -1,0 +1,374 @@
+package consul
+
+import (
+	"context"
+	"errors"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// scripted answers one call: a result, or it blocks like an idle blocking query.
+type scripted struct {
+	checks   api.HealthChecks
+	services map[string][]string
+	nodes    []*api.CatalogService
+	entries  []*api.ServiceEntry
+	index    uint64
+	err      error
+}
+
+type callRec struct {
+	method, task string
+	index        uint64
+	wait         time.Duration
+}
+
+// fakeCatalog serves scripted answers per method (and task); with none
+// queued a call blocks until its context ends, as an idle blocking query.
+type fakeCatalog struct {
+	mu      sync.Mutex
+	queues  map[string][]scripted
+	changed chan struct{} // closed and replaced on every push
+	calls   chan callRec
+}
+
+func newFakeCatalog() *fakeCatalog {
+	return &fakeCatalog{queues: map[string][]scripted{}, changed: make(chan struct{}), calls: make(chan callRec, 1000)}
+}
+
+func (f *fakeCatalog) push(key string, s scripted) {
+	f.mu.Lock()
+	f.queues[key] = append(f.queues[key], s)
+	close(f.changed)
+	f.changed = make(chan struct{})
+	f.mu.Unlock()
+}
+
+func (f *fakeCatalog) next(ctx context.Context, key string) (scripted, error) {
+	for {
+		f.mu.Lock()
+		if q := f.queues[key]; len(q) > 0 {
+			f.queues[key] = q[1:]
+			f.mu.Unlock()
+			return q[0], nil
+		}
+		changed := f.changed
+		f.mu.Unlock()
+		select {
+		case <-ctx.Done():
+			return scripted{}, ctx.Err()
+		case <-changed:
+		}
+	}
+}
+
+func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
+	f.calls <- callRec{"services", "", index, wait}
+	s, err := f.next(ctx, "services")
+	if err != nil {
+		return nil, 0, err
+	}
+	return s.services, s.index, s.err
+}
+
+func (f *fakeCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
+	f.calls <- callRec{"nodes", task, index, wait}
+	s, err := f.next(ctx, "nodes/"+task)
+	if err != nil {
+		return nil, 0, err
+	}
+	return s.nodes, s.index, s.err
+}
+
+func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string) ([]*api.ServiceEntry, uint64, error) {
+	f.calls <- callRec{"health", task, 0, 0}
+	s, err := f.next(ctx, "health/"+task)
+	if err != nil {
+		return nil, 0, err
+	}
+	return s.entries, s.index, s.err
+}
+
+func (f *fakeCatalog) NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	f.calls <- callRec{"nonpassing", "", index, wait}
+	s, err := f.next(ctx, "nonpassing")
+	if err != nil {
+		return nil, 0, err
+	}
+	return s.checks, s.index, s.err
+}
+
+func (f *fakeCatalog) call(t *testing.T, method string) callRec {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		select {
+		case c := <-f.calls:
+			if c.method == method {
+				return c
+			}
+		case <-deadline:
+			t.Fatalf("no %s call", method)
+		}
+	}
+}
+
+type watchHarness struct {
+	t     *testing.T
+	cat   *fakeCatalog
+	clock *clockwork.FakeClock
+	out   chan health.Observation
+	w     *Watcher
+}
+
+func startWatcher(t *testing.T, cfg WatchConfig) *watchHarness {
+	h := &watchHarness{t: t, cat: newFakeCatalog(), clock: clockwork.NewFakeClock(), out: make(chan health.Observation, 100)}
+	cfg.Clock = h.clock
+	h.w = newWatcher(h.cat, cfg)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.w.Run(ctx, h.out); close(done) }()
+	t.Cleanup(func() {
+		cancel()
+		select {
+		case <-done:
+		case <-time.After(5 * time.Second):
+			t.Error("watcher did not stop")
+		}
+	})
+	return h
+}
+
+func (h *watchHarness) observe() health.Observation {
+	h.t.Helper()
+	select {
+	case o := <-h.out:
+		return o
+	case <-time.After(5 * time.Second):
+		h.t.Fatal("no observation")
+		return health.Observation{}
+	}
+}
+
+func (h *watchHarness) advance(d time.Duration) {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
+		h.t.Fatal("watcher never paused")
+	}
+	h.clock.Advance(d)
+}
+
+func crit(node, id string, idx uint64) *api.HealthCheck {
+	return &api.HealthCheck{Node: node, CheckID: id, ServiceID: "t:x", Status: "critical", ModifyIndex: idx}
+}
+
+func TestWatcherFastPathIndexRules(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: 10 * time.Millisecond})
+	if c := h.cat.call(t, "nonpassing"); c.index != 0 {
+		t.Fatalf("first index %d", c.index)
+	}
+	h.cat.push("nonpassing", scripted{index: 10, checks: api.HealthChecks{crit("n", "a", 9)}})
+	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 10 || len(o.NonPassing.Checks) != 1 {
+		t.Fatalf("observation %+v", o)
+	}
+	h.advance(10 * time.Millisecond) // rate limit between queries
+	if c := h.cat.call(t, "nonpassing"); c.index != 10 {
+		t.Fatalf("second query index %d, want 10", c.index)
+	}
+	// identical body: no observation
+	h.cat.push("nonpassing", scripted{index: 12, checks: api.HealthChecks{crit("n", "a", 9)}})
+	h.advance(10 * time.Millisecond)
+	if c := h.cat.call(t, "nonpassing"); c.index != 12 {
+		t.Fatalf("third query index %d", c.index)
+	}
+	select {
+	case o := <-h.out:
+		t.Fatalf("identical body produced %+v", o)
+	default:
+	}
+	// index went backwards (Consul restarted): reset to 0
+	h.cat.push("nonpassing", scripted{index: 3})
+	if o := h.observe(); o.NonPassing == nil || len(o.NonPassing.Checks) != 0 {
+		t.Fatalf("observation %+v", o)
+	}
+	h.advance(10 * time.Millisecond)
+	if c := h.cat.call(t, "nonpassing"); c.index != 0 {
+		t.Fatalf("after going backwards index %d, want 0", c.index)
+	}
+	// index 0 answers never spin: each next query waits for the clock
+	h.cat.push("nonpassing", scripted{index: 0})
+	h.cat.push("nonpassing", scripted{index: 0})
+	for range 2 {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
+			t.Fatal("watcher did not pause after an index-0 answer")
+		}
+		cancel()
+		select {
+		case c := <-h.cat.calls:
+			if c.method == "nonpassing" {
+				t.Fatalf("queried again without waiting: %+v", c)
+			}
+		default:
+		}
+		h.clock.Advance(10 * time.Millisecond)
+		h.cat.call(t, "nonpassing")
+	}
+}
+
+func TestWatcherBacksOffAndReportsContact(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond})
+	h.cat.call(t, "nonpassing")
+	h.cat.push("nonpassing", scripted{err: errors.New("connection refused")})
+	o := h.observe()
+	if o.Contact == nil || o.Contact.OK {
+		// the services loop may report first; either way one failure report
+		t.Fatalf("want a contact failure, got %+v", o)
+	}
+	// exponential back-off: no query until the clock moves
+	for _, d := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		h.clock.BlockUntilContext(ctx, 1)
+		cancel()
+		h.cat.push("nonpassing", scripted{err: errors.New("connection refused")})
+		h.clock.Advance(d * 4) // beyond any jittered back-off at this step
+		h.cat.call(t, "nonpassing")
+	}
+	// recovery: one OK report, then the observation
+	h.advance(time.Second)
+	h.cat.push("nonpassing", scripted{index: 7})
+	seenOK, seenObs := false, false
+	for !(seenOK && seenObs) {
+		o := h.observe()
+		switch {
+		case o.Contact != nil && o.Contact.OK:
+			seenOK = true
+		case o.NonPassing != nil:
+			seenObs = true
+		case o.Contact != nil:
+			t.Fatalf("second failure report: %+v", o.Contact)
+		}
+	}
+	if h.w.LastContact().IsZero() {
+		t.Fatal("last contact not recorded")
+	}
+}
+
+func catalogNode(node, id string, modify uint64) *api.CatalogService {
+	return &api.CatalogService{Node: node, ServiceID: id, ModifyIndex: modify}
+}
+
+func entry(task, node, instance, session string, gen int, status string) *api.ServiceEntry {
+	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: uint64(gen), Task: task, Address: "127.0.0.1", Port: 9000, Version: "1.0.0", Capacity: 2, State: health.StateActive}
+	return &api.ServiceEntry{
+		Node:    &api.Node{Node: node, Address: "127.0.0.1"},
+		Service: &api.AgentService{ID: health.ServiceID(instance, task), Service: task, Address: "127.0.0.1", Port: 9000, Meta: reg.Meta()},
+		Checks: api.HealthChecks{
+			{Node: node, CheckID: "serfHealth", Status: "passing"},
+			{Node: node, CheckID: health.CheckID(instance, session, task), ServiceID: health.ServiceID(instance, task), Status: status, Output: "load=1"},
+		},
+	}
+}
+
+func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond})
+	h.cat.call(t, "services")
+	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}, "web": {"other"}, "bad_name": {"leasehold"}, "consul": nil}})
+	if c := h.cat.call(t, "nodes"); c.task != "work" {
+		t.Fatalf("watching %q", c.task)
+	}
+	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}})
+	h.cat.push("health/work", scripted{index: 9, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}})
+	o := h.observe()
+	if o.Members == nil || o.Members.Task != "work" || len(o.Members.Members) != 1 {
+		t.Fatalf("members %+v", o)
+	}
+	m := o.Members.Members[0]
+	if m.Err != nil || m.InstanceID != "a" || m.SessionID != "s1" || len(m.Checks) != 2 {
+		t.Fatalf("member %+v", m)
+	}
+	// the same catalog entries again (a heartbeat bumped the index): no re-read
+	h.clock.Advance(time.Second)
+	if c := h.cat.call(t, "nodes"); c.index != 8 {
+		t.Fatalf("next index %d", c.index)
+	}
+	h.cat.push("nodes/work", scripted{index: 11, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}})
+	h.clock.Advance(time.Second)
+	h.cat.call(t, "nodes")
+	select {
+	case c := <-h.cat.calls:
+		if c.method == "health" {
+			t.Fatal("re-read members though the catalog entries did not change")
+		}
+	default:
+	}
+	// bad metadata is reported, not dropped
+	h.cat.push("nodes/work", scripted{index: 12, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 12)}})
+	bad := entry("work", "n1", "a", "s1", 1, "passing")
+	bad.Service.Meta["capacity"] = "abc"
+	h.cat.push("health/work", scripted{index: 12, entries: []*api.ServiceEntry{bad}})
+	h.clock.Advance(time.Second)
+	o = h.observe()
+	if o.Members == nil || o.Members.Members[0].Err == nil {
+		t.Fatalf("bad metadata not reported: %+v", o.Members)
+	}
+	// the task's service disappears: Gone, and its watch stops
+	h.clock.Advance(time.Second)
+	h.cat.push("services", scripted{index: 20, services: map[string][]string{"web": {"other"}}})
+	for {
+		o = h.observe()
+		if o.Members != nil && o.Members.Gone {
+			break
+		}
+	}
+	if o.Members.Task != "work" {
+		t.Fatalf("gone %+v", o.Members)
+	}
+}
+
+func TestWatcherBoundsConcurrentTaskQueries(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, MaxConcurrent: 2, WaitTime: time.Minute, ContendedWait: 3 * time.Second})
+	h.cat.call(t, "services")
+	services := map[string][]string{}
+	for _, s := range []string{"t1", "t2", "t3", "t4", "t5"} {
+		services[s] = []string{"leasehold"}
+	}
+	h.cat.push("services", scripted{index: 5, services: services})
+	// two slots: exactly two task queries in flight, the others queue
+	var first callRec
+	for i := range 2 {
+		c := h.cat.call(t, "nodes")
+		if i == 0 {
+			first = c
+		}
+	}
+	select {
+	case c := <-h.cat.calls:
+		t.Fatalf("a third task query went out while two hold the slots: %+v", c)
+	case <-time.After(50 * time.Millisecond): // absence check only
+	}
+	if len(h.w.slots) != 2 || h.w.waiting.Load() != 3 {
+		t.Fatalf("slots %d waiting %d", len(h.w.slots), h.w.waiting.Load())
+	}
+	// one answers: its slot goes to a queued task, whose query is short
+	// because others still queue (every task type gets its turn)
+	h.cat.push("nodes/"+first.task, scripted{index: 9})
+	h.cat.push("health/"+first.task, scripted{index: 9})
+	for {
+		c := h.cat.call(t, "nodes")
+		if c.task != first.task {
+			if c.wait != 3*time.Second {
+				t.Fatalf("contended wait %s, want 3s", c.wait)
+			}
+			break
+		}
+	}
+}
