@@ -1,0 +1,165 @@
+package consul
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-cleanhttp"
+
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+)
+
+// countingTransport counts response bytes and requests per API path.
+type countingTransport struct {
+	base  http.RoundTripper
+	mu    sync.Mutex
+	bytes map[string]int64
+	reqs  map[string]int
+	last  map[string]int64 // bytes of the latest response per path
+}
+
+func newCountingTransport() *countingTransport {
+	return &countingTransport{base: cleanhttp.DefaultPooledTransport(), bytes: map[string]int64{}, reqs: map[string]int{}, last: map[string]int64{}}
+}
+
+func pathKey(p string) string {
+	for _, prefix := range []string{"/v1/health/state/", "/v1/health/service/", "/v1/catalog/service/", "/v1/catalog/services"} {
+		if strings.HasPrefix(p, prefix) {
+			return prefix
+		}
+	}
+	return p
+}
+
+func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
+	resp, err := c.base.RoundTrip(r)
+	if err != nil {
+		return nil, err
+	}
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	resp.Body = io.NopCloser(strings.NewReader(string(body)))
+	k := pathKey(r.URL.Path)
+	c.mu.Lock()
+	c.bytes[k] += int64(len(body))
+	c.reqs[k]++
+	c.last[k] = int64(len(body))
+	c.mu.Unlock()
+	return resp, nil
+}
+
+func (c *countingTransport) snapshot(k string) (reqs int, bytes, last int64) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.reqs[k], c.bytes[k], c.last[k]
+}
+
+// TestConsulWatchCostDoesNotGrowWithFleet registers 1,000 instances of one
+// task and shows that a lapse, a full executor and a recovery each reach the
+// watcher through the small non-passing response, without re-reading the
+// task's members.
+func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1,000 registrations")
+	}
+	const n = 1000
+	a := consultest.Start(t)
+	a.SettleSync()
+	reg := a.Client()
+	for i := range n {
+		r := health.Registration{InstanceID: fmt.Sprintf("e%04d", i), SessionID: "s", Generation: 1, Task: "work",
+			Address: "127.0.0.1", Port: 10000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive,
+			Labels: map[string]string{"zone": "eu-1", "pool": "default"}}
+		err := reg.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
+			ID: health.ServiceID(r.InstanceID, "work"), Name: "work", Tags: []string{"leasehold"},
+			Address: r.Address, Port: r.Port, Meta: r.Meta(),
+			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, "s", "work"), TTL: "1h", Status: "passing"}},
+		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+	ct := newCountingTransport()
+	cfg := a.Config()
+	cfg.HttpClient = &http.Client{Transport: ct}
+	client, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewWatcher(client, WatchConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := make(chan health.Observation, 64)
+	go w.Run(ctx, out)
+
+	// wait for the full membership
+	deadline := time.After(30 * time.Second)
+	for members := 0; members < n; {
+		select {
+		case o := <-out:
+			if o.Members != nil {
+				members = len(o.Members.Members)
+			}
+		case <-deadline:
+			t.Fatal("membership of 1,000 never observed")
+		}
+	}
+	memReads, _, memBytes := ct.snapshot("/v1/health/service/")
+	t.Logf("one membership read of %d instances: %d bytes", n, memBytes)
+
+	// each change must come through the fast path alone
+	victim := health.CheckID("e0500", "s", "work")
+	for _, step := range []struct{ status, want string }{
+		{"critical", "critical"}, // a lapse
+		{"passing", ""},          // recovered: gone from the non-passing set
+		{"warning", "warning"},   // full
+		{"passing", ""},
+	} {
+		before, beforeBytes, _ := ct.snapshot("/v1/health/state/")
+		start := time.Now()
+		if err := reg.Agent().UpdateTTL(victim, "load=4", step.status); err != nil {
+			t.Fatal(err)
+		}
+		var seen time.Duration
+		for seen == 0 {
+			select {
+			case o := <-out:
+				if o.NonPassing == nil {
+					continue
+				}
+				got := ""
+				for _, c := range o.NonPassing.Checks {
+					if c.CheckID == victim {
+						got = string(c.Status)
+					}
+				}
+				if got == step.want {
+					seen = time.Since(start)
+				}
+			case <-time.After(10 * time.Second):
+				t.Fatalf("%s never observed", step.status)
+			}
+		}
+		after, afterBytes, _ := ct.snapshot("/v1/health/state/")
+		perWake := (afterBytes - beforeBytes) / int64(max(after-before, 1))
+		t.Logf("%-8s observed after %s; fast path: %d responses, %d bytes each", step.status, seen.Round(time.Millisecond), after-before, perWake)
+		if perWake > 16<<10 {
+			t.Errorf("fast-path response of %d bytes grows with the fleet", perWake)
+		}
+		if perWake*20 > memBytes {
+			t.Errorf("fast path (%d B) not far cheaper than a membership read (%d B)", perWake, memBytes)
+		}
+	}
+	if reads, _, _ := ct.snapshot("/v1/health/service/"); reads != memReads {
+		t.Errorf("check changes re-read the membership (%d reads, want %d)", reads, memReads)
+	}
+}
