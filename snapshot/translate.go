@@ -1,0 +1,223 @@
+// Package snapshot turns eligible executors and dispatcher constraint sets
+// into xDS resources (pure, deterministic) and owns the state that feeds the
+// xDS cache (the syncer). It never imports Consul or gRPC server code.
+package snapshot
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"sort"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
+	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+	"google.golang.org/protobuf/types/known/durationpb"
+	"google.golang.org/protobuf/types/known/structpb"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// MetadataNamespace is the filter_metadata key of endpoint metadata.
+const MetadataNamespace = "leasehold"
+
+// Weight bounds: spare capacity clamped into this range.
+const (
+	MinWeight = 1
+	MaxWeight = 128
+)
+
+// Listener is the API listener of task: what a gRPC client dialling
+// xds:///<task> asks for. It routes through RDS (over ADS) to Route(task).
+func Listener(task string) *listenerv3.Listener {
+	router, _ := anypb.New(&routerv3.Router{})
+	hcm := &hcmv3.HttpConnectionManager{
+		StatPrefix: task,
+		RouteSpecifier: &hcmv3.HttpConnectionManager_Rds{Rds: &hcmv3.Rds{
+			ConfigSource:    adsSource(),
+			RouteConfigName: task,
+		}},
+		HttpFilters: []*hcmv3.HttpFilter{{
+			Name:       "envoy.filters.http.router",
+			ConfigType: &hcmv3.HttpFilter_TypedConfig{TypedConfig: router},
+		}},
+	}
+	anyHCM, _ := anypb.New(hcm)
+	return &listenerv3.Listener{
+		Name:        task,
+		ApiListener: &listenerv3.ApiListener{ApiListener: anyHCM},
+	}
+}
+
+// Route is the route configuration of task: one virtual host for domain task
+// sending everything to Cluster(task).
+func Route(task string) *routev3.RouteConfiguration {
+	return &routev3.RouteConfiguration{
+		Name: task,
+		VirtualHosts: []*routev3.VirtualHost{{
+			Name:    task,
+			Domains: []string{task},
+			Routes: []*routev3.Route{{
+				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: &routev3.RouteAction{
+					ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: task},
+				}},
+			}},
+		}},
+	}
+}
+
+// Cluster is the EDS (over ADS) round-robin cluster of task.
+func Cluster(task string) *clusterv3.Cluster {
+	return &clusterv3.Cluster{
+		Name:                 task,
+		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
+		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource(), ServiceName: task},
+		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
+		ConnectTimeout:       durationpb.New(time.Second),
+	}
+}
+
+func adsSource() *corev3.ConfigSource {
+	return &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_Ads{Ads: &corev3.AggregatedConfigSource{}},
+		ResourceApiVersion:    corev3.ApiVersion_V3,
+	}
+}
+
+// Decision is the verdict on one executor for one constraint set.
+type Decision struct {
+	Executor health.Executor
+	Verdict  health.Verdict
+}
+
+// Endpoints decides every executor of task for constraint set d and builds
+// the load assignment: eligible executors HEALTHY, draining ones DRAINING,
+// weights from spare capacity. Executors must all serve task; the output is
+// sorted, so equal inputs give byte-identical resources.
+func Endpoints(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, []Decision) {
+	decisions := make([]Decision, 0, len(executors))
+	var lbs []*endpointv3.LbEndpoint
+	for _, e := range executors {
+		v := health.Eligible(e, d)
+		decisions = append(decisions, Decision{Executor: e, Verdict: v})
+		status := corev3.HealthStatus_HEALTHY
+		switch v.Route {
+		case health.RouteNone:
+			continue
+		case health.RouteDraining:
+			status = corev3.HealthStatus_DRAINING
+		}
+		lbs = append(lbs, lbEndpoint(e, status))
+	}
+	sort.Slice(lbs, func(i, j int) bool { return endpointKey(lbs[i]) < endpointKey(lbs[j]) })
+	sort.Slice(decisions, func(i, j int) bool {
+		a, b := decisions[i].Executor, decisions[j].Executor
+		if a.Node != b.Node {
+			return a.Node < b.Node
+		}
+		return a.ServiceID < b.ServiceID
+	})
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
+	if len(lbs) > 0 {
+		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{
+			Locality:    &corev3.Locality{},
+			LbEndpoints: lbs,
+			// grpc-go ignores a locality whose weight is 0 or unset.
+			LoadBalancingWeight: wrapperspb.UInt32(1),
+		}}
+	}
+	return cla, decisions
+}
+
+// Weight is the endpoint weight of e: its spare capacity, clamped to
+// MinWeight..MaxWeight.
+func Weight(e health.Executor) uint32 {
+	spare := e.Capacity - e.Load
+	return uint32(min(max(spare, MinWeight), MaxWeight))
+}
+
+func lbEndpoint(e health.Executor, status corev3.HealthStatus) *endpointv3.LbEndpoint {
+	md, _ := structpb.NewStruct(map[string]any{
+		"instance_id": e.InstanceID,
+		"session_id":  e.SessionID,
+		"version":     e.Version,
+	})
+	return &endpointv3.LbEndpoint{
+		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
+				Protocol:      corev3.SocketAddress_TCP,
+				Address:       e.Address,
+				PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(e.Port)},
+			}}},
+			Hostname: e.InstanceID,
+		}},
+		HealthStatus:        status,
+		LoadBalancingWeight: wrapperspb.UInt32(Weight(e)),
+		Metadata:            &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}},
+	}
+}
+
+func endpointKey(lb *endpointv3.LbEndpoint) string {
+	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+	return fmt.Sprintf("%s|%s|%d", lb.GetEndpoint().GetHostname(), sa.GetAddress(), sa.GetPortValue())
+}
+
+// Version is the content hash of a resource: equal resources have equal
+// versions on every replica.
+func Version(m proto.Message) string {
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		panic(fmt.Sprintf("marshal %T: %v", m, err)) // only invalid UTF-8 fails, and names are validated
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
+}
+
+// Consistent checks that the resources of a set of tasks reference each
+// other: every listener's route, every route's cluster and every cluster's
+// endpoints exist.
+func Consistent(listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, clusters []*clusterv3.Cluster, loads []*endpointv3.ClusterLoadAssignment) error {
+	names := func(n int, name func(int) string) map[string]bool {
+		m := make(map[string]bool, n)
+		for i := range n {
+			m[name(i)] = true
+		}
+		return m
+	}
+	routeNames := names(len(routes), func(i int) string { return routes[i].GetName() })
+	clusterNames := names(len(clusters), func(i int) string { return clusters[i].GetName() })
+	loadNames := names(len(loads), func(i int) string { return loads[i].GetClusterName() })
+	for _, l := range listeners {
+		hcm := &hcmv3.HttpConnectionManager{}
+		if err := l.GetApiListener().GetApiListener().UnmarshalTo(hcm); err != nil {
+			return fmt.Errorf("listener %s: %w", l.GetName(), err)
+		}
+		if r := hcm.GetRds().GetRouteConfigName(); !routeNames[r] {
+			return fmt.Errorf("listener %s references missing route %q", l.GetName(), r)
+		}
+	}
+	for _, r := range routes {
+		for _, vh := range r.GetVirtualHosts() {
+			for _, rt := range vh.GetRoutes() {
+				if c := rt.GetRoute().GetCluster(); !clusterNames[c] {
+					return fmt.Errorf("route %s references missing cluster %q", r.GetName(), c)
+				}
+			}
+		}
+	}
+	for _, c := range clusters {
+		if s := c.GetEdsClusterConfig().GetServiceName(); !loadNames[s] {
+			return fmt.Errorf("cluster %s references missing endpoints %q", c.GetName(), s)
+		}
+	}
+	return nil
+}
