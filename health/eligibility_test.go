@@ -144,7 +144,12 @@ func TestFence(t *testing.T) {
 		{"floor: newest session gone", []Executor{session("a", "s1", 1, 1, "t")}, map[string]uint64{"a": 2}, []string{"a/s1/t"}},
 		{"floor equal to present session", []Executor{session("a", "s2", 2, 1, "t")}, map[string]uint64{"a": 2}, nil},
 		{"tie broken by create index", []Executor{session("a", "x", 5, 7, "t"), session("a", "y", 5, 8, "t")}, nil, []string{"a/x/t"}},
-		{"bad metadata ignored", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) { e.InstanceID = "a"; e.SessionID = "junk"; e.Generation = 99; e.Err = errors.New("bad") })}, nil, nil},
+		{"bad metadata ignored", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
+			e.InstanceID = "a"
+			e.SessionID = "junk"
+			e.Generation = 99
+			e.Err = errors.New("bad")
+		})}, nil, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -40,8 +40,8 @@ type Agent interface {
 type RemoteSession struct {
 	Node       string
 	SessionID  string
-	Generation uint64 // 0 when its meta has none
-	Status    health.CheckStatus // of its lease check; critical when it has none
+	Generation uint64             // 0 when its meta has none
+	Status     health.CheckStatus // of its lease check; critical when it has none
 }
 
 // ErrUnknownCheck means the agent refused a heartbeat because it does not know
