@@ -4,6 +4,7 @@ go 1.26.7
 
 require (
 	github.com/Masterminds/semver/v3 v3.5.0
+	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/hashicorp/consul/api v1.34.5
 	github.com/hashicorp/go-cleanhttp v0.5.2

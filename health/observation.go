@@ -143,8 +143,15 @@ type Contact struct {
 	Err error
 }
 
+// TaskList is the set of task types at Index (services carrying the tag).
+type TaskList struct {
+	Index uint64
+	Tasks []string
+}
+
 // Observation is one report of the Consul watch; exactly one field is set.
 type Observation struct {
+	Tasks      *TaskList
 	Members    *TaskMembers
 	NonPassing *NonPassing
 	Contact    *Contact

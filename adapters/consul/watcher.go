@@ -268,6 +268,14 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 				}
 			}
 		}
+		list := make([]string, 0, len(want))
+		for task := range want {
+			list = append(list, task)
+		}
+		sort.Strings(list)
+		if !w.send(ctx, out, health.Observation{Tasks: &health.TaskList{Index: idx, Tasks: list}}) {
+			return idx, nil
+		}
 		for task, r := range tasks {
 			if !want[task] {
 				r.cancel()

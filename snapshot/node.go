@@ -1,0 +1,56 @@
+package snapshot
+
+import (
+	"fmt"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// DispatcherOf reads a dispatcher's constraint set from its xDS node
+// metadata: version_constraint (string) and labels (map of strings). Errors
+// name the field.
+func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
+	fields := node.GetMetadata().GetFields()
+	var vc string
+	if v, ok := fields[health.NodeMetaVersionConstraint]; ok {
+		s, isStr := v.GetKind().(*structpb.Value_StringValue)
+		if !isStr {
+			return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." + health.NodeMetaVersionConstraint, Reason: "must be a string such as \">=1.4.0, <2.0.0\""}
+		}
+		vc = s.StringValue
+	}
+	var labels map[string]string
+	if v, ok := fields[health.NodeMetaLabels]; ok {
+		st, isStruct := v.GetKind().(*structpb.Value_StructValue)
+		if !isStruct {
+			return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." + health.NodeMetaLabels, Reason: "must be a map of label key to string value"}
+		}
+		labels = make(map[string]string, len(st.StructValue.GetFields()))
+		for k, lv := range st.StructValue.GetFields() {
+			s, isStr := lv.GetKind().(*structpb.Value_StringValue)
+			if !isStr {
+				return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." + health.NodeMetaLabels + "." + k, Reason: "label value must be a string"}
+			}
+			labels[k] = s.StringValue
+		}
+	}
+	d, err := health.NewDispatcher(vc, labels)
+	if err != nil {
+		return health.Dispatcher{}, fmt.Errorf("node.metadata: %w", err)
+	}
+	return d, nil
+}
+
+// GroupOf is the snapshot group of a node: dispatchers with equal constraint
+// sets share one. Invalid metadata maps to a group that never has a snapshot
+// (the server refuses such streams before they ask).
+func GroupOf(node *corev3.Node) string {
+	d, err := DispatcherOf(node)
+	if err != nil {
+		return "invalid"
+	}
+	return d.Key()
+}

@@ -1,0 +1,488 @@
+package snapshot
+
+import (
+	"context"
+	"crypto/sha256"
+	"encoding/hex"
+	"fmt"
+	"log/slog"
+	"sort"
+	"strings"
+	"sync/atomic"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/jonboulle/clockwork"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// SyncConfig configures a Syncer. Zero values mean defaults.
+type SyncConfig struct {
+	// AddDelay is how long a change that only adds endpoints (or raises
+	// weights) may wait to be coalesced with others (default 50ms). Changes
+	// that remove or drain an endpoint are never delayed.
+	AddDelay time.Duration
+	Clock    clockwork.Clock
+	Logger   *slog.Logger
+	// OnPublish, if set, is called from the Run goroutine after a group's
+	// snapshot is set (for telemetry and tests; it must not block).
+	OnPublish func(group string, snap *cache.Snapshot)
+}
+
+func (c SyncConfig) withDefaults() SyncConfig {
+	if c.AddDelay <= 0 {
+		c.AddDelay = 50 * time.Millisecond
+	}
+	if c.Clock == nil {
+		c.Clock = clockwork.NewRealClock()
+	}
+	if c.Logger == nil {
+		c.Logger = slog.Default()
+	}
+	return c
+}
+
+// Syncer owns the fleet state. Its Run goroutine consumes Consul
+// observations, decides eligibility per dispatcher constraint set and keeps
+// the xDS cache up to date: one snapshot per constraint set, rebuilt only for
+// the task types that changed.
+type Syncer struct {
+	cfg     SyncConfig
+	log     *slog.Logger
+	cache   cache.SnapshotCache
+	subs    chan subscription
+	stopped chan struct{} // closed when Run returns
+	ready   atomic.Bool
+
+	// Owned by Run.
+	members     map[string]*health.TaskMembers
+	np          *health.NonPassingSet
+	haveNP      bool
+	tasks       []string          // task types Consul lists; nil until first read
+	synced      bool              // the whole fleet has been read once
+	unreachable bool              // Consul's last answer was an error
+	lapsed      map[string]bool   // instance/session seen with a critical lease
+	floor       map[string]uint64 // highest generation seen per instance
+	byTask      map[string][]health.Executor
+	taskPrint   map[string]string
+	badSeen     map[string]string
+	groups      map[string]*group
+	flushAt     time.Time
+}
+
+type subscription struct {
+	d    health.Dispatcher
+	add  bool
+	done chan struct{}
+}
+
+type group struct {
+	d       health.Dispatcher
+	refs    int
+	loads   map[string]*endpointv3.ClusterLoadAssignment
+	dirty   bool
+	urgent  bool
+	version map[types.ResponseType]string
+}
+
+// NewSyncer returns a Syncer with an empty cache. Dispatchers' nodes are
+// grouped by constraint set (GroupOf).
+func NewSyncer(cfg SyncConfig) *Syncer {
+	cfg = cfg.withDefaults()
+	return &Syncer{
+		cfg: cfg, log: cfg.Logger.With("component", "syncer"),
+		// ads=false: go-control-plane's ADS mode never answers a request for
+		// a subset of a type's names, and gRPC clients ask for exact names.
+		cache:     cache.NewSnapshotCache(false, cacheGroups{}, nil),
+		subs:      make(chan subscription),
+		stopped:   make(chan struct{}),
+		members:   map[string]*health.TaskMembers{},
+		lapsed:    map[string]bool{},
+		floor:     map[string]uint64{},
+		byTask:    map[string][]health.Executor{},
+		taskPrint: map[string]string{},
+		badSeen:   map[string]string{},
+		groups:    map[string]*group{},
+	}
+}
+
+type cacheGroups struct{}
+
+func (cacheGroups) ID(node *corev3.Node) string { return GroupOf(node) }
+
+// Cache is the xDS cache the server serves from.
+func (s *Syncer) Cache() cache.SnapshotCache { return s.cache }
+
+// Ready is true once the whole fleet has been read (the task list, every
+// task's members and the non-passing checks) and while Consul answers.
+// Dispatchers keep being served the last snapshot either way; before the
+// first full read no snapshot is served at all, so no client ever sees a
+// half-read fleet.
+func (s *Syncer) Ready() bool { return s.ready.Load() }
+
+// Subscribe registers a dispatcher stream's constraint set; its group's
+// snapshot is built (and set in the cache) before it returns, if it is the
+// first stream of the set. Safe from any goroutine; returns at once if Run
+// has ended.
+func (s *Syncer) Subscribe(d health.Dispatcher) { s.request(subscription{d: d, add: true}) }
+
+// Unsubscribe releases what Subscribe took; a group with no streams is dropped.
+func (s *Syncer) Unsubscribe(d health.Dispatcher) { s.request(subscription{d: d}) }
+
+func (s *Syncer) request(sub subscription) {
+	sub.done = make(chan struct{})
+	select {
+	case s.subs <- sub:
+	case <-s.stopped:
+		return
+	}
+	select {
+	case <-sub.done:
+	case <-s.stopped:
+	}
+}
+
+// Run applies observations until ctx ends.
+func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
+	var flush clockwork.Timer
+	var flushC <-chan time.Time
+	defer func() {
+		if flush != nil {
+			flush.Stop()
+		}
+		close(s.stopped)
+	}()
+	for {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case o := <-obs:
+			s.apply(o)
+			for more := true; more; { // coalesce whatever else already arrived
+				select {
+				case o := <-obs:
+					s.apply(o)
+				default:
+					more = false
+				}
+			}
+			s.recompute(ctx)
+		case sub := <-s.subs:
+			s.subscribe(ctx, sub)
+			close(sub.done)
+		case <-flushC:
+			flushC = nil
+			s.flushAt = time.Time{}
+			s.publishDirty(ctx, false)
+		}
+		if !s.flushAt.IsZero() && flushC == nil {
+			if flush == nil {
+				flush = s.cfg.Clock.NewTimer(s.cfg.Clock.Until(s.flushAt))
+			} else {
+				flush.Reset(s.cfg.Clock.Until(s.flushAt))
+			}
+			flushC = flush.Chan()
+		}
+	}
+}
+
+func (s *Syncer) apply(o health.Observation) {
+	switch {
+	case o.Tasks != nil:
+		s.tasks = append([]string{}, o.Tasks.Tasks...)
+	case o.Members != nil:
+		if o.Members.Gone {
+			delete(s.members, o.Members.Task)
+		} else {
+			s.members[o.Members.Task] = o.Members
+		}
+	case o.NonPassing != nil:
+		s.np = health.NewNonPassingSet(*o.NonPassing)
+		s.haveNP = true
+	case o.Contact != nil:
+		s.unreachable = !o.Contact.OK
+		if !o.Contact.OK {
+			s.log.Warn("consul unreachable: serving the last known snapshot", "err", o.Contact.Err)
+		} else {
+			s.log.Info("consul reachable again")
+		}
+	}
+}
+
+// recompute joins, fences and decides; only task types whose executors
+// changed are rebuilt, and only changed load assignments are published.
+func (s *Syncer) recompute(ctx context.Context) {
+	var all []health.Executor
+	present := map[string]bool{}
+	for _, task := range sortedTasks(s.members) {
+		for _, m := range s.members[task].Members {
+			e := health.Join(m, s.np)
+			if e.Err != nil {
+				key := e.ServiceID + "@" + e.Node
+				if s.badSeen[key] != e.Err.Error() {
+					s.badSeen[key] = e.Err.Error()
+					s.log.Warn("bad registration metadata: excluded", "service_id", e.ServiceID, "node", e.Node, "err", e.Err)
+				}
+			} else {
+				// Session ids are only unique per instance by contract.
+				sk := e.InstanceID + "/" + e.SessionID
+				present[sk] = true
+				if e.Lease == health.StatusCritical && !s.lapsed[sk] {
+					s.lapsed[sk] = true
+					s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task)
+				}
+				e.LapseObserved = s.lapsed[sk]
+			}
+			all = append(all, e)
+		}
+	}
+	for sess := range s.lapsed { // forget sessions whose registrations are gone
+		if !present[sess] {
+			delete(s.lapsed, sess)
+		}
+	}
+	health.Fence(all, s.floor)
+	for _, e := range all {
+		if e.Err == nil && e.Generation > s.floor[e.InstanceID] {
+			s.floor[e.InstanceID] = e.Generation
+		}
+	}
+	byTask := map[string][]health.Executor{}
+	for _, e := range all {
+		byTask[e.Task] = append(byTask[e.Task], e)
+	}
+	var changed []string
+	for task := range s.members {
+		fp := fingerprint(byTask[task])
+		if s.taskPrint[task] != fp {
+			changed = append(changed, task)
+			s.taskPrint[task] = fp
+		}
+	}
+	for task := range s.taskPrint {
+		if _, ok := s.members[task]; !ok {
+			changed = append(changed, task)
+			delete(s.taskPrint, task)
+		}
+	}
+	s.byTask = byTask
+	for _, g := range s.groups {
+		for _, task := range changed {
+			s.rebuild(g, task)
+		}
+	}
+	if !s.synced && s.haveNP && s.tasks != nil {
+		s.synced = true
+		for _, task := range s.tasks {
+			if _, ok := s.members[task]; !ok {
+				s.synced = false
+			}
+		}
+		if s.synced {
+			s.log.Info("fleet read: serving", "tasks", len(s.tasks), "executors", len(all))
+			for key, g := range s.groups { // waiting dispatchers get their first snapshot
+				s.publish(ctx, key, g)
+			}
+		}
+	}
+	s.ready.Store(s.synced && !s.unreachable)
+	s.publishDirty(ctx, true)
+}
+
+// rebuild recomputes one task's load assignment for a group and marks the
+// group dirty (urgent when an endpoint was removed or started draining).
+func (s *Syncer) rebuild(g *group, task string) {
+	old := g.loads[task]
+	if _, ok := s.members[task]; !ok {
+		if old != nil {
+			delete(g.loads, task)
+			g.dirty, g.urgent = true, true
+		}
+		return
+	}
+	cla, decisions := Endpoints(task, s.byTask[task], g.d)
+	for _, d := range decisions {
+		s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
+	}
+	if old != nil && proto.Equal(old, cla) {
+		return
+	}
+	g.loads[task] = cla
+	g.dirty = true
+	if removesOrDrains(old, cla) {
+		g.urgent = true
+	}
+}
+
+// removesOrDrains reports whether next drops an endpoint of prev, or stops
+// sending new work to one that prev routed to.
+func removesOrDrains(prev, next *endpointv3.ClusterLoadAssignment) bool {
+	if prev == nil {
+		return false
+	}
+	status := map[string]corev3.HealthStatus{}
+	for _, loc := range next.GetEndpoints() {
+		for _, lb := range loc.GetLbEndpoints() {
+			status[endpointKey(lb)] = lb.GetHealthStatus()
+		}
+	}
+	for _, loc := range prev.GetEndpoints() {
+		for _, lb := range loc.GetLbEndpoints() {
+			now, kept := status[endpointKey(lb)]
+			if !kept || (lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY && now != corev3.HealthStatus_HEALTHY) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// publishDirty publishes urgent groups now and schedules the rest.
+func (s *Syncer) publishDirty(ctx context.Context, onlyUrgent bool) {
+	if !s.synced {
+		return // nothing is served before the fleet has been read once
+	}
+	for key, g := range s.groups {
+		if !g.dirty {
+			continue
+		}
+		if onlyUrgent && !g.urgent {
+			at := s.cfg.Clock.Now().Add(s.cfg.AddDelay)
+			if s.flushAt.IsZero() || at.Before(s.flushAt) {
+				s.flushAt = at
+			}
+			continue
+		}
+		s.publish(ctx, key, g)
+	}
+}
+
+func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
+	key := sub.d.Key()
+	g := s.groups[key]
+	if !sub.add {
+		if g != nil {
+			if g.refs--; g.refs <= 0 {
+				delete(s.groups, key)
+				s.cache.ClearSnapshot(key)
+				s.log.Info("constraint set unused: dropped", "group", key)
+			}
+		}
+		return
+	}
+	if g != nil {
+		g.refs++
+		return
+	}
+	g = &group{d: sub.d, refs: 1, loads: map[string]*endpointv3.ClusterLoadAssignment{}}
+	s.groups[key] = g
+	for task := range s.members {
+		s.rebuild(g, task)
+	}
+	s.log.Info("constraint set added", "group", key, "groups", len(s.groups))
+	if s.synced {
+		s.publish(ctx, key, g)
+	}
+}
+
+// publish builds the group's snapshot (listener, route and cluster per task,
+// its load assignments) with content-hash versions per type.
+func (s *Syncer) publish(ctx context.Context, key string, g *group) {
+	tasks := sortedTasks(s.members)
+	res := map[types.ResponseType][]types.Resource{}
+	for _, task := range tasks {
+		res[types.Listener] = append(res[types.Listener], Listener(task))
+		res[types.Route] = append(res[types.Route], Route(task))
+		res[types.Cluster] = append(res[types.Cluster], Cluster(task))
+		if cla := g.loads[task]; cla != nil {
+			res[types.Endpoint] = append(res[types.Endpoint], cla)
+		}
+	}
+	snap := &cache.Snapshot{}
+	for _, typ := range []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route} {
+		snap.Resources[typ] = cache.NewResources(typeVersion(res[typ]), res[typ])
+	}
+	// go-control-plane's own Snapshot.Consistent does not follow API
+	// listeners to their routes; ours does.
+	if err := consistentSet(res); err != nil {
+		s.log.Error("inconsistent snapshot not published", "group", key, "err", err)
+		return
+	}
+	if err := s.cache.SetSnapshot(ctx, key, snap); err != nil {
+		s.log.Error("set snapshot", "group", key, "err", err)
+		return
+	}
+	g.dirty, g.urgent = false, false
+	if s.cfg.OnPublish != nil {
+		s.cfg.OnPublish(key, snap)
+	}
+}
+
+// typeVersion hashes the names and versions of a type's resources.
+func typeVersion(rs []types.Resource) string {
+	parts := make([]string, len(rs))
+	for i, r := range rs {
+		parts[i] = cache.GetResourceName(r) + "=" + Version(r)
+	}
+	sort.Strings(parts)
+	sum := sha256.Sum256([]byte(strings.Join(parts, ";")))
+	return hex.EncodeToString(sum[:8])
+}
+
+// fingerprint identifies everything about a task's executors that decisions
+// depend on, so unchanged task types are not rebuilt.
+func fingerprint(es []health.Executor) string {
+	lines := make([]string, len(es))
+	for i, e := range es {
+		errText := ""
+		if e.Err != nil {
+			errText = e.Err.Error()
+		}
+		r := e.Registration
+		lines[i] = fmt.Sprintf("%s|%s|%s|%s|%d|%s|%s|%d|%s|%d|%s|%v|%s|%v|%s|%s|%s|%d|%v|%s|%d|%v",
+			e.Node, e.ServiceID, r.InstanceID, r.SessionID, r.Generation, r.Task, r.Address, r.Port, r.Version, r.Capacity, r.State, r.Labels, // maps print sorted
+			errText, e.LeaseFound, e.Lease, e.NodeChecks, e.Other, e.Load, e.Fenced, e.NewerSessionID, e.NewerGeneration, e.LapseObserved)
+	}
+	sort.Strings(lines)
+	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
+	return hex.EncodeToString(sum[:])
+}
+
+func sortedTasks(m map[string]*health.TaskMembers) []string {
+	out := make([]string, 0, len(m))
+	for t := range m {
+		out = append(out, t)
+	}
+	sort.Strings(out)
+	return out
+}
+
+func consistentSet(res map[types.ResponseType][]types.Resource) error {
+	var (
+		ls []*listenerv3.Listener
+		rs []*routev3.RouteConfiguration
+		cs []*clusterv3.Cluster
+		es []*endpointv3.ClusterLoadAssignment
+	)
+	for _, r := range res[types.Listener] {
+		ls = append(ls, r.(*listenerv3.Listener))
+	}
+	for _, r := range res[types.Route] {
+		rs = append(rs, r.(*routev3.RouteConfiguration))
+	}
+	for _, r := range res[types.Cluster] {
+		cs = append(cs, r.(*clusterv3.Cluster))
+	}
+	for _, r := range res[types.Endpoint] {
+		es = append(es, r.(*endpointv3.ClusterLoadAssignment))
+	}
+	return Consistent(ls, rs, cs, es)
+}
