@@ -1,6 +1,7 @@
 // Command leasehold is the xDS discovery server for executor fleets and its
 // executor-side tools. Subcommands:
 //
+//	leasehold serve ...      the discovery server: Consul watch → eligibility → xDS
 //	leasehold register ...   sidecar: register a non-Go executor and heartbeat while its probe passes
 package main
 
@@ -20,6 +21,7 @@ func main() {
 const usage = `usage: leasehold <command> [flags]
 
 commands:
+  serve      watch Consul and serve executor endpoints over xDS to dispatchers
   register   register an executor through the local Consul agent and keep its
              lease alive while a probe of the executor passes (sidecar)
 
@@ -33,6 +35,10 @@ func run(args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	switch args[0] {
+	case "serve":
+		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
+		defer stop()
+		return runServe(ctx, args[1:], stdout, stderr)
 	case "register":
 		// SIGTERM/SIGINT start a drain; the command exits when it is done.
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)

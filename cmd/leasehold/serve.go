@@ -1,0 +1,188 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"net/http"
+	"os"
+	"strconv"
+	"strings"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/keepalive"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/snapshot"
+)
+
+// serveConfig is `leasehold serve`'s configuration.
+type serveConfig struct {
+	consulAddr     string
+	xdsAddr        string
+	adminAddr      string
+	tag            string
+	logFormat      string
+	logLevel       slog.Level
+	consulMaxConns int
+}
+
+// serveFlag is one flag with its environment variable.
+type serveFlag struct {
+	name, env, def, usage string
+	dst                   *string
+}
+
+func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
+	var (
+		cfg                                serveConfig
+		logLevel, maxConns, tag, logFormat string
+	)
+	flags := []serveFlag{
+		{"consul-addr", "LEASEHOLD_CONSUL_ADDR", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from the standard CONSUL_* variables)", &cfg.consulAddr},
+		{"xds-addr", "LEASEHOLD_XDS_ADDR", "127.0.0.1:18000", "gRPC listen address for xDS", &cfg.xdsAddr},
+		{"admin-addr", "LEASEHOLD_ADMIN_ADDR", "127.0.0.1:19000", "HTTP listen address for /healthz and /readyz", &cfg.adminAddr},
+		{"service-tag", "LEASEHOLD_SERVICE_TAG", health.DefaultTag, "Consul tag marking task types", &tag},
+		{"log-format", "LEASEHOLD_LOG_FORMAT", "text", "text or json", &logFormat},
+		{"log-level", "LEASEHOLD_LOG_LEVEL", "info", "debug, info, warn or error", &logLevel},
+		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
+	}
+	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	for _, f := range flags {
+		def := f.def
+		if v, ok := os.LookupEnv(f.env); ok {
+			def = v
+		}
+		fs.StringVar(f.dst, f.name, def, f.usage+" [$"+f.env+"]")
+	}
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
+	}
+	var errs []string
+	bad := func(flag, msg string) { errs = append(errs, fmt.Sprintf("invalid --%s: %s", flag, msg)) }
+	for _, a := range []struct{ flag, v string }{{"xds-addr", cfg.xdsAddr}, {"admin-addr", cfg.adminAddr}} {
+		if _, port, err := net.SplitHostPort(a.v); err != nil {
+			bad(a.flag, fmt.Sprintf("want HOST:PORT: %v", err))
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad(a.flag, fmt.Sprintf("port %q", port))
+		}
+	}
+	if fe := health.ValidateTag(tag); fe != nil {
+		bad("service-tag", fe.Error())
+	}
+	cfg.tag = tag
+	if logFormat != "text" && logFormat != "json" {
+		bad("log-format", fmt.Sprintf("%q: want text or json", logFormat))
+	}
+	cfg.logFormat = logFormat
+	if err := cfg.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
+		bad("log-level", err.Error())
+	}
+	if n, err := strconv.Atoi(maxConns); err != nil || n < 1 || n > 190 {
+		bad("consul-max-conns", fmt.Sprintf("%q: want 1..190", maxConns))
+	} else {
+		cfg.consulMaxConns = n
+	}
+	if len(errs) > 0 {
+		return nil, errors.New(strings.Join(errs, "\n"))
+	}
+	return &cfg, nil
+}
+
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
+
+func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	cfg, err := parseServeFlags(args, stderr)
+	if errors.Is(err, flag.ErrHelp) {
+		return 0
+	}
+	if err != nil {
+		fmt.Fprintf(stderr, "leasehold serve: %v\n", err)
+		return 2
+	}
+	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
+	if err := serve(ctx, cfg, log, nil); err != nil {
+		log.Error("serve", "err", err)
+		return 1
+	}
+	return 0
+}
+
+// listening reports where serve listens (for tests using port 0).
+type listening struct{ xds, admin string }
+
+// serve runs the pipeline — Consul watch → syncer → xDS — until ctx ends.
+func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<- listening) error {
+	client, err := consul.NewClient(cfg.consulAddr, cfg.consulMaxConns+4)
+	if err != nil {
+		return err
+	}
+	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, Logger: log})
+	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log})
+
+	xdsLis, err := net.Listen("tcp", cfg.xdsAddr)
+	if err != nil {
+		return fmt.Errorf("--xds-addr: %w", err)
+	}
+	adminLis, err := net.Listen("tcp", cfg.adminAddr)
+	if err != nil {
+		xdsLis.Close()
+		return fmt.Errorf("--admin-addr: %w", err)
+	}
+
+	runCtx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	obs := make(chan health.Observation, 256)
+	done := make(chan struct{}, 2)
+	go func() { watcher.Run(runCtx, obs); done <- struct{}{} }()
+	go func() { syncer.Run(runCtx, obs); done <- struct{}{} }()
+
+	g := grpc.NewServer(
+		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
+		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+	)
+	xds := server.NewXDS(runCtx, syncer, log)
+	xds.Register(g)
+	go g.Serve(xdsLis)
+
+	admin := &http.Server{Handler: server.AdminHandler(syncer, watcher.LastContact), ReadHeaderTimeout: 5 * time.Second}
+	go admin.Serve(adminLis)
+
+	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag)
+	if bound != nil {
+		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	stopped := make(chan struct{})
+	go func() { g.GracefulStop(); close(stopped) }()
+	select {
+	case <-stopped:
+	case <-time.After(5 * time.Second):
+		g.Stop() // xDS streams never end on their own
+	}
+	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer scancel()
+	admin.Shutdown(sctx)
+	cancel()
+	<-done
+	<-done
+	return nil
+}
