@@ -185,6 +185,7 @@ func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Sess
 	log := r.log.With("session_id", key.id)
 	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
 	var sentAt time.Time
+	failures := 0
 	for {
 		var err error
 		sentAt, err = r.tryRegister(ctx, &key, reregister)
@@ -194,7 +195,11 @@ func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Sess
 		if errors.Is(err, ErrSuperseded) {
 			return nil, nil, time.Time{}, err
 		}
-		log.Warn("registration failed; retrying", "err", err)
+		if failures++; failures == 1 || failures%20 == 0 { // don't flood the log while e.g. a probe fails
+			log.Warn("registration failed; retrying", "err", err, "attempts", failures)
+		} else {
+			log.Debug("registration failed; retrying", "err", err, "attempts", failures)
+		}
 		wait := r.cfg.Clock.NewTimer(bo.next())
 		select {
 		case <-ctx.Done():

@@ -26,11 +26,15 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
+
 // The test binary doubles as the leasehold binary so signal handling is
 // tested on a real process: LEASEHOLD_MAIN_ARGS holds the JSON argument list.
 const mainArgsEnv = "LEASEHOLD_MAIN_ARGS"
 
 func TestMain(m *testing.M) {
+	if target := os.Getenv(dispatcherEnv); target != "" {
+		os.Exit(runDispatcherChild(target))
+	}
 	if raw := os.Getenv(mainArgsEnv); raw != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(raw), &args); err != nil {
