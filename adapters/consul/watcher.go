@@ -145,7 +145,8 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, er
 }
 
 // blockingLoop runs one watch: query(index, wait) until ctx ends, following
-// Consul's blocking-query rules: reset the index when it goes backwards,
+// Consul's blocking-query rules: reset the index when it goes backwards (and
+// after an error, since Consul may have restarted with a lower index),
 // never below MinInterval between queries (so index 0 never spins), and a
 // jittered exponential back-off after errors.
 func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, name string, minInterval time.Duration, useSlot bool,
@@ -175,6 +176,10 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 				return
 			}
 			pause = bo.next()
+			// After a failure Consul may be a new incarnation whose index is
+			// lower than ours: waiting on our index would block a whole
+			// WaitTime. Start over from a full read.
+			index = 0
 			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", pause)
 		} else {
 			bo.reset()

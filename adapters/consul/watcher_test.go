@@ -260,6 +260,17 @@ func TestWatcherBacksOffAndReportsContact(t *testing.T) {
 	if h.w.LastContact().IsZero() {
 		t.Fatal("last contact not recorded")
 	}
+	// after an error the index starts over: Consul may have restarted lower
+	h.cat.call(t, "nonpassing") // the query answered with index 7
+	h.advance(time.Millisecond)
+	if c := h.cat.call(t, "nonpassing"); c.index != 7 {
+		t.Fatalf("index %d, want 7", c.index)
+	}
+	h.cat.push("nonpassing", scripted{err: errors.New("connection reset")})
+	h.advance(time.Second)
+	if c := h.cat.call(t, "nonpassing"); c.index != 0 {
+		t.Fatalf("index after an error = %d, want 0", c.index)
+	}
 }
 
 func catalogNode(node, id string, modify uint64) *api.CatalogService {
@@ -288,6 +299,10 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}})
 	h.cat.push("health/work", scripted{index: 9, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}})
 	o := h.observe()
+	if o.Tasks == nil || len(o.Tasks.Tasks) != 1 || o.Tasks.Tasks[0] != "work" {
+		t.Fatalf("task list %+v", o)
+	}
+	o = h.observe()
 	if o.Members == nil || o.Members.Task != "work" || len(o.Members.Members) != 1 {
 		t.Fatalf("members %+v", o)
 	}

@@ -298,7 +298,10 @@ func TestServeEndToEnd(t *testing.T) {
 	start := time.Now()
 	anyD := startDispatcher(t, addrs.xds, "dispatcher-any", map[string]any{})
 	v1 := startDispatcher(t, addrs.xds, "dispatcher-v1", map[string]any{"version_constraint": "<2.0.0"})
-	all4 := func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 && m["e3"] > 0 && m["e4"] > 0 }
+	all4 := func(cs []callResult) bool {
+		m := servedBy(cs)
+		return m["e1"] > 0 && m["e2"] > 0 && m["e3"] > 0 && m["e4"] > 0
+	}
 	anyD.await(t, start, 20*time.Second, "calls spread over e1..e4", all4)
 	v1.await(t, start, 20*time.Second, "calls spread over e1..e3", func(cs []callResult) bool {
 		m := servedBy(cs)

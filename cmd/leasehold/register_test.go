@@ -26,7 +26,6 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-
 // The test binary doubles as the leasehold binary so signal handling is
 // tested on a real process: LEASEHOLD_MAIN_ARGS holds the JSON argument list.
 const mainArgsEnv = "LEASEHOLD_MAIN_ARGS"
