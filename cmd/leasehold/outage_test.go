@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
 	"net/http"
 	"testing"
@@ -157,4 +158,57 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 	}
 	resync := time.Now()
 	d.await(t, resync, 10*time.Second, "calls after the resync", func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
+}
+
+func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
+	a := consultest.Start(t)
+	startExecutor(t, a, "e1", "1.0.0")
+	startExecutor(t, a, "e2", "1.2.0")
+	var addrs []listening
+	for i := range 2 {
+		ctx, cancel := context.WithCancel(context.Background())
+		bound := make(chan listening, 1)
+		served := make(chan error, 1)
+		cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
+		go func() {
+			served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, fmt.Sprintf("serve-%d", i)}, nil)), bound)
+		}()
+		t.Cleanup(func() { cancel(); <-served })
+		addrs = append(addrs, <-bound)
+	}
+	versions := func(addr string) map[string]string {
+		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer conn.Close()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]string{}
+		node := &corev3.Node{Id: "replica-probe"}
+		for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType} {
+			if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: typ, ResourceNames: []string{"work"}}); err != nil {
+				t.Fatal(err)
+			}
+			r, err := s.Recv()
+			if err != nil {
+				t.Fatal(err)
+			}
+			out[typ] = r.VersionInfo
+			if typ == resource.EndpointType && len(sessionsOf(r)) != 2 {
+				t.Fatalf("replica %s serves %v", addr, sessionsOf(r))
+			}
+		}
+		return out
+	}
+	v0, v1 := versions(addrs[0].xds), versions(addrs[1].xds)
+	for typ, v := range v0 {
+		if v1[typ] != v || v == "" {
+			t.Fatalf("%s: replica versions %q and %q", typ, v, v1[typ])
+		}
+	}
 }
