@@ -111,6 +111,7 @@ func (a *adsStream) send(typeURL, version, nonce string, names ...string) {
 }
 
 func (a *adsStream) recv() (*discovery.DiscoveryResponse, error) {
+	a.t.Helper()
 	type res struct {
 		r   *discovery.DiscoveryResponse
 		err error
@@ -298,5 +299,39 @@ func TestDeltaXDS(t *testing.T) {
 	}
 	if r2.Resources[0].Version == r.Resources[0].Version {
 		t.Fatal("resource version unchanged")
+	}
+}
+
+func TestSotwSendsOnlyChangedTaskTypes(t *testing.T) {
+	f := startXDS(t)
+	a := f.ads(node("d1", nil))
+	a.send(resource.EndpointType, "", "", "work", "other")
+	r := a.must()
+	if n := names(r); len(n) != 2 {
+		t.Fatalf("initial EDS %v", n)
+	}
+	a.send(resource.EndpointType, r.VersionInfo, r.Nonce, "work", "other") // ACK
+	l := f.ads(node("d1", nil))
+	l.send(resource.ListenerType, "", "", "work", "other")
+	lr := l.must()
+	l.send(resource.ListenerType, lr.VersionInfo, lr.Nonce, "work", "other")
+
+	// task other gains an executor: only other's endpoints are sent
+	f.members("other", member("other", "o", 9100, "1.0.0"), member("other", "o2", 9101, "1.0.0"))
+	r2 := a.must()
+	if n := names(r2); len(n) != 1 || n[0] != "other" {
+		t.Fatalf("EDS update carried %v, want only other", n)
+	}
+	if r2.VersionInfo == r.VersionInfo {
+		t.Fatal("type version unchanged")
+	}
+	// listeners did not change: nothing is sent on the LDS stream; a full-state
+	// type is resent whole only when one of its resources changes
+	f.send(health.Observation{Tasks: &health.TaskList{Tasks: []string{"other", "work", "new"}}})
+	f.members("new", member("new", "n", 9200, "1.0.0"))
+	l.send(resource.ListenerType, lr.VersionInfo, lr.Nonce, "work", "other", "new")
+	lr2 := l.must()
+	if len(lr2.GetResources()) != 3 {
+		t.Fatalf("LDS after a new task: %d listeners, want all 3", len(lr2.GetResources()))
 	}
 }

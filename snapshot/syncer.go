@@ -57,7 +57,7 @@ func (c SyncConfig) withDefaults() SyncConfig {
 type Syncer struct {
 	cfg     SyncConfig
 	log     *slog.Logger
-	cache   cache.SnapshotCache
+	cache   *xdsCache
 	subs    chan subscription
 	stopped chan struct{} // closed when Run returns
 	ready   atomic.Bool
@@ -99,9 +99,12 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 	cfg = cfg.withDefaults()
 	return &Syncer{
 		cfg: cfg, log: cfg.Logger.With("component", "syncer"),
-		// ads=false: go-control-plane's ADS mode never answers a request for
-		// a subset of a type's names, and gRPC clients ask for exact names.
-		cache:     cache.NewSnapshotCache(false, cacheGroups{}, nil),
+		cache: &xdsCache{
+			sotw: newSotwCache(GroupOf),
+			// ads=false: go-control-plane's ADS mode never answers a request
+			// for a subset of a type's names, and gRPC clients ask for exact names.
+			delta: cache.NewSnapshotCache(false, cacheGroups{}, nil),
+		},
 		subs:      make(chan subscription),
 		stopped:   make(chan struct{}),
 		members:   map[string]*health.TaskMembers{},
@@ -119,7 +122,10 @@ type cacheGroups struct{}
 func (cacheGroups) ID(node *corev3.Node) string { return GroupOf(node) }
 
 // Cache is the xDS cache the server serves from.
-func (s *Syncer) Cache() cache.SnapshotCache { return s.cache }
+func (s *Syncer) Cache() cache.Cache { return s.cache }
+
+// Snapshot is the current snapshot of a constraint-set group.
+func (s *Syncer) Snapshot(group string) (*cache.Snapshot, bool) { return s.cache.sotw.snapshot(group) }
 
 // Ready is true once the whole fleet has been read (the task list, every
 // task's members and the non-passing checks) and while Consul answers.
@@ -372,7 +378,7 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 		if g != nil {
 			if g.refs--; g.refs <= 0 {
 				delete(s.groups, key)
-				s.cache.ClearSnapshot(key)
+				s.cache.clear(key)
 				s.log.Info("constraint set unused: dropped", "group", key)
 			}
 		}
@@ -416,7 +422,7 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		s.log.Error("inconsistent snapshot not published", "group", key, "err", err)
 		return
 	}
-	if err := s.cache.SetSnapshot(ctx, key, snap); err != nil {
+	if err := s.cache.set(ctx, key, snap); err != nil {
 		s.log.Error("set snapshot", "group", key, "err", err)
 		return
 	}

@@ -200,7 +200,7 @@ func TestSyncerGroupsByConstraintSetAndIsolatesTasks(t *testing.T) {
 	if p.group != v1.Key() {
 		t.Fatalf("published dropped group %q", p.group)
 	}
-	if _, err := h.s.Cache().GetSnapshot(any.Key()); err == nil {
+	if _, ok := h.s.Snapshot(any.Key()); ok {
 		t.Fatal("dropped group still has a snapshot")
 	}
 }

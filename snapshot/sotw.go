@@ -1,0 +1,212 @@
+package snapshot
+
+import (
+	"context"
+	"sort"
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/anypb"
+)
+
+// xdsCache is the cache the xDS server serves from: state-of-the-world
+// watches are answered per resource by sotwCache (a response carries only the
+// resources the client lacks, so a change of one task type never resends the
+// others'); delta watches and REST fetches by go-control-plane's
+// SnapshotCache, which already versions each resource by content hash.
+type xdsCache struct {
+	sotw  *sotwCache
+	delta cache.SnapshotCache
+}
+
+var _ cache.Cache = (*xdsCache)(nil)
+
+func (c *xdsCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
+	return c.sotw.CreateWatch(req, sub, out)
+}
+
+func (c *xdsCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, out chan cache.DeltaResponse) (func(), error) {
+	return c.delta.CreateDeltaWatch(req, sub, out)
+}
+
+func (c *xdsCache) Fetch(ctx context.Context, req *cache.Request) (cache.Response, error) {
+	return c.delta.Fetch(ctx, req)
+}
+
+func (c *xdsCache) set(ctx context.Context, group string, snap *cache.Snapshot) error {
+	if err := c.delta.SetSnapshot(ctx, group, snap); err != nil {
+		return err
+	}
+	c.sotw.set(group, snap)
+	return nil
+}
+
+func (c *xdsCache) clear(group string) {
+	c.delta.ClearSnapshot(group)
+	c.sotw.clear(group)
+}
+
+// sotwCache holds one snapshot per group and the open state-of-the-world
+// watches, answering each with what its subscription lacks.
+type sotwCache struct {
+	groupOf func(*corev3.Node) string
+
+	mu      sync.Mutex
+	snaps   map[string]*groupState
+	watches map[string]map[int64]sotwWatch
+	nextID  int64
+}
+
+type groupState struct {
+	snap     *cache.Snapshot
+	versions map[string]map[string]string // type URL → name → content version
+}
+
+type sotwWatch struct {
+	req *cache.Request
+	sub cache.Subscription
+	out chan cache.Response
+}
+
+func newSotwCache(groupOf func(*corev3.Node) string) *sotwCache {
+	return &sotwCache{groupOf: groupOf, snaps: map[string]*groupState{}, watches: map[string]map[int64]sotwWatch{}}
+}
+
+func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
+	group := c.groupOf(req.GetNode())
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	if st := c.snaps[group]; st != nil {
+		if resp := st.respond(req, sub); resp != nil {
+			out <- resp // the server's channel has room for one response per watch
+			return func() {}, nil
+		}
+	}
+	c.nextID++
+	id := c.nextID
+	if c.watches[group] == nil {
+		c.watches[group] = map[int64]sotwWatch{}
+	}
+	c.watches[group][id] = sotwWatch{req: req, sub: sub, out: out}
+	return func() {
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(c.watches[group], id)
+	}, nil
+}
+
+func (c *sotwCache) set(group string, snap *cache.Snapshot) {
+	st := &groupState{snap: snap, versions: map[string]map[string]string{}}
+	for _, typ := range []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route} {
+		url, _ := cache.GetResponseTypeURL(typ)
+		vs := map[string]string{}
+		for name, r := range snap.Resources[typ].Items {
+			vs[name] = Version(r.Resource)
+		}
+		st.versions[url] = vs
+	}
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	c.snaps[group] = st
+	for id, w := range c.watches[group] {
+		if resp := st.respond(w.req, w.sub); resp != nil {
+			w.out <- resp
+			delete(c.watches[group], id)
+		}
+	}
+}
+
+func (c *sotwCache) clear(group string) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	delete(c.snaps, group)
+}
+
+// snapshot returns a group's current snapshot.
+func (c *sotwCache) snapshot(group string) (*cache.Snapshot, bool) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	st := c.snaps[group]
+	if st == nil {
+		return nil, false
+	}
+	return st.snap, true
+}
+
+// respond builds the response a watch needs now, or nil if the client
+// already has everything it subscribed to. The response's version_info is
+// the type's content version (equal on every replica); each resource's
+// returned version is its own content hash, so only changed resources are
+// sent for types that allow partial responses (EDS, RDS); listeners and
+// clusters are always sent whole, as the protocol requires.
+func (st *groupState) respond(req *cache.Request, sub cache.Subscription) cache.Response {
+	typeURL := req.GetTypeUrl()
+	versions, ok := st.versions[typeURL]
+	if !ok {
+		return nil // a type leasehold does not serve: never answered
+	}
+	typeVersion := st.snap.GetVersion(typeURL)
+	resources := st.snap.GetResourcesAndTTL(typeURL)
+	known := sub.ReturnedResources()
+	var wanted []string
+	if sub.IsWildcard() {
+		for name := range resources {
+			wanted = append(wanted, name)
+		}
+	} else {
+		for name := range sub.SubscribedResources() {
+			if _, ok := resources[name]; ok {
+				wanted = append(wanted, name)
+			}
+		}
+	}
+	sort.Strings(wanted)
+	var changed []string
+	for _, name := range wanted {
+		if known[name] != versions[name] {
+			changed = append(changed, name)
+		}
+	}
+	wantedSet := make(map[string]bool, len(wanted))
+	for _, n := range wanted {
+		wantedSet[n] = true
+	}
+	removed := false
+	for name := range known {
+		if !wantedSet[name] {
+			removed = true
+		}
+	}
+	full := cache.ResourceRequiresFullStateInSotw(typeURL)
+	initial := req.GetVersionInfo() == ""
+	// (A client failing over from another replica is answered too, with the
+	// same version and bytes it had: the server pruned what it knows when it
+	// unsubscribed, so "knows nothing" cannot be told apart from "has it".)
+	if len(changed) == 0 && !(full && removed) && !(initial && len(known) == 0) {
+		return nil
+	}
+	send := changed
+	if full {
+		send = wanted
+	}
+	// After this response the client holds every wanted resource at its
+	// current version (the unchanged ones it already had).
+	returned := make(map[string]string, len(wanted))
+	for _, name := range wanted {
+		returned[name] = versions[name]
+	}
+	out := &discovery.DiscoveryResponse{VersionInfo: typeVersion, TypeUrl: typeURL}
+	for _, name := range send {
+		a := &anypb.Any{}
+		// Deterministic bytes: replicas send identical responses.
+		if err := anypb.MarshalFrom(a, resources[name].Resource, proto.MarshalOptions{Deterministic: true}); err != nil {
+			continue // validated protos always marshal
+		}
+		out.Resources = append(out.Resources, a)
+	}
+	return &cache.PassthroughResponse{Request: req, DiscoveryResponse: out, ReturnedResources: returned}
+}
