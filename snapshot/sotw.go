@@ -7,7 +7,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
@@ -37,11 +36,13 @@ func (c *xdsCache) Fetch(ctx context.Context, req *cache.Request) (cache.Respons
 	return c.delta.Fetch(ctx, req)
 }
 
-func (c *xdsCache) set(ctx context.Context, group string, snap *cache.Snapshot) error {
+// set publishes a group's snapshot; versions holds each resource's content
+// version by type URL and name.
+func (c *xdsCache) set(ctx context.Context, group string, snap *cache.Snapshot, versions map[string]map[string]string) error {
 	if err := c.delta.SetSnapshot(ctx, group, snap); err != nil {
 		return err
 	}
-	c.sotw.set(group, snap)
+	c.sotw.set(group, snap, versions)
 	return nil
 }
 
@@ -67,9 +68,26 @@ type groupState struct {
 }
 
 type sotwWatch struct {
-	req *cache.Request
-	sub cache.Subscription
-	out chan cache.Response
+	req  *cache.Request
+	sub  cache.Subscription
+	out  chan cache.Response
+	done chan struct{} // closed when the server cancels the watch
+}
+
+// deliver hands a response to the server without ever blocking the cache: a
+// full channel (an ADS stream busy in CreateWatch) gets it from a goroutine
+// that gives up when the watch is cancelled.
+func (w sotwWatch) deliver(resp cache.Response) {
+	select {
+	case w.out <- resp:
+	default:
+		go func() {
+			select {
+			case w.out <- resp:
+			case <-w.done:
+			}
+		}()
+	}
 }
 
 func newSotwCache(groupOf func(*corev3.Node) string) *sotwCache {
@@ -78,12 +96,14 @@ func newSotwCache(groupOf func(*corev3.Node) string) *sotwCache {
 
 func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
 	group := c.groupOf(req.GetNode())
+	w := sotwWatch{req: req, sub: sub, out: out, done: make(chan struct{})}
+	var once sync.Once
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st := c.snaps[group]; st != nil {
 		if resp := st.respond(req, sub); resp != nil {
-			out <- resp // the server's channel has room for one response per watch
-			return func() {}, nil
+			w.deliver(resp)
+			return func() { once.Do(func() { close(w.done) }) }, nil
 		}
 	}
 	c.nextID++
@@ -91,30 +111,23 @@ func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, out 
 	if c.watches[group] == nil {
 		c.watches[group] = map[int64]sotwWatch{}
 	}
-	c.watches[group][id] = sotwWatch{req: req, sub: sub, out: out}
+	c.watches[group][id] = w
 	return func() {
+		once.Do(func() { close(w.done) })
 		c.mu.Lock()
 		defer c.mu.Unlock()
 		delete(c.watches[group], id)
 	}, nil
 }
 
-func (c *sotwCache) set(group string, snap *cache.Snapshot) {
-	st := &groupState{snap: snap, versions: map[string]map[string]string{}}
-	for _, typ := range []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route} {
-		url, _ := cache.GetResponseTypeURL(typ)
-		vs := map[string]string{}
-		for name, r := range snap.Resources[typ].Items {
-			vs[name] = Version(r.Resource)
-		}
-		st.versions[url] = vs
-	}
+func (c *sotwCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string) {
+	st := &groupState{snap: snap, versions: versions}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.snaps[group] = st
 	for id, w := range c.watches[group] {
 		if resp := st.respond(w.req, w.sub); resp != nil {
-			w.out <- resp
+			w.deliver(resp)
 			delete(c.watches[group], id)
 		}
 	}

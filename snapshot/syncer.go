@@ -413,8 +413,12 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		}
 	}
 	snap := &cache.Snapshot{}
+	versions := map[string]map[string]string{} // type URL → name → content version
 	for _, typ := range []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route} {
-		snap.Resources[typ] = cache.NewResources(typeVersion(res[typ]), res[typ])
+		url, _ := cache.GetResponseTypeURL(typ)
+		tv, each := typeVersion(res[typ])
+		snap.Resources[typ] = cache.NewResources(tv, res[typ])
+		versions[url] = each
 	}
 	// go-control-plane's own Snapshot.Consistent does not follow API
 	// listeners to their routes; ours does.
@@ -422,7 +426,7 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		s.log.Error("inconsistent snapshot not published", "group", key, "err", err)
 		return
 	}
-	if err := s.cache.set(ctx, key, snap); err != nil {
+	if err := s.cache.set(ctx, key, snap, versions); err != nil {
 		s.log.Error("set snapshot", "group", key, "err", err)
 		return
 	}
@@ -432,15 +436,19 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	}
 }
 
-// typeVersion hashes the names and versions of a type's resources.
-func typeVersion(rs []types.Resource) string {
+// typeVersion hashes the names and content versions of a type's resources;
+// it also returns each resource's version.
+func typeVersion(rs []types.Resource) (string, map[string]string) {
+	each := make(map[string]string, len(rs))
 	parts := make([]string, len(rs))
 	for i, r := range rs {
-		parts[i] = cache.GetResourceName(r) + "=" + Version(r)
+		name, v := cache.GetResourceName(r), Version(r)
+		each[name] = v
+		parts[i] = name + "=" + v
 	}
 	sort.Strings(parts)
 	sum := sha256.Sum256([]byte(strings.Join(parts, ";")))
-	return hex.EncodeToString(sum[:8])
+	return hex.EncodeToString(sum[:8]), each
 }
 
 // fingerprint identifies everything about a task's executors that decisions
