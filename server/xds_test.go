@@ -12,6 +12,8 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
+	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
@@ -333,5 +335,40 @@ func TestSotwSendsOnlyChangedTaskTypes(t *testing.T) {
 	lr2 := l.must()
 	if len(lr2.GetResources()) != 3 {
 		t.Fatalf("LDS after a new task: %d listeners, want all 3", len(lr2.GetResources()))
+	}
+}
+
+func TestPerTypeServices(t *testing.T) {
+	f := startXDS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	conn := f.dial()
+	eds, err := endpointservice.NewEndpointDiscoveryServiceClient(conn).StreamEndpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eds.Send(&discovery.DiscoveryRequest{Node: node("per-type", nil), TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := eds.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if got := hosts(t, r, "work"); len(got) != 2 {
+		t.Fatalf("EDS service: %v", got)
+	}
+	lds, err := listenerservice.NewListenerDiscoveryServiceClient(conn).DeltaListeners(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := lds.Send(&discovery.DeltaDiscoveryRequest{Node: node("per-type", nil), TypeUrl: resource.ListenerType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
+		t.Fatal(err)
+	}
+	dr, err := lds.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(dr.Resources) != 1 || dr.Resources[0].Name != "work" {
+		t.Fatalf("delta LDS service: %v", dr.Resources)
 	}
 }
