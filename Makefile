@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 CONSUL := bin/consul
 
-.PHONY: all build test vet consul demo clean
+.PHONY: all build test vet consul demo clean proto
 
 all: build
 
@@ -32,3 +32,13 @@ clean:
 demo: $(CONSUL)
 	$(GO) build -o bin/executor ./examples/executor
 	$(GO) run ./examples/demo --executor bin/executor
+
+# Regenerate the committed Go code of proto/ (needs protoc; the plugins are
+# installed into bin/ at pinned versions).
+PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
+PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
+proto:
+	@command -v protoc >/dev/null || { echo "protoc missing: apt-get install protobuf-compiler"; exit 1; }
+	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO)
+	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO_GRPC)
+	PATH=$(CURDIR)/bin:$$PATH protoc -I proto --go_out=paths=source_relative:proto --go-grpc_out=paths=source_relative:proto proto/leasehold/v1/*.proto

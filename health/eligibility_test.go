@@ -174,3 +174,5 @@ func TestFenceResetsPreviousMarks(t *testing.T) {
 		t.Fatalf("floor ignored: %+v", es[0])
 	}
 }
+
+var errTest = &FieldError{Field: "capacity", Reason: "test"}

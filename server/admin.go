@@ -3,7 +3,13 @@ package server
 import (
 	"encoding/json"
 	"net/http"
+	"sort"
 	"time"
+
+	"google.golang.org/protobuf/encoding/protojson"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot"
 )
 
 // Readiness is what /readyz reports.
@@ -11,25 +17,202 @@ type Readiness interface {
 	Ready() bool
 }
 
-// AdminHandler serves /healthz (the process is up) and /readyz (the fleet
-// has been read and Consul answers; 503 otherwise — dispatchers keep the
-// last snapshot meanwhile).
-func AdminHandler(ready Readiness, lastContact func() time.Time) http.Handler {
+// AdminConfig is what the admin HTTP handler serves from. Nil fields turn
+// their endpoints off.
+type AdminConfig struct {
+	Ready       Readiness
+	LastContact func() time.Time
+	Syncer      *snapshot.Syncer // /debug/executors, /debug/snapshot
+	XDS         *XDS             // /debug/dispatchers, /debug/snapshot
+	Fencing     *Fencing         // /v1/session
+}
+
+// AdminHandler serves /healthz (the process is up), /readyz (the fleet has
+// been read and Consul answers; 503 otherwise — dispatchers keep the last
+// snapshot meanwhile), the fencing API as JSON and the /debug views.
+func AdminHandler(cfg AdminConfig) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		body := map[string]any{"ready": ready.Ready()}
-		if t := lastContact(); !t.IsZero() {
+		ready := cfg.Ready.Ready()
+		body := map[string]any{"ready": ready}
+		if t := cfg.LastContact(); !t.IsZero() {
 			body["consul_last_contact"] = t.UTC().Format(time.RFC3339Nano)
 			body["consul_contact_age_seconds"] = time.Since(t).Seconds()
 		}
-		w.Header().Set("Content-Type", "application/json")
-		if !ready.Ready() {
-			w.WriteHeader(http.StatusServiceUnavailable)
+		status := http.StatusOK
+		if !ready {
+			status = http.StatusServiceUnavailable
 		}
-		json.NewEncoder(w).Encode(body)
+		writeJSON(w, status, body)
 	})
+	if cfg.Fencing != nil {
+		mux.Handle("GET /v1/session", cfg.Fencing)
+	}
+	if cfg.Syncer != nil {
+		mux.HandleFunc("GET /debug/executors", func(w http.ResponseWriter, r *http.Request) {
+			task := r.URL.Query().Get("task")
+			if task != "" {
+				if fe := health.ValidateTask(task); fe != nil {
+					writeJSON(w, http.StatusBadRequest, map[string]string{"error": fe.Error()})
+					return
+				}
+			}
+			writeJSON(w, http.StatusOK, explainExecutors(cfg.Syncer.View(), task))
+		})
+	}
+	if cfg.XDS != nil {
+		mux.HandleFunc("GET /debug/dispatchers", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, map[string]any{"dispatchers": cfg.XDS.Dispatchers()})
+		})
+	}
+	if cfg.XDS != nil && cfg.Syncer != nil {
+		mux.HandleFunc("GET /debug/snapshot", func(w http.ResponseWriter, r *http.Request) {
+			node := r.URL.Query().Get("node")
+			if node == "" {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": "node: required (an xDS node id)"})
+				return
+			}
+			body, ok := nodeSnapshot(cfg.XDS, cfg.Syncer, node)
+			if !ok {
+				writeJSON(w, http.StatusNotFound, map[string]string{"error": "node " + node + ": no open stream"})
+				return
+			}
+			writeJSON(w, http.StatusOK, body)
+		})
+	}
 	return mux
+}
+
+func writeJSON(w http.ResponseWriter, status int, v any) {
+	w.Header().Set("Content-Type", "application/json")
+	w.WriteHeader(status)
+	enc := json.NewEncoder(w)
+	enc.SetIndent("", "  ")
+	enc.Encode(v)
+}
+
+// ExplainExecutors is the body of /debug/executors.
+type ExplainExecutors struct {
+	ConsulIndex    uint64            `json:"consul_index"`
+	ConstraintSets []ConstraintSet   `json:"constraint_sets"`
+	Executors      []ExplainExecutor `json:"executors"`
+}
+
+// ConstraintSet is one dispatcher constraint set.
+type ConstraintSet struct {
+	Key               string            `json:"key"`
+	VersionConstraint string            `json:"version_constraint,omitempty"`
+	Labels            map[string]string `json:"labels,omitempty"`
+}
+
+// ExplainExecutor is one registration and its verdict per constraint set.
+type ExplainExecutor struct {
+	InstanceID     string            `json:"instance_id"`
+	SessionID      string            `json:"session_id"`
+	Generation     uint64            `json:"generation"`
+	Task           string            `json:"task"`
+	Node           string            `json:"node"`
+	ServiceID      string            `json:"service_id"`
+	Address        string            `json:"address"`
+	Port           int               `json:"port"`
+	Version        string            `json:"version"`
+	Capacity       int               `json:"capacity"`
+	Load           int               `json:"load"`
+	State          string            `json:"state"`
+	Labels         map[string]string `json:"labels,omitempty"`
+	LeaseCheck     string            `json:"lease_check"`
+	NodeChecks     string            `json:"node_checks"`
+	OtherChecks    string            `json:"other_checks,omitempty"`
+	LapseObserved  bool              `json:"lapse_observed,omitempty"`
+	NewerSessionID string            `json:"newer_session_id,omitempty"`
+	CreateIndex    uint64            `json:"create_index"`
+	MetadataError  string            `json:"metadata_error,omitempty"`
+	Verdicts       []ExplainVerdict  `json:"verdicts"`
+}
+
+// ExplainVerdict is the decision for one constraint set.
+type ExplainVerdict struct {
+	ConstraintSet string `json:"constraint_set"`
+	Route         string `json:"route"`
+	Reason        string `json:"reason,omitempty"`
+	Detail        string `json:"detail,omitempty"`
+}
+
+func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
+	out := ExplainExecutors{ConsulIndex: v.ConsulIndex, Executors: []ExplainExecutor{}}
+	for _, d := range v.Groups {
+		out.ConstraintSets = append(out.ConstraintSets, ConstraintSet{Key: d.Key(), VersionConstraint: d.VersionConstraint, Labels: d.Labels})
+	}
+	for _, e := range v.Executors {
+		if task != "" && e.Task != task {
+			continue
+		}
+		x := ExplainExecutor{
+			InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Task: e.Task, Node: e.Node,
+			ServiceID: e.ServiceID, Address: e.Address, Port: e.Port, Version: e.Version, Capacity: e.Capacity,
+			Load: e.Load, State: string(e.State), Labels: e.Labels, LeaseCheck: string(e.Lease), NodeChecks: string(e.NodeChecks),
+			OtherChecks: string(e.Other), LapseObserved: e.LapseObserved, NewerSessionID: e.NewerSessionID, CreateIndex: e.CreateIndex,
+		}
+		if !e.LeaseFound && e.Err == nil {
+			x.LeaseCheck = "missing"
+		}
+		if e.Err != nil {
+			x.MetadataError = e.Err.Error()
+		}
+		for _, d := range v.Groups {
+			verdict := health.Eligible(e, d)
+			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(), Route: string(verdict.Route), Reason: string(verdict.Reason), Detail: verdict.Detail})
+		}
+		out.Executors = append(out.Executors, x)
+	}
+	return out
+}
+
+// nodeSnapshot is what a node currently gets: the resources of its
+// constraint set's snapshot that it subscribed to, per type, as protojson.
+func nodeSnapshot(x *XDS, syncer *snapshot.Syncer, node string) (map[string]any, bool) {
+	var info *StreamInfo
+	for _, s := range x.Dispatchers() {
+		if s.NodeID == node {
+			info = &s
+			break
+		}
+	}
+	if info == nil {
+		return nil, false
+	}
+	snap, ok := syncer.Snapshot(info.Group)
+	body := map[string]any{"node_id": node, "constraint_set": info.Group}
+	if !ok {
+		body["resources"] = map[string]any{}
+		return body, true
+	}
+	types := map[string]any{}
+	for typeURL, t := range info.Types {
+		want := map[string]bool{}
+		for _, n := range t.Subscribed {
+			want[n] = true
+		}
+		res := snap.GetResources(typeURL)
+		names := make([]string, 0, len(res))
+		for n := range res {
+			if len(want) == 0 || want[n] {
+				names = append(names, n)
+			}
+		}
+		sort.Strings(names)
+		var list []json.RawMessage
+		for _, n := range names {
+			b, err := protojson.Marshal(res[n])
+			if err == nil {
+				list = append(list, b)
+			}
+		}
+		types[typeURL] = map[string]any{"version": snap.GetVersion(typeURL), "resources": list}
+	}
+	body["resources"] = types
+	return body, true
 }

@@ -6,7 +6,10 @@ package server
 import (
 	"context"
 	"log/slog"
+	"sort"
+	"strings"
 	"sync"
+	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
@@ -38,12 +41,43 @@ type XDS struct {
 	log  *slog.Logger
 
 	mu      sync.Mutex
-	streams map[int64]health.Dispatcher // streams that announced a constraint set
+	streams map[int64]*StreamInfo // streams that announced a valid node
+}
+
+// StreamInfo describes one dispatcher stream for /debug/dispatchers.
+type StreamInfo struct {
+	Stream   int64                `json:"stream"`
+	NodeID   string               `json:"node_id"`
+	Group    string               `json:"constraint_set"`
+	Mode     string               `json:"mode"` // sotw or delta
+	Opened   time.Time            `json:"opened"`
+	AgeSec   float64              `json:"age_seconds"`
+	Types    map[string]*TypeInfo `json:"types"`
+	dispatch health.Dispatcher
+}
+
+// TypeInfo is the state of one resource type on a stream.
+type TypeInfo struct {
+	Subscribed []string  `json:"subscribed"` // empty: wildcard
+	LastSent   string    `json:"last_sent_version,omitempty"`
+	SentAt     time.Time `json:"last_sent_at,omitzero"`
+	LastAcked  string    `json:"last_acked_version,omitempty"`
+	AckedAt    time.Time `json:"last_acked_at,omitzero"`
+	LastNack   *Nack     `json:"last_nack,omitempty"`
+	sentNonce  string
+	deltaNames map[string]bool
+}
+
+// Nack is a rejected response.
+type Nack struct {
+	Version string    `json:"version"`
+	Detail  string    `json:"error_detail"`
+	At      time.Time `json:"at"`
 }
 
 // NewXDS serves cache; subs learns which constraint sets are in use.
 func NewXDS(ctx context.Context, syncer *snapshot.Syncer, log *slog.Logger) *XDS {
-	x := &XDS{subs: syncer, log: log.With("component", "xds"), streams: map[int64]health.Dispatcher{}}
+	x := &XDS{subs: syncer, log: log.With("component", "xds"), streams: map[int64]*StreamInfo{}}
 	x.srv = xdsserver.NewServer(ctx, syncer.Cache(), x.callbacks())
 	return x
 }
@@ -60,10 +94,53 @@ func (x *XDS) Register(g *grpc.Server) {
 func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 	return xdsserver.CallbackFuncs{
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
-			return x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "sotw")
+			info, err := x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "sotw")
+			if err != nil {
+				return err
+			}
+			x.mu.Lock()
+			defer x.mu.Unlock()
+			t := info.typeInfo(req.GetTypeUrl())
+			t.Subscribed = append([]string(nil), req.GetResourceNames()...)
+			sort.Strings(t.Subscribed)
+			x.ackOrNack(t, req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
+			return nil
+		},
+		StreamResponseFunc: func(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+			x.sent(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce())
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			return x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "delta")
+			info, err := x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "delta")
+			if err != nil {
+				return err
+			}
+			x.mu.Lock()
+			defer x.mu.Unlock()
+			t := info.typeInfo(req.GetTypeUrl())
+			if t.deltaNames == nil {
+				t.deltaNames = map[string]bool{}
+			}
+			for _, n := range req.GetResourceNamesSubscribe() {
+				t.deltaNames[n] = true
+			}
+			for _, n := range req.GetResourceNamesUnsubscribe() {
+				delete(t.deltaNames, n)
+			}
+			t.Subscribed = t.Subscribed[:0]
+			for n := range t.deltaNames {
+				t.Subscribed = append(t.Subscribed, n)
+			}
+			sort.Strings(t.Subscribed)
+			x.ackOrNack(t, req.GetResponseNonce(), t.LastSent, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
+			return nil
+		},
+		StreamDeltaResponseFunc: func(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+			var parts []string
+			for _, r := range resp.GetResources() {
+				parts = append(parts, r.GetName()+"@"+r.GetVersion())
+			}
+			sort.Strings(parts)
+			x.sent(id, resp.GetTypeUrl(), strings.Join(parts, ","), resp.GetNonce())
 		},
 		StreamClosedFunc:      func(id int64, _ *corev3.Node) { x.onClosed(id) },
 		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { x.onClosed(id) },
@@ -76,37 +153,69 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 	}
 }
 
+func (i *StreamInfo) typeInfo(typeURL string) *TypeInfo {
+	t := i.Types[typeURL]
+	if t == nil {
+		t = &TypeInfo{}
+		i.Types[typeURL] = t
+	}
+	return t
+}
+
+// ackOrNack records what a request says of the previous response.
+func (x *XDS) ackOrNack(t *TypeInfo, nonce, version, detail string, nack bool, info *StreamInfo) {
+	if nonce == "" || nonce != t.sentNonce {
+		return // first request, or about an older response
+	}
+	if nack {
+		t.LastNack = &Nack{Version: t.LastSent, Detail: detail, At: time.Now()}
+		x.log.Warn("dispatcher rejected a response (NACK)", "node_id", info.NodeID, "stream", info.Stream, "version", t.LastSent, "error_detail", detail)
+		return
+	}
+	t.LastAcked, t.AckedAt = version, time.Now()
+}
+
+func (x *XDS) sent(id int64, typeURL, version, nonce string) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	if info := x.streams[id]; info != nil {
+		t := info.typeInfo(typeURL)
+		t.LastSent, t.SentAt, t.sentNonce = version, time.Now(), nonce
+	}
+}
+
 // onRequest validates the node of a stream's first request, refusing the
 // stream with InvalidArgument naming the bad field, and subscribes its
 // constraint set before the cache sees the request.
-func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) error {
+func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*StreamInfo, error) {
 	x.mu.Lock()
-	_, known := x.streams[id]
+	info, known := x.streams[id]
 	x.mu.Unlock()
 	if known {
-		return nil
+		return info, nil
 	}
 	d, err := snapshot.DispatcherOf(node)
 	if err != nil {
 		x.log.Warn("dispatcher refused: invalid node metadata", "node_id", node.GetId(), "err", err)
-		return status.Error(codes.InvalidArgument, err.Error())
+		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	x.subs.Subscribe(d)
+	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode, Opened: time.Now(), Types: map[string]*TypeInfo{}, dispatch: d}
 	x.mu.Lock()
-	x.streams[id] = d
+	x.streams[id] = info
 	n := len(x.streams)
 	x.mu.Unlock()
 	x.log.Info("dispatcher stream", "node_id", node.GetId(), "stream", id, "mode", mode, "type_url", typeURL, "group", d.Key(), "streams", n)
-	return nil
+	return info, nil
 }
 
 func (x *XDS) onClosed(id int64) {
 	x.mu.Lock()
-	d, ok := x.streams[id]
+	info, ok := x.streams[id]
 	delete(x.streams, id)
 	x.mu.Unlock()
 	if ok {
-		x.subs.Unsubscribe(d)
+		x.subs.Unsubscribe(info.dispatch)
 	}
 }
 
@@ -115,4 +224,33 @@ func (x *XDS) Streams() int {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	return len(x.streams)
+}
+
+// Dispatchers is a copy of every stream's state, sorted by node id.
+func (x *XDS) Dispatchers() []StreamInfo {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	out := make([]StreamInfo, 0, len(x.streams))
+	for _, s := range x.streams {
+		c := *s
+		c.AgeSec = time.Since(s.Opened).Seconds()
+		c.Types = make(map[string]*TypeInfo, len(s.Types))
+		for k, t := range s.Types {
+			tc := *t
+			tc.Subscribed = append([]string(nil), t.Subscribed...)
+			if t.LastNack != nil {
+				n := *t.LastNack
+				tc.LastNack = &n
+			}
+			c.Types[k] = &tc
+		}
+		out = append(out, c)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].NodeID != out[j].NodeID {
+			return out[i].NodeID < out[j].NodeID
+		}
+		return out[i].Stream < out[j].Stream
+	})
+	return out
 }

@@ -61,6 +61,7 @@ type Syncer struct {
 	subs    chan subscription
 	stopped chan struct{} // closed when Run returns
 	ready   atomic.Bool
+	view    atomic.Pointer[View]
 
 	// Owned by Run.
 	members     map[string]*health.TaskMembers
@@ -97,7 +98,7 @@ type group struct {
 // grouped by constraint set (GroupOf).
 func NewSyncer(cfg SyncConfig) *Syncer {
 	cfg = cfg.withDefaults()
-	return &Syncer{
+	s := &Syncer{
 		cfg: cfg, log: cfg.Logger.With("component", "syncer"),
 		cache: &xdsCache{
 			sotw: newSotwCache(GroupOf),
@@ -115,6 +116,8 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 		badSeen:   map[string]string{},
 		groups:    map[string]*group{},
 	}
+	s.view.Store(emptyView())
+	return s
 }
 
 type cacheGroups struct{}
@@ -183,6 +186,7 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 			s.recompute(ctx)
 		case sub := <-s.subs:
 			s.subscribe(ctx, sub)
+			s.publishView()
 			close(sub.done)
 		case <-flushC:
 			flushC = nil
@@ -301,6 +305,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 	}
 	s.ready.Store(s.synced && !s.unreachable)
 	s.publishDirty(ctx, true)
+	s.publishView() // after the removals are in the cache
 }
 
 // rebuild recomputes one task's load assignment for a group and marks the

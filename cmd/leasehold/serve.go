@@ -19,6 +19,7 @@ import (
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/health"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/server"
 	"github.com/leasehold/leasehold/snapshot"
 )
@@ -160,9 +161,13 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	)
 	xds := server.NewXDS(runCtx, syncer, log)
 	xds.Register(g)
+	fencing := server.NewFencing(syncer, watcher.LastContact)
+	leaseholdv1.RegisterFencingServer(g, fencing)
 	go g.Serve(xdsLis)
 
-	admin := &http.Server{Handler: server.AdminHandler(syncer, watcher.LastContact), ReadHeaderTimeout: 5 * time.Second}
+	admin := &http.Server{Handler: server.AdminHandler(server.AdminConfig{
+		Ready: syncer, LastContact: watcher.LastContact, Syncer: syncer, XDS: xds, Fencing: fencing,
+	}), ReadHeaderTimeout: 5 * time.Second}
 	go admin.Serve(adminLis)
 
 	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag)

@@ -1,0 +1,90 @@
+package health
+
+import (
+	"fmt"
+	"sort"
+)
+
+// SessionState is what a dispatcher may do with results of a session.
+type SessionState string
+
+const (
+	SessionCurrent  SessionState = "CURRENT"  // confirm results
+	SessionStale    SessionState = "STALE"    // a newer session of the instance exists
+	SessionLapsed   SessionState = "LAPSED"   // its lease was seen lapsed (or its node failed)
+	SessionDraining SessionState = "DRAINING" // in-flight work may finish, no new work
+	SessionUnknown  SessionState = "UNKNOWN"  // never seen, or deregistered
+)
+
+// SessionStatus is the answer for one session.
+type SessionStatus struct {
+	InstanceID      string
+	SessionID       string
+	State           SessionState
+	Detail          string
+	NewerSessionID  string
+	NewerGeneration uint64
+	Generation      uint64
+	Tasks           []string
+	Version         string
+}
+
+// SessionIndex answers session questions from one decided view of the fleet
+// (the same executors, fenced and joined, that the xDS resources come from).
+type SessionIndex struct {
+	sessions map[[2]string]SessionStatus
+}
+
+// ValidateSessionQuery checks the ids of a session question.
+func ValidateSessionQuery(instanceID, sessionID string) error {
+	var errs FieldErrors
+	errs = append(errs, validateID(MetaInstanceID, instanceID)...)
+	errs = append(errs, validateID(MetaSessionID, sessionID)...)
+	return errs.err()
+}
+
+// IndexSessions builds the index from executors that went through Join and
+// Fence (with LapseObserved set). A session's state is the worst over its
+// registrations: STALE, then LAPSED, then DRAINING, else CURRENT.
+func IndexSessions(es []Executor) SessionIndex {
+	ix := SessionIndex{sessions: map[[2]string]SessionStatus{}}
+	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionLapsed: 2, SessionStale: 3}
+	for _, e := range es {
+		if e.Err != nil {
+			continue
+		}
+		key := [2]string{e.InstanceID, e.SessionID}
+		st, seen := ix.sessions[key]
+		if !seen {
+			st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionCurrent, Generation: e.Generation, Version: e.Version, Detail: "newest session of its instance, lease valid"}
+		}
+		st.Tasks = append(st.Tasks, e.Task)
+		state, detail := SessionCurrent, ""
+		switch {
+		case e.Fenced:
+			state, detail = SessionStale, fmt.Sprintf("session %s (generation %d) of this instance is newer", e.NewerSessionID, e.NewerGeneration)
+			st.NewerSessionID, st.NewerGeneration = e.NewerSessionID, e.NewerGeneration
+		case e.LapseObserved || !e.LeaseFound || e.Lease == StatusCritical || e.NodeChecks == StatusCritical:
+			state, detail = SessionLapsed, "lease lapsed (or its node failed) on task "+e.Task
+		case e.State == StateDraining:
+			state, detail = SessionDraining, "executor is draining"
+		}
+		if rank[state] > rank[st.State] {
+			st.State, st.Detail = state, detail
+		}
+		ix.sessions[key] = st
+	}
+	for k, st := range ix.sessions {
+		sort.Strings(st.Tasks)
+		ix.sessions[k] = st
+	}
+	return ix
+}
+
+// Check answers for one session; ids must be valid (ValidateSessionQuery).
+func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
+	if st, ok := ix.sessions[[2]string{instanceID, sessionID}]; ok {
+		return st
+	}
+	return SessionStatus{InstanceID: instanceID, SessionID: sessionID, State: SessionUnknown, Detail: "no registration of this session is known (never seen, or deregistered)"}
+}

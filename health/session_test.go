@@ -1,0 +1,66 @@
+package health
+
+import (
+	"reflect"
+	"strings"
+	"testing"
+)
+
+func TestIndexSessions(t *testing.T) {
+	base := func(inst, sess, task string, mut func(*Executor)) Executor {
+		e := exec(func(e *Executor) { e.InstanceID, e.SessionID, e.Task = inst, sess, task })
+		if mut != nil {
+			mut(&e)
+		}
+		return e
+	}
+	ix := IndexSessions([]Executor{
+		base("a", "s1", "t1", nil),
+		base("a", "s1", "t2", nil),
+		base("b", "old", "t1", func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "new", 7 }),
+		base("b", "new", "t1", nil),
+		base("c", "s1", "t1", func(e *Executor) { e.Lease = StatusCritical }),
+		base("d", "s1", "t1", func(e *Executor) { e.LapseObserved = true }),
+		base("e", "s1", "t1", func(e *Executor) { e.State = StateDraining }),
+		base("f", "s1", "t1", func(e *Executor) { e.NodeChecks = StatusCritical }),
+		base("g", "s1", "t1", nil),
+		base("g", "s1", "t2", func(e *Executor) { e.Lease = StatusCritical }), // worst wins
+		base("h", "s1", "t1", func(e *Executor) { e.Err = errTest }),
+		base("i", "s1", "t1", func(e *Executor) { e.Lease = StatusWarning }), // full is still current
+	})
+	for _, tt := range []struct {
+		inst, sess string
+		want       SessionState
+	}{
+		{"a", "s1", SessionCurrent}, {"b", "old", SessionStale}, {"b", "new", SessionCurrent},
+		{"c", "s1", SessionLapsed}, {"d", "s1", SessionLapsed}, {"e", "s1", SessionDraining},
+		{"f", "s1", SessionLapsed}, {"g", "s1", SessionLapsed}, {"h", "s1", SessionUnknown},
+		{"i", "s1", SessionCurrent}, {"zz", "s1", SessionUnknown}, {"a", "other", SessionUnknown},
+	} {
+		got := ix.Check(tt.inst, tt.sess)
+		if got.State != tt.want || got.Detail == "" {
+			t.Errorf("%s/%s = %s (%q), want %s", tt.inst, tt.sess, got.State, got.Detail, tt.want)
+		}
+	}
+	a := ix.Check("a", "s1")
+	if !reflect.DeepEqual(a.Tasks, []string{"t1", "t2"}) || a.Version != "1.4.2" {
+		t.Fatalf("a = %+v", a)
+	}
+	if b := ix.Check("b", "old"); b.NewerSessionID != "new" || b.NewerGeneration != 7 {
+		t.Fatalf("stale answer %+v", b)
+	}
+}
+
+func TestValidateSessionQuery(t *testing.T) {
+	for _, tt := range []struct{ inst, sess, field string }{
+		{"", "s", "instance_id"}, {"a", "", "session_id"}, {strings.Repeat("x", 200), "s", "instance_id"}, {"a", "s/../x", "session_id"},
+	} {
+		err := ValidateSessionQuery(tt.inst, tt.sess)
+		if f := Fields(err); len(f) != 1 || f[0] != tt.field {
+			t.Errorf("(%q,%q) fields %v, want %s", tt.inst, tt.sess, f, tt.field)
+		}
+	}
+	if err := ValidateSessionQuery("exec-1", "abc"); err != nil {
+		t.Fatal(err)
+	}
+}
