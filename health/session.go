@@ -33,6 +33,19 @@ type SessionStatus struct {
 // (the same executors, fenced and joined, that the xDS resources come from).
 type SessionIndex struct {
 	sessions map[[2]string]SessionStatus
+	newest   map[string]SessionStatus // per instance: its newest present session
+	past     map[[2]string]PastSession
+}
+
+// PastSession is a session seen before whose registrations are gone (it was
+// replaced on its agent, drained, or cleaned up by Consul).
+type PastSession struct {
+	InstanceID string
+	SessionID  string
+	Generation uint64
+	Lapsed     bool
+	Tasks      []string
+	Version    string
 }
 
 // ValidateSessionQuery checks the ids of a session question.
@@ -46,8 +59,15 @@ func ValidateSessionQuery(instanceID, sessionID string) error {
 // IndexSessions builds the index from executors that went through Join and
 // Fence (with LapseObserved set). A session's state is the worst over its
 // registrations: STALE, then LAPSED, then DRAINING, else CURRENT.
-func IndexSessions(es []Executor) SessionIndex {
-	ix := SessionIndex{sessions: map[[2]string]SessionStatus{}}
+//
+// past lists sessions seen before that have no registration any more, so a
+// replaced session is still answered STALE (with its successor) rather than
+// UNKNOWN.
+func IndexSessions(es []Executor, past []PastSession) SessionIndex {
+	ix := SessionIndex{sessions: map[[2]string]SessionStatus{}, newest: map[string]SessionStatus{}, past: map[[2]string]PastSession{}}
+	for _, p := range past {
+		ix.past[[2]string{p.InstanceID, p.SessionID}] = p
+	}
 	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionLapsed: 2, SessionStale: 3}
 	for _, e := range es {
 		if e.Err != nil {
@@ -77,6 +97,9 @@ func IndexSessions(es []Executor) SessionIndex {
 	for k, st := range ix.sessions {
 		sort.Strings(st.Tasks)
 		ix.sessions[k] = st
+		if n, ok := ix.newest[st.InstanceID]; !ok || st.Generation > n.Generation {
+			ix.newest[st.InstanceID] = st
+		}
 	}
 	return ix
 }
@@ -84,6 +107,19 @@ func IndexSessions(es []Executor) SessionIndex {
 // Check answers for one session; ids must be valid (ValidateSessionQuery).
 func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 	if st, ok := ix.sessions[[2]string{instanceID, sessionID}]; ok {
+		return st
+	}
+	if p, ok := ix.past[[2]string{instanceID, sessionID}]; ok {
+		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID, Generation: p.Generation, Tasks: p.Tasks, Version: p.Version}
+		switch n, has := ix.newest[instanceID]; {
+		case has && n.Generation > p.Generation:
+			st.State, st.NewerSessionID, st.NewerGeneration = SessionStale, n.SessionID, n.Generation
+			st.Detail = fmt.Sprintf("replaced by session %s (generation %d)", n.SessionID, n.Generation)
+		case p.Lapsed:
+			st.State, st.Detail = SessionLapsed, "lease lapsed; its registration is gone"
+		default:
+			st.State, st.Detail = SessionUnknown, "deregistered"
+		}
 		return st
 	}
 	return SessionStatus{InstanceID: instanceID, SessionID: sessionID, State: SessionUnknown, Detail: "no registration of this session is known (never seen, or deregistered)"}

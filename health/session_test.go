@@ -27,6 +27,11 @@ func TestIndexSessions(t *testing.T) {
 		base("g", "s1", "t2", func(e *Executor) { e.Lease = StatusCritical }), // worst wins
 		base("h", "s1", "t1", func(e *Executor) { e.Err = errTest }),
 		base("i", "s1", "t1", func(e *Executor) { e.Lease = StatusWarning }), // full is still current
+		base("j", "s2", "t1", func(e *Executor) { e.Generation = 5 }),
+	}, []PastSession{
+		{InstanceID: "j", SessionID: "s1", Generation: 4}, // replaced on its agent
+		{InstanceID: "k", SessionID: "s1", Generation: 1, Lapsed: true},
+		{InstanceID: "l", SessionID: "s1", Generation: 1}, // drained away
 	})
 	for _, tt := range []struct {
 		inst, sess string
@@ -36,6 +41,7 @@ func TestIndexSessions(t *testing.T) {
 		{"c", "s1", SessionLapsed}, {"d", "s1", SessionLapsed}, {"e", "s1", SessionDraining},
 		{"f", "s1", SessionLapsed}, {"g", "s1", SessionLapsed}, {"h", "s1", SessionUnknown},
 		{"i", "s1", SessionCurrent}, {"zz", "s1", SessionUnknown}, {"a", "other", SessionUnknown},
+		{"j", "s1", SessionStale}, {"j", "s2", SessionCurrent}, {"k", "s1", SessionLapsed}, {"l", "s1", SessionUnknown},
 	} {
 		got := ix.Check(tt.inst, tt.sess)
 		if got.State != tt.want || got.Detail == "" {
@@ -48,6 +54,9 @@ func TestIndexSessions(t *testing.T) {
 	}
 	if b := ix.Check("b", "old"); b.NewerSessionID != "new" || b.NewerGeneration != 7 {
 		t.Fatalf("stale answer %+v", b)
+	}
+	if j := ix.Check("j", "s1"); j.NewerSessionID != "s2" || j.NewerGeneration != 5 {
+		t.Fatalf("replaced answer %+v", j)
 	}
 }
 

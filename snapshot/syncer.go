@@ -77,6 +77,7 @@ type Syncer struct {
 	badSeen     map[string]string
 	groups      map[string]*group
 	flushAt     time.Time
+	history     map[string][]health.PastSession // per instance, newest first, for sessions whose registrations are gone
 }
 
 type subscription struct {
@@ -115,6 +116,7 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 		taskPrint: map[string]string{},
 		badSeen:   map[string]string{},
 		groups:    map[string]*group{},
+		history:   map[string][]health.PastSession{},
 	}
 	s.view.Store(emptyView())
 	return s
@@ -260,6 +262,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 		}
 	}
 	health.Fence(all, s.floor)
+	s.remember(all)
 	for _, e := range all {
 		if e.Err == nil && e.Generation > s.floor[e.InstanceID] {
 			s.floor[e.InstanceID] = e.Generation
@@ -504,4 +507,69 @@ func consistentSet(res map[types.ResponseType][]types.Resource) error {
 		es = append(es, r.(*endpointv3.ClusterLoadAssignment))
 	}
 	return Consistent(ls, rs, cs, es)
+}
+
+// Sessions remembered per instance after their registrations are gone, and
+// how many absent instances may be remembered at most.
+const (
+	historyPerInstance = 8
+	historyInstances   = 10000
+)
+
+// remember records every present session so that, once its registrations are
+// gone, the fencing API still answers STALE or LAPSED for it.
+func (s *Syncer) remember(all []health.Executor) {
+	present := map[string]bool{}
+	for _, e := range all {
+		if e.Err != nil {
+			continue
+		}
+		present[e.InstanceID] = true
+		h := s.history[e.InstanceID]
+		i := 0
+		for i < len(h) && h[i].SessionID != e.SessionID {
+			i++
+		}
+		if i == len(h) {
+			h = append(h, health.PastSession{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version})
+		}
+		p := &h[i]
+		if e.LapseObserved || e.Lease == health.StatusCritical {
+			p.Lapsed = true
+		}
+		if !contains(p.Tasks, e.Task) { // a new slice: Views hold the old one
+			tasks := append(append([]string(nil), p.Tasks...), e.Task)
+			sort.Strings(tasks)
+			p.Tasks = tasks
+		}
+		sort.SliceStable(h, func(a, b int) bool { return h[a].Generation > h[b].Generation })
+		if len(h) > historyPerInstance {
+			h = h[:historyPerInstance]
+		}
+		s.history[e.InstanceID] = h
+	}
+	if len(s.history) > len(present)+historyInstances {
+		for inst := range s.history {
+			if !present[inst] {
+				delete(s.history, inst)
+			}
+		}
+	}
+}
+
+func (s *Syncer) past() []health.PastSession {
+	var out []health.PastSession
+	for _, h := range s.history {
+		out = append(out, h...)
+	}
+	return out
+}
+
+func contains(xs []string, x string) bool {
+	for _, y := range xs {
+		if y == x {
+			return true
+		}
+	}
+	return false
 }

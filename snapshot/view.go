@@ -28,7 +28,7 @@ func (v *View) Changed() <-chan struct{} { return v.changed }
 func (s *Syncer) View() *View { return s.view.Load() }
 
 func emptyView() *View {
-	return &View{Sessions: health.IndexSessions(nil), Groups: []health.Dispatcher{{}}, changed: make(chan struct{})}
+	return &View{Sessions: health.IndexSessions(nil, nil), Groups: []health.Dispatcher{{}}, changed: make(chan struct{})}
 }
 
 // publishView replaces the view; called by Run only.
@@ -63,7 +63,7 @@ func (s *Syncer) publishView() {
 			groups = append(groups, s.groups[k].d)
 		}
 	}
-	v := &View{ConsulIndex: index, Executors: all, Groups: groups, Sessions: health.IndexSessions(all), Synced: s.synced, changed: make(chan struct{})}
+	v := &View{ConsulIndex: index, Executors: all, Groups: groups, Sessions: health.IndexSessions(all, s.past()), Synced: s.synced, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
 }

@@ -1,0 +1,322 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"net/url"
+	"os"
+	"sort"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/server"
+)
+
+type explainFlags struct {
+	admin, task, dispatcher, instance string
+	color                             bool
+}
+
+func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("leasehold explain", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var f explainFlags
+	def := "127.0.0.1:19000"
+	if v := os.Getenv("LEASEHOLD_ADMIN_ADDR"); v != "" {
+		def = v
+	}
+	fs.StringVar(&f.admin, "admin-addr", def, "admin address of leasehold serve [$LEASEHOLD_ADMIN_ADDR]")
+	fs.StringVar(&f.task, "task", "", "only this task type")
+	fs.StringVar(&f.dispatcher, "dispatcher", "", "xDS node id: which executors does it route to, and why not the others")
+	fs.StringVar(&f.instance, "instance", "", "one executor instance: every registration and every verdict")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	var errs []string
+	if _, _, err := net.SplitHostPort(f.admin); err != nil {
+		errs = append(errs, fmt.Sprintf("invalid --admin-addr: want HOST:PORT: %v", err))
+	}
+	if f.task != "" {
+		if fe := health.ValidateTask(f.task); fe != nil {
+			errs = append(errs, "invalid --task: "+fe.Error())
+		}
+	}
+	if f.instance != "" {
+		if err := health.ValidateInstanceID(f.instance); err != nil {
+			errs = append(errs, "invalid --instance: "+err.Error())
+		}
+	}
+	if len(errs) > 0 {
+		fmt.Fprintf(stderr, "leasehold explain: %s\n", strings.Join(errs, "\n"))
+		return 2
+	}
+	f.color = isTerminal(stdout) && os.Getenv("NO_COLOR") == ""
+	if err := explain(ctx, f, stdout); err != nil {
+		fmt.Fprintf(stderr, "leasehold explain: %v\n", err)
+		return 1
+	}
+	return 0
+}
+
+func isTerminal(w io.Writer) bool {
+	f, ok := w.(*os.File)
+	if !ok {
+		return false
+	}
+	st, err := f.Stat()
+	return err == nil && st.Mode()&os.ModeCharDevice != 0
+}
+
+func getJSON(ctx context.Context, base, path string, v any) error {
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+base+path, nil)
+	if err != nil {
+		return err
+	}
+	resp, err := http.DefaultClient.Do(req)
+	if err != nil {
+		return fmt.Errorf("admin API at %s: %w", base, err)
+	}
+	defer resp.Body.Close()
+	if resp.StatusCode != http.StatusOK {
+		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
+		return fmt.Errorf("%s: %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
+	}
+	return json.NewDecoder(resp.Body).Decode(v)
+}
+
+func explain(ctx context.Context, f explainFlags, w io.Writer) error {
+	var ex server.ExplainExecutors
+	path := "/debug/executors"
+	if f.task != "" {
+		path += "?task=" + url.QueryEscape(f.task)
+	}
+	if err := getJSON(ctx, f.admin, path, &ex); err != nil {
+		return err
+	}
+	var ds struct {
+		Dispatchers []server.StreamInfo `json:"dispatchers"`
+	}
+	if err := getJSON(ctx, f.admin, "/debug/dispatchers", &ds); err != nil {
+		return err
+	}
+	p := printer{w: w, color: f.color}
+	switch {
+	case f.instance != "":
+		return p.instance(ex, f.instance)
+	case f.dispatcher != "":
+		return p.dispatcher(ex, ds.Dispatchers, f.dispatcher)
+	default:
+		p.overview(ex, ds.Dispatchers)
+		return nil
+	}
+}
+
+type printer struct {
+	w     io.Writer
+	color bool
+}
+
+func (p printer) route(v server.ExplainVerdict) string {
+	text := v.Route
+	if v.Reason != "" && v.Route != "DRAINING" {
+		text = "no: " + v.Reason
+	}
+	if !p.color {
+		return text
+	}
+	code := "31" // red
+	switch v.Route {
+	case "HEALTHY":
+		code = "32"
+	case "DRAINING":
+		code = "33"
+	}
+	return "\x1b[" + code + "m" + text + "\x1b[0m"
+}
+
+func setLabel(cs server.ConstraintSet) string {
+	var parts []string
+	if cs.VersionConstraint != "" {
+		parts = append(parts, "version "+cs.VersionConstraint)
+	}
+	keys := make([]string, 0, len(cs.Labels))
+	for k := range cs.Labels {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		parts = append(parts, k+"="+cs.Labels[k])
+	}
+	if len(parts) == 0 {
+		return "unconstrained"
+	}
+	return strings.Join(parts, ", ")
+}
+
+func short(s string) string {
+	if len(s) > 10 {
+		return s[:10]
+	}
+	return s
+}
+
+func load(e server.ExplainExecutor) string { return fmt.Sprintf("%d/%d", e.Load, e.Capacity) }
+
+// overview: every executor with its verdict for every constraint set in use.
+func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
+	fmt.Fprintf(p.w, "Consul index %d; %d executors; %d dispatcher streams\n", ex.ConsulIndex, len(ex.Executors), len(ds))
+	for i, cs := range ex.ConstraintSets {
+		var nodes []string
+		for _, d := range ds {
+			if d.Group == cs.Key {
+				nodes = append(nodes, d.NodeID)
+			}
+		}
+		fmt.Fprintf(p.w, "  [%d] %s: %s\n", i, setLabel(cs), listOrNone(nodes))
+	}
+	fmt.Fprintln(p.w)
+	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+	head := []string{"TASK", "INSTANCE", "SESSION", "GEN", "VERSION", "STATE", "LOAD", "LEASE", "NODE"}
+	for i := range ex.ConstraintSets {
+		head = append(head, fmt.Sprintf("[%d]", i))
+	}
+	fmt.Fprintln(tw, strings.Join(head, "\t"))
+	for _, e := range ex.Executors {
+		row := []string{e.Task, e.InstanceID, short(e.SessionID), fmt.Sprint(e.Generation), e.Version, e.State, load(e), e.LeaseCheck, e.NodeChecks}
+		if e.MetadataError != "" {
+			row = []string{e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)), "-", orDash(e.Version), orDash(e.State), "-", "-", e.NodeChecks}
+		}
+		for _, v := range e.Verdicts {
+			row = append(row, p.route(v))
+		}
+		fmt.Fprintln(tw, strings.Join(row, "\t"))
+	}
+	tw.Flush()
+}
+
+// dispatcher: which executors one node routes to, and why not the others.
+func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, node string) error {
+	var stream *server.StreamInfo
+	for i := range ds {
+		if ds[i].NodeID == node {
+			stream = &ds[i]
+			break
+		}
+	}
+	if stream == nil {
+		return fmt.Errorf("--dispatcher %q: no connected xDS node with this id (see /debug/dispatchers)", node)
+	}
+	idx := -1
+	for i, cs := range ex.ConstraintSets {
+		if cs.Key == stream.Group {
+			idx = i
+			fmt.Fprintf(p.w, "dispatcher %s (%s xDS): %s\n\n", node, stream.Mode, setLabel(cs))
+		}
+	}
+	if idx < 0 {
+		return fmt.Errorf("constraint set %q of %s not in the executor view", stream.Group, node)
+	}
+	rows := append([]server.ExplainExecutor(nil), ex.Executors...)
+	rank := map[string]int{"HEALTHY": 0, "DRAINING": 1, "NONE": 2}
+	sort.SliceStable(rows, func(i, j int) bool {
+		return rank[rows[i].Verdicts[idx].Route] < rank[rows[j].Verdicts[idx].Route]
+	})
+	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+	fmt.Fprintln(tw, "ROUTE\tTASK\tINSTANCE\tSESSION\tVERSION\tLOAD\tWHY")
+	for _, e := range rows {
+		v := e.Verdicts[idx]
+		why := v.Detail
+		if v.Route == "HEALTHY" {
+			why = fmt.Sprintf("weight from spare capacity %d", max(e.Capacity-e.Load, 1))
+		}
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.route(v), e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)), orDash(e.Version), load(e), why)
+	}
+	tw.Flush()
+	for typ, t := range stream.Types {
+		if t.LastNack != nil {
+			fmt.Fprintf(p.w, "\nlast NACK of %s (version %s): %s\n", typ, t.LastNack.Version, t.LastNack.Detail)
+		}
+	}
+	return nil
+}
+
+// instance: every registration of one instance, with every verdict.
+func (p printer) instance(ex server.ExplainExecutors, instance string) error {
+	found := false
+	for _, e := range ex.Executors {
+		if e.InstanceID != instance {
+			continue
+		}
+		found = true
+		fmt.Fprintf(p.w, "%s on task %s (service %s, node %s)\n", instance, e.Task, e.ServiceID, e.Node)
+		tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+		for _, kv := range [][2]string{
+			{"session", fmt.Sprintf("%s (generation %d)", e.SessionID, e.Generation)},
+			{"address", fmt.Sprintf("%s:%d", e.Address, e.Port)},
+			{"version", e.Version}, {"state", e.State}, {"load", load(e)},
+			{"lease check", e.LeaseCheck}, {"node checks", e.NodeChecks}, {"other checks", orDash(e.OtherChecks)},
+			{"labels", labelsText(e.Labels)},
+		} {
+			fmt.Fprintf(tw, "  %s:\t%s\n", kv[0], kv[1])
+		}
+		if e.MetadataError != "" {
+			fmt.Fprintf(tw, "  metadata error:\t%s\n", e.MetadataError)
+		}
+		tw.Flush()
+		for i, v := range e.Verdicts {
+			fmt.Fprintf(p.w, "  [%d] %s: %s", i, setLabel(ex.ConstraintSets[i]), p.route(v))
+			if v.Detail != "" {
+				fmt.Fprintf(p.w, " — %s", v.Detail)
+			}
+			fmt.Fprintln(p.w)
+		}
+		fmt.Fprintln(p.w)
+	}
+	if !found {
+		return fmt.Errorf("--instance %q: no registration of this instance is known", instance)
+	}
+	return nil
+}
+
+func labelsText(m map[string]string) string {
+	if len(m) == 0 {
+		return "-"
+	}
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	parts := make([]string, len(keys))
+	for i, k := range keys {
+		parts[i] = k + "=" + m[k]
+	}
+	return strings.Join(parts, ",")
+}
+
+func orDash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+func listOrNone(xs []string) string {
+	if len(xs) == 0 {
+		return "no dispatcher"
+	}
+	return strings.Join(xs, ", ")
+}

@@ -1,0 +1,252 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"io"
+	"log/slog"
+	"net/http"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+	"github.com/leasehold/leasehold/server"
+)
+
+func startServe(t *testing.T, a *consultest.Agent) listening {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	bound := make(chan listening, 1)
+	served := make(chan error, 1)
+	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
+	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound) }()
+	t.Cleanup(func() { cancel(); <-served })
+	return <-bound
+}
+
+func fencingClient(t *testing.T, addr string) leaseholdv1.FencingClient {
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return leaseholdv1.NewFencingClient(conn)
+}
+
+// awaitState waits (WatchSession: no polling) until the session has state.
+func awaitState(t *testing.T, fc leaseholdv1.FencingClient, instance, session string, want leaseholdv1.SessionState) *leaseholdv1.CheckSessionResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	w, err := fc.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: instance, SessionId: session})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		r, err := w.Recv()
+		if err != nil {
+			t.Fatalf("%s/%s never %s: %v", instance, session, want, err)
+		}
+		if r.State == want {
+			return r
+		}
+	}
+}
+
+func getBody(t *testing.T, url string, v any) int {
+	t.Helper()
+	resp, err := http.Get(url)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	if v != nil {
+		if err := json.Unmarshal(b, v); err != nil {
+			t.Fatalf("%s: %v\n%s", url, err, b)
+		}
+	}
+	return resp.StatusCode
+}
+
+func TestFencingAndExplain(t *testing.T) {
+	a := consultest.Start(t)
+	e1 := startExecutor(t, a, "e1", "1.0.0")
+	e2 := startExecutor(t, a, "e2", "2.0.0")
+	e3 := startExecutor(t, a, "e3", "1.0.0")
+	addrs := startServe(t, a)
+	fc := fencingClient(t, addrs.xds)
+	ctx := context.Background()
+	s1 := e1.reg.Session()
+
+	// CURRENT, with what leasehold knows of the session
+	r := awaitState(t, fc, "e1", s1.ID, leaseholdv1.SessionState_CURRENT)
+	if len(r.Tasks) != 1 || r.Tasks[0] != "work" || r.Version != "1.0.0" || r.Generation != s1.Generation || r.ConsulIndex == 0 || r.ViewAge == nil {
+		t.Fatalf("current answer %v", r)
+	}
+	// UNKNOWN
+	if r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "e1", SessionId: "nope"}); err != nil || r.State != leaseholdv1.SessionState_UNKNOWN {
+		t.Fatalf("unknown session: %v %v", r, err)
+	}
+	// bad input names the field
+	for _, bad := range []struct{ inst, sess, field string }{
+		{"", "x", "instance_id"}, {"e1", "", "session_id"}, {strings.Repeat("x", 300), "s", "instance_id"}, {"e1", "a b", "session_id"},
+	} {
+		_, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: bad.inst, SessionId: bad.sess})
+		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), bad.field) {
+			t.Errorf("%+v: %v", bad, err)
+		}
+	}
+	// the same over HTTP
+	var hr map[string]any
+	if code := getBody(t, "http://"+addrs.admin+"/v1/session?instance_id=e1&session_id="+s1.ID, &hr); code != 200 || hr["state"] != "CURRENT" {
+		t.Fatalf("HTTP answer %d %v", code, hr)
+	}
+	if code := getBody(t, "http://"+addrs.admin+"/v1/session?instance_id=e1", &hr); code != 400 || !strings.Contains(hr["error"].(string), "session_id") {
+		t.Fatalf("HTTP bad input %d %v", code, hr)
+	}
+
+	// WatchSession notifies a lapse, and the answer agrees with xDS
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer wcancel()
+	watch, err := fc.WatchSession(wctx, &leaseholdv1.CheckSessionRequest{InstanceId: "e1", SessionId: s1.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if first, err := watch.Recv(); err != nil || first.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("watch first %v %v", first, err)
+	}
+	eds := openEDS(t, addrs.xds)
+	if got := eds(); got["e1"] != s1.ID {
+		t.Fatalf("xDS before the lapse: %v", got)
+	}
+	e1.silent.Store(true)
+	next, err := watch.Recv()
+	if err != nil || next.State != leaseholdv1.SessionState_LAPSED {
+		t.Fatalf("watch after the lapse: %v %v", next, err)
+	}
+	// the removal was pushed before the answer changed: it is the next update
+	if got := eds(); got["e1"] == s1.ID {
+		t.Fatalf("LAPSED session still served over xDS: %v", got)
+	}
+
+	// a newer session of e2's instance: the old one is STALE and gone from xDS
+	old2 := e2.reg.Session()
+	e2b := startExecutor(t, a, "e2", "2.0.0")
+	stale := awaitState(t, fc, "e2", old2.ID, leaseholdv1.SessionState_STALE)
+	if stale.NewerSessionId != e2b.reg.Session().ID || stale.NewerGeneration <= old2.Generation {
+		t.Fatalf("stale answer %v", stale)
+	}
+	if got := edsSessions(t, addrs.xds); got["e2"] == old2.ID {
+		t.Fatalf("STALE session served: %v", got)
+	}
+
+	// draining
+	e3.load.Store(1)
+	drained := make(chan error, 1)
+	go func() { drained <- e3.reg.Drain(context.Background()) }()
+	awaitState(t, fc, "e3", e3.reg.Session().ID, leaseholdv1.SessionState_DRAINING)
+	e3.load.Store(0)
+	if err := <-drained; err != nil {
+		t.Fatal(err)
+	}
+
+	// a constrained dispatcher and a NACKing one show up in /debug
+	strict := startDispatcher(t, addrs.xds, "strict", map[string]any{"version_constraint": "<2.0.0"})
+	_ = strict
+	nacker := nackingClient(t, addrs.xds)
+	var ex server.ExplainExecutors
+	deadline := time.Now().Add(15 * time.Second)
+	for {
+		getBody(t, "http://"+addrs.admin+"/debug/executors?task=work", &ex)
+		if len(ex.ConstraintSets) == 2 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("constraint sets %v", ex.ConstraintSets)
+		}
+		<-time.After(50 * time.Millisecond) // /debug has no watch API
+	}
+	found := false
+	for _, e := range ex.Executors {
+		if e.InstanceID == "e2" && e.SessionID == e2b.reg.Session().ID {
+			for i, v := range e.Verdicts {
+				if ex.ConstraintSets[i].VersionConstraint == "<2.0.0" && v.Reason == "version-incompatible" {
+					found = true
+				}
+			}
+		}
+	}
+	if !found {
+		t.Fatalf("no version-incompatible verdict for e2 under <2.0.0: %+v", ex)
+	}
+	var ds struct {
+		Dispatchers []server.StreamInfo `json:"dispatchers"`
+	}
+	getBody(t, "http://"+addrs.admin+"/debug/dispatchers", &ds)
+	sawNack := false
+	for _, d := range ds.Dispatchers {
+		if d.NodeID == nacker {
+			if n := d.Types[resource.EndpointType].LastNack; n != nil && strings.Contains(n.Detail, "refused on purpose") {
+				sawNack = true
+			}
+		}
+	}
+	if !sawNack {
+		t.Fatalf("NACK not shown: %+v", ds.Dispatchers)
+	}
+	var snap map[string]any
+	if code := getBody(t, "http://"+addrs.admin+"/debug/snapshot?node="+nacker, &snap); code != 200 || snap["constraint_set"] == nil {
+		t.Fatalf("/debug/snapshot %d %v", code, snap)
+	}
+	// the explain CLI against the live server
+	var out strings.Builder
+	if code := runExplain(ctx, []string{"--admin-addr", addrs.admin, "--dispatcher", "strict"}, &out, &out); code != 0 {
+		t.Fatalf("explain: %d\n%s", code, out.String())
+	}
+	if !strings.Contains(out.String(), "version-incompatible") || !strings.Contains(out.String(), "no: lapsed") || !strings.Contains(out.String(), "dispatcher strict (sotw xDS): version <2.0.0") {
+		t.Fatalf("explain output (%d bytes):\n%s", out.Len(), out.String())
+	}
+}
+
+// nackingClient opens an ADS stream that rejects the endpoints it gets.
+func nackingClient(t *testing.T, addr string) string {
+	t.Helper()
+	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(func() { cancel(); conn.Close() })
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	node := &corev3.Node{Id: "nacker", Metadata: &structpb.Struct{}}
+	req := &discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
+	if err := s.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	req.ResponseNonce = r.Nonce
+	req.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "refused on purpose by the test"}
+	if err := s.Send(req); err != nil {
+		t.Fatal(err)
+	}
+	return "nacker"
+}
