@@ -1,5 +1,7 @@
 package health
 
+import "time"
+
 // Observations are what the Consul watch reports, in domain terms: the
 // members of each task type (with every check at the time they were read) and,
 // separately and much more often, the set of non-passing checks.
@@ -149,8 +151,10 @@ type TaskList struct {
 	Tasks []string
 }
 
-// Observation is one report of the Consul watch; exactly one field is set.
+// Observation is one report of the Consul watch; exactly one of Tasks,
+// Members, NonPassing and Contact is set. At is when Consul's answer arrived.
 type Observation struct {
+	At         time.Time
 	Tasks      *TaskList
 	Members    *TaskMembers
 	NonPassing *NonPassing

@@ -19,6 +19,11 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
@@ -35,6 +40,8 @@ type SyncConfig struct {
 	// OnPublish, if set, is called from the Run goroutine after a group's
 	// snapshot is set (for telemetry and tests; it must not block).
 	OnPublish func(group string, snap *cache.Snapshot)
+	Tracer    trace.TracerProvider // default: no spans
+	Meter     metric.MeterProvider // default: no metrics
 }
 
 func (c SyncConfig) withDefaults() SyncConfig {
@@ -46,6 +53,12 @@ func (c SyncConfig) withDefaults() SyncConfig {
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
+	}
+	if c.Tracer == nil {
+		c.Tracer = tracenoop.NewTracerProvider()
+	}
+	if c.Meter == nil {
+		c.Meter = metricnoop.NewMeterProvider()
 	}
 	return c
 }
@@ -78,6 +91,11 @@ type Syncer struct {
 	groups      map[string]*group
 	flushAt     time.Time
 	history     map[string][]health.PastSession // per instance, newest first, for sessions whose registrations are gone
+	batchStart  time.Time                       // when Consul's answer behind the current batch arrived
+	batchLapse  time.Time                       // batchStart, when the batch holds a new lapse
+	execPrint   map[string]string               // per registration, for added/changed/removed counts
+	listeners   []func(Publication)
+	syncTelemetry
 }
 
 type subscription struct {
@@ -87,12 +105,14 @@ type subscription struct {
 }
 
 type group struct {
-	d       health.Dispatcher
-	refs    int
-	loads   map[string]*endpointv3.ClusterLoadAssignment
-	dirty   bool
-	urgent  bool
-	version map[types.ResponseType]string
+	removedTasks []string  // tasks whose endpoints lost or drained one since the last publish
+	lapsedAt     time.Time // when Consul reported the earliest lapse behind them
+	d            health.Dispatcher
+	refs         int
+	loads        map[string]*endpointv3.ClusterLoadAssignment
+	dirty        bool
+	urgent       bool
+	version      map[types.ResponseType]string
 }
 
 // NewSyncer returns a Syncer with an empty cache. Dispatchers' nodes are
@@ -117,8 +137,10 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 		badSeen:   map[string]string{},
 		groups:    map[string]*group{},
 		history:   map[string][]health.PastSession{},
+		execPrint: map[string]string{},
 	}
 	s.view.Store(emptyView())
+	s.initTelemetry()
 	return s
 }
 
@@ -176,6 +198,10 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 		case <-ctx.Done():
 			return ctx.Err()
 		case o := <-obs:
+			s.batchStart = o.At
+			if s.batchStart.IsZero() {
+				s.batchStart = time.Now()
+			}
 			s.apply(o)
 			for more := true; more; { // coalesce whatever else already arrived
 				select {
@@ -232,7 +258,9 @@ func (s *Syncer) apply(o health.Observation) {
 // recompute joins, fences and decides; only task types whose executors
 // changed are rebuilt, and only changed load assignments are published.
 func (s *Syncer) recompute(ctx context.Context) {
+	started := time.Now()
 	var all []health.Executor
+	var lapses []health.Executor
 	present := map[string]bool{}
 	for _, task := range sortedTasks(s.members) {
 		for _, m := range s.members[task].Members {
@@ -241,6 +269,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 				key := e.ServiceID + "@" + e.Node
 				if s.badSeen[key] != e.Err.Error() {
 					s.badSeen[key] = e.Err.Error()
+					s.badMeta.Add(ctx, 1)
 					s.log.Warn("bad registration metadata: excluded", "service_id", e.ServiceID, "node", e.Node, "err", e.Err)
 				}
 			} else {
@@ -249,6 +278,8 @@ func (s *Syncer) recompute(ctx context.Context) {
 				present[sk] = true
 				if e.Lease == health.StatusCritical && !s.lapsed[sk] {
 					s.lapsed[sk] = true
+					lapses = append(lapses, e)
+					s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
 					s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task)
 				}
 				e.LapseObserved = s.lapsed[sk]
@@ -287,11 +318,49 @@ func (s *Syncer) recompute(ctx context.Context) {
 		}
 	}
 	s.byTask = byTask
+	decided := time.Now()
+
+	// One trace per change that matters: the root span covers the batch, its
+	// children eligibility, the snapshot build and the cache update.
+	traced := len(changed) > 0 || len(lapses) > 0
+	var root trace.Span
+	if traced {
+		diff := s.diffExecutors(all)
+		ctx, root = s.tracer.Start(ctx, "leasehold.consul_change", trace.WithTimestamp(s.batchStart),
+			trace.WithAttributes(
+				attribute.Int64("consul.index", int64(s.consulIndex())),
+				attribute.StringSlice("leasehold.tasks_changed", changed),
+				attribute.Int("leasehold.instances.added", diff.added),
+				attribute.Int("leasehold.instances.changed", diff.changed),
+				attribute.Int("leasehold.instances.removed", diff.removed),
+				attribute.Int("leasehold.instances.lapsed", len(lapses)),
+			))
+		for _, e := range lapses {
+			root.AddEvent("lease lapsed", trace.WithAttributes(
+				attribute.String("leasehold.instance_id", e.InstanceID), attribute.String("leasehold.session_id", e.SessionID),
+				attribute.String("leasehold.task", e.Task)))
+		}
+		_, el := s.tracer.Start(ctx, "leasehold.eligibility", trace.WithTimestamp(started), trace.WithAttributes(attribute.Int("leasehold.executors", len(all))))
+		el.End(trace.WithTimestamp(decided))
+	}
+	if len(lapses) > 0 {
+		s.batchLapse = s.batchStart
+	}
+	buildCtx := ctx
+	var build trace.Span
+	if traced {
+		buildCtx, build = s.tracer.Start(ctx, "leasehold.snapshot_build", trace.WithAttributes(attribute.Int("leasehold.groups", len(s.groups)), attribute.StringSlice("leasehold.tasks", changed)))
+	}
 	for _, g := range s.groups {
 		for _, task := range changed {
 			s.rebuild(g, task)
 		}
 	}
+	s.buildTime.Record(ctx, time.Since(decided).Seconds())
+	if build != nil {
+		build.End()
+	}
+	_ = buildCtx
 	if !s.synced && s.haveNP && s.tasks != nil {
 		s.synced = true
 		for _, task := range s.tasks {
@@ -309,6 +378,10 @@ func (s *Syncer) recompute(ctx context.Context) {
 	s.ready.Store(s.synced && !s.unreachable)
 	s.publishDirty(ctx, true)
 	s.publishView() // after the removals are in the cache
+	s.batchLapse = time.Time{}
+	if root != nil {
+		root.End()
+	}
 }
 
 // rebuild recomputes one task's load assignment for a group and marks the
@@ -323,8 +396,10 @@ func (s *Syncer) rebuild(g *group, task string) {
 		return
 	}
 	cla, decisions := Endpoints(task, s.byTask[task], g.d)
-	for _, d := range decisions {
-		s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		for _, d := range decisions {
+			s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
+		}
 	}
 	if old != nil && proto.Equal(old, cla) {
 		return
@@ -333,6 +408,10 @@ func (s *Syncer) rebuild(g *group, task string) {
 	g.dirty = true
 	if removesOrDrains(old, cla) {
 		g.urgent = true
+		g.removedTasks = append(g.removedTasks, task)
+		if !s.batchLapse.IsZero() && (g.lapsedAt.IsZero() || s.batchLapse.Before(g.lapsedAt)) {
+			g.lapsedAt = s.batchLapse
+		}
 	}
 }
 
@@ -380,6 +459,7 @@ func (s *Syncer) publishDirty(ctx context.Context, onlyUrgent bool) {
 }
 
 func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
+	defer func() { s.groupCount.Store(int64(len(s.groups))) }()
 	key := sub.d.Key()
 	g := s.groups[key]
 	if !sub.add {
@@ -434,13 +514,24 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		s.log.Error("inconsistent snapshot not published", "group", key, "err", err)
 		return
 	}
-	if err := s.cache.set(ctx, key, snap, versions); err != nil {
+	ctx, span := s.tracer.Start(ctx, "leasehold.cache_update", trace.WithAttributes(
+		attribute.String("leasehold.constraint_set", key),
+		attribute.String("xds.version.endpoints", snap.Resources[types.Endpoint].Version),
+		attribute.Int("xds.resources", len(res[types.Endpoint])+len(res[types.Listener])+len(res[types.Route])+len(res[types.Cluster])),
+	))
+	err := s.cache.set(ctx, key, snap, versions)
+	span.End()
+	if err != nil {
 		s.log.Error("set snapshot", "group", key, "err", err)
 		return
 	}
-	g.dirty, g.urgent = false, false
+	pub := Publication{Group: key, Snapshot: snap, Ctx: ctx, LapsedAt: g.lapsedAt, RemovedTasks: g.removedTasks}
+	g.dirty, g.urgent, g.lapsedAt, g.removedTasks = false, false, time.Time{}, nil
 	if s.cfg.OnPublish != nil {
 		s.cfg.OnPublish(key, snap)
+	}
+	for _, f := range s.listeners {
+		f(pub)
 	}
 }
 

@@ -33,11 +33,7 @@ func emptyView() *View {
 
 // publishView replaces the view; called by Run only.
 func (s *Syncer) publishView() {
-	var index uint64
-	index = max(index, s.np.Index())
-	for _, m := range s.members {
-		index = max(index, m.Index)
-	}
+	index := s.consulIndex()
 	var all []health.Executor
 	for _, task := range sortedTasks(s.members) {
 		all = append(all, s.byTask[task]...)

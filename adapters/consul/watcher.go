@@ -7,12 +7,16 @@ import (
 	"log/slog"
 	"reflect"
 	"sort"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -40,6 +44,7 @@ type WatchConfig struct {
 
 	Clock  clockwork.Clock
 	Logger *slog.Logger
+	Meter  metric.MeterProvider // default: no metrics
 }
 
 func (c WatchConfig) withDefaults() WatchConfig {
@@ -67,6 +72,9 @@ func (c WatchConfig) withDefaults() WatchConfig {
 	if c.Logger == nil {
 		c.Logger = slog.Default()
 	}
+	if c.Meter == nil {
+		c.Meter = metricnoop.NewMeterProvider()
+	}
 	return c
 }
 
@@ -87,6 +95,8 @@ type Watcher struct {
 	contactMu   sync.Mutex
 	failing     bool
 	lastContact atomic.Int64 // unix nanos of the last successful answer
+
+	requests, errs, wakeups metric.Int64Counter
 }
 
 // NewWatcher watches Consul through client.
@@ -96,7 +106,22 @@ func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
 
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
-	return &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent)}
+	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent)}
+	m := cfg.Meter.Meter("github.com/leasehold/leasehold/adapters/consul")
+	w.requests, _ = m.Int64Counter("leasehold.consul.requests", metric.WithDescription("Consul HTTP queries made, by watch kind"))
+	w.errs, _ = m.Int64Counter("leasehold.consul.errors", metric.WithDescription("Consul queries that failed, by watch kind"))
+	w.wakeups, _ = m.Int64Counter("leasehold.consul.wakeups", metric.WithDescription("blocking queries that returned a new index, by watch kind"))
+	m.Float64ObservableGauge("leasehold.consul.contact_age", metric.WithUnit("s"),
+		metric.WithDescription("seconds since Consul last answered a query (-1 before the first answer)"),
+		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
+			if t := w.LastContact(); t.IsZero() {
+				o.Observe(-1)
+			} else {
+				o.Observe(w.cfg.Clock.Since(t).Seconds())
+			}
+			return nil
+		}))
+	return w
 }
 
 // LastContact is when Consul last answered a query (zero before the first).
@@ -119,6 +144,9 @@ func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error 
 }
 
 func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o health.Observation) bool {
+	if o.At.IsZero() {
+		o.At = w.cfg.Clock.Now()
+	}
 	select {
 	case out <- o:
 		return true
@@ -169,6 +197,13 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 		if useSlot {
 			<-w.slots
 		}
+		kind := metric.WithAttributes(attribute.String("watch", watchKind(name)))
+		w.requests.Add(ctx, 1, kind)
+		if err != nil && ctx.Err() == nil {
+			w.errs.Add(ctx, 1, kind)
+		} else if err == nil && next != index {
+			w.wakeups.Add(ctx, 1, kind)
+		}
 		w.contact(ctx, out, err)
 		var pause time.Duration
 		if err != nil {
@@ -200,6 +235,12 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			}
 		}
 	}
+}
+
+// watchKind is the bounded metric label of a watch name ("task X" → "task").
+func watchKind(name string) string {
+	kind, _, _ := strings.Cut(name, " ")
+	return kind
 }
 
 func (w *Watcher) acquire(ctx context.Context) bool {

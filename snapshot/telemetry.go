@@ -1,0 +1,130 @@
+package snapshot
+
+import (
+	"context"
+	"fmt"
+	"sync/atomic"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Publication describes one snapshot set in the cache, for the xDS server's
+// push tracing and lapse-to-push latency.
+type Publication struct {
+	Group        string
+	Snapshot     *cache.Snapshot
+	Ctx          context.Context // carries the span of the cache update, if traced
+	LapsedAt     time.Time       // when Consul reported the earliest lapse this publication removes (zero: none)
+	RemovedTasks []string        // task types whose endpoints lost or drained one
+}
+
+// Notify registers f to be called (from Run; it must not block) after every
+// publication. Call before Run.
+func (s *Syncer) Notify(f func(Publication)) { s.listeners = append(s.listeners, f) }
+
+type syncTelemetry struct {
+	groupCount atomic.Int64
+	tracer     trace.Tracer
+	lapseCount metric.Int64Counter
+	badMeta    metric.Int64Counter
+	buildTime  metric.Float64Histogram
+}
+
+// initTelemetry creates the instruments. Gauges are computed from the latest
+// View when scraped, so the hot path pays nothing for them.
+func (s *Syncer) initTelemetry() {
+	s.tracer = s.cfg.Tracer.Tracer("github.com/leasehold/leasehold/snapshot")
+	m := s.cfg.Meter.Meter("github.com/leasehold/leasehold/snapshot")
+	s.lapseCount, _ = m.Int64Counter("leasehold.lease.lapses", metric.WithDescription("lease lapses observed (a session's lease check turned critical), by task"))
+	s.badMeta, _ = m.Int64Counter("leasehold.registrations.bad_metadata", metric.WithDescription("registrations excluded for metadata that breaks the contract (counted once per change)"))
+	s.buildTime, _ = m.Float64Histogram("leasehold.snapshot.build.duration", metric.WithUnit("s"),
+		metric.WithDescription("time to rebuild the resources of the changed task types for every constraint set"),
+		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1))
+	m.Int64ObservableGauge("leasehold.executors", metric.WithDescription("registrations by task, state and verdict for an unconstrained dispatcher"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			v := s.View()
+			type key struct{ task, state, verdict string }
+			counts := map[key]int64{}
+			for _, e := range v.Executors {
+				verdict := health.Eligible(e, health.Dispatcher{})
+				reason := string(verdict.Reason)
+				if reason == "" {
+					reason = "eligible"
+				}
+				state := string(e.State)
+				if e.Err != nil {
+					state = "unknown"
+				}
+				counts[key{e.Task, state, reason}]++
+			}
+			for k, n := range counts {
+				o.Observe(n, metric.WithAttributes(attribute.String("task", k.task), attribute.String("state", k.state), attribute.String("verdict", k.verdict)))
+			}
+			return nil
+		}))
+	m.Int64ObservableGauge("leasehold.capacity", metric.WithDescription("capacity of executors holding a valid lease, by task: kind=total or in_use (their load)"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			total, used := map[string]int64{}, map[string]int64{}
+			for _, e := range s.View().Executors {
+				switch health.Eligible(e, health.Dispatcher{}).Reason {
+				case health.ReasonNone, health.ReasonFull, health.ReasonDraining:
+					total[e.Task] += int64(e.Capacity)
+					used[e.Task] += int64(e.Load)
+				default:
+					total[e.Task] += 0 // keep the series when nothing is valid
+					used[e.Task] += 0
+				}
+			}
+			for task := range total {
+				o.Observe(total[task], metric.WithAttributes(attribute.String("task", task), attribute.String("kind", "total")))
+				o.Observe(used[task], metric.WithAttributes(attribute.String("task", task), attribute.String("kind", "in_use")))
+			}
+			return nil
+		}))
+	m.Int64ObservableGauge("leasehold.constraint_sets", metric.WithDescription("distinct dispatcher constraint sets with open streams"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			o.Observe(s.groupCount.Load())
+			return nil
+		}))
+}
+
+type execDiff struct{ added, changed, removed int }
+
+// diffExecutors counts registrations added, changed and removed since the
+// previous call (for the change span).
+func (s *Syncer) diffExecutors(all []health.Executor) execDiff {
+	var d execDiff
+	next := make(map[string]string, len(all))
+	for _, e := range all {
+		k := e.Node + "/" + e.ServiceID
+		fp := fmt.Sprint(e.SessionID, e.State, e.Lease, e.NodeChecks, e.Other, e.Load, e.Fenced, e.LapseObserved, e.Version, e.Capacity)
+		next[k] = fp
+		switch old, ok := s.execPrint[k]; {
+		case !ok:
+			d.added++
+		case old != fp:
+			d.changed++
+		}
+	}
+	for k := range s.execPrint {
+		if _, ok := next[k]; !ok {
+			d.removed++
+		}
+	}
+	s.execPrint = next
+	return d
+}
+
+func (s *Syncer) consulIndex() uint64 {
+	index := s.np.Index()
+	for _, m := range s.members {
+		index = max(index, m.Index)
+	}
+	return index
+}
