@@ -25,6 +25,7 @@ type AdminConfig struct {
 	Syncer      *snapshot.Syncer // /debug/executors, /debug/snapshot
 	XDS         *XDS             // /debug/dispatchers, /debug/snapshot
 	Fencing     *Fencing         // /v1/session
+	Metrics     http.Handler     // /metrics (Prometheus text)
 }
 
 // AdminHandler serves /healthz (the process is up), /readyz (the fleet has
@@ -50,6 +51,9 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 	})
 	if cfg.Fencing != nil {
 		mux.Handle("GET /v1/session", cfg.Fencing)
+	}
+	if cfg.Metrics != nil {
+		mux.Handle("GET /metrics", cfg.Metrics)
 	}
 	if cfg.Syncer != nil {
 		mux.HandleFunc("GET /debug/executors", func(w http.ResponseWriter, r *http.Request) {

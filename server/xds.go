@@ -18,7 +18,10 @@ import (
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -42,6 +45,7 @@ type XDS struct {
 
 	mu      sync.Mutex
 	streams map[int64]*StreamInfo // streams that announced a valid node
+	xdsTelemetry
 }
 
 // StreamInfo describes one dispatcher stream for /debug/dispatchers.
@@ -66,6 +70,7 @@ type TypeInfo struct {
 	LastNack   *Nack     `json:"last_nack,omitempty"`
 	sentNonce  string
 	deltaNames map[string]bool
+	push       trace.Span // open from a response until its ACK or NACK
 }
 
 // Nack is a rejected response.
@@ -75,9 +80,22 @@ type Nack struct {
 	At      time.Time `json:"at"`
 }
 
-// NewXDS serves cache; subs learns which constraint sets are in use.
-func NewXDS(ctx context.Context, syncer *snapshot.Syncer, log *slog.Logger) *XDS {
+// XDSOptions are optional; zero values mean no tracing and no metrics.
+type XDSOptions struct {
+	Tracer trace.TracerProvider
+	Meter  metric.MeterProvider
+}
+
+// NewXDS serves the syncer's cache; the syncer learns which constraint sets
+// are in use. Call before the syncer runs.
+func NewXDS(ctx context.Context, syncer *snapshot.Syncer, log *slog.Logger, opts ...XDSOptions) *XDS {
+	var o XDSOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
 	x := &XDS{subs: syncer, log: log.With("component", "xds"), streams: map[int64]*StreamInfo{}}
+	x.initTelemetry(o)
+	syncer.Notify(x.onPublish)
 	x.srv = xdsserver.NewServer(ctx, syncer.Cache(), x.callbacks())
 	return x
 }
@@ -103,7 +121,7 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			t := info.typeInfo(req.GetTypeUrl())
 			t.Subscribed = append([]string(nil), req.GetResourceNames()...)
 			sort.Strings(t.Subscribed)
-			x.ackOrNack(t, req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
+			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
 		},
 		StreamResponseFunc: func(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
@@ -131,7 +149,7 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 				t.Subscribed = append(t.Subscribed, n)
 			}
 			sort.Strings(t.Subscribed)
-			x.ackOrNack(t, req.GetResponseNonce(), t.LastSent, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
+			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), t.LastSent, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
 		},
 		StreamDeltaResponseFunc: func(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
@@ -163,16 +181,21 @@ func (i *StreamInfo) typeInfo(typeURL string) *TypeInfo {
 }
 
 // ackOrNack records what a request says of the previous response.
-func (x *XDS) ackOrNack(t *TypeInfo, nonce, version, detail string, nack bool, info *StreamInfo) {
+func (x *XDS) ackOrNack(t *TypeInfo, typeURL, nonce, version, detail string, nack bool, info *StreamInfo) {
 	if nonce == "" || nonce != t.sentNonce {
 		return // first request, or about an older response
 	}
+	now := time.Now()
+	x.answered(t, typeURL, now, nack, detail)
 	if nack {
-		t.LastNack = &Nack{Version: t.LastSent, Detail: detail, At: time.Now()}
+		t.LastNack = &Nack{Version: t.LastSent, Detail: detail, At: now}
 		x.log.Warn("dispatcher rejected a response (NACK)", "node_id", info.NodeID, "stream", info.Stream, "version", t.LastSent, "error_detail", detail)
 		return
 	}
-	t.LastAcked, t.AckedAt = version, time.Now()
+	t.LastAcked, t.AckedAt = version, now
+	if typeURL == resource.EndpointType {
+		x.endpointsAcked(info.Stream, t, now)
+	}
 }
 
 func (x *XDS) sent(id int64, typeURL, version, nonce string) {
@@ -181,6 +204,7 @@ func (x *XDS) sent(id int64, typeURL, version, nonce string) {
 	if info := x.streams[id]; info != nil {
 		t := info.typeInfo(typeURL)
 		t.LastSent, t.SentAt, t.sentNonce = version, time.Now(), nonce
+		x.startPush(info, t, typeURL, version)
 	}
 }
 
@@ -213,6 +237,9 @@ func (x *XDS) onClosed(id int64) {
 	x.mu.Lock()
 	info, ok := x.streams[id]
 	delete(x.streams, id)
+	if ok {
+		x.streamGone(info)
+	}
 	x.mu.Unlock()
 	if ok {
 		x.subs.Unsubscribe(info.dispatch)

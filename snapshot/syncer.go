@@ -519,19 +519,20 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		attribute.String("xds.version.endpoints", snap.Resources[types.Endpoint].Version),
 		attribute.Int("xds.resources", len(res[types.Endpoint])+len(res[types.Listener])+len(res[types.Route])+len(res[types.Cluster])),
 	))
+	// Listeners hear of the publication before any response it causes.
+	pub := Publication{Group: key, Snapshot: snap, Ctx: ctx, LapsedAt: g.lapsedAt, RemovedTasks: g.removedTasks}
+	for _, f := range s.listeners {
+		f(pub)
+	}
 	err := s.cache.set(ctx, key, snap, versions)
 	span.End()
 	if err != nil {
 		s.log.Error("set snapshot", "group", key, "err", err)
 		return
 	}
-	pub := Publication{Group: key, Snapshot: snap, Ctx: ctx, LapsedAt: g.lapsedAt, RemovedTasks: g.removedTasks}
 	g.dirty, g.urgent, g.lapsedAt, g.removedTasks = false, false, time.Time{}, nil
 	if s.cfg.OnPublish != nil {
 		s.cfg.OnPublish(key, snap)
-	}
-	for _, f := range s.listeners {
-		f(pub)
 	}
 }
 

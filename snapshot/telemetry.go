@@ -24,8 +24,9 @@ type Publication struct {
 	RemovedTasks []string        // task types whose endpoints lost or drained one
 }
 
-// Notify registers f to be called (from Run; it must not block) after every
-// publication. Call before Run.
+// Notify registers f to be called (from Run; it must not block) for every
+// publication, just before the snapshot is set, so it hears of it before any
+// response the snapshot causes. Call before Run.
 func (s *Syncer) Notify(f func(Publication)) { s.listeners = append(s.listeners, f) }
 
 type syncTelemetry struct {

@@ -8,6 +8,8 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -43,8 +45,10 @@ type Config struct {
 	// block) each time a session's lease is lost.
 	OnLeaseLost func(LeaseLoss)
 
-	Clock  clockwork.Clock // default: the real clock (monotonic readings)
-	Logger *slog.Logger    // default: slog.Default()
+	Clock  clockwork.Clock      // default: the real clock (monotonic readings)
+	Logger *slog.Logger         // default: slog.Default()
+	Tracer trace.TracerProvider // default: no spans
+	Meter  metric.MeterProvider // default: no metrics
 }
 
 func (c Config) withDefaults() Config {

@@ -11,6 +11,9 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -29,6 +32,7 @@ type Registrar struct {
 	running atomic.Bool
 
 	own map[string]bool // sessions this process created; owned by Run
+	registrarTelemetry
 
 	mu      sync.Mutex
 	session *Session
@@ -50,7 +54,7 @@ func NewRegistrar(agent Agent, cfg Config) (*Registrar, error) {
 		return nil, fmt.Errorf("registrar config: %w", err)
 	}
 	cfg = cfg.withDefaults()
-	return &Registrar{
+	r := &Registrar{
 		agent:   agent,
 		cfg:     cfg,
 		log:     cfg.Logger.With("instance_id", cfg.InstanceID),
@@ -59,7 +63,9 @@ func NewRegistrar(agent Agent, cfg Config) (*Registrar, error) {
 		exited:  make(chan struct{}),
 		changed: make(chan struct{}),
 		own:     make(map[string]bool),
-	}, nil
+	}
+	r.initTelemetry()
+	return r, nil
 }
 
 // Session is the current session, or nil before the first registration.
@@ -116,11 +122,15 @@ func (r *Registrar) Run(ctx context.Context) error {
 			}
 			return err
 		}
-		out := r.keepAlive(ctx, sess, renewedAt)
+		sctx, span := r.sessionSpan(sessionKey{sess.ID, sess.Generation}, renewedAt)
+		_, reg := r.tracer.Start(sctx, "leasehold.executor.register", trace.WithTimestamp(renewedAt))
+		reg.End()
+		out := r.keepAlive(trace.ContextWithSpan(ctx, span), sess, renewedAt)
 		switch {
 		case out.drained:
 			cancel(ErrDrained) // before Drain returns, so callers see the session ended
 			out.drainDone <- out.drainErr
+			span.End()
 			return nil
 		case out.loss == nil: // ctx ended
 			r.deregisterOwn(sess.ID)
@@ -128,10 +138,13 @@ func (r *Registrar) Run(ctx context.Context) error {
 			if out.drainDone != nil {
 				out.drainDone <- out.drainErr
 			}
+			span.End()
 			return ctx.Err()
 		}
 		loss := *out.loss
 		loss.Superseded = r.superseded(ctx)
+		r.lossRecorded(span, loss)
+		span.End()
 		lostErr := &LeaseLostError{Loss: loss}
 		cancel(lostErr)
 		if out.drainDone != nil {
@@ -334,6 +347,7 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 			drainPollTick.Stop()
 		}
 	}()
+	var drainSpan trace.Span
 	lose := func(reason LossReason, err error) keepAliveResult {
 		now := clock.Now()
 		res := keepAliveResult{loss: &LeaseLoss{
@@ -342,15 +356,20 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 		}}
 		if drain != nil { // a drain in progress ends with the lease
 			res.drainDone, res.drainErr = drain.done, fmt.Errorf("drain: %w", ErrLeaseLost)
+			drainSpan.SetStatus(codes.Error, "lease lost while draining")
+			drainSpan.End()
 		}
 		return res
 	}
 	finishDrain := func() keepAliveResult {
+		defer drainSpan.End()
 		var err error
 		if load := r.cfg.Load(); load > 0 {
 			err = fmt.Errorf("drain: %d tasks still in flight when the deadline passed: %w", load, context.Cause(drain.ctx))
 		}
+		_, dereg := r.tracer.Start(ctx, "leasehold.executor.deregister")
 		r.deregisterOwn(sess.ID)
+		dereg.End()
 		log.Info("drained and deregistered", "err", err)
 		return keepAliveResult{drained: true, drainDone: drain.done, drainErr: err}
 	}
@@ -372,6 +391,7 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				continue
 			}
 			drain = &req
+			_, drainSpan = r.tracer.Start(ctx, "leasehold.executor.drain", trace.WithAttributes(attribute.Int("leasehold.in_flight", r.cfg.Load())))
 			log.Info("draining", "in_flight", r.cfg.Load())
 			t := clock.NewTicker(min(100*time.Millisecond, lease.Heartbeat))
 			drainPollTick, drainPollC = t, t.Chan()
@@ -393,7 +413,9 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				next.Reset(min(lease.Heartbeat, lease.TTL-clock.Since(renewedAt)))
 				continue
 			}
+			hbStart := time.Now()
 			err := r.renew(ctx, sessionKey{sess.ID, sess.Generation}, renewedAt, drain != nil && !drainMarked)
+			r.heartbeatDone(ctx, trace.SpanFromContext(ctx), time.Since(hbStart), err)
 			switch {
 			case err == nil:
 				renewedAt = now

@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"net/http"
 	"strconv"
 	"strings"
 	"time"
@@ -15,6 +16,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leasehold/leasehold/adapters/consul"
+	lhotel "github.com/leasehold/leasehold/adapters/otel"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/flagx"
 )
@@ -27,6 +29,7 @@ type registerFlags struct {
 	consulAddr   string
 	drainTimeout time.Duration
 	logLevel     slog.Level
+	metricsAddr  string
 }
 
 // fieldFlags maps contract field names to the flags that set them, so a
@@ -63,6 +66,7 @@ func parseRegisterFlags(args []string, stderr io.Writer) (*registerFlags, error)
 	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 5*time.Minute, "on SIGTERM, how long to wait for in-flight work before deregistering")
 	fs.StringVar(&rf.consulAddr, "consul", "", "HTTP address of the local Consul agent (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; other CONSUL_* settings apply)")
 	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.StringVar(&rf.metricsAddr, "metrics-addr", "", "HOST:PORT to serve Prometheus /metrics on (off when empty); traces go where OTEL_* says")
 	if err := fs.Parse(args); err != nil {
 		return nil, err
 	}
@@ -98,6 +102,11 @@ func parseRegisterFlags(args []string, stderr io.Writer) (*registerFlags, error)
 	}
 	if err := rf.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
 		addErr("--log-level", err.Error())
+	}
+	if rf.metricsAddr != "" {
+		if _, _, err := net.SplitHostPort(rf.metricsAddr); err != nil {
+			addErr("--metrics-addr", fmt.Sprintf("want HOST:PORT: %v", err))
+		}
 	}
 	if rf.drainTimeout <= 0 {
 		addErr("--drain-timeout", "must be positive")
@@ -172,6 +181,29 @@ func runRegister(ctx context.Context, args []string, stdout, stderr io.Writer) i
 	defer prober.Close()
 	rf.cfg.Probe = prober.Probe
 	rf.cfg.Logger = log
+	tel, err := lhotel.Setup(context.Background(), lhotel.Config{ServiceName: "leasehold-register", ServiceVersion: version})
+	if err != nil {
+		fmt.Fprintf(stderr, "leasehold register: %v\n", err)
+		return 2
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		tel.Shutdown(sctx)
+	}()
+	rf.cfg.Tracer, rf.cfg.Meter = tel.Tracer, tel.Meter
+	if rf.metricsAddr != "" {
+		lis, err := net.Listen("tcp", rf.metricsAddr)
+		if err != nil {
+			fmt.Fprintf(stderr, "leasehold register: --metrics-addr: %v\n", err)
+			return 2
+		}
+		mux := http.NewServeMux()
+		mux.Handle("GET /metrics", tel.MetricsHandler())
+		msrv := &http.Server{Handler: mux, ReadHeaderTimeout: 5 * time.Second}
+		go msrv.Serve(lis)
+		defer msrv.Close()
+	}
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()

@@ -14,10 +14,13 @@ import (
 	"strings"
 	"time"
 
+	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
+	"google.golang.org/grpc/stats"
 
 	"github.com/leasehold/leasehold/adapters/consul"
+	lhotel "github.com/leasehold/leasehold/adapters/otel"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/server"
@@ -131,12 +134,21 @@ type listening struct{ xds, admin string }
 
 // serve runs the pipeline — Consul watch → syncer → xDS — until ctx ends.
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<- listening) error {
+	tel, err := lhotel.Setup(ctx, lhotel.Config{ServiceName: "leasehold", ServiceVersion: version})
+	if err != nil {
+		return err
+	}
+	defer func() {
+		sctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		tel.Shutdown(sctx)
+	}()
 	client, err := consul.NewClient(cfg.consulAddr, cfg.consulMaxConns+4)
 	if err != nil {
 		return err
 	}
-	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, Logger: log})
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log})
+	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, Logger: log, Meter: tel.Meter})
+	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter})
 
 	xdsLis, err := net.Listen("tcp", cfg.xdsAddr)
 	if err != nil {
@@ -158,19 +170,25 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	g := grpc.NewServer(
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		// A dispatcher's trace continues into the fencing API; xDS streams
+		// (hours long) are traced per push instead.
+		grpc.StatsHandler(otelgrpc.NewServerHandler(
+			otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter),
+			otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return strings.HasPrefix(info.FullMethodName, "/leasehold.v1.") }),
+		)),
 	)
-	xds := server.NewXDS(runCtx, syncer, log)
+	xds := server.NewXDS(runCtx, syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter})
 	xds.Register(g)
 	fencing := server.NewFencing(syncer, watcher.LastContact)
 	leaseholdv1.RegisterFencingServer(g, fencing)
 	go g.Serve(xdsLis)
 
 	admin := &http.Server{Handler: server.AdminHandler(server.AdminConfig{
-		Ready: syncer, LastContact: watcher.LastContact, Syncer: syncer, XDS: xds, Fencing: fencing,
+		Ready: syncer, LastContact: watcher.LastContact, Syncer: syncer, XDS: xds, Fencing: fencing, Metrics: tel.MetricsHandler(),
 	}), ReadHeaderTimeout: 5 * time.Second}
 	go admin.Serve(adminLis)
 
-	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag)
+	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag, "traces_exported", tel.TracesExported)
 	if bound != nil {
 		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
 	}

@@ -1,0 +1,181 @@
+package server
+
+import (
+	"context"
+	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/codes"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
+	"go.opentelemetry.io/otel/trace"
+	tracenoop "go.opentelemetry.io/otel/trace/noop"
+
+	"github.com/leasehold/leasehold/snapshot"
+)
+
+// lapseWait is how long a lapse waits for every affected stream's ACK before
+// it is dropped from the lapse-to-push histogram (counted as expired).
+const lapseWait = time.Minute
+
+type xdsTelemetry struct {
+	tracer      trace.Tracer
+	pushTime    metric.Float64Histogram
+	nacks       metric.Int64Counter
+	lapseToPush metric.Float64Histogram
+	lapseLost   metric.Int64Counter
+	latest      map[string]context.Context // group → context of its latest cache update
+	lapses      []*pendingLapse
+}
+
+// pendingLapse waits for every stream that must drop a lapsed executor to
+// ACK endpoints sent after the publication that dropped it.
+type pendingLapse struct {
+	at, published time.Time
+	waiting       map[int64]bool
+}
+
+var latencyBuckets = metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+
+func (x *XDS) initTelemetry(o XDSOptions) {
+	if o.Tracer == nil {
+		o.Tracer = tracenoop.NewTracerProvider()
+	}
+	if o.Meter == nil {
+		o.Meter = metricnoop.NewMeterProvider()
+	}
+	x.tracer = o.Tracer.Tracer("github.com/leasehold/leasehold/server")
+	x.latest = map[string]context.Context{}
+	m := o.Meter.Meter("github.com/leasehold/leasehold/server")
+	x.pushTime, _ = m.Float64Histogram("leasehold.xds.push.duration", metric.WithUnit("s"), latencyBuckets,
+		metric.WithDescription("from a response sent to a dispatcher until its ACK or NACK, by type URL"))
+	x.nacks, _ = m.Int64Counter("leasehold.xds.nacks", metric.WithDescription("responses rejected by dispatchers, by type URL"))
+	x.lapseToPush, _ = m.Float64Histogram("leasehold.lapse_to_push.duration", metric.WithUnit("s"), latencyBuckets,
+		metric.WithDescription("from Consul reporting a lease lapse until the last affected dispatcher ACKed endpoints without it"))
+	x.lapseLost, _ = m.Int64Counter("leasehold.lapse_to_push.expired", metric.WithDescription("lapses whose removal was not ACKed by every affected dispatcher within a minute"))
+	m.Int64ObservableGauge("leasehold.dispatchers", metric.WithDescription("open xDS streams of dispatchers, by mode (sotw, delta)"),
+		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			counts := map[string]int64{"sotw": 0, "delta": 0}
+			for _, s := range x.Dispatchers() {
+				counts[s.Mode]++
+			}
+			for mode, n := range counts {
+				obs.Observe(n, metric.WithAttributes(attribute.String("mode", mode)))
+			}
+			return nil
+		}))
+}
+
+// onPublish runs on the syncer's goroutine after a snapshot is set.
+func (x *XDS) onPublish(p snapshot.Publication) {
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	x.latest[p.Group] = p.Ctx
+	if p.LapsedAt.IsZero() {
+		return
+	}
+	removed := map[string]bool{}
+	for _, t := range p.RemovedTasks {
+		removed[t] = true
+	}
+	pl := &pendingLapse{at: p.LapsedAt, published: time.Now(), waiting: map[int64]bool{}}
+	for id, s := range x.streams {
+		if s.Group != p.Group {
+			continue
+		}
+		t := s.Types[resource.EndpointType]
+		if t == nil {
+			continue
+		}
+		if len(t.Subscribed) == 0 { // wildcard
+			pl.waiting[id] = true
+			continue
+		}
+		for _, name := range t.Subscribed {
+			if removed[name] {
+				pl.waiting[id] = true
+				break
+			}
+		}
+	}
+	if len(pl.waiting) > 0 {
+		x.lapses = append(x.lapses, pl)
+	}
+}
+
+// startPush opens the span of one response; x.mu is held.
+func (x *XDS) startPush(info *StreamInfo, t *TypeInfo, typeURL, version string) {
+	if t.push != nil { // superseded before it was answered
+		t.push.End()
+		t.push = nil
+	}
+	parent := x.latest[info.Group]
+	if parent == nil || !trace.SpanContextFromContext(parent).IsValid() {
+		return // only pushes that belong to a traced change get a span
+	}
+	_, t.push = x.tracer.Start(parent, "leasehold.xds_push", trace.WithAttributes(
+		attribute.String("xds.node_id", info.NodeID), attribute.String("xds.type_url", typeURL),
+		attribute.String("xds.version", version), attribute.String("xds.mode", info.Mode),
+	))
+}
+
+// answered records an ACK or NACK of the latest response; x.mu is held.
+func (x *XDS) answered(t *TypeInfo, typeURL string, now time.Time, nack bool, detail string) {
+	attrs := metric.WithAttributes(attribute.String("type_url", typeURL))
+	x.pushTime.Record(context.Background(), now.Sub(t.SentAt).Seconds(), attrs)
+	if nack {
+		x.nacks.Add(context.Background(), 1, attrs)
+	}
+	if t.push != nil {
+		if nack {
+			t.push.SetStatus(codes.Error, detail)
+			t.push.AddEvent("NACK", trace.WithAttributes(attribute.String("xds.error_detail", detail)))
+		} else {
+			t.push.AddEvent("ACK")
+		}
+		t.push.End()
+		t.push = nil
+	}
+}
+
+// endpointsAcked settles pending lapses for a stream that ACKed endpoints
+// sent after their publication; x.mu is held.
+func (x *XDS) endpointsAcked(stream int64, t *TypeInfo, now time.Time) {
+	kept := x.lapses[:0]
+	for _, pl := range x.lapses {
+		if pl.waiting[stream] && t.SentAt.After(pl.published) {
+			delete(pl.waiting, stream)
+		}
+		switch {
+		case len(pl.waiting) == 0:
+			x.lapseToPush.Record(context.Background(), now.Sub(pl.at).Seconds())
+		case now.Sub(pl.published) > lapseWait:
+			x.lapseLost.Add(context.Background(), 1)
+		default:
+			kept = append(kept, pl)
+		}
+	}
+	x.lapses = kept
+}
+
+// streamGone drops a closed stream from pending lapses; x.mu is held.
+func (x *XDS) streamGone(info *StreamInfo) {
+	for _, t := range info.Types {
+		if t.push != nil {
+			t.push.SetStatus(codes.Error, "stream closed before ACK")
+			t.push.End()
+		}
+	}
+	now := time.Now()
+	kept := x.lapses[:0]
+	for _, pl := range x.lapses {
+		delete(pl.waiting, info.Stream)
+		if len(pl.waiting) == 0 {
+			x.lapseToPush.Record(context.Background(), now.Sub(pl.at).Seconds())
+			continue
+		}
+		kept = append(kept, pl)
+	}
+	x.lapses = kept
+}
