@@ -1,0 +1,234 @@
+package main
+
+import (
+	"context"
+	"encoding/hex"
+	"net"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	dto "github.com/prometheus/client_model/go"
+	"github.com/prometheus/common/expfmt"
+	"github.com/prometheus/common/model"
+	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
+	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
+	"google.golang.org/grpc"
+
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+)
+
+// otlpReceiver is an in-process OTLP trace collector (the official protos).
+type otlpReceiver struct {
+	coltrace.UnimplementedTraceServiceServer
+	mu    sync.Mutex
+	spans []*tracepb.Span
+	more  chan struct{}
+}
+
+func (r *otlpReceiver) Export(_ context.Context, req *coltrace.ExportTraceServiceRequest) (*coltrace.ExportTraceServiceResponse, error) {
+	r.mu.Lock()
+	for _, rs := range req.GetResourceSpans() {
+		for _, ss := range rs.GetScopeSpans() {
+			r.spans = append(r.spans, ss.GetSpans()...)
+		}
+	}
+	r.mu.Unlock()
+	select {
+	case r.more <- struct{}{}:
+	default:
+	}
+	return &coltrace.ExportTraceServiceResponse{}, nil
+}
+
+func startOTLPReceiver(t *testing.T) (*otlpReceiver, string) {
+	r := &otlpReceiver{more: make(chan struct{}, 1)}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	coltrace.RegisterTraceServiceServer(g, r)
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	return r, lis.Addr().String()
+}
+
+// await waits for spans matching cond.
+func (r *otlpReceiver) await(t *testing.T, what string, cond func([]*tracepb.Span) bool) []*tracepb.Span {
+	t.Helper()
+	deadline := time.After(20 * time.Second)
+	for {
+		r.mu.Lock()
+		spans := append([]*tracepb.Span(nil), r.spans...)
+		r.mu.Unlock()
+		if cond(spans) {
+			return spans
+		}
+		select {
+		case <-r.more:
+		case <-deadline:
+			names := map[string]int{}
+			for _, s := range spans {
+				names[s.Name]++
+			}
+			t.Fatalf("spans: %s not received; got %v", what, names)
+		}
+	}
+}
+
+func id(b []byte) string { return hex.EncodeToString(b) }
+
+// scrape parses /metrics with the Prometheus text parser.
+func scrape(t *testing.T, admin string) map[string]*dto.MetricFamily {
+	t.Helper()
+	resp, err := http.Get("http://" + admin + "/metrics")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer resp.Body.Close()
+	parser := expfmt.NewTextParser(model.UTF8Validation)
+	families, err := parser.TextToMetricFamilies(resp.Body)
+	if err != nil {
+		t.Fatalf("parse /metrics: %v", err)
+	}
+	return families
+}
+
+func sum(f *dto.MetricFamily) float64 {
+	var total float64
+	for _, m := range f.GetMetric() {
+		switch {
+		case m.Counter != nil:
+			total += m.Counter.GetValue()
+		case m.Gauge != nil:
+			total += m.Gauge.GetValue()
+		case m.Histogram != nil:
+			total += float64(m.Histogram.GetSampleCount())
+		}
+	}
+	return total
+}
+
+func TestTelemetryOfALapse(t *testing.T) {
+	recv, addr := startOTLPReceiver(t)
+	t.Setenv("OTEL_EXPORTER_OTLP_ENDPOINT", "http://"+addr)
+	t.Setenv("OTEL_EXPORTER_OTLP_PROTOCOL", "grpc")
+	t.Setenv("OTEL_BSP_SCHEDULE_DELAY", "50")
+	t.Setenv("OTEL_SERVICE_NAME", "leasehold-test")
+
+	a := consultest.Start(t)
+	a.SettleSync()
+	e1 := startExecutor(t, a, "e1", "1.0.0")
+	startExecutor(t, a, "e2", "1.0.0")
+	addrs := startServe(t, a)
+	eds := openEDS(t, addrs.xds) // a dispatcher that ACKs
+	if got := eds(); len(got) != 2 {
+		t.Fatalf("endpoints %v", got)
+	}
+	before := scrape(t, addrs.admin)
+	for _, name := range []string{
+		"leasehold_executors", "leasehold_capacity", "leasehold_constraint_sets", "leasehold_dispatchers",
+		"leasehold_consul_requests_total", "leasehold_consul_wakeups_total", "leasehold_consul_contact_age_seconds",
+		"leasehold_snapshot_build_duration_seconds", "leasehold_xds_push_duration_seconds",
+	} {
+		if before[name] == nil {
+			t.Errorf("metric %s missing", name)
+		}
+	}
+
+	e1.silent.Store(true) // the lapse
+	if got := eds(); len(got) != 1 {
+		t.Fatalf("after the lapse: %v", got)
+	}
+	// the removal's trace: change → eligibility, build, cache update → push ending at ACK
+	spans := recv.await(t, "lapse → push → ACK", func(spans []*tracepb.Span) bool {
+		for _, root := range spans {
+			if root.Name != "leasehold.consul_change" || !hasEvent(root, "lease lapsed") {
+				continue
+			}
+			var update *tracepb.Span
+			for _, s := range spans {
+				if s.Name == "leasehold.cache_update" && id(s.ParentSpanId) == id(root.SpanId) {
+					update = s
+				}
+			}
+			if update == nil {
+				continue
+			}
+			for _, s := range spans {
+				if s.Name == "leasehold.xds_push" && id(s.ParentSpanId) == id(update.SpanId) && hasEvent(s, "ACK") {
+					return true
+				}
+			}
+		}
+		return false
+	})
+	var root *tracepb.Span
+	for _, s := range spans {
+		if s.Name == "leasehold.consul_change" && hasEvent(s, "lease lapsed") {
+			root = s
+		}
+	}
+	children := map[string]bool{}
+	for _, s := range spans {
+		if id(s.TraceId) == id(root.TraceId) && id(s.ParentSpanId) == id(root.SpanId) {
+			children[s.Name] = true
+		}
+	}
+	for _, want := range []string{"leasehold.eligibility", "leasehold.snapshot_build", "leasehold.cache_update"} {
+		if !children[want] {
+			t.Errorf("root span lacks child %s (children %v)", want, children)
+		}
+	}
+	ev := root.Events[0]
+	for _, e := range root.Events {
+		if e.Name == "lease lapsed" {
+			ev = e
+		}
+	}
+	attrs := map[string]string{}
+	for _, kv := range ev.Attributes {
+		attrs[kv.Key] = kv.Value.GetStringValue()
+	}
+	if attrs["leasehold.instance_id"] != "e1" || attrs["leasehold.session_id"] == "" {
+		t.Errorf("lapse event attributes %v", attrs)
+	}
+
+	// metrics moved
+	after := scrape(t, addrs.admin)
+	if sum(after["leasehold_lease_lapses_total"]) < 1 {
+		t.Errorf("lapses counter did not move: %v", after["leasehold_lease_lapses_total"])
+	}
+	deadline := time.Now().Add(10 * time.Second)
+	for sum(after["leasehold_lapse_to_push_duration_seconds"]) < 1 {
+		if time.Now().After(deadline) {
+			t.Fatalf("lapse-to-push histogram empty")
+		}
+		<-time.After(50 * time.Millisecond) // /metrics has no watch API
+		after = scrape(t, addrs.admin)
+	}
+	for _, f := range after {
+		for _, m := range f.GetMetric() {
+			for _, l := range m.GetLabel() {
+				if n := l.GetName(); n == "instance_id" || n == "session_id" || n == "node_id" {
+					t.Errorf("%s has an unbounded label %s", f.GetName(), n)
+				}
+			}
+		}
+	}
+	if !strings.Contains(after["leasehold_executors"].String(), "lapsed") {
+		t.Errorf("executors gauge does not show the lapsed one: %v", after["leasehold_executors"])
+	}
+}
+
+func hasEvent(s *tracepb.Span, name string) bool {
+	for _, e := range s.Events {
+		if e.Name == name {
+			return true
+		}
+	}
+	return false
+}
