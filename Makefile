@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 CONSUL := bin/consul
 
-.PHONY: all build test vet consul demo clean proto
+.PHONY: all build test vet consul demo clean proto bench
 
 all: build
 
@@ -42,3 +42,7 @@ proto:
 	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO)
 	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO_GRPC)
 	PATH=$(CURDIR)/bin:$$PATH protoc -I proto --go_out=paths=source_relative:proto --go-grpc_out=paths=source_relative:proto proto/leasehold/v1/*.proto
+
+# Benchmarks (never part of make test): numbers go into BENCHMARKS.md.
+bench: $(CONSUL)
+	$(GO) test -run '^$$' -bench . -benchtime 1000x -count 4 ./adapters/otel
