@@ -30,10 +30,14 @@ type WatchConfig struct {
 	// connections, whatever the number of task types: Consul answers 429
 	// past 200 per client IP.
 	MaxConcurrent int
-	// WaitTime is how long a blocking query waits (default 60s); when task
-	// watchers queue for a slot, holders wait only ContendedWait (default 2s)
-	// so every task type gets its turn.
-	WaitTime      time.Duration
+	// WaitTime is how long a per-task blocking query waits (default 60s);
+	// when task watchers queue for a slot, holders wait only ContendedWait
+	// (default 2s) so every task type gets its turn.
+	WaitTime time.Duration
+	// FastWait is how long the non-passing and service-list queries wait
+	// (default 10s): their answers are small, and they keep the age of the
+	// last Consul contact (readiness, the contact-age metric) under ~11s.
+	FastWait      time.Duration
 	ContendedWait time.Duration
 	// MinInterval is the least time between two queries of one watch
 	// (default 5ms for the non-passing checks, 4× that for memberships), so
@@ -56,6 +60,9 @@ func (c WatchConfig) withDefaults() WatchConfig {
 	}
 	if c.WaitTime <= 0 {
 		c.WaitTime = time.Minute
+	}
+	if c.FastWait <= 0 {
+		c.FastWait = 10 * time.Second
 	}
 	if c.ContendedWait <= 0 {
 		c.ContendedWait = 2 * time.Second
@@ -183,8 +190,9 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	bo := newBackoff(100*time.Millisecond, w.cfg.MaxBackoff)
 	var index uint64
 	for ctx.Err() == nil {
-		wait := w.cfg.WaitTime
+		wait := w.cfg.FastWait
 		if useSlot {
+			wait = w.cfg.WaitTime
 			if !w.acquire(ctx) {
 				return
 			}
