@@ -16,8 +16,10 @@ import (
 	coltrace "go.opentelemetry.io/proto/otlp/collector/trace/v1"
 	tracepb "go.opentelemetry.io/proto/otlp/trace/v1"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/metadata"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
 // otlpReceiver is an in-process OTLP trace collector (the official protos).
@@ -222,6 +224,21 @@ func TestTelemetryOfALapse(t *testing.T) {
 	if !strings.Contains(after["leasehold_executors"].String(), "lapsed") {
 		t.Errorf("executors gauge does not show the lapsed one: %v", after["leasehold_executors"])
 	}
+
+	// a dispatcher's trace continues into the fencing API
+	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
+	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	if _, err := fencingClient(t, addrs.xds).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "e2", SessionId: "x"}); err != nil {
+		t.Fatal(err)
+	}
+	recv.await(t, "fencing span in the dispatcher's trace", func(spans []*tracepb.Span) bool {
+		for _, s := range spans {
+			if id(s.TraceId) == traceID && strings.Contains(s.Name, "CheckSession") {
+				return true
+			}
+		}
+		return false
+	})
 }
 
 func hasEvent(s *tracepb.Span, name string) bool {
