@@ -37,7 +37,7 @@ func NewFencing(views Views, lastContact func() time.Time) *Fencing {
 }
 
 func (f *Fencing) answer(v *snapshot.View, req *leaseholdv1.CheckSessionRequest) *leaseholdv1.CheckSessionResponse {
-	st := v.Sessions.Check(req.GetInstanceId(), req.GetSessionId())
+	st := v.Sessions().Check(req.GetInstanceId(), req.GetSessionId())
 	resp := &leaseholdv1.CheckSessionResponse{
 		InstanceId: st.InstanceID, SessionId: st.SessionID, State: stateOf(st.State), Detail: st.Detail,
 		NewerSessionId: st.NewerSessionID, NewerGeneration: st.NewerGeneration, Generation: st.Generation,

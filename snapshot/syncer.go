@@ -4,7 +4,6 @@ import (
 	"context"
 	"crypto/sha256"
 	"encoding/hex"
-	"fmt"
 	"log/slog"
 	"sort"
 	"strings"
@@ -80,21 +79,24 @@ type Syncer struct {
 	members     map[string]*health.TaskMembers
 	np          *health.NonPassingSet
 	haveNP      bool
-	tasks       []string          // task types Consul lists; nil until first read
-	synced      bool              // the whole fleet has been read once
-	unreachable bool              // Consul's last answer was an error
-	lapsed      map[string]bool   // instance/session seen with a critical lease
-	floor       map[string]uint64 // highest generation seen per instance
+	tasks       []string           // task types Consul lists; nil until first read
+	synced      bool               // the whole fleet has been read once
+	unreachable bool               // Consul's last answer was an error
+	lapsed      map[[2]string]bool // instance, session seen with a critical lease
+	floor       map[string]uint64  // highest generation seen per instance
 	byTask      map[string][]health.Executor
-	taskPrint   map[string]string
+	taskPrint   map[string]taskPrint
 	badSeen     map[string]string
 	groups      map[string]*group
 	flushAt     time.Time
 	history     map[string][]health.PastSession // per instance, newest first, for sessions whose registrations are gone
 	batchStart  time.Time                       // when Consul's answer behind the current batch arrived
 	batchLapse  time.Time                       // batchStart, when the batch holds a new lapse
-	execPrint   map[string]string               // per registration, for added/changed/removed counts
+	execPrint   map[string]uint64               // per registration, for added/changed/removed counts
 	listeners   []func(Publication)
+	historyGen  uint64 // bumped when history changes
+	pastList    []health.PastSession
+	pastGen     uint64
 	syncTelemetry
 }
 
@@ -130,14 +132,14 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 		subs:      make(chan subscription),
 		stopped:   make(chan struct{}),
 		members:   map[string]*health.TaskMembers{},
-		lapsed:    map[string]bool{},
+		lapsed:    map[[2]string]bool{},
 		floor:     map[string]uint64{},
 		byTask:    map[string][]health.Executor{},
-		taskPrint: map[string]string{},
+		taskPrint: map[string]taskPrint{},
 		badSeen:   map[string]string{},
 		groups:    map[string]*group{},
 		history:   map[string][]health.PastSession{},
-		execPrint: map[string]string{},
+		execPrint: map[string]uint64{},
 	}
 	s.view.Store(emptyView())
 	s.initTelemetry()
@@ -261,7 +263,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 	started := time.Now()
 	var all []health.Executor
 	var lapses []health.Executor
-	present := map[string]bool{}
+	present := map[[2]string]bool{}
 	for _, task := range sortedTasks(s.members) {
 		for _, m := range s.members[task].Members {
 			e := health.Join(m, s.np)
@@ -274,7 +276,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 				}
 			} else {
 				// Session ids are only unique per instance by contract.
-				sk := e.InstanceID + "/" + e.SessionID
+				sk := [2]string{e.InstanceID, e.SessionID}
 				present[sk] = true
 				if e.Lease == health.StatusCritical && !s.lapsed[sk] {
 					s.lapsed[sk] = true
@@ -300,13 +302,27 @@ func (s *Syncer) recompute(ctx context.Context) {
 		}
 	}
 	byTask := map[string][]health.Executor{}
-	for _, e := range all {
-		byTask[e.Task] = append(byTask[e.Task], e)
+	prints := map[string]*taskPrint{}
+	execPrints := make([]uint64, len(all))
+	for i := range all {
+		e := &all[i]
+		byTask[e.Task] = append(byTask[e.Task], *e)
+		p := prints[e.Task]
+		if p == nil {
+			p = &taskPrint{}
+			prints[e.Task] = p
+		}
+		x := executorPrint(e)
+		p.add(x)
+		execPrints[i] = x
 	}
 	var changed []string
 	for task := range s.members {
-		fp := fingerprint(byTask[task])
-		if s.taskPrint[task] != fp {
+		fp := taskPrint{}
+		if p := prints[task]; p != nil {
+			fp = *p
+		}
+		if cur, ok := s.taskPrint[task]; !ok || cur != fp {
 			changed = append(changed, task)
 			s.taskPrint[task] = fp
 		}
@@ -325,7 +341,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 	traced := len(changed) > 0 || len(lapses) > 0
 	var root trace.Span
 	if traced {
-		diff := s.diffExecutors(all)
+		diff := s.diffExecutors(all, execPrints)
 		ctx, root = s.tracer.Start(ctx, "leasehold.consul_change", trace.WithTimestamp(s.batchStart),
 			trace.WithAttributes(
 				attribute.Int64("consul.index", int64(s.consulIndex())),
@@ -551,25 +567,6 @@ func typeVersion(rs []types.Resource) (string, map[string]string) {
 	return hex.EncodeToString(sum[:8]), each
 }
 
-// fingerprint identifies everything about a task's executors that decisions
-// depend on, so unchanged task types are not rebuilt.
-func fingerprint(es []health.Executor) string {
-	lines := make([]string, len(es))
-	for i, e := range es {
-		errText := ""
-		if e.Err != nil {
-			errText = e.Err.Error()
-		}
-		r := e.Registration
-		lines[i] = fmt.Sprintf("%s|%s|%s|%s|%d|%s|%s|%d|%s|%d|%s|%v|%s|%v|%s|%s|%s|%d|%v|%s|%d|%v",
-			e.Node, e.ServiceID, r.InstanceID, r.SessionID, r.Generation, r.Task, r.Address, r.Port, r.Version, r.Capacity, r.State, r.Labels, // maps print sorted
-			errText, e.LeaseFound, e.Lease, e.NodeChecks, e.Other, e.Load, e.Fenced, e.NewerSessionID, e.NewerGeneration, e.LapseObserved)
-	}
-	sort.Strings(lines)
-	sum := sha256.Sum256([]byte(strings.Join(lines, "\n")))
-	return hex.EncodeToString(sum[:])
-}
-
 func sortedTasks(m map[string]*health.TaskMembers) []string {
 	out := make([]string, 0, len(m))
 	for t := range m {
@@ -622,11 +619,16 @@ func (s *Syncer) remember(all []health.Executor) {
 		for i < len(h) && h[i].SessionID != e.SessionID {
 			i++
 		}
+		lapsed := e.LapseObserved || e.Lease == health.StatusCritical
+		if i < len(h) && (h[i].Lapsed || !lapsed) && contains(h[i].Tasks, e.Task) {
+			continue // nothing new about this session: the common case
+		}
+		s.historyGen++
 		if i == len(h) {
 			h = append(h, health.PastSession{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version})
 		}
 		p := &h[i]
-		if e.LapseObserved || e.Lease == health.StatusCritical {
+		if lapsed {
 			p.Lapsed = true
 		}
 		if !contains(p.Tasks, e.Task) { // a new slice: Views hold the old one
@@ -641,6 +643,7 @@ func (s *Syncer) remember(all []health.Executor) {
 		s.history[e.InstanceID] = h
 	}
 	if len(s.history) > len(present)+historyInstances {
+		s.historyGen++
 		for inst := range s.history {
 			if !present[inst] {
 				delete(s.history, inst)
@@ -649,11 +652,17 @@ func (s *Syncer) remember(all []health.Executor) {
 	}
 }
 
+// past lists every remembered session; the list is rebuilt only when the
+// history changed.
 func (s *Syncer) past() []health.PastSession {
-	var out []health.PastSession
+	if s.pastGen == s.historyGen && s.pastList != nil {
+		return s.pastList
+	}
+	out := []health.PastSession{}
 	for _, h := range s.history {
 		out = append(out, h...)
 	}
+	s.pastList, s.pastGen = out, s.historyGen
 	return out
 }
 

@@ -2,7 +2,6 @@ package snapshot
 
 import (
 	"context"
-	"fmt"
 	"sync/atomic"
 	"time"
 
@@ -99,17 +98,17 @@ type execDiff struct{ added, changed, removed int }
 
 // diffExecutors counts registrations added, changed and removed since the
 // previous call (for the change span).
-func (s *Syncer) diffExecutors(all []health.Executor) execDiff {
+func (s *Syncer) diffExecutors(all []health.Executor, prints []uint64) execDiff {
 	var d execDiff
-	next := make(map[string]string, len(all))
-	for _, e := range all {
-		k := e.Node + "/" + e.ServiceID
-		fp := fmt.Sprint(e.SessionID, e.State, e.Lease, e.NodeChecks, e.Other, e.Load, e.Fenced, e.LapseObserved, e.Version, e.Capacity)
-		next[k] = fp
+	next := make(map[string]uint64, len(all))
+	for i := range all {
+		next[all[i].Node+"/"+all[i].ServiceID] = prints[i]
+	}
+	for k, x := range next {
 		switch old, ok := s.execPrint[k]; {
 		case !ok:
 			d.added++
-		case old != fp:
+		case old != x:
 			d.changed++
 		}
 	}

@@ -2,6 +2,7 @@ package snapshot
 
 import (
 	"sort"
+	"sync"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -13,12 +14,21 @@ import (
 // or LAPSED is in no snapshot.
 type View struct {
 	ConsulIndex uint64
-	Executors   []health.Executor   // sorted by task, node, service id
+	Executors   []health.Executor   // by task, then as Consul listed them (node, service id)
 	Groups      []health.Dispatcher // constraint sets with streams, plus the unconstrained set
-	Sessions    health.SessionIndex
 	Synced      bool
 
-	changed chan struct{}
+	past     []health.PastSession
+	once     sync.Once
+	sessions health.SessionIndex
+	changed  chan struct{}
+}
+
+// Sessions is the session index of this view, built on first use: most
+// views are replaced before anyone asks.
+func (v *View) Sessions() health.SessionIndex {
+	v.once.Do(func() { v.sessions = health.IndexSessions(v.Executors, v.past) })
+	return v.sessions
 }
 
 // Changed is closed when a newer View replaces this one.
@@ -28,7 +38,7 @@ func (v *View) Changed() <-chan struct{} { return v.changed }
 func (s *Syncer) View() *View { return s.view.Load() }
 
 func emptyView() *View {
-	return &View{Sessions: health.IndexSessions(nil, nil), Groups: []health.Dispatcher{{}}, changed: make(chan struct{})}
+	return &View{Groups: []health.Dispatcher{{}}, changed: make(chan struct{})}
 }
 
 // publishView replaces the view; called by Run only.
@@ -38,16 +48,6 @@ func (s *Syncer) publishView() {
 	for _, task := range sortedTasks(s.members) {
 		all = append(all, s.byTask[task]...)
 	}
-	sort.SliceStable(all, func(i, j int) bool {
-		a, b := all[i], all[j]
-		if a.Task != b.Task {
-			return a.Task < b.Task
-		}
-		if a.Node != b.Node {
-			return a.Node < b.Node
-		}
-		return a.ServiceID < b.ServiceID
-	})
 	groups := []health.Dispatcher{{}}
 	keys := make([]string, 0, len(s.groups))
 	for k := range s.groups {
@@ -59,7 +59,7 @@ func (s *Syncer) publishView() {
 			groups = append(groups, s.groups[k].d)
 		}
 	}
-	v := &View{ConsulIndex: index, Executors: all, Groups: groups, Sessions: health.IndexSessions(all, s.past()), Synced: s.synced, changed: make(chan struct{})}
+	v := &View{ConsulIndex: index, Executors: all, Groups: groups, past: s.past(), Synced: s.synced, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
 }
