@@ -2,6 +2,8 @@ package health
 
 import (
 	"strings"
+	"sync"
+	"sync/atomic"
 
 	"github.com/Masterminds/semver/v3"
 )
@@ -84,9 +86,34 @@ func (d Dispatcher) versionOK(version string) bool {
 	if d.constraint == nil {
 		return true
 	}
-	v, err := semver.StrictNewVersion(version)
-	return err == nil && d.constraint.Check(v)
+	v := parsedVersion(version)
+	return v != nil && d.constraint.Check(v)
 }
+
+// parsedVersion parses a strict semantic version once per distinct string:
+// a fleet has few versions, and every decision needs one. Invalid versions
+// are not cached (they are excluded as bad metadata anyway), and the cache
+// stops growing at maxCachedVersions.
+func parsedVersion(s string) *semver.Version {
+	if v, ok := versionCache.Load(s); ok {
+		return v.(*semver.Version)
+	}
+	v, err := semver.StrictNewVersion(s)
+	if err != nil {
+		return nil
+	}
+	if versionCached.Add(1) <= maxCachedVersions {
+		versionCache.Store(s, v)
+	}
+	return v
+}
+
+const maxCachedVersions = 10_000
+
+var (
+	versionCache  sync.Map // string → *semver.Version
+	versionCached atomic.Int64
+)
 
 // labelsOK reports whether every selector pair is among labels.
 func (d Dispatcher) labelsOK(labels map[string]string) (bool, string) {

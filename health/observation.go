@@ -143,6 +143,10 @@ func worst(a, b CheckStatus) CheckStatus {
 type Contact struct {
 	OK  bool
 	Err error
+	// IndexWentBack: Consul answered with an index below one it gave before
+	// (a restart without state, a restore): what was learned from its past,
+	// such as the highest session generation of each instance, may be void.
+	IndexWentBack bool
 }
 
 // TaskList is the set of task types at Index (services carrying the tag).

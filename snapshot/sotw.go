@@ -57,6 +57,7 @@ type sotwCache struct {
 	groupOf func(*corev3.Node) string
 
 	mu      sync.Mutex
+	anys    anyMemo
 	snaps   map[string]*groupState
 	watches map[string]map[int64]sotwWatch
 	nextID  int64
@@ -65,6 +66,28 @@ type sotwCache struct {
 type groupState struct {
 	snap     *cache.Snapshot
 	versions map[string]map[string]string // type URL → name → content version
+	anys     *anyMemo
+}
+
+// anyMemo holds each resource marshalled once (deterministically, so every
+// replica sends the same bytes) for every stream and group that sends it.
+type anyMemo struct {
+	byKey map[string]*anypb.Any // type URL, name, version
+}
+
+// marshalled returns the resource as an Any, marshalling it only the first
+// time its version is sent; c.mu is held.
+func (st *groupState) marshalled(typeURL, name, version string, r proto.Message) *anypb.Any {
+	key := typeURL + "\x00" + name + "\x00" + version
+	if a, ok := st.anys.byKey[key]; ok {
+		return a
+	}
+	a := &anypb.Any{}
+	if err := anypb.MarshalFrom(a, r, proto.MarshalOptions{Deterministic: true}); err != nil {
+		return nil // validated protos always marshal
+	}
+	st.anys.byKey[key] = a
+	return a
 }
 
 type sotwWatch struct {
@@ -91,7 +114,7 @@ func (w sotwWatch) deliver(resp cache.Response) {
 }
 
 func newSotwCache(groupOf func(*corev3.Node) string) *sotwCache {
-	return &sotwCache{groupOf: groupOf, snaps: map[string]*groupState{}, watches: map[string]map[int64]sotwWatch{}}
+	return &sotwCache{groupOf: groupOf, snaps: map[string]*groupState{}, watches: map[string]map[int64]sotwWatch{}, anys: anyMemo{byKey: map[string]*anypb.Any{}}}
 }
 
 func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
@@ -121,10 +144,11 @@ func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, out 
 }
 
 func (c *sotwCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string) {
-	st := &groupState{snap: snap, versions: versions}
+	st := &groupState{snap: snap, versions: versions, anys: &c.anys}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.snaps[group] = st
+	c.pruneAnys()
 	for id, w := range c.watches[group] {
 		if resp := st.respond(w.req, w.sub); resp != nil {
 			w.deliver(resp)
@@ -137,6 +161,27 @@ func (c *sotwCache) clear(group string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.snaps, group)
+	c.pruneAnys()
+}
+
+// pruneAnys forgets marshalled resources no group serves any more; c.mu is held.
+func (c *sotwCache) pruneAnys() {
+	if len(c.anys.byKey) < 64 {
+		return
+	}
+	live := map[string]bool{}
+	for _, st := range c.snaps {
+		for typeURL, vs := range st.versions {
+			for name, v := range vs {
+				live[typeURL+"\x00"+name+"\x00"+v] = true
+			}
+		}
+	}
+	for k := range c.anys.byKey {
+		if !live[k] {
+			delete(c.anys.byKey, k)
+		}
+	}
 }
 
 // snapshot returns a group's current snapshot.
@@ -214,12 +259,9 @@ func (st *groupState) respond(req *cache.Request, sub cache.Subscription) cache.
 	}
 	out := &discovery.DiscoveryResponse{VersionInfo: typeVersion, TypeUrl: typeURL}
 	for _, name := range send {
-		a := &anypb.Any{}
-		// Deterministic bytes: replicas send identical responses.
-		if err := anypb.MarshalFrom(a, resources[name].Resource, proto.MarshalOptions{Deterministic: true}); err != nil {
-			continue // validated protos always marshal
+		if a := st.marshalled(typeURL, name, versions[name], resources[name].Resource); a != nil {
+			out.Resources = append(out.Resources, a)
 		}
-		out.Resources = append(out.Resources, a)
 	}
 	return &cache.PassthroughResponse{Request: req, DiscoveryResponse: out, ReturnedResources: returned}
 }

@@ -17,13 +17,13 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -112,9 +112,10 @@ type group struct {
 	d            health.Dispatcher
 	refs         int
 	loads        map[string]*endpointv3.ClusterLoadAssignment
+	claVersion   map[string]string // content version of each load assignment
+	builders     map[string]*Builder
 	dirty        bool
 	urgent       bool
-	version      map[types.ResponseType]string
 }
 
 // NewSyncer returns a Syncer with an empty cache. Dispatchers' nodes are
@@ -247,6 +248,15 @@ func (s *Syncer) apply(o health.Observation) {
 	case o.NonPassing != nil:
 		s.np = health.NewNonPassingSet(*o.NonPassing)
 		s.haveNP = true
+	case o.Contact != nil && o.Contact.IndexWentBack:
+		// Consul's past is gone: generations restart from its empty KV, so
+		// remembered floors would fence every live executor.
+		if len(s.floor) > 0 || len(s.history) > 0 {
+			s.log.Warn("Consul's index went backwards: forgetting session generations and history learned before")
+			clear(s.floor)
+			clear(s.history)
+			s.historyGen++
+		}
 	case o.Contact != nil:
 		s.unreachable = !o.Contact.OK
 		if !o.Contact.OK {
@@ -405,22 +415,30 @@ func (s *Syncer) recompute(ctx context.Context) {
 func (s *Syncer) rebuild(g *group, task string) {
 	old := g.loads[task]
 	if _, ok := s.members[task]; !ok {
+		delete(g.builders, task)
 		if old != nil {
 			delete(g.loads, task)
+			delete(g.claVersion, task)
 			g.dirty, g.urgent = true, true
 		}
 		return
 	}
-	cla, decisions := Endpoints(task, s.byTask[task], g.d)
+	b := g.builders[task]
+	if b == nil {
+		b = &Builder{}
+		g.builders[task] = b
+	}
+	cla, version := b.Build(task, s.byTask[task], g.d)
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		for _, d := range decisions {
+		for _, d := range Decide(s.byTask[task], g.d) {
 			s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
 		}
 	}
-	if old != nil && proto.Equal(old, cla) {
-		return
+	if old != nil && g.claVersion[task] == version {
+		return // same content
 	}
 	g.loads[task] = cla
+	g.claVersion[task] = version
 	g.dirty = true
 	if removesOrDrains(old, cla) {
 		g.urgent = true
@@ -492,7 +510,7 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 		g.refs++
 		return
 	}
-	g = &group{d: sub.d, refs: 1, loads: map[string]*endpointv3.ClusterLoadAssignment{}}
+	g = &group{d: sub.d, refs: 1, loads: map[string]*endpointv3.ClusterLoadAssignment{}, claVersion: map[string]string{}, builders: map[string]*Builder{}}
 	s.groups[key] = g
 	for task := range s.members {
 		s.rebuild(g, task)
@@ -508,21 +526,26 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	tasks := sortedTasks(s.members)
 	res := map[types.ResponseType][]types.Resource{}
+	versions := map[string]map[string]string{ // type URL → name → content version
+		resource.ListenerType: {}, resource.RouteType: {}, resource.ClusterType: {}, resource.EndpointType: {},
+	}
 	for _, task := range tasks {
-		res[types.Listener] = append(res[types.Listener], Listener(task))
-		res[types.Route] = append(res[types.Route], Route(task))
-		res[types.Cluster] = append(res[types.Cluster], Cluster(task))
+		l, r, c := Listener(task), Route(task), Cluster(task)
+		res[types.Listener] = append(res[types.Listener], l)
+		res[types.Route] = append(res[types.Route], r)
+		res[types.Cluster] = append(res[types.Cluster], c)
+		versions[resource.ListenerType][task] = StaticVersion(resource.ListenerType, task, l)
+		versions[resource.RouteType][task] = StaticVersion(resource.RouteType, task, r)
+		versions[resource.ClusterType][task] = StaticVersion(resource.ClusterType, task, c)
 		if cla := g.loads[task]; cla != nil {
 			res[types.Endpoint] = append(res[types.Endpoint], cla)
+			versions[resource.EndpointType][task] = g.claVersion[task]
 		}
 	}
 	snap := &cache.Snapshot{}
-	versions := map[string]map[string]string{} // type URL → name → content version
 	for _, typ := range []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route} {
 		url, _ := cache.GetResponseTypeURL(typ)
-		tv, each := typeVersion(res[typ])
-		snap.Resources[typ] = cache.NewResources(tv, res[typ])
-		versions[url] = each
+		snap.Resources[typ] = cache.NewResources(typeVersion(versions[url]), res[typ])
 	}
 	// go-control-plane's own Snapshot.Consistent does not follow API
 	// listeners to their routes; ours does.
@@ -552,19 +575,15 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	}
 }
 
-// typeVersion hashes the names and content versions of a type's resources;
-// it also returns each resource's version.
-func typeVersion(rs []types.Resource) (string, map[string]string) {
-	each := make(map[string]string, len(rs))
-	parts := make([]string, len(rs))
-	for i, r := range rs {
-		name, v := cache.GetResourceName(r), Version(r)
-		each[name] = v
-		parts[i] = name + "=" + v
+// typeVersion hashes the names and content versions of a type's resources.
+func typeVersion(each map[string]string) string {
+	parts := make([]string, 0, len(each))
+	for name, v := range each {
+		parts = append(parts, name+"="+v)
 	}
 	sort.Strings(parts)
 	sum := sha256.Sum256([]byte(strings.Join(parts, ";")))
-	return hex.EncodeToString(sum[:8]), each
+	return hex.EncodeToString(sum[:8])
 }
 
 func sortedTasks(m map[string]*health.TaskMembers) []string {

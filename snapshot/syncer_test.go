@@ -50,6 +50,17 @@ func (h *syncHarness) publish() published {
 	}
 }
 
+// advanceWindow lets a coalesced (addition-only) change be published.
+func (h *syncHarness) advanceWindow() {
+	h.t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
+		h.t.Fatal("no coalescing timer")
+	}
+	h.clock.Advance(50 * time.Millisecond)
+}
+
 func (h *syncHarness) quiet() {
 	h.t.Helper()
 	select {
@@ -253,3 +264,23 @@ func TestSyncerTaskGoneRemovesItsResources(t *testing.T) {
 type testLog struct{ t *testing.T }
 
 func (l testLog) Write(p []byte) (int, error) { l.t.Log(string(p)); return len(p), nil }
+
+func TestSyncerForgetsGenerationsWhenConsulLosesItsState(t *testing.T) {
+	h := startSyncer(t)
+	h.tasks("work")
+	h.nonPassing()
+	h.members("work", testMember("work", "a", "old", 3, 9001, "1.0.0", health.StatusPassing, 5))
+	h.s.Subscribe(dispatcher(t, ""))
+	h.publish()
+	// Consul restarts empty: the executor re-registers, its KV generation starts over
+	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
+	h.members("work", testMember("work", "a", "new", 1, 9001, "1.0.0", health.StatusPassing, 2))
+	h.advanceWindow()
+	p := h.publish()
+	if got := endpointsOf(t, p.snap, "work"); len(got) != 1 {
+		t.Fatalf("new session fenced by a generation from before the state loss: %v", got)
+	}
+	if st := h.s.View().Sessions().Check("a", "new"); st.State != health.SessionCurrent {
+		t.Fatalf("new session %s", st.State)
+	}
+}

@@ -7,7 +7,10 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"fmt"
+	"hash/maphash"
 	"sort"
+	"strconv"
+	"sync"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -99,35 +102,101 @@ type Decision struct {
 	Verdict  health.Verdict
 }
 
-// Endpoints decides every executor of task for constraint set d and builds
-// the load assignment: eligible executors HEALTHY, draining ones DRAINING,
-// weights from spare capacity. Executors must all serve task; the output is
-// sorted, so equal inputs give byte-identical resources.
-func Endpoints(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, []Decision) {
+// Decide returns the verdict on every executor for constraint set d, sorted
+// by node and service id (for explain views and logs).
+func Decide(executors []health.Executor, d health.Dispatcher) []Decision {
 	decisions := make([]Decision, 0, len(executors))
-	var lbs []*endpointv3.LbEndpoint
 	for _, e := range executors {
-		v := health.Eligible(e, d)
-		decisions = append(decisions, Decision{Executor: e, Verdict: v})
-		status := corev3.HealthStatus_HEALTHY
-		switch v.Route {
-		case health.RouteNone:
-			continue
-		case health.RouteDraining:
-			status = corev3.HealthStatus_DRAINING
-		}
-		lbs = append(lbs, lbEndpoint(e, status))
+		decisions = append(decisions, Decision{Executor: e, Verdict: health.Eligible(e, d)})
 	}
-	sort.Slice(lbs, func(i, j int) bool { return endpointKey(lbs[i]) < endpointKey(lbs[j]) })
 	sort.Slice(decisions, func(i, j int) bool {
-		a, b := decisions[i].Executor, decisions[j].Executor
+		a, b := &decisions[i].Executor, &decisions[j].Executor
 		if a.Node != b.Node {
 			return a.Node < b.Node
 		}
 		return a.ServiceID < b.ServiceID
 	})
+	return decisions
+}
+
+// Endpoints decides every executor of task for constraint set d and builds
+// the load assignment: eligible executors HEALTHY, draining ones DRAINING,
+// weights from spare capacity. Executors must all serve task; the output is
+// sorted, so equal inputs give byte-identical resources.
+func Endpoints(task string, executors []health.Executor, d health.Dispatcher) *endpointv3.ClusterLoadAssignment {
+	cla, _ := EndpointsVersioned(task, executors, d)
+	return cla
+}
+
+// EndpointsVersioned is Endpoints with the content version of the result,
+// computed from the decided inputs rather than by marshalling: the load
+// assignment is a pure function of them, so equal inputs give equal versions
+// on every replica, at a fraction of the cost.
+func EndpointsVersioned(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+	return (&Builder{}).Build(task, executors, d)
+}
+
+// Builder builds one task's load assignments for one constraint set again
+// and again, reusing the endpoint messages of executors that did not change
+// since the previous build: a single change costs a pass over the fleet, not
+// a fresh message per executor. Endpoint messages are immutable once built.
+type Builder struct {
+	prev map[uint64]*endpointv3.LbEndpoint
+}
+
+// Build is EndpointsVersioned, with reuse.
+func (bl *Builder) Build(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+	routed := make([]*health.Executor, 0, len(executors))
+	statuses := make([]corev3.HealthStatus, 0, len(executors))
+	for i := range executors {
+		e := &executors[i]
+		switch health.Eligible(*e, d).Route {
+		case health.RouteHealthy:
+			routed, statuses = append(routed, e), append(statuses, corev3.HealthStatus_HEALTHY)
+		case health.RouteDraining:
+			routed, statuses = append(routed, e), append(statuses, corev3.HealthStatus_DRAINING)
+		}
+	}
+	idx := make([]int, len(routed))
+	for i := range idx {
+		idx[i] = i
+	}
+	sort.Slice(idx, func(a, b int) bool { return endpointLess(routed[idx[a]], routed[idx[b]]) })
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
-	if len(lbs) > 0 {
+	h := sha256.New()
+	var buf []byte
+	buf = append(append(buf, "cla\x00"...), task...)
+	next := make(map[uint64]*endpointv3.LbEndpoint, len(routed))
+	if len(routed) > 0 {
+		lbs := make([]*endpointv3.LbEndpoint, len(routed))
+		for i, k := range idx {
+			e := routed[k]
+			start := len(buf)
+			buf = append(buf, 0)
+			buf = append(buf, e.InstanceID...)
+			buf = append(buf, 0)
+			buf = append(buf, e.SessionID...)
+			buf = append(buf, 0)
+			buf = append(buf, e.Version...)
+			buf = append(buf, 0)
+			buf = append(buf, e.Address...)
+			buf = append(buf, 0)
+			buf = strconv.AppendInt(buf, int64(e.Port), 10)
+			buf = append(buf, 0)
+			buf = strconv.AppendInt(buf, int64(statuses[k]), 10)
+			buf = append(buf, 0)
+			buf = strconv.AppendUint(buf, uint64(Weight(*e)), 10)
+			key := maphash.Bytes(seed, buf[start:]) // the endpoint's whole content
+			lb := bl.prev[key]
+			if lb == nil {
+				lb = lbEndpoint(e, statuses[k])
+			}
+			lbs[i], next[key] = lb, lb
+			if len(buf) > 32<<10 {
+				h.Write(buf)
+				buf = buf[:0]
+			}
+		}
 		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{
 			Locality:    &corev3.Locality{},
 			LbEndpoints: lbs,
@@ -135,7 +204,23 @@ func Endpoints(task string, executors []health.Executor, d health.Dispatcher) (*
 			LoadBalancingWeight: wrapperspb.UInt32(1),
 		}}
 	}
-	return cla, decisions
+	h.Write(buf)
+	bl.prev = next
+	return cla, "e" + hex.EncodeToString(h.Sum(nil)[:8])
+}
+
+// endpointLess orders endpoints by instance, address, port (then session).
+func endpointLess(a, b *health.Executor) bool {
+	if a.InstanceID != b.InstanceID {
+		return a.InstanceID < b.InstanceID
+	}
+	if a.Address != b.Address {
+		return a.Address < b.Address
+	}
+	if a.Port != b.Port {
+		return a.Port < b.Port
+	}
+	return a.SessionID < b.SessionID
 }
 
 // Weight is the endpoint weight of e: its spare capacity, clamped to
@@ -145,12 +230,12 @@ func Weight(e health.Executor) uint32 {
 	return uint32(min(max(spare, MinWeight), MaxWeight))
 }
 
-func lbEndpoint(e health.Executor, status corev3.HealthStatus) *endpointv3.LbEndpoint {
-	md, _ := structpb.NewStruct(map[string]any{
-		"instance_id": e.InstanceID,
-		"session_id":  e.SessionID,
-		"version":     e.Version,
-	})
+func lbEndpoint(e *health.Executor, status corev3.HealthStatus) *endpointv3.LbEndpoint {
+	md := &structpb.Struct{Fields: map[string]*structpb.Value{
+		"instance_id": structpb.NewStringValue(e.InstanceID),
+		"session_id":  structpb.NewStringValue(e.SessionID),
+		"version":     structpb.NewStringValue(e.Version),
+	}}
 	return &endpointv3.LbEndpoint{
 		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
@@ -161,14 +246,31 @@ func lbEndpoint(e health.Executor, status corev3.HealthStatus) *endpointv3.LbEnd
 			Hostname: e.InstanceID,
 		}},
 		HealthStatus:        status,
-		LoadBalancingWeight: wrapperspb.UInt32(Weight(e)),
+		LoadBalancingWeight: wrapperspb.UInt32(Weight(*e)),
 		Metadata:            &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}},
 	}
 }
 
+// endpointKey identifies an endpoint across load assignments.
 func endpointKey(lb *endpointv3.LbEndpoint) string {
 	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-	return fmt.Sprintf("%s|%s|%d", lb.GetEndpoint().GetHostname(), sa.GetAddress(), sa.GetPortValue())
+	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + strconv.FormatUint(uint64(sa.GetPortValue()), 10)
+}
+
+// staticVersions memoises the versions of listeners, routes and clusters:
+// their content depends on the task name only.
+var staticVersions sync.Map // type URL + "/" + name → version
+
+// StaticVersion is Version of a listener, route or cluster, computed once
+// per name.
+func StaticVersion(typeURL, name string, m proto.Message) string {
+	key := typeURL + "/" + name
+	if v, ok := staticVersions.Load(key); ok {
+		return v.(string)
+	}
+	v := Version(m)
+	staticVersions.Store(key, v)
+	return v
 }
 
 // Version is the content hash of a resource: equal resources have equal

@@ -97,7 +97,7 @@ func TestTranslateGolden(t *testing.T) {
 	protoGolden(t, "route.json", Route("transcode"))
 	protoGolden(t, "cluster.json", Cluster("transcode"))
 	for name, d := range map[string]health.Dispatcher{"any": any, "strict": strict} {
-		cla, decisions := Endpoints("transcode", fleet(), d)
+		cla, decisions := Endpoints("transcode", fleet(), d), Decide(fleet(), d)
 		protoGolden(t, "endpoints-"+name+".json", cla)
 		type row struct{ Instance, Session, Route, Reason string }
 		var rows []row
@@ -111,14 +111,32 @@ func TestTranslateGolden(t *testing.T) {
 
 func TestTranslateIsDeterministic(t *testing.T) {
 	any, _ := health.NewDispatcher("", nil)
-	want, _ := Endpoints("transcode", fleet(), any)
+	want := Endpoints("transcode", fleet(), any)
 	for range 20 {
 		es := fleet()
 		rand.Shuffle(len(es), func(i, j int) { es[i], es[j] = es[j], es[i] })
-		got, _ := Endpoints("transcode", es, any)
+		got := Endpoints("transcode", es, any)
 		if Version(got) != Version(want) || !proto.Equal(got, want) {
 			t.Fatal("input order changed the output")
 		}
+	}
+	_, wantV := EndpointsVersioned("transcode", fleet(), any)
+	for range 5 {
+		es := fleet()
+		rand.Shuffle(len(es), func(i, j int) { es[i], es[j] = es[j], es[i] })
+		if _, v := EndpointsVersioned("transcode", es, any); v != wantV {
+			t.Fatal("input order changed the content version")
+		}
+	}
+	es := fleet()
+	es[0].Load++ // a weight changes
+	if _, v := EndpointsVersioned("transcode", es, any); v == wantV {
+		t.Fatal("content version ignores weights")
+	}
+	es = fleet()
+	es[3].State = health.StateActive // draining → healthy
+	if _, v := EndpointsVersioned("transcode", es, any); v == wantV {
+		t.Fatal("content version ignores health status")
 	}
 	if Version(Listener("a")) == Version(Listener("b")) {
 		t.Fatal("different resources share a version")
@@ -144,7 +162,7 @@ func TestWeightClamp(t *testing.T) {
 
 func TestConsistent(t *testing.T) {
 	any, _ := health.NewDispatcher("", nil)
-	cla, _ := Endpoints("t", nil, any)
+	cla := Endpoints("t", nil, any)
 	ok := Consistent([]*listenerv3.Listener{Listener("t")}, []*routev3.RouteConfiguration{Route("t")}, []*clusterv3.Cluster{Cluster("t")}, []*endpointv3.ClusterLoadAssignment{cla})
 	if ok != nil {
 		t.Fatal(ok)

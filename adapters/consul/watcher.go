@@ -99,9 +99,10 @@ type Watcher struct {
 	slots   chan struct{} // per-task blocking query slots
 	waiting atomic.Int32  // task watchers queued for a slot
 
-	contactMu   sync.Mutex
-	failing     bool
-	lastContact atomic.Int64 // unix nanos of the last successful answer
+	contactMu      sync.Mutex
+	failing        bool
+	failingWatches map[string]bool
+	lastContact    atomic.Int64 // unix nanos of the last successful answer
 
 	requests, errs, wakeups metric.Int64Counter
 }
@@ -162,8 +163,11 @@ func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o hea
 	}
 }
 
-// contact records the outcome of one query and reports a change of state.
-func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, err error) {
+// contact records the outcome of one query of watch name and reports a
+// change of state: Consul counts as unreachable while the last query of any
+// watch failed, so one answer that was in flight when Consul went away does
+// not flip the state back.
+func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, name string, err error) {
 	if err == nil {
 		w.lastContact.Store(w.cfg.Clock.Now().UnixNano())
 	}
@@ -171,11 +175,20 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, er
 		return
 	}
 	w.contactMu.Lock()
-	changed := w.failing != (err != nil)
-	w.failing = err != nil
+	if w.failingWatches == nil {
+		w.failingWatches = map[string]bool{}
+	}
+	if err != nil {
+		w.failingWatches[name] = true
+	} else {
+		delete(w.failingWatches, name)
+	}
+	failing := len(w.failingWatches) > 0
+	changed := w.failing != failing
+	w.failing = failing
 	w.contactMu.Unlock()
 	if changed {
-		w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: err == nil, Err: err}})
+		w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: !failing, Err: err}})
 	}
 }
 
@@ -188,7 +201,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
 	clock := w.cfg.Clock
 	bo := newBackoff(100*time.Millisecond, w.cfg.MaxBackoff)
-	var index uint64
+	var index, highest uint64
 	for ctx.Err() == nil {
 		wait := w.cfg.FastWait
 		if useSlot {
@@ -212,7 +225,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 		} else if err == nil && next != index {
 			w.wakeups.Add(ctx, 1, kind)
 		}
-		w.contact(ctx, out, err)
+		w.contact(ctx, out, name, err)
 		var pause time.Duration
 		if err != nil {
 			if ctx.Err() != nil {
@@ -226,8 +239,13 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", pause)
 		} else {
 			bo.reset()
+			if next < highest { // also seen after an error, when index was reset
+				w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", highest, "to", next)
+				w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
+				highest = 0
+			}
+			highest = max(highest, next)
 			if next < index {
-				w.log.Info("consul index went backwards; resetting", "watch", name, "from", index, "to", next)
 				next = 0
 			}
 			index = next
@@ -274,6 +292,7 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 	w.blockingLoop(ctx, out, "non-passing", w.cfg.MinInterval, false, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		checks, idx, err := w.cat.NonPassing(ctx, w.cfg.Tag, index, wait)
 		if err != nil {
+			first = true // report the next answer whatever it is
 			return 0, err
 		}
 		states := make([]health.CheckState, 0, len(checks))
@@ -360,6 +379,7 @@ func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, 
 	w.blockingLoop(ctx, out, "task "+task, w.cfg.MinInterval*4, true, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		nodes, idx, err := w.cat.ServiceNodes(ctx, task, w.cfg.Tag, index, wait)
 		if err != nil {
+			lastKey = "" // whatever Consul says next is read in full
 			return 0, err
 		}
 		key := membershipKey(nodes)
@@ -368,6 +388,7 @@ func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, 
 		}
 		entries, hidx, err := w.cat.HealthService(ctx, task, w.cfg.Tag)
 		if err != nil {
+			lastKey = ""
 			return 0, err
 		}
 		lastKey = key
@@ -389,13 +410,27 @@ func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, 
 
 // membershipKey identifies the catalog entries of a task: same key, same
 // members with the same meta, address and port.
+//
+// Indexes alone are not enough: a Consul agent that restarted without state
+// replays the same operations to the same indexes, so the content (meta,
+// which carries the session, address, port, tags) is part of the key.
 func membershipKey(nodes []*api.CatalogService) string {
 	keys := make([]string, len(nodes))
 	for i, n := range nodes {
-		keys[i] = fmt.Sprintf("%s/%s@%d", n.Node, n.ServiceID, n.ModifyIndex)
+		metaKeys := make([]string, 0, len(n.ServiceMeta))
+		for k := range n.ServiceMeta {
+			metaKeys = append(metaKeys, k)
+		}
+		sort.Strings(metaKeys)
+		var b strings.Builder
+		fmt.Fprintf(&b, "%s/%s@%d/%d|%s|%s:%d|%v", n.Node, n.ServiceID, n.CreateIndex, n.ModifyIndex, n.Address, n.ServiceAddress, n.ServicePort, n.ServiceTags)
+		for _, k := range metaKeys {
+			b.WriteString("|" + k + "=" + n.ServiceMeta[k])
+		}
+		keys[i] = b.String()
 	}
 	sort.Strings(keys)
-	return fmt.Sprint(keys)
+	return strings.Join(keys, "\n")
 }
 
 // member converts a health entry into the domain's Member, parsing the

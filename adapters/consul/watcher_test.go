@@ -387,3 +387,28 @@ func TestWatcherBoundsConcurrentTaskQueries(t *testing.T) {
 		}
 	}
 }
+
+func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond})
+	h.cat.call(t, "services")
+	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}}})
+	h.cat.call(t, "nodes")
+	node := func(session string) *api.CatalogService {
+		return &api.CatalogService{Node: "n1", ServiceID: "work:a", ModifyIndex: 7, CreateIndex: 7, ServiceMeta: map[string]string{"session_id": session}}
+	}
+	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{node("s1")}})
+	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}})
+	for o := h.observe(); o.Members == nil; o = h.observe() {
+	}
+	// a restarted agent replays the same indexes with a new session
+	h.clock.Advance(time.Second)
+	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{node("s2")}})
+	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s2", 1, "passing")}})
+	o := h.observe()
+	for o.Members == nil {
+		o = h.observe()
+	}
+	if o.Members.Members[0].SessionID != "s2" {
+		t.Fatalf("members not re-read: %+v", o.Members.Members[0])
+	}
+}

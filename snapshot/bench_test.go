@@ -1,0 +1,56 @@
+package snapshot
+
+import (
+	"fmt"
+	"testing"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+func benchFleet(n int) []health.Executor {
+	es := make([]health.Executor, n)
+	for i := range es {
+		es[i] = health.Executor{
+			Registration: health.Registration{
+				InstanceID: fmt.Sprintf("exec-%06d", i), SessionID: "s", Generation: 1, Task: "work",
+				Address: "10.0.0.1", Port: 10000 + i%50000, Version: "1.4.2", Capacity: 8,
+				State: health.StateActive, Labels: map[string]string{"zone": "eu-1"},
+			},
+			ServiceID: fmt.Sprintf("work:exec-%06d", i), Node: fmt.Sprintf("n%d", i%100),
+			Lease: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing, Load: i % 8,
+		}
+	}
+	return es
+}
+
+// BenchmarkEndpoints: a full build of one task's load assignment (decide
+// every executor, build, sort) and its content version, per fleet size.
+func BenchmarkEndpoints(b *testing.B) {
+	for _, n := range []int{1_000, 10_000, 100_000} {
+		es := benchFleet(n)
+		d, _ := health.NewDispatcher(">=1.0.0", map[string]string{"zone": "eu-1"})
+		b.Run(fmt.Sprintf("full-%d", n), func(b *testing.B) {
+			b.ReportAllocs()
+			for b.Loop() {
+				_, _ = EndpointsVersioned("work", es, d)
+			}
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
+		})
+	}
+}
+
+// BenchmarkSingleChange: one executor of 10,000 changes; the task's load
+// assignment is rebuilt and versioned (what a lapse costs per constraint set).
+func BenchmarkSingleChange(b *testing.B) {
+	es := benchFleet(10_000)
+	d, _ := health.NewDispatcher("", nil)
+	bl := &Builder{}
+	bl.Build("work", es, d)
+	b.ReportAllocs()
+	i := 0
+	for b.Loop() {
+		es[i%len(es)].Load = (es[i%len(es)].Load + 1) % 8
+		i++
+		_, _ = bl.Build("work", es, d)
+	}
+}
