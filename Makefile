@@ -46,3 +46,4 @@ proto:
 # Benchmarks (never part of make test): numbers go into BENCHMARKS.md.
 bench: $(CONSUL)
 	$(GO) test -run '^$$' -bench . -benchtime 1000x -count 4 ./adapters/otel
+	$(GO) test -run '^$$' -bench . -count 3 ./snapshot
