@@ -43,7 +43,11 @@ proto:
 	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO_GRPC)
 	PATH=$(CURDIR)/bin:$$PATH protoc -I proto --go_out=paths=source_relative:proto --go-grpc_out=paths=source_relative:proto proto/leasehold/v1/*.proto
 
-# Benchmarks (never part of make test): numbers go into BENCHMARKS.md.
+# Benchmarks (never part of make test): micro-benchmarks, then the end-to-end
+# harness on real parts, which writes its table into BENCHMARKS.md.
 bench: $(CONSUL)
 	$(GO) test -run '^$$' -bench . -benchtime 1000x -count 4 ./adapters/otel
 	$(GO) test -run '^$$' -bench . -count 3 ./snapshot
+	$(GO) build -o bin/leasehold ./cmd/leasehold
+	$(GO) build -o bin/leasehold-bench ./cmd/leasehold-bench
+	bin/leasehold-bench --leasehold bin/leasehold --write BENCHMARKS.md

@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"net/http"
+	"net/http/pprof"
 	"sort"
 	"time"
 
@@ -55,6 +56,10 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 	if cfg.Metrics != nil {
 		mux.Handle("GET /metrics", cfg.Metrics)
 	}
+	// Go profiles, for the admin port's operators (loopback by default).
+	mux.HandleFunc("GET /debug/pprof/", pprof.Index)
+	mux.HandleFunc("GET /debug/pprof/profile", pprof.Profile)
+	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	if cfg.Syncer != nil {
 		mux.HandleFunc("GET /debug/executors", func(w http.ResponseWriter, r *http.Request) {
 			task := r.URL.Query().Get("task")

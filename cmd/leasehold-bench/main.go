@@ -1,0 +1,632 @@
+// Command leasehold-bench measures leasehold on loopback with real parts: a
+// Consul dev agent, real registrations with TTL checks heartbeated by the
+// harness, `leasehold serve` as a separate process, and lightweight ADS
+// dispatchers that ACK like real clients. It writes its results into
+// BENCHMARKS.md between the bench:start and bench:end markers.
+package main
+
+import (
+	"bufio"
+	"context"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"net/http"
+	"os"
+	"os/exec"
+	"runtime"
+	"sort"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protowire"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+)
+
+var (
+	leaseholdBin = flag.String("leasehold", "bin/leasehold", "leasehold binary")
+	executors    = flag.Int("executors", 1000, "registered executors (one task type)")
+	dispatchers  = flag.Int("dispatchers", 100, "ADS dispatcher streams")
+	lapses       = flag.Int("lapses", 50, "lapses to measure")
+	fanouts      = flag.Int("fanouts", 10, "single changes to measure fan-out with")
+	lease        = flag.Duration("lease", 5*time.Second, "executor lease (TTL)")
+	heartbeat    = flag.Duration("heartbeat", 2*time.Second, "heartbeat interval")
+	idle         = flag.Duration("idle", 20*time.Second, "idle period over which Consul load is measured")
+	write        = flag.String("write", "BENCHMARKS.md", "file to write the results into (empty: stdout only)")
+	profile      = flag.String("profile", "", "write a CPU profile of leasehold serve during the lapses to this file")
+)
+
+const task = "work"
+
+func main() {
+	flag.Parse()
+	if err := run(); err != nil {
+		fmt.Fprintln(os.Stderr, "leasehold-bench:", err)
+		os.Exit(1)
+	}
+}
+
+func logf(format string, args ...any) {
+	fmt.Printf(time.Now().Format("15:04:05 ")+format+"\n", args...)
+}
+
+func run() error {
+	bin, err := consultest.Binary()
+	if err != nil {
+		return err
+	}
+	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench", ExtraHCL: `limits { http_max_conns_per_client = 1000 }`})
+	if agent != nil {
+		defer agent.Close()
+	}
+	if err != nil {
+		return err
+	}
+	agent.SettleSync()
+	client, err := consul.NewClient(agent.HTTPAddr(), 64)
+	if err != nil {
+		return err
+	}
+	fleet := newFleet(client, *executors)
+	logf("registering %d executors (lease %s, heartbeat %s)", *executors, *lease, *heartbeat)
+	if err := fleet.registerAll(); err != nil {
+		return err
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go fleet.heartbeatAll(ctx)
+
+	srv, err := startServe(agent.HTTPAddr())
+	if err != nil {
+		return err
+	}
+	defer srv.stop()
+	logf("leasehold serve pid %d ready; RSS %s", srv.cmd.Process.Pid, kb(srv.rss()))
+	rssIdle := srv.rss()
+
+	ds, err := startDispatchers(ctx, srv.xds, *dispatchers)
+	if err != nil {
+		return err
+	}
+	if err := ds.awaitAll(func(set map[string]bool) bool { return len(set) == *executors }, 60*time.Second); err != nil {
+		return fmt.Errorf("dispatchers never saw the fleet: %w", err)
+	}
+	runtime.GC()
+	rssStreams := srv.rss()
+	logf("%d dispatcher streams connected; RSS %s", *dispatchers, kb(rssStreams))
+
+	// lapse → stop: victims stop heartbeating 200 ms apart, so their leases
+	// expire one by one and each removal is measured on its own.
+	n := min(*lapses, *executors/2)
+	profDone := make(chan struct{})
+	if *profile != "" {
+		go func() {
+			defer close(profDone)
+			secs := int((time.Duration(n)*200*time.Millisecond + *lease + 2*time.Second).Seconds()) + 1
+			resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", srv.admin, secs))
+			if err != nil {
+				logf("profile: %v", err)
+				return
+			}
+			defer resp.Body.Close()
+			out, err := os.Create(*profile)
+			if err == nil {
+				io.Copy(out, resp.Body)
+				out.Close()
+			}
+		}()
+	} else {
+		close(profDone)
+	}
+	expiries := make([]time.Time, n)
+	for i := range n {
+		expiries[i] = fleet.stop(i)
+		time.Sleep(200 * time.Millisecond) // the spacing of the drill, not a wait for a result
+	}
+	var lapseLat []time.Duration
+	for i := range n {
+		victim := fleet.ids[i]
+		if err := ds.awaitAll(func(set map[string]bool) bool { return !set[victim] }, 4**lease+30*time.Second); err != nil {
+			return fmt.Errorf("lapse %d: %w", i, err)
+		}
+		lapseLat = append(lapseLat, ds.goneFromAll(victim).Sub(expiries[i]))
+	}
+	<-profDone
+	logf("lapse → stop over %d lapses: %s", len(lapseLat), dist(lapseLat))
+	sum, _ := srv.metric("leasehold_lapse_to_push_duration_seconds_sum")
+	count, _ := srv.metric("leasehold_lapse_to_push_duration_seconds_count")
+	var inLeasehold time.Duration
+	if count > 0 {
+		inLeasehold = time.Duration(sum / count * float64(time.Second))
+	}
+	logf("of which from Consul reporting the lapse to the last ACK (leasehold's own histogram): mean %s over %.0f", r(inLeasehold), count)
+
+	// fan-out: deregister a healthy executor (a removal, pushed at once)
+	var fan []time.Duration
+	for i := 0; i < *fanouts; i++ {
+		idx := *executors - 1 - i
+		victim := fleet.ids[idx]
+		fleet.stopHeartbeat(idx)
+		start := time.Now()
+		if err := client.Agent().ServiceDeregister(health.ServiceID(victim, task)); err != nil {
+			return err
+		}
+		if err := ds.awaitAll(func(set map[string]bool) bool { return !set[victim] }, 30*time.Second); err != nil {
+			return fmt.Errorf("fan-out %d: %w", i, err)
+		}
+		fan = append(fan, ds.goneFromAll(victim).Sub(start))
+	}
+	logf("fan-out to %d streams over %d changes: %s", *dispatchers, len(fan), dist(fan))
+
+	// Consul load at idle
+	before, err := srv.consulRequests()
+	if err != nil {
+		return err
+	}
+	time.Sleep(*idle) // the measurement window itself
+	after, _ := srv.consulRequests()
+	idleRate := (after - before) / idle.Seconds()
+	logf("Consul requests at idle: %.2f/s", idleRate)
+
+	res := results{
+		executors: *executors, dispatchers: *dispatchers, lease: *lease, heartbeat: *heartbeat,
+		lapse: lapseLat, fanout: fan, inLeasehold: inLeasehold, rssIdle: rssIdle, rssStreams: rssStreams, idleRate: idleRate,
+	}
+	table := res.markdown()
+	fmt.Println(table)
+	if *write != "" {
+		return writeInto(*write, table)
+	}
+	return nil
+}
+
+// fleet is the simulated executors: real registrations, real TTL checks.
+type fleet struct {
+	c       *api.Client
+	ids     []string
+	session string
+	lastAck []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
+	stopped []atomic.Bool
+}
+
+func newFleet(c *api.Client, n int) *fleet {
+	f := &fleet{c: c, session: "bench", lastAck: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n)}
+	for i := range n {
+		f.ids = append(f.ids, fmt.Sprintf("x%05d", i))
+	}
+	return f
+}
+
+func (f *fleet) registerAll() error {
+	return parallel(len(f.ids), 16, func(i int) error {
+		r := health.Registration{InstanceID: f.ids[i], SessionID: f.session, Generation: 1, Task: task,
+			Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8, State: health.StateActive}
+		sent := time.Now()
+		err := f.c.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
+			ID: health.ServiceID(r.InstanceID, task), Name: task, Tags: []string{health.DefaultTag},
+			Address: r.Address, Port: r.Port, Meta: r.Meta(),
+			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, f.session, task), TTL: lease.String(), Status: "passing", DeregisterCriticalServiceAfter: "10m"}},
+		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		f.lastAck[i].Store(sent.UnixNano())
+		return err
+	})
+}
+
+func (f *fleet) heartbeatAll(ctx context.Context) {
+	t := time.NewTicker(*heartbeat)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		parallel(len(f.ids), 32, func(i int) error {
+			if f.stopped[i].Load() {
+				return nil
+			}
+			sent := time.Now()
+			if err := f.c.Agent().UpdateTTL(health.CheckID(f.ids[i], f.session, task), "load=1", "pass"); err == nil && !f.stopped[i].Load() {
+				f.lastAck[i].Store(sent.UnixNano())
+			}
+			return nil
+		})
+	}
+}
+
+// stop ends executor i's heartbeats and returns its lease's expiry instant.
+func (f *fleet) stop(i int) time.Time {
+	f.stopped[i].Store(true)
+	return time.Unix(0, f.lastAck[i].Load()).Add(*lease)
+}
+
+func (f *fleet) stopHeartbeat(i int) { f.stopped[i].Store(true) }
+
+func parallel(n, workers int, fn func(int) error) error {
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	next := atomic.Int64{}
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, ok := firstErr.Load().(error); ok {
+		return err
+	}
+	return nil
+}
+
+// served is a running `leasehold serve`.
+type served struct {
+	cmd        *exec.Cmd
+	xds, admin string
+}
+
+func freePort() (string, error) {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		return "", err
+	}
+	defer l.Close()
+	return l.Addr().String(), nil
+}
+
+func startServe(consulAddr string) (*served, error) {
+	xds, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	admin, err := freePort()
+	if err != nil {
+		return nil, err
+	}
+	cmd := exec.Command(*leaseholdBin, "serve", "--consul-addr", consulAddr, "--xds-addr", xds, "--admin-addr", admin, "--log-level", "warn")
+	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if err := cmd.Start(); err != nil {
+		return nil, fmt.Errorf("start %s (make bench builds it): %w", *leaseholdBin, err)
+	}
+	s := &served{cmd: cmd, xds: xds, admin: admin}
+	deadline := time.Now().Add(60 * time.Second)
+	for {
+		resp, err := http.Get("http://" + admin + "/readyz")
+		if err == nil {
+			resp.Body.Close()
+			if resp.StatusCode == 200 {
+				return s, nil
+			}
+		}
+		if time.Now().After(deadline) {
+			s.stop()
+			return nil, errors.New("leasehold never became ready")
+		}
+		time.Sleep(100 * time.Millisecond) // /readyz has no watch API
+	}
+}
+
+func (s *served) stop() {
+	s.cmd.Process.Signal(os.Interrupt)
+	done := make(chan struct{})
+	go func() { s.cmd.Wait(); close(done) }()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		s.cmd.Process.Kill()
+	}
+}
+
+// rss reads the process's resident set size in KB.
+func (s *served) rss() int64 {
+	f, err := os.Open(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	defer f.Close()
+	sc := bufio.NewScanner(f)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
+			return n
+		}
+	}
+	return 0
+}
+
+// metric sums every sample of a metric family line prefix from /metrics.
+func (s *served) metric(prefix string) (float64, error) {
+	resp, err := http.Get("http://" + s.admin + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var total float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, prefix+" ") || strings.HasPrefix(line, prefix+"{") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += v
+		}
+	}
+	return total, nil
+}
+
+// consulRequests sums leasehold_consul_requests_total from /metrics.
+func (s *served) consulRequests() (float64, error) {
+	resp, err := http.Get("http://" + s.admin + "/metrics")
+	if err != nil {
+		return 0, err
+	}
+	defer resp.Body.Close()
+	b, _ := io.ReadAll(resp.Body)
+	var total float64
+	for _, line := range strings.Split(string(b), "\n") {
+		if strings.HasPrefix(line, "leasehold_consul_requests_total") {
+			f := strings.Fields(line)
+			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
+			total += v
+		}
+	}
+	return total, nil
+}
+
+// dispatcherSet is M lightweight ADS clients that ACK every response.
+type dispatcherSet struct {
+	mu      sync.Mutex
+	sets    []map[string]bool      // latest endpoints per client
+	changed []time.Time            // when each client's set last changed
+	gone    []map[string]time.Time // per client: when each endpoint left its set
+	notify  chan struct{}
+}
+
+func startDispatchers(ctx context.Context, addr string, m int) (*dispatcherSet, error) {
+	ds := &dispatcherSet{sets: make([]map[string]bool, m), changed: make([]time.Time, m), gone: make([]map[string]time.Time, m), notify: make(chan struct{}, 1)}
+	for i := range ds.gone {
+		ds.gone[i] = map[string]time.Time{}
+	}
+	perConn := 100
+	var conn *grpc.ClientConn
+	for i := range m {
+		if i%perConn == 0 {
+			var err error
+			conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			if err != nil {
+				return nil, err
+			}
+		}
+		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+		if err != nil {
+			return nil, err
+		}
+		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("bench-%d", i)}, TypeUrl: resource.EndpointType, ResourceNames: []string{task}}
+		if err := s.Send(req); err != nil {
+			return nil, err
+		}
+		go ds.client(i, s, req)
+	}
+	return ds, nil
+}
+
+func (ds *dispatcherSet) client(i int, s discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, req *discovery.DiscoveryRequest) {
+	for {
+		r, err := s.Recv()
+		if err != nil {
+			return
+		}
+		at := time.Now()
+		// ACK first, as a lightweight client would: the latency measured is
+		// leasehold's, not this harness's parsing.
+		req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
+		s.Send(req)
+		set := map[string]bool{}
+		for _, res := range r.GetResources() {
+			healthyHosts(res.GetValue(), set)
+		}
+		ds.mu.Lock()
+		for host := range ds.sets[i] {
+			if !set[host] {
+				if _, seen := ds.gone[i][host]; !seen {
+					ds.gone[i][host] = at
+				}
+			}
+		}
+		ds.sets[i], ds.changed[i] = set, at
+		ds.mu.Unlock()
+		select {
+		case ds.notify <- struct{}{}:
+		default:
+		}
+	}
+}
+
+// awaitAll waits until every client's latest set satisfies cond.
+func (ds *dispatcherSet) awaitAll(cond func(map[string]bool) bool, timeout time.Duration) error {
+	deadline := time.After(timeout)
+	for {
+		ds.mu.Lock()
+		ok := true
+		for _, s := range ds.sets {
+			if s == nil || !cond(s) {
+				ok = false
+				break
+			}
+		}
+		ds.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-ds.notify:
+		case <-deadline:
+			return errors.New("timed out")
+		}
+	}
+}
+
+// goneFromAll is when the last client dropped host.
+func (ds *dispatcherSet) goneFromAll(host string) time.Time {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	var last time.Time
+	for _, g := range ds.gone {
+		if t := g[host]; t.After(last) {
+			last = t
+		}
+	}
+	return last
+}
+
+type results struct {
+	executors, dispatchers int
+	lease, heartbeat       time.Duration
+	lapse, fanout          []time.Duration
+	inLeasehold            time.Duration
+	rssIdle, rssStreams    int64
+	idleRate               float64
+}
+
+func dist(ds []time.Duration) string {
+	if len(ds) == 0 {
+		return "-"
+	}
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	q := func(p float64) time.Duration { return s[min(len(s)-1, int(p*float64(len(s))))] }
+	return fmt.Sprintf("min %s, p50 %s, p99 %s, max %s", r(s[0]), r(q(0.5)), r(q(0.99)), r(s[len(s)-1]))
+}
+
+func r(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
+
+func kb(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1024) }
+
+func (res results) markdown() string {
+	perStream := float64(res.rssStreams-res.rssIdle) / float64(res.dispatchers)
+	var b strings.Builder
+	fmt.Fprintf(&b, "Run: `make bench` → `leasehold-bench --executors %d --dispatchers %d --lapses %d --lease %s --heartbeat %s`, %s, %s, %d cores.\n\n",
+		res.executors, res.dispatchers, len(res.lapse), res.lease, res.heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.Version(), runtime.NumCPU())
+	b.WriteString("| figure | measured | target |\n|---|---|---|\n")
+	fmt.Fprintf(&b, "| lapse → stop (lease expiry → last of %d streams has endpoints without it), %d lapses at %d executors | %s | p99 ≤ 50 ms at 10,000 executors and 1,000 streams |\n",
+		res.dispatchers, len(res.lapse), res.executors, dist(res.lapse))
+	fmt.Fprintf(&b, "| of which inside leasehold: Consul reporting the lapse → last ACK (mean, `leasehold_lapse_to_push_duration_seconds`) | %s | |\n", r(res.inLeasehold))
+	fmt.Fprintf(&b, "| fan-out: one removal until all %d streams have it | %s | 1k streams ≤ 50 ms |\n", res.dispatchers, dist(res.fanout))
+	fmt.Fprintf(&b, "| RSS of `leasehold serve`: %d executors, no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream; ≤ 100 MB total at 1,000 streams + 10,000 executors |\n",
+		res.executors, res.dispatchers, kb(res.rssIdle), kb(res.rssStreams), perStream)
+	fmt.Fprintf(&b, "| Consul requests at idle (1 task type) | %.2f/s | ≤ services/300 + 1 req/s |\n", res.idleRate)
+	return b.String()
+}
+
+const startMarker, endMarker = "<!-- bench:start -->", "<!-- bench:end -->"
+
+// writeInto replaces the text between the markers in path (appending a
+// section if they are missing).
+func writeInto(path, table string) error {
+	b, err := os.ReadFile(path)
+	if err != nil && !os.IsNotExist(err) {
+		return err
+	}
+	s := string(b)
+	section := startMarker + "\n" + table + endMarker
+	i, j := strings.Index(s, startMarker), strings.Index(s, endMarker)
+	if i >= 0 && j > i {
+		s = s[:i] + section + s[j+len(endMarker):]
+	} else {
+		s = strings.TrimRight(s, "\n") + "\n\n## End to end (leasehold-bench)\n\n" + section + "\n"
+	}
+	return os.WriteFile(path, []byte(s), 0o644)
+}
+
+// healthyHosts adds the hostnames of the HEALTHY endpoints of a serialized
+// ClusterLoadAssignment to set, scanning the wire format for just those two
+// fields: a full unmarshal per response per stream would make the harness,
+// not leasehold, the bottleneck on 2 cores.
+func healthyHosts(b []byte, set map[string]bool) {
+	fields(b, func(num protowire.Number, v []byte) { // ClusterLoadAssignment
+		if num != 2 { // endpoints
+			return
+		}
+		fields(v, func(num protowire.Number, v []byte) { // LocalityLbEndpoints
+			if num != 2 { // lb_endpoints
+				return
+			}
+			var host string
+			healthy := true                                  // HEALTHY is 1; an absent status is UNKNOWN (0), treated as routable
+			fields(v, func(num protowire.Number, v []byte) { // LbEndpoint
+				if num == 1 { // endpoint
+					fields(v, func(num protowire.Number, v []byte) {
+						if num == 3 { // hostname
+							host = string(v)
+						}
+					})
+				}
+			}, func(num protowire.Number, x uint64) {
+				if num == 2 { // health_status
+					healthy = x == uint64(corev3.HealthStatus_HEALTHY) || x == 0
+				}
+			})
+			if healthy && host != "" {
+				set[host] = true
+			}
+		})
+	})
+}
+
+// fields calls bytesFn for each length-delimited field and varintFn (if
+// given) for each varint field of a message.
+func fields(b []byte, bytesFn func(protowire.Number, []byte), varintFn ...func(protowire.Number, uint64)) {
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return
+		}
+		b = b[n:]
+		switch typ {
+		case protowire.BytesType:
+			v, n := protowire.ConsumeBytes(b)
+			if n < 0 {
+				return
+			}
+			bytesFn(num, v)
+			b = b[n:]
+		case protowire.VarintType:
+			x, n := protowire.ConsumeVarint(b)
+			if n < 0 {
+				return
+			}
+			if len(varintFn) > 0 {
+				varintFn[0](num, x)
+			}
+			b = b[n:]
+		default:
+			n := protowire.ConsumeFieldValue(num, typ, b)
+			if n < 0 {
+				return
+			}
+			b = b[n:]
+		}
+	}
+}
