@@ -83,12 +83,12 @@ func run() error {
 	}
 	fleet := newFleet(client, *executors)
 	logf("registering %d executors (lease %s, heartbeat %s)", *executors, *lease, *heartbeat)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go fleet.heartbeatAll(ctx) // from the start: registering a large fleet takes longer than a lease
 	if err := fleet.registerAll(); err != nil {
 		return err
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go fleet.heartbeatAll(ctx)
 
 	srv, err := startServe(agent.HTTPAddr())
 	if err != nil {
@@ -199,12 +199,13 @@ type fleet struct {
 	c       *api.Client
 	ids     []string
 	session string
-	lastAck []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
-	stopped []atomic.Bool
+	lastAck    []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
+	stopped    []atomic.Bool
+	registered []atomic.Bool
 }
 
 func newFleet(c *api.Client, n int) *fleet {
-	f := &fleet{c: c, session: "bench", lastAck: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n)}
+	f := &fleet{c: c, session: "bench", lastAck: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n)}
 	for i := range n {
 		f.ids = append(f.ids, fmt.Sprintf("x%05d", i))
 	}
@@ -222,6 +223,7 @@ func (f *fleet) registerAll() error {
 			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, f.session, task), TTL: lease.String(), Status: "passing", DeregisterCriticalServiceAfter: "10m"}},
 		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
 		f.lastAck[i].Store(sent.UnixNano())
+		f.registered[i].Store(err == nil)
 		return err
 	})
 }
@@ -236,7 +238,7 @@ func (f *fleet) heartbeatAll(ctx context.Context) {
 		case <-t.C:
 		}
 		parallel(len(f.ids), 32, func(i int) error {
-			if f.stopped[i].Load() {
+			if f.stopped[i].Load() || !f.registered[i].Load() {
 				return nil
 			}
 			sent := time.Now()
