@@ -54,3 +54,29 @@ func BenchmarkSingleChange(b *testing.B) {
 		_, _ = bl.Build("work", es, d)
 	}
 }
+
+// BenchmarkConstraintSets: the cost of one change at 10,000 executors with 1
+// vs 100 distinct constraint sets — linear in sets (each set has its own
+// load assignment), independent of how many dispatchers share a set.
+func BenchmarkConstraintSets(b *testing.B) {
+	for _, sets := range []int{1, 100} {
+		b.Run(fmt.Sprintf("sets-%d", sets), func(b *testing.B) {
+			es := benchFleet(10_000)
+			builders := make([]*Builder, sets)
+			ds := make([]health.Dispatcher, sets)
+			for i := range sets {
+				ds[i], _ = health.NewDispatcher(fmt.Sprintf(">=1.%d.0", i%5), nil)
+				builders[i] = &Builder{}
+				builders[i].Build("work", es, ds[i])
+			}
+			i := 0
+			for b.Loop() {
+				es[i%len(es)].Load = (es[i%len(es)].Load + 1) % 8
+				i++
+				for k := range sets {
+					builders[k].Build("work", es, ds[k])
+				}
+			}
+		})
+	}
+}

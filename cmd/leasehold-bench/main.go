@@ -157,6 +157,8 @@ func run() error {
 
 	// fan-out: deregister a healthy executor (a removal, pushed at once)
 	var fan []time.Duration
+	cpuBefore := srv.cpu()
+	reqBefore, _ := srv.consulRequests()
 	for i := 0; i < *fanouts; i++ {
 		idx := *executors - 1 - i
 		victim := fleet.ids[idx]
@@ -170,7 +172,10 @@ func run() error {
 		}
 		fan = append(fan, ds.goneFromAll(victim).Sub(start))
 	}
-	logf("fan-out to %d streams over %d changes: %s", *dispatchers, len(fan), dist(fan))
+	cpuPerStreamUpdate := (srv.cpu() - cpuBefore) / time.Duration(max(1, *fanouts**dispatchers))
+	reqAfter, _ := srv.consulRequests()
+	reqPerChange := (reqAfter - reqBefore) / float64(max(1, *fanouts))
+	logf("fan-out to %d streams over %d changes: %s; server CPU per stream per update %s; Consul requests per change %.1f", *dispatchers, len(fan), dist(fan), cpuPerStreamUpdate, reqPerChange)
 
 	// Consul load at idle
 	before, err := srv.consulRequests()
@@ -184,7 +189,7 @@ func run() error {
 
 	res := results{
 		executors: *executors, dispatchers: *dispatchers, lease: *lease, heartbeat: *heartbeat,
-		lapse: lapseLat, fanout: fan, inLeasehold: inLeasehold, rssIdle: rssIdle, rssStreams: rssStreams, idleRate: idleRate,
+		lapse: lapseLat, fanout: fan, inLeasehold: inLeasehold, cpuPerStream: cpuPerStreamUpdate, reqPerChange: reqPerChange, rssIdle: rssIdle, rssStreams: rssStreams, idleRate: idleRate,
 	}
 	table := res.markdown()
 	fmt.Println(table)
@@ -196,9 +201,9 @@ func run() error {
 
 // fleet is the simulated executors: real registrations, real TTL checks.
 type fleet struct {
-	c       *api.Client
-	ids     []string
-	session string
+	c          *api.Client
+	ids        []string
+	session    string
 	lastAck    []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
 	stopped    []atomic.Bool
 	registered []atomic.Bool
@@ -340,6 +345,18 @@ func (s *served) stop() {
 	case <-time.After(10 * time.Second):
 		s.cmd.Process.Kill()
 	}
+}
+
+// cpu is the process's user+system CPU time so far.
+func (s *served) cpu() time.Duration {
+	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
+	if err != nil {
+		return 0
+	}
+	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
+	utime, _ := strconv.ParseInt(f[11], 10, 64) // fields 14 and 15 of stat, after pid and comm
+	stime, _ := strconv.ParseInt(f[12], 10, 64)
+	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
 }
 
 // rss reads the process's resident set size in KB.
@@ -508,6 +525,8 @@ type results struct {
 	lease, heartbeat       time.Duration
 	lapse, fanout          []time.Duration
 	inLeasehold            time.Duration
+	cpuPerStream           time.Duration
+	reqPerChange           float64
 	rssIdle, rssStreams    int64
 	idleRate               float64
 }
@@ -538,7 +557,9 @@ func (res results) markdown() string {
 	fmt.Fprintf(&b, "| fan-out: one removal until all %d streams have it | %s | 1k streams ≤ 50 ms |\n", res.dispatchers, dist(res.fanout))
 	fmt.Fprintf(&b, "| RSS of `leasehold serve`: %d executors, no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream; ≤ 100 MB total at 1,000 streams + 10,000 executors |\n",
 		res.executors, res.dispatchers, kb(res.rssIdle), kb(res.rssStreams), perStream)
+	fmt.Fprintf(&b, "| server CPU per stream per update (fan-out phase, user+system) | %s | |\n", res.cpuPerStream)
 	fmt.Fprintf(&b, "| Consul requests at idle (1 task type) | %.2f/s | ≤ services/300 + 1 req/s |\n", res.idleRate)
+	fmt.Fprintf(&b, "| Consul requests per changed service (a deregistration) | %.1f | exactly 1 |\n", res.reqPerChange)
 	return b.String()
 }
 
