@@ -23,6 +23,7 @@ type Dispatcher struct {
 
 	constraint *semver.Constraints
 	key        string
+	labelKeys  []string // sorted keys of Labels
 }
 
 // NewDispatcher validates a constraint set; errors name the node metadata
@@ -54,6 +55,7 @@ func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatch
 	if err := errs.err(); err != nil {
 		return Dispatcher{}, err
 	}
+	d.labelKeys = sortedKeys(d.Labels)
 	d.key = d.computeKey()
 	return d, nil
 }
@@ -117,7 +119,11 @@ var (
 
 // labelsOK reports whether every selector pair is among labels.
 func (d Dispatcher) labelsOK(labels map[string]string) (bool, string) {
-	for _, k := range sortedKeys(d.Labels) {
+	keys := d.labelKeys
+	if keys == nil && len(d.Labels) > 0 { // a Dispatcher not built by NewDispatcher
+		keys = sortedKeys(d.Labels)
+	}
+	for _, k := range keys {
 		if v, ok := labels[k]; !ok || v != d.Labels[k] {
 			return false, k
 		}

@@ -5,9 +5,9 @@ package snapshot
 
 import (
 	"crypto/sha256"
+	"encoding/binary"
 	"encoding/hex"
 	"fmt"
-	"hash/maphash"
 	"sort"
 	"strconv"
 	"sync"
@@ -163,15 +163,18 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 	}
 	sort.Slice(idx, func(a, b int) bool { return endpointLess(routed[idx[a]], routed[idx[b]]) })
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
+	// The version hashes the task and, in order, a 64-bit FNV-1a digest of
+	// each endpoint's content: deterministic on every replica, and the digest
+	// doubles as the key under which an unchanged endpoint is reused.
 	h := sha256.New()
-	var buf []byte
-	buf = append(append(buf, "cla\x00"...), task...)
+	h.Write([]byte("cla\x00" + task))
+	var buf, digests []byte
 	next := make(map[uint64]*endpointv3.LbEndpoint, len(routed))
 	if len(routed) > 0 {
 		lbs := make([]*endpointv3.LbEndpoint, len(routed))
 		for i, k := range idx {
 			e := routed[k]
-			start := len(buf)
+			buf = buf[:0]
 			buf = append(buf, 0)
 			buf = append(buf, e.InstanceID...)
 			buf = append(buf, 0)
@@ -186,15 +189,16 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 			buf = strconv.AppendInt(buf, int64(statuses[k]), 10)
 			buf = append(buf, 0)
 			buf = strconv.AppendUint(buf, uint64(Weight(*e)), 10)
-			key := maphash.Bytes(seed, buf[start:]) // the endpoint's whole content
+			key := fnv64a(buf) // the endpoint's whole content
 			lb := bl.prev[key]
 			if lb == nil {
 				lb = lbEndpoint(e, statuses[k])
 			}
 			lbs[i], next[key] = lb, lb
-			if len(buf) > 32<<10 {
-				h.Write(buf)
-				buf = buf[:0]
+			digests = binary.LittleEndian.AppendUint64(digests, key)
+			if len(digests) >= 32<<10 {
+				h.Write(digests)
+				digests = digests[:0]
 			}
 		}
 		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{
@@ -204,7 +208,7 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 			LoadBalancingWeight: wrapperspb.UInt32(1),
 		}}
 	}
-	h.Write(buf)
+	h.Write(digests)
 	bl.prev = next
 	return cla, "e" + hex.EncodeToString(h.Sum(nil)[:8])
 }
@@ -322,4 +326,14 @@ func Consistent(listeners []*listenerv3.Listener, routes []*routev3.RouteConfigu
 		}
 	}
 	return nil
+}
+
+// fnv64a is the 64-bit FNV-1a hash (hash/fnv without the allocation).
+func fnv64a(b []byte) uint64 {
+	h := uint64(14695981039346656037)
+	for _, c := range b {
+		h ^= uint64(c)
+		h *= 1099511628211
+	}
+	return h
 }
