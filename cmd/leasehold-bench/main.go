@@ -39,15 +39,16 @@ import (
 
 var (
 	leaseholdBin = flag.String("leasehold", "bin/leasehold", "leasehold binary")
-	executors    = flag.Int("executors", 1000, "registered executors (one task type)")
+	executors    = flag.Int("executors", 500, "registered executors (one task type)")
 	dispatchers  = flag.Int("dispatchers", 100, "ADS dispatcher streams")
 	lapses       = flag.Int("lapses", 50, "lapses to measure")
 	fanouts      = flag.Int("fanouts", 10, "single changes to measure fan-out with")
-	lease        = flag.Duration("lease", 5*time.Second, "executor lease (TTL)")
-	heartbeat    = flag.Duration("heartbeat", 2*time.Second, "heartbeat interval")
+	lease        = flag.Duration("lease", 10*time.Second, "executor lease (TTL)")
+	heartbeat    = flag.Duration("heartbeat", 3*time.Second, "heartbeat interval")
 	idle         = flag.Duration("idle", 20*time.Second, "idle period over which Consul load is measured")
 	write        = flag.String("write", "BENCHMARKS.md", "file to write the results into (empty: stdout only)")
 	profile      = flag.String("profile", "", "write a CPU profile of leasehold serve during the lapses to this file")
+	compare      = flag.Bool("consul-xds", true, "also measure each lapse through Consul's own xDS (Connect sidecars)")
 )
 
 const task = "work"
@@ -88,6 +89,24 @@ func run() error {
 	go fleet.heartbeatAll(ctx) // from the start: registering a large fleet takes longer than a lease
 	if err := fleet.registerAll(); err != nil {
 		return err
+	}
+
+	var consulXDS *consulEDS
+	if *compare {
+		if err := registerDispatcherProxy(client); err != nil {
+			return fmt.Errorf("dispatcher proxy: %w", err)
+		}
+		consulXDS, err = followConsulEDS(ctx, fmt.Sprintf("127.0.0.1:%d", agent.Ports.GRPC))
+		if err != nil {
+			return err
+		}
+		if err := consulXDS.await(func(p map[uint32]bool) bool { return len(p) == *executors }, 120*time.Second); err != nil {
+			consulXDS.mu.Lock()
+			got := len(consulXDS.ports)
+			consulXDS.mu.Unlock()
+			return fmt.Errorf("Consul's EDS never offered the fleet (%d of %d): %w", got, *executors, err)
+		}
+		logf("Consul's own xDS offers all %d executors' sidecars", *executors)
 	}
 
 	srv, err := startServe(agent.HTTPAddr())
@@ -145,6 +164,17 @@ func run() error {
 		}
 		lapseLat = append(lapseLat, ds.goneFromAll(victim).Sub(expiries[i]))
 	}
+	var consulLat []time.Duration
+	if consulXDS != nil {
+		for i := range n {
+			port := uint32(sidecarPort(i))
+			if err := consulXDS.await(func(p map[uint32]bool) bool { return !p[port] }, 60*time.Second); err != nil {
+				return fmt.Errorf("lapse %d through Consul's xDS: %w", i, err)
+			}
+			consulLat = append(consulLat, consulXDS.goneAt(port).Sub(expiries[i]))
+		}
+		logf("the same lapses through Consul's own xDS: %s", dist(consulLat))
+	}
 	<-profDone
 	logf("lapse → stop over %d lapses: %s", len(lapseLat), dist(lapseLat))
 	sum, _ := srv.metric("leasehold_lapse_to_push_duration_seconds_sum")
@@ -189,7 +219,7 @@ func run() error {
 
 	res := results{
 		executors: *executors, dispatchers: *dispatchers, lease: *lease, heartbeat: *heartbeat,
-		lapse: lapseLat, fanout: fan, inLeasehold: inLeasehold, cpuPerStream: cpuPerStreamUpdate, reqPerChange: reqPerChange, rssIdle: rssIdle, rssStreams: rssStreams, idleRate: idleRate,
+		lapse: lapseLat, consulLapse: consulLat, fanout: fan, inLeasehold: inLeasehold, cpuPerStream: cpuPerStreamUpdate, reqPerChange: reqPerChange, rssIdle: rssIdle, rssStreams: rssStreams, idleRate: idleRate,
 	}
 	table := res.markdown()
 	fmt.Println(table)
@@ -222,11 +252,15 @@ func (f *fleet) registerAll() error {
 		r := health.Registration{InstanceID: f.ids[i], SessionID: f.session, Generation: 1, Task: task,
 			Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8, State: health.StateActive}
 		sent := time.Now()
-		err := f.c.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
+		reg := &api.AgentServiceRegistration{
 			ID: health.ServiceID(r.InstanceID, task), Name: task, Tags: []string{health.DefaultTag},
 			Address: r.Address, Port: r.Port, Meta: r.Meta(),
 			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, f.session, task), TTL: lease.String(), Status: "passing", DeregisterCriticalServiceAfter: "10m"}},
-		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		}
+		if *compare {
+			reg.Connect = connectFor(reg.ID, i)
+		}
+		err := f.c.Agent().ServiceRegisterOpts(reg, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
 		f.lastAck[i].Store(sent.UnixNano())
 		f.registered[i].Store(err == nil)
 		return err
@@ -524,6 +558,7 @@ type results struct {
 	executors, dispatchers int
 	lease, heartbeat       time.Duration
 	lapse, fanout          []time.Duration
+	consulLapse            []time.Duration
 	inLeasehold            time.Duration
 	cpuPerStream           time.Duration
 	reqPerChange           float64
@@ -541,6 +576,12 @@ func dist(ds []time.Duration) string {
 	return fmt.Sprintf("min %s, p50 %s, p99 %s, max %s", r(s[0]), r(q(0.5)), r(q(0.99)), r(s[len(s)-1]))
 }
 
+func median(ds []time.Duration) time.Duration {
+	s := append([]time.Duration(nil), ds...)
+	sort.Slice(s, func(i, j int) bool { return s[i] < s[j] })
+	return s[len(s)/2]
+}
+
 func r(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
 
 func kb(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1024) }
@@ -553,6 +594,10 @@ func (res results) markdown() string {
 	b.WriteString("| figure | measured | target |\n|---|---|---|\n")
 	fmt.Fprintf(&b, "| lapse → stop (lease expiry → last of %d streams has endpoints without it), %d lapses at %d executors | %s | p99 ≤ 50 ms at 10,000 executors and 1,000 streams |\n",
 		res.dispatchers, len(res.lapse), res.executors, dist(res.lapse))
+	if len(res.consulLapse) > 0 {
+		ratio := float64(median(res.consulLapse)) / float64(max(median(res.lapse), 1))
+		fmt.Fprintf(&b, "| the same lapses through Consul's own xDS (Connect sidecars; delta ADS client on Consul's gRPC port) | %s — leasehold's median is %.1f× faster | leasehold ≥ 10× faster |\n", dist(res.consulLapse), ratio)
+	}
 	fmt.Fprintf(&b, "| of which inside leasehold: Consul reporting the lapse → last ACK (mean, `leasehold_lapse_to_push_duration_seconds`) | %s | |\n", r(res.inLeasehold))
 	fmt.Fprintf(&b, "| fan-out: one removal until all %d streams have it | %s | 1k streams ≤ 50 ms |\n", res.dispatchers, dist(res.fanout))
 	fmt.Fprintf(&b, "| RSS of `leasehold serve`: %d executors, no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream; ≤ 100 MB total at 1,000 streams + 10,000 executors |\n",

@@ -1,0 +1,205 @@
+package main
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"strings"
+	"sync"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/protobuf/encoding/protowire"
+)
+
+// The comparison: the same executors are also Connect services whose
+// sidecar's health follows the executor's lease (an alias check), and a
+// "dispatcher" proxy has task "work" as its upstream. A delta ADS client on
+// Consul's gRPC port — Consul 1.13's xDS server speaks only delta — plays
+// that proxy and records when Consul's EDS stops offering a lapsed executor.
+
+const dispatcherService = "bench-dispatcher"
+
+// sidecarPort is where executor i's sidecar would listen (nothing does: the
+// endpoint is only an address in Consul's EDS).
+func sidecarPort(i int) int { return 40000 + i }
+
+// connectFor returns the Connect part of executor i's registration.
+func connectFor(serviceID string, i int) *api.AgentServiceConnect {
+	return &api.AgentServiceConnect{SidecarService: &api.AgentServiceRegistration{
+		Port: sidecarPort(i),
+		// Only an alias of the executor's own health: a TCP check of a proxy
+		// that does not run would keep every sidecar critical.
+		Checks: api.AgentServiceChecks{{Name: "alias", AliasService: serviceID}},
+	}}
+}
+
+func registerDispatcherProxy(c *api.Client) error {
+	return c.Agent().ServiceRegister(&api.AgentServiceRegistration{
+		ID: dispatcherService, Name: dispatcherService, Port: 39999, Address: "127.0.0.1",
+		Connect: &api.AgentServiceConnect{SidecarService: &api.AgentServiceRegistration{
+			Port:   39998,
+			Checks: api.AgentServiceChecks{{Name: "alias", AliasService: dispatcherService}},
+			Proxy: &api.AgentServiceConnectProxyConfig{
+				Upstreams: []api.Upstream{{DestinationName: task, LocalBindPort: 39997}},
+			},
+		}},
+	})
+}
+
+// consulEDS follows Consul's own EDS for the upstream, as the dispatcher's
+// sidecar would, ACKing every response.
+type consulEDS struct {
+	mu     sync.Mutex
+	ports  map[uint32]bool // sidecar ports currently offered
+	gone   map[uint32]time.Time
+	notify chan struct{}
+}
+
+func followConsulEDS(ctx context.Context, grpcAddr string) (*consulEDS, error) {
+	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		return nil, err
+	}
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).DeltaAggregatedResources(ctx)
+	if err != nil {
+		return nil, err
+	}
+	node := &corev3.Node{Id: dispatcherService + "-sidecar-proxy", Cluster: dispatcherService}
+	// Clusters first (wildcard), to learn the upstream cluster's name.
+	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}); err != nil {
+		return nil, err
+	}
+	c := &consulEDS{ports: map[uint32]bool{}, gone: map[uint32]time.Time{}, notify: make(chan struct{}, 1)}
+	ready := make(chan error, 1)
+	go func() {
+		subscribed := false
+		for {
+			r, err := s.Recv()
+			if err != nil {
+				select {
+				case ready <- err:
+				default:
+				}
+				return
+			}
+			at := time.Now()
+			s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.TypeUrl, ResponseNonce: r.Nonce}) // ACK
+			switch r.TypeUrl {
+			case resource.ClusterType:
+				for _, res := range r.Resources {
+					if strings.HasPrefix(res.Name, task+".") && !subscribed {
+						subscribed = true
+						s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{res.Name}})
+					}
+				}
+			case resource.EndpointType:
+				ports := map[uint32]bool{}
+				for _, res := range r.Resources {
+					sidecarPorts(res.GetResource().GetValue(), ports)
+				}
+				c.mu.Lock()
+				for p := range c.ports {
+					if !ports[p] {
+						if _, ok := c.gone[p]; !ok {
+							c.gone[p] = at
+						}
+					}
+				}
+				c.ports = ports
+				c.mu.Unlock()
+				select {
+				case ready <- nil:
+				default:
+				}
+				select {
+				case c.notify <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	select {
+	case err := <-ready:
+		if err != nil {
+			return nil, fmt.Errorf("consul xDS: %w", err)
+		}
+	case <-time.After(60 * time.Second):
+		return nil, errors.New("consul xDS: no endpoints within 60s")
+	}
+	return c, nil
+}
+
+// await waits until cond holds for the offered ports.
+func (c *consulEDS) await(cond func(map[uint32]bool) bool, timeout time.Duration) error {
+	deadline := time.After(timeout)
+	for {
+		c.mu.Lock()
+		ok := cond(c.ports)
+		c.mu.Unlock()
+		if ok {
+			return nil
+		}
+		select {
+		case <-c.notify:
+		case <-deadline:
+			return errors.New("timed out")
+		}
+	}
+}
+
+func (c *consulEDS) goneAt(port uint32) time.Time {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return c.gone[port]
+}
+
+// sidecarPorts adds the ports of the HEALTHY (or unset-status) endpoints of a
+// serialized ClusterLoadAssignment: endpoints(2) → lb_endpoints(2) →
+// endpoint(1) → address(1) → socket_address(1) → port_value(3).
+func sidecarPorts(b []byte, ports map[uint32]bool) {
+	fields(b, func(num protowire.Number, v []byte) {
+		if num != 2 {
+			return
+		}
+		fields(v, func(num protowire.Number, v []byte) {
+			if num != 2 {
+				return
+			}
+			var port uint32
+			healthy := true
+			fields(v, func(num protowire.Number, v []byte) {
+				if num != 1 {
+					return
+				}
+				fields(v, func(num protowire.Number, v []byte) {
+					if num != 1 {
+						return
+					}
+					fields(v, func(num protowire.Number, v []byte) {
+						if num != 1 {
+							return
+						}
+						fields(v, func(protowire.Number, []byte) {}, func(num protowire.Number, x uint64) {
+							if num == 3 {
+								port = uint32(x)
+							}
+						})
+					})
+				})
+			}, func(num protowire.Number, x uint64) {
+				if num == 2 {
+					healthy = x == uint64(corev3.HealthStatus_HEALTHY) || x == 0
+				}
+			})
+			if healthy && port != 0 {
+				ports[port] = true
+			}
+		})
+	})
+}
