@@ -431,21 +431,7 @@ func (s *served) metric(prefix string) (float64, error) {
 
 // consulRequests sums leasehold_consul_requests_total from /metrics.
 func (s *served) consulRequests() (float64, error) {
-	resp, err := http.Get("http://" + s.admin + "/metrics")
-	if err != nil {
-		return 0, err
-	}
-	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	var total float64
-	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "leasehold_consul_requests_total") {
-			f := strings.Fields(line)
-			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
-			total += v
-		}
-	}
-	return total, nil
+	return s.metric("leasehold_consul_requests_total")
 }
 
 // dispatcherSet is M lightweight ADS clients that ACK every response.
