@@ -263,6 +263,14 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	}
 }
 
+// forgetWatch drops a stopped watch from the contact state, so a task type
+// that went away while failing does not keep Consul "unreachable".
+func (w *Watcher) forgetWatch(name string) {
+	w.contactMu.Lock()
+	delete(w.failingWatches, name)
+	w.contactMu.Unlock()
+}
+
 // watchKind is the bounded metric label of a watch name ("task X" → "task").
 func watchKind(name string) string {
 	kind, _, _ := strings.Cut(name, " ")
@@ -354,6 +362,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 				r.cancel()
 				<-r.done
 				delete(tasks, task)
+				w.forgetWatch("task " + task)
 				w.log.Info("task type gone", "task", task)
 				w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: idx, Gone: true}})
 			}
