@@ -114,8 +114,8 @@ func run() error {
 		return err
 	}
 	defer srv.stop()
-	logf("leasehold serve pid %d ready; RSS %s", srv.cmd.Process.Pid, kb(srv.rss()))
-	rssIdle := srv.rss()
+	logf("leasehold serve pid %d ready (admin %s); RSS %s", srv.cmd.Process.Pid, srv.admin, kb(srv.rss()))
+	rssIdle, heapIdle := srv.rss(), srv.heap()
 
 	ds, err := startDispatchers(ctx, srv.xds, *dispatchers)
 	if err != nil {
@@ -124,9 +124,8 @@ func run() error {
 	if err := ds.awaitAll(func(set map[string]bool) bool { return len(set) == *executors }, 60*time.Second); err != nil {
 		return fmt.Errorf("dispatchers never saw the fleet: %w", err)
 	}
-	runtime.GC()
-	rssStreams := srv.rss()
-	logf("%d dispatcher streams connected; RSS %s", *dispatchers, kb(rssStreams))
+	rssStreams, heapStreams := srv.rss(), srv.heap()
+	logf("%d dispatcher streams connected; RSS %s, Go heap %s (idle: %s)", *dispatchers, kb(rssStreams), kb(heapStreams), kb(heapIdle))
 
 	// lapse → stop: victims stop heartbeating 200 ms apart, so their leases
 	// expire one by one and each removal is measured on its own.
@@ -219,7 +218,7 @@ func run() error {
 
 	res := results{
 		executors: *executors, dispatchers: *dispatchers, lease: *lease, heartbeat: *heartbeat,
-		lapse: lapseLat, consulLapse: consulLat, fanout: fan, inLeasehold: inLeasehold, cpuPerStream: cpuPerStreamUpdate, reqPerChange: reqPerChange, rssIdle: rssIdle, rssStreams: rssStreams, idleRate: idleRate,
+		lapse: lapseLat, consulLapse: consulLat, fanout: fan, inLeasehold: inLeasehold, cpuPerStream: cpuPerStreamUpdate, reqPerChange: reqPerChange, rssIdle: rssIdle, rssStreams: rssStreams, heapIdle: heapIdle, heapStreams: heapStreams, idleRate: idleRate,
 	}
 	table := res.markdown()
 	fmt.Println(table)
@@ -393,6 +392,25 @@ func (s *served) cpu() time.Duration {
 	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
 }
 
+// heap is the Go heap in use after a forced GC, in KB (from the admin
+// port's pprof endpoint).
+func (s *served) heap() int64 {
+	resp, err := http.Get("http://" + s.admin + "/debug/pprof/heap?gc=1&debug=1")
+	if err != nil {
+		return 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "# HeapAlloc = "); ok {
+			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+			return n / 1024
+		}
+	}
+	return 0
+}
+
 // rss reads the process's resident set size in KB.
 func (s *served) rss() int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
@@ -549,6 +567,7 @@ type results struct {
 	cpuPerStream           time.Duration
 	reqPerChange           float64
 	rssIdle, rssStreams    int64
+	heapIdle, heapStreams  int64
 	idleRate               float64
 }
 
@@ -588,6 +607,8 @@ func (res results) markdown() string {
 	fmt.Fprintf(&b, "| fan-out: one removal until all %d streams have it | %s | 1k streams ≤ 50 ms |\n", res.dispatchers, dist(res.fanout))
 	fmt.Fprintf(&b, "| RSS of `leasehold serve`: %d executors, no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream; ≤ 100 MB total at 1,000 streams + 10,000 executors |\n",
 		res.executors, res.dispatchers, kb(res.rssIdle), kb(res.rssStreams), perStream)
+	fmt.Fprintf(&b, "| Go heap after GC: no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream |\n",
+		res.dispatchers, kb(res.heapIdle), kb(res.heapStreams), float64(res.heapStreams-res.heapIdle)/float64(res.dispatchers))
 	fmt.Fprintf(&b, "| server CPU per stream per update (fan-out phase, user+system) | %s | |\n", res.cpuPerStream)
 	fmt.Fprintf(&b, "| Consul requests at idle (1 task type) | %.2f/s | ≤ services/300 + 1 req/s |\n", res.idleRate)
 	fmt.Fprintf(&b, "| Consul requests per changed service (a deregistration) | %.1f | exactly 1 |\n", res.reqPerChange)
