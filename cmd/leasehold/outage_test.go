@@ -67,6 +67,30 @@ func openEDS(t *testing.T, xdsAddr string) func() map[string]string {
 	}
 }
 
+// edsVersions is the version_info leasehold answers for task work's endpoints.
+func edsVersions(t *testing.T, xdsAddr string) string {
+	t.Helper()
+	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer conn.Close()
+	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer cancel()
+	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := s.Send(&discovery.DiscoveryRequest{Node: &corev3.Node{Id: "version-probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := s.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r.VersionInfo
+}
+
 func sessionsOf(r *discovery.DiscoveryResponse) map[string]string {
 	out := map[string]string{}
 	for _, res := range r.GetResources() {
