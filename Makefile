@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 CONSUL := bin/consul
 
-.PHONY: all build test vet consul demo clean proto bench
+.PHONY: all build test vet consul demo clean proto bench fuzz
 
 all: build
 
@@ -21,9 +21,18 @@ $(CONSUL):
 vet:
 	$(GO) vet ./...
 
+# Fuzz targets, with their committed seed corpora (testdata/fuzz).
+FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzTranslate:./snapshot
+FUZZTIME ?= 3s
+
 test: $(CONSUL)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
+	@for f in $(FUZZ); do $(GO) test -run '^$$' -fuzz "^$${f%%:*}$$" -fuzztime $(FUZZTIME) $${f##*:} || exit 1; done
+
+# A longer fuzzing run (never part of make test).
+fuzz:
+	@for f in $(FUZZ); do $(GO) test -run '^$$' -fuzz "^$${f%%:*}$$" -fuzztime 60s $${f##*:} || exit 1; done
 
 clean:
 	rm -rf bin
