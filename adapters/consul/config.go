@@ -41,6 +41,13 @@ type Config struct {
 	// session after the lease is lost.
 	NoReregister bool
 
+	// FenceCheck is how often the Registrar looks in the catalog for a newer
+	// session of its instance registered through another agent (default: once
+	// per lease; negative: never). A newer session on the same agent is
+	// noticed at once (its heartbeats are refused); on another agent only
+	// this check notices it.
+	FenceCheck time.Duration
+
 	// OnLeaseLost is called (from the Registrar's goroutine; it must not
 	// block) each time a session's lease is lost.
 	OnLeaseLost func(LeaseLoss)
@@ -53,6 +60,9 @@ type Config struct {
 
 func (c Config) withDefaults() Config {
 	c.Lease = c.Lease.WithDefaults()
+	if c.FenceCheck == 0 {
+		c.FenceCheck = c.Lease.TTL
+	}
 	if c.Tag == "" {
 		c.Tag = health.DefaultTag
 	}

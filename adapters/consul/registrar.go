@@ -142,7 +142,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 			return ctx.Err()
 		}
 		loss := *out.loss
-		loss.Superseded = r.superseded(ctx)
+		loss.Superseded = loss.Reason == LossSuperseded || r.superseded(ctx)
 		r.lossRecorded(span, loss)
 		span.End()
 		lostErr := &LeaseLostError{Loss: loss}
@@ -154,6 +154,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 		r.log.Warn("lease lost", "session_id", sess.ID, "reason", loss.Reason, "since_ack", loss.SinceAck, "superseded", loss.Superseded, "err", loss.Err)
 		switch {
 		case loss.Superseded:
+			r.deregisterOwn(sess.ID) // ours only: never a newer session's
 			return fmt.Errorf("%w: %w", ErrSuperseded, lostErr)
 		case r.cfg.NoReregister:
 			return lostErr
@@ -334,6 +335,12 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 	deadline := clock.NewTimer(lease.TTL - clock.Since(renewedAt))
 	defer deadline.Stop()
 	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
+	var fenceC <-chan time.Time
+	if r.cfg.FenceCheck > 0 {
+		t := clock.NewTicker(r.cfg.FenceCheck)
+		defer t.Stop()
+		fenceC = t.Chan()
+	}
 
 	var (
 		lastErr       error
@@ -400,6 +407,12 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 		case <-drainPollC:
 			if r.cfg.Load() <= 0 || drain.ctx.Err() != nil {
 				return finishDrain()
+			}
+
+		case <-fenceC:
+			if newer, ok := r.newerElsewhere(ctx, sess.Generation); ok {
+				log.Warn("a newer session of this instance is registered through another agent: stopping", "newer_session_id", newer.SessionID, "newer_generation", newer.Generation, "node", newer.Node)
+				return lose(LossSuperseded, fmt.Errorf("session %s (generation %d) on node %s is newer", newer.SessionID, newer.Generation, newer.Node))
 			}
 
 		case <-next.Chan():
@@ -492,6 +505,23 @@ func (r *Registrar) superseded(ctx context.Context) bool {
 		}
 	}
 	return false
+}
+
+// newerElsewhere finds a live session of this instance with a higher
+// generation than ours in the catalog (one query, for the first task).
+func (r *Registrar) newerElsewhere(ctx context.Context, generation uint64) (RemoteSession, bool) {
+	qctx, cancel := context.WithTimeout(ctx, min(r.cfg.Lease.Heartbeat, 5*time.Second))
+	defer cancel()
+	others, err := r.agent.Sessions(qctx, r.cfg.Tasks[0], r.cfg.InstanceID)
+	if err != nil {
+		return RemoteSession{}, false // cannot tell: the next check will
+	}
+	for _, o := range others {
+		if !r.own[o.SessionID] && o.Generation > generation && o.Status != health.StatusCritical {
+			return o, true
+		}
+	}
+	return RemoteSession{}, false
 }
 
 // deregisterOwn removes this session's registrations, but never one that a

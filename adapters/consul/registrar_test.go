@@ -49,6 +49,7 @@ func start(t *testing.T, mutate func(*Config)) *harness {
 	cfg.Clock = h.clock
 	cfg.Load = func() int { return int(h.load.Load()) }
 	cfg.OnLeaseLost = func(l LeaseLoss) { h.lost <- l }
+	cfg.FenceCheck = -1 // the timer counts below assume no fence-check ticker
 	if mutate != nil {
 		mutate(&cfg)
 	}
@@ -473,4 +474,26 @@ func containsStr(xs []string, s string) bool {
 		}
 	}
 	return false
+}
+
+func TestNewerSessionOnAnotherAgentIsNoticed(t *testing.T) {
+	h := start(t, func(c *Config) { c.FenceCheck = 5 * time.Second })
+	s1 := h.session(nil)
+	h.agent.mu.Lock()
+	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Generation: s1.Generation + 1, Status: health.StatusPassing}}
+	h.agent.mu.Unlock()
+	h.advance(3, 5*time.Second)
+	l := h.loss()
+	if l.Reason != LossSuperseded || !l.Superseded {
+		t.Fatalf("loss = %+v", l)
+	}
+	select {
+	case err := <-h.done:
+		if !errors.Is(err, ErrSuperseded) {
+			t.Fatalf("Run = %v", err)
+		}
+		h.done <- err
+	case <-time.After(5 * time.Second):
+		t.Fatal("Run went on")
+	}
 }

@@ -19,6 +19,10 @@ const (
 	// LossExpired: no heartbeat was acknowledged for a whole lease, measured on
 	// the monotonic clock (GC pause, SIGSTOP, agent unreachable, failing probe).
 	LossExpired LossReason = "expired"
+	// LossSuperseded: a session of the same instance with a higher generation
+	// is registered through another agent (its heartbeats there are accepted,
+	// so only the catalog tells).
+	LossSuperseded LossReason = "superseded"
 )
 
 // LeaseLoss describes the end of one session's lease.

@@ -35,10 +35,14 @@ type Options struct {
 	ExtraHCL string
 	// NodeName defaults to a unique name derived from the test.
 	NodeName string
+	// JoinClientOf, when set, starts a client agent (not a dev server) that
+	// joins that agent's datacenter: a second node of the same cluster.
+	JoinClientOf *Agent
 }
 
 // Agent is a running (or stopped) Consul dev agent.
 type Agent struct {
+	client  bool // a client agent joined to a dev server
 	t       testing.TB
 	bin     string
 	dir     string
@@ -138,7 +142,7 @@ func Launch(bin string, o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{bin: bin, dir: dir, Node: o.NodeName}
+	a := &Agent{bin: bin, dir: dir, Node: o.NodeName, client: o.JoinClientOf != nil}
 	if a.Node == "" {
 		a.Node = "lh-" + sanitize("agent")
 	}
@@ -189,6 +193,9 @@ ports {
 }
 %s
 `, a.Node, filepath.Join(a.dir, "data"), logLevel(), a.Ports.HTTP, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+	if j := o.JoinClientOf; j != nil {
+		hcl += fmt.Sprintf("server = false\nretry_join = [\"127.0.0.1:%d\"]\n", j.Ports.SerfLAN)
+	}
 	a.cfgPath = filepath.Join(a.dir, "agent.hcl")
 	return os.WriteFile(a.cfgPath, []byte(hcl), 0o600)
 }
@@ -196,7 +203,11 @@ ports {
 func (a *Agent) start() error {
 	a.mu.Lock()
 	a.log = newTailBuffer(64 << 10)
-	cmd := exec.Command(a.bin, "agent", "-dev", "-config-file", a.cfgPath)
+	args := []string{"agent", "-dev", "-config-file", a.cfgPath}
+	if a.client {
+		args = []string{"agent", "-config-file", a.cfgPath}
+	}
+	cmd := exec.Command(a.bin, args...)
 	cmd.Stdout, cmd.Stderr = a.log, a.log
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
 	if err := cmd.Start(); err != nil {
@@ -286,6 +297,20 @@ func (a *Agent) Stop() {
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	}
+}
+
+// Kill ends the agent with SIGKILL: no graceful leave, as when its machine
+// dies. Its node's serfHealth turns critical once the others notice.
+func (a *Agent) Kill() {
+	a.mu.Lock()
+	cmd, done := a.cmd, a.done
+	a.cmd = nil
+	a.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
+	<-done
 }
 
 // Restart stops the agent and starts it again on the same ports and node

@@ -45,3 +45,15 @@ func TestMissingBinarySaysMakeConsul(t *testing.T) {
 		t.Fatalf("error %v does not say `make consul`", err)
 	}
 }
+
+func TestClientAgentJoins(t *testing.T) {
+	server := Start(t)
+	client := Start(t, Options{NodeName: "second-node", JoinClientOf: server})
+	nodes, _, err := server.Client().Catalog().Nodes(nil)
+	if err != nil || len(nodes) != 2 {
+		t.Fatalf("nodes %v %v", nodes, err)
+	}
+	if leader, err := client.Client().Status().Leader(); err != nil || leader == "" {
+		t.Fatalf("client sees no leader: %q %v", leader, err)
+	}
+}
