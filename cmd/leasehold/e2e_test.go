@@ -278,22 +278,9 @@ func TestServeEndToEnd(t *testing.T) {
 	e3 := startExecutor(t, a, "e3", "1.0.0")
 	startExecutor(t, a, "e4", "2.0.0") // incompatible with the constrained dispatcher
 
-	ctx, cancel := context.WithCancel(context.Background())
-	bound := make(chan listening, 1)
-	served := make(chan error, 1)
-	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
-	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound) }()
-	t.Cleanup(func() { cancel(); <-served })
-	addrs := <-bound
+	addrs := startServe(t, a)
 
-	readyz := func() int {
-		resp, err := http.Get("http://" + addrs.admin + "/readyz")
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	readyz := func() int { return readyzStatus(addrs.admin) }
 
 	start := time.Now()
 	anyD := startDispatcher(t, addrs.xds, "dispatcher-any", map[string]any{})

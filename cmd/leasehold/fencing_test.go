@@ -36,6 +36,16 @@ func startServe(t *testing.T, a *consultest.Agent) listening {
 	return <-bound
 }
 
+// readyzStatus is the status code of /readyz (0 when it does not answer).
+func readyzStatus(admin string) int {
+	resp, err := http.Get("http://" + admin + "/readyz")
+	if err != nil {
+		return 0
+	}
+	resp.Body.Close()
+	return resp.StatusCode
+}
+
 func fencingClient(t *testing.T, addr string) leaseholdv1.FencingClient {
 	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {

@@ -2,8 +2,6 @@ package main
 
 import (
 	"context"
-	"fmt"
-	"log/slog"
 	"net/http"
 	"testing"
 	"time"
@@ -110,21 +108,8 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 	a := consultest.Start(t)
 	e1 := startExecutor(t, a, "e1", "1.0.0")
 	e2 := startExecutor(t, a, "e2", "1.0.0")
-	ctx, cancel := context.WithCancel(context.Background())
-	bound := make(chan listening, 1)
-	served := make(chan error, 1)
-	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
-	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound) }()
-	t.Cleanup(func() { cancel(); <-served })
-	addrs := <-bound
-	readyz := func() int {
-		resp, err := http.Get("http://" + addrs.admin + "/readyz")
-		if err != nil {
-			return 0
-		}
-		resp.Body.Close()
-		return resp.StatusCode
-	}
+	addrs := startServe(t, a)
+	readyz := func() int { return readyzStatus(addrs.admin) }
 	awaitReadyz := func(want int) {
 		t.Helper()
 		deadline := time.Now().Add(20 * time.Second)
@@ -188,18 +173,7 @@ func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
 	a := consultest.Start(t)
 	startExecutor(t, a, "e1", "1.0.0")
 	startExecutor(t, a, "e2", "1.2.0")
-	var addrs []listening
-	for i := range 2 {
-		ctx, cancel := context.WithCancel(context.Background())
-		bound := make(chan listening, 1)
-		served := make(chan error, 1)
-		cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
-		go func() {
-			served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, fmt.Sprintf("serve-%d", i)}, nil)), bound)
-		}()
-		t.Cleanup(func() { cancel(); <-served })
-		addrs = append(addrs, <-bound)
-	}
+	addrs := []listening{startServe(t, a), startServe(t, a)}
 	versions := func(addr string) map[string]string {
 		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {

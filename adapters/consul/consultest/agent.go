@@ -281,8 +281,15 @@ func (a *Agent) Client() *api.Client {
 	return c
 }
 
-// Stop terminates the agent and waits for it to exit.
-func (a *Agent) Stop() {
+// Stop terminates the agent (SIGTERM, then SIGKILL after 10 s) and waits for
+// it to exit.
+func (a *Agent) Stop() { a.signal(syscall.SIGTERM) }
+
+// Kill ends the agent with SIGKILL: no graceful leave, as when its machine
+// dies. Its node's serfHealth turns critical once the others notice.
+func (a *Agent) Kill() { a.signal(syscall.SIGKILL) }
+
+func (a *Agent) signal(sig syscall.Signal) {
 	a.mu.Lock()
 	cmd, done := a.cmd, a.done
 	a.cmd = nil
@@ -290,27 +297,13 @@ func (a *Agent) Stop() {
 	if cmd == nil || cmd.Process == nil {
 		return
 	}
-	syscall.Kill(-cmd.Process.Pid, syscall.SIGTERM)
+	syscall.Kill(-cmd.Process.Pid, sig)
 	select {
 	case <-done:
 	case <-time.After(10 * time.Second):
 		syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
 		<-done
 	}
-}
-
-// Kill ends the agent with SIGKILL: no graceful leave, as when its machine
-// dies. Its node's serfHealth turns critical once the others notice.
-func (a *Agent) Kill() {
-	a.mu.Lock()
-	cmd, done := a.cmd, a.done
-	a.cmd = nil
-	a.mu.Unlock()
-	if cmd == nil || cmd.Process == nil {
-		return
-	}
-	syscall.Kill(-cmd.Process.Pid, syscall.SIGKILL)
-	<-done
 }
 
 // Restart stops the agent and starts it again on the same ports and node
