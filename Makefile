@@ -3,7 +3,7 @@ SHELL := /bin/bash
 GO    ?= go
 CONSUL := bin/consul
 
-.PHONY: all build test vet consul demo clean proto bench fuzz
+.PHONY: all build test vet consul demo clean proto bench fuzz soak
 
 all: build
 
@@ -29,6 +29,10 @@ test: $(CONSUL)
 	$(GO) vet ./...
 	$(GO) test -race -count=1 ./...
 	@for f in $(FUZZ); do $(GO) test -run '^$$' -fuzz "^$${f%%:*}$$" -fuzztime $(FUZZTIME) $${f##*:} || exit 1; done
+
+# Long drills (never part of make test): a 3-minute flap storm.
+soak: $(CONSUL)
+	LEASEHOLD_STORM=3m $(GO) test -race -count=1 -timeout 15m -run 'FlapStorm' -v ./cmd/leasehold
 
 # A longer fuzzing run (never part of make test).
 fuzz:

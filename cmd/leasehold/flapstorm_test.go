@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"math/rand/v2"
+	"os"
 	"runtime"
 	"sync"
 	"testing"
@@ -58,8 +59,12 @@ func TestFlapStorm(t *testing.T) {
 	}
 	baseline := runtime.NumGoroutine()
 
-	// the storm: 4 workers for 10 s
-	stop := time.Now().Add(10 * time.Second)
+	// the storm: 4 workers for 10 s (LEASEHOLD_STORM sets another duration: make soak)
+	storm := 10 * time.Second
+	if v, err := time.ParseDuration(os.Getenv("LEASEHOLD_STORM")); err == nil {
+		storm = v
+	}
+	stop := time.Now().Add(storm)
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)

@@ -142,6 +142,10 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 			t.Fatalf("call failed during the outage: %s", c.Err)
 		}
 	}
+	// the metrics show the age of the last Consul contact growing
+	if age := sum(scrape(t, addrs.admin)["leasehold_consul_contact_age_seconds"]); age < 1 {
+		t.Fatalf("contact age %.2fs two seconds into the outage", age)
+	}
 	if got := edsSessions(t, addrs.xds); got["e1"] != before["e1"] || got["e2"] != before["e2"] {
 		t.Fatalf("snapshot changed during the outage: %v vs %v", got, before)
 	}
