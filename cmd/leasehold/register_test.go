@@ -34,6 +34,9 @@ func TestMain(m *testing.M) {
 	if target := os.Getenv(dispatcherEnv); target != "" {
 		os.Exit(runDispatcherChild(target))
 	}
+	if spec := os.Getenv(executorEnv); spec != "" {
+		os.Exit(runExecutorChild(spec))
+	}
 	if raw := os.Getenv(mainArgsEnv); raw != "" {
 		var args []string
 		if err := json.Unmarshal([]byte(raw), &args); err != nil {
