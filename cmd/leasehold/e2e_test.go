@@ -15,6 +15,7 @@ import (
 	"net/http"
 	"os"
 	"os/exec"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -190,7 +191,7 @@ type e2eExecutor struct {
 	stop     context.CancelFunc
 }
 
-func startExecutor(t *testing.T, a *consultest.Agent, instance, version string) *e2eExecutor {
+func startExecutor(t *testing.T, a *consultest.Agent, instance, version string, labels ...string) *e2eExecutor {
 	t.Helper()
 	e := &e2eExecutor{instance: instance}
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -209,7 +210,7 @@ func startExecutor(t *testing.T, a *consultest.Agent, instance, version string) 
 	go g.Serve(lis)
 	reg, err := consul.NewRegistrar(consul.NewAPIAgent(a.Client()), consul.Config{
 		InstanceID: instance, Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
-		Version: version, Capacity: 2,
+		Version: version, Capacity: 2, Labels: labelMap(labels),
 		Lease: health.Lease{TTL: time.Second, Heartbeat: 250 * time.Millisecond, DeregisterAfter: time.Minute},
 		Load:  func() int { return int(e.load.Load()) },
 		Probe: func(context.Context) error {
@@ -238,6 +239,16 @@ func startExecutor(t *testing.T, a *consultest.Agent, instance, version string) 
 		t.Fatalf("%s never registered: %v", instance, err)
 	}
 	return e
+}
+
+// labelMap turns "k=v" pairs into labels.
+func labelMap(pairs []string) map[string]string {
+	m := map[string]string{}
+	for _, p := range pairs {
+		k, v, _ := strings.Cut(p, "=")
+		m[k] = v
+	}
+	return m
 }
 
 // awaitCheck waits (blocking queries) until instance's lease check has status.

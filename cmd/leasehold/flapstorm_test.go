@@ -58,6 +58,9 @@ func TestFlapStorm(t *testing.T) {
 	for got := eds(); len(got) != n; got = eds() {
 	}
 	baseline := runtime.NumGoroutine()
+	var before runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&before)
 
 	// the storm: 4 workers for 10 s (LEASEHOLD_STORM sets another duration: make soak)
 	storm := 10 * time.Second
@@ -145,6 +148,14 @@ func TestFlapStorm(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("leasehold routes %d endpoints; Consul has %d passing, %d must be routed", len(got), len(passing), len(mustRoute))
 		}
+	}
+	// memory stays bounded: the heap after the storm is of the same order
+	var after runtime.MemStats
+	runtime.GC()
+	runtime.ReadMemStats(&after)
+	t.Logf("heap before %.1f MB, after %.1f MB", float64(before.HeapAlloc)/(1<<20), float64(after.HeapAlloc)/(1<<20))
+	if after.HeapAlloc > 2*before.HeapAlloc+32<<20 {
+		t.Fatalf("heap grew from %d to %d bytes over the storm", before.HeapAlloc, after.HeapAlloc)
 	}
 	// goroutines settle back
 	settle := time.Now().Add(10 * time.Second)
