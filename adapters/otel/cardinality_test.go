@@ -65,11 +65,11 @@ func TestMetricSeriesStayBounded(t *testing.T) {
 	obs <- health.Observation{Tasks: &health.TaskList{Tasks: []string{"work"}}}
 	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 1}}
 	s.Subscribe(health.Dispatcher{})
-	wait := func(n int) {
+	wait := func(n int, index uint64) {
 		deadline := time.After(10 * time.Second)
-		for len(s.View().Executors) != n {
+		for v := s.View(); len(v.Executors) != n || v.ConsulIndex != index; v = s.View() {
 			select {
-			case <-s.View().Changed():
+			case <-v.Changed():
 			case <-deadline:
 				t.Fatalf("view never held %d executors", n)
 			}
@@ -78,11 +78,11 @@ func TestMetricSeriesStayBounded(t *testing.T) {
 	var counts []int
 	for gen := 1; gen <= 3; gen++ {
 		obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: uint64(gen * 100000), Members: fleet(gen, 1000, gen > 1)}}
-		wait(1000)
+		wait(1000, uint64(gen*100000))
 		counts = append(counts, series(t, tel))
 	}
 	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 999999, Members: nil}}
-	wait(0)
+	wait(0, 999999)
 	counts = append(counts, series(t, tel))
 	t.Logf("series after each wave of 1,000 executors: %v", counts)
 	for _, c := range counts {
