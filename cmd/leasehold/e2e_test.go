@@ -211,7 +211,9 @@ func startExecutor(t *testing.T, a *consultest.Agent, instance, version string, 
 	reg, err := consul.NewRegistrar(consul.NewAPIAgent(a.Client()), consul.Config{
 		InstanceID: instance, Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
 		Version: version, Capacity: 2, Labels: labelMap(labels),
-		Lease: health.Lease{TTL: time.Second, Heartbeat: 250 * time.Millisecond, DeregisterAfter: time.Minute},
+		// 2 s: short for the drills, long enough that a loaded CI machine
+		// (race detector, packages in parallel) never loses a lease by accident.
+		Lease: health.Lease{TTL: 2 * time.Second, Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute},
 		Load:  func() int { return int(e.load.Load()) },
 		Probe: func(context.Context) error {
 			if e.silent.Load() {
