@@ -1,13 +1,11 @@
 package consul
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"os"
-	"os/exec"
 	"syscall"
 	"testing"
 	"time"
@@ -15,6 +13,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/internal/testproc"
 )
 
 // The pause drill runs the Registrar in a child process (this test binary
@@ -69,10 +68,7 @@ func runChild(addr string) int {
 			prev = s
 		}
 	}()
-	go func() { // parent closes stdin to stop us
-		bufio.NewReader(os.Stdin).ReadByte()
-		cancel()
-	}()
+	go func() { testproc.WaitForExit(); cancel() }() // the parent closes stdin
 	reg.Run(ctx)
 	return 0
 }
@@ -81,31 +77,12 @@ func TestConsulPausedProcessLosesLeaseAndComesBackFresh(t *testing.T) {
 	a := consultest.Start(t)
 	a.SettleSync() // lapse timing is measured below
 	c := a.Client()
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), childEnv+"="+a.HTTPAddr())
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = testWriter{t}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		syscall.Kill(cmd.Process.Pid, syscall.SIGCONT)
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-		}
-	})
+	child := testproc.Start(t, "child", childEnv+"="+a.HTTPAddr())
 	events := make(chan childEvent, 16)
 	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
+		for line := range child.Lines {
 			var e childEvent
-			if json.Unmarshal(sc.Bytes(), &e) == nil {
+			if json.Unmarshal(line, &e) == nil {
 				events <- e
 			}
 		}
@@ -129,7 +106,7 @@ func TestConsulPausedProcessLosesLeaseAndComesBackFresh(t *testing.T) {
 	waitCheck(t, c, s1, api.HealthPassing, 10*time.Second)
 
 	paused := time.Now()
-	if err := syscall.Kill(cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+	if err := child.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	waitCheck(t, c, s1, api.HealthCritical, 5*time.Second)
@@ -140,7 +117,7 @@ func TestConsulPausedProcessLosesLeaseAndComesBackFresh(t *testing.T) {
 	}
 	// The drill: stay stopped for two whole leases, then resume.
 	<-time.After(2*shortLease.TTL - time.Since(paused))
-	if err := syscall.Kill(cmd.Process.Pid, syscall.SIGCONT); err != nil {
+	if err := child.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	lost := next("lost")
@@ -159,11 +136,4 @@ func TestConsulPausedProcessLosesLeaseAndComesBackFresh(t *testing.T) {
 			t.Fatalf("old session back to passing: %s", consultest.Describe(all))
 		}
 	}
-}
-
-type testWriter struct{ t *testing.T }
-
-func (w testWriter) Write(p []byte) (int, error) {
-	w.t.Logf("child: %s", p)
-	return len(p), nil
 }

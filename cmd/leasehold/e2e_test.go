@@ -6,7 +6,6 @@ package main
 // environment when the process starts).
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
@@ -14,7 +13,6 @@ import (
 	"net"
 	"net/http"
 	"os"
-	"os/exec"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -32,6 +30,7 @@ import (
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/testproc"
 )
 
 const dispatcherEnv = "LEASEHOLD_TEST_DISPATCHER" // child mode: dial this target and report calls
@@ -54,7 +53,7 @@ func runDispatcherChild(target string) int {
 	}
 	defer conn.Close()
 	stop := make(chan struct{})
-	go func() { bufio.NewReader(os.Stdin).ReadByte(); close(stop) }()
+	go func() { testproc.WaitForExit(); close(stop) }() // the parent closes stdin
 	enc := json.NewEncoder(os.Stdout)
 	client := healthpb.NewHealthClient(conn)
 	tick := time.NewTicker(5 * time.Millisecond)
@@ -101,20 +100,12 @@ func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any) 
 		}},
 		"node": map[string]any{"id": nodeID, "metadata": meta},
 	})
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), dispatcherEnv+"=xds:///work", "GRPC_XDS_BOOTSTRAP_CONFIG="+string(bootstrap))
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = testWriter{t, nodeID}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
+	child := testproc.Start(t, nodeID, dispatcherEnv+"=xds:///work", "GRPC_XDS_BOOTSTRAP_CONFIG="+string(bootstrap))
 	d := &dispatcher{more: make(chan struct{}, 1)}
 	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
+		for line := range child.Lines {
 			var r callResult
-			if json.Unmarshal(sc.Bytes(), &r) == nil {
+			if json.Unmarshal(line, &r) == nil {
 				d.mu.Lock()
 				d.calls = append(d.calls, r)
 				d.mu.Unlock()
@@ -125,16 +116,6 @@ func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any) 
 			}
 		}
 	}()
-	t.Cleanup(func() {
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(5 * time.Second):
-			cmd.Process.Kill()
-		}
-	})
 	return d
 }
 

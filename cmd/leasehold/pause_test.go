@@ -1,14 +1,12 @@
 package main
 
 import (
-	"bufio"
 	"context"
 	"encoding/json"
 	"fmt"
 	"log/slog"
 	"net"
 	"os"
-	"os/exec"
 	"strings"
 	"syscall"
 	"testing"
@@ -22,6 +20,7 @@ import (
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/testproc"
 )
 
 const executorEnv = "LEASEHOLD_TEST_EXECUTOR" // child mode: "<consul addr>,<instance id>"
@@ -68,7 +67,7 @@ func runExecutorChild(spec string) int {
 		return 2
 	}
 	ctx, cancel := context.WithCancel(context.Background())
-	go func() { bufio.NewReader(os.Stdin).ReadByte(); cancel() }()
+	go func() { testproc.WaitForExit(); cancel() }() // the parent closes stdin
 	go func() {
 		var prev *consul.Session
 		for {
@@ -93,31 +92,12 @@ func TestGCPauseDrill(t *testing.T) {
 	a := consultest.Start(t)
 	a.SettleSync()
 	startExecutor(t, a, "steady", "1.0.0") // keeps calls flowing
-	cmd := exec.Command(os.Args[0], "-test.run=^$")
-	cmd.Env = append(os.Environ(), executorEnv+"="+a.HTTPAddr()+",paused")
-	stdin, _ := cmd.StdinPipe()
-	stdout, _ := cmd.StdoutPipe()
-	cmd.Stderr = testWriter{t, "paused"}
-	if err := cmd.Start(); err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() {
-		syscall.Kill(cmd.Process.Pid, syscall.SIGCONT)
-		stdin.Close()
-		done := make(chan struct{})
-		go func() { cmd.Wait(); close(done) }()
-		select {
-		case <-done:
-		case <-time.After(10 * time.Second):
-			cmd.Process.Kill()
-		}
-	})
+	child := testproc.Start(t, "paused", executorEnv+"="+a.HTTPAddr()+",paused")
 	events := make(chan executorEvent, 16)
 	go func() {
-		sc := bufio.NewScanner(stdout)
-		for sc.Scan() {
+		for line := range child.Lines {
 			var e executorEvent
-			if json.Unmarshal(sc.Bytes(), &e) == nil {
+			if json.Unmarshal(line, &e) == nil {
 				events <- e
 			}
 		}
@@ -145,7 +125,7 @@ func TestGCPauseDrill(t *testing.T) {
 	})
 
 	frozen := time.Now()
-	if err := syscall.Kill(cmd.Process.Pid, syscall.SIGSTOP); err != nil {
+	if err := child.Signal(syscall.SIGSTOP); err != nil {
 		t.Fatal(err)
 	}
 	// removed within lease + margin: calls keep succeeding, on "steady" only
@@ -160,7 +140,7 @@ func TestGCPauseDrill(t *testing.T) {
 		}
 	}
 	<-time.After(time.Until(frozen.Add(2 * time.Second))) // the drill: frozen for two leases
-	if err := syscall.Kill(cmd.Process.Pid, syscall.SIGCONT); err != nil {
+	if err := child.Signal(syscall.SIGCONT); err != nil {
 		t.Fatal(err)
 	}
 	if lost := next("lost"); lost.Session != s1 {
