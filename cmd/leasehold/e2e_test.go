@@ -94,12 +94,21 @@ type dispatcher struct {
 
 func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any) *dispatcher {
 	t.Helper()
-	bootstrap, _ := json.Marshal(map[string]any{
-		"xds_servers": []any{map[string]any{
-			"server_uri": xdsAddr, "channel_creds": []any{map[string]any{"type": "insecure"}}, "server_features": []any{"xds_v3"},
-		}},
-		"node": map[string]any{"id": nodeID, "metadata": meta},
-	})
+	// the dispatcher's bootstrap comes from `leasehold bootstrap`
+	var vc string
+	labels := map[string]string{}
+	if v, ok := meta["version_constraint"].(string); ok {
+		vc = v
+	}
+	if ls, ok := meta["labels"].(map[string]any); ok {
+		for k, v := range ls {
+			labels[k], _ = v.(string)
+		}
+	}
+	bootstrap, err := newBootstrap(xdsAddr, nodeID, vc, labels)
+	if err != nil {
+		t.Fatal(err)
+	}
 	child := testproc.Start(t, nodeID, dispatcherEnv+"=xds:///work", "GRPC_XDS_BOOTSTRAP_CONFIG="+string(bootstrap))
 	d := &dispatcher{more: make(chan struct{}, 1)}
 	go func() {

@@ -2,6 +2,7 @@
 // executor-side tools. Subcommands:
 //
 //	leasehold serve ...      the discovery server: Consul watch → eligibility → xDS
+//	leasehold bootstrap ...  xDS bootstrap for a gRPC dispatcher
 //	leasehold explain ...    why executors do or do not receive work
 //	leasehold register ...   sidecar: register a non-Go executor and heartbeat while its probe passes
 package main
@@ -26,6 +27,7 @@ const usage = `usage: leasehold <command> [flags]
 
 commands:
   serve      watch Consul and serve executor endpoints over xDS to dispatchers
+  bootstrap  print an xDS bootstrap for a gRPC dispatcher (GRPC_XDS_BOOTSTRAP_CONFIG)
   explain    show which executors each dispatcher routes to, and why not the others
   register   register an executor through the local Consul agent and keep its
              lease alive while a probe of the executor passes (sidecar)
@@ -44,6 +46,8 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return runServe(ctx, args[1:], stdout, stderr)
+	case "bootstrap":
+		return runBootstrap(args[1:], stdout, stderr)
 	case "explain":
 		return runExplain(context.Background(), args[1:], stdout, stderr)
 	case "register":

@@ -1,0 +1,113 @@
+package main
+
+import (
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"net"
+	"os"
+	"strings"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/flagx"
+)
+
+// bootstrapConfig is an xDS bootstrap for gRPC clients (the gRFC A27 format,
+// read by grpc-go, grpc-java, grpc-c++ and the other gRPC xDS clients from
+// GRPC_XDS_BOOTSTRAP or GRPC_XDS_BOOTSTRAP_CONFIG).
+type bootstrapConfig struct {
+	XDSServers []bootstrapServer `json:"xds_servers"`
+	Node       bootstrapNode     `json:"node"`
+}
+
+type bootstrapServer struct {
+	ServerURI      string           `json:"server_uri"`
+	ChannelCreds   []map[string]any `json:"channel_creds"`
+	ServerFeatures []string         `json:"server_features"`
+}
+
+type bootstrapNode struct {
+	ID       string         `json:"id"`
+	Metadata map[string]any `json:"metadata,omitempty"`
+}
+
+// newBootstrap builds a bootstrap for a dispatcher with the given
+// constraints, validated as leasehold will validate them.
+func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string) ([]byte, error) {
+	var errs []string
+	if _, _, err := net.SplitHostPort(xdsAddr); err != nil {
+		errs = append(errs, fmt.Sprintf("invalid --xds-addr: want HOST:PORT: %v", err))
+	}
+	if strings.TrimSpace(nodeID) == "" {
+		errs = append(errs, "invalid --node-id: required (names the dispatcher in leasehold's /debug views)")
+	}
+	if _, err := health.NewDispatcher(versionConstraint, labels); err != nil {
+		for _, f := range health.Fields(err) {
+			flag := "--label"
+			if f == health.NodeMetaVersionConstraint {
+				flag = "--version-constraint"
+			}
+			errs = append(errs, fmt.Sprintf("invalid %s (%s)", flag, f))
+		}
+		errs = append(errs, err.Error())
+	}
+	if len(errs) > 0 {
+		return nil, errors.New(strings.Join(errs, "\n"))
+	}
+	meta := map[string]any{}
+	if versionConstraint != "" {
+		meta[health.NodeMetaVersionConstraint] = versionConstraint
+	}
+	if len(labels) > 0 {
+		ls := map[string]any{}
+		for k, v := range labels {
+			ls[k] = v
+		}
+		meta[health.NodeMetaLabels] = ls
+	}
+	b := bootstrapConfig{
+		XDSServers: []bootstrapServer{{
+			ServerURI: xdsAddr, ChannelCreds: []map[string]any{{"type": "insecure"}}, ServerFeatures: []string{"xds_v3"},
+		}},
+		Node: bootstrapNode{ID: nodeID, Metadata: meta},
+	}
+	return json.MarshalIndent(b, "", "  ")
+}
+
+// runBootstrap prints (or writes) a gRPC xDS bootstrap pointing at leasehold.
+func runBootstrap(args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("leasehold bootstrap", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var (
+		xdsAddr, nodeID, constraint, out string
+		labels                           = flagx.Labels{}
+	)
+	fs.StringVar(&xdsAddr, "xds-addr", "127.0.0.1:18000", "leasehold's xDS address")
+	fs.StringVar(&nodeID, "node-id", "", "the dispatcher's xDS node id (required)")
+	fs.StringVar(&constraint, "version-constraint", "", "semver constraint executors must satisfy, e.g. \">=1.4.0, <2.0.0\"")
+	fs.Var(labels, "label", "label key=value executors must carry (repeatable)")
+	fs.StringVar(&out, "out", "", "write to this file instead of standard output (then: GRPC_XDS_BOOTSTRAP=<file>)")
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0
+		}
+		return 2
+	}
+	b, err := newBootstrap(xdsAddr, nodeID, constraint, labels)
+	if err != nil {
+		fmt.Fprintf(stderr, "leasehold bootstrap: %v\n", err)
+		return 2
+	}
+	b = append(b, '\n')
+	if out == "" {
+		stdout.Write(b)
+		return 0
+	}
+	if err := os.WriteFile(out, b, 0o644); err != nil {
+		fmt.Fprintf(stderr, "leasehold bootstrap: --out: %v\n", err)
+		return 1
+	}
+	return 0
+}
