@@ -137,20 +137,7 @@ func followConsulEDS(ctx context.Context, grpcAddr string) (*consulEDS, error) {
 
 // await waits until cond holds for the offered ports.
 func (c *consulEDS) await(cond func(map[uint32]bool) bool, timeout time.Duration) error {
-	deadline := time.After(timeout)
-	for {
-		c.mu.Lock()
-		ok := cond(c.ports)
-		c.mu.Unlock()
-		if ok {
-			return nil
-		}
-		select {
-		case <-c.notify:
-		case <-deadline:
-			return errors.New("timed out")
-		}
-	}
+	return awaitNotified(&c.mu, c.notify, timeout, func() bool { return cond(c.ports) })
 }
 
 func (c *consulEDS) goneAt(port uint32) time.Time {

@@ -523,22 +523,29 @@ func (ds *dispatcherSet) client(i int, s discovery.AggregatedDiscoveryService_St
 
 // awaitAll waits until every client's latest set satisfies cond.
 func (ds *dispatcherSet) awaitAll(cond func(map[string]bool) bool, timeout time.Duration) error {
-	deadline := time.After(timeout)
-	for {
-		ds.mu.Lock()
-		ok := true
+	return awaitNotified(&ds.mu, ds.notify, timeout, func() bool {
 		for _, s := range ds.sets {
 			if s == nil || !cond(s) {
-				ok = false
-				break
+				return false
 			}
 		}
-		ds.mu.Unlock()
+		return true
+	})
+}
+
+// awaitNotified re-checks check (under mu) each time notify fires, until it
+// holds or timeout passes.
+func awaitNotified(mu *sync.Mutex, notify <-chan struct{}, timeout time.Duration, check func() bool) error {
+	deadline := time.After(timeout)
+	for {
+		mu.Lock()
+		ok := check()
+		mu.Unlock()
 		if ok {
 			return nil
 		}
 		select {
-		case <-ds.notify:
+		case <-notify:
 		case <-deadline:
 			return errors.New("timed out")
 		}

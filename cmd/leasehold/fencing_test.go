@@ -234,16 +234,7 @@ func TestFencingAndExplain(t *testing.T) {
 // nackingClient opens an ADS stream that rejects the endpoints it gets.
 func nackingClient(t *testing.T, addr string) string {
 	t.Helper()
-	conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); conn.Close() })
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := adsTo(t, addr)
 	node := &corev3.Node{Id: "nacker", Metadata: &structpb.Struct{}}
 	req := &discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
 	if err := s.Send(req); err != nil {

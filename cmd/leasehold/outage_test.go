@@ -23,9 +23,8 @@ func edsSessions(t *testing.T, xdsAddr string) map[string]string {
 	return openEDS(t, xdsAddr)()
 }
 
-// openEDS opens an ADS stream for task work's endpoints; each call of the
-// returned func waits for the next response (ACKing the previous one).
-func openEDS(t *testing.T, xdsAddr string) func() map[string]string {
+// adsTo opens an ADS stream to leasehold that lives until the test ends.
+func adsTo(t *testing.T, xdsAddr string) discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient {
 	t.Helper()
 	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
@@ -37,6 +36,14 @@ func openEDS(t *testing.T, xdsAddr string) func() map[string]string {
 	if err != nil {
 		t.Fatal(err)
 	}
+	return s
+}
+
+// openEDS opens an ADS stream for task work's endpoints; each call of the
+// returned func waits for the next response (ACKing the previous one).
+func openEDS(t *testing.T, xdsAddr string) func() map[string]string {
+	t.Helper()
+	s := adsTo(t, xdsAddr)
 	req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
 	if err := s.Send(req); err != nil {
 		t.Fatal(err)
@@ -68,17 +75,7 @@ func openEDS(t *testing.T, xdsAddr string) func() map[string]string {
 // edsVersions is the version_info leasehold answers for task work's endpoints.
 func edsVersions(t *testing.T, xdsAddr string) string {
 	t.Helper()
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ctx, cancel := context.WithTimeout(context.Background(), 20*time.Second)
-	defer cancel()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := adsTo(t, xdsAddr)
 	if err := s.Send(&discovery.DiscoveryRequest{Node: &corev3.Node{Id: "version-probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}); err != nil {
 		t.Fatal(err)
 	}
@@ -179,17 +176,7 @@ func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
 	startExecutor(t, a, "e2", "1.2.0")
 	addrs := []listening{startServe(t, a), startServe(t, a)}
 	versions := func(addr string) map[string]string {
-		conn, err := grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-		if err != nil {
-			t.Fatal(err)
-		}
-		defer conn.Close()
-		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
-		defer cancel()
-		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-		if err != nil {
-			t.Fatal(err)
-		}
+		s := adsTo(t, addr)
 		out := map[string]string{}
 		node := &corev3.Node{Id: "replica-probe"}
 		for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType} {
