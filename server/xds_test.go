@@ -52,7 +52,7 @@ func startXDS(t *testing.T) *fixture {
 	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, AddDelay: time.Millisecond})
 	done := make(chan struct{})
 	go func() { syncer.Run(ctx, f.obs); close(done) }()
-	g := grpc.NewServer()
+	g := grpc.NewServer(ServerOption())
 	NewXDS(ctx, syncer, log).Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

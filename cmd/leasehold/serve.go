@@ -168,6 +168,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	go func() { syncer.Run(runCtx, obs); done <- struct{}{} }()
 
 	g := grpc.NewServer(
+		server.ServerOption(), // responses reference the cache's bytes (no copy per stream)
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		// A dispatcher's trace continues into the fencing API; xDS streams
