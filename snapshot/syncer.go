@@ -85,6 +85,7 @@ type Syncer struct {
 	lapsed      map[[2]string]bool // instance, session seen with a critical lease
 	floor       map[string]uint64  // highest generation seen per instance
 	byTask      map[string][]health.Executor
+	printsBy    map[string][]uint64 // executorPrint of byTask's executors, aligned
 	taskPrint   map[string]taskPrint
 	badSeen     map[string]string
 	groups      map[string]*group
@@ -312,17 +313,19 @@ func (s *Syncer) recompute(ctx context.Context) {
 		}
 	}
 	byTask := map[string][]health.Executor{}
+	printsBy := map[string][]uint64{}
 	prints := map[string]*taskPrint{}
 	execPrints := make([]uint64, len(all))
 	for i := range all {
 		e := &all[i]
+		x := executorPrint(e)
 		byTask[e.Task] = append(byTask[e.Task], *e)
+		printsBy[e.Task] = append(printsBy[e.Task], x)
 		p := prints[e.Task]
 		if p == nil {
 			p = &taskPrint{}
 			prints[e.Task] = p
 		}
-		x := executorPrint(e)
 		p.add(x)
 		execPrints[i] = x
 	}
@@ -343,7 +346,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 			delete(s.taskPrint, task)
 		}
 	}
-	s.byTask = byTask
+	s.byTask, s.printsBy = byTask, printsBy
 	decided := time.Now()
 
 	// One trace per change that matters: the root span covers the batch, its
@@ -428,7 +431,8 @@ func (s *Syncer) rebuild(g *group, task string) {
 		b = &Builder{}
 		g.builders[task] = b
 	}
-	cla, version := b.Build(task, s.byTask[task], g.d)
+	r := b.BuildPrinted(task, s.byTask[task], s.printsBy[task], g.d)
+	cla, version := r.CLA, r.Version
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		for _, d := range Decide(s.byTask[task], g.d) {
 			s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
@@ -440,36 +444,13 @@ func (s *Syncer) rebuild(g *group, task string) {
 	g.loads[task] = cla
 	g.claVersion[task] = version
 	g.dirty = true
-	if removesOrDrains(old, cla) {
+	if old != nil && r.RemovesOrDrains {
 		g.urgent = true
 		g.removedTasks = append(g.removedTasks, task)
 		if !s.batchLapse.IsZero() && (g.lapsedAt.IsZero() || s.batchLapse.Before(g.lapsedAt)) {
 			g.lapsedAt = s.batchLapse
 		}
 	}
-}
-
-// removesOrDrains reports whether next drops an endpoint of prev, or stops
-// sending new work to one that prev routed to.
-func removesOrDrains(prev, next *endpointv3.ClusterLoadAssignment) bool {
-	if prev == nil {
-		return false
-	}
-	status := map[string]corev3.HealthStatus{}
-	for _, loc := range next.GetEndpoints() {
-		for _, lb := range loc.GetLbEndpoints() {
-			status[endpointKey(lb)] = lb.GetHealthStatus()
-		}
-	}
-	for _, loc := range prev.GetEndpoints() {
-		for _, lb := range loc.GetLbEndpoints() {
-			now, kept := status[endpointKey(lb)]
-			if !kept || (lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY && now != corev3.HealthStatus_HEALTHY) {
-				return true
-			}
-		}
-	}
-	return false
 }
 
 // publishDirty publishes urgent groups now and schedules the rest.

@@ -5,11 +5,9 @@ package snapshot
 
 import (
 	"crypto/sha256"
-	"encoding/binary"
 	"encoding/hex"
 	"fmt"
 	"sort"
-	"strconv"
 	"sync"
 	"time"
 
@@ -23,8 +21,6 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
-	"google.golang.org/protobuf/types/known/structpb"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -136,129 +132,11 @@ func EndpointsVersioned(task string, executors []health.Executor, d health.Dispa
 	return (&Builder{}).Build(task, executors, d)
 }
 
-// Builder builds one task's load assignments for one constraint set again
-// and again, reusing the endpoint messages of executors that did not change
-// since the previous build: a single change costs a pass over the fleet, not
-// a fresh message per executor. Endpoint messages are immutable once built.
-type Builder struct {
-	prev map[uint64]*endpointv3.LbEndpoint
-}
-
-// Build is EndpointsVersioned, with reuse.
-func (bl *Builder) Build(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
-	routed := make([]*health.Executor, 0, len(executors))
-	statuses := make([]corev3.HealthStatus, 0, len(executors))
-	for i := range executors {
-		e := &executors[i]
-		switch health.Eligible(*e, d).Route {
-		case health.RouteHealthy:
-			routed, statuses = append(routed, e), append(statuses, corev3.HealthStatus_HEALTHY)
-		case health.RouteDraining:
-			routed, statuses = append(routed, e), append(statuses, corev3.HealthStatus_DRAINING)
-		}
-	}
-	idx := make([]int, len(routed))
-	for i := range idx {
-		idx[i] = i
-	}
-	sort.Slice(idx, func(a, b int) bool { return endpointLess(routed[idx[a]], routed[idx[b]]) })
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
-	// The version hashes the task and, in order, a 64-bit FNV-1a digest of
-	// each endpoint's content: deterministic on every replica, and the digest
-	// doubles as the key under which an unchanged endpoint is reused.
-	h := sha256.New()
-	h.Write([]byte("cla\x00" + task))
-	var buf, digests []byte
-	next := make(map[uint64]*endpointv3.LbEndpoint, len(routed))
-	if len(routed) > 0 {
-		lbs := make([]*endpointv3.LbEndpoint, len(routed))
-		for i, k := range idx {
-			e := routed[k]
-			buf = buf[:0]
-			buf = append(buf, 0)
-			buf = append(buf, e.InstanceID...)
-			buf = append(buf, 0)
-			buf = append(buf, e.SessionID...)
-			buf = append(buf, 0)
-			buf = append(buf, e.Version...)
-			buf = append(buf, 0)
-			buf = append(buf, e.Address...)
-			buf = append(buf, 0)
-			buf = strconv.AppendInt(buf, int64(e.Port), 10)
-			buf = append(buf, 0)
-			buf = strconv.AppendInt(buf, int64(statuses[k]), 10)
-			buf = append(buf, 0)
-			buf = strconv.AppendUint(buf, uint64(Weight(*e)), 10)
-			key := fnv64a(buf) // the endpoint's whole content
-			lb := bl.prev[key]
-			if lb == nil {
-				lb = lbEndpoint(e, statuses[k])
-			}
-			lbs[i], next[key] = lb, lb
-			digests = binary.LittleEndian.AppendUint64(digests, key)
-			if len(digests) >= 32<<10 {
-				h.Write(digests)
-				digests = digests[:0]
-			}
-		}
-		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{
-			Locality:    &corev3.Locality{},
-			LbEndpoints: lbs,
-			// grpc-go ignores a locality whose weight is 0 or unset.
-			LoadBalancingWeight: wrapperspb.UInt32(1),
-		}}
-	}
-	h.Write(digests)
-	bl.prev = next
-	return cla, "e" + hex.EncodeToString(h.Sum(nil)[:8])
-}
-
-// endpointLess orders endpoints by instance, address, port (then session).
-func endpointLess(a, b *health.Executor) bool {
-	if a.InstanceID != b.InstanceID {
-		return a.InstanceID < b.InstanceID
-	}
-	if a.Address != b.Address {
-		return a.Address < b.Address
-	}
-	if a.Port != b.Port {
-		return a.Port < b.Port
-	}
-	return a.SessionID < b.SessionID
-}
-
 // Weight is the endpoint weight of e: its spare capacity, clamped to
 // MinWeight..MaxWeight.
 func Weight(e health.Executor) uint32 {
 	spare := e.Capacity - e.Load
 	return uint32(min(max(spare, MinWeight), MaxWeight))
-}
-
-func lbEndpoint(e *health.Executor, status corev3.HealthStatus) *endpointv3.LbEndpoint {
-	md := &structpb.Struct{Fields: map[string]*structpb.Value{
-		"instance_id": structpb.NewStringValue(e.InstanceID),
-		"session_id":  structpb.NewStringValue(e.SessionID),
-		"version":     structpb.NewStringValue(e.Version),
-	}}
-	return &endpointv3.LbEndpoint{
-		HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
-			Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-				Protocol:      corev3.SocketAddress_TCP,
-				Address:       e.Address,
-				PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: uint32(e.Port)},
-			}}},
-			Hostname: e.InstanceID,
-		}},
-		HealthStatus:        status,
-		LoadBalancingWeight: wrapperspb.UInt32(Weight(*e)),
-		Metadata:            &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{MetadataNamespace: md}},
-	}
-}
-
-// endpointKey identifies an endpoint across load assignments.
-func endpointKey(lb *endpointv3.LbEndpoint) string {
-	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + strconv.FormatUint(uint64(sa.GetPortValue()), 10)
 }
 
 // staticVersions memoises the versions of listeners, routes and clusters:

@@ -1,0 +1,255 @@
+package snapshot
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"slices"
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Builder builds one task's load assignments for one constraint set again
+// and again. It remembers, per executor fingerprint, the verdict and the
+// endpoint message, and the sorted order of the previous build: executors
+// whose fingerprint is unchanged are neither decided nor encoded again, and
+// the new ones are sorted among themselves and merged into the previous
+// order. A single change therefore costs a map lookup per executor, not a
+// decision, a message and a sort. Endpoint messages are immutable once built.
+type Builder struct {
+	d       health.Dispatcher
+	started bool
+	gen     uint64
+	entries map[uint64]*entry // by executor fingerprint
+	all     []*entry          // every entry of the previous build
+	sorted  []*entry          // routed entries of the previous build, in order
+}
+
+// entry is one executor as decided for the Builder's constraint set.
+type entry struct {
+	e      *health.Executor // valid during the build that created it only
+	status corev3.HealthStatus
+	routed bool
+	lb     *endpointv3.LbEndpoint
+	digest uint64 // FNV-1a of the endpoint's whole content
+	key    endpointSortKey
+	gen    uint64 // last build that saw it
+	print  uint64 // its key in Builder.entries
+}
+
+type endpointSortKey struct {
+	instance, address, session string
+	port                       int
+}
+
+func (a *entry) less(b *entry) bool {
+	if a.key.instance != b.key.instance {
+		return a.key.instance < b.key.instance
+	}
+	if a.key.address != b.key.address {
+		return a.key.address < b.key.address
+	}
+	if a.key.port != b.key.port {
+		return a.key.port < b.key.port
+	}
+	if a.key.session != b.key.session {
+		return a.key.session < b.key.session
+	}
+	return a.digest < b.digest
+}
+
+// Result is one build.
+type Result struct {
+	CLA     *endpointv3.ClusterLoadAssignment
+	Version string // content version: equal on every replica for equal inputs
+	// RemovesOrDrains: an endpoint of the previous build is gone, or no
+	// longer HEALTHY (the change must be published at once).
+	RemovesOrDrains bool
+	Decided         int // executors decided afresh (the rest were reused)
+}
+
+// Build is EndpointsVersioned, with reuse.
+func (bl *Builder) Build(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+	r := bl.BuildPrinted(task, executors, nil, d)
+	return r.CLA, r.Version
+}
+
+// BuildPrinted builds with the executors' fingerprints already computed
+// (prints[i] is executorPrint(&executors[i]); nil: computed here).
+func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher) Result {
+	if !bl.started || bl.d.Key() != d.Key() {
+		*bl = Builder{d: d, started: true, entries: map[uint64]*entry{}}
+	}
+	bl.gen++
+	gen := bl.gen
+	var fresh []*entry // routed entries decided in this build
+	reused := 0
+	all := make([]*entry, 0, len(executors))
+	var buf []byte
+	for i := range executors {
+		e := &executors[i]
+		var p uint64
+		if prints != nil {
+			p = prints[i]
+		} else {
+			p = executorPrint(e)
+		}
+		en := bl.entries[p]
+		if en != nil && en.gen == gen {
+			continue // the same registration twice: one endpoint
+		}
+		if en == nil {
+			en = &entry{print: p}
+			bl.entries[p] = en
+			switch health.Eligible(*e, d).Route {
+			case health.RouteHealthy:
+				en.routed, en.status = true, corev3.HealthStatus_HEALTHY
+			case health.RouteDraining:
+				en.routed, en.status = true, corev3.HealthStatus_DRAINING
+			}
+			if en.routed {
+				en.e = e
+				buf = endpointContent(buf[:0], e, en.status)
+				en.digest = fnv64a(buf)
+				en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
+				fresh = append(fresh, en)
+			}
+		} else if en.routed {
+			reused++
+		}
+		en.gen = gen
+		all = append(all, en)
+	}
+	for _, en := range bl.all { // forget what this build did not see
+		if en.gen != gen {
+			delete(bl.entries, en.print)
+		}
+	}
+	// Previous order minus what is gone, merged with the new ones sorted.
+	removes := false
+	var gone []*entry
+	kept := bl.sorted
+	if reused != len(bl.sorted) {
+		kept = make([]*entry, 0, reused)
+		for _, en := range bl.sorted {
+			if en.gen == gen {
+				kept = append(kept, en)
+			} else {
+				gone = append(gone, en)
+			}
+		}
+	}
+	if len(gone) > 0 {
+		// A gone endpoint is removed unless a new entry has its address with
+		// a status no worse (a weight or session change keeps the endpoint).
+		now := make(map[endpointSortKey]corev3.HealthStatus, len(fresh))
+		for _, en := range fresh {
+			k := en.key
+			k.session = ""
+			now[k] = en.status
+		}
+		for _, en := range gone {
+			k := en.key
+			k.session = ""
+			st, ok := now[k]
+			if !ok || (en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
+				removes = true
+				break
+			}
+		}
+	}
+	sorted := kept
+	if len(fresh) > 0 {
+		slices.SortFunc(fresh, func(a, b *entry) int {
+			if a.less(b) {
+				return -1
+			}
+			if b.less(a) {
+				return 1
+			}
+			return 0
+		})
+		batch := newEndpointBatch(len(fresh))
+		for _, en := range fresh {
+			en.lb = batch.lbEndpoint(en.e, en.status)
+			en.e = nil // the executors slice is the caller's
+		}
+		sorted = mergeSorted(kept, fresh)
+	}
+	bl.all, bl.sorted = all, sorted
+
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
+	// The version hashes the task and, order-independently, the content
+	// digest of each endpoint (the order is a function of the contents).
+	var sum, xor uint64
+	if len(sorted) > 0 {
+		lbs := make([]*endpointv3.LbEndpoint, len(sorted))
+		for i, en := range sorted {
+			lbs[i] = en.lb
+			m := mix64(en.digest)
+			sum += m
+			xor ^= mix64(m ^ en.digest)
+		}
+		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{
+			Locality:    &corev3.Locality{},
+			LbEndpoints: lbs,
+			// grpc-go ignores a locality whose weight is 0 or unset.
+			LoadBalancingWeight: wrapperspb.UInt32(1),
+		}}
+	}
+	var vb [8 + 8 + 8 + 8]byte
+	binary.LittleEndian.PutUint64(vb[0:], fnv64a([]byte("cla\x00"+task)))
+	binary.LittleEndian.PutUint64(vb[8:], uint64(len(sorted)))
+	binary.LittleEndian.PutUint64(vb[16:], sum)
+	binary.LittleEndian.PutUint64(vb[24:], xor)
+	version := "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
+	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(fresh)}
+}
+
+// endpointContent is everything an endpoint message holds, for its digest.
+func endpointContent(buf []byte, e *health.Executor, status corev3.HealthStatus) []byte {
+	buf = append(buf, 0)
+	buf = append(buf, e.InstanceID...)
+	buf = append(buf, 0)
+	buf = append(buf, e.SessionID...)
+	buf = append(buf, 0)
+	buf = append(buf, e.Version...)
+	buf = append(buf, 0)
+	buf = append(buf, e.Address...)
+	buf = append(buf, 0)
+	buf = strconv.AppendInt(buf, int64(e.Port), 10)
+	buf = append(buf, 0)
+	buf = strconv.AppendInt(buf, int64(status), 10)
+	buf = append(buf, 0)
+	return strconv.AppendUint(buf, uint64(Weight(*e)), 10)
+}
+
+// mergeSorted merges two sorted lists into a new one.
+func mergeSorted(a, b []*entry) []*entry {
+	out := make([]*entry, 0, len(a)+len(b))
+	i, j := 0, 0
+	for i < len(a) && j < len(b) {
+		if b[j].less(a[i]) {
+			out = append(out, b[j])
+			j++
+		} else {
+			out = append(out, a[i])
+			i++
+		}
+	}
+	out = append(out, a[i:]...)
+	return append(out, b[j:]...)
+}
+
+// mix64 is the splitmix64 finalizer.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
