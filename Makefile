@@ -46,7 +46,7 @@ demo: $(CONSUL)
 	$(GO) build -o bin/executor ./examples/executor
 	$(GO) run ./examples/demo --executor bin/executor
 
-# Regenerate the committed Go code of proto/ (needs protoc; the plugins are
+# Regenerate the committed Go code of proto/ and examples/workpb (needs protoc; the plugins are
 # installed into bin/ at pinned versions).
 PROTOC_GEN_GO      := google.golang.org/protobuf/cmd/protoc-gen-go@v1.36.12
 PROTOC_GEN_GO_GRPC := google.golang.org/grpc/cmd/protoc-gen-go-grpc@v1.5.1
@@ -55,6 +55,7 @@ proto:
 	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO)
 	GOBIN=$(CURDIR)/bin $(GO) install $(PROTOC_GEN_GO_GRPC)
 	PATH=$(CURDIR)/bin:$$PATH protoc -I proto --go_out=paths=source_relative:proto --go-grpc_out=paths=source_relative:proto proto/leasehold/v1/*.proto
+	PATH=$(CURDIR)/bin:$$PATH protoc -I examples/workpb --go_out=paths=source_relative:examples/workpb --go-grpc_out=paths=source_relative:examples/workpb examples/workpb/work.proto
 
 # Benchmarks (never part of make test): micro-benchmarks, then the end-to-end
 # harness on real parts, which writes its table into BENCHMARKS.md.

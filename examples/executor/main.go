@@ -1,31 +1,33 @@
-// Command executor is an example executor: an HTTP "work" service that
-// registers itself through the local Consul agent with consul.Registrar, runs
-// each task under the session it was claimed in, and drains on SIGTERM.
+// Command executor is an example executor: a gRPC "work" service
+// (examples/workpb) that registers itself through the local Consul agent with
+// consul.Registrar, runs each task under the session it was accepted in,
+// reports its load through its lease, and drains on SIGTERM: no new tasks,
+// in-flight ones finish, then it deregisters and exits.
 //
-//	POST /work?ms=N   run a task for N ms (429 when full, 503 without a lease)
-//	GET  /healthz     200 while serving
-//	GET  /load        {"load": N}
+// It also serves the standard gRPC health service.
 package main
 
 import (
 	"context"
-	"encoding/json"
-	"errors"
 	"flag"
 	"fmt"
 	"log/slog"
 	"net"
-	"net/http"
 	"os"
 	"os/signal"
-	"strconv"
 	"sync/atomic"
 	"syscall"
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/examples/workpb"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/flagx"
 )
@@ -48,7 +50,7 @@ func run() error {
 	)
 	flag.StringVar(&cfg.InstanceID, "instance", "", "stable instance id (required)")
 	flag.Var(&tasks, "task", "task type(s), comma-separated or repeated (required)")
-	flag.StringVar(&listen, "listen", "127.0.0.1:0", "HTTP listen address; the registered address is the one bound")
+	flag.StringVar(&listen, "listen", "127.0.0.1:0", "gRPC listen address; the registered address is the one bound")
 	flag.StringVar(&cfg.Version, "version", "1.0.0", "semantic version")
 	flag.IntVar(&cfg.Capacity, "capacity", 2, "concurrent tasks")
 	flag.Var(labels, "label", "label key=value (repeatable)")
@@ -69,6 +71,7 @@ func run() error {
 	cfg.Address, cfg.Port = addr.IP.String(), addr.Port
 
 	var inFlight atomic.Int64
+	var draining atomic.Bool
 	cfg.Load = func() int { return int(inFlight.Load()) }
 	cfg.OnLeaseLost = func(l consul.LeaseLoss) {
 		log.Warn("lease lost: tasks claimed under the session are abandoned", "session_id", l.SessionID, "reason", l.Reason, "superseded", l.Superseded)
@@ -87,9 +90,12 @@ func run() error {
 		return err
 	}
 
-	srv := &http.Server{Handler: handler(reg, cfg, &inFlight)}
+	srv := grpc.NewServer()
+	workpb.RegisterWorkServer(srv, &work{reg: reg, cfg: cfg, inFlight: &inFlight, draining: &draining, log: log})
+	hs := grpchealth.NewServer()
+	healthpb.RegisterHealthServer(srv, hs)
 	go srv.Serve(lis)
-	defer srv.Close()
+	defer srv.Stop()
 
 	runCtx, cancelRun := context.WithCancel(context.Background())
 	defer cancelRun()
@@ -104,6 +110,8 @@ func run() error {
 	case <-sig.Done():
 	}
 	log.Info("SIGTERM: draining", "in_flight", inFlight.Load())
+	draining.Store(true)
+	hs.Shutdown() // health NOT_SERVING
 	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
 	defer cancel()
 	derr := reg.Drain(dctx)
@@ -116,56 +124,53 @@ func run() error {
 	return nil
 }
 
-type result struct {
-	Instance string `json:"instance_id"`
-	Session  string `json:"session_id"`
-	Version  string `json:"version"`
-	Outcome  string `json:"outcome"`
+// work is the Work service: each task runs under the session current when it
+// was accepted, and is abandoned if that session ends under it.
+type work struct {
+	workpb.UnimplementedWorkServer
+	reg      *consul.Registrar
+	cfg      consul.Config
+	inFlight *atomic.Int64
+	draining *atomic.Bool
+	log      *slog.Logger
 }
 
-func handler(reg *consul.Registrar, cfg consul.Config, inFlight *atomic.Int64) http.Handler {
-	mux := http.NewServeMux()
-	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {})
-	mux.HandleFunc("GET /load", func(w http.ResponseWriter, r *http.Request) {
-		fmt.Fprintf(w, `{"load": %d}`, inFlight.Load())
-	})
-	mux.HandleFunc("POST /work", func(w http.ResponseWriter, r *http.Request) {
-		ms, err := strconv.Atoi(r.URL.Query().Get("ms"))
-		if err != nil || ms < 0 || ms > 600_000 {
-			http.Error(w, "ms: want an integer 0..600000", http.StatusBadRequest)
-			return
+func (w *work) Run(ctx context.Context, req *workpb.RunRequest) (*workpb.RunResult, error) {
+	if req.GetDurationMs() > 600_000 {
+		return nil, status.Error(codes.InvalidArgument, "duration_ms: at most 600000")
+	}
+	s := w.reg.Session()
+	if s == nil || s.Err() != nil {
+		// Consul may show a registration a moment before Run has published
+		// its session; wait briefly rather than refuse.
+		wctx, cancel := context.WithTimeout(ctx, 2*time.Second)
+		var err error
+		s, err = w.reg.WaitSession(wctx, s)
+		cancel()
+		if err != nil {
+			return nil, status.Error(codes.Unavailable, "no current lease")
 		}
-		s := reg.Session()
-		if s == nil || s.Err() != nil {
-			// Consul may show a registration a moment before Run has
-			// published its session; wait briefly rather than refuse.
-			ctx, cancel := context.WithTimeout(r.Context(), 2*time.Second)
-			s, err = reg.WaitSession(ctx, s)
-			cancel()
-			if err != nil {
-				http.Error(w, "no current lease", http.StatusServiceUnavailable)
-				return
-			}
-		}
-		if n := inFlight.Add(1); n > int64(cfg.Capacity) {
-			inFlight.Add(-1)
-			http.Error(w, "full", http.StatusTooManyRequests)
-			return
-		}
-		defer inFlight.Add(-1)
-		res := result{Instance: cfg.InstanceID, Session: s.ID, Version: cfg.Version, Outcome: "done"}
-		select { // the work, abandoned if the session ends under it
-		case <-time.After(time.Duration(ms) * time.Millisecond):
-		case <-s.Done():
-			res.Outcome = "abandoned: " + s.Err().Error()
-			w.WriteHeader(http.StatusConflict)
-		case <-r.Context().Done():
-			return
-		}
-		if errors.Is(s.Err(), consul.ErrLeaseLost) && res.Outcome == "done" {
-			res.Outcome = "done after the lease was lost: do not confirm"
-		}
-		json.NewEncoder(w).Encode(res)
-	})
-	return mux
+	}
+	if w.draining.Load() {
+		return nil, status.Error(codes.Unavailable, "draining: no new tasks")
+	}
+	if n := w.inFlight.Add(1); n > int64(w.cfg.Capacity) {
+		w.inFlight.Add(-1)
+		return nil, status.Error(codes.ResourceExhausted, "full")
+	}
+	defer w.inFlight.Add(-1)
+	select { // the work, abandoned if the session ends under it
+	case <-time.After(time.Duration(req.GetDurationMs()) * time.Millisecond):
+	case <-s.Done():
+		return nil, status.Errorf(codes.Aborted, "session %s ended under task %s: %v", s.ID, req.GetTaskId(), s.Err())
+	case <-ctx.Done():
+		return nil, status.FromContextError(ctx.Err()).Err()
+	}
+	if s.Err() != nil { // the lease was lost as the task finished
+		return nil, status.Errorf(codes.Aborted, "session %s ended as task %s finished: %v", s.ID, req.GetTaskId(), s.Err())
+	}
+	return &workpb.RunResult{
+		TaskId: req.GetTaskId(), InstanceId: w.cfg.InstanceID, SessionId: s.ID, Version: w.cfg.Version,
+		Load: uint32(max(w.inFlight.Load()-1, 0)),
+	}, nil
 }
