@@ -41,10 +41,14 @@ fuzz:
 clean:
 	rm -rf bin
 
-# The executor side on real parts: a Consul dev agent, example executors, the drills.
+# The whole story on real parts: a Consul dev agent, leasehold serve, three
+# gRPC executors and a dispatcher; DEMO_FLAGS=--keep leaves it running.
 demo: $(CONSUL)
+	@echo "building bin/leasehold, bin/executor, bin/dispatcher (first time: ~1 min)"
+	$(GO) build -o bin/leasehold ./cmd/leasehold
 	$(GO) build -o bin/executor ./examples/executor
-	$(GO) run ./examples/demo --executor bin/executor
+	$(GO) build -o bin/dispatcher ./examples/dispatcher
+	$(GO) run ./examples/demo $(DEMO_FLAGS)
 
 # Regenerate the committed Go code of proto/ and examples/workpb (needs protoc; the plugins are
 # installed into bin/ at pinned versions).

@@ -1,365 +1,576 @@
-// Command demo runs the executor side of leasehold on real parts: a Consul dev
-// agent on free loopback ports and example executor processes, driven through
-// the failure drills of the design while a blocking-query watch prints what
-// Consul (and so leasehold) sees. It exits non-zero if any step does not turn
-// out as the design says.
+// Command demo plays leasehold's story on real parts: a Consul dev agent on
+// free loopback ports, `leasehold serve`, three example gRPC executors (two
+// of version 1.x, one 2.x) and the example dispatcher constrained to 1.x,
+// which dials xds:///work through leasehold and confirms each result through
+// the Fencing API. It then freezes an executor past its lease (SIGSTOP, as a
+// long GC pause would), resumes it, and drains another, printing a timeline
+// and `leasehold explain` at each step. It exits non-zero if any step does not
+// turn out as designed; every process it started is stopped on exit or
+// Ctrl-C.
 package main
 
 import (
+	"bufio"
 	"context"
+	"encoding/json"
 	"errors"
 	"flag"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"os"
 	"os/exec"
+	"os/signal"
+	"path/filepath"
 	"sort"
 	"strings"
 	"sync"
 	"syscall"
 	"time"
 
-	"github.com/hashicorp/consul/api"
-
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
-	"github.com/leasehold/leasehold/health"
 )
 
 var (
-	executorBin = flag.String("executor", "bin/executor", "example executor binary")
-	lease       = flag.Duration("lease", 2*time.Second, "executor lease")
-	heartbeat   = flag.Duration("heartbeat", 500*time.Millisecond, "executor heartbeat")
-	verbose     = flag.Bool("v", false, "show executor logs")
+	leaseholdBin  = flag.String("leasehold", "bin/leasehold", "leasehold binary")
+	executorBin   = flag.String("executor", "bin/executor", "example executor binary")
+	dispatcherBin = flag.String("dispatcher", "bin/dispatcher", "example dispatcher binary")
+	lease         = flag.Duration("lease", 3*time.Second, "executor lease (production default 35s)")
+	heartbeat     = flag.Duration("heartbeat", time.Second, "executor heartbeat (production default 10s)")
+	rate          = flag.Float64("rate", 6, "tasks per second the dispatcher starts")
+	keep          = flag.Bool("keep", false, "after the story, keep everything running until Ctrl-C (prints the URLs to look at)")
+	logDir        = flag.String("logs", "", "folder for the processes' logs (default: a new temporary folder)")
 )
 
-const task = "work"
+const (
+	task       = "work"
+	dispatcher = "demo-dispatcher"
+)
 
 func main() {
 	flag.Parse()
-	if err := demo(); err != nil {
-		fmt.Fprintln(os.Stderr, "demo FAILED:", err)
+	ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGINT, syscall.SIGTERM)
+	defer stop()
+	d := &demo{start: time.Now()}
+	err := d.run(ctx)
+	d.cleanup()
+	if err != nil {
+		if ctx.Err() != nil {
+			err = errors.New("interrupted")
+		}
+		fmt.Fprintf(os.Stderr, "\ndemo FAILED: %v\nlogs: %s\n", err, d.logs)
 		os.Exit(1)
 	}
-	fmt.Println("\ndemo finished: every step behaved as designed")
+	fmt.Printf("\ndemo finished: every step behaved as designed (logs: %s)\n", d.logs)
 }
 
-func step(format string, args ...any) {
+type demo struct {
+	start    time.Time
+	logs     string
+	agent    *consultest.Agent
+	procs    []*proc
+	xdsAddr  string
+	admin    string
+	outcomes outcomes
+}
+
+// proc is a child process in its own process group.
+type proc struct {
+	name string
+	cmd  *exec.Cmd
+	done chan struct{}
+	err  error
+}
+
+func (p *proc) signal(sig syscall.Signal) { syscall.Kill(-p.cmd.Process.Pid, sig) }
+
+func (d *demo) cleanup() {
+	for i := len(d.procs) - 1; i >= 0; i-- {
+		p := d.procs[i]
+		select {
+		case <-p.done:
+			continue
+		default:
+		}
+		p.signal(syscall.SIGCONT) // a frozen process cannot die of SIGTERM
+		p.signal(syscall.SIGTERM)
+		select {
+		case <-p.done:
+		case <-time.After(3 * time.Second):
+			p.signal(syscall.SIGKILL)
+			<-p.done
+		}
+	}
+	if d.agent != nil {
+		d.agent.Close()
+	}
+}
+
+// say prints a timeline line: seconds since the demo started.
+func (d *demo) say(format string, args ...any) {
+	fmt.Printf("%7.1fs  %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
+}
+
+func (d *demo) step(format string, args ...any) {
 	fmt.Printf("\n== "+format+"\n", args...)
 }
 
-func demo() error {
+// spawn starts a process whose output goes to logs/<name>.log (stdout to
+// the returned reader instead when pipe is set).
+func (d *demo) spawn(name string, pipe bool, bin string, args ...string) (*proc, io.Reader, error) {
+	f, err := os.Create(filepath.Join(d.logs, name+".log"))
+	if err != nil {
+		return nil, nil, err
+	}
+	cmd := exec.Command(bin, args...)
+	cmd.Stderr = f
+	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true}
+	var out io.Reader
+	if pipe {
+		if out, err = cmd.StdoutPipe(); err != nil {
+			return nil, nil, err
+		}
+	} else {
+		cmd.Stdout = f
+	}
+	if err := cmd.Start(); err != nil {
+		f.Close()
+		return nil, nil, fmt.Errorf("start %s: %w", name, err)
+	}
+	p := &proc{name: name, cmd: cmd, done: make(chan struct{})}
+	d.procs = append(d.procs, p)
+	go func() {
+		p.err = cmd.Wait()
+		f.Close()
+		close(p.done)
+	}()
+	return p, out, nil
+}
+
+func (d *demo) run(ctx context.Context) error {
+	for _, b := range []string{*leaseholdBin, *executorBin, *dispatcherBin} {
+		if _, err := os.Stat(b); err != nil {
+			return fmt.Errorf("%s missing: run `make demo` (it builds bin/leasehold, bin/executor and bin/dispatcher)", b)
+		}
+	}
+	d.logs = *logDir
+	if d.logs == "" {
+		var err error
+		if d.logs, err = os.MkdirTemp("", "leasehold-demo-"); err != nil {
+			return err
+		}
+	} else if err := os.MkdirAll(d.logs, 0o755); err != nil {
+		return err
+	}
+	fmt.Printf("leasehold demo — logs of every process in %s\n", d.logs)
+	fmt.Printf("executors hold %s leases with a heartbeat every %s (shortened from 35s/10s so the story fits in a minute)\n", *lease, *heartbeat)
+
+	d.step("setting up: a Consul dev agent, leasehold serve, three executors, one dispatcher")
 	bin, err := consultest.Binary()
 	if err != nil {
 		return err
 	}
-	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "demo"})
-	if agent != nil {
-		defer agent.Close()
-	}
+	d.agent, err = consultest.Launch(bin, consultest.Options{NodeName: "demo"})
 	if err != nil {
-		return err
+		return fmt.Errorf("consul agent: %w", err)
 	}
-	agent.SettleSync()
-	c := agent.Client()
-	fmt.Printf("Consul %s dev agent on %s (lease %s, heartbeat %s)\n", "1.13.9", agent.HTTPAddr(), *lease, *heartbeat)
+	d.agent.SettleSync()
+	d.say("Consul 1.13.9 dev agent on %s", d.agent.HTTPAddr())
 
-	w := newWatcher(c)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	go w.run(ctx)
+	d.xdsAddr, d.admin = freeAddr(), freeAddr()
+	if _, _, err := d.spawn("leasehold", false, *leaseholdBin, "serve", "--consul-addr", d.agent.HTTPAddr(), "--xds-addr", d.xdsAddr, "--admin-addr", d.admin); err != nil {
+		return err
+	}
+	if err := d.await(ctx, 20*time.Second, "leasehold serve ready", func() bool { return httpOK("http://" + d.admin + "/readyz") }); err != nil {
+		return err
+	}
+	d.say("leasehold serve: xDS on %s, admin on http://%s", d.xdsAddr, d.admin)
 
-	var procs []*executor
-	defer func() {
-		for _, p := range procs {
-			p.kill()
-		}
-	}()
-	start := func(instance, version string) (*executor, error) {
-		p, err := startExecutor(agent.HTTPAddr(), instance, version)
-		if err == nil {
-			procs = append(procs, p)
-		}
-		return p, err
-	}
-
-	step("1. three executors register, each under a fresh session, and heartbeat")
-	e1, err := start("exec-1", "1.4.0")
-	if err != nil {
-		return err
-	}
-	e2, err := start("exec-2", "1.4.0")
-	if err != nil {
-		return err
-	}
-	e3, err := start("exec-3", "1.5.0")
-	if err != nil {
-		return err
-	}
-	if err := w.await(10*time.Second, "3 passing", func(v view) bool { return v.count(api.HealthPassing) == 3 }); err != nil {
-		return err
-	}
-	w.print()
-
-	step("2. exec-1 takes two tasks: full, so its lease check turns warning (no new work)")
-	e1.url = "http://" + w.snapshot()["exec-1"].addr // where it registered
-	results := make(chan string, 4)
-	for range 2 {
-		go func() { results <- e1.work(4 * *lease) }()
-	}
-	if err := w.await(5*time.Second, "exec-1 warning", func(v view) bool { return v.status("exec-1") == api.HealthWarning }); err != nil {
-		select {
-		case r := <-results:
-			return fmt.Errorf("%w (a task returned: %s)", err, r)
-		default:
+	execs := map[string]*proc{}
+	for _, e := range []struct{ id, version string }{{"exec-1", "1.4.0"}, {"exec-2", "1.5.0"}, {"exec-3", "2.0.0"}} {
+		p, _, err := d.spawn(e.id, false, *executorBin, "--instance", e.id, "--task", task, "--version", e.version,
+			"--capacity", "8", "--lease", lease.String(), "--heartbeat", heartbeat.String(), "--consul", d.agent.HTTPAddr(), "--drain-timeout", "30s")
+		if err != nil {
 			return err
 		}
+		execs[e.id] = p
+		d.say("executor %s (version %s) started", e.id, e.version)
 	}
-	w.print()
 
-	step("3. exec-2 is frozen (SIGSTOP: a GC pause) for two leases: its lease lapses")
-	old2 := w.snapshot().session("exec-2")
-	t0 := time.Now()
-	e2.signal(syscall.SIGSTOP)
-	if err := w.await(*lease+2*time.Second, "exec-2 critical", func(v view) bool { return v.status("exec-2") == api.HealthCritical }); err != nil {
-		return err
+	boot := filepath.Join(d.logs, "bootstrap.json")
+	constraint := ">=1.0.0, <2.0.0"
+	if out, err := exec.Command(*leaseholdBin, "bootstrap", "--xds-addr", d.xdsAddr, "--node-id", dispatcher, "--version-constraint", constraint, "--out", boot).CombinedOutput(); err != nil {
+		return fmt.Errorf("leasehold bootstrap: %v: %s", err, out)
 	}
-	fmt.Printf("   critical %s after the freeze (lease %s)\n", time.Since(t0).Round(time.Millisecond), *lease)
-	<-time.After(2**lease - time.Since(t0))
-	e2.signal(syscall.SIGCONT)
-	fmt.Println("   resumed: it notices the lost lease itself and comes back under a NEW session")
-	if err := w.await(10*time.Second, "exec-2 new session passing", func(v view) bool {
-		return v.session("exec-2") != old2 && v.status("exec-2") == api.HealthPassing
-	}); err != nil {
-		return err
-	}
-	w.print()
-
-	step("4. exec-3 is restarted while the old process still runs (same instance id)")
-	old3 := w.snapshot().session("exec-3")
-	e3b, err := start("exec-3", "1.5.1")
+	_, out, err := d.spawn("dispatcher", true, *dispatcherBin, "--bootstrap", boot, "--task", task, "--json",
+		"--rate", fmt.Sprint(*rate), "--work", "800ms", "--timeout", "20s")
 	if err != nil {
 		return err
 	}
-	if err := w.await(10*time.Second, "exec-3 replaced", func(v view) bool {
-		return v.session("exec-3") != old3 && v.status("exec-3") == api.HealthPassing
+	go d.outcomes.read(out, d)
+	d.say("dispatcher %s started: xds:///%s, version constraint %q (bootstrap: %s)", dispatcher, task, constraint, boot)
+
+	// 1. Traffic spreads over the two 1.x executors; 2.x never gets any.
+	d.step("1. traffic spreads over the two 1.x executors; exec-3 (2.0.0) gets none")
+	if err := d.await(ctx, 30*time.Second, "confirmed results from exec-1 and exec-2", func() bool {
+		c := d.outcomes.confirmedBy(time.Time{})
+		return c["exec-1"] >= 5 && c["exec-2"] >= 5
 	}); err != nil {
 		return err
 	}
-	if err := e3.waitExit(10 * time.Second); err == nil {
-		return errors.New("the superseded exec-3 process exited cleanly; want an error exit")
+	if c := d.outcomes.confirmedBy(time.Time{}); c["exec-3"] > 0 {
+		return fmt.Errorf("exec-3 (2.0.0) served %d tasks of a dispatcher constrained to %q", c["exec-3"], constraint)
 	}
-	fmt.Println("   the old process's heartbeat was refused; it saw a newer session of its instance and exited instead of fighting")
-	w.print()
+	d.say("confirmed so far: %s", d.outcomes.summary(time.Time{}))
+	d.explain("--dispatcher", dispatcher)
 
-	step("5. SIGTERM to exec-1 with two tasks in flight: draining, then deregistered when they finish")
-	e1.signal(syscall.SIGTERM)
-	if err := w.await(5*time.Second, "exec-1 draining", func(v view) bool { return v.state("exec-1") == "draining" }); err != nil {
+	// 2. A frozen executor's lease lapses: routing to it stops within the
+	// lease, and the dispatcher goes on with the other one.
+	d.step("2. exec-2 is frozen (SIGSTOP, like a long GC pause) for two leases")
+	old2 := d.outcomes.lastSession("exec-2")
+	frozen := time.Now()
+	execs["exec-2"].signal(syscall.SIGSTOP)
+	d.say("exec-2 frozen (session %s); its lease lapses at most %s after its last heartbeat", short(old2), *lease)
+	if err := d.await(ctx, *lease+5*time.Second, "leasehold reporting exec-2's session LAPSED", func() bool {
+		return d.sessionState("exec-2", old2) == "LAPSED"
+	}); err != nil {
 		return err
 	}
-	w.print()
-	for range 2 {
-		fmt.Println("   task result:", <-results)
-	}
-	if err := w.await(15*time.Second, "exec-1 gone", func(v view) bool { return v.session("exec-1") == "" }); err != nil {
+	d.say("leasehold: session %s of exec-2 is LAPSED (%.1fs after the freeze); its endpoint is gone from every snapshot", short(old2), time.Since(frozen).Seconds())
+	settled := time.Now().Add(500 * time.Millisecond) // dispatchers ACK the push
+	if err := d.await(ctx, 10*time.Second, "tasks started after the lapse confirmed on exec-1", func() bool {
+		return d.outcomes.confirmedBy(settled)["exec-1"] >= 5
+	}); err != nil {
 		return err
 	}
-	if err := e1.waitExit(10 * time.Second); err != nil {
-		return fmt.Errorf("exec-1 exit: %w", err)
-	}
-	w.print()
-
-	step("6. shut down the rest")
-	for _, p := range []*executor{e2, e3b} {
-		p.signal(syscall.SIGTERM)
-	}
-	for _, p := range []*executor{e2, e3b} {
-		if err := p.waitExit(15 * time.Second); err != nil {
-			return fmt.Errorf("%s exit: %w", p.instance, err)
+	d.say("the dispatcher keeps working: %s since the lapse", d.outcomes.summary(settled))
+	d.explain("--instance", "exec-2")
+	if wait := 2**lease - time.Since(frozen); wait > 0 {
+		select {
+		case <-time.After(wait):
+		case <-ctx.Done():
+			return ctx.Err()
 		}
 	}
-	return w.await(5*time.Second, "nothing registered", func(v view) bool { return len(v) == 0 })
-}
 
-// executor is one example executor process.
-type executor struct {
-	instance string
-	cmd      *exec.Cmd
-	addr     chan string
-	exited   chan error
-	url      string
-}
-
-func startExecutor(consulAddr, instance, version string) (*executor, error) {
-	cmd := exec.Command(*executorBin, "--consul", consulAddr, "--instance", instance, "--task", task,
-		"--version", version, "--capacity", "2", "--lease", lease.String(), "--heartbeat", heartbeat.String(),
-		"--label", "zone=eu-1")
-	e := &executor{instance: instance, cmd: cmd, exited: make(chan error, 1)}
-	out := io.Discard
-	if *verbose {
-		out = prefixWriter{"   [" + instance + "] "}
-	}
-	cmd.Stdout, cmd.Stderr = out, out
-	if err := cmd.Start(); err != nil {
-		return nil, fmt.Errorf("start %s (run `make demo`, which builds it): %w", *executorBin, err)
-	}
-	go func() { e.exited <- cmd.Wait() }()
-	fmt.Printf("   started %s (pid %d, version %s)\n", instance, cmd.Process.Pid, version)
-	return e, nil
-}
-
-func (e *executor) signal(s syscall.Signal) {
-	e.cmd.Process.Signal(s)
-	fmt.Printf("   %s <- %s\n", e.instance, s)
-}
-
-func (e *executor) kill() {
-	e.cmd.Process.Signal(syscall.SIGCONT)
-	e.cmd.Process.Kill()
-}
-
-func (e *executor) waitExit(timeout time.Duration) error {
-	select {
-	case err := <-e.exited:
+	// 3. Resumed, the old session is refused; it returns under a new one.
+	d.step("3. exec-2 resumes (SIGCONT): its old session is refused, it comes back under a new one")
+	resumed := time.Now()
+	execs["exec-2"].signal(syscall.SIGCONT)
+	var new2 string
+	if err := d.await(ctx, 20*time.Second, "exec-2 serving again under a new session", func() bool {
+		new2 = d.outcomes.lastSessionSince("exec-2", resumed)
+		return new2 != "" && new2 != old2 && d.outcomes.confirmedBy(resumed)["exec-2"] >= 3
+	}); err != nil {
 		return err
-	case <-time.After(timeout):
-		return fmt.Errorf("%s did not exit within %s", e.instance, timeout)
 	}
+	d.say("exec-2 confirmed again under session %s (old session %s: %s)", short(new2), short(old2), d.sessionState("exec-2", old2))
+	byResult := map[string]int{}
+	for _, o := range d.outcomes.ofSession(old2, frozen) {
+		byResult[o.Result]++
+	}
+	d.say("tasks the frozen process had accepted: %d refused by the fencing check, %d aborted by the executor itself (its lease was lost), %d confirmed",
+		byResult["refused"], byResult["failed"], byResult["confirmed"])
+	if n := d.outcomes.confirmedOfSessionAfter(old2, frozen.Add(*lease)); n > 0 {
+		return fmt.Errorf("%d results of exec-2's lapsed session were confirmed", n)
+	}
+	if late := d.outcomes.startedOnAfter("exec-2", old2, settled); late > 0 {
+		return fmt.Errorf("%d tasks were sent to exec-2's lapsed session after the lapse reached the dispatcher", late)
+	}
+	d.explain("--instance", "exec-2")
+
+	// 4. Drain: no new tasks, in-flight ones finish, then it leaves.
+	d.step("4. exec-1 drains (SIGTERM): no new tasks, in-flight tasks finish, then it deregisters")
+	drain := time.Now()
+	session1 := d.outcomes.lastSession("exec-1")
+	execs["exec-1"].signal(syscall.SIGTERM)
+	select {
+	case <-execs["exec-1"].done:
+	case <-time.After(40 * time.Second):
+		return errors.New("exec-1 did not finish draining within 40s")
+	case <-ctx.Done():
+		return ctx.Err()
+	}
+	if err := execs["exec-1"].err; err != nil {
+		return fmt.Errorf("exec-1 drain: %v (see %s)", err, filepath.Join(d.logs, "exec-1.log"))
+	}
+	d.say("exec-1 deregistered and exited %.1fs after SIGTERM", time.Since(drain).Seconds())
+	n, err := inFlightAtDrain(filepath.Join(d.logs, "exec-1.log"))
+	if err != nil {
+		return err
+	}
+	var fin map[string]int
+	if err := d.await(ctx, 5*time.Second, fmt.Sprintf("the dispatcher's results of the %d tasks in flight on exec-1", n), func() bool {
+		fin = d.outcomes.finishedAfter(session1, drain)
+		return fin["confirmed"]+fin["refused"]+fin["failed"] >= n
+	}); err != nil {
+		return err
+	}
+	d.say("%d tasks were in flight on exec-1 at SIGTERM: %d finished and were confirmed, %d otherwise", n, fin["confirmed"], n-fin["confirmed"])
+	if fin["confirmed"] != n {
+		return fmt.Errorf("a draining executor must finish what it accepted: %v", fin)
+	}
+	after := time.Now().Add(time.Second)
+	if err := d.await(ctx, 15*time.Second, "tasks confirmed on exec-2 after the drain", func() bool {
+		return d.outcomes.confirmedBy(after)["exec-2"] >= 5
+	}); err != nil {
+		return err
+	}
+	if late := d.outcomes.startedOnAfter("exec-1", "", drain.Add(time.Second)); late > 0 {
+		return fmt.Errorf("%d tasks were sent to exec-1 more than 1s after it started draining", late)
+	}
+	d.say("after the drain: %s", d.outcomes.summary(after))
+	d.explain()
+
+	d.step("summary")
+	d.say("all tasks: %s", d.outcomes.summary(time.Time{}))
+	d.say("exec-3 (2.0.0) served %d tasks: the dispatcher's version constraint excluded it throughout", d.outcomes.confirmedBy(time.Time{})["exec-3"])
+	if *keep {
+		fmt.Printf("\nstill running (Ctrl-C to stop):\n  explain:      %s explain --admin-addr %s\n  executors:    http://%s/debug/executors\n  dispatchers:  http://%s/debug/dispatchers\n  metrics:      http://%s/metrics\n  Consul UI:    http://%s/ui\n  logs:         %s\n",
+			*leaseholdBin, d.admin, d.admin, d.admin, d.admin, d.agent.HTTPAddr(), d.logs)
+		<-ctx.Done()
+		return nil
+	}
+	return nil
 }
 
-// work sends one task to the executor at its registered address.
-func (e *executor) work(d time.Duration) string {
-	url := e.url
-	resp, err := http.Post(url+fmt.Sprintf("/work?ms=%d", d.Milliseconds()), "", nil)
+// await polls cond until it holds, saying what it waits for when it takes
+// more than a second.
+func (d *demo) await(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+	deadline := time.Now().Add(timeout)
+	told := false
+	for !cond() {
+		if time.Now().After(deadline) {
+			return fmt.Errorf("waited %s for %s", timeout, what)
+		}
+		if !told && time.Until(deadline) < timeout-time.Second {
+			d.say("waiting for %s (up to %s)…", what, timeout)
+			told = true
+		}
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-time.After(50 * time.Millisecond):
+		}
+	}
+	return nil
+}
+
+// explain prints `leasehold explain` as an operator would run it.
+func (d *demo) explain(args ...string) {
+	args = append([]string{"explain", "--admin-addr", d.admin}, args...)
+	out, err := exec.Command(*leaseholdBin, args...).CombinedOutput()
+	fmt.Printf("\n   $ leasehold %s\n", strings.Join(args, " "))
+	for _, l := range strings.Split(strings.TrimRight(string(out), "\n"), "\n") {
+		fmt.Println("   " + l)
+	}
 	if err != nil {
-		return err.Error()
+		fmt.Printf("   (explain: %v)\n", err)
+	}
+	fmt.Println()
+}
+
+// sessionState asks leasehold's fencing API (JSON on the admin port).
+func (d *demo) sessionState(instance, session string) string {
+	resp, err := http.Get("http://" + d.admin + "/v1/session?instance_id=" + instance + "&session_id=" + session)
+	if err != nil {
+		return ""
 	}
 	defer resp.Body.Close()
-	b, _ := io.ReadAll(resp.Body)
-	return strings.TrimSpace(string(b))
+	var r struct {
+		State string `json:"state"`
+	}
+	json.NewDecoder(resp.Body).Decode(&r)
+	return r.State
 }
 
-// view is what Consul reports per instance.
-type view map[string]row
-
-type row struct {
-	session, status, state, output, addr string
+// outcome is one line of the dispatcher's --json output.
+type outcome struct {
+	At       time.Time     `json:"at"`
+	TaskID   string        `json:"task_id"`
+	Instance string        `json:"instance_id"`
+	Session  string        `json:"session_id"`
+	Version  string        `json:"version"`
+	Result   string        `json:"result"`
+	State    string        `json:"session_state"`
+	Error    string        `json:"error"`
+	Latency  time.Duration `json:"latency_ns"`
 }
 
-func (v view) count(status string) int {
+func (o outcome) started() time.Time { return o.At.Add(-o.Latency) }
+
+type outcomes struct {
+	mu  sync.Mutex
+	all []outcome
+}
+
+func (os *outcomes) read(r io.Reader, d *demo) {
+	sc := bufio.NewScanner(r)
+	for sc.Scan() {
+		var o outcome
+		if json.Unmarshal(sc.Bytes(), &o) != nil || o.TaskID == "" {
+			continue // the closing summary
+		}
+		os.mu.Lock()
+		os.all = append(os.all, o)
+		os.mu.Unlock()
+		if o.Result != "confirmed" {
+			why := o.State + o.Error
+			who := ""
+			if o.Instance != "" {
+				who = " from " + o.Instance + " session " + short(o.Session)
+			}
+			if len(why) > 110 {
+				why = why[:110] + "…"
+			}
+			d.say("  dispatcher: task %s %s%s: %s", o.TaskID, o.Result, who, why)
+		}
+	}
+}
+
+// confirmedBy counts confirmed results per instance of tasks started after t.
+func (os *outcomes) confirmedBy(t time.Time) map[string]int {
+	os.mu.Lock()
+	defer os.mu.Unlock()
+	c := map[string]int{}
+	for _, o := range os.all {
+		if o.Result == "confirmed" && o.started().After(t) {
+			c[o.Instance]++
+		}
+	}
+	return c
+}
+
+func (os *outcomes) summary(t time.Time) string {
+	os.mu.Lock()
+	defer os.mu.Unlock()
+	by := map[string]int{}
+	for _, o := range os.all {
+		if !o.started().After(t) {
+			continue
+		}
+		k := o.Result
+		if o.Result == "confirmed" {
+			k = "confirmed on " + o.Instance
+		}
+		by[k]++
+	}
+	var parts []string
+	for k, n := range by {
+		parts = append(parts, fmt.Sprintf("%d %s", n, k))
+	}
+	sort.Strings(parts)
+	return strings.Join(parts, ", ")
+}
+
+func (os *outcomes) lastSession(instance string) string {
+	return os.lastSessionSince(instance, time.Time{})
+}
+
+func (os *outcomes) lastSessionSince(instance string, t time.Time) string {
+	os.mu.Lock()
+	defer os.mu.Unlock()
+	for i := len(os.all) - 1; i >= 0; i-- {
+		if o := os.all[i]; o.Instance == instance && o.Result == "confirmed" && o.started().After(t) {
+			return o.Session
+		}
+	}
+	return ""
+}
+
+// ofSession lists the outcomes of tasks a session accepted after t (failed
+// tasks name the session in their error).
+func (os *outcomes) ofSession(session string, t time.Time) []outcome {
+	os.mu.Lock()
+	defer os.mu.Unlock()
+	var out []outcome
+	for _, o := range os.all {
+		if (o.Session == session || strings.Contains(o.Error, session)) && o.At.After(t) {
+			out = append(out, o)
+		}
+	}
+	return out
+}
+
+func (os *outcomes) confirmedOfSessionAfter(session string, t time.Time) int {
 	n := 0
-	for _, r := range v {
-		if r.status == status {
+	for _, o := range os.ofSession(session, t) {
+		if o.Result == "confirmed" {
 			n++
 		}
 	}
 	return n
 }
-func (v view) status(i string) string  { return v[i].status }
-func (v view) state(i string) string   { return v[i].state }
-func (v view) session(i string) string { return v[i].session }
 
-// watcher follows the task's health with blocking queries.
-type watcher struct {
-	c       *api.Client
-	mu      sync.Mutex
-	cur     view
-	changed chan struct{}
+// startedOnAfter counts tasks started after t that an instance (and
+// session, if given) accepted.
+func (os *outcomes) startedOnAfter(instance, session string, t time.Time) int {
+	os.mu.Lock()
+	defer os.mu.Unlock()
+	n := 0
+	for _, o := range os.all {
+		if o.Instance == instance && (session == "" || o.Session == session) && o.started().After(t) {
+			n++
+		}
+	}
+	return n
 }
 
-func newWatcher(c *api.Client) *watcher {
-	return &watcher{c: c, cur: view{}, changed: make(chan struct{})}
+// finishedAfter counts by result the outcomes of a session's tasks that
+// started before t and finished after it.
+func (os *outcomes) finishedAfter(session string, t time.Time) map[string]int {
+	os.mu.Lock()
+	defer os.mu.Unlock()
+	c := map[string]int{}
+	for _, o := range os.all {
+		if (o.Session == session || strings.Contains(o.Error, session)) && o.started().Before(t) && o.At.After(t) {
+			c[o.Result]++
+		}
+	}
+	return c
 }
 
-func (w *watcher) run(ctx context.Context) {
-	var index uint64
-	for ctx.Err() == nil {
-		es, meta, err := w.c.Health().Service(task, "", false, (&api.QueryOptions{WaitIndex: index, WaitTime: 10 * time.Second}).WithContext(ctx))
-		if err != nil {
-			select {
-			case <-ctx.Done():
-			case <-time.After(200 * time.Millisecond):
+// inFlightAtDrain reads how many tasks the executor had in flight when it
+// started draining, from its log ("SIGTERM: draining ... in_flight=N").
+func inFlightAtDrain(log string) (int, error) {
+	b, err := os.ReadFile(log)
+	if err != nil {
+		return 0, err
+	}
+	for _, l := range strings.Split(string(b), "\n") {
+		if i := strings.Index(l, "in_flight="); i >= 0 && strings.Contains(l, "draining") {
+			var n int
+			if _, err := fmt.Sscan(l[i+len("in_flight="):], &n); err == nil {
+				return n, nil
 			}
-			continue
 		}
-		if meta.LastIndex < index {
-			index = 0
-		} else {
-			index = meta.LastIndex
-		}
-		v := view{}
-		for _, e := range es {
-			sess := e.Service.Meta[health.MetaSessionID]
-			r := row{session: sess, state: e.Service.Meta[health.MetaState], addr: fmt.Sprintf("%s:%d", e.Service.Address, e.Service.Port), status: api.HealthCritical}
-			for _, ch := range e.Checks {
-				if _, s, _, ok := health.ParseCheckID(ch.CheckID); ok && s == sess {
-					r.status, r.output = ch.Status, ch.Output
-				}
-			}
-			v[e.Service.Meta[health.MetaInstanceID]] = r
-		}
-		w.mu.Lock()
-		w.cur = v
-		close(w.changed)
-		w.changed = make(chan struct{})
-		w.mu.Unlock()
 	}
+	return 0, fmt.Errorf("%s: no \"draining ... in_flight=N\" line", log)
 }
 
-func (w *watcher) snapshot() view {
-	w.mu.Lock()
-	defer w.mu.Unlock()
-	return w.cur
+func freeAddr() string {
+	l, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		panic(err)
+	}
+	defer l.Close()
+	return l.Addr().String()
 }
 
-func (w *watcher) await(timeout time.Duration, what string, cond func(view) bool) error {
-	deadline := time.After(timeout)
-	for {
-		w.mu.Lock()
-		v, ch := w.cur, w.changed
-		w.mu.Unlock()
-		if cond(v) {
-			return nil
-		}
-		select {
-		case <-ch:
-		case <-deadline:
-			return fmt.Errorf("step %q: not reached within %s", what, timeout)
-		}
+func httpOK(url string) bool {
+	c := http.Client{Timeout: time.Second}
+	resp, err := c.Get(url)
+	if err != nil {
+		return false
 	}
-}
-
-func (w *watcher) print() {
-	v := w.snapshot()
-	ids := make([]string, 0, len(v))
-	for id := range v {
-		ids = append(ids, id)
-	}
-	sort.Strings(ids)
-	fmt.Printf("   %-8s %-10s %-9s %-8s %s\n", "instance", "session", "state", "lease", "output")
-	for _, id := range ids {
-		r := v[id]
-		fmt.Printf("   %-8s %-10s %-9s %-8s %s\n", id, short(r.session), r.state, r.status, firstLine(r.output))
-	}
+	resp.Body.Close()
+	return resp.StatusCode == http.StatusOK
 }
 
 func short(s string) string {
 	if len(s) > 8 {
-		return s[:8] + "…"
+		return s[:8]
 	}
 	return s
-}
-
-func firstLine(s string) string {
-	line, _, _ := strings.Cut(s, "\n")
-	return line
-}
-
-type prefixWriter struct{ prefix string }
-
-func (p prefixWriter) Write(b []byte) (int, error) {
-	for _, line := range strings.Split(strings.TrimRight(string(b), "\n"), "\n") {
-		fmt.Println(p.prefix + line)
-	}
-	return len(b), nil
 }

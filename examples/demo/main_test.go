@@ -1,0 +1,53 @@
+package main
+
+import (
+	"context"
+	"os"
+	"os/exec"
+	"path/filepath"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+)
+
+// The demo is the README's first command: it must play its whole story on
+// real parts (Consul, leasehold serve, executors and a grpc-go dispatcher in
+// their own processes), every step checked, and leave nothing running.
+func TestDemo(t *testing.T) {
+	consultest.RequireBinary(t)
+	if testing.Short() {
+		t.Skip("builds three binaries and runs for ~20 s")
+	}
+	bins := t.TempDir()
+	for name, pkg := range map[string]string{"leasehold": "../../cmd/leasehold", "executor": "../executor", "dispatcher": "../dispatcher"} {
+		out, err := exec.Command("go", "build", "-o", filepath.Join(bins, name), pkg).CombinedOutput()
+		if err != nil {
+			t.Fatalf("go build %s: %v\n%s", pkg, err, out)
+		}
+	}
+	*leaseholdBin = filepath.Join(bins, "leasehold")
+	*executorBin = filepath.Join(bins, "executor")
+	*dispatcherBin = filepath.Join(bins, "dispatcher")
+	*logDir = t.TempDir()
+	ctx, cancel := context.WithTimeout(context.Background(), 3*time.Minute)
+	defer cancel()
+	d := &demo{start: time.Now()}
+	err := d.run(ctx)
+	d.cleanup()
+	if err != nil {
+		for _, name := range []string{"leasehold", "exec-1", "exec-2", "exec-3", "dispatcher"} {
+			if b, rerr := os.ReadFile(filepath.Join(*logDir, name+".log")); rerr == nil {
+				t.Logf("--- %s.log\n%s", name, b)
+			}
+		}
+		t.Fatalf("demo: %v", err)
+	}
+	for _, p := range d.procs {
+		select {
+		case <-p.done:
+		default:
+			t.Errorf("%s still running after cleanup", p.name)
+		}
+	}
+}
