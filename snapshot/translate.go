@@ -18,6 +18,7 @@ import (
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	routerv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	upstreamhttpv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 	"google.golang.org/protobuf/types/known/durationpb"
@@ -74,10 +75,23 @@ func Route(task string) *routev3.RouteConfiguration {
 	}
 }
 
-// Cluster is the EDS (over ADS) round-robin cluster of task.
+// Cluster is the EDS (over ADS) round-robin cluster of task. Envoy forwards
+// to the executors in the protocol its client spoke (HTTP/2 for gRPC work
+// services, HTTP/1.1 otherwise); gRPC clients ignore the option.
 func Cluster(task string) *clusterv3.Cluster {
+	proto, _ := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
+		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_UseDownstreamProtocolConfig{
+			UseDownstreamProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_UseDownstreamHttpConfig{
+				HttpProtocolOptions:  &corev3.Http1ProtocolOptions{},
+				Http2ProtocolOptions: &corev3.Http2ProtocolOptions{},
+			},
+		},
+	})
 	return &clusterv3.Cluster{
-		Name:                 task,
+		Name: task,
+		TypedExtensionProtocolOptions: map[string]*anypb.Any{
+			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": proto,
+		},
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource(), ServiceName: task},
 		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,

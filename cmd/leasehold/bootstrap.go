@@ -84,7 +84,11 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 		xdsAddr, nodeID, constraint, out string
 		labels                           = flagx.Labels{}
 	)
-	fs.StringVar(&xdsAddr, "xds-addr", "127.0.0.1:18000", "leasehold's xDS address")
+	defXDS := "127.0.0.1:18000"
+	if v := os.Getenv("LEASEHOLD_XDS_ADDR"); v != "" {
+		defXDS = v // the same variable leasehold serve listens on
+	}
+	fs.StringVar(&xdsAddr, "xds-addr", defXDS, "leasehold's xDS address [$LEASEHOLD_XDS_ADDR]")
 	fs.StringVar(&nodeID, "node-id", "", "the dispatcher's xDS node id (required)")
 	fs.StringVar(&constraint, "version-constraint", "", "semver constraint executors must satisfy, e.g. \">=1.4.0, <2.0.0\"")
 	fs.Var(labels, "label", "label key=value executors must carry (repeatable)")

@@ -30,6 +30,7 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver and balancers
@@ -50,6 +51,8 @@ type options struct {
 	timeout     time.Duration
 	maxInFlight int
 	jsonOut     bool
+	failFast    bool
+	retries     int
 }
 
 func main() {
@@ -62,6 +65,8 @@ func main() {
 	flag.IntVar(&o.count, "count", 0, "stop after this many tasks (0: until SIGINT/SIGTERM)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of one task")
 	flag.IntVar(&o.maxInFlight, "max-in-flight", 100, "tasks in flight at most; beyond, a tick is skipped and counted")
+	flag.BoolVar(&o.failFast, "fail-fast", false, "fail a task at once while no executor is routable (default: it waits, up to --timeout, for one)")
+	flag.IntVar(&o.retries, "retries", 3, "a task refused before it started (executor full, draining or without a lease) is sent again up to this many times")
 	flag.BoolVar(&o.jsonOut, "json", false, "print one JSON object per task instead of a table row")
 	flag.Parse()
 	if err := o.validate(); err != nil {
@@ -95,6 +100,9 @@ func (o *options) validate() error {
 	}
 	if o.timeout <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --timeout %v: want > 0", o.timeout))
+	}
+	if o.retries < 0 {
+		errs = append(errs, fmt.Errorf("invalid --retries %d: want >= 0", o.retries))
 	}
 	if o.maxInFlight <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --max-in-flight %d: want > 0", o.maxInFlight))
@@ -245,7 +253,19 @@ func dispatch(ctx context.Context, work workpb.WorkClient, fencing leaseholdv1.F
 	start := time.Now()
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.timeout)
 	defer cancel()
-	res, err := work.Run(tctx, &workpb.RunRequest{TaskId: id, DurationMs: uint32(o.work.Milliseconds())})
+	var res *workpb.RunResult
+	var err error
+	for attempt := 0; ; attempt++ {
+		res, err = work.Run(tctx, &workpb.RunRequest{TaskId: id, DurationMs: uint32(o.work.Milliseconds())}, grpc.WaitForReady(!o.failFast))
+		// Full, or no current lease / draining: the executor did not accept
+		// the task, so trying another one is safe. Anything else (a deadline,
+		// ABORTED) may have run: not retried.
+		c := status.Code(err)
+		if (c != codes.ResourceExhausted && c != codes.Unavailable) || attempt >= o.retries || tctx.Err() != nil {
+			break
+		}
+		time.Sleep(time.Duration(attempt+1) * 20 * time.Millisecond)
+	}
 	if err != nil {
 		st := status.Convert(err)
 		return Outcome{At: time.Now(), TaskID: id, Result: "failed", Error: st.Code().String() + ": " + st.Message(), Latency: time.Since(start)}

@@ -1,0 +1,10 @@
+# ACL policy for `leasehold serve` (read only). leasehold reads the catalog
+# (services, their checks and nodes) with blocking queries and writes nothing.
+#   consul acl policy create -name leasehold -rules @examples/consul/leasehold-policy.hcl
+#   consul acl token create -policy-name leasehold   # → CONSUL_HTTP_TOKEN for leasehold serve
+service_prefix "" {
+  policy = "read"
+}
+node_prefix "" {
+  policy = "read"
+}
