@@ -1,6 +1,7 @@
 package health
 
 import (
+	"slices"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -20,6 +21,10 @@ const (
 type Dispatcher struct {
 	VersionConstraint string            // semver constraint, e.g. ">=1.4.0, <2.0.0"; empty: any
 	Labels            map[string]string // selector: every pair must equal an executor label
+	// Tasks, when not nil, are the only task types these dispatchers may
+	// see: granted by leasehold's authorization policy (WithTasks), never
+	// by a dispatcher's own metadata.
+	Tasks []string
 
 	constraint *semver.Constraints
 	key        string
@@ -80,7 +85,34 @@ func (d Dispatcher) computeKey() string {
 		b.WriteString("=")
 		b.WriteString(d.Labels[k])
 	}
+	if d.Tasks != nil {
+		b.WriteString("|tasks=") // '|' is in no label key
+		b.WriteString(strings.Join(d.Tasks, ","))
+	}
 	return b.String()
+}
+
+// WithTasks is d restricted to the given task types (nil: all).
+func (d Dispatcher) WithTasks(tasks []string) Dispatcher {
+	if tasks == nil {
+		d.Tasks = nil
+	} else {
+		d.Tasks = slices.Compact(slices.Sorted(slices.Values(tasks)))
+		if d.Tasks == nil {
+			d.Tasks = []string{}
+		}
+	}
+	d.key = d.computeKey()
+	return d
+}
+
+// AllowsTask reports whether these dispatchers may see task.
+func (d Dispatcher) AllowsTask(task string) bool {
+	if d.Tasks == nil {
+		return true
+	}
+	_, found := slices.BinarySearch(d.Tasks, task)
+	return found
 }
 
 // versionOK reports whether version satisfies the constraint.

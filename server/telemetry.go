@@ -25,6 +25,7 @@ type xdsTelemetry struct {
 	nacks       metric.Int64Counter
 	lapseToPush metric.Float64Histogram
 	lapseLost   metric.Int64Counter
+	denied      metric.Int64Counter
 	latest      map[string]context.Context // group → context of its latest cache update
 	lapses      []*pendingLapse
 }
@@ -53,6 +54,7 @@ func (x *XDS) initTelemetry(o XDSOptions) {
 	x.nacks, _ = m.Int64Counter("leasehold.xds.nacks", metric.WithDescription("responses rejected by dispatchers, by type URL"))
 	x.lapseToPush, _ = m.Float64Histogram("leasehold.lapse_to_push.duration", metric.WithUnit("s"), latencyBuckets,
 		metric.WithDescription("from Consul reporting a lease lapse until the last affected dispatcher ACKed endpoints without it"))
+	x.denied, _ = m.Int64Counter("leasehold.authz.denied", metric.WithDescription("requests refused by the authorization policy, by API (xds, fencing)"))
 	x.lapseLost, _ = m.Int64Counter("leasehold.lapse_to_push.expired", metric.WithDescription("lapses whose removal was not ACKed by every affected dispatcher within a minute"))
 	m.Int64ObservableGauge("leasehold.dispatchers", metric.WithDescription("open xDS streams of dispatchers, by mode (sotw, delta)"),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {

@@ -45,6 +45,8 @@ type XDS struct {
 
 	mu      sync.Mutex
 	streams map[int64]*StreamInfo // streams that announced a valid node
+	policy  *PolicyStore          // nil: no authorization
+	auth    map[int64]*streamAuth
 	xdsTelemetry
 }
 
@@ -84,6 +86,9 @@ type Nack struct {
 type XDSOptions struct {
 	Tracer trace.TracerProvider
 	Meter  metric.MeterProvider
+	// Policy, when set, grants each client identity (mTLS) its task types;
+	// streams of identities without a grant are refused.
+	Policy *PolicyStore
 }
 
 // NewXDS serves the syncer's cache; the syncer learns which constraint sets
@@ -93,7 +98,7 @@ func NewXDS(ctx context.Context, syncer *snapshot.Syncer, log *slog.Logger, opts
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	x := &XDS{subs: syncer, log: log.With("component", "xds"), streams: map[int64]*StreamInfo{}}
+	x := &XDS{subs: syncer, log: log.With("component", "xds"), streams: map[int64]*StreamInfo{}, policy: o.Policy, auth: map[int64]*streamAuth{}}
 	x.initTelemetry(o)
 	syncer.Notify(x.onPublish)
 	x.srv = xdsserver.NewServer(ctx, syncer.Cache(), x.callbacks())
@@ -111,7 +116,12 @@ func (x *XDS) Register(g *grpc.Server) {
 
 func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 	return xdsserver.CallbackFuncs{
+		StreamOpenFunc:      func(ctx context.Context, id int64, _ string) error { return x.openStream(ctx, id) },
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error { return x.openStream(ctx, id) },
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
+			if err := x.authorize(id, req.GetNode(), req.GetTypeUrl(), req.GetResourceNames()); err != nil {
+				return err
+			}
 			info, err := x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "sotw")
 			if err != nil {
 				return err
@@ -128,6 +138,9 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			x.sent(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce())
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
+			if err := x.authorize(id, req.GetNode(), req.GetTypeUrl(), req.GetResourceNamesSubscribe()); err != nil {
+				return err
+			}
 			info, err := x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "delta")
 			if err != nil {
 				return err
@@ -160,9 +173,16 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			sort.Strings(parts)
 			x.sent(id, resp.GetTypeUrl(), strings.Join(parts, ","), resp.GetNonce())
 		},
-		StreamClosedFunc:      func(id int64, _ *corev3.Node) { x.onClosed(id) },
-		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { x.onClosed(id) },
-		FetchRequestFunc: func(_ context.Context, req *discovery.DiscoveryRequest) error {
+		StreamClosedFunc:      func(id int64, _ *corev3.Node) { x.onClosed(id); x.closeAuth(id) },
+		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { x.onClosed(id); x.closeAuth(id) },
+		FetchRequestFunc: func(ctx context.Context, req *discovery.DiscoveryRequest) error {
+			if x.policy == nil {
+				snapshot.StampGrant(req.GetNode(), nil)
+			} else if g, ok := x.policy.Grant(PeerIdentity(ctx)); ok {
+				snapshot.StampGrant(req.GetNode(), g.TaskList())
+			} else {
+				return status.Errorf(codes.PermissionDenied, "no authorization grant for client identity %s", PeerIdentity(ctx))
+			}
 			if _, err := snapshot.DispatcherOf(req.GetNode()); err != nil {
 				return status.Error(codes.InvalidArgument, err.Error())
 			}

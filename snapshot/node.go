@@ -9,6 +9,37 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
+// NodeMetaGrantedTasks is the node metadata key under which the xDS server
+// stamps the task types a stream's client identity is granted (a list of
+// strings). The server always overwrites or removes it: a dispatcher cannot
+// grant itself anything.
+const NodeMetaGrantedTasks = "leasehold.granted_tasks"
+
+// StampGrant sets (tasks non-nil) or removes (nil) the granted task types in
+// node's metadata.
+func StampGrant(node *corev3.Node, tasks []string) {
+	if node == nil {
+		return
+	}
+	if tasks == nil {
+		if node.Metadata != nil {
+			delete(node.Metadata.Fields, NodeMetaGrantedTasks)
+		}
+		return
+	}
+	vals := make([]*structpb.Value, len(tasks))
+	for i, t := range tasks {
+		vals[i] = structpb.NewStringValue(t)
+	}
+	if node.Metadata == nil {
+		node.Metadata = &structpb.Struct{}
+	}
+	if node.Metadata.Fields == nil {
+		node.Metadata.Fields = map[string]*structpb.Value{}
+	}
+	node.Metadata.Fields[NodeMetaGrantedTasks] = structpb.NewListValue(&structpb.ListValue{Values: vals})
+}
+
 // DispatcherOf reads a dispatcher's constraint set from its xDS node
 // metadata: version_constraint (string) and labels (map of strings). Errors
 // name the field.
@@ -40,6 +71,16 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	d, err := health.NewDispatcher(vc, labels)
 	if err != nil {
 		return health.Dispatcher{}, fmt.Errorf("node.metadata: %w", err)
+	}
+	if v, ok := fields[NodeMetaGrantedTasks]; ok {
+		var tasks []string
+		for _, t := range v.GetListValue().GetValues() {
+			tasks = append(tasks, t.GetStringValue())
+		}
+		if tasks == nil {
+			tasks = []string{}
+		}
+		d = d.WithTasks(tasks)
 	}
 	return d, nil
 }

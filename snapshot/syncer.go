@@ -426,6 +426,9 @@ func (s *Syncer) rebuild(g *group, task string) {
 		}
 		return
 	}
+	if !g.d.AllowsTask(task) {
+		return // never published to this group
+	}
 	b := g.builders[task]
 	if b == nil {
 		b = &Builder{}
@@ -511,6 +514,9 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		resource.ListenerType: {}, resource.RouteType: {}, resource.ClusterType: {}, resource.EndpointType: {},
 	}
 	for _, task := range tasks {
+		if !g.d.AllowsTask(task) {
+			continue // not granted: as if it did not exist (same versions too)
+		}
 		l, r, c := Listener(task), Route(task), Cluster(task)
 		res[types.Listener] = append(res[types.Listener], l)
 		res[types.Route] = append(res[types.Route], r)
