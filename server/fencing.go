@@ -4,6 +4,7 @@ import (
 	"context"
 	"encoding/json"
 	"net/http"
+	"slices"
 	"time"
 
 	"google.golang.org/grpc/codes"
@@ -36,8 +37,13 @@ func NewFencing(views Views, lastContact func() time.Time) *Fencing {
 	return &Fencing{views: views, lastContact: lastContact}
 }
 
-func (f *Fencing) answer(v *snapshot.View, req *leaseholdv1.CheckSessionRequest) *leaseholdv1.CheckSessionResponse {
+func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1.CheckSessionRequest) *leaseholdv1.CheckSessionResponse {
 	st := v.Sessions().Check(req.GetInstanceId(), req.GetSessionId())
+	if g, ok := grantFrom(ctx); ok && !slices.ContainsFunc(st.Tasks, g.AllowsTask) {
+		// A session of task types the caller is not granted is answered
+		// exactly as one never seen: its existence does not leak.
+		st = health.SessionIndex{}.Check(req.GetInstanceId(), req.GetSessionId())
+	}
 	resp := &leaseholdv1.CheckSessionResponse{
 		InstanceId: st.InstanceID, SessionId: st.SessionID, State: stateOf(st.State), Detail: st.Detail,
 		NewerSessionId: st.NewerSessionID, NewerGeneration: st.NewerGeneration, Generation: st.Generation,
@@ -75,11 +81,11 @@ func validate(req *leaseholdv1.CheckSessionRequest) error {
 }
 
 // CheckSession answers once.
-func (f *Fencing) CheckSession(_ context.Context, req *leaseholdv1.CheckSessionRequest) (*leaseholdv1.CheckSessionResponse, error) {
+func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessionRequest) (*leaseholdv1.CheckSessionResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, err
 	}
-	return f.answer(f.views.View(), req), nil
+	return f.answer(ctx, f.views.View(), req), nil
 }
 
 // WatchSession answers now and on every change of the answer (view age and
@@ -91,7 +97,7 @@ func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leas
 	var last *leaseholdv1.CheckSessionResponse
 	for {
 		v := f.views.View()
-		resp := f.answer(v, req)
+		resp := f.answer(stream.Context(), v, req)
 		if last == nil || !sameAnswer(last, resp) {
 			if err := stream.Send(resp); err != nil {
 				return err

@@ -15,22 +15,32 @@ import (
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leasehold/leasehold/health"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/snapshot"
 )
 
 type fixture struct {
-	t    *testing.T
-	obs  chan health.Observation
-	addr string
-	idx  uint64
+	t     *testing.T
+	obs   chan health.Observation
+	addr  string
+	idx   uint64
+	creds credentials.TransportCredentials // dial's; nil: plaintext
+}
+
+// secureOpts turn the fixture's server into a TLS one with a policy.
+type secureOpts struct {
+	tls    *ServerTLS
+	policy *PolicyStore
 }
 
 func member(task, inst string, port int, version string) health.Member {
@@ -45,15 +55,25 @@ func member(task, inst string, port int, version string) health.Member {
 }
 
 // startXDS runs a syncer fed by the test and an xDS server for it.
-func startXDS(t *testing.T) *fixture {
+func startXDS(t *testing.T) *fixture { return startXDSWith(t, secureOpts{}) }
+
+func startXDSWith(t *testing.T, so secureOpts) *fixture {
 	f := &fixture{t: t, obs: make(chan health.Observation, 16)}
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, AddDelay: time.Millisecond})
 	done := make(chan struct{})
 	go func() { syncer.Run(ctx, f.obs); close(done) }()
-	g := grpc.NewServer(ServerOption())
-	NewXDS(ctx, syncer, log).Register(g)
+	opts := []grpc.ServerOption{ServerOption()}
+	if so.tls != nil {
+		opts = append(opts, grpc.Creds(so.tls.Credentials()))
+	}
+	if a := NewFencingAuthorizer(so.policy, metricnoop.NewMeterProvider()); a != nil {
+		opts = append(opts, grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor()))
+	}
+	g := grpc.NewServer(opts...)
+	NewXDS(ctx, syncer, log, XDSOptions{Policy: so.policy}).Register(g)
+	leaseholdv1.RegisterFencingServer(g, NewFencing(syncer, time.Now))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -81,7 +101,11 @@ func node(id string, meta map[string]any) *corev3.Node {
 }
 
 func (f *fixture) dial() *grpc.ClientConn {
-	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	creds := f.creds
+	if creds == nil {
+		creds = insecure.NewCredentials()
+	}
+	conn, err := grpc.NewClient(f.addr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		f.t.Fatal(err)
 	}

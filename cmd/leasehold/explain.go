@@ -22,6 +22,7 @@ import (
 
 type explainFlags struct {
 	admin, task, dispatcher, instance string
+	token                             string // bearer token for a guarded admin port
 	color                             bool
 }
 
@@ -34,6 +35,8 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		def = v
 	}
 	fs.StringVar(&f.admin, "admin-addr", def, "admin address of leasehold serve [$LEASEHOLD_ADMIN_ADDR]")
+	tokenFile := os.Getenv("LEASEHOLD_ADMIN_TOKEN_FILE")
+	fs.StringVar(&tokenFile, "admin-token-file", tokenFile, "file with the admin port's bearer token (leasehold serve --admin-token-file) [$LEASEHOLD_ADMIN_TOKEN_FILE]")
 	fs.StringVar(&f.task, "task", "", "only this task type")
 	fs.StringVar(&f.dispatcher, "dispatcher", "", "xDS node id: which executors does it route to, and why not the others")
 	fs.StringVar(&f.instance, "instance", "", "one executor instance: every registration and every verdict")
@@ -46,6 +49,13 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	var errs []string
 	if _, _, err := net.SplitHostPort(f.admin); err != nil {
 		errs = append(errs, fmt.Sprintf("invalid --admin-addr: want HOST:PORT: %v", err))
+	}
+	if tokenFile != "" {
+		if b, err := os.ReadFile(tokenFile); err != nil {
+			errs = append(errs, "invalid --admin-token-file: "+err.Error())
+		} else {
+			f.token = strings.TrimSpace(string(b))
+		}
 	}
 	if f.task != "" {
 		if fe := health.ValidateTask(f.task); fe != nil {
@@ -78,12 +88,16 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-func getJSON(ctx context.Context, base, path string, v any) error {
+func getJSON(ctx context.Context, f explainFlags, path string, v any) error {
+	base := f.admin
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+base+path, nil)
 	if err != nil {
 		return err
+	}
+	if f.token != "" {
+		req.Header.Set("Authorization", "Bearer "+f.token)
 	}
 	resp, err := http.DefaultClient.Do(req)
 	if err != nil {
@@ -103,13 +117,13 @@ func explain(ctx context.Context, f explainFlags, w io.Writer) error {
 	if f.task != "" {
 		path += "?task=" + url.QueryEscape(f.task)
 	}
-	if err := getJSON(ctx, f.admin, path, &ex); err != nil {
+	if err := getJSON(ctx, f, path, &ex); err != nil {
 		return err
 	}
 	var ds struct {
 		Dispatchers []server.StreamInfo `json:"dispatchers"`
 	}
-	if err := getJSON(ctx, f.admin, "/debug/dispatchers", &ds); err != nil {
+	if err := getJSON(ctx, f, "/debug/dispatchers", &ds); err != nil {
 		return err
 	}
 	p := printer{w: w, color: f.color}

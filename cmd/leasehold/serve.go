@@ -36,6 +36,9 @@ type serveConfig struct {
 	logFormat      string
 	logLevel       slog.Level
 	consulMaxConns int
+	tls            server.TLSFiles
+	authzPolicy    string
+	adminTokenFile string
 }
 
 // serveFlag is one flag with its environment variable.
@@ -56,6 +59,11 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"service-tag", "LEASEHOLD_SERVICE_TAG", health.DefaultTag, "Consul tag marking task types", &tag},
 		{"log-format", "LEASEHOLD_LOG_FORMAT", "text", "text or json", &logFormat},
 		{"log-level", "LEASEHOLD_LOG_LEVEL", "info", "debug, info, warn or error", &logLevel},
+		{"tls-cert", "LEASEHOLD_TLS_CERT", "", "PEM certificate of the gRPC port (xDS and fencing); re-read when the file changes", &cfg.tls.Cert},
+		{"tls-key", "LEASEHOLD_TLS_KEY", "", "PEM private key of --tls-cert", &cfg.tls.Key},
+		{"tls-client-ca", "LEASEHOLD_TLS_CLIENT_CA", "", "PEM CA bundle: client certificates are then required and verified (mTLS)", &cfg.tls.ClientCA},
+		{"authz-policy", "LEASEHOLD_AUTHZ_POLICY", "", "YAML/JSON file granting client identities (certificate URI/DNS SANs) task types and fencing calls; needs --tls-client-ca; followed live", &cfg.authzPolicy},
+		{"admin-token-file", "LEASEHOLD_ADMIN_TOKEN_FILE", "", "file holding a bearer token that /debug/* and /v1/* on the admin port then require (re-read when it changes); required when --admin-addr is not loopback", &cfg.adminTokenFile},
 		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
 	}
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
@@ -97,6 +105,18 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		bad("consul-max-conns", fmt.Sprintf("%q: want 1..190", maxConns))
 	} else {
 		cfg.consulMaxConns = n
+	}
+	if (cfg.tls.Cert == "") != (cfg.tls.Key == "") {
+		bad("tls-cert", "--tls-cert and --tls-key go together")
+	}
+	if cfg.tls.ClientCA != "" && cfg.tls.Cert == "" {
+		bad("tls-client-ca", "needs --tls-cert and --tls-key")
+	}
+	if cfg.authzPolicy != "" && cfg.tls.ClientCA == "" {
+		bad("authz-policy", "identities come from verified client certificates: needs --tls-client-ca")
+	}
+	if cfg.adminTokenFile == "" && !server.IsLoopback(cfg.adminAddr) {
+		bad("admin-addr", fmt.Sprintf("%s is not a loopback address: set --admin-token-file to guard /debug/* and /v1/*", cfg.adminAddr))
 	}
 	if len(errs) > 0 {
 		return nil, errors.New(strings.Join(errs, "\n"))
@@ -150,6 +170,31 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, Logger: log, Meter: tel.Meter})
 	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter})
 
+	var creds []grpc.ServerOption
+	if cfg.tls.Enabled() {
+		st, err := server.NewServerTLS(cfg.tls, log)
+		if err != nil {
+			return err
+		}
+		creds = append(creds, grpc.Creds(st.Credentials()))
+	}
+	var policy *server.PolicyStore
+	if cfg.authzPolicy != "" {
+		if policy, err = server.LoadPolicy(cfg.authzPolicy, log); err != nil {
+			return err
+		}
+	}
+	var adminToken *server.AdminToken
+	if cfg.adminTokenFile != "" {
+		if adminToken, err = server.NewAdminToken(cfg.adminTokenFile); err != nil {
+			return err
+		}
+	}
+	fencingAuthz := server.NewFencingAuthorizer(policy, tel.Meter)
+	if fencingAuthz != nil {
+		creds = append(creds, grpc.ChainUnaryInterceptor(fencingAuthz.UnaryInterceptor()), grpc.ChainStreamInterceptor(fencingAuthz.StreamInterceptor()))
+	}
+
 	xdsLis, err := net.Listen("tcp", cfg.xdsAddr)
 	if err != nil {
 		return fmt.Errorf("--xds-addr: %w", err)
@@ -166,8 +211,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	done := make(chan struct{}, 2)
 	go func() { watcher.Run(runCtx, obs); done <- struct{}{} }()
 	go func() { syncer.Run(runCtx, obs); done <- struct{}{} }()
+	if policy != nil {
+		go policy.Follow(runCtx, time.Second)
+	}
 
-	g := grpc.NewServer(
+	g := grpc.NewServer(append(creds,
 		server.ServerOption(), // responses reference the cache's bytes (no copy per stream)
 		// Dispatcher connections idle between pushes: their 32 KB write
 		// buffers go back to a shared pool after each flush.
@@ -180,19 +228,24 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 			otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter),
 			otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return strings.HasPrefix(info.FullMethodName, "/leasehold.v1.") }),
 		)),
-	)
-	xds := server.NewXDS(runCtx, syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter})
+	)...)
+	xds := server.NewXDS(runCtx, syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: policy})
 	xds.Register(g)
 	fencing := server.NewFencing(syncer, watcher.LastContact)
 	leaseholdv1.RegisterFencingServer(g, fencing)
 	go g.Serve(xdsLis)
 
-	admin := &http.Server{Handler: server.AdminHandler(server.AdminConfig{
+	adminHandler := server.AdminHandler(server.AdminConfig{
 		Ready: syncer, LastContact: watcher.LastContact, Syncer: syncer, XDS: xds, Fencing: fencing, Metrics: tel.MetricsHandler(),
-	}), ReadHeaderTimeout: 5 * time.Second}
+	})
+	if adminToken != nil {
+		adminHandler = adminToken.Guard(adminHandler)
+	}
+	admin := &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
 	go admin.Serve(adminLis)
 
-	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag, "traces_exported", tel.TracesExported)
+	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag, "traces_exported", tel.TracesExported,
+		"tls", cfg.tls.Cert != "", "mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "", "admin_guarded", adminToken != nil)
 	if bound != nil {
 		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
 	}

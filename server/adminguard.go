@@ -1,0 +1,95 @@
+package server
+
+import (
+	"crypto/subtle"
+	"errors"
+	"fmt"
+	"net"
+	"net/http"
+	"os"
+	"strings"
+	"sync"
+)
+
+// AdminToken guards the admin port's sensitive endpoints (/debug/*, the
+// fencing JSON API) with a bearer token read from a file. The file is
+// re-read when it changes, so the token rotates without a restart; the token
+// itself is never logged or echoed.
+type AdminToken struct {
+	path string
+
+	mu    sync.Mutex
+	stamp string
+	token []byte
+}
+
+// NewAdminToken reads the token file; an empty file is an error.
+func NewAdminToken(path string) (*AdminToken, error) {
+	t := &AdminToken{path: path}
+	if _, err := t.current(); err != nil {
+		return nil, err
+	}
+	return t, nil
+}
+
+func (t *AdminToken) current() ([]byte, error) {
+	t.mu.Lock()
+	defer t.mu.Unlock()
+	stamp := fileStamp(t.path)
+	if stamp == t.stamp && t.token != nil {
+		return t.token, nil
+	}
+	b, err := os.ReadFile(t.path)
+	if err != nil {
+		if t.token != nil {
+			return t.token, nil // a rotation in progress: keep the old token
+		}
+		return nil, fmt.Errorf("--admin-token-file: %w", err)
+	}
+	tok := []byte(strings.TrimSpace(string(b)))
+	if len(tok) < 16 {
+		if t.token != nil {
+			return t.token, nil
+		}
+		return nil, errors.New("--admin-token-file: the token must be at least 16 characters")
+	}
+	t.token, t.stamp = tok, stamp
+	return tok, nil
+}
+
+// Guard wraps h: guarded paths need "Authorization: Bearer <token>".
+func (t *AdminToken) Guard(h http.Handler) http.Handler {
+	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if !guardedPath(r.URL.Path) {
+			h.ServeHTTP(w, r)
+			return
+		}
+		want, err := t.current()
+		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+		if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+			w.Header().Set("WWW-Authenticate", `Bearer realm="leasehold admin"`)
+			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "this endpoint needs Authorization: Bearer <the token in leasehold serve's --admin-token-file>"})
+			return
+		}
+		h.ServeHTTP(w, r)
+	})
+}
+
+// guardedPath: what reveals executors, sessions or dispatchers. Health,
+// readiness and metrics (no ids in any label) stay open for probes.
+func guardedPath(p string) bool {
+	return strings.HasPrefix(p, "/debug/") || strings.HasPrefix(p, "/v1/")
+}
+
+// IsLoopback reports whether a listen address binds only loopback.
+func IsLoopback(addr string) bool {
+	host, _, err := net.SplitHostPort(addr)
+	if err != nil {
+		return false
+	}
+	if host == "localhost" {
+		return true
+	}
+	ip := net.ParseIP(host)
+	return ip != nil && ip.IsLoopback()
+}
