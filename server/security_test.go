@@ -360,7 +360,6 @@ func TestPolicyFollowed(t *testing.T) {
 	}
 }
 
-
 func listenerNames(r *discovery.DiscoveryResponse) []string {
 	var out []string
 	for _, res := range r.GetResources() {
