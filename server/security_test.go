@@ -2,19 +2,11 @@ package server
 
 import (
 	"context"
-	"crypto/ecdsa"
-	"crypto/elliptic"
-	"crypto/rand"
 	"crypto/tls"
 	"crypto/x509"
-	"crypto/x509/pkix"
-	"encoding/pem"
 	"io"
 	"log/slog"
 	"math/big"
-	"net"
-	"net/url"
-	"os"
 	"path/filepath"
 	"slices"
 	"strings"
@@ -25,87 +17,12 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/leasehold/leasehold/internal/testcerts"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
-
-// testCA issues certificates for the tests.
-type testCA struct {
-	cert *x509.Certificate
-	key  *ecdsa.PrivateKey
-	pem  []byte
-}
-
-var serial int64
-
-func newCA(t *testing.T, name string) *testCA {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	c, _ := x509.ParseCertificate(der)
-	return &testCA{cert: c, key: key, pem: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
-}
-
-// issue returns PEM certificate and key for a leaf with the given SANs.
-func (ca *testCA) issue(t *testing.T, server bool, uris []string, dns ...string) (certPEM, keyPEM []byte) {
-	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
-	if err != nil {
-		t.Fatal(err)
-	}
-	serial++
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial), Subject: pkix.Name{CommonName: "leaf"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: dns,
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
-	if server {
-		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
-		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
-	}
-	for _, u := range uris {
-		pu, _ := url.Parse(u)
-		tmpl.URIs = append(tmpl.URIs, pu)
-	}
-	der, err := x509.CreateCertificate(rand.Reader, tmpl, ca.cert, &key.PublicKey, ca.key)
-	if err != nil {
-		t.Fatal(err)
-	}
-	kb, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
-}
-
-func (ca *testCA) clientCreds(t *testing.T, serverCA *testCA, uris ...string) credentials.TransportCredentials {
-	c, k := ca.issue(t, false, uris)
-	pair, err := tls.X509KeyPair(c, k)
-	if err != nil {
-		t.Fatal(err)
-	}
-	pool := x509.NewCertPool()
-	pool.AppendCertsFromPEM(serverCA.pem)
-	return credentials.NewTLS(&tls.Config{Certificates: []tls.Certificate{pair}, RootCAs: pool})
-}
-
-func writeFile(t *testing.T, path string, b []byte) {
-	t.Helper()
-	// Write then rename, as a rotation tool would: no half-written reads.
-	tmp := path + ".tmp"
-	if err := os.WriteFile(tmp, b, 0o600); err != nil {
-		t.Fatal(err)
-	}
-	if err := os.Rename(tmp, path); err != nil {
-		t.Fatal(err)
-	}
-}
 
 const testPolicy = `
 dispatchers:
@@ -121,7 +38,7 @@ dispatchers:
 
 type secureFixture struct {
 	*fixture
-	ca, rogue *testCA
+	ca, rogue *testcerts.CA
 	dir       string
 	tls       *ServerTLS
 	policy    *PolicyStore
@@ -129,12 +46,12 @@ type secureFixture struct {
 
 func startSecure(t *testing.T) *secureFixture {
 	dir := t.TempDir()
-	ca := newCA(t, "test CA")
-	cert, key := ca.issue(t, true, nil, "localhost")
-	writeFile(t, filepath.Join(dir, "cert.pem"), cert)
-	writeFile(t, filepath.Join(dir, "key.pem"), key)
-	writeFile(t, filepath.Join(dir, "ca.pem"), ca.pem)
-	writeFile(t, filepath.Join(dir, "policy.yaml"), []byte(testPolicy))
+	ca := testcerts.NewCA(t, "test CA")
+	cert, key := ca.Issue(t, true, nil, "localhost")
+	testcerts.WriteFile(t, filepath.Join(dir, "cert.pem"), cert)
+	testcerts.WriteFile(t, filepath.Join(dir, "key.pem"), key)
+	testcerts.WriteFile(t, filepath.Join(dir, "ca.pem"), ca.PEM)
+	testcerts.WriteFile(t, filepath.Join(dir, "policy.yaml"), []byte(testPolicy))
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	st, err := NewServerTLS(TLSFiles{Cert: filepath.Join(dir, "cert.pem"), Key: filepath.Join(dir, "key.pem"), ClientCA: filepath.Join(dir, "ca.pem")}, log)
 	if err != nil {
@@ -145,13 +62,13 @@ func startSecure(t *testing.T) *secureFixture {
 		t.Fatal(err)
 	}
 	f := startXDSWith(t, secureOpts{tls: st, policy: policy})
-	return &secureFixture{fixture: f, ca: ca, rogue: newCA(t, "rogue CA"), dir: dir, tls: st, policy: policy}
+	return &secureFixture{fixture: f, ca: ca, rogue: testcerts.NewCA(t, "rogue CA"), dir: dir, tls: st, policy: policy}
 }
 
 // as returns a copy of the fixture whose connections present identity uri.
 func (s *secureFixture) as(t *testing.T, uri string) *fixture {
 	c := *s.fixture
-	c.creds = s.ca.clientCreds(t, s.ca, uri)
+	c.creds = s.ca.ClientCreds(t, s.ca, uri)
 	return &c
 }
 
@@ -165,7 +82,7 @@ func TestMTLSRefusesPlaintextAndUntrustedClients(t *testing.T) {
 	}
 
 	rogue := *s.fixture
-	rogue.creds = s.rogue.clientCreds(t, s.ca, "spiffe://test/dispatcher/work")
+	rogue.creds = s.rogue.ClientCreds(t, s.ca, "spiffe://test/dispatcher/work")
 	_, err = leaseholdv1.NewFencingClient(rogue.dial()).CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "a", SessionId: "s-a"})
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("client with a certificate from an untrusted CA: want Unavailable, got %v", err)
@@ -276,8 +193,8 @@ func TestCertificateRotation(t *testing.T) {
 	served := func() *big.Int {
 		t.Helper()
 		pool := x509.NewCertPool()
-		pool.AppendCertsFromPEM(s.ca.pem)
-		c, k := s.ca.issue(t, false, []string{"spiffe://test/dispatcher/work"})
+		pool.AppendCertsFromPEM(s.ca.PEM)
+		c, k := s.ca.Issue(t, false, []string{"spiffe://test/dispatcher/work"})
 		pair, _ := tls.X509KeyPair(c, k)
 		conn, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, NextProtos: []string{"h2"}})
 		if err != nil {
@@ -287,14 +204,14 @@ func TestCertificateRotation(t *testing.T) {
 		return conn.ConnectionState().PeerCertificates[0].SerialNumber
 	}
 	before := served()
-	cert, key := s.ca.issue(t, true, nil, "localhost")
-	writeFile(t, filepath.Join(s.dir, "key.pem"), key)
-	writeFile(t, filepath.Join(s.dir, "cert.pem"), cert)
+	cert, key := s.ca.Issue(t, true, nil, "localhost")
+	testcerts.WriteFile(t, filepath.Join(s.dir, "key.pem"), key)
+	testcerts.WriteFile(t, filepath.Join(s.dir, "cert.pem"), cert)
 	after := served()
 	if after.Cmp(before) == 0 {
 		t.Fatal("the rotated certificate is not served")
 	}
-	writeFile(t, filepath.Join(s.dir, "cert.pem"), cert[:len(cert)/2]) // half-written
+	testcerts.WriteFile(t, filepath.Join(s.dir, "cert.pem"), cert[:len(cert)/2]) // half-written
 	if got := served(); got.Cmp(after) != 0 {
 		t.Errorf("a half-written certificate replaced the good pair: serial %v, want %v", got, after)
 	}
@@ -336,7 +253,7 @@ func TestPolicyFollowed(t *testing.T) {
 	first := a.must()
 
 	ps := s.policy // what Follow runs each second, called directly here
-	writeFile(t, filepath.Join(s.dir, "policy.yaml"), []byte("dispatchers: [{identity: x, tasks: [\"bad task\"]}]\n"))
+	testcerts.WriteFile(t, filepath.Join(s.dir, "policy.yaml"), []byte("dispatchers: [{identity: x, tasks: [\"bad task\"]}]\n"))
 	ps.reload()
 	if v := ps.Version(); v != 0 {
 		t.Fatalf("an invalid policy was accepted (version %d)", v)
@@ -344,7 +261,7 @@ func TestPolicyFollowed(t *testing.T) {
 	if g, ok := ps.Grant(Identity{URIs: []string{"spiffe://test/dispatcher/work"}}); !ok || !g.AllowsTask("work") {
 		t.Fatal("the previous policy is not in force after an invalid change")
 	}
-	writeFile(t, filepath.Join(s.dir, "policy.yaml"), []byte("dispatchers: [{identity: \"spiffe://test/dispatcher/work\", tasks: [work, other]}]\n"))
+	testcerts.WriteFile(t, filepath.Join(s.dir, "policy.yaml"), []byte("dispatchers: [{identity: \"spiffe://test/dispatcher/work\", tasks: [work, other]}]\n"))
 	ps.reload()
 	if ps.Version() != 1 {
 		t.Fatal("a valid policy change was not taken")

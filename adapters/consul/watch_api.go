@@ -2,8 +2,10 @@ package consul
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -26,7 +28,10 @@ type catalog interface {
 	NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error)
 }
 
-type apiCatalog struct{ c *api.Client }
+type apiCatalog struct {
+	c       *api.Client
+	checked *atomic.Uint64 // services index at which read rights were last verified
+}
 
 var _ catalog = apiCatalog{}
 
@@ -34,26 +39,65 @@ func query(ctx context.Context, index uint64, wait time.Duration) *api.QueryOpti
 	return (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(ctx)
 }
 
+// ErrACL: Consul's ACLs keep leasehold from reading what it must. Results
+// silently filtered by ACLs (an anonymous or under-privileged token sees an
+// empty catalog) are an error too: serving an empty fleet as if it were the
+// truth would route nothing.
+var ErrACL = errors.New("consul ACL")
+
+const aclRights = `the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs read on every service and node: service_prefix "" { policy = "read" } and node_prefix "" { policy = "read" } (examples/consul/leasehold-policy.hcl)`
+
+// aclCheck turns a 403 or ACL-filtered results into ErrACL.
+func aclCheck(what string, meta *api.QueryMeta, err error) error {
+	var se api.StatusError
+	if err != nil && errors.As(err, &se) && se.Code == 403 {
+		return fmt.Errorf("%s: %w: permission denied (%s): %s", what, ErrACL, se.Body, aclRights)
+	}
+	if err != nil {
+		return fmt.Errorf("%s: %w", what, err)
+	}
+	if meta != nil && meta.ResultsFilteredByACLs {
+		return fmt.Errorf("%s: %w: results filtered by ACLs: %s", what, ErrACL, aclRights)
+	}
+	return nil
+}
+
 func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
 	s, meta, err := a.c.Catalog().Services(query(ctx, index, wait))
-	if err != nil {
-		return nil, 0, fmt.Errorf("catalog services: %w", err)
+	if err := aclCheck("catalog services", meta, err); err != nil {
+		return nil, 0, err
+	}
+	// Consul 1.13 filters by ACLs silently (no header on these endpoints).
+	// The servers' own "consul" service is always in the catalog: when it
+	// is missing, or its nodes are, the token cannot read services or nodes.
+	if _, ok := s["consul"]; !ok {
+		return nil, 0, fmt.Errorf("catalog services: %w: the catalog shows no \"consul\" service: %s", ErrACL, aclRights)
+	}
+	if a.checked != nil && a.checked.Load() != meta.LastIndex {
+		servers, _, err := a.c.Catalog().Service("consul", "", query(ctx, 0, 0))
+		if err := aclCheck("catalog service consul", nil, err); err != nil {
+			return nil, 0, err
+		}
+		if len(servers) == 0 {
+			return nil, 0, fmt.Errorf("catalog service consul: %w: the Consul servers' nodes are not visible: %s", ErrACL, aclRights)
+		}
+		a.checked.Store(meta.LastIndex)
 	}
 	return s, meta.LastIndex, nil
 }
 
 func (a apiCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
 	s, meta, err := a.c.Catalog().Service(task, tag, query(ctx, index, wait))
-	if err != nil {
-		return nil, 0, fmt.Errorf("catalog service %s: %w", task, err)
+	if err := aclCheck("catalog service "+task, meta, err); err != nil {
+		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
 }
 
 func (a apiCatalog) HealthService(ctx context.Context, task, tag string) ([]*api.ServiceEntry, uint64, error) {
 	s, meta, err := a.c.Health().Service(task, tag, false, query(ctx, 0, 0))
-	if err != nil {
-		return nil, 0, fmt.Errorf("health service %s: %w", task, err)
+	if err := aclCheck("health service "+task, meta, err); err != nil {
+		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
 }
@@ -62,8 +106,8 @@ func (a apiCatalog) NonPassing(ctx context.Context, tag string, index uint64, wa
 	q := query(ctx, index, wait)
 	q.Filter = `Status != "passing" and (ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == "")`
 	s, meta, err := a.c.Health().State(api.HealthAny, q)
-	if err != nil {
-		return nil, 0, fmt.Errorf("non-passing checks: %w", err)
+	if err := aclCheck("non-passing checks", meta, err); err != nil {
+		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
 }

@@ -109,7 +109,7 @@ type Watcher struct {
 
 // NewWatcher watches Consul through client.
 func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
-	return newWatcher(apiCatalog{client}, cfg)
+	return newWatcher(apiCatalog{c: client, checked: new(atomic.Uint64)}, cfg)
 }
 
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {

@@ -8,6 +8,7 @@ import (
 	"io"
 	"net"
 	"os"
+	"path/filepath"
 	"strings"
 
 	"github.com/leasehold/leasehold/health"
@@ -33,10 +34,49 @@ type bootstrapNode struct {
 	Metadata map[string]any `json:"metadata,omitempty"`
 }
 
+// bootstrapTLS are the dispatcher's TLS files for the xDS channel (gRFC A65
+// "tls" channel credentials, read by grpc-go's file watcher, so rotated
+// files are picked up). All empty: plaintext.
+type bootstrapTLS struct {
+	CA, Cert, Key string
+}
+
+func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
+	if b.CA == "" && b.Cert == "" && b.Key == "" {
+		return []map[string]any{{"type": "insecure"}}, nil
+	}
+	var errs []string
+	if (b.Cert == "") != (b.Key == "") {
+		errs = append(errs, "invalid --tls-cert/--tls-key: give both (a client certificate for mTLS) or neither")
+	}
+	cfg := map[string]any{"refresh_interval": "60s"}
+	for _, f := range []struct{ flag, path, key string }{{"--tls-ca", b.CA, "ca_certificate_file"}, {"--tls-cert", b.Cert, "certificate_file"}, {"--tls-key", b.Key, "private_key_file"}} {
+		if f.path == "" {
+			continue
+		}
+		abs, err := filepath.Abs(f.path)
+		if err == nil {
+			_, err = os.Stat(abs)
+		}
+		if err != nil {
+			errs = append(errs, fmt.Sprintf("invalid %s: %v", f.flag, err))
+			continue
+		}
+		cfg[f.key] = abs
+	}
+	return []map[string]any{{"type": "tls", "config": cfg}}, errs
+}
+
 // newBootstrap builds a bootstrap for a dispatcher with the given
 // constraints, validated as leasehold will validate them.
-func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string) ([]byte, error) {
+func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string, tlsFiles ...bootstrapTLS) ([]byte, error) {
 	var errs []string
+	var tf bootstrapTLS
+	if len(tlsFiles) > 0 {
+		tf = tlsFiles[0]
+	}
+	creds, cerrs := tf.channelCreds()
+	errs = append(errs, cerrs...)
 	if _, _, err := net.SplitHostPort(xdsAddr); err != nil {
 		errs = append(errs, fmt.Sprintf("invalid --xds-addr: want HOST:PORT: %v", err))
 	}
@@ -69,7 +109,7 @@ func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]s
 	}
 	b := bootstrapConfig{
 		XDSServers: []bootstrapServer{{
-			ServerURI: xdsAddr, ChannelCreds: []map[string]any{{"type": "insecure"}}, ServerFeatures: []string{"xds_v3"},
+			ServerURI: xdsAddr, ChannelCreds: creds, ServerFeatures: []string{"xds_v3"},
 		}},
 		Node: bootstrapNode{ID: nodeID, Metadata: meta},
 	}
@@ -92,6 +132,10 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&nodeID, "node-id", "", "the dispatcher's xDS node id (required)")
 	fs.StringVar(&constraint, "version-constraint", "", "semver constraint executors must satisfy, e.g. \">=1.4.0, <2.0.0\"")
 	fs.Var(labels, "label", "label key=value executors must carry (repeatable)")
+	var tf bootstrapTLS
+	fs.StringVar(&tf.CA, "tls-ca", "", "PEM CA bundle verifying leasehold's certificate (TLS on the xDS channel)")
+	fs.StringVar(&tf.Cert, "tls-cert", "", "PEM client certificate for mTLS (its URI/DNS SAN is the identity leasehold's --authz-policy grants)")
+	fs.StringVar(&tf.Key, "tls-key", "", "PEM private key of --tls-cert")
 	fs.StringVar(&out, "out", "", "write to this file instead of standard output (then: GRPC_XDS_BOOTSTRAP=<file>)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -99,7 +143,7 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	b, err := newBootstrap(xdsAddr, nodeID, constraint, labels)
+	b, err := newBootstrap(xdsAddr, nodeID, constraint, labels, tf)
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold bootstrap: %v\n", err)
 		return 2

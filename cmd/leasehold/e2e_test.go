@@ -92,7 +92,7 @@ type dispatcher struct {
 	more  chan struct{}
 }
 
-func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any) *dispatcher {
+func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any, tlsFiles ...bootstrapTLS) *dispatcher {
 	t.Helper()
 	// the dispatcher's bootstrap comes from `leasehold bootstrap`
 	var vc string
@@ -105,7 +105,7 @@ func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any) 
 			labels[k], _ = v.(string)
 		}
 	}
-	bootstrap, err := newBootstrap(xdsAddr, nodeID, vc, labels)
+	bootstrap, err := newBootstrap(xdsAddr, nodeID, vc, labels, tlsFiles...)
 	if err != nil {
 		t.Fatal(err)
 	}

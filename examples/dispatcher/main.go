@@ -16,6 +16,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -31,6 +33,7 @@ import (
 
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver and balancers
@@ -126,27 +129,60 @@ func reexec(path string) {
 	os.Exit(1)
 }
 
-// xdsServer is the first xDS server of the bootstrap grpc-go is using.
-func xdsServer() (string, error) {
+// xdsServer is the first xDS server of the bootstrap grpc-go is using, and
+// the credentials to reach it with (its channel_creds: insecure, or "tls"
+// with CA, certificate and key files), which the fencing API shares.
+func xdsServer() (string, credentials.TransportCredentials, error) {
 	raw := []byte(os.Getenv("GRPC_XDS_BOOTSTRAP_CONFIG"))
 	if path := os.Getenv(bootstrapEnv); path != "" {
 		var err error
 		if raw, err = os.ReadFile(path); err != nil {
-			return "", fmt.Errorf("%s: %w", bootstrapEnv, err)
+			return "", nil, fmt.Errorf("%s: %w", bootstrapEnv, err)
 		}
 	}
 	var b struct {
 		XDSServers []struct {
-			ServerURI string `json:"server_uri"`
+			ServerURI    string `json:"server_uri"`
+			ChannelCreds []struct {
+				Type   string `json:"type"`
+				Config struct {
+					CA   string `json:"ca_certificate_file"`
+					Cert string `json:"certificate_file"`
+					Key  string `json:"private_key_file"`
+				} `json:"config"`
+			} `json:"channel_creds"`
 		} `json:"xds_servers"`
 	}
 	if err := json.Unmarshal(raw, &b); err != nil {
-		return "", fmt.Errorf("bootstrap: %w", err)
+		return "", nil, fmt.Errorf("bootstrap: %w", err)
 	}
 	if len(b.XDSServers) == 0 || b.XDSServers[0].ServerURI == "" {
-		return "", errors.New("bootstrap: no xds_servers[0].server_uri")
+		return "", nil, errors.New("bootstrap: no xds_servers[0].server_uri")
 	}
-	return b.XDSServers[0].ServerURI, nil
+	srv := b.XDSServers[0]
+	if len(srv.ChannelCreds) == 0 || srv.ChannelCreds[0].Type != "tls" {
+		return srv.ServerURI, insecure.NewCredentials(), nil
+	}
+	c := srv.ChannelCreds[0].Config
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if c.CA != "" {
+		pem, err := os.ReadFile(c.CA)
+		if err != nil {
+			return "", nil, fmt.Errorf("bootstrap ca_certificate_file: %w", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return "", nil, fmt.Errorf("bootstrap ca_certificate_file %s: no PEM certificate", c.CA)
+		}
+	}
+	if c.Cert != "" {
+		// Re-read on every handshake: rotated files are picked up.
+		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
+			pair, err := tls.LoadX509KeyPair(c.Cert, c.Key)
+			return &pair, err
+		}
+	}
+	return srv.ServerURI, credentials.NewTLS(cfg), nil
 }
 
 // Outcome of one task, printed as a row or a JSON line.
@@ -167,19 +203,20 @@ type Outcome struct {
 }
 
 func run(ctx context.Context, o options) error {
+	xdsAddr, creds, err := xdsServer()
+	if err != nil {
+		return err
+	}
 	fencingAddr := o.leasehold
 	if fencingAddr == "" {
-		var err error
-		if fencingAddr, err = xdsServer(); err != nil {
-			return err
-		}
+		fencingAddr = xdsAddr
 	}
 	conn, err := grpc.NewClient("xds:///"+o.task, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("dial xds:///%s: %w", o.task, err)
 	}
 	defer conn.Close()
-	fconn, err := grpc.NewClient(fencingAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	fconn, err := grpc.NewClient(fencingAddr, grpc.WithTransportCredentials(creds))
 	if err != nil {
 		return fmt.Errorf("dial leasehold %s: %w", fencingAddr, err)
 	}

@@ -38,6 +38,9 @@ type Options struct {
 	// JoinClientOf, when set, starts a client agent (not a dev server) that
 	// joins that agent's datacenter: a second node of the same cluster.
 	JoinClientOf *Agent
+	// ACLManagementToken, when set, enables ACLs with default deny; the
+	// agent's own Config and Client use this token.
+	ACLManagementToken string
 }
 
 // Agent is a running (or stopped) Consul dev agent.
@@ -49,6 +52,7 @@ type Agent struct {
 	cfgPath string
 	Ports   Ports
 	Node    string
+	token   string // management token when ACLs are on
 
 	mu      sync.Mutex
 	started time.Time
@@ -193,6 +197,19 @@ ports {
 }
 %s
 `, a.Node, filepath.Join(a.dir, "data"), logLevel(), a.Ports.HTTP, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+	if o.ACLManagementToken != "" {
+		a.token = o.ACLManagementToken
+		hcl += fmt.Sprintf(`acl {
+  enabled = true
+  default_policy = "deny"
+  enable_token_persistence = false
+  tokens {
+    initial_management = %q
+    agent = %q
+  }
+}
+`, o.ACLManagementToken, o.ACLManagementToken)
+	}
 	if j := o.JoinClientOf; j != nil {
 		hcl += fmt.Sprintf("server = false\nretry_join = [\"127.0.0.1:%d\"]\n", j.Ports.SerfLAN)
 	}
@@ -269,6 +286,7 @@ func (a *Agent) Config() *api.Config {
 	cfg := api.DefaultConfig()
 	cfg.Address = a.HTTPAddr()
 	cfg.Scheme = "http"
+	cfg.Token, cfg.TokenFile = a.token, "" // never a token of the environment's
 	return cfg
 }
 

@@ -1,0 +1,118 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"os"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+)
+
+// tokenFor creates a policy from one of examples/consul's files and a token
+// holding it.
+func tokenFor(t *testing.T, root *api.Client, name, file string) string {
+	t.Helper()
+	rules, err := os.ReadFile("../../examples/consul/" + file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: name, Rules: string(rules)}, nil)
+	if err != nil {
+		t.Fatalf("policy %s from %s: %v", name, file, err)
+	}
+	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return tok.SecretID
+}
+
+// A Consul agent with ACLs on and default deny, using the example policies:
+// an executor's token registers its own service and no other (registration
+// is authenticated by Consul); leasehold with the read-only token serves it;
+// without a token leasehold stays unready and says which rights it lacks.
+func TestConsulACLs(t *testing.T) {
+	consultest.RequireBinary(t)
+	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-000000000001"})
+	root := a.Client()
+	readTok := tokenFor(t, root, "leasehold", "leasehold-policy.hcl")
+	execTok := tokenFor(t, root, "exec-1", "executor-policy.hcl")
+
+	ecfg := a.Config()
+	ecfg.Token = execTok
+	ec, err := api.NewClient(ecfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	err = ec.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "other:exec-1", Name: "other", Port: 9002, Tags: []string{health.DefaultTag}})
+	if err == nil || !strings.Contains(err.Error(), "403") {
+		t.Fatalf("the executor token registered a service it was not granted: %v", err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	reg, err := consul.NewRegistrar(consul.NewAPIAgent(ec), consul.Config{
+		InstanceID: "exec-1", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001, Version: "1.0.0", Capacity: 2,
+		Lease:  health.Lease{TTL: 3 * time.Second, Heartbeat: time.Second, DeregisterAfter: time.Minute},
+		Logger: slog.New(slog.NewTextHandler(testWriter{t, "registrar"}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	go reg.Run(ctx)
+	wctx, wcancel := context.WithTimeout(ctx, 15*time.Second)
+	defer wcancel()
+	sess, err := reg.WaitSession(wctx, nil)
+	if err != nil {
+		t.Fatalf("the executor could not register its own service with its token: %v", err)
+	}
+
+	// Anonymous (no token): Consul filters everything out silently.
+	t.Setenv("CONSUL_HTTP_TOKEN", "")
+	t.Setenv("CONSUL_HTTP_TOKEN_FILE", "")
+	var anonLog syncBuffer
+	anon := startServeLogged(t, a, &anonLog)
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(anonLog.String(), `service_prefix \"\"`) {
+		if time.Now().After(deadline) {
+			t.Fatalf("leasehold without a token did not say which ACL rights it lacks:\n%s", anonLog.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code := readyzStatus(anon.admin); code != 503 {
+		t.Errorf("leasehold without read rights: /readyz %d, want 503", code)
+	}
+	if strings.Contains(anonLog.String(), execTok) || strings.Contains(anonLog.String(), readTok) {
+		t.Error("a token appears in the log")
+	}
+
+	// With the example's read-only policy it serves the executor.
+	t.Setenv("CONSUL_HTTP_TOKEN", readTok)
+	var okLog syncBuffer
+	l := startServeLogged(t, a, &okLog)
+	awaitState(t, fencingClient(t, l.xds), "exec-1", sess.ID, leaseholdv1.SessionState_CURRENT)
+	if code := readyzStatus(l.admin); code != 200 {
+		t.Errorf("leasehold with the read token: /readyz %d, want 200", code)
+	}
+	if strings.Contains(okLog.String(), readTok) {
+		t.Error("the token appears in the log")
+	}
+}
+
+func startServeLogged(t *testing.T, a *consultest.Agent, w *syncBuffer) listening {
+	t.Helper()
+	ctx, cancel := context.WithCancel(context.Background())
+	bound := make(chan listening, 1)
+	served := make(chan error, 1)
+	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
+	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(w, nil)), bound) }()
+	t.Cleanup(func() { cancel(); <-served })
+	return <-bound
+}
