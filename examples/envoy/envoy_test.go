@@ -10,6 +10,7 @@ import (
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
 	hcmv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/network/http_connection_manager/v3"
+	tlsv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/transport_sockets/tls/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/upstreams/http/v3"
 	"go.yaml.in/yaml/v3"
 	"google.golang.org/protobuf/encoding/protojson"
@@ -23,13 +24,19 @@ import (
 // routes to the cluster leasehold serves for its task, and carries node
 // metadata leasehold accepts.
 func TestEnvoyBootstrapIsValid(t *testing.T) {
-	raw, err := os.ReadFile("envoy.yaml")
+	for _, f := range []string{"envoy.yaml", "envoy-mtls.yaml"} {
+		t.Run(f, func(t *testing.T) { checkBootstrap(t, f) })
+	}
+}
+
+func checkBootstrap(t *testing.T, file string) *bootstrapv3.Bootstrap {
+	raw, err := os.ReadFile(file)
 	if err != nil {
 		t.Fatal(err)
 	}
 	var doc any
 	if err := yaml.Unmarshal(raw, &doc); err != nil {
-		t.Fatalf("envoy.yaml: %v", err)
+		t.Fatalf("%s: %v", file, err)
 	}
 	js, err := json.Marshal(doc)
 	if err != nil {
@@ -37,10 +44,10 @@ func TestEnvoyBootstrapIsValid(t *testing.T) {
 	}
 	b := &bootstrapv3.Bootstrap{}
 	if err := protojson.Unmarshal(js, b); err != nil {
-		t.Fatalf("envoy.yaml is not an Envoy v3 bootstrap: %v", err)
+		t.Fatalf("%s is not an Envoy v3 bootstrap: %v", file, err)
 	}
 	if err := b.ValidateAll(); err != nil {
-		t.Fatalf("Envoy's validation rejects envoy.yaml: %v", err)
+		t.Fatalf("Envoy's validation rejects %s: %v", file, err)
 	}
 	if b.GetDynamicResources().GetCdsConfig().GetAds() == nil {
 		t.Error("clusters must come over ADS")
@@ -81,6 +88,21 @@ func TestEnvoyBootstrapIsValid(t *testing.T) {
 	if _, err := health.NewDispatcher(d.VersionConstraint, d.Labels); err != nil {
 		t.Error(err)
 	}
+	if strings.Contains(file, "mtls") {
+		for _, c := range b.GetStaticResources().GetClusters() {
+			if c.GetName() != "leasehold" {
+				continue
+			}
+			tc := &tlsv3.UpstreamTlsContext{}
+			if err := c.GetTransportSocket().GetTypedConfig().UnmarshalTo(tc); err != nil {
+				t.Fatalf("the leasehold cluster has no TLS transport socket: %v", err)
+			}
+			if len(tc.GetCommonTlsContext().GetTlsCertificates()) != 1 || tc.GetCommonTlsContext().GetValidationContext().GetTrustedCa() == nil {
+				t.Error("mTLS needs a client certificate and a trusted CA")
+			}
+		}
+	}
+	return b
 }
 
 // What leasehold sends Envoy passes Envoy's own validation.
