@@ -2,6 +2,7 @@ package health
 
 import (
 	"fmt"
+	"slices"
 )
 
 // Executor is one registration as leasehold sees it: the contract fields
@@ -27,6 +28,10 @@ type Executor struct {
 	NewerGeneration uint64
 	// Set by the state owner: this session was once seen lapsed.
 	LapseObserved bool
+	// Set by the state owner: an operator's cordon applies (its id and
+	// reason), or would but the safety limit keeps the executor routed.
+	CordonID, CordonReason string
+	CordonHeld             string // a cordon the safety limit did not apply
 }
 
 // Route says how a dispatcher may use an executor.
@@ -51,6 +56,7 @@ const (
 	ReasonLabels      Reason = "label-mismatch"
 	ReasonDraining    Reason = "draining"
 	ReasonFull        Reason = "full"
+	ReasonCordoned    Reason = "cordoned" // an operator's cordon: no new work (DRAINING)
 )
 
 // Verdict is the decision for one executor and one dispatcher constraint set.
@@ -58,6 +64,15 @@ type Verdict struct {
 	Route  Route
 	Reason Reason
 	Detail string // human explanation for explain views and logs
+	// Observed: rules in observe mode that would have excluded the
+	// executor (it is routed as if they passed).
+	Observed []Exclusion
+}
+
+// Exclusion is one rule's exclusion, with its explanation.
+type Exclusion struct {
+	Reason Reason `json:"reason"`
+	Detail string `json:"detail"`
 }
 
 // Eligible reports whether executor e may receive new work from dispatchers
@@ -66,42 +81,103 @@ type Verdict struct {
 //	bad metadata → none; lease critical or missing, node critical, or lapse
 //	observed before → lapsed; another check failing → unhealthy; an older
 //	session than the instance's newest → fenced; version or labels not
-//	matching → none; draining → DRAINING; lease warning (full) → none.
-func Eligible(e Executor, d Dispatcher) Verdict {
-	switch {
-	case e.Err != nil:
-		return Verdict{RouteNone, ReasonBadMetadata, e.Err.Error()}
-	case !e.LeaseFound:
-		return Verdict{RouteNone, ReasonLapsed, "no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task)}
-	case e.LapseObserved:
-		return Verdict{RouteNone, ReasonLapsed, "session " + e.SessionID + " was seen lapsed; a resumed process must register a new session"}
-	case e.Lease == StatusCritical:
-		return Verdict{RouteNone, ReasonLapsed, "lease check critical"}
-	case e.NodeChecks == StatusCritical:
-		return Verdict{RouteNone, ReasonLapsed, "node " + e.Node + " failing (serfHealth or another node check critical)"}
-	case e.Lease != StatusPassing && e.Lease != StatusWarning:
-		return Verdict{RouteNone, ReasonLapsed, fmt.Sprintf("lease check status %q", e.Lease)}
-	case e.NodeChecks == StatusWarning || (e.Other != "" && e.Other != StatusPassing):
-		return Verdict{RouteNone, ReasonUnhealthy, fmt.Sprintf("node checks %q, other service checks %q", e.NodeChecks, e.Other)}
-	case e.Fenced:
-		return Verdict{RouteNone, ReasonFenced, fmt.Sprintf("session %s (generation %d) is newer", e.NewerSessionID, e.NewerGeneration)}
-	case !d.versionOK(e.Version):
-		return Verdict{RouteNone, ReasonVersion, fmt.Sprintf("version %s does not satisfy %q", e.Version, d.VersionConstraint)}
+//	matching → none; cordoned by an operator → DRAINING; draining →
+//	DRAINING; lease warning (full) → none.
+func Eligible(e Executor, d Dispatcher) Verdict { return EligibleObserving(e, d, nil) }
+
+// EligibleObserving is Eligible with some rules in observe mode: each of
+// them that would exclude e is recorded in Verdict.Observed and skipped, and
+// the next rule decides. Lapsed and bad metadata are never skipped.
+func EligibleObserving(e Executor, d Dispatcher, observe []Reason) Verdict {
+	var observed []Exclusion
+	for _, rule := range rules {
+		v, excluded := rule(&e, d)
+		if !excluded {
+			continue
+		}
+		if slices.Contains(observe, v.Reason) {
+			observed = append(observed, Exclusion{v.Reason, v.Detail})
+			continue
+		}
+		v.Observed = observed
+		return v
 	}
-	if ok, k := d.labelsOK(e.Labels); !ok {
+	return Verdict{Route: RouteHealthy, Observed: observed}
+}
+
+// rules in order; each reports its verdict and whether it excludes.
+var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		if e.Err != nil {
+			return Verdict{Route: RouteNone, Reason: ReasonBadMetadata, Detail: e.Err.Error()}, true
+		}
+		return Verdict{}, false
+	},
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		lapsed := func(detail string) (Verdict, bool) {
+			return Verdict{Route: RouteNone, Reason: ReasonLapsed, Detail: detail}, true
+		}
+		switch {
+		case !e.LeaseFound:
+			return lapsed("no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task))
+		case e.LapseObserved:
+			return lapsed("session " + e.SessionID + " was seen lapsed; a resumed process must register a new session")
+		case e.Lease == StatusCritical:
+			return lapsed("lease check critical")
+		case e.NodeChecks == StatusCritical:
+			return lapsed("node " + e.Node + " failing (serfHealth or another node check critical)")
+		case e.Lease != StatusPassing && e.Lease != StatusWarning:
+			return lapsed(fmt.Sprintf("lease check status %q", e.Lease))
+		}
+		return Verdict{}, false
+	},
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		if e.NodeChecks == StatusWarning || (e.Other != "" && e.Other != StatusPassing) {
+			return Verdict{Route: RouteNone, Reason: ReasonUnhealthy, Detail: fmt.Sprintf("node checks %q, other service checks %q", e.NodeChecks, e.Other)}, true
+		}
+		return Verdict{}, false
+	},
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		if e.Fenced {
+			return Verdict{Route: RouteNone, Reason: ReasonFenced, Detail: fmt.Sprintf("session %s (generation %d) is newer", e.NewerSessionID, e.NewerGeneration)}, true
+		}
+		return Verdict{}, false
+	},
+	func(e *Executor, d Dispatcher) (Verdict, bool) {
+		if !d.versionOK(e.Version) {
+			return Verdict{Route: RouteNone, Reason: ReasonVersion, Detail: fmt.Sprintf("version %s does not satisfy %q", e.Version, d.VersionConstraint)}, true
+		}
+		return Verdict{}, false
+	},
+	func(e *Executor, d Dispatcher) (Verdict, bool) {
+		ok, k := d.labelsOK(e.Labels)
+		if ok {
+			return Verdict{}, false
+		}
 		have, present := e.Labels[k]
 		if !present {
-			return Verdict{RouteNone, ReasonLabels, fmt.Sprintf("label %s missing, want %q", k, d.Labels[k])}
+			return Verdict{Route: RouteNone, Reason: ReasonLabels, Detail: fmt.Sprintf("label %s missing, want %q", k, d.Labels[k])}, true
 		}
-		return Verdict{RouteNone, ReasonLabels, fmt.Sprintf("label %s=%q, want %q", k, have, d.Labels[k])}
-	}
-	switch {
-	case e.State == StateDraining:
-		return Verdict{RouteDraining, ReasonDraining, "executor is draining: in-flight work finishes, no new work"}
-	case e.Lease == StatusWarning:
-		return Verdict{RouteNone, ReasonFull, fmt.Sprintf("full (load %d of capacity %d)", e.Load, e.Capacity)}
-	}
-	return Verdict{Route: RouteHealthy}
+		return Verdict{Route: RouteNone, Reason: ReasonLabels, Detail: fmt.Sprintf("label %s=%q, want %q", k, have, d.Labels[k])}, true
+	},
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		if e.CordonID != "" {
+			return Verdict{Route: RouteDraining, Reason: ReasonCordoned, Detail: "cordoned by an operator (" + e.CordonID + "): " + e.CordonReason}, true
+		}
+		return Verdict{}, false
+	},
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		if e.State == StateDraining {
+			return Verdict{Route: RouteDraining, Reason: ReasonDraining, Detail: "executor is draining: in-flight work finishes, no new work"}, true
+		}
+		return Verdict{}, false
+	},
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		if e.Lease == StatusWarning {
+			return Verdict{Route: RouteNone, Reason: ReasonFull, Detail: fmt.Sprintf("full (load %d of capacity %d)", e.Load, e.Capacity)}, true
+		}
+		return Verdict{}, false
+	},
 }
 
 // Fence marks every executor whose session is older than the newest session

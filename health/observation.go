@@ -163,4 +163,20 @@ type Observation struct {
 	Members    *TaskMembers
 	NonPassing *NonPassing
 	Contact    *Contact
+	Rules      *RulesSource
+	Cordons    *CordonSet
+}
+
+// RulesSource is the raw rollout configuration (JSON) from one source: a
+// file, or Consul KV. Raw nil: the source has none (any more).
+type RulesSource struct {
+	Source string // "file:<path>" or "consul-kv:<key>"
+	Raw    []byte
+}
+
+// CordonSet is every cordon stored in Consul KV, raw (JSON) by key; the
+// state owner validates them.
+type CordonSet struct {
+	Index uint64
+	Raw   map[string][]byte
 }

@@ -72,6 +72,11 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 			writeJSON(w, http.StatusOK, explainExecutors(cfg.Syncer.View(), task))
 		})
 	}
+	if cfg.Syncer != nil {
+		mux.HandleFunc("GET /debug/config", func(w http.ResponseWriter, r *http.Request) {
+			writeJSON(w, http.StatusOK, cfg.Syncer.View().Control)
+		})
+	}
 	if cfg.XDS != nil {
 		mux.HandleFunc("GET /debug/dispatchers", func(w http.ResponseWriter, r *http.Request) {
 			writeJSON(w, http.StatusOK, map[string]any{"dispatchers": cfg.XDS.Dispatchers()})
@@ -139,6 +144,8 @@ type ExplainExecutor struct {
 	NewerSessionID string            `json:"newer_session_id,omitempty"`
 	CreateIndex    uint64            `json:"create_index"`
 	MetadataError  string            `json:"metadata_error,omitempty"`
+	Cordon         string            `json:"cordon,omitempty"`      // the cordon taking it out of routing
+	CordonHeld     string            `json:"cordon_held,omitempty"` // a cordon the safety limit did not apply
 	Verdicts       []ExplainVerdict  `json:"verdicts"`
 }
 
@@ -148,6 +155,8 @@ type ExplainVerdict struct {
 	Route         string `json:"route"`
 	Reason        string `json:"reason,omitempty"`
 	Detail        string `json:"detail,omitempty"`
+	// WouldExclude: rules in observe mode that would have excluded it.
+	WouldExclude []health.Exclusion `json:"would_exclude,omitempty"`
 }
 
 func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
@@ -171,9 +180,10 @@ func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 		if e.Err != nil {
 			x.MetadataError = e.Err.Error()
 		}
+		x.Cordon, x.CordonHeld = e.CordonID, e.CordonHeld
 		for _, d := range v.Groups {
-			verdict := health.Eligible(e, d)
-			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(), Route: string(verdict.Route), Reason: string(verdict.Reason), Detail: verdict.Detail})
+			verdict := v.Decide(e, d)
+			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(), Route: string(verdict.Route), Reason: string(verdict.Reason), Detail: verdict.Detail, WouldExclude: verdict.Observed})
 		}
 		out.Executors = append(out.Executors, x)
 	}

@@ -22,6 +22,7 @@ import (
 // decision, a message and a sort. Endpoint messages are immutable once built.
 type Builder struct {
 	d       health.Dispatcher
+	observe []health.Reason // rules in observe mode
 	started bool
 	gen     uint64
 	entries map[uint64]*entry // by executor fingerprint
@@ -70,6 +71,15 @@ type Result struct {
 	// longer HEALTHY (the change must be published at once).
 	RemovesOrDrains bool
 	Decided         int // executors decided afresh (the rest were reused)
+	// Observed: executors decided afresh that a rule in observe mode would
+	// have excluded (they are routed).
+	Observed []ObservedDecision
+}
+
+// ObservedDecision is an executor routed despite rules in observe mode.
+type ObservedDecision struct {
+	InstanceID, SessionID string
+	Exclusions            []health.Exclusion
 }
 
 // Build is EndpointsVersioned, with reuse.
@@ -80,10 +90,12 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 
 // BuildPrinted builds with the executors' fingerprints already computed
 // (prints[i] is executorPrint(&executors[i]); nil: computed here).
-func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher) Result {
-	if !bl.started || bl.d.Key() != d.Key() {
-		*bl = Builder{d: d, started: true, entries: map[uint64]*entry{}}
+// Rules listed in observe are in observe mode (see health.EligibleObserving).
+func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher, observe ...health.Reason) Result {
+	if !bl.started || bl.d.Key() != d.Key() || !slices.Equal(bl.observe, observe) {
+		*bl = Builder{d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}}
 	}
+	var observed []ObservedDecision
 	bl.gen++
 	gen := bl.gen
 	var fresh []*entry // routed entries decided in this build
@@ -105,7 +117,11 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 		if en == nil {
 			en = &entry{print: p}
 			bl.entries[p] = en
-			switch health.Eligible(*e, d).Route {
+			v := health.EligibleObserving(*e, d, bl.observe)
+			if len(v.Observed) > 0 {
+				observed = append(observed, ObservedDecision{InstanceID: e.InstanceID, SessionID: e.SessionID, Exclusions: v.Observed})
+			}
+			switch v.Route {
 			case health.RouteHealthy:
 				en.routed, en.status = true, corev3.HealthStatus_HEALTHY
 			case health.RouteDraining:
@@ -207,7 +223,7 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	binary.LittleEndian.PutUint64(vb[16:], sum)
 	binary.LittleEndian.PutUint64(vb[24:], xor)
 	version := "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
-	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(fresh)}
+	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(fresh), Observed: observed}
 }
 
 // endpointContent is everything an endpoint message holds, for its digest.

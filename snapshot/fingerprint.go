@@ -67,6 +67,9 @@ func executorPrint(e *health.Executor) uint64 {
 	num(e.NewerGeneration)
 	flag(e.LapseObserved)
 	num(e.CreateIndex)
+	str(e.CordonID)
+	str(e.CordonReason)
+	str(e.CordonHeld)
 	return maphash.Bytes(seed, b)
 }
 

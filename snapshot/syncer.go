@@ -41,6 +41,9 @@ type SyncConfig struct {
 	OnPublish func(group string, snap *cache.Snapshot)
 	Tracer    trace.TracerProvider // default: no spans
 	Meter     metric.MeterProvider // default: no metrics
+	// Audit, if set, receives every configuration change this replica
+	// applied or refused (from the Run goroutine; it must not block long).
+	Audit func(AuditEvent)
 }
 
 func (c SyncConfig) withDefaults() SyncConfig {
@@ -98,6 +101,7 @@ type Syncer struct {
 	historyGen  uint64 // bumped when history changes
 	pastList    []health.PastSession
 	pastGen     uint64
+	ctl         control
 	syncTelemetry
 }
 
@@ -249,6 +253,10 @@ func (s *Syncer) apply(o health.Observation) {
 	case o.NonPassing != nil:
 		s.np = health.NewNonPassingSet(*o.NonPassing)
 		s.haveNP = true
+	case o.Rules != nil:
+		s.applyRules(o.Rules)
+	case o.Cordons != nil:
+		s.applyCordons(o.Cordons)
 	case o.Contact != nil && o.Contact.IndexWentBack:
 		// Consul's past is gone: generations restart from its empty KV, so
 		// remembered floors would fence every live executor.
@@ -306,6 +314,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 		}
 	}
 	health.Fence(all, s.floor)
+	s.applyControl(ctx, all, nil)
 	s.remember(all)
 	for _, e := range all {
 		if e.Err == nil && e.Generation > s.floor[e.InstanceID] {
@@ -344,6 +353,18 @@ func (s *Syncer) recompute(ctx context.Context) {
 		if _, ok := s.members[task]; !ok {
 			changed = append(changed, task)
 			delete(s.taskPrint, task)
+		}
+	}
+	if s.ctl.dirty { // rule modes changed: every task type is decided again
+		s.ctl.dirty = false
+		changed = changed[:0]
+		for task := range s.members {
+			changed = append(changed, task)
+		}
+		for task := range s.taskPrint {
+			if _, ok := s.members[task]; !ok {
+				changed = append(changed, task)
+			}
 		}
 	}
 	s.byTask, s.printsBy = byTask, printsBy
@@ -434,8 +455,14 @@ func (s *Syncer) rebuild(g *group, task string) {
 		b = &Builder{}
 		g.builders[task] = b
 	}
-	r := b.BuildPrinted(task, s.byTask[task], s.printsBy[task], g.d)
+	r := b.BuildPrinted(task, s.byTask[task], s.printsBy[task], g.d, s.observed(task, g.d)...)
 	cla, version := r.CLA, r.Version
+	for _, o := range r.Observed {
+		for _, x := range o.Exclusions {
+			s.wouldExclude.Add(context.Background(), 1, metric.WithAttributes(attribute.String("rule", string(x.Reason)), attribute.String("task", task)))
+			s.log.Info("rule in observe mode would exclude; routed", "rule", x.Reason, "detail", x.Detail, "instance_id", o.InstanceID, "session_id", o.SessionID, "task", task, "group", g.d.Key())
+		}
+	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
 		for _, d := range Decide(s.byTask[task], g.d) {
 			s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)

@@ -33,6 +33,9 @@ type syncTelemetry struct {
 	tracer     trace.Tracer
 	lapseCount metric.Int64Counter
 	badMeta    metric.Int64Counter
+	// rollout
+	wouldExclude  metric.Int64Counter
+	rulesRejected metric.Int64Counter
 	buildTime  metric.Float64Histogram
 }
 
@@ -42,6 +45,19 @@ func (s *Syncer) initTelemetry() {
 	s.tracer = s.cfg.Tracer.Tracer("github.com/leasehold/leasehold/snapshot")
 	m := s.cfg.Meter.Meter("github.com/leasehold/leasehold/snapshot")
 	s.lapseCount, _ = m.Int64Counter("leasehold.lease.lapses", metric.WithDescription("lease lapses observed (a session's lease check turned critical), by task"))
+	s.wouldExclude, _ = m.Int64Counter("leasehold.rules.would_exclude", metric.WithDescription("decisions where a rule in observe mode would have excluded a routed executor, by rule and task (once per change)"))
+	s.rulesRejected, _ = m.Int64Counter("leasehold.rules.config_rejected", metric.WithDescription("rollout configurations refused as invalid (the previous one stays in force)"))
+	m.Int64ObservableGauge("leasehold.cordons.held", metric.WithDescription("executors a cordon selects that the safety limit keeps routed"),
+		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			if c := s.View().Control; c != nil {
+				n := 0
+				for _, st := range c.Cordons {
+					n += st.Held
+				}
+				obs.Observe(int64(n))
+			}
+			return nil
+		}))
 	s.badMeta, _ = m.Int64Counter("leasehold.registrations.bad_metadata", metric.WithDescription("registrations excluded for metadata that breaks the contract (counted once per change)"))
 	s.buildTime, _ = m.Float64Histogram("leasehold.snapshot.build.duration", metric.WithUnit("s"),
 		metric.WithDescription("time to rebuild the resources of the changed task types for every constraint set"),

@@ -17,6 +17,7 @@ type View struct {
 	Executors   []health.Executor   // by task, then as Consul listed them (node, service id)
 	Groups      []health.Dispatcher // constraint sets with streams, plus the unconstrained set
 	Synced      bool
+	Control     *ControlState // rule modes and cordons in force
 
 	past     []health.PastSession
 	once     sync.Once
@@ -38,7 +39,7 @@ func (v *View) Changed() <-chan struct{} { return v.changed }
 func (s *Syncer) View() *View { return s.view.Load() }
 
 func emptyView() *View {
-	return &View{Groups: []health.Dispatcher{{}}, changed: make(chan struct{})}
+	return &View{Groups: []health.Dispatcher{{}}, Control: &ControlState{}, changed: make(chan struct{})}
 }
 
 // publishView replaces the view; called by Run only.
@@ -59,7 +60,17 @@ func (s *Syncer) publishView() {
 			groups = append(groups, s.groups[k].d)
 		}
 	}
-	v := &View{ConsulIndex: index, Executors: all, Groups: groups, past: s.past(), Synced: s.synced, changed: make(chan struct{})}
+	v := &View{ConsulIndex: index, Executors: all, Groups: groups, past: s.past(), Synced: s.synced, Control: s.controlState(), changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
+}
+
+// Decide is the verdict on e for constraint set d under the rule modes in
+// force (what the xDS resources of this view were built with).
+func (v *View) Decide(e health.Executor, d health.Dispatcher) health.Verdict {
+	var observe []health.Reason
+	if v.Control != nil && v.Control.Rollout != nil {
+		observe = v.Control.Rollout.Observed(e.Task, d)
+	}
+	return health.EligibleObserving(e, d, observe)
 }

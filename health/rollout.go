@@ -1,0 +1,198 @@
+package health
+
+import (
+	"encoding/json"
+	"errors"
+	"fmt"
+	"slices"
+	"strings"
+)
+
+// Mode is how an exclusion rule applies.
+type Mode string
+
+const (
+	// ModeEnforce: the rule excludes (the default).
+	ModeEnforce Mode = "enforce"
+	// ModeObserve: the verdict is still computed, explained and counted as
+	// "would have excluded", but the executor stays routed.
+	ModeObserve Mode = "observe"
+)
+
+// ObservableRules are the rules a rollout may put in observe mode. The
+// lease (lapsed) and bad metadata are always enforced: an executor without a
+// valid lease may be paused or gone, and one whose metadata cannot be read
+// cannot be addressed at all — routing to either loses work, which no staged
+// rollout can make safe.
+var ObservableRules = []Reason{ReasonUnhealthy, ReasonFenced, ReasonVersion, ReasonLabels, ReasonDraining, ReasonFull, ReasonCordoned}
+
+// ScopedMode sets one rule's mode, optionally only for some task types
+// and/or one constraint set.
+type ScopedMode struct {
+	Rule  Reason   `json:"rule"`
+	Mode  Mode     `json:"mode"`
+	Tasks []string `json:"tasks,omitempty"` // empty: every task type
+	// ConstraintSet selects the dispatchers by their constraints (empty:
+	// every set): the same fields as their node metadata.
+	ConstraintSet *SetSelector `json:"constraint_set,omitempty"`
+}
+
+// SetSelector names a constraint set by its constraints.
+type SetSelector struct {
+	VersionConstraint string            `json:"version_constraint,omitempty"`
+	Labels            map[string]string `json:"labels,omitempty"`
+
+	key string // the set's Key (without any grant)
+}
+
+// CordonApproval says which cordons need a second person's approval.
+type CordonApproval struct {
+	// Required: cordons of more than MaxExecutors executors, or of a whole
+	// version, stay pending until approved by someone other than their
+	// author.
+	Required     bool `json:"required"`
+	MaxExecutors int  `json:"max_executors"`
+}
+
+// Rollout is the operators' configuration of how rules apply.
+type Rollout struct {
+	Modes []ScopedMode `json:"modes"`
+	// SafetyLimit is the largest fraction (0..1] of a task's live executors
+	// that cordons may take out of routing at once; default 0.5. Beyond it
+	// the rest stay routed and an alert is raised.
+	SafetyLimit float64        `json:"safety_limit,omitempty"`
+	Approval    CordonApproval `json:"approval"`
+}
+
+// DefaultSafetyLimit is the safety limit when none is configured.
+const DefaultSafetyLimit = 0.5
+
+// ParseRollout reads a rollout configuration (JSON) and validates it;
+// errors name the field (modes[2].rule). Unknown fields are errors.
+func ParseRollout(b []byte) (*Rollout, error) {
+	var r Rollout
+	dec := json.NewDecoder(strings.NewReader(string(b)))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&r); err != nil {
+		return nil, fmt.Errorf("parse: %w", err)
+	}
+	if err := r.validate(); err != nil {
+		return nil, err
+	}
+	return &r, nil
+}
+
+func (r *Rollout) validate() error {
+	var errs []error
+	seen := map[string]int{}
+	for i := range r.Modes {
+		m := &r.Modes[i]
+		at := fmt.Sprintf("modes[%d]", i)
+		if !slices.Contains(ObservableRules, m.Rule) {
+			why := ""
+			if m.Rule == ReasonLapsed || m.Rule == ReasonBadMetadata {
+				why = " (always enforced)"
+			}
+			errs = append(errs, fmt.Errorf("%s.rule: %q%s: want one of %v", at, m.Rule, why, ObservableRules))
+		}
+		if m.Mode != ModeEnforce && m.Mode != ModeObserve {
+			errs = append(errs, fmt.Errorf("%s.mode: %q: want enforce or observe", at, m.Mode))
+		}
+		for k, t := range m.Tasks {
+			if fe := ValidateTask(t); fe != nil {
+				errs = append(errs, fmt.Errorf("%s.tasks[%d]: %s", at, k, fe.Error()))
+			}
+		}
+		slices.Sort(m.Tasks)
+		if m.ConstraintSet != nil {
+			d, err := NewDispatcher(m.ConstraintSet.VersionConstraint, m.ConstraintSet.Labels)
+			if err != nil {
+				errs = append(errs, fmt.Errorf("%s.constraint_set: %w", at, err))
+			} else {
+				m.ConstraintSet.key = d.Key()
+			}
+		}
+		scope := fmt.Sprintf("%s|%v|%s", m.Rule, m.Tasks, m.setKey())
+		if j, dup := seen[scope]; dup {
+			errs = append(errs, fmt.Errorf("%s: same rule and scope as modes[%d]", at, j))
+		}
+		seen[scope] = i
+	}
+	if r.SafetyLimit < 0 || r.SafetyLimit > 1 {
+		errs = append(errs, fmt.Errorf("safety_limit: %v: want a fraction in (0, 1]", r.SafetyLimit))
+	}
+	if r.Approval.MaxExecutors < 0 {
+		errs = append(errs, fmt.Errorf("approval.max_executors: %d: want >= 0", r.Approval.MaxExecutors))
+	}
+	return errors.Join(errs...)
+}
+
+func (m *ScopedMode) setKey() string {
+	if m.ConstraintSet == nil {
+		return ""
+	}
+	return m.ConstraintSet.key
+}
+
+// Limit is the safety limit in force.
+func (r *Rollout) Limit() float64 {
+	if r == nil || r.SafetyLimit == 0 {
+		return DefaultSafetyLimit
+	}
+	return r.SafetyLimit
+}
+
+// ModeOf is the mode of rule for task under constraint set d: the most
+// specific matching entry wins (task and set, then set, then task, then
+// neither); nothing matching means enforce.
+func (r *Rollout) ModeOf(rule Reason, task string, d Dispatcher) Mode {
+	if r == nil {
+		return ModeEnforce
+	}
+	set := baseKey(d)
+	best, bestScore := ModeEnforce, -1
+	for i := range r.Modes {
+		m := &r.Modes[i]
+		if m.Rule != rule {
+			continue
+		}
+		score := 0
+		if len(m.Tasks) > 0 {
+			if !slices.Contains(m.Tasks, task) {
+				continue
+			}
+			score++
+		}
+		if m.ConstraintSet != nil {
+			if m.setKey() != set {
+				continue
+			}
+			score += 2
+		}
+		if score > bestScore {
+			best, bestScore = m.Mode, score
+		}
+	}
+	return best
+}
+
+// Observed is the set of rules in observe mode for task under d, sorted
+// (empty: every rule enforced).
+func (r *Rollout) Observed(task string, d Dispatcher) []Reason {
+	var out []Reason
+	for _, rule := range ObservableRules {
+		if r.ModeOf(rule, task, d) == ModeObserve {
+			out = append(out, rule)
+		}
+	}
+	return out
+}
+
+// baseKey is a constraint set's key without its grant.
+func baseKey(d Dispatcher) string {
+	k := d.Key()
+	if i := strings.Index(k, "|"); i >= 0 {
+		return k[:i]
+	}
+	return k
+}
