@@ -26,6 +26,13 @@ const (
 // rollout can make safe.
 var ObservableRules = []Reason{ReasonUnhealthy, ReasonFenced, ReasonVersion, ReasonLabels, ReasonDraining, ReasonFull, ReasonCordoned}
 
+// ruleNames are the names a configuration uses for rules (the reason
+// strings are accepted too).
+var ruleNames = map[string]Reason{
+	"unhealthy": ReasonUnhealthy, "fencing": ReasonFenced, "version": ReasonVersion, "labels": ReasonLabels,
+	"draining": ReasonDraining, "capacity": ReasonFull, "cordon": ReasonCordoned,
+}
+
 // ScopedMode sets one rule's mode, optionally only for some task types
 // and/or one constraint set.
 type ScopedMode struct {
@@ -88,12 +95,15 @@ func (r *Rollout) validate() error {
 	for i := range r.Modes {
 		m := &r.Modes[i]
 		at := fmt.Sprintf("modes[%d]", i)
+		if r, ok := ruleNames[string(m.Rule)]; ok {
+			m.Rule = r
+		}
 		if !slices.Contains(ObservableRules, m.Rule) {
 			why := ""
-			if m.Rule == ReasonLapsed || m.Rule == ReasonBadMetadata {
-				why = " (always enforced)"
+			if m.Rule == ReasonLapsed || m.Rule == ReasonBadMetadata || m.Rule == "lease" || m.Rule == "metadata" {
+				why = " is always enforced"
 			}
-			errs = append(errs, fmt.Errorf("%s.rule: %q%s: want one of %v", at, m.Rule, why, ObservableRules))
+			errs = append(errs, fmt.Errorf("%s.rule: %q%s: want one of unhealthy, fencing, version, labels, draining, capacity, cordon", at, m.Rule, why))
 		}
 		if m.Mode != ModeEnforce && m.Mode != ModeObserve {
 			errs = append(errs, fmt.Errorf("%s.mode: %q: want enforce or observe", at, m.Mode))

@@ -36,7 +36,7 @@ type syncTelemetry struct {
 	// rollout
 	wouldExclude  metric.Int64Counter
 	rulesRejected metric.Int64Counter
-	buildTime  metric.Float64Histogram
+	buildTime     metric.Float64Histogram
 }
 
 // initTelemetry creates the instruments. Gauges are computed from the latest

@@ -5,6 +5,7 @@
 //	leasehold bootstrap ...  xDS bootstrap for a gRPC dispatcher
 //	leasehold explain ...    why executors do or do not receive work
 //	leasehold register ...   sidecar: register a non-Go executor and heartbeat while its probe passes
+//	leasehold cordon|uncordon|approve|rules|audit ...   operator controls in Consul KV
 package main
 
 import (
@@ -31,6 +32,11 @@ commands:
   explain    show which executors each dispatcher routes to, and why not the others
   register   register an executor through the local Consul agent and keep its
              lease alive while a probe of the executor passes (sidecar)
+  cordon     stop new work to executors (by instance, version, task), for every replica
+  uncordon   remove a cordon
+  approve    approve a pending cordon (a different identity than its author)
+  rules      store the rollout rules (enforce/observe modes) in Consul KV
+  audit      list recent operator actions
 
 run "leasehold <command> -h" for the flags of a command.
 `
@@ -55,6 +61,16 @@ func run(args []string, stdout, stderr io.Writer) int {
 		ctx, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
 		defer stop()
 		return runRegister(ctx, args[1:], stdout, stderr)
+	case "cordon":
+		return runCordon(context.Background(), args[1:], stdout, stderr)
+	case "uncordon":
+		return runUncordon(context.Background(), args[1:], stdout, stderr)
+	case "approve":
+		return runApprove(context.Background(), args[1:], stdout, stderr)
+	case "rules":
+		return runRules(context.Background(), args[1:], stdout, stderr)
+	case "audit":
+		return runAudit(context.Background(), args[1:], stdout, stderr)
 	case "-h", "--help", "help":
 		fmt.Fprint(stdout, usage)
 		return 0

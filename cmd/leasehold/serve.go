@@ -39,6 +39,8 @@ type serveConfig struct {
 	tls            server.TLSFiles
 	authzPolicy    string
 	adminTokenFile string
+	rulesFile      string
+	auditLog       string
 }
 
 // serveFlag is one flag with its environment variable.
@@ -64,6 +66,8 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"tls-client-ca", "LEASEHOLD_TLS_CLIENT_CA", "", "PEM CA bundle: client certificates are then required and verified (mTLS)", &cfg.tls.ClientCA},
 		{"authz-policy", "LEASEHOLD_AUTHZ_POLICY", "", "YAML/JSON file granting client identities (certificate URI/DNS SANs) task types and fencing calls; needs --tls-client-ca; followed live", &cfg.authzPolicy},
 		{"admin-token-file", "LEASEHOLD_ADMIN_TOKEN_FILE", "", "file holding a bearer token that /debug/* and /v1/* on the admin port then require (re-read when it changes); required when --admin-addr is not loopback", &cfg.adminTokenFile},
+		{"rules", "LEASEHOLD_RULES", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals); followed live; Consul KV " + consul.RulesKey + " overrides it", &cfg.rulesFile},
+		{"audit-log", "LEASEHOLD_AUDIT_LOG", "-", "where configuration changes this replica applies or refuses are written, one JSON object per line (- : standard output)", &cfg.auditLog},
 		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
 	}
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
@@ -168,7 +172,18 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		return err
 	}
 	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, Logger: log, Meter: tel.Meter})
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter})
+	audit, closeAudit, err := openAudit(cfg.auditLog, tel.Tracer)
+	if err != nil {
+		return err
+	}
+	defer closeAudit()
+	var rulesRaw []byte
+	if cfg.rulesFile != "" {
+		if rulesRaw, err = rulesJSON(cfg.rulesFile); err != nil {
+			return fmt.Errorf("--rules: %w", err)
+		}
+	}
+	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit})
 
 	var creds []grpc.ServerOption
 	if cfg.tls.Enabled() {
@@ -211,6 +226,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	done := make(chan struct{}, 2)
 	go func() { watcher.Run(runCtx, obs); done <- struct{}{} }()
 	go func() { syncer.Run(runCtx, obs); done <- struct{}{} }()
+	go consul.WatchControl(runCtx, client, obs, log.With("component", "control-watch"))
+	if cfg.rulesFile != "" {
+		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile, Raw: rulesRaw}}
+		go followRules(runCtx, cfg.rulesFile, obs, log)
+	}
 	if policy != nil {
 		go policy.Follow(runCtx, time.Second)
 	}

@@ -1,0 +1,263 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"flag"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+	"text/tabwriter"
+	"time"
+
+	"go.yaml.in/yaml/v3"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/health"
+)
+
+// controlFlags are the flags every operator command shares.
+type controlFlags struct {
+	consulAddr, by string
+}
+
+func (c *controlFlags) register(fs *flag.FlagSet) {
+	fs.StringVar(&c.consulAddr, "consul", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from CONSUL_*)")
+	fs.StringVar(&c.by, "by", os.Getenv("USER"), "who acts (used when Consul ACLs are off; with ACLs the token's identity is used)")
+}
+
+func (c *controlFlags) open(ctx context.Context) (*consul.Control, string, error) {
+	client, err := consul.NewClient(c.consulAddr, 4)
+	if err != nil {
+		return nil, "", err
+	}
+	k := consul.NewControl(client)
+	who, err := k.Identity(ctx, c.by)
+	return k, who, err
+}
+
+func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
+	if err := fs.Parse(args); err != nil {
+		if errors.Is(err, flag.ErrHelp) {
+			return 0, false
+		}
+		return 2, false
+	}
+	return 0, true
+}
+
+// runCordon: leasehold cordon (--instance ID | --version C | --task T) --reason R, or --list.
+func runCordon(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("leasehold cordon", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf controlFlags
+	cf.register(fs)
+	var c health.Cordon
+	var list bool
+	fs.StringVar(&c.Instance, "instance", "", "cordon this executor instance")
+	fs.StringVar(&c.VersionConstraint, "version", "", "cordon executors whose version satisfies this constraint, e.g. \"=1.4.2\"")
+	fs.StringVar(&c.Task, "task", "", "cordon executors of this task type (with the others: only those)")
+	fs.StringVar(&c.Reason, "reason", "", "why (required; shown by explain and kept in the audit log)")
+	fs.BoolVar(&list, "list", false, "list the cordons instead")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	k, who, err := cf.open(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "leasehold cordon: %v\n", err)
+		return 2
+	}
+	if list {
+		cs, bad, err := k.Cordons(ctx)
+		if err != nil {
+			fmt.Fprintf(stderr, "leasehold cordon: %v\n", err)
+			return 1
+		}
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tSELECTS\tBY\tAT\tAPPROVED BY\tREASON")
+		for _, c := range cs {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Selector(), c.By, c.At.Format(time.RFC3339), dash(c.ApprovedBy), c.Reason)
+		}
+		tw.Flush()
+		for key, err := range bad {
+			fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
+		}
+		return 0
+	}
+	c.ID, c.By, c.At = consul.NewCordonID(), who, time.Now().UTC()
+	if err := c.Validate(); err != nil {
+		fmt.Fprintf(stderr, "leasehold cordon: invalid cordon:\n%v\n", err)
+		return 2
+	}
+	if err := k.Cordon(ctx, c); err != nil {
+		fmt.Fprintf(stderr, "leasehold cordon: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: cordoned %s by %s (see `leasehold explain`; pending until approved when approvals are required)\n", c.ID, c.Selector(), who)
+	return 0
+}
+
+func dash(s string) string {
+	if s == "" {
+		return "-"
+	}
+	return s
+}
+
+// runUncordon: leasehold uncordon ID.
+func runUncordon(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("leasehold uncordon", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf controlFlags
+	cf.register(fs)
+	reason := fs.String("reason", "", "why (kept in the audit log)")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "leasehold uncordon: want exactly one cordon id (leasehold cordon --list)")
+		return 2
+	}
+	k, who, err := cf.open(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "leasehold uncordon: %v\n", err)
+		return 2
+	}
+	if err := k.Uncordon(ctx, fs.Arg(0), who, *reason); err != nil {
+		fmt.Fprintf(stderr, "leasehold uncordon: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: removed by %s\n", fs.Arg(0), who)
+	return 0
+}
+
+// runApprove: leasehold approve ID (by another identity than the author).
+func runApprove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("leasehold approve", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf controlFlags
+	cf.register(fs)
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	if fs.NArg() != 1 {
+		fmt.Fprintln(stderr, "leasehold approve: want exactly one cordon id")
+		return 2
+	}
+	k, who, err := cf.open(ctx)
+	if err != nil {
+		fmt.Fprintf(stderr, "leasehold approve: %v\n", err)
+		return 2
+	}
+	if err := k.Approve(ctx, fs.Arg(0), who); err != nil {
+		fmt.Fprintf(stderr, "leasehold approve: %v\n", err)
+		return 1
+	}
+	fmt.Fprintf(stdout, "%s: approved by %s\n", fs.Arg(0), who)
+	return 0
+}
+
+// runRules: leasehold rules set FILE | show.
+func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("leasehold rules", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf controlFlags
+	cf.register(fs)
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	switch {
+	case fs.NArg() == 2 && fs.Arg(0) == "set":
+		raw, err := rulesJSON(fs.Arg(1))
+		if err != nil {
+			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
+			return 2
+		}
+		k, who, err := cf.open(ctx)
+		if err != nil {
+			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
+			return 2
+		}
+		if err := k.SetRules(ctx, raw, who); err != nil {
+			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "rules stored in Consul KV %s by %s: every replica applies them\n", consul.RulesKey, who)
+		return 0
+	default:
+		fmt.Fprintln(stderr, "leasehold rules: usage: leasehold rules [--consul ADDR] [--by NAME] set FILE (YAML or JSON)")
+		return 2
+	}
+}
+
+// rulesJSON reads a rollout file (YAML or JSON), validates it and returns
+// it as JSON; errors name the file and the field.
+func rulesJSON(path string) ([]byte, error) {
+	raw, err := rulesYAMLToJSON(path)
+	if err != nil {
+		return nil, err
+	}
+	if _, err := health.ParseRollout(raw); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return raw, nil
+}
+
+// rulesYAMLToJSON converts a YAML (or JSON) file to JSON, unvalidated.
+func rulesYAMLToJSON(path string) ([]byte, error) {
+	b, err := os.ReadFile(path)
+	if err != nil {
+		return nil, err
+	}
+	var doc any
+	if err := yaml.Unmarshal(b, &doc); err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	if doc == nil {
+		doc = map[string]any{}
+	}
+	raw, err := json.Marshal(doc)
+	if err != nil {
+		return nil, fmt.Errorf("%s: %w", path, err)
+	}
+	return raw, nil
+}
+
+// runAudit: leasehold audit [--limit N] [--json].
+func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	fs := flag.NewFlagSet("leasehold audit", flag.ContinueOnError)
+	fs.SetOutput(stderr)
+	var cf controlFlags
+	cf.register(fs)
+	limit := fs.Int("limit", 50, "most recent entries to show")
+	asJSON := fs.Bool("json", false, "one JSON object per line")
+	if code, ok := parseFlags(fs, args); !ok {
+		return code
+	}
+	client, err := consul.NewClient(cf.consulAddr, 4)
+	if err != nil {
+		fmt.Fprintf(stderr, "leasehold audit: %v\n", err)
+		return 2
+	}
+	entries, err := consul.NewControl(client).AuditLog(ctx, *limit)
+	if err != nil {
+		fmt.Fprintf(stderr, "leasehold audit: %v\n", err)
+		return 1
+	}
+	if *asJSON {
+		enc := json.NewEncoder(stdout)
+		for _, e := range entries {
+			enc.Encode(e)
+		}
+		return 0
+	}
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "AT\tACTOR\tACTION\tTARGET\tDETAIL")
+	for _, e := range entries {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At.Format(time.RFC3339), e.Actor, e.Action, dash(e.Target), strings.ReplaceAll(e.Detail, "\n", " "))
+	}
+	tw.Flush()
+	return 0
+}

@@ -1,0 +1,150 @@
+package health
+
+import (
+	"strings"
+	"testing"
+	"time"
+)
+
+func TestParseRolloutNamesTheField(t *testing.T) {
+	for _, c := range []struct{ in, want string }{
+		{`{"modes":[{"rule":"lease","mode":"observe"}]}`, "modes[0].rule: \"lease\" is always enforced"},
+		{`{"modes":[{"rule":"version","mode":"maybe"}]}`, "modes[0].mode"},
+		{`{"modes":[{"rule":"version","mode":"observe","tasks":["bad task"]}]}`, "modes[0].tasks[0]"},
+		{`{"modes":[{"rule":"version","mode":"observe","constraint_set":{"version_constraint":"not a version"}}]}`, "modes[0].constraint_set"},
+		{`{"modes":[{"rule":"capacity","mode":"observe"},{"rule":"full","mode":"enforce"}]}`, "modes[1]"},
+		{`{"safety_limit":1.5}`, "safety_limit"},
+		{`{"approval":{"required":true,"max_executors":-1}}`, "approval.max_executors"},
+		{`{"mode":[]}`, "unknown field"},
+		{`{"modes":[{"rule":"version","mode":"observe","tasks":["work"]}],"safety_limit":0.3,"approval":{"required":true,"max_executors":2}}`, ""},
+	} {
+		_, err := ParseRollout([]byte(c.in))
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%s refused: %v", c.in, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%s: want an error naming %s, got %v", c.in, c.want, err)
+		}
+	}
+}
+
+func TestModeOfMostSpecificWins(t *testing.T) {
+	r, err := ParseRollout([]byte(`{"modes":[
+		{"rule":"version","mode":"observe"},
+		{"rule":"version","mode":"enforce","tasks":["transcode"]},
+		{"rule":"version","mode":"observe","tasks":["transcode"],"constraint_set":{"version_constraint":">=2.0.0"}},
+		{"rule":"labels","mode":"observe","constraint_set":{"labels":{"zone":"eu"}}}
+	]}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	v2, _ := NewDispatcher(">=2.0.0", nil)
+	eu, _ := NewDispatcher("", map[string]string{"zone": "eu"})
+	granted := eu.WithTasks([]string{"work"}) // a grant does not change which set it is
+	for _, c := range []struct {
+		rule Reason
+		task string
+		d    Dispatcher
+		want Mode
+	}{
+		{ReasonVersion, "work", Dispatcher{}, ModeObserve},
+		{ReasonVersion, "transcode", Dispatcher{}, ModeEnforce},
+		{ReasonVersion, "transcode", v2, ModeObserve},
+		{ReasonLabels, "work", eu, ModeObserve},
+		{ReasonLabels, "work", granted, ModeObserve},
+		{ReasonLabels, "work", v2, ModeEnforce},
+		{ReasonFull, "work", Dispatcher{}, ModeEnforce},
+	} {
+		if got := r.ModeOf(c.rule, c.task, c.d); got != c.want {
+			t.Errorf("%s for %s under %q: %s, want %s", c.rule, c.task, c.d.Key(), got, c.want)
+		}
+	}
+	var none *Rollout
+	if none.ModeOf(ReasonVersion, "work", Dispatcher{}) != ModeEnforce || none.Limit() != DefaultSafetyLimit {
+		t.Error("no rollout: every rule enforced, default safety limit")
+	}
+}
+
+func TestEligibleObserving(t *testing.T) {
+	d, _ := NewDispatcher("<2.0.0", nil)
+	e := live("e1", "2.1.0")
+	e.Lease = StatusWarning // full too
+	v := EligibleObserving(e, d, nil)
+	if v.Reason != ReasonVersion || v.Route != RouteNone {
+		t.Fatalf("enforced: %+v", v)
+	}
+	v = EligibleObserving(e, d, []Reason{ReasonVersion})
+	if v.Reason != ReasonFull || len(v.Observed) != 1 || v.Observed[0].Reason != ReasonVersion {
+		t.Fatalf("version observed: the next rule (full) decides, version recorded: %+v", v)
+	}
+	v = EligibleObserving(e, d, []Reason{ReasonVersion, ReasonFull})
+	if v.Route != RouteHealthy || len(v.Observed) != 2 {
+		t.Fatalf("both observed: routed, both recorded: %+v", v)
+	}
+	e.Lease = StatusCritical
+	if v := EligibleObserving(e, d, ObservableRules); v.Reason != ReasonLapsed {
+		t.Fatalf("a lapsed lease is always enforced: %+v", v)
+	}
+}
+
+func live(id, version string) Executor {
+	return Executor{Registration: Registration{InstanceID: id, SessionID: "s-" + id, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000, Version: version, Capacity: 4, State: StateActive},
+		ServiceID: "work:" + id, Node: "n1", Lease: StatusPassing, LeaseFound: true, NodeChecks: StatusPassing}
+}
+
+func TestApplyCordonsSafetyLimitAndApproval(t *testing.T) {
+	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
+	fleet := func() []Executor {
+		es := []Executor{live("e1", "1.0.0"), live("e2", "1.0.0"), live("e3", "2.0.0"), live("e4", "2.0.0"), live("e5", "1.0.0")}
+		es[4].Lease = StatusCritical // lapsed: neither counted nor limited
+		return es
+	}
+	one := Cordon{ID: "c1", Instance: "e1", Reason: "disk", By: "alice", At: at}
+	all := Cordon{ID: "c2", Task: "work", Reason: "bad rollout", By: "alice", At: at.Add(time.Minute)}
+
+	es := fleet()
+	st := ApplyCordons(es, []Cordon{one, all}, nil)
+	// 4 live, limit 0.5: two cordoned at most, the earlier cordon first.
+	if es[0].CordonID != "c1" || st[0].Applied != 1 {
+		t.Fatalf("c1 not applied: %+v", st[0])
+	}
+	if st[1].Applied != 1 || st[1].Held != 2 {
+		t.Fatalf("c2: want 1 applied and 2 held by the limit, got %+v", st[1])
+	}
+	cordoned := 0
+	for _, e := range es {
+		if e.CordonID != "" {
+			cordoned++
+		}
+		if e.InstanceID == "e5" && (e.CordonID != "" || e.CordonHeld != "") {
+			t.Error("a lapsed executor was counted by the safety limit")
+		}
+	}
+	if cordoned != 2 {
+		t.Fatalf("%d executors cordoned, limit allows 2", cordoned)
+	}
+	if v := Eligible(es[0], Dispatcher{}); v.Route != RouteDraining || v.Reason != ReasonCordoned {
+		t.Errorf("a cordoned executor: %+v, want DRAINING cordoned", v)
+	}
+
+	// Approval: a version cordon waits for a second identity.
+	r, _ := ParseRollout([]byte(`{"approval":{"required":true,"max_executors":5},"safety_limit":1}`))
+	byVersion := Cordon{ID: "c3", VersionConstraint: "=2.0.0", Reason: "bug", By: "alice", At: at}
+	es = fleet()
+	if st := ApplyCordons(es, []Cordon{byVersion}, r); !st[0].Pending || st[0].Applied != 0 {
+		t.Fatalf("version cordon without approval: %+v", st[0])
+	}
+	self := byVersion
+	self.ApprovedBy = "alice"
+	if st := ApplyCordons(es, []Cordon{self}, r); !st[0].Pending {
+		t.Fatal("approved by its own author: must stay pending")
+	}
+	ok := byVersion
+	ok.ApprovedBy = "bob"
+	if st := ApplyCordons(es, []Cordon{ok}, r); st[0].Pending || st[0].Applied != 2 {
+		t.Fatalf("approved by bob: %+v", st[0])
+	}
+	if err := (&Cordon{ID: "x", Reason: "", By: ""}).Validate(); err == nil || !strings.Contains(err.Error(), "selector") || !strings.Contains(err.Error(), "reason") {
+		t.Errorf("invalid cordon: %v", err)
+	}
+}
