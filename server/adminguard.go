@@ -19,7 +19,6 @@ type AdminToken struct {
 	path string
 
 	mu    sync.Mutex
-	stamp string
 	token []byte
 }
 
@@ -33,12 +32,10 @@ func NewAdminToken(path string) (*AdminToken, error) {
 }
 
 func (t *AdminToken) current() ([]byte, error) {
+	// Read on every guarded request (rare, and the file is tiny): a rotation
+	// applies at once, whatever the file system's timestamp granularity.
 	t.mu.Lock()
 	defer t.mu.Unlock()
-	stamp := fileStamp(t.path)
-	if stamp == t.stamp && t.token != nil {
-		return t.token, nil
-	}
 	b, err := os.ReadFile(t.path)
 	if err != nil {
 		if t.token != nil {
@@ -53,7 +50,7 @@ func (t *AdminToken) current() ([]byte, error) {
 		}
 		return nil, errors.New("--admin-token-file: the token must be at least 16 characters")
 	}
-	t.token, t.stamp = tok, stamp
+	t.token = tok
 	return tok, nil
 }
 

@@ -9,6 +9,7 @@ import (
 	"os"
 	"slices"
 	"sync/atomic"
+	"syscall"
 	"time"
 
 	"go.yaml.in/yaml/v3"
@@ -143,7 +144,7 @@ func LoadPolicy(path string, log *slog.Logger) (*PolicyStore, error) {
 		return nil, fmt.Errorf("--authz-policy %s: %w", path, err)
 	}
 	s.cur.Store(p)
-	s.stamp = fileStamp(path)
+	s.stamp = string(b)
 	return s, nil
 }
 
@@ -172,12 +173,15 @@ func (s *PolicyStore) Follow(ctx context.Context, interval time.Duration) {
 }
 
 func (s *PolicyStore) reload() {
-	stamp := fileStamp(s.path)
-	if stamp == s.stamp {
+	// Small file, read every time: a same-size rewrite within one clock
+	// tick leaves the file's times unchanged.
+	b, err := os.ReadFile(s.path)
+	if err == nil && string(b) == s.stamp {
 		return
 	}
-	s.stamp = stamp
-	b, err := os.ReadFile(s.path)
+	if err == nil {
+		s.stamp = string(b)
+	}
 	var p *Policy
 	if err == nil {
 		p, err = ParsePolicy(b)
@@ -191,10 +195,16 @@ func (s *PolicyStore) reload() {
 	s.log.Info("authorization policy reloaded", "path", s.path, "grants", len(p.Dispatchers))
 }
 
+// fileStamp identifies a file's version: inode (a rename-into-place is a
+// new one), size, modification and change times.
 func fileStamp(path string) string {
 	st, err := os.Stat(path)
 	if err != nil {
 		return "missing"
 	}
-	return fmt.Sprintf("%d:%d", st.ModTime().UnixNano(), st.Size())
+	ino, ctime := uint64(0), int64(0)
+	if sys, ok := st.Sys().(*syscall.Stat_t); ok {
+		ino, ctime = sys.Ino, sys.Ctim.Nano()
+	}
+	return fmt.Sprintf("%d:%d:%d:%d", ino, st.Size(), st.ModTime().UnixNano(), ctime)
 }

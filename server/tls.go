@@ -97,11 +97,7 @@ func (s *ServerTLS) fileStamp() string {
 		if p == "" {
 			continue
 		}
-		if st, err := os.Stat(p); err == nil {
-			fmt.Fprintf(&b, "%s:%d:%d;", p, st.ModTime().UnixNano(), st.Size())
-		} else {
-			fmt.Fprintf(&b, "%s:missing;", p)
-		}
+		fmt.Fprintf(&b, "%s:%s;", p, fileStamp(p))
 	}
 	return b.String()
 }

@@ -1,0 +1,213 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/snapshot"
+)
+
+// verdict is an executor's route and reason for one constraint set, as a
+// replica's /debug/executors says.
+func verdict(t *testing.T, admin, instance, set string) server.ExplainVerdict {
+	t.Helper()
+	var ex server.ExplainExecutors
+	getBody(t, "http://"+admin+"/debug/executors", &ex)
+	for _, e := range ex.Executors {
+		if e.InstanceID != instance {
+			continue
+		}
+		for _, v := range e.Verdicts {
+			if v.ConstraintSet == set {
+				return v
+			}
+		}
+	}
+	return server.ExplainVerdict{}
+}
+
+// awaitAll waits until cond holds on every replica.
+func awaitAll(t *testing.T, admins []string, what string, cond func(admin string) bool) {
+	t.Helper()
+	deadline := time.Now().Add(15 * time.Second)
+	for _, a := range admins {
+		for !cond(a) {
+			if time.Now().After(deadline) {
+				t.Fatalf("replica %s: %s not seen within 15s", a, what)
+			}
+			time.Sleep(20 * time.Millisecond)
+		}
+	}
+}
+
+func cli(t *testing.T, want int, args ...string) string {
+	t.Helper()
+	var out bytes.Buffer
+	if code := run(args, &out, &out); code != want {
+		t.Fatalf("leasehold %s: exit %d, want %d\n%s", strings.Join(args, " "), code, want, out.String())
+	}
+	return out.String()
+}
+
+func control(t *testing.T, admin string) snapshot.ControlState {
+	t.Helper()
+	var c snapshot.ControlState
+	getBody(t, "http://"+admin+"/debug/config", &c)
+	return c
+}
+
+// Staged rollout and operator controls across two replicas, through the
+// commands operators run: a rule in observe mode keeps routing (a real
+// grpc-go dispatcher is served by the executor the rule would exclude), a
+// scoped mode applies only where scoped, enforce excludes again, an invalid
+// configuration is refused with the previous one in force, cordons by
+// instance and by version (with a second person's approval) apply on both
+// replicas, the safety limit keeps half the fleet routed, and every action
+// is in the audit trail.
+func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
+	a := consultest.Start(t)
+	t.Setenv("CONSUL_HTTP_ADDR", a.HTTPAddr())
+	var logA, logB syncBuffer
+	ra, rb := startServeLogged(t, a, &logA), startServeLogged(t, a, &logB)
+	admins := []string{ra.admin, rb.admin}
+	for _, e := range []struct{ id, v string }{{"e1", "1.0.0"}, {"e2", "1.0.0"}, {"e3", "2.0.0"}, {"e4", "2.0.0"}} {
+		startExecutor(t, a, e.id, e.v)
+	}
+	d := startDispatcher(t, ra.xds, "d1", map[string]any{"version_constraint": "<2.0.0"})
+	d2 := startDispatcher(t, rb.xds, "d2", map[string]any{"version_constraint": "<2.0.0"}) // the same set on the other replica
+	const set = "v=<2.0.0"
+	const open = "v="
+	awaitAll(t, admins, "e3 excluded by version for <2.0.0", func(ad string) bool { return verdict(t, ad, "e3", set).Reason == "version-incompatible" })
+
+	dir := t.TempDir()
+	rules := func(name, body string) string {
+		p := filepath.Join(dir, name)
+		if err := os.WriteFile(p, []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		return p
+	}
+	// Scoped to another task type: no effect on work.
+	cli(t, 0, "rules", "--by", "alice", "set", rules("other.yaml", "modes:\n  - {rule: version, mode: observe, tasks: [other]}\n"))
+	awaitAll(t, admins, "the scoped rules applied", func(ad string) bool { return control(t, ad).Rollout != nil })
+	if v := verdict(t, ra.admin, "e3", set); v.Reason != "version-incompatible" {
+		t.Fatalf("a mode scoped to task other changed work: %+v", v)
+	}
+	// Observe for work under this constraint set: e3 is routed, and says why it would not be.
+	cli(t, 0, "rules", "--by", "alice", "set", rules("observe.yaml", "modes:\n  - rule: version\n    mode: observe\n    tasks: [work]\n    constraint_set: {version_constraint: \"<2.0.0\"}\n"))
+	awaitAll(t, admins, "e3 routed with version observed", func(ad string) bool {
+		v := verdict(t, ad, "e3", set)
+		return v.Route == "HEALTHY" && len(v.WouldExclude) == 1 && v.WouldExclude[0].Reason == "version-incompatible"
+	})
+	since := time.Now()
+	for _, x := range []*dispatcher{d, d2} {
+		x.await(t, since, 20*time.Second, "calls served by e3 while version is observed", func(cs []callResult) bool { return servedBy(cs)["e3"] > 0 })
+	}
+
+	// An invalid configuration written straight to KV is refused; observe stays.
+	if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey, Value: []byte(`{"modes":[{"rule":"lease","mode":"observe"}]}`)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	awaitAll(t, admins, "the invalid configuration refused", func(ad string) bool {
+		return strings.Contains(control(t, ad).RolloutError, "always enforced")
+	})
+	if v := verdict(t, rb.admin, "e3", set); v.Route != "HEALTHY" {
+		t.Fatalf("an invalid configuration changed routing: %+v", v)
+	}
+	// Enforce: e3 excluded again, the dispatcher stops calling it.
+	cli(t, 0, "rules", "--by", "alice", "set", rules("enforce.yaml", "modes:\n  - {rule: version, mode: enforce}\napproval: {required: true, max_executors: 1}\n"))
+	awaitAll(t, admins, "version enforced", func(ad string) bool { return verdict(t, ad, "e3", set).Reason == "version-incompatible" })
+	enforced := time.Now().Add(time.Second) // the push reaches the dispatcher
+	d.await(t, enforced, 20*time.Second, "calls after enforcement", func(cs []callResult) bool { return len(servedBy(cs)) > 0 })
+	if n := servedBy(d.since(enforced))["e3"]; n > 0 {
+		t.Fatalf("%d calls to e3 after the version rule was enforced", n)
+	}
+
+	// Cordon by instance: DRAINING on both replicas.
+	out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "disk failing", "--by", "alice")
+	c1 := strings.Fields(out)[0]
+	c1 = strings.TrimSuffix(c1, ":")
+	awaitAll(t, admins, "e1 cordoned", func(ad string) bool {
+		v := verdict(t, ad, "e1", open)
+		return v.Route == "DRAINING" && v.Reason == "cordoned"
+	})
+	// Cordon by version needs a second person.
+	out = cli(t, 0, "cordon", "--version", "=2.0.0", "--reason", "memory leak", "--by", "alice")
+	c2 := strings.TrimSuffix(strings.Fields(out)[0], ":")
+	awaitAll(t, admins, "the version cordon pending", func(ad string) bool {
+		for _, st := range control(t, ad).Cordons {
+			if st.Cordon.ID == c2 {
+				return st.Pending
+			}
+		}
+		return false
+	})
+	if v := verdict(t, ra.admin, "e3", open); v.Route != "HEALTHY" {
+		t.Fatalf("a pending cordon applied: %+v", v)
+	}
+	cli(t, 1, "approve", "--by", "alice", c2) // its author cannot approve it
+	cli(t, 0, "approve", "--by", "bob", c2)
+	// 4 live executors, limit 0.5: e1 plus one of the two 2.0.0 ones.
+	awaitAll(t, admins, "the approved cordon applied up to the safety limit", func(ad string) bool {
+		for _, st := range control(t, ad).Cordons {
+			if st.Cordon.ID == c2 {
+				return !st.Pending && st.Applied == 1 && st.Held == 1
+			}
+		}
+		return false
+	})
+	if v := verdict(t, rb.admin, "e4", open); v.Route != "HEALTHY" {
+		t.Fatalf("the safety limit did not keep e4 routed: %+v", v)
+	}
+	// Uncordoning e1 frees room under the limit: e4 is cordoned now.
+	cli(t, 0, "uncordon", "--by", "bob", "--reason", "disk replaced", c1)
+	awaitAll(t, admins, "e1 routed, e4 cordoned", func(ad string) bool {
+		return verdict(t, ad, "e1", open).Route == "HEALTHY" && verdict(t, ad, "e4", open).Reason == "cordoned"
+	})
+
+	// The audit trail has every action, by whom.
+	audit := cli(t, 0, "audit", "--json")
+	for _, want := range []string{`"action":"rules-set","target":"leasehold/control/rules"`, `"actor":"alice","action":"cordon"`, `"actor":"bob","action":"approve"`, `"actor":"bob","action":"uncordon"`} {
+		if !strings.Contains(strings.ReplaceAll(audit, `"at":`, ""), want) && !containsJSON(audit, want) {
+			t.Errorf("audit lacks %s:\n%s", want, audit)
+		}
+	}
+	if !strings.Contains(logA.String(), "rule in observe mode would exclude") {
+		t.Error("the observed exclusion was not logged")
+	}
+}
+
+// containsJSON reports whether some line's fields include those of want.
+func containsJSON(lines, want string) bool {
+	var w map[string]any
+	if json.Unmarshal([]byte("{"+want+"}"), &w) != nil {
+		return false
+	}
+	for _, l := range strings.Split(lines, "\n") {
+		var m map[string]any
+		if json.Unmarshal([]byte(l), &m) != nil {
+			continue
+		}
+		ok := true
+		for k, v := range w {
+			if m[k] != v {
+				ok = false
+			}
+		}
+		if ok {
+			return true
+		}
+	}
+	return false
+}
+
