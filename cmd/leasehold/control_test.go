@@ -210,4 +210,3 @@ func containsJSON(lines, want string) bool {
 	}
 	return false
 }
-
