@@ -256,6 +256,7 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 		if v.Route == "HEALTHY" {
 			why = fmt.Sprintf("weight from spare capacity %d", max(e.Capacity-e.Load, 1))
 		}
+		why += observedText(v)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.route(v), e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)), orDash(e.Version), load(e), why)
 	}
 	tw.Flush()
@@ -289,12 +290,16 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 		if e.MetadataError != "" {
 			fmt.Fprintf(tw, "  metadata error:\t%s\n", e.MetadataError)
 		}
+		if e.CordonHeld != "" {
+			fmt.Fprintf(tw, "  cordon held:\t%s selects it, but the safety limit keeps it routed\n", e.CordonHeld)
+		}
 		tw.Flush()
 		for i, v := range e.Verdicts {
 			fmt.Fprintf(p.w, "  [%d] %s: %s", i, setLabel(ex.ConstraintSets[i]), p.route(v))
 			if v.Detail != "" {
 				fmt.Fprintf(p.w, " — %s", v.Detail)
 			}
+			fmt.Fprint(p.w, observedText(v))
 			fmt.Fprintln(p.w)
 		}
 		fmt.Fprintln(p.w)
@@ -333,4 +338,16 @@ func listOrNone(xs []string) string {
 		return "no dispatcher"
 	}
 	return strings.Join(xs, ", ")
+}
+
+// observedText names the rules in observe mode that would have excluded.
+func observedText(v server.ExplainVerdict) string {
+	if len(v.WouldExclude) == 0 {
+		return ""
+	}
+	var parts []string
+	for _, x := range v.WouldExclude {
+		parts = append(parts, string(x.Reason)+": "+x.Detail)
+	}
+	return " [observe mode, would exclude: " + strings.Join(parts, "; ") + "]"
 }
