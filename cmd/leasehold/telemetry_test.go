@@ -130,12 +130,25 @@ func TestTelemetryOfALapse(t *testing.T) {
 	if got := eds(); len(got) != 2 {
 		t.Fatalf("endpoints %v", got)
 	}
-	before := scrape(t, addrs.admin)
-	for _, name := range []string{
+	// The gauges come from the decided view, published just after the
+	// cache update the dispatcher saw: scrape until they are there.
+	names := []string{
 		"leasehold_executors", "leasehold_capacity", "leasehold_constraint_sets", "leasehold_dispatchers",
 		"leasehold_consul_requests_total", "leasehold_consul_wakeups_total", "leasehold_consul_contact_age_seconds",
 		"leasehold_snapshot_build_duration_seconds",
-	} {
+	}
+	before := scrape(t, addrs.admin)
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); before = scrape(t, addrs.admin) {
+		missing := false
+		for _, name := range names {
+			missing = missing || before[name] == nil
+		}
+		if !missing {
+			break
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	for _, name := range names {
 		if before[name] == nil {
 			t.Errorf("metric %s missing", name)
 		}
