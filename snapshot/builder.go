@@ -110,7 +110,12 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 		} else {
 			p = executorPrint(e)
 		}
-		en := bl.entries[p]
+		var en *entry
+		if i < len(bl.all) && bl.all[i].print == p {
+			en = bl.all[i] // same executor at the same place: no map lookup
+		} else {
+			en = bl.entries[p]
+		}
 		if en != nil && en.gen == gen {
 			continue // the same registration twice: one endpoint
 		}
