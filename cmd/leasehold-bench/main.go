@@ -49,11 +49,15 @@ var (
 	write        = flag.String("write", "BENCHMARKS.md", "file to write the results into (empty: stdout only)")
 	profile      = flag.String("profile", "", "write a CPU profile of leasehold serve during the lapses to this file")
 	compare      = flag.Bool("consul-xds", true, "also measure each lapse through Consul's own xDS (Connect sidecars)")
+	grpcN        = flag.Int("grpc-clients", 3, "real grpc-go xds:/// dispatchers (child processes) measured next to the light ones")
 )
 
 const task = "work"
 
 func main() {
+	if target := os.Getenv(grpcChildEnv); target != "" {
+		os.Exit(runGRPCChild(target))
+	}
 	flag.Parse()
 	if err := run(); err != nil {
 		fmt.Fprintln(os.Stderr, "leasehold-bench:", err)
@@ -124,6 +128,17 @@ func run() error {
 	if err := ds.awaitAll(func(set map[string]bool) bool { return len(set) == *executors }, 60*time.Second); err != nil {
 		return fmt.Errorf("dispatchers never saw the fleet: %w", err)
 	}
+	var gc *grpcClients
+	if *grpcN > 0 {
+		if gc, err = startGRPCClients(srv.xds, *grpcN); err != nil {
+			return err
+		}
+		defer gc.stop()
+		if err := gc.awaitAll(func(set map[string]bool) bool { return len(set) == *executors }, 120*time.Second); err != nil {
+			return fmt.Errorf("grpc-go dispatchers never saw the fleet: %w", err)
+		}
+		logf("%d grpc-go xds:/// dispatchers hold the whole fleet", *grpcN)
+	}
 	rssStreams, heapStreams := srv.rss(), srv.heap()
 	logf("%d dispatcher streams connected; RSS %s, Go heap %s (idle: %s)", *dispatchers, kb(rssStreams), kb(heapStreams), kb(heapIdle))
 
@@ -162,6 +177,17 @@ func run() error {
 			return fmt.Errorf("lapse %d: %w", i, err)
 		}
 		lapseLat = append(lapseLat, ds.goneFromAll(victim).Sub(expiries[i]))
+	}
+	var grpcLat []time.Duration
+	if gc != nil {
+		for i := range n {
+			victim := fleet.ids[i]
+			if err := gc.awaitAll(func(set map[string]bool) bool { return !set[victim] }, 4**lease+30*time.Second); err != nil {
+				return fmt.Errorf("lapse %d at the grpc-go dispatchers: %w", i, err)
+			}
+			grpcLat = append(grpcLat, gc.goneFromAll(victim).Sub(expiries[i]))
+		}
+		logf("the same lapses at %d grpc-go dispatchers (their xDS client's EDS, via CSDS): %s", *grpcN, dist(grpcLat))
 	}
 	var consulLat []time.Duration
 	if consulXDS != nil {
@@ -218,7 +244,7 @@ func run() error {
 
 	res := results{
 		executors: *executors, dispatchers: *dispatchers, lease: *lease, heartbeat: *heartbeat,
-		lapse: lapseLat, consulLapse: consulLat, fanout: fan, inLeasehold: inLeasehold, cpuPerStream: cpuPerStreamUpdate, reqPerChange: reqPerChange, rssIdle: rssIdle, rssStreams: rssStreams, heapIdle: heapIdle, heapStreams: heapStreams, idleRate: idleRate,
+		lapse: lapseLat, consulLapse: consulLat, grpcLapse: grpcLat, grpcN: *grpcN, fanout: fan, inLeasehold: inLeasehold, cpuPerStream: cpuPerStreamUpdate, reqPerChange: reqPerChange, rssIdle: rssIdle, rssStreams: rssStreams, heapIdle: heapIdle, heapStreams: heapStreams, idleRate: idleRate,
 	}
 	table := res.markdown()
 	fmt.Println(table)
@@ -570,6 +596,8 @@ type results struct {
 	lease, heartbeat       time.Duration
 	lapse, fanout          []time.Duration
 	consulLapse            []time.Duration
+	grpcLapse              []time.Duration
+	grpcN                  int
 	inLeasehold            time.Duration
 	cpuPerStream           time.Duration
 	reqPerChange           float64
@@ -599,13 +627,17 @@ func r(d time.Duration) time.Duration { return d.Round(100 * time.Microsecond) }
 func kb(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1024) }
 
 func (res results) markdown() string {
-	perStream := float64(res.rssStreams-res.rssIdle) / float64(res.dispatchers)
+	streams := res.dispatchers + res.grpcN // the grpc-go dispatchers hold a stream each too
+	perStream := float64(res.rssStreams-res.rssIdle) / float64(streams)
 	var b strings.Builder
 	fmt.Fprintf(&b, "Run: `make bench` → `leasehold-bench --executors %d --dispatchers %d --lapses %d --lease %s --heartbeat %s`, %s, %s, %d cores.\n\n",
 		res.executors, res.dispatchers, len(res.lapse), res.lease, res.heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.Version(), runtime.NumCPU())
 	b.WriteString("| figure | measured | target |\n|---|---|---|\n")
 	fmt.Fprintf(&b, "| lapse → stop (lease expiry → last of %d streams has endpoints without it), %d lapses at %d executors | %s | p99 ≤ 50 ms at 10,000 executors and 1,000 streams |\n",
 		res.dispatchers, len(res.lapse), res.executors, dist(res.lapse))
+	if len(res.grpcLapse) > 0 {
+		fmt.Fprintf(&b, "| the same lapses at %d real grpc-go `xds:///` dispatchers (EDS in their xDS client, read via CSDS) | %s | as the light clients |\n", res.grpcN, dist(res.grpcLapse))
+	}
 	if len(res.consulLapse) > 0 {
 		ratio := float64(median(res.consulLapse)) / float64(max(median(res.lapse), 1))
 		fmt.Fprintf(&b, "| the same lapses through Consul's own xDS (Connect sidecars; delta ADS client on Consul's gRPC port) | %s — leasehold's median is %.1f× faster | leasehold ≥ 10× faster |\n", dist(res.consulLapse), ratio)
@@ -613,9 +645,9 @@ func (res results) markdown() string {
 	fmt.Fprintf(&b, "| of which inside leasehold: Consul reporting the lapse → last ACK (mean, `leasehold_lapse_to_push_duration_seconds`) | %s | |\n", r(res.inLeasehold))
 	fmt.Fprintf(&b, "| fan-out: one removal until all %d streams have it | %s | 1k streams ≤ 50 ms |\n", res.dispatchers, dist(res.fanout))
 	fmt.Fprintf(&b, "| RSS of `leasehold serve`: %d executors, no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream; ≤ 100 MB total at 1,000 streams + 10,000 executors |\n",
-		res.executors, res.dispatchers, kb(res.rssIdle), kb(res.rssStreams), perStream)
+		res.executors, streams, kb(res.rssIdle), kb(res.rssStreams), perStream)
 	fmt.Fprintf(&b, "| Go heap after GC: no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream |\n",
-		res.dispatchers, kb(res.heapIdle), kb(res.heapStreams), float64(res.heapStreams-res.heapIdle)/float64(res.dispatchers))
+		streams, kb(res.heapIdle), kb(res.heapStreams), float64(res.heapStreams-res.heapIdle)/float64(streams))
 	fmt.Fprintf(&b, "| server CPU per stream per update (fan-out phase, user+system) | %s | |\n", res.cpuPerStream)
 	fmt.Fprintf(&b, "| Consul requests at idle (1 task type) | %.2f/s | ≤ services/300 + 1 req/s |\n", res.idleRate)
 	fmt.Fprintf(&b, "| Consul requests per changed service (a deregistration) | %.1f | exactly 1 |\n", res.reqPerChange)
