@@ -134,6 +134,10 @@ func (s *Syncer) applyCordons(set *health.CordonSet) {
 // executors (before fingerprints, so a cordon change rebuilds its tasks).
 func (s *Syncer) applyControl(ctx context.Context, all []health.Executor, span trace.Span) {
 	c := &s.ctl
+	if len(c.cordons) == 0 && c.held == 0 {
+		c.cordonStatus = nil // executors are joined afresh: no cordon fields set
+		return
+	}
 	c.cordonStatus = health.ApplyCordons(all, c.cordons, c.rollout)
 	held := 0
 	for _, st := range c.cordonStatus {

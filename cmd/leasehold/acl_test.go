@@ -108,11 +108,5 @@ func TestConsulACLs(t *testing.T) {
 
 func startServeLogged(t *testing.T, a *consultest.Agent, w *syncBuffer) listening {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	bound := make(chan listening, 1)
-	served := make(chan error, 1)
-	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
-	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(w, nil)), bound) }()
-	t.Cleanup(func() { cancel(); <-served })
-	return <-bound
+	return startServeTo(t, a, w)
 }

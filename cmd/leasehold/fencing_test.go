@@ -27,11 +27,18 @@ import (
 
 func startServe(t *testing.T, a *consultest.Agent) listening {
 	t.Helper()
+	return startServeTo(t, a, testWriter{t, "serve"})
+}
+
+// startServeTo runs leasehold serve in-process against a, logging to w,
+// until the test ends.
+func startServeTo(t *testing.T, a *consultest.Agent, w io.Writer) listening {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	bound := make(chan listening, 1)
 	served := make(chan error, 1)
 	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
-	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound) }()
+	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(w, nil)), bound) }()
 	t.Cleanup(func() { cancel(); <-served })
 	return <-bound
 }
