@@ -26,7 +26,8 @@ type xdsTelemetry struct {
 	lapseToPush metric.Float64Histogram
 	lapseLost   metric.Int64Counter
 	denied      metric.Int64Counter
-	latest      map[string]context.Context // group → context of its latest cache update
+	latest      map[string]context.Context          // group → context of its latest cache update
+	typeAttrs   map[string]metric.MeasurementOption // x.mu held
 	lapses      []*pendingLapse
 }
 
@@ -48,6 +49,7 @@ func (x *XDS) initTelemetry(o XDSOptions) {
 	}
 	x.tracer = o.Tracer.Tracer("github.com/leasehold/leasehold/server")
 	x.latest = map[string]context.Context{}
+	x.typeAttrs = map[string]metric.MeasurementOption{}
 	m := o.Meter.Meter("github.com/leasehold/leasehold/server")
 	x.pushTime, _ = m.Float64Histogram("leasehold.xds.push.duration", metric.WithUnit("s"), latencyBuckets,
 		metric.WithDescription("from a response sent to a dispatcher until its ACK or NACK, by type URL"))
@@ -124,7 +126,15 @@ func (x *XDS) startPush(info *StreamInfo, t *TypeInfo, typeURL, version string) 
 
 // answered records an ACK or NACK of the latest response; x.mu is held.
 func (x *XDS) answered(t *TypeInfo, typeURL string, now time.Time, nack bool, detail string) {
-	attrs := metric.WithAttributes(attribute.String("type_url", typeURL))
+	// One attribute set per type URL, built once: building it per ACK was
+	// ~10% of the server's CPU with 10,000 streams (a profile), under x.mu.
+	attrs, ok := x.typeAttrs[typeURL]
+	if !ok {
+		attrs = metric.WithAttributeSet(attribute.NewSet(attribute.String("type_url", typeURL)))
+		if len(x.typeAttrs) < 64 { // type URLs are few; never grow with bad input
+			x.typeAttrs[typeURL] = attrs
+		}
+	}
 	x.pushTime.Record(context.Background(), now.Sub(t.SentAt).Seconds(), attrs)
 	if nack {
 		x.nacks.Add(context.Background(), 1, attrs)
