@@ -126,7 +126,30 @@ func (s *Syncer) applyCordons(set *health.CordonSet) {
 	after, _ := json.Marshal(cordons)
 	c.cordonErrs = errs
 	if !bytes.Equal(before, after) {
+		s.auditCordons(c.cordons, cordons)
 		c.cordons, c.dirty = cordons, true
+	}
+}
+
+// auditCordons writes what changed between two cordon sets to this
+// replica's audit log, as the operators' actions it now applies.
+func (s *Syncer) auditCordons(old, cur []health.Cordon) {
+	was := map[string]health.Cordon{}
+	for _, cd := range old {
+		was[cd.ID] = cd
+	}
+	for _, cd := range cur {
+		prev, existed := was[cd.ID]
+		delete(was, cd.ID)
+		switch {
+		case !existed:
+			s.audit(AuditEvent{Actor: cd.By, Action: "cordon-applied", Source: "consul-kv", Detail: cd.ID + " " + cd.Selector() + ": " + cd.Reason})
+		case prev.ApprovedBy == "" && cd.ApprovedBy != "":
+			s.audit(AuditEvent{Actor: cd.ApprovedBy, Action: "cordon-approved", Source: "consul-kv", Detail: cd.ID + " " + cd.Selector()})
+		}
+	}
+	for id, cd := range was {
+		s.audit(AuditEvent{Actor: "operator", Action: "cordon-removed", Source: "consul-kv", Detail: id + " " + cd.Selector()})
 	}
 }
 

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -209,4 +210,67 @@ func containsJSON(lines, want string) bool {
 		}
 	}
 	return false
+}
+
+// serve --rules follows its file: observe applies, an invalid rewrite is
+// refused (named, audited) with the previous rules in force, enforce
+// applies; the replica's audit log gets every change it applied or refused,
+// and the cordons it applies, one JSON object per line.
+func TestRulesFileFollowedAndAudited(t *testing.T) {
+	a := consultest.Start(t)
+	t.Setenv("CONSUL_HTTP_ADDR", a.HTTPAddr())
+	dir := t.TempDir()
+	rulesPath, auditPath := filepath.Join(dir, "rules.yaml"), filepath.Join(dir, "audit.jsonl")
+	write := func(body string) {
+		t.Helper()
+		if err := os.WriteFile(rulesPath+".tmp", []byte(body), 0o600); err != nil {
+			t.Fatal(err)
+		}
+		if err := os.Rename(rulesPath+".tmp", rulesPath); err != nil {
+			t.Fatal(err)
+		}
+	}
+	write("modes:\n  - {rule: version, mode: observe}\n")
+	var log syncBuffer
+	l := startServeTo(t, a, &log, func(c *serveConfig) { c.rulesFile, c.auditLog = rulesPath, auditPath })
+	startExecutor(t, a, "e1", "2.0.0")
+	startDispatcher(t, l.xds, "d1", map[string]any{"version_constraint": "<2.0.0"})
+	const set = "v=<2.0.0"
+	admins := []string{l.admin}
+	awaitAll(t, admins, "e1 routed with version observed (file rules)", func(ad string) bool {
+		v := verdict(t, ad, "e1", set)
+		return v.Route == "HEALTHY" && len(v.WouldExclude) == 1
+	})
+	if src := control(t, l.admin).RolloutSource; src != "file:"+rulesPath {
+		t.Fatalf("rules source %q", src)
+	}
+	write("modes:\n  - {rule: version, mode: sometimes}\n")
+	awaitAll(t, admins, "the invalid rules file refused", func(ad string) bool {
+		return strings.Contains(control(t, ad).RolloutError, "modes[0].mode")
+	})
+	if v := verdict(t, l.admin, "e1", set); v.Route != "HEALTHY" {
+		t.Fatalf("an invalid rules file changed routing: %+v", v)
+	}
+	write("modes:\n  - {rule: version, mode: enforce}\nsafety_limit: 1  # one executor: a cordon may take it out\n")
+	awaitAll(t, admins, "version enforced (file rules)", func(ad string) bool { return verdict(t, ad, "e1", set).Reason == "version-incompatible" })
+	cli(t, 0, "cordon", "--instance", "e1", "--reason", "test", "--by", "carol")
+	awaitAll(t, admins, "e1 cordoned", func(ad string) bool { return verdict(t, ad, "e1", "v=").Reason == "cordoned" })
+
+	b, err := os.ReadFile(auditPath)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var actions []string
+	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
+		var e snapshot.AuditEvent
+		if err := json.Unmarshal([]byte(line), &e); err != nil {
+			t.Fatalf("audit line is not JSON: %q", line)
+		}
+		actions = append(actions, e.Actor+":"+e.Action)
+	}
+	for _, want := range []string{"leasehold:config-applied", "leasehold:config-rejected", "carol:cordon-applied"} {
+		if !slices.Contains(actions, want) {
+			t.Errorf("audit log lacks %s: %v", want, actions)
+		}
+	}
 }

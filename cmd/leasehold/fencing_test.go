@@ -32,12 +32,15 @@ func startServe(t *testing.T, a *consultest.Agent) listening {
 
 // startServeTo runs leasehold serve in-process against a, logging to w,
 // until the test ends.
-func startServeTo(t *testing.T, a *consultest.Agent, w io.Writer) listening {
+func startServeTo(t *testing.T, a *consultest.Agent, w io.Writer, tune ...func(*serveConfig)) listening {
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	bound := make(chan listening, 1)
 	served := make(chan error, 1)
 	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
+	for _, f := range tune {
+		f(cfg)
+	}
 	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(w, nil)), bound) }()
 	t.Cleanup(func() { cancel(); <-served })
 	return <-bound
