@@ -50,7 +50,7 @@ func runGRPCChild(target string) int {
 	last := ""
 	stdin := make(chan struct{})
 	go func() { bufio.NewReader(os.Stdin).ReadString('\n'); close(stdin) }() // the parent closes stdin to stop us
-	tick := time.NewTicker(20 * time.Millisecond) // the resolution of its lapse → stop; lighter on the shared cores
+	tick := time.NewTicker(20 * time.Millisecond)                            // the resolution of its lapse → stop; lighter on the shared cores
 	defer tick.Stop()
 	for {
 		select {
