@@ -255,6 +255,26 @@ func (k *Control) SetRules(ctx context.Context, raw []byte, by string) error {
 	return k.Audit(ctx, AuditEntry{Actor: by, Action: "rules-set", Target: RulesKey, Detail: string(raw)})
 }
 
+// Rules is the stored rollout configuration (nil: none).
+func (k *Control) Rules(ctx context.Context) ([]byte, error) {
+	p, _, err := k.c.KV().Get(RulesKey, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return nil, fmt.Errorf("read rules: %w", err)
+	}
+	if p == nil {
+		return nil, nil
+	}
+	return p.Value, nil
+}
+
+// ClearRules removes the stored rollout configuration, and audits it.
+func (k *Control) ClearRules(ctx context.Context, by string) error {
+	if _, err := k.c.KV().Delete(RulesKey, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
+		return fmt.Errorf("delete rules: %w", err)
+	}
+	return k.Audit(ctx, AuditEntry{Actor: by, Action: "rules-cleared", Target: RulesKey})
+}
+
 // Audit appends an entry to the shared audit trail.
 func (k *Control) Audit(ctx context.Context, e AuditEntry) error {
 	if e.At.IsZero() {

@@ -186,8 +186,37 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		}
 		fmt.Fprintf(stdout, "rules stored in Consul KV %s by %s: every replica applies them\n", consul.RulesKey, who)
 		return 0
+	case fs.NArg() == 1 && fs.Arg(0) == "show":
+		client, err := consul.NewClient(cf.consulAddr, 4)
+		if err != nil {
+			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
+			return 2
+		}
+		raw, err := consul.NewControl(client).Rules(ctx)
+		if err != nil {
+			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
+			return 1
+		}
+		if raw == nil {
+			fmt.Fprintf(stdout, "no rules in Consul KV %s: each replica's --rules file (or the defaults: every rule enforced, safety limit 0.5) applies\n", consul.RulesKey)
+			return 0
+		}
+		fmt.Fprintf(stdout, "%s\n", raw)
+		return 0
+	case fs.NArg() == 1 && fs.Arg(0) == "clear":
+		k, who, err := cf.open(ctx)
+		if err != nil {
+			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
+			return 2
+		}
+		if err := k.ClearRules(ctx, who); err != nil {
+			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
+			return 1
+		}
+		fmt.Fprintf(stdout, "rules removed from Consul KV by %s: each replica's --rules file (or the defaults) applies\n", who)
+		return 0
 	default:
-		fmt.Fprintln(stderr, "leasehold rules: usage: leasehold rules [--consul ADDR] [--by NAME] set FILE (YAML or JSON)")
+		fmt.Fprintln(stderr, "leasehold rules: usage: leasehold rules [--consul ADDR] [--by NAME] set FILE (YAML or JSON) | show | clear")
 		return 2
 	}
 }

@@ -125,6 +125,9 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 	if v := verdict(t, rb.admin, "e3", set); v.Route != "HEALTHY" {
 		t.Fatalf("an invalid configuration changed routing: %+v", v)
 	}
+	if out := cli(t, 0, "rules", "show"); !strings.Contains(out, `"observe"`) {
+		t.Errorf("rules show: %s", out)
+	}
 	// Enforce: e3 excluded again, the dispatcher stops calling it.
 	cli(t, 0, "rules", "--by", "alice", "set", rules("enforce.yaml", "modes:\n  - {rule: version, mode: enforce}\napproval: {required: true, max_executors: 1}\n"))
 	awaitAll(t, admins, "version enforced", func(ad string) bool { return verdict(t, ad, "e3", set).Reason == "version-incompatible" })
