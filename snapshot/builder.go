@@ -71,6 +71,10 @@ type Result struct {
 	// longer HEALTHY (the change must be published at once).
 	RemovesOrDrains bool
 	Decided         int // executors decided afresh (the rest were reused)
+	// Restarted: the Builder started afresh (first build, another
+	// constraint set or other rule modes), so RemovesOrDrains knows nothing
+	// of earlier builds: compare with removesOrDrains instead.
+	Restarted bool
 	// Observed: executors decided afresh that a rule in observe mode would
 	// have excluded (they are routed).
 	Observed []ObservedDecision
@@ -92,8 +96,10 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 // (prints[i] is executorPrint(&executors[i]); nil: computed here).
 // Rules listed in observe are in observe mode (see health.EligibleObserving).
 func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher, observe ...health.Reason) Result {
+	restarted := false
 	if !bl.started || bl.d.Key() != d.Key() || !slices.Equal(bl.observe, observe) {
 		*bl = Builder{d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}}
+		restarted = true
 	}
 	var observed []ObservedDecision
 	bl.gen++
@@ -228,7 +234,7 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	binary.LittleEndian.PutUint64(vb[16:], sum)
 	binary.LittleEndian.PutUint64(vb[24:], xor)
 	version := "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
-	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(fresh), Observed: observed}
+	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(fresh), Observed: observed, Restarted: restarted}
 }
 
 // endpointContent is everything an endpoint message holds, for its digest.
@@ -273,4 +279,33 @@ func mix64(x uint64) uint64 {
 	x ^= x >> 27
 	x *= 0x94d049bb133111eb
 	return x ^ (x >> 31)
+}
+
+// removesOrDrains compares two load assignments: the definition
+// Result.RemovesOrDrains implements incrementally (used when a Builder starts
+// afresh, e.g. because rule modes changed): an
+// endpoint (instance, address, port) of prev is missing from next, or was
+// HEALTHY and no longer is.
+func removesOrDrains(prev, next *endpointv3.ClusterLoadAssignment) bool {
+	status := map[string]corev3.HealthStatus{}
+	for _, loc := range next.GetEndpoints() {
+		for _, lb := range loc.GetLbEndpoints() {
+			status[endpointKey(lb)] = lb.GetHealthStatus()
+		}
+	}
+	for _, loc := range prev.GetEndpoints() {
+		for _, lb := range loc.GetLbEndpoints() {
+			now, kept := status[endpointKey(lb)]
+			if !kept || (lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY && now != corev3.HealthStatus_HEALTHY) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// endpointKey identifies an endpoint across load assignments.
+func endpointKey(lb *endpointv3.LbEndpoint) string {
+	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + strconv.FormatUint(uint64(sa.GetPortValue()), 10)
 }

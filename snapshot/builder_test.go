@@ -3,36 +3,12 @@ package snapshot
 import (
 	"fmt"
 	"math/rand/v2"
-	"strconv"
 	"testing"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 )
-
-// refRemovesOrDrains is the definition RemovesOrDrains implements: an
-// endpoint (instance, address, port) of prev is missing from next, or was
-// HEALTHY and no longer is.
-func refRemovesOrDrains(prev, next *endpointv3.ClusterLoadAssignment) bool {
-	status := map[string]corev3.HealthStatus{}
-	for _, loc := range next.GetEndpoints() {
-		for _, lb := range loc.GetLbEndpoints() {
-			status[endpointKey(lb)] = lb.GetHealthStatus()
-		}
-	}
-	for _, loc := range prev.GetEndpoints() {
-		for _, lb := range loc.GetLbEndpoints() {
-			now, kept := status[endpointKey(lb)]
-			if !kept || (lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY && now != corev3.HealthStatus_HEALTHY) {
-				return true
-			}
-		}
-	}
-	return false
-}
 
 // A Builder that reuses across hundreds of random changes (loads, lapses,
 // drains, new sessions, versions, labels, joins and leaves, reordering) must
@@ -68,7 +44,7 @@ func TestBuilderIncrementalEqualsFresh(t *testing.T) {
 			if got.Version != want.Version {
 				t.Fatalf("%s step %d: version %s, fresh %s", d.Key(), step, got.Version, want.Version)
 			}
-			if ref := refRemovesOrDrains(prev.CLA, got.CLA); got.RemovesOrDrains != ref {
+			if ref := removesOrDrains(prev.CLA, got.CLA); got.RemovesOrDrains != ref {
 				t.Fatalf("%s step %d: RemovesOrDrains %v, comparing the assignments says %v", d.Key(), step, got.RemovesOrDrains, ref)
 			}
 			if got.Decided > 8*4 {
@@ -114,10 +90,4 @@ func mutate(r *rand.Rand, es *[]health.Executor) {
 	case 9:
 		e.Capacity = r.IntN(200)
 	}
-}
-
-// endpointKey identifies an endpoint across load assignments.
-func endpointKey(lb *endpointv3.LbEndpoint) string {
-	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + strconv.FormatUint(uint64(sa.GetPortValue()), 10)
 }

@@ -464,7 +464,7 @@ func (s *Syncer) rebuild(g *group, task string) {
 		}
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		for _, d := range Decide(s.byTask[task], g.d) {
+		for _, d := range Decide(s.byTask[task], g.d, s.observed(task, g.d)...) {
 			s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
 		}
 	}
@@ -474,7 +474,11 @@ func (s *Syncer) rebuild(g *group, task string) {
 	g.loads[task] = cla
 	g.claVersion[task] = version
 	g.dirty = true
-	if old != nil && r.RemovesOrDrains {
+	removes := r.RemovesOrDrains
+	if r.Restarted { // e.g. a rule went from observe to enforce: compare whole
+		removes = removesOrDrains(old, cla)
+	}
+	if old != nil && removes {
 		g.urgent = true
 		g.removedTasks = append(g.removedTasks, task)
 		if !s.batchLapse.IsZero() && (g.lapsedAt.IsZero() || s.batchLapse.Before(g.lapsedAt)) {

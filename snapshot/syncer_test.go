@@ -284,3 +284,36 @@ func TestSyncerForgetsGenerationsWhenConsulLosesItsState(t *testing.T) {
 		t.Fatalf("new session %s", st.State)
 	}
 }
+
+// A rule going from observe to enforce removes what it now excludes, and a
+// removal is published at once (no coalescing window), like a lapse. An
+// invalid configuration changes nothing.
+func TestSyncerRuleModesObserveThenEnforce(t *testing.T) {
+	h := startSyncer(t)
+	d := dispatcher(t, "<2.0.0")
+	h.s.Subscribe(d)
+	h.tasks("work")
+	h.nonPassing()
+	h.members("work", testMember("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5), testMember("work", "b", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
+	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 1 {
+		t.Fatalf("enforced by default: %v", got)
+	}
+	rules := func(raw string) { h.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:test", Raw: []byte(raw)}} }
+	rules(`{"modes":[{"rule":"version","mode":"observe"}]}`)
+	h.advanceWindow() // an addition: coalesced
+	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 2 {
+		t.Fatalf("version observed: %v", got)
+	}
+	if v := h.s.View().Decide(h.s.View().Executors[1], d); v.Route != health.RouteHealthy || len(v.Observed) != 1 {
+		t.Fatalf("the view's verdict under observe: %+v", v)
+	}
+	rules(`{"modes":[{"rule":"lease","mode":"observe"}]}`) // invalid: refused
+	rules(`{"modes":[{"rule":"version","mode":"enforce"}]}`)
+	// no clock advance: the removal must not wait for the window
+	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 1 || got[0] != "a:HEALTHY" {
+		t.Fatalf("version enforced again: %v", got)
+	}
+	if c := h.s.View().Control; c.RolloutSource != "file:test" || c.Rollout.ModeOf(health.ReasonVersion, "work", d) != health.ModeEnforce {
+		t.Fatalf("control state: %+v", c)
+	}
+}

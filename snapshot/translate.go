@@ -114,10 +114,10 @@ type Decision struct {
 
 // Decide returns the verdict on every executor for constraint set d, sorted
 // by node and service id (for explain views and logs).
-func Decide(executors []health.Executor, d health.Dispatcher) []Decision {
+func Decide(executors []health.Executor, d health.Dispatcher, observe ...health.Reason) []Decision {
 	decisions := make([]Decision, 0, len(executors))
 	for _, e := range executors {
-		decisions = append(decisions, Decision{Executor: e, Verdict: health.Eligible(e, d)})
+		decisions = append(decisions, Decision{Executor: e, Verdict: health.EligibleObserving(e, d, observe)})
 	}
 	sort.Slice(decisions, func(i, j int) bool {
 		a, b := &decisions[i].Executor, &decisions[j].Executor
