@@ -298,7 +298,9 @@ func TestSyncerRuleModesObserveThenEnforce(t *testing.T) {
 	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 1 {
 		t.Fatalf("enforced by default: %v", got)
 	}
-	rules := func(raw string) { h.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:test", Raw: []byte(raw)}} }
+	rules := func(raw string) {
+		h.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:test", Raw: []byte(raw)}}
+	}
 	rules(`{"modes":[{"rule":"version","mode":"observe"}]}`)
 	h.advanceWindow() // an addition: coalesced
 	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 2 {
