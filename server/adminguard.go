@@ -55,20 +55,34 @@ func (t *AdminToken) current() ([]byte, error) {
 }
 
 // Guard wraps h: guarded paths need "Authorization: Bearer <token>".
-func (t *AdminToken) Guard(h http.Handler) http.Handler {
+func (t *AdminToken) Guard(h http.Handler) http.Handler { return GuardAdmin(h, t, false) }
+
+func (t *AdminToken) valid(r *http.Request) bool {
+	if t == nil {
+		return false
+	}
+	want, err := t.current()
+	got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
+	return err == nil && ok && subtle.ConstantTimeCompare([]byte(got), want) == 1
+}
+
+// GuardAdmin wraps h: guarded paths need a valid bearer token (token set)
+// or, with clientCerts, a client certificate the admin port's TLS verified.
+func GuardAdmin(h http.Handler, token *AdminToken, clientCerts bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !guardedPath(r.URL.Path) {
+		if !guardedPath(r.URL.Path) || token.valid(r) || (clientCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0) {
 			h.ServeHTTP(w, r)
 			return
 		}
-		want, err := t.current()
-		got, ok := strings.CutPrefix(r.Header.Get("Authorization"), "Bearer ")
-		if err != nil || !ok || subtle.ConstantTimeCompare([]byte(got), want) != 1 {
+		var how []string
+		if token != nil {
+			how = append(how, "Authorization: Bearer <the token in leasehold serve's --admin-token-file>")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="leasehold admin"`)
-			writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "this endpoint needs Authorization: Bearer <the token in leasehold serve's --admin-token-file>"})
-			return
 		}
-		h.ServeHTTP(w, r)
+		if clientCerts {
+			how = append(how, "a client certificate signed by --admin-client-ca")
+		}
+		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "this endpoint needs " + strings.Join(how, " or ")})
 	})
 }
 

@@ -5,10 +5,10 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"errors"
 	"fmt"
 	"log/slog"
 	"os"
+	"strings"
 	"sync"
 	"time"
 
@@ -21,6 +21,26 @@ import (
 // and verified against it (mTLS).
 type TLSFiles struct {
 	Cert, Key, ClientCA string
+	// ClientCertOptional: a client certificate is verified when given but
+	// not required (the admin port: probes stay open, guarded paths check
+	// it).
+	ClientCertOptional bool
+	// HTTP: serve HTTP/1.1 (and h2) rather than gRPC's h2 only.
+	HTTP bool
+	// Flags is the flags' prefix for errors: "--tls" (default) or
+	// "--admin-tls" (then the CA is --admin-client-ca).
+	Flags string
+}
+
+func (f TLSFiles) flag(name string) string {
+	p := f.Flags
+	if p == "" {
+		p = "--tls"
+	}
+	if name == "client-ca" && p != "--tls" {
+		return strings.TrimSuffix(p, "-tls") + "-" + name // --admin-client-ca
+	}
+	return p + "-" + name
 }
 
 // Enabled reports whether any TLS file is set.
@@ -43,7 +63,7 @@ type ServerTLS struct {
 // NewServerTLS loads the files once; an error names the flag at fault.
 func NewServerTLS(files TLSFiles, log *slog.Logger) (*ServerTLS, error) {
 	if files.Cert == "" || files.Key == "" {
-		return nil, errors.New("--tls-cert and --tls-key: both required for TLS (--tls-client-ca needs them too)")
+		return nil, fmt.Errorf("%s and %s: both required for TLS (%s needs them too)", files.flag("cert"), files.flag("key"), files.flag("client-ca"))
 	}
 	s := &ServerTLS{files: files, log: log}
 	cfg, stamp, err := s.load()
@@ -59,11 +79,18 @@ func NewServerTLS(files TLSFiles, log *slog.Logger) (*ServerTLS, error) {
 func (s *ServerTLS) Config() *tls.Config {
 	return &tls.Config{
 		MinVersion: tls.VersionTLS12,
-		NextProtos: []string{"h2"},
+		NextProtos: s.protos(),
 		GetConfigForClient: func(*tls.ClientHelloInfo) (*tls.Config, error) {
 			return s.current(), nil
 		},
 	}
+}
+
+func (s *ServerTLS) protos() []string {
+	if s.files.HTTP {
+		return []string{"h2", "http/1.1"}
+	}
+	return []string{"h2"}
 }
 
 // Credentials are the gRPC server credentials.
@@ -106,24 +133,27 @@ func (s *ServerTLS) load() (*tls.Config, string, error) {
 	stamp := s.fileStamp()
 	pair, err := tls.LoadX509KeyPair(s.files.Cert, s.files.Key)
 	if err != nil {
-		return nil, "", fmt.Errorf("--tls-cert/--tls-key: %w", err)
+		return nil, "", fmt.Errorf("%s/%s: %w", s.files.flag("cert"), s.files.flag("key"), err)
 	}
 	if pair.Leaf == nil {
 		if pair.Leaf, err = x509.ParseCertificate(pair.Certificate[0]); err != nil {
-			return nil, "", fmt.Errorf("--tls-cert: %w", err)
+			return nil, "", fmt.Errorf("%s: %w", s.files.flag("cert"), err)
 		}
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: []string{"h2"}, Certificates: []tls.Certificate{pair}}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: s.protos(), Certificates: []tls.Certificate{pair}}
 	if s.files.ClientCA != "" {
 		pem, err := os.ReadFile(s.files.ClientCA)
 		if err != nil {
-			return nil, "", fmt.Errorf("--tls-client-ca: %w", err)
+			return nil, "", fmt.Errorf("%s: %w", s.files.flag("client-ca"), err)
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, "", fmt.Errorf("--tls-client-ca %s: no PEM certificate in it", s.files.ClientCA)
+			return nil, "", fmt.Errorf("%s %s: no PEM certificate in it", s.files.flag("client-ca"), s.files.ClientCA)
 		}
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
+		if s.files.ClientCertOptional {
+			cfg.ClientAuth = tls.VerifyClientCertIfGiven
+		}
 	}
 	return cfg, stamp, nil
 }

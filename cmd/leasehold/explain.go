@@ -2,6 +2,8 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
+	"crypto/x509"
 	"encoding/json"
 	"errors"
 	"flag"
@@ -22,7 +24,8 @@ import (
 
 type explainFlags struct {
 	admin, task, dispatcher, instance string
-	token                             string // bearer token for a guarded admin port
+	token                             string       // bearer token for a guarded admin port
+	client                            *http.Client // HTTPS with --admin-ca/--admin-cert/--admin-key
 	color                             bool
 }
 
@@ -37,6 +40,10 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) in
 	fs.StringVar(&f.admin, "admin-addr", def, "admin address of leasehold serve [$LEASEHOLD_ADMIN_ADDR]")
 	tokenFile := os.Getenv("LEASEHOLD_ADMIN_TOKEN_FILE")
 	fs.StringVar(&tokenFile, "admin-token-file", tokenFile, "file with the admin port's bearer token (leasehold serve --admin-token-file) [$LEASEHOLD_ADMIN_TOKEN_FILE]")
+	var adminCA, adminCert, adminKey string
+	fs.StringVar(&adminCA, "admin-ca", "", "PEM CA of the admin port's certificate: use HTTPS (leasehold serve --admin-tls-cert)")
+	fs.StringVar(&adminCert, "admin-cert", "", "PEM client certificate for the admin port (signed by its --admin-client-ca)")
+	fs.StringVar(&adminKey, "admin-key", "", "PEM private key of --admin-cert")
 	fs.StringVar(&f.task, "task", "", "only this task type")
 	fs.StringVar(&f.dispatcher, "dispatcher", "", "xDS node id: which executors does it route to, and why not the others")
 	fs.StringVar(&f.instance, "instance", "", "one executor instance: every registration and every verdict")
@@ -56,6 +63,13 @@ func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) in
 		} else {
 			f.token = strings.TrimSpace(string(b))
 		}
+	}
+	if adminCA != "" || adminCert != "" {
+		c, err := adminHTTPS(adminCA, adminCert, adminKey)
+		if err != nil {
+			errs = append(errs, err.Error())
+		}
+		f.client = c
 	}
 	if f.task != "" {
 		if fe := health.ValidateTask(f.task); fe != nil {
@@ -92,14 +106,18 @@ func getJSON(ctx context.Context, f explainFlags, path string, v any) error {
 	base := f.admin
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, "http://"+base+path, nil)
+	scheme, client := "http://", http.DefaultClient
+	if f.client != nil {
+		scheme, client = "https://", f.client
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+base+path, nil)
 	if err != nil {
 		return err
 	}
 	if f.token != "" {
 		req.Header.Set("Authorization", "Bearer "+f.token)
 	}
-	resp, err := http.DefaultClient.Do(req)
+	resp, err := client.Do(req)
 	if err != nil {
 		return fmt.Errorf("admin API at %s: %w", base, err)
 	}
@@ -350,4 +368,31 @@ func observedText(v server.ExplainVerdict) string {
 		parts = append(parts, string(x.Reason)+": "+x.Detail)
 	}
 	return " [observe mode, would exclude: " + strings.Join(parts, "; ") + "]"
+}
+
+// adminHTTPS is a client for an admin port served over TLS; errors name
+// the flag.
+func adminHTTPS(caFile, certFile, keyFile string) (*http.Client, error) {
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12}
+	if caFile != "" {
+		pem, err := os.ReadFile(caFile)
+		if err != nil {
+			return nil, fmt.Errorf("invalid --admin-ca: %v", err)
+		}
+		cfg.RootCAs = x509.NewCertPool()
+		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
+			return nil, fmt.Errorf("invalid --admin-ca: no PEM certificate in %s", caFile)
+		}
+	}
+	if (certFile == "") != (keyFile == "") {
+		return nil, errors.New("invalid --admin-cert/--admin-key: give both or neither")
+	}
+	if certFile != "" {
+		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
+		if err != nil {
+			return nil, fmt.Errorf("invalid --admin-cert/--admin-key: %v", err)
+		}
+		cfg.Certificates = []tls.Certificate{pair}
+	}
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}, nil
 }

@@ -2,6 +2,7 @@ package main
 
 import (
 	"context"
+	"crypto/tls"
 	"errors"
 	"flag"
 	"fmt"
@@ -41,6 +42,7 @@ type serveConfig struct {
 	adminTokenFile string
 	rulesFile      string
 	auditLog       string
+	adminTLS       server.TLSFiles
 }
 
 // serveFlag is one flag with its environment variable.
@@ -66,6 +68,9 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"tls-client-ca", "LEASEHOLD_TLS_CLIENT_CA", "", "PEM CA bundle: client certificates are then required and verified (mTLS)", &cfg.tls.ClientCA},
 		{"authz-policy", "LEASEHOLD_AUTHZ_POLICY", "", "YAML/JSON file granting client identities (certificate URI/DNS SANs) task types and fencing calls; needs --tls-client-ca; followed live", &cfg.authzPolicy},
 		{"admin-token-file", "LEASEHOLD_ADMIN_TOKEN_FILE", "", "file holding a bearer token that /debug/* and /v1/* on the admin port then require (re-read when it changes); required when --admin-addr is not loopback", &cfg.adminTokenFile},
+		{"admin-tls-cert", "LEASEHOLD_ADMIN_TLS_CERT", "", "PEM certificate: serve the admin port over HTTPS (re-read when it changes)", &cfg.adminTLS.Cert},
+		{"admin-tls-key", "LEASEHOLD_ADMIN_TLS_KEY", "", "PEM private key of --admin-tls-cert", &cfg.adminTLS.Key},
+		{"admin-client-ca", "LEASEHOLD_ADMIN_CLIENT_CA", "", "PEM CA: a client certificate it signed opens /debug/* and /v1/* (like the token); probes need none", &cfg.adminTLS.ClientCA},
 		{"rules", "LEASEHOLD_RULES", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals); followed live; Consul KV " + consul.RulesKey + " overrides it", &cfg.rulesFile},
 		{"audit-log", "LEASEHOLD_AUDIT_LOG", "-", "where configuration changes this replica applies or refuses are written, one JSON object per line (- : standard output)", &cfg.auditLog},
 		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
@@ -119,8 +124,15 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 	if cfg.authzPolicy != "" && cfg.tls.ClientCA == "" {
 		bad("authz-policy", "identities come from verified client certificates: needs --tls-client-ca")
 	}
-	if cfg.adminTokenFile == "" && !server.IsLoopback(cfg.adminAddr) {
-		bad("admin-addr", fmt.Sprintf("%s is not a loopback address: set --admin-token-file to guard /debug/* and /v1/*", cfg.adminAddr))
+	if (cfg.adminTLS.Cert == "") != (cfg.adminTLS.Key == "") {
+		bad("admin-tls-cert", "--admin-tls-cert and --admin-tls-key go together")
+	}
+	if cfg.adminTLS.ClientCA != "" && cfg.adminTLS.Cert == "" {
+		bad("admin-client-ca", "needs --admin-tls-cert and --admin-tls-key")
+	}
+	cfg.adminTLS.ClientCertOptional, cfg.adminTLS.HTTP, cfg.adminTLS.Flags = true, true, "--admin-tls"
+	if cfg.adminTokenFile == "" && cfg.adminTLS.ClientCA == "" && !server.IsLoopback(cfg.adminAddr) {
+		bad("admin-addr", fmt.Sprintf("%s is not a loopback address: set --admin-token-file or --admin-client-ca to guard /debug/* and /v1/*", cfg.adminAddr))
 	}
 	if len(errs) > 0 {
 		return nil, errors.New(strings.Join(errs, "\n"))
@@ -193,6 +205,12 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		}
 		creds = append(creds, grpc.Creds(st.Credentials()))
 	}
+	var adminTLS *server.ServerTLS
+	if cfg.adminTLS.Cert != "" {
+		if adminTLS, err = server.NewServerTLS(cfg.adminTLS, log); err != nil {
+			return fmt.Errorf("admin port: %w", err)
+		}
+	}
 	var policy *server.PolicyStore
 	if cfg.authzPolicy != "" {
 		if policy, err = server.LoadPolicy(cfg.authzPolicy, log); err != nil {
@@ -258,14 +276,17 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	adminHandler := server.AdminHandler(server.AdminConfig{
 		Ready: syncer, LastContact: watcher.LastContact, Syncer: syncer, XDS: xds, Fencing: fencing, Metrics: tel.MetricsHandler(),
 	})
-	if adminToken != nil {
-		adminHandler = adminToken.Guard(adminHandler)
+	if adminToken != nil || cfg.adminTLS.ClientCA != "" {
+		adminHandler = server.GuardAdmin(adminHandler, adminToken, cfg.adminTLS.ClientCA != "")
+	}
+	if adminTLS != nil {
+		adminLis = tls.NewListener(adminLis, adminTLS.Config())
 	}
 	admin := &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
 	go admin.Serve(adminLis)
 
 	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag, "traces_exported", tel.TracesExported,
-		"tls", cfg.tls.Cert != "", "mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "", "admin_guarded", adminToken != nil)
+		"tls", cfg.tls.Cert != "", "mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "", "admin_guarded", adminToken != nil || cfg.adminTLS.ClientCA != "", "admin_tls", cfg.adminTLS.Cert != "")
 	if bound != nil {
 		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
 	}
