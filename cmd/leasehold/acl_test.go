@@ -4,6 +4,7 @@ import (
 	"context"
 	"log/slog"
 	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -13,6 +14,7 @@ import (
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/testcerts"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
@@ -109,4 +111,40 @@ func TestConsulACLs(t *testing.T) {
 func startServeLogged(t *testing.T, a *consultest.Agent, w *syncBuffer) listening {
 	t.Helper()
 	return startServeTo(t, a, w)
+}
+
+// leasehold reaches Consul over HTTPS with the standard CONSUL_* variables
+// (here CONSUL_CACERT): it serves the fleet; without the CA it stays unready
+// and says why.
+func TestConsulOverHTTPS(t *testing.T) {
+	consultest.RequireBinary(t)
+	dir := t.TempDir()
+	ca := testcerts.NewCA(t, "consul CA")
+	cert, key := ca.Issue(t, true, nil, "localhost")
+	files := consultest.TLSFiles{CA: filepath.Join(dir, "ca.pem"), Cert: filepath.Join(dir, "consul.pem"), Key: filepath.Join(dir, "consul-key.pem")}
+	testcerts.WriteFile(t, files.CA, ca.PEM)
+	testcerts.WriteFile(t, files.Cert, cert)
+	testcerts.WriteFile(t, files.Key, key)
+	a := consultest.Start(t, consultest.Options{TLS: &files})
+	e := startExecutor(t, a, "e1", "1.0.0")
+	sess := e.reg.Session().ID
+
+	https := func(c *serveConfig) { c.consulAddr = "https://" + a.HTTPSAddr() }
+	t.Setenv("CONSUL_CACERT", "")
+	var noCA syncBuffer
+	bad := startServeTo(t, a, &noCA, https)
+	deadline := time.Now().Add(15 * time.Second)
+	for !strings.Contains(noCA.String(), "certificate") {
+		if time.Now().After(deadline) {
+			t.Fatalf("without the CA leasehold did not say why Consul is unreachable:\n%s", noCA.String())
+		}
+		time.Sleep(20 * time.Millisecond)
+	}
+	if code := readyzStatus(bad.admin); code != 503 {
+		t.Errorf("without Consul's CA: /readyz %d, want 503", code)
+	}
+
+	t.Setenv("CONSUL_CACERT", files.CA)
+	l := startServeTo(t, a, testWriter{t, "serve"}, https)
+	awaitState(t, fencingClient(t, l.xds), "e1", sess, leaseholdv1.SessionState_CURRENT)
 }

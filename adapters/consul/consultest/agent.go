@@ -27,6 +27,7 @@ const BinaryEnv = "LEASEHOLD_CONSUL"
 // Ports are the agent's listening ports, all on 127.0.0.1.
 type Ports struct {
 	HTTP, DNS, GRPC, SerfLAN, SerfWAN, Server int
+	HTTPS                                     int // only with Options.TLS
 }
 
 // Options tune an agent. The zero value is a plain dev agent.
@@ -41,6 +42,14 @@ type Options struct {
 	// ACLManagementToken, when set, enables ACLs with default deny; the
 	// agent's own Config and Client use this token.
 	ACLManagementToken string
+	// TLS, when set, also serves the HTTP API over HTTPS (HTTPSAddr) with
+	// these PEM files; client certificates are verified when given.
+	TLS *TLSFiles
+}
+
+// TLSFiles are an agent's PEM files.
+type TLSFiles struct {
+	CA, Cert, Key string
 }
 
 // Agent is a running (or stopped) Consul dev agent.
@@ -173,11 +182,14 @@ func (a *Agent) Close() {
 func (a *Agent) Log() string { return a.log.String() }
 
 func (a *Agent) configure(o Options) error {
-	ports, err := freePorts(6)
+	ports, err := freePorts(7)
 	if err != nil {
 		return err
 	}
-	a.Ports = Ports{HTTP: ports[0], DNS: ports[1], GRPC: ports[2], SerfLAN: ports[3], SerfWAN: ports[4], Server: ports[5]}
+	a.Ports = Ports{HTTP: ports[0], DNS: ports[1], GRPC: ports[2], SerfLAN: ports[3], SerfWAN: ports[4], Server: ports[5], HTTPS: -1}
+	if o.TLS != nil {
+		a.Ports.HTTPS = ports[6]
+	}
 	hcl := fmt.Sprintf(`node_name = %q
 data_dir = %q
 bind_addr = "127.0.0.1"
@@ -188,7 +200,7 @@ log_level = %q
 check_update_interval = "0s"
 ports {
   http = %d
-  https = -1
+  https = %d
   dns = %d
   grpc = %d
   serf_lan = %d
@@ -196,7 +208,18 @@ ports {
   server = %d
 }
 %s
-`, a.Node, filepath.Join(a.dir, "data"), logLevel(), a.Ports.HTTP, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+`, a.Node, filepath.Join(a.dir, "data"), logLevel(), a.Ports.HTTP, a.Ports.HTTPS, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+	if t := o.TLS; t != nil {
+		hcl += fmt.Sprintf(`tls {
+  defaults {
+    ca_file = %q
+    cert_file = %q
+    key_file = %q
+    verify_incoming = false
+  }
+}
+`, t.CA, t.Cert, t.Key)
+	}
 	if o.ACLManagementToken != "" {
 		a.token = o.ACLManagementToken
 		hcl += fmt.Sprintf(`acl {
@@ -277,6 +300,9 @@ func (a *Agent) SettleSync() {
 	a.mu.Unlock()
 	<-time.After(time.Until(started.Add(serverUpStagger + 200*time.Millisecond)))
 }
+
+// HTTPSAddr is host:port of the agent's HTTPS API (Options.TLS).
+func (a *Agent) HTTPSAddr() string { return fmt.Sprintf("127.0.0.1:%d", a.Ports.HTTPS) }
 
 // HTTPAddr is host:port of the agent's HTTP API.
 func (a *Agent) HTTPAddr() string { return fmt.Sprintf("127.0.0.1:%d", a.Ports.HTTP) }
