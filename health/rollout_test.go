@@ -148,3 +148,38 @@ func TestApplyCordonsSafetyLimitAndApproval(t *testing.T) {
 		t.Errorf("invalid cordon: %v", err)
 	}
 }
+
+// Every observable rule, alone: enforced it excludes (or drains) with its
+// reason; observed it routes the executor HEALTHY and records the reason.
+func TestEveryObservableRuleObserveVsEnforce(t *testing.T) {
+	d, _ := NewDispatcher("<2.0.0", map[string]string{"zone": "eu"})
+	base := func() Executor {
+		e := live("e1", "1.0.0")
+		e.Labels = map[string]string{"zone": "eu"}
+		return e
+	}
+	cases := map[Reason]func(*Executor){
+		ReasonUnhealthy: func(e *Executor) { e.Other = StatusWarning },
+		ReasonFenced:    func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "s2", 2 },
+		ReasonVersion:   func(e *Executor) { e.Version = "2.1.0" },
+		ReasonLabels:    func(e *Executor) { e.Labels = map[string]string{"zone": "us"} },
+		ReasonCordoned:  func(e *Executor) { e.CordonID, e.CordonReason = "c1", "test" },
+		ReasonDraining:  func(e *Executor) { e.State = StateDraining },
+		ReasonFull:      func(e *Executor) { e.Lease = StatusWarning },
+	}
+	if len(cases) != len(ObservableRules) {
+		t.Fatalf("cases for %d rules, %d observable", len(cases), len(ObservableRules))
+	}
+	for _, rule := range ObservableRules {
+		e := base()
+		cases[rule](&e)
+		enforced := EligibleObserving(e, d, nil)
+		if enforced.Reason != rule || enforced.Route == RouteHealthy {
+			t.Errorf("%s enforced: %+v", rule, enforced)
+		}
+		observed := EligibleObserving(e, d, []Reason{rule})
+		if observed.Route != RouteHealthy || len(observed.Observed) != 1 || observed.Observed[0].Reason != rule || observed.Observed[0].Detail == "" {
+			t.Errorf("%s observed: %+v", rule, observed)
+		}
+	}
+}
