@@ -10,7 +10,6 @@ import (
 	"os"
 	"strings"
 	"sync"
-	"time"
 
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/peer"
@@ -200,11 +199,4 @@ func certIdentity(c *x509.Certificate) Identity {
 	}
 	id.DNS = append(id.DNS, c.DNSNames...)
 	return id
-}
-
-// notAfter is for tests and logs.
-func (s *ServerTLS) notAfter() time.Time {
-	s.mu.Lock()
-	defer s.mu.Unlock()
-	return s.cfg.Certificates[0].Leaf.NotAfter
 }
