@@ -49,6 +49,7 @@ var (
 	write        = flag.String("write", "BENCHMARKS.md", "file to write the results into (empty: stdout only)")
 	profile      = flag.String("profile", "", "write a CPU profile of leasehold serve during the lapses to this file")
 	compare      = flag.Bool("consul-xds", true, "also measure each lapse through Consul's own xDS (Connect sidecars)")
+	agents       = flag.Int("agents", 1, "Consul agents holding the executors (the dev server plus client agents joined to it): one agent on 2 cores cannot keep ~10,000 TTL checks")
 	grpcN        = flag.Int("grpc-clients", 3, "real grpc-go xds:/// dispatchers (child processes) measured next to the light ones")
 )
 
@@ -86,7 +87,26 @@ func run() error {
 	if err != nil {
 		return err
 	}
-	fleet := newFleet(client, *executors)
+	clients := []*api.Client{client}
+	for i := 1; i < *agents; i++ {
+		ca, err := consultest.Launch(bin, consultest.Options{NodeName: fmt.Sprintf("bench-client-%d", i), JoinClientOf: agent})
+		if ca != nil {
+			defer ca.Close()
+		}
+		if err != nil {
+			return fmt.Errorf("client agent %d: %w", i, err)
+		}
+		c, err := consul.NewClient(ca.HTTPAddr(), 64)
+		if err != nil {
+			return err
+		}
+		clients = append(clients, c)
+	}
+	if *agents > 1 {
+		agent.SettleSync()
+		logf("%d Consul agents (1 server, %d clients) hold the executors", *agents, *agents-1)
+	}
+	fleet := newFleet(clients, *executors)
 	logf("registering %d executors (lease %s, heartbeat %s)", *executors, *lease, *heartbeat)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -219,7 +239,7 @@ func run() error {
 		victim := fleet.ids[idx]
 		fleet.stopHeartbeat(idx)
 		start := time.Now()
-		if err := client.Agent().ServiceDeregister(health.ServiceID(victim, task)); err != nil {
+		if err := fleet.agent(idx).ServiceDeregister(health.ServiceID(victim, task)); err != nil {
 			return err
 		}
 		if err := ds.awaitAll(func(set map[string]bool) bool { return !set[victim] }, 30*time.Second); err != nil {
@@ -256,7 +276,7 @@ func run() error {
 
 // fleet is the simulated executors: real registrations, real TTL checks.
 type fleet struct {
-	c          *api.Client
+	agents     []*api.Client // executor i registers through agents[i % len]
 	ids        []string
 	session    string
 	lastAck    []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
@@ -264,8 +284,8 @@ type fleet struct {
 	registered []atomic.Bool
 }
 
-func newFleet(c *api.Client, n int) *fleet {
-	f := &fleet{c: c, session: "bench", lastAck: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n)}
+func newFleet(agents []*api.Client, n int) *fleet {
+	f := &fleet{agents: agents, session: "bench", lastAck: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n)}
 	for i := range n {
 		f.ids = append(f.ids, fmt.Sprintf("x%05d", i))
 	}
@@ -285,7 +305,7 @@ func (f *fleet) registerAll() error {
 		if *compare {
 			reg.Connect = connectFor(reg.ID, i)
 		}
-		err := f.c.Agent().ServiceRegisterOpts(reg, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		err := f.agent(i).ServiceRegisterOpts(reg, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
 		f.lastAck[i].Store(sent.UnixNano())
 		f.registered[i].Store(err == nil)
 		return err
@@ -306,13 +326,16 @@ func (f *fleet) heartbeatAll(ctx context.Context) {
 				return nil
 			}
 			sent := time.Now()
-			if err := f.c.Agent().UpdateTTL(health.CheckID(f.ids[i], f.session, task), "load=1", "pass"); err == nil && !f.stopped[i].Load() {
+			if err := f.agent(i).UpdateTTL(health.CheckID(f.ids[i], f.session, task), "load=1", "pass"); err == nil && !f.stopped[i].Load() {
 				f.lastAck[i].Store(sent.UnixNano())
 			}
 			return nil
 		})
 	}
 }
+
+// agent is the agent executor i registered through.
+func (f *fleet) agent(i int) *api.Agent { return f.agents[i%len(f.agents)].Agent() }
 
 // stop ends executor i's heartbeats and returns its lease's expiry instant.
 func (f *fleet) stop(i int) time.Time {
@@ -630,8 +653,8 @@ func (res results) markdown() string {
 	streams := res.dispatchers + res.grpcN // the grpc-go dispatchers hold a stream each too
 	perStream := float64(res.rssStreams-res.rssIdle) / float64(streams)
 	var b strings.Builder
-	fmt.Fprintf(&b, "Run: `make bench` → `leasehold-bench --executors %d --dispatchers %d --lapses %d --lease %s --heartbeat %s`, %s, %s, %d cores.\n\n",
-		res.executors, res.dispatchers, len(res.lapse), res.lease, res.heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.Version(), runtime.NumCPU())
+	fmt.Fprintf(&b, "Run: `make bench` → `leasehold-bench --executors %d --agents %d --dispatchers %d --grpc-clients %d --lapses %d --lease %s --heartbeat %s`, %s, %s, %d cores.\n\n",
+		res.executors, *agents, res.dispatchers, res.grpcN, len(res.lapse), res.lease, res.heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.Version(), runtime.NumCPU())
 	b.WriteString("| figure | measured | target |\n|---|---|---|\n")
 	fmt.Fprintf(&b, "| lapse → stop (lease expiry → last of %d streams has endpoints without it), %d lapses at %d executors | %s | p99 ≤ 50 ms at 10,000 executors and 1,000 streams |\n",
 		res.dispatchers, len(res.lapse), res.executors, dist(res.lapse))
