@@ -401,14 +401,25 @@ func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
 	for o := h.observe(); o.Members == nil; o = h.observe() {
 	}
 	// a restarted agent replays the same indexes with a new session
-	h.clock.Advance(time.Second)
 	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{node("s2")}})
 	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s2", 1, "passing")}})
-	o := h.observe()
-	for o.Members == nil {
-		o = h.observe()
-	}
-	if o.Members.Members[0].SessionID != "s2" {
-		t.Fatalf("members not re-read: %+v", o.Members.Members[0])
+	// The task watch pauses on the fake clock between queries; the pause may
+	// start after any single Advance, so advance until the re-read arrives.
+	deadline := time.After(5 * time.Second)
+	for {
+		h.clock.Advance(time.Second)
+		select {
+		case o := <-h.out:
+			if o.Members == nil {
+				continue
+			}
+			if o.Members.Members[0].SessionID != "s2" {
+				t.Fatalf("members not re-read: %+v", o.Members.Members[0])
+			}
+			return
+		case <-time.After(10 * time.Millisecond): // then advance again
+		case <-deadline:
+			t.Fatal("members never re-read")
+		}
 	}
 }
