@@ -277,7 +277,7 @@ func TestConsulDrain(t *testing.T) {
 	ex.load.Store(1) // a task in flight
 	drained := make(chan error, 1)
 	go func() { drained <- ex.reg.Drain(context.Background()) }()
-	consultest.WaitService(t, c, "transcode", 5*time.Second, "state=draining", func(es []*api.ServiceEntry) bool {
+	consultest.WaitService(t, c, "transcode", 15*time.Second, "state=draining", func(es []*api.ServiceEntry) bool {
 		e, ch := entryOf(es, s.ID)
 		return e != nil && e.Service.Meta["state"] == "draining" && ch != nil && ch.Status == api.HealthPassing
 	})
@@ -299,7 +299,7 @@ func TestConsulDrain(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("drain did not finish")
 	}
-	consultest.WaitService(t, c, "transcode", 5*time.Second, "deregistered", func(es []*api.ServiceEntry) bool { return len(es) == 0 })
+	consultest.WaitService(t, c, "transcode", 15*time.Second, "deregistered", func(es []*api.ServiceEntry) bool { return len(es) == 0 })
 	if !errors.Is(s.Err(), ErrDrained) {
 		t.Fatalf("session cause = %v", s.Err())
 	}
