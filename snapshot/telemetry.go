@@ -68,7 +68,7 @@ func (s *Syncer) initTelemetry() {
 			type key struct{ task, state, verdict string }
 			counts := map[key]int64{}
 			for _, e := range v.Executors {
-				verdict := health.Eligible(e, health.Dispatcher{})
+				verdict := v.Decide(e, health.Dispatcher{})
 				reason := string(verdict.Reason)
 				if reason == "" {
 					reason = "eligible"

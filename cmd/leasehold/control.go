@@ -108,54 +108,46 @@ func dash(s string) string {
 
 // runUncordon: leasehold uncordon ID.
 func runUncordon(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("leasehold uncordon", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf controlFlags
-	cf.register(fs)
-	reason := fs.String("reason", "", "why (kept in the audit log)")
-	if code, ok := parseFlags(fs, args); !ok {
-		return code
-	}
-	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "leasehold uncordon: want exactly one cordon id (leasehold cordon --list)")
-		return 2
-	}
-	k, who, err := cf.open(ctx)
-	if err != nil {
-		fmt.Fprintf(stderr, "leasehold uncordon: %v\n", err)
-		return 2
-	}
-	if err := k.Uncordon(ctx, fs.Arg(0), who, *reason); err != nil {
-		fmt.Fprintf(stderr, "leasehold uncordon: %v\n", err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "%s: removed by %s\n", fs.Arg(0), who)
-	return 0
+	var reason *string
+	return runOnCordon(ctx, "uncordon", "removed", args, stdout, stderr,
+		func(fs *flag.FlagSet) { reason = fs.String("reason", "", "why (kept in the audit log)") },
+		func(k *consul.Control, id, who string) error { return k.Uncordon(ctx, id, who, *reason) })
 }
 
 // runApprove: leasehold approve ID (by another identity than the author).
 func runApprove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("leasehold approve", flag.ContinueOnError)
+	return runOnCordon(ctx, "approve", "approved", args, stdout, stderr, nil,
+		func(k *consul.Control, id, who string) error { return k.Approve(ctx, id, who) })
+}
+
+// runOnCordon is the shape of the commands acting on one cordon id: flags,
+// the id, who acts, the action, what became of it.
+func runOnCordon(ctx context.Context, name, done string, args []string, stdout, stderr io.Writer,
+	flags func(*flag.FlagSet), act func(k *consul.Control, id, who string) error) int {
+	fs := flag.NewFlagSet("leasehold "+name, flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cf controlFlags
 	cf.register(fs)
+	if flags != nil {
+		flags(fs)
+	}
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
 	if fs.NArg() != 1 {
-		fmt.Fprintln(stderr, "leasehold approve: want exactly one cordon id")
+		fmt.Fprintf(stderr, "leasehold %s: want exactly one cordon id (leasehold cordon --list)\n", name)
 		return 2
 	}
 	k, who, err := cf.open(ctx)
 	if err != nil {
-		fmt.Fprintf(stderr, "leasehold approve: %v\n", err)
+		fmt.Fprintf(stderr, "leasehold %s: %v\n", name, err)
 		return 2
 	}
-	if err := k.Approve(ctx, fs.Arg(0), who); err != nil {
-		fmt.Fprintf(stderr, "leasehold approve: %v\n", err)
+	if err := act(k, fs.Arg(0), who); err != nil {
+		fmt.Fprintf(stderr, "leasehold %s: %v\n", name, err)
 		return 1
 	}
-	fmt.Fprintf(stdout, "%s: approved by %s\n", fs.Arg(0), who)
+	fmt.Fprintf(stdout, "%s: %s by %s\n", fs.Arg(0), done, who)
 	return 0
 }
 
