@@ -113,6 +113,7 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 		}
 		return Verdict{}, false
 	},
+	addressRule, // address.go
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
 		lapsed := func(detail string) (Verdict, bool) {
 			return Verdict{Route: RouteNone, Reason: ReasonLapsed, Detail: detail}, true

@@ -82,6 +82,8 @@ func fleet() []health.Executor {
 		mk("exec-v2", "s1", 1, 9008, func(e *health.Executor) { e.Version = "2.0.0" }),
 		mk("exec-us", "s1", 1, 9009, func(e *health.Executor) { e.Labels = map[string]string{"zone": "us-1"} }),
 		mk("exec-bad", "s1", 1, 9010, func(e *health.Executor) { e.Err = errors.New("capacity \"abc\": not an integer") }),
+		// A host name: Envoy would reject the whole assignment over it.
+		mk("exec-dns", "s1", 1, 9011, func(e *health.Executor) { e.Address = "exec-dns.internal" }),
 	}
 	health.Fence(es, nil)
 	return es

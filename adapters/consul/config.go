@@ -119,6 +119,9 @@ func (c Config) Validate() error {
 		}
 		seen[task] = true
 	}
+	if fe := health.ValidateIP(c.Address); fe != nil { // dispatchers never route a host name: refuse up front
+		add(fe)
+	}
 	if err := health.ValidateTag(c.Tag); err != nil {
 		add(err)
 	}

@@ -441,6 +441,7 @@ func TestBadConfigNamesFieldAndRegistersNothing(t *testing.T) {
 		{"lease under 2x heartbeat", func(c *Config) { c.Lease = health.Lease{TTL: 15 * time.Second} }, "lease"},
 		{"address", func(c *Config) { c.Address = "" }, "address"},
 		{"unspecified address", func(c *Config) { c.Address = "0.0.0.0" }, "address"},
+		{"host name address", func(c *Config) { c.Address = "exec-7.internal" }, "address"},
 		{"port", func(c *Config) { c.Port = 0 }, "port"},
 		{"port range", func(c *Config) { c.Port = 65536 }, "port"},
 		{"tag", func(c *Config) { c.Tag = "has space" }, "tag"},

@@ -268,6 +268,7 @@ func TestSidecarBadFlagsNameTheFlag(t *testing.T) {
 		{"address without port", set("--address", "127.0.0.1"), "--address"},
 		{"port out of range", set("--address", "127.0.0.1:70000"), "--address"},
 		{"unspecified host", set("--address", "0.0.0.0:7000"), "--address"},
+		{"host name", set("--address", "exec-7.internal:7000"), "--address"},
 		{"bad version", set("--version", "2.0"), "--version"},
 		{"capacity not a number", set("--capacity", "many"), "--capacity"},
 		{"capacity zero", set("--capacity", "0"), "--capacity"},

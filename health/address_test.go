@@ -1,0 +1,149 @@
+package health
+
+import (
+	"errors"
+	"strings"
+	"testing"
+)
+
+func TestValidateIP(t *testing.T) {
+	for _, tt := range []struct {
+		address string
+		field   bool // the address field is named
+	}{
+		{"10.0.0.7", false},
+		{"::1", false},
+		{"::ffff:10.0.0.7", false},
+		{"2001:db8::7", false},
+		{"exec-7.internal", true},
+		{"localhost", true},
+		{"", false},            // ValidateHost names it
+		{"0.0.0.0", false},     // ValidateHost names it
+		{"not a host!", false}, // ValidateHost names it
+	} {
+		fe := ValidateIP(tt.address)
+		if (fe != nil) != tt.field {
+			t.Errorf("ValidateIP(%q) = %v, want an error: %v", tt.address, fe, tt.field)
+		}
+		if fe != nil && (fe.Field != "address" || !strings.Contains(fe.Error(), "IP address")) {
+			t.Errorf("ValidateIP(%q) = %v, want the address field named and why", tt.address, fe)
+		}
+	}
+}
+
+func TestAddressNotIPIsExcluded(t *testing.T) {
+	any := mustDispatcher(t, "", nil)
+	for _, tt := range []struct {
+		name   string
+		e      Executor
+		route  Route
+		reason Reason
+	}{
+		{"IPv4", exec(nil), RouteHealthy, ReasonNone},
+		{"IPv6", exec(func(e *Executor) { e.Address = "2001:db8::7" }), RouteHealthy, ReasonNone},
+		{"host name", exec(func(e *Executor) { e.Address = "exec-1.internal" }), RouteNone, ReasonAddressNotIP},
+		{"host name, draining", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.State = StateDraining }), RouteNone, ReasonAddressNotIP},
+		{"host name beats lapsed", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.Lease = StatusCritical }), RouteNone, ReasonAddressNotIP},
+		{"bad metadata beats host name", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.Err = errors.New("capacity: bad") }), RouteNone, ReasonBadMetadata},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			v := Eligible(tt.e, any)
+			if v.Route != tt.route || v.Reason != tt.reason {
+				t.Fatalf("verdict = %+v, want %s/%s", v, tt.route, tt.reason)
+			}
+			if tt.reason == ReasonAddressNotIP && !strings.HasPrefix(v.Detail, "address ") {
+				t.Fatalf("detail %q does not name the address field", v.Detail)
+			}
+		})
+	}
+	// The registration itself is valid: it still takes part in fencing.
+	r := validReg()
+	r.Address = "exec-1.internal"
+	if err := r.Validate(); err != nil {
+		t.Fatalf("a host name breaks the contract's syntax: %v", err)
+	}
+	if _, err := ParseRollout([]byte(`{"modes":[{"rule":"address-not-ip","mode":"observe"}]}`)); err == nil {
+		t.Fatal("address-not-ip accepted as an observable rule")
+	}
+}
+
+func TestClaimBeats(t *testing.T) {
+	c := func(inst, sess string, gen, create uint64, node, svc string) Claim {
+		return Claim{InstanceID: inst, SessionID: sess, Generation: gen, CreateIndex: create, Node: node, ServiceID: svc}
+	}
+	for _, tt := range []struct {
+		name string
+		a, b Claim // a beats b
+	}{
+		{"lowest instance id", c("a", "s1", 1, 1, "n", "x"), c("b", "s9", 9, 9, "n", "x")},
+		{"one instance: newest generation", c("a", "new", 2, 1, "n", "x"), c("a", "old", 1, 9, "n", "x")},
+		{"same generation: create index", c("a", "s1", 2, 9, "n", "x"), c("a", "s2", 2, 1, "n", "x")},
+		{"then session id", c("a", "s2", 2, 1, "n", "x"), c("a", "s1", 2, 1, "n", "x")},
+		{"one session on two nodes: lowest node", c("a", "s", 1, 1, "n1", "x"), c("a", "s", 1, 1, "n2", "x")},
+		{"then service id", c("a", "s", 1, 1, "n", "t1:a"), c("a", "s", 1, 1, "n", "t2:a")},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			if !tt.a.Beats(tt.b) || tt.b.Beats(tt.a) {
+				t.Fatalf("%+v should beat %+v, and not the other way", tt.a, tt.b)
+			}
+		})
+	}
+	if x := c("a", "s", 1, 1, "n", "x"); x.Beats(x) {
+		t.Fatal("a claim beats itself")
+	}
+}
+
+func TestExcludeDuplicates(t *testing.T) {
+	at := func(inst, sess string, gen uint64, address string, port int, mut func(*Executor)) Executor {
+		return exec(func(e *Executor) {
+			e.InstanceID, e.SessionID, e.Generation, e.Address, e.Port = inst, sess, gen, address, port
+			e.ServiceID = ServiceID(inst, e.Task)
+			if mut != nil {
+				mut(e)
+			}
+		})
+	}
+	any := mustDispatcher(t, "", nil)
+	v1 := mustDispatcher(t, "<2.0.0", nil)
+	for _, tt := range []struct {
+		name string
+		es   []Executor
+		d    Dispatcher
+		want []Reason // per executor
+	}{
+		{"distinct sockets", []Executor{at("a", "s", 1, "10.0.0.1", 9000, nil), at("b", "s", 1, "10.0.0.1", 9001, nil)}, any,
+			[]Reason{ReasonNone, ReasonNone}},
+		{"two instances, one socket: lowest instance id", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, nil)}, any,
+			[]Reason{ReasonDuplicateAddress, ReasonNone}},
+		{"one instance, two sessions (fencing observed): newest", []Executor{at("a", "new", 2, "10.0.0.1", 9000, nil), at("a", "old", 1, "10.0.0.1", 9000, nil)}, any,
+			[]Reason{ReasonNone, ReasonDuplicateAddress}},
+		{"one IP spelled two ways", []Executor{at("b", "s", 1, "::ffff:10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, nil)}, any,
+			[]Reason{ReasonDuplicateAddress, ReasonNone}},
+		{"draining ones are sent too", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.State = StateDraining })}, any,
+			[]Reason{ReasonDuplicateAddress, ReasonDraining}},
+		{"an excluded one claims nothing", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Lease = StatusCritical })}, any,
+			[]Reason{ReasonNone, ReasonLapsed}},
+		{"per constraint set", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Version = "2.0.0" })}, v1,
+			[]Reason{ReasonNone, ReasonVersion}},
+		{"per task type", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Task = "other" })}, any,
+			[]Reason{ReasonNone, ReasonNone}},
+		{"three claimants", []Executor{at("c", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, nil), at("b", "s", 1, "10.0.0.1", 9000, nil)}, any,
+			[]Reason{ReasonDuplicateAddress, ReasonNone, ReasonDuplicateAddress}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			vs := make([]Verdict, len(tt.es))
+			for i, e := range tt.es {
+				vs[i] = Eligible(e, tt.d)
+			}
+			ExcludeDuplicates(tt.es, vs)
+			for i, v := range vs {
+				if v.Reason != tt.want[i] {
+					t.Fatalf("executor %d (%s/%s): %s (%s), want %s", i, tt.es[i].InstanceID, tt.es[i].SessionID, v.Reason, v.Detail, tt.want[i])
+				}
+				if v.Reason == ReasonDuplicateAddress && (v.Route != RouteNone || !strings.Contains(v.Detail, "also claimed by")) {
+					t.Fatalf("duplicate verdict %+v", v)
+				}
+			}
+		})
+	}
+}
