@@ -185,6 +185,6 @@ func ApplyCordons(es []Executor, cordons []Cordon, r *Rollout) []CordonStatus {
 
 // isLive: holds a valid lease and is its instance's newest session.
 func isLive(e *Executor) bool {
-	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, Lease: e.Lease, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, LapseObserved: e.LapseObserved, Fenced: e.Fenced}, Dispatcher{})
+	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, Lease: e.Lease, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed, LapseObserved: e.LapseObserved, Fenced: e.Fenced}, Dispatcher{})
 	return v.Reason != ReasonLapsed && v.Reason != ReasonBadMetadata && v.Reason != ReasonFenced
 }

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"errors"
 	"fmt"
 	"slices"
 )
@@ -19,6 +20,11 @@ type Executor struct {
 	Lease      CheckStatus // the session's lease check; "" when missing
 	LeaseFound bool
 	NodeChecks CheckStatus // worst node-level check (serfHealth, ...); "" = none
+	// NodeFailed: the node's serfHealth check is critical, i.e. Consul lost
+	// contact with the executor's agent. Like a critical lease it ends the
+	// session for ever (the process may be alive on the far side of a
+	// partition while its tasks are dispatched again).
+	NodeFailed bool
 	Other      CheckStatus // worst other check of the service; "" = none
 	Load       int         // from the lease check's output, when known
 
@@ -78,8 +84,9 @@ type Exclusion struct {
 // Eligible reports whether executor e may receive new work from dispatchers
 // with constraint set d, and why not. Rules, first match wins:
 //
-//	bad metadata → none; lease critical or missing, node critical, or lapse
-//	observed before → lapsed; another check failing → unhealthy; an older
+//	bad metadata → none; lease critical or missing, node failed (serfHealth
+//	critical), or lapse observed before → lapsed; another check of the
+//	service or node not passing → unhealthy; an older
 //	session than the instance's newest → fenced; version or labels not
 //	matching → none; cordoned by an operator → DRAINING; draining →
 //	DRAINING; lease warning (full) → none.
@@ -87,7 +94,8 @@ func Eligible(e Executor, d Dispatcher) Verdict { return EligibleObserving(e, d,
 
 // EligibleObserving is Eligible with some rules in observe mode: each of
 // them that would exclude e is recorded in Verdict.Observed and skipped, and
-// the next rule decides. Lapsed and bad metadata are never skipped.
+// the next rule decides. Only ObservableRules can be skipped: lapsed, bad
+// metadata and fenced always exclude, whatever observe holds.
 func EligibleObserving(e Executor, d Dispatcher, observe []Reason) Verdict {
 	var observed []Exclusion
 	for _, rule := range rules {
@@ -95,7 +103,7 @@ func EligibleObserving(e Executor, d Dispatcher, observe []Reason) Verdict {
 		if !excluded {
 			continue
 		}
-		if slices.Contains(observe, v.Reason) {
+		if slices.Contains(observe, v.Reason) && slices.Contains(ObservableRules, v.Reason) {
 			observed = append(observed, Exclusion{v.Reason, v.Detail})
 			continue
 		}
@@ -125,15 +133,15 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 			return lapsed("session " + e.SessionID + " was seen lapsed; a resumed process must register a new session")
 		case e.Lease == StatusCritical:
 			return lapsed("lease check critical")
-		case e.NodeChecks == StatusCritical:
-			return lapsed("node " + e.Node + " failing (serfHealth or another node check critical)")
+		case e.NodeFailed:
+			return lapsed("node " + e.Node + " failed (serfHealth critical): Consul lost contact with its agent")
 		case e.Lease != StatusPassing && e.Lease != StatusWarning:
 			return lapsed(fmt.Sprintf("lease check status %q", e.Lease))
 		}
 		return Verdict{}, false
 	},
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.NodeChecks == StatusWarning || (e.Other != "" && e.Other != StatusPassing) {
+		if (e.NodeChecks != "" && e.NodeChecks != StatusPassing) || (e.Other != "" && e.Other != StatusPassing) {
 			return Verdict{Route: RouteNone, Reason: ReasonUnhealthy, Detail: fmt.Sprintf("node checks %q, other service checks %q", e.NodeChecks, e.Other)}, true
 		}
 		return Verdict{}, false
@@ -183,12 +191,16 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 
 // Fence marks every executor whose session is older than the newest session
 // of its instance. Sessions are ordered by generation; floor holds, per
-// instance, the highest generation known from elsewhere (Consul KV, or
-// sessions seen before that are gone now), so an old session never becomes
-// newest again because a newer one deregistered. Equal generations (only
-// possible when the contract was broken) are ordered by Consul's CreateIndex,
-// then session id, so every replica decides the same. Executors with bad
-// metadata take no part.
+// instance, the highest generation known from elsewhere (Consul KV's
+// leasehold/generation/<instance_id>, which every session start raises
+// before it registers), so an old session never becomes newest again because
+// a newer one deregistered, and every replica orders the same way. Equal
+// generations (only possible when the contract was broken) are ordered by
+// Consul's CreateIndex, then session id, so every replica decides the same.
+//
+// A registration with bad metadata takes part whenever its instance, session
+// and generation are valid (Orders): a newer generation fences older sessions
+// whatever else is wrong with it.
 func Fence(es []Executor, floor map[string]uint64) {
 	type newest struct {
 		gen     uint64
@@ -197,7 +209,7 @@ func Fence(es []Executor, floor map[string]uint64) {
 	}
 	best := map[string]newest{}
 	for _, e := range es {
-		if e.Err != nil {
+		if !e.Orders() {
 			continue
 		}
 		cand := newest{e.Generation, e.SessionID, e.CreateIndex}
@@ -209,17 +221,41 @@ func Fence(es []Executor, floor map[string]uint64) {
 	for i := range es {
 		e := &es[i]
 		e.Fenced, e.NewerSessionID, e.NewerGeneration = false, "", 0
-		if e.Err != nil {
+		if !e.Orders() {
 			continue
 		}
 		b := best[e.InstanceID]
 		if f := floor[e.InstanceID]; f > b.gen {
-			b = newest{gen: f, session: "(gone)"}
+			b = newest{gen: f, session: GoneSession}
 		}
 		if b.session != e.SessionID || b.gen != e.Generation {
 			e.Fenced, e.NewerSessionID, e.NewerGeneration = true, b.session, b.gen
 		}
 	}
+}
+
+// GoneSession stands for the session of a generation taken in Consul KV that
+// no registration carries (it deregistered, or has not registered yet).
+const GoneSession = "(gone)"
+
+// Orders reports whether e's instance, session and generation are valid, so
+// that it takes part in ordering the sessions of its instance even when other
+// fields of its metadata are bad.
+func (e Executor) Orders() bool {
+	if e.Err == nil {
+		return true
+	}
+	var fes FieldErrors
+	if !errors.As(e.Err, &fes) {
+		return false
+	}
+	for _, f := range fes {
+		switch f.Field {
+		case MetaInstanceID, MetaSessionID, MetaGeneration:
+			return false
+		}
+	}
+	return true
 }
 
 func newer(g1, c1 uint64, s1 string, g2, c2 uint64, s2 string) bool {

@@ -2,6 +2,7 @@ package health
 
 import (
 	"errors"
+	"fmt"
 	"reflect"
 	"strings"
 	"testing"
@@ -50,7 +51,8 @@ func TestEligibleEveryRuleAndReason(t *testing.T) {
 		{"lease critical", exec(func(e *Executor) { e.Lease = StatusCritical }), any, RouteNone, ReasonLapsed},
 		{"lease check missing", exec(func(e *Executor) { e.LeaseFound = false; e.Lease = "" }), any, RouteNone, ReasonLapsed},
 		{"lease unknown status", exec(func(e *Executor) { e.Lease = "maintenance" }), any, RouteNone, ReasonLapsed},
-		{"node serfHealth critical", exec(func(e *Executor) { e.NodeChecks = StatusCritical }), any, RouteNone, ReasonLapsed},
+		{"node failed (serfHealth critical)", exec(func(e *Executor) { e.NodeFailed = true; e.NodeChecks = StatusCritical }), any, RouteNone, ReasonLapsed},
+		{"another node check critical: unhealthy, not a lapse", exec(func(e *Executor) { e.NodeChecks = StatusCritical }), any, RouteNone, ReasonUnhealthy},
 		{"lapse observed, passing again", exec(func(e *Executor) { e.LapseObserved = true }), any, RouteNone, ReasonLapsed},
 		{"other service check failing", exec(func(e *Executor) { e.Other = StatusCritical }), any, RouteNone, ReasonUnhealthy},
 		{"node check warning", exec(func(e *Executor) { e.NodeChecks = StatusWarning }), any, RouteNone, ReasonUnhealthy},
@@ -149,6 +151,14 @@ func TestFence(t *testing.T) {
 			e.SessionID = "junk"
 			e.Generation = 99
 			e.Err = errors.New("bad")
+		})}, nil, nil},
+		{"a newer generation with bad metadata elsewhere still fences", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
+			e.InstanceID, e.SessionID, e.Generation, e.Task = "a", "s2", 2, "t"
+			e.Err = fmt.Errorf("registration x: %w", FieldErrors{{Field: MetaCapacity, Value: "lots", Reason: "not an integer"}})
+		})}, nil, []string{"a/s1/t"}},
+		{"bad generation takes no part", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
+			e.InstanceID, e.SessionID, e.Generation, e.Task = "a", "s2", 1, "t" // ParseRegistration puts 1 for garbage
+			e.Err = FieldErrors{{Field: MetaGeneration, Value: "x", Reason: "not a positive integer"}}
 		})}, nil, nil},
 	}
 	for _, tt := range tests {

@@ -39,6 +39,10 @@ type NonPassing struct {
 	Checks []CheckState
 }
 
+// SerfHealthCheckID is the node check Consul's servers keep for every agent:
+// critical when they lost contact with it.
+const SerfHealthCheckID = "serfHealth"
+
 type checkKey struct{ node, checkID string }
 
 // NonPassingSet indexes a NonPassing observation for Join.
@@ -90,7 +94,7 @@ func (s *NonPassingSet) current(c CheckState) CheckState {
 // check's output.
 func Join(m Member, np *NonPassingSet) Executor {
 	e := m.Executor
-	e.Lease, e.LeaseFound, e.NodeChecks, e.Other = "", false, "", ""
+	e.Lease, e.LeaseFound, e.NodeChecks, e.Other, e.NodeFailed = "", false, "", "", false
 	if e.Err != nil {
 		return e
 	}
@@ -100,6 +104,9 @@ func Join(m Member, np *NonPassingSet) Executor {
 		switch {
 		case c.ServiceID == "":
 			e.NodeChecks = worst(e.NodeChecks, c.Status)
+			if c.CheckID == SerfHealthCheckID && worst("", c.Status) == StatusCritical {
+				e.NodeFailed = true
+			}
 		case c.CheckID == leaseID:
 			e.Lease, e.LeaseFound = c.Status, true
 			if n, ok := ParseLoad(c.Output); ok {
@@ -155,16 +162,27 @@ type TaskList struct {
 	Tasks []string
 }
 
-// Observation is one report of the Consul watch; exactly one of Tasks,
-// Members, NonPassing and Contact is set. At is when Consul's answer arrived.
+// Observation is one report of the Consul watch; exactly one of its
+// pointer fields is set. At is when Consul's answer arrived.
 type Observation struct {
-	At         time.Time
-	Tasks      *TaskList
-	Members    *TaskMembers
-	NonPassing *NonPassing
-	Contact    *Contact
-	Rules      *RulesSource
-	Cordons    *CordonSet
+	At          time.Time
+	Tasks       *TaskList
+	Members     *TaskMembers
+	NonPassing  *NonPassing
+	Contact     *Contact
+	Rules       *RulesSource
+	Cordons     *CordonSet
+	Generations *Generations
+}
+
+// Generations is every session generation recorded in Consul KV
+// (GenerationKeyPrefix + instance_id) at Index: the generation each
+// instance's newest session took before it registered. Every replica reads
+// the same keys, so every replica orders sessions the same way, also after a
+// restart and after the newest session deregistered.
+type Generations struct {
+	Index uint64
+	Floor map[string]uint64 // instance_id → generation
 }
 
 // RulesSource is the raw rollout configuration (JSON) from one source: a

@@ -41,6 +41,8 @@ func TestJoin(t *testing.T) {
 		{"node failed", member(lease(StatusPassing, "", 10), serf(StatusPassing, 5)),
 			NewNonPassingSet(NonPassing{Index: 20, Checks: []CheckState{serf(StatusCritical, 19)}}), StatusPassing, StatusCritical, "", true, 0},
 		{"no lease check", member(serf(StatusPassing, 5)), nil, "", StatusPassing, "", false, 0},
+		{"another node check critical is no node failure", member(lease(StatusPassing, "", 10), serf(StatusPassing, 5), CheckState{Node: "n1", CheckID: "disk", Status: StatusCritical, ModifyIndex: 6}),
+			nil, StatusPassing, StatusCritical, "", true, 0},
 		{"other check of another session is not the lease", member(CheckState{Node: "n1", CheckID: CheckID("exec-1", "old", "transcode"), ServiceID: "transcode:exec-1", Status: StatusPassing}),
 			nil, "", "", StatusPassing, false, 0},
 		{"unknown status is critical", member(lease(StatusPassing, "", 1), CheckState{Node: "n1", CheckID: "mine", ServiceID: "transcode:exec-1", Status: "maintenance"}),
@@ -51,6 +53,9 @@ func TestJoin(t *testing.T) {
 			e := Join(tt.m, tt.np)
 			if e.Lease != tt.lease || e.NodeChecks != tt.node || e.Other != tt.other || e.LeaseFound != tt.found || e.Load != tt.load {
 				t.Fatalf("joined lease=%q node=%q other=%q found=%v load=%d", e.Lease, e.NodeChecks, e.Other, e.LeaseFound, e.Load)
+			}
+			if failed := tt.name == "node failed"; e.NodeFailed != failed {
+				t.Fatalf("NodeFailed = %v, want %v", e.NodeFailed, failed)
 			}
 		})
 	}

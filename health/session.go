@@ -71,6 +71,11 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionLapsed: 2, SessionStale: 3}
 	for _, e := range es {
 		if e.Err != nil {
+			if e.Orders() { // not answered for, but a newer generation still fences older ones
+				if n, ok := ix.newest[e.InstanceID]; !ok || e.Generation > n.Generation {
+					ix.newest[e.InstanceID] = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, State: SessionUnknown}
+				}
+			}
 			continue
 		}
 		key := [2]string{e.InstanceID, e.SessionID}
@@ -84,7 +89,7 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		case e.Fenced:
 			state, detail = SessionStale, fmt.Sprintf("session %s (generation %d) of this instance is newer", e.NewerSessionID, e.NewerGeneration)
 			st.NewerSessionID, st.NewerGeneration = e.NewerSessionID, e.NewerGeneration
-		case e.LapseObserved || !e.LeaseFound || e.Lease == StatusCritical || e.NodeChecks == StatusCritical:
+		case e.LapseObserved || !e.LeaseFound || e.Lease == StatusCritical || e.NodeFailed:
 			state, detail = SessionLapsed, "lease lapsed (or its node failed) on task "+e.Task
 		case e.State == StateDraining:
 			state, detail = SessionDraining, "executor is draining"

@@ -22,7 +22,8 @@ func TestIndexSessions(t *testing.T) {
 		base("c", "s1", "t1", func(e *Executor) { e.Lease = StatusCritical }),
 		base("d", "s1", "t1", func(e *Executor) { e.LapseObserved = true }),
 		base("e", "s1", "t1", func(e *Executor) { e.State = StateDraining }),
-		base("f", "s1", "t1", func(e *Executor) { e.NodeChecks = StatusCritical }),
+		base("f", "s1", "t1", func(e *Executor) { e.NodeFailed, e.NodeChecks = true, StatusCritical }),
+		base("f2", "s1", "t1", func(e *Executor) { e.NodeChecks = StatusCritical }), // a node check of the operator's: not routed, still current
 		base("g", "s1", "t1", nil),
 		base("g", "s1", "t2", func(e *Executor) { e.Lease = StatusCritical }), // worst wins
 		base("h", "s1", "t1", func(e *Executor) { e.Err = errTest }),
@@ -39,7 +40,7 @@ func TestIndexSessions(t *testing.T) {
 	}{
 		{"a", "s1", SessionCurrent}, {"b", "old", SessionStale}, {"b", "new", SessionCurrent},
 		{"c", "s1", SessionLapsed}, {"d", "s1", SessionLapsed}, {"e", "s1", SessionDraining},
-		{"f", "s1", SessionLapsed}, {"g", "s1", SessionLapsed}, {"h", "s1", SessionUnknown},
+		{"f", "s1", SessionLapsed}, {"f2", "s1", SessionCurrent}, {"g", "s1", SessionLapsed}, {"h", "s1", SessionUnknown},
 		{"i", "s1", SessionCurrent}, {"zz", "s1", SessionUnknown}, {"a", "other", SessionUnknown},
 		{"j", "s1", SessionStale}, {"j", "s2", SessionCurrent}, {"k", "s1", SessionLapsed}, {"l", "s1", SessionUnknown},
 	} {

@@ -3,9 +3,16 @@ package server
 import (
 	"context"
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"slices"
+	"strconv"
 	"time"
+
+	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+	metricnoop "go.opentelemetry.io/otel/metric/noop"
 
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
@@ -26,15 +33,56 @@ type Views interface {
 // Fencing serves leasehold.v1.Fencing from the syncer's views.
 type Fencing struct {
 	leaseholdv1.UnimplementedFencingServer
-	views       Views
-	lastContact func() time.Time
+	views     Views
+	freshAsOf func() time.Time
+	opts      FencingOptions
+	answers   metric.Int64Counter
 }
 
 var _ leaseholdv1.FencingServer = (*Fencing)(nil)
 
-// NewFencing answers from views; lastContact tells how old the view of Consul is.
-func NewFencing(views Views, lastContact func() time.Time) *Fencing {
-	return &Fencing{views: views, lastContact: lastContact}
+// FencingOptions configure a Fencing server. Zero values mean defaults.
+type FencingOptions struct {
+	// StaleAfter bounds how old leasehold's view of Consul may be for an
+	// answer other than UNKNOWN (default: the default lease, 35 s). Routing
+	// keeps the last known snapshot whatever its age (fail static): a
+	// dispatcher with endpoints and no answers stops confirming, it does not
+	// stop working.
+	StaleAfter time.Duration
+	Clock      clockwork.Clock
+	Meter      metric.MeterProvider // default: no metrics
+}
+
+// NewFencing answers from views; freshAsOf tells when the view of Consul was
+// last known current (zero: never).
+func NewFencing(views Views, freshAsOf func() time.Time, opts ...FencingOptions) *Fencing {
+	var o FencingOptions
+	if len(opts) > 0 {
+		o = opts[0]
+	}
+	if o.StaleAfter <= 0 {
+		o.StaleAfter = health.DefaultLeaseTTL
+	}
+	if o.Clock == nil {
+		o.Clock = clockwork.NewRealClock()
+	}
+	if o.Meter == nil {
+		o.Meter = metricnoop.NewMeterProvider()
+	}
+	f := &Fencing{views: views, freshAsOf: freshAsOf, opts: o}
+	m := o.Meter.Meter("github.com/leasehold/leasehold/server")
+	f.answers, _ = m.Int64Counter("leasehold.fencing.answers", metric.WithDescription("fencing answers given, by state (CURRENT, STALE, LAPSED, DRAINING, UNKNOWN)"))
+	m.Float64ObservableGauge("leasehold.fencing.view_age", metric.WithUnit("s"),
+		metric.WithDescription("age of the view of Consul the fencing API answers from (-1 before the first full read); answers are UNKNOWN past --fencing-stale-after"),
+		metric.WithFloat64Callback(func(_ context.Context, obs metric.Float64Observer) error {
+			if t := f.freshAsOf(); t.IsZero() {
+				obs.Observe(-1)
+			} else {
+				obs.Observe(f.opts.Clock.Since(t).Seconds())
+			}
+			return nil
+		}))
+	return f
 }
 
 func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1.CheckSessionRequest) *leaseholdv1.CheckSessionResponse {
@@ -49,13 +97,41 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 		NewerSessionId: st.NewerSessionID, NewerGeneration: st.NewerGeneration, Generation: st.Generation,
 		Tasks: st.Tasks, Version: st.Version, ConsulIndex: v.ConsulIndex,
 	}
-	if t := f.lastContact(); !t.IsZero() {
-		resp.ViewAge = durationpb.New(time.Since(t))
+	fresh := f.freshAsOf()
+	age := f.opts.Clock.Since(fresh)
+	if !fresh.IsZero() {
+		resp.ViewAge = durationpb.New(age)
 	}
-	if !v.Synced { // nothing read yet: no answer can be trusted as CURRENT
-		resp.State, resp.Detail = leaseholdv1.SessionState_UNKNOWN, "leasehold has not read Consul yet"
+	switch {
+	case !v.Synced: // nothing read yet: no answer can be trusted as CURRENT
+		f.unknown(resp, "leasehold has not read Consul yet")
+	case fresh.IsZero() || age > f.opts.StaleAfter:
+		f.unknown(resp, fmt.Sprintf("leasehold's view of Consul is stale: Consul has not answered for %s (bound %s); the last known state was %s: %s",
+			age.Round(time.Millisecond), f.opts.StaleAfter, stateOf(st.State), st.Detail))
+	case v.ConsulIndex < req.GetMinConsulIndex():
+		f.unknown(resp, fmt.Sprintf("leasehold's view (Consul index %d) has not reached min_consul_index %d", v.ConsulIndex, req.GetMinConsulIndex()))
 	}
 	return resp
+}
+
+// unknown turns an answer into UNKNOWN, keeping what identifies the session
+// but nothing a caller could act on as if it were current.
+func (f *Fencing) unknown(resp *leaseholdv1.CheckSessionResponse, detail string) {
+	resp.State, resp.Detail = leaseholdv1.SessionState_UNKNOWN, detail
+	resp.NewerSessionId, resp.NewerGeneration = "", 0
+}
+
+func (f *Fencing) count(ctx context.Context, resp *leaseholdv1.CheckSessionResponse) {
+	f.answers.Add(ctx, 1, metric.WithAttributes(attribute.String("state", resp.GetState().String())))
+}
+
+// staleIn is how long until the view passes the staleness bound (≤ 0: it has).
+func (f *Fencing) staleIn() time.Duration {
+	fresh := f.freshAsOf()
+	if fresh.IsZero() {
+		return 0
+	}
+	return f.opts.StaleAfter - f.opts.Clock.Since(fresh)
 }
 
 func stateOf(s health.SessionState) leaseholdv1.SessionState {
@@ -80,34 +156,82 @@ func validate(req *leaseholdv1.CheckSessionRequest) error {
 	return nil
 }
 
-// CheckSession answers once.
+// CheckSession answers once. A view below the request's min_consul_index is
+// waited for until shortly before the request's deadline (at most the
+// staleness bound), then the answer is UNKNOWN.
 func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessionRequest) (*leaseholdv1.CheckSessionResponse, error) {
 	if err := validate(req); err != nil {
 		return nil, err
 	}
-	return f.answer(ctx, f.views.View(), req), nil
+	v := f.views.View()
+	if v.ConsulIndex < req.GetMinConsulIndex() {
+		v = f.waitIndex(ctx, v, req.GetMinConsulIndex())
+	}
+	resp := f.answer(ctx, v, req)
+	f.count(ctx, resp)
+	return resp, nil
+}
+
+// waitIndex waits for a view at index least or later; it gives up early enough
+// to answer before ctx's deadline.
+func (f *Fencing) waitIndex(ctx context.Context, v *snapshot.View, least uint64) *snapshot.View {
+	budget := f.opts.StaleAfter
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		budget = min(budget, left-min(left/10, 100*time.Millisecond))
+	}
+	if budget <= 0 {
+		return v
+	}
+	t := f.opts.Clock.NewTimer(budget)
+	defer t.Stop()
+	for v.ConsulIndex < least {
+		select {
+		case <-v.Changed():
+			v = f.views.View()
+		case <-t.Chan():
+			return v
+		case <-ctx.Done():
+			return v
+		}
+	}
+	return v
 }
 
 // WatchSession answers now and on every change of the answer (view age and
-// index aside) until the caller cancels.
+// index aside) until the caller cancels: also when the view turns stale
+// (UNKNOWN) and fresh again, and when it reaches min_consul_index.
 func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leaseholdv1.Fencing_WatchSessionServer) error {
 	if err := validate(req); err != nil {
 		return err
 	}
+	ctx := stream.Context()
 	var last *leaseholdv1.CheckSessionResponse
+	timer := f.opts.Clock.NewTimer(time.Hour)
+	defer timer.Stop()
 	for {
 		v := f.views.View()
-		resp := f.answer(stream.Context(), v, req)
+		resp := f.answer(ctx, v, req)
 		if last == nil || !sameAnswer(last, resp) {
 			if err := stream.Send(resp); err != nil {
 				return err
 			}
+			f.count(ctx, resp)
 			last = resp
 		}
+		// Wake when the view changes or when it would pass the staleness
+		// bound; a stale view is checked again every second, since the
+		// watch's answer arriving does not change the View.
+		wake := f.staleIn()
+		if wake <= 0 {
+			wake = time.Second
+		}
+		timer.Reset(wake + time.Millisecond)
 		select {
-		case <-stream.Context().Done():
+		case <-ctx.Done():
 			return nil
 		case <-v.Changed():
+		case <-timer.Chan():
 		}
 	}
 }
@@ -118,10 +242,19 @@ func sameAnswer(a, b *leaseholdv1.CheckSessionResponse) bool {
 	return proto.Equal(a, b)
 }
 
-// ServeHTTP is CheckSession as JSON: GET /v1/session?instance_id=..&session_id=..
+// ServeHTTP is CheckSession as JSON: GET /v1/session?instance_id=..&session_id=..[&min_consul_index=..]
 func (f *Fencing) ServeHTTP(w http.ResponseWriter, r *http.Request) {
 	req := &leaseholdv1.CheckSessionRequest{InstanceId: r.URL.Query().Get("instance_id"), SessionId: r.URL.Query().Get("session_id")}
-	resp, err := f.CheckSession(r.Context(), req)
+	var err error
+	if m := r.URL.Query().Get("min_consul_index"); m != "" {
+		if req.MinConsulIndex, err = strconv.ParseUint(m, 10, 64); err != nil {
+			err = status.Errorf(codes.InvalidArgument, "min_consul_index %q: not a non-negative integer", m)
+		}
+	}
+	var resp *leaseholdv1.CheckSessionResponse
+	if err == nil {
+		resp, err = f.CheckSession(r.Context(), req)
+	}
 	w.Header().Set("Content-Type", "application/json")
 	if err != nil {
 		w.WriteHeader(http.StatusBadRequest)

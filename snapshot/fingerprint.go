@@ -66,6 +66,7 @@ func executorPrint(e *health.Executor) uint64 {
 	str(e.NewerSessionID)
 	num(e.NewerGeneration)
 	flag(e.LapseObserved)
+	flag(e.NodeFailed)
 	num(e.CreateIndex)
 	str(e.CordonID)
 	str(e.CordonReason)

@@ -85,8 +85,10 @@ type Syncer struct {
 	tasks       []string           // task types Consul lists; nil until first read
 	synced      bool               // the whole fleet has been read once
 	unreachable bool               // Consul's last answer was an error
-	lapsed      map[[2]string]bool // instance, session seen with a critical lease
-	floor       map[string]uint64  // highest generation seen per instance
+	lapsed      map[[2]string]bool // instance, session seen with a critical lease or failed node
+	floor       map[string]uint64  // per instance: the generation in Consul KV (Generations)
+	haveGen     bool               // the generation keys have been read
+	genIndex    uint64
 	byTask      map[string][]health.Executor
 	printsBy    map[string][]uint64 // executorPrint of byTask's executors, aligned
 	taskPrint   map[string]taskPrint
@@ -253,16 +255,23 @@ func (s *Syncer) apply(o health.Observation) {
 	case o.NonPassing != nil:
 		s.np = health.NewNonPassingSet(*o.NonPassing)
 		s.haveNP = true
+	case o.Generations != nil:
+		s.floor = o.Generations.Floor
+		if s.floor == nil {
+			s.floor = map[string]uint64{}
+		}
+		s.haveGen = true
+		s.genIndex = o.Generations.Index
 	case o.Rules != nil:
 		s.applyRules(o.Rules)
 	case o.Cordons != nil:
 		s.applyCordons(o.Cordons)
 	case o.Contact != nil && o.Contact.IndexWentBack:
-		// Consul's past is gone: generations restart from its empty KV, so
-		// remembered floors would fence every live executor.
-		if len(s.floor) > 0 || len(s.history) > 0 {
-			s.log.Warn("Consul's index went backwards: forgetting session generations and history learned before")
-			clear(s.floor)
+		// Consul's past is gone: generations restart from its KV (read
+		// again by the watch), and sessions remembered from before may
+		// reuse their ids' generations.
+		if len(s.history) > 0 {
+			s.log.Warn("Consul's index went backwards: forgetting the session history learned before")
 			clear(s.history)
 			s.historyGen++
 		}
@@ -283,11 +292,13 @@ func (s *Syncer) recompute(ctx context.Context) {
 	var all []health.Executor
 	var lapses []health.Executor
 	present := map[[2]string]bool{}
+	badPresent := map[string]bool{}
 	for _, task := range sortedTasks(s.members) {
 		for _, m := range s.members[task].Members {
 			e := health.Join(m, s.np)
 			if e.Err != nil {
 				key := e.ServiceID + "@" + e.Node
+				badPresent[key] = true
 				if s.badSeen[key] != e.Err.Error() {
 					s.badSeen[key] = e.Err.Error()
 					s.badMeta.Add(ctx, 1)
@@ -297,30 +308,33 @@ func (s *Syncer) recompute(ctx context.Context) {
 				// Session ids are only unique per instance by contract.
 				sk := [2]string{e.InstanceID, e.SessionID}
 				present[sk] = true
-				if e.Lease == health.StatusCritical && !s.lapsed[sk] {
+				if !s.lapsed[sk] && s.lapsedBefore(e) {
+					s.lapsed[sk] = true // it reappeared: once lapsed, always lapsed
+				}
+				if (e.Lease == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
 					s.lapsed[sk] = true
 					lapses = append(lapses, e)
 					s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
-					s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task)
+					s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task, "node_failed", e.NodeFailed)
 				}
 				e.LapseObserved = s.lapsed[sk]
 			}
 			all = append(all, e)
 		}
 	}
-	for sess := range s.lapsed { // forget sessions whose registrations are gone
+	for sess := range s.lapsed { // gone: the history remembers it (lapsedBefore)
 		if !present[sess] {
 			delete(s.lapsed, sess)
+		}
+	}
+	for key := range s.badSeen {
+		if !badPresent[key] {
+			delete(s.badSeen, key)
 		}
 	}
 	health.Fence(all, s.floor)
 	s.applyControl(ctx, all, nil)
 	s.remember(all)
-	for _, e := range all {
-		if e.Err == nil && e.Generation > s.floor[e.InstanceID] {
-			s.floor[e.InstanceID] = e.Generation
-		}
-	}
 	byTask := map[string][]health.Executor{}
 	printsBy := map[string][]uint64{}
 	prints := map[string]*taskPrint{}
@@ -411,7 +425,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 		build.End()
 	}
 	_ = buildCtx
-	if !s.synced && s.haveNP && s.tasks != nil {
+	if !s.synced && s.haveNP && s.haveGen && s.tasks != nil {
 		s.synced = true
 		for _, task := range s.tasks {
 			if _, ok := s.members[task]; !ok {
@@ -656,7 +670,7 @@ func (s *Syncer) remember(all []health.Executor) {
 		for i < len(h) && h[i].SessionID != e.SessionID {
 			i++
 		}
-		lapsed := e.LapseObserved || e.Lease == health.StatusCritical
+		lapsed := e.LapseObserved || e.Lease == health.StatusCritical || e.NodeFailed
 		if i < len(h) && (h[i].Lapsed || !lapsed) && contains(h[i].Tasks, e.Task) {
 			continue // nothing new about this session: the common case
 		}
@@ -687,6 +701,18 @@ func (s *Syncer) remember(all []health.Executor) {
 			}
 		}
 	}
+}
+
+// lapsedBefore reports whether the history remembers e's session as lapsed:
+// its registrations went away after the lapse and came back (e.g. its agent
+// re-synced them after the catalog lost them).
+func (s *Syncer) lapsedBefore(e health.Executor) bool {
+	for _, p := range s.history[e.InstanceID] {
+		if p.SessionID == e.SessionID {
+			return p.Lapsed
+		}
+	}
+	return false
 }
 
 // past lists every remembered session; the list is rebuilt only when the

@@ -36,7 +36,13 @@ func startSyncer(t *testing.T) *syncHarness {
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
+	h.obs <- health.Observation{Generations: &health.Generations{}} // no generation keys
 	return h
+}
+
+func (h *syncHarness) generations(floor map[string]uint64) {
+	h.index++
+	h.obs <- health.Observation{Generations: &health.Generations{Index: h.index, Floor: floor}}
 }
 
 func (h *syncHarness) publish() published {

@@ -67,8 +67,9 @@ func (s *Syncer) initTelemetry() {
 			v := s.View()
 			type key struct{ task, state, verdict string }
 			counts := map[key]int64{}
-			for _, e := range v.Executors {
-				verdict := v.Decide(e, health.Dispatcher{})
+			verdicts := v.DecideAll(health.Dispatcher{})
+			for i, e := range v.Executors {
+				verdict := verdicts[i]
 				reason := string(verdict.Reason)
 				if reason == "" {
 					reason = "eligible"
@@ -138,7 +139,7 @@ func (s *Syncer) diffExecutors(all []health.Executor, prints []uint64) execDiff 
 }
 
 func (s *Syncer) consulIndex() uint64 {
-	index := s.np.Index()
+	index := max(s.np.Index(), s.genIndex)
 	for _, m := range s.members {
 		index = max(index, m.Index)
 	}

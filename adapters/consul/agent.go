@@ -34,6 +34,9 @@ type Agent interface {
 	// check-and-set in Consul KV; the result is above floor too, so a lost
 	// KV entry never hands out a generation an existing session already has.
 	NextGeneration(ctx context.Context, instanceID string, floor uint64) (uint64, error)
+	// Generation reads the last generation taken for instanceID in Consul KV
+	// (0 when there is none or it is not a number).
+	Generation(ctx context.Context, instanceID string) (uint64, error)
 }
 
 // RemoteSession is one registration of an instance as the catalog shows it.
@@ -42,6 +45,9 @@ type RemoteSession struct {
 	SessionID  string
 	Generation uint64             // 0 when its meta has none
 	Status     health.CheckStatus // of its lease check; critical when it has none
+	// NodeFailed: its node's serfHealth check is critical, or changed after
+	// this session's lease check was created (the node failed and came back).
+	NodeFailed bool
 }
 
 // ErrUnknownCheck means the agent refused a heartbeat because it does not know
@@ -110,10 +116,19 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 	for _, e := range entries {
 		rs := RemoteSession{Node: e.Node.Node, SessionID: e.Service.Meta[health.MetaSessionID], Status: health.StatusCritical}
 		rs.Generation, _ = strconv.ParseUint(e.Service.Meta[health.MetaGeneration], 10, 64)
+		var leaseCreated, serfModified uint64
 		for _, c := range e.Checks {
 			if _, sess, _, ok := health.ParseCheckID(c.CheckID); ok && sess == rs.SessionID {
 				rs.Status = health.CheckStatus(c.Status)
+				leaseCreated = c.CreateIndex
 			}
+			if c.CheckID == health.SerfHealthCheckID && c.ServiceID == "" {
+				serfModified = c.ModifyIndex
+				rs.NodeFailed = c.Status == api.HealthCritical
+			}
+		}
+		if leaseCreated > 0 && serfModified > leaseCreated {
+			rs.NodeFailed = true
 		}
 		if e.Checks.AggregatedStatus() == api.HealthCritical { // e.g. its node failed
 			rs.Status = health.StatusCritical
@@ -148,6 +163,19 @@ func (a *APIAgent) NextGeneration(ctx context.Context, instanceID string, floor 
 		}
 	}
 	return 0, fmt.Errorf("check-and-set %s: too much contention", key)
+}
+
+func (a *APIAgent) Generation(ctx context.Context, instanceID string) (uint64, error) {
+	key := health.GenerationKey(instanceID)
+	pair, _, err := a.c.KV().Get(key, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return 0, fmt.Errorf("read %s: %w", key, err)
+	}
+	if pair == nil {
+		return 0, nil
+	}
+	g, _ := strconv.ParseUint(string(pair.Value), 10, 64)
+	return g, nil
 }
 
 func isStatus(err error, code int) bool {

@@ -140,6 +140,12 @@ func (f *fakeAgent) NextGeneration(_ context.Context, instanceID string, floor u
 	return f.gens[instanceID], nil
 }
 
+func (f *fakeAgent) Generation(_ context.Context, instanceID string) (uint64, error) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.gens[instanceID], nil
+}
+
 // forget drops every registration, as a restarted agent without state does.
 func (f *fakeAgent) forget() {
 	f.mu.Lock()

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"strconv"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -31,7 +32,8 @@ type Registrar struct {
 	exited  chan struct{} // closed when Run returns
 	running atomic.Bool
 
-	own map[string]bool // sessions this process created; owned by Run
+	own    map[string]bool // sessions this process created; owned by Run
+	ownGen uint64          // the highest generation this process took; owned by Run
 	registrarTelemetry
 
 	mu      sync.Mutex
@@ -255,6 +257,7 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 			return time.Time{}, fmt.Errorf("session generation: %w", err)
 		}
 		key.generation = gen
+		r.ownGen = max(r.ownGen, gen)
 	}
 	sentAt := r.cfg.Clock.Now()
 	for _, task := range r.cfg.Tasks {
@@ -336,6 +339,7 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 	defer deadline.Stop()
 	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
 	var fenceC <-chan time.Time
+	var fence fenceState
 	if r.cfg.FenceCheck > 0 {
 		t := clock.NewTicker(r.cfg.FenceCheck)
 		defer t.Stop()
@@ -410,9 +414,9 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 			}
 
 		case <-fenceC:
-			if newer, ok := r.newerElsewhere(ctx, sess.Generation); ok {
-				log.Warn("a newer session of this instance is registered through another agent: stopping", "newer_session_id", newer.SessionID, "newer_generation", newer.Generation, "node", newer.Node)
-				return lose(LossSuperseded, fmt.Errorf("session %s (generation %d) on node %s is newer", newer.SessionID, newer.Generation, newer.Node))
+			if reason, err := r.fenceCheck(ctx, sess, &fence); reason != "" {
+				log.Warn("session ended by the fence check", "reason", reason, "err", err)
+				return lose(reason, err)
 			}
 
 		case <-next.Chan():
@@ -482,24 +486,28 @@ func (r *Registrar) renew(ctx context.Context, sess sessionKey, renewedAt time.T
 }
 
 // superseded reports whether a session of this instance that this process
-// did not create is alive: on this agent under our service id, or (not
-// critical) anywhere in the catalog. Such a session is newer: two processes
-// must never take turns replacing each other. Errors count as "no": the
-// caller then retries registering.
+// did not create, with a higher generation than any this process took, is
+// alive: on this agent under our service id, or (not critical) anywhere in
+// the catalog. Two processes must never take turns replacing each other; an
+// older session (a crashed predecessor whose registration lingers on another
+// agent) supersedes nothing. Errors count as "no": the caller then retries
+// registering.
 func (r *Registrar) superseded(ctx context.Context) bool {
 	qctx, cancel := context.WithTimeout(ctx, min(r.cfg.Lease.TTL, 5*time.Second))
 	defer cancel()
 	for _, task := range r.cfg.Tasks {
 		svc, err := r.agent.LocalService(qctx, health.ServiceID(r.cfg.InstanceID, task))
 		if err == nil && svc != nil && !r.own[svc.Meta[health.MetaSessionID]] {
-			return true
+			if gen, err := strconv.ParseUint(svc.Meta[health.MetaGeneration], 10, 64); err == nil && gen > r.ownGen {
+				return true
+			}
 		}
 		others, err := r.agent.Sessions(qctx, task, r.cfg.InstanceID)
 		if err != nil {
 			continue
 		}
 		for _, o := range others {
-			if !r.own[o.SessionID] && o.Status != health.StatusCritical {
+			if !r.own[o.SessionID] && o.Generation > r.ownGen && o.Status != health.StatusCritical {
 				return true
 			}
 		}
@@ -507,21 +515,48 @@ func (r *Registrar) superseded(ctx context.Context) bool {
 	return false
 }
 
-// newerElsewhere finds a live session of this instance with a higher
-// generation than ours in the catalog (one query, for the first task).
-func (r *Registrar) newerElsewhere(ctx context.Context, generation uint64) (RemoteSession, bool) {
+// fenceState is what the fence checks of one session remember.
+type fenceState struct {
+	aheadSince time.Time // since when Consul KV holds a generation above ours that no registration carries
+}
+
+// fenceCheck looks in the catalog and KV for what ends this session although
+// its heartbeats are accepted: a newer session registered through another
+// agent (this process is then superseded), a failure of our node (leasehold
+// saw the session LAPSED, for ever), or a generation taken above ours that
+// stayed unregistered for a whole lease (a process that crashed between
+// taking it and registering: leasehold calls our session STALE until we take
+// a newer one).
+func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceState) (LossReason, error) {
 	qctx, cancel := context.WithTimeout(ctx, min(r.cfg.Lease.Heartbeat, 5*time.Second))
 	defer cancel()
 	others, err := r.agent.Sessions(qctx, r.cfg.Tasks[0], r.cfg.InstanceID)
 	if err != nil {
-		return RemoteSession{}, false // cannot tell: the next check will
+		return "", nil // cannot tell: the next check will
 	}
 	for _, o := range others {
-		if !r.own[o.SessionID] && o.Generation > generation && o.Status != health.StatusCritical {
-			return o, true
+		if !r.own[o.SessionID] && o.Generation > sess.Generation && o.Status != health.StatusCritical {
+			return LossSuperseded, fmt.Errorf("session %s (generation %d) on node %s is newer", o.SessionID, o.Generation, o.Node)
 		}
 	}
-	return RemoteSession{}, false
+	for _, o := range others {
+		if o.SessionID == sess.ID && o.NodeFailed {
+			return LossNodeFailed, fmt.Errorf("node %s failed (serfHealth critical) after this session registered: the session counts as lapsed", o.Node)
+		}
+	}
+	gen, err := r.agent.Generation(qctx, r.cfg.InstanceID)
+	if err != nil || gen <= sess.Generation {
+		st.aheadSince = time.Time{}
+		return "", nil
+	}
+	now := r.cfg.Clock.Now()
+	if st.aheadSince.IsZero() {
+		st.aheadSince = now
+	}
+	if now.Sub(st.aheadSince) >= r.cfg.Lease.TTL {
+		return LossOvertaken, fmt.Errorf("generation %d was taken in Consul KV %s but no session registered it within a lease (ours: %d)", gen, health.GenerationKey(r.cfg.InstanceID), sess.Generation)
+	}
+	return "", nil
 }
 
 // deregisterOwn removes this session's registrations, but never one that a

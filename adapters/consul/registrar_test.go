@@ -270,7 +270,7 @@ func TestSupersededOnAnotherNode(t *testing.T) {
 	h := start(t, nil)
 	s1 := h.session(nil)
 	h.agent.mu.Lock()
-	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Status: health.StatusPassing}}
+	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Generation: 2, Status: health.StatusPassing}}
 	h.agent.mu.Unlock()
 	h.advance(2, testTTL+time.Second) // paused past the lease
 	l := h.loss()
@@ -496,5 +496,89 @@ func TestNewerSessionOnAnotherAgentIsNoticed(t *testing.T) {
 		h.done <- err
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run went on")
+	}
+}
+
+// A crashed predecessor's registration still passing on another agent has
+// an older generation: it supersedes nothing, the live process registers a
+// new session instead of exiting.
+func TestOlderSessionElsewhereSupersedesNothing(t *testing.T) {
+	h := start(t, func(*Config) {})
+	h.agent.mu.Lock()
+	h.agent.gens["exec-1"] = 4 // the predecessor took 4; this process takes 5
+	h.agent.mu.Unlock()
+	s1 := h.session(nil)
+	if s1.Generation != 5 {
+		t.Fatalf("generation %d, want 5", s1.Generation)
+	}
+	h.agent.mu.Lock()
+	h.agent.others = []RemoteSession{{Node: "other", SessionID: "crashed", Generation: 4, Status: health.StatusPassing}}
+	h.agent.mu.Unlock()
+	h.advance(2, testTTL+time.Second) // paused past the lease
+	if l := h.loss(); l.Reason != LossExpired || l.Superseded {
+		t.Fatalf("loss = %+v, want expired and not superseded", l)
+	}
+	if s2 := h.session(s1); s2.Generation != 6 {
+		t.Fatalf("re-registered at generation %d, want 6", s2.Generation)
+	}
+}
+
+func TestFenceCheck(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	agent := newFakeAgent()
+	cfg := baseConfig()
+	cfg.Clock = clock
+	r, err := NewRegistrar(agent, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.own["mine"] = true
+	sess := &Session{ID: "mine", Generation: 5}
+	set := func(others []RemoteSession, kv uint64) {
+		agent.mu.Lock()
+		agent.others, agent.gens["exec-1"] = others, kv
+		agent.mu.Unlock()
+	}
+	check := func(want LossReason) {
+		t.Helper()
+		var st fenceState
+		if got, err := r.fenceCheck(context.Background(), sess, &st); got != want {
+			t.Fatalf("fenceCheck = %q (%v), want %q", got, err, want)
+		}
+	}
+	mine := RemoteSession{Node: "n1", SessionID: "mine", Generation: 5, Status: health.StatusPassing}
+
+	set([]RemoteSession{mine}, 5)
+	check("")
+	set([]RemoteSession{mine, {Node: "n2", SessionID: "older", Generation: 4, Status: health.StatusPassing}}, 5)
+	check("")
+	set([]RemoteSession{mine, {Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusPassing}}, 6)
+	check(LossSuperseded)
+	set([]RemoteSession{mine, {Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusCritical}}, 6)
+	check("") // a dead newer session fences us too (leasehold calls us STALE): "overtaken", but only after a lease
+	failed := mine
+	failed.NodeFailed = true
+	set([]RemoteSession{failed}, 5)
+	check(LossNodeFailed)
+
+	// A generation taken above ours and never registered: only after a lease.
+	set([]RemoteSession{mine}, 7)
+	var st fenceState
+	if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" {
+		t.Fatalf("overtaken at once: %q", got)
+	}
+	clock.Advance(r.cfg.Lease.TTL / 2)
+	if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" {
+		t.Fatalf("overtaken after half a lease: %q", got)
+	}
+	set([]RemoteSession{mine}, 5) // e.g. the key was restored: the count starts over
+	if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" || !st.aheadSince.IsZero() {
+		t.Fatalf("fenceCheck = %q, aheadSince %v", got, st.aheadSince)
+	}
+	set([]RemoteSession{mine}, 7)
+	r.fenceCheck(context.Background(), sess, &st)
+	clock.Advance(r.cfg.Lease.TTL)
+	if got, err := r.fenceCheck(context.Background(), sess, &st); got != LossOvertaken {
+		t.Fatalf("fenceCheck = %q (%v), want overtaken after a lease", got, err)
 	}
 }

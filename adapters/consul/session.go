@@ -23,6 +23,14 @@ const (
 	// is registered through another agent (its heartbeats there are accepted,
 	// so only the catalog tells).
 	LossSuperseded LossReason = "superseded"
+	// LossNodeFailed: Consul declared this executor's node failed (its
+	// serfHealth check went critical) after the session registered: leasehold
+	// treats the session as lapsed for ever, whatever its check says now.
+	LossNodeFailed LossReason = "node-failed"
+	// LossOvertaken: a generation above this session's was taken in Consul KV
+	// and stayed unregistered for a whole lease (its process died before
+	// registering): leasehold calls this session STALE, so it takes a new one.
+	LossOvertaken LossReason = "overtaken"
 )
 
 // LeaseLoss describes the end of one session's lease.

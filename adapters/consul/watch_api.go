@@ -10,6 +10,8 @@ import (
 
 	"github.com/hashicorp/consul/api"
 	"github.com/hashicorp/go-cleanhttp"
+
+	"github.com/leasehold/leasehold/health"
 )
 
 // catalog is what the Watcher needs from Consul; apiCatalog implements it
@@ -26,6 +28,8 @@ type catalog interface {
 	// NonPassing lists the non-passing checks of services carrying tag and
 	// of nodes.
 	NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error)
+	// Generations lists the session generation keys (health.GenerationKeyPrefix).
+	Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error)
 }
 
 type apiCatalog struct {
@@ -45,7 +49,7 @@ func query(ctx context.Context, index uint64, wait time.Duration) *api.QueryOpti
 // truth would route nothing.
 var ErrACL = errors.New("consul ACL")
 
-const aclRights = `the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs read on every service and node: service_prefix "" { policy = "read" } and node_prefix "" { policy = "read" } (examples/consul/leasehold-policy.hcl)`
+const aclRights = `the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs read on every service and node: service_prefix "" { policy = "read" } and node_prefix "" { policy = "read" }, and on the generation keys: key_prefix "leasehold/generation/" { policy = "read" } (examples/consul/leasehold-policy.hcl)`
 
 // aclCheck turns a 403 or ACL-filtered results into ErrACL.
 func aclCheck(what string, meta *api.QueryMeta, err error) error {
@@ -110,6 +114,17 @@ func (a apiCatalog) NonPassing(ctx context.Context, tag string, index uint64, wa
 		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
+}
+
+func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
+	pairs, meta, err := a.c.KV().List(health.GenerationKeyPrefix, query(ctx, index, wait))
+	if err := aclCheck("kv "+health.GenerationKeyPrefix, meta, err); err != nil {
+		if errors.Is(err, ErrACL) {
+			err = fmt.Errorf("%w (and key_prefix %q { policy = \"read\" })", err, health.GenerationKeyPrefix)
+		}
+		return nil, 0, err
+	}
+	return pairs, meta.LastIndex, nil
 }
 
 // NewClient builds a Consul API client from the standard CONSUL_* environment

@@ -5,8 +5,10 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
+	"maps"
 	"reflect"
 	"sort"
+	"strconv"
 	"strings"
 	"sync"
 	"sync/atomic"
@@ -102,7 +104,8 @@ type Watcher struct {
 	contactMu      sync.Mutex
 	failing        bool
 	failingWatches map[string]bool
-	lastContact    atomic.Int64 // unix nanos of the last successful answer
+	lastOK         map[string]time.Time // per watch: its last successful answer
+	lastContact    atomic.Int64         // unix nanos of the last successful answer
 
 	requests, errs, wakeups metric.Int64Counter
 }
@@ -141,12 +144,49 @@ func (w *Watcher) LastContact() time.Time {
 	return time.Unix(0, n)
 }
 
+// Watches whose answers come at least every FastWait whatever happens: the
+// age of their last answer bounds how old the whole view may be.
+var alwaysAnswering = []string{"non-passing", "services", "generations"}
+
+// FreshAsOf is when leasehold's view of Consul was last known current (zero
+// before every watch answered once): the oldest last answer among the watches
+// that answer at least every FastWait, and among the watches failing now.
+// A per-task watch that is not failing is in a blocking query, which Consul
+// answers as soon as the task changes, so it is as current as Consul.
+func (w *Watcher) FreshAsOf() time.Time {
+	w.contactMu.Lock()
+	defer w.contactMu.Unlock()
+	var oldest time.Time
+	consider := func(name string) bool {
+		t, ok := w.lastOK[name]
+		if !ok {
+			return false
+		}
+		if oldest.IsZero() || t.Before(oldest) {
+			oldest = t
+		}
+		return true
+	}
+	for _, name := range alwaysAnswering {
+		if !consider(name) {
+			return time.Time{}
+		}
+	}
+	for name := range w.failingWatches {
+		if !consider(name) {
+			return time.Time{}
+		}
+	}
+	return oldest
+}
+
 // Run watches until ctx ends, sending observations to out.
 func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error {
 	var wg sync.WaitGroup
-	wg.Add(2)
+	wg.Add(3)
 	go func() { defer wg.Done(); w.watchNonPassing(ctx, out) }()
 	go func() { defer wg.Done(); w.watchServices(ctx, out) }()
+	go func() { defer wg.Done(); w.watchGenerations(ctx, out) }()
 	wg.Wait()
 	return ctx.Err()
 }
@@ -168,20 +208,22 @@ func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o hea
 // watch failed, so one answer that was in flight when Consul went away does
 // not flip the state back.
 func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, name string, err error) {
+	now := w.cfg.Clock.Now()
 	if err == nil {
-		w.lastContact.Store(w.cfg.Clock.Now().UnixNano())
+		w.lastContact.Store(now.UnixNano())
 	}
 	if errors.Is(err, context.Canceled) && ctx.Err() != nil {
 		return
 	}
 	w.contactMu.Lock()
 	if w.failingWatches == nil {
-		w.failingWatches = map[string]bool{}
+		w.failingWatches, w.lastOK = map[string]bool{}, map[string]time.Time{}
 	}
 	if err != nil {
 		w.failingWatches[name] = true
 	} else {
 		delete(w.failingWatches, name)
+		w.lastOK[name] = now
 	}
 	failing := len(w.failingWatches) > 0
 	changed := w.failing != failing
@@ -268,6 +310,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 func (w *Watcher) forgetWatch(name string) {
 	w.contactMu.Lock()
 	delete(w.failingWatches, name)
+	delete(w.lastOK, name)
 	w.contactMu.Unlock()
 }
 
@@ -313,6 +356,41 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 		}
 		first, last = false, states
 		w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: idx, Checks: states}})
+		return idx, nil
+	})
+}
+
+// watchGenerations follows the session generations in Consul KV: the
+// floor below which every session of an instance is older than its newest,
+// the same on every replica.
+func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observation) {
+	var last map[string]uint64
+	bad := map[string]string{} // key → value already warned about
+	first := true
+	w.blockingLoop(ctx, out, "generations", w.cfg.MinInterval*4, false, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+		pairs, idx, err := w.cat.Generations(ctx, index, wait)
+		if err != nil {
+			first = true
+			return 0, err
+		}
+		floor := make(map[string]uint64, len(pairs))
+		for _, p := range pairs {
+			inst := strings.TrimPrefix(p.Key, health.GenerationKeyPrefix)
+			g, perr := strconv.ParseUint(string(p.Value), 10, 64)
+			if verr := health.ValidateInstanceID(inst); verr != nil || perr != nil || g == 0 {
+				if bad[p.Key] != string(p.Value) {
+					bad[p.Key] = string(p.Value)
+					w.log.Warn("generation key ignored: want "+health.GenerationKeyPrefix+"<instance_id> holding a positive integer", "key", p.Key, "value", string(p.Value))
+				}
+				continue
+			}
+			floor[inst] = g
+		}
+		if !first && maps.Equal(floor, last) {
+			return idx, nil
+		}
+		first, last = false, floor
+		w.send(ctx, out, health.Observation{Generations: &health.Generations{Index: idx, Floor: floor}})
 		return idx, nil
 	})
 }

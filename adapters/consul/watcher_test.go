@@ -19,6 +19,7 @@ type scripted struct {
 	services map[string][]string
 	nodes    []*api.CatalogService
 	entries  []*api.ServiceEntry
+	kv       api.KVPairs
 	index    uint64
 	err      error
 }
@@ -102,6 +103,15 @@ func (f *fakeCatalog) NonPassing(ctx context.Context, tag string, index uint64, 
 		return nil, 0, err
 	}
 	return s.checks, s.index, s.err
+}
+
+func (f *fakeCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
+	f.calls <- callRec{"generations", "", index, wait}
+	s, err := f.next(ctx, "generations")
+	if err != nil {
+		return nil, 0, err
+	}
+	return s.kv, s.index, s.err
 }
 
 func (f *fakeCatalog) call(t *testing.T, method string) callRec {

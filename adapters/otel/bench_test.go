@@ -25,6 +25,7 @@ func benchChanges(b *testing.B, tp trace.TracerProvider) {
 	go s.Run(ctx, obs)
 	obs <- health.Observation{Tasks: &health.TaskList{Tasks: []string{"work"}}}
 	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 1}}
+	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
 	s.Subscribe(health.Dispatcher{})
 	members := fleet(1, 1000, false)
 	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 2, Members: members}}

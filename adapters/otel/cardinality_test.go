@@ -64,6 +64,7 @@ func TestMetricSeriesStayBounded(t *testing.T) {
 	go s.Run(ctx, obs)
 	obs <- health.Observation{Tasks: &health.TaskList{Tasks: []string{"work"}}}
 	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 1}}
+	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
 	s.Subscribe(health.Dispatcher{})
 	wait := func(n int, index uint64) {
 		deadline := time.After(10 * time.Second)

@@ -43,6 +43,7 @@ type serveConfig struct {
 	rulesFile      string
 	auditLog       string
 	adminTLS       server.TLSFiles
+	staleAfter     time.Duration
 }
 
 // serveFlag is one flag with its environment variable.
@@ -55,6 +56,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 	var (
 		cfg                                serveConfig
 		logLevel, maxConns, tag, logFormat string
+		staleAfter                         string
 	)
 	flags := []serveFlag{
 		{"consul-addr", "LEASEHOLD_CONSUL_ADDR", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from the standard CONSUL_* variables)", &cfg.consulAddr},
@@ -73,6 +75,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"admin-client-ca", "LEASEHOLD_ADMIN_CLIENT_CA", "", "PEM CA: a client certificate it signed opens /debug/* and /v1/* (like the token); probes need none", &cfg.adminTLS.ClientCA},
 		{"rules", "LEASEHOLD_RULES", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals); followed live; Consul KV " + consul.RulesKey + " overrides it", &cfg.rulesFile},
 		{"audit-log", "LEASEHOLD_AUDIT_LOG", "-", "where configuration changes this replica applies or refuses are written, one JSON object per line (- : standard output)", &cfg.auditLog},
+		{"fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER", health.DefaultLeaseTTL.String(), "once leasehold's view of Consul is older than this, the fencing API answers UNKNOWN (routing keeps the last known snapshot)", &staleAfter},
 		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
 	}
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
@@ -114,6 +117,11 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		bad("consul-max-conns", fmt.Sprintf("%q: want 1..190", maxConns))
 	} else {
 		cfg.consulMaxConns = n
+	}
+	if d, err := time.ParseDuration(staleAfter); err != nil || d < 3*time.Second {
+		bad("fencing-stale-after", fmt.Sprintf("%q: want a duration of at least 3s, e.g. 35s", staleAfter))
+	} else {
+		cfg.staleAfter = d
 	}
 	if (cfg.tls.Cert == "") != (cfg.tls.Key == "") {
 		bad("tls-cert", "--tls-cert and --tls-key go together")
@@ -183,7 +191,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	if err != nil {
 		return err
 	}
-	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, Logger: log, Meter: tel.Meter})
+	// The watches that always answer must do so well inside the staleness
+	// bound, or an idle fleet would read as a stale view.
+	fastWait := min(10*time.Second, cfg.staleAfter/3)
+	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, Logger: log, Meter: tel.Meter})
 	audit, closeAudit, err := openAudit(cfg.auditLog, tel.Tracer)
 	if err != nil {
 		return err
@@ -269,7 +280,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	)...)
 	xds := server.NewXDS(runCtx, syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: policy})
 	xds.Register(g)
-	fencing := server.NewFencing(syncer, watcher.LastContact)
+	fencing := server.NewFencing(syncer, watcher.FreshAsOf, server.FencingOptions{StaleAfter: cfg.staleAfter, Meter: tel.Meter})
 	leaseholdv1.RegisterFencingServer(g, fencing)
 	go g.Serve(xdsLis)
 

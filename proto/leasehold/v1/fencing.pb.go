@@ -33,12 +33,15 @@ const (
 	// A newer session of this instance exists (newer_session_id): the process
 	// holding this session was replaced.
 	SessionState_STALE SessionState = 2
-	// This session's lease was observed lapsed (or its node failed): it is
-	// never routed again; a resumed process registers a new session.
+	// This session's lease was observed lapsed, or its node failed (Consul's
+	// serfHealth check critical): it is never routed again, even if its check
+	// turns passing; a resumed process registers a new session.
 	SessionState_LAPSED SessionState = 3
 	// The executor is draining: in-flight work may finish, no new work.
 	SessionState_DRAINING SessionState = 4
-	// Never seen, or deregistered.
+	// Never seen or deregistered; or leasehold cannot vouch for its view:
+	// Consul has not answered for longer than the staleness bound, or the view
+	// has not reached the request's min_consul_index (detail says which).
 	SessionState_UNKNOWN SessionState = 5
 )
 
@@ -90,11 +93,18 @@ func (SessionState) EnumDescriptor() ([]byte, []int) {
 }
 
 type CheckSessionRequest struct {
-	state         protoimpl.MessageState `protogen:"open.v1"`
-	InstanceId    string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
-	SessionId     string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
-	unknownFields protoimpl.UnknownFields
-	sizeCache     protoimpl.SizeCache
+	state      protoimpl.MessageState `protogen:"open.v1"`
+	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
+	SessionId  string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
+	// Monotonic reads across replicas: the least Consul index the answer may be
+	// based on, e.g. the consul_index of an earlier answer from any replica. A
+	// replica whose view is older waits for it until the request's deadline
+	// (WatchSession: until the caller cancels), then answers UNKNOWN; so a
+	// dispatcher that saw STALE or LAPSED at one replica never sees CURRENT at
+	// another. 0: any view.
+	MinConsulIndex uint64 `protobuf:"varint,3,opt,name=min_consul_index,json=minConsulIndex,proto3" json:"min_consul_index,omitempty"`
+	unknownFields  protoimpl.UnknownFields
+	sizeCache      protoimpl.SizeCache
 }
 
 func (x *CheckSessionRequest) Reset() {
@@ -141,6 +151,13 @@ func (x *CheckSessionRequest) GetSessionId() string {
 	return ""
 }
 
+func (x *CheckSessionRequest) GetMinConsulIndex() uint64 {
+	if x != nil {
+		return x.MinConsulIndex
+	}
+	return 0
+}
+
 type CheckSessionResponse struct {
 	state      protoimpl.MessageState `protogen:"open.v1"`
 	InstanceId string                 `protobuf:"bytes,1,opt,name=instance_id,json=instanceId,proto3" json:"instance_id,omitempty"`
@@ -157,7 +174,8 @@ type CheckSessionResponse struct {
 	Version string   `protobuf:"bytes,9,opt,name=version,proto3" json:"version,omitempty"`
 	// The Consul index the answer is based on.
 	ConsulIndex uint64 `protobuf:"varint,10,opt,name=consul_index,json=consulIndex,proto3" json:"consul_index,omitempty"`
-	// How old leasehold's view of Consul is (time since Consul last answered).
+	// How old leasehold's view of Consul is: the time since every watch it
+	// relies on last had an answer from Consul.
 	ViewAge       *durationpb.Duration `protobuf:"bytes,11,opt,name=view_age,json=viewAge,proto3" json:"view_age,omitempty"`
 	unknownFields protoimpl.UnknownFields
 	sizeCache     protoimpl.SizeCache
@@ -274,12 +292,13 @@ var File_leasehold_v1_fencing_proto protoreflect.FileDescriptor
 
 const file_leasehold_v1_fencing_proto_rawDesc = "" +
 	"\n" +
-	"\x1aleasehold/v1/fencing.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"U\n" +
+	"\x1aleasehold/v1/fencing.proto\x12\fleasehold.v1\x1a\x1egoogle/protobuf/duration.proto\"\x7f\n" +
 	"\x13CheckSessionRequest\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1d\n" +
 	"\n" +
-	"session_id\x18\x02 \x01(\tR\tsessionId\"\x9e\x03\n" +
+	"session_id\x18\x02 \x01(\tR\tsessionId\x12(\n" +
+	"\x10min_consul_index\x18\x03 \x01(\x04R\x0eminConsulIndex\"\x9e\x03\n" +
 	"\x14CheckSessionResponse\x12\x1f\n" +
 	"\vinstance_id\x18\x01 \x01(\tR\n" +
 	"instanceId\x12\x1d\n" +
