@@ -22,7 +22,7 @@ vet:
 	$(GO) vet ./...
 
 # Fuzz targets, with their committed seed corpora (testdata/fuzz).
-FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzTranslate:./snapshot
+FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzDispatcherKey:./health FuzzTranslate:./snapshot
 FUZZTIME ?= 3s
 
 # Packages run one at a time (-p 1): the drills start real Consul agents,

@@ -5,6 +5,8 @@ import (
 	"strings"
 	"sync"
 	"sync/atomic"
+	"unicode"
+	"unicode/utf8"
 
 	"github.com/Masterminds/semver/v3"
 )
@@ -27,7 +29,8 @@ type Dispatcher struct {
 	Tasks []string
 
 	constraint *semver.Constraints
-	key        string
+	base       string   // key of the constraints alone: what rollout scopes name
+	key        string   // base plus the grant
 	labelKeys  []string // sorted keys of Labels
 }
 
@@ -61,35 +64,101 @@ func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatch
 		return Dispatcher{}, err
 	}
 	d.labelKeys = sortedKeys(d.Labels)
-	d.key = d.computeKey()
+	d.base = d.computeBase()
+	d.key = d.base + d.grantKey()
 	return d, nil
 }
 
-// Key identifies the constraint set: equal sets have equal keys.
+// Key identifies the constraint set and its grant: equal sets have equal
+// keys, different sets different ones. It is the snapshot group id and is
+// shown in logs and explain, so it stays readable:
+//
+//	v=<constraint>;<label>=<value>...[&tasks=<task>,<task>...]
+//
+// with the constraint's normalised spelling, labels sorted by key, and the
+// bytes of a field that would delimit it percent-escaped (escapeKeyField):
+// label values may hold any byte, yet the first '&' always starts the grant,
+// each ';' a label, the first '=' after it the value, each ',' a task.
 func (d Dispatcher) Key() string {
 	if d.key == "" {
-		return d.computeKey() // a zero Dispatcher: the unconstrained set
+		return d.computeBase() + d.grantKey() // a Dispatcher not built by NewDispatcher
 	}
 	return d.key
 }
 
-func (d Dispatcher) computeKey() string {
+// baseKey is the key of the constraints without the grant: a grant narrows
+// what a set may see but does not make it another set for rollout scopes.
+func (d Dispatcher) baseKey() string {
+	if d.key == "" {
+		return d.computeBase()
+	}
+	return d.base
+}
+
+// Bytes escaped in each field of a key, besides '%', control bytes and
+// invalid UTF-8. A constraint's own '=', '|' and ',' delimit nothing, so
+// ">=1.0.0 || >=3.0.0" stays as written.
+const (
+	keyConstraintEscapes = ";&"
+	keyLabelEscapes      = ";=&"
+	keyTaskEscapes       = ",&\"" // '"': an empty task is written ""
+)
+
+func (d Dispatcher) computeBase() string {
 	var b strings.Builder
 	b.WriteString("v=")
 	if d.constraint != nil {
-		b.WriteString(d.constraint.String()) // normalised spelling
+		escapeKeyField(&b, d.constraint.String(), keyConstraintEscapes) // normalised spelling
 	}
 	for _, k := range sortedKeys(d.Labels) {
-		b.WriteString(";")
-		b.WriteString(k)
-		b.WriteString("=")
-		b.WriteString(d.Labels[k])
-	}
-	if d.Tasks != nil {
-		b.WriteString("|tasks=") // '|' is in no label key
-		b.WriteString(strings.Join(d.Tasks, ","))
+		b.WriteByte(';')
+		escapeKeyField(&b, k, keyLabelEscapes)
+		b.WriteByte('=')
+		escapeKeyField(&b, d.Labels[k], keyLabelEscapes)
 	}
 	return b.String()
+}
+
+// grantKey is the key's grant part: "" for no grant (every task), else
+// "&tasks=" and the sorted tasks; an empty task name is written "", so the
+// grants {} and {""} differ.
+func (d Dispatcher) grantKey() string {
+	if d.Tasks == nil {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("&tasks=")
+	for i, t := range d.Tasks {
+		if i > 0 {
+			b.WriteByte(',')
+		}
+		if t == "" {
+			b.WriteString(`""`)
+		}
+		escapeKeyField(&b, t, keyTaskEscapes)
+	}
+	return b.String()
+}
+
+// escapeKeyField writes s with '%', the bytes in delims, bytes that are not
+// UTF-8 and characters that do not print (controls, line separators) as %XX
+// per byte: injective, and the result holds none of delims and prints on one
+// line. Other text (the common case) stays as is.
+func escapeKeyField(b *strings.Builder, s, delims string) {
+	const hex = "0123456789ABCDEF"
+	for i := 0; i < len(s); {
+		r, n := utf8.DecodeRuneInString(s[i:])
+		if (r == utf8.RuneError && n == 1) || !unicode.IsGraphic(r) || r == '%' || (r < utf8.RuneSelf && strings.IndexByte(delims, byte(r)) >= 0) {
+			for _, c := range []byte(s[i : i+n]) {
+				b.WriteByte('%')
+				b.WriteByte(hex[c>>4])
+				b.WriteByte(hex[c&0xf])
+			}
+		} else {
+			b.WriteString(s[i : i+n])
+		}
+		i += n
+	}
 }
 
 // WithTasks is d restricted to the given task types (nil: all).
@@ -102,7 +171,8 @@ func (d Dispatcher) WithTasks(tasks []string) Dispatcher {
 			d.Tasks = []string{}
 		}
 	}
-	d.key = d.computeKey()
+	d.base = d.computeBase()
+	d.key = d.base + d.grantKey()
 	return d
 }
 

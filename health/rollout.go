@@ -20,17 +20,44 @@ const (
 )
 
 // ObservableRules are the rules a rollout may put in observe mode. The
-// lease (lapsed) and bad metadata are always enforced: an executor without a
-// valid lease may be paused or gone, and one whose metadata cannot be read
-// cannot be addressed at all — routing to either loses work, which no staged
-// rollout can make safe.
-var ObservableRules = []Reason{ReasonUnhealthy, ReasonFenced, ReasonVersion, ReasonLabels, ReasonDraining, ReasonFull, ReasonCordoned}
+// lease (lapsed), bad metadata and fencing are always enforced: an executor
+// without a valid lease may be paused or gone, one whose metadata cannot be
+// read cannot be addressed at all, and a fenced session is one whose results
+// the fencing API refuses (STALE) — routing new work to any of them loses
+// it, which no staged rollout can make safe.
+var ObservableRules = []Reason{ReasonUnhealthy, ReasonVersion, ReasonLabels, ReasonDraining, ReasonFull, ReasonCordoned}
 
 // ruleNames are the names a configuration uses for rules (the reason
 // strings are accepted too).
 var ruleNames = map[string]Reason{
 	"unhealthy": ReasonUnhealthy, "fencing": ReasonFenced, "version": ReasonVersion, "labels": ReasonLabels,
 	"draining": ReasonDraining, "capacity": ReasonFull, "cordon": ReasonCordoned,
+	"lease": ReasonLapsed, "metadata": ReasonBadMetadata,
+}
+
+// alwaysEnforced says why a known rule cannot be observed; a mode entry
+// naming one is refused in observe mode and changes nothing in enforce mode
+// (configurations that staged fencing before it became unobservable still
+// parse).
+var alwaysEnforced = map[Reason]string{
+	ReasonLapsed:      "is always enforced: an executor without a valid lease may be paused or gone",
+	ReasonBadMetadata: "is always enforced: an executor whose metadata cannot be read cannot be addressed",
+	ReasonFenced:      "cannot be observed: the fencing API calls a fenced session STALE and refuses its results, so it must never receive new work",
+}
+
+// observableNames lists the configuration names of ObservableRules, for
+// errors.
+func observableNames() string {
+	var names []string
+	for _, rule := range ObservableRules {
+		for n, r := range ruleNames {
+			if r == rule {
+				names = append(names, n)
+			}
+		}
+	}
+	slices.Sort(names)
+	return strings.Join(names, ", ")
 }
 
 // ScopedMode sets one rule's mode, optionally only for some task types
@@ -49,7 +76,7 @@ type SetSelector struct {
 	VersionConstraint string            `json:"version_constraint,omitempty"`
 	Labels            map[string]string `json:"labels,omitempty"`
 
-	key string // the set's Key (without any grant)
+	key string // the set's base key (no grant)
 }
 
 // CordonApproval says which cordons need a second person's approval.
@@ -91,19 +118,24 @@ func ParseRollout(b []byte) (*Rollout, error) {
 
 func (r *Rollout) validate() error {
 	var errs []error
-	seen := map[string]int{}
+	type scope struct {
+		rule       Reason
+		tasks, set string
+	}
+	seen := map[scope]int{}
 	for i := range r.Modes {
 		m := &r.Modes[i]
 		at := fmt.Sprintf("modes[%d]", i)
+		asked := m.Rule // as written, for the error
 		if r, ok := ruleNames[string(m.Rule)]; ok {
 			m.Rule = r
 		}
-		if !slices.Contains(ObservableRules, m.Rule) {
-			why := ""
-			if m.Rule == ReasonLapsed || m.Rule == ReasonBadMetadata || m.Rule == "lease" || m.Rule == "metadata" {
-				why = " is always enforced"
+		if why, ok := alwaysEnforced[m.Rule]; ok {
+			if m.Mode == ModeObserve { // enforce is accepted: it is what applies anyway
+				errs = append(errs, fmt.Errorf("%s.rule: %q %s", at, asked, why))
 			}
-			errs = append(errs, fmt.Errorf("%s.rule: %q%s: want one of unhealthy, fencing, version, labels, draining, capacity, cordon", at, m.Rule, why))
+		} else if !slices.Contains(ObservableRules, m.Rule) {
+			errs = append(errs, fmt.Errorf("%s.rule: %q: want one of %s", at, asked, observableNames()))
 		}
 		if m.Mode != ModeEnforce && m.Mode != ModeObserve {
 			errs = append(errs, fmt.Errorf("%s.mode: %q: want enforce or observe", at, m.Mode))
@@ -119,14 +151,14 @@ func (r *Rollout) validate() error {
 			if err != nil {
 				errs = append(errs, fmt.Errorf("%s.constraint_set: %w", at, err))
 			} else {
-				m.ConstraintSet.key = d.Key()
+				m.ConstraintSet.key = d.baseKey()
 			}
 		}
-		scope := fmt.Sprintf("%s|%v|%s", m.Rule, m.Tasks, m.setKey())
-		if j, dup := seen[scope]; dup {
+		sc := scope{m.Rule, strings.Join(m.Tasks, "\x00"), m.setKey()}
+		if j, dup := seen[sc]; dup {
 			errs = append(errs, fmt.Errorf("%s: same rule and scope as modes[%d]", at, j))
 		}
-		seen[scope] = i
+		seen[sc] = i
 	}
 	if r.SafetyLimit < 0 || r.SafetyLimit > 1 {
 		errs = append(errs, fmt.Errorf("safety_limit: %v: want a fraction in (0, 1]", r.SafetyLimit))
@@ -159,7 +191,7 @@ func (r *Rollout) ModeOf(rule Reason, task string, d Dispatcher) Mode {
 	if r == nil {
 		return ModeEnforce
 	}
-	set := baseKey(d)
+	set := d.baseKey()
 	best, bestScore := ModeEnforce, -1
 	for i := range r.Modes {
 		m := &r.Modes[i]
@@ -196,13 +228,4 @@ func (r *Rollout) Observed(task string, d Dispatcher) []Reason {
 		}
 	}
 	return out
-}
-
-// baseKey is a constraint set's key without its grant.
-func baseKey(d Dispatcher) string {
-	k := d.Key()
-	if i := strings.Index(k, "|"); i >= 0 {
-		return k[:i]
-	}
-	return k
 }

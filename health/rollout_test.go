@@ -1,6 +1,8 @@
 package health
 
 import (
+	"errors"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -9,6 +11,11 @@ import (
 func TestParseRolloutNamesTheField(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
 		{`{"modes":[{"rule":"lease","mode":"observe"}]}`, "modes[0].rule: \"lease\" is always enforced"},
+		{`{"modes":[{"rule":"lapsed","mode":"observe"}]}`, "modes[0].rule: \"lapsed\" is always enforced"},
+		{`{"modes":[{"rule":"version","mode":"observe"},{"rule":"unhealthy","mode":"observe"},{"rule":"fencing","mode":"observe"}]}`, "modes[2].rule: \"fencing\" cannot be observed: the fencing API calls a fenced session STALE"},
+		{`{"modes":[{"rule":"fenced-by-newer-session","mode":"observe","tasks":["work"]}]}`, "modes[0].rule: \"fenced-by-newer-session\" cannot be observed"},
+		{`{"modes":[{"rule":"fencing","mode":"enforce"},{"rule":"lease","mode":"enforce"}]}`, ""}, // what applies anyway
+		{`{"modes":[{"rule":"speed","mode":"observe"}]}`, "modes[0].rule: \"speed\": want one of capacity, cordon, draining, labels, unhealthy, version"},
 		{`{"modes":[{"rule":"version","mode":"maybe"}]}`, "modes[0].mode"},
 		{`{"modes":[{"rule":"version","mode":"observe","tasks":["bad task"]}]}`, "modes[0].tasks[0]"},
 		{`{"modes":[{"rule":"version","mode":"observe","constraint_set":{"version_constraint":"not a version"}}]}`, "modes[0].constraint_set"},
@@ -149,6 +156,35 @@ func TestApplyCordonsSafetyLimitAndApproval(t *testing.T) {
 	}
 }
 
+// Lapsed, bad metadata and fencing exclude even when asked to be observed
+// (a Rollout that skipped validation): a session the fencing API calls STALE,
+// or one without a lease, never receives new work.
+func TestAlwaysEnforcedRulesAreNeverObserved(t *testing.T) {
+	d, _ := NewDispatcher("", nil)
+	cases := map[Reason]func(*Executor){
+		ReasonBadMetadata: func(e *Executor) { e.Err = errors.New("bad") },
+		ReasonLapsed:      func(e *Executor) { e.Lease = StatusCritical },
+		ReasonFenced:      func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "s2", 2 },
+	}
+	unvalidated := &Rollout{Modes: []ScopedMode{
+		{Rule: ReasonBadMetadata, Mode: ModeObserve}, {Rule: ReasonLapsed, Mode: ModeObserve}, {Rule: ReasonFenced, Mode: ModeObserve},
+	}}
+	for rule, mutate := range cases {
+		if slices.Contains(ObservableRules, rule) {
+			t.Errorf("%s is observable", rule)
+		}
+		e := live("e1", "1.0.0")
+		mutate(&e)
+		all := append([]Reason{rule}, ObservableRules...)
+		if v := EligibleObserving(e, d, all); v.Reason != rule || v.Route != RouteNone {
+			t.Errorf("%s asked to be observed: %+v, want excluded", rule, v)
+		}
+		if v := EligibleObserving(e, d, unvalidated.Observed("work", d)); v.Reason != rule || v.Route != RouteNone {
+			t.Errorf("%s in an unvalidated rollout: %+v, want excluded", rule, v)
+		}
+	}
+}
+
 // Every observable rule, alone: enforced it excludes (or drains) with its
 // reason; observed it routes the executor HEALTHY and records the reason.
 func TestEveryObservableRuleObserveVsEnforce(t *testing.T) {
@@ -160,7 +196,6 @@ func TestEveryObservableRuleObserveVsEnforce(t *testing.T) {
 	}
 	cases := map[Reason]func(*Executor){
 		ReasonUnhealthy: func(e *Executor) { e.Other = StatusWarning },
-		ReasonFenced:    func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "s2", 2 },
 		ReasonVersion:   func(e *Executor) { e.Version = "2.1.0" },
 		ReasonLabels:    func(e *Executor) { e.Labels = map[string]string{"zone": "us"} },
 		ReasonCordoned:  func(e *Executor) { e.CordonID, e.CordonReason = "c1", "test" },
