@@ -114,6 +114,36 @@ func waitCheck(t *testing.T, c *api.Client, session, status string, timeout time
 	return found
 }
 
+// stayPassing watches session's registration with blocking queries for the
+// whole of d and fails the moment it is not passing (or not as also wants),
+// or Consul cannot be asked: an error is never taken for the end of d.
+func stayPassing(t *testing.T, c *api.Client, session string, d time.Duration, also func(*api.ServiceEntry) bool) {
+	t.Helper()
+	end := time.Now().Add(d)
+	var index uint64
+	for {
+		left := time.Until(end)
+		if left <= 0 {
+			return
+		}
+		// Consul ends the wait itself (WaitTime) before the deadline: a
+		// cancelled request would be indistinguishable from a failing one.
+		es, meta, err := c.Health().Service("transcode", "", false, &api.QueryOptions{WaitIndex: index, WaitTime: left})
+		if err != nil {
+			t.Fatalf("watching session %s stay passing: %v", session, err)
+		}
+		e, ch := entryOf(es, session)
+		if ch == nil || ch.Status != api.HealthPassing || (also != nil && !also(e)) {
+			t.Fatalf("session %s not kept passing (%s before the end of the watch): %s", session, time.Until(end).Round(time.Millisecond), consultest.Describe(es))
+		}
+		if meta.LastIndex < index {
+			index = 0
+		} else {
+			index = meta.LastIndex
+		}
+	}
+}
+
 func TestConsulRegisterHeartbeatAndLapse(t *testing.T) {
 	a := consultest.Start(t)
 	a.SettleSync() // lapse timing is measured below
@@ -137,19 +167,7 @@ func TestConsulRegisterHeartbeatAndLapse(t *testing.T) {
 	}
 
 	// Heartbeats keep it passing: watch three whole leases for any change.
-	ctx, cancel := context.WithTimeout(context.Background(), 3*shortLease.TTL)
-	defer cancel()
-	var index uint64
-	for ctx.Err() == nil {
-		es, meta, err := c.Health().Service("transcode", "", false, (&api.QueryOptions{WaitIndex: index}).WithContext(ctx))
-		if err != nil {
-			break // the watch window ended
-		}
-		index = meta.LastIndex
-		if _, ch := entryOf(es, s.ID); ch == nil || ch.Status != api.HealthPassing {
-			t.Fatalf("lease not kept passing: %s", consultest.Describe(es))
-		}
-	}
+	stayPassing(t, c, s.ID, 3*shortLease.TTL, nil)
 
 	// Heartbeats stop (the probe fails): critical within lease + margin.
 	stopped := time.Now()
@@ -281,15 +299,13 @@ func TestConsulDrain(t *testing.T) {
 		e, ch := entryOf(es, s.ID)
 		return e != nil && e.Service.Meta["state"] == "draining" && ch != nil && ch.Status == api.HealthPassing
 	})
-	// In-flight work keeps the lease: two more leases pass, still registered and passing.
-	ctx, cancel := context.WithTimeout(context.Background(), 2*shortLease.TTL)
-	defer cancel()
+	// In-flight work keeps the lease: two more leases pass, still registered, draining and passing.
+	stayPassing(t, c, s.ID, 2*shortLease.TTL, func(e *api.ServiceEntry) bool { return e.Service.Meta["state"] == "draining" })
 	select {
 	case err := <-drained:
 		t.Fatalf("drain returned with work in flight: %v", err)
-	case <-ctx.Done():
+	default:
 	}
-	waitCheck(t, c, s.ID, api.HealthPassing, time.Second)
 	ex.load.Store(0)
 	select {
 	case err := <-drained:

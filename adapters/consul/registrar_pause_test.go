@@ -130,7 +130,10 @@ func TestConsulPausedProcessLosesLeaseAndComesBackFresh(t *testing.T) {
 	}
 	es := waitCheck(t, c, s2, api.HealthPassing, 10*time.Second)
 	_ = es
-	all, _, _ := c.Health().Service("transcode", "", false, nil)
+	all, _, err := c.Health().Service("transcode", "", false, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	for _, e := range all {
 		if _, ch := entryOf([]*api.ServiceEntry{e}, s1); ch != nil && ch.Status == api.HealthPassing {
 			t.Fatalf("old session back to passing: %s", consultest.Describe(all))

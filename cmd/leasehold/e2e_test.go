@@ -175,6 +175,7 @@ func servedBy(cs []callResult) map[string]int {
 // carries its instance and session in headers.
 type e2eExecutor struct {
 	instance string
+	addr     string // host:port it serves on
 	reg      *consul.Registrar
 	load     atomic.Int64
 	silent   atomic.Bool // probe fails: no heartbeats
@@ -188,6 +189,7 @@ func startExecutor(t *testing.T, a *consultest.Agent, instance, version string, 
 	if err != nil {
 		t.Fatal(err)
 	}
+	e.addr = lis.Addr().String()
 	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		sess := ""
 		if s := e.reg.Session(); s != nil {
@@ -231,6 +233,16 @@ func startExecutor(t *testing.T, a *consultest.Agent, instance, version string, 
 		t.Fatalf("%s never registered: %v", instance, err)
 	}
 	return e
+}
+
+// endpoint is how dispatchers should see e under its current session (no
+// session: "").
+func (e *e2eExecutor) endpoint() endpoint {
+	ep := endpoint{instance: e.instance, addr: e.addr}
+	if s := e.reg.Session(); s != nil {
+		ep.session = s.ID
+	}
+	return ep
 }
 
 // labelMap turns "k=v" pairs into labels.

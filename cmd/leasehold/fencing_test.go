@@ -149,8 +149,8 @@ func TestFencingAndExplain(t *testing.T) {
 		t.Fatalf("watch first %v %v", first, err)
 	}
 	eds := openEDS(t, addrs.xds)
-	if got := eds(); got["e1"] != s1.ID {
-		t.Fatalf("xDS before the lapse: %v", got)
+	if got, want := eds(), endpointSet(e1.endpoint(), e2.endpoint(), e3.endpoint()); !got.equal(want) {
+		t.Fatalf("xDS before the lapse: %v, want %v", got, want)
 	}
 	e1.silent.Store(true)
 	next, err := watch.Recv()
@@ -158,8 +158,8 @@ func TestFencingAndExplain(t *testing.T) {
 		t.Fatalf("watch after the lapse: %v %v", next, err)
 	}
 	// the removal was pushed before the answer changed: it is the next update
-	if got := eds(); got["e1"] == s1.ID {
-		t.Fatalf("LAPSED session still served over xDS: %v", got)
+	if got, want := eds(), endpointSet(e2.endpoint(), e3.endpoint()); !got.equal(want) {
+		t.Fatalf("after e1's lapse xDS serves %v, want %v", got, want)
 	}
 
 	// a newer session of e2's instance: the old one is STALE and gone from xDS
@@ -169,8 +169,17 @@ func TestFencingAndExplain(t *testing.T) {
 	if stale.NewerSessionId == "" || stale.NewerSessionId == old2.ID || stale.NewerGeneration <= old2.Generation {
 		t.Fatalf("stale answer %v", stale)
 	}
-	if got := edsSessions(t, addrs.xds); got["e2"] == old2.ID {
-		t.Fatalf("STALE session served: %v", got)
+	// The old session is STALE from the moment the new one took its
+	// generation in KV, a moment before it registers: never served again,
+	// and the new one follows.
+	for next, want := openEDS(t, addrs.xds), endpointSet(e2b.endpoint(), e3.endpoint()); ; {
+		got := next()
+		if got.has("e2", old2.ID) {
+			t.Fatalf("after e2's restart xDS serves the STALE session: %v", got)
+		}
+		if got.equal(want) {
+			break
+		}
 	}
 
 	// draining

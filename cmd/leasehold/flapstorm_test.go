@@ -1,24 +1,151 @@
 package main
 
 import (
+	"context"
 	"fmt"
 	"math/rand/v2"
 	"os"
 	"runtime"
+	"sort"
+	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/status"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	"github.com/leasehold/leasehold/health"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
+// stormReg is what the storm knows of one instance's registration. Its lock
+// is held for a whole Consul operation on the instance, so the test knows
+// Consul's state exactly and no operation can fail because another one
+// raced it.
+type stormReg struct {
+	mu       sync.Mutex
+	session  string
+	addr     string
+	present  bool
+	critical bool // its check is critical in Consul now
+}
+
+// stormLedger records every session that went critical, as the storm wrote
+// it, Consul reported it or leasehold answered it, and every breach of the
+// rule that such a session is never routed again.
+type stormLedger struct {
+	mu         sync.Mutex
+	critical   map[string]string    // session → who reported it critical first
+	lapsedAt   map[string]time.Time // session → when leasehold's first LAPSED answer for it was received
+	violations []string
+	errs       []string
+	stop       context.CancelFunc // ends the storm at the first failure
+}
+
+func (l *stormLedger) wentCritical(session, by string) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if _, ok := l.critical[session]; !ok {
+		l.critical[session] = by
+	}
+}
+
+func (l *stormLedger) isCritical(session string) bool {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	_, ok := l.critical[session]
+	return ok
+}
+
+func (l *stormLedger) violate(format string, args ...any) {
+	l.mu.Lock()
+	l.violations = append(l.violations, fmt.Sprintf(format, args...))
+	l.mu.Unlock()
+	l.stop()
+}
+
+// fail records an error the drill cannot explain.
+func (l *stormLedger) fail(format string, args ...any) {
+	l.mu.Lock()
+	l.errs = append(l.errs, fmt.Sprintf(format, args...))
+	l.mu.Unlock()
+	l.stop()
+}
+
+// answered checks a fencing answer to a question sent at sent: once
+// leasehold has answered LAPSED, a later question must never get CURRENT.
+// It reports whether the answer broke that.
+func (l *stormLedger) answered(r *leaseholdv1.CheckSessionResponse, sent time.Time) bool {
+	l.mu.Lock()
+	lapsed, wasLapsed := l.lapsedAt[r.SessionId]
+	if r.State == leaseholdv1.SessionState_LAPSED && !wasLapsed {
+		l.lapsedAt[r.SessionId] = time.Now()
+		if _, ok := l.critical[r.SessionId]; !ok {
+			l.critical[r.SessionId] = "leasehold"
+		}
+	}
+	l.mu.Unlock()
+	if r.State == leaseholdv1.SessionState_CURRENT && wasLapsed && sent.After(lapsed) {
+		l.violate("session %s/%s answered CURRENT after leasehold had answered LAPSED for it", r.InstanceId, r.SessionId)
+		return true
+	}
+	return false
+}
+
+// served checks one EDS response, requested by an ACK sent at acked: the
+// server built it from its cache after that ACK, and leasehold puts a
+// removal into the cache before its fencing answer says LAPSED, so no
+// session answered LAPSED before acked may be in it.
+func (l *stormLedger) served(eps endpoints, acked time.Time) {
+	l.mu.Lock()
+	var bad []string
+	for e := range eps {
+		if at, ok := l.lapsedAt[e.session]; ok && at.Before(acked) {
+			bad = append(bad, e.instance+"/"+e.session)
+		}
+	}
+	l.mu.Unlock()
+	if len(bad) > 0 {
+		l.violate("EDS response requested %s after LAPSED still routes %v", acked.Format("15:04:05.000"), bad)
+	}
+}
+
+func (l *stormLedger) report(t *testing.T) {
+	t.Helper()
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	for _, list := range [][]string{l.errs, l.violations} {
+		for i, s := range list {
+			if i == 10 {
+				t.Errorf("… and %d more", len(list)-10)
+				break
+			}
+			t.Error(s)
+		}
+	}
+	if len(l.errs)+len(l.violations) > 0 {
+		t.FailNow()
+	}
+}
+
 // TestFlapStorm: 500 registrations come and go and flip between passing,
-// warning and critical for 10 s. Afterwards leasehold routes exactly the
-// registrations Consul says are passing (those never seen critical), never a
-// non-passing one, and no goroutines are left behind.
+// warning and critical for 10 s. A session set critical stays critical
+// until leasehold's fencing API has answered LAPSED for it; then the storm
+// may set it passing again, as a confused or hostile agent could.
+// Throughout, no session answered LAPSED is in any later EDS response or
+// answered CURRENT, and every Consul or leasehold error fails the drill.
+// Afterwards leasehold routes exactly the passing registrations never seen
+// critical, answers LAPSED for every registered session that went critical,
+// its heap is of the same order and no goroutines are left behind.
 func TestFlapStorm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s storm")
@@ -26,27 +153,25 @@ func TestFlapStorm(t *testing.T) {
 	const n = 500
 	a := consultest.Start(t)
 	c := a.Client()
-	type reg struct {
-		session  string
-		critical bool // this session was ever set critical
-		present  bool
-	}
-	var mu sync.Mutex
-	regs := make([]reg, n)
-	gen := 0
+	var gen atomic.Uint64
+	regs := make([]stormReg, n)
+	instance := func(i int) string { return fmt.Sprintf("f%03d", i) }
+	// register replaces instance i's registration by a fresh passing session
+	// (lock held).
 	register := func(i int) error {
-		mu.Lock()
-		gen++
-		g := gen
+		g := gen.Add(1)
 		s := fmt.Sprintf("s%d", g)
-		regs[i] = reg{session: s, present: true}
-		mu.Unlock()
-		r := health.Registration{InstanceID: fmt.Sprintf("f%03d", i), SessionID: s, Generation: uint64(g), Task: "work",
+		r := health.Registration{InstanceID: instance(i), SessionID: s, Generation: g, Task: "work",
 			Address: "127.0.0.1", Port: 30000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive}
-		return c.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
+		err := c.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
 			ID: health.ServiceID(r.InstanceID, "work"), Name: "work", Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
 			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, s, "work"), TTL: "1h", Status: "passing"}},
 		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		if err != nil {
+			return fmt.Errorf("register %s/%s: %w", r.InstanceID, s, err)
+		}
+		regs[i].session, regs[i].addr, regs[i].present, regs[i].critical = s, fmt.Sprintf("127.0.0.1:%d", r.Port), true, false
+		return nil
 	}
 	for i := range n {
 		if err := register(i); err != nil {
@@ -54,9 +179,103 @@ func TestFlapStorm(t *testing.T) {
 		}
 	}
 	addrs := startServe(t, a)
-	eds := openEDS(t, addrs.xds)
-	for got := eds(); len(got) != n; got = eds() {
+	fc := fencingClient(t, addrs.xds)
+
+	stormCtx, endStorm := context.WithCancel(context.Background())
+	defer endStorm()
+	ledger := &stormLedger{critical: map[string]string{}, lapsedAt: map[string]time.Time{}, stop: endStorm}
+	watchCtx, endWatch := context.WithCancel(context.Background())
+	var watchers sync.WaitGroup
+	defer func() { endWatch(); watchers.Wait() }()
+
+	// What Consul reports critical, followed with blocking queries.
+	watchers.Add(1)
+	go func() {
+		defer watchers.Done()
+		var index uint64
+		for {
+			checks, meta, err := c.Health().State(api.HealthCritical, (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(watchCtx))
+			if err != nil {
+				if watchCtx.Err() != nil {
+					return // the drill is over
+				}
+				ledger.fail("watching Consul's critical checks: %v", err)
+				return
+			}
+			for _, ch := range checks {
+				if _, s, _, ok := health.ParseCheckID(ch.CheckID); ok {
+					ledger.wentCritical(s, "consul")
+				}
+			}
+			if meta.LastIndex < index {
+				index = 0
+			} else {
+				index = meta.LastIndex
+			}
+		}
+	}()
+
+	// Every EDS response leasehold sends, checked as it arrives; the test
+	// goroutine gets the latest.
+	conn, err := grpc.NewClient(addrs.xds, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
 	}
+	defer conn.Close()
+	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(watchCtx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	latest := make(chan endpoints, 1)
+	watchers.Add(1)
+	go func() {
+		defer watchers.Done()
+		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "storm-probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
+		acked := time.Now() // before the request: the first response is built after it
+		for {
+			if err := ads.Send(req); err != nil {
+				if watchCtx.Err() == nil {
+					ledger.fail("EDS request: %v", err)
+				}
+				return
+			}
+			r, err := ads.Recv()
+			if err != nil {
+				if watchCtx.Err() == nil || status.Code(err) != codes.Canceled {
+					ledger.fail("EDS stream: %v", err)
+				}
+				return
+			}
+			eps := endpointsOf(r)
+			ledger.served(eps, acked)
+			select { // keep only the newest for the test goroutine
+			case <-latest:
+			default:
+			}
+			latest <- eps
+			req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
+			acked = time.Now() // taken before the ACK is sent: never later than it
+		}
+	}()
+	// awaitEDS waits until the served set satisfies ok, naming what on failure.
+	awaitEDS := func(timeout time.Duration, what string, ok func(endpoints) bool) endpoints {
+		t.Helper()
+		deadline := time.After(timeout)
+		var got endpoints
+		for {
+			select {
+			case got = <-latest:
+				if ok(got) {
+					return got
+				}
+			case <-deadline:
+				ledger.report(t)
+				t.Fatalf("%s not served within %s; last EDS response %v", what, timeout, got)
+			}
+		}
+	}
+	awaitEDS(20*time.Second, fmt.Sprintf("all %d registrations", n), func(e endpoints) bool { return len(e) == n })
+
 	baseline := runtime.NumGoroutine()
 	var before runtime.MemStats
 	runtime.GC()
@@ -67,88 +286,155 @@ func TestFlapStorm(t *testing.T) {
 	if v, err := time.ParseDuration(os.Getenv("LEASEHOLD_STORM")); err == nil {
 		storm = v
 	}
-	stop := time.Now().Add(storm)
+	timer := time.AfterFunc(storm, endStorm)
+	defer timer.Stop()
+	var ops, revived, refusedRevivals atomic.Int64
+	op := func(rng *rand.Rand) error {
+		ops.Add(1)
+		i := rng.IntN(n)
+		id := instance(i)
+		r := &regs[i]
+		r.mu.Lock()
+		defer r.mu.Unlock()
+		switch op := rng.IntN(10); {
+		case !r.present || op == 0: // (re)register under a fresh session
+			return register(i)
+		case op == 1:
+			if err := c.Agent().ServiceDeregister(health.ServiceID(id, "work")); err != nil {
+				return fmt.Errorf("deregister %s: %w", id, err)
+			}
+			r.present = false
+			return nil
+		}
+		st := []string{api.HealthPassing, api.HealthWarning, api.HealthCritical}[rng.IntN(3)]
+		if r.critical && st != api.HealthCritical {
+			// Revive it only once leasehold has said LAPSED: before that,
+			// leasehold may never have seen it critical (Consul keeps no
+			// history), and could not be blamed for routing it.
+			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+			defer cancel()
+			sent := time.Now()
+			ans, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: id, SessionId: r.session})
+			if err != nil {
+				return fmt.Errorf("CheckSession %s/%s: %w", id, r.session, err)
+			}
+			ledger.answered(ans, sent)
+			if ans.State != leaseholdv1.SessionState_LAPSED {
+				refusedRevivals.Add(1)
+				return nil
+			}
+			revived.Add(1)
+		}
+		if st == api.HealthCritical {
+			// Recorded before the write: from the moment it is sent,
+			// leasehold may see it.
+			ledger.wentCritical(r.session, "storm")
+		}
+		if err := c.Agent().UpdateTTL(health.CheckID(id, r.session, "work"), "", st); err != nil {
+			return fmt.Errorf("set %s/%s %s: %w", id, r.session, st, err)
+		}
+		r.critical = st == api.HealthCritical
+		return nil
+	}
 	var wg sync.WaitGroup
 	for w := range 4 {
 		wg.Add(1)
 		go func() {
 			defer wg.Done()
 			rng := rand.New(rand.NewPCG(uint64(w), 7))
-			for time.Now().Before(stop) {
-				i := rng.IntN(n)
-				id := fmt.Sprintf("f%03d", i)
-				mu.Lock()
-				r := regs[i]
-				mu.Unlock()
-				switch op := rng.IntN(10); {
-				case !r.present || op == 0: // (re)register under a fresh session
-					register(i)
-				case op == 1:
-					c.Agent().ServiceDeregister(health.ServiceID(id, "work"))
-					mu.Lock()
-					regs[i].present = false
-					mu.Unlock()
-				default:
-					status := []string{"passing", "warning", "critical"}[rng.IntN(3)]
-					if status == "critical" {
-						mu.Lock()
-						regs[i].critical = true
-						mu.Unlock()
-					}
-					c.Agent().UpdateTTL(health.CheckID(id, r.session, "work"), "", status)
+			for stormCtx.Err() == nil {
+				if err := op(rng); err != nil {
+					ledger.fail("storm: %v", err)
 				}
 			}
 		}()
 	}
 	wg.Wait()
+	ledger.report(t)
 
-	// Consul's final state: what is passing
-	passing := map[string]string{} // instance → session
+	// Consul's final state must be the one the storm wrote.
 	entries, _, err := c.Health().Service("work", "", false, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
+	inConsul := map[string]*api.ServiceEntry{}
 	for _, e := range entries {
-		if e.Checks.AggregatedStatus() == api.HealthPassing {
-			passing[e.Service.Meta[health.MetaInstanceID]] = e.Service.Meta[health.MetaSessionID]
+		inConsul[e.Service.Meta[health.MetaInstanceID]] = e
+	}
+	want := endpoints{}
+	var lapsed, current []endpoint
+	for i := range regs {
+		r := &regs[i]
+		e := inConsul[instance(i)]
+		if !r.present {
+			if e != nil {
+				t.Fatalf("%s deregistered by the storm, in Consul: %s", instance(i), consultest.Describe([]*api.ServiceEntry{e}))
+			}
+			continue
+		}
+		if e == nil || e.Service.Meta[health.MetaSessionID] != r.session {
+			t.Fatalf("%s registered by the storm under %s, in Consul: %s", instance(i), r.session, consultest.Describe([]*api.ServiceEntry{e}))
+		}
+		ep := endpoint{instance: instance(i), session: r.session, addr: r.addr}
+		switch {
+		case ledger.isCritical(r.session):
+			lapsed = append(lapsed, ep)
+		case e.Checks.AggregatedStatus() == api.HealthPassing:
+			want[ep] = 1
+			current = append(current, ep)
 		}
 	}
-	mu.Lock()
-	mustRoute := map[string]string{}
-	for inst, sess := range passing {
-		var i int
-		fmt.Sscanf(inst, "f%03d", &i)
-		if regs[i].session == sess && !regs[i].critical {
-			mustRoute[inst] = sess
-		}
-	}
-	mu.Unlock()
-	t.Logf("after the storm: %d registrations, %d passing, %d never critical", len(entries), len(passing), len(mustRoute))
+	t.Logf("after %d operations: %d registrations, %d routable, %d went critical and are still registered (%d revived after LAPSED, %d revivals held back until leasehold saw the lapse)",
+		ops.Load(), len(entries), len(want), len(lapsed), revived.Load(), refusedRevivals.Load())
 
-	// leasehold converges: every never-critical passing one is routed, no
-	// non-passing one is
-	deadline := time.Now().Add(20 * time.Second)
-	var got map[string]string
-	for {
-		got = eds()
-		ok := true
-		for inst, sess := range mustRoute {
-			if got[inst] != sess {
-				ok = false
+	// leasehold converges to exactly the passing sessions never seen critical.
+	awaitEDS(20*time.Second, fmt.Sprintf("exactly the %d passing sessions never seen critical", len(want)), want.equal)
+	// and its fencing answers agree, each awaited with WatchSession
+	awaitAnswer := func(ep endpoint, wantState leaseholdv1.SessionState) {
+		t.Helper()
+		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+		defer cancel()
+		sent := time.Now()
+		w, err := fc.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: ep.instance, SessionId: ep.session})
+		if err != nil {
+			t.Fatal(err)
+		}
+		for {
+			r, err := w.Recv()
+			if err != nil {
+				ledger.report(t)
+				t.Fatalf("%s/%s never answered %s: %v", ep.instance, ep.session, wantState, err)
 			}
-		}
-		for inst, sess := range got {
-			if passing[inst] != sess {
-				ok = false
+			if ledger.answered(r, sent) {
+				ledger.report(t)
 			}
-		}
-		if ok {
-			break
-		}
-		if time.Now().After(deadline) {
-			t.Fatalf("leasehold routes %d endpoints; Consul has %d passing, %d must be routed", len(got), len(passing), len(mustRoute))
+			if r.State == wantState {
+				return
+			}
 		}
 	}
+	for _, ep := range lapsed {
+		awaitAnswer(ep, leaseholdv1.SessionState_LAPSED)
+	}
+	for _, ep := range current {
+		awaitAnswer(ep, leaseholdv1.SessionState_CURRENT)
+	}
+	endWatch()
+	watchers.Wait()
+	ledger.report(t)
+	whoSaw := map[string]int{}
+	ledger.mu.Lock()
+	for _, by := range ledger.critical {
+		whoSaw[by]++
+	}
+	ledger.mu.Unlock()
+	seen := make([]string, 0, len(whoSaw))
+	for by, k := range whoSaw {
+		seen = append(seen, fmt.Sprintf("%s %d", by, k))
+	}
+	sort.Strings(seen)
+	t.Logf("sessions that went critical, by first reporter: %s", strings.Join(seen, ", "))
+
 	// memory stays bounded: the heap after the storm is of the same order
 	var after runtime.MemStats
 	runtime.GC()

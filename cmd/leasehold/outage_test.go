@@ -2,7 +2,13 @@ package main
 
 import (
 	"context"
+	"fmt"
+	"maps"
+	"net"
 	"net/http"
+	"sort"
+	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -16,9 +22,8 @@ import (
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 )
 
-// edsSessions asks leasehold over ADS for task work's endpoints once and
-// returns instance → session of each.
-func edsSessions(t *testing.T, xdsAddr string) map[string]string {
+// edsEndpoints asks leasehold over ADS for task work's endpoints once.
+func edsEndpoints(t *testing.T, xdsAddr string) endpoints {
 	t.Helper()
 	return openEDS(t, xdsAddr)()
 }
@@ -41,14 +46,14 @@ func adsTo(t *testing.T, xdsAddr string) discovery.AggregatedDiscoveryService_St
 
 // openEDS opens an ADS stream for task work's endpoints; each call of the
 // returned func waits for the next response (ACKing the previous one).
-func openEDS(t *testing.T, xdsAddr string) func() map[string]string {
+func openEDS(t *testing.T, xdsAddr string) func() endpoints {
 	t.Helper()
 	s := adsTo(t, xdsAddr)
 	req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
 	if err := s.Send(req); err != nil {
 		t.Fatal(err)
 	}
-	return func() map[string]string {
+	return func() endpoints {
 		t.Helper()
 		type res struct {
 			r   *discovery.DiscoveryResponse
@@ -68,7 +73,7 @@ func openEDS(t *testing.T, xdsAddr string) func() map[string]string {
 		}
 		req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
 		s.Send(req) // ACK
-		return sessionsOf(r)
+		return endpointsOf(r)
 	}
 }
 
@@ -86,15 +91,64 @@ func edsVersions(t *testing.T, xdsAddr string) string {
 	return r.VersionInfo
 }
 
-func sessionsOf(r *discovery.DiscoveryResponse) map[string]string {
-	out := map[string]string{}
+// endpoint is one routed endpoint as a dispatcher sees it. Comparing whole
+// (instance, session, address) sets is what lets a test see a stale session
+// served next to the current one of the same instance.
+type endpoint struct{ instance, session, addr string }
+
+// endpoints counts each endpoint of a response (a count above 1 is a
+// duplicate, which grpc-go rejects).
+type endpoints map[endpoint]int
+
+func endpointSet(eps ...endpoint) endpoints {
+	out := endpoints{}
+	for _, e := range eps {
+		out[e]++
+	}
+	return out
+}
+
+func (s endpoints) equal(o endpoints) bool { return maps.Equal(s, o) }
+
+// has reports whether some endpoint of s serves this instance's session.
+func (s endpoints) has(instance, session string) bool {
+	for e := range s {
+		if e.instance == instance && e.session == session {
+			return true
+		}
+	}
+	return false
+}
+
+func (s endpoints) String() string {
+	out := make([]string, 0, len(s))
+	for e, n := range s {
+		x := e.instance + "/" + e.session + "@" + e.addr
+		if n > 1 {
+			x += fmt.Sprintf("×%d", n)
+		}
+		out = append(out, x)
+	}
+	sort.Strings(out)
+	return "{" + strings.Join(out, " ") + "}"
+}
+
+func endpointsOf(r *discovery.DiscoveryResponse) endpoints {
+	out := endpoints{}
 	for _, res := range r.GetResources() {
 		cla := &endpointv3.ClusterLoadAssignment{}
-		res.UnmarshalTo(cla)
+		if err := res.UnmarshalTo(cla); err != nil {
+			out[endpoint{instance: "unreadable: " + err.Error()}]++
+			continue
+		}
 		for _, loc := range cla.GetEndpoints() {
 			for _, lb := range loc.GetLbEndpoints() {
 				md := lb.GetMetadata().GetFilterMetadata()["leasehold"].GetFields()
-				out[md["instance_id"].GetStringValue()] = md["session_id"].GetStringValue()
+				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+				out[endpoint{
+					instance: md["instance_id"].GetStringValue(), session: md["session_id"].GetStringValue(),
+					addr: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))),
+				}]++
 			}
 		}
 	}
@@ -124,7 +178,10 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 	start := time.Now()
 	d.await(t, start, 20*time.Second, "calls to e1 and e2", func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
 	awaitReadyz(http.StatusOK)
-	before := edsSessions(t, addrs.xds)
+	before := edsEndpoints(t, addrs.xds)
+	if want := endpointSet(e1.endpoint(), e2.endpoint()); !before.equal(want) {
+		t.Fatalf("before the outage leasehold serves %v, want %v", before, want)
+	}
 
 	// Consul goes away: leasehold keeps serving the last snapshot, not ready.
 	a.Stop()
@@ -143,8 +200,8 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 	if age := sum(scrape(t, addrs.admin)["leasehold_consul_contact_age_seconds"]); age < 1 {
 		t.Fatalf("contact age %.2fs two seconds into the outage", age)
 	}
-	if got := edsSessions(t, addrs.xds); got["e1"] != before["e1"] || got["e2"] != before["e2"] {
-		t.Fatalf("snapshot changed during the outage: %v vs %v", got, before)
+	if got := edsEndpoints(t, addrs.xds); !got.equal(before) {
+		t.Fatalf("snapshot changed during the outage: %v, before %v", got, before)
 	}
 
 	// Consul returns without its state: executors re-register under new
@@ -156,13 +213,18 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 	deadline := time.After(20 * time.Second)
 	for {
 		got := watch()
-		cur1, cur2 := e1.reg.Session(), e2.reg.Session()
-		if cur1 != nil && cur2 != nil && len(got) == 2 && got["e1"] == cur1.ID && got["e2"] == cur2.ID && got["e1"] != before["e1"] && got["e2"] != before["e2"] {
+		// exactly the new sessions: none of before's next to them
+		want := endpointSet(e1.endpoint(), e2.endpoint())
+		fresh := true
+		for e := range before {
+			fresh = fresh && !want.has(e.instance, e.session)
+		}
+		if fresh && got.equal(want) {
 			break
 		}
 		select {
 		case <-deadline:
-			t.Fatalf("after the outage leasehold serves %v (before %v)", got, before)
+			t.Fatalf("after the outage leasehold serves %v, want %v with no session of before %v", got, want, before)
 		default:
 		}
 	}
@@ -172,9 +234,9 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 
 func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
 	a := consultest.Start(t)
-	startExecutor(t, a, "e1", "1.0.0")
-	startExecutor(t, a, "e2", "1.2.0")
+	e1, e2 := startExecutor(t, a, "e1", "1.0.0"), startExecutor(t, a, "e2", "1.2.0")
 	addrs := []listening{startServe(t, a), startServe(t, a)}
+	want := endpointSet(e1.endpoint(), e2.endpoint())
 	versions := func(addr string) map[string]string {
 		s := adsTo(t, addr)
 		out := map[string]string{}
@@ -188,8 +250,8 @@ func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
 				t.Fatal(err)
 			}
 			out[typ] = r.VersionInfo
-			if typ == resource.EndpointType && len(sessionsOf(r)) != 2 {
-				t.Fatalf("replica %s serves %v", addr, sessionsOf(r))
+			if got := endpointsOf(r); typ == resource.EndpointType && !got.equal(want) {
+				t.Fatalf("replica %s serves %v, want %v", addr, got, want)
 			}
 		}
 		return out

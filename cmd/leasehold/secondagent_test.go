@@ -21,7 +21,7 @@ func TestSecondAgentDrills(t *testing.T) {
 	server := consultest.Start(t)
 	node2 := consultest.Start(t, consultest.Options{NodeName: "node-two", JoinClientOf: server})
 	old := startExecutor(t, server, "x", "1.0.0")
-	startExecutor(t, server, "y", "1.0.0") // keeps calls flowing throughout
+	y := startExecutor(t, server, "y", "1.0.0") // keeps calls flowing throughout
 	addrs := startServe(t, server)
 	fc := fencingClient(t, addrs.xds)
 	d := startDispatcher(t, addrs.xds, "dispatcher", map[string]any{})
@@ -38,6 +38,11 @@ func TestSecondAgentDrills(t *testing.T) {
 		t.Fatalf("stale answer %v, want a successor at generation ≥ %d", stale, newSession.Generation)
 	}
 	fenced := time.Now()
+	// Both sessions of x are registered (one per agent): only the newer is
+	// served, and the removal was in the cache before the answer changed.
+	if got, want := edsEndpoints(t, addrs.xds), endpointSet(newer.endpoint(), y.endpoint()); !got.equal(want) {
+		t.Fatalf("after the restart on node two xDS serves %v, want %v", got, want)
+	}
 	// the old process notices at its next fence check and stops
 	select {
 	case <-old.reg.Done():

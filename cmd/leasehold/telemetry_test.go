@@ -124,11 +124,11 @@ func TestTelemetryOfALapse(t *testing.T) {
 	a := consultest.Start(t)
 	a.SettleSync()
 	e1 := startExecutor(t, a, "e1", "1.0.0")
-	startExecutor(t, a, "e2", "1.0.0")
+	e2 := startExecutor(t, a, "e2", "1.0.0")
 	addrs := startServe(t, a)
 	eds := openEDS(t, addrs.xds) // a dispatcher that ACKs
-	if got := eds(); len(got) != 2 {
-		t.Fatalf("endpoints %v", got)
+	if got, want := eds(), endpointSet(e1.endpoint(), e2.endpoint()); !got.equal(want) {
+		t.Fatalf("endpoints %v, want %v", got, want)
 	}
 	// The gauges come from the decided view, published just after the
 	// cache update the dispatcher saw: scrape until they are there.
@@ -155,8 +155,8 @@ func TestTelemetryOfALapse(t *testing.T) {
 	}
 
 	e1.silent.Store(true) // the lapse
-	if got := eds(); len(got) != 1 {
-		t.Fatalf("after the lapse: %v", got)
+	if got, want := eds(), endpointSet(e2.endpoint()); !got.equal(want) {
+		t.Fatalf("after the lapse: %v, want %v", got, want)
 	}
 	// the removal's trace: change → eligibility, build, cache update → push ending at ACK
 	spans := recv.await(t, "lapse → push → ACK", func(spans []*tracepb.Span) bool {
