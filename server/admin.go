@@ -161,10 +161,12 @@ type ExplainVerdict struct {
 
 func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 	out := ExplainExecutors{ConsulIndex: v.ConsulIndex, Executors: []ExplainExecutor{}}
-	for _, d := range v.Groups {
+	verdicts := make([][]health.Verdict, len(v.Groups))
+	for i, d := range v.Groups {
 		out.ConstraintSets = append(out.ConstraintSets, ConstraintSet{Key: d.Key(), VersionConstraint: d.VersionConstraint, Labels: d.Labels})
+		verdicts[i] = v.DecideAll(d)
 	}
-	for _, e := range v.Executors {
+	for ei, e := range v.Executors {
 		if task != "" && e.Task != task {
 			continue
 		}
@@ -181,8 +183,8 @@ func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 			x.MetadataError = e.Err.Error()
 		}
 		x.Cordon, x.CordonHeld = e.CordonID, e.CordonHeld
-		for _, d := range v.Groups {
-			verdict := v.Decide(e, d)
+		for gi, d := range v.Groups {
+			verdict := verdicts[gi][ei]
 			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(), Route: string(verdict.Route), Reason: string(verdict.Reason), Detail: verdict.Detail, WouldExclude: verdict.Observed})
 		}
 		out.Executors = append(out.Executors, x)

@@ -20,14 +20,24 @@ import (
 // the new ones are sorted among themselves and merged into the previous
 // order. A single change therefore costs a map lookup per executor, not a
 // decision, a message and a sort. Endpoint messages are immutable once built.
+//
+// Of routed entries claiming one socket (address:port) only the one whose
+// health.Claim beats the others' is sent (grpc-go rejects a load assignment
+// with two endpoints at one address); the others are excluded as
+// duplicate-address. Claims per socket are counted as entries come and go,
+// so a fleet without such a conflict pays no more than a map update per
+// changed executor.
 type Builder struct {
-	d       health.Dispatcher
-	observe []health.Reason // rules in observe mode
-	started bool
-	gen     uint64
-	entries map[uint64]*entry // by executor fingerprint
-	all     []*entry          // every entry of the previous build
-	sorted  []*entry          // routed entries of the previous build, in order
+	d         health.Dispatcher
+	observe   []health.Reason // rules in observe mode
+	started   bool
+	gen       uint64
+	entries   map[uint64]*entry // by executor fingerprint
+	all       []*entry          // every entry of the previous build
+	sorted    []*entry          // routed entries of the previous build, in order
+	sockets   map[health.Socket]int32
+	contested int      // sockets claimed by more than one routed entry
+	losers    []*entry // routed entries the previous build did not send
 }
 
 // entry is one executor as decided for the Builder's constraint set.
@@ -40,6 +50,10 @@ type entry struct {
 	key    endpointSortKey
 	gen    uint64 // last build that saw it
 	print  uint64 // its key in Builder.entries
+	sock   health.Socket
+	claim  health.Claim
+	lost   bool // routed, but another entry's claim on its socket won (this build)
+	sent   bool // in the previous build's load assignment
 }
 
 type endpointSortKey struct {
@@ -98,7 +112,7 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher, observe ...health.Reason) Result {
 	restarted := false
 	if !bl.started || bl.d.Key() != d.Key() || !slices.Equal(bl.observe, observe) {
-		*bl = Builder{d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}}
+		*bl = Builder{d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
 		restarted = true
 	}
 	var observed []ObservedDecision
@@ -143,6 +157,7 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 				buf = endpointContent(buf[:0], e, en.status)
 				en.digest = fnv64a(buf)
 				en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
+				en.sock, en.claim = health.SocketOf(e.Address, e.Port), health.ClaimOf(e)
 				fresh = append(fresh, en)
 			}
 		} else if en.routed {
@@ -157,7 +172,6 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 		}
 	}
 	// Previous order minus what is gone, merged with the new ones sorted.
-	removes := false
 	var gone []*entry
 	kept := bl.sorted
 	if reused != len(bl.sorted) {
@@ -167,25 +181,6 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 				kept = append(kept, en)
 			} else {
 				gone = append(gone, en)
-			}
-		}
-	}
-	if len(gone) > 0 {
-		// A gone endpoint is removed unless a new entry has its address with
-		// a status no worse (a weight or session change keeps the endpoint).
-		now := make(map[endpointSortKey]corev3.HealthStatus, len(fresh))
-		for _, en := range fresh {
-			k := en.key
-			k.session = ""
-			now[k] = en.status
-		}
-		for _, en := range gone {
-			k := en.key
-			k.session = ""
-			st, ok := now[k]
-			if !ok || (en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
-				removes = true
-				break
 			}
 		}
 	}
@@ -209,14 +204,98 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	}
 	bl.all, bl.sorted = all, sorted
 
+	// One endpoint per socket.
+	for _, en := range gone {
+		bl.unclaim(en.sock)
+	}
+	for _, en := range fresh {
+		bl.claimSocket(en.sock)
+	}
+	prevLosers := bl.losers
+	for _, en := range prevLosers {
+		en.lost = false
+	}
+	var losers []*entry
+	if bl.contested > 0 {
+		best := map[health.Socket]*entry{}
+		for _, en := range sorted {
+			if bl.sockets[en.sock] > 1 {
+				if b := best[en.sock]; b == nil || en.claim.Beats(b.claim) {
+					best[en.sock] = en
+				}
+			}
+		}
+		for _, en := range sorted {
+			if b := best[en.sock]; b != nil && b != en {
+				en.lost = true
+				losers = append(losers, en)
+			}
+		}
+	}
+	bl.losers = losers
+
+	// What the previous load assignment sent and this one does not, against
+	// what this one sends anew. A dropped endpoint is removed unless a new
+	// one has its instance and address with a status no worse (a weight or
+	// session change keeps the endpoint).
+	var dropped, added []*entry
+	for _, en := range gone {
+		if en.sent {
+			dropped = append(dropped, en)
+		}
+	}
+	for _, en := range losers {
+		if en.sent {
+			dropped = append(dropped, en)
+		}
+	}
+	for _, en := range fresh {
+		if !en.lost {
+			added = append(added, en)
+		}
+	}
+	for _, en := range prevLosers {
+		if en.gen == gen && !en.lost {
+			added = append(added, en)
+		}
+	}
+	removes := false
+	if len(dropped) > 0 {
+		now := make(map[endpointSortKey]corev3.HealthStatus, len(added))
+		for _, en := range added {
+			k := en.key
+			k.session = ""
+			now[k] = en.status
+		}
+		for _, en := range dropped {
+			k := en.key
+			k.session = ""
+			st, ok := now[k]
+			if !ok || (en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
+				removes = true
+				break
+			}
+		}
+	}
+	for _, en := range dropped {
+		en.sent = false
+	}
+	for _, en := range added {
+		en.sent = true
+	}
+
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
 	// The version hashes the task and, order-independently, the content
 	// digest of each endpoint (the order is a function of the contents).
 	var sum, xor uint64
-	if len(sorted) > 0 {
-		lbs := make([]*endpointv3.LbEndpoint, len(sorted))
-		for i, en := range sorted {
-			lbs[i] = en.lb
+	n := len(sorted) - len(losers)
+	if n > 0 {
+		lbs := make([]*endpointv3.LbEndpoint, 0, n)
+		for _, en := range sorted {
+			if en.lost {
+				continue
+			}
+			lbs = append(lbs, en.lb)
 			m := mix64(en.digest)
 			sum += m
 			xor ^= mix64(m ^ en.digest)
@@ -230,11 +309,32 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	}
 	var vb [8 + 8 + 8 + 8]byte
 	binary.LittleEndian.PutUint64(vb[0:], fnv64a([]byte("cla\x00"+task)))
-	binary.LittleEndian.PutUint64(vb[8:], uint64(len(sorted)))
+	binary.LittleEndian.PutUint64(vb[8:], uint64(n))
 	binary.LittleEndian.PutUint64(vb[16:], sum)
 	binary.LittleEndian.PutUint64(vb[24:], xor)
 	version := "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
 	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(fresh), Observed: observed, Restarted: restarted}
+}
+
+// claimSocket and unclaim count the routed entries claiming a socket.
+func (bl *Builder) claimSocket(s health.Socket) {
+	n := bl.sockets[s] + 1
+	bl.sockets[s] = n
+	if n == 2 {
+		bl.contested++
+	}
+}
+
+func (bl *Builder) unclaim(s health.Socket) {
+	n := bl.sockets[s] - 1
+	if n <= 0 {
+		delete(bl.sockets, s)
+	} else {
+		bl.sockets[s] = n
+	}
+	if n == 1 {
+		bl.contested--
+	}
 }
 
 // endpointContent is everything an endpoint message holds, for its digest.

@@ -1,10 +1,14 @@
 package snapshot
 
 import (
+	"bytes"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"testing"
 
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
@@ -38,8 +42,11 @@ func TestBuilderIncrementalEqualsFresh(t *testing.T) {
 			}
 			got := bl.BuildPrinted("work", es, nil, d)
 			want := (&Builder{}).BuildPrinted("work", es, nil, d)
-			if !proto.Equal(got.CLA, want.CLA) {
+			if !bytes.Equal(marshal(t, got.CLA), marshal(t, want.CLA)) {
 				t.Fatalf("%s step %d: incremental load assignment differs from a fresh build", d.Key(), step)
+			}
+			if err := sendsWhatDecideRoutes(got.CLA, es, d); err != nil {
+				t.Fatalf("%s step %d: %v", d.Key(), step, err)
 			}
 			if got.Version != want.Version {
 				t.Fatalf("%s step %d: version %s, fresh %s", d.Key(), step, got.Version, want.Version)
@@ -63,7 +70,7 @@ func mutate(r *rand.Rand, es *[]health.Executor) {
 	}
 	i := r.IntN(len(fleet))
 	e := &fleet[i]
-	switch r.IntN(10) {
+	switch r.IntN(12) {
 	case 0:
 		e.Load = r.IntN(10)
 	case 1:
@@ -89,5 +96,108 @@ func mutate(r *rand.Rand, es *[]health.Executor) {
 		e.Port = 10000 + r.IntN(3) // collide with others' addresses
 	case 9:
 		e.Capacity = r.IntN(200)
+	case 10: // a new session of the instance beside the old one (fencing observed), at its socket
+		n := *e
+		n.SessionID = fmt.Sprintf("s%d", r.IntN(1000))
+		n.Generation++
+		n.Node = fmt.Sprintf("n%d", r.IntN(3))
+		*es = append(fleet, n)
+	case 11: // another instance claims a socket in use
+		n := *e
+		n.InstanceID = fmt.Sprintf("dup-%d", r.IntN(1e6))
+		n.ServiceID = "work:" + n.InstanceID
+		*es = append(fleet, n)
+	}
+}
+
+func marshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// sendsWhatDecideRoutes checks a load assignment against Decide: exactly the
+// executors Decide routes are sent, and no socket twice.
+func sendsWhatDecideRoutes(cla *endpointv3.ClusterLoadAssignment, es []health.Executor, d health.Dispatcher) error {
+	want := map[string]bool{}
+	for _, dec := range Decide(es, d) {
+		if dec.Verdict.Route != health.RouteNone {
+			e := dec.Executor
+			want[fmt.Sprintf("%s|%s|%s|%d", e.InstanceID, e.SessionID, e.Address, e.Port)] = true
+		}
+	}
+	got := map[string]bool{}
+	sockets := map[health.Socket]bool{}
+	for _, loc := range cla.GetEndpoints() {
+		for _, lb := range loc.GetLbEndpoints() {
+			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+			s := health.SocketOf(sa.GetAddress(), int(sa.GetPortValue()))
+			if sockets[s] {
+				return fmt.Errorf("two endpoints at %s:%d", sa.GetAddress(), sa.GetPortValue())
+			}
+			sockets[s] = true
+			session := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue()
+			got[fmt.Sprintf("%s|%s|%s|%d", lb.GetEndpoint().GetHostname(), session, sa.GetAddress(), sa.GetPortValue())] = true
+		}
+	}
+	if !maps.Equal(got, want) {
+		return fmt.Errorf("sent %v, Decide routes %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+	return nil
+}
+
+// Two routed registrations at one socket: one is sent, by the stated rule,
+// whatever the order and whether built afresh or incrementally; the other
+// takes its place when it goes, and that is not a removal.
+func TestBuilderDuplicateSocket(t *testing.T) {
+	d, _ := health.NewDispatcher("", nil)
+	es := benchFleet(3)
+	twin := es[1]
+	twin.InstanceID, twin.ServiceID = "exec-000000a", "work:exec-000000a" // sorts after exec-000000, before exec-000001
+	es = append(es, twin)
+	oldSession := es[2]
+	oldSession.SessionID, oldSession.Generation = "old", 0 // the same instance's older session, fencing observed
+	es = append(es, oldSession)
+	bl := &Builder{}
+	r := bl.BuildPrinted("work", es, nil, d)
+	if err := sendsWhatDecideRoutes(r.CLA, es, d); err != nil {
+		t.Fatal(err)
+	}
+	sent := func(cla *endpointv3.ClusterLoadAssignment) []string {
+		var out []string
+		for _, lb := range cla.GetEndpoints()[0].GetLbEndpoints() {
+			out = append(out, lb.GetEndpoint().GetHostname()+"/"+lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue())
+		}
+		return out
+	}
+	if got := sent(r.CLA); !slices.Equal(got, []string{"exec-000000/s", "exec-000000a/s", "exec-000002/s"}) {
+		t.Fatalf("sent %v: want the lowest instance id at exec-000001's socket and the newest session at exec-000002's", got)
+	}
+	for _, dec := range Decide(es, d) {
+		lost := dec.Executor.InstanceID == "exec-000001" || dec.Executor.SessionID == "old"
+		if lost != (dec.Verdict.Reason == health.ReasonDuplicateAddress) {
+			t.Fatalf("%s/%s: %s (%s)", dec.Executor.InstanceID, dec.Executor.SessionID, dec.Verdict.Reason, dec.Verdict.Detail)
+		}
+	}
+	// The winner lapses: the other claimant is sent at that socket instead.
+	es[3].Lease = health.StatusCritical
+	r2 := bl.BuildPrinted("work", es, nil, d)
+	if got := sent(r2.CLA); !slices.Equal(got, []string{"exec-000000/s", "exec-000001/s", "exec-000002/s"}) {
+		t.Fatalf("after the winner lapsed: %v", got)
+	}
+	if !r2.RemovesOrDrains || r2.RemovesOrDrains != removesOrDrains(r.CLA, r2.CLA) {
+		t.Fatalf("RemovesOrDrains %v: the lapsed instance's endpoint is gone", r2.RemovesOrDrains)
+	}
+	fresh := (&Builder{}).BuildPrinted("work", es, nil, d)
+	if fresh.Version != r2.Version || !bytes.Equal(marshal(t, fresh.CLA), marshal(t, r2.CLA)) {
+		t.Fatal("incremental build differs from a fresh one")
+	}
+	// Reversed input: the same bytes.
+	slices.Reverse(es)
+	if rev := (&Builder{}).BuildPrinted("work", es, nil, d); rev.Version != r2.Version || !bytes.Equal(marshal(t, rev.CLA), marshal(t, r2.CLA)) {
+		t.Fatal("input order changed the output")
 	}
 }

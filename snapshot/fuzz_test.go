@@ -3,6 +3,7 @@ package snapshot
 import (
 	"fmt"
 	"math/rand/v2"
+	"net"
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -15,7 +16,8 @@ import (
 
 // FuzzTranslate: arbitrary executor sets (decided from the fuzz input) give
 // a consistent resource set whose every endpoint is eligible or draining for
-// the constraint set, with a version that does not depend on input order.
+// the constraint set, at an IP address and a socket of its own (what every
+// client accepts), with a version that does not depend on input order.
 func FuzzTranslate(f *testing.F) {
 	f.Add(uint64(1), uint8(5), ">=1.0.0")
 	f.Add(uint64(42), uint8(40), "")
@@ -29,11 +31,12 @@ func FuzzTranslate(f *testing.F) {
 		statuses := []health.CheckStatus{health.StatusPassing, health.StatusWarning, health.StatusCritical, "", "maintenance"}
 		versions := []string{"1.0.0", "1.5.2", "2.0.0", "0.9.0-rc.1", "garbage"}
 		var es []health.Executor
+		addresses := []string{"10.0.0.0", "10.0.0.1", "::ffff:10.0.0.1", "10.0.0.3", "exec.internal"}
 		for i := range int(n) {
 			e := health.Executor{
 				Registration: health.Registration{
 					InstanceID: fmt.Sprintf("i%d", rng.IntN(8)), SessionID: fmt.Sprintf("s%d", rng.IntN(3)), Generation: uint64(rng.IntN(4) + 1),
-					Task: "work", Address: fmt.Sprintf("10.0.0.%d", rng.IntN(4)), Port: 9000 + i, Version: versions[rng.IntN(len(versions))],
+					Task: "work", Address: addresses[rng.IntN(len(addresses))], Port: 9000 + i%4 + rng.IntN(2), Version: versions[rng.IntN(len(versions))],
 					Capacity: rng.IntN(300), State: []health.State{health.StateActive, health.StateDraining}[rng.IntN(2)],
 				},
 				ServiceID: fmt.Sprintf("work:i%d-%d", i, rng.IntN(3)), Node: fmt.Sprintf("n%d", rng.IntN(3)),
@@ -68,6 +71,16 @@ func FuzzTranslate(f *testing.F) {
 				}
 				if w := lb.GetLoadBalancingWeight().GetValue(); w < MinWeight || w > MaxWeight {
 					t.Fatalf("weight %d out of range", w)
+				}
+			}
+		}
+		if err := sendsWhatDecideRoutes(cla, es, d); err != nil {
+			t.Fatal(err)
+		}
+		for _, loc := range cla.GetEndpoints() {
+			for _, lb := range loc.GetLbEndpoints() {
+				if a := lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress(); net.ParseIP(a) == nil {
+					t.Fatalf("endpoint address %q is not an IP address", a)
 				}
 			}
 		}

@@ -113,11 +113,17 @@ type Decision struct {
 }
 
 // Decide returns the verdict on every executor for constraint set d, sorted
-// by node and service id (for explain views and logs).
+// by node and service id (for explain views and logs): what Builder sends,
+// duplicate-address exclusions included.
 func Decide(executors []health.Executor, d health.Dispatcher, observe ...health.Reason) []Decision {
+	verdicts := make([]health.Verdict, len(executors))
+	for i, e := range executors {
+		verdicts[i] = health.EligibleObserving(e, d, observe)
+	}
+	health.ExcludeDuplicates(executors, verdicts)
 	decisions := make([]Decision, 0, len(executors))
-	for _, e := range executors {
-		decisions = append(decisions, Decision{Executor: e, Verdict: health.EligibleObserving(e, d, observe)})
+	for i, e := range executors {
+		decisions = append(decisions, Decision{Executor: e, Verdict: verdicts[i]})
 	}
 	sort.Slice(decisions, func(i, j int) bool {
 		a, b := &decisions[i].Executor, &decisions[j].Executor

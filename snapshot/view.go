@@ -65,12 +65,24 @@ func (s *Syncer) publishView() {
 	close(old.changed)
 }
 
-// Decide is the verdict on e for constraint set d under the rule modes in
-// force (what the xDS resources of this view were built with).
+// Decide is the verdict on e alone for constraint set d under the rule
+// modes in force; DecideAll adds what depends on the other executors.
 func (v *View) Decide(e health.Executor, d health.Dispatcher) health.Verdict {
 	var observe []health.Reason
 	if v.Control != nil && v.Control.Rollout != nil {
 		observe = v.Control.Rollout.Observed(e.Task, d)
 	}
 	return health.EligibleObserving(e, d, observe)
+}
+
+// DecideAll is the verdict on every executor of the view (aligned with
+// Executors) for constraint set d: what the xDS resources of this view were
+// built with, duplicate-address exclusions included.
+func (v *View) DecideAll(d health.Dispatcher) []health.Verdict {
+	vs := make([]health.Verdict, len(v.Executors))
+	for i, e := range v.Executors {
+		vs[i] = v.Decide(e, d)
+	}
+	health.ExcludeDuplicates(v.Executors, vs)
+	return vs
 }
