@@ -1,0 +1,265 @@
+package main
+
+import (
+	"context"
+	"log/slog"
+	"net"
+	"strings"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+)
+
+// catalogSession registers, straight into the catalog (no agent behind it,
+// so nothing ever changes by itself), one session of instance on node with
+// its lease check passing.
+func catalogSession(t *testing.T, c *api.Client, node, instance, session string, generation uint64, port int) {
+	t.Helper()
+	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: generation, Task: "work",
+		Address: "127.0.0.1", Port: port, Version: "1.0.0", Capacity: 4, State: health.StateActive}
+	_, err := c.Catalog().Register(&api.CatalogRegistration{
+		Node: node, Address: "127.0.0.1", SkipNodeUpdate: true,
+		Service: &api.AgentService{ID: health.ServiceID(instance, "work"), Service: "work", Tags: []string{"leasehold"},
+			Address: "127.0.0.1", Port: port, Meta: reg.Meta()},
+		Check: &api.AgentCheck{Node: node, CheckID: health.CheckID(instance, session, "work"), Name: "lease",
+			ServiceID: health.ServiceID(instance, "work"), Status: api.HealthPassing},
+	}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+}
+
+// TestGenerationsOrderTheSameOnEveryReplica: generation 6 of an instance
+// deregisters while generation 5 lingers on another node. A replica that saw
+// 6, a replica started afterwards and a restarted replica all call 5 STALE
+// and route none of it, because the order comes from Consul KV, not from
+// what one replica happened to see. Deleting the generation key fences
+// nothing for ever: 5 is then the newest session Consul knows.
+func TestGenerationsOrderTheSameOnEveryReplica(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("6")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	catalogSession(t, c, "node-five", "x", "s5", 5, 9005)
+	catalogSession(t, c, "node-six", "x", "s6", 6, 9006)
+	catalogSession(t, c, "node-five", "y", "y1", 1, 9101) // keeps the task type alive
+
+	first := startServe(t, a)
+	fc := fencingClient(t, first.xds)
+	awaitState(t, fc, "x", "s5", leaseholdv1.SessionState_STALE)
+	awaitState(t, fc, "x", "s6", leaseholdv1.SessionState_CURRENT)
+
+	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: "node-six", ServiceID: health.ServiceID("x", "work")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	awaitGone := openEDS(t, first.xds)
+	for eps := awaitGone(); eps.has("x", "s6"); eps = awaitGone() {
+	}
+
+	second := startServe(t, a) // a new replica, or the first one restarted
+	for _, r := range []listening{first, second} {
+		st := awaitState(t, fencingClient(t, r.xds), "x", "s5", leaseholdv1.SessionState_STALE)
+		if st.NewerGeneration != 6 {
+			t.Fatalf("replica %s: STALE answer %v, want newer generation 6", r.xds, st)
+		}
+		if eps := edsEndpoints(t, r.xds); eps.has("x", "s5") || !eps.has("y", "y1") {
+			t.Fatalf("replica %s routes %v: want y1 and not the stale x/s5", r.xds, eps)
+		}
+	}
+
+	// An operator deletes the generation keys: nothing stays fenced.
+	if _, err := c.KV().DeleteTree(health.GenerationKeyPrefix, nil); err != nil {
+		t.Fatal(err)
+	}
+	for _, r := range []listening{first, second} {
+		awaitState(t, fencingClient(t, r.xds), "x", "s5", leaseholdv1.SessionState_CURRENT)
+	}
+}
+
+// TestLiveExecutorSurvivesDeletedGenerationKeys: a real executor keeps being
+// routed and CURRENT when its generation key is deleted, and so does its
+// next session after a restart (the generation then starts again from the
+// highest registered one).
+func TestLiveExecutorSurvivesDeletedGenerationKeys(t *testing.T) {
+	a := consultest.Start(t)
+	e := startExecutor(t, a, "x", "1.0.0")
+	addrs := startServe(t, a)
+	fc := fencingClient(t, addrs.xds)
+	s1 := e.reg.Session()
+	awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_CURRENT)
+	if _, err := a.Client().KV().Delete(health.GenerationKey("x"), nil); err != nil {
+		t.Fatal(err)
+	}
+	// Wait until leasehold has read the deletion (its view's index passes
+	// the delete's), then it must still vouch for the session.
+	_, meta, err := a.Client().KV().Get(health.GenerationKey("x"), nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer cancel()
+	r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID, MinConsulIndex: meta.LastIndex})
+	if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("after the key was deleted: %v, %v", r, err)
+	}
+	if eps := edsEndpoints(t, addrs.xds); !eps.has("x", s1.ID) {
+		t.Fatalf("routes %v without x", eps)
+	}
+	e.stop() // the process restarts: its next session must still be newer
+	<-e.reg.Done()
+	e2 := startExecutor(t, a, "x", "1.0.0")
+	awaitState(t, fc, "x", e2.reg.Session().ID, leaseholdv1.SessionState_CURRENT)
+	for next := openEDS(t, addrs.xds); ; {
+		if eps := next(); eps.has("x", e2.reg.Session().ID) {
+			break
+		}
+	}
+}
+
+// TestNodeFailureIsAFinalLapse: an executor's Consul agent is frozen until
+// the servers declare its node failed, then resumed, shorter than the lease:
+// the session's own check is still passing, but leasehold never routes it
+// again and answers LAPSED; the executor's Registrar notices at its next
+// fence check and comes back under a new session, which is routed.
+func TestNodeFailureIsAFinalLapse(t *testing.T) {
+	server := consultest.Start(t)
+	node := consultest.Start(t, consultest.Options{NodeName: "frozen-node", JoinClientOf: server})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	reg, err := consul.NewRegistrar(consul.NewAPIAgent(node.Client()), consul.Config{
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
+		Version: "1.0.0", Capacity: 2,
+		// A lease far longer than the freeze: only the node failure ends it.
+		Lease:      health.Lease{TTL: 45 * time.Second, Heartbeat: time.Second, DeregisterAfter: time.Minute},
+		FenceCheck: 500 * time.Millisecond,
+		Load:       func() int { return 0 },
+		Logger:     slog.New(slog.NewTextHandler(testWriter{t, "x"}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go reg.Run(ctx)
+	t.Cleanup(func() { cancel(); <-reg.Done() })
+	wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer wcancel()
+	s1, err := reg.WaitSession(wctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	addrs := startServe(t, server)
+	fc := fencingClient(t, addrs.xds)
+	awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_CURRENT)
+	next := openEDS(t, addrs.xds)
+	for eps := next(); !eps.has("x", s1.ID); eps = next() {
+	}
+
+	node.Freeze()
+	serf := func() string {
+		checks, _, err := server.Client().Health().Node("frozen-node", nil)
+		if err != nil {
+			return ""
+		}
+		for _, c := range checks {
+			if c.CheckID == health.SerfHealthCheckID {
+				return c.Status
+			}
+		}
+		return ""
+	}
+	consultest.WaitFor(t, 30*time.Second, "the frozen node declared failed", func() bool { return serf() == api.HealthCritical })
+	lapsed := awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_LAPSED)
+	for eps := next(); eps.has("x", s1.ID); eps = next() {
+	}
+	node.Thaw()
+	consultest.WaitFor(t, 30*time.Second, "the node alive again", func() bool { return serf() == api.HealthPassing })
+
+	// From here on the old session must never be CURRENT or routed again,
+	// whatever its check says; the Registrar takes a new session.
+	s2, err := reg.WaitSession(wctx, s1)
+	if err != nil {
+		t.Fatalf("the Registrar did not come back under a new session: %v", err)
+	}
+	if s2.Generation <= s1.Generation {
+		t.Fatalf("new session at generation %d, not above %d", s2.Generation, s1.Generation)
+	}
+	for eps := next(); !eps.has("x", s2.ID); eps = next() {
+		if eps.has("x", s1.ID) {
+			t.Fatalf("the lapsed session is routed again: %v", eps)
+		}
+	}
+	if eps := edsEndpoints(t, addrs.xds); eps.has("x", s1.ID) {
+		t.Fatalf("the lapsed session is routed again: %v", eps)
+	}
+	r, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID})
+	if err != nil || (r.State != leaseholdv1.SessionState_LAPSED && r.State != leaseholdv1.SessionState_STALE) {
+		t.Fatalf("old session answered %v (%v) after its node came back; was %v", r, err, lapsed)
+	}
+}
+
+// TestFencingUnknownWhileConsulIsSilent: with Consul frozen, leasehold keeps
+// routing the last known snapshot (fail static) but stops vouching for
+// sessions once its view is older than --fencing-stale-after; it answers as
+// before once Consul answers again. A request whose min_consul_index is
+// beyond the view waits for it, then answers UNKNOWN.
+func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	catalogSession(t, c, "node-a", "x", "s1", 1, 9001)
+	addrs := startServeTo(t, a, testWriter{t, "serve"}, func(cfg *serveConfig) { cfg.staleAfter = 3 * time.Second })
+	fc := fencingClient(t, addrs.xds)
+	current := awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_CURRENT)
+
+	// Monotonic reads: an index beyond anything Consul has is waited for
+	// until the deadline, then UNKNOWN.
+	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	defer cancel()
+	r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: current.ConsulIndex + 1_000_000})
+	if err != nil || r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "min_consul_index") {
+		t.Fatalf("beyond the view: %v, %v", r, err)
+	}
+	r, err = fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: current.ConsulIndex})
+	if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("at the view's own index: %v, %v", r, err)
+	}
+
+	a.Freeze()
+	frozen := time.Now()
+	unknown := awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_UNKNOWN)
+	if !strings.Contains(unknown.Detail, "stale") || unknown.ViewAge.AsDuration() < 3*time.Second {
+		t.Fatalf("UNKNOWN answer %v: want a stale-view detail and an age ≥ 3s", unknown)
+	}
+	if since := time.Since(frozen); since > 15*time.Second {
+		t.Fatalf("UNKNOWN only %s after Consul froze", since)
+	}
+	if eps := edsEndpoints(t, addrs.xds); !eps.has("x", "s1") {
+		t.Fatalf("fail static: routes %v while Consul is silent, want x/s1", eps)
+	}
+	var body map[string]any
+	getBody(t, "http://"+addrs.admin+"/v1/session?instance_id=x&session_id=s1", &body)
+	if body["state"] != "UNKNOWN" {
+		t.Fatalf("/v1/session while stale: %v", body)
+	}
+	if code := getBody(t, "http://"+addrs.admin+"/v1/session?instance_id=x&session_id=s1&min_consul_index=-1", &body); code != 400 || !strings.Contains(body["error"].(string), "min_consul_index") {
+		t.Fatalf("bad min_consul_index: %d %v", code, body)
+	}
+	a.Thaw()
+	awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_CURRENT)
+	answers := scrape(t, addrs.admin)
+	if f := answers["leasehold_fencing_answers_total"]; f == nil || sum(f) == 0 {
+		t.Fatalf("no leasehold_fencing_answers_total in /metrics")
+	}
+	if f := answers["leasehold_fencing_view_age_seconds"]; f == nil {
+		t.Fatalf("no leasehold_fencing_view_age_seconds in /metrics")
+	}
+}
