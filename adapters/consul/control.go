@@ -116,22 +116,105 @@ func cordonPrint(m map[string][]byte) string {
 }
 
 // Control is the operators' side: cordons, approvals, rules and the audit
-// trail, stored in Consul KV with check-and-set so concurrent operators
-// never overwrite each other silently.
+// trail, stored in Consul KV. Every change is one KV transaction with its
+// audit record (and the check-and-set the change needs), so a change is
+// never without its record nor a record without its change.
 type Control struct {
-	c *api.Client
+	c         *api.Client
+	retention AuditRetention
+	now       func() time.Time
+	log       *slog.Logger
+	// beforeCommit, when set (tests), sees each transaction just before
+	// it is sent.
+	beforeCommit func(api.TxnOps)
+}
+
+// Audit retention defaults: enough for a long incident review, bounded so
+// listing the trail stays cheap.
+const (
+	DefaultAuditKeep   = 1000
+	DefaultAuditMaxAge = 90 * 24 * time.Hour
+)
+
+// AuditRetention bounds the audit trail. The operator command that writes a
+// record prunes, right after its change commits: leasehold serve never
+// writes or deletes audit records.
+type AuditRetention struct {
+	Keep   int           // the most recent records kept
+	MaxAge time.Duration // records older than this are deleted
+}
+
+// Validate names the bad field.
+func (r AuditRetention) Validate() error {
+	if r.Keep < 1 {
+		return fmt.Errorf("keep: must be at least 1, got %d", r.Keep)
+	}
+	if r.MaxAge <= 0 {
+		return fmt.Errorf("max age: must be positive, got %s", r.MaxAge)
+	}
+	return nil
+}
+
+// ControlOptions tune NewControl; zero values take the defaults.
+type ControlOptions struct {
+	Retention AuditRetention   // zero fields: DefaultAuditKeep, DefaultAuditMaxAge
+	Now       func() time.Time // the clock of audit records and approvals; nil: time.Now
+	Logger    *slog.Logger     // pruning failures; nil: slog.Default()
 }
 
 // NewControl uses c (token and TLS from the standard CONSUL_* environment).
-func NewControl(c *api.Client) *Control { return &Control{c: c} }
+func NewControl(c *api.Client, o ControlOptions) (*Control, error) {
+	r := o.Retention
+	if r.Keep == 0 {
+		r.Keep = DefaultAuditKeep
+	}
+	if r.MaxAge == 0 {
+		r.MaxAge = DefaultAuditMaxAge
+	}
+	if err := r.Validate(); err != nil {
+		return nil, fmt.Errorf("audit retention: %w", err)
+	}
+	k := &Control{c: c, retention: r, now: o.Now, log: o.Logger}
+	if k.now == nil {
+		k.now = time.Now
+	}
+	if k.log == nil {
+		k.log = slog.Default()
+	}
+	return k, nil
+}
 
 // AuditEntry is one operator action.
 type AuditEntry struct {
+	ID     string    `json:"id,omitempty"` // its key under AuditPrefix; set when read
 	At     time.Time `json:"at"`
 	Actor  string    `json:"actor"`
-	Action string    `json:"action"` // cordon, uncordon, approve, rules-set
+	Action string    `json:"action"` // cordon, uncordon, approve, rules-set, rules-cleared
 	Target string    `json:"target,omitempty"`
 	Detail string    `json:"detail,omitempty"`
+}
+
+// auditTimeLayout makes record ids sort as their times do (fixed width, UTC).
+const auditTimeLayout = "20060102T150405.000000000Z"
+
+func newAuditID(at time.Time) string {
+	var r [3]byte
+	rand.Read(r[:])
+	return at.UTC().Format(auditTimeLayout) + "-" + hex.EncodeToString(r[:])
+}
+
+// ParseAuditID checks an audit record id (as `leasehold audit` prints it)
+// and returns the time it encodes.
+func ParseAuditID(id string) (time.Time, error) {
+	ts, suffix, ok := strings.Cut(id, "-")
+	if !ok || len(suffix) != 6 || strings.Trim(suffix, "0123456789abcdef") != "" {
+		return time.Time{}, fmt.Errorf("%q is not an audit record id (want e.g. 20250102T150405.000000000Z-1a2b3c)", id)
+	}
+	at, err := time.Parse(auditTimeLayout, ts)
+	if err != nil {
+		return time.Time{}, fmt.Errorf("%q is not an audit record id: %w", id, err)
+	}
+	return at, nil
 }
 
 // Identity is who acts: the Consul token's description or accessor id when
@@ -158,20 +241,114 @@ func NewCordonID() string {
 	return "c-" + hex.EncodeToString(b[:])
 }
 
-// Cordon stores a new cordon (validated) and audits it.
+// commit applies change and the audit record e of it in one KV transaction:
+// both or neither. When an operation of change fails (a check-and-set lost
+// to a concurrent operator), conflict says what that means. Pruning the
+// trail follows a successful commit.
+func (k *Control) commit(ctx context.Context, change api.TxnOps, e AuditEntry, conflict func(op int) error) error {
+	if e.At.IsZero() {
+		e.At = k.now().UTC()
+	}
+	key := AuditPrefix + newAuditID(e.At)
+	b, err := json.Marshal(e)
+	if err != nil {
+		return fmt.Errorf("audit record: %w", err)
+	}
+	ops := append(append(api.TxnOps{}, change...),
+		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: key, Value: b, Index: 0}}) // index 0: only if absent
+	if k.beforeCommit != nil {
+		k.beforeCommit(ops)
+	}
+	ok, resp, _, err := k.c.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("%s and its audit record: %w", e.Action, err)
+	}
+	if !ok {
+		var whats []string
+		for _, te := range resp.Errors {
+			if te.OpIndex < len(change) {
+				return conflict(te.OpIndex)
+			}
+			whats = append(whats, te.What)
+		}
+		return fmt.Errorf("%w: audit record %s not written, so neither was the %s: %s", ErrControl, key, e.Action, strings.Join(whats, "; "))
+	}
+	if n, err := k.PruneAudit(ctx); err != nil {
+		// The change and its record are in; the next write prunes again.
+		k.log.Warn("pruning the audit trail failed", "prefix", AuditPrefix, "err", err)
+	} else if n > 0 {
+		k.log.Debug("audit trail pruned", "deleted", n)
+	}
+	return nil
+}
+
+func kvOp(op api.KVTxnOp) *api.TxnOp { return &api.TxnOp{KV: &op} }
+
+// maxTxnOps is Consul's limit of operations per transaction.
+const maxTxnOps = 64
+
+// PruneAudit deletes the records beyond the Keep most recent and those older
+// than MaxAge, and returns how many. Record ids order as their times, so
+// the key names are enough.
+func (k *Control) PruneAudit(ctx context.Context) (int, error) {
+	keys, _, err := k.c.KV().Keys(AuditPrefix, "", (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return 0, fmt.Errorf("list audit records: %w", err)
+	}
+	sort.Strings(keys)
+	cut := max(0, len(keys)-k.retention.Keep)
+	doomed := keys[:cut:cut]
+	oldest := k.now().Add(-k.retention.MaxAge)
+	for _, key := range keys[cut:] {
+		at, err := ParseAuditID(strings.TrimPrefix(key, AuditPrefix))
+		if err != nil {
+			continue // not a record of ours: only the count limit removes it
+		}
+		if !at.Before(oldest) {
+			break // ids order as times: every later one is younger still
+		}
+		doomed = append(doomed, key)
+	}
+	deleted := 0
+	for len(doomed) > 0 {
+		n := min(len(doomed), maxTxnOps)
+		ops := make(api.TxnOps, 0, n)
+		for _, key := range doomed[:n] {
+			ops = append(ops, kvOp(api.KVTxnOp{Verb: api.KVDelete, Key: key})) // deleting a gone key is fine: pruners may race
+		}
+		ok, resp, _, err := k.c.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
+		if err != nil {
+			return deleted, fmt.Errorf("delete audit records: %w", err)
+		}
+		if !ok {
+			return deleted, fmt.Errorf("delete audit records: %s", txnErrors(resp))
+		}
+		deleted += n
+		doomed = doomed[n:]
+	}
+	return deleted, nil
+}
+
+func txnErrors(resp *api.TxnResponse) string {
+	var whats []string
+	for _, te := range resp.Errors {
+		whats = append(whats, fmt.Sprintf("op %d: %s", te.OpIndex, te.What))
+	}
+	return strings.Join(whats, "; ")
+}
+
+// Cordon stores a new cordon (validated) with its audit record.
 func (k *Control) Cordon(ctx context.Context, c health.Cordon) error {
 	if err := c.Validate(); err != nil {
 		return err
 	}
-	b, _ := json.Marshal(c)
-	ok, _, err := k.c.KV().CAS(&api.KVPair{Key: CordonPrefix + c.ID, Value: b, ModifyIndex: 0}, (&api.WriteOptions{}).WithContext(ctx))
+	b, err := json.Marshal(c)
 	if err != nil {
-		return fmt.Errorf("store cordon: %w", err)
+		return fmt.Errorf("cordon %s: %w", c.ID, err)
 	}
-	if !ok {
-		return fmt.Errorf("%w: cordon %s exists already", ErrControl, c.ID)
-	}
-	return k.Audit(ctx, AuditEntry{Actor: c.By, Action: "cordon", Target: c.ID, Detail: c.Selector() + ": " + c.Reason})
+	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVCAS, Key: CordonPrefix + c.ID, Value: b, Index: 0})}
+	return k.commit(ctx, change, AuditEntry{Actor: c.By, Action: "cordon", Target: c.ID, Detail: c.Selector() + ": " + c.Reason},
+		func(int) error { return fmt.Errorf("%w: cordon %s exists already", ErrControl, c.ID) })
 }
 
 // Cordons lists the stored cordons (invalid ones are returned with their
@@ -193,7 +370,8 @@ func (k *Control) Cordons(ctx context.Context) (cordons []health.Cordon, bad map
 	return cordons, bad, nil
 }
 
-// Uncordon removes a cordon and audits it.
+// Uncordon removes a cordon, unless it changed since it was read, with its
+// audit record.
 func (k *Control) Uncordon(ctx context.Context, id, by, why string) error {
 	p, _, err := k.c.KV().Get(CordonPrefix+id, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
@@ -202,17 +380,13 @@ func (k *Control) Uncordon(ctx context.Context, id, by, why string) error {
 	if p == nil {
 		return fmt.Errorf("%w: no cordon %s (see leasehold cordon --list)", ErrControl, id)
 	}
-	ok, _, err := k.c.KV().DeleteCAS(&api.KVPair{Key: p.Key, ModifyIndex: p.ModifyIndex}, (&api.WriteOptions{}).WithContext(ctx))
-	if err != nil {
-		return fmt.Errorf("delete cordon: %w", err)
-	}
-	if !ok {
-		return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id)
-	}
-	return k.Audit(ctx, AuditEntry{Actor: by, Action: "uncordon", Target: id, Detail: why})
+	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVDeleteCAS, Key: p.Key, Index: p.ModifyIndex})}
+	return k.commit(ctx, change, AuditEntry{Actor: by, Action: "uncordon", Target: id, Detail: why},
+		func(int) error { return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id) })
 }
 
-// Approve records a second person's approval of a pending cordon.
+// Approve records a second person's approval of a pending cordon, unless it
+// changed since it was read, with its audit record.
 func (k *Control) Approve(ctx context.Context, id, by string) error {
 	p, _, err := k.c.KV().Get(CordonPrefix+id, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
@@ -231,28 +405,25 @@ func (k *Control) Approve(ctx context.Context, id, by string) error {
 	if c.ApprovedBy != "" {
 		return fmt.Errorf("%w: cordon %s was approved by %s already", ErrControl, id, c.ApprovedBy)
 	}
-	c.ApprovedBy, c.ApprovedAt = by, time.Now().UTC()
-	b, _ := json.Marshal(c)
-	ok, _, err := k.c.KV().CAS(&api.KVPair{Key: p.Key, Value: b, ModifyIndex: p.ModifyIndex}, (&api.WriteOptions{}).WithContext(ctx))
+	c.ApprovedBy, c.ApprovedAt = by, k.now().UTC()
+	b, err := json.Marshal(c)
 	if err != nil {
-		return fmt.Errorf("store approval: %w", err)
+		return fmt.Errorf("cordon %s: %w", id, err)
 	}
-	if !ok {
-		return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id)
-	}
-	return k.Audit(ctx, AuditEntry{Actor: by, Action: "approve", Target: id, Detail: c.Selector()})
+	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVCAS, Key: p.Key, Value: b, Index: p.ModifyIndex})}
+	return k.commit(ctx, change, AuditEntry{Actor: by, Action: "approve", Target: id, Detail: c.Selector()},
+		func(int) error { return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id) })
 }
 
 // SetRules stores a validated rollout configuration (JSON) for every
-// replica, and audits it.
+// replica, with its audit record.
 func (k *Control) SetRules(ctx context.Context, raw []byte, by string) error {
 	if _, err := health.ParseRollout(raw); err != nil {
 		return err
 	}
-	if _, err := k.c.KV().Put(&api.KVPair{Key: RulesKey, Value: raw}, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
-		return fmt.Errorf("store rules: %w", err)
-	}
-	return k.Audit(ctx, AuditEntry{Actor: by, Action: "rules-set", Target: RulesKey, Detail: string(raw)})
+	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVSet, Key: RulesKey, Value: raw})}
+	return k.commit(ctx, change, AuditEntry{Actor: by, Action: "rules-set", Target: RulesKey, Detail: string(raw)},
+		func(op int) error { return fmt.Errorf("%w: store rules: operation %d refused", ErrControl, op) })
 }
 
 // Rules is the stored rollout configuration (nil: none).
@@ -267,45 +438,58 @@ func (k *Control) Rules(ctx context.Context) ([]byte, error) {
 	return p.Value, nil
 }
 
-// ClearRules removes the stored rollout configuration, and audits it.
+// ClearRules removes the stored rollout configuration, with its audit
+// record.
 func (k *Control) ClearRules(ctx context.Context, by string) error {
-	if _, err := k.c.KV().Delete(RulesKey, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
-		return fmt.Errorf("delete rules: %w", err)
-	}
-	return k.Audit(ctx, AuditEntry{Actor: by, Action: "rules-cleared", Target: RulesKey})
+	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVDelete, Key: RulesKey})}
+	return k.commit(ctx, change, AuditEntry{Actor: by, Action: "rules-cleared", Target: RulesKey},
+		func(op int) error { return fmt.Errorf("%w: delete rules: operation %d refused", ErrControl, op) })
 }
 
-// Audit appends an entry to the shared audit trail.
-func (k *Control) Audit(ctx context.Context, e AuditEntry) error {
-	if e.At.IsZero() {
-		e.At = time.Now().UTC()
-	}
-	var r [3]byte
-	rand.Read(r[:])
-	key := AuditPrefix + e.At.Format("20060102T150405.000000000Z") + "-" + hex.EncodeToString(r[:])
-	b, _ := json.Marshal(e)
-	if _, err := k.c.KV().Put(&api.KVPair{Key: key, Value: b}, (&api.WriteOptions{}).WithContext(ctx)); err != nil {
-		return fmt.Errorf("audit: %w", err)
-	}
-	return nil
+// AuditPage is one page of the audit trail.
+type AuditPage struct {
+	Entries []AuditEntry // oldest first
+	// Older is the cursor of the page before this one (pass it as before);
+	// empty when no older record exists.
+	Older string
 }
 
-// AuditLog lists the most recent entries, oldest first.
-func (k *Control) AuditLog(ctx context.Context, limit int) ([]AuditEntry, error) {
-	pairs, _, err := k.c.KV().List(AuditPrefix, (&api.QueryOptions{}).WithContext(ctx))
-	if err != nil {
-		return nil, fmt.Errorf("read audit: %w", err)
+// AuditLog returns the limit most recent records older than the record id
+// before ("": the newest), oldest first. Records order by id, which is
+// their time, so paging with Older returns every record exactly once even
+// while new ones are written. The trail is bounded by retention, so one
+// read of the prefix serves a page.
+func (k *Control) AuditLog(ctx context.Context, limit int, before string) (AuditPage, error) {
+	if limit < 1 {
+		return AuditPage{}, fmt.Errorf("limit: must be at least 1, got %d", limit)
 	}
-	sort.Slice(pairs, func(i, j int) bool { return pairs[i].Key < pairs[j].Key })
-	if limit > 0 && len(pairs) > limit {
-		pairs = pairs[len(pairs)-limit:]
-	}
-	out := make([]AuditEntry, 0, len(pairs))
-	for _, p := range pairs {
-		var e AuditEntry
-		if json.Unmarshal(p.Value, &e) == nil {
-			out = append(out, e)
+	if before != "" {
+		if _, err := ParseAuditID(before); err != nil {
+			return AuditPage{}, fmt.Errorf("before: %w", err)
 		}
 	}
-	return out, nil
+	pairs, _, err := k.c.KV().List(AuditPrefix, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return AuditPage{}, fmt.Errorf("read audit: %w", err)
+	}
+	sort.Slice(pairs, func(i, j int) bool { return pairs[i].Key < pairs[j].Key })
+	if before != "" {
+		n := sort.Search(len(pairs), func(i int) bool { return pairs[i].Key >= AuditPrefix+before })
+		pairs = pairs[:n]
+	}
+	var page AuditPage
+	if len(pairs) > limit {
+		pairs = pairs[len(pairs)-limit:]
+		page.Older = strings.TrimPrefix(pairs[0].Key, AuditPrefix)
+	}
+	page.Entries = make([]AuditEntry, 0, len(pairs))
+	for _, p := range pairs {
+		var e AuditEntry
+		if err := json.Unmarshal(p.Value, &e); err != nil {
+			e = AuditEntry{Action: "unreadable", Detail: err.Error()} // shown, not hidden: it still takes its place
+		}
+		e.ID = strings.TrimPrefix(p.Key, AuditPrefix)
+		page.Entries = append(page.Entries, e)
+	}
+	return page, nil
 }

@@ -7,7 +7,9 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"strconv"
 	"strings"
 	"text/tabwriter"
 	"time"
@@ -21,21 +23,84 @@ import (
 // controlFlags are the flags every operator command shares.
 type controlFlags struct {
 	consulAddr, by string
+	// audit retention: only the commands that write a record take the flags
+	auditKeep   int
+	auditMaxAge ageValue
 }
 
 func (c *controlFlags) register(fs *flag.FlagSet) {
 	fs.StringVar(&c.consulAddr, "consul", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from CONSUL_*)")
 	fs.StringVar(&c.by, "by", os.Getenv("USER"), "who acts (used when Consul ACLs are off; with ACLs the token's identity is used)")
+	c.auditKeep, c.auditMaxAge = consul.DefaultAuditKeep, ageValue(consul.DefaultAuditMaxAge)
 }
 
-func (c *controlFlags) open(ctx context.Context) (*consul.Control, string, error) {
+// registerRetention adds the audit retention flags of the commands that
+// write an audit record (and prune the trail after it).
+func (c *controlFlags) registerRetention(fs *flag.FlagSet) {
+	fs.IntVar(&c.auditKeep, "audit-keep", consul.DefaultAuditKeep, "audit records kept in Consul KV: after writing its record this command deletes older ones beyond this count")
+	fs.Var(&c.auditMaxAge, "audit-max-age", "audit records older than this are deleted after this command writes its record (e.g. 90d, 720h)")
+}
+
+// validate checks the flags, naming the bad one.
+func (c *controlFlags) validate() error {
+	if c.auditKeep < 1 {
+		return fmt.Errorf("--audit-keep: must be at least 1, got %d", c.auditKeep)
+	}
+	if c.auditMaxAge <= 0 {
+		return fmt.Errorf("--audit-max-age: must be positive, got %s", c.auditMaxAge.String())
+	}
+	return nil
+}
+
+func (c *controlFlags) control(stderr io.Writer) (*consul.Control, error) {
+	if err := c.validate(); err != nil {
+		return nil, err
+	}
 	client, err := consul.NewClient(c.consulAddr, 4)
+	if err != nil {
+		return nil, err
+	}
+	return consul.NewControl(client, consul.ControlOptions{
+		Retention: consul.AuditRetention{Keep: c.auditKeep, MaxAge: time.Duration(c.auditMaxAge)},
+		Logger:    slog.New(slog.NewTextHandler(stderr, nil)),
+	})
+}
+
+func (c *controlFlags) open(ctx context.Context, stderr io.Writer) (*consul.Control, string, error) {
+	k, err := c.control(stderr)
 	if err != nil {
 		return nil, "", err
 	}
-	k := consul.NewControl(client)
 	who, err := k.Identity(ctx, c.by)
 	return k, who, err
+}
+
+// ageValue is a duration flag that also takes days ("90d").
+type ageValue time.Duration
+
+func (a *ageValue) String() string {
+	d := time.Duration(*a)
+	if d > 0 && d%(24*time.Hour) == 0 {
+		return strconv.FormatInt(int64(d/(24*time.Hour)), 10) + "d"
+	}
+	return d.String()
+}
+
+func (a *ageValue) Set(v string) error {
+	if n, ok := strings.CutSuffix(v, "d"); ok {
+		days, err := strconv.ParseInt(n, 10, 32)
+		if err != nil {
+			return fmt.Errorf("want days (e.g. 90d) or a duration (e.g. 720h): %w", err)
+		}
+		*a = ageValue(time.Duration(days) * 24 * time.Hour)
+		return nil
+	}
+	d, err := time.ParseDuration(v)
+	if err != nil {
+		return fmt.Errorf("want days (e.g. 90d) or a duration (e.g. 720h): %w", err)
+	}
+	*a = ageValue(d)
+	return nil
 }
 
 func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
@@ -54,6 +119,7 @@ func runCordon(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	fs.SetOutput(stderr)
 	var cf controlFlags
 	cf.register(fs)
+	cf.registerRetention(fs)
 	var c health.Cordon
 	var list bool
 	fs.StringVar(&c.Instance, "instance", "", "cordon this executor instance")
@@ -64,7 +130,7 @@ func runCordon(ctx context.Context, args []string, stdout, stderr io.Writer) int
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
-	k, who, err := cf.open(ctx)
+	k, who, err := cf.open(ctx, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold cordon: %v\n", err)
 		return 2
@@ -128,6 +194,7 @@ func runOnCordon(ctx context.Context, name, done string, args []string, stdout, 
 	fs.SetOutput(stderr)
 	var cf controlFlags
 	cf.register(fs)
+	cf.registerRetention(fs)
 	if flags != nil {
 		flags(fs)
 	}
@@ -138,7 +205,7 @@ func runOnCordon(ctx context.Context, name, done string, args []string, stdout, 
 		fmt.Fprintf(stderr, "leasehold %s: want exactly one cordon id (leasehold cordon --list)\n", name)
 		return 2
 	}
-	k, who, err := cf.open(ctx)
+	k, who, err := cf.open(ctx, stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold %s: %v\n", name, err)
 		return 2
@@ -157,6 +224,7 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 	fs.SetOutput(stderr)
 	var cf controlFlags
 	cf.register(fs)
+	cf.registerRetention(fs) // set and clear write a record
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
@@ -167,7 +235,7 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
 			return 2
 		}
-		k, who, err := cf.open(ctx)
+		k, who, err := cf.open(ctx, stderr)
 		if err != nil {
 			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
 			return 2
@@ -179,12 +247,12 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "rules stored in Consul KV %s by %s: every replica applies them\n", consul.RulesKey, who)
 		return 0
 	case fs.NArg() == 1 && fs.Arg(0) == "show":
-		client, err := consul.NewClient(cf.consulAddr, 4)
+		k, err := cf.control(stderr)
 		if err != nil {
 			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
 			return 2
 		}
-		raw, err := consul.NewControl(client).Rules(ctx)
+		raw, err := k.Rules(ctx)
 		if err != nil {
 			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
 			return 1
@@ -196,7 +264,7 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "%s\n", raw)
 		return 0
 	case fs.NArg() == 1 && fs.Arg(0) == "clear":
-		k, who, err := cf.open(ctx)
+		k, who, err := cf.open(ctx, stderr)
 		if err != nil {
 			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
 			return 2
@@ -208,7 +276,7 @@ func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int 
 		fmt.Fprintf(stdout, "rules removed from Consul KV by %s: each replica's --rules file (or the defaults) applies\n", who)
 		return 0
 	default:
-		fmt.Fprintln(stderr, "leasehold rules: usage: leasehold rules [--consul ADDR] [--by NAME] set FILE (YAML or JSON) | show | clear")
+		fmt.Fprintln(stderr, "leasehold rules: usage: leasehold rules [--consul ADDR] [--by NAME] [--audit-keep N] [--audit-max-age AGE] set FILE (YAML or JSON) | show | clear")
 		return 2
 	}
 }
@@ -246,39 +314,61 @@ func rulesYAMLToJSON(path string) ([]byte, error) {
 	return raw, nil
 }
 
-// runAudit: leasehold audit [--limit N] [--json].
+// runAudit: leasehold audit [--limit N] [--before ID] [--json], newest page
+// first; each page prints the --before of the next (older) one on stderr.
 func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("leasehold audit", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var cf controlFlags
 	cf.register(fs)
-	limit := fs.Int("limit", 50, "most recent entries to show")
+	limit := fs.Int("limit", 50, "records per page: the most recent ones before --before")
+	before := fs.String("before", "", "show the records older than this record id (the ID column; printed after each page as the next page's --before)")
 	asJSON := fs.Bool("json", false, "one JSON object per line")
 	if code, ok := parseFlags(fs, args); !ok {
 		return code
 	}
-	client, err := consul.NewClient(cf.consulAddr, 4)
+	if *limit < 1 {
+		fmt.Fprintf(stderr, "leasehold audit: --limit: must be at least 1, got %d\n", *limit)
+		return 2
+	}
+	if *before != "" {
+		if _, err := consul.ParseAuditID(*before); err != nil {
+			fmt.Fprintf(stderr, "leasehold audit: --before: %v\n", err)
+			return 2
+		}
+	}
+	if fs.NArg() != 0 {
+		fmt.Fprintf(stderr, "leasehold audit: unexpected arguments %q (flags go before them)\n", fs.Args())
+		return 2
+	}
+	k, err := cf.control(stderr)
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold audit: %v\n", err)
 		return 2
 	}
-	entries, err := consul.NewControl(client).AuditLog(ctx, *limit)
+	page, err := k.AuditLog(ctx, *limit, *before)
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold audit: %v\n", err)
 		return 1
 	}
 	if *asJSON {
 		enc := json.NewEncoder(stdout)
-		for _, e := range entries {
-			enc.Encode(e)
+		for _, e := range page.Entries {
+			if err := enc.Encode(e); err != nil {
+				fmt.Fprintf(stderr, "leasehold audit: %v\n", err)
+				return 1
+			}
 		}
-		return 0
+	} else {
+		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+		fmt.Fprintln(tw, "ID\tAT\tACTOR\tACTION\tTARGET\tDETAIL")
+		for _, e := range page.Entries {
+			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.At.Format(time.RFC3339), e.Actor, e.Action, dash(e.Target), strings.ReplaceAll(e.Detail, "\n", " "))
+		}
+		tw.Flush()
 	}
-	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-	fmt.Fprintln(tw, "AT\tACTOR\tACTION\tTARGET\tDETAIL")
-	for _, e := range entries {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\n", e.At.Format(time.RFC3339), e.Actor, e.Action, dash(e.Target), strings.ReplaceAll(e.Detail, "\n", " "))
+	if page.Older != "" {
+		fmt.Fprintf(stderr, "older records: leasehold audit --limit %d --before %s\n", *limit, page.Older)
 	}
-	tw.Flush()
 	return 0
 }
