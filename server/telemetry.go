@@ -29,7 +29,12 @@ type xdsTelemetry struct {
 	latest      map[string]context.Context          // group → context of its latest cache update
 	typeAttrs   map[string]metric.MeasurementOption // x.mu held
 	lapses      []*pendingLapse
+	nacksSeen   map[string]bool // type URL + version of NACKs logged (x.mu held)
+	nackOrder   []string        // nacksSeen's keys, oldest first
 }
+
+// nacksRemembered bounds the versions whose NACK was logged.
+const nacksRemembered = 256
 
 // pendingLapse waits for every stream that must drop a lapsed executor to
 // ACK endpoints sent after the publication that dropped it.
@@ -53,7 +58,7 @@ func (x *XDS) initTelemetry(o XDSOptions) {
 	m := o.Meter.Meter("github.com/leasehold/leasehold/server")
 	x.pushTime, _ = m.Float64Histogram("leasehold.xds.push.duration", metric.WithUnit("s"), latencyBuckets,
 		metric.WithDescription("from a response sent to a dispatcher until its ACK or NACK, by type URL"))
-	x.nacks, _ = m.Int64Counter("leasehold.xds.nacks", metric.WithDescription("responses rejected by dispatchers, by type URL"))
+	x.nacks, _ = m.Int64Counter("leasehold.xds.nacks", metric.WithDescription("responses rejected by dispatchers, by type URL and reason (duplicate, address, weight, validation, decode, unspecified, other)"))
 	x.lapseToPush, _ = m.Float64Histogram("leasehold.lapse_to_push.duration", metric.WithUnit("s"), latencyBuckets,
 		metric.WithDescription("from Consul reporting a lease lapse until the last affected dispatcher ACKed endpoints without it"))
 	x.denied, _ = m.Int64Counter("leasehold.authz.denied", metric.WithDescription("requests refused by the authorization policy, by API (xds, fencing)"))
@@ -125,7 +130,7 @@ func (x *XDS) startPush(info *StreamInfo, t *TypeInfo, typeURL, version string) 
 }
 
 // answered records an ACK or NACK of the latest response; x.mu is held.
-func (x *XDS) answered(t *TypeInfo, typeURL string, now time.Time, nack bool, detail string) {
+func (x *XDS) answered(t *TypeInfo, typeURL string, now time.Time, nack bool, reason, detail string) {
 	// One attribute set per type URL, built once: building it per ACK was
 	// ~10% of the server's CPU with 10,000 streams (a profile), under x.mu.
 	attrs, ok := x.typeAttrs[typeURL]
@@ -136,8 +141,8 @@ func (x *XDS) answered(t *TypeInfo, typeURL string, now time.Time, nack bool, de
 		}
 	}
 	x.pushTime.Record(context.Background(), now.Sub(t.SentAt).Seconds(), attrs)
-	if nack {
-		x.nacks.Add(context.Background(), 1, attrs)
+	if nack { // rare: the attribute set is built each time
+		x.nacks.Add(context.Background(), 1, metric.WithAttributes(attribute.String("type_url", typeURL), attribute.String("reason", reason)))
 	}
 	if t.push != nil {
 		if nack {
@@ -149,6 +154,25 @@ func (x *XDS) answered(t *TypeInfo, typeURL string, now time.Time, nack bool, de
 		t.push.End()
 		t.push = nil
 	}
+}
+
+// firstNack reports whether no NACK of this version of typeURL was logged
+// yet (among the last nacksRemembered); x.mu is held.
+func (x *XDS) firstNack(typeURL, version string) bool {
+	key := typeURL + "\x00" + version
+	if x.nacksSeen[key] {
+		return false
+	}
+	if x.nacksSeen == nil {
+		x.nacksSeen = map[string]bool{}
+	}
+	if len(x.nackOrder) >= nacksRemembered {
+		delete(x.nacksSeen, x.nackOrder[0])
+		x.nackOrder = x.nackOrder[1:]
+	}
+	x.nacksSeen[key] = true
+	x.nackOrder = append(x.nackOrder, key)
+	return true
 }
 
 // endpointsAcked settles pending lapses for a stream that ACKed endpoints

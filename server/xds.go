@@ -70,6 +70,7 @@ type TypeInfo struct {
 	LastAcked  string    `json:"last_acked_version,omitempty"`
 	AckedAt    time.Time `json:"last_acked_at,omitzero"`
 	LastNack   *Nack     `json:"last_nack,omitempty"`
+	Nacks      int       `json:"nacks,omitempty"` // NACKs on this stream
 	sentNonce  string
 	deltaNames map[string]bool
 	push       trace.Span // open from a response until its ACK or NACK
@@ -79,7 +80,32 @@ type TypeInfo struct {
 type Nack struct {
 	Version string    `json:"version"`
 	Detail  string    `json:"error_detail"`
+	Reason  string    `json:"reason"` // NackReason of Detail
 	At      time.Time `json:"at"`
+}
+
+// NackReason sorts a NACK's error detail into a fixed set — what a metric
+// label may carry whatever a client writes: duplicate (grpc-go: two
+// endpoints at one address), address (Envoy: a name or malformed IP in a
+// socket_address), weight, validation, decode, unspecified (no message),
+// other.
+func NackReason(detail string) string {
+	d := strings.ToLower(detail)
+	switch {
+	case strings.TrimSpace(d) == "":
+		return "unspecified"
+	case strings.Contains(d, "duplicate"):
+		return "duplicate"
+	case strings.Contains(d, "ip address") || strings.Contains(d, "socket_address") || strings.Contains(d, "socketaddress"):
+		return "address"
+	case strings.Contains(d, "weight"):
+		return "weight"
+	case strings.Contains(d, "unmarshal") || strings.Contains(d, "unexpected resource type"):
+		return "decode"
+	case strings.Contains(d, "validation") || strings.Contains(d, "invalid"):
+		return "validation"
+	}
+	return "other"
 }
 
 // XDSOptions are optional; zero values mean no tracing and no metrics.
@@ -206,10 +232,20 @@ func (x *XDS) ackOrNack(t *TypeInfo, typeURL, nonce, version, detail string, nac
 		return // first request, or about an older response
 	}
 	now := time.Now()
-	x.answered(t, typeURL, now, nack, detail)
+	reason := ""
 	if nack {
-		t.LastNack = &Nack{Version: t.LastSent, Detail: detail, At: now}
-		x.log.Warn("dispatcher rejected a response (NACK)", "node_id", info.NodeID, "stream", info.Stream, "version", t.LastSent, "error_detail", detail)
+		reason = NackReason(detail)
+	}
+	x.answered(t, typeURL, now, nack, reason, detail)
+	if nack {
+		t.LastNack = &Nack{Version: t.LastSent, Detail: detail, Reason: reason, At: now}
+		t.Nacks++
+		// Every stream of a constraint set gets the same version: one line
+		// per version, not one per dispatcher.
+		if x.firstNack(typeURL, t.LastSent) {
+			x.log.Warn("dispatcher rejected a response (NACK); further NACKs of this version are counted, not logged",
+				"node_id", info.NodeID, "stream", info.Stream, "group", info.Group, "type_url", typeURL, "version", t.LastSent, "reason", reason, "error_detail", detail)
+		}
 		return
 	}
 	t.LastAcked, t.AckedAt = version, now

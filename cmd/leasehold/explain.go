@@ -219,6 +219,12 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 		}
 		fmt.Fprintf(p.w, "  [%d] %s: %s\n", i, setLabel(cs), listOrNone(nodes))
 	}
+	if lines := nackLines(ds, ""); len(lines) > 0 {
+		fmt.Fprintln(p.w, "\nNACKs (responses dispatchers rejected):")
+		for _, l := range lines {
+			fmt.Fprintln(p.w, "  "+l)
+		}
+	}
 	fmt.Fprintln(p.w)
 	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
 	head := []string{"TASK", "INSTANCE", "SESSION", "GEN", "VERSION", "STATE", "LOAD", "LEASE", "NODE"}
@@ -278,12 +284,41 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.route(v), e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)), orDash(e.Version), load(e), why)
 	}
 	tw.Flush()
-	for typ, t := range stream.Types {
-		if t.LastNack != nil {
-			fmt.Fprintf(p.w, "\nlast NACK of %s (version %s): %s\n", typ, t.LastNack.Version, t.LastNack.Detail)
-		}
+	for _, l := range nackLines([]server.StreamInfo{*stream}, node) {
+		fmt.Fprintln(p.w, "\n"+l)
 	}
 	return nil
+}
+
+// nackLines describe the last NACK of every stream and type, sorted (node
+// set: that node's, without repeating its id).
+func nackLines(ds []server.StreamInfo, node string) []string {
+	var out []string
+	for _, d := range ds {
+		types := make([]string, 0, len(d.Types))
+		for typ := range d.Types {
+			types = append(types, typ)
+		}
+		sort.Strings(types)
+		for _, typ := range types {
+			t := d.Types[typ]
+			n := t.LastNack
+			if n == nil {
+				continue
+			}
+			who := d.NodeID + ": "
+			if node != "" {
+				who = ""
+			}
+			after := "not ACKed since"
+			if t.LastAcked != "" && t.AckedAt.After(n.At) {
+				after = "a later version " + t.LastAcked + " was ACKed"
+			}
+			out = append(out, fmt.Sprintf("%slast NACK of %s (version %s, reason %s, %d on this stream; %s): %s",
+				who, typ[strings.LastIndex(typ, ".")+1:], n.Version, orDash(n.Reason), max(t.Nacks, 1), after, n.Detail))
+		}
+	}
+	return out
 }
 
 // instance: every registration of one instance, with every verdict.
