@@ -5,7 +5,9 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"log/slog"
+	"maps"
 	"sort"
 	"strings"
 	"sync"
@@ -25,6 +27,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot"
@@ -60,6 +63,7 @@ type StreamInfo struct {
 	AgeSec   float64              `json:"age_seconds"`
 	Types    map[string]*TypeInfo `json:"types"`
 	dispatch health.Dispatcher
+	node     *corev3.Node // the node of the latest request (x.mu held)
 }
 
 // TypeInfo is the state of one resource type on a stream.
@@ -266,12 +270,26 @@ func (x *XDS) sent(id int64, typeURL, version, nonce string) {
 
 // onRequest validates the node of a stream's first request, refusing the
 // stream with InvalidArgument naming the bad field, and subscribes its
-// constraint set before the cache sees the request.
+// constraint set before the cache sees the request. A later request whose
+// node differs (go-control-plane hands every request the stream's latest
+// node) is checked by sameNode.
 func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*StreamInfo, error) {
 	x.mu.Lock()
 	info, known := x.streams[id]
+	var last *corev3.Node
+	if known {
+		last = info.node
+	}
 	x.mu.Unlock()
 	if known {
+		if node != last {
+			if err := x.sameNode(info, last, node); err != nil {
+				return nil, err
+			}
+			x.mu.Lock()
+			info.node = node
+			x.mu.Unlock()
+		}
 		return info, nil
 	}
 	d, err := snapshot.DispatcherOf(node)
@@ -280,13 +298,50 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
 	x.subs.Subscribe(d)
-	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode, Opened: time.Now(), Types: map[string]*TypeInfo{}, dispatch: d}
+	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode, Opened: time.Now(), Types: map[string]*TypeInfo{}, dispatch: d, node: node}
 	x.mu.Lock()
 	x.streams[id] = info
 	n := len(x.streams)
 	x.mu.Unlock()
 	x.log.Info("dispatcher stream", "node_id", node.GetId(), "stream", id, "mode", mode, "type_url", typeURL, "group", d.Key(), "streams", n)
 	return info, nil
+}
+
+// sameNode ends a stream whose node changed after its first request
+// (InvalidArgument naming the field) unless its id and constraint set are
+// unchanged. It does not re-subscribe: the watches of the other types on the
+// stream were made under the first node's constraint set, so the stream
+// would be answered from two sets at once — or, for a set with no snapshot,
+// never. Envoy sends the same node on every request and grpc-go sends it
+// once, so only a client changing its mind meets this, and it reconnects.
+func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
+	if last != nil && proto.Equal(last, node) {
+		return nil
+	}
+	refuse := func(field, format string, args ...any) error {
+		msg := field + ": " + fmt.Sprintf(format, args...)
+		x.log.Warn("dispatcher stream ended: node changed on a later request", "node_id", info.NodeID, "stream", info.Stream, "field", field, "err", msg)
+		return status.Error(codes.InvalidArgument, msg)
+	}
+	if node.GetId() != info.NodeID {
+		return refuse("node.id", "changed from %q to %q on a later request of the stream; a stream serves one node: open a new one", info.NodeID, node.GetId())
+	}
+	d, err := snapshot.DispatcherOf(node)
+	if err != nil {
+		x.log.Warn("dispatcher stream ended: invalid node metadata on a later request", "node_id", info.NodeID, "stream", info.Stream, "err", err)
+		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if d.Key() == info.Group {
+		return nil // other metadata changed, not the constraint set
+	}
+	field := "node.metadata"
+	switch {
+	case d.VersionConstraint != info.dispatch.VersionConstraint:
+		field += "." + health.NodeMetaVersionConstraint
+	case !maps.Equal(d.Labels, info.dispatch.Labels):
+		field += "." + health.NodeMetaLabels
+	}
+	return refuse(field, "the constraint set changed on a later request of the stream (from %q to %q); a stream keeps the constraint set of its first request: open a new stream", info.Group, d.Key())
 }
 
 func (x *XDS) onClosed(id int64) {
