@@ -271,8 +271,7 @@ func (x *XDS) sent(id int64, typeURL, version, nonce string) {
 // onRequest validates the node of a stream's first request, refusing the
 // stream with InvalidArgument naming the bad field, and subscribes its
 // constraint set before the cache sees the request. A later request whose
-// node differs (go-control-plane hands every request the stream's latest
-// node) is checked by sameNode.
+// node differs from the stream's latest is checked by sameNode.
 func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*StreamInfo, error) {
 	x.mu.Lock()
 	info, known := x.streams[id]
@@ -282,7 +281,8 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 	}
 	x.mu.Unlock()
 	if known {
-		if node != last {
+		// nil: a delta request without a node (the stream's stands).
+		if node != nil && node != last {
 			if err := x.sameNode(info, last, node); err != nil {
 				return nil, err
 			}
