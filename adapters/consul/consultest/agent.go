@@ -45,6 +45,8 @@ type Options struct {
 	// TLS, when set, also serves the HTTP API over HTTPS (HTTPSAddr) with
 	// these PEM files; client certificates are verified when given.
 	TLS *TLSFiles
+
+	member *clusterMember // set by StartCluster: a non-dev server or client of a cluster
 }
 
 // TLSFiles are an agent's PEM files.
@@ -55,6 +57,7 @@ type TLSFiles struct {
 // Agent is a running (or stopped) Consul dev agent.
 type Agent struct {
 	client  bool // a client agent joined to a dev server
+	server  bool // a server of a StartCluster cluster (not -dev)
 	t       testing.TB
 	bin     string
 	dir     string
@@ -190,6 +193,11 @@ func (a *Agent) configure(o Options) error {
 	if o.TLS != nil {
 		a.Ports.HTTPS = ports[6]
 	}
+	return a.writeConfig(o)
+}
+
+// writeConfig writes the agent's configuration for the ports already chosen.
+func (a *Agent) writeConfig(o Options) error {
 	hcl := fmt.Sprintf(`node_name = %q
 data_dir = %q
 bind_addr = "127.0.0.1"
@@ -236,6 +244,9 @@ ports {
 	if j := o.JoinClientOf; j != nil {
 		hcl += fmt.Sprintf("server = false\nretry_join = [\"127.0.0.1:%d\"]\n", j.Ports.SerfLAN)
 	}
+	if m := o.member; m != nil {
+		hcl += m.hcl()
+	}
 	a.cfgPath = filepath.Join(a.dir, "agent.hcl")
 	return os.WriteFile(a.cfgPath, []byte(hcl), 0o600)
 }
@@ -244,7 +255,7 @@ func (a *Agent) start() error {
 	a.mu.Lock()
 	a.log = newTailBuffer(64 << 10)
 	args := []string{"agent", "-dev", "-config-file", a.cfgPath}
-	if a.client {
+	if a.client || a.server {
 		args = []string{"agent", "-config-file", a.cfgPath}
 	}
 	cmd := exec.Command(a.bin, args...)
