@@ -344,6 +344,27 @@ func (a *Agent) Stop() { a.signal(syscall.SIGTERM) }
 // dies. Its node's serfHealth turns critical once the others notice.
 func (a *Agent) Kill() { a.signal(syscall.SIGKILL) }
 
+// Freeze stops the agent's process (SIGSTOP) without ending it, as a hung
+// node or a long pause would: nothing answers, its peers declare it failed.
+// Thaw resumes it; the test's cleanup thaws a frozen agent before stopping it.
+func (a *Agent) Freeze() { a.pause(syscall.SIGSTOP) }
+
+// Thaw resumes a frozen agent (SIGCONT).
+func (a *Agent) Thaw() { a.pause(syscall.SIGCONT) }
+
+func (a *Agent) pause(sig syscall.Signal) {
+	a.mu.Lock()
+	cmd := a.cmd
+	a.mu.Unlock()
+	if cmd == nil || cmd.Process == nil {
+		return
+	}
+	syscall.Kill(-cmd.Process.Pid, sig)
+	if sig == syscall.SIGSTOP && a.t != nil {
+		a.t.Cleanup(a.Thaw) // runs before Close (cleanups run last-in first-out)
+	}
+}
+
 func (a *Agent) signal(sig syscall.Signal) {
 	a.mu.Lock()
 	cmd, done := a.cmd, a.done
