@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"maps"
 	"reflect"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -105,6 +106,7 @@ type Watcher struct {
 	failing        bool
 	failingWatches map[string]bool
 	lastOK         map[string]time.Time // per watch: its last successful answer
+	failedAt       map[string]time.Time // per failing watch: its first error of the run
 	lastContact    atomic.Int64         // unix nanos of the last successful answer
 
 	requests, errs, wakeups metric.Int64Counter
@@ -150,9 +152,10 @@ var alwaysAnswering = []string{"non-passing", "services", "generations"}
 
 // FreshAsOf is when leasehold's view of Consul was last known current (zero
 // before every watch answered once): the oldest last answer among the watches
-// that answer at least every FastWait, and among the watches failing now.
-// A per-task watch that is not failing is in a blocking query, which Consul
-// answers as soon as the task changes, so it is as current as Consul.
+// that answer at least every FastWait, and the first error of each per-task
+// watch failing now. A per-task watch is otherwise in a blocking query, which
+// Consul answers as soon as the task changes: it was current until its query
+// failed (a silent Consul shows in the watches that always answer).
 func (w *Watcher) FreshAsOf() time.Time {
 	w.contactMu.Lock()
 	defer w.contactMu.Unlock()
@@ -173,8 +176,11 @@ func (w *Watcher) FreshAsOf() time.Time {
 		}
 	}
 	for name := range w.failingWatches {
-		if !consider(name) {
-			return time.Time{}
+		if slices.Contains(alwaysAnswering, name) {
+			continue // counted above
+		}
+		if t := w.failedAt[name]; oldest.IsZero() || t.Before(oldest) {
+			oldest = t
 		}
 	}
 	return oldest
@@ -217,12 +223,16 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, na
 	}
 	w.contactMu.Lock()
 	if w.failingWatches == nil {
-		w.failingWatches, w.lastOK = map[string]bool{}, map[string]time.Time{}
+		w.failingWatches, w.lastOK, w.failedAt = map[string]bool{}, map[string]time.Time{}, map[string]time.Time{}
 	}
 	if err != nil {
+		if !w.failingWatches[name] {
+			w.failedAt[name] = now
+		}
 		w.failingWatches[name] = true
 	} else {
 		delete(w.failingWatches, name)
+		delete(w.failedAt, name)
 		w.lastOK[name] = now
 	}
 	failing := len(w.failingWatches) > 0
@@ -311,6 +321,7 @@ func (w *Watcher) forgetWatch(name string) {
 	w.contactMu.Lock()
 	delete(w.failingWatches, name)
 	delete(w.lastOK, name)
+	delete(w.failedAt, name)
 	w.contactMu.Unlock()
 }
 

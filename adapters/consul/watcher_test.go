@@ -433,3 +433,64 @@ func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
 		}
 	}
 }
+
+func TestFreshAsOf(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock})
+	out := make(chan health.Observation, 16)
+	ctx := context.Background()
+	if !w.FreshAsOf().IsZero() {
+		t.Fatal("fresh before any answer")
+	}
+	w.contact(ctx, out, "non-passing", nil)
+	w.contact(ctx, out, "services", nil)
+	if !w.FreshAsOf().IsZero() {
+		t.Fatal("fresh before the generation keys answered")
+	}
+	t0 := clock.Now()
+	w.contact(ctx, out, "generations", nil)
+	w.contact(ctx, out, "task work", nil)
+	if got := w.FreshAsOf(); !got.Equal(t0) {
+		t.Fatalf("FreshAsOf = %v, want %v", got, t0)
+	}
+	// The fast watches answer again; a task watch last answered long ago
+	// and is idle in its blocking query: the view is as fresh as the fast ones.
+	clock.Advance(50 * time.Second)
+	t1 := clock.Now()
+	w.contact(ctx, out, "non-passing", nil)
+	w.contact(ctx, out, "services", nil)
+	w.contact(ctx, out, "generations", nil)
+	if got := w.FreshAsOf(); !got.Equal(t1) {
+		t.Fatalf("FreshAsOf = %v, want %v", got, t1)
+	}
+	// The task watch fails: the view is current up to its first error, and
+	// stays at that point through further errors.
+	clock.Advance(time.Second)
+	t2 := clock.Now()
+	w.contact(ctx, out, "task work", errors.New("boom"))
+	clock.Advance(5 * time.Second)
+	w.contact(ctx, out, "task work", errors.New("boom"))
+	w.contact(ctx, out, "non-passing", nil)
+	w.contact(ctx, out, "services", nil)
+	w.contact(ctx, out, "generations", nil)
+	if got := w.FreshAsOf(); !got.Equal(t2) {
+		t.Fatalf("FreshAsOf = %v, want the failing task's first error %v", got, t2)
+	}
+	clock.Advance(time.Minute)
+	w.contact(ctx, out, "non-passing", nil)
+	w.contact(ctx, out, "services", nil)
+	w.contact(ctx, out, "generations", nil)
+	if got := w.FreshAsOf(); !got.Equal(t2) {
+		t.Fatalf("FreshAsOf = %v, want the failing task's first error %v", got, t2)
+	}
+	w.contact(ctx, out, "task work", nil)
+	if got := w.FreshAsOf(); !got.Equal(clock.Now()) {
+		t.Fatalf("FreshAsOf = %v after the task answered again, want now", got)
+	}
+	// A fast watch failing holds the view at its last answer.
+	clock.Advance(time.Second)
+	w.contact(ctx, out, "generations", errors.New("boom"))
+	if got := w.FreshAsOf(); !got.Equal(clock.Now().Add(-time.Second)) {
+		t.Fatalf("FreshAsOf = %v with the generation watch failing", got)
+	}
+}
