@@ -44,6 +44,10 @@ type SyncConfig struct {
 	// Audit, if set, receives every configuration change this replica
 	// applied or refused (from the Run goroutine; it must not block long).
 	Audit func(AuditEvent)
+	// HistoryRetention is how long sessions of an instance with no
+	// registration left are remembered, so that the fencing API still
+	// answers STALE or LAPSED for them (default 1h; then UNKNOWN).
+	HistoryRetention time.Duration
 }
 
 func (c SyncConfig) withDefaults() SyncConfig {
@@ -52,6 +56,9 @@ func (c SyncConfig) withDefaults() SyncConfig {
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
+	}
+	if c.HistoryRetention <= 0 {
+		c.HistoryRetention = time.Hour
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -96,6 +103,8 @@ type Syncer struct {
 	groups      map[string]*group
 	flushAt     time.Time
 	history     map[string][]health.PastSession // per instance, newest first, for sessions whose registrations are gone
+	lastSeen    map[string]time.Time            // per instance in history: when it last had a registration
+	prunedAt    time.Time                       // when absent instances were last pruned from history
 	batchStart  time.Time                       // when Consul's answer behind the current batch arrived
 	batchLapse  time.Time                       // batchStart, when the batch holds a new lapse
 	execPrint   map[string]uint64               // per registration, for added/changed/removed counts
@@ -147,6 +156,7 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 		badSeen:   map[string]string{},
 		groups:    map[string]*group{},
 		history:   map[string][]health.PastSession{},
+		lastSeen:  map[string]time.Time{},
 		execPrint: map[string]uint64{},
 	}
 	s.view.Store(emptyView())
@@ -273,6 +283,7 @@ func (s *Syncer) apply(o health.Observation) {
 		if len(s.history) > 0 {
 			s.log.Warn("Consul's index went backwards: forgetting the session history learned before")
 			clear(s.history)
+			clear(s.lastSeen)
 			s.historyGen++
 		}
 	case o.Contact != nil:
@@ -693,13 +704,40 @@ func (s *Syncer) remember(all []health.Executor) {
 		}
 		s.history[e.InstanceID] = h
 	}
-	if len(s.history) > len(present)+historyInstances {
-		s.historyGen++
-		for inst := range s.history {
-			if !present[inst] {
-				delete(s.history, inst)
-			}
+	now := s.cfg.Clock.Now()
+	for inst := range present {
+		s.lastSeen[inst] = now
+	}
+	s.pruneHistory(now, len(present))
+}
+
+// pruneHistory forgets instances gone for longer than HistoryRetention (at
+// most once a minute) and, past historyInstances absent instances, those gone
+// longest first: a churning fleet does not grow leasehold's memory.
+func (s *Syncer) pruneHistory(now time.Time, present int) {
+	over := len(s.history) - present - historyInstances
+	if over <= 0 && now.Sub(s.prunedAt) < time.Minute {
+		return
+	}
+	s.prunedAt = now
+	type gone struct {
+		inst string
+		at   time.Time
+	}
+	var absent []gone
+	for inst := range s.history {
+		if at := s.lastSeen[inst]; !at.Equal(now) {
+			absent = append(absent, gone{inst, at})
 		}
+	}
+	sort.Slice(absent, func(i, j int) bool { return absent[i].at.Before(absent[j].at) })
+	for i, g := range absent {
+		if i >= over && now.Sub(g.at) < s.cfg.HistoryRetention {
+			break
+		}
+		delete(s.history, g.inst)
+		delete(s.lastSeen, g.inst)
+		s.historyGen++
 	}
 }
 

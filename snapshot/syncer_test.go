@@ -29,9 +29,13 @@ type syncHarness struct {
 	index uint64
 }
 
-func startSyncer(t *testing.T) *syncHarness {
+func startSyncer(t *testing.T, logger ...*slog.Logger) *syncHarness {
 	h := &syncHarness{t: t, clock: clockwork.NewFakeClock(), obs: make(chan health.Observation, 16), pubs: make(chan published, 64)}
-	h.s = NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug})), Clock: h.clock, OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
+	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
+	if len(logger) > 0 {
+		log = logger[0]
+	}
+	h.s = NewSyncer(SyncConfig{Logger: log, Clock: h.clock, OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()
