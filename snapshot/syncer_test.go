@@ -325,7 +325,13 @@ func TestSyncerRuleModesObserveThenEnforce(t *testing.T) {
 	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 1 || got[0] != "a:HEALTHY" {
 		t.Fatalf("version enforced again: %v", got)
 	}
-	if c := h.s.View().Control; c.RolloutSource != "file:test" || c.Rollout.ModeOf(health.ReasonVersion, "work", d) != health.ModeEnforce {
-		t.Fatalf("control state: %+v", c)
+	// The snapshot is set (OnPublish) before the view follows it: wait for it.
+	deadline := time.After(5 * time.Second)
+	for v := h.s.View(); v.Control.RolloutSource != "file:test" || v.Control.Rollout.ModeOf(health.ReasonVersion, "work", d) != health.ModeEnforce; v = h.s.View() {
+		select {
+		case <-v.Changed():
+		case <-deadline:
+			t.Fatalf("control state: %+v", v.Control)
+		}
 	}
 }
