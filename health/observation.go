@@ -173,6 +173,9 @@ type Observation struct {
 	Rules       *RulesSource
 	Cordons     *CordonSet
 	Generations *Generations
+	// Refreshed: every observation of a fresh read made for refresh request
+	// Seq (Watcher.Refresh) has been sent before this one.
+	Refreshed *uint64
 }
 
 // Generations is every session generation recorded in Consul KV

@@ -49,6 +49,12 @@ type FencingOptions struct {
 	// dispatcher with endpoints and no answers stops confirming, it does not
 	// stop working.
 	StaleAfter time.Duration
+	// Refresh, if set, has Consul read afresh (the checks and generation
+	// keys that make a session LAPSED or STALE) and returns a sequence
+	// number that views carry (View.Refreshed) once they include the fresh
+	// reads. A request whose min_consul_index the view has not reached is
+	// answered from such a view: one at least as new as the request.
+	Refresh    func(context.Context) (uint64, error)
 	Clock      clockwork.Clock
 	Meter      metric.MeterProvider // default: no metrics
 }
@@ -85,7 +91,9 @@ func NewFencing(views Views, freshAsOf func() time.Time, opts ...FencingOptions)
 	return f
 }
 
-func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1.CheckSessionRequest) *leaseholdv1.CheckSessionResponse {
+// answer answers req from v; refreshed: v includes fresh reads made after
+// the request arrived, so it satisfies any min_consul_index.
+func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1.CheckSessionRequest, refreshed bool) *leaseholdv1.CheckSessionResponse {
 	st := v.Sessions().Check(req.GetInstanceId(), req.GetSessionId())
 	if g, ok := grantFrom(ctx); ok && !slices.ContainsFunc(st.Tasks, g.AllowsTask) {
 		// A session of task types the caller is not granted is answered
@@ -108,8 +116,8 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 	case fresh.IsZero() || age > f.opts.StaleAfter:
 		f.unknown(resp, fmt.Sprintf("leasehold's view of Consul is stale: Consul has not answered for %s (bound %s); the last known state was %s: %s",
 			age.Round(time.Millisecond), f.opts.StaleAfter, stateOf(st.State), st.Detail))
-	case v.ConsulIndex < req.GetMinConsulIndex():
-		f.unknown(resp, fmt.Sprintf("leasehold's view (Consul index %d) has not reached min_consul_index %d", v.ConsulIndex, req.GetMinConsulIndex()))
+	case v.ConsulIndex < req.GetMinConsulIndex() && !refreshed:
+		f.unknown(resp, fmt.Sprintf("leasehold's view (Consul index %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time", v.ConsulIndex, req.GetMinConsulIndex()))
 	}
 	return resp
 }
@@ -163,39 +171,52 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 	if err := validate(req); err != nil {
 		return nil, err
 	}
-	v := f.views.View()
-	if v.ConsulIndex < req.GetMinConsulIndex() {
-		v = f.waitIndex(ctx, v, req.GetMinConsulIndex())
-	}
-	resp := f.answer(ctx, v, req)
+	v, refreshed := f.catchUp(ctx, f.views.View(), req.GetMinConsulIndex())
+	resp := f.answer(ctx, v, req, refreshed)
 	f.count(ctx, resp)
 	return resp, nil
 }
 
-// waitIndex waits for a view at index least or later; it gives up early enough
-// to answer before ctx's deadline.
-func (f *Fencing) waitIndex(ctx context.Context, v *snapshot.View, least uint64) *snapshot.View {
+// catchUp returns a view that reached index least, or one that includes
+// fresh reads of Consul made after this call (refreshed); when neither comes
+// in time (shortly before ctx's deadline, at most the staleness bound) it
+// returns the latest view.
+func (f *Fencing) catchUp(ctx context.Context, v *snapshot.View, least uint64) (*snapshot.View, bool) {
+	if v.ConsulIndex >= least {
+		return v, false
+	}
 	budget := f.opts.StaleAfter
 	if dl, ok := ctx.Deadline(); ok {
 		left := time.Until(dl)
 		budget = min(budget, left-min(left/10, 100*time.Millisecond))
 	}
 	if budget <= 0 {
-		return v
+		return v, false
+	}
+	var seq uint64
+	if f.opts.Refresh != nil {
+		if s, err := f.opts.Refresh(ctx); err == nil {
+			seq = s
+		}
 	}
 	t := f.opts.Clock.NewTimer(budget)
 	defer t.Stop()
-	for v.ConsulIndex < least {
+	for {
+		switch {
+		case v.ConsulIndex >= least:
+			return v, false
+		case seq > 0 && v.Refreshed >= seq:
+			return v, true
+		}
 		select {
 		case <-v.Changed():
 			v = f.views.View()
 		case <-t.Chan():
-			return v
+			return v, false
 		case <-ctx.Done():
-			return v
+			return v, false
 		}
 	}
-	return v
 }
 
 // WatchSession answers now and on every change of the answer (view age and
@@ -209,9 +230,10 @@ func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leas
 	var last *leaseholdv1.CheckSessionResponse
 	timer := f.opts.Clock.NewTimer(time.Hour)
 	defer timer.Stop()
+	_, refreshed := f.catchUp(ctx, f.views.View(), req.GetMinConsulIndex()) // every later view is newer still
 	for {
 		v := f.views.View()
-		resp := f.answer(ctx, v, req)
+		resp := f.answer(ctx, v, req, refreshed)
 		if last == nil || !sameAnswer(last, resp) {
 			if err := stream.Send(resp); err != nil {
 				return err

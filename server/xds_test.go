@@ -83,6 +83,7 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 	t.Cleanup(func() { g.Stop(); cancel(); <-done })
 	f.send(health.Observation{Tasks: &health.TaskList{Tasks: []string{"other", "work"}}})
 	f.send(health.Observation{NonPassing: &health.NonPassing{Index: 2}})
+	f.send(health.Observation{Generations: &health.Generations{Index: 2}})
 	f.members("work", member("work", "a", 9001, "1.0.0"), member("work", "b", 9002, "2.0.0"))
 	f.members("other", member("other", "o", 9100, "1.0.0"))
 	return f

@@ -96,6 +96,7 @@ type Syncer struct {
 	floor       map[string]uint64  // per instance: the generation in Consul KV (Generations)
 	haveGen     bool               // the generation keys have been read
 	genIndex    uint64
+	refreshed   uint64 // the latest refresh request the watch answered afresh
 	byTask      map[string][]health.Executor
 	printsBy    map[string][]uint64 // executorPrint of byTask's executors, aligned
 	taskPrint   map[string]taskPrint
@@ -265,6 +266,8 @@ func (s *Syncer) apply(o health.Observation) {
 	case o.NonPassing != nil:
 		s.np = health.NewNonPassingSet(*o.NonPassing)
 		s.haveNP = true
+	case o.Refreshed != nil:
+		s.refreshed = max(s.refreshed, *o.Refreshed)
 	case o.Generations != nil:
 		s.floor = o.Generations.Floor
 		if s.floor == nil {

@@ -18,6 +18,9 @@ type View struct {
 	Groups      []health.Dispatcher // constraint sets with streams, plus the unconstrained set
 	Synced      bool
 	Control     *ControlState // rule modes and cordons in force
+	// Refreshed is the latest refresh request (Watcher.Refresh) whose fresh
+	// reads of Consul this view includes.
+	Refreshed uint64
 
 	past     []health.PastSession
 	once     sync.Once
@@ -60,7 +63,7 @@ func (s *Syncer) publishView() {
 			groups = append(groups, s.groups[k].d)
 		}
 	}
-	v := &View{ConsulIndex: index, Executors: all, Groups: groups, past: s.past(), Synced: s.synced, Control: s.controlState(), changed: make(chan struct{})}
+	v := &View{ConsulIndex: index, Executors: all, Groups: groups, past: s.past(), Synced: s.synced, Control: s.controlState(), Refreshed: s.refreshed, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
 }

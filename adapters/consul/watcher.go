@@ -110,7 +110,20 @@ type Watcher struct {
 	lastContact    atomic.Int64         // unix nanos of the last successful answer
 
 	requests, errs, wakeups metric.Int64Counter
+
+	// Refresh requests: each refreshable watch interrupts its blocking query
+	// and reads afresh; once all have, one Refreshed observation follows.
+	refreshC    map[string]chan uint64
+	refreshSeq  atomic.Uint64
+	refreshMu   sync.Mutex
+	refreshDone map[string]uint64
+	refreshSent uint64
 }
+
+// Watches that Refresh reads afresh: what can make a session STALE (the
+// generation keys, raised before a new session registers) or LAPSED (the
+// non-passing checks).
+var refreshable = []string{"non-passing", "generations"}
 
 // NewWatcher watches Consul through client.
 func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
@@ -119,7 +132,11 @@ func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
 
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
-	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent)}
+	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
+		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}}
+	for _, name := range refreshable {
+		w.refreshC[name] = make(chan uint64, 1)
+	}
 	m := cfg.Meter.Meter("github.com/leasehold/leasehold/adapters/consul")
 	w.requests, _ = m.Int64Counter("leasehold.consul.requests", metric.WithDescription("Consul HTTP queries made, by watch kind"))
 	w.errs, _ = m.Int64Counter("leasehold.consul.errors", metric.WithDescription("Consul queries that failed, by watch kind"))
@@ -184,6 +201,79 @@ func (w *Watcher) FreshAsOf() time.Time {
 		}
 	}
 	return oldest
+}
+
+// Refresh asks the watches of non-passing checks and generation keys to read
+// Consul afresh now, without waiting for their blocking queries; it returns
+// the request's sequence number: an Observation with Refreshed ≥ it follows
+// their fresh answers. Concurrent requests coalesce.
+func (w *Watcher) Refresh(context.Context) (uint64, error) {
+	seq := w.refreshSeq.Add(1)
+	for _, c := range w.refreshC {
+		for sent := false; !sent; {
+			select {
+			case c <- seq:
+				sent = true
+			default:
+				select { // replace an older pending request
+				case <-c:
+				default:
+				}
+			}
+		}
+	}
+	return seq, nil
+}
+
+// refreshed records that watch name answered refresh seq afresh, and sends
+// the Refreshed observation once every refreshable watch has.
+func (w *Watcher) refreshed(ctx context.Context, out chan<- health.Observation, name string, seq uint64) {
+	w.refreshMu.Lock()
+	defer w.refreshMu.Unlock() // held while sending: markers go out in order
+	w.refreshDone[name] = max(w.refreshDone[name], seq)
+	all := seq
+	for _, n := range refreshable {
+		all = min(all, w.refreshDone[n])
+	}
+	if all > w.refreshSent {
+		w.refreshSent = all
+		w.send(ctx, out, health.Observation{Refreshed: &all})
+	}
+}
+
+// runQuery runs one query of watch name. For a refreshable watch, a Refresh
+// request cancels a blocking query in flight (that is no failure) and is
+// answered with a fresh, non-blocking read.
+func (w *Watcher) runQuery(ctx context.Context, out chan<- health.Observation, name string, index uint64, wait time.Duration,
+	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) (uint64, error) {
+	kick := w.refreshC[name]
+	if kick == nil {
+		return query(ctx, index, wait)
+	}
+	qctx, cancel := context.WithCancel(ctx)
+	done, exited := make(chan struct{}), make(chan struct{})
+	var seq uint64
+	go func() {
+		defer close(exited)
+		select {
+		case seq = <-kick:
+			cancel()
+		case <-done:
+		}
+	}()
+	next, err := query(qctx, index, wait)
+	close(done)
+	<-exited
+	cancel()
+	if seq == 0 || ctx.Err() != nil {
+		return next, err
+	}
+	next, err = query(ctx, 0, 0) // index 0: Consul answers at once
+	if err != nil {
+		return 0, err
+	}
+	w.refreshed(ctx, out, name, seq)
+	return next, nil
 }
 
 // Run watches until ctx ends, sending observations to out.
@@ -266,7 +356,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			}
 		}
 		started := clock.Now()
-		next, err := query(ctx, index, wait)
+		next, err := w.runQuery(ctx, out, name, index, wait, query)
 		if useSlot {
 			<-w.slots
 		}

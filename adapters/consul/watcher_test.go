@@ -494,3 +494,53 @@ func TestFreshAsOf(t *testing.T) {
 		t.Fatalf("FreshAsOf = %v with the generation watch failing", got)
 	}
 }
+
+// Refresh interrupts the blocking queries of the non-passing checks and the
+// generation keys, reads both afresh (index 0: Consul answers at once) and
+// reports Refreshed only after both fresh answers.
+func TestWatcherRefreshReadsAfresh(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: 10 * time.Millisecond})
+	awaitCalls := func(want ...string) {
+		t.Helper()
+		pending := map[string]bool{}
+		for _, m := range want {
+			pending[m] = true
+		}
+		deadline := time.After(5 * time.Second)
+		for len(pending) > 0 {
+			select {
+			case c := <-h.cat.calls:
+				if pending[c.method] && c.index == 0 {
+					delete(pending, c.method)
+				}
+			case <-deadline:
+				t.Fatalf("no index-0 query of %v", pending)
+			}
+		}
+	}
+	awaitCalls("nonpassing", "generations") // both blocked in their first query
+	seq, err := h.w.Refresh(context.Background())
+	if err != nil || seq != 1 {
+		t.Fatalf("Refresh = %d, %v", seq, err)
+	}
+	awaitCalls("nonpassing", "generations") // interrupted and asked again at once
+	h.cat.push("generations", scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}})
+	select {
+	case o := <-h.out:
+		if o.Refreshed != nil {
+			t.Fatal("Refreshed before the non-passing checks were read afresh")
+		}
+		if o.Generations == nil || o.Generations.Floor["x"] != 2 {
+			t.Fatalf("observation %+v", o)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no generations observation")
+	}
+	h.cat.push("nonpassing", scripted{index: 50, checks: api.HealthChecks{crit("n", "a", 49)}})
+	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 50 {
+		t.Fatalf("observation %+v", o)
+	}
+	if o := h.observe(); o.Refreshed == nil || *o.Refreshed != seq {
+		t.Fatalf("observation %+v, want Refreshed %d", o, seq)
+	}
+}

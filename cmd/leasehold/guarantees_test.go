@@ -211,7 +211,8 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 // routing the last known snapshot (fail static) but stops vouching for
 // sessions once its view is older than --fencing-stale-after; it answers as
 // before once Consul answers again. A request whose min_consul_index is
-// beyond the view waits for it, then answers UNKNOWN.
+// beyond the view is answered from a fresh read of Consul, or UNKNOWN when
+// none can be made before its deadline.
 func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
@@ -220,12 +221,12 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	fc := fencingClient(t, addrs.xds)
 	current := awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_CURRENT)
 
-	// Monotonic reads: an index beyond anything Consul has is waited for
-	// until the deadline, then UNKNOWN.
-	ctx, cancel := context.WithTimeout(context.Background(), time.Second)
+	// Monotonic reads: an index beyond the view makes leasehold read Consul
+	// afresh and answer from that read.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: current.ConsulIndex + 1_000_000})
-	if err != nil || r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "min_consul_index") {
+	if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
 		t.Fatalf("beyond the view: %v, %v", r, err)
 	}
 	r, err = fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: current.ConsulIndex})
@@ -252,6 +253,13 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	}
 	if code := getBody(t, "http://"+addrs.admin+"/v1/session?instance_id=x&session_id=s1&min_consul_index=-1", &body); code != 400 || !strings.Contains(body["error"].(string), "min_consul_index") {
 		t.Fatalf("bad min_consul_index: %d %v", code, body)
+	}
+	// Consul silent: the fresh read cannot happen; UNKNOWN before the deadline.
+	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
+	defer cancel2()
+	r, err = fc.CheckSession(ctx2, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: current.ConsulIndex + 1_000_000})
+	if err != nil || r.State != leaseholdv1.SessionState_UNKNOWN {
+		t.Fatalf("beyond the view with Consul silent: %v, %v", r, err)
 	}
 	a.Thaw()
 	awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_CURRENT)

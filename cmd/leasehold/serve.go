@@ -280,7 +280,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	)...)
 	xds := server.NewXDS(runCtx, syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: policy})
 	xds.Register(g)
-	fencing := server.NewFencing(syncer, watcher.FreshAsOf, server.FencingOptions{StaleAfter: cfg.staleAfter, Meter: tel.Meter})
+	fencing := server.NewFencing(syncer, watcher.FreshAsOf, server.FencingOptions{StaleAfter: cfg.staleAfter, Refresh: watcher.Refresh, Meter: tel.Meter})
 	leaseholdv1.RegisterFencingServer(g, fencing)
 	go g.Serve(xdsLis)
 

@@ -98,10 +98,11 @@ type CheckSessionRequest struct {
 	SessionId  string                 `protobuf:"bytes,2,opt,name=session_id,json=sessionId,proto3" json:"session_id,omitempty"`
 	// Monotonic reads across replicas: the least Consul index the answer may be
 	// based on, e.g. the consul_index of an earlier answer from any replica. A
-	// replica whose view is older waits for it until the request's deadline
-	// (WatchSession: until the caller cancels), then answers UNKNOWN; so a
-	// dispatcher that saw STALE or LAPSED at one replica never sees CURRENT at
-	// another. 0: any view.
+	// replica whose view is older reads Consul afresh (the checks and the
+	// generation keys) and answers from a view that includes that read; when it
+	// cannot before shortly ahead of the request's deadline (at most the
+	// staleness bound), it answers UNKNOWN. So a dispatcher that saw STALE at
+	// one replica never sees CURRENT at another. 0: any view.
 	MinConsulIndex uint64 `protobuf:"varint,3,opt,name=min_consul_index,json=minConsulIndex,proto3" json:"min_consul_index,omitempty"`
 	unknownFields  protoimpl.UnknownFields
 	sizeCache      protoimpl.SizeCache

@@ -1,0 +1,122 @@
+package server
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/health"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+	"github.com/leasehold/leasehold/snapshot"
+)
+
+// fencingSyncer runs a syncer holding one session x/s-x (generation 1) at
+// Consul index 11.
+func fencingSyncer(t *testing.T) (*snapshot.Syncer, chan health.Observation) {
+	obs := make(chan health.Observation, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	s := snapshot.NewSyncer(snapshot.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	done := make(chan struct{})
+	go func() { s.Run(ctx, obs); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	obs <- health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}}
+	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 2}}
+	obs <- health.Observation{Generations: &health.Generations{Index: 3, Floor: map[string]uint64{"x": 1}}}
+	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 11, Members: []health.Member{member("work", "x", 9001, "1.0.0")}}}
+	deadline := time.After(5 * time.Second)
+	for v := s.View(); v.ConsulIndex < 11 || !v.Synced; v = s.View() {
+		select {
+		case <-v.Changed():
+		case <-deadline:
+			t.Fatal("the syncer never read the fleet")
+		}
+	}
+	return s, obs
+}
+
+func checkX(t *testing.T, f *Fencing, min uint64, timeout time.Duration) *leaseholdv1.CheckSessionResponse {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), timeout)
+	defer cancel()
+	r, err := f.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s-x", MinConsulIndex: min})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return r
+}
+
+// A replica behind the index a dispatcher already saw reads Consul afresh
+// and answers from what that read shows: here a newer generation, so STALE,
+// never the CURRENT its older view would say.
+func TestMinConsulIndexReadsAfresh(t *testing.T) {
+	s, obs := fencingSyncer(t)
+	var refreshes atomic.Int64
+	f := NewFencing(s, time.Now, FencingOptions{Refresh: func(context.Context) (uint64, error) {
+		seq := uint64(refreshes.Add(1))
+		go func() { // the watcher's fresh reads, then its marker
+			obs <- health.Observation{Generations: &health.Generations{Index: 40, Floor: map[string]uint64{"x": 2}}}
+			obs <- health.Observation{Refreshed: &seq}
+		}()
+		return seq, nil
+	}})
+	if r := checkX(t, f, 0, time.Second); r.State != leaseholdv1.SessionState_CURRENT || refreshes.Load() != 0 {
+		t.Fatalf("without an index: %v (refreshes %d)", r, refreshes.Load())
+	}
+	if r := checkX(t, f, 11, time.Second); r.State != leaseholdv1.SessionState_CURRENT || refreshes.Load() != 0 {
+		t.Fatalf("at the view's index: %v (refreshes %d)", r, refreshes.Load())
+	}
+	r := checkX(t, f, 50, 2*time.Second)
+	if r.State != leaseholdv1.SessionState_STALE || r.NewerGeneration != 2 || refreshes.Load() != 1 {
+		t.Fatalf("behind the index: %v (refreshes %d), want STALE from the fresh read", r, refreshes.Load())
+	}
+}
+
+// When the fresh read does not come (Consul unreachable), the answer is
+// UNKNOWN shortly before the caller's deadline, not an expired call.
+func TestMinConsulIndexUnreachedIsUnknown(t *testing.T) {
+	s, _ := fencingSyncer(t)
+	f := NewFencing(s, time.Now, FencingOptions{Refresh: func(context.Context) (uint64, error) { return 1, nil }})
+	start := time.Now()
+	r := checkX(t, f, 50, 500*time.Millisecond)
+	if r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "min_consul_index 50") {
+		t.Fatalf("%v, want UNKNOWN naming min_consul_index", r)
+	}
+	if took := time.Since(start); took < 300*time.Millisecond || took >= 500*time.Millisecond {
+		t.Fatalf("answered after %s: want shortly before the 500ms deadline", took)
+	}
+}
+
+// Without Refresh, the request waits for the view to reach the index.
+func TestMinConsulIndexWaitsForTheView(t *testing.T) {
+	s, obs := fencingSyncer(t)
+	f := NewFencing(s, time.Now)
+	go func() {
+		time.Sleep(50 * time.Millisecond) // the change arrives while the request waits
+		obs <- health.Observation{NonPassing: &health.NonPassing{Index: 60, Checks: []health.CheckState{
+			{Node: "n1", CheckID: health.CheckID("x", "s-x", "work"), ServiceID: health.ServiceID("x", "work"), Status: health.StatusCritical, ModifyIndex: 60},
+		}}}
+	}()
+	if r := checkX(t, f, 60, 5*time.Second); r.State != leaseholdv1.SessionState_LAPSED || r.ConsulIndex < 60 {
+		t.Fatalf("%v, want LAPSED from the view at index 60", r)
+	}
+}
+
+// A view older than the bound is not vouched for; fresh again, it is.
+func TestStaleViewIsUnknown(t *testing.T) {
+	s, _ := fencingSyncer(t)
+	var fresh atomic.Int64
+	fresh.Store(time.Now().Add(-40 * time.Second).UnixNano())
+	f := NewFencing(s, func() time.Time { return time.Unix(0, fresh.Load()) }, FencingOptions{StaleAfter: 35 * time.Second})
+	r := checkX(t, f, 0, time.Second)
+	if r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "stale") || !strings.Contains(r.Detail, "CURRENT") || r.ViewAge.AsDuration() < 40*time.Second {
+		t.Fatalf("%v, want UNKNOWN saying the view is stale and what it last said", r)
+	}
+	fresh.Store(time.Now().UnixNano())
+	if r := checkX(t, f, 0, time.Second); r.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("fresh again: %v", r)
+	}
+}
