@@ -283,6 +283,12 @@ loop:
 	return nil
 }
 
+// seenIndex is the highest consul_index of any fencing answer this
+// dispatcher acted on: passed back as min_consul_index, so an answer from
+// another (or a restarted) leasehold replica is never older than one already
+// seen — STALE here is never followed by CURRENT there.
+var seenIndex atomic.Uint64
+
 // dispatch runs one task and confirms its result only if the session that
 // produced it is still CURRENT (or DRAINING: finishing accepted work): a result from a session that lapsed or was
 // replaced meanwhile may race with the same work done again elsewhere.
@@ -308,8 +314,10 @@ func dispatch(ctx context.Context, work workpb.WorkClient, fencing leaseholdv1.F
 		return Outcome{At: time.Now(), TaskID: id, Result: "failed", Error: st.Code().String() + ": " + st.Message(), Latency: time.Since(start)}
 	}
 	oc := Outcome{TaskID: id, Instance: res.GetInstanceId(), Session: res.GetSessionId(), Version: res.GetVersion()}
-	chk, err := fencing.CheckSession(tctx, &leaseholdv1.CheckSessionRequest{InstanceId: res.GetInstanceId(), SessionId: res.GetSessionId()})
+	chk, err := fencing.CheckSession(tctx, &leaseholdv1.CheckSessionRequest{InstanceId: res.GetInstanceId(), SessionId: res.GetSessionId(), MinConsulIndex: seenIndex.Load()})
 	oc.At, oc.Latency = time.Now(), time.Since(start)
+	for seen := seenIndex.Load(); err == nil && chk.GetConsulIndex() > seen && !seenIndex.CompareAndSwap(seen, chk.GetConsulIndex()); seen = seenIndex.Load() {
+	}
 	switch {
 	case err != nil:
 		oc.Result, oc.Error = "refused", "fencing check failed, not confirmed: "+status.Convert(err).Message()
