@@ -147,6 +147,12 @@ func validateID(field, v string) FieldErrors {
 	return nil
 }
 
+// MaxGeneration bounds generations (2^53, exact in any JSON number): a larger
+// value in a registration or a generation key is garbage, so a key written
+// near the top of uint64 can neither overflow the next generation nor fence
+// an instance for ever.
+const MaxGeneration = 1 << 53
+
 // GenerationKey is the KV key holding the last generation of an instance.
 func GenerationKey(instanceID string) string { return GenerationKeyPrefix + instanceID }
 
@@ -258,8 +264,8 @@ func ParseRegistration(task, address string, port int, meta map[string]string) (
 	var errs FieldErrors
 	if g, ok := meta[MetaGeneration]; ok {
 		n, err := strconv.ParseUint(g, 10, 64)
-		if err != nil || n == 0 {
-			errs = append(errs, fieldErr(MetaGeneration, g, "not a positive integer"))
+		if err != nil || n == 0 || n > MaxGeneration {
+			errs = append(errs, fieldErr(MetaGeneration, g, "not a positive integer ≤ 2^53"))
 			n = 1 // reported once
 		}
 		r.Generation = n

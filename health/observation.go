@@ -14,6 +14,7 @@ type CheckState struct {
 	Status      CheckStatus
 	Output      string
 	ModifyIndex uint64
+	CreateIndex uint64
 }
 
 // Member is one registration of a task type with its checks (service and
@@ -99,6 +100,23 @@ func Join(m Member, np *NonPassingSet) Executor {
 		return e
 	}
 	leaseID := CheckID(e.InstanceID, e.SessionID, e.Task)
+	var leaseCreated, serfCreated, serfModified uint64
+	for _, read := range m.Checks {
+		switch {
+		case read.CheckID == leaseID && read.ServiceID != "":
+			leaseCreated = read.CreateIndex
+		case read.CheckID == SerfHealthCheckID && read.ServiceID == "":
+			serfCreated, serfModified = read.CreateIndex, read.ModifyIndex
+		}
+	}
+	// Consul's leader rewrites a node's serfHealth only when it is not
+	// passing (or the node's address changed): rewritten after this
+	// session's lease check was created, the node failed meanwhile, even if
+	// it is passing again. Derived from Consul, so every replica, also one
+	// started after the failure, sees it; the Registrar applies the same rule.
+	if leaseCreated > 0 && serfCreated < leaseCreated && serfModified > leaseCreated {
+		e.NodeFailed = true
+	}
 	for _, read := range m.Checks {
 		c := np.current(read)
 		switch {

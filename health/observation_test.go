@@ -60,3 +60,30 @@ func TestJoin(t *testing.T) {
 		})
 	}
 }
+
+func TestJoinNodeFailedFromConsulsIndexes(t *testing.T) {
+	leaseAt := func(created uint64) CheckState {
+		c := lease(StatusPassing, "load=0", created)
+		c.CreateIndex = created
+		return c
+	}
+	serfAt := func(created, modified uint64) CheckState {
+		c := serf(StatusPassing, modified)
+		c.CreateIndex = created
+		return c
+	}
+	for _, tt := range []struct {
+		name   string
+		checks []CheckState
+		failed bool
+	}{
+		{"serf untouched since before the session", []CheckState{leaseAt(20), serfAt(5, 5)}, false},
+		{"serf rewritten after the session registered: the node failed and came back", []CheckState{leaseAt(20), serfAt(5, 30)}, true},
+		{"serf created after the session: the leader caught up with a join", []CheckState{leaseAt(20), serfAt(25, 25)}, false},
+		{"no lease check", []CheckState{serfAt(5, 30)}, false},
+	} {
+		if e := Join(member(tt.checks...), nil); e.NodeFailed != tt.failed {
+			t.Errorf("%s: NodeFailed = %v", tt.name, e.NodeFailed)
+		}
+	}
+}

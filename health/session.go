@@ -68,7 +68,7 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 	for _, p := range past {
 		ix.past[[2]string{p.InstanceID, p.SessionID}] = p
 	}
-	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionLapsed: 2, SessionStale: 3}
+	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionUnknown: 2, SessionLapsed: 3, SessionStale: 4}
 	for _, e := range es {
 		if e.Err != nil {
 			if e.Orders() { // not answered for, but a newer generation still fences older ones
@@ -89,8 +89,12 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		case e.Fenced:
 			state, detail = SessionStale, fmt.Sprintf("session %s (generation %d) of this instance is newer", e.NewerSessionID, e.NewerGeneration)
 			st.NewerSessionID, st.NewerGeneration = e.NewerSessionID, e.NewerGeneration
-		case e.LapseObserved || !e.LeaseFound || e.Lease == StatusCritical || e.NodeFailed:
+		case e.LapseObserved || e.Lease == StatusCritical || e.NodeFailed:
 			state, detail = SessionLapsed, "lease lapsed (or its node failed) on task "+e.Task
+		case !e.LeaseFound:
+			// Not LAPSED, which is final: a missing check is no proof the
+			// lease ended (and only a broken contract brings it back).
+			state, detail = SessionUnknown, "its lease check on task "+e.Task+" is missing: not routed, not vouched for"
 		case e.State == StateDraining:
 			state, detail = SessionDraining, "executor is draining"
 		}

@@ -116,8 +116,9 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 	case fresh.IsZero() || age > f.opts.StaleAfter:
 		f.unknown(resp, fmt.Sprintf("leasehold's view of Consul is stale: Consul has not answered for %s (bound %s); the last known state was %s: %s",
 			age.Round(time.Millisecond), f.opts.StaleAfter, stateOf(st.State), st.Detail))
-	case v.ConsulIndex < req.GetMinConsulIndex() && !refreshed:
-		f.unknown(resp, fmt.Sprintf("leasehold's view (Consul index %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time", v.ConsulIndex, req.GetMinConsulIndex()))
+	case !reached(v, req.GetMinConsulIndex()) && !refreshed:
+		f.unknown(resp, fmt.Sprintf("leasehold's view (checks at Consul index %d, generation keys at %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time",
+			v.NonPassingIndex, v.GenerationsIndex, req.GetMinConsulIndex()))
 	}
 	return resp
 }
@@ -177,12 +178,20 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 	return resp, nil
 }
 
+// reached reports whether v has seen every change up to index least that can
+// make a session LAPSED or STALE: its non-passing checks and its generation
+// keys are both at least that new. (Its highest index says nothing of the
+// others: watches answer independently.)
+func reached(v *snapshot.View, least uint64) bool {
+	return min(v.NonPassingIndex, v.GenerationsIndex) >= least
+}
+
 // catchUp returns a view that reached index least, or one that includes
 // fresh reads of Consul made after this call (refreshed); when neither comes
 // in time (shortly before ctx's deadline, at most the staleness bound) it
 // returns the latest view.
 func (f *Fencing) catchUp(ctx context.Context, v *snapshot.View, least uint64) (*snapshot.View, bool) {
-	if v.ConsulIndex >= least {
+	if reached(v, least) {
 		return v, false
 	}
 	budget := f.opts.StaleAfter
@@ -203,7 +212,7 @@ func (f *Fencing) catchUp(ctx context.Context, v *snapshot.View, least uint64) (
 	defer t.Stop()
 	for {
 		switch {
-		case v.ConsulIndex >= least:
+		case reached(v, least):
 			return v, false
 		case seq > 0 && v.Refreshed >= seq:
 			return v, true

@@ -5,6 +5,7 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
+	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -46,9 +47,15 @@ type SyncConfig struct {
 	Audit func(AuditEvent)
 	// HistoryRetention is how long sessions of an instance with no
 	// registration left are remembered, so that the fencing API still
-	// answers STALE or LAPSED for them (default 1h; then UNKNOWN).
+	// answers STALE or LAPSED for them, and a lapsed session whose
+	// registration comes back is not routed (default DefaultHistoryRetention;
+	// then UNKNOWN).
 	HistoryRetention time.Duration
 }
+
+// DefaultHistoryRetention outlasts Consul's default reconnect_timeout (72 h):
+// a failed node's registrations cannot come back after leasehold forgot them.
+const DefaultHistoryRetention = 73 * time.Hour
 
 func (c SyncConfig) withDefaults() SyncConfig {
 	if c.AddDelay <= 0 {
@@ -58,7 +65,7 @@ func (c SyncConfig) withDefaults() SyncConfig {
 		c.Clock = clockwork.NewRealClock()
 	}
 	if c.HistoryRetention <= 0 {
-		c.HistoryRetention = time.Hour
+		c.HistoryRetention = DefaultHistoryRetention
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -280,15 +287,10 @@ func (s *Syncer) apply(o health.Observation) {
 	case o.Cordons != nil:
 		s.applyCordons(o.Cordons)
 	case o.Contact != nil && o.Contact.IndexWentBack:
-		// Consul's past is gone: generations restart from its KV (read
-		// again by the watch), and sessions remembered from before may
-		// reuse their ids' generations.
-		if len(s.history) > 0 {
-			s.log.Warn("Consul's index went backwards: forgetting the session history learned before")
-			clear(s.history)
-			clear(s.lastSeen)
-			s.historyGen++
-		}
+		// Consul's past is gone: generations come again from its KV (the
+		// watch reads them anew). The session history stays: session ids are
+		// unique, and a lapse must stay final whatever Consul forgot.
+		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses seen before stay final")
 	case o.Contact != nil:
 		s.unreachable = !o.Contact.OK
 		if !o.Contact.OK {
@@ -724,19 +726,25 @@ func (s *Syncer) pruneHistory(now time.Time, present int) {
 	}
 	s.prunedAt = now
 	type gone struct {
-		inst string
-		at   time.Time
+		inst   string
+		at     time.Time
+		lapsed bool // holds a lapsed session: evicted by count only after all others
 	}
 	var absent []gone
-	for inst := range s.history {
+	for inst, h := range s.history {
 		if at := s.lastSeen[inst]; !at.Equal(now) {
-			absent = append(absent, gone{inst, at})
+			absent = append(absent, gone{inst, at, slices.ContainsFunc(h, func(p health.PastSession) bool { return p.Lapsed })})
 		}
 	}
-	sort.Slice(absent, func(i, j int) bool { return absent[i].at.Before(absent[j].at) })
+	sort.Slice(absent, func(i, j int) bool {
+		if absent[i].lapsed != absent[j].lapsed {
+			return !absent[i].lapsed
+		}
+		return absent[i].at.Before(absent[j].at)
+	})
 	for i, g := range absent {
 		if i >= over && now.Sub(g.at) < s.cfg.HistoryRetention {
-			break
+			continue
 		}
 		delete(s.history, g.inst)
 		delete(s.lastSeen, g.inst)

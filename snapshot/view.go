@@ -21,6 +21,11 @@ type View struct {
 	// Refreshed is the latest refresh request (Watcher.Refresh) whose fresh
 	// reads of Consul this view includes.
 	Refreshed uint64
+	// NonPassingIndex and GenerationsIndex are the Consul indexes of the two
+	// answers that can make a session LAPSED or STALE: the view has seen every
+	// such change up to the lower of them. (ConsulIndex is the highest index
+	// of any answer, which one watch alone can push ahead of the others.)
+	NonPassingIndex, GenerationsIndex uint64
 
 	past     []health.PastSession
 	once     sync.Once
@@ -63,7 +68,8 @@ func (s *Syncer) publishView() {
 			groups = append(groups, s.groups[k].d)
 		}
 	}
-	v := &View{ConsulIndex: index, Executors: all, Groups: groups, past: s.past(), Synced: s.synced, Control: s.controlState(), Refreshed: s.refreshed, changed: make(chan struct{})}
+	v := &View{ConsulIndex: index, Executors: all, Groups: groups, past: s.past(), Synced: s.synced, Control: s.controlState(), Refreshed: s.refreshed,
+		NonPassingIndex: s.np.Index(), GenerationsIndex: s.genIndex, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
 }

@@ -45,9 +45,13 @@ type RemoteSession struct {
 	SessionID  string
 	Generation uint64             // 0 when its meta has none
 	Status     health.CheckStatus // of its lease check; critical when it has none
-	// NodeFailed: its node's serfHealth check is critical, or changed after
-	// this session's lease check was created (the node failed and came back).
+	// NodeFailed: its node's serfHealth check is critical, or was rewritten
+	// after this session's lease check was created (the node failed and came
+	// back).
 	NodeFailed bool
+	// LeaseCreateIndex is the catalog's CreateIndex of its lease check (0:
+	// not in the catalog yet).
+	LeaseCreateIndex uint64
 }
 
 // ErrUnknownCheck means the agent refused a heartbeat because it does not know
@@ -116,20 +120,26 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 	for _, e := range entries {
 		rs := RemoteSession{Node: e.Node.Node, SessionID: e.Service.Meta[health.MetaSessionID], Status: health.StatusCritical}
 		rs.Generation, _ = strconv.ParseUint(e.Service.Meta[health.MetaGeneration], 10, 64)
-		var leaseCreated, serfModified uint64
+		var leaseCreated, serfCreated, serfModified uint64
 		for _, c := range e.Checks {
 			if _, sess, _, ok := health.ParseCheckID(c.CheckID); ok && sess == rs.SessionID {
 				rs.Status = health.CheckStatus(c.Status)
 				leaseCreated = c.CreateIndex
 			}
 			if c.CheckID == health.SerfHealthCheckID && c.ServiceID == "" {
-				serfModified = c.ModifyIndex
+				serfCreated, serfModified = c.CreateIndex, c.ModifyIndex
 				rs.NodeFailed = c.Status == api.HealthCritical
 			}
 		}
-		if leaseCreated > 0 && serfModified > leaseCreated {
+		// The same rule as leasehold's (health.Join): the leader rewrites a
+		// node's serfHealth only when it is not passing (or the node's address
+		// changed), so rewritten after our lease check was created means the
+		// node failed and came back meanwhile; created after it is the leader
+		// catching up with a join.
+		if leaseCreated > 0 && serfCreated < leaseCreated && serfModified > leaseCreated {
 			rs.NodeFailed = true
 		}
+		rs.LeaseCreateIndex = leaseCreated
 		if e.Checks.AggregatedStatus() == api.HealthCritical { // e.g. its node failed
 			rs.Status = health.StatusCritical
 		}
@@ -149,11 +159,14 @@ func (a *APIAgent) NextGeneration(ctx context.Context, instanceID string, floor 
 		var cur, index uint64
 		if pair != nil {
 			index = pair.ModifyIndex
-			if cur, err = strconv.ParseUint(string(pair.Value), 10, 64); err != nil {
+			if cur, err = strconv.ParseUint(string(pair.Value), 10, 64); err != nil || cur > health.MaxGeneration {
 				cur = 0 // garbage: overwrite it, floor still protects the order
 			}
 		}
 		next := max(cur, floor) + 1
+		if next > health.MaxGeneration {
+			return 0, fmt.Errorf("%s: generations exhausted (floor %d): reset the key", key, floor)
+		}
 		ok, _, err := kv.CAS(&api.KVPair{Key: key, Value: []byte(strconv.FormatUint(next, 10)), ModifyIndex: index}, (&api.WriteOptions{}).WithContext(ctx))
 		if err != nil {
 			return 0, fmt.Errorf("check-and-set %s: %w", key, err)
@@ -174,7 +187,10 @@ func (a *APIAgent) Generation(ctx context.Context, instanceID string) (uint64, e
 	if pair == nil {
 		return 0, nil
 	}
-	g, _ := strconv.ParseUint(string(pair.Value), 10, 64)
+	g, err := strconv.ParseUint(string(pair.Value), 10, 64)
+	if err != nil || g > health.MaxGeneration {
+		return 0, nil // garbage: leasehold ignores it too
+	}
 	return g, nil
 }
 

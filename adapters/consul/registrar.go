@@ -517,7 +517,8 @@ func (r *Registrar) superseded(ctx context.Context) bool {
 
 // fenceState is what the fence checks of one session remember.
 type fenceState struct {
-	aheadSince time.Time // since when Consul KV holds a generation above ours that no registration carries
+	aheadSince   time.Time // since when a generation above ours is taken (KV, or a dead registration)
+	leaseCreated uint64    // the catalog's CreateIndex of our lease check, once seen
 }
 
 // fenceCheck looks in the catalog and KV for what ends this session although
@@ -539,22 +540,35 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 			return LossSuperseded, fmt.Errorf("session %s (generation %d) on node %s is newer", o.SessionID, o.Generation, o.Node)
 		}
 	}
+	var ahead uint64 // the highest generation above ours, registered (dead) or taken in KV
 	for _, o := range others {
-		if o.SessionID == sess.ID && o.NodeFailed {
+		switch {
+		case o.SessionID == sess.ID && o.NodeFailed:
 			return LossNodeFailed, fmt.Errorf("node %s failed (serfHealth critical) after this session registered: the session counts as lapsed", o.Node)
+		case o.SessionID == sess.ID && o.LeaseCreateIndex != 0:
+			if st.leaseCreated != 0 && st.leaseCreated != o.LeaseCreateIndex {
+				return LossNodeFailed, fmt.Errorf("the catalog lost this session's lease check and re-created it (its node was reaped or left): the session may have been seen lapsed")
+			}
+			st.leaseCreated = o.LeaseCreateIndex
+		case !r.own[o.SessionID] && o.Generation > sess.Generation:
+			ahead = max(ahead, o.Generation) // dead (live ones supersede above): it still fences us
 		}
 	}
 	gen, err := r.agent.Generation(qctx, r.cfg.InstanceID)
-	if err != nil || gen <= sess.Generation {
+	if err == nil {
+		ahead = max(ahead, gen)
+	}
+	if ahead <= sess.Generation {
 		st.aheadSince = time.Time{}
 		return "", nil
 	}
+	gen = ahead
 	now := r.cfg.Clock.Now()
 	if st.aheadSince.IsZero() {
 		st.aheadSince = now
 	}
 	if now.Sub(st.aheadSince) >= r.cfg.Lease.TTL {
-		return LossOvertaken, fmt.Errorf("generation %d was taken in Consul KV %s but no session registered it within a lease (ours: %d)", gen, health.GenerationKey(r.cfg.InstanceID), sess.Generation)
+		return LossOvertaken, fmt.Errorf("generation %d is above ours (%d) in Consul KV %s or a dead registration, and no live session has it after a lease: leasehold calls ours STALE", gen, sess.Generation, health.GenerationKey(r.cfg.InstanceID))
 	}
 	return "", nil
 }

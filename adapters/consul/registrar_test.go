@@ -561,6 +561,26 @@ func TestFenceCheck(t *testing.T) {
 	set([]RemoteSession{failed}, 5)
 	check(LossNodeFailed)
 
+	// The catalog lost our lease check and re-created it (node reaped or
+	// force-left, then re-synced): the session is over.
+	withIndex := func(created uint64) []RemoteSession {
+		m := mine
+		m.LeaseCreateIndex = created
+		return []RemoteSession{m}
+	}
+	var lost fenceState
+	set(withIndex(40), 5)
+	if got, _ := r.fenceCheck(context.Background(), sess, &lost); got != "" {
+		t.Fatalf("first sight of the lease check: %q", got)
+	}
+	if got, _ := r.fenceCheck(context.Background(), sess, &lost); got != "" {
+		t.Fatalf("same lease check: %q", got)
+	}
+	set(withIndex(90), 5)
+	if got, _ := r.fenceCheck(context.Background(), sess, &lost); got != LossNodeFailed {
+		t.Fatalf("re-created lease check: %q, want node-failed", got)
+	}
+
 	// A generation taken above ours and never registered: only after a lease.
 	set([]RemoteSession{mine}, 7)
 	var st fenceState

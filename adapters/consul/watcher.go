@@ -381,7 +381,12 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", pause)
 		} else {
 			bo.reset()
-			if next < highest { // also seen after an error, when index was reset
+			switch {
+			case next < highest && name == "generations":
+				// A KV listing's index also goes back when Consul reaps the
+				// tombstones of deleted keys: no sign that Consul lost its state.
+				highest = 0
+			case next < highest: // also seen after an error, when index was reset
 				w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", highest, "to", next)
 				w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
 				highest = 0
@@ -478,7 +483,7 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 		for _, p := range pairs {
 			inst := strings.TrimPrefix(p.Key, health.GenerationKeyPrefix)
 			g, perr := strconv.ParseUint(string(p.Value), 10, 64)
-			if verr := health.ValidateInstanceID(inst); verr != nil || perr != nil || g == 0 {
+			if verr := health.ValidateInstanceID(inst); verr != nil || perr != nil || g == 0 || g > health.MaxGeneration {
 				if bad[p.Key] != string(p.Value) {
 					bad[p.Key] = string(p.Value)
 					w.log.Warn("generation key ignored: want "+health.GenerationKeyPrefix+"<instance_id> holding a positive integer", "key", p.Key, "value", string(p.Value))
@@ -643,7 +648,7 @@ func member(task string, e *api.ServiceEntry) health.Member {
 }
 
 func checkState(c *api.HealthCheck) health.CheckState {
-	return health.CheckState{Node: c.Node, CheckID: c.CheckID, ServiceID: c.ServiceID, Status: health.CheckStatus(c.Status), Output: c.Output, ModifyIndex: c.ModifyIndex}
+	return health.CheckState{Node: c.Node, CheckID: c.CheckID, ServiceID: c.ServiceID, Status: health.CheckStatus(c.Status), Output: c.Output, ModifyIndex: c.ModifyIndex, CreateIndex: c.CreateIndex}
 }
 
 func sortChecks(cs []health.CheckState) {

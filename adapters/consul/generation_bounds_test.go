@@ -1,0 +1,54 @@
+package consul
+
+import (
+	"context"
+	"math"
+	"strconv"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+)
+
+// TestGenerationKeyAtMaxUint64IsGarbage: anyone who may write the generation
+// keys puts 18446744073709551615 (or anything above health.MaxGeneration) in
+// another instance's key. That is garbage for leasehold and the Registrar
+// alike: the live session is not overtaken, and the next generation is taken
+// from the registered floor (no overflow to 0).
+func TestGenerationKeyAtMaxUint64IsGarbage(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	e := runLive(t, a, "victim", nil)
+	s1 := e.session(t, nil)
+	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("victim"), Value: []byte(strconv.FormatUint(math.MaxUint64, 10))}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if g, err := NewAPIAgent(c).Generation(ctx, "victim"); err != nil || g != 0 {
+		t.Fatalf("Generation = %d, %v: want 0 (garbage)", g, err)
+	}
+	g, err := NewAPIAgent(c).NextGeneration(ctx, "victim", s1.Generation)
+	if err != nil || g != s1.Generation+1 {
+		t.Fatalf("NextGeneration = %d, %v: want %d (above the registered floor)", g, err, s1.Generation+1)
+	}
+}
+
+// TestNextGenerationNeverOverflows: the next generation after a garbage
+// MaxUint64 key is never 0.
+func TestNextGenerationNeverOverflows(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte(strconv.FormatUint(math.MaxUint64, 10))}, nil); err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	g, err := NewAPIAgent(c).NextGeneration(ctx, "x", 0)
+	if err == nil && g == 0 {
+		t.Fatalf("NextGeneration after %d = 0: a generation the contract calls invalid", uint64(math.MaxUint64))
+	}
+}
