@@ -37,6 +37,9 @@ type Agent interface {
 	// Generation reads the last generation taken for instanceID in Consul KV
 	// (0 when there is none or it is not a number).
 	Generation(ctx context.Context, instanceID string) (uint64, error)
+	// NodeFailed reports whether Consul's servers hold the agent's own node
+	// failed (its serfHealth check critical).
+	NodeFailed(ctx context.Context) (bool, error)
 }
 
 // RemoteSession is one registration of an instance as the catalog shows it.
@@ -192,6 +195,23 @@ func (a *APIAgent) Generation(ctx context.Context, instanceID string) (uint64, e
 		return 0, nil // garbage: leasehold ignores it too
 	}
 	return g, nil
+}
+
+func (a *APIAgent) NodeFailed(ctx context.Context) (bool, error) {
+	name, err := a.c.Agent().NodeName()
+	if err != nil {
+		return false, fmt.Errorf("agent node name: %w", err)
+	}
+	checks, _, err := a.c.Health().Node(name, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return false, fmt.Errorf("health of node %s: %w", name, err)
+	}
+	for _, c := range checks {
+		if c.CheckID == health.SerfHealthCheckID && c.Status == api.HealthCritical {
+			return true, nil
+		}
+	}
+	return false, nil
 }
 
 func isStatus(err error, code int) bool {

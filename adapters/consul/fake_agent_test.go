@@ -140,6 +140,8 @@ func (f *fakeAgent) NextGeneration(_ context.Context, instanceID string, floor u
 	return f.gens[instanceID], nil
 }
 
+func (f *fakeAgent) NodeFailed(context.Context) (bool, error) { return false, nil }
+
 func (f *fakeAgent) Generation(_ context.Context, instanceID string) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()

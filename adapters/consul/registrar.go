@@ -249,6 +249,13 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 	if reregister && r.superseded(ctx) {
 		return time.Time{}, ErrSuperseded
 	}
+	if reregister {
+		// A session registered while the servers hold our node failed is
+		// lapsed from its first moment: wait until the node is back.
+		if failed, err := r.agent.NodeFailed(ctx); err == nil && failed {
+			return time.Time{}, errors.New("this agent's node is failed (serfHealth critical): waiting for it to rejoin")
+		}
+	}
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.Lease.TTL)
 	defer cancel()
 	if key.generation == 0 {
