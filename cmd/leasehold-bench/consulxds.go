@@ -22,6 +22,65 @@ import (
 // "dispatcher" proxy has task "work" as its upstream. A delta ADS client on
 // Consul's gRPC port — Consul 1.13's xDS server speaks only delta — plays
 // that proxy and records when Consul's EDS stops offering a lapsed executor.
+//
+// It is a phase of its own, after leasehold's: the dispatcher proxy is
+// registered only then (so Consul computes no xDS for it while leasehold is
+// measured), and leasehold, its streams and the grpc-go children are stopped
+// by then (so they do not react to Consul's lapses). Both phases run on the
+// same fleet — every executor a Connect service throughout — with the same
+// number of lapses, the same spacing; the victims are the next executors.
+
+// consulLapses lets executors [n, 2n) lapse and measures lease expiry →
+// Consul's EDS without it.
+func (b *bench) consulLapses() error {
+	if !*compare || b.n == 0 {
+		return nil
+	}
+	c, err := b.followConsul()
+	if err != nil {
+		return err
+	}
+	victims := span(b.n, 2*b.n)
+	expiries := b.fleet.lapseAll(victims)
+	for k, i := range victims {
+		port := uint32(sidecarPort(i))
+		if err := c.await(func(p map[uint32]bool) bool { return !p[port] }, 4**lease+30*time.Second); err != nil {
+			return fmt.Errorf("lapse %d through Consul's xDS: %w", k, err)
+		}
+		b.res.consulLapse = append(b.res.consulLapse, c.goneAt(port).Sub(expiries[k]))
+	}
+	logf("%d lapses through Consul's own xDS (its own phase): %s", len(victims), dist(b.res.consulLapse))
+	return nil
+}
+
+// followConsul registers the dispatcher proxy and follows its EDS until it
+// offers every executor still heartbeating.
+func (b *bench) followConsul() (*consulEDS, error) {
+	if err := registerDispatcherProxy(b.clients[0]); err != nil {
+		return nil, fmt.Errorf("dispatcher proxy: %w", err)
+	}
+	c, err := followConsulEDS(b.ctx, fmt.Sprintf("127.0.0.1:%d", b.agent.Ports.GRPC))
+	if err != nil {
+		return nil, err
+	}
+	live := b.fleet.live()
+	offersLive := func(p map[uint32]bool) bool {
+		for _, i := range live {
+			if !p[uint32(sidecarPort(i))] {
+				return false
+			}
+		}
+		return true
+	}
+	if err := c.await(offersLive, 120*time.Second); err != nil {
+		c.mu.Lock()
+		got := len(c.ports)
+		c.mu.Unlock()
+		return nil, fmt.Errorf("Consul's EDS never offered the live fleet (%d offered, %d live): %w", got, len(live), err)
+	}
+	logf("Consul's own xDS offers all %d live executors' sidecars", len(live))
+	return c, nil
+}
 
 const dispatcherService = "bench-dispatcher"
 

@@ -1,0 +1,114 @@
+package main
+
+import (
+	"context"
+	"net"
+	"os"
+	"path/filepath"
+	"reflect"
+	"testing"
+	"time"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot"
+)
+
+// response is a SotW EDS response listing the given instances.
+func response(t *testing.T, version string, ids ...string) *discovery.DiscoveryResponse {
+	t.Helper()
+	var es []health.Executor
+	for i, id := range ids {
+		es = append(es, health.Executor{
+			Registration: health.Registration{InstanceID: id, SessionID: "s", Generation: 1, Task: task, Address: "127.0.0.1", Port: 9000 + i, Version: "1.0.0", Capacity: 2, State: health.StateActive},
+			Lease:        health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
+		})
+	}
+	a, err := anypb.New(snapshot.Endpoints(task, es, health.Dispatcher{}))
+	if err != nil {
+		t.Fatal(err)
+	}
+	return &discovery.DiscoveryResponse{VersionInfo: version, TypeUrl: resource.EndpointType, Nonce: version, Resources: []*anypb.Any{a}}
+}
+
+// The plan keeps only removals, in order, naming a removed host for each.
+func TestPlanFloor(t *testing.T) {
+	base := response(t, "1", "a", "b", "c", "d")
+	since := []*discovery.DiscoveryResponse{
+		response(t, "2", "a", "b", "c", "d"), // no change: not replayed
+		response(t, "3", "b", "c", "d"),
+		response(t, "4", "c"),
+	}
+	plan, err := planFloor(base, since)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.base != 4 || len(plan.frames) != 3 || !reflect.DeepEqual(plan.removed, []string{"a", "b"}) {
+		t.Fatalf("plan: base %d, %d frames, removed %v; want 4, 3, [a b]", plan.base, len(plan.frames), plan.removed)
+	}
+	if _, err := planFloor(nil, since); err == nil {
+		t.Fatal("no base: want an error")
+	}
+}
+
+func TestFramesRoundTrip(t *testing.T) {
+	frames := [][]byte{{1, 2, 3}, make([]byte, 300), {}}
+	path, err := writeFrames(frames)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	got, err := readFrames(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(got) != 3 || len(got[1]) != 300 || got[0][2] != 3 || len(got[2]) != 0 {
+		t.Fatalf("frames = %v", got)
+	}
+	if _, err := readFrames(filepath.Join(t.TempDir(), "none")); err == nil {
+		t.Fatal("missing file: want an error")
+	}
+}
+
+// The bare server feeds the light clients of the leasehold measurement:
+// they see its starting state, then each push, with a time for each.
+func TestFloorServerWithLightClients(t *testing.T) {
+	plan, err := planFloor(response(t, "1", "a", "b", "c"), []*discovery.DiscoveryResponse{response(t, "2", "b", "c"), response(t, "3", "c")})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
+	fs := newFloorServer(plan.frames)
+	fs.register(g)
+	go g.Serve(lis)
+	defer g.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ds, err := startDispatchers(ctx, lis.Addr().String(), 5)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.awaitAll(func(set map[string]bool) bool { return len(set) == plan.base }, 10*time.Second); err != nil {
+		t.Fatal("starting state:", err)
+	}
+	for _, host := range plan.removed {
+		at := fs.push()
+		if err := ds.awaitAll(func(set map[string]bool) bool { return !set[host] }, 10*time.Second); err != nil {
+			t.Fatalf("push removing %s: %v", host, err)
+		}
+		if d := ds.goneFromAll(host).Sub(at); d < 0 || d > 10*time.Second {
+			t.Fatalf("push → last stream = %s", d)
+		}
+	}
+	if !fs.push().IsZero() {
+		t.Fatal("a push past the last frame: want the zero time")
+	}
+}

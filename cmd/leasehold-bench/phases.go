@@ -1,0 +1,341 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"net/http"
+	"os"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+)
+
+// lapseSpacing is how far apart the victims of a phase stop heartbeating,
+// and the floor's pushes are.
+const lapseSpacing = 200 * time.Millisecond
+
+// bench is one run of the harness: what its phases share. The phases run in
+// order, each measuring one part of BENCHMARKS.md's table:
+//
+//	leasehold: lapses, fan-out, Consul load at idle (Consul's xDS not asked)
+//	floor:     leasehold's own pushes replayed by a bare ADS server
+//	Consul:    other lapses of the same fleet through Consul's own xDS,
+//	           leasehold and its dispatchers stopped
+type bench struct {
+	ctx      context.Context
+	agent    *consultest.Agent
+	clients  []*api.Client
+	fleet    *fleet
+	srv      *served
+	ds       *dispatcherSet     // the light streams to leasehold
+	stopDS   context.CancelFunc // ends them
+	gc       *grpcClients
+	n        int // lapses per phase: leasehold's victims are [0, n), Consul's [n, 2n)
+	res      results
+	cleanups []func()
+}
+
+func run() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &bench{ctx: ctx, n: lapsesPerPhase()}
+	defer b.close()
+	defer cancel() // first: heartbeats and streams end before the processes do
+	b.res = results{executors: *executors, dispatchers: *dispatchers, lease: *lease, heartbeat: *heartbeat, grpcN: *grpcN}
+	for _, phase := range []func() error{
+		b.startConsul, b.registerFleet,
+		b.startLeasehold, b.connectDispatchers, b.leaseholdLapses, b.fanOut, b.idleLoad,
+		b.floor,
+		b.stopLeasehold, b.consulLapses,
+	} {
+		if err := phase(); err != nil {
+			return err
+		}
+	}
+	return b.report()
+}
+
+// lapsesPerPhase leaves room for two phases' victims and the fan-out's
+// (the last executors) in one fleet.
+func lapsesPerPhase() int { return max(0, min(*lapses, (*executors-*fanouts)/2)) }
+
+func (b *bench) onClose(f func()) { b.cleanups = append(b.cleanups, f) }
+
+func (b *bench) close() {
+	for i := len(b.cleanups) - 1; i >= 0; i-- {
+		b.cleanups[i]()
+	}
+}
+
+func (b *bench) startConsul() error {
+	bin, err := consultest.Binary()
+	if err != nil {
+		return err
+	}
+	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench", ExtraHCL: `limits { http_max_conns_per_client = 1000 }`})
+	if agent != nil {
+		b.onClose(agent.Close)
+	}
+	if err != nil {
+		return err
+	}
+	agent.SettleSync()
+	b.agent = agent
+	client, err := consul.NewClient(agent.HTTPAddr(), 64)
+	if err != nil {
+		return err
+	}
+	b.clients = []*api.Client{client}
+	return b.startClientAgents(bin)
+}
+
+// startClientAgents joins --agents - 1 client agents to the dev server.
+func (b *bench) startClientAgents(bin string) error {
+	for i := 1; i < *agents; i++ {
+		ca, err := consultest.Launch(bin, consultest.Options{NodeName: fmt.Sprintf("bench-client-%d", i), JoinClientOf: b.agent})
+		if ca != nil {
+			b.onClose(ca.Close)
+		}
+		if err != nil {
+			return fmt.Errorf("client agent %d: %w", i, err)
+		}
+		c, err := consul.NewClient(ca.HTTPAddr(), 64)
+		if err != nil {
+			return err
+		}
+		b.clients = append(b.clients, c)
+	}
+	if *agents > 1 {
+		b.agent.SettleSync()
+		logf("%d Consul agents (1 server, %d clients) hold the executors", *agents, *agents-1)
+	}
+	return nil
+}
+
+func (b *bench) registerFleet() error {
+	b.fleet = newFleet(b.clients, *executors)
+	logf("registering %d executors (lease %s, heartbeat %s)", *executors, *lease, *heartbeat)
+	go b.fleet.heartbeatAll(b.ctx) // from the start: registering a large fleet takes longer than a lease
+	return b.fleet.registerAll()
+}
+
+func (b *bench) startLeasehold() error {
+	srv, err := startServe(b.agent.HTTPAddr())
+	if err != nil {
+		return err
+	}
+	b.srv = srv
+	b.onClose(func() { b.stopLeasehold() })
+	logf("leasehold serve pid %d ready (admin %s); RSS %s", srv.cmd.Process.Pid, srv.admin, kb(srv.rss()))
+	b.res.rssIdle, b.res.heapIdle = srv.rss(), srv.heap()
+	return nil
+}
+
+// connectDispatchers opens the light streams (and the grpc-go children) and
+// waits until every one holds the fleet.
+func (b *bench) connectDispatchers() error {
+	ctx, cancel := context.WithCancel(b.ctx)
+	b.stopDS = cancel
+	ds, err := startDispatchers(ctx, b.srv.xds, *dispatchers)
+	if err != nil {
+		return err
+	}
+	b.ds = ds
+	if err := ds.awaitAll(func(set map[string]bool) bool { return len(set) == *executors }, 60*time.Second); err != nil {
+		return fmt.Errorf("dispatchers never saw the fleet: %w", err)
+	}
+	if *grpcN > 0 {
+		if b.gc, err = startGRPCClients(b.srv.xds, *grpcN); err != nil {
+			return err
+		}
+		if err := b.gc.awaitAll(func(set map[string]bool) bool { return len(set) == *executors }, 120*time.Second); err != nil {
+			return fmt.Errorf("grpc-go dispatchers never saw the fleet: %w", err)
+		}
+		logf("%d grpc-go xds:/// dispatchers hold the whole fleet", *grpcN)
+	}
+	b.res.rssStreams, b.res.heapStreams = b.srv.rss(), b.srv.heap()
+	logf("%d dispatcher streams connected; RSS %s, Go heap %s (idle: %s)", *dispatchers, kb(b.res.rssStreams), kb(b.res.heapStreams), kb(b.res.heapIdle))
+	return nil
+}
+
+// leaseholdLapses lets executors [0, n) lapse and measures lease expiry →
+// last stream without it; stream 0's responses are kept for the floor.
+func (b *bench) leaseholdLapses() error {
+	victims := span(0, b.n)
+	b.ds.startCapture()
+	profiled := b.profile(time.Duration(b.n)*lapseSpacing + *lease + 2*time.Second)
+	expiries := b.fleet.lapseAll(victims)
+	var err error
+	if b.res.lapse, err = b.fleet.lapseLatencies(b.ds, victims, expiries); err != nil {
+		return err
+	}
+	if b.gc != nil {
+		if b.res.grpcLapse, err = b.fleet.lapseLatencies(b.gc, victims, expiries); err != nil {
+			return fmt.Errorf("at the grpc-go dispatchers: %w", err)
+		}
+		logf("the same lapses at %d grpc-go dispatchers (their xDS client's EDS, via CSDS): %s", *grpcN, dist(b.res.grpcLapse))
+	}
+	<-profiled
+	logf("lapse → stop over %d lapses: %s", len(b.res.lapse), dist(b.res.lapse))
+	var count float64
+	b.res.inLeasehold, count = b.srv.lapseToPushMean()
+	logf("of which from Consul reporting the lapse to the last ACK (leasehold's own histogram): mean %s over %.0f", r(b.res.inLeasehold), count)
+	return nil
+}
+
+// profile writes a CPU profile of leasehold serve over d into --profile (if
+// set); the channel closes when it is written.
+func (b *bench) profile(d time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	if *profile == "" {
+		close(done)
+		return done
+	}
+	go func() {
+		defer close(done)
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", b.srv.admin, int(d.Seconds())+1))
+		if err != nil {
+			logf("profile: %v", err)
+			return
+		}
+		defer resp.Body.Close()
+		out, err := os.Create(*profile)
+		if err == nil {
+			io.Copy(out, resp.Body)
+			out.Close()
+		}
+	}()
+	return done
+}
+
+// fanOut deregisters healthy executors (removals, pushed at once) one at a
+// time and measures deregistration → last stream without it.
+func (b *bench) fanOut() error {
+	cpuBefore := b.srv.cpu()
+	reqBefore, _ := b.srv.consulRequests()
+	for i := range *fanouts {
+		d, err := b.deregister(*executors - 1 - i)
+		if err != nil {
+			return fmt.Errorf("fan-out %d: %w", i, err)
+		}
+		b.res.fanout = append(b.res.fanout, d)
+	}
+	b.res.cpuPerStream = (b.srv.cpu() - cpuBefore) / time.Duration(max(1, *fanouts**dispatchers))
+	reqAfter, _ := b.srv.consulRequests()
+	b.res.reqPerChange = (reqAfter - reqBefore) / float64(max(1, *fanouts))
+	logf("fan-out to %d streams over %d changes: %s; server CPU per stream per update %s; Consul requests per change %.1f", *dispatchers, len(b.res.fanout), dist(b.res.fanout), b.res.cpuPerStream, b.res.reqPerChange)
+	return nil
+}
+
+// deregister removes executor i and returns how long until the last stream
+// no longer had it.
+func (b *bench) deregister(i int) (time.Duration, error) {
+	victim := b.fleet.ids[i]
+	b.fleet.stopHeartbeat(i)
+	start := time.Now()
+	if err := b.fleet.agent(i).ServiceDeregister(health.ServiceID(victim, task)); err != nil {
+		return 0, err
+	}
+	if err := b.ds.awaitAll(func(set map[string]bool) bool { return !set[victim] }, 30*time.Second); err != nil {
+		return 0, err
+	}
+	return b.ds.goneFromAll(victim).Sub(start), nil
+}
+
+// idleLoad measures leasehold's Consul requests per second while nothing
+// changes.
+func (b *bench) idleLoad() error {
+	before, err := b.srv.consulRequests()
+	if err != nil {
+		return err
+	}
+	time.Sleep(*idle) // the measurement window itself
+	after, _ := b.srv.consulRequests()
+	b.res.idleRate = (after - before) / idle.Seconds()
+	logf("Consul requests at idle: %.2f/s", b.res.idleRate)
+	return nil
+}
+
+// stopLeasehold ends leasehold's side — grpc-go children, light streams,
+// `leasehold serve` — so Consul's phase runs without it. Safe to repeat.
+func (b *bench) stopLeasehold() error {
+	if b.gc != nil {
+		b.gc.stop()
+		b.gc = nil
+	}
+	if b.stopDS != nil {
+		b.stopDS()
+		b.stopDS = nil
+	}
+	if b.srv != nil {
+		b.srv.stop()
+	}
+	return nil
+}
+
+func (b *bench) report() error {
+	table := b.res.markdown()
+	fmt.Println(table)
+	if *write != "" {
+		return writeInto(*write, table)
+	}
+	return nil
+}
+
+// hostWatcher is a set of dispatchers whose endpoints are followed: the
+// light ADS streams or the grpc-go children.
+type hostWatcher interface {
+	awaitAll(cond func(map[string]bool) bool, timeout time.Duration) error
+	goneFromAll(host string) time.Time
+}
+
+// lapseAll stops the victims' heartbeats lapseSpacing apart and returns each
+// lease's expiry (its last acknowledged heartbeat + the lease). Victims
+// stopped within one heartbeat round share that heartbeat, so their leases
+// expire at the same moment and may reach the dispatchers in one response.
+func (f *fleet) lapseAll(victims []int) []time.Time {
+	expiries := make([]time.Time, len(victims))
+	for k, i := range victims {
+		expiries[k] = f.stop(i)
+		time.Sleep(lapseSpacing) // the spacing of the drill, not a wait for a result
+	}
+	return expiries
+}
+
+// lapseLatencies waits until every dispatcher of w has dropped each victim
+// and returns, per victim, lease expiry → the last one without it.
+func (f *fleet) lapseLatencies(w hostWatcher, victims []int, expiries []time.Time) ([]time.Duration, error) {
+	var lat []time.Duration
+	for k, i := range victims {
+		victim := f.ids[i]
+		if err := w.awaitAll(func(set map[string]bool) bool { return !set[victim] }, 4**lease+30*time.Second); err != nil {
+			return nil, fmt.Errorf("lapse %d (%s): %w", k, victim, err)
+		}
+		lat = append(lat, w.goneFromAll(victim).Sub(expiries[k]))
+	}
+	return lat, nil
+}
+
+// live is the executors still heartbeating.
+func (f *fleet) live() []int {
+	var out []int
+	for i := range f.ids {
+		if !f.stopped[i].Load() {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// span is the indices [from, to).
+func span(from, to int) []int {
+	out := make([]int, 0, max(0, to-from))
+	for i := from; i < to; i++ {
+		out = append(out, i)
+	}
+	return out
+}
