@@ -153,6 +153,13 @@ func validateID(field, v string) FieldErrors {
 // an instance for ever.
 const MaxGeneration = 1 << 53
 
+// GenerationKeyValid reports whether g, read from a generation key, counts.
+// A key holds the generation its instance's newest session took, so it is
+// below MaxGeneration for as long as that session can be newer than it: a
+// key at MaxGeneration or above is garbage, and nothing written there can
+// keep an instance from taking a generation above it.
+func GenerationKeyValid(g uint64) bool { return g > 0 && g < MaxGeneration }
+
 // GenerationKey is the KV key holding the last generation of an instance.
 func GenerationKey(instanceID string) string { return GenerationKeyPrefix + instanceID }
 

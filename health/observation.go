@@ -34,10 +34,18 @@ type TaskMembers struct {
 }
 
 // NonPassing is every non-passing check of leasehold registrations and of
-// nodes at Index: a check absent from it was passing at Index.
+// nodes at Index, and every node's serfHealth (passing too, for its indexes):
+// a check absent from it was passing at Index.
 type NonPassing struct {
 	Index  uint64
 	Checks []CheckState
+}
+
+// NodeFailedSince reports whether a node's serfHealth (created and last
+// modified at the given indexes) changed after a lease check created at
+// leaseCreated (0: unknown): the node failed since.
+func NodeFailedSince(leaseCreated, serfCreated, serfModified uint64) bool {
+	return leaseCreated > 0 && serfModified > serfCreated && serfModified > leaseCreated
 }
 
 // SerfHealthCheckID is the node check Consul's servers keep for every agent:
@@ -106,15 +114,19 @@ func Join(m Member, np *NonPassingSet) Executor {
 		case read.CheckID == leaseID && read.ServiceID != "":
 			leaseCreated = read.CreateIndex
 		case read.CheckID == SerfHealthCheckID && read.ServiceID == "":
-			serfCreated, serfModified = read.CreateIndex, read.ModifyIndex
+			// The fast path carries every node's serfHealth, passing or not:
+			// its indexes are current without re-reading the membership.
+			c := np.current(read)
+			serfCreated, serfModified = max(c.CreateIndex, read.CreateIndex), c.ModifyIndex
 		}
 	}
-	// Consul's leader rewrites a node's serfHealth only when it is not
-	// passing (or the node's address changed): rewritten after this
-	// session's lease check was created, the node failed meanwhile, even if
-	// it is passing again. Derived from Consul, so every replica, also one
+	// A check's ModifyIndex moves only when its status or output changes,
+	// and serfHealth's change only when the node fails or comes back: once
+	// modified after this session's lease check was created (and after its
+	// own creation, which may follow a join), the node failed meanwhile, even
+	// if it is passing again. Derived from Consul, so every replica, also one
 	// started after the failure, sees it; the Registrar applies the same rule.
-	if leaseCreated > 0 && serfCreated < leaseCreated && serfModified > leaseCreated {
+	if NodeFailedSince(leaseCreated, serfCreated, serfModified) {
 		e.NodeFailed = true
 	}
 	for _, read := range m.Checks {
@@ -192,8 +204,20 @@ type Observation struct {
 	Cordons     *CordonSet
 	Generations *Generations
 	// Refreshed: every observation of a fresh read made for refresh request
-	// Seq (Watcher.Refresh) has been sent before this one.
-	Refreshed *uint64
+	// Seq (Watcher.Refresh) has been sent before this one; those reads were
+	// made after Consul's index reached RefreshedAtLeast (the highest index
+	// the requesters had seen), so the non-passing checks and generation
+	// keys are current at that index.
+	Refreshed        *uint64
+	RefreshedAtLeast uint64
+	// Progress: the non-passing checks or the generation keys answered again
+	// at a higher index with the same content as their last observation.
+	Progress *Progress
+}
+
+// Progress says a watch's content, unchanged, is current at a higher index.
+type Progress struct {
+	NonPassing, Generations uint64 // the one that answered; the other is 0
 }
 
 // Generations is every session generation recorded in Consul KV

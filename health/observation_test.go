@@ -80,6 +80,7 @@ func TestJoinNodeFailedFromConsulsIndexes(t *testing.T) {
 		{"serf untouched since before the session", []CheckState{leaseAt(20), serfAt(5, 5)}, false},
 		{"serf rewritten after the session registered: the node failed and came back", []CheckState{leaseAt(20), serfAt(5, 30)}, true},
 		{"serf created after the session: the leader caught up with a join", []CheckState{leaseAt(20), serfAt(25, 25)}, false},
+		{"serf created after the session, then changed: failed since", []CheckState{leaseAt(20), serfAt(25, 31)}, true},
 		{"no lease check", []CheckState{serfAt(5, 30)}, false},
 	} {
 		if e := Join(member(tt.checks...), nil); e.NodeFailed != tt.failed {

@@ -28,6 +28,9 @@ import (
 // Views is where the fencing and explain APIs read the decided fleet.
 type Views interface {
 	View() *snapshot.View
+	// Progress is the indexes at which the current view's non-passing
+	// checks and generation keys are known current.
+	Progress() (nonPassing, generations uint64)
 }
 
 // Fencing serves leasehold.v1.Fencing from the syncer's views.
@@ -50,13 +53,13 @@ type FencingOptions struct {
 	// stop working.
 	StaleAfter time.Duration
 	// Refresh, if set, has Consul read afresh (the checks and generation
-	// keys that make a session LAPSED or STALE) and returns a sequence
-	// number that views carry (View.Refreshed) once they include the fresh
-	// reads. A request whose min_consul_index the view has not reached is
+	// keys that make a session LAPSED or STALE) now that Consul is at index
+	// atLeast or later, and returns a sequence number that views carry
+	// (View.Refreshed) once they include the fresh reads. A request whose min_consul_index the view has not reached is
 	// answered from such a view: one at least as new as the request.
-	Refresh    func(context.Context) (uint64, error)
-	Clock      clockwork.Clock
-	Meter      metric.MeterProvider // default: no metrics
+	Refresh func(ctx context.Context, atLeast uint64) (uint64, error)
+	Clock   clockwork.Clock
+	Meter   metric.MeterProvider // default: no metrics
 }
 
 // NewFencing answers from views; freshAsOf tells when the view of Consul was
@@ -91,9 +94,9 @@ func NewFencing(views Views, freshAsOf func() time.Time, opts ...FencingOptions)
 	return f
 }
 
-// answer answers req from v; refreshed: v includes fresh reads made after
-// the request arrived, so it satisfies any min_consul_index.
-func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1.CheckSessionRequest, refreshed bool) *leaseholdv1.CheckSessionResponse {
+// answer answers req from v; caughtUp: v satisfies the request's
+// min_consul_index (catchUp).
+func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1.CheckSessionRequest, caughtUp bool) *leaseholdv1.CheckSessionResponse {
 	st := v.Sessions().Check(req.GetInstanceId(), req.GetSessionId())
 	if g, ok := grantFrom(ctx); ok && !slices.ContainsFunc(st.Tasks, g.AllowsTask) {
 		// A session of task types the caller is not granted is answered
@@ -116,7 +119,7 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 	case fresh.IsZero() || age > f.opts.StaleAfter:
 		f.unknown(resp, fmt.Sprintf("leasehold's view of Consul is stale: Consul has not answered for %s (bound %s); the last known state was %s: %s",
 			age.Round(time.Millisecond), f.opts.StaleAfter, stateOf(st.State), st.Detail))
-	case !reached(v, req.GetMinConsulIndex()) && !refreshed:
+	case !caughtUp:
 		f.unknown(resp, fmt.Sprintf("leasehold's view (checks at Consul index %d, generation keys at %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time",
 			v.NonPassingIndex, v.GenerationsIndex, req.GetMinConsulIndex()))
 	}
@@ -172,27 +175,31 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 	if err := validate(req); err != nil {
 		return nil, err
 	}
-	v, refreshed := f.catchUp(ctx, f.views.View(), req.GetMinConsulIndex())
-	resp := f.answer(ctx, v, req, refreshed)
+	v, caughtUp := f.catchUp(ctx, req.GetMinConsulIndex())
+	resp := f.answer(ctx, v, req, caughtUp)
 	f.count(ctx, resp)
 	return resp, nil
 }
 
-// reached reports whether v has seen every change up to index least that can
-// make a session LAPSED or STALE: its non-passing checks and its generation
-// keys are both at least that new. (Its highest index says nothing of the
-// others: watches answer independently.)
-func reached(v *snapshot.View, least uint64) bool {
-	return min(v.NonPassingIndex, v.GenerationsIndex) >= least
+// current returns the latest view and whether it has seen every change up
+// to index least that can make a session LAPSED or STALE: its non-passing
+// checks and its generation keys are both known current at that index or
+// later. (Its highest index says nothing of the others: watches answer
+// independently.)
+func (f *Fencing) current(least uint64) (*snapshot.View, bool) {
+	np, gen := f.views.Progress() // first: progress is published after the view it vouches for
+	v := f.views.View()
+	return v, min(max(np, v.NonPassingIndex), max(gen, v.GenerationsIndex)) >= least
 }
 
-// catchUp returns a view that reached index least, or one that includes
-// fresh reads of Consul made after this call (refreshed); when neither comes
-// in time (shortly before ctx's deadline, at most the staleness bound) it
-// returns the latest view.
-func (f *Fencing) catchUp(ctx context.Context, v *snapshot.View, least uint64) (*snapshot.View, bool) {
-	if reached(v, least) {
-		return v, false
+// catchUp returns a view that satisfies min_consul_index least: one that
+// reached it, or one that includes fresh reads of Consul made after this
+// call. When neither comes in time (shortly before ctx's deadline, at most
+// the staleness bound) it returns the latest view and false.
+func (f *Fencing) catchUp(ctx context.Context, least uint64) (*snapshot.View, bool) {
+	v, ok := f.current(least)
+	if ok {
+		return v, true
 	}
 	budget := f.opts.StaleAfter
 	if dl, ok := ctx.Deadline(); ok {
@@ -204,22 +211,21 @@ func (f *Fencing) catchUp(ctx context.Context, v *snapshot.View, least uint64) (
 	}
 	var seq uint64
 	if f.opts.Refresh != nil {
-		if s, err := f.opts.Refresh(ctx); err == nil {
+		if s, err := f.opts.Refresh(ctx, v.ConsulIndex); err == nil {
 			seq = s
 		}
 	}
 	t := f.opts.Clock.NewTimer(budget)
 	defer t.Stop()
+	poll := time.NewTicker(20 * time.Millisecond) // progress alone publishes no view
+	defer poll.Stop()
 	for {
-		switch {
-		case reached(v, least):
-			return v, false
-		case seq > 0 && v.Refreshed >= seq:
+		if v, ok = f.current(least); ok || (seq > 0 && v.Refreshed >= seq) {
 			return v, true
 		}
 		select {
 		case <-v.Changed():
-			v = f.views.View()
+		case <-poll.C:
 		case <-t.Chan():
 			return v, false
 		case <-ctx.Done():
@@ -239,10 +245,11 @@ func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leas
 	var last *leaseholdv1.CheckSessionResponse
 	timer := f.opts.Clock.NewTimer(time.Hour)
 	defer timer.Stop()
-	_, refreshed := f.catchUp(ctx, f.views.View(), req.GetMinConsulIndex()) // every later view is newer still
+	_, caughtUp := f.catchUp(ctx, req.GetMinConsulIndex()) // every later view is newer still
 	for {
-		v := f.views.View()
-		resp := f.answer(ctx, v, req, refreshed)
+		v, reached := f.current(req.GetMinConsulIndex())
+		caughtUp = caughtUp || reached
+		resp := f.answer(ctx, v, req, caughtUp)
 		if last == nil || !sameAnswer(last, resp) {
 			if err := stream.Send(resp); err != nil {
 				return err

@@ -55,7 +55,7 @@ func checkX(t *testing.T, f *Fencing, min uint64, timeout time.Duration) *leaseh
 func TestMinConsulIndexReadsAfresh(t *testing.T) {
 	s, obs := fencingSyncer(t)
 	var refreshes atomic.Int64
-	f := NewFencing(s, time.Now, FencingOptions{Refresh: func(context.Context) (uint64, error) {
+	f := NewFencing(s, time.Now, FencingOptions{Refresh: func(context.Context, uint64) (uint64, error) {
 		seq := uint64(refreshes.Add(1))
 		go func() { // the watcher's fresh reads, then its marker
 			obs <- health.Observation{Generations: &health.Generations{Index: 40, Floor: map[string]uint64{"x": 2}}}
@@ -79,7 +79,7 @@ func TestMinConsulIndexReadsAfresh(t *testing.T) {
 // UNKNOWN shortly before the caller's deadline, not an expired call.
 func TestMinConsulIndexUnreachedIsUnknown(t *testing.T) {
 	s, _ := fencingSyncer(t)
-	f := NewFencing(s, time.Now, FencingOptions{Refresh: func(context.Context) (uint64, error) { return 1, nil }})
+	f := NewFencing(s, time.Now, FencingOptions{Refresh: func(context.Context, uint64) (uint64, error) { return 1, nil }})
 	start := time.Now()
 	r := checkX(t, f, 50, 500*time.Millisecond)
 	if r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "min_consul_index 50") {

@@ -104,6 +104,9 @@ type Syncer struct {
 	haveGen     bool               // the generation keys have been read
 	genIndex    uint64
 	refreshed   uint64 // the latest refresh request the watch answered afresh
+	progressNP  uint64 // Progress seen in the current batch, published after it
+	progressGen uint64
+	progress    atomic.Pointer[[2]uint64] // non-passing, generations: current at these indexes
 	byTask      map[string][]health.Executor
 	printsBy    map[string][]uint64 // executorPrint of byTask's executors, aligned
 	taskPrint   map[string]taskPrint
@@ -230,16 +233,19 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 			if s.batchStart.IsZero() {
 				s.batchStart = time.Now()
 			}
-			s.apply(o)
+			content := s.apply(o)
 			for more := true; more; { // coalesce whatever else already arrived
 				select {
 				case o := <-obs:
-					s.apply(o)
+					content = s.apply(o) || content
 				default:
 					more = false
 				}
 			}
-			s.recompute(ctx)
+			if content { // progress alone changes no decision: no recompute
+				s.recompute(ctx)
+			}
+			s.publishProgress()
 		case sub := <-s.subs:
 			s.subscribe(ctx, sub)
 			s.publishView()
@@ -260,7 +266,13 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 	}
 }
 
-func (s *Syncer) apply(o health.Observation) {
+// apply takes one observation in; it reports whether it may change a
+// decision (everything but Progress).
+func (s *Syncer) apply(o health.Observation) bool {
+	if p := o.Progress; p != nil {
+		s.progressNP, s.progressGen = max(s.progressNP, p.NonPassing), max(s.progressGen, p.Generations)
+		return false
+	}
 	switch {
 	case o.Tasks != nil:
 		s.tasks = append([]string{}, o.Tasks.Tasks...)
@@ -275,6 +287,8 @@ func (s *Syncer) apply(o health.Observation) {
 		s.haveNP = true
 	case o.Refreshed != nil:
 		s.refreshed = max(s.refreshed, *o.Refreshed)
+		// Read afresh once Consul was at RefreshedAtLeast: current there.
+		s.progressNP, s.progressGen = max(s.progressNP, o.RefreshedAtLeast), max(s.progressGen, o.RefreshedAtLeast)
 	case o.Generations != nil:
 		s.floor = o.Generations.Floor
 		if s.floor == nil {
@@ -291,6 +305,7 @@ func (s *Syncer) apply(o health.Observation) {
 		// watch reads them anew). The session history stays: session ids are
 		// unique, and a lapse must stay final whatever Consul forgot.
 		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses seen before stay final")
+		s.progressNP, s.progressGen = 0, 0 // indexes of before are not comparable
 	case o.Contact != nil:
 		s.unreachable = !o.Contact.OK
 		if !o.Contact.OK {
@@ -299,6 +314,26 @@ func (s *Syncer) apply(o health.Observation) {
 			s.log.Info("consul reachable again")
 		}
 	}
+	return true
+}
+
+// publishProgress makes the indexes at which the non-passing checks and the
+// generation keys are known current visible to Progress; called after the
+// batch's view is published, so a reader that sees an index then loads a
+// view that includes everything up to it.
+func (s *Syncer) publishProgress() {
+	s.progress.Store(&[2]uint64{max(s.progressNP, s.np.Index()), max(s.progressGen, s.genIndex)})
+}
+
+// Progress is the indexes at which the latest view's non-passing checks and
+// generation keys are known current (they may be ahead of the view's own
+// NonPassingIndex and GenerationsIndex: a watch answered again with the
+// same content). Safe from any goroutine.
+func (s *Syncer) Progress() (nonPassing, generations uint64) {
+	if p := s.progress.Load(); p != nil {
+		return p[0], p[1]
+	}
+	return 0, 0
 }
 
 // recompute joins, fences and decides; only task types whose executors
@@ -691,8 +726,9 @@ func (s *Syncer) remember(all []health.Executor) {
 			continue // nothing new about this session: the common case
 		}
 		s.historyGen++
-		if i == len(h) {
-			h = append(h, health.PastSession{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version})
+		if i == len(h) { // newest seen first, whatever its generation (they restart after Consul loses its KV)
+			h = append([]health.PastSession{{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version}}, h...)
+			i = 0
 		}
 		p := &h[i]
 		if lapsed {
@@ -703,9 +739,15 @@ func (s *Syncer) remember(all []health.Executor) {
 			sort.Strings(tasks)
 			p.Tasks = tasks
 		}
-		sort.SliceStable(h, func(a, b int) bool { return h[a].Generation > h[b].Generation })
-		if len(h) > historyPerInstance {
-			h = h[:historyPerInstance]
+		if len(h) > historyPerInstance { // forget the session seen longest ago, a lapsed one last
+			drop := len(h) - 1
+			for j := len(h) - 1; j > 0; j-- {
+				if !h[j].Lapsed {
+					drop = j
+					break
+				}
+			}
+			h = slices.Delete(h, drop, drop+1)
 		}
 		s.history[e.InstanceID] = h
 	}

@@ -38,7 +38,7 @@ type Agent interface {
 	// (0 when there is none or it is not a number).
 	Generation(ctx context.Context, instanceID string) (uint64, error)
 	// NodeFailed reports whether Consul's servers hold the agent's own node
-	// failed (its serfHealth check critical).
+	// failed (its serfHealth check critical, or missing: not joined yet).
 	NodeFailed(ctx context.Context) (bool, error)
 }
 
@@ -122,7 +122,9 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 	out := make([]RemoteSession, 0, len(entries))
 	for _, e := range entries {
 		rs := RemoteSession{Node: e.Node.Node, SessionID: e.Service.Meta[health.MetaSessionID], Status: health.StatusCritical}
-		rs.Generation, _ = strconv.ParseUint(e.Service.Meta[health.MetaGeneration], 10, 64)
+		if g, err := strconv.ParseUint(e.Service.Meta[health.MetaGeneration], 10, 64); err == nil && g <= health.MaxGeneration {
+			rs.Generation = g // garbage counts as none, as leasehold ignores it
+		}
 		var leaseCreated, serfCreated, serfModified uint64
 		for _, c := range e.Checks {
 			if _, sess, _, ok := health.ParseCheckID(c.CheckID); ok && sess == rs.SessionID {
@@ -134,12 +136,9 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 				rs.NodeFailed = c.Status == api.HealthCritical
 			}
 		}
-		// The same rule as leasehold's (health.Join): the leader rewrites a
-		// node's serfHealth only when it is not passing (or the node's address
-		// changed), so rewritten after our lease check was created means the
-		// node failed and came back meanwhile; created after it is the leader
-		// catching up with a join.
-		if leaseCreated > 0 && serfCreated < leaseCreated && serfModified > leaseCreated {
+		// The same rule as leasehold's (health.Join): serfHealth changed
+		// after our lease check was created means the node failed meanwhile.
+		if health.NodeFailedSince(leaseCreated, serfCreated, serfModified) {
 			rs.NodeFailed = true
 		}
 		rs.LeaseCreateIndex = leaseCreated
@@ -162,7 +161,7 @@ func (a *APIAgent) NextGeneration(ctx context.Context, instanceID string, floor 
 		var cur, index uint64
 		if pair != nil {
 			index = pair.ModifyIndex
-			if cur, err = strconv.ParseUint(string(pair.Value), 10, 64); err != nil || cur > health.MaxGeneration {
+			if cur, err = strconv.ParseUint(string(pair.Value), 10, 64); err != nil || !health.GenerationKeyValid(cur) {
 				cur = 0 // garbage: overwrite it, floor still protects the order
 			}
 		}
@@ -191,7 +190,7 @@ func (a *APIAgent) Generation(ctx context.Context, instanceID string) (uint64, e
 		return 0, nil
 	}
 	g, err := strconv.ParseUint(string(pair.Value), 10, 64)
-	if err != nil || g > health.MaxGeneration {
+	if err != nil || !health.GenerationKeyValid(g) {
 		return 0, nil // garbage: leasehold ignores it too
 	}
 	return g, nil
@@ -207,11 +206,11 @@ func (a *APIAgent) NodeFailed(ctx context.Context) (bool, error) {
 		return false, fmt.Errorf("health of node %s: %w", name, err)
 	}
 	for _, c := range checks {
-		if c.CheckID == health.SerfHealthCheckID && c.Status == api.HealthCritical {
-			return true, nil
+		if c.CheckID == health.SerfHealthCheckID {
+			return c.Status == api.HealthCritical, nil
 		}
 	}
-	return false, nil
+	return true, nil // not (yet) in the catalog: the leader has not caught up with our join
 }
 
 func isStatus(err error, code int) bool {

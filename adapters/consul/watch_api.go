@@ -108,7 +108,10 @@ func (a apiCatalog) HealthService(ctx context.Context, task, tag string) ([]*api
 
 func (a apiCatalog) NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
 	q := query(ctx, index, wait)
-	q.Filter = `Status != "passing" and (ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == "")`
+	// Every node's serfHealth comes too, passing or not: its indexes tell a
+	// node that failed and came back since a session registered (one check
+	// per node, whatever the number of executors).
+	q.Filter = `(Status != "passing" and (ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == "")) or CheckID == "serfHealth"`
 	s, meta, err := a.c.Health().State(api.HealthAny, q)
 	if err := aclCheck("non-passing checks", meta, err); err != nil {
 		return nil, 0, err

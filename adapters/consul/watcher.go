@@ -113,11 +113,13 @@ type Watcher struct {
 
 	// Refresh requests: each refreshable watch interrupts its blocking query
 	// and reads afresh; once all have, one Refreshed observation follows.
-	refreshC    map[string]chan uint64
-	refreshSeq  atomic.Uint64
-	refreshMu   sync.Mutex
-	refreshDone map[string]uint64
-	refreshSent uint64
+	refreshC       map[string]chan uint64
+	refreshSeq     atomic.Uint64
+	refreshReq     sync.Mutex
+	refreshMu      sync.Mutex
+	refreshDone    map[string]uint64
+	refreshAtLeast map[uint64]uint64 // pending requests: seq → the index Consul had reached
+	refreshSent    uint64
 }
 
 // Watches that Refresh reads afresh: what can make a session STALE (the
@@ -133,7 +135,7 @@ func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
 	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
-		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}}
+		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}, refreshAtLeast: map[uint64]uint64{}}
 	for _, name := range refreshable {
 		w.refreshC[name] = make(chan uint64, 1)
 	}
@@ -204,11 +206,17 @@ func (w *Watcher) FreshAsOf() time.Time {
 }
 
 // Refresh asks the watches of non-passing checks and generation keys to read
-// Consul afresh now, without waiting for their blocking queries; it returns
-// the request's sequence number: an Observation with Refreshed ≥ it follows
+// Consul afresh now, without waiting for their blocking queries; atLeast is
+// an index Consul had already reached (the caller's view's). It returns the
+// request's sequence number: an Observation with Refreshed ≥ it follows
 // their fresh answers. Concurrent requests coalesce.
-func (w *Watcher) Refresh(context.Context) (uint64, error) {
+func (w *Watcher) Refresh(_ context.Context, atLeast uint64) (uint64, error) {
+	w.refreshReq.Lock() // numbers go out in order: a pending request is only ever replaced by a newer one
+	defer w.refreshReq.Unlock()
 	seq := w.refreshSeq.Add(1)
+	w.refreshMu.Lock()
+	w.refreshAtLeast[seq] = atLeast
+	w.refreshMu.Unlock()
 	for _, c := range w.refreshC {
 		for sent := false; !sent; {
 			select {
@@ -237,7 +245,14 @@ func (w *Watcher) refreshed(ctx context.Context, out chan<- health.Observation, 
 	}
 	if all > w.refreshSent {
 		w.refreshSent = all
-		w.send(ctx, out, health.Observation{Refreshed: &all})
+		var atLeast uint64 // the reads answered every request up to all
+		for s, a := range w.refreshAtLeast {
+			if s <= all {
+				atLeast = max(atLeast, a)
+				delete(w.refreshAtLeast, s)
+			}
+		}
+		w.send(ctx, out, health.Observation{Refreshed: &all, RefreshedAtLeast: atLeast})
 	}
 }
 
@@ -458,7 +473,10 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 		}
 		sortChecks(states)
 		if !first && reflect.DeepEqual(states, last) {
-			return idx, nil // identical body: nothing to rebuild
+			// Identical body: nothing to rebuild, but the view is current
+			// at idx (fencing's min_consul_index counts on it).
+			w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: idx}})
+			return idx, nil
 		}
 		first, last = false, states
 		w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: idx, Checks: states}})
@@ -483,7 +501,7 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 		for _, p := range pairs {
 			inst := strings.TrimPrefix(p.Key, health.GenerationKeyPrefix)
 			g, perr := strconv.ParseUint(string(p.Value), 10, 64)
-			if verr := health.ValidateInstanceID(inst); verr != nil || perr != nil || g == 0 || g > health.MaxGeneration {
+			if verr := health.ValidateInstanceID(inst); verr != nil || perr != nil || !health.GenerationKeyValid(g) {
 				if bad[p.Key] != string(p.Value) {
 					bad[p.Key] = string(p.Value)
 					w.log.Warn("generation key ignored: want "+health.GenerationKeyPrefix+"<instance_id> holding a positive integer", "key", p.Key, "value", string(p.Value))
@@ -493,6 +511,7 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 			floor[inst] = g
 		}
 		if !first && maps.Equal(floor, last) {
+			w.send(ctx, out, health.Observation{Progress: &health.Progress{Generations: idx}})
 			return idx, nil
 		}
 		first, last = false, floor

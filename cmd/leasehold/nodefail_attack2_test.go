@@ -1,0 +1,310 @@
+package main
+
+import (
+	"context"
+	"io"
+	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+)
+
+// TestAttack2NodeFailureAfterSerfHealthCreatedLateIsLost: the order of a
+// node's first catalog writes is a race in Consul. When a node joins, its
+// agent's anti-entropy registers the node, its services and their checks as
+// soon as it learns a server, while the leader creates serfHealth when the
+// member-join reaches it (gossip, then its reconcile queue). When the
+// executor's registration wins, serfHealth's CreateIndex is above the lease
+// check's, and 6ffb2c5's rule (serfHealth created before the lease check,
+// rewritten after it) never applies to that session: a later failure of the
+// node that heals is invisible in Consul to leasehold (health.Join) and to
+// the Registrar (APIAgent.Sessions) alike. The replica that saw serfHealth
+// critical answers LAPSED for ever; a replica started afterwards answers
+// CURRENT for min_consul_index of that LAPSED answer and routes the session;
+// the Registrar keeps heartbeating it.
+//
+// The catalog history is written through the catalog API: node-x's
+// registration first, then its serfHealth (passing), then a failure.
+func TestAttack2NodeFailureAfterSerfHealthCreatedLateIsLost(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("1")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	catalogSession(t, c, "node-x", "x", "s1", 1, 9001)   // the agent's sync wins the race
+	attackCatalogSerf(t, c, "node-x", api.HealthPassing) // the leader's handleAliveMember
+	attackCatalogSerf(t, c, "node-y", api.HealthPassing)
+	catalogSession(t, c, "node-y", "y", "y1", 1, 9101)
+
+	first := startServe(t, a)
+	fc1 := fencingClient(t, first.xds)
+	awaitState(t, fc1, "x", "s1", leaseholdv1.SessionState_CURRENT)
+	attackCatalogSerf(t, c, "node-x", api.HealthCritical) // node-x fails ...
+	lapsed := awaitState(t, fc1, "x", "s1", leaseholdv1.SessionState_LAPSED)
+	attackCatalogSerf(t, c, "node-x", api.HealthPassing) // ... and is back a few seconds later
+
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	ss, err := consul.NewAPIAgent(c).Sessions(ctx, "work", "x")
+	if err != nil || len(ss) != 1 {
+		t.Fatalf("sessions %+v, %v", ss, err)
+	}
+	registrar := ss[0]
+
+	second := startServe(t, a)
+	fc2 := fencingClient(t, second.xds)
+	req := &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: lapsed.ConsulIndex}
+	r, err := fc2.CheckSession(ctx, req)
+	for err == nil && r.State == leaseholdv1.SessionState_UNKNOWN && ctx.Err() == nil { // not read yet
+		time.Sleep(50 * time.Millisecond)
+		r, err = fc2.CheckSession(ctx, req)
+	}
+	if err != nil {
+		t.Fatal(err)
+	}
+	routed := edsEndpoints(t, second.xds).has("x", "s1")
+	t.Logf("replica 1: LAPSED at %d; replica 2: %s at %d (routed %v); the Registrar's fence check sees status %s, node failed %v",
+		lapsed.ConsulIndex, r.State, r.ConsulIndex, routed, registrar.Status, registrar.NodeFailed)
+	if r.State == leaseholdv1.SessionState_CURRENT || routed || (!registrar.NodeFailed && registrar.Status != health.StatusCritical) {
+		t.Fatalf("node-x failed and came back after s1 registered (serfHealth created after s1's lease check): replica 1 answers LAPSED for ever; "+
+			"replica 2 answers %s with min_consul_index %d and routes s1: %v; the Registrar's fence check sees node failed %v, status %s, so it keeps s1",
+			r.State, lapsed.ConsulIndex, routed, registrar.NodeFailed, registrar.Status)
+	}
+}
+
+// partitionProxy stands between a Registrar and its agent. While cut, every
+// request that the agent would forward to the servers fails (as during a
+// partition of the node: "No known Consul servers" / rpc error), while the
+// agent-local ones (heartbeats, local service reads) still work.
+type partitionProxy struct {
+	srv *httptest.Server
+	cut atomic.Bool
+}
+
+func newPartitionProxy(t *testing.T, a *consultest.Agent) *partitionProxy {
+	u, _ := url.Parse("http://" + a.HTTPAddr())
+	rp := httputil.NewSingleHostReverseProxy(u)
+	p := &partitionProxy{}
+	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if p.cut.Load() && !strings.HasPrefix(r.URL.Path, "/v1/agent/") {
+			http.Error(w, "rpc error making call: No known Consul servers", http.StatusInternalServerError)
+			return
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(p.srv.Close)
+	return p
+}
+
+// TestAttack2RegistrarKeepsASessionLeaseholdCallsLapsed is the same with a
+// real Registrar on a real agent: its node's serfHealth is (re-)created after
+// the session registered, as when the agent's sync wins the join race. The
+// node is then cut off for a few seconds (its agent still takes heartbeats,
+// but cannot reach the servers, so the fence check "cannot tell"), the
+// servers hold it failed meanwhile, and it comes back. leasehold answers
+// LAPSED for ever; the Registrar keeps the session: the executor is never
+// routed again and never re-registers.
+func TestAttack2RegistrarKeepsASessionLeaseholdCallsLapsed(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	node, _, err := c.Catalog().Node(a.Node, nil)
+	if err != nil || node == nil {
+		t.Fatalf("node %s: %v", a.Node, err)
+	}
+	setSerf := func(status string) {
+		t.Helper()
+		if _, err := c.Catalog().Register(&api.CatalogRegistration{Node: a.Node, Address: node.Node.Address, SkipNodeUpdate: true,
+			Check: &api.AgentCheck{Node: a.Node, CheckID: health.SerfHealthCheckID, Name: "Serf Health Status", Status: status}}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	// The node's serfHealth does not exist yet when the executor registers.
+	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: a.Node, CheckID: health.SerfHealthCheckID}, nil); err != nil {
+		t.Fatal(err)
+	}
+	proxy := newPartitionProxy(t, a)
+	pc, err := api.NewClient(&api.Config{Address: proxy.srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	const fenceEvery = 500 * time.Millisecond
+	reg, err := consul.NewRegistrar(consul.NewAPIAgent(pc), consul.Config{
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001, Version: "1.0.0", Capacity: 2,
+		Lease:      health.Lease{TTL: 2 * time.Second, Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute},
+		FenceCheck: fenceEvery, Load: func() int { return 0 }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { reg.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	s1, err := reg.WaitSession(wctx, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	setSerf(api.HealthPassing) // the leader registers the node's serfHealth
+
+	addrs := startServe(t, a)
+	fc := fencingClient(t, addrs.xds)
+	awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_CURRENT)
+
+	proxy.cut.Store(true)       // the node is cut off ...
+	setSerf(api.HealthCritical) // ... the servers hold it failed ...
+	awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_LAPSED)
+	time.Sleep(300 * time.Millisecond)
+	setSerf(api.HealthPassing) // ... it is back
+	proxy.cut.Store(false)
+
+	time.Sleep(6 * fenceEvery) // several fence checks, on a healed node
+	r, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cur := reg.Session(); cur == s1 && s1.Err() == nil && r.State == leaseholdv1.SessionState_LAPSED {
+		t.Fatalf("leasehold answers LAPSED for session %s (for ever: its node failed), but %s after the node came back the Registrar still holds it: "+
+			"the executor heartbeats a session that is never routed again and never takes a new one", s1.ID, 6*fenceEvery)
+	}
+}
+
+// TestAttack2NodeFailureAfterAnAgentRestartIsLost is the same without any
+// catalog writing: a real client agent, a real Registrar, a real node
+// failure. A graceful restart of the client agent (leave_on_terminate is on
+// by default for clients) deregisters the node; the agent re-syncs its
+// registrations at once; the Registrar sees its lease check re-created,
+// ends the session (LossNodeFailed) and registers a new one right away —
+// while the leader has not yet re-created the node's serfHealth (it does so
+// on the member-join, seconds later here). The new session's lease check is
+// then older than serfHealth, the blind spot of the index rule. The agent
+// then hangs for a while (SIGSTOP: a long GC pause of the VM, a partition):
+// the servers hold the node failed, leasehold answers the session LAPSED —
+// for ever. The agent comes back: serfHealth passing, heartbeats accepted,
+// and neither the Registrar (APIAgent.Sessions) nor a leasehold replica
+// started now can tell from Consul that the node failed. The Registrar keeps
+// the session; the replica that saw the failure never routes it again.
+func TestAttack2NodeFailureAfterAnAgentRestartIsLost(t *testing.T) {
+	srv := consultest.Start(t)
+	cl := consultest.Start(t, consultest.Options{JoinClientOf: srv, NodeName: "lh-attack2-restarted-client"})
+	sc := srv.Client()
+	// The Registrar's fence check runs every 200 ms here, to see the restart
+	// quickly; by default it runs once a lease (35 s), so it usually misses a
+	// failure of a few seconds. The proxy models that: the fence check cannot
+	// see Consul from the node's failure until it is back.
+	proxy := newPartitionProxy(t, cl)
+	pc, err := api.NewClient(&api.Config{Address: proxy.srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	reg, err := consul.NewRegistrar(consul.NewAPIAgent(pc), consul.Config{
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001, Version: "1.0.0", Capacity: 2,
+		Lease:      health.Lease{TTL: 40 * time.Second, Heartbeat: time.Second, DeregisterAfter: 10 * time.Minute},
+		FenceCheck: 200 * time.Millisecond, Load: func() int { return 0 }, Logger: slog.New(slog.NewTextHandler(testWriter{t, "registrar"}, nil)),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { reg.Run(ctx); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer wcancel()
+	if _, err := reg.WaitSession(wctx, nil); err != nil {
+		t.Fatal(err)
+	}
+	// indexes is (lease check CreateIndex of the current session, serfHealth CreateIndex).
+	indexes := func(sess string) (uint64, uint64) {
+		checks, _, err := sc.Health().Node(cl.Node, nil)
+		if err != nil {
+			return 0, 0
+		}
+		var l, s uint64
+		for _, c := range checks {
+			if _, id, _, ok := health.ParseCheckID(c.CheckID); ok && id == sess {
+				l = c.CreateIndex
+			}
+			if c.CheckID == health.SerfHealthCheckID {
+				s = c.CreateIndex
+			}
+		}
+		return l, s
+	}
+	var sess *consul.Session
+	for i := 0; i < 8 && sess == nil; i++ {
+		before := reg.Session()
+		cl.RestartKeepingState()
+		deadline := time.Now().Add(8 * time.Second)
+		for time.Now().Before(deadline) {
+			cur := reg.Session()
+			if l, s := indexes(cur.ID); cur != before && l != 0 && s != 0 {
+				t.Logf("restart %d: new session %s, lease check created %d, serfHealth created %d", i+1, cur.ID, l, s)
+				if l < s {
+					sess = cur
+				}
+				break
+			}
+			time.Sleep(100 * time.Millisecond)
+		}
+	}
+	if sess == nil {
+		t.Skip("the Registrar's new session never registered before the leader re-created serfHealth in 8 agent restarts")
+	}
+	addrs := startServe(t, srv)
+	fc := fencingClient(t, addrs.xds)
+	awaitState(t, fc, "x", sess.ID, leaseholdv1.SessionState_CURRENT)
+
+	proxy.cut.Store(true)
+	cl.Freeze() // the node hangs: the servers declare it failed
+	lapsed := awaitState(t, fc, "x", sess.ID, leaseholdv1.SessionState_LAPSED)
+	cl.Thaw()
+	consultest.WaitFor(t, 30*time.Second, "node alive again", func() bool {
+		checks, _, err := sc.Health().Node(cl.Node, nil)
+		if err != nil {
+			return false
+		}
+		for _, c := range checks {
+			if c.CheckID == health.SerfHealthCheckID {
+				return c.Status == api.HealthPassing
+			}
+		}
+		return false
+	})
+	proxy.cut.Store(false)
+	time.Sleep(5 * time.Second) // 25 fence checks on a healed node
+
+	second := startServe(t, srv)
+	fc2 := fencingClient(t, second.xds)
+	qctx, qcancel := context.WithTimeout(context.Background(), 20*time.Second)
+	defer qcancel()
+	req := &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: sess.ID, MinConsulIndex: lapsed.ConsulIndex}
+	r2, err := fc2.CheckSession(qctx, req)
+	for i := 0; i < 100 && err == nil && r2.State == leaseholdv1.SessionState_UNKNOWN; i++ { // not read yet
+		time.Sleep(50 * time.Millisecond)
+		r2, err = fc2.CheckSession(qctx, req)
+	}
+	t.Logf("replica 2: %v %v", r2, err)
+	r1, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: sess.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Logf("replica 1: %v", r1)
+	if cur := reg.Session(); cur == sess && sess.Err() == nil && r1.State == leaseholdv1.SessionState_LAPSED {
+		t.Fatalf("after a real node failure (agent frozen, declared failed, back): replica 1 answers LAPSED for ever, a replica started now answers %s (min_consul_index %d), "+
+			"and the Registrar still holds session %s and heartbeats it: the executor is never routed by replica 1 again", r2.State, lapsed.ConsulIndex, sess.ID)
+	}
+}
