@@ -38,7 +38,6 @@ func junkRegistration(t *testing.T, c *api.Client, generation uint64, passing bo
 	}
 }
 
-
 // TestAttack2GarbageRegistrationGenerationSupersedes: the same registration
 // with a passing lease check of its own makes the Registrar's fence check
 // report LossSuperseded and Run return ErrSuperseded: the executor process

@@ -11,7 +11,6 @@ import (
 	"testing"
 	"time"
 
-
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
@@ -93,4 +92,3 @@ func TestAttack2MinConsulIndexOfItsOwnAnswerReadsConsulEveryTime(t *testing.T) {
 			"(one of each per call): the cost of min_consul_index is not bounded by Consul's changes but by the dispatchers' result rate", calls, np, gen)
 	}
 }
-
