@@ -625,7 +625,11 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 			versions[resource.EndpointType][task] = g.claVersion[task]
 		}
 	}
-	snap := &cache.Snapshot{}
+	// The delta cache takes our per-resource content versions instead of
+	// marshalling and hashing every resource of the group on every change
+	// while a delta client is connected (ConstructVersionMap keeps a map
+	// that is already set).
+	snap := &cache.Snapshot{VersionMap: versions}
 	for _, typ := range []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route} {
 		url, _ := cache.GetResponseTypeURL(typ)
 		snap.Resources[typ] = cache.NewResources(typeVersion(versions[url]), res[typ])
