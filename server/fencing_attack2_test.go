@@ -2,48 +2,13 @@ package server
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"sync/atomic"
 	"testing"
 	"time"
 
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
-	"github.com/leasehold/leasehold/snapshot"
 )
-
-// attack2Replica is attackReplica that also hands back its observation
-// channel, for the replica's later Consul answers.
-func attack2Replica(t *testing.T, obs ...health.Observation) (*snapshot.Syncer, chan health.Observation) {
-	t.Helper()
-	ch := make(chan health.Observation, len(obs)+8)
-	s := snapshot.NewSyncer(snapshot.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AddDelay: time.Millisecond})
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { s.Run(ctx, ch); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	var want uint64
-	for _, o := range obs {
-		switch {
-		case o.NonPassing != nil:
-			want = max(want, o.NonPassing.Index)
-		case o.Generations != nil:
-			want = max(want, o.Generations.Index)
-		case o.Members != nil:
-			want = max(want, o.Members.Index)
-		}
-		ch <- o
-	}
-	deadline := time.Now().Add(5 * time.Second)
-	for v := s.View(); !v.Synced || v.ConsulIndex != want; v = s.View() {
-		if time.Now().After(deadline) {
-			t.Fatalf("replica never applied its observations: synced %v, index %d, want %d", v.Synced, v.ConsulIndex, want)
-		}
-		time.Sleep(5 * time.Millisecond)
-	}
-	return s, ch
-}
 
 // withIndexes sets the CreateIndex of m's lease check and its serfHealth's
 // CreateIndex/ModifyIndex, as a health/service read of Consul returns them.

@@ -29,7 +29,16 @@ func attackMember(task, inst, sess string, gen uint64, node string, port int, le
 // exactly the Consul answers that replica's watches have received so far.
 func attackReplica(t *testing.T, obs ...health.Observation) *snapshot.Syncer {
 	t.Helper()
-	ch := make(chan health.Observation, len(obs))
+	s, _ := attack2Replica(t, obs...)
+	return s
+}
+
+// attack2Replica is attackReplica that also hands back its observation
+// channel, for the replica's later Consul answers. It returns once the
+// replica has applied every observation (waiting on its views, no polling).
+func attack2Replica(t *testing.T, obs ...health.Observation) (*snapshot.Syncer, chan health.Observation) {
+	t.Helper()
+	ch := make(chan health.Observation, len(obs)+8)
 	s := snapshot.NewSyncer(snapshot.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AddDelay: time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -47,14 +56,15 @@ func attackReplica(t *testing.T, obs ...health.Observation) *snapshot.Syncer {
 		}
 		ch <- o
 	}
-	deadline := time.Now().Add(5 * time.Second)
+	deadline := time.After(5 * time.Second)
 	for v := s.View(); !v.Synced || v.ConsulIndex != want; v = s.View() {
-		if time.Now().After(deadline) {
+		select {
+		case <-v.Changed():
+		case <-deadline:
 			t.Fatalf("replica never applied its observations: synced %v, index %d, want %d", v.Synced, v.ConsulIndex, want)
 		}
-		time.Sleep(5 * time.Millisecond)
 	}
-	return s
+	return s, ch
 }
 
 // TestAttackMinConsulIndexIsTheMaxOfIndependentWatches: a view's Consul

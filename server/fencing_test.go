@@ -2,8 +2,6 @@ package server
 
 import (
 	"context"
-	"io"
-	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -17,25 +15,12 @@ import (
 // fencingSyncer runs a syncer holding one session x/s-x (generation 1) at
 // Consul index 11.
 func fencingSyncer(t *testing.T) (*snapshot.Syncer, chan health.Observation) {
-	obs := make(chan health.Observation, 16)
-	ctx, cancel := context.WithCancel(context.Background())
-	s := snapshot.NewSyncer(snapshot.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
-	done := make(chan struct{})
-	go func() { s.Run(ctx, obs); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	obs <- health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}}
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 2}}
-	obs <- health.Observation{Generations: &health.Generations{Index: 3, Floor: map[string]uint64{"x": 1}}}
-	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 11, Members: []health.Member{member("work", "x", 9001, "1.0.0")}}}
-	deadline := time.After(5 * time.Second)
-	for v := s.View(); v.ConsulIndex < 11 || !v.Synced; v = s.View() {
-		select {
-		case <-v.Changed():
-		case <-deadline:
-			t.Fatal("the syncer never read the fleet")
-		}
-	}
-	return s, obs
+	return attack2Replica(t,
+		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
+		health.Observation{NonPassing: &health.NonPassing{Index: 2}},
+		health.Observation{Generations: &health.Generations{Index: 3, Floor: map[string]uint64{"x": 1}}},
+		health.Observation{Members: &health.TaskMembers{Task: "work", Index: 11, Members: []health.Member{member("work", "x", 9001, "1.0.0")}}},
+	)
 }
 
 func checkX(t *testing.T, f *Fencing, min uint64, timeout time.Duration) *leaseholdv1.CheckSessionResponse {
