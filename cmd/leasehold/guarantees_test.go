@@ -123,6 +123,26 @@ func TestLiveExecutorSurvivesDeletedGenerationKeys(t *testing.T) {
 	}
 }
 
+// runRegistrar runs a Registrar through the agent client until the test
+// ends and returns it with its first session.
+func runRegistrar(t *testing.T, client *api.Client, cfg consul.Config) (*consul.Registrar, *consul.Session) {
+	t.Helper()
+	reg, err := consul.NewRegistrar(consul.NewAPIAgent(client), cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithCancel(context.Background())
+	go reg.Run(ctx)
+	t.Cleanup(func() { cancel(); <-reg.Done() })
+	wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer wcancel()
+	s1, err := reg.WaitSession(wctx, nil)
+	if err != nil {
+		t.Fatalf("%s never registered: %v", cfg.InstanceID, err)
+	}
+	return reg, s1
+}
+
 // TestNodeFailureIsAFinalLapse: an executor's Consul agent is frozen until
 // the servers declare its node failed, then resumed, shorter than the lease:
 // the session's own check is still passing, but leasehold never routes it
@@ -136,7 +156,7 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Cleanup(func() { lis.Close() })
-	reg, err := consul.NewRegistrar(consul.NewAPIAgent(node.Client()), consul.Config{
+	reg, s1 := runRegistrar(t, node.Client(), consul.Config{
 		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
 		Version: "1.0.0", Capacity: 2,
 		// A lease far longer than the freeze: only the node failure ends it.
@@ -145,18 +165,6 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 		Load:       func() int { return 0 },
 		Logger:     slog.New(slog.NewTextHandler(testWriter{t, "x"}, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	go reg.Run(ctx)
-	t.Cleanup(func() { cancel(); <-reg.Done() })
-	wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
-	defer wcancel()
-	s1, err := reg.WaitSession(wctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	addrs := startServe(t, server)
 	fc := fencingClient(t, addrs.xds)
 	awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_CURRENT)
@@ -186,6 +194,8 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 
 	// From here on the old session must never be CURRENT or routed again,
 	// whatever its check says; the Registrar takes a new session.
+	wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer wcancel()
 	s2, err := reg.WaitSession(wctx, s1)
 	if err != nil {
 		t.Fatalf("the Registrar did not come back under a new session: %v", err)

@@ -140,24 +140,11 @@ func TestAttack2RegistrarKeepsASessionLeaseholdCallsLapsed(t *testing.T) {
 		t.Fatal(err)
 	}
 	const fenceEvery = 500 * time.Millisecond
-	reg, err := consul.NewRegistrar(consul.NewAPIAgent(pc), consul.Config{
+	reg, s1 := runRegistrar(t, pc, consul.Config{
 		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001, Version: "1.0.0", Capacity: 2,
 		Lease:      health.Lease{TTL: 2 * time.Second, Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute},
 		FenceCheck: fenceEvery, Load: func() int { return 0 }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { reg.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer wcancel()
-	s1, err := reg.WaitSession(wctx, nil)
-	if err != nil {
-		t.Fatal(err)
-	}
 	setSerf(api.HealthPassing) // the leader registers the node's serfHealth
 
 	addrs := startServe(t, a)
@@ -210,23 +197,11 @@ func TestAttack2NodeFailureAfterAnAgentRestartIsLost(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	reg, err := consul.NewRegistrar(consul.NewAPIAgent(pc), consul.Config{
+	reg, _ := runRegistrar(t, pc, consul.Config{
 		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001, Version: "1.0.0", Capacity: 2,
 		Lease:      health.Lease{TTL: 40 * time.Second, Heartbeat: time.Second, DeregisterAfter: 10 * time.Minute},
 		FenceCheck: 200 * time.Millisecond, Load: func() int { return 0 }, Logger: slog.New(slog.NewTextHandler(testWriter{t, "registrar"}, nil)),
 	})
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { reg.Run(ctx); close(done) }()
-	t.Cleanup(func() { cancel(); <-done })
-	wctx, wcancel := context.WithTimeout(context.Background(), 10*time.Second)
-	defer wcancel()
-	if _, err := reg.WaitSession(wctx, nil); err != nil {
-		t.Fatal(err)
-	}
 	// indexes is (lease check CreateIndex of the current session, serfHealth CreateIndex).
 	indexes := func(sess string) (uint64, uint64) {
 		checks, _, err := sc.Health().Node(cl.Node, nil)
