@@ -202,34 +202,43 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 // and generation are valid (Orders): a newer generation fences older sessions
 // whatever else is wrong with it.
 func Fence(es []Executor, floor map[string]uint64) {
-	type newest struct {
+	byInstance := map[string][]*Executor{}
+	for i := range es {
+		byInstance[es[i].InstanceID] = append(byInstance[es[i].InstanceID], &es[i])
+	}
+	for inst, group := range byInstance {
+		FenceInstance(group, floor[inst])
+	}
+}
+
+// FenceInstance is Fence for the registrations of one instance (every one
+// Consul lists) and its generation in Consul KV (0: none): what a state
+// owner calls when only that instance changed.
+func FenceInstance(es []*Executor, floor uint64) {
+	var best struct {
 		gen     uint64
 		session string
 		create  uint64
 	}
-	best := map[string]newest{}
+	found := false
 	for _, e := range es {
 		if !e.Orders() {
 			continue
 		}
-		cand := newest{e.Generation, e.SessionID, e.CreateIndex}
-		cur, ok := best[e.InstanceID]
-		if !ok || newer(cand.gen, cand.create, cand.session, cur.gen, cur.create, cur.session) {
-			best[e.InstanceID] = cand
+		if !found || newer(e.Generation, e.CreateIndex, e.SessionID, best.gen, best.create, best.session) {
+			best.gen, best.session, best.create, found = e.Generation, e.SessionID, e.CreateIndex, true
 		}
 	}
-	for i := range es {
-		e := &es[i]
+	if floor > best.gen {
+		best.gen, best.session = floor, GoneSession
+	}
+	for _, e := range es {
 		e.Fenced, e.NewerSessionID, e.NewerGeneration = false, "", 0
 		if !e.Orders() {
 			continue
 		}
-		b := best[e.InstanceID]
-		if f := floor[e.InstanceID]; f > b.gen {
-			b = newest{gen: f, session: GoneSession}
-		}
-		if b.session != e.SessionID || b.gen != e.Generation {
-			e.Fenced, e.NewerSessionID, e.NewerGeneration = true, b.session, b.gen
+		if best.session != e.SessionID || best.gen != e.Generation {
+			e.Fenced, e.NewerSessionID, e.NewerGeneration = true, best.session, best.gen
 		}
 	}
 }

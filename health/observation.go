@@ -77,6 +77,31 @@ func NewNonPassingSet(np NonPassing) *NonPassingSet {
 	return s
 }
 
+// EachChange calls f with every check whose entry differs between prev and
+// s (added, removed or changed), and reports whether the index moved: a
+// member's join depends on the set only through the entries of its own
+// checks and, for a check its read saw non-passing, on the index.
+func (s *NonPassingSet) EachChange(prev *NonPassingSet, f func(node, checkID string)) (indexMoved bool) {
+	var cur, old map[checkKey]CheckState
+	if s != nil {
+		cur = s.checks
+	}
+	if prev != nil {
+		old = prev.checks
+	}
+	for k, c := range cur {
+		if o, ok := old[k]; !ok || o != c {
+			f(k.node, k.checkID)
+		}
+	}
+	for k := range old {
+		if _, ok := cur[k]; !ok {
+			f(k.node, k.checkID)
+		}
+	}
+	return s.Index() != prev.Index()
+}
+
 // current is the newest known state of c: the membership read or the
 // non-passing set, whichever observed it later. A check missing from the set
 // was passing at the set's index.

@@ -106,11 +106,24 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 	for k, st := range ix.sessions {
 		sort.Strings(st.Tasks)
 		ix.sessions[k] = st
-		if n, ok := ix.newest[st.InstanceID]; !ok || st.Generation > n.Generation {
+		if n, ok := ix.newest[st.InstanceID]; !ok || newerStatus(st, n) {
 			ix.newest[st.InstanceID] = st
 		}
 	}
 	return ix
+}
+
+// newerStatus orders two sessions of an instance the same on every replica,
+// whatever the map order: by generation, then the one Fence kept over the
+// other (equal generations only when the contract was broken), then by id.
+func newerStatus(a, b SessionStatus) bool {
+	if a.Generation != b.Generation {
+		return a.Generation > b.Generation
+	}
+	if (a.State == SessionStale) != (b.State == SessionStale) {
+		return b.State == SessionStale
+	}
+	return a.SessionID > b.SessionID
 }
 
 // Check answers for one session; ids must be valid (ValidateSessionQuery).

@@ -166,7 +166,7 @@ func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 		out.ConstraintSets = append(out.ConstraintSets, ConstraintSet{Key: d.Key(), VersionConstraint: d.VersionConstraint, Labels: d.Labels})
 		verdicts[i] = v.DecideAll(d)
 	}
-	for ei, e := range v.Executors {
+	for ei, e := range v.Executors() {
 		if task != "" && e.Task != task {
 			continue
 		}

@@ -17,11 +17,7 @@ func TestExplainShowsAddressExclusions(t *testing.T) {
 		e.Address = address
 		return e
 	}
-	v := &snapshot.View{
-		Executors: []health.Executor{ex("b", "127.0.0.1", 9001), ex("a", "127.0.0.1", 9001), ex("c", "127.0.0.1", 9002), ex("d", "exec-d.internal", 9003)},
-		Groups:    []health.Dispatcher{{}},
-		Control:   &snapshot.ControlState{},
-	}
+	v := snapshot.NewView([]health.Executor{ex("b", "127.0.0.1", 9001), ex("a", "127.0.0.1", 9001), ex("c", "127.0.0.1", 9002), ex("d", "exec-d.internal", 9003)})
 	want := map[string]string{"a": "", "b": string(health.ReasonDuplicateAddress), "c": "", "d": string(health.ReasonAddressNotIP)}
 	out := explainExecutors(v, "work")
 	if len(out.Executors) != len(want) {

@@ -44,7 +44,12 @@ func TestChurnDoesNotGrowMemory(t *testing.T) {
 		settle()
 		h.s.Subscribe(dispatcher(t, ">=9.9.9")) // a round trip through Run: its writes are visible
 		h.s.Unsubscribe(dispatcher(t, ">=9.9.9"))
-		return len(h.s.history), len(h.s.lastSeen), len(h.s.lapsed), len(h.s.badSeen), len(h.s.execPrint)
+		bad, prints = 0, 0
+		for _, ts := range h.s.fleet {
+			bad += len(ts.bad)
+			prints += len(ts.prints)
+		}
+		return h.s.history.len(), len(h.s.lastSeen), len(h.s.lapsed), bad, prints
 	}
 	heap := func() uint64 {
 		var m runtime.MemStats
@@ -89,7 +94,7 @@ func TestChurnDoesNotGrowMemory(t *testing.T) {
 	h.members("work", steady)
 	history, lastSeen, lapsed, bad, prints := sizes()
 	if history > 1 || lastSeen > 1 || lapsed > 0 || bad > 0 || prints > 1 {
-		t.Fatalf("after the retention: history %d, lastSeen %d, lapsed %d, badSeen %d, execPrint %d; want the one steady executor at most", history, lastSeen, lapsed, bad, prints)
+		t.Fatalf("after the retention: history %d, lastSeen %d, lapsed %d, bad %d, registrations %d; want the one steady executor at most", history, lastSeen, lapsed, bad, prints)
 	}
 	if after := heap(); after > before+4<<20 {
 		t.Fatalf("heap %d KiB after the churn, %d KiB before", after>>10, before>>10)

@@ -8,9 +8,6 @@ import (
 	"sort"
 	"time"
 
-	"go.opentelemetry.io/otel/attribute"
-	"go.opentelemetry.io/otel/trace"
-
 	"github.com/leasehold/leasehold/health"
 )
 
@@ -155,13 +152,26 @@ func (s *Syncer) auditCordons(old, cur []health.Cordon) {
 
 // applyControl sets the operators' cordons on the joined, fenced
 // executors (before fingerprints, so a cordon change rebuilds its tasks).
-func (s *Syncer) applyControl(ctx context.Context, all []health.Executor, span trace.Span) {
+func (s *Syncer) applyControl() {
 	c := &s.ctl
 	if len(c.cordons) == 0 && c.held == 0 {
-		c.cordonStatus = nil // executors are joined afresh: no cordon fields set
+		c.cordonStatus = nil // the executors were joined afresh when the last cordon went: no cordon fields set
 		return
 	}
+	// Cordons count matches and live executors per task type across the
+	// fleet, so while any is in force every registration is cordoned anew.
+	tasks := sortedTasks(s.members)
+	var all []health.Executor
+	for _, task := range tasks {
+		all = append(all, s.fleet[task].execs...)
+	}
 	c.cordonStatus = health.ApplyCordons(all, c.cordons, c.rollout)
+	for _, task := range tasks {
+		ts := s.fleet[task]
+		ts.own()
+		ts.markAll()
+		all = all[copy(ts.execs, all):]
+	}
 	held := 0
 	for _, st := range c.cordonStatus {
 		held += st.Held
@@ -170,9 +180,6 @@ func (s *Syncer) applyControl(ctx context.Context, all []health.Executor, span t
 		if held > 0 {
 			s.log.Warn("safety limit: cordons would take out more than the allowed fraction of a task's executors; the rest stay routed",
 				"held", held, "limit", c.rollout.Limit())
-			if span != nil {
-				span.AddEvent("cordons held by the safety limit", trace.WithAttributes(attribute.Int("leasehold.cordons.held", held)))
-			}
 		} else {
 			s.log.Info("safety limit: no cordon held any more")
 		}

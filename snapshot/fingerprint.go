@@ -86,3 +86,9 @@ func (p *taskPrint) add(x uint64) {
 	p.xor ^= x * 0x9e3779b97f4a7c15
 	p.n++
 }
+
+func (p *taskPrint) sub(x uint64) {
+	p.sum -= x
+	p.xor ^= x * 0x9e3779b97f4a7c15
+	p.n--
+}

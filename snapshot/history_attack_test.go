@@ -47,7 +47,7 @@ func (h *syncHarness) attackRoutes(inst, sess string) bool {
 	v := h.attackSettle()
 	d := dispatcher(h.t, "")
 	for i, vd := range v.DecideAll(d) {
-		if e := v.Executors[i]; e.InstanceID == inst && e.SessionID == sess && vd.Route == health.RouteHealthy {
+		if e := v.Executors()[i]; e.InstanceID == inst && e.SessionID == sess && vd.Route == health.RouteHealthy {
 			return true
 		}
 	}

@@ -5,7 +5,6 @@ import (
 	"crypto/sha256"
 	"encoding/hex"
 	"log/slog"
-	"slices"
 	"sort"
 	"strings"
 	"sync/atomic"
@@ -93,37 +92,38 @@ type Syncer struct {
 	view    atomic.Pointer[View]
 
 	// Owned by Run.
-	members     map[string]*health.TaskMembers
-	np          *health.NonPassingSet
-	haveNP      bool
-	tasks       []string           // task types Consul lists; nil until first read
-	synced      bool               // the whole fleet has been read once
-	unreachable bool               // Consul's last answer was an error
-	lapsed      map[[2]string]bool // instance, session seen with a critical lease or failed node
-	floor       map[string]uint64  // per instance: the generation in Consul KV (Generations)
-	haveGen     bool               // the generation keys have been read
-	genIndex    uint64
-	refreshed   uint64 // the latest refresh request the watch answered afresh
-	progressNP  uint64 // Progress seen in the current batch, published after it
-	progressGen uint64
-	progress    atomic.Pointer[[2]uint64] // non-passing, generations: current at these indexes
-	byTask      map[string][]health.Executor
-	printsBy    map[string][]uint64 // executorPrint of byTask's executors, aligned
-	taskPrint   map[string]taskPrint
-	badSeen     map[string]string
-	groups      map[string]*group
-	flushAt     time.Time
-	history     map[string][]health.PastSession // per instance, newest first, for sessions whose registrations are gone
-	lastSeen    map[string]time.Time            // per instance in history: when it last had a registration
-	prunedAt    time.Time                       // when absent instances were last pruned from history
-	batchStart  time.Time                       // when Consul's answer behind the current batch arrived
-	batchLapse  time.Time                       // batchStart, when the batch holds a new lapse
-	execPrint   map[string]uint64               // per registration, for added/changed/removed counts
-	listeners   []func(Publication)
-	historyGen  uint64 // bumped when history changes
-	pastList    []health.PastSession
-	pastGen     uint64
-	ctl         control
+	members        map[string]*health.TaskMembers
+	np             *health.NonPassingSet
+	haveNP         bool
+	tasks          []string           // task types Consul lists; nil until first read
+	synced         bool               // the whole fleet has been read once
+	unreachable    bool               // Consul's last answer was an error
+	lapsed         map[[2]string]bool // instance, session seen with a critical lease or failed node
+	floor          map[string]uint64  // per instance: the generation in Consul KV (Generations)
+	haveGen        bool               // the generation keys have been read
+	genIndex       uint64
+	refreshed      uint64 // the latest refresh request the watch answered afresh
+	progressNP     uint64 // Progress seen in the current batch, published after it
+	progressGen    uint64
+	progress       atomic.Pointer[[2]uint64] // non-passing, generations: current at these indexes
+	fleet          map[string]*taskState     // per task type: the registrations as decided (fleet.go)
+	printOf        map[string]taskPrint      // per task type: its executors' combined print when last decided
+	npJoined       *health.NonPassingSet     // the set the fleet state was joined with
+	floorGen       uint64                    // bumped when floor is replaced
+	floorJoined    map[string]uint64         // the floor the fleet state was fenced with
+	floorJoinedGen uint64
+	sessions       map[[2]string]int // instance, session: registrations present (valid metadata)
+	instances      map[string]int    // instance: registrations present (valid metadata)
+	fullBatches    bool              // tests: decide every registration on every batch
+	groups         map[string]*group
+	flushAt        time.Time
+	history        sessionHistory       // sessions seen, kept after their registrations are gone (history.go)
+	lastSeen       map[string]time.Time // per absent instance: when its last registration went
+	prunedAt       time.Time            // when absent instances were last pruned from history
+	batchStart     time.Time            // when Consul's answer behind the current batch arrived
+	batchLapse     time.Time            // batchStart, when the batch holds a new lapse
+	listeners      []func(Publication)
+	ctl            control
 	syncTelemetry
 }
 
@@ -162,13 +162,12 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 		members:   map[string]*health.TaskMembers{},
 		lapsed:    map[[2]string]bool{},
 		floor:     map[string]uint64{},
-		byTask:    map[string][]health.Executor{},
-		taskPrint: map[string]taskPrint{},
-		badSeen:   map[string]string{},
+		fleet:     map[string]*taskState{},
+		printOf:   map[string]taskPrint{},
+		sessions:  map[[2]string]int{},
+		instances: map[string]int{},
 		groups:    map[string]*group{},
-		history:   map[string][]health.PastSession{},
 		lastSeen:  map[string]time.Time{},
-		execPrint: map[string]uint64{},
 	}
 	s.view.Store(emptyView())
 	s.initTelemetry()
@@ -294,6 +293,7 @@ func (s *Syncer) apply(o health.Observation) bool {
 		if s.floor == nil {
 			s.floor = map[string]uint64{}
 		}
+		s.floorGen++
 		s.haveGen = true
 		s.genIndex = o.Generations.Index
 	case o.Rules != nil:
@@ -340,99 +340,8 @@ func (s *Syncer) Progress() (nonPassing, generations uint64) {
 // changed are rebuilt, and only changed load assignments are published.
 func (s *Syncer) recompute(ctx context.Context) {
 	started := time.Now()
-	var all []health.Executor
-	var lapses []health.Executor
-	present := map[[2]string]bool{}
-	badPresent := map[string]bool{}
-	for _, task := range sortedTasks(s.members) {
-		for _, m := range s.members[task].Members {
-			e := health.Join(m, s.np)
-			if e.Err != nil {
-				key := e.ServiceID + "@" + e.Node
-				badPresent[key] = true
-				if s.badSeen[key] != e.Err.Error() {
-					s.badSeen[key] = e.Err.Error()
-					s.badMeta.Add(ctx, 1)
-					s.log.Warn("bad registration metadata: excluded", "service_id", e.ServiceID, "node", e.Node, "err", e.Err)
-				}
-			} else {
-				// Session ids are only unique per instance by contract.
-				sk := [2]string{e.InstanceID, e.SessionID}
-				present[sk] = true
-				if !s.lapsed[sk] && s.lapsedBefore(e) {
-					s.lapsed[sk] = true // it reappeared: once lapsed, always lapsed
-				}
-				if (e.Lease == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
-					s.lapsed[sk] = true
-					lapses = append(lapses, e)
-					s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
-					s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task, "node_failed", e.NodeFailed)
-				}
-				e.LapseObserved = s.lapsed[sk]
-			}
-			all = append(all, e)
-		}
-	}
-	for sess := range s.lapsed { // gone: the history remembers it (lapsedBefore)
-		if !present[sess] {
-			delete(s.lapsed, sess)
-		}
-	}
-	for key := range s.badSeen {
-		if !badPresent[key] {
-			delete(s.badSeen, key)
-		}
-	}
-	health.Fence(all, s.floor)
-	s.applyControl(ctx, all, nil)
-	s.remember(all)
-	byTask := map[string][]health.Executor{}
-	printsBy := map[string][]uint64{}
-	prints := map[string]*taskPrint{}
-	execPrints := make([]uint64, len(all))
-	for i := range all {
-		e := &all[i]
-		x := executorPrint(e)
-		byTask[e.Task] = append(byTask[e.Task], *e)
-		printsBy[e.Task] = append(printsBy[e.Task], x)
-		p := prints[e.Task]
-		if p == nil {
-			p = &taskPrint{}
-			prints[e.Task] = p
-		}
-		p.add(x)
-		execPrints[i] = x
-	}
-	var changed []string
-	for task := range s.members {
-		fp := taskPrint{}
-		if p := prints[task]; p != nil {
-			fp = *p
-		}
-		if cur, ok := s.taskPrint[task]; !ok || cur != fp {
-			changed = append(changed, task)
-			s.taskPrint[task] = fp
-		}
-	}
-	for task := range s.taskPrint {
-		if _, ok := s.members[task]; !ok {
-			changed = append(changed, task)
-			delete(s.taskPrint, task)
-		}
-	}
-	if s.ctl.dirty { // rule modes changed: every task type is decided again
-		s.ctl.dirty = false
-		changed = changed[:0]
-		for task := range s.members {
-			changed = append(changed, task)
-		}
-		for task := range s.taskPrint {
-			if _, ok := s.members[task]; !ok {
-				changed = append(changed, task)
-			}
-		}
-	}
-	s.byTask, s.printsBy = byTask, printsBy
+	r := s.decideChanges(ctx)
+	changed, lapses := r.changed, r.lapses
 	decided := time.Now()
 
 	// One trace per change that matters: the root span covers the batch, its
@@ -440,7 +349,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 	traced := len(changed) > 0 || len(lapses) > 0
 	var root trace.Span
 	if traced {
-		diff := s.diffExecutors(all, execPrints)
+		diff := r.diff
 		ctx, root = s.tracer.Start(ctx, "leasehold.consul_change", trace.WithTimestamp(s.batchStart),
 			trace.WithAttributes(
 				attribute.Int64("consul.index", int64(s.consulIndex())),
@@ -455,7 +364,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 				attribute.String("leasehold.instance_id", e.InstanceID), attribute.String("leasehold.session_id", e.SessionID),
 				attribute.String("leasehold.task", e.Task)))
 		}
-		_, el := s.tracer.Start(ctx, "leasehold.eligibility", trace.WithTimestamp(started), trace.WithAttributes(attribute.Int("leasehold.executors", len(all))))
+		_, el := s.tracer.Start(ctx, "leasehold.eligibility", trace.WithTimestamp(started), trace.WithAttributes(attribute.Int("leasehold.executors", r.present)))
 		el.End(trace.WithTimestamp(decided))
 	}
 	if len(lapses) > 0 {
@@ -484,7 +393,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 			}
 		}
 		if s.synced {
-			s.log.Info("fleet read: serving", "tasks", len(s.tasks), "executors", len(all))
+			s.log.Info("fleet read: serving", "tasks", len(s.tasks), "executors", r.present)
 			for key, g := range s.groups { // waiting dispatchers get their first snapshot
 				s.publish(ctx, key, g)
 			}
@@ -503,7 +412,8 @@ func (s *Syncer) recompute(ctx context.Context) {
 // group dirty (urgent when an endpoint was removed or started draining).
 func (s *Syncer) rebuild(g *group, task string) {
 	old := g.loads[task]
-	if _, ok := s.members[task]; !ok {
+	ts := s.fleet[task]
+	if ts == nil {
 		delete(g.builders, task)
 		if old != nil {
 			delete(g.loads, task)
@@ -520,7 +430,7 @@ func (s *Syncer) rebuild(g *group, task string) {
 		b = &Builder{}
 		g.builders[task] = b
 	}
-	r := b.BuildPrinted(task, s.byTask[task], s.printsBy[task], g.d, s.observed(task, g.d)...)
+	r := b.BuildPrinted(task, ts.execs, ts.prints, g.d, s.observed(task, g.d)...)
 	cla, version := r.CLA, r.Version
 	for _, o := range r.Observed {
 		for _, x := range o.Exclusions {
@@ -529,7 +439,7 @@ func (s *Syncer) rebuild(g *group, task string) {
 		}
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		for _, d := range Decide(s.byTask[task], g.d, s.observed(task, g.d)...) {
+		for _, d := range Decide(ts.execs, g.d, s.observed(task, g.d)...) {
 			s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
 		}
 	}
@@ -702,133 +612,4 @@ func consistentSet(res map[types.ResponseType][]types.Resource) error {
 		es = append(es, r.(*endpointv3.ClusterLoadAssignment))
 	}
 	return Consistent(ls, rs, cs, es)
-}
-
-// Sessions remembered per instance after their registrations are gone, and
-// how many absent instances may be remembered at most.
-const (
-	historyPerInstance = 8
-	historyInstances   = 10000
-)
-
-// remember records every present session so that, once its registrations are
-// gone, the fencing API still answers STALE or LAPSED for it.
-func (s *Syncer) remember(all []health.Executor) {
-	present := map[string]bool{}
-	for _, e := range all {
-		if e.Err != nil {
-			continue
-		}
-		present[e.InstanceID] = true
-		h := s.history[e.InstanceID]
-		i := 0
-		for i < len(h) && h[i].SessionID != e.SessionID {
-			i++
-		}
-		lapsed := e.LapseObserved || e.Lease == health.StatusCritical || e.NodeFailed
-		if i < len(h) && (h[i].Lapsed || !lapsed) && contains(h[i].Tasks, e.Task) {
-			continue // nothing new about this session: the common case
-		}
-		s.historyGen++
-		if i == len(h) { // newest seen first, whatever its generation (they restart after Consul loses its KV)
-			h = append([]health.PastSession{{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version}}, h...)
-			i = 0
-		}
-		p := &h[i]
-		if lapsed {
-			p.Lapsed = true
-		}
-		if !contains(p.Tasks, e.Task) { // a new slice: Views hold the old one
-			tasks := append(append([]string(nil), p.Tasks...), e.Task)
-			sort.Strings(tasks)
-			p.Tasks = tasks
-		}
-		if len(h) > historyPerInstance { // forget the session seen longest ago, a lapsed one last
-			drop := len(h) - 1
-			for j := len(h) - 1; j > 0; j-- {
-				if !h[j].Lapsed {
-					drop = j
-					break
-				}
-			}
-			h = slices.Delete(h, drop, drop+1)
-		}
-		s.history[e.InstanceID] = h
-	}
-	now := s.cfg.Clock.Now()
-	for inst := range present {
-		s.lastSeen[inst] = now
-	}
-	s.pruneHistory(now, len(present))
-}
-
-// pruneHistory forgets instances gone for longer than HistoryRetention (at
-// most once a minute) and, past historyInstances absent instances, those gone
-// longest first: a churning fleet does not grow leasehold's memory.
-func (s *Syncer) pruneHistory(now time.Time, present int) {
-	over := len(s.history) - present - historyInstances
-	if over <= 0 && now.Sub(s.prunedAt) < time.Minute {
-		return
-	}
-	s.prunedAt = now
-	type gone struct {
-		inst   string
-		at     time.Time
-		lapsed bool // holds a lapsed session: evicted by count only after all others
-	}
-	var absent []gone
-	for inst, h := range s.history {
-		if at := s.lastSeen[inst]; !at.Equal(now) {
-			absent = append(absent, gone{inst, at, slices.ContainsFunc(h, func(p health.PastSession) bool { return p.Lapsed })})
-		}
-	}
-	sort.Slice(absent, func(i, j int) bool {
-		if absent[i].lapsed != absent[j].lapsed {
-			return !absent[i].lapsed
-		}
-		return absent[i].at.Before(absent[j].at)
-	})
-	for i, g := range absent {
-		if i >= over && now.Sub(g.at) < s.cfg.HistoryRetention {
-			continue
-		}
-		delete(s.history, g.inst)
-		delete(s.lastSeen, g.inst)
-		s.historyGen++
-	}
-}
-
-// lapsedBefore reports whether the history remembers e's session as lapsed:
-// its registrations went away after the lapse and came back (e.g. its agent
-// re-synced them after the catalog lost them).
-func (s *Syncer) lapsedBefore(e health.Executor) bool {
-	for _, p := range s.history[e.InstanceID] {
-		if p.SessionID == e.SessionID {
-			return p.Lapsed
-		}
-	}
-	return false
-}
-
-// past lists every remembered session; the list is rebuilt only when the
-// history changed.
-func (s *Syncer) past() []health.PastSession {
-	if s.pastGen == s.historyGen && s.pastList != nil {
-		return s.pastList
-	}
-	out := []health.PastSession{}
-	for _, h := range s.history {
-		out = append(out, h...)
-	}
-	s.pastList, s.pastGen = out, s.historyGen
-	return out
-}
-
-func contains(xs []string, x string) bool {
-	for _, y := range xs {
-		if y == x {
-			return true
-		}
-	}
-	return false
 }

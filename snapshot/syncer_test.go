@@ -316,7 +316,7 @@ func TestSyncerRuleModesObserveThenEnforce(t *testing.T) {
 	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 2 {
 		t.Fatalf("version observed: %v", got)
 	}
-	if v := h.s.View().Decide(h.s.View().Executors[1], d); v.Route != health.RouteHealthy || len(v.Observed) != 1 {
+	if v := h.s.View().Decide(h.s.View().Executors()[1], d); v.Route != health.RouteHealthy || len(v.Observed) != 1 {
 		t.Fatalf("the view's verdict under observe: %+v", v)
 	}
 	rules(`{"modes":[{"rule":"lease","mode":"observe"}]}`) // invalid: refused

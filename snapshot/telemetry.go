@@ -68,7 +68,7 @@ func (s *Syncer) initTelemetry() {
 			type key struct{ task, state, verdict string }
 			counts := map[key]int64{}
 			verdicts := v.DecideAll(health.Dispatcher{})
-			for i, e := range v.Executors {
+			for i, e := range v.Executors() {
 				verdict := verdicts[i]
 				reason := string(verdict.Reason)
 				if reason == "" {
@@ -88,7 +88,7 @@ func (s *Syncer) initTelemetry() {
 	m.Int64ObservableGauge("leasehold.capacity", metric.WithDescription("capacity of executors holding a valid lease, by task: kind=total or in_use (their load)"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			total, used := map[string]int64{}, map[string]int64{}
-			for _, e := range s.View().Executors {
+			for _, e := range s.View().Executors() {
 				switch health.Eligible(e, health.Dispatcher{}).Reason {
 				case health.ReasonNone, health.ReasonFull, health.ReasonDraining:
 					total[e.Task] += int64(e.Capacity)
@@ -111,32 +111,9 @@ func (s *Syncer) initTelemetry() {
 		}))
 }
 
+// execDiff counts registrations added, changed and removed by a batch (for
+// the change span).
 type execDiff struct{ added, changed, removed int }
-
-// diffExecutors counts registrations added, changed and removed since the
-// previous call (for the change span).
-func (s *Syncer) diffExecutors(all []health.Executor, prints []uint64) execDiff {
-	var d execDiff
-	next := make(map[string]uint64, len(all))
-	for i := range all {
-		next[all[i].Node+"/"+all[i].ServiceID] = prints[i]
-	}
-	for k, x := range next {
-		switch old, ok := s.execPrint[k]; {
-		case !ok:
-			d.added++
-		case old != x:
-			d.changed++
-		}
-	}
-	for k := range s.execPrint {
-		if _, ok := next[k]; !ok {
-			d.removed++
-		}
-	}
-	s.execPrint = next
-	return d
-}
 
 func (s *Syncer) consulIndex() uint64 {
 	index := max(s.np.Index(), s.genIndex)

@@ -1,6 +1,7 @@
 package snapshot
 
 import (
+	"slices"
 	"sort"
 	"sync"
 
@@ -14,7 +15,6 @@ import (
 // or LAPSED is in no snapshot.
 type View struct {
 	ConsulIndex uint64
-	Executors   []health.Executor   // by task, then as Consul listed them (node, service id)
 	Groups      []health.Dispatcher // constraint sets with streams, plus the unconstrained set
 	Synced      bool
 	Control     *ControlState // rule modes and cordons in force
@@ -27,16 +27,49 @@ type View struct {
 	// of any answer, which one watch alone can push ahead of the others.)
 	NonPassingIndex, GenerationsIndex uint64
 
-	past     []health.PastSession
+	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
+	flatOnce sync.Once
+	flat     []health.Executor
+	past     [][]health.PastSession // by history shard
 	once     sync.Once
 	sessions health.SessionIndex
 	changed  chan struct{}
 }
 
+// NewView is a view of a fixed set of executors, decided by nothing (for
+// tools that explain a given fleet).
+func NewView(executors []health.Executor) *View {
+	v := emptyView()
+	v.byTask = [][]health.Executor{executors}
+	return v
+}
+
+// Executors are the view's registrations (joined, fenced), by task type,
+// then as Consul listed them (node, service id). Built on first use: the
+// syncer keeps them per task type, and most views are replaced before anyone
+// asks. The slice is shared: do not modify it.
+func (v *View) Executors() []health.Executor {
+	v.flatOnce.Do(func() {
+		if len(v.byTask) == 1 {
+			v.flat = v.byTask[0]
+			return
+		}
+		n := 0
+		for _, es := range v.byTask {
+			n += len(es)
+		}
+		v.flat = make([]health.Executor, 0, n)
+		for _, es := range v.byTask {
+			v.flat = append(v.flat, es...)
+		}
+	})
+	return v.flat
+}
+
 // Sessions is the session index of this view, built on first use: most
 // views are replaced before anyone asks.
 func (v *View) Sessions() health.SessionIndex {
-	v.once.Do(func() { v.sessions = health.IndexSessions(v.Executors, v.past) })
+	v.once.Do(func() { v.sessions = health.IndexSessions(v.Executors(), slices.Concat(v.past...)) })
 	return v.sessions
 }
 
@@ -53,9 +86,12 @@ func emptyView() *View {
 // publishView replaces the view; called by Run only.
 func (s *Syncer) publishView() {
 	index := s.consulIndex()
-	var all []health.Executor
-	for _, task := range sortedTasks(s.members) {
-		all = append(all, s.byTask[task]...)
+	tasks := sortedTasks(s.members)
+	byTask := make([][]health.Executor, 0, len(tasks))
+	for _, task := range tasks {
+		if ts := s.fleet[task]; ts != nil {
+			byTask = append(byTask, ts.execs)
+		}
 	}
 	groups := []health.Dispatcher{{}}
 	keys := make([]string, 0, len(s.groups))
@@ -68,7 +104,7 @@ func (s *Syncer) publishView() {
 			groups = append(groups, s.groups[k].d)
 		}
 	}
-	v := &View{ConsulIndex: index, Executors: all, Groups: groups, past: s.past(), Synced: s.synced, Control: s.controlState(), Refreshed: s.refreshed,
+	v := &View{ConsulIndex: index, byTask: byTask, Groups: groups, past: s.history.lists(), Synced: s.synced, Control: s.controlState(), Refreshed: s.refreshed,
 		NonPassingIndex: s.np.Index(), GenerationsIndex: s.genIndex, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
@@ -88,10 +124,11 @@ func (v *View) Decide(e health.Executor, d health.Dispatcher) health.Verdict {
 // Executors) for constraint set d: what the xDS resources of this view were
 // built with, duplicate-address exclusions included.
 func (v *View) DecideAll(d health.Dispatcher) []health.Verdict {
-	vs := make([]health.Verdict, len(v.Executors))
-	for i, e := range v.Executors {
+	es := v.Executors()
+	vs := make([]health.Verdict, len(es))
+	for i, e := range es {
 		vs[i] = v.Decide(e, d)
 	}
-	health.ExcludeDuplicates(v.Executors, vs)
+	health.ExcludeDuplicates(es, vs)
 	return vs
 }

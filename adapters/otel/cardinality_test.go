@@ -68,7 +68,7 @@ func TestMetricSeriesStayBounded(t *testing.T) {
 	s.Subscribe(health.Dispatcher{})
 	wait := func(n int, index uint64) {
 		deadline := time.After(10 * time.Second)
-		for v := s.View(); len(v.Executors) != n || v.ConsulIndex != index; v = s.View() {
+		for v := s.View(); len(v.Executors()) != n || v.ConsulIndex != index; v = s.View() {
 			select {
 			case <-v.Changed():
 			case <-deadline:

@@ -1,0 +1,178 @@
+package snapshot
+
+import (
+	"hash/maphash"
+	"slices"
+	"sort"
+	"time"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Sessions remembered per instance after their registrations are gone, and
+// how many absent instances may be remembered at most.
+const (
+	historyPerInstance = 8
+	historyInstances   = 10000
+)
+
+// historyShards splits the history so that a change (a lapse, a new
+// session) lists again only the sessions of its shard for the next View,
+// not every session ever seen.
+const historyShards = 64
+
+// sessionHistory is, per instance, the sessions seen last (newest first),
+// kept after their registrations are gone so that the fencing API still
+// answers STALE or LAPSED for them.
+type sessionHistory struct {
+	shards [historyShards]historyShard
+	n      int // instances
+}
+
+type historyShard struct {
+	m       map[string][]health.PastSession
+	list    []health.PastSession // every session of m, for Views; nil: to be listed again
+	changed bool
+}
+
+var historySeed = maphash.MakeSeed()
+
+func (h *sessionHistory) shard(inst string) *historyShard {
+	return &h.shards[maphash.String(historySeed, inst)%historyShards]
+}
+
+func (h *sessionHistory) get(inst string) []health.PastSession { return h.shard(inst).m[inst] }
+
+func (h *sessionHistory) set(inst string, ps []health.PastSession) {
+	sh := h.shard(inst)
+	if sh.m == nil {
+		sh.m = map[string][]health.PastSession{}
+	}
+	if _, ok := sh.m[inst]; !ok {
+		h.n++
+	}
+	sh.m[inst], sh.list = ps, nil
+}
+
+func (h *sessionHistory) forget(inst string) {
+	sh := h.shard(inst)
+	if _, ok := sh.m[inst]; ok {
+		delete(sh.m, inst)
+		sh.list = nil
+		h.n--
+	}
+}
+
+func (h *sessionHistory) len() int { return h.n }
+
+// lists is every remembered session, by shard; only shards that changed are
+// listed again. Views hold the lists: they are never written once made.
+func (h *sessionHistory) lists() [][]health.PastSession {
+	out := make([][]health.PastSession, 0, historyShards)
+	for i := range h.shards {
+		sh := &h.shards[i]
+		if sh.list == nil {
+			sh.list = []health.PastSession{}
+			for _, ps := range sh.m {
+				sh.list = append(sh.list, ps...)
+			}
+		}
+		if len(sh.list) > 0 {
+			out = append(out, sh.list)
+		}
+	}
+	return out
+}
+
+// remember records a present session so that, once its registrations are
+// gone, the fencing API still answers STALE or LAPSED for it.
+func (s *Syncer) remember(e *health.Executor) {
+	if e.Err != nil {
+		return
+	}
+	h := s.history.get(e.InstanceID)
+	i := 0
+	for i < len(h) && h[i].SessionID != e.SessionID {
+		i++
+	}
+	lapsed := e.LapseObserved || e.Lease == health.StatusCritical || e.NodeFailed
+	if i < len(h) && (h[i].Lapsed || !lapsed) && slices.Contains(h[i].Tasks, e.Task) {
+		return // nothing new about this session: the common case
+	}
+	if i == len(h) { // newest seen first, whatever its generation (they restart after Consul loses its KV)
+		h = append([]health.PastSession{{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version}}, h...)
+		i = 0
+	}
+	p := &h[i]
+	if lapsed {
+		p.Lapsed = true
+	}
+	if !slices.Contains(p.Tasks, e.Task) {
+		tasks := append(append([]string(nil), p.Tasks...), e.Task)
+		sort.Strings(tasks)
+		p.Tasks = tasks
+	}
+	if len(h) > historyPerInstance { // forget the session seen longest ago, a lapsed one last
+		drop := len(h) - 1
+		for j := len(h) - 1; j > 0; j-- {
+			if !h[j].Lapsed {
+				drop = j
+				break
+			}
+		}
+		h = slices.Delete(h, drop, drop+1)
+	}
+	s.history.set(e.InstanceID, h)
+}
+
+// pruneHistory forgets instances gone for longer than HistoryRetention (at
+// most once a minute) and, past historyInstances absent instances, those gone
+// longest first: a churning fleet does not grow leasehold's memory.
+func (s *Syncer) pruneHistory(now time.Time, present int) {
+	over := s.history.len() - present - historyInstances
+	if over <= 0 && now.Sub(s.prunedAt) < time.Minute {
+		return
+	}
+	s.prunedAt = now
+	type gone struct {
+		inst   string
+		at     time.Time
+		lapsed bool // holds a lapsed session: evicted by count only after all others
+	}
+	var absent []gone
+	for i := range s.history.shards {
+		for inst, h := range s.history.shards[i].m {
+			if s.instances[inst] == 0 {
+				absent = append(absent, gone{inst, s.lastSeen[inst], slices.ContainsFunc(h, func(p health.PastSession) bool { return p.Lapsed })})
+			}
+		}
+	}
+	sort.Slice(absent, func(i, j int) bool {
+		if absent[i].lapsed != absent[j].lapsed {
+			return !absent[i].lapsed
+		}
+		if !absent[i].at.Equal(absent[j].at) {
+			return absent[i].at.Before(absent[j].at)
+		}
+		return absent[i].inst < absent[j].inst
+	})
+	for i, g := range absent {
+		if i >= over && now.Sub(g.at) < s.cfg.HistoryRetention {
+			continue
+		}
+		s.history.forget(g.inst)
+		delete(s.lastSeen, g.inst)
+	}
+}
+
+// lapsedBefore reports whether the history remembers e's session as lapsed:
+// its registrations went away after the lapse and came back (e.g. its agent
+// re-synced them after the catalog lost them).
+func (s *Syncer) lapsedBefore(e health.Executor) bool {
+	for _, p := range s.history.get(e.InstanceID) {
+		if p.SessionID == e.SessionID {
+			return p.Lapsed
+		}
+	}
+	return false
+}
