@@ -312,6 +312,7 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 	}
 	s.ctl.dirty = false
 	s.pruneHistory(s.cfg.Clock.Now(), len(s.instances))
+	s.indexSessions(tasks, instances)
 	sort.Strings(r.changed)
 	r.changed = slices.Compact(r.changed)
 	return r

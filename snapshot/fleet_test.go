@@ -187,7 +187,7 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 		case k < 19:
 			o.Contact = &health.Contact{OK: true, IndexWentBack: true}
 		default:
-			clock.Advance(time.Duration(r.IntN(90)) * time.Minute)
+			clock.Advance(time.Duration(r.IntN(12*60)) * time.Minute)
 			o.NonPassing = &health.NonPassing{Index: next(), Checks: nil}
 			for _, n := range nodes {
 				o.NonPassing.Checks = append(o.NonPassing.Checks, serf[n])
@@ -216,6 +216,13 @@ func sameDecisions(a, b *twinSyncer) error {
 			return fmt.Errorf("executor %d:\n%+v\nthe full batch:\n%+v", i, x, y)
 		}
 	}
+	// The per-instance session index against one built from the whole view
+	// (Run is idle after send's round trip: its history can be read).
+	var past []health.PastSession
+	for _, ps := range a.s.history.m {
+		past = append(past, ps...)
+	}
+	whole := health.IndexSessions(ea, past)
 	for i := range 12 {
 		for g := range 6 {
 			for _, sess := range []string{fmt.Sprintf("s%d", g), fmt.Sprintf("s%d", g+10)} {
@@ -223,6 +230,9 @@ func sameDecisions(a, b *twinSyncer) error {
 				x, y := va.Sessions().Check(inst, sess), vb.Sessions().Check(inst, sess)
 				if !reflect.DeepEqual(x, y) {
 					return fmt.Errorf("session %s/%s: %+v, the full batch %+v", inst, sess, x, y)
+				}
+				if w := whole.Check(inst, sess); !reflect.DeepEqual(x, w) {
+					return fmt.Errorf("session %s/%s: %+v, indexed whole %+v", inst, sess, x, w)
 				}
 			}
 		}

@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"hash/maphash"
 	"slices"
 	"sort"
 	"time"
@@ -16,72 +15,39 @@ const (
 	historyInstances   = 10000
 )
 
-// historyShards splits the history so that a change (a lapse, a new
-// session) lists again only the sessions of its shard for the next View,
-// not every session ever seen.
-const historyShards = 64
-
 // sessionHistory is, per instance, the sessions seen last (newest first),
 // kept after their registrations are gone so that the fencing API still
 // answers STALE or LAPSED for them.
 type sessionHistory struct {
-	shards [historyShards]historyShard
-	n      int // instances
-}
-
-type historyShard struct {
 	m       map[string][]health.PastSession
-	list    []health.PastSession // every session of m, for Views; nil: to be listed again
-	changed bool
+	touched map[string]struct{} // instances changed since the last drain
 }
 
-var historySeed = maphash.MakeSeed()
-
-func (h *sessionHistory) shard(inst string) *historyShard {
-	return &h.shards[maphash.String(historySeed, inst)%historyShards]
-}
-
-func (h *sessionHistory) get(inst string) []health.PastSession { return h.shard(inst).m[inst] }
+func (h *sessionHistory) get(inst string) []health.PastSession { return h.m[inst] }
 
 func (h *sessionHistory) set(inst string, ps []health.PastSession) {
-	sh := h.shard(inst)
-	if sh.m == nil {
-		sh.m = map[string][]health.PastSession{}
+	if h.m == nil {
+		h.m, h.touched = map[string][]health.PastSession{}, map[string]struct{}{}
 	}
-	if _, ok := sh.m[inst]; !ok {
-		h.n++
-	}
-	sh.m[inst], sh.list = ps, nil
+	h.m[inst] = ps
+	h.touched[inst] = struct{}{}
 }
 
 func (h *sessionHistory) forget(inst string) {
-	sh := h.shard(inst)
-	if _, ok := sh.m[inst]; ok {
-		delete(sh.m, inst)
-		sh.list = nil
-		h.n--
+	if _, ok := h.m[inst]; ok {
+		delete(h.m, inst)
+		h.touched[inst] = struct{}{}
 	}
 }
 
-func (h *sessionHistory) len() int { return h.n }
+func (h *sessionHistory) len() int { return len(h.m) }
 
-// lists is every remembered session, by shard; only shards that changed are
-// listed again. Views hold the lists: they are never written once made.
-func (h *sessionHistory) lists() [][]health.PastSession {
-	out := make([][]health.PastSession, 0, historyShards)
-	for i := range h.shards {
-		sh := &h.shards[i]
-		if sh.list == nil {
-			sh.list = []health.PastSession{}
-			for _, ps := range sh.m {
-				sh.list = append(sh.list, ps...)
-			}
-		}
-		if len(sh.list) > 0 {
-			out = append(out, sh.list)
-		}
+// drain calls f with every instance whose history changed since the last call.
+func (h *sessionHistory) drain(f func(inst string)) {
+	for inst := range h.touched {
+		f(inst)
+		delete(h.touched, inst)
 	}
-	return out
 }
 
 // remember records a present session so that, once its registrations are
@@ -140,11 +106,9 @@ func (s *Syncer) pruneHistory(now time.Time, present int) {
 		lapsed bool // holds a lapsed session: evicted by count only after all others
 	}
 	var absent []gone
-	for i := range s.history.shards {
-		for inst, h := range s.history.shards[i].m {
-			if s.instances[inst] == 0 {
-				absent = append(absent, gone{inst, s.lastSeen[inst], slices.ContainsFunc(h, func(p health.PastSession) bool { return p.Lapsed })})
-			}
+	for inst, h := range s.history.m {
+		if s.instances[inst] == 0 {
+			absent = append(absent, gone{inst, s.lastSeen[inst], slices.ContainsFunc(h, func(p health.PastSession) bool { return p.Lapsed })})
 		}
 	}
 	sort.Slice(absent, func(i, j int) bool {

@@ -118,6 +118,7 @@ type Syncer struct {
 	groups         map[string]*group
 	flushAt        time.Time
 	history        sessionHistory       // sessions seen, kept after their registrations are gone (history.go)
+	sessionIx      sessionIndex         // the fencing API's answers, per instance (sessions.go)
 	lastSeen       map[string]time.Time // per absent instance: when its last registration went
 	prunedAt       time.Time            // when absent instances were last pruned from history
 	batchStart     time.Time            // when Consul's answer behind the current batch arrived

@@ -1,7 +1,6 @@
 package snapshot
 
 import (
-	"slices"
 	"sort"
 	"sync"
 
@@ -30,9 +29,7 @@ type View struct {
 	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
 	flatOnce sync.Once
 	flat     []health.Executor
-	past     [][]health.PastSession // by history shard
-	once     sync.Once
-	sessions health.SessionIndex
+	sessions Sessions
 	changed  chan struct{}
 }
 
@@ -41,6 +38,7 @@ type View struct {
 func NewView(executors []health.Executor) *View {
 	v := emptyView()
 	v.byTask = [][]health.Executor{executors}
+	v.sessions = sessionsOf(executors)
 	return v
 }
 
@@ -66,12 +64,8 @@ func (v *View) Executors() []health.Executor {
 	return v.flat
 }
 
-// Sessions is the session index of this view, built on first use: most
-// views are replaced before anyone asks.
-func (v *View) Sessions() health.SessionIndex {
-	v.once.Do(func() { v.sessions = health.IndexSessions(v.Executors(), slices.Concat(v.past...)) })
-	return v.sessions
-}
+// Sessions answers the fencing API for this view.
+func (v *View) Sessions() Sessions { return v.sessions }
 
 // Changed is closed when a newer View replaces this one.
 func (v *View) Changed() <-chan struct{} { return v.changed }
@@ -104,7 +98,7 @@ func (s *Syncer) publishView() {
 			groups = append(groups, s.groups[k].d)
 		}
 	}
-	v := &View{ConsulIndex: index, byTask: byTask, Groups: groups, past: s.history.lists(), Synced: s.synced, Control: s.controlState(), Refreshed: s.refreshed,
+	v := &View{ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: s.refreshed,
 		NonPassingIndex: s.np.Index(), GenerationsIndex: s.genIndex, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
