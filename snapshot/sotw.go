@@ -3,11 +3,14 @@ package snapshot
 import (
 	"context"
 	"sort"
+	"strings"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -64,6 +67,7 @@ type sotwCache struct {
 }
 
 type groupState struct {
+	group    string
 	snap     *cache.Snapshot
 	versions map[string]map[string]string // type URL → name → content version
 	anys     *anyMemo
@@ -73,6 +77,9 @@ type groupState struct {
 // replica sends the same bytes) for every stream and group that sends it.
 type anyMemo struct {
 	byKey map[string]*anypb.Any // type URL, name, version
+	// Load assignments are encoded incrementally: one encoder per group and
+	// name, since each group's Builder keeps its own endpoint messages.
+	encoders map[string]*claEncoder
 }
 
 // marshalled returns the resource as an Any, marshalling it only the first
@@ -82,13 +89,29 @@ func (st *groupState) marshalled(typeURL, name, version string, r proto.Message)
 	if a, ok := st.anys.byKey[key]; ok {
 		return a
 	}
-	a := &anypb.Any{}
-	if err := anypb.MarshalFrom(a, r, proto.MarshalOptions{Deterministic: true}); err != nil {
+	var b []byte
+	var err error
+	if cla, ok := r.(*endpointv3.ClusterLoadAssignment); ok {
+		ek := st.group + "\x00" + name
+		enc := st.anys.encoders[ek]
+		if enc == nil {
+			enc = &claEncoder{}
+			st.anys.encoders[ek] = enc
+		}
+		b, err = enc.marshal(cla)
+	} else {
+		b, err = deterministic.Marshal(r)
+	}
+	if err != nil {
 		return nil // validated protos always marshal
 	}
+	// What anypb.MarshalFrom writes, without marshalling again.
+	a := &anypb.Any{TypeUrl: anyURLPrefix + string(r.ProtoReflect().Descriptor().FullName()), Value: b}
 	st.anys.byKey[key] = a
 	return a
 }
+
+const anyURLPrefix = "type.googleapis.com/"
 
 type sotwWatch struct {
 	req  *cache.Request
@@ -114,7 +137,7 @@ func (w sotwWatch) deliver(resp cache.Response) {
 }
 
 func newSotwCache(groupOf func(*corev3.Node) string) *sotwCache {
-	return &sotwCache{groupOf: groupOf, snaps: map[string]*groupState{}, watches: map[string]map[int64]sotwWatch{}, anys: anyMemo{byKey: map[string]*anypb.Any{}}}
+	return &sotwCache{groupOf: groupOf, snaps: map[string]*groupState{}, watches: map[string]map[int64]sotwWatch{}, anys: anyMemo{byKey: map[string]*anypb.Any{}, encoders: map[string]*claEncoder{}}}
 }
 
 func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
@@ -144,10 +167,11 @@ func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, out 
 }
 
 func (c *sotwCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string) {
-	st := &groupState{snap: snap, versions: versions, anys: &c.anys}
+	st := &groupState{group: group, snap: snap, versions: versions, anys: &c.anys}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	c.snaps[group] = st
+	c.forgetEncoders(group, versions[resource.EndpointType])
 	c.pruneAnys()
 	for id, w := range c.watches[group] {
 		if resp := st.respond(w.req, w.sub); resp != nil {
@@ -161,7 +185,19 @@ func (c *sotwCache) clear(group string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.snaps, group)
+	c.forgetEncoders(group, nil)
 	c.pruneAnys()
+}
+
+// forgetEncoders drops the encoders of group's load assignments that its
+// snapshot no longer has (all of them for versions nil); c.mu is held.
+func (c *sotwCache) forgetEncoders(group string, versions map[string]string) {
+	for k := range c.anys.encoders {
+		g, name, _ := strings.Cut(k, "\x00")
+		if _, ok := versions[name]; g == group && !ok {
+			delete(c.anys.encoders, k)
+		}
+	}
 }
 
 // pruneAnys forgets marshalled resources no group serves any more; c.mu is held.
