@@ -78,13 +78,26 @@ func (s *Syncer) remember(e *health.Executor) {
 		sort.Strings(tasks)
 		p.Tasks = tasks
 	}
-	if len(h) > historyPerInstance { // forget the session seen longest ago, a lapsed one last
-		drop := len(h) - 1
-		for j := len(h) - 1; j > 0; j-- {
+	// Forget the session seen longest ago, a lapsed one last, and never one
+	// still registered: its lapse lives on only here once its registrations
+	// go, and a syncer that remembers only what a batch touched would not
+	// put it back (the instance may hold more sessions than that for a while).
+	for len(h) > historyPerInstance {
+		drop := -1
+		for j := len(h) - 1; j >= 0; j-- {
+			if s.sessions[[2]string{e.InstanceID, h[j].SessionID}] > 0 {
+				continue
+			}
 			if !h[j].Lapsed {
 				drop = j
 				break
 			}
+			if drop < 0 {
+				drop = j
+			}
+		}
+		if drop < 0 {
+			break
 		}
 		h = slices.Delete(h, drop, drop+1)
 	}
