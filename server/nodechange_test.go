@@ -38,6 +38,8 @@ func TestNodeChangedOnALaterRequest(t *testing.T) {
 		{"labels dropped", "d1", map[string]any{"version_constraint": "<2.0.0"}, "node.metadata.labels"},
 		{"invalid metadata", "d1", map[string]any{"version_constraint": "<2.0.0", "labels": map[string]any{"a.b": "x"}}, "labels.a.b"},
 		{"node id", "d2", first, "node.id"},
+		{"endpoint metadata", "d1", map[string]any{"version_constraint": "<2.0.0", "labels": map[string]any{"zone": "eu-1"}, "endpoint_metadata": "none"}, "node.metadata.endpoint_metadata"},
+		{"endpoint metadata spelled out as the default", "d1", map[string]any{"version_constraint": "<2.0.0", "labels": map[string]any{"zone": "eu-1"}, "endpoint_metadata": "full"}, ""},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := startXDS(t)

@@ -55,15 +55,18 @@ type XDS struct {
 
 // StreamInfo describes one dispatcher stream for /debug/dispatchers.
 type StreamInfo struct {
-	Stream   int64                `json:"stream"`
-	NodeID   string               `json:"node_id"`
-	Group    string               `json:"constraint_set"`
-	Mode     string               `json:"mode"` // sotw or delta
-	Opened   time.Time            `json:"opened"`
-	AgeSec   float64              `json:"age_seconds"`
-	Types    map[string]*TypeInfo `json:"types"`
-	dispatch health.Dispatcher
-	node     *corev3.Node // the node of the latest request (x.mu held)
+	Stream int64  `json:"stream"`
+	NodeID string `json:"node_id"`
+	Group  string `json:"constraint_set"`
+	Mode   string `json:"mode"` // sotw or delta
+	// EndpointMetadata is what its endpoints carry (node metadata
+	// endpoint_metadata: full, session or none).
+	EndpointMetadata string               `json:"endpoint_metadata"`
+	Opened           time.Time            `json:"opened"`
+	AgeSec           float64              `json:"age_seconds"`
+	Types            map[string]*TypeInfo `json:"types"`
+	dispatch         health.Dispatcher
+	node             *corev3.Node // the node of the latest request (x.mu held)
 }
 
 // TypeInfo is the state of one resource type on a stream.
@@ -297,8 +300,9 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 		x.log.Warn("dispatcher refused: invalid node metadata", "node_id", node.GetId(), "err", err)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
+	form, _ := snapshot.EndpointMetadataOf(node) // valid: DispatcherOf checked it
 	x.subs.Subscribe(d)
-	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode, Opened: time.Now(), Types: map[string]*TypeInfo{}, dispatch: d, node: node}
+	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode, EndpointMetadata: string(form), Opened: time.Now(), Types: map[string]*TypeInfo{}, dispatch: d, node: node}
 	x.mu.Lock()
 	x.streams[id] = info
 	n := len(x.streams)
@@ -308,12 +312,13 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 }
 
 // sameNode ends a stream whose node changed after its first request
-// (InvalidArgument naming the field) unless its id and constraint set are
-// unchanged. It does not re-subscribe: the watches of the other types on the
-// stream were made under the first node's constraint set, so the stream
-// would be answered from two sets at once — or, for a set with no snapshot,
-// never. Envoy sends the same node on every request and grpc-go sends it
-// once, so only a client changing its mind meets this, and it reconnects.
+// (InvalidArgument naming the field) unless its id, constraint set and
+// endpoint metadata are unchanged. It does not re-subscribe: the watches of
+// the other types on the stream were made under the first node's constraint
+// set, so the stream would be answered from two sets at once — or, for a
+// set with no snapshot, never. Envoy sends the same node on every request
+// and grpc-go sends it once, so only a client changing its mind meets this,
+// and it reconnects.
 func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
 	if last != nil && proto.Equal(last, node) {
 		return nil
@@ -330,6 +335,11 @@ func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
 	if err != nil {
 		x.log.Warn("dispatcher stream ended: invalid node metadata on a later request", "node_id", info.NodeID, "stream", info.Stream, "err", err)
 		return status.Error(codes.InvalidArgument, err.Error())
+	}
+	if form, _ := snapshot.EndpointMetadataOf(node); string(form) != info.EndpointMetadata {
+		// The stream's watches are in its first form's cache group.
+		field := "node.metadata." + snapshot.NodeMetaEndpointMetadata
+		return refuse(field, "changed from %q to %q on a later request of the stream; a stream keeps the endpoint metadata of its first request: open a new stream", info.EndpointMetadata, form)
 	}
 	if d.Key() == info.Group {
 		return nil // other metadata changed, not the constraint set

@@ -35,6 +35,7 @@ type fixture struct {
 	addr  string
 	idx   uint64
 	creds credentials.TransportCredentials // dial's; nil: plaintext
+	xds   *XDS
 }
 
 // secureOpts turn the fixture's server into a TLS one with a policy.
@@ -72,7 +73,8 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 		opts = append(opts, grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor()))
 	}
 	g := grpc.NewServer(opts...)
-	NewXDS(ctx, syncer, log, XDSOptions{Policy: so.policy}).Register(g)
+	f.xds = NewXDS(ctx, syncer, log, XDSOptions{Policy: so.policy})
+	f.xds.Register(g)
 	leaseholdv1.RegisterFencingServer(g, NewFencing(syncer, time.Now))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -209,6 +211,8 @@ func TestInvalidNodeMetadataRefusedNamingTheField(t *testing.T) {
 		{map[string]any{"labels": "zone=eu"}, "labels"},
 		{map[string]any{"labels": map[string]any{"a.b": "x"}}, "labels.a.b"},
 		{map[string]any{"labels": map[string]any{"zone": 1.0}}, "labels.zone"},
+		{map[string]any{"endpoint_metadata": "compact"}, "node.metadata.endpoint_metadata"},
+		{map[string]any{"endpoint_metadata": true}, "node.metadata.endpoint_metadata"},
 	} {
 		a := f.ads(node("bad", tt.meta))
 		a.send(resource.ListenerType, "", "", "work")

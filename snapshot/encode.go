@@ -98,15 +98,7 @@ type shell struct{ before, after []byte }
 // shellOf marshals m without field num (every other field is shared, not
 // copied, and m is not modified).
 func shellOf(m proto.Message, num protoreflect.FieldNumber) (shell, error) {
-	src := m.ProtoReflect()
-	dst := src.New()
-	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
-		if fd.Number() != num {
-			dst.Set(fd, v)
-		}
-		return true
-	})
-	b, err := deterministic.Marshal(dst.Interface())
+	b, err := deterministic.Marshal(shallowWithout(m, num))
 	if err != nil {
 		return shell{}, err
 	}

@@ -41,8 +41,9 @@ func StampGrant(node *corev3.Node, tasks []string) {
 }
 
 // DispatcherOf reads a dispatcher's constraint set from its xDS node
-// metadata: version_constraint (string) and labels (map of strings). Errors
-// name the field.
+// metadata: version_constraint (string) and labels (map of strings); it also
+// checks endpoint_metadata (EndpointMetadataOf), which is not part of the
+// constraint set. Errors name the field.
 func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	fields := node.GetMetadata().GetFields()
 	var vc string
@@ -72,6 +73,9 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	if err != nil {
 		return health.Dispatcher{}, fmt.Errorf("node.metadata: %w", err)
 	}
+	if _, err := EndpointMetadataOf(node); err != nil {
+		return health.Dispatcher{}, err
+	}
 	if v, ok := fields[NodeMetaGrantedTasks]; ok {
 		var tasks []string
 		for _, t := range v.GetListValue().GetValues() {
@@ -85,13 +89,16 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	return d, nil
 }
 
-// GroupOf is the snapshot group of a node: dispatchers with equal constraint
-// sets share one. Invalid metadata maps to a group that never has a snapshot
-// (the server refuses such streams before they ask).
+// GroupOf is the cache group of a node: dispatchers with equal constraint
+// sets and endpoint metadata share one (a form other than full is derived
+// from the constraint set's snapshot by the cache). Invalid metadata maps
+// to a group that never has a snapshot (the server refuses such streams
+// before they ask).
 func GroupOf(node *corev3.Node) string {
 	d, err := DispatcherOf(node)
 	if err != nil {
 		return "invalid"
 	}
-	return d.Key()
+	f, _ := EndpointMetadataOf(node) // valid: DispatcherOf checked it
+	return formGroup(d.Key(), f)
 }

@@ -13,6 +13,7 @@ import (
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/flagx"
+	"github.com/leasehold/leasehold/snapshot"
 )
 
 // bootstrapConfig is an xDS bootstrap for gRPC clients (the gRFC A27 format,
@@ -68,8 +69,9 @@ func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
 }
 
 // newBootstrap builds a bootstrap for a dispatcher with the given
-// constraints, validated as leasehold will validate them.
-func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string, tlsFiles ...bootstrapTLS) ([]byte, error) {
+// constraints and endpoint metadata ("": the default, full), validated as
+// leasehold will validate them.
+func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata string, tlsFiles ...bootstrapTLS) ([]byte, error) {
 	var errs []string
 	var tf bootstrapTLS
 	if len(tlsFiles) > 0 {
@@ -93,10 +95,18 @@ func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]s
 		}
 		errs = append(errs, err.Error())
 	}
+	switch snapshot.EndpointMetadata(endpointMetadata) {
+	case "", snapshot.MetadataFull, snapshot.MetadataSession, snapshot.MetadataNone:
+	default:
+		errs = append(errs, fmt.Sprintf("invalid --endpoint-metadata %q: must be full, session or none", endpointMetadata))
+	}
 	if len(errs) > 0 {
 		return nil, errors.New(strings.Join(errs, "\n"))
 	}
 	meta := map[string]any{}
+	if endpointMetadata != "" {
+		meta[snapshot.NodeMetaEndpointMetadata] = endpointMetadata
+	}
 	if versionConstraint != "" {
 		meta[health.NodeMetaVersionConstraint] = versionConstraint
 	}
@@ -121,8 +131,8 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("leasehold bootstrap", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		xdsAddr, nodeID, constraint, out string
-		labels                           = flagx.Labels{}
+		xdsAddr, nodeID, constraint, out, endpointMeta string
+		labels                                         = flagx.Labels{}
 	)
 	defXDS := "127.0.0.1:18000"
 	if v := os.Getenv("LEASEHOLD_XDS_ADDR"); v != "" {
@@ -132,6 +142,7 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&nodeID, "node-id", "", "the dispatcher's xDS node id (required)")
 	fs.StringVar(&constraint, "version-constraint", "", "semver constraint executors must satisfy, e.g. \">=1.4.0, <2.0.0\"")
 	fs.Var(labels, "label", "label key=value executors must carry (repeatable)")
+	fs.StringVar(&endpointMeta, "endpoint-metadata", "", "what endpoints carry under filter_metadata.leasehold: full (instance_id, session_id, version; the default), session (session_id only) or none — less is fewer bytes per push")
 	var tf bootstrapTLS
 	fs.StringVar(&tf.CA, "tls-ca", "", "PEM CA bundle verifying leasehold's certificate (TLS on the xDS channel)")
 	fs.StringVar(&tf.Cert, "tls-cert", "", "PEM client certificate for mTLS (its URI/DNS SAN is the identity leasehold's --authz-policy grants)")
@@ -143,7 +154,7 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	b, err := newBootstrap(xdsAddr, nodeID, constraint, labels, tf)
+	b, err := newBootstrap(xdsAddr, nodeID, constraint, labels, endpointMeta, tf)
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold bootstrap: %v\n", err)
 		return 2

@@ -23,6 +23,13 @@ func TestBootstrapCommand(t *testing.T) {
 	if labels, _ := b.Node.Metadata["labels"].(map[string]any); labels["zone"] != "eu-1" {
 		t.Fatalf("labels %v", b.Node.Metadata)
 	}
+	out.Reset()
+	if code := run([]string{"bootstrap", "--node-id", "d1", "--endpoint-metadata", "none"}, &out, &errOut); code != 0 {
+		t.Fatalf("--endpoint-metadata none: exit %d: %s", code, errOut.String())
+	}
+	if err := json.Unmarshal(out.Bytes(), &b); err != nil || b.Node.Metadata["endpoint_metadata"] != "none" {
+		t.Fatalf("--endpoint-metadata none: %v, metadata %v", err, b.Node.Metadata)
+	}
 	for _, tt := range []struct {
 		args []string
 		flag string
@@ -31,6 +38,7 @@ func TestBootstrapCommand(t *testing.T) {
 		{[]string{"--node-id", "d", "--version-constraint", ">= banana"}, "--version-constraint"},
 		{[]string{"--node-id", "d", "--label", "a.b=c"}, "--label"},
 		{[]string{"--node-id", "d", "--xds-addr", "nowhere"}, "--xds-addr"},
+		{[]string{"--node-id", "d", "--endpoint-metadata", "compact"}, "--endpoint-metadata"},
 	} {
 		var o bytes.Buffer
 		if code := run(append([]string{"bootstrap"}, tt.args...), &o, &o); code != 2 || !strings.Contains(o.String(), tt.flag) {

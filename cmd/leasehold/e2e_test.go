@@ -105,7 +105,8 @@ func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any, 
 			labels[k], _ = v.(string)
 		}
 	}
-	bootstrap, err := newBootstrap(xdsAddr, nodeID, vc, labels, tlsFiles...)
+	form, _ := meta["endpoint_metadata"].(string)
+	bootstrap, err := newBootstrap(xdsAddr, nodeID, vc, labels, form, tlsFiles...)
 	if err != nil {
 		t.Fatal(err)
 	}
