@@ -320,7 +320,7 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 // and grpc-go sends it once, so only a client changing its mind meets this,
 // and it reconnects.
 func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
-	if last != nil && proto.Equal(last, node) {
+	if last != nil && sameDispatch(last, node) {
 		return nil
 	}
 	refuse := func(field, format string, args ...any) error {
@@ -352,6 +352,30 @@ func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
 		field += "." + health.NodeMetaLabels
 	}
 	return refuse(field, "the constraint set changed on a later request of the stream (from %q to %q); a stream keeps the constraint set of its first request: open a new stream", info.Group, d.Key())
+}
+
+// dispatchKeys are the node metadata keys that decide what a stream is
+// sent: its constraint set, its grant and its endpoint metadata.
+var dispatchKeys = []string{health.NodeMetaVersionConstraint, health.NodeMetaLabels, snapshot.NodeMetaGrantedTasks, snapshot.NodeMetaEndpointMetadata}
+
+// sameDispatch reports whether two nodes have the same id and the same
+// values under dispatchKeys, so the stream goes on as it is. It compares
+// nothing else: Envoy repeats its whole node on every request, and
+// comparing all of it (user agent, hundreds of extensions) on every ACK
+// cost more CPU than anything else leasehold does per ACK.
+func sameDispatch(a, b *corev3.Node) bool {
+	if a.GetId() != b.GetId() {
+		return false
+	}
+	fa, fb := a.GetMetadata().GetFields(), b.GetMetadata().GetFields()
+	for _, k := range dispatchKeys {
+		va, oka := fa[k]
+		vb, okb := fb[k]
+		if oka != okb || (oka && !proto.Equal(va, vb)) {
+			return false
+		}
+	}
+	return true
 }
 
 func (x *XDS) onClosed(id int64) {
