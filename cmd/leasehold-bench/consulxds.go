@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"strings"
 	"sync"
 	"time"
@@ -19,7 +20,7 @@ import (
 
 // The comparison: the same executors are also Connect services whose
 // sidecar's health follows the executor's lease (an alias check), and a
-// "dispatcher" proxy has task "work" as its upstream. A delta ADS client on
+// "dispatcher" proxy has every task type as an upstream. A delta ADS client on
 // Consul's gRPC port — Consul 1.13's xDS server speaks only delta — plays
 // that proxy and records when Consul's EDS stops offering a lapsed executor.
 //
@@ -56,10 +57,10 @@ func (b *bench) consulLapses() error {
 // followConsul registers the dispatcher proxy and follows its EDS until it
 // offers every executor still heartbeating.
 func (b *bench) followConsul() (*consulEDS, error) {
-	if err := registerDispatcherProxy(b.clients[0]); err != nil {
+	if err := registerDispatcherProxy(b.clients[0], b.fleet.tasks); err != nil {
 		return nil, fmt.Errorf("dispatcher proxy: %w", err)
 	}
-	c, err := followConsulEDS(b.ctx, fmt.Sprintf("127.0.0.1:%d", b.agent.Ports.GRPC))
+	c, err := followConsulEDS(b.ctx, fmt.Sprintf("127.0.0.1:%d", b.agent.Ports.GRPC), b.fleet.tasks)
 	if err != nil {
 		return nil, err
 	}
@@ -98,29 +99,34 @@ func connectFor(serviceID string, i int) *api.AgentServiceConnect {
 	}}
 }
 
-func registerDispatcherProxy(c *api.Client) error {
+func registerDispatcherProxy(c *api.Client, tasks []string) error {
+	var ups []api.Upstream
+	for k, t := range tasks {
+		ups = append(ups, api.Upstream{DestinationName: t, LocalBindPort: 39997 - k})
+	}
 	return c.Agent().ServiceRegister(&api.AgentServiceRegistration{
 		ID: dispatcherService, Name: dispatcherService, Port: 39999, Address: "127.0.0.1",
 		Connect: &api.AgentServiceConnect{SidecarService: &api.AgentServiceRegistration{
 			Port:   39998,
 			Checks: api.AgentServiceChecks{{Name: "alias", AliasService: dispatcherService}},
 			Proxy: &api.AgentServiceConnectProxyConfig{
-				Upstreams: []api.Upstream{{DestinationName: task, LocalBindPort: 39997}},
+				Upstreams: ups,
 			},
 		}},
 	})
 }
 
-// consulEDS follows Consul's own EDS for the upstream, as the dispatcher's
+// consulEDS follows Consul's own EDS for the upstreams, as the dispatcher's
 // sidecar would, ACKing every response.
 type consulEDS struct {
 	mu     sync.Mutex
-	ports  map[uint32]bool // sidecar ports currently offered
+	ports  map[uint32]bool            // sidecar ports currently offered, over every upstream
+	byRes  map[string]map[uint32]bool // per load assignment: a delta response carries only those that changed
 	gone   map[uint32]time.Time
 	notify chan struct{}
 }
 
-func followConsulEDS(ctx context.Context, grpcAddr string) (*consulEDS, error) {
+func followConsulEDS(ctx context.Context, grpcAddr string, tasks []string) (*consulEDS, error) {
 	conn, err := grpc.NewClient(grpcAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return nil, err
@@ -134,10 +140,10 @@ func followConsulEDS(ctx context.Context, grpcAddr string) (*consulEDS, error) {
 	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}); err != nil {
 		return nil, err
 	}
-	c := &consulEDS{ports: map[uint32]bool{}, gone: map[uint32]time.Time{}, notify: make(chan struct{}, 1)}
+	c := &consulEDS{ports: map[uint32]bool{}, byRes: map[string]map[uint32]bool{}, gone: map[uint32]time.Time{}, notify: make(chan struct{}, 1)}
 	ready := make(chan error, 1)
 	go func() {
-		subscribed := false
+		subscribed := map[string]bool{}
 		for {
 			r, err := s.Recv()
 			if err != nil {
@@ -152,17 +158,27 @@ func followConsulEDS(ctx context.Context, grpcAddr string) (*consulEDS, error) {
 			switch r.TypeUrl {
 			case resource.ClusterType:
 				for _, res := range r.Resources {
-					if strings.HasPrefix(res.Name, task+".") && !subscribed {
-						subscribed = true
-						s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{res.Name}})
+					for _, t := range tasks {
+						if strings.HasPrefix(res.Name, t+".") && !subscribed[res.Name] {
+							subscribed[res.Name] = true
+							s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{res.Name}})
+						}
 					}
 				}
 			case resource.EndpointType:
-				ports := map[uint32]bool{}
-				for _, res := range r.Resources {
-					sidecarPorts(res.GetResource().GetValue(), ports)
-				}
 				c.mu.Lock()
+				for _, res := range r.Resources {
+					p := map[uint32]bool{}
+					sidecarPorts(res.GetResource().GetValue(), p)
+					c.byRes[res.Name] = p
+				}
+				for _, name := range r.RemovedResources {
+					delete(c.byRes, name)
+				}
+				ports := map[uint32]bool{}
+				for _, p := range c.byRes {
+					maps.Copy(ports, p)
+				}
 				for p := range c.ports {
 					if !ports[p] {
 						if _, ok := c.gone[p]; !ok {

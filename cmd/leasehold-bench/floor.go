@@ -119,17 +119,20 @@ func (b *bench) floor() error {
 	defer p.stop()
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
-	ds, err := startDispatchers(ctx, p.addr, *dispatchers)
+	// Stream 0's task type's share of the streams: what each of leasehold's
+	// pushes went to (all of them with one task type).
+	b.res.floorStreams = (*dispatchers + len(b.fleet.tasks) - 1) / len(b.fleet.tasks)
+	ds, err := startDispatchers(ctx, p.addr, b.res.floorStreams, b.fleet.tasks[:1])
 	if err != nil {
 		return err
 	}
-	if err := ds.awaitAll(func(set map[string]bool) bool { return len(set) == plan.base }, 60*time.Second); err != nil {
+	if err := ds.awaitAll(func(_ string, set map[string]bool) bool { return len(set) == plan.base }, 60*time.Second); err != nil {
 		return fmt.Errorf("floor: streams never had the starting state: %w", err)
 	}
 	if b.res.floor, err = plan.replay(p, ds); err != nil {
 		return err
 	}
-	logf("floor: %d of leasehold's responses (removing %d endpoints) replayed by a bare ADS server to %d streams: %s", len(b.res.floor), plan.gone, *dispatchers, dist(b.res.floor))
+	logf("floor: %d of leasehold's responses (removing %d endpoints) replayed by a bare ADS server to %d streams: %s", len(b.res.floor), plan.gone, b.res.floorStreams, dist(b.res.floor))
 	return nil
 }
 
@@ -142,7 +145,7 @@ func (plan floorPlan) replay(p *floorProc, ds *dispatcherSet) ([]time.Duration, 
 		if err != nil {
 			return nil, fmt.Errorf("floor push %d: %w", k, err)
 		}
-		if err := ds.awaitAll(func(set map[string]bool) bool { return !set[host] }, 30*time.Second); err != nil {
+		if err := ds.awaitAll(func(_ string, set map[string]bool) bool { return !set[host] }, 30*time.Second); err != nil {
 			return nil, fmt.Errorf("floor push %d: %w", k, err)
 		}
 		lat = append(lat, ds.goneFromAll(host).Sub(at))

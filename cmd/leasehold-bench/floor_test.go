@@ -18,6 +18,9 @@ import (
 	"github.com/leasehold/leasehold/snapshot"
 )
 
+// task is the task type of a one-task-type run.
+var task = taskNames(1)[0]
+
 // response is a SotW EDS response listing the given instances.
 func response(t *testing.T, version string, ids ...string) *discovery.DiscoveryResponse {
 	t.Helper()
@@ -92,16 +95,16 @@ func TestFloorServerWithLightClients(t *testing.T) {
 	defer g.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ds, err := startDispatchers(ctx, lis.Addr().String(), 5)
+	ds, err := startDispatchers(ctx, lis.Addr().String(), 5, []string{task})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := ds.awaitAll(func(set map[string]bool) bool { return len(set) == plan.base }, 10*time.Second); err != nil {
+	if err := ds.awaitAll(func(_ string, set map[string]bool) bool { return len(set) == plan.base }, 10*time.Second); err != nil {
 		t.Fatal("starting state:", err)
 	}
 	for _, host := range plan.removed {
 		at := fs.push()
-		if err := ds.awaitAll(func(set map[string]bool) bool { return !set[host] }, 10*time.Second); err != nil {
+		if err := ds.awaitAll(func(_ string, set map[string]bool) bool { return !set[host] }, 10*time.Second); err != nil {
 			t.Fatalf("push removing %s: %v", host, err)
 		}
 		if d := ds.goneFromAll(host).Sub(at); d < 0 || d > 10*time.Second {

@@ -80,17 +80,19 @@ func runGRPCChild(target string) int {
 	}
 }
 
-// grpcClients are the real grpc-go dispatchers, each a child process.
+// grpcClients are the real grpc-go dispatchers, each a child process;
+// child i dials xds:///tasks[i % len(tasks)].
 type grpcClients struct {
 	mu      sync.Mutex
 	notify  chan struct{}
+	tasks   []string          // per child: the task type it dials
 	current []map[string]bool // per child: hosts its EDS holds
 	goneAt  []map[string]time.Time
 	procs   []*exec.Cmd
 	stdins  []interface{ Close() error }
 }
 
-func startGRPCClients(xdsAddr string, n int) (*grpcClients, error) {
+func startGRPCClients(xdsAddr string, n int, tasks []string) (*grpcClients, error) {
 	g := &grpcClients{notify: make(chan struct{}, 1)}
 	self, err := os.Executable()
 	if err != nil {
@@ -99,6 +101,7 @@ func startGRPCClients(xdsAddr string, n int) (*grpcClients, error) {
 	for i := range n {
 		boot := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":"bench-grpc-%d"}}`, xdsAddr, i)
 		cmd := exec.Command(self)
+		task := tasks[i%len(tasks)]
 		cmd.Env = append(os.Environ(), grpcChildEnv+"=xds:///"+task, "GRPC_XDS_BOOTSTRAP_CONFIG="+boot)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
@@ -112,7 +115,7 @@ func startGRPCClients(xdsAddr string, n int) (*grpcClients, error) {
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
-		g.procs, g.stdins = append(g.procs, cmd), append(g.stdins, in)
+		g.procs, g.stdins, g.tasks = append(g.procs, cmd), append(g.stdins, in), append(g.tasks, task)
 		g.current = append(g.current, map[string]bool{})
 		g.goneAt = append(g.goneAt, map[string]time.Time{})
 		go func(i int) {
@@ -145,11 +148,12 @@ func startGRPCClients(xdsAddr string, n int) (*grpcClients, error) {
 	return g, nil
 }
 
-// awaitAll waits until cond holds for every child's hosts.
-func (g *grpcClients) awaitAll(cond func(map[string]bool) bool, timeout time.Duration) error {
+// awaitAll waits until cond holds for every child's hosts (given the task
+// type it dials).
+func (g *grpcClients) awaitAll(cond func(task string, set map[string]bool) bool, timeout time.Duration) error {
 	return awaitNotified(&g.mu, g.notify, timeout, func() bool {
-		for _, c := range g.current {
-			if !cond(c) {
+		for i, c := range g.current {
+			if !cond(g.tasks[i], c) {
 				return false
 			}
 		}

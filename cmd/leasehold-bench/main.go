@@ -1,11 +1,13 @@
 // Command leasehold-bench measures leasehold on loopback with real parts: a
-// Consul dev agent, real registrations with TTL checks heartbeated by the
-// harness, `leasehold serve` as a separate process, and lightweight ADS
-// dispatchers that ACK like real clients. After leasehold's phase it replays
-// leasehold's own responses from a bare ADS server to as many streams (the
-// floor, floor.go), then measures as many lapses through Consul's own xDS
-// (consulxds.go); phases.go runs the phases. It writes its results into
-// BENCHMARKS.md between the bench:start and bench:end markers.
+// Consul dev agent (and client agents), real registrations with TTL checks
+// heartbeated by the harness (fleet.go), `leasehold serve` as a separate
+// process, and lightweight ADS dispatchers that ACK like real clients. After
+// leasehold's phase it replays leasehold's own responses from a bare ADS
+// server to as many streams (the floor, floor.go), with --flapping measures
+// lapses while unrelated services' checks flap (flapping.go; usage.go reads
+// CPU and leasehold's Consul queries), then measures as many lapses through
+// Consul's own xDS (consulxds.go); phases.go runs the phases. It writes its
+// results into BENCHMARKS.md between the bench:start and bench:end markers.
 package main
 
 import (
@@ -24,28 +26,29 @@ import (
 	"strconv"
 	"strings"
 	"sync"
-	"sync/atomic"
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"github.com/hashicorp/consul/api"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protowire"
-
-	"github.com/leasehold/leasehold/health"
 )
 
 var (
 	leaseholdBin = flag.String("leasehold", "bin/leasehold", "leasehold binary")
-	executors    = flag.Int("executors", 500, "registered executors (one task type)")
-	dispatchers  = flag.Int("dispatchers", 100, "ADS dispatcher streams")
+	executors    = flag.Int("executors", 500, "registered executors, spread evenly over --tasks task types")
+	dispatchers  = flag.Int("dispatchers", 100, "ADS dispatcher streams, spread evenly over --tasks task types")
+	tasks        = flag.Int("tasks", 1, "task types the executors and streams are spread over (1: task type \"work\"; more: work-0, work-1, …)")
 	lapses       = flag.Int("lapses", 50, "lapses to measure (in leasehold's phase, and as many in Consul's xDS phase)")
 	fanouts      = flag.Int("fanouts", 10, "single changes to measure fan-out with")
-	lease        = flag.Duration("lease", 10*time.Second, "executor lease (TTL)")
-	heartbeat    = flag.Duration("heartbeat", 3*time.Second, "heartbeat interval")
+	lease        = flag.Duration("lease", 10*time.Second, "executor lease (TTL); with --bulk-lease, only of the executors the run lapses or deregisters")
+	heartbeat    = flag.Duration("heartbeat", 3*time.Second, "heartbeat interval of the --lease executors")
+	bulkLease    = flag.Duration("bulk-lease", 0, "lease of every executor the run never lapses nor deregisters, heartbeated a third of it apart at an even pace (0: they hold --lease too); e.g. 10m for 10,000 executors, whose short leases would saturate 2 cores")
+	flapping     = flag.Int("flapping", 0, "a busy datacenter: register this many other services (not leasehold's) whose TTL checks flap, and measure lapse → stop, Consul and leasehold while they flap against the same without (0: no such phase)")
+	flapRate     = flag.Float64("flap-rate", 100, "with --flapping: check status changes per second, over all flapping services")
+	consulProbe  = flag.Bool("consul-probe", false, "follow every task type's non-passing executors with a blocking query of the harness's own (/v1/health/service/<task>, always on with --flapping), to split lapse → stop into Consul's part and leasehold's")
 	idle         = flag.Duration("idle", 20*time.Second, "idle period over which Consul load is measured")
 	write        = flag.String("write", "BENCHMARKS.md", "file to write the results into (empty: stdout only)")
 	profile      = flag.String("profile", "", "write a CPU profile of leasehold serve during the lapses to this file")
@@ -53,8 +56,6 @@ var (
 	agents       = flag.Int("agents", 1, "Consul agents holding the executors (the dev server plus client agents joined to it): one agent on 2 cores cannot keep ~10,000 TTL checks")
 	grpcN        = flag.Int("grpc-clients", 3, "real grpc-go xds:/// dispatchers (child processes) measured next to the light ones")
 )
-
-const task = "work"
 
 func main() {
 	if target := os.Getenv(grpcChildEnv); target != "" {
@@ -72,103 +73,6 @@ func main() {
 
 func logf(format string, args ...any) {
 	fmt.Printf(time.Now().Format("15:04:05 ")+format+"\n", args...)
-}
-
-// fleet is the simulated executors: real registrations, real TTL checks.
-type fleet struct {
-	agents     []*api.Client // executor i registers through agents[i % len]
-	ids        []string
-	session    string
-	lastAck    []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
-	stopped    []atomic.Bool
-	registered []atomic.Bool
-}
-
-func newFleet(agents []*api.Client, n int) *fleet {
-	f := &fleet{agents: agents, session: "bench", lastAck: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n)}
-	for i := range n {
-		f.ids = append(f.ids, fmt.Sprintf("x%05d", i))
-	}
-	return f
-}
-
-func (f *fleet) registerAll() error {
-	return parallel(len(f.ids), 16, func(i int) error {
-		r := health.Registration{InstanceID: f.ids[i], SessionID: f.session, Generation: 1, Task: task,
-			Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8, State: health.StateActive}
-		sent := time.Now()
-		reg := &api.AgentServiceRegistration{
-			ID: health.ServiceID(r.InstanceID, task), Name: task, Tags: []string{health.DefaultTag},
-			Address: r.Address, Port: r.Port, Meta: r.Meta(),
-			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, f.session, task), TTL: lease.String(), Status: "passing", DeregisterCriticalServiceAfter: "10m"}},
-		}
-		if *compare {
-			reg.Connect = connectFor(reg.ID, i)
-		}
-		err := f.agent(i).ServiceRegisterOpts(reg, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
-		f.lastAck[i].Store(sent.UnixNano())
-		f.registered[i].Store(err == nil)
-		return err
-	})
-}
-
-func (f *fleet) heartbeatAll(ctx context.Context) {
-	t := time.NewTicker(*heartbeat)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		parallel(len(f.ids), 32, func(i int) error {
-			if f.stopped[i].Load() || !f.registered[i].Load() {
-				return nil
-			}
-			sent := time.Now()
-			if err := f.agent(i).UpdateTTL(health.CheckID(f.ids[i], f.session, task), "load=1", "pass"); err == nil && !f.stopped[i].Load() {
-				f.lastAck[i].Store(sent.UnixNano())
-			}
-			return nil
-		})
-	}
-}
-
-// agent is the agent executor i registered through.
-func (f *fleet) agent(i int) *api.Agent { return f.agents[i%len(f.agents)].Agent() }
-
-// stop ends executor i's heartbeats and returns its lease's expiry instant.
-func (f *fleet) stop(i int) time.Time {
-	f.stopped[i].Store(true)
-	return time.Unix(0, f.lastAck[i].Load()).Add(*lease)
-}
-
-func (f *fleet) stopHeartbeat(i int) { f.stopped[i].Store(true) }
-
-func parallel(n, workers int, fn func(int) error) error {
-	var wg sync.WaitGroup
-	var firstErr atomic.Value
-	next := atomic.Int64{}
-	for range workers {
-		wg.Add(1)
-		go func() {
-			defer wg.Done()
-			for {
-				i := int(next.Add(1) - 1)
-				if i >= n {
-					return
-				}
-				if err := fn(i); err != nil {
-					firstErr.CompareAndSwap(nil, err)
-				}
-			}
-		}()
-	}
-	wg.Wait()
-	if err, ok := firstErr.Load().(error); ok {
-		return err
-	}
-	return nil
 }
 
 // served is a running `leasehold serve`.
@@ -233,16 +137,7 @@ func (s *served) stop() {
 }
 
 // cpu is the process's user+system CPU time so far.
-func (s *served) cpu() time.Duration {
-	b, err := os.ReadFile(fmt.Sprintf("/proc/%d/stat", s.cmd.Process.Pid))
-	if err != nil {
-		return 0
-	}
-	f := strings.Fields(string(b[strings.LastIndexByte(string(b), ')')+2:]))
-	utime, _ := strconv.ParseInt(f[11], 10, 64) // fields 14 and 15 of stat, after pid and comm
-	stime, _ := strconv.ParseInt(f[12], 10, 64)
-	return time.Duration(utime+stime) * time.Second / 100 // USER_HZ
-}
+func (s *served) cpu() time.Duration { return procCPU(s.cmd.Process.Pid) }
 
 // heap is the Go heap in use after a forced GC, in KB (from the admin
 // port's pprof endpoint).
@@ -315,9 +210,11 @@ func (s *served) consulRequests() (float64, error) {
 	return s.metric("leasehold_consul_requests_total")
 }
 
-// dispatcherSet is M lightweight ADS clients that ACK every response.
+// dispatcherSet is M lightweight ADS clients that ACK every response;
+// client i follows task type tasks[i % len(tasks)].
 type dispatcherSet struct {
 	mu      sync.Mutex
+	tasks   []string               // the task type each client follows
 	sets    []map[string]bool      // latest endpoints per client
 	changed []time.Time            // when each client's set last changed
 	gone    []map[string]time.Time // per client: when each endpoint left its set
@@ -330,10 +227,11 @@ type dispatcherSet struct {
 	capturing bool
 }
 
-func startDispatchers(ctx context.Context, addr string, m int) (*dispatcherSet, error) {
-	ds := &dispatcherSet{sets: make([]map[string]bool, m), changed: make([]time.Time, m), gone: make([]map[string]time.Time, m), notify: make(chan struct{}, 1)}
+func startDispatchers(ctx context.Context, addr string, m int, tasks []string) (*dispatcherSet, error) {
+	ds := &dispatcherSet{tasks: make([]string, m), sets: make([]map[string]bool, m), changed: make([]time.Time, m), gone: make([]map[string]time.Time, m), notify: make(chan struct{}, 1)}
 	for i := range ds.gone {
 		ds.gone[i] = map[string]time.Time{}
+		ds.tasks[i] = tasks[i%len(tasks)]
 	}
 	perConn := 100
 	var conn *grpc.ClientConn
@@ -349,7 +247,7 @@ func startDispatchers(ctx context.Context, addr string, m int) (*dispatcherSet, 
 		if err != nil {
 			return nil, err
 		}
-		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("bench-%d", i)}, TypeUrl: resource.EndpointType, ResourceNames: []string{task}}
+		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("bench-%d", i)}, TypeUrl: resource.EndpointType, ResourceNames: []string{ds.tasks[i]}}
 		if err := s.Send(req); err != nil {
 			return nil, err
 		}
@@ -418,16 +316,39 @@ func (ds *dispatcherSet) stopCapture() (base *discovery.DiscoveryResponse, since
 	return ds.latest, ds.captured
 }
 
-// awaitAll waits until every client's latest set satisfies cond.
-func (ds *dispatcherSet) awaitAll(cond func(map[string]bool) bool, timeout time.Duration) error {
+// awaitAll waits until every client's latest set satisfies cond (given the
+// task type the client follows).
+func (ds *dispatcherSet) awaitAll(cond func(task string, set map[string]bool) bool, timeout time.Duration) error {
 	return awaitNotified(&ds.mu, ds.notify, timeout, func() bool {
-		for _, s := range ds.sets {
-			if s == nil || !cond(s) {
+		for i, s := range ds.sets {
+			if s == nil || !cond(ds.tasks[i], s) {
 				return false
 			}
 		}
 		return true
 	})
+}
+
+// shortfall says, per task type whose streams do not all hold want[task]
+// endpoints, the fewest one holds (a node failure lapses a whole agent's
+// sessions, for good).
+func (ds *dispatcherSet) shortfall(want map[string]int) string {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	fewest := map[string]int{}
+	for i, set := range ds.sets {
+		if n, ok := fewest[ds.tasks[i]]; !ok || len(set) < n {
+			fewest[ds.tasks[i]] = len(set)
+		}
+	}
+	var short []string
+	for task, n := range fewest {
+		if n != want[task] {
+			short = append(short, fmt.Sprintf("%s: a stream holds %d of %d", task, n, want[task]))
+		}
+	}
+	sort.Strings(short)
+	return strings.Join(short, "; ")
 }
 
 // awaitNotified re-checks check (under mu) each time notify fires, until it
@@ -464,9 +385,18 @@ func (ds *dispatcherSet) goneFromAll(host string) time.Time {
 
 type results struct {
 	executors, dispatchers int
+	tasks                  int
 	lease, heartbeat       time.Duration
+	bulkLease              time.Duration
+	shortLeases            int           // executors holding --lease
+	registering            time.Duration // registering the fleet (and the flapping services), before leasehold starts
 	lapse, fanout          []time.Duration
+	consulPart             []time.Duration // lease expiry → the harness's per-task query saw it critical (--consul-probe)
+	lastBeat               []time.Duration // round trip of each victim's last heartbeat
+	loadStart              string          // the machine's load average when the run began
 	floor                  []time.Duration // push → last stream, the floor's replay of leasehold's responses
+	floorStreams           int
+	busy                   *busyResults // with --flapping
 	consulLapse            []time.Duration
 	grpcLapse              []time.Duration
 	grpcN                  int
@@ -519,33 +449,85 @@ func kb(n int64) string { return fmt.Sprintf("%.1f MB", float64(n)/1024) }
 func (res results) markdown() string {
 	var b strings.Builder
 	phases := "leasehold (lapses, fan-out, idle), then the floor"
+	if res.busy != nil {
+		phases += ", then lapses while other services flap"
+	}
 	if len(res.consulLapse) > 0 {
 		phases += ", then Consul's own xDS"
 	}
-	fmt.Fprintf(&b, "Run: `make bench` → `leasehold-bench --executors %d --agents %d --dispatchers %d --grpc-clients %d --lapses %d --fanouts %d --lease %s --heartbeat %s`, %s, %s, %d cores. Phases: %s.\n\n",
-		res.executors, *agents, res.dispatchers, res.grpcN, len(res.lapse), len(res.fanout), res.lease, res.heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.Version(), runtime.NumCPU(), phases)
+	fmt.Fprintf(&b, "Run: %s, %s, %s, %d cores, load average %s at the start, %s at the end. Phases: %s.\n\n",
+		res.invocation(), time.Now().UTC().Format("2006-01-02"), runtime.Version(), runtime.NumCPU(), res.loadStart, loadAverage(), phases)
 	b.WriteString("| figure | measured | target |\n|---|---|---|\n")
 	res.latencyRows(&b)
+	if res.busy != nil {
+		res.busy.rows(&b, res)
+	}
 	res.costRows(&b)
 	return b.String()
 }
 
+// invocation is the command line of the run: `make bench`'s unless the
+// flags of issue 15's items 4 and 5 were used.
+func (res results) invocation() string {
+	cmd := fmt.Sprintf("leasehold-bench --executors %d --agents %d --dispatchers %d --grpc-clients %d --lapses %d --fanouts %d --lease %s --heartbeat %s",
+		res.executors, *agents, res.dispatchers, res.grpcN, len(res.lapse), len(res.fanout), res.lease, res.heartbeat)
+	extended := false
+	if res.tasks > 1 {
+		cmd, extended = cmd+fmt.Sprintf(" --tasks %d", res.tasks), true
+	}
+	if res.bulkLease > 0 {
+		cmd, extended = cmd+" --bulk-lease "+res.bulkLease.String(), true
+	}
+	if res.busy != nil {
+		cmd, extended = cmd+fmt.Sprintf(" --flapping %d --flap-rate %g", res.busy.services, res.busy.rate), true
+	}
+	if *consulProbe && res.busy == nil {
+		cmd, extended = cmd+" --consul-probe", true
+	}
+	if !*compare {
+		cmd += " --consul-xds=false"
+	}
+	if extended {
+		return "`" + cmd + "`"
+	}
+	return "`make bench` → `" + cmd + "`"
+}
+
+// streamsOf says which streams a lapse or removal is measured at.
+func (res results) streamsOf() string {
+	if res.tasks <= 1 {
+		return fmt.Sprintf("%d streams", res.dispatchers)
+	}
+	return fmt.Sprintf("the ~%d streams of its task type (%d streams over %d task types)", res.dispatchers/res.tasks, res.dispatchers, res.tasks)
+}
+
+func plural(n int, one, many string) string {
+	if n == 1 {
+		return one
+	}
+	return many
+}
+
 func (res results) latencyRows(b *strings.Builder) {
-	fmt.Fprintf(b, "| lapse → stop (lease expiry → last of %d streams has endpoints without it), %d lapses at %d executors | %s | p99 ≤ 50 ms at 10,000 executors and 1,000 streams |\n",
-		res.dispatchers, len(res.lapse), res.executors, dist(res.lapse))
+	fmt.Fprintf(b, "| lapse → stop (lease expiry → last of %s has endpoints without it), %d lapses at %d executors | %s | p99 ≤ 50 ms at 10,000 executors and 1,000 streams |\n",
+		res.streamsOf(), len(res.lapse), res.executors, dist(res.lapse))
 	if len(res.grpcLapse) > 0 {
-		fmt.Fprintf(b, "| the same lapses at %d real grpc-go `xds:///` dispatchers (EDS in their xDS client, read via CSDS) | %s | as the light clients |\n", res.grpcN, dist(res.grpcLapse))
+		fmt.Fprintf(b, "| the same lapses at %d real grpc-go `xds:///` dispatchers (EDS in their xDS client, read via CSDS; %d lapses of the task types they dial) | %s | as the light clients |\n", res.grpcN, len(res.grpcLapse), dist(res.grpcLapse))
 	}
 	inside := r(res.inLeasehold).String()
 	if len(res.floor) > 0 {
 		fm := mean(res.floor)
 		inside += fmt.Sprintf(" — the floor's mean %s, %.1f×", r(fm), float64(res.inLeasehold)/float64(max(fm, 1)))
 	}
+	if len(res.consulPart) > 0 {
+		fmt.Fprintf(b, "| of which Consul: lease expiry → a blocking query of the harness's own (`/v1/health/service/<task>`, per-task index) has the lease critical | %s | |\n", dist(res.consulPart))
+		fmt.Fprintf(b, "| the lapsed executors' last heartbeat round trip (expiry counts from its sending; the agent reset the TTL within it) | %s | |\n", dist(res.lastBeat))
+	}
 	fmt.Fprintf(b, "| of which inside leasehold: Consul reporting the lapse → last ACK (mean, `leasehold_lapse_to_push_duration_seconds`) | %s | |\n", inside)
-	fmt.Fprintf(b, "| fan-out: one removal until all %d streams have it | %s | 1k streams ≤ 50 ms |\n", res.dispatchers, dist(res.fanout))
+	fmt.Fprintf(b, "| fan-out: one removal until all of %s have it | %s | 1k streams ≤ 50 ms |\n", res.streamsOf(), dist(res.fanout))
 	if len(res.floor) > 0 {
 		fmt.Fprintf(b, "| floor: the %d responses stream 0 got for those lapses and fan-outs, byte-identical, pushed by a bare ADS server (pre-marshalled, no Consul, no decisions) to %d light streams with the same client code: push → last stream has it | %s | |\n",
-			len(res.floor), res.dispatchers, dist(res.floor))
+			len(res.floor), res.floorStreams, dist(res.floor))
 		fmt.Fprintf(b, "| lapse → stop ÷ floor (leasehold's includes Consul noticing the lapse) | %s | ≤ 1.5× |\n", ratios(res.lapse, res.floor))
 		fmt.Fprintf(b, "| fan-out ÷ floor (leasehold's includes the deregistration) | %s | ≤ 1.5× |\n", ratios(res.fanout, res.floor))
 	}
@@ -555,15 +537,35 @@ func (res results) latencyRows(b *strings.Builder) {
 	}
 }
 
+// fleetText says what the registered fleet holds.
+func (res results) fleetText() string {
+	t := fmt.Sprintf("%d executors", res.executors)
+	if res.tasks > 1 {
+		t += fmt.Sprintf(" (%d task types)", res.tasks)
+	}
+	if res.bulkLease > 0 {
+		t += fmt.Sprintf(", %d of them (those lapsed or deregistered) on a %s lease heartbeated every %s, the rest on a %s lease heartbeated every %s at an even pace",
+			res.shortLeases, res.lease, res.heartbeat, res.bulkLease, res.bulkLease/3)
+	} else {
+		t += fmt.Sprintf(" on a %s lease heartbeated every %s", res.lease, res.heartbeat)
+	}
+	if res.busy != nil {
+		t += fmt.Sprintf(", and %d flapping services' registrations", res.busy.services)
+	}
+	return t
+}
+
 func (res results) costRows(b *strings.Builder) {
 	streams := res.dispatchers + res.grpcN // the grpc-go dispatchers hold a stream each too
+	fmt.Fprintf(b, "| registering the fleet before `leasehold serve` starts: %s over %d Consul %s | %s | |\n",
+		res.fleetText(), *agents, plural(*agents, "agent", "agents"), r(res.registering))
 	perStream := float64(res.rssStreams-res.rssIdle) / float64(streams)
 	fmt.Fprintf(b, "| RSS of `leasehold serve`: %d executors, no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream; ≤ 100 MB total at 1,000 streams + 10,000 executors |\n",
 		res.executors, streams, kb(res.rssIdle), kb(res.rssStreams), perStream)
 	fmt.Fprintf(b, "| Go heap after GC: no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream |\n",
 		streams, kb(res.heapIdle), kb(res.heapStreams), float64(res.heapStreams-res.heapIdle)/float64(streams))
 	fmt.Fprintf(b, "| server CPU per stream per update (fan-out phase, user+system) | %s | |\n", res.cpuPerStream)
-	fmt.Fprintf(b, "| Consul requests at idle (1 task type) | %.2f/s | ≤ services/300 + 1 req/s |\n", res.idleRate)
+	fmt.Fprintf(b, "| Consul requests at idle (%d task %s) | %.2f/s | ≤ services/300 + 1 req/s |\n", res.tasks, plural(res.tasks, "type", "types"), res.idleRate)
 	fmt.Fprintf(b, "| Consul requests per changed service (a deregistration) | %.1f | exactly 1 |\n", res.reqPerChange)
 }
 

@@ -1,0 +1,288 @@
+package main
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// fleet is the simulated executors: real registrations, real TTL checks.
+//
+// Executor i serves task type tasks[i % len(tasks)] and registers through
+// agents[agentOf(i, len(agents))]. The executors a run
+// lapses or deregisters hold a short lease (--lease, heartbeats every
+// --heartbeat); with --bulk-lease the others hold a long one, heartbeated a
+// third of it apart at an even pace. 10,000 short leases heartbeated every
+// few seconds saturate 2 cores (Consul's agents, not leasehold, become the
+// bottleneck and leases lapse falsely); 10,000 long ones cost a trickle.
+type fleet struct {
+	agents     []*api.Client
+	ids        []string
+	tasks      []string
+	short      []bool // holds a short lease
+	bulkLease  time.Duration
+	session    string
+	lastAck    []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
+	lastRTT    []atomic.Int64 // its round trip, in nanoseconds: the agent reset the TTL somewhere within it
+	stopped    []atomic.Bool
+	registered []atomic.Bool
+	done       atomic.Int64 // registrations answered so far
+}
+
+// newFleet is n executors over tasks; short(i) says whether executor i holds
+// a short lease (every executor does when bulkLease is 0).
+func newFleet(agents []*api.Client, n int, tasks []string, bulkLease time.Duration, short func(i int) bool) *fleet {
+	f := &fleet{agents: agents, tasks: tasks, bulkLease: bulkLease, session: "bench", short: make([]bool, n),
+		lastAck: make([]atomic.Int64, n), lastRTT: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n)}
+	for i := range n {
+		f.ids = append(f.ids, fmt.Sprintf("x%05d", i))
+		f.short[i] = bulkLease <= 0 || short(i)
+	}
+	return f
+}
+
+// taskNames is the n task types a run spreads its executors and streams
+// over: "work" alone (as before --tasks), else work-0 … work-<n-1>.
+func taskNames(n int) []string {
+	if n <= 1 {
+		return []string{"work"}
+	}
+	names := make([]string, n)
+	for k := range names {
+		names[k] = fmt.Sprintf("work-%d", k)
+	}
+	return names
+}
+
+// taskOf is the task type executor i serves.
+func (f *fleet) taskOf(i int) string { return f.tasks[i%len(f.tasks)] }
+
+// perTask is how many executors serve each task type.
+func (f *fleet) perTask() map[string]int {
+	m := map[string]int{}
+	for i := range f.ids {
+		m[f.taskOf(i)]++
+	}
+	return m
+}
+
+// leaseOf is executor i's lease.
+func (f *fleet) leaseOf(i int) time.Duration {
+	if f.short[i] {
+		return *lease
+	}
+	return f.bulkLease
+}
+
+// shortCount is how many executors hold a short lease.
+func (f *fleet) shortCount() int {
+	n := 0
+	for _, s := range f.short {
+		if s {
+			n++
+		}
+	}
+	return n
+}
+
+// registerAll registers every executor, several per agent at once.
+func (f *fleet) registerAll() error {
+	return parallel(len(f.ids), registerWorkers(len(f.agents)), func(i int) error {
+		defer f.done.Add(1)
+		task := f.taskOf(i)
+		r := health.Registration{InstanceID: f.ids[i], SessionID: f.session, Generation: 1, Task: task,
+			Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8, State: health.StateActive}
+		sent := time.Now()
+		reg := &api.AgentServiceRegistration{
+			ID: health.ServiceID(r.InstanceID, task), Name: task, Tags: []string{health.DefaultTag},
+			Address: r.Address, Port: r.Port, Meta: r.Meta(),
+			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, f.session, task), TTL: f.leaseOf(i).String(), Status: "passing", DeregisterCriticalServiceAfter: "10m"}},
+		}
+		if *compare {
+			reg.Connect = connectFor(reg.ID, i)
+		}
+		err := f.agent(i).ServiceRegisterOpts(reg, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		f.lastAck[i].Store(sent.UnixNano())
+		f.registered[i].Store(err == nil)
+		if err != nil {
+			return fmt.Errorf("register %s: %w", reg.ID, err)
+		}
+		if !f.short[i] {
+			// The first heartbeat writes the load into the check's output, a
+			// catalog write (every later one repeats it and is not): now,
+			// before leasehold starts, not trickling through the phases.
+			f.beat(i)
+		}
+		return nil
+	})
+}
+
+// registerWorkers is how many registrations are in flight at once: each is a
+// Raft write the agent forwards, so concurrency batches them; 8 per agent,
+// within the 64 connections each agent's client allows.
+func registerWorkers(agents int) int { return min(64, max(16, 8*agents)) }
+
+// heartbeatAll keeps every lease alive until ctx ends: the short ones in
+// rounds every --heartbeat (as a real executor does), the long ones spread.
+func (f *fleet) heartbeatAll(ctx context.Context) {
+	var short, bulk []int
+	for i := range f.ids {
+		if f.short[i] {
+			short = append(short, i)
+		} else {
+			bulk = append(bulk, i)
+		}
+	}
+	if len(bulk) > 0 {
+		go f.heartbeatSpread(ctx, bulk, f.bulkLease/3)
+	}
+	f.heartbeatRounds(ctx, short, *heartbeat)
+}
+
+// heartbeatRounds heartbeats every executor of ids each interval.
+func (f *fleet) heartbeatRounds(ctx context.Context, ids []int, interval time.Duration) {
+	t := time.NewTicker(interval)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		parallel(len(ids), 32, func(k int) error { f.beat(ids[k]); return nil })
+	}
+}
+
+// spreadTick is how often the long leases' heartbeats are handed out.
+const spreadTick = 100 * time.Millisecond
+
+// heartbeatSpread heartbeats each executor of ids once per interval, a few
+// every spreadTick, so the long leases never come in bursts that would hold
+// up the short leases' heartbeats.
+func (f *fleet) heartbeatSpread(ctx context.Context, ids []int, interval time.Duration) {
+	per := spreadBatch(len(ids), interval, spreadTick)
+	t := time.NewTicker(spreadTick)
+	defer t.Stop()
+	next := 0
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+		batch := make([]int, 0, per)
+		for range per {
+			batch = append(batch, ids[next])
+			next = (next + 1) % len(ids)
+		}
+		parallel(len(batch), 4, func(k int) error { f.beat(batch[k]); return nil })
+	}
+}
+
+// spreadBatch is how many of n heartbeats to send each tick so that every
+// one goes out once per interval (at least one a tick, at most n).
+func spreadBatch(n int, interval, tick time.Duration) int {
+	if n == 0 {
+		return 0
+	}
+	ticks := max(1, int64(interval/tick))
+	return int(min(int64(n), max(1, (int64(n)+ticks-1)/ticks)))
+}
+
+// beat heartbeats executor i unless it was stopped or never registered.
+func (f *fleet) beat(i int) {
+	if f.stopped[i].Load() || !f.registered[i].Load() {
+		return
+	}
+	sent := time.Now()
+	if err := f.agent(i).UpdateTTL(health.CheckID(f.ids[i], f.session, f.taskOf(i)), "load=1", "pass"); err == nil && !f.stopped[i].Load() {
+		f.lastAck[i].Store(sent.UnixNano())
+		f.lastRTT[i].Store(int64(time.Since(sent)))
+	}
+}
+
+// heartbeatRTTs is the round trip of each victim's last acknowledged
+// heartbeat: how uncertain its expiry instant is (lease expiry is counted
+// from when that heartbeat was sent, as the contract tells executors to).
+func (f *fleet) heartbeatRTTs(victims []int) []time.Duration {
+	out := make([]time.Duration, 0, len(victims))
+	for _, i := range victims {
+		out = append(out, time.Duration(f.lastRTT[i].Load()))
+	}
+	return out
+}
+
+// agent is the agent executor i registered through.
+func (f *fleet) agent(i int) *api.Agent { return f.agents[agentOf(i, len(f.agents))].Agent() }
+
+// agentOf places executor i on one of n agents: evenly, and shifted by one
+// every n executors so that a task type (i % tasks) is spread over every
+// agent even when tasks and agents share a divisor — else one agent's node
+// failure (final for its sessions, by design) takes a whole task type.
+func agentOf(i, n int) int { return (i + i/n) % n }
+
+// stop ends executor i's heartbeats and returns its lease's expiry instant.
+func (f *fleet) stop(i int) time.Time {
+	f.stopped[i].Store(true)
+	return time.Unix(0, f.lastAck[i].Load()).Add(f.leaseOf(i))
+}
+
+func (f *fleet) stopHeartbeat(i int) { f.stopped[i].Store(true) }
+
+// live is the executors still heartbeating.
+func (f *fleet) live() []int {
+	var out []int
+	for i := range f.ids {
+		if !f.stopped[i].Load() {
+			out = append(out, i)
+		}
+	}
+	return out
+}
+
+// progress logs how many registrations were answered every period until
+// done closes (a 10,000-executor fleet takes minutes).
+func (f *fleet) progress(done <-chan struct{}, period time.Duration) {
+	t := time.NewTicker(period)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+			logf("… %d of %d executors registered", f.done.Load(), len(f.ids))
+		}
+	}
+}
+
+func parallel(n, workers int, fn func(int) error) error {
+	var wg sync.WaitGroup
+	var firstErr atomic.Value
+	next := atomic.Int64{}
+	for range workers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for {
+				i := int(next.Add(1) - 1)
+				if i >= n {
+					return
+				}
+				if err := fn(i); err != nil {
+					firstErr.CompareAndSwap(nil, err)
+				}
+			}
+		}()
+	}
+	wg.Wait()
+	if err, ok := firstErr.Load().(error); ok {
+		return err
+	}
+	return nil
+}

@@ -1,0 +1,83 @@
+package main
+
+import (
+	"reflect"
+	"testing"
+	"time"
+)
+
+func TestTaskNames(t *testing.T) {
+	if got := taskNames(1); !reflect.DeepEqual(got, []string{"work"}) {
+		t.Fatalf("one task type = %v, want [work] (as before --tasks)", got)
+	}
+	if got := taskNames(3); !reflect.DeepEqual(got, []string{"work-0", "work-1", "work-2"}) {
+		t.Fatalf("three = %v", got)
+	}
+}
+
+// Executors spread evenly over the task types; only the chosen ones hold a
+// short lease, and every one does without --bulk-lease.
+func TestFleetSpreadAndLeases(t *testing.T) {
+	short := func(i int) bool { return i < 2 || i == 9 }
+	f := newFleet(nil, 10, taskNames(3), 10*time.Minute, short)
+	if got := f.perTask(); !reflect.DeepEqual(got, map[string]int{"work-0": 4, "work-1": 3, "work-2": 3}) {
+		t.Fatalf("per task = %v", got)
+	}
+	if f.taskOf(4) != "work-1" {
+		t.Fatalf("executor 4 serves %s, want work-1", f.taskOf(4))
+	}
+	if f.shortCount() != 3 || f.leaseOf(1) != *lease || f.leaseOf(9) != *lease || f.leaseOf(5) != 10*time.Minute {
+		t.Fatalf("short %d, leases %s %s %s", f.shortCount(), f.leaseOf(1), f.leaseOf(9), f.leaseOf(5))
+	}
+	all := newFleet(nil, 10, taskNames(1), 0, short)
+	if all.shortCount() != 10 || all.leaseOf(5) != *lease {
+		t.Fatalf("without --bulk-lease: %d short, lease %s", all.shortCount(), all.leaseOf(5))
+	}
+}
+
+// Every long lease is heartbeated once per interval, a few a tick.
+func TestSpreadBatch(t *testing.T) {
+	for _, c := range []struct {
+		n              int
+		interval, tick time.Duration
+		want           int
+	}{
+		{10000, 200 * time.Second, 100 * time.Millisecond, 5},
+		{10001, 200 * time.Second, 100 * time.Millisecond, 6},
+		{3, 200 * time.Second, 100 * time.Millisecond, 1},
+		{50, 50 * time.Millisecond, 100 * time.Millisecond, 50},
+		{0, time.Second, 100 * time.Millisecond, 0},
+	} {
+		got := spreadBatch(c.n, c.interval, c.tick)
+		if got != c.want {
+			t.Errorf("spreadBatch(%d, %s, %s) = %d, want %d", c.n, c.interval, c.tick, got, c.want)
+		}
+		if ticks := int(c.interval / c.tick); c.n > 0 && got*max(1, ticks) < c.n {
+			t.Errorf("spreadBatch(%d, %s, %s) = %d: not every one within the interval", c.n, c.interval, c.tick, got)
+		}
+	}
+}
+
+// Executors spread evenly over the agents, and every task type over every
+// agent, even when there are as many task types as agents.
+func TestAgentOfSpreadsTasks(t *testing.T) {
+	const n, agents, tasks = 1000, 10, 10
+	perAgent := map[int]int{}
+	pairs := map[[2]int]bool{}
+	for i := range n {
+		a := agentOf(i, agents)
+		perAgent[a]++
+		pairs[[2]int{i % tasks, a}] = true
+	}
+	for a := range agents {
+		if perAgent[a] != n/agents {
+			t.Fatalf("agent %d holds %d executors, want %d", a, perAgent[a], n/agents)
+		}
+	}
+	if len(pairs) != tasks*agents {
+		t.Fatalf("%d (task, agent) pairs used, want all %d", len(pairs), tasks*agents)
+	}
+	if agentOf(5, 1) != 0 {
+		t.Fatal("one agent: want it")
+	}
+}

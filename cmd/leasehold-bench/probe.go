@@ -1,0 +1,125 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"fmt"
+	"net/url"
+	"strconv"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// taskProbe follows, per task type, the executors with a non-passing check
+// through blocking queries of /v1/health/service/<task> with a filter — the
+// watch design a busy datacenter calls for, whose index is the task's own
+// (Consul's per-service index: moved by that task's registrations, their
+// checks and their nodes' checks only) — and records when each lease first
+// shows critical there: when Consul could have told leasehold of a lapse.
+// That splits lapse → stop into Consul's part and leasehold's, and counts
+// how often the alternative would wake. leasehold does not use it.
+type taskProbe struct {
+	wakes, answers, bytes atomic.Int64
+	mu                    sync.Mutex
+	critical              map[string]time.Time // instance → when its lease was first seen critical
+	stop                  context.CancelFunc
+	wg                    sync.WaitGroup
+}
+
+const probeFilter = `Checks.Status != "passing"`
+
+// probeEntry is what the probe reads of a /v1/health/service answer.
+type probeEntry struct {
+	Checks []struct{ CheckID, Status string }
+}
+
+// startProbe starts one blocking query per task type (with --consul-probe
+// or --flapping).
+func (b *bench) startProbe() error {
+	if !*consulProbe && *flapping == 0 {
+		return nil
+	}
+	ctx, cancel := context.WithCancel(b.ctx)
+	p := &taskProbe{critical: map[string]time.Time{}, stop: cancel}
+	for _, task := range b.fleet.tasks {
+		base := "http://" + b.agent.HTTPAddr() + "/v1/health/service/" + task + "?wait=10s&filter=" + url.QueryEscape(probeFilter)
+		if _, _, err := get(ctx, base); err != nil { // the filter is Consul's to accept
+			cancel()
+			return fmt.Errorf("per-task probe: %w", err)
+		}
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); p.follow(ctx, base) }()
+	}
+	b.probe = p
+	return nil
+}
+
+func (p *taskProbe) follow(ctx context.Context, base string) {
+	var index uint64
+	for ctx.Err() == nil {
+		body, next, err := get(ctx, base+"&index="+strconv.FormatUint(index, 10))
+		at := time.Now()
+		if err != nil {
+			if ctx.Err() == nil {
+				logf("per-task probe: %v", err)
+				time.Sleep(time.Second) // back off; the probe is an aside
+			}
+			continue
+		}
+		p.answers.Add(1)
+		p.bytes.Add(int64(len(body)))
+		if next != index {
+			p.wakes.Add(1)
+		}
+		index = next
+		var entries []probeEntry
+		if err := json.Unmarshal(body, &entries); err != nil {
+			logf("per-task probe: %v", err)
+			continue
+		}
+		p.seen(entries, at)
+	}
+}
+
+// seen records the leases critical in an answer received at.
+func (p *taskProbe) seen(entries []probeEntry, at time.Time) {
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	for _, e := range entries {
+		for _, c := range e.Checks {
+			inst, _, _, ok := health.ParseCheckID(c.CheckID)
+			if !ok || c.Status != "critical" {
+				continue
+			}
+			if _, known := p.critical[inst]; !known {
+				p.critical[inst] = at
+			}
+		}
+	}
+}
+
+// consulPart is, per victim the probe saw critical, lease expiry → seen.
+func (p *taskProbe) consulPart(f *fleet, victims []int, expiries []time.Time) []time.Duration {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Duration
+	for k, i := range victims {
+		if at, ok := p.critical[f.ids[i]]; ok {
+			out = append(out, at.Sub(expiries[k]))
+		}
+	}
+	return out
+}
+
+func (b *bench) stopProbe() {
+	if b.probe != nil {
+		b.probe.stop()
+		b.probe.wg.Wait()
+	}
+}
