@@ -80,7 +80,9 @@ func NewNonPassingSet(np NonPassing) *NonPassingSet {
 // EachChange calls f with every check whose entry differs between prev and
 // s (added, removed or changed), and reports whether the index moved: a
 // member's join depends on the set only through the entries of its own
-// checks and, for a check its read saw non-passing, on the index.
+// checks and, for a check its read saw non-passing, on the index. A set
+// where there was none (or none where there was one) counts as moved, also
+// at index 0: no set says nothing of the checks it would lack.
 func (s *NonPassingSet) EachChange(prev *NonPassingSet, f func(node, checkID string)) (indexMoved bool) {
 	var cur, old map[checkKey]CheckState
 	if s != nil {
@@ -99,7 +101,7 @@ func (s *NonPassingSet) EachChange(prev *NonPassingSet, f func(node, checkID str
 			f(k.node, k.checkID)
 		}
 	}
-	return s.Index() != prev.Index()
+	return s.Index() != prev.Index() || (s == nil) != (prev == nil)
 }
 
 // current is the newest known state of c: the membership read or the

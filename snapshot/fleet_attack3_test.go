@@ -81,6 +81,8 @@ type a3Member struct {
 	noChecks bool   // read without any check
 	noLease  bool   // the lease check is missing
 	dupe     bool   // listed twice in one read
+	badHere  bool   // this registration alone carries bad metadata
+	genDelta uint64 // this registration carries another generation than its session's others (contract broken)
 }
 
 type a3World struct {
@@ -147,7 +149,11 @@ func (w *a3World) addMember(task string) {
 	r := w.r
 	p := w.pickProc()
 	m := &a3Member{task: task, proc: p, node: w.nodes[r.IntN(len(w.nodes))], port: 9000 + r.IntN(5), create: w.next(),
-		other: r.IntN(6) == 0, maint: r.IntN(8) == 0, noChecks: r.IntN(40) == 0, noLease: r.IntN(30) == 0, dupe: r.IntN(30) == 0}
+		other: r.IntN(6) == 0, maint: r.IntN(8) == 0, noChecks: r.IntN(40) == 0, noLease: r.IntN(30) == 0, dupe: r.IntN(30) == 0,
+		badHere: r.IntN(30) == 0}
+	if r.IntN(30) == 0 {
+		m.genDelta = 1
+	}
 	leaseID := health.CheckID(p.inst, p.sess, task)
 	if _, ok := w.truth[[2]string{m.node, leaseID}]; !ok || r.IntN(2) == 0 {
 		st := []health.CheckStatus{health.StatusPassing, health.StatusPassing, health.StatusWarning, health.StatusCritical}[r.IntN(4)]
@@ -186,7 +192,11 @@ func (w *a3World) read(task string, stale bool) health.TaskMembers {
 		p := m.proc
 		reg := health.Registration{InstanceID: p.inst, SessionID: p.sess, Generation: p.gen, Task: task, Address: "10.0.0." + m.node[1:],
 			Port: m.port, Version: p.version, Capacity: p.capacity, State: p.state, Labels: p.labels}
+		reg.Generation += m.genDelta
 		hm := health.Member{Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(p.inst, task), Node: m.node, CreateIndex: m.create, Err: p.err}}
+		if m.badHere && hm.Err == nil {
+			hm.Err = health.FieldErrors{{Field: health.MetaVersion, Value: "x", Reason: "not a semantic version"}}
+		}
 		if !m.noChecks {
 			if c, ok := get(m.node, health.SerfHealthCheckID); ok {
 				hm.Checks = append(hm.Checks, c)
@@ -334,6 +344,13 @@ func (w *a3World) observation(clock *clockwork.FakeClock) (health.Observation, b
 		o.Members = &tm
 	case k < 26:
 		w.mutate()
+		if r.IntN(4) == 0 { // the checks changed, the fast path has not answered yet: a read sees them first
+			task := w.tasks[r.IntN(len(w.tasks))]
+			if !w.gone[task] && len(w.members[task]) > 0 {
+				tm := w.read(task, false)
+				return health.Observation{Members: &tm}, true
+			}
+		}
 		np := w.nonPassing()
 		o.NonPassing = &np
 	case k < 29:
@@ -627,6 +644,13 @@ func a3Describe(obs []health.Observation) string {
 	return s
 }
 
+func a3Steps() int {
+	if n, err := strconv.Atoi(os.Getenv("A3_STEPS")); err == nil {
+		return n
+	}
+	return 600
+}
+
 func a3Seeds() int {
 	if n, err := strconv.Atoi(os.Getenv("A3_SEEDS")); err == nil {
 		return n
@@ -638,7 +662,7 @@ func a3Seeds() int {
 // (clock advances of hours: history pruned) and coalesced batches.
 func TestAttack3IncrementalEqualsFullWide(t *testing.T) {
 	for seed := range uint64(a3Seeds()) {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { a3Run(t, seed, 600, false) })
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { a3Run(t, seed, a3Steps(), false) })
 	}
 }
 
@@ -646,7 +670,7 @@ func TestAttack3IncrementalEqualsFullWide(t *testing.T) {
 // history retention: a session once answered LAPSED never comes back.
 func TestAttack3LapseIsFinal(t *testing.T) {
 	for seed := range uint64(a3Seeds()) {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { a3Run(t, 1000+seed, 600, true) })
+		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { a3Run(t, 1000+seed, a3Steps(), true) })
 	}
 }
 
@@ -763,5 +787,28 @@ func TestAttack3ViewsReadWhileRunMutates(t *testing.T) {
 	case err := <-errs:
 		t.Fatal(err)
 	default:
+	}
+}
+
+// TestAttack3FirstNonPassingSetAtIndexZero: the first non-passing set moves
+// no index when it is at 0 (EachChange compared its index with a nil set's
+// 0), yet a set at 0 says every check it lacks was passing at 0, where no
+// set at all says nothing: a member read before it, with a non-passing check
+// modified at 0, was not joined again and kept its read status, where a full
+// batch made it passing. Consul's indexes start at 1, so this is odd input
+// only; the first set now always counts as a moved index.
+func TestAttack3FirstNonPassingSetAtIndexZero(t *testing.T) {
+	groups := []health.Dispatcher{{}}
+	clock := clockwork.NewFakeClock()
+	inc, full := a3New(t, clock, false, groups), a3New(t, clock, true, groups)
+	m := testMember("a", "x", "s1", 1, 9001, "1.0.0", health.StatusWarning, 0)
+	m.Checks[1].ModifyIndex = 0
+	for _, o := range []health.Observation{{Tasks: &health.TaskList{Index: 1, Tasks: []string{"a"}}}, {Generations: &health.Generations{Index: 1}},
+		{Members: &health.TaskMembers{Task: "a", Index: 1, Members: []health.Member{m}}}, {NonPassing: &health.NonPassing{Index: 0}}} {
+		inc.batch(o)
+		full.batch(o)
+	}
+	if err := a3Compare(inc, full, groups); err != nil {
+		t.Fatal(err)
 	}
 }
