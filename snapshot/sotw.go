@@ -33,6 +33,12 @@ type xdsCache struct {
 var _ cache.Cache = (*xdsCache)(nil)
 
 // formCache is what derived groups are made from; the zero value is ready.
+// A form, once asked for, is derived at every publication of its constraint
+// set until the set is cleared (at most two forms per set). mu is held
+// across the caches' updates so a form is never derived from an older
+// snapshot than the one set last; the delta cache's sends under it do not
+// block (a delta stream's channel holds more responses than it can have
+// watches).
 type formCache struct {
 	mu    sync.Mutex
 	bases map[string]groupSnapshot                   // constraint set → its latest snapshot
@@ -73,6 +79,9 @@ func (c *xdsCache) useForm(ctx context.Context, node *corev3.Node) error {
 		return nil // the default, or refused by the server before it asks
 	}
 	base, f := splitFormGroup(GroupOf(node))
+	if f == MetadataFull {
+		return nil // invalid constraints ("invalid"): the server refuses them first
+	}
 	c.forms.mu.Lock()
 	defer c.forms.mu.Unlock()
 	if c.forms.used[base][f] != nil {
