@@ -13,6 +13,7 @@ import (
 	"slices"
 	"sort"
 	"strconv"
+	"strings"
 	"testing"
 	"time"
 
@@ -241,23 +242,7 @@ func (w *a3World) nonPassing() health.NonPassing {
 		np.Index = w.npIndex - uint64(1+w.r.IntN(3))
 	}
 	w.npIndex = np.Index
-	keys := slices.Collect(maps.Keys(w.truth))
-	slices.SortFunc(keys, func(a, b [2]string) int {
-		if a[0] != b[0] {
-			if a[0] < b[0] {
-				return -1
-			}
-			return 1
-		}
-		if a[1] < b[1] {
-			return -1
-		}
-		if a[1] > b[1] {
-			return 1
-		}
-		return 0
-	})
-	for _, k := range keys {
+	for _, k := range w.keys() {
 		c := w.truth[k]
 		if c.Status == health.StatusPassing && c.CheckID != health.SerfHealthCheckID {
 			continue
@@ -270,13 +255,26 @@ func (w *a3World) nonPassing() health.NonPassing {
 	return np
 }
 
+// keys are the checks in order.
+func (w *a3World) keys() [][2]string {
+	keys := slices.Collect(maps.Keys(w.truth))
+	slices.SortFunc(keys, func(a, b [2]string) int {
+		if a[0] != b[0] {
+			return strings.Compare(a[0], b[0])
+		}
+		return strings.Compare(a[1], b[1])
+	})
+	return keys
+}
+
 // mutate changes the world's checks a little.
 func (w *a3World) mutate() {
 	r := w.r
 	if r.IntN(3) == 0 {
 		w.old = maps.Clone(w.truth)
 	}
-	for k, c := range w.truth {
+	for _, k := range w.keys() { // in order: the run is the same for a seed
+		c := w.truth[k]
 		if r.IntN(6) != 0 {
 			continue
 		}
@@ -648,20 +646,32 @@ func a3Steps() int {
 	if n, err := strconv.Atoi(os.Getenv("A3_STEPS")); err == nil {
 		return n
 	}
-	return 600
+	return 700
 }
 
-func a3Seeds() int {
+// a3Seeds: A3_SEEDS=n runs seeds 0..n-1 (A3_STEPS steps each; 40 seeds of
+// 3,000 steps held); by default the given ones, to keep the race-detector
+// run of the package short.
+func a3Seeds(defaults ...uint64) []uint64 {
 	if n, err := strconv.Atoi(os.Getenv("A3_SEEDS")); err == nil {
-		return n
+		var seeds []uint64
+		for i := range n {
+			seeds = append(seeds, uint64(i))
+		}
+		return seeds
 	}
-	return 8
+	return defaults
 }
 
 // TestAttack3IncrementalEqualsFullWide: the wide generator, long histories
-// (clock advances of hours: history pruned) and coalesced batches.
+// (clock advances of hours: history pruned) and coalesced batches. Before
+// 5394387 (the history forgot sessions still registered) seed 24 failed at
+// step 585 (i3/s3 answered STALE incrementally, UNKNOWN — never seen — by
+// the full syncer) and seed 26 at step 671 (i2/s6 LAPSED incrementally,
+// UNKNOWN by the full syncer, which had rotated its lapse out of the
+// history).
 func TestAttack3IncrementalEqualsFullWide(t *testing.T) {
-	for seed := range uint64(a3Seeds()) {
+	for _, seed := range a3Seeds(24, 26) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { a3Run(t, seed, a3Steps(), false) })
 	}
 }
@@ -669,7 +679,7 @@ func TestAttack3IncrementalEqualsFullWide(t *testing.T) {
 // TestAttack3LapseIsFinal: the same with clock advances far below the
 // history retention: a session once answered LAPSED never comes back.
 func TestAttack3LapseIsFinal(t *testing.T) {
-	for seed := range uint64(a3Seeds()) {
+	for _, seed := range a3Seeds(0) {
 		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { a3Run(t, 1000+seed, a3Steps(), true) })
 	}
 }

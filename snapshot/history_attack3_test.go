@@ -37,7 +37,9 @@ func TestAttack3PresentLapsedSessionEvictedFromHistory(t *testing.T) {
 		inc.batch(obs...)
 		full.batch(obs...)
 	}
-	on := func(m health.Member, node string) health.Member { return attackOnNode(m, node, health.StatusPassing, 1) }
+	on := func(m health.Member, node string) health.Member {
+		return attackOnNode(m, node, health.StatusPassing, 1)
+	}
 	y1 := on(testMember("a", "y", "y1", 1, 9101, "1.0.0", health.StatusPassing, 3), "node-y")
 	xCreate := next()
 	x := on(testMember("a", "x", "X", 10, 9001, "1.0.0", health.StatusPassing, xCreate), "node-a")
