@@ -236,8 +236,9 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 
 	// What the previous load assignment sent and this one does not, against
 	// what this one sends anew. A dropped endpoint is removed unless a new
-	// one has its instance and address with a status no worse (a weight or
-	// session change keeps the endpoint).
+	// one has its instance, address and session with a status no worse (a
+	// weight change keeps the endpoint; a new session at the same address is
+	// pushed at once, so no snapshot carries a session the View calls STALE).
 	var dropped, added []*entry
 	for _, en := range gone {
 		if en.sent {
@@ -263,14 +264,10 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	if len(dropped) > 0 {
 		now := make(map[endpointSortKey]corev3.HealthStatus, len(added))
 		for _, en := range added {
-			k := en.key
-			k.session = ""
-			now[k] = en.status
+			now[en.key] = en.status
 		}
 		for _, en := range dropped {
-			k := en.key
-			k.session = ""
-			st, ok := now[k]
+			st, ok := now[en.key]
 			if !ok || (en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
 				removes = true
 				break
@@ -407,5 +404,6 @@ func removesOrDrains(prev, next *endpointv3.ClusterLoadAssignment) bool {
 // endpointKey identifies an endpoint across load assignments.
 func endpointKey(lb *endpointv3.LbEndpoint) string {
 	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + strconv.FormatUint(uint64(sa.GetPortValue()), 10)
+	session := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue()
+	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + strconv.FormatUint(uint64(sa.GetPortValue()), 10) + "|" + session
 }

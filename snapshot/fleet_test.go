@@ -179,7 +179,7 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 			}
 			o.Cordons = &health.CordonSet{Index: next(), Raw: raw}
 		case k < 18:
-			raw := []byte(`{"rules":{"lease":{"mode":"observe"}}}`)
+			raw := []byte(`{"modes":[{"rule":"capacity","mode":"observe"}]}`)
 			if r.IntN(2) == 0 {
 				raw = nil
 			}
