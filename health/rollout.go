@@ -96,6 +96,8 @@ type Rollout struct {
 	// the rest stay routed and an alert is raised.
 	SafetyLimit float64        `json:"safety_limit,omitempty"`
 	Approval    CordonApproval `json:"approval"`
+	// LoadBalancing chooses each task type's load-balancing policy.
+	LoadBalancing *LoadBalancing `json:"load_balancing,omitempty"`
 }
 
 // DefaultSafetyLimit is the safety limit when none is configured.
@@ -165,6 +167,9 @@ func (r *Rollout) validate() error {
 	}
 	if r.Approval.MaxExecutors < 0 {
 		errs = append(errs, fmt.Errorf("approval.max_executors: %d: want >= 0", r.Approval.MaxExecutors))
+	}
+	if err := r.LoadBalancing.validate(); err != nil {
+		errs = append(errs, err)
 	}
 	return errors.Join(errs...)
 }

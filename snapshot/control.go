@@ -43,6 +43,7 @@ type control struct {
 	cordonStatus []health.CordonStatus
 	held         int
 	dirty        bool // decisions must be redone for every task type
+	clusters     bool // every group's clusters must be published again (load-balancing policies)
 }
 
 func sourceKind(src string) string {
@@ -87,7 +88,7 @@ func (s *Syncer) applyRules(src *health.RulesSource) {
 			return
 		}
 	}
-	c.rollout, c.rolloutRaw, c.rolloutFrom, c.rolloutErr, c.dirty = r, raw, from, "", true
+	c.rollout, c.rolloutRaw, c.rolloutFrom, c.rolloutErr, c.dirty, c.clusters = r, raw, from, "", true, true
 	detail, _ := json.Marshal(r)
 	s.log.Info("rollout configuration applied", "source", from, "config", string(detail))
 	s.audit(AuditEvent{Action: "config-applied", Source: from, Detail: string(detail)})

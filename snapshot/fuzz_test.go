@@ -50,7 +50,7 @@ func FuzzTranslate(f *testing.F) {
 		}
 		health.Fence(es, nil)
 		cla, version := EndpointsVersioned("work", es, d)
-		if err := Consistent([]*listenerv3.Listener{Listener("work")}, []*routev3.RouteConfiguration{Route("work")}, []*clusterv3.Cluster{Cluster("work")}, []*endpointv3.ClusterLoadAssignment{cla}); err != nil {
+		if err := Consistent([]*listenerv3.Listener{Listener("work")}, []*routev3.RouteConfiguration{Route("work")}, []*clusterv3.Cluster{Cluster("work", health.DefaultLBPolicy)}, []*endpointv3.ClusterLoadAssignment{cla}); err != nil {
 			t.Fatal(err)
 		}
 		routable := map[string]bool{}

@@ -50,6 +50,9 @@ type SyncConfig struct {
 	// registration comes back is not routed (default DefaultHistoryRetention;
 	// then UNKNOWN).
 	HistoryRetention time.Duration
+	// LBPolicy is the load-balancing policy of every task type the rollout
+	// configuration does not choose one for (default health.DefaultLBPolicy).
+	LBPolicy health.LBPolicy
 }
 
 // DefaultHistoryRetention outlasts Consul's default reconnect_timeout (72 h):
@@ -65,6 +68,9 @@ func (c SyncConfig) withDefaults() SyncConfig {
 	}
 	if c.HistoryRetention <= 0 {
 		c.HistoryRetention = DefaultHistoryRetention
+	}
+	if c.LBPolicy == "" {
+		c.LBPolicy = health.DefaultLBPolicy
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -380,7 +386,11 @@ func (s *Syncer) recompute(ctx context.Context) {
 		for _, task := range changed {
 			s.rebuild(g, task)
 		}
+		if s.ctl.clusters { // the load-balancing policies may have changed
+			g.dirty = true
+		}
 	}
+	s.ctl.clusters = false
 	s.buildTime.Record(ctx, time.Since(decided).Seconds())
 	if build != nil {
 		build.End()
@@ -524,13 +534,14 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		if !g.d.AllowsTask(task) {
 			continue // not granted: as if it did not exist (same versions too)
 		}
-		l, r, c := Listener(task), Route(task), Cluster(task)
+		lb := s.ctl.rollout.LBPolicyOf(task, s.cfg.LBPolicy)
+		l, r, c := Listener(task), Route(task), Cluster(task, lb)
 		res[types.Listener] = append(res[types.Listener], l)
 		res[types.Route] = append(res[types.Route], r)
 		res[types.Cluster] = append(res[types.Cluster], c)
 		versions[resource.ListenerType][task] = StaticVersion(resource.ListenerType, task, l)
 		versions[resource.RouteType][task] = StaticVersion(resource.RouteType, task, r)
-		versions[resource.ClusterType][task] = StaticVersion(resource.ClusterType, task, c)
+		versions[resource.ClusterType][task] = StaticVersion(resource.ClusterType, task+"\x00"+string(lb), c)
 		if cla := g.loads[task]; cla != nil {
 			res[types.Endpoint] = append(res[types.Endpoint], cla)
 			versions[resource.EndpointType][task] = g.claVersion[task]

@@ -3,14 +3,18 @@ package snapshot
 import (
 	"context"
 	"log/slog"
+	"strings"
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/jonboulle/clockwork"
+	"google.golang.org/protobuf/encoding/protojson"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -333,4 +337,48 @@ func TestSyncerRuleModesObserveThenEnforce(t *testing.T) {
 			t.Fatalf("control state: %+v", v.Control)
 		}
 	}
+}
+
+// A rollout that changes a task type's load-balancing policy republishes
+// its cluster (nothing else changed); an invalid one changes nothing.
+func TestSyncerLoadBalancingPolicyFromRules(t *testing.T) {
+	h := startSyncer(t)
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work")
+	h.nonPassing()
+	h.members("work", testMember("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 3))
+	policyOf := func(p published) string {
+		t.Helper()
+		for _, r := range p.snap.Resources[types.Cluster].Items {
+			c := r.Resource.(*clusterv3.Cluster)
+			return c.GetLoadBalancingPolicy().GetPolicies()[0].GetTypedExtensionConfig().GetTypedConfig().GetTypeUrl() +
+				" " + string(mustJSON(t, c.GetLoadBalancingPolicy()))
+		}
+		t.Fatal("no cluster")
+		return ""
+	}
+	first := policyOf(h.publish())
+	if !strings.Contains(first, "ClientSideWeightedRoundRobin") {
+		t.Fatalf("default policy: %s", first)
+	}
+	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x", Raw: []byte(`{"load_balancing":{"tasks":{"work":"least_request"}}}`)}}
+	h.advanceWindow()
+	if got := policyOf(h.publish()); !strings.Contains(got, "LeastRequest") || strings.Contains(got, "ClientSideWeightedRoundRobin") {
+		t.Fatalf("after the rules: %s", got)
+	}
+	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x", Raw: []byte(`{"load_balancing":{"tasks":{"work":"fastest"}}}`)}}
+	h.s.Subscribe(dispatcher(t, "")) // a round trip through Run
+	h.quiet()
+	if st := h.s.View().Control; !strings.Contains(st.RolloutError, `load_balancing.tasks["work"]`) {
+		t.Fatalf("invalid rules: error %q", st.RolloutError)
+	}
+}
+
+func mustJSON(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := protojson.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
 }

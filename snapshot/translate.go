@@ -75,10 +75,11 @@ func Route(task string) *routev3.RouteConfiguration {
 	}
 }
 
-// Cluster is the EDS (over ADS) round-robin cluster of task. Envoy forwards
+// Cluster is the EDS (over ADS) cluster of task, balanced by policy lb
+// (loadBalancingPolicy). Envoy forwards
 // to the executors in the protocol its client spoke (HTTP/2 for gRPC work
 // services, HTTP/1.1 otherwise); gRPC clients ignore the option.
-func Cluster(task string) *clusterv3.Cluster {
+func Cluster(task string, lb health.LBPolicy) *clusterv3.Cluster {
 	proto, _ := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_UseDownstreamProtocolConfig{
 			UseDownstreamProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_UseDownstreamHttpConfig{
@@ -94,7 +95,7 @@ func Cluster(task string) *clusterv3.Cluster {
 		},
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource(), ServiceName: task},
-		LbPolicy:             clusterv3.Cluster_ROUND_ROBIN,
+		LoadBalancingPolicy:  loadBalancingPolicy(lb),
 		ConnectTimeout:       durationpb.New(time.Second),
 	}
 }
@@ -164,7 +165,8 @@ func Weight(e health.Executor) uint32 {
 var staticVersions sync.Map // type URL + "/" + name → version
 
 // StaticVersion is Version of a listener, route or cluster, computed once
-// per name.
+// per name (which must name everything its content depends on: a cluster's
+// load-balancing policy too).
 func StaticVersion(typeURL, name string, m proto.Message) string {
 	key := typeURL + "/" + name
 	if v, ok := staticVersions.Load(key); ok {

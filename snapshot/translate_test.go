@@ -100,7 +100,10 @@ func TestTranslateGolden(t *testing.T) {
 	}
 	protoGolden(t, "listener.json", Listener("transcode"))
 	protoGolden(t, "route.json", Route("transcode"))
-	protoGolden(t, "cluster.json", Cluster("transcode"))
+	protoGolden(t, "cluster.json", Cluster("transcode", health.DefaultLBPolicy))
+	for _, p := range health.LBPolicies[1:] {
+		protoGolden(t, "cluster-"+string(p)+".json", Cluster("transcode", p))
+	}
 	for name, d := range map[string]health.Dispatcher{"any": any, "strict": strict} {
 		cla, decisions := Endpoints("transcode", fleet(), d), Decide(fleet(), d)
 		protoGolden(t, "endpoints-"+name+".json", cla)
@@ -168,7 +171,7 @@ func TestWeightClamp(t *testing.T) {
 func TestConsistent(t *testing.T) {
 	any, _ := health.NewDispatcher("", nil)
 	cla := Endpoints("t", nil, any)
-	ok := Consistent([]*listenerv3.Listener{Listener("t")}, []*routev3.RouteConfiguration{Route("t")}, []*clusterv3.Cluster{Cluster("t")}, []*endpointv3.ClusterLoadAssignment{cla})
+	ok := Consistent([]*listenerv3.Listener{Listener("t")}, []*routev3.RouteConfiguration{Route("t")}, []*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy)}, []*endpointv3.ClusterLoadAssignment{cla})
 	if ok != nil {
 		t.Fatal(ok)
 	}
@@ -178,7 +181,7 @@ func TestConsistent(t *testing.T) {
 	if err := Consistent(nil, []*routev3.RouteConfiguration{Route("t")}, nil, nil); err == nil {
 		t.Fatal("missing cluster not detected")
 	}
-	if err := Consistent(nil, nil, []*clusterv3.Cluster{Cluster("t")}, nil); err == nil {
+	if err := Consistent(nil, nil, []*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy)}, nil); err == nil {
 		t.Fatal("missing endpoints not detected")
 	}
 }

@@ -44,6 +44,7 @@ type serveConfig struct {
 	auditLog       string
 	adminTLS       server.TLSFiles
 	staleAfter     time.Duration
+	lbPolicy       health.LBPolicy
 }
 
 // serveFlag is one flag with its environment variable.
@@ -56,7 +57,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 	var (
 		cfg                                serveConfig
 		logLevel, maxConns, tag, logFormat string
-		staleAfter                         string
+		staleAfter, lbPolicy               string
 	)
 	flags := []serveFlag{
 		{"consul-addr", "LEASEHOLD_CONSUL_ADDR", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from the standard CONSUL_* variables)", &cfg.consulAddr},
@@ -76,6 +77,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"rules", "LEASEHOLD_RULES", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals); followed live; Consul KV " + consul.RulesKey + " overrides it", &cfg.rulesFile},
 		{"audit-log", "LEASEHOLD_AUDIT_LOG", "-", "where configuration changes this replica applies or refuses are written, one JSON object per line (- : standard output)", &cfg.auditLog},
 		{"fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER", health.DefaultLeaseTTL.String(), "once leasehold's view of Consul is older than this, the fencing API answers UNKNOWN (routing keeps the last known snapshot)", &staleAfter},
+		{"lb-policy", "LEASEHOLD_LB_POLICY", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request", &lbPolicy},
 		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
 	}
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
@@ -117,6 +119,11 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		bad("consul-max-conns", fmt.Sprintf("%q: want 1..190", maxConns))
 	} else {
 		cfg.consulMaxConns = n
+	}
+	if p, err := health.ParseLBPolicy("--lb-policy", lbPolicy); err != nil {
+		bad("lb-policy", err.Error())
+	} else {
+		cfg.lbPolicy = p
 	}
 	if d, err := time.ParseDuration(staleAfter); err != nil || d < 3*time.Second {
 		bad("fencing-stale-after", fmt.Sprintf("%q: want a duration of at least 3s, e.g. 35s", staleAfter))
@@ -206,7 +213,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 			return fmt.Errorf("--rules: %w", err)
 		}
 	}
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit})
+	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy})
 
 	var creds []grpc.ServerOption
 	if cfg.tls.Enabled() {

@@ -3,6 +3,8 @@ package envoy
 
 import (
 	"encoding/json"
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	wrrlocalityv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/wrr_locality/v3"
 	"os"
 	"strings"
 	"testing"
@@ -71,7 +73,7 @@ func checkBootstrap(t *testing.T, file string) *bootstrapv3.Bootstrap {
 	if err := b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
 		t.Fatal(err)
 	}
-	want := snapshot.Cluster("work").GetName()
+	want := snapshot.Cluster("work", health.DefaultLBPolicy).GetName()
 	if got := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetCluster(); got != want {
 		t.Errorf("route goes to cluster %q, leasehold serves %q", got, want)
 	}
@@ -107,8 +109,12 @@ func checkBootstrap(t *testing.T, file string) *bootstrapv3.Bootstrap {
 
 // What leasehold sends Envoy passes Envoy's own validation.
 func TestServedResourcesPassEnvoyValidation(t *testing.T) {
-	if err := snapshot.Cluster("work").ValidateAll(); err != nil {
-		t.Errorf("cluster: %v", err)
+	for _, p := range health.LBPolicies {
+		c := snapshot.Cluster("work", p)
+		if err := c.ValidateAll(); err != nil {
+			t.Errorf("cluster (%s): %v", p, err)
+		}
+		validatePolicies(t, string(p), c.GetLoadBalancingPolicy())
 	}
 	es := []health.Executor{
 		{Registration: health.Registration{InstanceID: "e1", SessionID: "s1", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9001, Version: "1.4.0", Capacity: 4, State: health.StateActive},
@@ -122,5 +128,30 @@ func TestServedResourcesPassEnvoyValidation(t *testing.T) {
 	}
 	if err := cla.ValidateAll(); err != nil {
 		t.Errorf("endpoints: %v", err)
+	}
+}
+
+// validatePolicies validates every load-balancing policy of a list with
+// Envoy's rules, nested lists (wrr_locality's) too: a cluster's own
+// validation does not look inside its typed extension configs.
+func validatePolicies(t *testing.T, where string, lb *clusterv3.LoadBalancingPolicy) {
+	t.Helper()
+	if len(lb.GetPolicies()) == 0 {
+		t.Errorf("%s: no load-balancing policy", where)
+	}
+	for i, p := range lb.GetPolicies() {
+		m, err := p.GetTypedExtensionConfig().GetTypedConfig().UnmarshalNew()
+		if err != nil {
+			t.Errorf("%s: policy %d (%s): %v", where, i, p.GetTypedExtensionConfig().GetName(), err)
+			continue
+		}
+		if v, ok := m.(interface{ ValidateAll() error }); !ok {
+			t.Errorf("%s: policy %d: %T has no Envoy validation", where, i, m)
+		} else if err := v.ValidateAll(); err != nil {
+			t.Errorf("%s: policy %d (%s): %v", where, i, p.GetTypedExtensionConfig().GetName(), err)
+		}
+		if w, ok := m.(*wrrlocalityv3.WrrLocality); ok {
+			validatePolicies(t, where+"/wrr_locality", w.GetEndpointPickingPolicy())
+		}
 	}
 }
