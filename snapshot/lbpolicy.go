@@ -17,14 +17,18 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// ORCA timings of weighted round robin: executors report their load out of
-// band every second; a new endpoint's weight counts once it has reported for
-// two seconds (grpc-go's default of ten would keep a fresh executor
-// unweighted for long), and weights are recomputed every second.
+// Weighted round robin's timings. Weights come from the ORCA report each
+// executor attaches to every call's trailer: grpc-go's out-of-band ORCA
+// service reports at most every 30 s, too slow for a load that changes with
+// each task. A new endpoint's weight counts once it has reported for 2 s
+// (grpc-go's default of 10 s would keep a fresh executor unweighted for
+// long), weights are recomputed every second, and a weight not refreshed for
+// 10 s expires (an executor gone idle reports nothing new: its old, busy
+// weight must not keep work away from it for grpc-go's default of 3 min).
 const (
-	orcaReportingPeriod = time.Second
-	orcaBlackoutPeriod  = 2 * time.Second
-	orcaWeightUpdate    = time.Second
+	wrrBlackoutPeriod   = 2 * time.Second
+	wrrWeightUpdate     = time.Second
+	wrrWeightExpiration = 10 * time.Second
 )
 
 // loadBalancingPolicy is a cluster's policy as a list clients walk in
@@ -43,10 +47,9 @@ func loadBalancingPolicy(p health.LBPolicy) *clusterv3.LoadBalancingPolicy {
 		pick = policy("envoy.load_balancing_policies.least_request", &leastrequestv3.LeastRequest{ChoiceCount: wrapperspb.UInt32(2)})
 	default:
 		pick = policy("envoy.load_balancing_policies.client_side_weighted_round_robin", &cswrrv3.ClientSideWeightedRoundRobin{
-			EnableOobLoadReport: wrapperspb.Bool(true),
-			OobReportingPeriod:  durationpb.New(orcaReportingPeriod),
-			BlackoutPeriod:      durationpb.New(orcaBlackoutPeriod),
-			WeightUpdatePeriod:  durationpb.New(orcaWeightUpdate),
+			BlackoutPeriod:         durationpb.New(wrrBlackoutPeriod),
+			WeightUpdatePeriod:     durationpb.New(wrrWeightUpdate),
+			WeightExpirationPeriod: durationpb.New(wrrWeightExpiration),
 		})
 	}
 	inner := []*clusterv3.LoadBalancingPolicy_Policy{pick}
