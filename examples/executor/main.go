@@ -1,7 +1,8 @@
 // Command executor is an example executor: a gRPC "work" service
 // (examples/workpb) that registers itself through the local Consul agent with
 // consul.Registrar, runs each task under the session it was accepted in,
-// reports its load through its lease, and drains on SIGTERM: no new tasks,
+// reports full / not full through its lease and its load to dispatchers over
+// ORCA (adapters/loadreport), and drains on SIGTERM: no new tasks,
 // in-flight ones finish, then it deregisters and exits.
 //
 // It also serves the standard gRPC health service.
@@ -27,6 +28,7 @@ import (
 	"google.golang.org/grpc/status"
 
 	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/adapters/loadreport"
 	"github.com/leasehold/leasehold/examples/workpb"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/flagx"
@@ -90,8 +92,18 @@ func run() error {
 		return err
 	}
 
-	srv := grpc.NewServer()
-	workpb.RegisterWorkServer(srv, &work{reg: reg, cfg: cfg, inFlight: &inFlight, draining: &draining, log: log})
+	// Load reports (ORCA) go straight to each dispatcher in every result's
+	// trailer: weighted round robin weighs this executor by them.
+	load, err := loadreport.New(cfg.Capacity, func() int { return int(inFlight.Load()) })
+	if err != nil {
+		return fmt.Errorf("--capacity: %w", err)
+	}
+	srv := grpc.NewServer(load.ServerOption())
+	if err := load.Register(srv); err != nil {
+		return err
+	}
+	go load.Run(context.Background(), time.Second)
+	workpb.RegisterWorkServer(srv, &work{reg: reg, cfg: cfg, inFlight: &inFlight, draining: &draining, load: load, log: log})
 	hs := grpchealth.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	go srv.Serve(lis)
@@ -132,6 +144,7 @@ type work struct {
 	cfg      consul.Config
 	inFlight *atomic.Int64
 	draining *atomic.Bool
+	load     *loadreport.Reporter
 	log      *slog.Logger
 }
 
@@ -154,10 +167,12 @@ func (w *work) Run(ctx context.Context, req *workpb.RunRequest) (*workpb.RunResu
 	if w.draining.Load() {
 		return nil, status.Error(codes.Unavailable, "draining: no new tasks")
 	}
+	defer w.load.Report(ctx) // last: the trailer carries the load as the task ends
 	if n := w.inFlight.Add(1); n > int64(w.cfg.Capacity) {
 		w.inFlight.Add(-1)
 		return nil, status.Error(codes.ResourceExhausted, "full")
 	}
+	defer w.load.Done()
 	defer w.inFlight.Add(-1)
 	select { // the work, abandoned if the session ends under it
 	case <-time.After(time.Duration(req.GetDurationMs()) * time.Millisecond):

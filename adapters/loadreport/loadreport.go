@@ -1,0 +1,118 @@
+// Package loadreport lets an executor report its load to dispatchers the way
+// gRPC and Envoy carry it (ORCA), with grpc-go's orca package: in every
+// call's trailer (what weighted round robin weighs endpoints by) and out of
+// band on xds.data.orca.v3.OpenRcaService (for tools and sidecars; grpc-go
+// reports there at most every 30 s).
+//
+// What is reported: application utilization = tasks in flight ÷ capacity,
+// qps = tasks completed per second (over the last few seconds), and the named
+// metrics in_flight and capacity. Consul still carries the full / not full
+// gate (the lease check's warning status, seen by leasehold at once); the
+// utilization travels straight to each dispatcher, current to the call.
+package loadreport
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"google.golang.org/grpc"
+	"google.golang.org/grpc/orca"
+)
+
+// Named metrics in every report.
+const (
+	MetricInFlight = "in_flight"
+	MetricCapacity = "capacity"
+)
+
+// qpsWindow is how far back completed tasks count towards qps.
+const qpsWindow = 5 * time.Second
+
+// Reporter records an executor's load for ORCA.
+type Reporter struct {
+	capacity int
+	inFlight func() int
+	now      func() time.Time
+	rec      orca.ServerMetricsRecorder
+
+	mu   sync.Mutex
+	done []time.Time // completions within qpsWindow, oldest first
+}
+
+// New reports the load of an executor running up to capacity tasks at once,
+// inFlight() of them now. Install ServerOption on its gRPC server, Register
+// the out-of-band service, call Report in each task handler and Done when a
+// task ends.
+func New(capacity int, inFlight func() int) (*Reporter, error) {
+	if capacity < 1 {
+		return nil, fmt.Errorf("capacity: %d: want at least 1", capacity)
+	}
+	if inFlight == nil {
+		return nil, fmt.Errorf("inFlight: want a function")
+	}
+	return &Reporter{capacity: capacity, inFlight: inFlight, now: time.Now, rec: orca.NewServerMetricsRecorder()}, nil
+}
+
+// ServerOption attaches a load report to the trailer of every call whose
+// handler called Report.
+func (r *Reporter) ServerOption() grpc.ServerOption { return orca.CallMetricsServerOption(r.rec) }
+
+// Register serves the out-of-band ORCA service on s.
+func (r *Reporter) Register(s grpc.ServiceRegistrar) error {
+	return orca.Register(s, orca.ServiceOptions{ServerMetricsProvider: r.rec})
+}
+
+// Report brings the report up to date and marks the handler's call for a
+// per-call report (grpc-go attaches one only to calls that asked for their
+// recorder). Call it as the handler returns, so the trailer carries the load
+// as the task ends.
+func (r *Reporter) Report(ctx context.Context) {
+	r.update()
+	orca.CallMetricsRecorderFromContext(ctx) // the server's metrics, merged in by ServerOption
+}
+
+// Done counts a task that ended (for qps).
+func (r *Reporter) Done() {
+	r.mu.Lock()
+	r.done = append(r.done, r.now())
+	r.mu.Unlock()
+}
+
+// namedMetrics is what grpc-go's recorder offers beyond its interface.
+type namedMetrics interface{ SetNamedMetric(name string, val float64) }
+
+// update sets utilization and qps from the executor's state now.
+func (r *Reporter) update() {
+	n := r.inFlight()
+	r.rec.SetApplicationUtilization(min(float64(max(n, 0))/float64(r.capacity), 1))
+	if nm, ok := r.rec.(namedMetrics); ok {
+		nm.SetNamedMetric(MetricInFlight, float64(n))
+		nm.SetNamedMetric(MetricCapacity, float64(r.capacity))
+	}
+	r.mu.Lock()
+	now := r.now()
+	cut := 0
+	for cut < len(r.done) && now.Sub(r.done[cut]) > qpsWindow {
+		cut++
+	}
+	r.done = r.done[cut:]
+	qps := float64(len(r.done)) / qpsWindow.Seconds()
+	r.mu.Unlock()
+	r.rec.SetQPS(qps)
+}
+
+// Run keeps the out-of-band report current until ctx ends.
+func (r *Reporter) Run(ctx context.Context, every time.Duration) {
+	t := time.NewTicker(every)
+	defer t.Stop()
+	for {
+		r.update()
+		select {
+		case <-ctx.Done():
+			return
+		case <-t.C:
+		}
+	}
+}
