@@ -67,7 +67,8 @@ func (r *Reporter) Register(s grpc.ServiceRegistrar) error {
 // Report brings the report up to date and marks the handler's call for a
 // per-call report (grpc-go attaches one only to calls that asked for their
 // recorder). Call it as the handler returns, so the trailer carries the load
-// as the task ends.
+// as the task ends, with the handler's context (or an interceptor's chained
+// after ServerOption: the recorder is in the context from there on).
 func (r *Reporter) Report(ctx context.Context) {
 	r.update()
 	orca.CallMetricsRecorderFromContext(ctx) // the server's metrics, merged in by ServerOption

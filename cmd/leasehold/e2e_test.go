@@ -28,6 +28,7 @@ import (
 	_ "google.golang.org/grpc/xds" // registers the xds:/// resolver in the dispatcher child
 
 	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/adapters/loadreport"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/testproc"
@@ -181,22 +182,36 @@ type e2eExecutor struct {
 	load     atomic.Int64
 	silent   atomic.Bool // probe fails: no heartbeats
 	stop     context.CancelFunc
+	// reported is the tasks in flight it tells dispatchers over ORCA (of
+	// orcaCapacity), whatever it serves: weighted round robin's input.
+	reported atomic.Int64
 }
+
+const orcaCapacity = 4
 
 func startExecutor(t *testing.T, a *consultest.Agent, instance, version string, labels ...string) *e2eExecutor {
 	t.Helper()
 	e := &e2eExecutor{instance: instance}
+	e.reported.Store(1)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
 	}
 	e.addr = lis.Addr().String()
-	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	load, err := loadreport.New(orcaCapacity, func() int { return int(e.reported.Load()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	// Chained after the ORCA option: its interceptor puts the per-call
+	// recorder in the context this one reports into.
+	g := grpc.NewServer(load.ServerOption(), grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
 		sess := ""
 		if s := e.reg.Session(); s != nil {
 			sess = s.ID
 		}
 		grpc.SetHeader(ctx, metadata.Pairs("x-instance", instance, "x-session", sess))
+		defer load.Report(ctx)
+		defer load.Done()
 		return h(ctx, req)
 	}))
 	healthpb.RegisterHealthServer(g, grpchealth.NewServer())
