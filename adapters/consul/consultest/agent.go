@@ -45,6 +45,10 @@ type Options struct {
 	// TLS, when set, also serves the HTTP API over HTTPS (HTTPSAddr) with
 	// these PEM files; client certificates are verified when given.
 	TLS *TLSFiles
+	// ConsulCheckUpdates keeps Consul's default check_update_interval (5
+	// min: output-only check changes reach the catalog that late). Without
+	// it, test agents sync every check change at once.
+	ConsulCheckUpdates bool
 
 	member *clusterMember // set by StartCluster: a non-dev server or client of a cluster
 }
@@ -197,6 +201,13 @@ func (a *Agent) configure(o Options) error {
 }
 
 // writeConfig writes the agent's configuration for the ports already chosen.
+func checkUpdates(o Options) string {
+	if o.ConsulCheckUpdates {
+		return ""
+	}
+	return "check_update_interval = \"0s\"\n"
+}
+
 func (a *Agent) writeConfig(o Options) error {
 	hcl := fmt.Sprintf(`node_name = %q
 data_dir = %q
@@ -205,8 +216,7 @@ advertise_addr = "127.0.0.1"
 client_addr = "127.0.0.1"
 disable_update_check = true
 log_level = %q
-check_update_interval = "0s"
-ports {
+%sports {
   http = %d
   https = %d
   dns = %d
@@ -216,7 +226,7 @@ ports {
   server = %d
 }
 %s
-`, a.Node, filepath.Join(a.dir, "data"), logLevel(), a.Ports.HTTP, a.Ports.HTTPS, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+`, a.Node, filepath.Join(a.dir, "data"), logLevel(), checkUpdates(o), a.Ports.HTTP, a.Ports.HTTPS, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
 	if t := o.TLS; t != nil {
 		hcl += fmt.Sprintf(`tls {
   defaults {
