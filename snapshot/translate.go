@@ -29,7 +29,7 @@ import (
 // MetadataNamespace is the filter_metadata key of endpoint metadata.
 const MetadataNamespace = "leasehold"
 
-// Weight bounds: spare capacity clamped into this range.
+// Weight bounds: capacity clamped into this range.
 const (
 	MinWeight = 1
 	MaxWeight = 128
@@ -138,7 +138,7 @@ func Decide(executors []health.Executor, d health.Dispatcher, observe ...health.
 
 // Endpoints decides every executor of task for constraint set d and builds
 // the load assignment: eligible executors HEALTHY, draining ones DRAINING,
-// weights from spare capacity. Executors must all serve task; the output is
+// weights from capacity. Executors must all serve task; the output is
 // sorted, so equal inputs give byte-identical resources.
 func Endpoints(task string, executors []health.Executor, d health.Dispatcher) *endpointv3.ClusterLoadAssignment {
 	cla, _ := EndpointsVersioned(task, executors, d)
@@ -153,11 +153,14 @@ func EndpointsVersioned(task string, executors []health.Executor, d health.Dispa
 	return (&Builder{}).Build(task, executors, d)
 }
 
-// Weight is the endpoint weight of e: its spare capacity, clamped to
-// MinWeight..MaxWeight.
+// Weight is the endpoint weight of e: its capacity, clamped to
+// MinWeight..MaxWeight — a static prior for clients that weigh endpoints by
+// it (Envoy's round robin and least request). Not the spare capacity: the
+// load in Consul is minutes old (a check's output-only change waits for
+// check_update_interval); current load goes to dispatchers over ORCA
+// (weighted round robin), and "full" through the check's status.
 func Weight(e health.Executor) uint32 {
-	spare := e.Capacity - e.Load
-	return uint32(min(max(spare, MinWeight), MaxWeight))
+	return uint32(min(max(e.Capacity, MinWeight), MaxWeight))
 }
 
 // staticVersions memoises the versions of listeners, routes and clusters:

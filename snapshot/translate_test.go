@@ -137,9 +137,14 @@ func TestTranslateIsDeterministic(t *testing.T) {
 		}
 	}
 	es := fleet()
-	es[0].Load++ // a weight changes
+	es[0].Capacity++ // a weight changes
 	if _, v := EndpointsVersioned("transcode", es, any); v == wantV {
 		t.Fatal("content version ignores weights")
+	}
+	es = fleet()
+	es[0].Load++ // the load is not in the resources (it travels over ORCA)
+	if _, v := EndpointsVersioned("transcode", es, any); v != wantV {
+		t.Fatal("content version follows the load")
 	}
 	es = fleet()
 	es[3].State = health.StateActive // draining → healthy
@@ -159,7 +164,7 @@ func TestWeightClamp(t *testing.T) {
 		capacity, load int
 		want           uint32
 	}{
-		{4, 1, 3}, {4, 4, 1}, {4, 9, 1}, {500, 0, 128}, {128, 0, 128}, {1, 0, 1},
+		{4, 1, 4}, {4, 4, 4}, {4, 9, 4}, {500, 0, 128}, {128, 0, 128}, {1, 0, 1}, {0, 0, 1}, // the load never counts
 	} {
 		e := health.Executor{Registration: health.Registration{Capacity: tt.capacity}, Load: tt.load}
 		if got := Weight(e); got != tt.want {

@@ -28,8 +28,8 @@ import (
 	_ "google.golang.org/grpc/xds" // registers the xds:/// resolver in the dispatcher child
 
 	"github.com/leasehold/leasehold/adapters/consul"
-	"github.com/leasehold/leasehold/adapters/loadreport"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/adapters/loadreport"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/testproc"
 )

@@ -278,7 +278,7 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 		v := e.Verdicts[idx]
 		why := v.Detail
 		if v.Route == "HEALTHY" {
-			why = fmt.Sprintf("weight from spare capacity %d", max(e.Capacity-e.Load, 1))
+			why = fmt.Sprintf("weight %d (capacity; current load over ORCA)", min(max(e.Capacity, 1), 128))
 		}
 		why += observedText(v)
 		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.route(v), e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)), orDash(e.Version), load(e), why)
