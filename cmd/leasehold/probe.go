@@ -17,6 +17,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	v3orcaservicepb "github.com/cncf/xds/go/xds/service/orca/v3"
+
+	"github.com/leasehold/leasehold/adapters/loadreport"
 )
 
 // prober checks that the executor itself serves, so a heartbeat proves more
@@ -42,7 +46,9 @@ func newProber(raw string) (prober, error) {
 		if err != nil {
 			return nil, fmt.Errorf("%q: %w", raw, err)
 		}
-		return &grpcProber{conn: conn, client: healthpb.NewHealthClient(conn), service: strings.TrimPrefix(u.Path, "/")}, nil
+		p := &grpcProber{conn: conn, client: healthpb.NewHealthClient(conn), service: strings.TrimPrefix(u.Path, "/")}
+		p.inFlight.Store(-1)
+		return p, nil
 	case "http", "https":
 		return &httpProber{url: u.String(), client: &http.Client{}}, nil
 	default:
@@ -54,6 +60,10 @@ type grpcProber struct {
 	conn    *grpc.ClientConn
 	client  healthpb.HealthClient
 	service string
+
+	// From the executor's own ORCA report, read at each probe: the tasks it
+	// has in flight (-1: it reports none).
+	inFlight atomic.Int64
 }
 
 func (p *grpcProber) Probe(ctx context.Context) error {
@@ -64,7 +74,39 @@ func (p *grpcProber) Probe(ctx context.Context) error {
 	if resp.Status != healthpb.HealthCheckResponse_SERVING {
 		return fmt.Errorf("grpc health check: %s", resp.Status)
 	}
+	p.inFlight.Store(p.readORCA(ctx))
 	return nil
+}
+
+// readORCA is the executor's tasks in flight from the first report of its
+// out-of-band ORCA service (sent at once when the stream opens; grpc-go sends
+// the next only 30 s later, so a stream per probe keeps it current): the
+// in_flight metric, else utilization × capacity. -1 when it reports none.
+func (p *grpcProber) readORCA(ctx context.Context) int64 {
+	ctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	stream, err := v3orcaservicepb.NewOpenRcaServiceClient(p.conn).StreamCoreMetrics(ctx, &v3orcaservicepb.OrcaLoadReportRequest{})
+	if err != nil {
+		return -1
+	}
+	rep, err := stream.Recv()
+	if err != nil {
+		return -1
+	}
+	if n, ok := rep.GetNamedMetrics()[loadreport.MetricInFlight]; ok && n >= 0 {
+		return int64(n)
+	}
+	if c, ok := rep.GetNamedMetrics()[loadreport.MetricCapacity]; ok && rep.GetApplicationUtilization() > 0 {
+		return int64(rep.GetApplicationUtilization()*c + 0.5)
+	}
+	return -1
+}
+
+// Load is the tasks in flight the executor last reported over ORCA; ok is
+// false when it reports none.
+func (p *grpcProber) Load() (n int, ok bool) {
+	v := p.inFlight.Load()
+	return int(max(v, 0)), v >= 0
 }
 
 func (p *grpcProber) Close() error { return p.conn.Close() }

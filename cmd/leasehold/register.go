@@ -58,7 +58,7 @@ func parseRegisterFlags(args []string, stderr io.Writer) (*registerFlags, error)
 	fs.StringVar(&capacity, "capacity", "", "concurrent tasks the executor accepts, a positive integer (required)")
 	fs.Var(labels, "label", "label key=value (repeatable)")
 	fs.StringVar(&rf.probe, "probe", "", "grpc://HOST:PORT[/service] (gRPC health check) or http(s)://HOST:PORT/path (2xx): heartbeats are sent only while it passes (required)")
-	fs.StringVar(&rf.loadURL, "load-url", "", "http(s) URL answering the current load: a plain integer or JSON {\"load\": N}")
+	fs.StringVar(&rf.loadURL, "load-url", "", "http(s) URL answering the current load: a plain integer or JSON {\"load\": N} (default: a gRPC --probe's executor's own ORCA report, if it sends one)")
 	fs.DurationVar(&rf.cfg.Lease.TTL, "lease", health.DefaultLeaseTTL, "lease: no acknowledged heartbeat for this long ends the session")
 	fs.DurationVar(&rf.cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat, "heartbeat interval")
 	fs.DurationVar(&rf.cfg.Lease.DeregisterAfter, "deregister-after", health.DefaultDeregisterAfter, "Consul removes a registration critical for this long (≥ 1m)")
@@ -211,6 +211,10 @@ func runRegister(ctx context.Context, args []string, stdout, stderr io.Writer) i
 		lr, _ := newLoadReader(rf.loadURL)
 		go lr.poll(runCtx, min(rf.cfg.Lease.Heartbeat, time.Second), log)
 		rf.cfg.Load = lr.Load
+	} else if gp, ok := prober.(*grpcProber); ok {
+		// A gRPC executor reporting ORCA (adapters/loadreport) tells its
+		// load itself: read at each probe, it turns the lease full or free.
+		rf.cfg.Load = func() int { n, _ := gp.Load(); return n }
 	}
 	reg, err := consul.NewRegistrar(consul.NewAPIAgent(client), rf.cfg)
 	if err != nil {

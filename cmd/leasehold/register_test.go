@@ -23,6 +23,7 @@ import (
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/adapters/loadreport"
 	"github.com/leasehold/leasehold/health"
 )
 
@@ -178,6 +179,40 @@ func TestSidecarGRPCProbe(t *testing.T) {
 	waitStatus(t, c, "transcode", api.HealthCritical, "")
 	hs.SetServingStatus("work", healthpb.HealthCheckResponse_SERVING)
 	waitStatus(t, c, "transcode", api.HealthPassing, s1)
+}
+
+// A gRPC executor that reports ORCA (adapters/loadreport) tells the sidecar
+// its load itself: in flight = capacity turns the lease full (warning), free
+// again passing — no --load-url.
+func TestSidecarGRPCProbeReadsORCALoad(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var inFlight atomic.Int64
+	load, err := loadreport.New(2, func() int { return int(inFlight.Load()) })
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer(load.ServerOption())
+	healthpb.RegisterHealthServer(srv, grpchealth.NewServer())
+	if err := load.Register(srv); err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	go load.Run(ctx, 50*time.Millisecond)
+
+	inProcess(t, sidecarArgs(a, "grpc://"+lis.Addr().String()))
+	waitStatus(t, c, "transcode", api.HealthPassing, "")
+	inFlight.Store(2) // --capacity 2
+	waitStatus(t, c, "transcode", api.HealthWarning, "")
+	inFlight.Store(0)
+	waitStatus(t, c, "transcode", api.HealthPassing, "")
 }
 
 func TestSidecarSIGTERMDrainsThenDeregisters(t *testing.T) {
