@@ -225,6 +225,12 @@ func (d *demo) run(ctx context.Context) error {
 	d.say("confirmed so far: %s", d.outcomes.summary(time.Time{}))
 	d.explain("--dispatcher", dispatcher)
 
+	// 1b. Load reported over ORCA weighs new work: a busier executor gets
+	// less, without anything passing through Consul.
+	if err := d.busyScene(ctx, execs["exec-1"]); err != nil {
+		return err
+	}
+
 	// 2. A frozen executor's lease lapses: routing to it stops within the
 	// lease, and the dispatcher goes on with the other one.
 	d.step("2. exec-2 is frozen (SIGSTOP, like a long GC pause) for two leases")
@@ -337,6 +343,43 @@ func (d *demo) run(ctx context.Context) error {
 
 // await polls cond until it holds, saying what it waits for when it takes
 // more than a second.
+// busyScene makes exec-1 report half its capacity busy with other work
+// (SIGUSR1) and waits for its share of new tasks to drop under weighted
+// round robin, then frees it again.
+func (d *demo) busyScene(ctx context.Context, p *proc) error {
+	d.step("1b. exec-1 gets busy with other work: its load reports (ORCA, in every result) show it, and its share of new tasks drops")
+	share := func(since time.Time) (float64, int) {
+		c := d.outcomes.confirmedBy(since)
+		n := c["exec-1"] + c["exec-2"]
+		if n == 0 {
+			return 0, 0
+		}
+		return float64(c["exec-1"]) / float64(n), n
+	}
+	before, _ := share(time.Time{})
+	p.signal(syscall.SIGUSR1)
+	busy := time.Now()
+	window := busy.Add(2 * time.Second) // weights are recomputed every second
+	var got float64
+	if err := d.await(ctx, 20*time.Second, "exec-1's share of new tasks below 35%", func() bool {
+		sh, n := share(window)
+		if n < 15 {
+			return false
+		}
+		if got = sh; sh < 0.35 {
+			return true
+		}
+		window = time.Now() // not yet: a fresh window
+		return false
+	}); err != nil {
+		return err
+	}
+	d.say("exec-1's share of new tasks: %.0f%% before, %.0f%% while busy (%.1fs after it got busy); nothing went through Consul", 100*before, 100*got, time.Since(busy).Seconds())
+	p.signal(syscall.SIGUSR1)
+	d.say("exec-1 is free again")
+	return nil
+}
+
 func (d *demo) await(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(timeout)
 	told := false

@@ -94,7 +94,22 @@ func run() error {
 
 	// Load reports (ORCA) go straight to each dispatcher in every result's
 	// trailer: weighted round robin weighs this executor by them.
-	load, err := loadreport.New(cfg.Capacity, func() int { return int(inFlight.Load()) })
+	// SIGUSR1 toggles "busy with other work" (half the capacity), which only
+	// the load reports show: the demo's way to make one executor busier.
+	var other atomic.Int64
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	go func() {
+		for range usr1 {
+			if other.Load() == 0 {
+				other.Store(int64(max(cfg.Capacity/2, 1)))
+			} else {
+				other.Store(0)
+			}
+			log.Info("SIGUSR1: busy with other work", "slots", other.Load())
+		}
+	}()
+	load, err := loadreport.New(cfg.Capacity, func() int { return int(inFlight.Load() + other.Load()) })
 	if err != nil {
 		return fmt.Errorf("--capacity: %w", err)
 	}
