@@ -74,9 +74,24 @@ func (p *grpcProber) Probe(ctx context.Context) error {
 	if resp.Status != healthpb.HealthCheckResponse_SERVING {
 		return fmt.Errorf("grpc health check: %s", resp.Status)
 	}
-	p.inFlight.Store(p.readORCA(ctx))
+	// The load report is optional: it may take a quarter of what is left of
+	// the probe's time, never all of it. The Registrar stamps a heartbeat
+	// before its probe, so a report that never comes would otherwise delay
+	// every renewal by a whole heartbeat interval — with a lease of 2× the
+	// heartbeat, past the lease's end.
+	octx := ctx
+	if dl, ok := ctx.Deadline(); ok {
+		var cancel context.CancelFunc
+		octx, cancel = context.WithTimeout(ctx, time.Until(dl)/4)
+		defer cancel()
+	}
+	p.inFlight.Store(p.readORCA(octx))
 	return nil
 }
+
+// maxORCALoad bounds a reported load: a float beyond int64's range converts
+// to an implementation-defined integer (negative on amd64, "no report").
+const maxORCALoad = 1 << 30
 
 // readORCA is the executor's tasks in flight from the first report of its
 // out-of-band ORCA service (sent at once when the stream opens; grpc-go sends
@@ -94,10 +109,12 @@ func (p *grpcProber) readORCA(ctx context.Context) int64 {
 		return -1
 	}
 	if n, ok := rep.GetNamedMetrics()[loadreport.MetricInFlight]; ok && n >= 0 {
-		return int64(n)
+		return int64(min(n, maxORCALoad))
 	}
 	if c, ok := rep.GetNamedMetrics()[loadreport.MetricCapacity]; ok && rep.GetApplicationUtilization() > 0 {
-		return int64(rep.GetApplicationUtilization()*c + 0.5)
+		if n := rep.GetApplicationUtilization() * c; n >= 0 { // not NaN, not negative
+			return int64(min(n, maxORCALoad) + 0.5)
+		}
 	}
 	return -1
 }

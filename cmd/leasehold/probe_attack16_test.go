@@ -1,0 +1,139 @@
+package main
+
+import (
+	"context"
+	"math"
+	"net"
+	"testing"
+	"time"
+
+	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+	v3orcaservicepb "github.com/cncf/xds/go/xds/service/orca/v3"
+	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/adapters/loadreport"
+	"github.com/leasehold/leasehold/health"
+)
+
+// attack16ORCA is an executor's out-of-band ORCA service under the
+// attacker's control: it sends rep (or, with hang, nothing at all).
+type attack16ORCA struct {
+	v3orcaservicepb.UnimplementedOpenRcaServiceServer
+	rep  *v3orcapb.OrcaLoadReport
+	hang bool
+}
+
+func (f *attack16ORCA) StreamCoreMetrics(_ *v3orcaservicepb.OrcaLoadReportRequest, s grpc.ServerStreamingServer[v3orcapb.OrcaLoadReport]) error {
+	if !f.hang {
+		if err := s.Send(f.rep); err != nil {
+			return err
+		}
+	}
+	<-s.Context().Done()
+	return s.Context().Err()
+}
+
+// attack16Executor serves the standard health service (SERVING) and orca.
+func attack16Executor(t *testing.T, orca *attack16ORCA) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := grpc.NewServer()
+	healthpb.RegisterHealthServer(srv, grpchealth.NewServer())
+	v3orcaservicepb.RegisterOpenRcaServiceServer(srv, orca)
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	return lis.Addr().String()
+}
+
+// An executor whose ORCA report claims more tasks in flight than an int64
+// holds (or +Inf) is full by any reading — not "reports nothing, load 0".
+// A float64 beyond int64's range converts to an implementation-defined value
+// (math.MinInt64 on amd64), which the prober took for "no report".
+func TestAttack16ORCAHugeLoadIsFull(t *testing.T) {
+	for name, rep := range map[string]*v3orcapb.OrcaLoadReport{
+		"in_flight 1e300":           {NamedMetrics: map[string]float64{loadreport.MetricInFlight: 1e300}},
+		"in_flight +Inf":            {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Inf(1)}},
+		"in_flight 2^63":            {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Ldexp(1, 63)}},
+		"utilization 1e300 × cap 2": {ApplicationUtilization: 1e300, NamedMetrics: map[string]float64{loadreport.MetricCapacity: 2}},
+		"utilization 1 × cap 1e300": {ApplicationUtilization: 1, NamedMetrics: map[string]float64{loadreport.MetricCapacity: 1e300}},
+		"utilization +Inf × cap 2":  {ApplicationUtilization: math.Inf(1), NamedMetrics: map[string]float64{loadreport.MetricCapacity: 2}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			addr := attack16Executor(t, &attack16ORCA{rep: rep})
+			p, err := newProber("grpc://" + addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := p.Probe(ctx); err != nil {
+				t.Fatal(err)
+			}
+			n, ok := p.(*grpcProber).Load()
+			if !ok || n < 1<<20 {
+				t.Fatalf("Load() = %d, %v after a report of %v: want a huge load (full), reported", n, ok, rep)
+			}
+		})
+	}
+	// Nonsense that is not a load stays "no report".
+	for name, rep := range map[string]*v3orcapb.OrcaLoadReport{
+		"in_flight NaN":  {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.NaN()}},
+		"in_flight -Inf": {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Inf(-1)}},
+		"negative cap":   {ApplicationUtilization: 0.5, NamedMetrics: map[string]float64{loadreport.MetricCapacity: -4}},
+	} {
+		t.Run(name, func(t *testing.T) {
+			addr := attack16Executor(t, &attack16ORCA{rep: rep})
+			p, err := newProber("grpc://" + addr)
+			if err != nil {
+				t.Fatal(err)
+			}
+			defer p.Close()
+			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+			defer cancel()
+			if err := p.Probe(ctx); err != nil {
+				t.Fatal(err)
+			}
+			if n, ok := p.(*grpcProber).Load(); ok || n != 0 {
+				t.Fatalf("Load() = %d, %v after a report of %v: want 0, false", n, ok, rep)
+			}
+		})
+	}
+}
+
+// An executor that is healthy but whose ORCA stream never sends a report
+// must not cost it its lease. The probe context is bounded by the heartbeat,
+// and the heartbeat is stamped before the probe: with the shortest lease the
+// flags allow (2× the heartbeat), a probe that waits out its whole context
+// for an optional load report sends the renewal when the lease is already
+// over, and the sidecar loses its session over and over.
+func TestAttack16HangingORCAKeepsTheLease(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	addr := attack16Executor(t, &attack16ORCA{hang: true})
+	inProcess(t, sidecarArgs(a, "grpc://"+addr, "--lease", "1s", "--heartbeat", "500ms"))
+	first := waitStatus(t, c, "transcode", api.HealthPassing, "")
+	sess := first.Service.Meta[health.MetaSessionID]
+	deadline := time.Now().Add(5 * time.Second)
+	for time.Now().Before(deadline) {
+		es, _, err := c.Health().Service("transcode", "", false, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		e, ch := leaseCheck(es)
+		if e == nil || ch == nil {
+			t.Fatalf("registration gone %s after it passed", time.Until(deadline))
+		}
+		if got := e.Service.Meta[health.MetaSessionID]; got != sess || ch.Status != api.HealthPassing {
+			t.Fatalf("a hanging ORCA stream cost a healthy executor its lease: session %s → %s, check %s", sess, got, ch.Status)
+		}
+		time.Sleep(100 * time.Millisecond)
+	}
+}
