@@ -37,14 +37,15 @@ type Reporter struct {
 	now      func() time.Time
 	rec      orca.ServerMetricsRecorder
 
-	mu   sync.Mutex
+	mu   sync.Mutex  // one update at a time; guards done
 	done []time.Time // completions within qpsWindow, oldest first
 }
 
 // New reports the load of an executor running up to capacity tasks at once,
 // inFlight() of them now. Install ServerOption on its gRPC server, Register
 // the out-of-band service, call Report in each task handler and Done when a
-// task ends.
+// task ends. inFlight must not call back into the Reporter (it is called
+// under its lock).
 func New(capacity int, inFlight func() int) (*Reporter, error) {
 	if capacity < 1 {
 		return nil, fmt.Errorf("capacity: %d: want at least 1", capacity)
@@ -59,9 +60,20 @@ func New(capacity int, inFlight func() int) (*Reporter, error) {
 // handler called Report.
 func (r *Reporter) ServerOption() grpc.ServerOption { return orca.CallMetricsServerOption(r.rec) }
 
-// Register serves the out-of-band ORCA service on s.
+// Register serves the out-of-band ORCA service on s. Each report is brought
+// up to date as it is sent (what `leasehold register` reads at each probe):
+// tasks that start call nothing, so without this an executor that filled up
+// would report the load of whenever a handler last returned.
 func (r *Reporter) Register(s grpc.ServiceRegistrar) error {
-	return orca.Register(s, orca.ServiceOptions{ServerMetricsProvider: r.rec})
+	return orca.Register(s, orca.ServiceOptions{ServerMetricsProvider: current{r}})
+}
+
+// current is the recorder's metrics, updated as they are read.
+type current struct{ r *Reporter }
+
+func (c current) ServerMetrics() *orca.ServerMetrics {
+	c.r.update()
+	return c.r.rec.ServerMetrics()
 }
 
 // Report brings the report up to date and marks the handler's call for a
@@ -77,31 +89,41 @@ func (r *Reporter) Report(ctx context.Context) {
 // Done counts a task that ended (for qps).
 func (r *Reporter) Done() {
 	r.mu.Lock()
-	r.done = append(r.done, r.now())
+	now := r.now()
+	r.done = append(r.done, now)
+	r.prune(now) // also when nothing reports: only the window is kept
 	r.mu.Unlock()
 }
 
-// namedMetrics is what grpc-go's recorder offers beyond its interface.
-type namedMetrics interface{ SetNamedMetric(name string, val float64) }
+// prune drops completions older than qpsWindow; r.mu is held.
+func (r *Reporter) prune(now time.Time) {
+	cut := 0
+	for cut < len(r.done) && now.Sub(r.done[cut]) > qpsWindow {
+		cut++
+	}
+	r.done = r.done[cut:]
+}
 
-// update sets utilization and qps from the executor's state now.
+// namedMetrics is what grpc-go's recorder offers beyond its interface.
+type namedMetrics interface {
+	SetNamedMetric(name string, val float64)
+}
+
+// update sets utilization and qps from the executor's state now. One update
+// at a time: grpc-go's recorder sets each field by copy-and-swap, so fields
+// of concurrent updates would interleave (and could be lost), leaving a
+// report that mixes two moments.
 func (r *Reporter) update() {
+	r.mu.Lock()
+	defer r.mu.Unlock()
 	n := r.inFlight()
 	r.rec.SetApplicationUtilization(min(float64(max(n, 0))/float64(r.capacity), 1))
 	if nm, ok := r.rec.(namedMetrics); ok {
 		nm.SetNamedMetric(MetricInFlight, float64(n))
 		nm.SetNamedMetric(MetricCapacity, float64(r.capacity))
 	}
-	r.mu.Lock()
-	now := r.now()
-	cut := 0
-	for cut < len(r.done) && now.Sub(r.done[cut]) > qpsWindow {
-		cut++
-	}
-	r.done = r.done[cut:]
-	qps := float64(len(r.done)) / qpsWindow.Seconds()
-	r.mu.Unlock()
-	r.rec.SetQPS(qps)
+	r.prune(r.now())
+	r.rec.SetQPS(float64(len(r.done)) / qpsWindow.Seconds())
 }
 
 // Run keeps the out-of-band report current until ctx ends.
