@@ -4,6 +4,7 @@ import (
 	"encoding/json"
 	"errors"
 	"fmt"
+	"io"
 	"slices"
 	"strings"
 )
@@ -111,6 +112,10 @@ func ParseRollout(b []byte) (*Rollout, error) {
 	dec.DisallowUnknownFields()
 	if err := dec.Decode(&r); err != nil {
 		return nil, fmt.Errorf("parse: %w", err)
+	}
+	// One document: what follows it is an error, not silently dropped.
+	if err := dec.Decode(&struct{}{}); err != io.EOF {
+		return nil, errors.New("parse: content after the rules object")
 	}
 	if err := r.validate(); err != nil {
 		return nil, err
