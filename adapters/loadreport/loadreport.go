@@ -4,7 +4,8 @@
 // band on xds.data.orca.v3.OpenRcaService (for tools and sidecars; grpc-go
 // reports there at most every 30 s).
 //
-// What is reported: application utilization = tasks in flight ÷ capacity,
+// What is reported: application utilization = tasks in flight ÷ capacity
+// (an idle executor half a task's worth: 0 would be ignored),
 // qps = tasks completed per second (over the last few seconds), and the named
 // metrics in_flight and capacity. Consul still carries the full / not full
 // gate (the lease check's warning status, seen by leasehold at once); the
@@ -104,6 +105,18 @@ func (r *Reporter) prune(now time.Time) {
 	r.done = r.done[cut:]
 }
 
+// idleTasks is the tasks in flight an idle executor reports utilization
+// for: gRPC's and Envoy's weighted round robin ignore a report of
+// utilization 0, so an executor reporting 0 as its task ends would carry no
+// weight of its own and be weighed as the mean of those that report — the
+// busy ones — and a busy executor among idle peers would get its full share.
+const idleTasks = 0.5
+
+// utilization is n tasks in flight of capacity, within [idleTasks/capacity, 1].
+func utilization(n, capacity int) float64 {
+	return min(max(float64(n), idleTasks)/float64(capacity), 1)
+}
+
 // namedMetrics is what grpc-go's recorder offers beyond its interface.
 type namedMetrics interface {
 	SetNamedMetric(name string, val float64)
@@ -117,7 +130,7 @@ func (r *Reporter) update() {
 	r.mu.Lock()
 	defer r.mu.Unlock()
 	n := r.inFlight()
-	r.rec.SetApplicationUtilization(min(float64(max(n, 0))/float64(r.capacity), 1))
+	r.rec.SetApplicationUtilization(utilization(n, r.capacity))
 	if nm, ok := r.rec.(namedMetrics); ok {
 		nm.SetNamedMetric(MetricInFlight, float64(n))
 		nm.SetNamedMetric(MetricCapacity, float64(r.capacity))

@@ -81,7 +81,8 @@ func TestAttack16QPSWindowEdges(t *testing.T) {
 	}
 }
 
-// Utilization stays within [0, 1] whatever the executor's counter says, and
+// Utilization stays within [0.5 ÷ capacity, 1] whatever the executor's
+// counter says (never 0: weighted round robin ignores such a report), and
 // Report outside a handler (no recorder in the context) is harmless.
 func TestAttack16UtilizationBounds(t *testing.T) {
 	var n atomic.Int64
@@ -92,7 +93,7 @@ func TestAttack16UtilizationBounds(t *testing.T) {
 	for _, tt := range []struct {
 		in   int64
 		want float64
-	}{{-3, 0}, {0, 0}, {2, 0.5}, {4, 1}, {1 << 40, 1}} {
+	}{{-3, 0.125}, {0, 0.125}, {2, 0.5}, {4, 1}, {1 << 40, 1}} { // idle: half a task of 4
 		n.Store(tt.in)
 		r.Report(context.Background())
 		if got := r.rec.ServerMetrics().AppUtilization; got != tt.want {
@@ -125,7 +126,7 @@ func TestAttack16ConcurrentReportsStayConsistent(t *testing.T) {
 		}
 		wg.Wait()
 		sm := r.rec.ServerMetrics()
-		if in := sm.NamedMetrics[MetricInFlight]; sm.AppUtilization != in/1000 {
+		if in := sm.NamedMetrics[MetricInFlight]; sm.AppUtilization != utilization(int(in), 1000) {
 			bad++
 			t.Errorf("round %d: after concurrent reports, utilization %v but in_flight %v of capacity 1000", round, sm.AppUtilization, in)
 		}
