@@ -367,7 +367,14 @@ func TestSyncerLoadBalancingPolicyFromRules(t *testing.T) {
 		t.Fatalf("after the rules: %s", got)
 	}
 	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x", Raw: []byte(`{"load_balancing":{"tasks":{"work":"fastest"}}}`)}}
-	h.s.Subscribe(dispatcher(t, "")) // a round trip through Run
+	deadline := time.After(5 * time.Second)
+	for v := h.s.View(); v.Control.RolloutError == ""; v = h.s.View() { // until Run refused it
+		select {
+		case <-v.Changed():
+		case <-deadline:
+			t.Fatal("the invalid rules were never refused")
+		}
+	}
 	h.quiet()
 	if st := h.s.View().Control; !strings.Contains(st.RolloutError, `load_balancing.tasks["work"]`) {
 		t.Fatalf("invalid rules: error %q", st.RolloutError)
