@@ -15,8 +15,10 @@ import (
 	"time"
 
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
 	healthpb "google.golang.org/grpc/health/grpc_health_v1"
+	"google.golang.org/grpc/status"
 
 	v3orcaservicepb "github.com/cncf/xds/go/xds/service/orca/v3"
 
@@ -62,8 +64,10 @@ type grpcProber struct {
 	service string
 
 	// From the executor's own ORCA report, read at each probe: the tasks it
-	// has in flight (-1: it reports none).
+	// has in flight (-1: it reports none), and the probes in a row that got
+	// no report.
 	inFlight atomic.Int64
+	misses   atomic.Int32
 }
 
 func (p *grpcProber) Probe(ctx context.Context) error {
@@ -85,9 +89,24 @@ func (p *grpcProber) Probe(ctx context.Context) error {
 		octx, cancel = context.WithTimeout(ctx, time.Until(dl)/4)
 		defer cancel()
 	}
-	p.inFlight.Store(p.readORCA(octx))
+	switch n, err := p.readORCA(octx); {
+	case err == nil:
+		p.inFlight.Store(n)
+		p.misses.Store(0)
+	case status.Code(err) == codes.Unimplemented: // it sends no reports
+		p.inFlight.Store(-1)
+	case p.misses.Add(1) > maxORCAMisses:
+		p.inFlight.Store(-1)
+	default:
+		// No answer this time: an overloaded executor is slow to answer,
+		// so its last load stands for a few probes rather than "free".
+	}
 	return nil
 }
+
+// maxORCAMisses is how many probes in a row may go without a load report
+// before the last one reported stops counting.
+const maxORCAMisses = 3
 
 // maxORCALoad bounds a reported load: a float beyond int64's range converts
 // to an implementation-defined integer (negative on amd64, "no report").
@@ -96,27 +115,27 @@ const maxORCALoad = 1 << 30
 // readORCA is the executor's tasks in flight from the first report of its
 // out-of-band ORCA service (sent at once when the stream opens; grpc-go sends
 // the next only 30 s later, so a stream per probe keeps it current): the
-// in_flight metric, else utilization × capacity. -1 when it reports none.
-func (p *grpcProber) readORCA(ctx context.Context) int64 {
+// in_flight metric, else utilization × capacity; -1 when its report has none.
+func (p *grpcProber) readORCA(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
 	stream, err := v3orcaservicepb.NewOpenRcaServiceClient(p.conn).StreamCoreMetrics(ctx, &v3orcaservicepb.OrcaLoadReportRequest{})
 	if err != nil {
-		return -1
+		return -1, err
 	}
 	rep, err := stream.Recv()
 	if err != nil {
-		return -1
+		return -1, err
 	}
 	if n, ok := rep.GetNamedMetrics()[loadreport.MetricInFlight]; ok && n >= 0 {
-		return int64(min(n, maxORCALoad))
+		return int64(min(n, maxORCALoad)), nil
 	}
 	if c, ok := rep.GetNamedMetrics()[loadreport.MetricCapacity]; ok && rep.GetApplicationUtilization() > 0 {
 		if n := rep.GetApplicationUtilization() * c; n >= 0 { // not NaN, not negative
-			return int64(min(n, maxORCALoad) + 0.5)
+			return int64(min(n, maxORCALoad) + 0.5), nil
 		}
 	}
-	return -1
+	return -1, nil
 }
 
 // Load is the tasks in flight the executor last reported over ORCA; ok is
