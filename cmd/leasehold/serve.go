@@ -74,7 +74,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"admin-tls-cert", "LEASEHOLD_ADMIN_TLS_CERT", "", "PEM certificate: serve the admin port over HTTPS (re-read when it changes)", &cfg.adminTLS.Cert},
 		{"admin-tls-key", "LEASEHOLD_ADMIN_TLS_KEY", "", "PEM private key of --admin-tls-cert", &cfg.adminTLS.Key},
 		{"admin-client-ca", "LEASEHOLD_ADMIN_CLIENT_CA", "", "PEM CA: a client certificate it signed opens /debug/* and /v1/* (like the token); probes need none", &cfg.adminTLS.ClientCA},
-		{"rules", "LEASEHOLD_RULES", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals); followed live; Consul KV " + consul.RulesKey + " overrides it", &cfg.rulesFile},
+		{"rules", "LEASEHOLD_RULES", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals, load balancing per task type); followed live; Consul KV " + consul.RulesKey + " overrides it", &cfg.rulesFile},
 		{"audit-log", "LEASEHOLD_AUDIT_LOG", "-", "where configuration changes this replica applies or refuses are written, one JSON object per line (- : standard output)", &cfg.auditLog},
 		{"fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER", health.DefaultLeaseTTL.String(), "once leasehold's view of Consul is older than this, the fencing API answers UNKNOWN (routing keeps the last known snapshot)", &staleAfter},
 		{"lb-policy", "LEASEHOLD_LB_POLICY", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request", &lbPolicy},
