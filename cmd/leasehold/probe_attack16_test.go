@@ -1,9 +1,9 @@
 package main
 
 import (
-	"context"
 	"math"
 	"net"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -24,11 +24,11 @@ import (
 type attack16ORCA struct {
 	v3orcaservicepb.UnimplementedOpenRcaServiceServer
 	rep  *v3orcapb.OrcaLoadReport
-	hang bool
+	hang atomic.Bool
 }
 
 func (f *attack16ORCA) StreamCoreMetrics(_ *v3orcaservicepb.OrcaLoadReportRequest, s grpc.ServerStreamingServer[v3orcapb.OrcaLoadReport]) error {
-	if !f.hang {
+	if !f.hang.Load() {
 		if err := s.Send(f.rep); err != nil {
 			return err
 		}
@@ -66,18 +66,7 @@ func TestAttack16ORCAHugeLoadIsFull(t *testing.T) {
 		"utilization +Inf × cap 2":  {ApplicationUtilization: math.Inf(1), NamedMetrics: map[string]float64{loadreport.MetricCapacity: 2}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			addr := attack16Executor(t, &attack16ORCA{rep: rep})
-			p, err := newProber("grpc://" + addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := p.Probe(ctx); err != nil {
-				t.Fatal(err)
-			}
-			n, ok := p.(*grpcProber).Load()
+			n, ok := probeLoad(t, orcaProber(t, &attack16ORCA{rep: rep}))
 			if !ok || n < 1<<20 {
 				t.Fatalf("Load() = %d, %v after a report of %v: want a huge load (full), reported", n, ok, rep)
 			}
@@ -90,18 +79,7 @@ func TestAttack16ORCAHugeLoadIsFull(t *testing.T) {
 		"negative cap":   {ApplicationUtilization: 0.5, NamedMetrics: map[string]float64{loadreport.MetricCapacity: -4}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			addr := attack16Executor(t, &attack16ORCA{rep: rep})
-			p, err := newProber("grpc://" + addr)
-			if err != nil {
-				t.Fatal(err)
-			}
-			defer p.Close()
-			ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-			defer cancel()
-			if err := p.Probe(ctx); err != nil {
-				t.Fatal(err)
-			}
-			if n, ok := p.(*grpcProber).Load(); ok || n != 0 {
+			if n, ok := probeLoad(t, orcaProber(t, &attack16ORCA{rep: rep})); ok || n != 0 {
 				t.Fatalf("Load() = %d, %v after a report of %v: want 0, false", n, ok, rep)
 			}
 		})
@@ -117,7 +95,9 @@ func TestAttack16ORCAHugeLoadIsFull(t *testing.T) {
 func TestAttack16HangingORCAKeepsTheLease(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
-	addr := attack16Executor(t, &attack16ORCA{hang: true})
+	hanging := &attack16ORCA{}
+	hanging.hang.Store(true)
+	addr := attack16Executor(t, hanging)
 	inProcess(t, sidecarArgs(a, "grpc://"+addr, "--lease", "1s", "--heartbeat", "500ms"))
 	first := waitStatus(t, c, "transcode", api.HealthPassing, "")
 	sess := first.Service.Meta[health.MetaSessionID]
