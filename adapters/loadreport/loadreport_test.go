@@ -38,22 +38,7 @@ func TestReportsLoadPerCallAndOutOfBand(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	srv := grpc.NewServer(r.ServerOption())
-	workpb.RegisterWorkServer(srv, work{r: r})
-	if err := r.Register(srv); err != nil {
-		t.Fatal(err)
-	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	go srv.Serve(lis)
-	t.Cleanup(srv.Stop)
-	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	t.Cleanup(func() { conn.Close() })
+	conn := serveReporter(t, r, func(srv *grpc.Server) { workpb.RegisterWorkServer(srv, work{r: r}) })
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 
@@ -99,4 +84,29 @@ func TestNewRefusesBadInput(t *testing.T) {
 	if _, err := New(1, nil); err == nil {
 		t.Error("no in-flight function accepted")
 	}
+}
+
+// serveReporter serves r's options and out-of-band service (and whatever
+// register adds) on a loopback port; returns a client connection to it.
+func serveReporter(t *testing.T, r *Reporter, register ...func(*grpc.Server)) *grpc.ClientConn {
+	t.Helper()
+	srv := grpc.NewServer(r.ServerOption())
+	for _, f := range register {
+		f(srv)
+	}
+	if err := r.Register(srv); err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go srv.Serve(lis)
+	t.Cleanup(srv.Stop)
+	conn, err := grpc.NewClient(lis.Addr().String(), grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	return conn
 }
