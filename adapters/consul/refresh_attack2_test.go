@@ -57,7 +57,7 @@ func (c *instantCatalog) ServiceNodes(ctx context.Context, task, tag string, ind
 		ServiceMeta: map[string]string{health.MetaSessionID: "s1"}}}, 30, nil
 }
 
-func (c *instantCatalog) HealthService(ctx context.Context, task, tag string) ([]*api.ServiceEntry, uint64, error) {
+func (c *instantCatalog) HealthService(ctx context.Context, task, tag string, _ []string) ([]*api.ServiceEntry, uint64, error) {
 	reg := health.Registration{InstanceID: "x", SessionID: "s1", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9001,
 		Version: "1.0.0", Capacity: 4, State: health.StateActive}
 	return []*api.ServiceEntry{{

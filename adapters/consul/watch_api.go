@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"strconv"
+	"strings"
 	"sync/atomic"
 	"time"
 
@@ -23,8 +24,10 @@ type catalog interface {
 	// ServiceNodes lists the registrations of task carrying tag (no checks).
 	ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error)
 	// HealthService reads the registrations of task carrying tag with all
-	// their checks, whatever their status (not blocking).
-	HealthService(ctx context.Context, task, tag string) ([]*api.ServiceEntry, uint64, error)
+	// their checks, whatever their status (not blocking): those with one of
+	// ids (plain ids: letters, digits, '-', '_', '.', ':'), or every one when
+	// ids is nil.
+	HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error)
 	// NonPassing lists the non-passing checks of services carrying tag and
 	// of nodes.
 	NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error)
@@ -98,8 +101,22 @@ func (a apiCatalog) ServiceNodes(ctx context.Context, task, tag string, index ui
 	return s, meta.LastIndex, nil
 }
 
-func (a apiCatalog) HealthService(ctx context.Context, task, tag string) ([]*api.ServiceEntry, uint64, error) {
-	s, meta, err := a.c.Health().Service(task, tag, false, query(ctx, 0, 0))
+func (a apiCatalog) HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error) {
+	q := query(ctx, 0, 0)
+	if ids != nil {
+		var f strings.Builder
+		for i, id := range ids {
+			if !plainID(id) {
+				return nil, 0, fmt.Errorf("health service %s: service id %q cannot be filtered on", task, id)
+			}
+			if i > 0 {
+				f.WriteString(" or ")
+			}
+			f.WriteString(`Service.ID == "` + id + `"`)
+		}
+		q.Filter = f.String()
+	}
+	s, meta, err := a.c.Health().Service(task, tag, false, q)
 	if err := aclCheck("health service "+task, meta, err); err != nil {
 		return nil, 0, err
 	}
@@ -133,7 +150,8 @@ func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Dur
 // NewClient builds a Consul API client from the standard CONSUL_* environment
 // (address, token, TLS), with addr overriding the address when set, whose
 // connections to the agent are capped at maxConns (Consul refuses more than
-// 200 concurrent connections per client IP by default).
+// 200 concurrent connections per client IP by default). Answers come
+// gzip-compressed; a Watcher counts their sizes.
 func NewClient(addr string, maxConns int) (*api.Client, error) {
 	cfg := api.DefaultConfig()
 	if addr != "" {
@@ -144,6 +162,13 @@ func NewClient(addr string, maxConns int) (*api.Client, error) {
 	}
 	cfg.Transport.MaxConnsPerHost = maxConns
 	cfg.Transport.MaxIdleConnsPerHost = maxConns
+	hc, err := api.NewHttpClient(cfg.Transport, cfg.TLSConfig)
+	if err != nil {
+		return nil, fmt.Errorf("consul client: %w", err)
+	}
+	// Compressed answers, and their sizes for the watcher's read budget.
+	hc.Transport = sizingTransport{next: hc.Transport}
+	cfg.HttpClient = hc
 	c, err := api.NewClient(cfg)
 	if err != nil {
 		return nil, fmt.Errorf("consul client: %w", err)

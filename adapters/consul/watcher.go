@@ -48,6 +48,12 @@ type WatchConfig struct {
 	MinInterval time.Duration
 	// MaxBackoff caps the jittered back-off after errors (default 10s).
 	MaxBackoff time.Duration
+	// ReadRate paces the reads that grow with the fleet (task memberships,
+	// generation keys): bytes of JSON per second, all watches together
+	// (default 4 MiB/s; negative: unpaced). ReadBurst is what a quiet fleet
+	// may read at once (default 2 s of ReadRate), so a lone change is read
+	// without waiting; under churn the changes of each wait coalesce.
+	ReadRate, ReadBurst int64
 
 	Clock  clockwork.Clock
 	Logger *slog.Logger
@@ -75,6 +81,12 @@ func (c WatchConfig) withDefaults() WatchConfig {
 	}
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = 10 * time.Second
+	}
+	if c.ReadRate == 0 {
+		c.ReadRate = 4 << 20
+	}
+	if c.ReadBurst <= 0 {
+		c.ReadBurst = 2 * max(c.ReadRate, 0)
 	}
 	if c.Clock == nil {
 		c.Clock = clockwork.NewRealClock()
@@ -110,6 +122,9 @@ type Watcher struct {
 	lastContact    atomic.Int64         // unix nanos of the last successful answer
 
 	requests, errs, wakeups metric.Int64Counter
+	readBytes               metric.Int64Counter
+	budgetWait              metric.Float64Counter
+	budget                  *readBudget // nil: unpaced
 
 	// Refresh requests: each refreshable watch interrupts its blocking query
 	// and reads afresh; once all have, one Refreshed observation follows.
@@ -120,6 +135,8 @@ type Watcher struct {
 	refreshDone    map[string]uint64
 	refreshAtLeast map[uint64]uint64 // pending requests: seq → the index Consul had reached
 	refreshSent    uint64
+	wakeMu         sync.Mutex
+	refreshWake    chan struct{} // closed and replaced by every Refresh: budget waits end
 }
 
 // Watches that Refresh reads afresh: what can make a session STALE (the
@@ -135,7 +152,10 @@ func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
 	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
-		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}, refreshAtLeast: map[uint64]uint64{}}
+		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}, refreshAtLeast: map[uint64]uint64{}, refreshWake: make(chan struct{})}
+	if cfg.ReadRate > 0 {
+		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
+	}
 	for _, name := range refreshable {
 		w.refreshC[name] = make(chan uint64, 1)
 	}
@@ -143,6 +163,10 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	w.requests, _ = m.Int64Counter("leasehold.consul.requests", metric.WithDescription("Consul HTTP queries made, by watch kind"))
 	w.errs, _ = m.Int64Counter("leasehold.consul.errors", metric.WithDescription("Consul queries that failed, by watch kind"))
 	w.wakeups, _ = m.Int64Counter("leasehold.consul.wakeups", metric.WithDescription("blocking queries that returned a new index, by watch kind"))
+	w.readBytes, _ = m.Int64Counter("leasehold.consul.read_bytes", metric.WithUnit("By"),
+		metric.WithDescription("bytes of Consul answers, by watch kind, as sent (encoding=wire, gzip) and as parsed (encoding=json)"))
+	w.budgetWait, _ = m.Float64Counter("leasehold.consul.read_budget_wait", metric.WithUnit("s"),
+		metric.WithDescription("time task-membership and generation watches waited for the read budget (--consul-read-rate) before querying, by watch kind"))
 	m.Float64ObservableGauge("leasehold.consul.contact_age", metric.WithUnit("s"),
 		metric.WithDescription("seconds since Consul last answered a query (-1 before the first answer)"),
 		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
@@ -230,6 +254,10 @@ func (w *Watcher) Refresh(_ context.Context, atLeast uint64) (uint64, error) {
 			}
 		}
 	}
+	w.wakeMu.Lock() // after the requests are queued: a budget wait that missed them ends now
+	close(w.refreshWake)
+	w.refreshWake = make(chan struct{})
+	w.wakeMu.Unlock()
 	return seq, nil
 }
 
@@ -354,12 +382,17 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, na
 // after an error, since Consul may have restarted with a lower index),
 // never below MinInterval between queries (so index 0 never spins), and a
 // jittered exponential back-off after errors.
-func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, name string, minInterval time.Duration, useSlot bool,
+func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, spec watchSpec,
 	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
 	clock := w.cfg.Clock
+	name, minInterval, useSlot := spec.name, spec.minInterval, spec.useSlot
 	bo := newBackoff(100*time.Millisecond, w.cfg.MaxBackoff)
+	kind := metric.WithAttributes(attribute.String("watch", watchKind(name)))
 	var index, highest uint64
 	for ctx.Err() == nil {
+		if spec.budgeted && !w.awaitBudget(ctx, name, kind) {
+			return
+		}
 		wait := w.cfg.FastWait
 		if useSlot {
 			wait = w.cfg.WaitTime
@@ -371,11 +404,12 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			}
 		}
 		started := clock.Now()
-		next, err := w.runQuery(ctx, out, name, index, wait, query)
+		qctx, sizes := withReadSizes(ctx)
+		next, err := w.runQuery(qctx, out, name, index, wait, query)
 		if useSlot {
 			<-w.slots
 		}
-		kind := metric.WithAttributes(attribute.String("watch", watchKind(name)))
+		w.countRead(ctx, spec, sizes)
 		w.requests.Add(ctx, 1, kind)
 		if err != nil && ctx.Err() == nil {
 			w.errs.Add(ctx, 1, kind)
@@ -425,6 +459,48 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	}
 }
 
+// watchSpec names a watch and its pacing.
+type watchSpec struct {
+	name        string
+	minInterval time.Duration // least time between two of its queries
+	useSlot     bool          // holds a per-task query slot while querying
+	budgeted    bool          // answers grow with the fleet: paced by the read budget
+}
+
+// awaitBudget waits while the read budget is in debt; a refresh request
+// (fencing) ends the wait. False when ctx ended.
+func (w *Watcher) awaitBudget(ctx context.Context, name string, kind metric.MeasurementOption) bool {
+	if w.budget == nil {
+		return ctx.Err() == nil
+	}
+	w.wakeMu.Lock()
+	wake := w.refreshWake
+	w.wakeMu.Unlock()
+	if kick := w.refreshC[name]; kick != nil && len(kick) > 0 {
+		return ctx.Err() == nil // a refresh is pending: answer it now
+	}
+	waited, ok := w.budget.wait(ctx, wake)
+	if waited > 0 {
+		w.budgetWait.Add(ctx, waited.Seconds(), kind)
+	}
+	return ok
+}
+
+// countRead records the sizes of one query's answers and charges a budgeted
+// watch with what it parsed.
+func (w *Watcher) countRead(ctx context.Context, spec watchSpec, sizes *readSizes) {
+	kind := attribute.String("watch", watchKind(spec.name))
+	if n := sizes.wire.Load(); n > 0 {
+		w.readBytes.Add(ctx, n, metric.WithAttributes(kind, attribute.String("encoding", "wire")))
+	}
+	if n := sizes.decoded.Load(); n > 0 {
+		w.readBytes.Add(ctx, n, metric.WithAttributes(kind, attribute.String("encoding", "json")))
+		if spec.budgeted {
+			w.budget.charge(n)
+		}
+	}
+}
+
 // forgetWatch drops a stopped watch from the contact state, so a task type
 // that went away while failing does not keep Consul "unreachable".
 func (w *Watcher) forgetWatch(name string) {
@@ -461,7 +537,7 @@ func (w *Watcher) acquire(ctx context.Context) bool {
 func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation) {
 	var last []health.CheckState
 	first := true
-	w.blockingLoop(ctx, out, "non-passing", w.cfg.MinInterval, false, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "non-passing", minInterval: w.cfg.MinInterval}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		checks, idx, err := w.cat.NonPassing(ctx, w.cfg.Tag, index, wait)
 		if err != nil {
 			first = true // report the next answer whatever it is
@@ -491,7 +567,7 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 	var last map[string]uint64
 	bad := map[string]string{} // key → value already warned about
 	first := true
-	w.blockingLoop(ctx, out, "generations", w.cfg.MinInterval*4, false, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budgeted: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		pairs, idx, err := w.cat.Generations(ctx, index, wait)
 		if err != nil {
 			first = true
@@ -534,7 +610,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			<-r.done
 		}
 	}()
-	w.blockingLoop(ctx, out, "services", w.cfg.MinInterval*4, false, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: w.cfg.MinInterval * 4}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		services, idx, err := w.cat.Services(ctx, index, wait)
 		if err != nil {
 			return 0, err
@@ -585,64 +661,39 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 }
 
 // watchTask follows one task type's catalog entries (which do not change on
-// heartbeats) and, when they change, reads the members with their checks.
+// heartbeats) and, when they change, reads the changed members with their
+// checks (taskMembership).
 func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, task string) {
-	var lastKey string
-	w.blockingLoop(ctx, out, "task "+task, w.cfg.MinInterval*4, true, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	known, full := &taskMembership{}, true // full: read every member next time
+	spec := watchSpec{name: "task " + task, minInterval: w.cfg.MinInterval * 4, useSlot: true, budgeted: true}
+	w.blockingLoop(ctx, out, spec, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		nodes, idx, err := w.cat.ServiceNodes(ctx, task, w.cfg.Tag, index, wait)
 		if err != nil {
-			lastKey = "" // whatever Consul says next is read in full
+			full = true // whatever Consul says next is read in full
 			return 0, err
 		}
-		key := membershipKey(nodes)
-		if key == lastKey {
+		changed, left := known.diff(nodes)
+		if !full && len(changed) == 0 && !left {
 			return idx, nil // identical catalog entries: nothing changed for this task
 		}
-		entries, hidx, err := w.cat.HealthService(ctx, task, w.cfg.Tag)
-		if err != nil {
-			lastKey = ""
-			return 0, err
-		}
-		lastKey = key
-		tm := &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: make([]health.Member, 0, len(entries))}
-		for _, e := range entries {
-			tm.Members = append(tm.Members, member(task, e))
-		}
-		sort.Slice(tm.Members, func(i, j int) bool {
-			a, b := tm.Members[i], tm.Members[j]
-			if a.Node != b.Node {
-				return a.Node < b.Node
+		readAll := full || !known.pointReadable(changed, len(nodes))
+		var entries []*api.ServiceEntry
+		hidx := idx
+		if readAll || len(changed) > 0 { // only departures: nothing to read
+			var ids []string // nil: every member
+			if !readAll {
+				ids = serviceIDs(changed)
 			}
-			return a.ServiceID < b.ServiceID
-		})
-		w.send(ctx, out, health.Observation{Members: tm})
+			entries, hidx, err = w.cat.HealthService(ctx, task, w.cfg.Tag, ids)
+			if err != nil {
+				full = true
+				return 0, err
+			}
+		}
+		known, full = known.apply(task, nodes, entries, readAll, changed), false
+		w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: known.list()}})
 		return idx, nil
 	})
-}
-
-// membershipKey identifies the catalog entries of a task: same key, same
-// members with the same meta, address and port.
-//
-// Indexes alone are not enough: a Consul agent that restarted without state
-// replays the same operations to the same indexes, so the content (meta,
-// which carries the session, address, port, tags) is part of the key.
-func membershipKey(nodes []*api.CatalogService) string {
-	keys := make([]string, len(nodes))
-	for i, n := range nodes {
-		metaKeys := make([]string, 0, len(n.ServiceMeta))
-		for k := range n.ServiceMeta {
-			metaKeys = append(metaKeys, k)
-		}
-		sort.Strings(metaKeys)
-		var b strings.Builder
-		fmt.Fprintf(&b, "%s/%s@%d/%d|%s|%s:%d|%v", n.Node, n.ServiceID, n.CreateIndex, n.ModifyIndex, n.Address, n.ServiceAddress, n.ServicePort, n.ServiceTags)
-		for _, k := range metaKeys {
-			b.WriteString("|" + k + "=" + n.ServiceMeta[k])
-		}
-		keys[i] = b.String()
-	}
-	sort.Strings(keys)
-	return strings.Join(keys, "\n")
 }
 
 // member converts a health entry into the domain's Member, parsing the

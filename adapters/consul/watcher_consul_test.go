@@ -74,19 +74,7 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 	a := consultest.Start(t)
 	a.SettleSync()
 	reg := a.Client()
-	for i := range n {
-		r := health.Registration{InstanceID: fmt.Sprintf("e%04d", i), SessionID: "s", Generation: 1, Task: "work",
-			Address: "127.0.0.1", Port: 10000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive,
-			Labels: map[string]string{"zone": "eu-1", "pool": "default"}}
-		err := reg.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
-			ID: health.ServiceID(r.InstanceID, "work"), Name: "work", Tags: []string{"leasehold"},
-			Address: r.Address, Port: r.Port, Meta: r.Meta(),
-			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, "s", "work"), TTL: "1h", Status: "passing"}},
-		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
-		if err != nil {
-			t.Fatal(err)
-		}
-	}
+	registerMany(t, reg, n)
 
 	ct := newCountingTransport()
 	cfg := a.Config()
@@ -161,5 +149,106 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 	}
 	if reads, _, _ := ct.snapshot("/v1/health/service/"); reads != memReads {
 		t.Errorf("check changes re-read the membership (%d reads, want %d)", reads, memReads)
+	}
+}
+
+// registerMany registers n instances of task "work" (e0000, e0001, …) with
+// long passing leases, session "s".
+func registerMany(t *testing.T, reg *api.Client, n int) {
+	t.Helper()
+	for i := range n {
+		r := health.Registration{InstanceID: fmt.Sprintf("e%04d", i), SessionID: "s", Generation: 1, Task: "work",
+			Address: "127.0.0.1", Port: 10000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive,
+			Labels: map[string]string{"zone": "eu-1", "pool": "default"}}
+		err := reg.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
+			ID: health.ServiceID(r.InstanceID, "work"), Name: "work", Tags: []string{"leasehold"},
+			Address: r.Address, Port: r.Port, Meta: r.Meta(),
+			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, "s", "work"), TTL: "1h", Status: "passing"}},
+		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+
+}
+
+// TestConsulMembershipChangeReadsWhatChanged: on a real agent, after the first
+// read of 1,000 members, a restart under a new session re-reads that
+// registration alone (by service id, gzip-compressed), and a departure reads
+// only the catalog listing.
+func TestConsulMembershipChangeReadsWhatChanged(t *testing.T) {
+	if testing.Short() {
+		t.Skip("1,000 registrations")
+	}
+	const n = 1000
+	a := consultest.Start(t)
+	a.SettleSync()
+	reg := a.Client()
+	registerMany(t, reg, n)
+
+	ct := newCountingTransport()
+	cfg := a.Config()
+	cfg.HttpClient = &http.Client{Transport: sizingTransport{next: ct}}
+	client, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	w := NewWatcher(client, WatchConfig{})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	out := make(chan health.Observation, 64)
+	go w.Run(ctx, out)
+	members := func(what string, ok func([]health.Member) bool) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case o := <-out:
+				if o.Members != nil && ok(o.Members.Members) {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("%s never observed", what)
+			}
+		}
+	}
+	session := func(ms []health.Member, inst string) string {
+		for _, m := range ms {
+			if m.InstanceID == inst {
+				return m.SessionID
+			}
+		}
+		return ""
+	}
+	members("the first read", func(ms []health.Member) bool { return len(ms) == n })
+	_, fullBytes, _ := ct.snapshot("/v1/health/service/")
+	_, catBytes, catLast := ct.snapshot("/v1/catalog/service/")
+	t.Logf("first read of %d members: health %d bytes on the wire, catalog listing %d", n, fullBytes, catLast)
+
+	// e0007 restarts under session s2
+	r := health.Registration{InstanceID: "e0007", SessionID: "s2", Generation: 2, Task: "work", Address: "127.0.0.1", Port: 10007, Version: "1.0.0", Capacity: 4, State: health.StateActive}
+	if err := reg.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
+		ID: health.ServiceID("e0007", "work"), Name: "work", Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
+		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("e0007", "s2", "work"), TTL: "1h", Status: "passing"}},
+	}, api.ServiceRegisterOpts{ReplaceExistingChecks: true}); err != nil {
+		t.Fatal(err)
+	}
+	members("e0007's new session", func(ms []health.Member) bool { return len(ms) == n && session(ms, "e0007") == "s2" })
+	_, afterBytes, _ := ct.snapshot("/v1/health/service/")
+	_, catAfter, _ := ct.snapshot("/v1/catalog/service/")
+	t.Logf("a new session: health %d bytes, catalog %d bytes on the wire", afterBytes-fullBytes, catAfter-catBytes)
+	if d := afterBytes - fullBytes; d <= 0 || d > 8<<10 {
+		t.Errorf("a new session re-read %d bytes of members (want one registration's, ≤ 8 KiB)", d)
+	}
+	// e0008 leaves: the catalog listing alone
+	if err := reg.Agent().ServiceDeregister(health.ServiceID("e0008", "work")); err != nil {
+		t.Fatal(err)
+	}
+	members("e0008's departure", func(ms []health.Member) bool { return len(ms) == n-1 && session(ms, "e0008") == "" })
+	if _, b, _ := ct.snapshot("/v1/health/service/"); b != afterBytes {
+		t.Errorf("a departure re-read %d bytes of members", b-afterBytes)
+	}
+	if catLast > 100<<10 { // ~1 MB of JSON
+		t.Errorf("the catalog listing of %d members is %d bytes on the wire: not compressed?", n, catLast)
 	}
 }

@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"errors"
+	"slices"
 	"sync"
 	"testing"
 	"time"
@@ -22,12 +23,14 @@ type scripted struct {
 	kv       api.KVPairs
 	index    uint64
 	err      error
+	bytes    int64 // decoded size the answer reports (read budget)
 }
 
 type callRec struct {
 	method, task string
 	index        uint64
 	wait         time.Duration
+	ids          []string // a health read's service ids (nil: every member)
 }
 
 // fakeCatalog serves scripted answers per method (and task); with none
@@ -70,7 +73,7 @@ func (f *fakeCatalog) next(ctx context.Context, key string) (scripted, error) {
 }
 
 func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
-	f.calls <- callRec{"services", "", index, wait}
+	f.calls <- callRec{method: "services", index: index, wait: wait}
 	s, err := f.next(ctx, "services")
 	if err != nil {
 		return nil, 0, err
@@ -79,25 +82,40 @@ func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Dura
 }
 
 func (f *fakeCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
-	f.calls <- callRec{"nodes", task, index, wait}
+	f.calls <- callRec{method: "nodes", task: task, index: index, wait: wait}
 	s, err := f.next(ctx, "nodes/"+task)
 	if err != nil {
 		return nil, 0, err
 	}
+	if sizes := readSizesOf(ctx); sizes != nil {
+		sizes.decoded.Add(s.bytes)
+	}
 	return s.nodes, s.index, s.err
 }
 
-func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string) ([]*api.ServiceEntry, uint64, error) {
-	f.calls <- callRec{"health", task, 0, 0}
+func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error) {
+	f.calls <- callRec{method: "health", task: task, ids: ids}
 	s, err := f.next(ctx, "health/"+task)
 	if err != nil {
 		return nil, 0, err
 	}
-	return s.entries, s.index, s.err
+	if sizes := readSizesOf(ctx); sizes != nil {
+		sizes.decoded.Add(s.bytes)
+	}
+	if ids == nil {
+		return s.entries, s.index, s.err
+	}
+	var kept []*api.ServiceEntry // as Consul's filter would
+	for _, e := range s.entries {
+		if slices.Contains(ids, e.Service.ID) {
+			kept = append(kept, e)
+		}
+	}
+	return kept, s.index, s.err
 }
 
 func (f *fakeCatalog) NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-	f.calls <- callRec{"nonpassing", "", index, wait}
+	f.calls <- callRec{method: "nonpassing", index: index, wait: wait}
 	s, err := f.next(ctx, "nonpassing")
 	if err != nil {
 		return nil, 0, err
@@ -106,7 +124,7 @@ func (f *fakeCatalog) NonPassing(ctx context.Context, tag string, index uint64, 
 }
 
 func (f *fakeCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
-	f.calls <- callRec{"generations", "", index, wait}
+	f.calls <- callRec{method: "generations", index: index, wait: wait}
 	s, err := f.next(ctx, "generations")
 	if err != nil {
 		return nil, 0, err

@@ -37,6 +37,7 @@ type serveConfig struct {
 	logFormat      string
 	logLevel       slog.Level
 	consulMaxConns int
+	consulReadRate int64 // bytes/s; -1: unpaced; 0: the default
 	tls            server.TLSFiles
 	authzPolicy    string
 	adminTokenFile string
@@ -57,7 +58,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 	var (
 		cfg                                serveConfig
 		logLevel, maxConns, tag, logFormat string
-		staleAfter, lbPolicy               string
+		staleAfter, lbPolicy, readRate     string
 	)
 	flags := []serveFlag{
 		{"consul-addr", "LEASEHOLD_CONSUL_ADDR", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from the standard CONSUL_* variables)", &cfg.consulAddr},
@@ -79,6 +80,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER", health.DefaultLeaseTTL.String(), "once leasehold's view of Consul is older than this, the fencing API answers UNKNOWN (routing keeps the last known snapshot)", &staleAfter},
 		{"lb-policy", "LEASEHOLD_LB_POLICY", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request", &lbPolicy},
 		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
+		{"consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE", "4MiB", "JSON per second the listings that grow with the fleet (task members, generation keys) may read from Consul, all together (e.g. 512KiB, 4MiB, 8MB; off: unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce", &readRate},
 	}
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
@@ -119,6 +121,11 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		bad("consul-max-conns", fmt.Sprintf("%q: want 1..190", maxConns))
 	} else {
 		cfg.consulMaxConns = n
+	}
+	if n, err := parseByteRate(readRate); err != nil {
+		bad("consul-read-rate", err.Error())
+	} else {
+		cfg.consulReadRate = n
 	}
 	if p, err := health.ParseLBPolicy("--lb-policy", lbPolicy); err != nil {
 		bad("lb-policy", err.Error())
@@ -201,7 +208,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	// The watches that always answer must do so well inside the staleness
 	// bound, or an idle fleet would read as a stale view.
 	fastWait := min(10*time.Second, cfg.staleAfter/3)
-	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, Logger: log, Meter: tel.Meter})
+	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter})
 	audit, closeAudit, err := openAudit(cfg.auditLog, tel.Tracer)
 	if err != nil {
 		return err
@@ -324,4 +331,20 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	<-done
 	<-done
 	return nil
+}
+
+// parseByteRate reads a rate in bytes per second: a count with an optional
+// unit (B, KB, MB, KiB, MiB) or "off" (-1: unpaced).
+func parseByteRate(s string) (int64, error) {
+	if s == "off" {
+		return -1, nil
+	}
+	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
+	units := map[string]int64{"": 1, "B": 1, "KB": 1000, "MB": 1000 * 1000, "KiB": 1 << 10, "MiB": 1 << 20}
+	unit, ok := units[s[len(num):]]
+	n, err := strconv.ParseInt(num, 10, 64)
+	if !ok || err != nil || n <= 0 || n > (1<<40)/unit {
+		return 0, fmt.Errorf("%q: want a positive size per second such as 512KiB, 4MiB or 8MB, or off", s)
+	}
+	return n * unit, nil
 }

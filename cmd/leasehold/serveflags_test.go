@@ -28,3 +28,23 @@ func TestServeSecurityFlags(t *testing.T) {
 		}
 	}
 }
+
+func TestServeConsulReadRate(t *testing.T) {
+	for _, c := range []struct {
+		v    string
+		want int64 // 0: refused naming the flag
+	}{
+		{"4MiB", 4 << 20}, {"512KiB", 512 << 10}, {"8MB", 8e6}, {"1000", 1000}, {"2000B", 2000}, {"off", -1},
+		{"", 0}, {"0", 0}, {"-1MiB", 0}, {"4 MiB", 0}, {"4mib", 0}, {"MiB", 0}, {"99999999999999MiB", 0}, {"1.5MiB", 0},
+	} {
+		cfg, err := parseServeFlags([]string{"--consul-read-rate", c.v}, io.Discard)
+		switch {
+		case c.want == 0 && (err == nil || !strings.Contains(err.Error(), "--consul-read-rate")):
+			t.Errorf("%q: want an error naming --consul-read-rate, got %v", c.v, err)
+		case c.want != 0 && err != nil:
+			t.Errorf("%q refused: %v", c.v, err)
+		case c.want != 0 && cfg.consulReadRate != c.want:
+			t.Errorf("%q = %d, want %d", c.v, cfg.consulReadRate, c.want)
+		}
+	}
+}

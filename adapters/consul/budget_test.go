@@ -1,0 +1,97 @@
+package consul
+
+import (
+	"context"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/jonboulle/clockwork"
+)
+
+func TestReadBudgetDebtAndRefill(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newReadBudget(clock, 1000, 2000)
+	b.charge(1500)
+	if d := b.delay(); d != 0 {
+		t.Fatalf("within the burst: delay %s", d)
+	}
+	b.charge(1500) // 1000 in debt
+	if d := b.delay(); d != time.Second {
+		t.Fatalf("delay %s, want 1s", d)
+	}
+	clock.Advance(1500 * time.Millisecond)
+	if d := b.delay(); d != 0 {
+		t.Fatalf("after the debt is paid: delay %s", d)
+	}
+	clock.Advance(time.Hour)
+	b.charge(2000)
+	if d := b.delay(); d != 0 {
+		t.Fatal("the refill is capped at the burst, which a quiet fleet may spend at once")
+	}
+	b.charge(1)
+	if d := b.delay(); d <= 0 {
+		t.Fatal("beyond the burst: no debt")
+	}
+	var nilBudget *readBudget
+	nilBudget.charge(10)
+	if nilBudget.delay() != 0 {
+		t.Fatal("no budget: no delay")
+	}
+}
+
+// TestWatcherReadBudgetPacesMembershipReads: a task watch whose reads put the
+// budget in debt waits before its next catalog query (the changes of the wait
+// coalesce into one read); the fast path does not wait; a refresh request
+// ends the generations watch's wait.
+func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, ReadRate: 1000, ReadBurst: 1000})
+	h.cat.call(t, "services")
+	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}}})
+	h.cat.call(t, "nodes")
+	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{catalogEntry("n1", "a", "s1", 7)}, bytes: 1000})
+	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}, bytes: 2000})
+	for o := h.observe(); o.Members == nil; o = h.observe() {
+	}
+	// 3000 bytes read against a burst of 1000: 2 s of debt
+	if d := h.w.budget.delay(); d != 2*time.Second {
+		t.Fatalf("debt %s, want 2s", d)
+	}
+	expectNo := func(method string) {
+		t.Helper()
+		for quiet := time.After(50 * time.Millisecond); ; { // absence check only
+			select {
+			case c := <-h.cat.calls:
+				if c.method == method {
+					t.Fatalf("%s queried while the budget is in debt: %+v", method, c)
+				}
+				continue
+			case <-quiet:
+			}
+			return
+		}
+	}
+	expectNo("nodes")
+	// the fast path is not paced
+	h.cat.push("nonpassing", scripted{index: 9})
+	for o := h.observe(); o.NonPassing == nil; o = h.observe() {
+	}
+	h.clock.Advance(1900 * time.Millisecond)
+	expectNo("nodes")
+	h.clock.Advance(200 * time.Millisecond)
+	if c := h.cat.call(t, "nodes"); c.index != 8 {
+		t.Fatalf("next catalog query at index %d, want 8", c.index)
+	}
+	// generations: in debt too, but a refresh (fencing) is answered at once
+	h.cat.push("generations", scripted{index: 3, bytes: 5000})
+	h.cat.call(t, "generations")
+	for o := h.observe(); o.Generations == nil; o = h.observe() {
+	}
+	expectNo("generations")
+	if _, err := h.w.Refresh(context.Background(), 0); err != nil {
+		t.Fatal(err)
+	}
+	if c := h.cat.call(t, "generations"); c.index != 0 {
+		t.Fatalf("refresh read at index %d, want a fresh read", c.index)
+	}
+}

@@ -1,0 +1,144 @@
+package consul
+
+import (
+	"maps"
+	"slices"
+	"sort"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// maxPointRead is the most registrations one membership change re-reads by
+// service id; past it (or past a quarter of the task type) the whole task
+// type is read, which is then about as cheap.
+const maxPointRead = 32
+
+type memberKey struct{ node, serviceID string }
+
+// taskMembership is what a task watch knows of its task type: the catalog
+// entries of its last catalog answer and the members read for them. A
+// catalog answer (one blocking query, which heartbeats do not wake) says which
+// entries were added or changed; only those are re-read with their checks,
+// so a registration or a deregistration costs one catalog listing, not also
+// a health listing of every member. Consul 1.13 has no delta reads: the
+// catalog listing itself stays whole (the read budget paces it).
+type taskMembership struct {
+	entries map[memberKey]*api.CatalogService
+	members map[memberKey]health.Member
+}
+
+// diff lists the entries of nodes that need reading: added, changed (any
+// field a member is built from, so a restarted agent replaying the same
+// indexes with other content is seen), or never read; and whether any entry
+// left.
+func (m *taskMembership) diff(nodes []*api.CatalogService) (changed []memberKey, left bool) {
+	seen := 0
+	for _, n := range nodes {
+		k := memberKey{n.Node, n.ServiceID}
+		old, ok := m.entries[k]
+		if ok {
+			seen++
+		}
+		if _, read := m.members[k]; !ok || !read || !sameEntry(old, n) {
+			changed = append(changed, k)
+		}
+	}
+	return changed, seen < len(m.entries) || len(m.members) > seen
+}
+
+// sameEntry compares what a member is built from, field by field (no joined
+// keys: metadata values may hold any byte).
+func sameEntry(a, b *api.CatalogService) bool {
+	return a.Node == b.Node && a.ServiceID == b.ServiceID && a.CreateIndex == b.CreateIndex && a.ModifyIndex == b.ModifyIndex &&
+		a.Address == b.Address && a.ServiceAddress == b.ServiceAddress && a.ServicePort == b.ServicePort &&
+		slices.Equal(a.ServiceTags, b.ServiceTags) && maps.Equal(a.ServiceMeta, b.ServiceMeta)
+}
+
+// pointReadable reports whether the changed entries are few enough, and
+// their ids plain enough to quote in a filter, to re-read them alone.
+func (m *taskMembership) pointReadable(changed []memberKey, total int) bool {
+	if len(changed) > maxPointRead || len(changed)*4 > total {
+		return false
+	}
+	for _, k := range changed {
+		if !plainID(k.serviceID) {
+			return false
+		}
+	}
+	return true
+}
+
+func plainID(s string) bool {
+	if s == "" {
+		return false
+	}
+	for _, r := range s {
+		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':') {
+			return false
+		}
+	}
+	return true
+}
+
+// serviceIDs are the distinct service ids of keys, sorted.
+func serviceIDs(keys []memberKey) []string {
+	ids := make([]string, 0, len(keys))
+	for _, k := range keys {
+		ids = append(ids, k.serviceID)
+	}
+	slices.Sort(ids)
+	return slices.Compact(ids)
+}
+
+// apply builds the membership after a catalog answer (nodes) and the health
+// entries read for it: of every member when readAll, else of the changed
+// ones (entries of other members in the answer are fresher reads of
+// unchanged members and are taken too). Members exist only for entries of
+// this catalog answer: one that registered after it is read on the next
+// catalog answer, which Consul sends at once; a changed one the read did not
+// find (it left meanwhile) is left out.
+func (m *taskMembership) apply(task string, nodes []*api.CatalogService, entries []*api.ServiceEntry, readAll bool, changed []memberKey) *taskMembership {
+	next := &taskMembership{entries: make(map[memberKey]*api.CatalogService, len(nodes)), members: make(map[memberKey]health.Member, len(nodes))}
+	for _, n := range nodes {
+		next.entries[memberKey{n.Node, n.ServiceID}] = n
+	}
+	if !readAll {
+		stale := make(map[memberKey]bool, len(changed))
+		for _, k := range changed {
+			stale[k] = true
+		}
+		for k, mem := range m.members {
+			if _, ok := next.entries[k]; ok && !stale[k] {
+				next.members[k] = mem
+			}
+		}
+	}
+	for _, e := range entries {
+		if e.Node == nil || e.Service == nil {
+			continue
+		}
+		k := memberKey{e.Node.Node, e.Service.ID}
+		if _, ok := next.entries[k]; ok {
+			next.members[k] = member(task, e)
+		}
+	}
+	return next
+}
+
+// list is the members sorted by node and service id.
+func (m *taskMembership) list() []health.Member {
+	keys := slices.Collect(maps.Keys(m.members))
+	sort.Slice(keys, func(i, j int) bool {
+		if keys[i].node != keys[j].node {
+			return keys[i].node < keys[j].node
+		}
+		return keys[i].serviceID < keys[j].serviceID
+	})
+	out := make([]health.Member, 0, len(keys))
+	for _, k := range keys {
+		out = append(out, m.members[k])
+	}
+	return out
+}

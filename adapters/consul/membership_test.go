@@ -1,0 +1,182 @@
+package consul
+
+import (
+	"context"
+	"fmt"
+	"slices"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+func catalogEntry(node, instance, session string, modify uint64) *api.CatalogService {
+	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000, Version: "1.0.0", Capacity: 2, State: health.StateActive}
+	return &api.CatalogService{Node: node, ServiceID: health.ServiceID(instance, "work"), CreateIndex: modify, ModifyIndex: modify, ServiceMeta: reg.Meta()}
+}
+
+func memberIDs(ms []health.Member) []string {
+	var ids []string
+	for _, m := range ms {
+		ids = append(ids, m.Node+"/"+m.InstanceID+"/"+m.SessionID)
+	}
+	return ids
+}
+
+func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
+	a := catalogEntry("n1", "a", "s1", 7)
+	m := (&taskMembership{}).apply("work", []*api.CatalogService{a}, []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}, true, nil)
+	if changed, left := m.diff([]*api.CatalogService{catalogEntry("n1", "a", "s1", 7)}); len(changed) != 0 || left {
+		t.Fatalf("identical entries: changed %v left %v", changed, left)
+	}
+	// a restarted agent replays the same indexes with other content; metadata
+	// values that a joined key would confuse ("x|k=v" against two keys)
+	for name, mutate := range map[string]func(c *api.CatalogService){
+		"meta":         func(c *api.CatalogService) { c.ServiceMeta["session_id"] = "s2" },
+		"joined meta":  func(c *api.CatalogService) { c.ServiceMeta = map[string]string{"a": "x|b=y"} },
+		"port":         func(c *api.CatalogService) { c.ServicePort++ },
+		"address":      func(c *api.CatalogService) { c.ServiceAddress = "127.0.0.2" },
+		"node address": func(c *api.CatalogService) { c.Address = "127.0.0.3" },
+		"tags":         func(c *api.CatalogService) { c.ServiceTags = []string{"leasehold", "x"} },
+		"create index": func(c *api.CatalogService) { c.CreateIndex++ },
+		"modify index": func(c *api.CatalogService) { c.ModifyIndex++ },
+	} {
+		c := catalogEntry("n1", "a", "s1", 7)
+		mutate(c)
+		if changed, _ := m.diff([]*api.CatalogService{c}); len(changed) != 1 {
+			t.Errorf("%s change not seen", name)
+		}
+	}
+	joined := &taskMembership{entries: map[memberKey]*api.CatalogService{{"n1", "work:a"}: {Node: "n1", ServiceID: "work:a", ServiceMeta: map[string]string{"a": "x", "b": "y"}}},
+		members: map[memberKey]health.Member{{"n1", "work:a"}: {}}}
+	if changed, _ := joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a", ServiceMeta: map[string]string{"a": "x|b=y"}}}); len(changed) != 1 {
+		t.Error("metadata {a: x, b: y} → {a: \"x|b=y\"} not seen")
+	}
+	if _, left := m.diff(nil); !left {
+		t.Error("departure not seen")
+	}
+	// the same service id on another node is another member
+	if changed, left := m.diff([]*api.CatalogService{a, catalogEntry("n2", "a", "s2", 9)}); len(changed) != 1 || changed[0] != (memberKey{"n2", "work:a"}) || left {
+		t.Errorf("second node: changed %v left %v", changed, left)
+	}
+}
+
+func TestMembershipApplyKeepsOnlyWhatTheCatalogShows(t *testing.T) {
+	nodes := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s1", 7)}
+	full := []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing"), entry("work", "n1", "b", "s1", 1, "passing"), entry("work", "n1", "c", "s1", 1, "passing")}
+	m := (&taskMembership{}).apply("work", nodes, full, true, nil)
+	if got := memberIDs(m.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s1"}) {
+		t.Fatalf("full read: %v (c registered after the catalog answer: read with the next one)", got)
+	}
+	// b changes (new session) and the point read finds it; a is kept as read
+	nodes2 := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s2", 12)}
+	changed, _ := m.diff(nodes2)
+	m2 := m.apply("work", nodes2, []*api.ServiceEntry{entry("work", "n1", "b", "s2", 2, "passing")}, false, changed)
+	if got := memberIDs(m2.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s2"}) {
+		t.Fatalf("point read: %v", got)
+	}
+	// b changed again but left before its point read: left out, and read
+	// again (as never read) if the catalog still shows it
+	nodes3 := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s3", 14)}
+	changed, _ = m2.diff(nodes3)
+	m3 := m2.apply("work", nodes3, nil, false, changed)
+	if got := memberIDs(m3.list()); !slices.Equal(got, []string{"n1/a/s1"}) {
+		t.Fatalf("vanished before its read: %v", got)
+	}
+	if changed, _ := m3.diff(nodes3); len(changed) != 1 || changed[0].serviceID != "work:b" {
+		t.Fatalf("an entry never read is read next time: %v", changed)
+	}
+}
+
+func TestMembershipPointReadBounds(t *testing.T) {
+	m := &taskMembership{}
+	keys := func(n int) []memberKey {
+		var ks []memberKey
+		for i := range n {
+			ks = append(ks, memberKey{"n1", fmt.Sprintf("work:x%d", i)})
+		}
+		return ks
+	}
+	if !m.pointReadable(keys(1), 100) || !m.pointReadable(keys(maxPointRead), 1000) {
+		t.Error("a few changes of a large task type are read alone")
+	}
+	if m.pointReadable(keys(maxPointRead+1), 1000) || m.pointReadable(keys(30), 100) {
+		t.Error("many changes, or a quarter of the task type: read it all")
+	}
+	for _, id := range []string{`work:a"b`, `work:a\b`, "work:a b", "", "work:é"} {
+		if m.pointReadable([]memberKey{{"n1", id}}, 100) {
+			t.Errorf("%q quoted into a filter", id)
+		}
+	}
+	if _, _, err := (apiCatalog{}).HealthService(context.Background(), "work", "leasehold", []string{`a" or Service.ID != "`}); err == nil {
+		t.Error("an id that would rewrite the filter was sent")
+	}
+}
+
+// TestWatcherRereadsOnlyChangedMembers: after the first read of every member,
+// a catalog change re-reads the changed registrations alone (by service id),
+// and a departure reads nothing but the catalog.
+func TestWatcherRereadsOnlyChangedMembers(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, ReadRate: -1})
+	h.cat.call(t, "services")
+	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}}})
+	h.cat.call(t, "nodes")
+	var nodes []*api.CatalogService
+	var entries []*api.ServiceEntry
+	for i := range 8 {
+		id := fmt.Sprintf("x%d", i)
+		nodes = append(nodes, catalogEntry("n1", id, "s1", 7))
+		entries = append(entries, entry("work", "n1", id, "s1", 1, "passing"))
+	}
+	h.cat.push("nodes/work", scripted{index: 8, nodes: nodes})
+	h.cat.push("health/work", scripted{index: 8, entries: entries})
+	if c := h.cat.call(t, "health"); c.ids != nil {
+		t.Fatalf("first read by ids %v, want every member", c.ids)
+	}
+	members := func() []health.Member {
+		for {
+			if o := h.observe(); o.Members != nil {
+				return o.Members.Members
+			}
+		}
+	}
+	if got := members(); len(got) != 8 {
+		t.Fatalf("%d members", len(got))
+	}
+	// x3 restarts under s2, x5 leaves
+	nodes2 := slices.Clone(nodes)
+	nodes2[3] = catalogEntry("n1", "x3", "s2", 12)
+	nodes2 = slices.Delete(nodes2, 5, 6)
+	entries2 := slices.Clone(entries)
+	entries2[3] = entry("work", "n1", "x3", "s2", 2, "passing")
+	h.clock.Advance(time.Second)
+	h.cat.push("nodes/work", scripted{index: 12, nodes: nodes2})
+	h.cat.push("health/work", scripted{index: 12, entries: entries2})
+	if c := h.cat.call(t, "health"); !slices.Equal(c.ids, []string{"work:x3"}) {
+		t.Fatalf("re-read ids %v, want [work:x3]", c.ids)
+	}
+	got := memberIDs(members())
+	if len(got) != 7 || !slices.Contains(got, "n1/x3/s2") || slices.Contains(got, "n1/x5/s1") || !slices.Contains(got, "n1/x4/s1") {
+		t.Fatalf("members after the change: %v", got)
+	}
+	// x6 leaves: the catalog answer alone says so
+	nodes3 := slices.DeleteFunc(slices.Clone(nodes2), func(c *api.CatalogService) bool { return c.ServiceID == "work:x6" })
+	h.clock.Advance(time.Second)
+	h.cat.push("nodes/work", scripted{index: 13, nodes: nodes3})
+	if got := memberIDs(members()); len(got) != 6 || slices.Contains(got, "n1/x6/s1") {
+		t.Fatalf("members after a departure: %v", got)
+	}
+	for {
+		select {
+		case c := <-h.cat.calls:
+			if c.method == "health" {
+				t.Fatalf("a departure re-read members: %+v", c)
+			}
+			continue
+		default:
+		}
+		break
+	}
+}
