@@ -45,7 +45,8 @@ func TestReadBudgetDebtAndRefill(t *testing.T) {
 // coalesce into one read); the fast path does not wait; a refresh request
 // ends the generations watch's wait.
 func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, ReadRate: 1000, ReadBurst: 1000})
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, ReadRate: 1000, ReadBurst: 1000, SlowInterval: time.Hour})
+	h.waiters = 2 // the serf watch's pause (an hour) stays pending
 	h.cat.call(t, "services")
 	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}}})
 	h.cat.call(t, "nodes")
@@ -57,12 +58,13 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 	if d := h.w.budget.delay(); d != 2*time.Second {
 		t.Fatalf("debt %s, want 2s", d)
 	}
+	var mark int64 // calls up to it were made before the step under test
 	expectNo := func(method string) {
 		t.Helper()
 		for quiet := time.After(50 * time.Millisecond); ; { // absence check only
 			select {
 			case c := <-h.cat.calls:
-				if c.method == method {
+				if c.method == method && c.seq > mark {
 					t.Fatalf("%s queried while the budget is in debt: %+v", method, c)
 				}
 				continue
@@ -83,15 +85,30 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 		t.Fatalf("next catalog query at index %d, want 8", c.index)
 	}
 	// generations: in debt too, but a refresh (fencing) is answered at once
-	h.cat.push("generations", scripted{index: 3, bytes: 5000})
-	h.cat.call(t, "generations")
+	h.cat.push("generations", scripted{index: 3, bytes: 5000}) // answers its first query
 	for o := h.observe(); o.Generations == nil; o = h.observe() {
 	}
+	// the observation goes out before the watch charges the read
+	for deadline := time.Now().Add(5 * time.Second); h.w.budget.delay() < 4*time.Second; {
+		if time.Now().After(deadline) {
+			t.Fatalf("the generations read was not charged: debt %s", h.w.budget.delay())
+		}
+		time.Sleep(time.Millisecond) // polling a counter the watch goroutine sets; no event to wait on
+	}
+	mark = h.cat.seq.Load()
 	expectNo("generations")
+	h.advance(10 * time.Millisecond) // past the generations watch's pause: now it waits for the budget
+	expectNo("generations")
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if err := h.clock.BlockUntilContext(ctx, 2); err != nil {
+		t.Fatal("the generations watch does not wait for the budget")
+	}
 	if _, err := h.w.Refresh(context.Background(), 0); err != nil {
 		t.Fatal(err)
 	}
-	if c := h.cat.call(t, "generations"); c.index != 0 {
-		t.Fatalf("refresh read at index %d, want a fresh read", c.index)
+	// the blocking query it was about to make is ended by the refresh, which
+	// reads afresh (index 0)
+	for c := h.cat.call(t, "generations"); c.index != 0 || c.seq <= mark; c = h.cat.call(t, "generations") {
 	}
 }

@@ -80,6 +80,17 @@ func (c *instantCatalog) NonPassing(ctx context.Context, tag string, index uint6
 	return nil, 31, nil
 }
 
+func (c *instantCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	if err := c.block(ctx, index, wait); err != nil {
+		return nil, 0, err
+	}
+	return api.HealthChecks{{Node: "n1", CheckID: health.SerfHealthCheckID, Status: api.HealthPassing, CreateIndex: 5, ModifyIndex: 5}}, 31, nil
+}
+
+func (c *instantCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck, error) {
+	return &api.HealthCheck{Node: node, CheckID: health.SerfHealthCheckID, Status: api.HealthPassing, CreateIndex: 5, ModifyIndex: 5}, nil
+}
+
 func (c *instantCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
 	if index == 0 {
 		c.freshGen.Add(1)

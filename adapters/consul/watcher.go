@@ -6,7 +6,6 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
-	"reflect"
 	"slices"
 	"sort"
 	"strconv"
@@ -46,6 +45,12 @@ type WatchConfig struct {
 	// (default 5ms for the non-passing checks, 4× that for memberships), so
 	// index resets and bursts never turn into a tight loop.
 	MinInterval time.Duration
+	// SlowInterval is the least time between two queries of the watches
+	// whose every answer costs Consul a scan of the whole datacenter: the
+	// task types (every service) and every node's serfHealth (every check)
+	// (default 1s). Both wake on any registration, so under churn they
+	// would otherwise scan the datacenter once per registration.
+	SlowInterval time.Duration
 	// MaxBackoff caps the jittered back-off after errors (default 10s).
 	MaxBackoff time.Duration
 	// ReadRate paces the reads that grow with the fleet (task memberships,
@@ -78,6 +83,9 @@ func (c WatchConfig) withDefaults() WatchConfig {
 	}
 	if c.MinInterval <= 0 {
 		c.MinInterval = 5 * time.Millisecond
+	}
+	if c.SlowInterval <= 0 {
+		c.SlowInterval = time.Second
 	}
 	if c.MaxBackoff <= 0 {
 		c.MaxBackoff = 10 * time.Second
@@ -121,6 +129,8 @@ type Watcher struct {
 	failedAt       map[string]time.Time // per failing watch: its first error of the run
 	lastContact    atomic.Int64         // unix nanos of the last successful answer
 
+	fast fastPath
+
 	requests, errs, wakeups metric.Int64Counter
 	readBytes               metric.Int64Counter
 	budgetWait              metric.Float64Counter
@@ -153,6 +163,7 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
 	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
 		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}, refreshAtLeast: map[uint64]uint64{}, refreshWake: make(chan struct{})}
+	w.fast.serf = map[string]health.CheckState{}
 	if cfg.ReadRate > 0 {
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
 	}
@@ -191,7 +202,7 @@ func (w *Watcher) LastContact() time.Time {
 
 // Watches whose answers come at least every FastWait whatever happens: the
 // age of their last answer bounds how old the whole view may be.
-var alwaysAnswering = []string{"non-passing", "services", "generations"}
+var alwaysAnswering = []string{"non-passing", "serf", "services", "generations"}
 
 // FreshAsOf is when leasehold's view of Consul was last known current (zero
 // before every watch answered once): the oldest last answer among the watches
@@ -322,8 +333,9 @@ func (w *Watcher) runQuery(ctx context.Context, out chan<- health.Observation, n
 // Run watches until ctx ends, sending observations to out.
 func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error {
 	var wg sync.WaitGroup
-	wg.Add(3)
+	wg.Add(4)
 	go func() { defer wg.Done(); w.watchNonPassing(ctx, out) }()
+	go func() { defer wg.Done(); w.watchSerf(ctx, out) }()
 	go func() { defer wg.Done(); w.watchServices(ctx, out) }()
 	go func() { defer wg.Done(); w.watchGenerations(ctx, out) }()
 	wg.Wait()
@@ -533,33 +545,6 @@ func (w *Watcher) acquire(ctx context.Context) bool {
 	}
 }
 
-// watchNonPassing is the fast path.
-func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation) {
-	var last []health.CheckState
-	first := true
-	w.blockingLoop(ctx, out, watchSpec{name: "non-passing", minInterval: w.cfg.MinInterval}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		checks, idx, err := w.cat.NonPassing(ctx, w.cfg.Tag, index, wait)
-		if err != nil {
-			first = true // report the next answer whatever it is
-			return 0, err
-		}
-		states := make([]health.CheckState, 0, len(checks))
-		for _, c := range checks {
-			states = append(states, checkState(c))
-		}
-		sortChecks(states)
-		if !first && reflect.DeepEqual(states, last) {
-			// Identical body: nothing to rebuild, but the view is current
-			// at idx (fencing's min_consul_index counts on it).
-			w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: idx}})
-			return idx, nil
-		}
-		first, last = false, states
-		w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: idx, Checks: states}})
-		return idx, nil
-	})
-}
-
 // watchGenerations follows the session generations in Consul KV: the
 // floor below which every session of an instance is older than its newest,
 // the same on every replica.
@@ -610,7 +595,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			<-r.done
 		}
 	}()
-	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: w.cfg.MinInterval * 4}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		services, idx, err := w.cat.Services(ctx, index, wait)
 		if err != nil {
 			return 0, err

@@ -5,6 +5,7 @@ import (
 	"errors"
 	"slices"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -31,6 +32,7 @@ type callRec struct {
 	index        uint64
 	wait         time.Duration
 	ids          []string // a health read's service ids (nil: every member)
+	seq          int64    // order of the call
 }
 
 // fakeCatalog serves scripted answers per method (and task); with none
@@ -40,10 +42,16 @@ type fakeCatalog struct {
 	queues  map[string][]scripted
 	changed chan struct{} // closed and replaced on every push
 	calls   chan callRec
+	seq     atomic.Int64
 }
 
 func newFakeCatalog() *fakeCatalog {
 	return &fakeCatalog{queues: map[string][]scripted{}, changed: make(chan struct{}), calls: make(chan callRec, 1000)}
+}
+
+func (f *fakeCatalog) record(c callRec) {
+	c.seq = f.seq.Add(1)
+	f.calls <- c
 }
 
 func (f *fakeCatalog) push(key string, s scripted) {
@@ -73,7 +81,7 @@ func (f *fakeCatalog) next(ctx context.Context, key string) (scripted, error) {
 }
 
 func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
-	f.calls <- callRec{method: "services", index: index, wait: wait}
+	f.record(callRec{method: "services", index: index, wait: wait})
 	s, err := f.next(ctx, "services")
 	if err != nil {
 		return nil, 0, err
@@ -82,7 +90,7 @@ func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Dura
 }
 
 func (f *fakeCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
-	f.calls <- callRec{method: "nodes", task: task, index: index, wait: wait}
+	f.record(callRec{method: "nodes", task: task, index: index, wait: wait})
 	s, err := f.next(ctx, "nodes/"+task)
 	if err != nil {
 		return nil, 0, err
@@ -94,7 +102,7 @@ func (f *fakeCatalog) ServiceNodes(ctx context.Context, task, tag string, index 
 }
 
 func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error) {
-	f.calls <- callRec{method: "health", task: task, ids: ids}
+	f.record(callRec{method: "health", task: task, ids: ids})
 	s, err := f.next(ctx, "health/"+task)
 	if err != nil {
 		return nil, 0, err
@@ -115,7 +123,7 @@ func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids [
 }
 
 func (f *fakeCatalog) NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-	f.calls <- callRec{method: "nonpassing", index: index, wait: wait}
+	f.record(callRec{method: "nonpassing", index: index, wait: wait})
 	s, err := f.next(ctx, "nonpassing")
 	if err != nil {
 		return nil, 0, err
@@ -123,11 +131,50 @@ func (f *fakeCatalog) NonPassing(ctx context.Context, tag string, index uint64, 
 	return s.checks, s.index, s.err
 }
 
+// SerfHealth answers its first (index 0) query at once with what "serf"
+// holds queued, else with no node; later ones block until an answer is
+// queued, as an idle blocking query.
+func (f *fakeCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	f.record(callRec{method: "serf", index: index, wait: wait})
+	if index == 0 {
+		f.mu.Lock()
+		q := f.queues["serf"]
+		f.mu.Unlock()
+		if len(q) == 0 {
+			return nil, 1, nil
+		}
+	}
+	s, err := f.next(ctx, "serf")
+	if err != nil {
+		return nil, 0, err
+	}
+	return s.checks, s.index, s.err
+}
+
+// NodeSerf answers with what "nodeserf/<node>" holds queued (nil if none).
+func (f *fakeCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck, error) {
+	f.record(callRec{method: "nodeserf", task: node})
+	f.mu.Lock()
+	q := f.queues["nodeserf/"+node]
+	f.mu.Unlock()
+	if len(q) == 0 {
+		return nil, nil
+	}
+	s, err := f.next(ctx, "nodeserf/"+node)
+	if err != nil || len(s.checks) == 0 {
+		return nil, err
+	}
+	return s.checks[0], s.err
+}
+
 func (f *fakeCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
-	f.calls <- callRec{method: "generations", index: index, wait: wait}
+	f.record(callRec{method: "generations", index: index, wait: wait})
 	s, err := f.next(ctx, "generations")
 	if err != nil {
 		return nil, 0, err
+	}
+	if sizes := readSizesOf(ctx); sizes != nil {
+		sizes.decoded.Add(s.bytes)
 	}
 	return s.kv, s.index, s.err
 }
@@ -148,11 +195,12 @@ func (f *fakeCatalog) call(t *testing.T, method string) callRec {
 }
 
 type watchHarness struct {
-	t     *testing.T
-	cat   *fakeCatalog
-	clock *clockwork.FakeClock
-	out   chan health.Observation
-	w     *Watcher
+	t       *testing.T
+	waiters int // timers pending while the watch under test pauses (default 1)
+	cat     *fakeCatalog
+	clock   *clockwork.FakeClock
+	out     chan health.Observation
+	w       *Watcher
 }
 
 func startWatcher(t *testing.T, cfg WatchConfig) *watchHarness {
@@ -188,7 +236,7 @@ func (h *watchHarness) advance(d time.Duration) {
 	h.t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
+	if err := h.clock.BlockUntilContext(ctx, max(h.waiters, 1)); err != nil {
 		h.t.Fatal("watcher never paused")
 	}
 	h.clock.Advance(d)
@@ -251,7 +299,9 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 }
 
 func TestWatcherBacksOffAndReportsContact(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond})
+	// the serf watch's pause (an hour) is the other timer pending throughout
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	h.waiters = 2
 	h.cat.call(t, "nonpassing")
 	h.cat.push("nonpassing", scripted{err: errors.New("connection refused")})
 	o := h.observe()
@@ -262,7 +312,7 @@ func TestWatcherBacksOffAndReportsContact(t *testing.T) {
 	// exponential back-off: no query until the clock moves
 	for _, d := range []time.Duration{50 * time.Millisecond, 100 * time.Millisecond} {
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		h.clock.BlockUntilContext(ctx, 1)
+		h.clock.BlockUntilContext(ctx, h.waiters)
 		cancel()
 		h.cat.push("nonpassing", scripted{err: errors.New("connection refused")})
 		h.clock.Advance(d * 4) // beyond any jittered back-off at this step
@@ -465,6 +515,7 @@ func TestFreshAsOf(t *testing.T) {
 		t.Fatal("fresh before any answer")
 	}
 	w.contact(ctx, out, "non-passing", nil)
+	w.contact(ctx, out, "serf", nil)
 	w.contact(ctx, out, "services", nil)
 	if !w.FreshAsOf().IsZero() {
 		t.Fatal("fresh before the generation keys answered")
@@ -480,6 +531,7 @@ func TestFreshAsOf(t *testing.T) {
 	clock.Advance(50 * time.Second)
 	t1 := clock.Now()
 	w.contact(ctx, out, "non-passing", nil)
+	w.contact(ctx, out, "serf", nil)
 	w.contact(ctx, out, "services", nil)
 	w.contact(ctx, out, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t1) {
@@ -493,6 +545,7 @@ func TestFreshAsOf(t *testing.T) {
 	clock.Advance(5 * time.Second)
 	w.contact(ctx, out, "task work", errors.New("boom"))
 	w.contact(ctx, out, "non-passing", nil)
+	w.contact(ctx, out, "serf", nil)
 	w.contact(ctx, out, "services", nil)
 	w.contact(ctx, out, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t2) {
@@ -500,6 +553,7 @@ func TestFreshAsOf(t *testing.T) {
 	}
 	clock.Advance(time.Minute)
 	w.contact(ctx, out, "non-passing", nil)
+	w.contact(ctx, out, "serf", nil)
 	w.contact(ctx, out, "services", nil)
 	w.contact(ctx, out, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t2) {

@@ -1,0 +1,70 @@
+package consul
+
+import (
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+func serfCheck(node, status string, create, modify uint64) *api.HealthCheck {
+	return &api.HealthCheck{Node: node, CheckID: health.SerfHealthCheckID, Status: status, CreateIndex: create, ModifyIndex: modify}
+}
+
+func serfIn(o health.Observation, node string) (health.CheckState, bool) {
+	for _, c := range o.NonPassing.Checks {
+		if c.Node == node && c.CheckID == health.SerfHealthCheckID {
+			return c, true
+		}
+	}
+	return health.CheckState{}, false
+}
+
+// TestFastPathCombinesSerfAndReadsANodeBack: the set carries every node's
+// serfHealth from the paced listing; the non-passing entries win when newer;
+// a serfHealth leaving the non-passing set (the node is back) is read by node
+// at once, so the set never shows the node's pre-failure indexes.
+func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	h.waiters = 2
+	// the serf listing answers first: nothing is sent before the non-passing
+	// checks are read too
+	h.cat.push("serf", scripted{index: 10, checks: api.HealthChecks{serfCheck("n1", "passing", 3, 3), serfCheck("n2", "passing", 4, 4)}})
+	h.cat.call(t, "serf")
+	select {
+	case o := <-h.out:
+		if o.NonPassing != nil {
+			t.Fatalf("a set was sent before the non-passing checks were read: %+v", o.NonPassing)
+		}
+	case <-time.After(50 * time.Millisecond): // absence check only
+	}
+	// n2 fails
+	h.cat.push("nonpassing", scripted{index: 12, checks: api.HealthChecks{serfCheck("n2", "critical", 4, 12)}})
+	o := h.observe()
+	for o.NonPassing == nil {
+		o = h.observe()
+	}
+	if c, ok := serfIn(o, "n1"); !ok || c.Status != "passing" {
+		t.Fatalf("n1's serfHealth missing: %+v", o.NonPassing.Checks)
+	}
+	if c, ok := serfIn(o, "n2"); !ok || c.Status != "critical" || c.ModifyIndex != 12 {
+		t.Fatalf("n2's serfHealth %+v, want critical at 12 (newer than the listing)", c)
+	}
+	// n2 comes back at 15: read by node before the set is sent
+	h.cat.push("nodeserf/n2", scripted{checks: api.HealthChecks{serfCheck("n2", "passing", 4, 15)}})
+	h.advance(time.Millisecond)
+	h.cat.push("nonpassing", scripted{index: 15})
+	if c := h.cat.call(t, "nodeserf"); c.task != "n2" {
+		t.Fatalf("read node %q, want n2", c.task)
+	}
+	for o = h.observe(); o.NonPassing == nil; o = h.observe() {
+	}
+	if c, ok := serfIn(o, "n2"); !ok || c.Status != "passing" || c.ModifyIndex != 15 {
+		t.Fatalf("n2 back: serfHealth %+v, want passing at 15 (not the listing's 4)", c)
+	}
+	if o.NonPassing.Index != 15 {
+		t.Fatalf("set index %d, want the non-passing read's 15", o.NonPassing.Index)
+	}
+}
