@@ -32,14 +32,15 @@ type fleet struct {
 	lastRTT    []atomic.Int64 // its round trip, in nanoseconds: the agent reset the TTL somewhere within it
 	stopped    []atomic.Bool
 	registered []atomic.Bool
-	done       atomic.Int64 // registrations answered so far
+	gens       []atomic.Uint64 // per executor: its session's generation once --churn restarted it (0: session)
+	done       atomic.Int64    // registrations answered so far
 }
 
 // newFleet is n executors over tasks; short(i) says whether executor i holds
 // a short lease (every executor does when bulkLease is 0).
 func newFleet(agents []*api.Client, n int, tasks []string, bulkLease time.Duration, short func(i int) bool) *fleet {
 	f := &fleet{agents: agents, tasks: tasks, bulkLease: bulkLease, session: "bench", short: make([]bool, n),
-		lastAck: make([]atomic.Int64, n), lastRTT: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n)}
+		lastAck: make([]atomic.Int64, n), lastRTT: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n), gens: make([]atomic.Uint64, n)}
 	for i := range n {
 		f.ids = append(f.ids, fmt.Sprintf("x%05d", i))
 		f.short[i] = bulkLease <= 0 || short(i)
@@ -201,10 +202,18 @@ func (f *fleet) beat(i int) {
 		return
 	}
 	sent := time.Now()
-	if err := f.agent(i).UpdateTTL(health.CheckID(f.ids[i], f.session, f.taskOf(i)), "load=1", "pass"); err == nil && !f.stopped[i].Load() {
+	if err := f.agent(i).UpdateTTL(health.CheckID(f.ids[i], f.sessionOf(i), f.taskOf(i)), "load=1", "pass"); err == nil && !f.stopped[i].Load() {
 		f.lastAck[i].Store(sent.UnixNano())
 		f.lastRTT[i].Store(int64(time.Since(sent)))
 	}
+}
+
+// sessionOf is executor i's current session.
+func (f *fleet) sessionOf(i int) string {
+	if g := f.gens[i].Load(); g > 0 {
+		return fmt.Sprintf("s%d", g)
+	}
+	return f.session
 }
 
 // heartbeatRTTs is the round trip of each victim's last acknowledged

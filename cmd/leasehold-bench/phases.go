@@ -120,7 +120,7 @@ func (b *bench) startConsul() error {
 	if err != nil {
 		return err
 	}
-	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench", ExtraHCL: `limits { http_max_conns_per_client = 1000 }` + gossipHCL()})
+	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench", ExtraHCL: `limits { http_max_conns_per_client = 1000 }` + "\nenable_debug = true\n" + gossipHCL()})
 	if agent != nil {
 		b.onClose(agent.Close)
 	}

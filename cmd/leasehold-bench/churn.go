@@ -1,0 +1,451 @@
+package main
+
+import (
+	"context"
+	"flag"
+	"fmt"
+	"io"
+	"maps"
+	"net/http"
+	"os"
+	"slices"
+	"strconv"
+	"strings"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Fleet churn (issue 19): the whole fleet registers, restarts under new
+// sessions and deregisters, once without leasehold and once with it watching
+// (same agents, same sizes), while canaries — short leases heartbeated every
+// --heartbeat — keep running: a canary that lapses without being stopped is a
+// false lapse. In the steps with leasehold, canaries stop one by one (lapse →
+// stop through light ADS streams, one per task type), and after each step the
+// streams' endpoints are compared with a direct Consul read.
+
+var (
+	churnMode     = flag.Bool("churn", false, "measure fleet churn (issue 19) instead of the lapse phases: --executors register over --agents agents, restart under new sessions and deregister, without leasehold and then with it watching")
+	churnCanaries = flag.Int("churn-canaries", 40, "with --churn: executors on the short --lease heartbeated every --heartbeat throughout; a third of them stop during the steps with leasehold (lapse → stop)")
+	consulProfile = flag.String("consul-profile", "", "with --churn: write a 10 s CPU profile of the Consul server taken during the restart step with leasehold to this file")
+	churnFirst    = flag.String("churn-first", "without", "with --churn: which pass runs first, without or with (leasehold); alternate it across runs")
+)
+
+const churnVictimEvery = 2 * time.Second
+
+type churnStep struct {
+	pass, step    string // pass: without | with; step: register | restart | deregister
+	d             time.Duration
+	changes       int
+	consulCPU     time.Duration // server + clients
+	leaseholdCPU  time.Duration
+	requests      map[string]float64 // leasehold's Consul requests by watch kind
+	wire, json    map[string]float64 // leasehold's read bytes by watch kind
+	budgetWait    map[string]float64 // seconds waited for the read budget, by watch kind
+	lapses        []time.Duration    // canaries stopped during the step: lease expiry → last stream without it
+	falseLapses   int64
+	viewConverged time.Duration // step end → every stream equals a direct Consul read (-1: never)
+}
+
+type churner struct {
+	b        *bench
+	f        *fleet
+	canaries []int
+	bulk     []int
+	victims  []int // canaries that stop, in order
+	nextVic  int
+	false_   atomic.Int64
+	steps    []churnStep
+}
+
+func runChurn() error {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &bench{ctx: ctx}
+	defer b.close()
+	defer cancel()
+	if *churnFirst != "without" && *churnFirst != "with" {
+		return fmt.Errorf("--churn-first %q: want without or with", *churnFirst)
+	}
+	if *bulkLease == 0 {
+		*bulkLease = 10 * time.Minute
+	}
+	if err := b.startConsul(); err != nil {
+		return err
+	}
+	n := *churnCanaries
+	c := &churner{b: b}
+	c.f = newFleet(b.clients, n+*executors, taskNames(*tasks), *bulkLease, func(i int) bool { return i < n })
+	c.canaries, c.bulk = span(0, n), span(n, n+*executors)
+	for k, i := range c.canaries {
+		if k%3 == 0 {
+			c.victims = append(c.victims, i)
+		}
+	}
+	logf("churn: %d executors over %d task types and %d agents; %d canaries on lease %s (heartbeat %s); the rest on lease %s",
+		*executors, len(c.f.tasks), len(b.clients), n, *lease, *heartbeat, *bulkLease)
+	if err := c.f.registerEach(c.canaries, 1); err != nil {
+		return err
+	}
+	go c.f.heartbeatAll(ctx)
+	go c.watchFalseLapses(ctx)
+	passes := []string{"without", "with"}
+	if *churnFirst == "with" {
+		passes = []string{"with", "without"}
+	}
+	for _, pass := range passes {
+		if err := c.pass(pass == "with"); err != nil {
+			return err
+		}
+	}
+	fmt.Print(c.markdown())
+	return nil
+}
+
+// pass registers the bulk, restarts it under new sessions and deregisters it.
+func (c *churner) pass(with bool) error {
+	b := c.b
+	name := "without"
+	var ds *dispatcherSet
+	if with {
+		name = "with"
+		srv, err := startServe(b.agent.HTTPAddr())
+		if err != nil {
+			return err
+		}
+		b.srv = srv
+		defer func() { srv.stop(); b.srv = nil }()
+		dctx, stop := context.WithCancel(b.ctx)
+		defer stop()
+		if ds, err = startDispatchers(dctx, srv.xds, len(c.f.tasks), c.f.tasks); err != nil {
+			return err
+		}
+		if d := c.converge(ds, 60*time.Second); d < 0 {
+			return fmt.Errorf("the streams never held the canaries")
+		}
+	}
+	gen := c.f.gens[c.bulk[0]].Load()
+	for _, step := range []struct {
+		name string
+		do   func() error
+	}{
+		{"register", func() error { return c.f.registerEach(c.bulk, gen+1) }},
+		{"restart", func() error { return c.f.registerEach(c.bulk, gen+2) }},
+		{"deregister", func() error { return c.f.deregisterEach(c.bulk) }},
+	} {
+		s := churnStep{pass: name, step: step.name, changes: len(c.bulk)}
+		before := c.reading()
+		falseBefore := c.false_.Load()
+		start := time.Now()
+		var lapses sync.WaitGroup
+		var mu sync.Mutex
+		done := make(chan struct{})
+		if with && step.name != "deregister" {
+			go c.stopVictims(done, ds, &lapses, &mu, &s.lapses)
+		}
+		go c.f.progress(done, 15*time.Second)
+		if with && step.name == "restart" && *consulProfile != "" {
+			go c.profileConsul(*consulProfile)
+		}
+		err := step.do()
+		s.d = time.Since(start)
+		close(done)
+		if err != nil {
+			return fmt.Errorf("%s %s: %w", name, step.name, err)
+		}
+		if with {
+			s.viewConverged = c.converge(ds, 60*time.Second)
+		}
+		lapses.Wait()
+		after := c.reading()
+		s.falseLapses = c.false_.Load() - falseBefore
+		s.consulCPU = after.consul - before.consul
+		s.leaseholdCPU = after.leasehold - before.leasehold
+		s.requests, s.wire, s.json, s.budgetWait = diffMap(after.requests, before.requests), diffMap(after.wire, before.wire), diffMap(after.json, before.json), diffMap(after.wait, before.wait)
+		c.steps = append(c.steps, s)
+		logf("churn %s leasehold: %s of %d in %s (false lapses %d, view converged after %s, lapse → stop %s)", name, step.name, s.changes, r(s.d), s.falseLapses, r(s.viewConverged), dist(s.lapses))
+	}
+	return nil
+}
+
+// stopVictims stops the next canary every churnVictimEvery until done and
+// measures each one's lapse → stop.
+func (c *churner) stopVictims(done <-chan struct{}, ds *dispatcherSet, wg *sync.WaitGroup, mu *sync.Mutex, out *[]time.Duration) {
+	t := time.NewTicker(churnVictimEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-done:
+			return
+		case <-t.C:
+		}
+		mu.Lock()
+		if c.nextVic >= len(c.victims) {
+			mu.Unlock()
+			return
+		}
+		i := c.victims[c.nextVic]
+		c.nextVic++
+		mu.Unlock()
+		expiry := c.f.stop(i)
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			lat, err := c.f.lapseLatencies(ds, []int{i}, []time.Time{expiry})
+			if err != nil {
+				logf("churn: %v", err)
+			}
+			mu.Lock()
+			*out = append(*out, lat...)
+			mu.Unlock()
+		}()
+	}
+}
+
+// converge waits until every stream holds exactly the executors a direct
+// Consul read shows passing for its task type, and returns how long that
+// took (-1: not within timeout).
+func (c *churner) converge(ds *dispatcherSet, timeout time.Duration) time.Duration {
+	start := time.Now()
+	for time.Since(start) < timeout {
+		truth, err := c.passing()
+		if err == nil {
+			if ds.awaitAll(func(task string, set map[string]bool) bool { return equalSets(set, truth[task]) }, 2*time.Second) == nil {
+				// the truth may have moved while the streams caught up: read again
+				if again, err := c.passing(); err == nil && equalTruth(again, truth) {
+					return time.Since(start)
+				}
+			}
+		}
+	}
+	return -1
+}
+
+// passing is, per task type, the instances Consul shows with every check
+// passing, read from the server.
+func (c *churner) passing() (map[string]map[string]bool, error) {
+	out := map[string]map[string]bool{}
+	for _, task := range c.f.tasks {
+		entries, _, err := c.b.clients[0].Health().Service(task, health.DefaultTag, true, nil)
+		if err != nil {
+			return nil, err
+		}
+		set := map[string]bool{}
+		for _, e := range entries {
+			set[e.Service.Meta[health.MetaInstanceID]] = true
+		}
+		out[task] = set
+	}
+	return out, nil
+}
+
+func equalSets(a, b map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !b[k] {
+			return false
+		}
+	}
+	return true
+}
+
+func equalTruth(a, b map[string]map[string]bool) bool {
+	if len(a) != len(b) {
+		return false
+	}
+	for k := range a {
+		if !equalSets(a[k], b[k]) {
+			return false
+		}
+	}
+	return true
+}
+
+// watchFalseLapses follows Consul's critical checks: one of a running,
+// never-stopped executor's current session is a false lapse.
+func (c *churner) watchFalseLapses(ctx context.Context) {
+	byID := map[string]int{}
+	for i, id := range c.f.ids {
+		byID[id] = i
+	}
+	seen := map[string]uint64{}
+	var index uint64
+	for ctx.Err() == nil {
+		checks, meta, err := c.b.clients[0].Health().State(api.HealthCritical, (&api.QueryOptions{WaitIndex: index, WaitTime: 10 * time.Second}).WithContext(ctx))
+		if err != nil {
+			time.Sleep(time.Second) // back-off of a harness read, not a wait for a result
+			index = 0
+			continue
+		}
+		index = meta.LastIndex
+		for _, ch := range checks {
+			inst, session, _, ok := health.ParseCheckID(ch.CheckID)
+			i, known := byID[inst]
+			if !ok || !known || c.f.stopped[i].Load() || !c.f.registered[i].Load() || session != c.f.sessionOf(i) || seen[ch.CheckID] == ch.ModifyIndex {
+				continue
+			}
+			seen[ch.CheckID] = ch.ModifyIndex
+			c.false_.Add(1)
+			logf("churn: FALSE LAPSE of %s (session %s): %q", inst, session, ch.Output)
+		}
+	}
+}
+
+type churnReading struct {
+	consul, leasehold          time.Duration
+	requests, wire, json, wait map[string]float64
+}
+
+func (c *churner) reading() churnReading {
+	u := c.b.consulCPU()
+	rd := churnReading{consul: u.server + u.clients}
+	if s := c.b.srv; s != nil {
+		rd.leasehold = s.cpu()
+		rd.requests, _ = s.metricBy("leasehold_consul_requests_total", "watch")
+		rd.wait, _ = s.metricBy("leasehold_consul_read_budget_wait_seconds_total", "watch")
+		if text, err := s.metricsText(); err == nil {
+			rd.wire = samplesWhere(text, "leasehold_consul_read_bytes_total", "watch", `encoding="wire"`)
+			rd.json = samplesWhere(text, "leasehold_consul_read_bytes_total", "watch", `encoding="json"`)
+		}
+	}
+	return rd
+}
+
+// metricsText is leasehold's /metrics.
+func (s *served) metricsText() (string, error) {
+	resp, err := http.Get("http://" + s.admin + "/metrics")
+	if err != nil {
+		return "", err
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	return string(b), err
+}
+
+// samplesWhere is samplesBy over the samples whose labels contain match.
+func samplesWhere(text, name, label, match string) map[string]float64 {
+	var keep []string
+	for _, line := range strings.Split(text, "\n") {
+		if strings.HasPrefix(line, name+"{") && strings.Contains(line, match) {
+			keep = append(keep, line)
+		}
+	}
+	return samplesBy(strings.Join(keep, "\n"), name, label)
+}
+
+func diffMap(after, before map[string]float64) map[string]float64 {
+	out := map[string]float64{}
+	for k, v := range after {
+		out[k] = v - before[k]
+	}
+	return out
+}
+
+// registerEach registers executors ids under generation gen (the session
+// s<gen>): the generation key first, as the Registrar does, then the
+// service with its TTL check (replacing the previous session's), then one
+// heartbeat with the load.
+func (f *fleet) registerEach(ids []int, gen uint64) error {
+	f.done.Store(0)
+	return parallel(len(ids), registerWorkers(len(f.agents)), func(k int) error {
+		defer f.done.Add(1)
+		i := ids[k]
+		task := f.taskOf(i)
+		client := f.agents[agentOf(i, len(f.agents))]
+		if _, err := client.KV().Put(&api.KVPair{Key: health.GenerationKey(f.ids[i]), Value: []byte(strconv.FormatUint(gen, 10))}, nil); err != nil {
+			return fmt.Errorf("generation of %s: %w", f.ids[i], err)
+		}
+		session := fmt.Sprintf("s%d", gen)
+		reg := health.Registration{InstanceID: f.ids[i], SessionID: session, Generation: gen, Task: task,
+			Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8, State: health.StateActive}
+		sent := time.Now()
+		err := client.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
+			ID: health.ServiceID(reg.InstanceID, task), Name: task, Tags: []string{health.DefaultTag},
+			Address: reg.Address, Port: reg.Port, Meta: reg.Meta(),
+			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(reg.InstanceID, session, task), TTL: f.leaseOf(i).String(), Status: "passing", DeregisterCriticalServiceAfter: "10m"}},
+		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		if err != nil {
+			return fmt.Errorf("register %s: %w", reg.InstanceID, err)
+		}
+		f.gens[i].Store(gen)
+		f.lastAck[i].Store(sent.UnixNano())
+		f.registered[i].Store(true)
+		f.beat(i)
+		return nil
+	})
+}
+
+// deregisterEach deregisters executors ids (their generation keys stay, as
+// a Registrar leaves them).
+func (f *fleet) deregisterEach(ids []int) error {
+	f.done.Store(0)
+	return parallel(len(ids), registerWorkers(len(f.agents)), func(k int) error {
+		defer f.done.Add(1)
+		i := ids[k]
+		f.registered[i].Store(false)
+		if err := f.agent(i).ServiceDeregister(health.ServiceID(f.ids[i], f.taskOf(i))); err != nil {
+			return fmt.Errorf("deregister %s: %w", f.ids[i], err)
+		}
+		return nil
+	})
+}
+
+func (c *churner) markdown() string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "\n`leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d --lease %s --heartbeat %s --churn-first %s` (load average %s)\n\n",
+		*executors, len(c.f.tasks), len(c.b.clients), *churnCanaries, *lease, *heartbeat, *churnFirst, loadAverage())
+	b.WriteString("| step | without leasehold | with leasehold | ratio | Consul CPU without / with | leasehold CPU | leasehold read per change (wire / JSON) | by watch (JSON per change) | budget wait | requests | false lapses | lapse → stop | view = Consul after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	for _, step := range []string{"register", "restart", "deregister"} {
+		var wo, wi churnStep
+		for _, s := range c.steps {
+			if s.step == step && s.pass == "without" {
+				wo = s
+			} else if s.step == step {
+				wi = s
+			}
+		}
+		per := func(m map[string]float64) float64 { return sum(m) / float64(max(wi.changes, 1)) }
+		var by []string
+		for _, k := range slices.Sorted(maps.Keys(wi.json)) {
+			by = append(by, fmt.Sprintf("%s %.1f KB", k, wi.json[k]/float64(max(wi.changes, 1))/1000))
+		}
+		var reqs []string
+		for _, k := range slices.Sorted(maps.Keys(wi.requests)) {
+			reqs = append(reqs, fmt.Sprintf("%s %.0f", k, wi.requests[k]))
+		}
+		fmt.Fprintf(&b, "| %s %d | %s | %s | %.2f× | %s / %s | %s | %.1f KB / %.1f KB | %s | %.1f s | %s | %d / %d | %s | %s |\n",
+			step, wi.changes, r(wo.d), r(wi.d), float64(wi.d)/float64(max(wo.d, 1)), r(wo.consulCPU), r(wi.consulCPU), r(wi.leaseholdCPU),
+			per(wi.wire)/1000, per(wi.json)/1000, strings.Join(by, ", "), sum(wi.budgetWait), strings.Join(reqs, ", "), wo.falseLapses, wi.falseLapses, dist(wi.lapses), r(wi.viewConverged))
+	}
+	return b.String()
+}
+
+func sum(m map[string]float64) float64 {
+	var s float64
+	for _, v := range m {
+		s += v
+	}
+	return s
+}
+
+// profileConsul writes a 10 s CPU profile of the Consul server (enable_debug).
+func (c *churner) profileConsul(path string) {
+	resp, err := http.Get("http://" + c.b.agent.HTTPAddr() + "/debug/pprof/profile?seconds=10")
+	if err != nil {
+		logf("consul profile: %v", err)
+		return
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(resp.Body)
+	if err == nil {
+		err = os.WriteFile(path, b, 0o644)
+	}
+	if err != nil {
+		logf("consul profile: %v", err)
+	}
+}
