@@ -15,27 +15,31 @@ import (
 // nodes, and every node's serfHealth (passing too: its indexes tell a node
 // that failed and came back since a session registered).
 //
-// Two watches feed it. "non-passing" blocks on Consul's checks in state
-// critical and warning, whose blocking queries wake only when a check enters,
-// leaves or changes in that state — registrations of passing executors,
-// however many, do not wake them — and each answer costs Consul the
-// non-passing checks only. "serf" lists every node's serfHealth, a scan of
-// every check in the datacenter that any check change wakes, so it is paced
-// by SlowInterval; a serfHealth leaving the non-passing set (a node back) is
-// read at once by node, so its new indexes never wait for that pace.
+// Three watches feed it. "non-passing" and "warning" block on Consul's checks
+// in state critical and in state warning: such a query wakes only when a
+// check enters, leaves or changes in that state — registrations of passing
+// executors, however many, do not wake it — and each answer costs Consul
+// those checks only. When one of them sees a change it reads the other state
+// afresh before the set goes out, so a check moving between the two states is
+// never missing from both; the set's index is the critical read's, exact for
+// what matters most (a lapse). "serf" lists every node's serfHealth, a scan
+// of every check in the datacenter that any check change wakes, so it is
+// paced by SlowInterval; a serfHealth leaving the non-passing set (a node
+// back) is read at once by node, so its new indexes never wait for that pace.
 //
-// (Before issue 19 one filtered blocking query over every check did both: it
-// woke on every registration and scanned the whole datacenter each time,
-// the largest share of Consul's CPU that leasehold caused under churn.)
+// (Before issue 19 one filtered blocking query over every check did all of
+// it: every registration woke it and made Consul scan the whole datacenter,
+// the largest share of Consul's CPU leasehold caused under churn.)
 type fastPath struct {
-	mu       sync.Mutex // held while sending, so observations go out in order
-	np       []health.CheckState
-	npIndex  uint64
-	npRead   bool
-	serf     map[string]health.CheckState // node → its serfHealth
-	serfRead bool
-	last     []health.CheckState // the last set sent
-	sent     bool                // last is current: the next identical set is progress only
+	mu        sync.Mutex // held while reading the other state and sending: sets go out in order
+	crit      []health.CheckState
+	warn      []health.CheckState
+	critIndex uint64
+	critRead  bool
+	warnRead  bool
+	serf      map[string]health.CheckState // node → its serfHealth
+	last      []health.CheckState // the last set sent
+	sent      bool                // last is current: the next identical set is progress only
 }
 
 // isSerf reports whether c is a node's serfHealth check.
@@ -47,14 +51,16 @@ func isSerf(c health.CheckState) bool {
 // states of one check, the one Consul modified later wins.
 func (f *fastPath) combined() []health.CheckState {
 	type key struct{ node, id string }
-	m := make(map[key]health.CheckState, len(f.np)+len(f.serf))
+	m := make(map[key]health.CheckState, len(f.crit)+len(f.warn)+len(f.serf))
 	for _, c := range f.serf {
 		m[key{c.Node, c.CheckID}] = c
 	}
-	for _, c := range f.np {
-		k := key{c.Node, c.CheckID}
-		if old, ok := m[k]; !ok || c.ModifyIndex >= old.ModifyIndex {
-			m[k] = c
+	for _, set := range [][]health.CheckState{f.warn, f.crit} {
+		for _, c := range set {
+			k := key{c.Node, c.CheckID}
+			if old, ok := m[k]; !ok || c.ModifyIndex >= old.ModifyIndex {
+				m[k] = c
+			}
 		}
 	}
 	out := make([]health.CheckState, 0, len(m))
@@ -65,71 +71,96 @@ func (f *fastPath) combined() []health.CheckState {
 	return out
 }
 
-// publish sends the combined set at the non-passing index once both watches
-// have answered: the whole set when it changed, else progress to that index
-// (fencing's min_consul_index counts on it).
+// publish sends the combined set at the critical read's index once both
+// states have been read (called with f.mu held): the whole set when it
+// changed, else progress to that index (fencing's min_consul_index counts on
+// it). Until the serfHealth listing answers, a node's serfHealth comes from
+// the membership reads (Join's fallback).
 func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
 	f := &w.fast
-	if !f.npRead || !f.serfRead {
+	if !f.critRead || !f.warnRead {
 		return
 	}
 	set := f.combined()
 	if f.sent && reflect.DeepEqual(set, f.last) {
-		w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: f.npIndex}})
+		w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: f.critIndex}})
 		return
 	}
 	f.last, f.sent = set, true
-	w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: f.npIndex, Checks: set}})
+	w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: f.critIndex, Checks: set}})
 }
 
-// watchNonPassing follows the non-passing checks.
-func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation) {
+// fastStates reads checks in one state as sorted CheckStates.
+func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wait time.Duration) ([]health.CheckState, uint64, error) {
+	checks, idx, err := w.cat.ChecksInState(ctx, w.cfg.Tag, state, index, wait)
+	if err != nil {
+		return nil, 0, err
+	}
+	states := make([]health.CheckState, 0, len(checks))
+	for _, c := range checks {
+		states = append(states, checkState(c))
+	}
+	sortChecks(states)
+	return states, idx, nil
+}
+
+// watchNonPassing follows the critical checks (the watch named "non-passing")
+// or the warning ones ("warning").
+func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation, state string) {
 	f := &w.fast
-	w.blockingLoop(ctx, out, watchSpec{name: "non-passing", minInterval: w.cfg.MinInterval}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		checks, idx, err := w.cat.NonPassing(ctx, w.cfg.Tag, index, wait)
+	name, other := "non-passing", api.HealthWarning
+	if state == api.HealthWarning {
+		name, other = "warning", api.HealthCritical
+	}
+	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: w.cfg.MinInterval}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+		states, idx, err := w.fastStates(ctx, state, index, wait)
 		if err != nil {
 			f.mu.Lock()
 			f.sent = false // report the next answer whatever it is
 			f.mu.Unlock()
 			return 0, err
 		}
-		states := make([]health.CheckState, 0, len(checks))
-		for _, c := range checks {
-			states = append(states, checkState(c))
-		}
-		sortChecks(states)
-		// A node's serfHealth that left the set came back: read it now, so
-		// its new indexes (the node failed since any older session) are
-		// there before the set says nothing of it.
-		f.mu.Lock()
-		var back []string
-		for _, c := range f.np {
-			if isSerf(c) && !containsCheck(states, c) {
-				back = append(back, c.Node)
-			}
-		}
-		f.mu.Unlock()
-		fresh := map[string]health.CheckState{}
-		for _, node := range back {
-			c, err := w.cat.NodeSerf(ctx, node)
-			if err != nil {
-				f.mu.Lock()
-				f.sent = false
-				f.mu.Unlock()
-				return 0, err
-			}
-			if c != nil {
-				fresh[node] = checkState(c)
-			}
-		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		for node, c := range fresh {
-			if old, ok := f.serf[node]; !ok || c.ModifyIndex >= old.ModifyIndex {
-				f.serf[node] = c
+		mine, read := &f.crit, &f.critRead
+		theirs, theirsRead := &f.warn, &f.warnRead
+		if state == api.HealthWarning {
+			mine, read, theirs, theirsRead = &f.warn, &f.warnRead, &f.crit, &f.critRead
+		}
+		// A node's serfHealth that left the set came back: read it now, so
+		// its new indexes (the node failed since any older session) are in
+		// the set before the set stops saying it failed.
+		for _, c := range *mine {
+			if isSerf(c) && !containsCheck(states, c) {
+				sc, err := w.cat.NodeSerf(ctx, c.Node)
+				if err != nil {
+					f.sent = false
+					return 0, err
+				}
+				if sc != nil {
+					if s := checkState(sc); s.ModifyIndex >= f.serf[c.Node].ModifyIndex {
+						f.serf[c.Node] = s
+					}
+				}
 			}
 		}
-		f.np, f.npIndex, f.npRead = states, idx, true
+		changed := !*read || !reflect.DeepEqual(states, *mine)
+		*mine, *read = states, true
+		if state == api.HealthCritical {
+			f.critIndex = idx
+		}
+		if changed && *theirsRead {
+			// what changed may have moved into the other state: read it too
+			o, oidx, err := w.fastStates(ctx, other, 0, 0)
+			if err != nil {
+				f.sent = false
+				return 0, err
+			}
+			*theirs = o
+			if other == api.HealthCritical {
+				f.critIndex = oidx
+			}
+		}
 		w.publish(ctx, out)
 		return idx, nil
 	})
@@ -157,7 +188,7 @@ func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) 
 			}
 			serf[s.Node] = s
 		}
-		f.serf, f.serfRead = serf, true
+		f.serf = serf
 		w.publish(ctx, out)
 		return idx, nil
 	})

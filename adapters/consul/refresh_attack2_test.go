@@ -70,8 +70,8 @@ func (c *instantCatalog) HealthService(ctx context.Context, task, tag string, _ 
 	}}, 30, nil
 }
 
-func (c *instantCatalog) NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-	if index == 0 {
+func (c *instantCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	if index == 0 && state == api.HealthCritical {
 		c.freshNP.Add(1)
 	}
 	if err := c.block(ctx, index, wait); err != nil {

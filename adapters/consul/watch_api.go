@@ -28,10 +28,11 @@ type catalog interface {
 	// ids (plain ids: letters, digits, '-', '_', '.', ':'), or every one when
 	// ids is nil.
 	HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error)
-	// NonPassing lists the critical and warning checks of services carrying
-	// tag and of nodes: the critical ones as of the index returned, the
-	// warning ones as of then or later.
-	NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error)
+	// ChecksInState lists the checks in state (critical or warning) of
+	// services carrying tag and of nodes. Consul wakes such a blocking query
+	// only when a check enters, leaves or changes in that state, and scans
+	// only those checks.
+	ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error)
 	// SerfHealth lists every node's serfHealth check, whatever its status.
 	SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error)
 	// NodeSerf reads one node's serfHealth check (nil if it has none).
@@ -128,62 +129,14 @@ func (a apiCatalog) HealthService(ctx context.Context, task, tag string, ids []s
 	return s, meta.LastIndex, nil
 }
 
-// NonPassing blocks on the checks in state critical and in state warning at
-// once: Consul wakes such a query only when a check enters, leaves or
-// changes in that state (a passing registration does not wake it) and
-// scans those checks only. When either answers, the other is ended and the
-// state it did not read is read afresh: critical's answer (or fresh read)
-// gives the index, warning's is as new or newer — a check that moves between
-// the two states is never missing from both.
-func (a apiCatalog) NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-	filter := `ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == ""`
-	read := func(ctx context.Context, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-		q := query(ctx, index, wait)
-		q.Filter = filter
-		s, meta, err := a.c.Health().State(state, q)
-		if err := aclCheck(state+" checks", meta, err); err != nil {
-			return nil, 0, err
-		}
-		return s, meta.LastIndex, nil
+func (a apiCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	q := query(ctx, index, wait)
+	q.Filter = `ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == ""`
+	s, meta, err := a.c.Health().State(state, q)
+	if err := aclCheck(state+" checks", meta, err); err != nil {
+		return nil, 0, err
 	}
-	type answer struct {
-		state  string
-		checks api.HealthChecks
-		index  uint64
-		err    error
-	}
-	var first answer
-	if index > 0 {
-		bctx, cancel := context.WithCancel(ctx)
-		answers := make(chan answer, 2)
-		for _, state := range []string{api.HealthCritical, api.HealthWarning} {
-			go func() {
-				checks, idx, err := read(bctx, state, index, wait)
-				answers <- answer{state, checks, idx, err}
-			}()
-		}
-		first = <-answers
-		cancel()
-		<-answers
-		if first.err != nil {
-			return nil, 0, first.err
-		}
-	}
-	crit, idx := first.checks, first.index
-	if first.state != api.HealthCritical {
-		var err error
-		if crit, idx, err = read(ctx, api.HealthCritical, 0, 0); err != nil {
-			return nil, 0, err
-		}
-	}
-	warn := first.checks
-	if first.state != api.HealthWarning {
-		var err error
-		if warn, _, err = read(ctx, api.HealthWarning, 0, 0); err != nil {
-			return nil, 0, err
-		}
-	}
-	return append(crit, warn...), idx, nil
+	return s, meta.LastIndex, nil
 }
 
 func (a apiCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {

@@ -152,7 +152,7 @@ type Watcher struct {
 // Watches that Refresh reads afresh: what can make a session STALE (the
 // generation keys, raised before a new session registers) or LAPSED (the
 // non-passing checks).
-var refreshable = []string{"non-passing", "generations"}
+var refreshable = []string{"non-passing", "warning", "generations"}
 
 // NewWatcher watches Consul through client.
 func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
@@ -202,7 +202,7 @@ func (w *Watcher) LastContact() time.Time {
 
 // Watches whose answers come at least every FastWait whatever happens: the
 // age of their last answer bounds how old the whole view may be.
-var alwaysAnswering = []string{"non-passing", "serf", "services", "generations"}
+var alwaysAnswering = []string{"non-passing", "warning", "serf", "services", "generations"}
 
 // FreshAsOf is when leasehold's view of Consul was last known current (zero
 // before every watch answered once): the oldest last answer among the watches
@@ -333,8 +333,9 @@ func (w *Watcher) runQuery(ctx context.Context, out chan<- health.Observation, n
 // Run watches until ctx ends, sending observations to out.
 func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error {
 	var wg sync.WaitGroup
-	wg.Add(4)
-	go func() { defer wg.Done(); w.watchNonPassing(ctx, out) }()
+	wg.Add(5)
+	go func() { defer wg.Done(); w.watchNonPassing(ctx, out, api.HealthCritical) }()
+	go func() { defer wg.Done(); w.watchNonPassing(ctx, out, api.HealthWarning) }()
 	go func() { defer wg.Done(); w.watchSerf(ctx, out) }()
 	go func() { defer wg.Done(); w.watchServices(ctx, out) }()
 	go func() { defer wg.Done(); w.watchGenerations(ctx, out) }()

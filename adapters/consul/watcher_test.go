@@ -122,9 +122,24 @@ func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids [
 	return kept, s.index, s.err
 }
 
-func (f *fakeCatalog) NonPassing(ctx context.Context, tag string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-	f.record(callRec{method: "nonpassing", index: index, wait: wait})
-	s, err := f.next(ctx, "nonpassing")
+// ChecksInState serves the critical checks from "nonpassing" (as the
+// tests call them); the warning checks from "warning", answering an index-0
+// read at once (empty unless one is queued), a blocking one when queued.
+func (f *fakeCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	key := "nonpassing"
+	if state == api.HealthWarning {
+		key = "warning"
+		f.record(callRec{method: key, index: index, wait: wait})
+		f.mu.Lock()
+		q := f.queues[key]
+		f.mu.Unlock()
+		if index == 0 && len(q) == 0 {
+			return nil, 1, nil
+		}
+	} else {
+		f.record(callRec{method: key, index: index, wait: wait})
+	}
+	s, err := f.next(ctx, key)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -516,6 +531,7 @@ func TestFreshAsOf(t *testing.T) {
 	}
 	w.contact(ctx, out, "non-passing", nil)
 	w.contact(ctx, out, "serf", nil)
+	w.contact(ctx, out, "warning", nil)
 	w.contact(ctx, out, "services", nil)
 	if !w.FreshAsOf().IsZero() {
 		t.Fatal("fresh before the generation keys answered")
@@ -532,6 +548,7 @@ func TestFreshAsOf(t *testing.T) {
 	t1 := clock.Now()
 	w.contact(ctx, out, "non-passing", nil)
 	w.contact(ctx, out, "serf", nil)
+	w.contact(ctx, out, "warning", nil)
 	w.contact(ctx, out, "services", nil)
 	w.contact(ctx, out, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t1) {
@@ -546,6 +563,7 @@ func TestFreshAsOf(t *testing.T) {
 	w.contact(ctx, out, "task work", errors.New("boom"))
 	w.contact(ctx, out, "non-passing", nil)
 	w.contact(ctx, out, "serf", nil)
+	w.contact(ctx, out, "warning", nil)
 	w.contact(ctx, out, "services", nil)
 	w.contact(ctx, out, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t2) {
@@ -554,6 +572,7 @@ func TestFreshAsOf(t *testing.T) {
 	clock.Advance(time.Minute)
 	w.contact(ctx, out, "non-passing", nil)
 	w.contact(ctx, out, "serf", nil)
+	w.contact(ctx, out, "warning", nil)
 	w.contact(ctx, out, "services", nil)
 	w.contact(ctx, out, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t2) {
@@ -599,7 +618,9 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 	if err != nil || seq != 1 {
 		t.Fatalf("Refresh = %d, %v", seq, err)
 	}
-	awaitCalls("nonpassing", "generations") // interrupted and asked again at once
+	h.waiters = 2 // the warning and serf watches pause between queries (their first answers come at once)
+	h.advance(time.Second)
+	awaitCalls("nonpassing", "generations", "warning") // interrupted and asked again at once
 	h.cat.push("generations", scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}})
 	select {
 	case o := <-h.out:
@@ -613,10 +634,17 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 		t.Fatal("no generations observation")
 	}
 	h.cat.push("nonpassing", scripted{index: 50, checks: api.HealthChecks{crit("n", "a", 49)}})
-	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 50 {
+	o := h.observe()
+	for o.Progress != nil { // the serf listing's answers
+		o = h.observe()
+	}
+	if o.NonPassing == nil || o.NonPassing.Index != 50 {
 		t.Fatalf("observation %+v", o)
 	}
-	if o := h.observe(); o.Refreshed == nil || *o.Refreshed != seq {
-		t.Fatalf("observation %+v, want Refreshed %d", o, seq)
+	for o = h.observe(); o.Progress != nil; o = h.observe() {
+	}
+	if o.Refreshed == nil || *o.Refreshed != seq {
+		h.w.refreshMu.Lock()
+		t.Fatalf("observation %+v, want Refreshed %d (refreshed: %v)", o, seq, h.w.refreshDone)
 	}
 }

@@ -150,6 +150,9 @@ func (c *churner) pass(with bool) error {
 		if with && step.name == "restart" && *consulProfile != "" {
 			go c.profileConsul(*consulProfile)
 		}
+		if with && step.name == "restart" {
+			b.profile(10 * time.Second) // --profile: leasehold serve's
+		}
 		err := step.do()
 		s.d = time.Since(start)
 		close(done)
