@@ -38,8 +38,8 @@ type fastPath struct {
 	critRead  bool
 	warnRead  bool
 	serf      map[string]health.CheckState // node → its serfHealth
-	last      []health.CheckState // the last set sent
-	sent      bool                // last is current: the next identical set is progress only
+	last      []health.CheckState          // the last set sent
+	sent      bool                         // last is current: the next identical set is progress only
 }
 
 // isSerf reports whether c is a node's serfHealth check.

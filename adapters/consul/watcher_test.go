@@ -317,6 +317,9 @@ func TestWatcherBacksOffAndReportsContact(t *testing.T) {
 	// the serf watch's pause (an hour) is the other timer pending throughout
 	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
 	h.waiters = 2
+	// the warning and serf watches answer their first queries at once and
+	// pause: end the warning watch's pause (it then blocks in its query)
+	h.advance(time.Millisecond)
 	h.cat.call(t, "nonpassing")
 	h.cat.push("nonpassing", scripted{err: errors.New("connection refused")})
 	o := h.observe()
