@@ -108,11 +108,16 @@ func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wa
 // or the warning ones ("warning").
 func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation, state string) {
 	f := &w.fast
-	name, other := "non-passing", api.HealthWarning
+	name, other, pace := "non-passing", api.HealthWarning, w.cfg.MinInterval
 	if state == api.HealthWarning {
-		name, other = "warning", api.HealthCritical
+		// While no check is in state warning, Consul watches the nearest
+		// existing part of its status index, which every registration
+		// changes: the warning query then answers each one. Full and
+		// draining executors are no lapse; 10× the pace of the critical
+		// checks is soon enough for them.
+		name, other, pace = "warning", api.HealthCritical, 10*w.cfg.MinInterval
 	}
-	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: w.cfg.MinInterval}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		states, idx, err := w.fastStates(ctx, state, index, wait)
 		if err != nil {
 			f.mu.Lock()
