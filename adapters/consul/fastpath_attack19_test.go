@@ -302,7 +302,7 @@ func TestAttack19StaleCriticalAnswerUndoesALapse(t *testing.T) {
 func TestAttack19RefreshVouchesForAStaleSerfHealth(t *testing.T) {
 	serf := &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5}
 	world := newWorld(99, serf)
-	world.set(leaseCheck("passing")) // 100
+	world.set(leaseCheck("passing"))                                         // 100
 	w, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond}) // default SlowInterval: 1 s
 	first := nextObs(t, out, "a set with n1's serfHealth", func(o health.Observation) bool {
 		if o.NonPassing == nil {
