@@ -54,9 +54,13 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}, bytes: 2000})
 	for o := h.observe(); o.Members == nil; o = h.observe() {
 	}
-	// 3000 bytes read against a burst of 1000: 2 s of debt
-	if d := h.w.budget.delay(); d != 2*time.Second {
-		t.Fatalf("debt %s, want 2s", d)
+	// 3000 bytes read against a burst of 1000: 2 s of debt (charged just
+	// after the observation goes out)
+	for deadline := time.Now().Add(5 * time.Second); h.w.budget.delay() != 2*time.Second; {
+		if time.Now().After(deadline) {
+			t.Fatalf("debt %s, want 2s", h.w.budget.delay())
+		}
+		time.Sleep(time.Millisecond) // polling a counter the watch goroutine sets; no event to wait on
 	}
 	var mark int64 // calls up to it were made before the step under test
 	expectNo := func(method string) {
@@ -84,14 +88,15 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 	if c := h.cat.call(t, "nodes"); c.index != 8 {
 		t.Fatalf("next catalog query at index %d, want 8", c.index)
 	}
-	// generations: in debt too, but a refresh (fencing) is answered at once
+	// generations: in debt too (its own budget), but a refresh (fencing) is
+	// answered at once
 	h.cat.push("generations", scripted{index: 3, bytes: 5000}) // answers its first query
 	for o := h.observe(); o.Generations == nil; o = h.observe() {
 	}
 	// the observation goes out before the watch charges the read
-	for deadline := time.Now().Add(5 * time.Second); h.w.budget.delay() < 4*time.Second; {
+	for deadline := time.Now().Add(5 * time.Second); h.w.genBudget.delay() < 4*time.Second; {
 		if time.Now().After(deadline) {
-			t.Fatalf("the generations read was not charged: debt %s", h.w.budget.delay())
+			t.Fatalf("the generations read was not charged: debt %s", h.w.genBudget.delay())
 		}
 		time.Sleep(time.Millisecond) // polling a counter the watch goroutine sets; no event to wait on
 	}

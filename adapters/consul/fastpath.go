@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"reflect"
+	"slices"
 	"sync"
 	"time"
 
@@ -31,13 +32,18 @@ import (
 // it: every registration woke it and made Consul scan the whole datacenter,
 // the largest share of Consul's CPU leasehold caused under churn.)
 type fastPath struct {
-	mu        sync.Mutex // held while reading the other state and sending: sets go out in order
+	mu        sync.Mutex // held while reading what a change calls for and sending: sets go out in order
 	crit      []health.CheckState
 	warn      []health.CheckState
-	critIndex uint64
+	critIndex uint64 // the index of the newest critical read
+	warnIndex uint64
+	critCross uint64 // the index of the other watch's last fresh read of the critical checks, until an answer as new
+	warnCross uint64
 	critRead  bool
 	warnRead  bool
 	serf      map[string]health.CheckState // node → its serfHealth
+	failing   map[string]bool              // fast watches whose last query failed
+	gap       bool                         // a fast watch failed since the last serfHealth listing: hold the set until one is read
 	last      []health.CheckState          // the last set sent
 	sent      bool                         // last is current: the next identical set is progress only
 }
@@ -78,7 +84,7 @@ func (f *fastPath) combined() []health.CheckState {
 // the membership reads (Join's fallback).
 func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
 	f := &w.fast
-	if !f.critRead || !f.warnRead {
+	if !f.critRead || !f.warnRead || f.gap {
 		return
 	}
 	set := f.combined()
@@ -108,67 +114,129 @@ func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wa
 // or the warning ones ("warning").
 func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation, state string) {
 	f := &w.fast
-	name, other, pace := "non-passing", api.HealthWarning, w.cfg.MinInterval
+	name, pace := "non-passing", w.cfg.MinInterval
 	if state == api.HealthWarning {
 		// While no check is in state warning, Consul watches the nearest
 		// existing part of its status index, which every registration
 		// changes: the warning query then answers each one. Full and
 		// draining executors are no lapse; 10× the pace of the critical
 		// checks is soon enough for them.
-		name, other, pace = "warning", api.HealthCritical, 10*w.cfg.MinInterval
+		name, pace = "warning", 10*w.cfg.MinInterval
 	}
 	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		states, idx, err := w.fastStates(ctx, state, index, wait)
-		if err != nil {
-			f.mu.Lock()
-			f.sent = false // report the next answer whatever it is
-			f.mu.Unlock()
-			return 0, err
-		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		mine, read := &f.crit, &f.critRead
-		theirs, theirsRead := &f.warn, &f.warnRead
-		if state == api.HealthWarning {
-			mine, read, theirs, theirsRead = &f.warn, &f.warnRead, &f.crit, &f.critRead
+		if err == nil {
+			err = w.applyFast(ctx, name, state, states, idx)
 		}
-		// A node's serfHealth that left the set came back: read it now, so
-		// its new indexes (the node failed since any older session) are in
-		// the set before the set stops saying it failed.
-		for _, c := range *mine {
-			if isSerf(c) && !containsCheck(states, c) {
-				sc, err := w.cat.NodeSerf(ctx, c.Node)
-				if err != nil {
-					f.sent = false
-					return 0, err
-				}
-				if sc != nil {
-					if s := checkState(sc); s.ModifyIndex >= f.serf[c.Node].ModifyIndex {
-						f.serf[c.Node] = s
-					}
-				}
-			}
-		}
-		changed := !*read || !reflect.DeepEqual(states, *mine)
-		*mine, *read = states, true
-		if state == api.HealthCritical {
-			f.critIndex = idx
-		}
-		if changed && *theirsRead {
-			// what changed may have moved into the other state: read it too
-			o, oidx, err := w.fastStates(ctx, other, 0, 0)
-			if err != nil {
-				f.sent = false
-				return 0, err
-			}
-			*theirs = o
-			if other == api.HealthCritical {
-				f.critIndex = oidx
-			}
+		if err != nil {
+			f.failing[name] = true
+			f.gap, f.sent = true, false // report the next answer whatever it is
+			return 0, err
 		}
 		w.publish(ctx, out)
 		return idx, nil
 	})
+}
+
+// applyFast takes one answer of the checks in state (called with f.mu held):
+//   - an answer older than the other watch's fresh read of the same state
+//     (taken meanwhile) is replaced by a fresh read: a late answer never
+//     undoes a newer one;
+//   - a change makes the other state be read afresh too, so a check moving
+//     between the two states is never missing from both;
+//   - a node's serfHealth that left both states came back: it is read by
+//     node at once, so its new indexes (the node failed since any older
+//     session) are in the set before the set stops saying it failed;
+//   - after a failed query, the set is held until every node's serfHealth
+//     has been listed again (a node may have failed and come back unseen).
+func (w *Watcher) applyFast(ctx context.Context, name, state string, states []health.CheckState, idx uint64) error {
+	f := &w.fast
+	before := append(slices.Clone(f.crit), f.warn...)
+	// take stores a read of state; cross: it is the other watch's fresh read.
+	take := func(state string, states []health.CheckState, idx uint64, cross bool) (changed bool, err error) {
+		mine, read, at, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critCross
+		if state == api.HealthWarning {
+			mine, read, at, crossAt = &f.warn, &f.warnRead, &f.warnIndex, &f.warnCross
+		}
+		switch {
+		case cross:
+			*crossAt = idx
+		case idx < *crossAt:
+			// the other watch read this state afresh after this answer was
+			// read: read it again (an index below an own earlier answer is
+			// a Consul that restarted, and taken as it is)
+			if states, idx, err = w.fastStates(ctx, state, 0, 0); err != nil {
+				return false, err
+			}
+			*crossAt = 0
+		default:
+			*crossAt = 0
+		}
+		changed = !*read || !reflect.DeepEqual(states, *mine)
+		*mine, *read, *at = states, true, idx
+		return changed, nil
+	}
+	other, otherRead := api.HealthCritical, f.critRead
+	if state == api.HealthCritical {
+		other, otherRead = api.HealthWarning, f.warnRead
+	}
+	changed, err := take(state, states, idx, false)
+	if err != nil {
+		return err
+	}
+	if changed && otherRead { // (until both were read once, no set goes out)
+		o, oidx, err := w.fastStates(ctx, other, 0, 0)
+		if err != nil {
+			return err
+		}
+		if _, err := take(other, o, oidx, true); err != nil {
+			return err
+		}
+	}
+	after := append(slices.Clone(f.crit), f.warn...)
+	for _, c := range before {
+		if !isSerf(c) || containsCheck(after, c) {
+			continue
+		}
+		sc, err := w.cat.NodeSerf(ctx, c.Node)
+		if err != nil {
+			return err
+		}
+		if sc != nil {
+			if s := checkState(sc); s.ModifyIndex >= f.serf[c.Node].ModifyIndex {
+				f.serf[c.Node] = s
+			}
+		}
+	}
+	delete(f.failing, name)
+	if f.gap && len(f.failing) == 0 && f.critRead && f.warnRead {
+		checks, _, err := w.cat.SerfHealth(ctx, 0, 0)
+		if err != nil {
+			return err
+		}
+		f.takeSerf(checks)
+		f.gap = false
+	}
+	return nil
+}
+
+// takeSerf replaces the serfHealth of every node by a listing (called with
+// f.mu held); a node's own read may be newer than the listing.
+func (f *fastPath) takeSerf(checks api.HealthChecks) {
+	serf := make(map[string]health.CheckState, len(checks))
+	for _, c := range checks {
+		s := checkState(c)
+		if !isSerf(s) {
+			continue
+		}
+		if old, ok := f.serf[s.Node]; ok && old.ModifyIndex > s.ModifyIndex && old.CreateIndex == s.CreateIndex {
+			s = old
+		}
+		serf[s.Node] = s
+	}
+	f.serf = serf
 }
 
 // watchSerf follows every node's serfHealth, paced by SlowInterval.
@@ -181,19 +249,7 @@ func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) 
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		serf := make(map[string]health.CheckState, len(checks))
-		for _, c := range checks {
-			s := checkState(c)
-			if !isSerf(s) {
-				continue
-			}
-			// a node's point read may be newer than this listing
-			if old, ok := f.serf[s.Node]; ok && old.ModifyIndex > s.ModifyIndex && old.CreateIndex == s.CreateIndex {
-				s = old
-			}
-			serf[s.Node] = s
-		}
-		f.serf = serf
+		f.takeSerf(checks)
 		w.publish(ctx, out)
 		return idx, nil
 	})

@@ -134,7 +134,8 @@ type Watcher struct {
 	requests, errs, wakeups metric.Int64Counter
 	readBytes               metric.Int64Counter
 	budgetWait              metric.Float64Counter
-	budget                  *readBudget // nil: unpaced
+	budget                  *readBudget // task memberships; nil: unpaced
+	genBudget               *readBudget // generation keys (their own: another task type's debt never delays a STALE)
 
 	// Refresh requests: each refreshable watch interrupts its blocking query
 	// and reads afresh; once all have, one Refreshed observation follows.
@@ -151,8 +152,9 @@ type Watcher struct {
 
 // Watches that Refresh reads afresh: what can make a session STALE (the
 // generation keys, raised before a new session registers) or LAPSED (the
-// non-passing checks).
-var refreshable = []string{"non-passing", "warning", "generations"}
+// non-passing checks, and every node's serfHealth: a node that failed and
+// came back).
+var refreshable = []string{"non-passing", "warning", "serf", "generations"}
 
 // NewWatcher watches Consul through client.
 func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
@@ -163,9 +165,10 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
 	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
 		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}, refreshAtLeast: map[uint64]uint64{}, refreshWake: make(chan struct{})}
-	w.fast.serf = map[string]health.CheckState{}
+	w.fast.serf, w.fast.failing = map[string]health.CheckState{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
+		w.genBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
 	}
 	for _, name := range refreshable {
 		w.refreshC[name] = make(chan uint64, 1)
@@ -403,7 +406,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	kind := metric.WithAttributes(attribute.String("watch", watchKind(name)))
 	var index, highest uint64
 	for ctx.Err() == nil {
-		if spec.budgeted && !w.awaitBudget(ctx, name, kind) {
+		if spec.budget != nil && !w.awaitBudget(ctx, spec, kind) {
 			return
 		}
 		wait := w.cfg.FastWait
@@ -459,6 +462,9 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			}
 			index = next
 			pause = minInterval - clock.Since(started)
+			if kick := w.refreshC[name]; kick != nil && len(kick) > 0 {
+				pause = 0 // a refresh is pending: fencing waits for no pause
+			}
 		}
 		if pause > 0 {
 			t := clock.NewTimer(pause)
@@ -467,9 +473,22 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 				t.Stop()
 				return
 			case <-t.Chan():
+			case <-w.refreshWakeOf(name): // fencing waits for no pause
+				t.Stop()
 			}
 		}
 	}
+}
+
+// refreshWakeOf is the channel a Refresh closes if watch name is one it
+// reads afresh (nil, never ready, for the others).
+func (w *Watcher) refreshWakeOf(name string) <-chan struct{} {
+	if w.refreshC[name] == nil {
+		return nil
+	}
+	w.wakeMu.Lock()
+	defer w.wakeMu.Unlock()
+	return w.refreshWake
 }
 
 // watchSpec names a watch and its pacing.
@@ -477,22 +496,18 @@ type watchSpec struct {
 	name        string
 	minInterval time.Duration // least time between two of its queries
 	useSlot     bool          // holds a per-task query slot while querying
-	budgeted    bool          // answers grow with the fleet: paced by the read budget
+	budget      *readBudget   // answers grow with the fleet: paced by this read budget (nil: not paced)
 }
 
-// awaitBudget waits while the read budget is in debt; a refresh request
-// (fencing) ends the wait. False when ctx ended.
-func (w *Watcher) awaitBudget(ctx context.Context, name string, kind metric.MeasurementOption) bool {
-	if w.budget == nil {
-		return ctx.Err() == nil
-	}
-	w.wakeMu.Lock()
-	wake := w.refreshWake
-	w.wakeMu.Unlock()
-	if kick := w.refreshC[name]; kick != nil && len(kick) > 0 {
+// awaitBudget waits while the watch's read budget is in debt; a refresh
+// request (fencing) ends the wait of a watch it reads afresh. False when ctx
+// ended.
+func (w *Watcher) awaitBudget(ctx context.Context, spec watchSpec, kind metric.MeasurementOption) bool {
+	wake := w.refreshWakeOf(spec.name)
+	if kick := w.refreshC[spec.name]; kick != nil && len(kick) > 0 {
 		return ctx.Err() == nil // a refresh is pending: answer it now
 	}
-	waited, ok := w.budget.wait(ctx, wake)
+	waited, ok := spec.budget.wait(ctx, wake)
 	if waited > 0 {
 		w.budgetWait.Add(ctx, waited.Seconds(), kind)
 	}
@@ -508,9 +523,7 @@ func (w *Watcher) countRead(ctx context.Context, spec watchSpec, sizes *readSize
 	}
 	if n := sizes.decoded.Load(); n > 0 {
 		w.readBytes.Add(ctx, n, metric.WithAttributes(kind, attribute.String("encoding", "json")))
-		if spec.budgeted {
-			w.budget.charge(n)
-		}
+		spec.budget.charge(n)
 	}
 }
 
@@ -553,7 +566,7 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 	var last map[string]uint64
 	bad := map[string]string{} // key → value already warned about
 	first := true
-	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budgeted: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		pairs, idx, err := w.cat.Generations(ctx, index, wait)
 		if err != nil {
 			first = true
@@ -651,7 +664,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 // checks (taskMembership).
 func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, task string) {
 	known, full := &taskMembership{}, true // full: read every member next time
-	spec := watchSpec{name: "task " + task, minInterval: w.cfg.MinInterval * 4, useSlot: true, budgeted: true}
+	spec := watchSpec{name: "task " + task, minInterval: w.cfg.MinInterval * 4, useSlot: true, budget: w.budget}
 	w.blockingLoop(ctx, out, spec, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		nodes, idx, err := w.cat.ServiceNodes(ctx, task, w.cfg.Tag, index, wait)
 		if err != nil {

@@ -38,11 +38,16 @@ type callRec struct {
 // fakeCatalog serves scripted answers per method (and task); with none
 // queued a call blocks until its context ends, as an idle blocking query.
 type fakeCatalog struct {
-	mu      sync.Mutex
-	queues  map[string][]scripted
-	changed chan struct{} // closed and replaced on every push
-	calls   chan callRec
-	seq     atomic.Int64
+	mu       sync.Mutex
+	queues   map[string][]scripted
+	changed  chan struct{} // closed and replaced on every push
+	calls    chan callRec
+	seq      atomic.Int64
+	lastSerf scripted
+	// the critical checks as last answered: a fresh (index-0) read once one
+	// was answered gets them unless an answer is queued
+	lastCrit     scripted
+	critAnswered bool
 }
 
 func newFakeCatalog() *fakeCatalog {
@@ -123,8 +128,10 @@ func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids [
 }
 
 // ChecksInState serves the critical checks from "nonpassing" (as the
-// tests call them); the warning checks from "warning", answering an index-0
-// read at once (empty unless one is queued), a blocking one when queued.
+// tests call them; once one was answered, a fresh read with none queued
+// gets the last answer again, as Consul would); the warning checks from
+// "warning", answering an index-0 read at once (empty unless one is
+// queued), a blocking one when queued.
 func (f *fakeCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
 	key := "nonpassing"
 	if state == api.HealthWarning {
@@ -138,30 +145,46 @@ func (f *fakeCatalog) ChecksInState(ctx context.Context, tag, state string, inde
 		}
 	} else {
 		f.record(callRec{method: key, index: index, wait: wait})
+		f.mu.Lock()
+		q, last, answered := f.queues[key], f.lastCrit, f.critAnswered
+		f.mu.Unlock()
+		if index == 0 && len(q) == 0 && answered { // a fresh read: as last answered
+			return last.checks, last.index, nil
+		}
 	}
 	s, err := f.next(ctx, key)
 	if err != nil {
 		return nil, 0, err
 	}
+	if key == "nonpassing" && s.err == nil {
+		f.mu.Lock()
+		f.lastCrit, f.critAnswered = s, true
+		f.mu.Unlock()
+	}
 	return s.checks, s.index, s.err
 }
 
-// SerfHealth answers its first (index 0) query at once with what "serf"
-// holds queued, else with no node; later ones block until an answer is
-// queued, as an idle blocking query.
+// SerfHealth answers an index-0 query at once with what "serf" holds
+// queued, else with the listing it last answered (none at first); blocking
+// ones wait until an answer is queued, as an idle blocking query.
 func (f *fakeCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
 	f.record(callRec{method: "serf", index: index, wait: wait})
 	if index == 0 {
 		f.mu.Lock()
-		q := f.queues["serf"]
+		q, last := f.queues["serf"], f.lastSerf
 		f.mu.Unlock()
-		if len(q) == 0 {
-			return nil, 1, nil
+		if len(q) == 0 { // the listing as last answered
+			return last.checks, max(last.index, 1), nil
 		}
 	}
 	s, err := f.next(ctx, "serf")
 	if err != nil {
 		return nil, 0, err
+	}
+	if s.err == nil {
+		f.mu.Lock()
+		f.lastSerf = s
+		f.mu.Unlock()
 	}
 	return s.checks, s.index, s.err
 }
@@ -271,7 +294,11 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 		t.Fatalf("observation %+v", o)
 	}
 	h.advance(10 * time.Millisecond) // rate limit between queries
-	if c := h.cat.call(t, "nonpassing"); c.index != 10 {
+	c := h.cat.call(t, "nonpassing")
+	for c.index == 0 { // the warning watch's fresh read of the critical checks after its first answer
+		c = h.cat.call(t, "nonpassing")
+	}
+	if c.index != 10 {
 		t.Fatalf("second query index %d, want 10", c.index)
 	}
 	// identical body: no observation
@@ -280,12 +307,18 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 	if c := h.cat.call(t, "nonpassing"); c.index != 12 {
 		t.Fatalf("third query index %d", c.index)
 	}
-	if o := h.observe(); o.Progress == nil || o.Progress.NonPassing != 12 || o.NonPassing != nil {
+	o := h.observe()
+	for o.Progress != nil && o.Progress.NonPassing < 12 { // the serf listing's progress at the earlier index
+		o = h.observe()
+	}
+	if o.Progress == nil || o.Progress.NonPassing != 12 || o.NonPassing != nil {
 		t.Fatalf("identical body produced %+v, want only progress to 12", o)
 	}
 	// index went backwards (Consul restarted): reset to 0
 	h.cat.push("nonpassing", scripted{index: 3})
-	if o := h.observe(); o.NonPassing == nil || len(o.NonPassing.Checks) != 0 {
+	for o = h.observe(); o.Progress != nil; o = h.observe() { // the serf listing's
+	}
+	if o.NonPassing == nil || len(o.NonPassing.Checks) != 0 {
 		t.Fatalf("observation %+v", o)
 	}
 	h.advance(10 * time.Millisecond)
@@ -318,8 +351,9 @@ func TestWatcherBacksOffAndReportsContact(t *testing.T) {
 	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
 	h.waiters = 2
 	// the warning and serf watches answer their first queries at once and
-	// pause: end the warning watch's pause (it then blocks in its query)
-	h.advance(time.Millisecond)
+	// pause: end the warning watch's pause (10× MinInterval; it then blocks
+	// in its query)
+	h.advance(10 * time.Millisecond)
 	h.cat.call(t, "nonpassing")
 	h.cat.push("nonpassing", scripted{err: errors.New("connection refused")})
 	o := h.observe()
