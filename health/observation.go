@@ -58,6 +58,11 @@ type checkKey struct{ node, checkID string }
 type NonPassingSet struct {
 	index  uint64
 	checks map[checkKey]CheckState
+	// node checks by node, service checks by node and service id: a member's
+	// read may lack a check added since (a node put in maintenance, a new
+	// service check) when its catalog entry did not change.
+	byNode    map[string][]CheckState
+	byService map[checkKey][]CheckState // checkKey{node, serviceID}
 }
 
 // Index is the Consul index of the observation.
@@ -70,9 +75,16 @@ func (s *NonPassingSet) Index() uint64 {
 
 // NewNonPassingSet indexes np.
 func NewNonPassingSet(np NonPassing) *NonPassingSet {
-	s := &NonPassingSet{index: np.Index, checks: make(map[checkKey]CheckState, len(np.Checks))}
+	s := &NonPassingSet{index: np.Index, checks: make(map[checkKey]CheckState, len(np.Checks)),
+		byNode: map[string][]CheckState{}, byService: map[checkKey][]CheckState{}}
 	for _, c := range np.Checks {
 		s.checks[checkKey{c.Node, c.CheckID}] = c
+		if c.ServiceID == "" {
+			s.byNode[c.Node] = append(s.byNode[c.Node], c)
+		} else {
+			k := checkKey{c.Node, c.ServiceID}
+			s.byService[k] = append(s.byService[k], c)
+		}
 	}
 	return s
 }
@@ -83,7 +95,9 @@ func NewNonPassingSet(np NonPassing) *NonPassingSet {
 // checks and, for a check its read saw non-passing, on the index. A set
 // where there was none (or none where there was one) counts as moved, also
 // at index 0: no set says nothing of the checks it would lack.
-func (s *NonPassingSet) EachChange(prev *NonPassingSet, f func(node, checkID string)) (indexMoved bool) {
+//
+// f gets the entry as it is in s, or as it was in prev when s has none.
+func (s *NonPassingSet) EachChange(prev *NonPassingSet, f func(c CheckState)) (indexMoved bool) {
 	var cur, old map[checkKey]CheckState
 	if s != nil {
 		cur = s.checks
@@ -93,12 +107,12 @@ func (s *NonPassingSet) EachChange(prev *NonPassingSet, f func(node, checkID str
 	}
 	for k, c := range cur {
 		if o, ok := old[k]; !ok || o != c {
-			f(k.node, k.checkID)
+			f(c)
 		}
 	}
-	for k := range old {
+	for k, o := range old {
 		if _, ok := cur[k]; !ok {
-			f(k.node, k.checkID)
+			f(o)
 		}
 	}
 	return s.Index() != prev.Index() || (s == nil) != (prev == nil)
@@ -156,8 +170,7 @@ func Join(m Member, np *NonPassingSet) Executor {
 	if NodeFailedSince(leaseCreated, serfCreated, serfModified) {
 		e.NodeFailed = true
 	}
-	for _, read := range m.Checks {
-		c := np.current(read)
+	apply := func(read, c CheckState) {
 		switch {
 		case c.ServiceID == "":
 			e.NodeChecks = worst(e.NodeChecks, c.Status)
@@ -173,6 +186,31 @@ func Join(m Member, np *NonPassingSet) Executor {
 			}
 		default:
 			e.Other = worst(e.Other, c.Status)
+		}
+	}
+	for _, read := range m.Checks {
+		apply(read, np.current(read))
+	}
+	// Checks of the member's node or service the set has and the read lacks
+	// (added since the read: maintenance mode, a new service check).
+	if np != nil {
+		inRead := func(c CheckState) bool {
+			for _, r := range m.Checks {
+				if r.Node == c.Node && r.CheckID == c.CheckID {
+					return true
+				}
+			}
+			return false
+		}
+		for _, c := range np.byNode[e.Node] {
+			if !inRead(c) {
+				apply(c, c)
+			}
+		}
+		for _, c := range np.byService[checkKey{e.Node, e.ServiceID}] {
+			if !inRead(c) {
+				apply(c, c)
+			}
 		}
 	}
 	return e

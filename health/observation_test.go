@@ -88,3 +88,30 @@ func TestJoinNodeFailedFromConsulsIndexes(t *testing.T) {
 		}
 	}
 }
+
+// A check the member's read lacks — added since, without a catalog change:
+// a node put in maintenance, a new check of the service — counts from the
+// non-passing set; one of another node or service does not.
+func TestJoinCountsSetChecksTheReadLacks(t *testing.T) {
+	reg := Registration{InstanceID: "a", SessionID: "s1", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000, Version: "1.0.0", Capacity: 2, State: StateActive}
+	m := Member{Executor: Executor{Registration: reg, ServiceID: ServiceID("a", "work"), Node: "n1", CreateIndex: 40},
+		Checks: []CheckState{
+			{Node: "n1", CheckID: SerfHealthCheckID, Status: StatusPassing, CreateIndex: 5, ModifyIndex: 5},
+			{Node: "n1", CheckID: CheckID("a", "s1", "work"), ServiceID: ServiceID("a", "work"), Status: StatusPassing, CreateIndex: 40, ModifyIndex: 40},
+		}}
+	for _, c := range []struct {
+		name      string
+		set       []CheckState
+		node, oth CheckStatus
+	}{
+		{"maintenance of its node", []CheckState{{Node: "n1", CheckID: "_node_maintenance", Status: StatusCritical, ModifyIndex: 50}}, StatusCritical, ""},
+		{"a new check of its service", []CheckState{{Node: "n1", CheckID: "http", ServiceID: ServiceID("a", "work"), Status: StatusWarning, ModifyIndex: 50}}, StatusPassing, StatusWarning},
+		{"another node's maintenance", []CheckState{{Node: "n2", CheckID: "_node_maintenance", Status: StatusCritical, ModifyIndex: 50}}, StatusPassing, ""},
+		{"another service's check", []CheckState{{Node: "n1", CheckID: "http", ServiceID: ServiceID("b", "work"), Status: StatusCritical, ModifyIndex: 50}}, StatusPassing, ""},
+	} {
+		e := Join(m, NewNonPassingSet(NonPassing{Index: 50, Checks: c.set}))
+		if e.NodeChecks != c.node || e.Other != c.oth || e.Lease != StatusPassing {
+			t.Errorf("%s: node checks %q other %q lease %q, want %q %q passing", c.name, e.NodeChecks, e.Other, e.Lease, c.node, c.oth)
+		}
+	}
+}

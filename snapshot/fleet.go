@@ -22,12 +22,14 @@ type checkRef struct{ node, id string }
 
 // taskState is one task type's registrations as Consul listed them, decided.
 type taskState struct {
-	tm     *health.TaskMembers
-	execs  []health.Executor // aligned with tm.Members; Views share it: copied before a change (own)
-	prints []uint64          // executorPrint of execs
-	print  taskPrint
-	checks map[checkRef][]int32 // members by the checks of their read (service and node checks)
-	insts  map[string][]int32   // members by instance id
+	tm       *health.TaskMembers
+	execs    []health.Executor // aligned with tm.Members; Views share it: copied before a change (own)
+	prints   []uint64          // executorPrint of execs
+	print    taskPrint
+	checks   map[checkRef][]int32 // members by the checks of their read (service and node checks)
+	insts    map[string][]int32   // members by instance id
+	nodes    map[string][]int32   // members by node
+	services map[checkRef][]int32 // members by checkRef{node, service id}
 	// Members whose read saw a check non-passing: their join follows the
 	// non-passing set's index even when the set has no entry for it.
 	nonPassing []int32
@@ -46,6 +48,7 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 	n := len(tm.Members)
 	ts := &taskState{tm: tm, execs: make([]health.Executor, n), prints: make([]uint64, n),
 		checks: make(map[checkRef][]int32, 2*n), insts: make(map[string][]int32, n), bad: map[string]string{},
+		nodes: map[string][]int32{}, services: make(map[checkRef][]int32, n),
 		owned: true, all: true, fresh: true, touched: true}
 	for i := range tm.Members {
 		m := &tm.Members[i]
@@ -59,6 +62,9 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 			ts.nonPassing = append(ts.nonPassing, int32(i))
 		}
 		ts.insts[m.InstanceID] = append(ts.insts[m.InstanceID], int32(i))
+		ts.nodes[m.Node] = append(ts.nodes[m.Node], int32(i))
+		k := checkRef{m.Node, m.ServiceID}
+		ts.services[k] = append(ts.services[k], int32(i))
 		ts.execs[i] = m.Executor
 	}
 	return ts
@@ -160,10 +166,20 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 	// The non-passing set: only the registrations holding a check that
 	// changed, and those whose read saw a check non-passing when the index moved.
 	if s.np != s.npJoined {
-		moved := s.np.EachChange(s.npJoined, func(node, id string) {
+		moved := s.np.EachChange(s.npJoined, func(c health.CheckState) {
 			for _, ts := range s.fleet {
-				for _, i := range ts.checks[checkRef{node, id}] {
+				for _, i := range ts.checks[checkRef{c.Node, c.CheckID}] {
 					ts.mark(i)
+				}
+				// a check the members' reads lack counts too (health.Join)
+				if c.ServiceID == "" {
+					for _, i := range ts.nodes[c.Node] {
+						ts.mark(i)
+					}
+				} else {
+					for _, i := range ts.services[checkRef{c.Node, c.ServiceID}] {
+						ts.mark(i)
+					}
 				}
 			}
 		})
