@@ -72,3 +72,4 @@ bench: $(CONSUL)
 	$(GO) build -o bin/leasehold ./cmd/leasehold
 	$(GO) build -o bin/leasehold-bench ./cmd/leasehold-bench
 	bin/leasehold-bench --leasehold bin/leasehold --write BENCHMARKS.md
+	bin/leasehold-bench --leasehold bin/leasehold --churn --executors 10000 --tasks 10 --agents 10 --lease 6s --heartbeat 2s --write BENCHMARKS.md

@@ -8,6 +8,7 @@ import (
 	"maps"
 	"net/http"
 	"os"
+	"runtime"
 	"slices"
 	"strconv"
 	"strings"
@@ -32,7 +33,8 @@ var (
 	churnMode     = flag.Bool("churn", false, "measure fleet churn (issue 19) instead of the lapse phases: --executors register over --agents agents, restart under new sessions and deregister, without leasehold and then with it watching")
 	churnCanaries = flag.Int("churn-canaries", 40, "with --churn: executors on the short --lease heartbeated every --heartbeat throughout; a third of them stop during the steps with leasehold (lapse → stop)")
 	consulProfile = flag.String("consul-profile", "", "with --churn: write a 10 s CPU profile of the Consul server taken during the restart step with leasehold to this file")
-	churnFirst    = flag.String("churn-first", "without", "with --churn: which pass runs first, without or with (leasehold); alternate it across runs")
+	churnFirst    = flag.String("churn-first", "without", "with --churn and one run: which pass runs first, without or with (leasehold)")
+	churnRuns     = flag.Int("churn-runs", 3, "with --churn: runs, each on fresh agents, alternating which pass goes first")
 )
 
 const churnVictimEvery = 2 * time.Second
@@ -60,21 +62,105 @@ type churner struct {
 	nextVic  int
 	false_   atomic.Int64
 	steps    []churnStep
+	first    string // the pass that ran first
 }
 
+const churnStart, churnEnd = "<!-- churn:start -->", "<!-- churn:end -->"
+
+// runChurn runs --churn-runs churn runs, alternating which pass goes first,
+// and writes their tables and a summary into --write.
 func runChurn() error {
-	ctx, cancel := context.WithCancel(context.Background())
-	b := &bench{ctx: ctx}
-	defer b.close()
-	defer cancel()
 	if *churnFirst != "without" && *churnFirst != "with" {
 		return fmt.Errorf("--churn-first %q: want without or with", *churnFirst)
+	}
+	if *churnRuns < 1 {
+		return fmt.Errorf("--churn-runs %d: want at least 1", *churnRuns)
 	}
 	if *bulkLease == 0 {
 		*bulkLease = 10 * time.Minute
 	}
+	var runs []*churner
+	for k := range *churnRuns {
+		first := *churnFirst
+		if *churnRuns > 1 {
+			first = []string{"without", "with"}[k%2]
+		}
+		c, err := churnOnce(first)
+		if err != nil {
+			return fmt.Errorf("churn run %d: %w", k+1, err)
+		}
+		runs = append(runs, c)
+		fmt.Print(c.markdown())
+	}
+	out := churnSummary(runs)
+	for _, c := range runs {
+		out += c.markdown()
+	}
+	fmt.Print(out)
+	if *write == "" {
+		return nil
+	}
+	return writeSection(*write, churnStart, churnEnd, "## Fleet churn (leasehold-bench --churn)", out)
+}
+
+// churnSummary is, per step, each run's ratio with/without and their median.
+func churnSummary(runs []*churner) string {
+	var b strings.Builder
+	fmt.Fprintf(&b, "%d runs of `leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d --lease %s --heartbeat %s`, %s, %d cores; passes alternate which goes first.\n\n",
+		len(runs), *executors, max(1, *tasks), *agents, *churnCanaries, *lease, *heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
+	b.WriteString("| step | time with ÷ without, each run | median | leasehold's reads per change (wire / JSON), median | false lapses (all runs) | lapse → stop (all runs) |\n|---|---|---|---|---|---|\n")
+	for _, step := range []string{"register", "restart", "deregister"} {
+		var ratios, wire, json []float64
+		var falses int64
+		var lapses []time.Duration
+		for _, c := range runs {
+			wo, wi := c.step("without", step), c.step("with", step)
+			ratios = append(ratios, float64(wi.d)/float64(max(wo.d, 1)))
+			wire = append(wire, sum(wi.wire)/float64(max(wi.changes, 1))/1000)
+			json = append(json, sum(wi.json)/float64(max(wi.changes, 1))/1000)
+			falses += wo.falseLapses + wi.falseLapses
+			lapses = append(lapses, wi.lapses...)
+		}
+		var each []string
+		for _, r := range ratios {
+			each = append(each, fmt.Sprintf("%.2f×", r))
+		}
+		fmt.Fprintf(&b, "| %s %d | %s | %.2f× | %.1f KB / %.1f KB | %d | %s |\n", step, *executors, strings.Join(each, ", "), median(ratios), median(wire), median(json), falses, dist(lapses))
+	}
+	b.WriteString("\n")
+	return b.String()
+}
+
+func median(xs []float64) float64 {
+	s := slices.Clone(xs)
+	slices.Sort(s)
+	if len(s) == 0 {
+		return 0
+	}
+	if len(s)%2 == 1 {
+		return s[len(s)/2]
+	}
+	return (s[len(s)/2-1] + s[len(s)/2]) / 2
+}
+
+// step is the measured step of a pass ("without" or "with").
+func (c *churner) step(pass, step string) churnStep {
+	for _, s := range c.steps {
+		if s.pass == pass && s.step == step {
+			return s
+		}
+	}
+	return churnStep{}
+}
+
+// churnOnce is one churn run on fresh agents.
+func churnOnce(first string) (*churner, error) {
+	ctx, cancel := context.WithCancel(context.Background())
+	b := &bench{ctx: ctx}
+	defer b.close()
+	defer cancel()
 	if err := b.startConsul(); err != nil {
-		return err
+		return nil, err
 	}
 	n := *churnCanaries
 	c := &churner{b: b}
@@ -88,21 +174,21 @@ func runChurn() error {
 	logf("churn: %d executors over %d task types and %d agents; %d canaries on lease %s (heartbeat %s); the rest on lease %s",
 		*executors, len(c.f.tasks), len(b.clients), n, *lease, *heartbeat, *bulkLease)
 	if err := c.f.registerEach(c.canaries, 1); err != nil {
-		return err
+		return nil, err
 	}
 	go c.f.heartbeatAll(ctx)
 	go c.watchFalseLapses(ctx)
+	c.first = first
 	passes := []string{"without", "with"}
-	if *churnFirst == "with" {
+	if first == "with" {
 		passes = []string{"with", "without"}
 	}
 	for _, pass := range passes {
 		if err := c.pass(pass == "with"); err != nil {
-			return err
+			return nil, err
 		}
 	}
-	fmt.Print(c.markdown())
-	return nil
+	return c, nil
 }
 
 // pass registers the bulk, restarts it under new sessions and deregisters it.
@@ -400,8 +486,8 @@ func (f *fleet) deregisterEach(ids []int) error {
 
 func (c *churner) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n`leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d --lease %s --heartbeat %s --churn-first %s` (load average %s)\n\n",
-		*executors, len(c.f.tasks), len(c.b.clients), *churnCanaries, *lease, *heartbeat, *churnFirst, loadAverage())
+	fmt.Fprintf(&b, "\n`leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d --lease %s --heartbeat %s --churn-first %s` (load average %s at its end)\n\n",
+		*executors, len(c.f.tasks), len(c.b.clients), *churnCanaries, *lease, *heartbeat, c.first, loadAverage())
 	b.WriteString("| step | without leasehold | with leasehold | ratio | Consul CPU without / with | leasehold CPU | leasehold read per change (wire / JSON) | by watch (JSON per change) | budget wait | requests | false lapses | lapse → stop | view = Consul after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, step := range []string{"register", "restart", "deregister"} {
 		var wo, wi churnStep

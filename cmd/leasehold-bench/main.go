@@ -583,17 +583,23 @@ const startMarker, endMarker = "<!-- bench:start -->", "<!-- bench:end -->"
 // writeInto replaces the text between the markers in path (appending a
 // section if they are missing).
 func writeInto(path, table string) error {
+	return writeSection(path, startMarker, endMarker, "## End to end (leasehold-bench)", table)
+}
+
+// writeSection replaces what lies between the markers in path with table,
+// or appends heading and the markers with table.
+func writeSection(path, start, end, heading, table string) error {
 	b, err := os.ReadFile(path)
 	if err != nil && !os.IsNotExist(err) {
 		return err
 	}
 	s := string(b)
-	section := startMarker + "\n" + table + endMarker
-	i, j := strings.Index(s, startMarker), strings.Index(s, endMarker)
+	section := start + "\n" + table + end
+	i, j := strings.Index(s, start), strings.Index(s, end)
 	if i >= 0 && j > i {
-		s = s[:i] + section + s[j+len(endMarker):]
+		s = s[:i] + section + s[j+len(end):]
 	} else {
-		s = strings.TrimRight(s, "\n") + "\n\n## End to end (leasehold-bench)\n\n" + section + "\n"
+		s = strings.TrimRight(s, "\n") + "\n\n" + heading + "\n\n" + section + "\n"
 	}
 	return os.WriteFile(path, []byte(s), 0o644)
 }
