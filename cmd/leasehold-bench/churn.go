@@ -49,6 +49,7 @@ type churnStep struct {
 	wire, json    map[string]float64 // leasehold's read bytes by watch kind
 	budgetWait    map[string]float64 // seconds waited for the read budget, by watch kind
 	lapses        []time.Duration    // canaries stopped during the step: lease expiry → last stream without it
+	consulParts   []time.Duration    // of which Consul's: lease expiry → the harness's own blocking query sees the check critical
 	falseLapses   int64
 	viewConverged time.Duration // step end → every stream equals a direct Consul read (-1: never)
 }
@@ -61,6 +62,8 @@ type churner struct {
 	victims  []int // canaries that stop, in order
 	nextVic  int
 	false_   atomic.Int64
+	critMu   sync.Mutex
+	critSeen map[int]time.Time // stopped canaries: when the harness first saw their check critical
 	steps    []churnStep
 	first    string // the pass that ran first
 }
@@ -108,11 +111,11 @@ func churnSummary(runs []*churner) string {
 	var b strings.Builder
 	fmt.Fprintf(&b, "%d runs of `leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d --lease %s --heartbeat %s`, %s, %d cores; passes alternate which goes first.\n\n",
 		len(runs), *executors, max(1, *tasks), *agents, *churnCanaries, *lease, *heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
-	b.WriteString("| step | time with ÷ without, each run | median | leasehold's reads per change (wire / JSON), median | false lapses (all runs) | lapse → stop (all runs) |\n|---|---|---|---|---|---|\n")
+	b.WriteString("| step | time with ÷ without, each run | median | leasehold's reads per change (wire / JSON), median | false lapses (all runs) | lapse → stop (all runs) | of which Consul: expiry → its catalog shows it critical |\n|---|---|---|---|---|---|---|\n")
 	for _, step := range []string{"register", "restart", "deregister"} {
 		var ratios, wire, json []float64
 		var falses int64
-		var lapses []time.Duration
+		var lapses, consul []time.Duration
 		for _, c := range runs {
 			wo, wi := c.step("without", step), c.step("with", step)
 			ratios = append(ratios, float64(wi.d)/float64(max(wo.d, 1)))
@@ -120,12 +123,13 @@ func churnSummary(runs []*churner) string {
 			json = append(json, sum(wi.json)/float64(max(wi.changes, 1))/1000)
 			falses += wo.falseLapses + wi.falseLapses
 			lapses = append(lapses, wi.lapses...)
+			consul = append(consul, wi.consulParts...)
 		}
 		var each []string
 		for _, r := range ratios {
 			each = append(each, fmt.Sprintf("%.2f×", r))
 		}
-		fmt.Fprintf(&b, "| %s %d | %s | %.2f× | %.1f KB / %.1f KB | %d | %s |\n", step, *executors, strings.Join(each, ", "), median(ratios), median(wire), median(json), falses, dist(lapses))
+		fmt.Fprintf(&b, "| %s %d | %s | %.2f× | %.1f KB / %.1f KB | %d | %s | %s |\n", step, *executors, strings.Join(each, ", "), median(ratios), median(wire), median(json), falses, dist(lapses), dist(consul))
 	}
 	b.WriteString("\n")
 	return b.String()
@@ -163,7 +167,7 @@ func churnOnce(first string) (*churner, error) {
 		return nil, err
 	}
 	n := *churnCanaries
-	c := &churner{b: b}
+	c := &churner{b: b, critSeen: map[int]time.Time{}}
 	c.f = newFleet(b.clients, n+*executors, taskNames(*tasks), *bulkLease, func(i int) bool { return i < n })
 	c.canaries, c.bulk = span(0, n), span(n, n+*executors)
 	for k, i := range c.canaries {
@@ -230,7 +234,7 @@ func (c *churner) pass(with bool) error {
 		var mu sync.Mutex
 		done := make(chan struct{})
 		if with && step.name != "deregister" {
-			go c.stopVictims(done, ds, &lapses, &mu, &s.lapses)
+			go c.stopVictims(done, ds, &lapses, &mu, &s.lapses, &s.consulParts)
 		}
 		go c.f.progress(done, 15*time.Second)
 		if with && step.name == "restart" && *consulProfile != "" {
@@ -255,14 +259,14 @@ func (c *churner) pass(with bool) error {
 		s.leaseholdCPU = after.leasehold - before.leasehold
 		s.requests, s.wire, s.json, s.budgetWait = diffMap(after.requests, before.requests), diffMap(after.wire, before.wire), diffMap(after.json, before.json), diffMap(after.wait, before.wait)
 		c.steps = append(c.steps, s)
-		logf("churn %s leasehold: %s of %d in %s (false lapses %d, view converged after %s, lapse → stop %s)", name, step.name, s.changes, r(s.d), s.falseLapses, r(s.viewConverged), dist(s.lapses))
+		logf("churn %s leasehold: %s of %d in %s (false lapses %d, view converged after %s, lapse → stop %s; of which Consul %s)", name, step.name, s.changes, r(s.d), s.falseLapses, r(s.viewConverged), dist(s.lapses), dist(s.consulParts))
 	}
 	return nil
 }
 
 // stopVictims stops the next canary every churnVictimEvery until done and
 // measures each one's lapse → stop.
-func (c *churner) stopVictims(done <-chan struct{}, ds *dispatcherSet, wg *sync.WaitGroup, mu *sync.Mutex, out *[]time.Duration) {
+func (c *churner) stopVictims(done <-chan struct{}, ds *dispatcherSet, wg *sync.WaitGroup, mu *sync.Mutex, out, consul *[]time.Duration) {
 	t := time.NewTicker(churnVictimEvery)
 	defer t.Stop()
 	for {
@@ -287,8 +291,14 @@ func (c *churner) stopVictims(done <-chan struct{}, ds *dispatcherSet, wg *sync.
 			if err != nil {
 				logf("churn: %v", err)
 			}
+			c.critMu.Lock()
+			seen, ok := c.critSeen[i]
+			c.critMu.Unlock()
 			mu.Lock()
 			*out = append(*out, lat...)
+			if ok && len(lat) > 0 {
+				*consul = append(*consul, seen.Sub(expiry))
+			}
 			mu.Unlock()
 		}()
 	}
@@ -375,6 +385,13 @@ func (c *churner) watchFalseLapses(ctx context.Context) {
 		for _, ch := range checks {
 			inst, session, _, ok := health.ParseCheckID(ch.CheckID)
 			i, known := byID[inst]
+			if ok && known && c.f.stopped[i].Load() {
+				c.critMu.Lock()
+				if _, was := c.critSeen[i]; !was {
+					c.critSeen[i] = time.Now()
+				}
+				c.critMu.Unlock()
+			}
 			if !ok || !known || c.f.stopped[i].Load() || !c.f.registered[i].Load() || session != c.f.sessionOf(i) || seen[ch.CheckID] == ch.ModifyIndex {
 				continue
 			}
