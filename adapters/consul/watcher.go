@@ -457,11 +457,18 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 				highest = 0
 			}
 			highest = max(highest, next)
+			interval := minInterval
+			if index == 0 {
+				// after a fresh read (the first, or after an error) the slow
+				// pace would only delay what changed since, e.g. the first
+				// task type registering just after leasehold started
+				interval = min(interval, w.cfg.MinInterval*4)
+			}
 			if next < index {
 				next = 0
 			}
 			index = next
-			pause = minInterval - clock.Since(started)
+			pause = interval - clock.Since(started)
 			if kick := w.refreshC[name]; kick != nil && len(kick) > 0 {
 				pause = 0 // a refresh is pending: fencing waits for no pause
 			}

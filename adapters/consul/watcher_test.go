@@ -347,13 +347,14 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 }
 
 func TestWatcherBacksOffAndReportsContact(t *testing.T) {
-	// the serf watch's pause (an hour) is the other timer pending throughout
 	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
 	h.waiters = 2
 	// the warning and serf watches answer their first queries at once and
-	// pause: end the warning watch's pause (10× MinInterval; it then blocks
-	// in its query)
+	// pause (4× MinInterval after a fresh read): end both pauses (they then
+	// block in their queries), the critical watch's back-off is the only
+	// timer left
 	h.advance(10 * time.Millisecond)
+	h.waiters = 1
 	h.cat.call(t, "nonpassing")
 	h.cat.push("nonpassing", scripted{err: errors.New("connection refused")})
 	o := h.observe()
