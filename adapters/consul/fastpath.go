@@ -43,7 +43,9 @@ type fastPath struct {
 	warnRead  bool
 	serf      map[string]health.CheckState // node → its serfHealth
 	failing   map[string]bool              // fast watches whose last query failed
-	gap       bool                         // a fast watch failed since the last serfHealth listing: hold the set until one is read
+	gap       bool                         // a fast watch failed since the last serfHealth listing: claim no newer index until one is read
+	gapIndex  uint64                       // the index last sent when the gap began
+	sentIndex uint64                       // the index last sent
 	last      []health.CheckState          // the last set sent
 	sent      bool                         // last is current: the next identical set is progress only
 }
@@ -81,19 +83,28 @@ func (f *fastPath) combined() []health.CheckState {
 // states have been read (called with f.mu held): the whole set when it
 // changed, else progress to that index (fencing's min_consul_index counts on
 // it). Until the serfHealth listing answers, a node's serfHealth comes from
-// the membership reads (Join's fallback).
+// the membership reads (Join's fallback). In a gap (a fast query failed and
+// every serfHealth has not been listed since) lapses still go out at once,
+// but at the index sent before the gap: a node may have failed and come back
+// unseen, so nothing newer is vouched for (a fencing call asking for more
+// reads Consul afresh, serfHealth included).
 func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
 	f := &w.fast
-	if !f.critRead || !f.warnRead || f.gap {
+	if !f.critRead || !f.warnRead {
 		return
+	}
+	idx := f.critIndex
+	if f.gap {
+		idx = min(idx, f.gapIndex)
 	}
 	set := f.combined()
 	if f.sent && reflect.DeepEqual(set, f.last) {
-		w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: f.critIndex}})
+		f.sentIndex = idx
+		w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: idx}})
 		return
 	}
-	f.last, f.sent = set, true
-	w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: f.critIndex, Checks: set}})
+	f.last, f.sent, f.sentIndex = set, true, idx
+	w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: idx, Checks: set}})
 }
 
 // fastStates reads checks in one state as sorted CheckStates.
@@ -132,7 +143,10 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 		}
 		if err != nil {
 			f.failing[name] = true
-			f.gap, f.sent = true, false // report the next answer whatever it is
+			if !f.gap {
+				f.gap, f.gapIndex = true, f.sentIndex
+			}
+			f.sent = false // report the next answer whatever it is
 			return 0, err
 		}
 		w.publish(ctx, out)
@@ -149,8 +163,9 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 //   - a node's serfHealth that left both states came back: it is read by
 //     node at once, so its new indexes (the node failed since any older
 //     session) are in the set before the set stops saying it failed;
-//   - after a failed query, the set is held until every node's serfHealth
-//     has been listed again (a node may have failed and come back unseen).
+//   - after a failed query, the set claims no newer index until every
+//     node's serfHealth has been listed again (a node may have failed and
+//     come back unseen); what it says still goes out at once.
 func (w *Watcher) applyFast(ctx context.Context, name, state string, states []health.CheckState, idx uint64) error {
 	f := &w.fast
 	before := append(slices.Clone(f.crit), f.warn...)
@@ -202,7 +217,14 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 		}
 		sc, err := w.cat.NodeSerf(ctx, c.Node)
 		if err != nil {
-			return err
+			// keep saying the node failed (its sessions stay lapsed) until
+			// a listing says how it came back; lapses go out meanwhile
+			w.log.Warn("consul query failed; the node stays failed until serfHealth is listed", "node", c.Node, "err", err)
+			f.serf[c.Node] = c
+			if !f.gap {
+				f.gap, f.gapIndex = true, f.sentIndex
+			}
+			continue
 		}
 		if sc != nil {
 			if s := checkState(sc); s.ModifyIndex >= f.serf[c.Node].ModifyIndex {
@@ -213,8 +235,9 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 	delete(f.failing, name)
 	if f.gap && len(f.failing) == 0 && f.critRead && f.warnRead {
 		checks, _, err := w.cat.SerfHealth(ctx, 0, 0)
-		if err != nil {
-			return err
+		if err != nil { // the set goes out, at the index before the gap; listed again at the next answer
+			w.log.Warn("consul query failed; the fast path vouches for nothing newer until serfHealth is listed", "err", err)
+			return nil
 		}
 		f.takeSerf(checks)
 		f.gap = false
