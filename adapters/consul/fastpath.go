@@ -2,6 +2,7 @@ package consul
 
 import (
 	"context"
+	"errors"
 	"reflect"
 	"slices"
 	"sync"
@@ -45,9 +46,15 @@ type fastPath struct {
 	failing   map[string]bool              // fast watches whose last query failed
 	gap       bool                         // a fast watch failed since the last serfHealth listing: claim no newer index until one is read
 	gapIndex  uint64                       // the index last sent when the gap began
-	sentIndex uint64                       // the index last sent
-	last      []health.CheckState          // the last set sent
-	sent      bool                         // last is current: the next identical set is progress only
+	// A watch whose read of the other state failed after a change: its next
+	// answer reads the other state whatever it says, and until then what
+	// left its state stays in the set as it was (carry), so nothing is
+	// missing from both states meanwhile.
+	crossPending map[string]bool
+	carry        []health.CheckState
+	sentIndex    uint64              // the index last sent
+	last         []health.CheckState // the last set sent
+	sent         bool                // last is current: the next identical set is progress only
 }
 
 // isSerf reports whether c is a node's serfHealth check.
@@ -63,7 +70,7 @@ func (f *fastPath) combined() []health.CheckState {
 	for _, c := range f.serf {
 		m[key{c.Node, c.CheckID}] = c
 	}
-	for _, set := range [][]health.CheckState{f.warn, f.crit} {
+	for _, set := range [][]health.CheckState{f.carry, f.warn, f.crit} {
 		for _, c := range set {
 			k := key{c.Node, c.CheckID}
 			if old, ok := m[k]; !ok || c.ModifyIndex >= old.ModifyIndex {
@@ -136,6 +143,9 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 	}
 	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		states, idx, err := w.fastStates(ctx, state, index, wait)
+		if errors.Is(err, context.Canceled) {
+			return 0, err // a refresh ended the query (or leasehold stops): no answer, no failure
+		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if err == nil {
@@ -168,7 +178,11 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 //     come back unseen); what it says still goes out at once.
 func (w *Watcher) applyFast(ctx context.Context, name, state string, states []health.CheckState, idx uint64) error {
 	f := &w.fast
-	before := append(slices.Clone(f.crit), f.warn...)
+	before := append(append(slices.Clone(f.crit), f.warn...), f.carry...)
+	mineBefore := slices.Clone(f.crit)
+	if state == api.HealthWarning {
+		mineBefore = slices.Clone(f.warn)
+	}
 	// take stores a read of state; cross: it is the other watch's fresh read.
 	take := func(state string, states []health.CheckState, idx uint64, cross bool) (changed bool, err error) {
 		mine, read, at, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critCross
@@ -201,20 +215,44 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 	if err != nil {
 		return err
 	}
-	if changed && otherRead { // (until both were read once, no set goes out)
+	if (changed || f.crossPending[name]) && otherRead { // (until both were read once, no set goes out)
 		o, oidx, err := w.fastStates(ctx, other, 0, 0)
-		if err != nil {
-			return err
+		if err == nil {
+			_, err = take(other, o, oidx, true)
 		}
-		if _, err := take(other, o, oidx, true); err != nil {
-			return err
+		if err != nil {
+			// what left this state may be in the other: keep it as it was
+			for _, c := range mineBefore {
+				if !containsCheck(states, c) && !containsCheck(f.carry, c) {
+					f.carry = append(f.carry, c)
+				}
+			}
+			f.crossPending[name] = true
+			if !f.gap && !errors.Is(err, context.Canceled) { // a refresh ending the read is no failure
+				f.gap, f.gapIndex = true, f.sentIndex
+			}
+			w.log.Warn("consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read", "err", err)
+		} else {
+			// both states read now: nothing carried, nothing pending
+			f.carry, f.crossPending = nil, map[string]bool{}
 		}
 	}
-	after := append(slices.Clone(f.crit), f.warn...)
+	after := append(append(slices.Clone(f.crit), f.warn...), f.carry...)
+	var back []health.CheckState
 	for _, c := range before {
-		if !isSerf(c) || containsCheck(after, c) {
-			continue
+		if isSerf(c) && !containsCheck(after, c) && !containsCheck(back, c) {
+			back = append(back, c)
 		}
+	}
+	if len(back) > 3 {
+		// many nodes back at once (a partition healed): one listing
+		// rather than a read per node under the lock
+		if checks, _, err := w.cat.SerfHealth(ctx, 0, 0); err == nil {
+			f.takeSerf(checks)
+			back = nil
+		}
+	}
+	for _, c := range back {
 		sc, err := w.cat.NodeSerf(ctx, c.Node)
 		if err != nil {
 			// keep saying the node failed (its sessions stay lapsed) until
@@ -233,7 +271,7 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 		}
 	}
 	delete(f.failing, name)
-	if f.gap && len(f.failing) == 0 && f.critRead && f.warnRead {
+	if f.gap && len(f.failing) == 0 && len(f.crossPending) == 0 && f.critRead && f.warnRead {
 		checks, _, err := w.cat.SerfHealth(ctx, 0, 0)
 		if err != nil { // the set goes out, at the index before the gap; listed again at the next answer
 			w.log.Warn("consul query failed; the fast path vouches for nothing newer until serfHealth is listed", "err", err)

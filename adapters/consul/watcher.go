@@ -165,7 +165,7 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
 	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
 		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}, refreshAtLeast: map[uint64]uint64{}, refreshWake: make(chan struct{})}
-	w.fast.serf, w.fast.failing = map[string]health.CheckState{}, map[string]bool{}
+	w.fast.serf, w.fast.failing, w.fast.crossPending = map[string]health.CheckState{}, map[string]bool{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
 		w.genBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
@@ -306,6 +306,16 @@ func (w *Watcher) runQuery(ctx context.Context, out chan<- health.Observation, n
 	kick := w.refreshC[name]
 	if kick == nil {
 		return query(ctx, index, wait)
+	}
+	select {
+	case seq := <-kick: // already asked: read afresh without a blocking query first
+		next, err := query(ctx, 0, 0)
+		if err != nil {
+			return 0, err
+		}
+		w.refreshed(ctx, out, name, seq)
+		return next, nil
+	default:
 	}
 	qctx, cancel := context.WithCancel(ctx)
 	done, exited := make(chan struct{}), make(chan struct{})
