@@ -49,6 +49,12 @@ type Options struct {
 	// min: output-only check changes reach the catalog that late). Without
 	// it, test agents sync every check change at once.
 	ConsulCheckUpdates bool
+	// Datacenter names the agent's datacenter (default dc1); a client agent
+	// takes the datacenter of the agent it joins.
+	Datacenter string
+	// FederateWith, for a dev server, joins that dev server's datacenter
+	// over WAN (another Datacenter): ?dc= reads then work through either.
+	FederateWith *Agent
 
 	member *clusterMember // set by StartCluster: a non-dev server or client of a cluster
 }
@@ -68,6 +74,7 @@ type Agent struct {
 	cfgPath string
 	Ports   Ports
 	Node    string
+	DC      string // the agent's datacenter
 	token   string // management token when ACLs are on
 
 	mu      sync.Mutex
@@ -251,8 +258,17 @@ log_level = %q
 }
 `, o.ACLManagementToken, o.ACLManagementToken)
 	}
+	a.DC = o.Datacenter
 	if j := o.JoinClientOf; j != nil {
 		hcl += fmt.Sprintf("server = false\nretry_join = [\"127.0.0.1:%d\"]\n", j.Ports.SerfLAN)
+		a.DC = j.DC
+	}
+	if a.DC == "" {
+		a.DC = "dc1"
+	}
+	hcl += fmt.Sprintf("datacenter = %q\n", a.DC)
+	if f := o.FederateWith; f != nil {
+		hcl += fmt.Sprintf("retry_join_wan = [\"127.0.0.1:%d\"]\n", f.Ports.SerfWAN)
 	}
 	if m := o.member; m != nil {
 		hcl += m.hcl()

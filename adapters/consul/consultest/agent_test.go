@@ -76,3 +76,33 @@ func TestClusterElectsANewLeader(t *testing.T) {
 		t.Fatalf("write through the client agent after the election: %v", err)
 	}
 }
+
+// Two dev servers in datacenters of their own federate over WAN on
+// loopback; a client agent of each; a registration in dc2 is read through
+// dc1's client agent with ?dc=dc2 (issue 17's setup).
+func TestTwoDatacentersFederate(t *testing.T) {
+	dc1 := Start(t, Options{Datacenter: "dc1"})
+	dc2 := Start(t, Options{Datacenter: "dc2", FederateWith: dc1})
+	c1 := Start(t, Options{NodeName: "dc1-client", JoinClientOf: dc1})
+	c2 := Start(t, Options{NodeName: "dc2-client", JoinClientOf: dc2})
+	if c1.DC != "dc1" || c2.DC != "dc2" {
+		t.Fatalf("client datacenters %q %q", c1.DC, c2.DC)
+	}
+	if err := c2.Client().Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "w2", Name: "work", Port: 9002}); err != nil {
+		t.Fatal(err)
+	}
+	deadline := time.Now().Add(30 * time.Second)
+	for {
+		es, _, err := c1.Client().Health().Service("work", "", false, &api.QueryOptions{Datacenter: "dc2"})
+		if err == nil && len(es) == 1 && es[0].Node.Datacenter == "dc2" {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("dc2's registration never read through dc1's client agent: %v %v", es, err)
+		}
+		time.Sleep(200 * time.Millisecond) // federation settles; no event to wait on
+	}
+	if es, _, err := c1.Client().Health().Service("work", "", false, nil); err != nil || len(es) != 0 {
+		t.Fatalf("dc1 has its own catalog: %v %v", es, err)
+	}
+}
