@@ -222,8 +222,12 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 		}
 		if err != nil {
 			// what left this state may be in the other: keep it as it was
+			mineNow := f.crit
+			if state == api.HealthWarning {
+				mineNow = f.warn
+			}
 			for _, c := range mineBefore {
-				if !containsCheck(states, c) && !containsCheck(f.carry, c) {
+				if !containsCheck(mineNow, c) && !containsCheck(f.carry, c) {
 					f.carry = append(f.carry, c)
 				}
 			}

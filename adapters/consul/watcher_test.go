@@ -280,6 +280,25 @@ func (h *watchHarness) advance(d time.Duration) {
 	h.clock.Advance(d)
 }
 
+// advanceUntil moves the fake clock on until a call of method comes (a
+// watch may start its pause at any moment after its last answer went out).
+func (h *watchHarness) advanceUntil(method string) callRec {
+	h.t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		h.clock.Advance(time.Second)
+		select {
+		case c := <-h.cat.calls:
+			if c.method == method {
+				return c
+			}
+		case <-time.After(10 * time.Millisecond): // then advance again
+		case <-deadline:
+			h.t.Fatalf("no %s call", method)
+		}
+	}
+}
+
 func crit(node, id string, idx uint64) *api.HealthCheck {
 	return &api.HealthCheck{Node: node, CheckID: id, ServiceID: "t:x", Status: "critical", ModifyIndex: idx}
 }
@@ -440,13 +459,12 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 		t.Fatalf("member %+v", m)
 	}
 	// the same catalog entries again (a heartbeat bumped the index): no re-read
-	h.clock.Advance(time.Second)
-	if c := h.cat.call(t, "nodes"); c.index != 8 {
+	// (the watch pauses on the fake clock after sending; advance until it asks)
+	if c := h.advanceUntil("nodes"); c.index != 8 {
 		t.Fatalf("next index %d", c.index)
 	}
 	h.cat.push("nodes/work", scripted{index: 11, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}})
-	h.clock.Advance(time.Second)
-	h.cat.call(t, "nodes")
+	h.advanceUntil("nodes")
 	select {
 	case c := <-h.cat.calls:
 		if c.method == "health" {
@@ -459,9 +477,9 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	bad := entry("work", "n1", "a", "s1", 1, "passing")
 	bad.Service.Meta["capacity"] = "abc"
 	h.cat.push("health/work", scripted{index: 12, entries: []*api.ServiceEntry{bad}})
-	h.clock.Advance(time.Second)
-	o = h.observe()
-	if o.Members == nil || o.Members.Members[0].Err == nil {
+	for o = h.observe(); o.Members == nil; o = h.observe() { // the query is in flight already
+	}
+	if o.Members.Members[0].Err == nil {
 		t.Fatalf("bad metadata not reported: %+v", o.Members)
 	}
 	// the task's service disappears: Gone, and its watch stops
