@@ -287,3 +287,25 @@ func TestAttack19bRefreshListsEveryNodeSerfHealthThrice(t *testing.T) {
 		t.Errorf("each Refresh lists every node's serfHealth %.1f times (the serf watch's fresh read is one; the rest come from the gap a cancelled blocking query opens)", per)
 	}
 }
+
+// TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead: a refresh request
+// taken by a watch whose fresh read then fails is not lost: the watch's next
+// successful read, after its back-off, answers it (it used to be dropped, and
+// fencing waited to its deadline although Consul answered again at once).
+func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
+	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
+	world.set(leaseCheck("passing"))
+	fw := newFaulty(world)
+	w, out := runFaulty(t, fw, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour, MaxBackoff: 50 * time.Millisecond})
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	fw.mu.Lock()
+	fw.failFresh[api.HealthCritical] = 1
+	fw.mu.Unlock()
+	seq, _ := w.Refresh(context.Background(), 0)
+	nextObs(t, out, "refreshed after the failed fresh read", func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq })
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	if fw.failFresh[api.HealthCritical] != 0 {
+		t.Fatal("the injected failure was never hit: the test proves nothing")
+	}
+}

@@ -311,6 +311,7 @@ func (w *Watcher) runQuery(ctx context.Context, out chan<- health.Observation, n
 	case seq := <-kick: // already asked: read afresh without a blocking query first
 		next, err := query(ctx, 0, 0)
 		if err != nil {
+			requeue(kick, seq)
 			return 0, err
 		}
 		w.refreshed(ctx, out, name, seq)
@@ -337,10 +338,22 @@ func (w *Watcher) runQuery(ctx context.Context, out chan<- health.Observation, n
 	}
 	next, err = query(ctx, 0, 0) // index 0: Consul answers at once
 	if err != nil {
+		requeue(kick, seq)
 		return 0, err
 	}
 	w.refreshed(ctx, out, name, seq)
 	return next, nil
+}
+
+// requeue puts back a refresh request whose fresh read failed: the watch's
+// next successful read (after its back-off) answers it, so fencing waiting
+// on it hears as soon as Consul answers again. A newer request already
+// queued answers it too.
+func requeue(kick chan uint64, seq uint64) {
+	select {
+	case kick <- seq:
+	default:
+	}
 }
 
 // Run watches until ctx ends, sending observations to out.
@@ -479,9 +492,13 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			}
 			index = next
 			pause = interval - clock.Since(started)
-			if kick := w.refreshC[name]; kick != nil && len(kick) > 0 {
-				pause = 0 // a refresh is pending: fencing waits for no pause
-			}
+		}
+		// The wake channel is taken before looking for a pending request: a
+		// Refresh queues its request, then closes the channel, so one that
+		// comes after the look still ends the pause.
+		wake := w.refreshWakeOf(name)
+		if kick := w.refreshC[name]; kick != nil && len(kick) > 0 && err == nil {
+			pause = 0 // a refresh is pending: fencing waits for no pause
 		}
 		if pause > 0 {
 			t := clock.NewTimer(pause)
@@ -490,7 +507,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 				t.Stop()
 				return
 			case <-t.Chan():
-			case <-w.refreshWakeOf(name): // fencing waits for no pause
+			case <-wake: // fencing waits for no pause
 				t.Stop()
 			}
 		}
