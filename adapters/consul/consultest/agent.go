@@ -363,32 +363,37 @@ func (a *Agent) Client() *api.Client {
 }
 
 // Stop terminates the agent (SIGTERM, then SIGKILL after 10 s) and waits for
-// it to exit.
+// it to exit. A frozen agent is thawed for it (see Freeze).
 func (a *Agent) Stop() { a.signal(syscall.SIGTERM) }
 
 // Kill ends the agent with SIGKILL: no graceful leave, as when its machine
 // dies. Its node's serfHealth turns critical once the others notice.
 func (a *Agent) Kill() { a.signal(syscall.SIGKILL) }
 
-// Freeze stops the agent's process (SIGSTOP) without ending it, as a hung
-// node or a long pause would: nothing answers, its peers declare it failed.
-// Thaw resumes it; the test's cleanup thaws a frozen agent before stopping it.
-func (a *Agent) Freeze() { a.pause(syscall.SIGSTOP) }
+// Freeze stops the agent's process (SIGSTOP) without ending it: a hung node,
+// a long GC or VM pause, or — for a datacenter's only server — a partitioned
+// datacenter, without touching the network. Unlike a cut network, the
+// kernel still completes TCP connects to its ports and buffers what is
+// written to them, but nothing is read or answered: peers wait out their own
+// RPC and gossip timeouts. Thaw resumes it. Stop, Kill and the test's cleanup end
+// a frozen agent as promptly as a running one. An error says the agent is
+// not running (stopped through this Agent) or the signal failed.
+func (a *Agent) Freeze() error { return a.pause(syscall.SIGSTOP) }
 
-// Thaw resumes a frozen agent (SIGCONT).
-func (a *Agent) Thaw() { a.pause(syscall.SIGCONT) }
+// Thaw resumes a frozen agent (SIGCONT); on a running agent it does nothing.
+func (a *Agent) Thaw() error { return a.pause(syscall.SIGCONT) }
 
-func (a *Agent) pause(sig syscall.Signal) {
+func (a *Agent) pause(sig syscall.Signal) error {
 	a.mu.Lock()
 	cmd := a.cmd
 	a.mu.Unlock()
 	if cmd == nil || cmd.Process == nil {
-		return
+		return fmt.Errorf("consul agent %s is not running", a.Node)
 	}
-	syscall.Kill(-cmd.Process.Pid, sig)
-	if sig == syscall.SIGSTOP && a.t != nil {
-		a.t.Cleanup(a.Thaw) // runs before Close (cleanups run last-in first-out)
+	if err := syscall.Kill(-cmd.Process.Pid, sig); err != nil {
+		return fmt.Errorf("consul agent %s: %v: %w", a.Node, sig, err)
 	}
+	return nil
 }
 
 func (a *Agent) signal(sig syscall.Signal) {
@@ -399,6 +404,9 @@ func (a *Agent) signal(sig syscall.Signal) {
 	if cmd == nil || cmd.Process == nil {
 		return
 	}
+	// A frozen (SIGSTOPped) process would hold SIGTERM pending until
+	// continued (SIGKILL ends it either way): continue it first.
+	syscall.Kill(-cmd.Process.Pid, syscall.SIGCONT)
 	syscall.Kill(-cmd.Process.Pid, sig)
 	select {
 	case <-done:
