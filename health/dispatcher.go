@@ -1,6 +1,7 @@
 package health
 
 import (
+	"regexp"
 	"slices"
 	"strings"
 	"sync"
@@ -15,7 +16,22 @@ import (
 const (
 	NodeMetaVersionConstraint = "version_constraint"
 	NodeMetaLabels            = "labels"
+	// NodeMetaDatacenter is the Consul datacenter the dispatcher runs in:
+	// its executors come first (priority 0), the other datacenters' after.
+	NodeMetaDatacenter = "datacenter"
 )
+
+// datacenterRE is what Consul accepts as a datacenter name.
+var datacenterRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+
+// ValidateDatacenter checks a datacenter name as Consul would (letters,
+// digits, '-' and '_'); field names it in the error.
+func ValidateDatacenter(field, dc string) error {
+	if !datacenterRE.MatchString(dc) {
+		return &FieldError{Field: field, Value: dc, Reason: "a datacenter name: 1 to 64 letters, digits, '-' or '_'"}
+	}
+	return nil
+}
 
 // Dispatcher is the constraint set of one or more dispatchers: which
 // executors they may send new work to. Dispatchers with equal constraint sets
@@ -27,10 +43,14 @@ type Dispatcher struct {
 	// see: granted by leasehold's authorization policy (WithTasks), never
 	// by a dispatcher's own metadata.
 	Tasks []string
+	// Datacenter is where the dispatchers run ("": the datacenter of
+	// leasehold's own agent). Part of the key: dispatchers of different
+	// datacenters get different priorities, so they never share a snapshot.
+	Datacenter string
 
 	constraint *semver.Constraints
 	base       string   // key of the constraints alone: what rollout scopes name
-	key        string   // base plus the grant
+	key        string   // base plus the datacenter and the grant
 	labelKeys  []string // sorted keys of Labels
 }
 
@@ -65,25 +85,45 @@ func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatch
 	}
 	d.labelKeys = sortedKeys(d.Labels)
 	d.base = d.computeBase()
-	d.key = d.base + d.grantKey()
+	d.key = d.base + d.dcKey() + d.grantKey()
 	return d, nil
 }
 
-// Key identifies the constraint set and its grant: equal sets have equal
-// keys, different sets different ones. It is the snapshot group id and is
-// shown in logs and explain, so it stays readable:
+// Key identifies the constraint set, its datacenter and its grant: equal
+// sets have equal keys, different sets different ones. It is the snapshot
+// group id and is shown in logs and explain, so it stays readable:
 //
-//	v=<constraint>;<label>=<value>...[&tasks=<task>,<task>...]
+//	v=<constraint>;<label>=<value>...[&dc=<datacenter>][&tasks=<task>,<task>...]
 //
 // with the constraint's normalised spelling, labels sorted by key, and the
 // bytes of a field that would delimit it percent-escaped (escapeKeyField):
-// label values may hold any byte, yet the first '&' always starts the grant,
-// each ';' a label, the first '=' after it the value, each ',' a task.
+// label values may hold any byte, yet each '&' starts the datacenter or the
+// grant (named by what follows it), each ';' a label, the first '=' after it
+// the value, each ',' a task.
 func (d Dispatcher) Key() string {
 	if d.key == "" {
-		return d.computeBase() + d.grantKey() // a Dispatcher not built by NewDispatcher
+		return d.computeBase() + d.dcKey() + d.grantKey() // a Dispatcher not built by NewDispatcher
 	}
 	return d.key
+}
+
+// dcKey is the key's datacenter part: "" for none, else "&dc=" and the name.
+func (d Dispatcher) dcKey() string {
+	if d.Datacenter == "" {
+		return ""
+	}
+	var b strings.Builder
+	b.WriteString("&dc=")
+	escapeKeyField(&b, d.Datacenter, keyTaskEscapes)
+	return b.String()
+}
+
+// InDatacenter is d run from datacenter dc ("": leasehold's own).
+func (d Dispatcher) InDatacenter(dc string) Dispatcher {
+	d.Datacenter = dc
+	d.base = d.computeBase()
+	d.key = d.base + d.dcKey() + d.grantKey()
+	return d
 }
 
 // baseKey is the key of the constraints without the grant: a grant narrows
@@ -172,7 +212,7 @@ func (d Dispatcher) WithTasks(tasks []string) Dispatcher {
 		}
 	}
 	d.base = d.computeBase()
-	d.key = d.base + d.grantKey()
+	d.key = d.base + d.dcKey() + d.grantKey()
 	return d
 }
 

@@ -14,6 +14,10 @@ type Executor struct {
 	Registration
 	ServiceID   string
 	Node        string
+	// Datacenter is the Consul datacenter the registration was read from
+	// (set by the watch, not by the executor; "" with a single datacenter
+	// whose name is not known, as in tests).
+	Datacenter  string
 	Err         error // bad metadata: the registration cannot be trusted at all
 	CreateIndex uint64
 

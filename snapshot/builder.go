@@ -8,7 +8,6 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
-	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -28,6 +27,10 @@ import (
 // so a fleet without such a conflict pays no more than a map update per
 // changed executor.
 type Builder struct {
+	// Failover orders the datacenters' localities (set before the first
+	// build; the zero value: one datacenter).
+	Failover  Failover
+	failover  Failover // as of the last start
 	d         health.Dispatcher
 	observe   []health.Reason // rules in observe mode
 	started   bool
@@ -57,11 +60,23 @@ type entry struct {
 }
 
 type endpointSortKey struct {
+	dc, zone                   string // the locality: entries of one are contiguous
 	instance, address, session string
 	port                       int
 }
 
+func (k endpointSortKey) sansLocality() endpointSortKey {
+	k.dc, k.zone = "", ""
+	return k
+}
+
 func (a *entry) less(b *entry) bool {
+	if a.key.dc != b.key.dc {
+		return a.key.dc < b.key.dc
+	}
+	if a.key.zone != b.key.zone {
+		return a.key.zone < b.key.zone
+	}
 	if a.key.instance != b.key.instance {
 		return a.key.instance < b.key.instance
 	}
@@ -111,8 +126,9 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 // Rules listed in observe are in observe mode (see health.EligibleObserving).
 func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher, observe ...health.Reason) Result {
 	restarted := false
-	if !bl.started || bl.d.Key() != d.Key() || !slices.Equal(bl.observe, observe) {
-		*bl = Builder{d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
+	if !bl.started || bl.d.Key() != d.Key() || !slices.Equal(bl.observe, observe) || !bl.failover.equal(bl.Failover) {
+		f := bl.Failover
+		*bl = Builder{Failover: f, failover: f, d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
 		restarted = true
 	}
 	var observed []ObservedDecision
@@ -155,8 +171,9 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 			if en.routed {
 				en.e = e
 				buf = endpointContent(buf[:0], e, en.status)
+				buf = append(append(append(buf, e.Datacenter...), 0), e.Labels[ZoneLabel]...) // its locality
 				en.digest = fnv64a(buf)
-				en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
+				en.key = endpointSortKey{dc: e.Datacenter, zone: e.Labels[ZoneLabel], instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
 				en.sock, en.claim = health.SocketOf(e.Address, e.Port), health.ClaimOf(e)
 				fresh = append(fresh, en)
 			}
@@ -264,10 +281,10 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	if len(dropped) > 0 {
 		now := make(map[endpointSortKey]corev3.HealthStatus, len(added))
 		for _, en := range added {
-			now[en.key] = en.status
+			now[en.key.sansLocality()] = en.status
 		}
 		for _, en := range dropped {
-			st, ok := now[en.key]
+			st, ok := now[en.key.sansLocality()] // an endpoint that moved to another zone is no removal
 			if !ok || (en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
 				removes = true
 				break
@@ -287,22 +304,17 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	var sum, xor uint64
 	n := len(sorted) - len(losers)
 	if n > 0 {
-		lbs := make([]*endpointv3.LbEndpoint, 0, n)
 		for _, en := range sorted {
 			if en.lost {
 				continue
 			}
-			lbs = append(lbs, en.lb)
 			m := mix64(en.digest)
 			sum += m
 			xor ^= mix64(m ^ en.digest)
 		}
-		cla.Endpoints = []*endpointv3.LocalityLbEndpoints{{
-			Locality:    &corev3.Locality{},
-			LbEndpoints: lbs,
-			// grpc-go ignores a locality whose weight is 0 or unset.
-			LoadBalancingWeight: wrapperspb.UInt32(1),
-		}}
+		var layout uint64
+		cla.Endpoints, layout = assembleLocalities(sorted, n, bl.Failover, d.Datacenter)
+		xor ^= layout // the localities' priorities and weights (they follow the dispatcher's datacenter)
 	}
 	var vb [8 + 8 + 8 + 8]byte
 	binary.LittleEndian.PutUint64(vb[0:], fnv64a([]byte("cla\x00"+task)))

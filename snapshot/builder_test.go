@@ -20,18 +20,26 @@ import (
 // the same removal verdict as comparing the two load assignments.
 func TestBuilderIncrementalEqualsFresh(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 11))
+	failover := Failover{Local: "dc1", Order: []string{"dc1", "dc2", "dc3"}}
 	for _, dc := range []struct {
-		version string
-		labels  map[string]string
+		version    string
+		labels     map[string]string
+		datacenter string
 	}{
-		{"", nil}, {">=1.2.0", nil}, {"", map[string]string{"zone": "a"}},
+		{"", nil, ""}, {">=1.2.0", nil, ""}, {"", map[string]string{"zone": "a"}, ""}, {"", nil, "dc2"},
 	} {
 		d, err := health.NewDispatcher(dc.version, dc.labels)
 		if err != nil {
 			t.Fatal(err)
 		}
+		d = d.InDatacenter(dc.datacenter)
 		es := benchFleet(200)
-		bl := &Builder{}
+		if dc.datacenter != "" {
+			for i := range es {
+				es[i].Datacenter = failover.Order[i%3]
+			}
+		}
+		bl := &Builder{Failover: failover}
 		prev := bl.BuildPrinted("work", es, nil, d)
 		for step := range 400 {
 			for range 1 + r.IntN(4) {
@@ -41,7 +49,7 @@ func TestBuilderIncrementalEqualsFresh(t *testing.T) {
 				r.Shuffle(len(es), func(i, j int) { es[i], es[j] = es[j], es[i] })
 			}
 			got := bl.BuildPrinted("work", es, nil, d)
-			want := (&Builder{}).BuildPrinted("work", es, nil, d)
+			want := (&Builder{Failover: failover}).BuildPrinted("work", es, nil, d)
 			if !bytes.Equal(marshal(t, got.CLA), marshal(t, want.CLA)) {
 				t.Fatalf("%s step %d: incremental load assignment differs from a fresh build", d.Key(), step)
 			}
@@ -70,7 +78,12 @@ func mutate(r *rand.Rand, es *[]health.Executor) {
 	}
 	i := r.IntN(len(fleet))
 	e := &fleet[i]
-	switch r.IntN(12) {
+	switch r.IntN(13) {
+	case 12: // every executor of a datacenter leaves at once (failover)
+		if e.Datacenter != "" {
+			dc := e.Datacenter
+			*es = slices.DeleteFunc(fleet, func(x health.Executor) bool { return x.Datacenter == dc })
+		}
 	case 0:
 		e.Load = r.IntN(10)
 	case 1:

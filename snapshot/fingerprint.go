@@ -31,6 +31,7 @@ func executorPrint(e *health.Executor) uint64 {
 	}
 	r := &e.Registration
 	str(e.Node)
+	str(e.Datacenter)
 	str(e.ServiceID)
 	str(r.InstanceID)
 	str(r.SessionID)

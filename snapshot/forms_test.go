@@ -79,13 +79,18 @@ func TestFormsGolden(t *testing.T) {
 			t.Errorf("%s: version %q", f, v)
 		}
 		want := proto.Clone(cla).(*endpointv3.ClusterLoadAssignment)
-		for _, lb := range want.Endpoints[0].LbEndpoints {
-			switch f {
-			case MetadataNone:
-				lb.Metadata = nil
-			case MetadataSession:
-				delete(lb.Metadata.FilterMetadata[MetadataNamespace].Fields, "instance_id")
-				delete(lb.Metadata.FilterMetadata[MetadataNamespace].Fields, "version")
+		if len(want.Endpoints) < 2 {
+			t.Fatal("the golden fleet has one locality: localities other than the first are not exercised")
+		}
+		for _, loc := range want.Endpoints {
+			for _, lb := range loc.LbEndpoints {
+				switch f {
+				case MetadataNone:
+					lb.Metadata = nil
+				case MetadataSession:
+					delete(lb.Metadata.FilterMetadata[MetadataNamespace].Fields, "instance_id")
+					delete(lb.Metadata.FilterMetadata[MetadataNamespace].Fields, "version")
+				}
 			}
 		}
 		if !proto.Equal(got, want) {
@@ -95,7 +100,7 @@ func TestFormsGolden(t *testing.T) {
 			t.Fatalf("%s: deriving modified the snapshot's message", f)
 		}
 		size := func(m proto.Message) int { return proto.Size(m) }
-		t.Logf("%s: %d of %d bytes (%d endpoints)", f, size(got), size(cla), len(cla.Endpoints[0].LbEndpoints))
+		t.Logf("%s: %d of %d bytes (%d localities)", f, size(got), size(cla), len(cla.Endpoints))
 	}
 }
 

@@ -77,6 +77,11 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	if err != nil {
 		return health.Dispatcher{}, fmt.Errorf("node.metadata: %w", err)
 	}
+	dc, err := datacenterOf(node)
+	if err != nil {
+		return health.Dispatcher{}, err
+	}
+	d = d.InDatacenter(dc)
 	if _, err := EndpointMetadataOf(node); err != nil {
 		return health.Dispatcher{}, err
 	}
@@ -91,6 +96,33 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 		d = d.WithTasks(tasks)
 	}
 	return d, nil
+}
+
+// datacenterOf is the datacenter a node says it runs in: node metadata
+// "datacenter" (what leasehold bootstrap --datacenter writes), else the
+// node's locality region (Envoy's --locality-region, a gRPC bootstrap's
+// node.locality.region); both set, they must agree.
+func datacenterOf(node *corev3.Node) (string, error) {
+	const field = "node.metadata." + health.NodeMetaDatacenter
+	region := node.GetLocality().GetRegion()
+	v, ok := node.GetMetadata().GetFields()[health.NodeMetaDatacenter]
+	if !ok {
+		if region == "" {
+			return "", nil
+		}
+		return region, health.ValidateDatacenter("node.locality.region", region)
+	}
+	s, isStr := v.GetKind().(*structpb.Value_StringValue)
+	if !isStr {
+		return "", &health.FieldError{Field: field, Reason: "must be a string naming a Consul datacenter"}
+	}
+	if err := health.ValidateDatacenter(field, s.StringValue); err != nil {
+		return "", err
+	}
+	if region != "" && region != s.StringValue {
+		return "", &health.FieldError{Field: field, Value: s.StringValue, Reason: fmt.Sprintf("differs from node.locality.region %q: say one datacenter", region)}
+	}
+	return s.StringValue, nil
 }
 
 // GroupOf is the cache group of a node: dispatchers with equal constraint
@@ -158,8 +190,9 @@ func (c *memo) store(key, group string) {
 	m.Store(key, group)
 }
 
-// groupKeys are the node metadata keys GroupOf reads.
-var groupKeys = [...]string{health.NodeMetaVersionConstraint, health.NodeMetaLabels, NodeMetaGrantedTasks, NodeMetaEndpointMetadata}
+// groupKeys are the node metadata keys GroupOf reads (and the locality
+// region, spelled after them).
+var groupKeys = [...]string{health.NodeMetaVersionConstraint, health.NodeMetaLabels, NodeMetaGrantedTasks, NodeMetaEndpointMetadata, health.NodeMetaDatacenter}
 
 // groupMemoKey spells out the values GroupOf reads, each length-prefixed;
 // false for a value of a kind it does not spell (GroupOf then reads it
@@ -212,6 +245,7 @@ func groupMemoKey(node *corev3.Node) (string, bool) {
 		}
 		b = append(b, ';')
 	}
+	str(node.GetLocality().GetRegion()) // the datacenter, when metadata does not say it
 	if len(b) > groupMemoKeyMax {
 		return "", false // a hostile node must not pin megabytes in the memo
 	}
