@@ -67,6 +67,7 @@ proto:
 # Benchmarks (never part of make test): micro-benchmarks, then the end-to-end
 # harness on real parts, which writes its table into BENCHMARKS.md.
 bench: $(CONSUL)
+	LEASEHOLD_MEASURE=1 $(GO) test -count=1 -run 'TestFrozenRemoteDatacenter' -v ./adapters/consul/consultest
 	$(GO) test -run '^$$' -bench . -benchtime 1000x -count 4 ./adapters/otel
 	$(GO) test -run '^$$' -bench . -count 3 ./snapshot
 	$(GO) build -o bin/leasehold ./cmd/leasehold
