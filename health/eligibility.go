@@ -12,8 +12,8 @@ import (
 // and remembers (observed lapses).
 type Executor struct {
 	Registration
-	ServiceID   string
-	Node        string
+	ServiceID string
+	Node      string
 	// Datacenter is the Consul datacenter the registration was read from
 	// (set by the watch, not by the executor; "" with a single datacenter
 	// whose name is not known, as in tests).
@@ -38,6 +38,10 @@ type Executor struct {
 	NewerGeneration uint64
 	// Set by the state owner: this session was once seen lapsed.
 	LapseObserved bool
+	// Set by the state owner: whether Consul in the executor's datacenter
+	// answers (Reach) and, when not, since when and why (ReachDetail).
+	Reach       Reach
+	ReachDetail string
 	// Set by the state owner: an operator's cordon applies (its id and
 	// reason), or would but the safety limit keeps the executor routed.
 	CordonID, CordonReason string
@@ -67,7 +71,38 @@ const (
 	ReasonDraining    Reason = "draining"
 	ReasonFull        Reason = "full"
 	ReasonCordoned    Reason = "cordoned" // an operator's cordon: no new work (DRAINING)
+	// ReasonUnreachable: the executor's datacenter has not answered for
+	// longer than a lease while others do.
+	ReasonUnreachable Reason = "datacenter-unreachable"
 )
+
+// Reach says whether leasehold hears from an executor's datacenter.
+type Reach uint8
+
+const (
+	// Reached: Consul in its datacenter answers.
+	Reached Reach = iota
+	// Unanswered: its datacenter does not answer now. The executor is
+	// routed as last known (its lease rules hold); its session is
+	// answered UNKNOWN, since a lapse may be going unseen.
+	Unanswered
+	// Lost: its datacenter has not answered for longer than a lease while
+	// other datacenters do (a WAN partition usually cuts dispatchers off
+	// from it too): no new work. When no datacenter answers, none is Lost:
+	// the last known snapshot stays (fail static).
+	Lost
+)
+
+func (r Reach) String() string {
+	switch r {
+	case Reached:
+		return "reached"
+	case Unanswered:
+		return "unanswered"
+	default:
+		return "lost"
+	}
+}
 
 // Verdict is the decision for one executor and one dispatcher constraint set.
 type Verdict struct {
@@ -89,7 +124,8 @@ type Exclusion struct {
 // with constraint set d, and why not. Rules, first match wins:
 //
 //	bad metadata → none; lease critical or missing, node failed (serfHealth
-//	critical), or lapse observed before → lapsed; another check of the
+//	critical), or lapse observed before → lapsed; its datacenter lost →
+//	datacenter-unreachable; another check of the
 //	service or node not passing → unhealthy; an older
 //	session than the instance's newest → fenced; version or labels not
 //	matching → none; cordoned by an operator → DRAINING; draining →
@@ -141,6 +177,12 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 			return lapsed("node " + e.Node + " failed (serfHealth critical): Consul lost contact with its agent")
 		case e.Lease != StatusPassing && e.Lease != StatusWarning:
 			return lapsed(fmt.Sprintf("lease check status %q", e.Lease))
+		}
+		return Verdict{}, false
+	},
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		if e.Reach == Lost {
+			return Verdict{Route: RouteNone, Reason: ReasonUnreachable, Detail: e.ReachDetail}, true
 		}
 		return Verdict{}, false
 	},

@@ -260,7 +260,10 @@ type TaskList struct {
 // Observation is one report of the Consul watch; exactly one of its
 // pointer fields is set. At is when Consul's answer arrived.
 type Observation struct {
-	At          time.Time
+	At time.Time
+	// Datacenter is the Consul datacenter the answer came from ("" with
+	// one, unnamed; Rules and Cordons belong to none).
+	Datacenter  string
 	Tasks       *TaskList
 	Members     *TaskMembers
 	NonPassing  *NonPassing

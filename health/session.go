@@ -27,6 +27,7 @@ type SessionStatus struct {
 	Generation      uint64
 	Tasks           []string
 	Version         string
+	Datacenter      string // where its registrations are ("" unknown, or one datacenter unnamed)
 }
 
 // SessionIndex answers session questions from one decided view of the fleet
@@ -81,7 +82,7 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		key := [2]string{e.InstanceID, e.SessionID}
 		st, seen := ix.sessions[key]
 		if !seen {
-			st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionCurrent, Generation: e.Generation, Version: e.Version, Detail: "newest session of its instance, lease valid"}
+			st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionCurrent, Generation: e.Generation, Version: e.Version, Datacenter: e.Datacenter, Detail: "newest session of its instance, lease valid"}
 		}
 		st.Tasks = append(st.Tasks, e.Task)
 		state, detail := SessionCurrent, ""
@@ -91,6 +92,10 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 			st.NewerSessionID, st.NewerGeneration = e.NewerSessionID, e.NewerGeneration
 		case e.LapseObserved || e.Lease == StatusCritical || e.NodeFailed:
 			state, detail = SessionLapsed, "lease lapsed (or its node failed) on task "+e.Task
+		case e.Reach != Reached:
+			// Not CURRENT: a lapse in a datacenter that does not answer
+			// would go unseen (what is known to be final still is).
+			state, detail = SessionUnknown, "its datacenter does not answer: "+e.ReachDetail
 		case !e.LeaseFound:
 			// Not LAPSED, which is final: a missing check is no proof the
 			// lease ended (and only a broken contract brings it back).

@@ -44,6 +44,11 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 			body["consul_last_contact"] = t.UTC().Format(time.RFC3339Nano)
 			body["consul_contact_age_seconds"] = time.Since(t).Seconds()
 		}
+		if cfg.Syncer != nil {
+			if dcs := datacenterReach(cfg.Syncer.View()); dcs != nil {
+				body["datacenters"] = dcs
+			}
+		}
 		status := http.StatusOK
 		if !ready {
 			status = http.StatusServiceUnavailable
@@ -129,6 +134,8 @@ type ExplainExecutor struct {
 	Generation     uint64            `json:"generation"`
 	Task           string            `json:"task"`
 	Node           string            `json:"node"`
+	Datacenter     string            `json:"datacenter,omitempty"`
+	Reach          string            `json:"datacenter_reach,omitempty"` // unanswered or lost: its datacenter does not answer
 	ServiceID      string            `json:"service_id"`
 	Address        string            `json:"address"`
 	Port           int               `json:"port"`
@@ -159,6 +166,27 @@ type ExplainVerdict struct {
 	WouldExclude []health.Exclusion `json:"would_exclude,omitempty"`
 }
 
+// DatacenterReach is one watched datacenter as /readyz reports it.
+type DatacenterReach struct {
+	Reach       string `json:"reach"` // reached, unanswered (its sessions are UNKNOWN) or lost (its executors are not routed)
+	Detail      string `json:"detail,omitempty"`
+	ConsulIndex uint64 `json:"consul_index"`
+}
+
+// datacenterReach is every watched datacenter's reach (nil with one).
+func datacenterReach(v *snapshot.View) map[string]DatacenterReach {
+	dcs := v.Datacenters()
+	if len(dcs) < 2 {
+		return nil
+	}
+	out := make(map[string]DatacenterReach, len(dcs))
+	for _, dc := range dcs {
+		i, _ := v.Datacenter(dc)
+		out[dc] = DatacenterReach{Reach: i.Reach.String(), Detail: i.ReachDetail, ConsulIndex: i.ConsulIndex}
+	}
+	return out
+}
+
 func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 	out := ExplainExecutors{ConsulIndex: v.ConsulIndex, Executors: []ExplainExecutor{}}
 	verdicts := make([][]health.Verdict, len(v.Groups))
@@ -183,6 +211,10 @@ func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 			x.MetadataError = e.Err.Error()
 		}
 		x.Cordon, x.CordonHeld = e.CordonID, e.CordonHeld
+		x.Datacenter = e.Datacenter
+		if e.Reach != health.Reached {
+			x.Reach = e.Reach.String() + ": " + e.ReachDetail
+		}
 		for gi, d := range v.Groups {
 			verdict := verdicts[gi][ei]
 			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(), Route: string(verdict.Route), Reason: string(verdict.Reason), Detail: verdict.Detail, WouldExclude: verdict.Observed})

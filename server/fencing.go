@@ -29,15 +29,15 @@ import (
 type Views interface {
 	View() *snapshot.View
 	// Progress is the indexes at which the current view's non-passing
-	// checks and generation keys are known current.
-	Progress() (nonPassing, generations uint64)
+	// checks and generation keys of datacenter dc are known current.
+	Progress(dc string) (nonPassing, generations uint64)
 }
 
 // Fencing serves leasehold.v1.Fencing from the syncer's views.
 type Fencing struct {
 	leaseholdv1.UnimplementedFencingServer
 	views     Views
-	freshAsOf func() time.Time
+	freshAsOf func(dc string) time.Time
 	opts      FencingOptions
 	answers   metric.Int64Counter
 }
@@ -52,19 +52,22 @@ type FencingOptions struct {
 	// dispatcher with endpoints and no answers stops confirming, it does not
 	// stop working.
 	StaleAfter time.Duration
-	// Refresh, if set, has Consul read afresh (the checks and generation
-	// keys that make a session LAPSED or STALE) now that Consul is at index
-	// atLeast or later, and returns a sequence number that views carry
-	// (View.Refreshed) once they include the fresh reads. A request whose min_consul_index the view has not reached is
+	// Refresh, if set, has Consul in datacenter dc read afresh (the checks
+	// and generation keys that make a session LAPSED or STALE) now that it
+	// is at index atLeast or later, and returns a sequence number that views
+	// carry (View.Datacenter(dc).Refreshed) once they include the fresh
+	// reads. A request whose min_consul_index the view has not reached is
 	// answered from such a view: one at least as new as the request.
-	Refresh func(ctx context.Context, atLeast uint64) (uint64, error)
+	Refresh func(ctx context.Context, dc string, atLeast uint64) (uint64, error)
 	Clock   clockwork.Clock
 	Meter   metric.MeterProvider // default: no metrics
 }
 
-// NewFencing answers from views; freshAsOf tells when the view of Consul was
-// last known current (zero: never).
-func NewFencing(views Views, freshAsOf func() time.Time, opts ...FencingOptions) *Fencing {
+// NewFencing answers from views; freshAsOf tells when the view of Consul in
+// a datacenter was last known current (zero: never). A session is answered
+// by its own datacenter's view: its indexes (min_consul_index and
+// consul_index are that datacenter's), its freshness and its refreshes.
+func NewFencing(views Views, freshAsOf func(dc string) time.Time, opts ...FencingOptions) *Fencing {
 	var o FencingOptions
 	if len(opts) > 0 {
 		o = opts[0]
@@ -84,7 +87,7 @@ func NewFencing(views Views, freshAsOf func() time.Time, opts ...FencingOptions)
 	m.Float64ObservableGauge("leasehold.fencing.view_age", metric.WithUnit("s"),
 		metric.WithDescription("age of the view of Consul the fencing API answers from (-1 before the first full read); answers are UNKNOWN past --fencing-stale-after"),
 		metric.WithFloat64Callback(func(_ context.Context, obs metric.Float64Observer) error {
-			if t := f.freshAsOf(); t.IsZero() {
+			if t := f.freshAsOf(f.views.View().Local); t.IsZero() {
 				obs.Observe(-1)
 			} else {
 				obs.Observe(f.opts.Clock.Since(t).Seconds())
@@ -98,6 +101,8 @@ func NewFencing(views Views, freshAsOf func() time.Time, opts ...FencingOptions)
 // min_consul_index (catchUp).
 func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1.CheckSessionRequest, caughtUp bool) *leaseholdv1.CheckSessionResponse {
 	st := v.Sessions().Check(req.GetInstanceId(), req.GetSessionId())
+	dc := sessionDC(v, st)
+	idx, _ := v.Datacenter(dc)
 	if g, ok := grantFrom(ctx); ok && !slices.ContainsFunc(st.Tasks, g.AllowsTask) {
 		// A session of task types the caller is not granted is answered
 		// exactly as one never seen: its existence does not leak.
@@ -106,9 +111,9 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 	resp := &leaseholdv1.CheckSessionResponse{
 		InstanceId: st.InstanceID, SessionId: st.SessionID, State: stateOf(st.State), Detail: st.Detail,
 		NewerSessionId: st.NewerSessionID, NewerGeneration: st.NewerGeneration, Generation: st.Generation,
-		Tasks: st.Tasks, Version: st.Version, ConsulIndex: v.ConsulIndex,
+		Tasks: st.Tasks, Version: st.Version, ConsulIndex: idx.ConsulIndex,
 	}
-	fresh := f.freshAsOf()
+	fresh := f.freshAsOf(dc)
 	age := f.opts.Clock.Since(fresh)
 	if !fresh.IsZero() {
 		resp.ViewAge = durationpb.New(age)
@@ -121,7 +126,7 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 			age.Round(time.Millisecond), f.opts.StaleAfter, stateOf(st.State), st.Detail))
 	case !caughtUp:
 		f.unknown(resp, fmt.Sprintf("leasehold's view (checks at Consul index %d, generation keys at %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time",
-			v.NonPassingIndex, v.GenerationsIndex, req.GetMinConsulIndex()))
+			idx.NonPassingIndex, idx.GenerationsIndex, req.GetMinConsulIndex()))
 	}
 	return resp
 }
@@ -137,9 +142,25 @@ func (f *Fencing) count(ctx context.Context, resp *leaseholdv1.CheckSessionRespo
 	f.answers.Add(ctx, 1, metric.WithAttributes(attribute.String("state", resp.GetState().String())))
 }
 
-// staleIn is how long until the view passes the staleness bound (≤ 0: it has).
-func (f *Fencing) staleIn() time.Duration {
-	fresh := f.freshAsOf()
+// sessionDC is the datacenter whose view answers for st: where its
+// registrations are, else leasehold's own.
+func sessionDC(v *snapshot.View, st health.SessionStatus) string {
+	if _, ok := v.Datacenter(st.Datacenter); ok && st.Datacenter != "" {
+		return st.Datacenter
+	}
+	return v.Local
+}
+
+// dcOf is the datacenter whose view answers for a request.
+func (f *Fencing) dcOf(req *leaseholdv1.CheckSessionRequest) string {
+	v := f.views.View()
+	return sessionDC(v, v.Sessions().Check(req.GetInstanceId(), req.GetSessionId()))
+}
+
+// staleIn is how long until datacenter dc's view passes the staleness bound
+// (≤ 0: it has).
+func (f *Fencing) staleIn(dc string) time.Duration {
+	fresh := f.freshAsOf(dc)
 	if fresh.IsZero() {
 		return 0
 	}
@@ -175,7 +196,7 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 	if err := validate(req); err != nil {
 		return nil, err
 	}
-	v, caughtUp := f.catchUp(ctx, req.GetMinConsulIndex())
+	v, caughtUp := f.catchUp(ctx, f.dcOf(req), req.GetMinConsulIndex())
 	resp := f.answer(ctx, v, req, caughtUp)
 	f.count(ctx, resp)
 	return resp, nil
@@ -186,18 +207,19 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 // checks and its generation keys are both known current at that index or
 // later. (Its highest index says nothing of the others: watches answer
 // independently.)
-func (f *Fencing) current(least uint64) (*snapshot.View, bool) {
-	np, gen := f.views.Progress() // first: progress is published after the view it vouches for
+func (f *Fencing) current(dc string, least uint64) (*snapshot.View, bool) {
+	np, gen := f.views.Progress(dc) // first: progress is published after the view it vouches for
 	v := f.views.View()
-	return v, min(max(np, v.NonPassingIndex), max(gen, v.GenerationsIndex)) >= least
+	idx, _ := v.Datacenter(dc)
+	return v, min(max(np, idx.NonPassingIndex), max(gen, idx.GenerationsIndex)) >= least
 }
 
 // catchUp returns a view that satisfies min_consul_index least: one that
 // reached it, or one that includes fresh reads of Consul made after this
 // call. When neither comes in time (shortly before ctx's deadline, at most
 // the staleness bound) it returns the latest view and false.
-func (f *Fencing) catchUp(ctx context.Context, least uint64) (*snapshot.View, bool) {
-	v, ok := f.current(least)
+func (f *Fencing) catchUp(ctx context.Context, dc string, least uint64) (*snapshot.View, bool) {
+	v, ok := f.current(dc, least)
 	if ok {
 		return v, true
 	}
@@ -211,7 +233,8 @@ func (f *Fencing) catchUp(ctx context.Context, least uint64) (*snapshot.View, bo
 	}
 	var seq uint64
 	if f.opts.Refresh != nil {
-		if s, err := f.opts.Refresh(ctx, v.ConsulIndex); err == nil {
+		idx, _ := v.Datacenter(dc)
+		if s, err := f.opts.Refresh(ctx, dc, idx.ConsulIndex); err == nil {
 			seq = s
 		}
 	}
@@ -220,7 +243,8 @@ func (f *Fencing) catchUp(ctx context.Context, least uint64) (*snapshot.View, bo
 	poll := time.NewTicker(20 * time.Millisecond) // progress alone publishes no view
 	defer poll.Stop()
 	for {
-		if v, ok = f.current(least); ok || (seq > 0 && v.Refreshed >= seq) {
+		v, ok = f.current(dc, least)
+		if idx, _ := v.Datacenter(dc); ok || (seq > 0 && idx.Refreshed >= seq) {
 			return v, true
 		}
 		select {
@@ -245,9 +269,10 @@ func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leas
 	var last *leaseholdv1.CheckSessionResponse
 	timer := f.opts.Clock.NewTimer(time.Hour)
 	defer timer.Stop()
-	_, caughtUp := f.catchUp(ctx, req.GetMinConsulIndex()) // every later view is newer still
+	_, caughtUp := f.catchUp(ctx, f.dcOf(req), req.GetMinConsulIndex()) // every later view is newer still
 	for {
-		v, reached := f.current(req.GetMinConsulIndex())
+		dc := f.dcOf(req)
+		v, reached := f.current(dc, req.GetMinConsulIndex())
 		caughtUp = caughtUp || reached
 		resp := f.answer(ctx, v, req, caughtUp)
 		if last == nil || !sameAnswer(last, resp) {
@@ -260,7 +285,7 @@ func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leas
 		// Wake when the view changes or when it would pass the staleness
 		// bound; a stale view is checked again every second, since the
 		// watch's answer arriving does not change the View.
-		wake := f.staleIn()
+		wake := f.staleIn(dc)
 		if wake <= 0 {
 			wake = time.Second
 		}

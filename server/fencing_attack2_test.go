@@ -58,7 +58,7 @@ func TestAttack2NodeFailureFromIndexesIsNotInWhatRefreshReads(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	rc, err := NewFencing(c, time.Now).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1"})
+	rc, err := NewFencing(c, nowAt).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1"})
 	if err != nil || rc.State != leaseholdv1.SessionState_LAPSED {
 		t.Fatalf("replica C: %v, %v; want LAPSED (serfHealth rewritten after the lease check was created)", rc, err)
 	}
@@ -66,7 +66,7 @@ func TestAttack2NodeFailureFromIndexesIsNotInWhatRefreshReads(t *testing.T) {
 	// B's Refresh, as the Watcher does it: fresh non-passing checks (nothing
 	// critical any more) and generation keys (unchanged), then the marker.
 	var refreshes atomic.Int64
-	fb := NewFencing(b, time.Now, FencingOptions{Refresh: func(context.Context, uint64) (uint64, error) {
+	fb := NewFencing(b, nowAt, FencingOptions{Refresh: func(context.Context, string, uint64) (uint64, error) {
 		seq := uint64(refreshes.Add(1))
 		go func() {
 			// The fast path carries every node's serfHealth with its indexes.

@@ -108,11 +108,11 @@ func TestAttackMinConsulIndexIsTheMaxOfIndependentWatches(t *testing.T) {
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	ra, err := NewFencing(a, time.Now).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1"})
+	ra, err := NewFencing(a, nowAt).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1"})
 	if err != nil || ra.State != leaseholdv1.SessionState_STALE {
 		t.Fatalf("replica A: %v, %v; want STALE", ra, err)
 	}
-	rb, err := NewFencing(b, time.Now).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: ra.ConsulIndex})
+	rb, err := NewFencing(b, nowAt).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: ra.ConsulIndex})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -148,11 +148,11 @@ func TestAttackMinConsulIndexLapsedThenCurrent(t *testing.T) {
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 	defer cancel()
-	ra, err := NewFencing(a, time.Now).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1"})
+	ra, err := NewFencing(a, nowAt).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1"})
 	if err != nil || ra.State != leaseholdv1.SessionState_LAPSED {
 		t.Fatalf("replica A: %v, %v; want LAPSED", ra, err)
 	}
-	rb, err := NewFencing(b, time.Now).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: ra.ConsulIndex})
+	rb, err := NewFencing(b, nowAt).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: ra.ConsulIndex})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -40,7 +40,7 @@ func checkX(t *testing.T, f *Fencing, min uint64, timeout time.Duration) *leaseh
 func TestMinConsulIndexReadsAfresh(t *testing.T) {
 	s, obs := fencingSyncer(t)
 	var refreshes atomic.Int64
-	f := NewFencing(s, time.Now, FencingOptions{Refresh: func(context.Context, uint64) (uint64, error) {
+	f := NewFencing(s, nowAt, FencingOptions{Refresh: func(context.Context, string, uint64) (uint64, error) {
 		seq := uint64(refreshes.Add(1))
 		go func() { // the watcher's fresh reads, then its marker
 			obs <- health.Observation{Generations: &health.Generations{Index: 40, Floor: map[string]uint64{"x": 2}}}
@@ -64,7 +64,7 @@ func TestMinConsulIndexReadsAfresh(t *testing.T) {
 // UNKNOWN shortly before the caller's deadline, not an expired call.
 func TestMinConsulIndexUnreachedIsUnknown(t *testing.T) {
 	s, _ := fencingSyncer(t)
-	f := NewFencing(s, time.Now, FencingOptions{Refresh: func(context.Context, uint64) (uint64, error) { return 1, nil }})
+	f := NewFencing(s, nowAt, FencingOptions{Refresh: func(context.Context, string, uint64) (uint64, error) { return 1, nil }})
 	start := time.Now()
 	r := checkX(t, f, 50, 500*time.Millisecond)
 	if r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "min_consul_index 50") {
@@ -80,7 +80,7 @@ func TestMinConsulIndexUnreachedIsUnknown(t *testing.T) {
 // membership at 11 says nothing of a lapse at 60).
 func TestMinConsulIndexWaitsForTheView(t *testing.T) {
 	s, obs := fencingSyncer(t)
-	f := NewFencing(s, time.Now)
+	f := NewFencing(s, nowAt)
 	go func() {
 		time.Sleep(50 * time.Millisecond) // the change arrives while the request waits
 		obs <- health.Observation{NonPassing: &health.NonPassing{Index: 60, Checks: []health.CheckState{
@@ -98,7 +98,7 @@ func TestStaleViewIsUnknown(t *testing.T) {
 	s, _ := fencingSyncer(t)
 	var fresh atomic.Int64
 	fresh.Store(time.Now().Add(-40 * time.Second).UnixNano())
-	f := NewFencing(s, func() time.Time { return time.Unix(0, fresh.Load()) }, FencingOptions{StaleAfter: 35 * time.Second})
+	f := NewFencing(s, func(string) time.Time { return time.Unix(0, fresh.Load()) }, FencingOptions{StaleAfter: 35 * time.Second})
 	r := checkX(t, f, 0, time.Second)
 	if r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "stale") || !strings.Contains(r.Detail, "CURRENT") || r.ViewAge.AsDuration() < 40*time.Second {
 		t.Fatalf("%v, want UNKNOWN saying the view is stale and what it last said", r)
@@ -108,3 +108,6 @@ func TestStaleViewIsUnknown(t *testing.T) {
 		t.Fatalf("fresh again: %v", r)
 	}
 }
+
+// nowAt is a freshAsOf for tests: every datacenter's view is current now.
+func nowAt(string) time.Time { return time.Now() }

@@ -75,7 +75,7 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 	g := grpc.NewServer(opts...)
 	f.xds = NewXDS(ctx, syncer, log, XDSOptions{Policy: so.policy})
 	f.xds.Register(g)
-	leaseholdv1.RegisterFencingServer(g, NewFencing(syncer, time.Now))
+	leaseholdv1.RegisterFencingServer(g, NewFencing(syncer, nowAt))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)

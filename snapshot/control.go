@@ -161,7 +161,7 @@ func (s *Syncer) applyControl() {
 	}
 	// Cordons count matches and live executors per task type across the
 	// fleet, so while any is in force every registration is cordoned anew.
-	tasks := sortedTasks(s.members)
+	tasks := sortedKeys(s.members)
 	var all []health.Executor
 	for _, task := range tasks {
 		all = append(all, s.fleet[task].execs...)

@@ -67,6 +67,8 @@ func executorPrint(e *health.Executor) uint64 {
 	str(e.NewerSessionID)
 	num(e.NewerGeneration)
 	flag(e.LapseObserved)
+	b = append(b, byte(e.Reach))
+	str(e.ReachDetail)
 	flag(e.NodeFailed)
 	num(e.CreateIndex)
 	str(e.CordonID)

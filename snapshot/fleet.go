@@ -129,7 +129,7 @@ type batchResult struct {
 func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 	var r batchResult
 	instances := map[string]struct{}{} // to fence again (and mark lapses seen elsewhere)
-	tasks := sortedTasks(s.members)
+	tasks := sortedKeys(s.members)
 
 	// Membership reads: the task's state is replaced.
 	var replaced []*taskState // old states
@@ -155,7 +155,7 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		if _, ok := s.members[task]; !ok {
 			delete(s.fleet, task)
 			replaced = append(replaced, old)
-			r.changed = append(r.changed, task)
+			r.changed = append(r.changed, task.task)
 			r.diff.removed += len(old.execs)
 		}
 	}
@@ -163,34 +163,11 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		s.countPresence(old, -1, instances)
 	}
 
-	// The non-passing set: only the registrations holding a check that
-	// changed, and those whose read saw a check non-passing when the index moved.
-	if s.np != s.npJoined {
-		moved := s.np.EachChange(s.npJoined, func(c health.CheckState) {
-			for _, ts := range s.fleet {
-				for _, i := range ts.checks[checkRef{c.Node, c.CheckID}] {
-					ts.mark(i)
-				}
-				// a check the members' reads lack counts too (health.Join)
-				if c.ServiceID == "" {
-					for _, i := range ts.nodes[c.Node] {
-						ts.mark(i)
-					}
-				} else {
-					for _, i := range ts.services[checkRef{c.Node, c.ServiceID}] {
-						ts.mark(i)
-					}
-				}
-			}
-		})
-		if moved {
-			for _, ts := range s.fleet {
-				for _, i := range ts.nonPassing {
-					ts.mark(i)
-				}
-			}
-		}
-		s.npJoined = s.np
+	// Each datacenter's non-passing set: only the registrations of that
+	// datacenter holding a check that changed, and those whose read saw a
+	// check non-passing when the index moved.
+	for name, d := range s.dcs {
+		s.markNonPassing(name, d)
 	}
 	// The generation floor: its instances are fenced again.
 	if s.floorGen != s.floorJoinedGen {
@@ -219,13 +196,94 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		if ts == nil || !ts.touched {
 			continue
 		}
+		s.joinMarked(ctx, task.dc, ts, instances, &r)
+	}
+	s.fenceInstances(instances)
+	s.applyControl()
+
+	// Remember the sessions, fingerprint what changed.
+	for _, task := range tasks {
+		ts := s.fleet[task]
+		if ts == nil {
+			continue
+		}
+		r.present += len(ts.execs)
+		if !ts.touched {
+			continue
+		}
+		s.printChanges(task, ts, &r)
+	}
+	for task := range s.printOf {
+		if _, ok := s.fleet[task]; !ok {
+			delete(s.printOf, task)
+		}
+	}
+	s.ctl.dirty = false
+	s.pruneHistory(s.cfg.Clock.Now(), len(s.instances))
+	s.indexSessions(tasks, instances)
+	sort.Strings(r.changed)
+	r.changed = slices.Compact(r.changed)
+	return r
+}
+
+// markNonPassing marks the registrations of datacenter name that its
+// non-passing set changed since they were joined.
+func (s *Syncer) markNonPassing(name string, d *dcState) {
+	if d.np == d.npJoined {
+		return
+	}
+	fleet := make([]*taskState, 0, len(s.fleet))
+	for k, ts := range s.fleet {
+		if k.dc == name {
+			fleet = append(fleet, ts)
+		}
+	}
+	{
+		moved := d.np.EachChange(d.npJoined, func(c health.CheckState) {
+			for _, ts := range fleet {
+				for _, i := range ts.checks[checkRef{c.Node, c.CheckID}] {
+					ts.mark(i)
+				}
+				// a check the members' reads lack counts too (health.Join)
+				if c.ServiceID == "" {
+					for _, i := range ts.nodes[c.Node] {
+						ts.mark(i)
+					}
+				} else {
+					for _, i := range ts.services[checkRef{c.Node, c.ServiceID}] {
+						ts.mark(i)
+					}
+				}
+			}
+		})
+		if moved {
+			for _, ts := range fleet {
+				for _, i := range ts.nonPassing {
+					ts.mark(i)
+				}
+			}
+		}
+		d.npJoined = d.np
+	}
+}
+
+// joinMarked joins the marked registrations of one datacenter's task state
+// with that datacenter's non-passing set and reach, and notes lapses.
+func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, instances map[string]struct{}, r *batchResult) {
+	d := s.dc(dc)
+	{
 		ts.own()
 		bad := map[string]string(nil)
 		if ts.fresh {
 			bad = map[string]string{}
 		}
 		ts.each(func(i int32) {
-			e := health.Join(ts.tm.Members[i], s.np)
+			e := health.Join(ts.tm.Members[i], d.np)
+			e.Datacenter = dc
+			e.Reach, e.ReachDetail = d.reach, ""
+			if d.reach != health.Reached {
+				e.ReachDetail = dc + ": " + d.reachDetail
+			}
 			ts.execs[i] = e
 			instances[e.InstanceID] = struct{}{}
 			if e.Err != nil {
@@ -255,9 +313,12 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 			ts.bad = bad
 		}
 	}
+}
 
-	// Fence every instance concerned, across task types; a lapse seen in
-	// one task type is seen in the others of the session at once.
+// fenceInstances fences every instance concerned, across task types and
+// datacenters; a lapse seen in one task type is seen in the others of the
+// session at once.
+func (s *Syncer) fenceInstances(instances map[string]struct{}) {
 	for inst := range instances {
 		var group []*health.Executor
 		for _, ts := range s.fleet {
@@ -277,18 +338,12 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		}
 		health.FenceInstance(group, s.floor[inst])
 	}
-	s.applyControl()
+}
 
-	// Remember the sessions, fingerprint what changed.
-	for _, task := range tasks {
-		ts := s.fleet[task]
-		if ts == nil {
-			continue
-		}
-		r.present += len(ts.execs)
-		if !ts.touched {
-			continue
-		}
+// printChanges remembers the sessions of a task state's marked registrations
+// and fingerprints them, counting what changed.
+func (s *Syncer) printChanges(task fleetKey, ts *taskState, r *batchResult) {
+	{
 		before, stayed := ts.print, 0
 		if ts.fresh {
 			before = s.printOf[task]
@@ -316,22 +371,11 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		})
 		r.diff.removed += max(0, len(ts.was)-stayed)
 		if _, known := s.printOf[task]; !known || ts.print != before || s.ctl.dirty {
-			r.changed = append(r.changed, task)
+			r.changed = append(r.changed, task.task)
 		}
 		s.printOf[task] = ts.print
 		ts.endBatch()
 	}
-	for task := range s.printOf {
-		if _, ok := s.fleet[task]; !ok {
-			delete(s.printOf, task)
-		}
-	}
-	s.ctl.dirty = false
-	s.pruneHistory(s.cfg.Clock.Now(), len(s.instances))
-	s.indexSessions(tasks, instances)
-	sort.Strings(r.changed)
-	r.changed = slices.Compact(r.changed)
-	return r
 }
 
 // countPresence adds (sign 1) or removes (-1) a task state's valid

@@ -278,16 +278,16 @@ func TestBatchCountsWhatChanged(t *testing.T) {
 			t.Fatalf("%s: %+v, want %+v", name, got, w)
 		}
 	}
-	s.members["work"] = &health.TaskMembers{Task: "work", Index: 7, Members: []health.Member{a, b, c}}
+	s.members[fleetKey{task: "work"}] = &health.TaskMembers{Task: "work", Index: 7, Members: []health.Member{a, b, c}}
 	check("first read", want{added: 3, tasks: []string{"work"}})
-	s.members["work"] = &health.TaskMembers{Task: "work", Index: 8, Members: []health.Member{a, b2, d}}
+	s.members[fleetKey{task: "work"}] = &health.TaskMembers{Task: "work", Index: 8, Members: []health.Member{a, b2, d}}
 	check("b changed, c left, d joined", want{added: 1, changed: 1, removed: 1, tasks: []string{"work"}})
 	lapse := a.Checks[1]
 	lapse.Status, lapse.ModifyIndex = health.StatusCritical, 9
-	s.np = health.NewNonPassingSet(health.NonPassing{Index: 9, Checks: []health.CheckState{lapse}})
+	s.dc("").np = health.NewNonPassingSet(health.NonPassing{Index: 9, Checks: []health.CheckState{lapse}})
 	check("a lapsed", want{changed: 1, lapses: 1, tasks: []string{"work"}})
-	s.np = health.NewNonPassingSet(health.NonPassing{Index: 10, Checks: []health.CheckState{lapse}})
+	s.dc("").np = health.NewNonPassingSet(health.NonPassing{Index: 10, Checks: []health.CheckState{lapse}})
 	check("nothing new", want{})
-	delete(s.members, "work")
+	delete(s.members, fleetKey{task: "work"})
 	check("the task went", want{removed: 3, tasks: []string{"work"}})
 }

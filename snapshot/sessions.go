@@ -64,10 +64,10 @@ func (x *sessionIndex) view() Sessions {
 
 // indexSessions indexes again the instances a batch concerned and those
 // whose history changed.
-func (s *Syncer) indexSessions(tasks []string, instances map[string]struct{}) {
+func (s *Syncer) indexSessions(tasks []fleetKey, instances map[string]struct{}) {
 	s.history.drain(func(inst string) { instances[inst] = struct{}{} })
 	for inst := range instances {
-		var regs []health.Executor // in View order: by task type, then as Consul listed them
+		var regs []health.Executor // in View order: by task type and datacenter, then as Consul listed them
 		for _, task := range tasks {
 			ts := s.fleet[task]
 			if ts == nil {

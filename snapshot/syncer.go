@@ -53,6 +53,30 @@ type SyncConfig struct {
 	// LBPolicy is the load-balancing policy of every task type the rollout
 	// configuration does not choose one for (default health.DefaultLBPolicy).
 	LBPolicy health.LBPolicy
+	// Datacenters are the watched Consul datacenters in failover order,
+	// leasehold's own first: the datacenter of a dispatcher that names none
+	// (nil: one datacenter, unnamed). Observations name theirs.
+	Datacenters []string
+	// DatacenterQuiet is how long one of several datacenters may go without
+	// an answer before its sessions are answered UNKNOWN (default 20 s: its
+	// watches answer at least every 10 s); DatacenterLost how long before its
+	// executors leave the assignments while another datacenter answers
+	// (default health.DefaultLeaseTTL, a lease).
+	DatacenterQuiet, DatacenterLost time.Duration
+}
+
+// localDC is leasehold's own datacenter ("" with one, unnamed).
+func (s *Syncer) localDC() string { return s.cfg.failover().Local }
+
+// multi reports whether several datacenters are watched.
+func (c SyncConfig) multi() bool { return len(c.Datacenters) > 1 }
+
+// failover is the datacenters' order for the translator.
+func (c SyncConfig) failover() Failover {
+	if len(c.Datacenters) == 0 {
+		return Failover{}
+	}
+	return Failover{Local: c.Datacenters[0], Order: c.Datacenters}
 }
 
 // DefaultHistoryRetention outlasts Consul's default reconnect_timeout (72 h):
@@ -71,6 +95,12 @@ func (c SyncConfig) withDefaults() SyncConfig {
 	}
 	if c.LBPolicy == "" {
 		c.LBPolicy = health.DefaultLBPolicy
+	}
+	if c.DatacenterQuiet <= 0 {
+		c.DatacenterQuiet = 20 * time.Second
+	}
+	if c.DatacenterLost <= 0 {
+		c.DatacenterLost = health.DefaultLeaseTTL
 	}
 	if c.Logger == nil {
 		c.Logger = slog.Default()
@@ -98,25 +128,17 @@ type Syncer struct {
 	view    atomic.Pointer[View]
 
 	// Owned by Run.
-	members        map[string]*health.TaskMembers
-	np             *health.NonPassingSet
-	haveNP         bool
-	tasks          []string           // task types Consul lists; nil until first read
-	synced         bool               // the whole fleet has been read once
-	unreachable    bool               // Consul's last answer was an error
-	lapsed         map[[2]string]bool // instance, session seen with a critical lease or failed node
-	floor          map[string]uint64  // per instance: the generation in Consul KV (Generations)
-	haveGen        bool               // the generation keys have been read
-	genIndex       uint64
-	refreshed      uint64 // the latest refresh request the watch answered afresh
-	progressNP     uint64 // Progress seen in the current batch, published after it
-	progressGen    uint64
-	progress       atomic.Pointer[[2]uint64] // non-passing, generations: current at these indexes
-	fleet          map[string]*taskState     // per task type: the registrations as decided (fleet.go)
-	printOf        map[string]taskPrint      // per task type: its executors' combined print when last decided
-	npJoined       *health.NonPassingSet     // the set the fleet state was joined with
-	floorGen       uint64                    // bumped when floor is replaced
-	floorJoined    map[string]uint64         // the floor the fleet state was fenced with
+	members        map[fleetKey]*health.TaskMembers
+	dcs            map[string]*dcState // per datacenter (datacenters.go)
+	started        time.Time
+	synced         bool                                 // the whole fleet has been read once
+	lapsed         map[[2]string]bool                   // instance, session seen with a critical lease or failed node
+	floor          map[string]uint64                    // per instance: the highest generation in Consul KV (Generations) of any datacenter
+	progress       atomic.Pointer[map[string][2]uint64] // per datacenter: non-passing, generations current at these indexes
+	fleet          map[fleetKey]*taskState              // per datacenter and task type: the registrations as decided (fleet.go)
+	printOf        map[fleetKey]taskPrint               // per datacenter and task type: its executors' combined print when last decided
+	floorGen       uint64                               // bumped when floor is replaced
+	floorJoined    map[string]uint64                    // the floor the fleet state was fenced with
 	floorJoinedGen uint64
 	sessions       map[[2]string]int // instance, session: registrations present (valid metadata)
 	instances      map[string]int    // instance: registrations present (valid metadata)
@@ -166,15 +188,20 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 		},
 		subs:      make(chan subscription),
 		stopped:   make(chan struct{}),
-		members:   map[string]*health.TaskMembers{},
+		members:   map[fleetKey]*health.TaskMembers{},
+		dcs:       map[string]*dcState{},
+		started:   cfg.Clock.Now(),
 		lapsed:    map[[2]string]bool{},
 		floor:     map[string]uint64{},
-		fleet:     map[string]*taskState{},
-		printOf:   map[string]taskPrint{},
+		fleet:     map[fleetKey]*taskState{},
+		printOf:   map[fleetKey]taskPrint{},
 		sessions:  map[[2]string]int{},
 		instances: map[string]int{},
 		groups:    map[string]*group{},
 		lastSeen:  map[string]time.Time{},
+	}
+	for _, dc := range cfg.Datacenters {
+		s.dc(dc)
 	}
 	s.view.Store(emptyView())
 	s.initTelemetry()
@@ -222,11 +249,15 @@ func (s *Syncer) request(sub subscription) {
 
 // Run applies observations until ctx ends.
 func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
-	var flush clockwork.Timer
-	var flushC <-chan time.Time
+	var flush, reach clockwork.Timer
+	var flushC, reachC <-chan time.Time
+	var reachAt time.Time
 	defer func() {
 		if flush != nil {
 			flush.Stop()
+		}
+		if reach != nil {
+			reach.Stop()
 		}
 		close(s.stopped)
 	}()
@@ -234,6 +265,12 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
+		case <-reachC:
+			reachC, reachAt = nil, time.Time{}
+			if s.updateReach(s.cfg.Clock.Now()) {
+				s.batchStart = s.cfg.Clock.Now()
+				s.recompute(ctx)
+			}
 		case o := <-obs:
 			s.batchStart = o.At
 			if s.batchStart.IsZero() {
@@ -248,6 +285,9 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 					more = false
 				}
 			}
+			if s.updateReach(s.cfg.Clock.Now()) {
+				content = true
+			}
 			if content { // progress alone changes no decision: no recompute
 				s.recompute(ctx)
 			}
@@ -260,6 +300,15 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 			flushC = nil
 			s.flushAt = time.Time{}
 			s.publishDirty(ctx, false)
+		}
+		if next := s.nextReachChange(s.cfg.Clock.Now()); !next.IsZero() && (reachC == nil || next.Before(reachAt)) {
+			if reach == nil {
+				reach = s.cfg.Clock.NewTimer(s.cfg.Clock.Until(next))
+			} else {
+				reach.Stop()
+				reach.Reset(s.cfg.Clock.Until(next))
+			}
+			reachC, reachAt = reach.Chan(), next
 		}
 		if !s.flushAt.IsZero() && flushC == nil {
 			if flush == nil {
@@ -275,70 +324,90 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 // apply takes one observation in; it reports whether it may change a
 // decision (everything but Progress).
 func (s *Syncer) apply(o health.Observation) bool {
+	switch { // leasehold's own configuration: no datacenter's answer
+	case o.Rules != nil:
+		s.applyRules(o.Rules)
+		return true
+	case o.Cordons != nil:
+		s.applyCordons(o.Cordons)
+		return true
+	}
+	d := s.dc(o.Datacenter)
+	if o.Contact == nil || o.Contact.OK {
+		d.heard = o.At // an answer from the datacenter
+		if o.At.IsZero() {
+			d.heard = s.cfg.Clock.Now()
+		}
+	}
 	if p := o.Progress; p != nil {
-		s.progressNP, s.progressGen = max(s.progressNP, p.NonPassing), max(s.progressGen, p.Generations)
+		d.progressNP, d.progressGen = max(d.progressNP, p.NonPassing), max(d.progressGen, p.Generations)
 		return false
 	}
 	switch {
 	case o.Tasks != nil:
-		s.tasks = append([]string{}, o.Tasks.Tasks...)
+		d.tasks = append([]string{}, o.Tasks.Tasks...)
 	case o.Members != nil:
+		k := fleetKey{o.Datacenter, o.Members.Task}
 		if o.Members.Gone {
-			delete(s.members, o.Members.Task)
+			delete(s.members, k)
 		} else {
-			s.members[o.Members.Task] = o.Members
+			s.members[k] = o.Members
 		}
 	case o.NonPassing != nil:
-		s.np = health.NewNonPassingSet(*o.NonPassing)
-		s.haveNP = true
+		d.np = health.NewNonPassingSet(*o.NonPassing)
+		d.haveNP = true
 	case o.Refreshed != nil:
-		s.refreshed = max(s.refreshed, *o.Refreshed)
+		d.refreshed = max(d.refreshed, *o.Refreshed)
 		// Read afresh once Consul was at RefreshedAtLeast: current there.
-		s.progressNP, s.progressGen = max(s.progressNP, o.RefreshedAtLeast), max(s.progressGen, o.RefreshedAtLeast)
+		d.progressNP, d.progressGen = max(d.progressNP, o.RefreshedAtLeast), max(d.progressGen, o.RefreshedAtLeast)
 	case o.Generations != nil:
-		s.floor = o.Generations.Floor
-		if s.floor == nil {
-			s.floor = map[string]uint64{}
+		d.floor = o.Generations.Floor
+		if d.floor == nil {
+			d.floor = map[string]uint64{}
 		}
-		s.floorGen++
-		s.haveGen = true
-		s.genIndex = o.Generations.Index
-	case o.Rules != nil:
-		s.applyRules(o.Rules)
-	case o.Cordons != nil:
-		s.applyCordons(o.Cordons)
+		s.mergeFloors()
+		d.haveGen = true
+		d.genIndex = o.Generations.Index
 	case o.Contact != nil && o.Contact.IndexWentBack:
 		// Consul's past is gone: generations come again from its KV (the
 		// watch reads them anew). The session history stays: session ids are
 		// unique, and a lapse must stay final whatever Consul forgot.
-		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses seen before stay final")
-		s.progressNP, s.progressGen = 0, 0 // indexes of before are not comparable
+		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses seen before stay final", "datacenter", o.Datacenter)
+		d.progressNP, d.progressGen = 0, 0 // indexes of before are not comparable
 	case o.Contact != nil:
-		s.unreachable = !o.Contact.OK
+		if !o.Contact.OK && !d.failing {
+			d.failedAt = o.At
+		}
+		d.failing = !o.Contact.OK
 		if !o.Contact.OK {
-			s.log.Warn("consul unreachable: serving the last known snapshot", "err", o.Contact.Err)
+			s.log.Warn("consul unreachable: serving the last known snapshot", "datacenter", o.Datacenter, "err", o.Contact.Err)
 		} else {
-			s.log.Info("consul reachable again")
+			s.log.Info("consul reachable again", "datacenter", o.Datacenter)
 		}
 	}
 	return true
 }
 
-// publishProgress makes the indexes at which the non-passing checks and the
-// generation keys are known current visible to Progress; called after the
-// batch's view is published, so a reader that sees an index then loads a
-// view that includes everything up to it.
+// publishProgress makes the indexes at which each datacenter's non-passing
+// checks and generation keys are known current visible to Progress; called
+// after the batch's view is published, so a reader that sees an index then
+// loads a view that includes everything up to it.
 func (s *Syncer) publishProgress() {
-	s.progress.Store(&[2]uint64{max(s.progressNP, s.np.Index()), max(s.progressGen, s.genIndex)})
+	p := make(map[string][2]uint64, len(s.dcs))
+	for name, d := range s.dcs {
+		p[name] = [2]uint64{max(d.progressNP, d.np.Index()), max(d.progressGen, d.genIndex)}
+	}
+	s.progress.Store(&p)
 }
 
 // Progress is the indexes at which the latest view's non-passing checks and
-// generation keys are known current (they may be ahead of the view's own
-// NonPassingIndex and GenerationsIndex: a watch answered again with the
-// same content). Safe from any goroutine.
-func (s *Syncer) Progress() (nonPassing, generations uint64) {
+// generation keys of datacenter dc ("" with one, unnamed) are known current
+// (they may be ahead of the view's own indexes: a watch answered again with
+// the same content). Safe from any goroutine.
+func (s *Syncer) Progress(dc string) (nonPassing, generations uint64) {
 	if p := s.progress.Load(); p != nil {
-		return p[0], p[1]
+		i := (*p)[dc]
+		return i[0], i[1]
 	}
 	return 0, 0
 }
@@ -359,7 +428,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 		diff := r.diff
 		ctx, root = s.tracer.Start(ctx, "leasehold.consul_change", trace.WithTimestamp(s.batchStart),
 			trace.WithAttributes(
-				attribute.Int64("consul.index", int64(s.consulIndex())),
+				attribute.Int64("consul.index", int64(s.consulIndex(s.localDC()))),
 				attribute.StringSlice("leasehold.tasks_changed", changed),
 				attribute.Int("leasehold.instances.added", diff.added),
 				attribute.Int("leasehold.instances.changed", diff.changed),
@@ -396,21 +465,16 @@ func (s *Syncer) recompute(ctx context.Context) {
 		build.End()
 	}
 	_ = buildCtx
-	if !s.synced && s.haveNP && s.haveGen && s.tasks != nil {
+	if !s.synced && s.allRead() {
 		s.synced = true
-		for _, task := range s.tasks {
-			if _, ok := s.members[task]; !ok {
-				s.synced = false
-			}
-		}
 		if s.synced {
-			s.log.Info("fleet read: serving", "tasks", len(s.tasks), "executors", r.present)
+			s.log.Info("fleet read: serving", "tasks", len(taskNames(s.members)), "executors", r.present, "datacenters", len(s.dcs))
 			for key, g := range s.groups { // waiting dispatchers get their first snapshot
 				s.publish(ctx, key, g)
 			}
 		}
 	}
-	s.ready.Store(s.synced && !s.unreachable)
+	s.ready.Store(s.synced && s.anyReachable())
 	s.publishDirty(ctx, true)
 	s.publishView() // after the removals are in the cache
 	s.batchLapse = time.Time{}
@@ -419,12 +483,68 @@ func (s *Syncer) recompute(ctx context.Context) {
 	}
 }
 
+// allRead reports whether the whole fleet has been read once: in every
+// datacenter the task list, every task's members, the non-passing checks and
+// the generation keys — or the datacenter is lost (others answer, it has not
+// for a lease: serving does not wait for it).
+func (s *Syncer) allRead() bool {
+	for name, d := range s.dcs {
+		if d.reach == health.Lost {
+			continue
+		}
+		if !d.haveNP || !d.haveGen || d.tasks == nil {
+			return false
+		}
+		for _, task := range d.tasks {
+			if _, ok := s.members[fleetKey{name, task}]; !ok {
+				return false
+			}
+		}
+	}
+	return len(s.dcs) > 0
+}
+
+// anyReachable: Consul answers in some datacenter (with one, in it).
+func (s *Syncer) anyReachable() bool {
+	for _, d := range s.dcs {
+		if !d.failing {
+			return true
+		}
+	}
+	return false
+}
+
+// taskExecutors are task's registrations in every datacenter, in
+// datacenter order, with their prints (nil, nil: the task is nowhere).
+func (s *Syncer) taskExecutors(task string) ([]health.Executor, []uint64) {
+	var one *taskState
+	n, parts := 0, 0
+	for _, name := range s.dcNames() {
+		if ts := s.fleet[fleetKey{name, task}]; ts != nil {
+			one, n, parts = ts, n+len(ts.execs), parts+1
+		}
+	}
+	switch parts {
+	case 0:
+		return nil, nil
+	case 1:
+		return one.execs, one.prints // the common case: no copy
+	}
+	execs, prints := make([]health.Executor, 0, n), make([]uint64, 0, n)
+	for _, name := range s.dcNames() {
+		if ts := s.fleet[fleetKey{name, task}]; ts != nil {
+			execs, prints = append(execs, ts.execs...), append(prints, ts.prints...)
+		}
+	}
+	return execs, prints
+}
+
 // rebuild recomputes one task's load assignment for a group and marks the
 // group dirty (urgent when an endpoint was removed or started draining).
 func (s *Syncer) rebuild(g *group, task string) {
 	old := g.loads[task]
-	ts := s.fleet[task]
-	if ts == nil {
+	execs, prints := s.taskExecutors(task)
+	if execs == nil {
 		delete(g.builders, task)
 		if old != nil {
 			delete(g.loads, task)
@@ -438,10 +558,10 @@ func (s *Syncer) rebuild(g *group, task string) {
 	}
 	b := g.builders[task]
 	if b == nil {
-		b = &Builder{}
+		b = &Builder{Failover: s.cfg.failover()}
 		g.builders[task] = b
 	}
-	r := b.BuildPrinted(task, ts.execs, ts.prints, g.d, s.observed(task, g.d)...)
+	r := b.BuildPrinted(task, execs, prints, g.d, s.observed(task, g.d)...)
 	cla, version := r.CLA, r.Version
 	for _, o := range r.Observed {
 		for _, x := range o.Exclusions {
@@ -450,7 +570,7 @@ func (s *Syncer) rebuild(g *group, task string) {
 		}
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
-		for _, d := range Decide(ts.execs, g.d, s.observed(task, g.d)...) {
+		for _, d := range Decide(execs, g.d, s.observed(task, g.d)...) {
 			s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
 		}
 	}
@@ -513,7 +633,7 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 	}
 	g = &group{d: sub.d, refs: 1, loads: map[string]*endpointv3.ClusterLoadAssignment{}, claVersion: map[string]string{}, builders: map[string]*Builder{}}
 	s.groups[key] = g
-	for task := range s.members {
+	for _, task := range taskNames(s.members) {
 		s.rebuild(g, task)
 	}
 	s.log.Info("constraint set added", "group", key, "groups", len(s.groups))
@@ -525,7 +645,7 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 // publish builds the group's snapshot (listener, route and cluster per task,
 // its load assignments) with content-hash versions per type.
 func (s *Syncer) publish(ctx context.Context, key string, g *group) {
-	tasks := sortedTasks(s.members)
+	tasks := taskNames(s.members)
 	res := map[types.ResponseType][]types.Resource{}
 	versions := map[string]map[string]string{ // type URL → name → content version
 		resource.ListenerType: {}, resource.RouteType: {}, resource.ClusterType: {}, resource.EndpointType: {},
@@ -593,15 +713,6 @@ func typeVersion(each map[string]string) string {
 	sort.Strings(parts)
 	sum := sha256.Sum256([]byte(strings.Join(parts, ";")))
 	return hex.EncodeToString(sum[:8])
-}
-
-func sortedTasks(m map[string]*health.TaskMembers) []string {
-	out := make([]string, 0, len(m))
-	for t := range m {
-		out = append(out, t)
-	}
-	sort.Strings(out)
-	return out
 }
 
 func consistentSet(res map[types.ResponseType][]types.Resource) error {

@@ -115,10 +115,14 @@ func (s *Syncer) initTelemetry() {
 // the change span).
 type execDiff struct{ added, changed, removed int }
 
-func (s *Syncer) consulIndex() uint64 {
-	index := max(s.np.Index(), s.genIndex)
-	for _, m := range s.members {
-		index = max(index, m.Index)
+// consulIndex is the highest index of any answer from datacenter dc.
+func (s *Syncer) consulIndex(dc string) uint64 {
+	d := s.dc(dc)
+	index := max(d.np.Index(), d.genIndex)
+	for k, m := range s.members {
+		if k.dc == dc {
+			index = max(index, m.Index)
+		}
 	}
 	return index
 }

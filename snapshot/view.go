@@ -13,6 +13,8 @@ import (
 // removals it implies are in the cache, so a session that a View calls STALE
 // or LAPSED is in no snapshot.
 type View struct {
+	// ConsulIndex, Refreshed, NonPassingIndex and GenerationsIndex are
+	// leasehold's own datacenter's (Local); Datacenter has any datacenter's.
 	ConsulIndex uint64
 	Groups      []health.Dispatcher // constraint sets with streams, plus the unconstrained set
 	Synced      bool
@@ -25,6 +27,8 @@ type View struct {
 	// such change up to the lower of them. (ConsulIndex is the highest index
 	// of any answer, which one watch alone can push ahead of the others.)
 	NonPassingIndex, GenerationsIndex uint64
+	Local                             string // leasehold's own datacenter ("" with one, unnamed)
+	dcs                               map[string]DCIndexes
 
 	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
 	flatOnce sync.Once
@@ -64,6 +68,26 @@ func (v *View) Executors() []health.Executor {
 	return v.flat
 }
 
+// Datacenter is what the view has reached in datacenter dc, and whether
+// the datacenter answers; false for a datacenter not watched.
+func (v *View) Datacenter(dc string) (DCIndexes, bool) {
+	i, ok := v.dcs[dc]
+	if !ok && dc == v.Local && v.dcs == nil { // a view not made by a syncer
+		return DCIndexes{ConsulIndex: v.ConsulIndex, NonPassingIndex: v.NonPassingIndex, GenerationsIndex: v.GenerationsIndex, Refreshed: v.Refreshed}, true
+	}
+	return i, ok
+}
+
+// Datacenters are the watched datacenters, sorted.
+func (v *View) Datacenters() []string {
+	out := make([]string, 0, len(v.dcs))
+	for dc := range v.dcs {
+		out = append(out, dc)
+	}
+	sort.Strings(out)
+	return out
+}
+
 // Sessions answers the fencing API for this view.
 func (v *View) Sessions() Sessions { return v.sessions }
 
@@ -79,8 +103,9 @@ func emptyView() *View {
 
 // publishView replaces the view; called by Run only.
 func (s *Syncer) publishView() {
-	index := s.consulIndex()
-	tasks := sortedTasks(s.members)
+	local := s.localDC()
+	index := s.consulIndex(local)
+	tasks := sortedKeys(s.members)
 	byTask := make([][]health.Executor, 0, len(tasks))
 	for _, task := range tasks {
 		if ts := s.fleet[task]; ts != nil {
@@ -98,8 +123,14 @@ func (s *Syncer) publishView() {
 			groups = append(groups, s.groups[k].d)
 		}
 	}
-	v := &View{ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: s.refreshed,
-		NonPassingIndex: s.np.Index(), GenerationsIndex: s.genIndex, changed: make(chan struct{})}
+	dcs := make(map[string]DCIndexes, len(s.dcs))
+	for name, d := range s.dcs {
+		dcs[name] = DCIndexes{ConsulIndex: s.consulIndex(name), NonPassingIndex: d.np.Index(), GenerationsIndex: d.genIndex, Refreshed: d.refreshed,
+			Reach: d.reach, ReachDetail: d.reachDetail}
+	}
+	l := dcs[local]
+	v := &View{ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: l.Refreshed,
+		NonPassingIndex: l.NonPassingIndex, GenerationsIndex: l.GenerationsIndex, Local: local, dcs: dcs, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
 }

@@ -193,7 +193,8 @@ func TestAttack2ConcurrentFencingRequestsAnswerUnknown(t *testing.T) {
 	go func() { defer wg.Done(); w.Run(ctx, obs) }()
 	go func() { defer wg.Done(); syncer.Run(ctx, obs) }()
 	defer func() { cancel(); wg.Wait() }()
-	f := server.NewFencing(syncer, w.FreshAsOf, server.FencingOptions{Refresh: w.Refresh})
+	f := server.NewFencing(syncer, func(string) time.Time { return w.FreshAsOf() },
+		server.FencingOptions{Refresh: func(ctx context.Context, _ string, atLeast uint64) (uint64, error) { return w.Refresh(ctx, atLeast) }})
 
 	deadline := time.Now().Add(5 * time.Second)
 	for v := syncer.View(); !v.Synced; v = syncer.View() {

@@ -44,12 +44,13 @@ type catalog interface {
 type apiCatalog struct {
 	c       *api.Client
 	checked *atomic.Uint64 // services index at which read rights were last verified
+	dc      string         // the datacenter read ("": the agent's own)
 }
 
 var _ catalog = apiCatalog{}
 
-func query(ctx context.Context, index uint64, wait time.Duration) *api.QueryOptions {
-	return (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(ctx)
+func (a apiCatalog) query(ctx context.Context, index uint64, wait time.Duration) *api.QueryOptions {
+	return (&api.QueryOptions{Datacenter: a.dc, WaitIndex: index, WaitTime: wait}).WithContext(ctx)
 }
 
 // ErrACL: Consul's ACLs keep leasehold from reading what it must. Results
@@ -76,7 +77,7 @@ func aclCheck(what string, meta *api.QueryMeta, err error) error {
 }
 
 func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
-	s, meta, err := a.c.Catalog().Services(query(ctx, index, wait))
+	s, meta, err := a.c.Catalog().Services(a.query(ctx, index, wait))
 	if err := aclCheck("catalog services", meta, err); err != nil {
 		return nil, 0, err
 	}
@@ -87,7 +88,7 @@ func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Durati
 		return nil, 0, fmt.Errorf("catalog services: %w: the catalog shows no \"consul\" service: %s", ErrACL, aclRights)
 	}
 	if a.checked != nil && a.checked.Load() != meta.LastIndex {
-		servers, _, err := a.c.Catalog().Service("consul", "", query(ctx, 0, 0))
+		servers, _, err := a.c.Catalog().Service("consul", "", a.query(ctx, 0, 0))
 		if err := aclCheck("catalog service consul", nil, err); err != nil {
 			return nil, 0, err
 		}
@@ -100,7 +101,7 @@ func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Durati
 }
 
 func (a apiCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
-	s, meta, err := a.c.Catalog().Service(task, tag, query(ctx, index, wait))
+	s, meta, err := a.c.Catalog().Service(task, tag, a.query(ctx, index, wait))
 	if err := aclCheck("catalog service "+task, meta, err); err != nil {
 		return nil, 0, err
 	}
@@ -108,7 +109,7 @@ func (a apiCatalog) ServiceNodes(ctx context.Context, task, tag string, index ui
 }
 
 func (a apiCatalog) HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error) {
-	q := query(ctx, 0, 0)
+	q := a.query(ctx, 0, 0)
 	if ids != nil {
 		var f strings.Builder
 		for i, id := range ids {
@@ -130,7 +131,7 @@ func (a apiCatalog) HealthService(ctx context.Context, task, tag string, ids []s
 }
 
 func (a apiCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-	q := query(ctx, index, wait)
+	q := a.query(ctx, index, wait)
 	q.Filter = `ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == ""`
 	s, meta, err := a.c.Health().State(state, q)
 	if err := aclCheck(state+" checks", meta, err); err != nil {
@@ -140,7 +141,7 @@ func (a apiCatalog) ChecksInState(ctx context.Context, tag, state string, index 
 }
 
 func (a apiCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-	q := query(ctx, index, wait)
+	q := a.query(ctx, index, wait)
 	q.Filter = `CheckID == "` + health.SerfHealthCheckID + `" and ServiceID == ""`
 	s, meta, err := a.c.Health().State(api.HealthAny, q)
 	if err := aclCheck("serfHealth checks", meta, err); err != nil {
@@ -150,7 +151,7 @@ func (a apiCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Dura
 }
 
 func (a apiCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck, error) {
-	q := query(ctx, 0, 0)
+	q := a.query(ctx, 0, 0)
 	q.Filter = `CheckID == "` + health.SerfHealthCheckID + `" and ServiceID == ""`
 	s, meta, err := a.c.Health().Node(node, q)
 	if err := aclCheck("checks of node "+node, meta, err); err != nil {
@@ -160,7 +161,7 @@ func (a apiCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck
 }
 
 func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
-	pairs, meta, err := a.c.KV().List(health.GenerationKeyPrefix, query(ctx, index, wait))
+	pairs, meta, err := a.c.KV().List(health.GenerationKeyPrefix, a.query(ctx, index, wait))
 	if err := aclCheck("kv "+health.GenerationKeyPrefix, meta, err); err != nil {
 		if errors.Is(err, ErrACL) {
 			err = fmt.Errorf("%w (and key_prefix %q { policy = \"read\" })", err, health.GenerationKeyPrefix)

@@ -26,6 +26,9 @@ import (
 // WatchConfig configures a Watcher. Zero values mean defaults.
 type WatchConfig struct {
 	Tag string // services with this tag are task types; default "leasehold"
+	// Datacenter is the Consul datacenter watched through the agent (?dc=;
+	// "": the agent's own, unnamed); its observations name it.
+	Datacenter string
 	// MaxConcurrent caps the per-task blocking queries in flight at once
 	// (default 32). The Watcher adds two of its own (the service list and
 	// the non-passing checks), so it never holds more than MaxConcurrent+2
@@ -158,7 +161,7 @@ var refreshable = []string{"non-passing", "warning", "serf", "generations"}
 
 // NewWatcher watches Consul through client.
 func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
-	return newWatcher(apiCatalog{c: client, checked: new(atomic.Uint64)}, cfg)
+	return newWatcher(apiCatalog{c: client, checked: new(atomic.Uint64), dc: cfg.Datacenter}, cfg)
 }
 
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
@@ -185,9 +188,9 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 		metric.WithDescription("seconds since Consul last answered a query (-1 before the first answer)"),
 		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
 			if t := w.LastContact(); t.IsZero() {
-				o.Observe(-1)
+				o.Observe(-1, w.dcAttrs())
 			} else {
-				o.Observe(w.cfg.Clock.Since(t).Seconds())
+				o.Observe(w.cfg.Clock.Since(t).Seconds(), w.dcAttrs())
 			}
 			return nil
 		}))
@@ -369,7 +372,19 @@ func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error 
 	return ctx.Err()
 }
 
+// attrs are a metric's attributes with the watched datacenter's (when named:
+// a handful of configured names, a bounded label).
+func (w *Watcher) attrs(kv ...attribute.KeyValue) []attribute.KeyValue {
+	if w.cfg.Datacenter != "" {
+		kv = append(kv, attribute.String("datacenter", w.cfg.Datacenter))
+	}
+	return kv
+}
+
+func (w *Watcher) dcAttrs() metric.MeasurementOption { return metric.WithAttributes(w.attrs()...) }
+
 func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o health.Observation) bool {
+	o.Datacenter = w.cfg.Datacenter
 	if o.At.IsZero() {
 		o.At = w.cfg.Clock.Now()
 	}
@@ -426,7 +441,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	clock := w.cfg.Clock
 	name, minInterval, useSlot := spec.name, spec.minInterval, spec.useSlot
 	bo := newBackoff(100*time.Millisecond, w.cfg.MaxBackoff)
-	kind := metric.WithAttributes(attribute.String("watch", watchKind(name)))
+	kind := metric.WithAttributes(w.attrs(attribute.String("watch", watchKind(name)))...)
 	var index, highest uint64
 	for ctx.Err() == nil {
 		if spec.budget != nil && !w.awaitBudget(ctx, spec, kind) {
@@ -551,12 +566,12 @@ func (w *Watcher) awaitBudget(ctx context.Context, spec watchSpec, kind metric.M
 // countRead records the sizes of one query's answers and charges a budgeted
 // watch with what it parsed.
 func (w *Watcher) countRead(ctx context.Context, spec watchSpec, sizes *readSizes) {
-	kind := attribute.String("watch", watchKind(spec.name))
+	kind := w.attrs(attribute.String("watch", watchKind(spec.name)))
 	if n := sizes.wire.Load(); n > 0 {
-		w.readBytes.Add(ctx, n, metric.WithAttributes(kind, attribute.String("encoding", "wire")))
+		w.readBytes.Add(ctx, n, metric.WithAttributes(append(kind, attribute.String("encoding", "wire"))...))
 	}
 	if n := sizes.decoded.Load(); n > 0 {
-		w.readBytes.Add(ctx, n, metric.WithAttributes(kind, attribute.String("encoding", "json")))
+		w.readBytes.Add(ctx, n, metric.WithAttributes(append(kind, attribute.String("encoding", "json"))...))
 		spec.budget.charge(n)
 	}
 }

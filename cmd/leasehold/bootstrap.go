@@ -31,8 +31,15 @@ type bootstrapServer struct {
 }
 
 type bootstrapNode struct {
-	ID       string         `json:"id"`
-	Metadata map[string]any `json:"metadata,omitempty"`
+	ID       string             `json:"id"`
+	Metadata map[string]any     `json:"metadata,omitempty"`
+	Locality *bootstrapLocality `json:"locality,omitempty"`
+}
+
+// bootstrapLocality is the node's locality (gRFC A27): the datacenter is
+// its region, as Envoy's --locality-region would say it.
+type bootstrapLocality struct {
+	Region string `json:"region,omitempty"`
 }
 
 // bootstrapTLS are the dispatcher's TLS files for the xDS channel (gRFC A65
@@ -69,9 +76,9 @@ func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
 }
 
 // newBootstrap builds a bootstrap for a dispatcher with the given
-// constraints and endpoint metadata ("": the default, full), validated as
-// leasehold will validate them.
-func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata string, tlsFiles ...bootstrapTLS) ([]byte, error) {
+// constraints, endpoint metadata ("": the default, full) and datacenter
+// ("": leasehold's own), validated as leasehold will validate them.
+func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata, datacenter string, tlsFiles ...bootstrapTLS) ([]byte, error) {
 	var errs []string
 	var tf bootstrapTLS
 	if len(tlsFiles) > 0 {
@@ -94,6 +101,11 @@ func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]s
 			errs = append(errs, fmt.Sprintf("invalid %s (%s)", flag, f))
 		}
 		errs = append(errs, err.Error())
+	}
+	if datacenter != "" {
+		if err := health.ValidateDatacenter("--datacenter", datacenter); err != nil {
+			errs = append(errs, fmt.Sprintf("invalid --datacenter %q: a Consul datacenter name is 1 to 64 letters, digits, '-' or '_'", datacenter))
+		}
 	}
 	switch snapshot.EndpointMetadata(endpointMetadata) {
 	case "", snapshot.MetadataFull, snapshot.MetadataSession, snapshot.MetadataNone:
@@ -123,6 +135,10 @@ func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]s
 		}},
 		Node: bootstrapNode{ID: nodeID, Metadata: meta},
 	}
+	if datacenter != "" {
+		meta[health.NodeMetaDatacenter] = datacenter
+		b.Node.Locality = &bootstrapLocality{Region: datacenter}
+	}
 	return json.MarshalIndent(b, "", "  ")
 }
 
@@ -131,8 +147,8 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 	fs := flag.NewFlagSet("leasehold bootstrap", flag.ContinueOnError)
 	fs.SetOutput(stderr)
 	var (
-		xdsAddr, nodeID, constraint, out, endpointMeta string
-		labels                                         = flagx.Labels{}
+		xdsAddr, nodeID, constraint, out, endpointMeta, datacenter string
+		labels                                                     = flagx.Labels{}
 	)
 	defXDS := "127.0.0.1:18000"
 	if v := os.Getenv("LEASEHOLD_XDS_ADDR"); v != "" {
@@ -147,6 +163,7 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 	fs.StringVar(&tf.CA, "tls-ca", "", "PEM CA bundle verifying leasehold's certificate (TLS on the xDS channel)")
 	fs.StringVar(&tf.Cert, "tls-cert", "", "PEM client certificate for mTLS (its URI/DNS SAN is the identity leasehold's --authz-policy grants)")
 	fs.StringVar(&tf.Key, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&datacenter, "datacenter", "", "the Consul datacenter the dispatcher runs in: its executors get priority 0, the other watched datacenters follow in leasehold's --datacenters order (default: leasehold's own)")
 	fs.StringVar(&out, "out", "", "write to this file instead of standard output (then: GRPC_XDS_BOOTSTRAP=<file>)")
 	if err := fs.Parse(args); err != nil {
 		if errors.Is(err, flag.ErrHelp) {
@@ -154,7 +171,7 @@ func runBootstrap(args []string, stdout, stderr io.Writer) int {
 		}
 		return 2
 	}
-	b, err := newBootstrap(xdsAddr, nodeID, constraint, labels, endpointMeta, tf)
+	b, err := newBootstrap(xdsAddr, nodeID, constraint, labels, endpointMeta, datacenter, tf)
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold bootstrap: %v\n", err)
 		return 2

@@ -107,7 +107,8 @@ func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any, 
 		}
 	}
 	form, _ := meta["endpoint_metadata"].(string)
-	bootstrap, err := newBootstrap(xdsAddr, nodeID, vc, labels, form, tlsFiles...)
+	dc, _ := meta["datacenter"].(string)
+	bootstrap, err := newBootstrap(xdsAddr, nodeID, vc, labels, form, dc, tlsFiles...)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -46,6 +46,7 @@ type serveConfig struct {
 	adminTLS       server.TLSFiles
 	staleAfter     time.Duration
 	lbPolicy       health.LBPolicy
+	datacenters    []string // in failover order, leasehold's own first; nil: the agent's own only
 }
 
 // serveFlag is one flag with its environment variable.
@@ -59,6 +60,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		cfg                                serveConfig
 		logLevel, maxConns, tag, logFormat string
 		staleAfter, lbPolicy, readRate     string
+		datacenters                        string
 	)
 	flags := []serveFlag{
 		{"consul-addr", "LEASEHOLD_CONSUL_ADDR", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from the standard CONSUL_* variables)", &cfg.consulAddr},
@@ -80,6 +82,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER", health.DefaultLeaseTTL.String(), "once leasehold's view of Consul is older than this, the fencing API answers UNKNOWN (routing keeps the last known snapshot)", &staleAfter},
 		{"lb-policy", "LEASEHOLD_LB_POLICY", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request", &lbPolicy},
 		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
+		{"datacenters", "LEASEHOLD_DATACENTERS", "", "Consul datacenters to watch through the agent, comma-separated in failover order, leasehold's own first (the datacenter of dispatchers that name none); a dispatcher's own datacenter gets priority 0, the others follow in this order (default: the agent's own only)", &datacenters},
 		{"consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE", "4MiB", "JSON per second the listings that grow with the fleet (task members, generation keys) may read from Consul, all together (e.g. 512KiB, 4MiB, 8MB; off: unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce", &readRate},
 	}
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
@@ -126,6 +129,22 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		bad("consul-read-rate", err.Error())
 	} else {
 		cfg.consulReadRate = n
+	}
+	if datacenters != "" {
+		seen := map[string]bool{}
+		for _, dc := range strings.Split(datacenters, ",") {
+			dc = strings.TrimSpace(dc)
+			if err := health.ValidateDatacenter("datacenters", dc); err != nil {
+				bad("datacenters", fmt.Sprintf("%q: a datacenter name is 1 to 64 letters, digits, '-' or '_'", dc))
+				continue
+			}
+			if seen[dc] {
+				bad("datacenters", fmt.Sprintf("%q listed twice", dc))
+				continue
+			}
+			seen[dc] = true
+			cfg.datacenters = append(cfg.datacenters, dc)
+		}
 	}
 	if p, err := health.ParseLBPolicy("--lb-policy", lbPolicy); err != nil {
 		bad("lb-policy", err.Error())
@@ -208,7 +227,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	// The watches that always answer must do so well inside the staleness
 	// bound, or an idle fleet would read as a stale view.
 	fastWait := min(10*time.Second, cfg.staleAfter/3)
-	watcher := consul.NewWatcher(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter})
+	watcher, err := consul.NewWatchers(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter}, cfg.datacenters)
+	if err != nil {
+		return fmt.Errorf("--datacenters: %w", err)
+	}
 	audit, closeAudit, err := openAudit(cfg.auditLog, tel.Tracer)
 	if err != nil {
 		return err
@@ -220,7 +242,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 			return fmt.Errorf("--rules: %w", err)
 		}
 	}
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy})
+	// Several datacenters: one whose watches have not answered for two of
+	// their waits is answered UNKNOWN; after the staleness bound (a lease by
+	// default) while another answers, its executors leave the assignments.
+	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
+		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter})
 
 	var creds []grpc.ServerOption
 	if cfg.tls.Enabled() {

@@ -1,0 +1,96 @@
+package consul
+
+import (
+	"context"
+	"fmt"
+	"sync"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Watchers watch one or several Consul datacenters through the local agent
+// (?dc=), a Watcher each with the same blocking-query rules and bounds; the
+// agent's servers forward each query to the datacenter's servers over WAN.
+// A datacenter that does not answer fails only its own watches.
+type Watchers struct {
+	order []string // as configured; [""] for the agent's own, unnamed
+	byDC  map[string]*Watcher
+}
+
+// NewWatchers watches datacenters (nil: the agent's own only, unnamed, as a
+// single Watcher). The per-task query slots (cfg.MaxConcurrent) are shared
+// out between the datacenters: every query goes through one agent, which
+// answers 429 past 200 connections from one address.
+func NewWatchers(client *api.Client, cfg WatchConfig, datacenters []string) (*Watchers, error) {
+	ws := &Watchers{byDC: map[string]*Watcher{}}
+	if len(datacenters) == 0 {
+		datacenters = []string{""}
+	}
+	if n := len(datacenters); n > 1 {
+		if cfg.MaxConcurrent <= 0 {
+			cfg.MaxConcurrent = WatchConfig{}.withDefaults().MaxConcurrent
+		}
+		cfg.MaxConcurrent = max(cfg.MaxConcurrent/n, 2)
+	}
+	for _, dc := range datacenters {
+		if dc != "" {
+			if err := health.ValidateDatacenter("datacenters", dc); err != nil {
+				return nil, err
+			}
+		}
+		if _, dup := ws.byDC[dc]; dup {
+			return nil, fmt.Errorf("datacenter %q listed twice", dc)
+		}
+		c := cfg
+		c.Datacenter = dc
+		if c.Logger != nil && dc != "" {
+			c.Logger = c.Logger.With("datacenter", dc)
+		}
+		ws.byDC[dc] = NewWatcher(client, c)
+		ws.order = append(ws.order, dc)
+	}
+	return ws, nil
+}
+
+// Run watches every datacenter until ctx ends.
+func (ws *Watchers) Run(ctx context.Context, out chan<- health.Observation) error {
+	var wg sync.WaitGroup
+	for _, dc := range ws.order {
+		wg.Add(1)
+		go func(w *Watcher) { defer wg.Done(); w.Run(ctx, out) }(ws.byDC[dc])
+	}
+	wg.Wait()
+	return ctx.Err()
+}
+
+// FreshAsOf is when the view of datacenter dc was last known current (zero:
+// never, or a datacenter not watched).
+func (ws *Watchers) FreshAsOf(dc string) time.Time {
+	if w := ws.byDC[dc]; w != nil {
+		return w.FreshAsOf()
+	}
+	return time.Time{}
+}
+
+// Refresh asks datacenter dc's watches to read afresh (Watcher.Refresh).
+func (ws *Watchers) Refresh(ctx context.Context, dc string, atLeast uint64) (uint64, error) {
+	w := ws.byDC[dc]
+	if w == nil {
+		return 0, fmt.Errorf("datacenter %q is not watched", dc)
+	}
+	return w.Refresh(ctx, atLeast)
+}
+
+// LastContact is when Consul last answered any query (zero before the first).
+func (ws *Watchers) LastContact() time.Time {
+	var last time.Time
+	for _, w := range ws.byDC {
+		if t := w.LastContact(); t.After(last) {
+			last = t
+		}
+	}
+	return last
+}

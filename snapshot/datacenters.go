@@ -1,0 +1,188 @@
+package snapshot
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Several Consul datacenters: each is watched on its own (its indexes, its
+// non-passing checks, its generation keys), and the fleet state keys a task
+// type's registrations by datacenter and task. Instances are fenced across
+// datacenters: an instance's newest session wins wherever it registered.
+
+// fleetKey names one datacenter's registrations of one task type.
+type fleetKey struct{ dc, task string }
+
+// dcState is what the syncer knows of one datacenter.
+type dcState struct {
+	np, npJoined *health.NonPassingSet
+	haveNP       bool
+	haveGen      bool
+	tasks        []string          // task types Consul lists; nil until first read
+	floor        map[string]uint64 // per instance: the generation in this datacenter's KV
+	genIndex     uint64
+	failing      bool      // its watch's last query failed
+	failedAt     time.Time // when the failures began
+	heard        time.Time // when an answer from it last arrived
+	refreshed    uint64    // the latest refresh request its watch answered afresh
+	progressNP   uint64    // Progress seen in the current batch, published after it
+	progressGen  uint64
+	reach        health.Reach // as last applied to its executors
+	reachDetail  string
+}
+
+// DCIndexes are the Consul indexes a view has reached in one datacenter.
+type DCIndexes struct {
+	// ConsulIndex is the highest index of any answer; NonPassingIndex and
+	// GenerationsIndex those of the two answers that can make a session
+	// LAPSED or STALE (the view has seen every such change up to the lower).
+	ConsulIndex, NonPassingIndex, GenerationsIndex uint64
+	// Refreshed is the latest refresh request (Watcher.Refresh) whose fresh
+	// reads the view includes.
+	Refreshed uint64
+	// Reach: whether the datacenter answers (and Detail why not).
+	Reach       health.Reach
+	ReachDetail string
+}
+
+// dc is the state of datacenter name, created on first use.
+func (s *Syncer) dc(name string) *dcState {
+	d := s.dcs[name]
+	if d == nil {
+		d = &dcState{floor: map[string]uint64{}}
+		s.dcs[name] = d
+	}
+	return d
+}
+
+// dcNames are the datacenters known, in order.
+func (s *Syncer) dcNames() []string {
+	names := make([]string, 0, len(s.dcs))
+	for n := range s.dcs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// sortedKeys are the fleet keys of m by task type, then datacenter.
+func sortedKeys(m map[fleetKey]*health.TaskMembers) []fleetKey {
+	out := make([]fleetKey, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].task != out[j].task {
+			return out[i].task < out[j].task
+		}
+		return out[i].dc < out[j].dc
+	})
+	return out
+}
+
+// taskNames are the task types of any datacenter, sorted.
+func taskNames(m map[fleetKey]*health.TaskMembers) []string {
+	var out []string
+	for _, k := range sortedKeys(m) {
+		if len(out) == 0 || out[len(out)-1] != k.task {
+			out = append(out, k.task)
+		}
+	}
+	return out
+}
+
+// mergeFloors is every datacenter's generation floor in one: per instance
+// the highest (an instance's generation key lives in its own datacenter;
+// should one instance id have keys in two, the newer generation wins).
+func (s *Syncer) mergeFloors() {
+	if len(s.dcs) == 1 {
+		for _, d := range s.dcs {
+			s.floor = d.floor
+		}
+	} else {
+		merged := map[string]uint64{}
+		for _, d := range s.dcs {
+			for inst, g := range d.floor {
+				merged[inst] = max(merged[inst], g)
+			}
+		}
+		s.floor = merged
+	}
+	s.floorGen++
+}
+
+// quiet is how long a datacenter may go without an answer before its
+// sessions are answered UNKNOWN (its watches answer at least every
+// FastWait); lost how long before its executors leave the assignments while
+// another datacenter answers.
+func (s *Syncer) reachOf(d *dcState, now time.Time, anyAnswers bool) (health.Reach, string) {
+	since := d.heard
+	if since.IsZero() {
+		since = s.started
+	}
+	silent := now.Sub(since)
+	at := since.UTC().Format(time.RFC3339)
+	switch {
+	case !d.failing && silent <= s.cfg.DatacenterQuiet:
+		return health.Reached, ""
+	case silent > s.cfg.DatacenterLost && anyAnswers:
+		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other datacenters answer: not routed until it answers", at, s.cfg.DatacenterLost)
+	default:
+		return health.Unanswered, fmt.Sprintf("no answer since %s", at)
+	}
+}
+
+// updateReach decides every datacenter's reach at now and marks the
+// registrations of those whose reach changed; it reports whether any did.
+func (s *Syncer) updateReach(now time.Time) (changed bool) {
+	if !s.cfg.multi() {
+		return false // one datacenter: Consul's reachability is readiness and the fencing bound, as ever
+	}
+	answers := func(except *dcState) bool {
+		for _, d := range s.dcs {
+			if d != except && !d.failing && !d.heard.IsZero() && now.Sub(d.heard) <= s.cfg.DatacenterQuiet {
+				return true
+			}
+		}
+		return false
+	}
+	for name, d := range s.dcs {
+		r, detail := s.reachOf(d, now, answers(d))
+		if r == d.reach {
+			continue
+		}
+		s.log.Warn("datacenter reach changed", "datacenter", name, "from", d.reach.String(), "to", r.String(), "detail", detail)
+		changed = true
+		for k, ts := range s.fleet {
+			if k.dc == name {
+				ts.markAll()
+			}
+		}
+		d.reach, d.reachDetail = r, detail
+	}
+	return changed
+}
+
+// nextReachChange is the next time a datacenter's reach could change from
+// time passing alone (zero: none).
+func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
+	if !s.cfg.multi() {
+		return time.Time{}
+	}
+	for _, d := range s.dcs {
+		since := d.heard
+		if since.IsZero() {
+			since = s.started
+		}
+		for _, at := range []time.Time{since.Add(s.cfg.DatacenterQuiet), since.Add(s.cfg.DatacenterLost)} {
+			at = at.Add(time.Millisecond) // past the bound, not on it
+			if at.After(now) && (next.IsZero() || at.Before(next)) {
+				next = at
+			}
+		}
+	}
+	return next
+}
