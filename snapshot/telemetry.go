@@ -104,6 +104,17 @@ func (s *Syncer) initTelemetry() {
 			}
 			return nil
 		}))
+	m.Int64ObservableGauge("leasehold.datacenter.reach", metric.WithDescription("per watched datacenter (with several): 0 reached, 1 unanswered (its sessions are answered UNKNOWN), 2 lost (not answered for longer than the staleness bound while another datacenter answers: its executors are not routed)"),
+		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
+			v := s.View()
+			if dcs := v.Datacenters(); len(dcs) > 1 {
+				for _, dc := range dcs {
+					i, _ := v.Datacenter(dc)
+					o.Observe(int64(i.Reach), metric.WithAttributes(attribute.String("datacenter", dc)))
+				}
+			}
+			return nil
+		}))
 	m.Int64ObservableGauge("leasehold.constraint_sets", metric.WithDescription("distinct dispatcher constraint sets with open streams"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			o.Observe(s.groupCount.Load())
