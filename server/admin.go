@@ -125,6 +125,7 @@ type ConstraintSet struct {
 	Key               string            `json:"key"`
 	VersionConstraint string            `json:"version_constraint,omitempty"`
 	Labels            map[string]string `json:"labels,omitempty"`
+	Datacenter        string            `json:"datacenter,omitempty"` // the dispatchers' datacenter (priority 0)
 }
 
 // ExplainExecutor is one registration and its verdict per constraint set.
@@ -191,7 +192,7 @@ func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 	out := ExplainExecutors{ConsulIndex: v.ConsulIndex, Executors: []ExplainExecutor{}}
 	verdicts := make([][]health.Verdict, len(v.Groups))
 	for i, d := range v.Groups {
-		out.ConstraintSets = append(out.ConstraintSets, ConstraintSet{Key: d.Key(), VersionConstraint: d.VersionConstraint, Labels: d.Labels})
+		out.ConstraintSets = append(out.ConstraintSets, ConstraintSet{Key: d.Key(), VersionConstraint: d.VersionConstraint, Labels: d.Labels, Datacenter: d.Datacenter})
 		verdicts[i] = v.DecideAll(d)
 	}
 	for ei, e := range v.Executors() {

@@ -192,6 +192,9 @@ func setLabel(cs server.ConstraintSet) string {
 	for _, k := range keys {
 		parts = append(parts, k+"="+cs.Labels[k])
 	}
+	if cs.Datacenter != "" {
+		parts = append(parts, "in "+cs.Datacenter)
+	}
 	if len(parts) == 0 {
 		return "unconstrained"
 	}
@@ -339,6 +342,12 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 			{"labels", labelsText(e.Labels)},
 		} {
 			fmt.Fprintf(tw, "  %s:\t%s\n", kv[0], kv[1])
+		}
+		if e.Datacenter != "" {
+			fmt.Fprintf(tw, "  datacenter:\t%s\n", e.Datacenter)
+		}
+		if e.Reach != "" {
+			fmt.Fprintf(tw, "  datacenter reach:\t%s\n", e.Reach)
 		}
 		if e.MetadataError != "" {
 			fmt.Fprintf(tw, "  metadata error:\t%s\n", e.MetadataError)

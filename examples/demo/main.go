@@ -69,6 +69,7 @@ type demo struct {
 	start    time.Time
 	logs     string
 	agent    *consultest.Agent
+	agents   []*consultest.Agent // more agents (the datacenter story's dc2)
 	procs    []*proc
 	xdsAddr  string
 	admin    string
@@ -101,6 +102,9 @@ func (d *demo) cleanup() {
 			p.signal(syscall.SIGKILL)
 			<-p.done
 		}
+	}
+	for _, a := range d.agents {
+		a.Close()
 	}
 	if d.agent != nil {
 		d.agent.Close()
@@ -149,22 +153,12 @@ func (d *demo) spawn(name string, pipe bool, bin string, args ...string) (*proc,
 }
 
 func (d *demo) run(ctx context.Context) error {
-	for _, b := range []string{*leaseholdBin, *executorBin, *dispatcherBin} {
-		if _, err := os.Stat(b); err != nil {
-			return fmt.Errorf("%s missing: run `make demo` (it builds bin/leasehold, bin/executor and bin/dispatcher)", b)
-		}
+	if *datacenters {
+		return d.runDatacenters(ctx)
 	}
-	d.logs = *logDir
-	if d.logs == "" {
-		var err error
-		if d.logs, err = os.MkdirTemp("", "leasehold-demo-"); err != nil {
-			return err
-		}
-	} else if err := os.MkdirAll(d.logs, 0o755); err != nil {
+	if err := d.prepare(); err != nil {
 		return err
 	}
-	fmt.Printf("leasehold demo — logs of every process in %s\n", d.logs)
-	fmt.Printf("executors hold %s leases with a heartbeat every %s (shortened from 35s/10s so the story fits in a minute)\n", *lease, *heartbeat)
 
 	d.step("setting up: a Consul dev agent, leasehold serve, three executors, one dispatcher")
 	bin, err := consultest.Binary()
