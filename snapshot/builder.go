@@ -304,16 +304,8 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	var sum, xor uint64
 	n := len(sorted) - len(losers)
 	if n > 0 {
-		for _, en := range sorted {
-			if en.lost {
-				continue
-			}
-			m := mix64(en.digest)
-			sum += m
-			xor ^= mix64(m ^ en.digest)
-		}
 		var layout uint64
-		cla.Endpoints, layout = assembleLocalities(sorted, n, bl.Failover, d.Datacenter)
+		cla.Endpoints, layout, sum, xor = assembleLocalities(sorted, n, bl.Failover, d.Datacenter)
 		xor ^= layout // the localities' priorities and weights (they follow the dispatcher's datacenter)
 	}
 	var vb [8 + 8 + 8 + 8]byte

@@ -57,21 +57,30 @@ type locality struct {
 // assembleLocalities puts routed entries (sorted: by datacenter and zone
 // first) into localities with priorities, in priority order; it returns them
 // with a digest of the layout (each locality's place, priority and weight)
-// for the content version.
-func assembleLocalities(sorted []*entry, n int, f Failover, dispatcherDC string) ([]*endpointv3.LocalityLbEndpoints, uint64) {
+// and the order-independent sums of the endpoints' digests (sum, xor), for
+// the content version (one pass over the endpoints).
+func assembleLocalities(sorted []*entry, n int, f Failover, dispatcherDC string) (_ []*endpointv3.LocalityLbEndpoints, layout, sum, xor uint64) {
 	var locs []*locality
+	all := make([]*endpointv3.LbEndpoint, 0, n) // one array: each locality's endpoints are a part of it
+	start := 0
 	for _, en := range sorted {
 		if en.lost {
 			continue
 		}
 		if len(locs) == 0 || locs[len(locs)-1].dc != en.key.dc || locs[len(locs)-1].zone != en.key.zone {
-			locs = append(locs, &locality{dc: en.key.dc, zone: en.key.zone, rank: f.rank(dispatcherDC, en.key.dc)})
-			if len(locs) == 1 && en.key.dc == "" && en.key.zone == "" {
-				locs[0].lbs = make([]*endpointv3.LbEndpoint, 0, n)
+			if len(locs) > 0 {
+				locs[len(locs)-1].lbs = all[start:len(all):len(all)]
+				start = len(all)
 			}
+			locs = append(locs, &locality{dc: en.key.dc, zone: en.key.zone, rank: f.rank(dispatcherDC, en.key.dc)})
 		}
-		l := locs[len(locs)-1]
-		l.lbs = append(l.lbs, en.lb)
+		all = append(all, en.lb)
+		m := mix64(en.digest)
+		sum += m
+		xor ^= mix64(m ^ en.digest)
+	}
+	if len(locs) > 0 {
+		locs[len(locs)-1].lbs = all[start:len(all):len(all)]
 	}
 	slices.SortStableFunc(locs, func(a, b *locality) int { // already by (dc, zone) within a rank
 		return a.rank - b.rank
@@ -86,7 +95,7 @@ func assembleLocalities(sorted []*entry, n int, f Failover, dispatcherDC string)
 		out[i] = &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: l.dc, Zone: l.zone}, LbEndpoints: l.lbs, Priority: priority}
 		perPriority[priority]++
 	}
-	var layout uint64 // 0 for one locality without names: versions as before localities
+	// layout stays 0 for one locality without names: versions as before localities
 	for _, l := range out {
 		// grpc-go ignores a locality whose weight is 0 or unset. Alone at
 		// its priority a locality weighs 1; zones sharing one weigh the sum
@@ -111,5 +120,5 @@ func assembleLocalities(sorted []*entry, n int, f Failover, dispatcherDC string)
 			layout = mix64(layout ^ fnv64a(b))
 		}
 	}
-	return out, layout
+	return out, layout, sum, xor
 }
