@@ -24,9 +24,11 @@ type dcState struct {
 	tasks        []string          // task types Consul lists; nil until first read
 	floor        map[string]uint64 // per instance: the generation in this datacenter's KV
 	genIndex     uint64
-	failing      bool      // its watch's last query failed
+	failing      bool      // some watch of it failed and has not answered since
 	failedAt     time.Time // when the failures began
-	heard        time.Time // when an answer from it last arrived
+	// When each watch that answers at least every FastWait last did: the
+	// non-passing checks, the generation keys, the task list.
+	heardNP, heardGen, heardTasks time.Time
 	refreshed    uint64    // the latest refresh request its watch answered afresh
 	progressNP   uint64    // Progress seen in the current batch, published after it
 	progressGen  uint64
@@ -46,6 +48,42 @@ type DCIndexes struct {
 	// Reach: whether the datacenter answers (and Detail why not).
 	Reach       health.Reach
 	ReachDetail string
+}
+
+// answered notes when the watches that always answer last did.
+func (d *dcState) answered(o health.Observation, now time.Time) {
+	at := o.At
+	if at.IsZero() {
+		at = now
+	}
+	switch {
+	case o.NonPassing != nil || (o.Progress != nil && o.Progress.NonPassing > 0):
+		d.heardNP = at
+	case o.Generations != nil || (o.Progress != nil && o.Progress.Generations > 0):
+		d.heardGen = at
+	case o.Tasks != nil:
+		d.heardTasks = at
+	case o.Refreshed != nil: // fresh reads of the checks and the keys
+		d.heardNP, d.heardGen = at, at
+	}
+}
+
+// heard is when every always-answering watch of the datacenter had answered
+// (zero until each has once): a datacenter is heard from only as much as
+// its least recent watch — one watch answering says nothing of a lapse
+// another would bring.
+func (d *dcState) heard() time.Time {
+	if d.heardNP.IsZero() || d.heardGen.IsZero() || d.heardTasks.IsZero() {
+		return time.Time{}
+	}
+	h := d.heardNP
+	if d.heardGen.Before(h) {
+		h = d.heardGen
+	}
+	if d.heardTasks.Before(h) {
+		h = d.heardTasks
+	}
+	return h
 }
 
 // dc is the state of datacenter name, created on first use.
@@ -119,7 +157,7 @@ func (s *Syncer) mergeFloors() {
 // FastWait); lost how long before its executors leave the assignments while
 // another datacenter answers.
 func (s *Syncer) reachOf(d *dcState, now time.Time, anyAnswers bool) (health.Reach, string) {
-	since := d.heard
+	since := d.heard()
 	if since.IsZero() {
 		since = s.started
 	}
@@ -143,7 +181,7 @@ func (s *Syncer) updateReach(now time.Time) (changed bool) {
 	}
 	answers := func(except *dcState) bool {
 		for _, d := range s.dcs {
-			if d != except && !d.failing && !d.heard.IsZero() && now.Sub(d.heard) <= s.cfg.DatacenterQuiet {
+			if h := d.heard(); d != except && !d.failing && !h.IsZero() && now.Sub(h) <= s.cfg.DatacenterQuiet {
 				return true
 			}
 		}
@@ -173,7 +211,7 @@ func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
 		return time.Time{}
 	}
 	for _, d := range s.dcs {
-		since := d.heard
+		since := d.heard()
 		if since.IsZero() {
 			since = s.started
 		}

@@ -333,12 +333,7 @@ func (s *Syncer) apply(o health.Observation) bool {
 		return true
 	}
 	d := s.dc(o.Datacenter)
-	if o.Contact == nil || o.Contact.OK {
-		d.heard = o.At // an answer from the datacenter
-		if o.At.IsZero() {
-			d.heard = s.cfg.Clock.Now()
-		}
-	}
+	d.answered(o, s.cfg.Clock.Now())
 	if p := o.Progress; p != nil {
 		d.progressNP, d.progressGen = max(d.progressNP, p.NonPassing), max(d.progressGen, p.Generations)
 		return false
