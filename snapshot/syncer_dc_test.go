@@ -201,8 +201,16 @@ func (h *mdcHarness) generations(dc string, floor map[string]uint64) health.Obse
 	return health.Observation{Generations: &health.Generations{Index: h.next(dc), Floor: floor}}
 }
 
-func (h *mdcHarness) heartbeat(dc string) health.Observation {
-	return health.Observation{Progress: &health.Progress{NonPassing: h.next(dc)}}
+// heartbeat is one answer of each of dc's watches that answer at least
+// every FastWait, with nothing changed: the non-passing checks and the
+// generation keys (progress), the task list. (A datacenter is heard from
+// only as much as the least recent of them.)
+func (h *mdcHarness) heartbeat(dc string) []health.Observation {
+	return []health.Observation{
+		{Progress: &health.Progress{NonPassing: h.next(dc)}},
+		{Progress: &health.Progress{Generations: h.next(dc)}},
+		h.tasks(dc),
+	}
 }
 
 func mdcContact(ok bool) health.Observation {
@@ -228,7 +236,7 @@ func (h *mdcHarness) tickUntil(elapsed time.Duration, dcs []string, check func()
 	for h.at() < elapsed {
 		h.clock.Advance(min(mdcTick, elapsed-h.at()))
 		for _, dc := range dcs {
-			h.send(dc, h.heartbeat(dc))
+			h.send(dc, h.heartbeat(dc)...)
 		}
 		if len(dcs) == 0 {
 			h.nudge()
@@ -664,11 +672,11 @@ func TestDCsReachQuietThenLost(t *testing.T) {
 			h.expectLoad(d2, mdcBothFromDC2)
 		}
 		expectDC1()
-		h.send("dc1", h.heartbeat("dc1"))
+		h.send("dc1", h.heartbeat("dc1")...)
 	}
 
 	// dc2 answers again: routed again, no lapse recorded.
-	h.send("dc2", h.heartbeat("dc2"))
+	h.send("dc2", h.heartbeat("dc2")...)
 	if r := h.reach("dc2"); r != health.Reached {
 		t.Fatalf("dc2 %s after answering", r)
 	}
@@ -757,7 +765,8 @@ func TestDCsContactFailure(t *testing.T) {
 		t.Fatal("not ready while dc1 answers")
 	}
 
-	h.send("dc2", mdcContact(true)) // an answer: dc2's last until the end
+	h.send("dc2", mdcContact(true))
+	h.send("dc2", h.heartbeat("dc2")...) // its last answer
 	for _, x := range h.ofDC("dc2") {
 		h.expectSession(x.inst, x.sess, health.SessionCurrent)
 	}
