@@ -88,8 +88,9 @@ const (
 	Unanswered
 	// Lost: its datacenter has not answered for longer than a lease while
 	// other datacenters do (a WAN partition usually cuts dispatchers off
-	// from it too): no new work. When no datacenter answers, none is Lost:
-	// the last known snapshot stays (fail static).
+	// from it too): no new work, until it answers itself. When no
+	// datacenter answers, none becomes Lost: the last known snapshot stays
+	// (fail static).
 	Lost
 )
 

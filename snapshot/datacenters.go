@@ -166,6 +166,10 @@ func (s *Syncer) reachOf(d *dcState, now time.Time, anyAnswers bool) (health.Rea
 	switch {
 	case !d.failing && silent <= s.cfg.DatacenterQuiet:
 		return health.Reached, ""
+	case d.reach == health.Lost:
+		// Lost until it answers itself: the others going silent too brings
+		// no news of it, and the snapshot last served without it stays.
+		return health.Lost, d.reachDetail
 	case silent > s.cfg.DatacenterLost && anyAnswers:
 		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other datacenters answer: not routed until it answers", at, s.cfg.DatacenterLost)
 	default:

@@ -972,3 +972,33 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 	expect("dc2 non-passing")
 	expectProgress("dc2 non-passing") // 5300 is above the set's index
 }
+
+// 4b. A lost datacenter stays lost when the others go silent too: no news of
+// it came, and the snapshot last served without it stays (fail static keeps
+// the last known snapshot, it does not bring back what was taken out).
+func TestDCsLostStaysLostWhenTheOthersGoSilent(t *testing.T) {
+	h := mdcStart(t)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	h.tickUntil(mdcLost+2*mdcTick, []string{"dc1"}, nil) // dc2 silent, dc1 answering
+	h.waitReach("dc2", health.Lost)
+	h.waitLoad(local, mdcOnlyDC1)
+	h.clock.Advance(2 * mdcLost) // now dc1 is silent too
+	h.waitReach("dc1", health.Unanswered)
+	h.nudge()
+	if r := h.reach("dc2"); r != health.Lost {
+		t.Fatalf("dc2 %s once dc1 went silent too, want lost", r)
+	}
+	h.expectLoad(local, mdcOnlyDC1)
+	for _, x := range h.ofDC("dc2") {
+		h.expectVerdict(local, x.inst, x.sess, health.RouteNone, health.ReasonUnreachable)
+	}
+	// dc2 answers: routed again.
+	h.send("dc2", h.heartbeat("dc2")...)
+	h.waitReach("dc2", health.Reached)
+	for _, x := range h.ofDC("dc2") {
+		h.expectVerdict(local, x.inst, x.sess, health.RouteHealthy, health.ReasonNone)
+	}
+}
