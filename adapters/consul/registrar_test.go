@@ -43,7 +43,13 @@ func baseConfig() Config {
 
 func start(t *testing.T, mutate func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, agent: newFakeAgent(), clock: clockwork.NewFakeClock(), lost: make(chan LeaseLoss, 16), done: make(chan error, 1)}
+	return startOn(t, newFakeAgent(), mutate)
+}
+
+// startOn is start with an agent prepared before the Registrar runs.
+func startOn(t *testing.T, agent *fakeAgent, mutate func(*Config)) *harness {
+	t.Helper()
+	h := &harness{t: t, agent: agent, clock: clockwork.NewFakeClock(), lost: make(chan LeaseLoss, 16), done: make(chan error, 1)}
 	h.probe.Store(probeResult{})
 	cfg := baseConfig()
 	cfg.Clock = h.clock
@@ -503,10 +509,9 @@ func TestNewerSessionOnAnotherAgentIsNoticed(t *testing.T) {
 // an older generation: it supersedes nothing, the live process registers a
 // new session instead of exiting.
 func TestOlderSessionElsewhereSupersedesNothing(t *testing.T) {
-	h := start(t, func(*Config) {})
-	h.agent.mu.Lock()
-	h.agent.gens["exec-1"] = 4 // the predecessor took 4; this process takes 5
-	h.agent.mu.Unlock()
+	agent := newFakeAgent()
+	agent.gens["exec-1"] = 4 // the predecessor took 4; this process takes 5 (set before Run reads it)
+	h := startOn(t, agent, func(*Config) {})
 	s1 := h.session(nil)
 	if s1.Generation != 5 {
 		t.Fatalf("generation %d, want 5", s1.Generation)

@@ -83,7 +83,7 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		{"lb-policy", "LEASEHOLD_LB_POLICY", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request", &lbPolicy},
 		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
 		{"datacenters", "LEASEHOLD_DATACENTERS", "", "Consul datacenters to watch through the agent, comma-separated in failover order, leasehold's own first (the datacenter of dispatchers that name none); a dispatcher's own datacenter gets priority 0, the others follow in this order (default: the agent's own only)", &datacenters},
-		{"consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE", "4MiB", "JSON per second the listings that grow with the fleet (task members, generation keys) may read from Consul, all together (e.g. 512KiB, 4MiB, 8MB; off: unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce", &readRate},
+		{"consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE", "4MiB", "JSON per second the listings that grow with the fleet (task members, generation keys) may read from Consul, all together, per datacenter (e.g. 512KiB, 4MiB, 8MB; off: unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce", &readRate},
 	}
 	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
 	fs.SetOutput(stderr)
