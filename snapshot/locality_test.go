@@ -62,6 +62,9 @@ func TestLocalitiesByDatacenterPriority(t *testing.T) {
 		{"in dc2, dc2 empty", without("dc2"), in("dc2"), []string{"p0:dc1/×2(w1)", "p1:dc3/×1(w1)", "p2:dc9/×1(w1)"}},
 		{"in a datacenter not watched: the order", all, in("dc7"), []string{"p0:dc1/×2(w1)", fmt.Sprintf("p1:dc2/z1×1(w%d)", w), fmt.Sprintf("p1:dc2/z2×2(w%d)", 2*w), "p2:dc3/×1(w1)", "p3:dc9/×1(w1)"}},
 	} {
+		if err := (&Builder{Failover: f}).BuildPrinted("work", c.es, nil, c.d).CLA.ValidateAll(); err != nil {
+			t.Fatalf("%s: the load assignment fails Envoy's validation: %v", c.name, err)
+		}
 		got := layoutOf(&Builder{Failover: f}, c.es, c.d)
 		if fmt.Sprint(got) != fmt.Sprint(c.want) {
 			t.Errorf("%s:\n got %v\nwant %v", c.name, got, c.want)
