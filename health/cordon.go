@@ -183,8 +183,10 @@ func ApplyCordons(es []Executor, cordons []Cordon, r *Rollout) []CordonStatus {
 	return out
 }
 
-// isLive: holds a valid lease and is its instance's newest session.
+// isLive: holds a valid lease, is its instance's newest session, and its
+// datacenter is not lost (its executors take no work, so they cannot stand
+// in for the ones a cordon takes out).
 func isLive(e *Executor) bool {
-	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, Lease: e.Lease, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed, LapseObserved: e.LapseObserved, Fenced: e.Fenced}, Dispatcher{})
-	return v.Reason != ReasonLapsed && v.Reason != ReasonBadMetadata && v.Reason != ReasonFenced
+	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, Lease: e.Lease, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed, LapseObserved: e.LapseObserved, Fenced: e.Fenced, Reach: e.Reach, ReachDetail: e.ReachDetail}, Dispatcher{})
+	return v.Reason != ReasonLapsed && v.Reason != ReasonBadMetadata && v.Reason != ReasonFenced && v.Reason != ReasonUnreachable
 }

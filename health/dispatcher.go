@@ -21,14 +21,19 @@ const (
 	NodeMetaDatacenter = "datacenter"
 )
 
-// datacenterRE is what Consul accepts as a datacenter name.
-var datacenterRE = regexp.MustCompile(`^[a-zA-Z0-9_-]{1,64}$`)
+// datacenterRE is what Consul accepts as a datacenter name (it lowercases
+// the name it is configured with; ?dc= with capitals is an error).
+var datacenterRE = regexp.MustCompile(`^[a-z0-9_-]{1,64}$`)
 
-// ValidateDatacenter checks a datacenter name as Consul would (letters,
-// digits, '-' and '_'); field names it in the error.
+// NormalizeDatacenter is a datacenter name as Consul spells it: trimmed,
+// lowercase ("DC2" is dc2).
+func NormalizeDatacenter(dc string) string { return strings.ToLower(strings.TrimSpace(dc)) }
+
+// ValidateDatacenter checks a (normalized) datacenter name as Consul would:
+// lowercase letters, digits, '-' and '_'; field names it in the error.
 func ValidateDatacenter(field, dc string) error {
 	if !datacenterRE.MatchString(dc) {
-		return &FieldError{Field: field, Value: dc, Reason: "a datacenter name: 1 to 64 letters, digits, '-' or '_'"}
+		return &FieldError{Field: field, Value: dc, Reason: "a Consul datacenter name: 1 to 64 lowercase letters, digits, '-' or '_'"}
 	}
 	return nil
 }

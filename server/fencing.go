@@ -103,6 +103,12 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 	st := v.Sessions().Check(req.GetInstanceId(), req.GetSessionId())
 	dc := sessionDC(v, st)
 	idx, _ := v.Datacenter(dc)
+	consulIndex := idx.ConsulIndex
+	for _, d := range v.Datacenters() { // with several: the highest, so a later min_consul_index holds every datacenter to it
+		if i, _ := v.Datacenter(d); i.ConsulIndex > consulIndex {
+			consulIndex = i.ConsulIndex
+		}
+	}
 	if g, ok := grantFrom(ctx); ok && !slices.ContainsFunc(st.Tasks, g.AllowsTask) {
 		// A session of task types the caller is not granted is answered
 		// exactly as one never seen: its existence does not leak.
@@ -111,7 +117,7 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 	resp := &leaseholdv1.CheckSessionResponse{
 		InstanceId: st.InstanceID, SessionId: st.SessionID, State: stateOf(st.State), Detail: st.Detail,
 		NewerSessionId: st.NewerSessionID, NewerGeneration: st.NewerGeneration, Generation: st.Generation,
-		Tasks: st.Tasks, Version: st.Version, ConsulIndex: idx.ConsulIndex,
+		Tasks: st.Tasks, Version: st.Version, ConsulIndex: consulIndex,
 	}
 	fresh := f.freshAsOf(dc)
 	age := f.opts.Clock.Since(fresh)
@@ -125,8 +131,8 @@ func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1
 		f.unknown(resp, fmt.Sprintf("leasehold's view of Consul is stale: Consul has not answered for %s (bound %s); the last known state was %s: %s",
 			age.Round(time.Millisecond), f.opts.StaleAfter, stateOf(st.State), st.Detail))
 	case !caughtUp:
-		f.unknown(resp, fmt.Sprintf("leasehold's view (checks at Consul index %d, generation keys at %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time",
-			idx.NonPassingIndex, idx.GenerationsIndex, req.GetMinConsulIndex()))
+		f.unknown(resp, fmt.Sprintf("leasehold's view (in %s: checks at Consul index %d, generation keys at %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time",
+			orLocal(dc), idx.NonPassingIndex, idx.GenerationsIndex, req.GetMinConsulIndex()))
 	}
 	return resp
 }
@@ -155,6 +161,13 @@ func sessionDC(v *snapshot.View, st health.SessionStatus) string {
 func (f *Fencing) dcOf(req *leaseholdv1.CheckSessionRequest) string {
 	v := f.views.View()
 	return sessionDC(v, v.Sessions().Check(req.GetInstanceId(), req.GetSessionId()))
+}
+
+func orLocal(dc string) string {
+	if dc == "" {
+		return "leasehold's datacenter"
+	}
+	return dc
 }
 
 // staleIn is how long until datacenter dc's view passes the staleness bound
@@ -196,31 +209,56 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 	if err := validate(req); err != nil {
 		return nil, err
 	}
-	v, caughtUp := f.catchUp(ctx, f.dcOf(req), req.GetMinConsulIndex())
+	v, caughtUp := f.catchUp(ctx, req.GetMinConsulIndex())
 	resp := f.answer(ctx, v, req, caughtUp)
 	f.count(ctx, resp)
 	return resp, nil
 }
 
-// current returns the latest view and whether it has seen every change up
-// to index least that can make a session LAPSED or STALE: its non-passing
-// checks and its generation keys are both known current at that index or
-// later. (Its highest index says nothing of the others: watches answer
-// independently.)
-func (f *Fencing) current(dc string, least uint64) (*snapshot.View, bool) {
-	np, gen := f.views.Progress(dc) // first: progress is published after the view it vouches for
+// current returns the latest view and the datacenters in which it has not
+// seen every change up to index least that can make a session LAPSED or
+// STALE: its non-passing checks and its generation keys both known current
+// at that index or later. (A view's highest index says nothing of the
+// others: watches answer independently.)
+//
+// With several datacenters Consul's indexes are per datacenter and a
+// min_consul_index does not say whose it is (an answer may rest on another
+// datacenter's data: a newer session of the instance there), so every
+// datacenter that answers is held to it; one whose index space is lower is
+// read afresh instead. A datacenter that does not answer is not waited for:
+// its sessions are UNKNOWN anyway.
+func (f *Fencing) current(least uint64) (*snapshot.View, []string) {
 	v := f.views.View()
-	idx, _ := v.Datacenter(dc)
-	return v, min(max(np, idx.NonPassingIndex), max(gen, idx.GenerationsIndex)) >= least
+	dcs := v.Datacenters()
+	if len(dcs) == 0 {
+		dcs = []string{v.Local}
+	}
+	progress := make([][2]uint64, len(dcs))
+	for i, dc := range dcs { // first: progress is published after the view it vouches for
+		progress[i][0], progress[i][1] = f.views.Progress(dc)
+	}
+	v = f.views.View()
+	var behind []string
+	for i, dc := range dcs {
+		idx, _ := v.Datacenter(dc)
+		if len(dcs) > 1 && idx.Reach != health.Reached {
+			continue
+		}
+		if min(max(progress[i][0], idx.NonPassingIndex), max(progress[i][1], idx.GenerationsIndex)) < least {
+			behind = append(behind, dc)
+		}
+	}
+	return v, behind
 }
 
 // catchUp returns a view that satisfies min_consul_index least: one that
-// reached it, or one that includes fresh reads of Consul made after this
-// call. When neither comes in time (shortly before ctx's deadline, at most
-// the staleness bound) it returns the latest view and false.
-func (f *Fencing) catchUp(ctx context.Context, dc string, least uint64) (*snapshot.View, bool) {
-	v, ok := f.current(dc, least)
-	if ok {
+// reached it in every datacenter that answers, or that includes fresh reads
+// made after this call of those that had not. When that does not come in
+// time (shortly before ctx's deadline, at most the staleness bound) it
+// returns the latest view and false.
+func (f *Fencing) catchUp(ctx context.Context, least uint64) (*snapshot.View, bool) {
+	v, behind := f.current(least)
+	if len(behind) == 0 {
 		return v, true
 	}
 	budget := f.opts.StaleAfter
@@ -231,11 +269,13 @@ func (f *Fencing) catchUp(ctx context.Context, dc string, least uint64) (*snapsh
 	if budget <= 0 {
 		return v, false
 	}
-	var seq uint64
+	seqs := map[string]uint64{}
 	if f.opts.Refresh != nil {
-		idx, _ := v.Datacenter(dc)
-		if s, err := f.opts.Refresh(ctx, dc, idx.ConsulIndex); err == nil {
-			seq = s
+		for _, dc := range behind {
+			idx, _ := v.Datacenter(dc)
+			if s, err := f.opts.Refresh(ctx, dc, idx.ConsulIndex); err == nil {
+				seqs[dc] = s
+			}
 		}
 	}
 	t := f.opts.Clock.NewTimer(budget)
@@ -243,8 +283,15 @@ func (f *Fencing) catchUp(ctx context.Context, dc string, least uint64) (*snapsh
 	poll := time.NewTicker(20 * time.Millisecond) // progress alone publishes no view
 	defer poll.Stop()
 	for {
-		v, ok = f.current(dc, least)
-		if idx, _ := v.Datacenter(dc); ok || (seq > 0 && idx.Refreshed >= seq) {
+		v, behind = f.current(least)
+		caughtUp := true
+		for _, dc := range behind {
+			idx, _ := v.Datacenter(dc)
+			if seq, asked := seqs[dc]; !asked || idx.Refreshed < seq {
+				caughtUp = false
+			}
+		}
+		if caughtUp {
 			return v, true
 		}
 		select {
@@ -269,11 +316,11 @@ func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leas
 	var last *leaseholdv1.CheckSessionResponse
 	timer := f.opts.Clock.NewTimer(time.Hour)
 	defer timer.Stop()
-	_, caughtUp := f.catchUp(ctx, f.dcOf(req), req.GetMinConsulIndex()) // every later view is newer still
+	_, caughtUp := f.catchUp(ctx, req.GetMinConsulIndex()) // every later view is newer still
 	for {
 		dc := f.dcOf(req)
-		v, reached := f.current(dc, req.GetMinConsulIndex())
-		caughtUp = caughtUp || reached
+		v, behind := f.current(req.GetMinConsulIndex())
+		caughtUp = caughtUp || len(behind) == 0
 		resp := f.answer(ctx, v, req, caughtUp)
 		if last == nil || !sameAnswer(last, resp) {
 			if err := stream.Send(resp); err != nil {

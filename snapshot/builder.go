@@ -171,7 +171,9 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 			if en.routed {
 				en.e = e
 				buf = endpointContent(buf[:0], e, en.status)
-				buf = append(append(append(buf, e.Datacenter...), 0), e.Labels[ZoneLabel]...) // its locality
+				if zone := e.Labels[ZoneLabel]; e.Datacenter != "" || zone != "" { // its locality (none: versions as before localities)
+					buf = append(append(append(append(buf, 0), e.Datacenter...), 0), zone...)
+				}
 				en.digest = fnv64a(buf)
 				en.key = endpointSortKey{dc: e.Datacenter, zone: e.Labels[ZoneLabel], instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
 				en.sock, en.claim = health.SocketOf(e.Address, e.Port), health.ClaimOf(e)

@@ -29,11 +29,16 @@ type dcState struct {
 	// When each watch that answers at least every FastWait last did: the
 	// non-passing checks, the generation keys, the task list.
 	heardNP, heardGen, heardTasks time.Time
-	refreshed    uint64    // the latest refresh request its watch answered afresh
-	progressNP   uint64    // Progress seen in the current batch, published after it
-	progressGen  uint64
-	reach        health.Reach // as last applied to its executors
-	reachDetail  string
+	refreshed                     uint64 // the latest refresh request its watch answered afresh
+	progressNP                    uint64 // Progress seen in the current batch, published after it
+	progressGen                   uint64
+	reach                         health.Reach // as last applied to its executors
+	reachDetail                   string
+	// answering: every watch answered within DatacenterQuiet and none is
+	// failing (as of the last updateReach), without a break since
+	// answeringSince.
+	answering      bool
+	answeringSince time.Time
 }
 
 // DCIndexes are the Consul indexes a view has reached in one datacenter.
@@ -152,29 +157,61 @@ func (s *Syncer) mergeFloors() {
 	s.floorGen++
 }
 
-// quiet is how long a datacenter may go without an answer before its
-// sessions are answered UNKNOWN (its watches answer at least every
-// FastWait); lost how long before its executors leave the assignments while
-// another datacenter answers.
-func (s *Syncer) reachOf(d *dcState, now time.Time, anyAnswers bool) (health.Reach, string) {
-	since := d.heard()
-	if since.IsZero() {
-		since = s.started
+// silentSince is when the datacenter was last heard from (its watches all
+// answered), or when the syncer started if never.
+func (s *Syncer) silentSince(d *dcState) time.Time {
+	if h := d.heard(); !h.IsZero() {
+		return h
 	}
-	silent := now.Sub(since)
+	return s.started
+}
+
+// answering: every watch of the datacenter answered within DatacenterQuiet
+// and none is failing.
+func (s *Syncer) answering(d *dcState, now time.Time) bool {
+	return !d.failing && now.Sub(s.silentSince(d)) <= s.cfg.DatacenterQuiet
+}
+
+// reachOf decides a datacenter's reach: Reached while answering;
+// Unanswered once quiet (or failing); Lost once it has not answered for
+// DatacenterLost while another datacenter kept answering all along — a
+// silence every datacenter shared (leasehold's own agent away) is no
+// partition, so the bound counts from when another began answering again —
+// and Lost until it answers itself.
+func (s *Syncer) reachOf(d *dcState, now, othersSince time.Time) (health.Reach, string) {
+	since := s.silentSince(d)
 	at := since.UTC().Format(time.RFC3339)
 	switch {
-	case !d.failing && silent <= s.cfg.DatacenterQuiet:
+	case d.answering:
 		return health.Reached, ""
 	case d.reach == health.Lost:
-		// Lost until it answers itself: the others going silent too brings
-		// no news of it, and the snapshot last served without it stays.
+		// The others going silent too brings no news of it, and the
+		// snapshot last served without it stays.
 		return health.Lost, d.reachDetail
-	case silent > s.cfg.DatacenterLost && anyAnswers:
+	case !othersSince.IsZero() && now.Sub(later(since, othersSince)) > s.cfg.DatacenterLost:
 		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other datacenters answer: not routed until it answers", at, s.cfg.DatacenterLost)
 	default:
 		return health.Unanswered, fmt.Sprintf("no answer since %s", at)
 	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// othersAnsweringSince is since when some datacenter other than d has
+// answered without a break (zero: none answers now).
+func (s *Syncer) othersAnsweringSince(d *dcState) time.Time {
+	var since time.Time
+	for _, o := range s.dcs {
+		if o != d && o.answering && (since.IsZero() || o.answeringSince.Before(since)) {
+			since = o.answeringSince
+		}
+	}
+	return since
 }
 
 // updateReach decides every datacenter's reach at now and marks the
@@ -183,16 +220,18 @@ func (s *Syncer) updateReach(now time.Time) (changed bool) {
 	if !s.cfg.multi() {
 		return false // one datacenter: Consul's reachability is readiness and the fencing bound, as ever
 	}
-	answers := func(except *dcState) bool {
-		for _, d := range s.dcs {
-			if h := d.heard(); d != except && !d.failing && !h.IsZero() && now.Sub(h) <= s.cfg.DatacenterQuiet {
-				return true
+	for _, d := range s.dcs {
+		ans := s.answering(d, now)
+		if ans && !d.answering {
+			d.answeringSince = now
+			if h := d.heard(); h.IsZero() { // answering since the start, as far as anyone knows
+				d.answeringSince = s.started
 			}
 		}
-		return false
+		d.answering = ans
 	}
 	for name, d := range s.dcs {
-		r, detail := s.reachOf(d, now, answers(d))
+		r, detail := s.reachOf(d, now, s.othersAnsweringSince(d))
 		if r == d.reach {
 			continue
 		}
@@ -215,11 +254,8 @@ func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
 		return time.Time{}
 	}
 	for _, d := range s.dcs {
-		since := d.heard()
-		if since.IsZero() {
-			since = s.started
-		}
-		for _, at := range []time.Time{since.Add(s.cfg.DatacenterQuiet), since.Add(s.cfg.DatacenterLost)} {
+		since := s.silentSince(d)
+		for _, at := range []time.Time{since.Add(s.cfg.DatacenterQuiet), since.Add(s.cfg.DatacenterLost), d.answeringSince.Add(s.cfg.DatacenterLost)} {
 			at = at.Add(time.Millisecond) // past the bound, not on it
 			if at.After(now) && (next.IsZero() || at.Before(next)) {
 				next = at

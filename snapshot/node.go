@@ -99,30 +99,31 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 }
 
 // datacenterOf is the datacenter a node says it runs in: node metadata
-// "datacenter" (what leasehold bootstrap --datacenter writes), else the
-// node's locality region (Envoy's --locality-region, a gRPC bootstrap's
-// node.locality.region); both set, they must agree.
+// "datacenter" (what leasehold bootstrap --datacenter writes; invalid:
+// refused naming the field), else the node's locality region (Envoy's
+// --locality-region, a gRPC bootstrap's node.locality.region) when it is a
+// datacenter name — a region that is none (a cloud region such as
+// "eu-west-1.prod") is not taken for one. Names are lowercased, as Consul
+// spells them.
 func datacenterOf(node *corev3.Node) (string, error) {
 	const field = "node.metadata." + health.NodeMetaDatacenter
-	region := node.GetLocality().GetRegion()
 	v, ok := node.GetMetadata().GetFields()[health.NodeMetaDatacenter]
 	if !ok {
-		if region == "" {
+		region := health.NormalizeDatacenter(node.GetLocality().GetRegion())
+		if region == "" || health.ValidateDatacenter("", region) != nil {
 			return "", nil
 		}
-		return region, health.ValidateDatacenter("node.locality.region", region)
+		return region, nil
 	}
 	s, isStr := v.GetKind().(*structpb.Value_StringValue)
 	if !isStr {
 		return "", &health.FieldError{Field: field, Reason: "must be a string naming a Consul datacenter"}
 	}
-	if err := health.ValidateDatacenter(field, s.StringValue); err != nil {
+	dc := health.NormalizeDatacenter(s.StringValue)
+	if err := health.ValidateDatacenter(field, dc); err != nil {
 		return "", err
 	}
-	if region != "" && region != s.StringValue {
-		return "", &health.FieldError{Field: field, Value: s.StringValue, Reason: fmt.Sprintf("differs from node.locality.region %q: say one datacenter", region)}
-	}
-	return s.StringValue, nil
+	return dc, nil
 }
 
 // GroupOf is the cache group of a node: dispatchers with equal constraint

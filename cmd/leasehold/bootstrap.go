@@ -103,8 +103,9 @@ func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]s
 		errs = append(errs, err.Error())
 	}
 	if datacenter != "" {
+		datacenter = health.NormalizeDatacenter(datacenter)
 		if err := health.ValidateDatacenter("--datacenter", datacenter); err != nil {
-			errs = append(errs, fmt.Sprintf("invalid --datacenter %q: a Consul datacenter name is 1 to 64 letters, digits, '-' or '_'", datacenter))
+			errs = append(errs, fmt.Sprintf("invalid --datacenter %q: a Consul datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", datacenter))
 		}
 	}
 	switch snapshot.EndpointMetadata(endpointMetadata) {

@@ -133,9 +133,9 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 	if datacenters != "" {
 		seen := map[string]bool{}
 		for _, dc := range strings.Split(datacenters, ",") {
-			dc = strings.TrimSpace(dc)
+			dc = health.NormalizeDatacenter(dc) // Consul spells datacenters in lowercase
 			if err := health.ValidateDatacenter("datacenters", dc); err != nil {
-				bad("datacenters", fmt.Sprintf("%q: a datacenter name is 1 to 64 letters, digits, '-' or '_'", dc))
+				bad("datacenters", fmt.Sprintf("%q: a datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", dc))
 				continue
 			}
 			if seen[dc] {
