@@ -22,7 +22,7 @@ func a17Node(meta map[string]any, region string) *corev3.Node {
 	return n
 }
 
-// TestAttack17LocalityRegionIsNotADatacenterWithOne: FAILS now (MEDIUM,
+// TestAttack17LocalityRegionIsNotADatacenterWithOne (fixed; failed before, MEDIUM,
 // single-datacenter behaviour changed): a node's locality.region is read as
 // its Consul datacenter even when leasehold watches one datacenter, and
 // checked as a Consul datacenter name. An Envoy started with a region that
@@ -41,7 +41,7 @@ func TestAttack17LocalityRegionIsNotADatacenterWithOne(t *testing.T) {
 	}
 }
 
-// TestAttack17DispatcherDatacenterCase: FAILS now (LOW): Consul's datacenter
+// TestAttack17DispatcherDatacenterCase (fixed; failed before, LOW): Consul's datacenter
 // names are lowercase; a dispatcher saying "DC2" (metadata or region) runs in
 // dc2 but is not given dc2's executors first — it is sent the failover
 // order (dc1 first, across the WAN) — and is its own constraint set.

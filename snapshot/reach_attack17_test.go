@@ -9,7 +9,7 @@ import (
 // Attack 17: datacenter reach (mdcHarness: dc1 leasehold's own, dc2; fake
 // clock).
 
-// TestAttack17CommonSilenceIsNoPartition: FAILS now (MEDIUM, wrong but
+// TestAttack17CommonSilenceIsNoPartition (fixed; failed before, MEDIUM, wrong but
 // safe): every datacenter is watched through leasehold's one local agent.
 // When that agent is away for longer than a lease (restarted, upgraded, its
 // host overloaded), no datacenter answers — fail static, as documented. When
@@ -119,7 +119,7 @@ func TestAttack17MovedInstanceStaysFencedThroughReach(t *testing.T) {
 	h.expectSession("x", "s2", health.SessionCurrent)
 }
 
-// TestAttack17CordonLimitCountsALostDatacenter: FAILS now (MEDIUM, wrong but
+// TestAttack17CordonLimitCountsALostDatacenter (fixed; failed before, MEDIUM, wrong but
 // safe): the cordon safety limit (at most half of a task's live executors
 // cordoned at once, by default) counts the executors of a lost datacenter as
 // live (health.isLive ignores Reach), though they are routed nowhere. With

@@ -36,7 +36,7 @@ func TestAttack17SingleDatacenterBytesAsBefore(t *testing.T) {
 	}
 }
 
-// TestAttack17SingleDatacenterVersionsAsBefore: FAILS now (LOW): the same
+// TestAttack17SingleDatacenterVersionsAsBefore (fixed; failed before, LOW): the same
 // fleet's load assignments keep their bytes but not their content versions
 // — locality.go means to keep them ("layout stays 0 for one locality
 // without names: versions as before localities"), but every endpoint's

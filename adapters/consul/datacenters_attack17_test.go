@@ -8,7 +8,7 @@ import (
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 )
 
-// TestAttack17WatchersAcceptADatacenterConsulCannotAnswer: FAILS now (LOW):
+// TestAttack17WatchersAcceptADatacenterConsulCannotAnswer (fixed; failed before, LOW):
 // a real agent of datacenter dc1 answers ?dc=dc1 but refuses ?dc=DC1
 // (Consul's datacenter names are lowercase: "No path to datacenter"), yet
 // NewWatchers (and so serve --datacenters) accepts "DC1": its watches can

@@ -36,7 +36,7 @@ func TestAttack17DatacentersFlag(t *testing.T) {
 	}
 }
 
-// TestAttack17DatacenterNamesAreLowercase: FAILS now (LOW): Consul's
+// TestAttack17DatacenterNamesAreLowercase (fixed; failed before, LOW): Consul's
 // datacenter names are lowercase (the agent lowercases its -datacenter;
 // measured with bin/consul 1.13.9: -datacenter=DC1 runs as "dc1", and
 // ?dc=DC1 is answered 500, "No path to datacenter"), but --datacenters and
