@@ -41,6 +41,28 @@ type Builder struct {
 	sockets   map[health.Socket]int32
 	contested int      // sockets claimed by more than one routed entry
 	losers    []*entry // routed entries the previous build did not send
+	// localities seen, by id (entry.loc): comparing ids, not names, keeps
+	// sorting and splitting the endpoints as cheap as with one locality
+	localities []localityName
+	localityID map[localityName]int32
+}
+
+// localityName is a locality's datacenter and zone.
+type localityName struct{ dc, zone string }
+
+// localityOf interns a locality.
+func (bl *Builder) localityOf(dc, zone string) int32 {
+	n := localityName{dc, zone}
+	if id, ok := bl.localityID[n]; ok {
+		return id
+	}
+	if bl.localityID == nil {
+		bl.localityID = map[localityName]int32{}
+	}
+	id := int32(len(bl.localities))
+	bl.localities = append(bl.localities, n)
+	bl.localityID[n] = id
+	return id
 }
 
 // entry is one executor as decided for the Builder's constraint set.
@@ -51,6 +73,7 @@ type entry struct {
 	lb     *endpointv3.LbEndpoint
 	digest uint64 // FNV-1a of the endpoint's whole content
 	key    endpointSortKey
+	loc    int32  // its locality (Builder.localities)
 	gen    uint64 // last build that saw it
 	print  uint64 // its key in Builder.entries
 	sock   health.Socket
@@ -60,22 +83,16 @@ type entry struct {
 }
 
 type endpointSortKey struct {
-	dc, zone                   string // the locality: entries of one are contiguous
 	instance, address, session string
 	port                       int
 }
 
-func (k endpointSortKey) sansLocality() endpointSortKey {
-	k.dc, k.zone = "", ""
-	return k
-}
-
+// less orders entries by locality first (the Builder's small ids: entries of
+// one locality are contiguous; the localities themselves are put in order
+// by name when assembled), then by endpoint.
 func (a *entry) less(b *entry) bool {
-	if a.key.dc != b.key.dc {
-		return a.key.dc < b.key.dc
-	}
-	if a.key.zone != b.key.zone {
-		return a.key.zone < b.key.zone
+	if a.loc != b.loc {
+		return a.loc < b.loc
 	}
 	if a.key.instance != b.key.instance {
 		return a.key.instance < b.key.instance
@@ -171,11 +188,13 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 			if en.routed {
 				en.e = e
 				buf = endpointContent(buf[:0], e, en.status)
-				if zone := e.Labels[ZoneLabel]; e.Datacenter != "" || zone != "" { // its locality (none: versions as before localities)
+				zone := e.Labels[ZoneLabel]
+				if e.Datacenter != "" || zone != "" { // its locality (none: versions as before localities)
 					buf = append(append(append(append(buf, 0), e.Datacenter...), 0), zone...)
 				}
+				en.loc = bl.localityOf(e.Datacenter, zone)
 				en.digest = fnv64a(buf)
-				en.key = endpointSortKey{dc: e.Datacenter, zone: e.Labels[ZoneLabel], instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
+				en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
 				en.sock, en.claim = health.SocketOf(e.Address, e.Port), health.ClaimOf(e)
 				fresh = append(fresh, en)
 			}
@@ -283,10 +302,10 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	if len(dropped) > 0 {
 		now := make(map[endpointSortKey]corev3.HealthStatus, len(added))
 		for _, en := range added {
-			now[en.key.sansLocality()] = en.status
+			now[en.key] = en.status
 		}
 		for _, en := range dropped {
-			st, ok := now[en.key.sansLocality()] // an endpoint that moved to another zone is no removal
+			st, ok := now[en.key] // an endpoint that moved to another zone is no removal
 			if !ok || (en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
 				removes = true
 				break
@@ -307,7 +326,7 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	n := len(sorted) - len(losers)
 	if n > 0 {
 		var layout uint64
-		cla.Endpoints, layout, sum, xor = assembleLocalities(sorted, n, bl.Failover, d.Datacenter)
+		cla.Endpoints, layout, sum, xor = assembleLocalities(sorted, n, bl.localities, bl.Failover, d.Datacenter)
 		xor ^= layout // the localities' priorities and weights (they follow the dispatcher's datacenter)
 	}
 	var vb [8 + 8 + 8 + 8]byte

@@ -3,6 +3,7 @@ package snapshot
 import (
 	"slices"
 	"strconv"
+	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -49,9 +50,10 @@ func (f Failover) equal(g Failover) bool { return f.Local == g.Local && slices.E
 
 // locality is one (datacenter, zone) of a build, its endpoints in order.
 type locality struct {
-	dc, zone string
-	rank     int
-	lbs      []*endpointv3.LbEndpoint
+	id   int32
+	rank int
+	lbs  []*endpointv3.LbEndpoint
+	localityName
 }
 
 // assembleLocalities puts routed entries (sorted: by datacenter and zone
@@ -59,7 +61,7 @@ type locality struct {
 // with a digest of the layout (each locality's place, priority and weight)
 // and the order-independent sums of the endpoints' digests (sum, xor), for
 // the content version (one pass over the endpoints).
-func assembleLocalities(sorted []*entry, n int, f Failover, dispatcherDC string) (_ []*endpointv3.LocalityLbEndpoints, layout, sum, xor uint64) {
+func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover, dispatcherDC string) (_ []*endpointv3.LocalityLbEndpoints, layout, sum, xor uint64) {
 	var locs []*locality
 	all := make([]*endpointv3.LbEndpoint, 0, n) // one array: each locality's endpoints are a part of it
 	start := 0
@@ -67,12 +69,13 @@ func assembleLocalities(sorted []*entry, n int, f Failover, dispatcherDC string)
 		if en.lost {
 			continue
 		}
-		if len(locs) == 0 || locs[len(locs)-1].dc != en.key.dc || locs[len(locs)-1].zone != en.key.zone {
+		if len(locs) == 0 || locs[len(locs)-1].id != en.loc {
 			if len(locs) > 0 {
 				locs[len(locs)-1].lbs = all[start:len(all):len(all)]
 				start = len(all)
 			}
-			locs = append(locs, &locality{dc: en.key.dc, zone: en.key.zone, rank: f.rank(dispatcherDC, en.key.dc)})
+			name := names[en.loc]
+			locs = append(locs, &locality{id: en.loc, localityName: name, rank: f.rank(dispatcherDC, name.dc)})
 		}
 		all = append(all, en.lb)
 		m := mix64(en.digest)
@@ -82,8 +85,14 @@ func assembleLocalities(sorted []*entry, n int, f Failover, dispatcherDC string)
 	if len(locs) > 0 {
 		locs[len(locs)-1].lbs = all[start:len(all):len(all)]
 	}
-	slices.SortStableFunc(locs, func(a, b *locality) int { // already by (dc, zone) within a rank
-		return a.rank - b.rank
+	slices.SortFunc(locs, func(a, b *locality) int { // by priority, then by name: the same on every replica
+		if a.rank != b.rank {
+			return a.rank - b.rank
+		}
+		if a.dc != b.dc {
+			return strings.Compare(a.dc, b.dc)
+		}
+		return strings.Compare(a.zone, b.zone)
 	})
 	out := make([]*endpointv3.LocalityLbEndpoints, len(locs))
 	perPriority := map[uint32]int{}

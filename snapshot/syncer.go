@@ -512,6 +512,14 @@ func (s *Syncer) anyReachable() bool {
 // taskExecutors are task's registrations in every datacenter, in
 // datacenter order, with their prints (nil, nil: the task is nowhere).
 func (s *Syncer) taskExecutors(task string) ([]health.Executor, []uint64) {
+	if len(s.dcs) == 1 { // the common case: no names to sort, no copy
+		for name := range s.dcs {
+			if ts := s.fleet[fleetKey{name, task}]; ts != nil {
+				return ts.execs, ts.prints
+			}
+		}
+		return nil, nil
+	}
 	var one *taskState
 	n, parts := 0, 0
 	for _, name := range s.dcNames() {
