@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"errors"
+	"fmt"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -307,5 +308,54 @@ func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
 	defer fw.mu.Unlock()
 	if fw.failFresh[api.HealthCritical] != 0 {
 		t.Fatal("the injected failure was never hit: the test proves nothing")
+	}
+}
+
+// refreshOnAnswer is a world whose blocking critical answer, once armed, is
+// handled after a Refresh cancelled its query: the answer arrived, then the
+// refresh came.
+type refreshOnAnswer struct {
+	*worldCatalog
+	w     *Watcher
+	armed atomic.Bool
+}
+
+func (r *refreshOnAnswer) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	cs, idx, err := r.worldCatalog.ChecksInState(ctx, tag, state, index, wait)
+	if err == nil && index > 0 && state == api.HealthCritical && r.armed.CompareAndSwap(true, false) {
+		r.w.Refresh(context.Background(), 0)
+		<-ctx.Done() // the refresh cancelled this query; its answer is still handled
+	}
+	return cs, idx, err
+}
+
+// TestRefreshDuringAnAnswerLosesNothing: a Refresh cancels the query whose
+// answer is being handled; what that answer carried (a lapse) must still go
+// out. (It went out under the query's cancelled context, which dropped it
+// half the time; the fresh read then found the same set and sent only
+// progress, so the lapse was never reported.)
+func TestRefreshDuringAnAnswerLosesNothing(t *testing.T) {
+	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
+	world.set(leaseCheck("passing"))
+	cat := &refreshOnAnswer{worldCatalog: world}
+	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	cat.w = w
+	out := make(chan health.Observation, 10000)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx, out); close(done) }()
+	defer func() { cancel(); <-done }()
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	for i := range 20 {
+		status := []string{"critical", "passing"}[i%2]
+		cat.armed.Store(true)
+		world.set(leaseCheck(status))
+		nextObs(t, out, fmt.Sprintf("round %d: a's lease %s", i, status), func(o health.Observation) bool {
+			if o.NonPassing == nil {
+				return false
+			}
+			c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work"))
+			return (status == "critical") == (ok && c.Status == health.StatusCritical)
+		})
 	}
 }

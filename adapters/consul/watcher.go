@@ -121,6 +121,10 @@ type Watcher struct {
 	cat catalog
 	cfg WatchConfig
 	log *slog.Logger
+	// runDone ends sends: Run's context, not a query's — a Refresh cancels
+	// the query whose answer is being handled, and what that answer carries
+	// must still go out.
+	runDone <-chan struct{}
 
 	slots   chan struct{} // per-task blocking query slots
 	waiting atomic.Int32  // task watchers queued for a slot
@@ -361,6 +365,7 @@ func requeue(kick chan uint64, seq uint64) {
 
 // Run watches until ctx ends, sending observations to out.
 func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error {
+	w.runDone = ctx.Done()
 	var wg sync.WaitGroup
 	wg.Add(5)
 	go func() { defer wg.Done(); w.watchNonPassing(ctx, out, api.HealthCritical) }()
@@ -388,10 +393,14 @@ func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o hea
 	if o.At.IsZero() {
 		o.At = w.cfg.Clock.Now()
 	}
+	done := ctx.Done()
+	if w.runDone != nil {
+		done = w.runDone // a query's context may be cancelled by a Refresh: the answer still goes out
+	}
 	select {
 	case out <- o:
 		return true
-	case <-ctx.Done():
+	case <-done:
 		return false
 	}
 }
