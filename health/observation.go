@@ -245,11 +245,25 @@ func worst(a, b CheckStatus) CheckStatus {
 type Contact struct {
 	OK  bool
 	Err error
+	// Problem classifies Err (with OK false) for readiness, and Detail says
+	// what to fix: for ProblemACL the missing rights (Consul policy rules),
+	// for ProblemTLS the certificate problem, else the error.
+	Problem ContactProblem
+	Detail  string
 	// IndexWentBack: Consul answered with an index below one it gave before
 	// (a restart without state, a restore): what was learned from its past,
 	// such as the highest session generation of each instance, may be void.
 	IndexWentBack bool
 }
+
+// ContactProblem is why Consul's answers cannot be used.
+type ContactProblem string
+
+const (
+	ProblemUnreachable ContactProblem = "consul_unreachable" // no answer, or an error answer
+	ProblemACL         ContactProblem = "acl"                // refused or filtered by Consul's ACLs: a right is missing
+	ProblemTLS         ContactProblem = "tls"                // the TLS handshake with Consul failed (certificate)
+)
 
 // TaskList is the set of task types at Index (services carrying the tag).
 type TaskList struct {
@@ -271,6 +285,7 @@ type Observation struct {
 	Rules       *RulesSource
 	Cordons     *CordonSet
 	Generations *Generations
+	Lapses      *LapseMarks
 	// Refreshed: every observation of a fresh read made for refresh request
 	// Seq (Watcher.Refresh) has been sent before this one; those reads were
 	// made after Consul's index reached RefreshedAtLeast (the highest index
@@ -281,6 +296,10 @@ type Observation struct {
 	// Progress: the non-passing checks or the generation keys answered again
 	// at a higher index with the same content as their last observation.
 	Progress *Progress
+	// ControlContact: whether the watch of the operators' controls (Rules
+	// and Cordons) reads them; OK after each first answer of a run (its
+	// Rules and Cordons, if any, were sent before it).
+	ControlContact *Contact
 }
 
 // Progress says a watch's content, unchanged, is current at a higher index.

@@ -21,8 +21,9 @@ type dcState struct {
 	np, npJoined *health.NonPassingSet
 	haveNP       bool
 	haveGen      bool
-	tasks        []string          // task types Consul lists; nil until first read
-	floor        map[string]uint64 // per instance: the generation in this datacenter's KV
+	tasks        []string           // task types Consul lists; nil until first read
+	floor        map[string]uint64  // per instance: the generation in this datacenter's KV
+	marks        []health.LapseMark // the lapse marks in this datacenter's KV
 	genIndex     uint64
 	failing      bool      // some watch of it failed and has not answered since
 	failedAt     time.Time // when the failures began
@@ -89,6 +90,35 @@ func (d *dcState) heard() time.Time {
 		h = d.heardTasks
 	}
 	return h
+}
+
+// mergeMarks takes every datacenter's lapse marks in and returns the
+// instances whose marks changed.
+func (s *Syncer) mergeMarks() map[string]struct{} {
+	marked := map[[2]string]health.LapseMark{}
+	byInst := map[string][]health.LapseMark{}
+	for _, d := range s.dcs {
+		for _, m := range d.marks {
+			k := [2]string{m.InstanceID, m.SessionID}
+			if _, dup := marked[k]; !dup {
+				marked[k] = m
+				byInst[m.InstanceID] = append(byInst[m.InstanceID], m)
+			}
+		}
+	}
+	changed := map[string]struct{}{}
+	for k := range marked {
+		if _, ok := s.marked[k]; !ok {
+			changed[k[0]] = struct{}{}
+		}
+	}
+	for k := range s.marked {
+		if _, ok := marked[k]; !ok {
+			changed[k[0]] = struct{}{}
+		}
+	}
+	s.marked, s.markedBy = marked, byInst
+	return changed
 }
 
 // dc is the state of datacenter name, created on first use.

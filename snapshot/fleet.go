@@ -183,6 +183,19 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		}
 		s.floorJoined, s.floorJoinedGen = s.floor, s.floorGen
 	}
+	// Lapse marks (recorded by any replica, before any restart): the
+	// registrations of the sessions they name are joined again, now lapsed.
+	if s.marksGen != s.marksJoinedGen {
+		for inst := range s.mergeMarks() {
+			instances[inst] = struct{}{}
+			for _, ts := range s.fleet {
+				for _, i := range ts.insts[inst] {
+					ts.mark(i)
+				}
+			}
+		}
+		s.marksJoinedGen = s.marksGen
+	}
 	full := s.ctl.dirty || s.fullBatches
 	if full {
 		for _, ts := range s.fleet {
@@ -299,8 +312,8 @@ func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, insta
 			}
 			// Session ids are only unique per instance by contract.
 			sk := [2]string{e.InstanceID, e.SessionID}
-			if !s.lapsed[sk] && s.lapsedBefore(e) {
-				s.lapsed[sk] = true // it reappeared: once lapsed, always lapsed
+			if _, marked := s.marked[sk]; !s.lapsed[sk] && (marked || s.lapsedBefore(e)) {
+				s.lapsed[sk] = true // it reappeared, or another replica (or this one before a restart) saw it lapse: once lapsed, always lapsed
 			}
 			if (e.Lease == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
 				s.lapsed[sk] = true

@@ -3,6 +3,7 @@ package snapshot
 import (
 	"hash/maphash"
 	"maps"
+	"slices"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -77,8 +78,27 @@ func (s *Syncer) indexSessions(tasks []fleetKey, instances map[string]struct{}) 
 				regs = append(regs, ts.execs[i])
 			}
 		}
-		s.sessionIx.update(inst, regs, s.history.get(inst))
+		s.sessionIx.update(inst, regs, s.pastOf(inst))
 	}
+}
+
+// pastOf is an instance's remembered sessions and, for those it does not
+// remember (a restart, another replica's view), its lapse marks.
+func (s *Syncer) pastOf(inst string) []health.PastSession {
+	past := s.history.get(inst)
+	marks := s.markedBy[inst]
+	if len(marks) == 0 {
+		return past
+	}
+	out := slices.Clone(past)
+	for _, m := range marks {
+		if i := slices.IndexFunc(out, func(p health.PastSession) bool { return p.SessionID == m.SessionID }); i >= 0 {
+			out[i].Lapsed = true
+		} else {
+			out = append(out, health.PastSession{InstanceID: inst, SessionID: m.SessionID, Generation: m.Generation, Lapsed: true, Tasks: m.Tasks})
+		}
+	}
+	return out
 }
 
 // sessionsOf indexes a fixed set of executors (NewView).

@@ -53,6 +53,11 @@ type SyncConfig struct {
 	// LBPolicy is the load-balancing policy of every task type the rollout
 	// configuration does not choose one for (default health.DefaultLBPolicy).
 	LBPolicy health.LBPolicy
+	// OnLapse, if set, is called from the Run goroutine with every session
+	// this replica sees lapse that no lapse mark records yet (it must not
+	// block): the mark makes the lapse final for every replica and restart
+	// (health.LapseMarkPrefix).
+	OnLapse func(health.Executor)
 	// Datacenters are the watched Consul datacenters in failover order,
 	// leasehold's own first: the datacenter of a dispatcher that names none
 	// (nil: one datacenter, unnamed). Observations name theirs.
@@ -140,6 +145,10 @@ type Syncer struct {
 	floorGen       uint64                               // bumped when floor is replaced
 	floorJoined    map[string]uint64                    // the floor the fleet state was fenced with
 	floorJoinedGen uint64
+	marked         map[[2]string]health.LapseMark // every datacenter's lapse marks, by instance and session
+	markedBy       map[string][]health.LapseMark  // the same, by instance
+	marksGen       uint64                         // bumped when a datacenter's marks are replaced
+	marksJoinedGen uint64
 	sessions       map[[2]string]int // instance, session: registrations present (valid metadata)
 	instances      map[string]int    // instance: registrations present (valid metadata)
 	fullBatches    bool              // tests: decide every registration on every batch
@@ -355,6 +364,9 @@ func (s *Syncer) apply(o health.Observation) bool {
 		d.refreshed = max(d.refreshed, *o.Refreshed)
 		// Read afresh once Consul was at RefreshedAtLeast: current there.
 		d.progressNP, d.progressGen = max(d.progressNP, o.RefreshedAtLeast), max(d.progressGen, o.RefreshedAtLeast)
+	case o.Lapses != nil:
+		d.marks = o.Lapses.Marks
+		s.marksGen++
 	case o.Generations != nil:
 		d.floor = o.Generations.Floor
 		if d.floor == nil {
@@ -413,6 +425,13 @@ func (s *Syncer) recompute(ctx context.Context) {
 	started := time.Now()
 	r := s.decideChanges(ctx)
 	changed, lapses := r.changed, r.lapses
+	if s.cfg.OnLapse != nil {
+		for _, e := range lapses {
+			if _, marked := s.marked[[2]string{e.InstanceID, e.SessionID}]; !marked {
+				s.cfg.OnLapse(e)
+			}
+		}
+	}
 	decided := time.Now()
 
 	// One trace per change that matters: the root span covers the batch, its

@@ -373,6 +373,10 @@ func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error 
 	go func() { defer wg.Done(); w.watchSerf(ctx, out) }()
 	go func() { defer wg.Done(); w.watchServices(ctx, out) }()
 	go func() { defer wg.Done(); w.watchGenerations(ctx, out) }()
+	if lc, ok := w.cat.(lapseCatalog); ok {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.watchLapses(ctx, out, lc) }()
+	}
 	wg.Wait()
 	return ctx.Err()
 }

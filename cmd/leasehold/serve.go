@@ -49,163 +49,6 @@ type serveConfig struct {
 	datacenters    []string // in failover order, leasehold's own first; nil: the agent's own only
 }
 
-// serveFlag is one flag with its environment variable.
-type serveFlag struct {
-	name, env, def, usage string
-	dst                   *string
-}
-
-func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
-	var (
-		cfg                                serveConfig
-		logLevel, maxConns, tag, logFormat string
-		staleAfter, lbPolicy, readRate     string
-		datacenters                        string
-	)
-	flags := []serveFlag{
-		{"consul-addr", "LEASEHOLD_CONSUL_ADDR", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from the standard CONSUL_* variables)", &cfg.consulAddr},
-		{"xds-addr", "LEASEHOLD_XDS_ADDR", "127.0.0.1:18000", "gRPC listen address for xDS", &cfg.xdsAddr},
-		{"admin-addr", "LEASEHOLD_ADMIN_ADDR", "127.0.0.1:19000", "HTTP listen address for /healthz and /readyz", &cfg.adminAddr},
-		{"service-tag", "LEASEHOLD_SERVICE_TAG", health.DefaultTag, "Consul tag marking task types", &tag},
-		{"log-format", "LEASEHOLD_LOG_FORMAT", "text", "text or json", &logFormat},
-		{"log-level", "LEASEHOLD_LOG_LEVEL", "info", "debug, info, warn or error", &logLevel},
-		{"tls-cert", "LEASEHOLD_TLS_CERT", "", "PEM certificate of the gRPC port (xDS and fencing); re-read when the file changes", &cfg.tls.Cert},
-		{"tls-key", "LEASEHOLD_TLS_KEY", "", "PEM private key of --tls-cert", &cfg.tls.Key},
-		{"tls-client-ca", "LEASEHOLD_TLS_CLIENT_CA", "", "PEM CA bundle: client certificates are then required and verified (mTLS)", &cfg.tls.ClientCA},
-		{"authz-policy", "LEASEHOLD_AUTHZ_POLICY", "", "YAML/JSON file granting client identities (certificate URI/DNS SANs) task types and fencing calls; needs --tls-client-ca; followed live", &cfg.authzPolicy},
-		{"admin-token-file", "LEASEHOLD_ADMIN_TOKEN_FILE", "", "file holding a bearer token that /debug/* and /v1/* on the admin port then require (re-read when it changes); required when --admin-addr is not loopback", &cfg.adminTokenFile},
-		{"admin-tls-cert", "LEASEHOLD_ADMIN_TLS_CERT", "", "PEM certificate: serve the admin port over HTTPS (re-read when it changes)", &cfg.adminTLS.Cert},
-		{"admin-tls-key", "LEASEHOLD_ADMIN_TLS_KEY", "", "PEM private key of --admin-tls-cert", &cfg.adminTLS.Key},
-		{"admin-client-ca", "LEASEHOLD_ADMIN_CLIENT_CA", "", "PEM CA: a client certificate it signed opens /debug/* and /v1/* (like the token); probes need none", &cfg.adminTLS.ClientCA},
-		{"rules", "LEASEHOLD_RULES", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals, load balancing per task type); followed live; Consul KV " + consul.RulesKey + " overrides it", &cfg.rulesFile},
-		{"audit-log", "LEASEHOLD_AUDIT_LOG", "-", "where configuration changes this replica applies or refuses are written, one JSON object per line (- : standard output)", &cfg.auditLog},
-		{"fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER", health.DefaultLeaseTTL.String(), "once leasehold's view of Consul is older than this, the fencing API answers UNKNOWN (routing keeps the last known snapshot)", &staleAfter},
-		{"lb-policy", "LEASEHOLD_LB_POLICY", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request", &lbPolicy},
-		{"consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS", "32", "most concurrent per-task blocking queries (2 more are always open); Consul refuses more than 200 connections per client IP", &maxConns},
-		{"datacenters", "LEASEHOLD_DATACENTERS", "", "Consul datacenters to watch through the agent, comma-separated in failover order, leasehold's own first (the datacenter of dispatchers that name none); a dispatcher's own datacenter gets priority 0, the others follow in this order (default: the agent's own only)", &datacenters},
-		{"consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE", "4MiB", "JSON per second the listings that grow with the fleet (task members, generation keys) may read from Consul, all together, per datacenter (e.g. 512KiB, 4MiB, 8MB; off: unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce", &readRate},
-	}
-	fs := flag.NewFlagSet("leasehold serve", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	for _, f := range flags {
-		def := f.def
-		if v, ok := os.LookupEnv(f.env); ok {
-			def = v
-		}
-		fs.StringVar(f.dst, f.name, def, f.usage+" [$"+f.env+"]")
-	}
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
-	var errs []string
-	bad := func(flag, msg string) { errs = append(errs, fmt.Sprintf("invalid --%s: %s", flag, msg)) }
-	for _, a := range []struct{ flag, v string }{{"xds-addr", cfg.xdsAddr}, {"admin-addr", cfg.adminAddr}} {
-		if _, port, err := net.SplitHostPort(a.v); err != nil {
-			bad(a.flag, fmt.Sprintf("want HOST:PORT: %v", err))
-		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-			bad(a.flag, fmt.Sprintf("port %q", port))
-		}
-	}
-	if fe := health.ValidateTag(tag); fe != nil {
-		bad("service-tag", fe.Error())
-	}
-	cfg.tag = tag
-	if logFormat != "text" && logFormat != "json" {
-		bad("log-format", fmt.Sprintf("%q: want text or json", logFormat))
-	}
-	cfg.logFormat = logFormat
-	if err := cfg.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
-		bad("log-level", err.Error())
-	}
-	if n, err := strconv.Atoi(maxConns); err != nil || n < 1 || n > 190 {
-		bad("consul-max-conns", fmt.Sprintf("%q: want 1..190", maxConns))
-	} else {
-		cfg.consulMaxConns = n
-	}
-	if n, err := parseByteRate(readRate); err != nil {
-		bad("consul-read-rate", err.Error())
-	} else {
-		cfg.consulReadRate = n
-	}
-	if datacenters != "" {
-		seen := map[string]bool{}
-		for _, dc := range strings.Split(datacenters, ",") {
-			dc = health.NormalizeDatacenter(dc) // Consul spells datacenters in lowercase
-			if err := health.ValidateDatacenter("datacenters", dc); err != nil {
-				bad("datacenters", fmt.Sprintf("%q: a datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", dc))
-				continue
-			}
-			if seen[dc] {
-				bad("datacenters", fmt.Sprintf("%q listed twice", dc))
-				continue
-			}
-			seen[dc] = true
-			cfg.datacenters = append(cfg.datacenters, dc)
-		}
-	}
-	if p, err := health.ParseLBPolicy("--lb-policy", lbPolicy); err != nil {
-		bad("lb-policy", err.Error())
-	} else {
-		cfg.lbPolicy = p
-	}
-	if d, err := time.ParseDuration(staleAfter); err != nil || d < 3*time.Second {
-		bad("fencing-stale-after", fmt.Sprintf("%q: want a duration of at least 3s, e.g. 35s", staleAfter))
-	} else {
-		cfg.staleAfter = d
-	}
-	if (cfg.tls.Cert == "") != (cfg.tls.Key == "") {
-		bad("tls-cert", "--tls-cert and --tls-key go together")
-	}
-	if cfg.tls.ClientCA != "" && cfg.tls.Cert == "" {
-		bad("tls-client-ca", "needs --tls-cert and --tls-key")
-	}
-	if cfg.authzPolicy != "" && cfg.tls.ClientCA == "" {
-		bad("authz-policy", "identities come from verified client certificates: needs --tls-client-ca")
-	}
-	if (cfg.adminTLS.Cert == "") != (cfg.adminTLS.Key == "") {
-		bad("admin-tls-cert", "--admin-tls-cert and --admin-tls-key go together")
-	}
-	if cfg.adminTLS.ClientCA != "" && cfg.adminTLS.Cert == "" {
-		bad("admin-client-ca", "needs --admin-tls-cert and --admin-tls-key")
-	}
-	cfg.adminTLS.ClientCertOptional, cfg.adminTLS.HTTP, cfg.adminTLS.Flags = true, true, "--admin-tls"
-	if cfg.adminTokenFile == "" && cfg.adminTLS.ClientCA == "" && !server.IsLoopback(cfg.adminAddr) {
-		bad("admin-addr", fmt.Sprintf("%s is not a loopback address: set --admin-token-file or --admin-client-ca to guard /debug/* and /v1/*", cfg.adminAddr))
-	}
-	if len(errs) > 0 {
-		return nil, errors.New(strings.Join(errs, "\n"))
-	}
-	return &cfg, nil
-}
-
-func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
-	opts := &slog.HandlerOptions{Level: level}
-	if format == "json" {
-		return slog.New(slog.NewJSONHandler(w, opts))
-	}
-	return slog.New(slog.NewTextHandler(w, opts))
-}
-
-func runServe(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	cfg, err := parseServeFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
-	}
-	if err != nil {
-		fmt.Fprintf(stderr, "leasehold serve: %v\n", err)
-		return 2
-	}
-	log := newLogger(stderr, cfg.logFormat, cfg.logLevel)
-	if err := serve(ctx, cfg, log, nil); err != nil {
-		log.Error("serve", "err", err)
-		return 1
-	}
-	return 0
-}
-
 // listening reports where serve listens (for tests using port 0).
 type listening struct{ xds, admin string }
 
@@ -245,8 +88,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	// Several datacenters: one whose watches have not answered for two of
 	// their waits is answered UNKNOWN; after the staleness bound (a lease by
 	// default) while another answers, its executors leave the assignments.
+	// A lapse is final across restarts and replicas: each one seen is
+	// recorded in Consul KV (leasehold/lapsed/), which every replica reads.
+	lapses := consul.NewLapseRecorder(client, log, snapshot.DefaultHistoryRetention, cfg.datacenters, tel.Meter)
 	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
-		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter})
+		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: lapses.Record})
 
 	var creds []grpc.ServerOption
 	if cfg.tls.Enabled() {
@@ -296,6 +142,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	go func() { watcher.Run(runCtx, obs); done <- struct{}{} }()
 	go func() { syncer.Run(runCtx, obs); done <- struct{}{} }()
 	go consul.WatchControl(runCtx, client, obs, log.With("component", "control-watch"))
+	go lapses.Run(runCtx)
 	if cfg.rulesFile != "" {
 		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile, Raw: rulesRaw}}
 		go followRules(runCtx, cfg.rulesFile, obs, log)
