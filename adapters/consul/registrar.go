@@ -28,6 +28,7 @@ type Registrar struct {
 	log   *slog.Logger
 
 	drainCh chan drainRequest
+	loadCh  chan struct{} // LoadChanged: the load may have crossed the capacity
 	lost    chan LeaseLoss
 	exited  chan struct{} // closed when Run returns
 	running atomic.Bool
@@ -61,6 +62,7 @@ func NewRegistrar(agent Agent, cfg Config) (*Registrar, error) {
 		cfg:     cfg,
 		log:     cfg.Logger.With("instance_id", cfg.InstanceID),
 		drainCh: make(chan drainRequest),
+		loadCh:  make(chan struct{}, 1),
 		lost:    make(chan LeaseLoss, 16),
 		exited:  make(chan struct{}),
 		changed: make(chan struct{}),
@@ -162,6 +164,17 @@ func (r *Registrar) Run(ctx context.Context) error {
 			return lostErr
 		}
 		reregister = true
+	}
+}
+
+// LoadChanged tells the Registrar that Load may have changed (a task
+// started or ended). When the load crosses the capacity — full (lease check
+// warning: no new work) or free again — the status is sent at once instead
+// of at the next heartbeat. Cheap and non-blocking: call it on every change.
+func (r *Registrar) LoadChanged() {
+	select {
+	case r.loadCh <- struct{}{}:
+	default:
 	}
 }
 
@@ -353,6 +366,7 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 		fenceC = t.Chan()
 	}
 
+	sentStatus := health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) // the status the last heartbeat sent (about)
 	var (
 		lastErr       error
 		drain         *drainRequest
@@ -420,6 +434,14 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				return finishDrain()
 			}
 
+		case <-r.loadCh:
+			if health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) != sentStatus && lastErr == nil {
+				// full or free again: the status goes out now, not at the next
+				// heartbeat (at most every 100 ms: a load flapping at the
+				// capacity is not a write per task)
+				next.Reset(max(0, 100*time.Millisecond-clock.Since(renewedAt)))
+			}
+
 		case <-fenceC:
 			if reason, err := r.fenceCheck(ctx, sess, &fence); reason != "" {
 				log.Warn("session ended by the fence check", "reason", reason, "err", err)
@@ -438,11 +460,12 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				continue
 			}
 			hbStart := time.Now()
+			sent := health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity)
 			err := r.renew(ctx, sessionKey{sess.ID, sess.Generation}, renewedAt, drain != nil && !drainMarked)
 			r.heartbeatDone(ctx, trace.SpanFromContext(ctx), time.Since(hbStart), err)
 			switch {
 			case err == nil:
-				renewedAt = now
+				renewedAt, sentStatus = now, sent
 				lastErr = nil
 				bo.reset()
 				if drain != nil && !drainMarked {

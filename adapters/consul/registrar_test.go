@@ -607,3 +607,45 @@ func TestFenceCheck(t *testing.T) {
 		t.Fatalf("fenceCheck = %q (%v), want overtaken after a lease", got, err)
 	}
 }
+
+// Full and free again go out when they happen (LoadChanged), not at the
+// next heartbeat: no heartbeat is due (the clock moves only the 100 ms the
+// spacing asks), yet the status reaches the agent; a change that does not
+// cross the capacity sends nothing.
+func TestLoadChangedSendsFullAndFreeAtOnce(t *testing.T) {
+	h := start(t, nil) // capacity 2
+	s := h.session(nil)
+	ttl := func(want health.CheckStatus) {
+		t.Helper()
+		deadline := time.After(5 * time.Second)
+		seen := 0
+		for seen < 2 { // one per task type
+			select {
+			case c := <-h.agent.calls:
+				if c.op == "ttl" && c.session == s.ID {
+					if c.status != want {
+						t.Fatalf("heartbeat %s, want %s", c.status, want)
+					}
+					seen++
+				}
+			case <-deadline:
+				t.Fatalf("no %s sent (the next heartbeat is %s away)", want, testHB)
+			}
+		}
+	}
+	h.advance(2, 100*time.Millisecond) // past the spacing; the next heartbeat is due in testHB
+	h.load.Store(1)
+	h.reg.LoadChanged() // 1 of 2: not full, nothing to send
+	h.load.Store(2)
+	h.reg.LoadChanged()
+	ttl(health.StatusWarning)
+	h.advance(2, 100*time.Millisecond)
+	h.load.Store(0)
+	h.reg.LoadChanged()
+	ttl(health.StatusPassing)
+	select {
+	case c := <-h.agent.calls:
+		t.Fatalf("a call more than the status changes: %+v", c)
+	default:
+	}
+}

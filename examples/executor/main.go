@@ -187,7 +187,9 @@ func (w *work) Run(ctx context.Context, req *workpb.RunRequest) (*workpb.RunResu
 		w.inFlight.Add(-1)
 		return nil, status.Error(codes.ResourceExhausted, "full")
 	}
+	w.reg.LoadChanged() // full now? the Registrar says so at once
 	defer w.load.Done()
+	defer w.reg.LoadChanged() // free again
 	defer w.inFlight.Add(-1)
 	select { // the work, abandoned if the session ends under it
 	case <-time.After(time.Duration(req.GetDurationMs()) * time.Millisecond):
