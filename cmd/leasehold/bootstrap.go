@@ -3,13 +3,14 @@ package main
 import (
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
-	"io"
 	"net"
 	"os"
 	"path/filepath"
+	"strconv"
 	"strings"
+
+	"github.com/spf13/cobra"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/flagx"
@@ -79,15 +80,21 @@ func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
 // constraints, endpoint metadata ("": the default, full) and datacenter
 // ("": leasehold's own), validated as leasehold will validate them.
 func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata, datacenter string, tlsFiles ...bootstrapTLS) ([]byte, error) {
-	var errs []string
 	var tf bootstrapTLS
 	if len(tlsFiles) > 0 {
 		tf = tlsFiles[0]
 	}
+	return buildBootstrap("--xds-addr", xdsAddr, nodeID, versionConstraint, labels, endpointMetadata, datacenter, tf)
+}
+
+// buildBootstrap is newBootstrap with the xDS address's flag as errors
+// should name it (with the variable it came from).
+func buildBootstrap(xdsFlag, xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata, datacenter string, tf bootstrapTLS) ([]byte, error) {
+	var errs []string
 	creds, cerrs := tf.channelCreds()
 	errs = append(errs, cerrs...)
-	if _, _, err := net.SplitHostPort(xdsAddr); err != nil {
-		errs = append(errs, fmt.Sprintf("invalid --xds-addr: want HOST:PORT: %v", err))
+	if err := xdsDialAddr(xdsFlag, xdsAddr); err != nil {
+		errs = append(errs, err.Error())
 	}
 	if strings.TrimSpace(nodeID) == "" {
 		errs = append(errs, "invalid --node-id: required (names the dispatcher in leasehold's /debug views)")
@@ -143,48 +150,66 @@ func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]s
 	return json.MarshalIndent(b, "", "  ")
 }
 
-// runBootstrap prints (or writes) a gRPC xDS bootstrap pointing at leasehold.
-func runBootstrap(args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("leasehold bootstrap", flag.ContinueOnError)
-	fs.SetOutput(stderr)
+// xdsDialAddr checks the address dispatchers will dial: HOST:PORT whose
+// host is not unspecified (0.0.0.0, ::, empty), which is where leasehold
+// serve listens — $LEASEHOLD_XDS_ADDR may well be one — not an address a
+// dispatcher on another machine reaches.
+func xdsDialAddr(flag, addr string) error {
+	host, port, err := net.SplitHostPort(addr)
+	if err != nil {
+		return fmt.Errorf("invalid %s: want HOST:PORT: %v", flag, err)
+	}
+	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
+		return fmt.Errorf("invalid %s: port %q: want 1..65535", flag, port)
+	}
+	if ip := net.ParseIP(strings.Trim(host, "[]")); host == "" || (ip != nil && ip.IsUnspecified()) {
+		return fmt.Errorf("invalid %s %q: an unspecified host is a listen address (where leasehold serve listens), not one a dispatcher can dial: give leasehold's reachable address, e.g. --xds-addr 10.0.0.5:18000", flag, addr)
+	}
+	return nil
+}
+
+func newBootstrapCmd() *cobra.Command {
 	var (
 		xdsAddr, nodeID, constraint, out, endpointMeta, datacenter string
 		labels                                                     = flagx.Labels{}
+		tf                                                         bootstrapTLS
 	)
-	defXDS := "127.0.0.1:18000"
-	if v := os.Getenv("LEASEHOLD_XDS_ADDR"); v != "" {
-		defXDS = v // the same variable leasehold serve listens on
+	cmd := &cobra.Command{
+		Use:   "bootstrap --node-id ID [flags]",
+		Short: "print an xDS bootstrap for a gRPC dispatcher (GRPC_XDS_BOOTSTRAP, GRPC_XDS_BOOTSTRAP_CONFIG)",
+		Long: `Print (or write with --out) a gRPC xDS bootstrap (gRFC A27) pointing at
+leasehold, with the dispatcher's constraints as node metadata, checked as
+leasehold will check them. grpc-go reads it from GRPC_XDS_BOOTSTRAP (a file)
+or GRPC_XDS_BOOTSTRAP_CONFIG (the JSON) when the process starts.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			b, err := buildBootstrap(flagRef(cmd.Flags(), "xds-addr"), xdsAddr, nodeID, constraint, labels, endpointMeta, datacenter, tf)
+			if err != nil {
+				return usagef("%v", err)
+			}
+			b = append(b, '\n')
+			if out == "" {
+				cmd.OutOrStdout().Write(b)
+				return nil
+			}
+			if err := os.WriteFile(out, b, 0o644); err != nil {
+				return failedf("--out: %v", err)
+			}
+			return nil
+		},
 	}
-	fs.StringVar(&xdsAddr, "xds-addr", defXDS, "leasehold's xDS address [$LEASEHOLD_XDS_ADDR]")
-	fs.StringVar(&nodeID, "node-id", "", "the dispatcher's xDS node id (required)")
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	fs.StringVar(&nodeID, "node-id", "", "the dispatcher's xDS node id (required; names it in leasehold's /debug views and explain)")
+	fs.StringVar(&xdsAddr, "xds-addr", "127.0.0.1:18000", "leasehold's xDS address as dispatchers dial it (an unspecified host such as 0.0.0.0 is refused)")
+	bindEnv(fs, "xds-addr", "LEASEHOLD_XDS_ADDR") // the variable leasehold serve listens on
 	fs.StringVar(&constraint, "version-constraint", "", "semver constraint executors must satisfy, e.g. \">=1.4.0, <2.0.0\"")
 	fs.Var(labels, "label", "label key=value executors must carry (repeatable)")
-	fs.StringVar(&endpointMeta, "endpoint-metadata", "", "what endpoints carry under filter_metadata.leasehold: full (instance_id, session_id, version; the default), session (session_id only) or none — less is fewer bytes per push")
-	var tf bootstrapTLS
-	fs.StringVar(&tf.CA, "tls-ca", "", "PEM CA bundle verifying leasehold's certificate (TLS on the xDS channel)")
-	fs.StringVar(&tf.Cert, "tls-cert", "", "PEM client certificate for mTLS (its URI/DNS SAN is the identity leasehold's --authz-policy grants)")
-	fs.StringVar(&tf.Key, "tls-key", "", "PEM private key of --tls-cert")
+	fs.StringVar(&endpointMeta, "endpoint-metadata", "", "what endpoints carry under filter_metadata.leasehold: full (instance_id, session_id, version; the default), session (session_id only) or none; less is fewer bytes per push")
 	fs.StringVar(&datacenter, "datacenter", "", "the Consul datacenter the dispatcher runs in: its executors get priority 0, the other watched datacenters follow in leasehold's --datacenters order (default: leasehold's own)")
+	tlsClientFlags(fs, &tf.CA, &tf.Cert, &tf.Key, "the xDS channel", "its URI/DNS SAN is the identity leasehold's --authz-policy grants")
 	fs.StringVar(&out, "out", "", "write to this file instead of standard output (then: GRPC_XDS_BOOTSTRAP=<file>)")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
-	b, err := newBootstrap(xdsAddr, nodeID, constraint, labels, endpointMeta, datacenter, tf)
-	if err != nil {
-		fmt.Fprintf(stderr, "leasehold bootstrap: %v\n", err)
-		return 2
-	}
-	b = append(b, '\n')
-	if out == "" {
-		stdout.Write(b)
-		return 0
-	}
-	if err := os.WriteFile(out, b, 0o644); err != nil {
-		fmt.Fprintf(stderr, "leasehold bootstrap: --out: %v\n", err)
-		return 1
-	}
-	return 0
+	completeWords(cmd, "endpoint-metadata", string(snapshot.MetadataFull), string(snapshot.MetadataSession), string(snapshot.MetadataNone))
+	filenameFlags(cmd, "tls-ca", "tls-cert", "tls-key", "out")
+	return cmd
 }

@@ -4,7 +4,6 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
@@ -14,10 +13,13 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot"
 )
 
 // controlFlags are the flags every operator command shares.
@@ -28,17 +30,20 @@ type controlFlags struct {
 	auditMaxAge ageValue
 }
 
-func (c *controlFlags) register(fs *flag.FlagSet) {
-	fs.StringVar(&c.consulAddr, "consul", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; token and TLS from CONSUL_*)")
-	fs.StringVar(&c.by, "by", os.Getenv("USER"), "who acts (used when Consul ACLs are off; with ACLs the token's identity is used)")
+// register adds what every operator command takes: the Consul agent.
+func (c *controlFlags) register(fs *pflag.FlagSet) {
+	fs.SortFlags = false
+	consulAddrFlag(fs, &c.consulAddr)
 	c.auditKeep, c.auditMaxAge = consul.DefaultAuditKeep, ageValue(consul.DefaultAuditMaxAge)
 }
 
-// registerRetention adds the audit retention flags of the commands that
-// write an audit record (and prune the trail after it).
-func (c *controlFlags) registerRetention(fs *flag.FlagSet) {
+// registerWriter adds the flags of the commands that write (a change and
+// its audit record): who acts, and the audit retention they prune to.
+func (c *controlFlags) registerWriter(fs *pflag.FlagSet) {
+	fs.StringVar(&c.by, "by", "", "who acts, for the audit trail (used when Consul ACLs are off; with ACLs the token's identity is used)")
+	bindEnv(fs, "by", "USER")
 	fs.IntVar(&c.auditKeep, "audit-keep", consul.DefaultAuditKeep, "audit records kept in Consul KV: after writing its record this command deletes older ones beyond this count")
-	fs.Var(&c.auditMaxAge, "audit-max-age", "audit records older than this are deleted after this command writes its record (e.g. 90d, 720h)")
+	fs.Var(&c.auditMaxAge, "audit-max-age", "audit records older than this are deleted after this command writes its record (days such as 90d, or a duration such as 720h)")
 }
 
 // validate checks the flags, naming the bad one.
@@ -52,27 +57,36 @@ func (c *controlFlags) validate() error {
 	return nil
 }
 
+// control connects to Consul; errors are usage errors (bad flags).
 func (c *controlFlags) control(stderr io.Writer) (*consul.Control, error) {
 	if err := c.validate(); err != nil {
-		return nil, err
+		return nil, usagef("%v", err)
 	}
 	client, err := consul.NewClient(c.consulAddr, 4)
 	if err != nil {
-		return nil, err
+		return nil, usagef("--consul-addr: %v", err)
 	}
-	return consul.NewControl(client, consul.ControlOptions{
+	k, err := consul.NewControl(client, consul.ControlOptions{
 		Retention: consul.AuditRetention{Keep: c.auditKeep, MaxAge: time.Duration(c.auditMaxAge)},
 		Logger:    slog.New(slog.NewTextHandler(stderr, nil)),
 	})
+	if err != nil {
+		return nil, usagef("%v", err)
+	}
+	return k, nil
 }
 
+// open connects for a write and says who acts.
 func (c *controlFlags) open(ctx context.Context, stderr io.Writer) (*consul.Control, string, error) {
 	k, err := c.control(stderr)
 	if err != nil {
 		return nil, "", err
 	}
 	who, err := k.Identity(ctx, c.by)
-	return k, who, err
+	if err != nil {
+		return nil, "", usagef("%v", err)
+	}
+	return k, who, nil
 }
 
 // ageValue is a duration flag that also takes days ("90d").
@@ -103,66 +117,209 @@ func (a *ageValue) Set(v string) error {
 	return nil
 }
 
-func parseFlags(fs *flag.FlagSet, args []string) (int, bool) {
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0, false
-		}
-		return 2, false
-	}
-	return 0, true
+// Type names the value in help.
+func (a *ageValue) Type() string { return "age" }
+
+// cordonView is the cordons' state as one leasehold replica sees it (its
+// /debug/config): whether each is applied, pending approval or held by the
+// safety limit is decided there, from the fleet that replica sees, and is
+// known to no one reading Consul alone.
+type cordonView struct {
+	addr     string
+	byID     map[string]health.CordonStatus
+	limit    float64
+	err      error // no answer: the state is unknown here
+	asked    bool
+	approval health.CordonApproval
 }
 
-// runCordon: leasehold cordon (--instance ID | --version C | --task T) --reason R, or --list.
-func runCordon(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("leasehold cordon", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf controlFlags
-	cf.register(fs)
-	cf.registerRetention(fs)
-	var c health.Cordon
-	var list bool
+// cordonView asks the replica at --admin-addr, until ready accepts the
+// answer or wait has passed (then the last answer stands).
+func (a *adminFlags) cordonView(ctx context.Context, fs *pflag.FlagSet, wait time.Duration, ready func(map[string]health.CordonStatus) bool) cordonView {
+	v := cordonView{addr: a.addr, asked: true}
+	var f explainFlags
+	if errs := a.explainFlags(fs, &f); len(errs) > 0 {
+		v.err = errors.New(strings.Join(errs, "; "))
+		return v
+	}
+	ctx, cancel := context.WithTimeout(ctx, wait+3*time.Second)
+	defer cancel()
+	deadline := time.Now().Add(wait)
+	for {
+		var st snapshot.ControlState
+		if err := getJSON(ctx, f, "/debug/config", &st); err != nil {
+			if v.byID == nil {
+				v.err = err
+			}
+			return v
+		}
+		v.byID = map[string]health.CordonStatus{}
+		for _, c := range st.Cordons {
+			v.byID[c.Cordon.ID] = c
+		}
+		v.limit = st.Rollout.Limit()
+		if st.Rollout != nil {
+			v.approval = st.Rollout.Approval
+		}
+		if ready == nil || ready(v.byID) || time.Now().After(deadline) {
+			return v
+		}
+		select {
+		case <-ctx.Done():
+			return v
+		case <-time.After(100 * time.Millisecond):
+		}
+	}
+}
+
+// unknown says why the state is not known here.
+func (v cordonView) unknown() string {
+	return fmt.Sprintf("not known here: whether a cordon is applied, pending approval or held by the safety limit is decided by each leasehold serve replica from the fleet it sees, and no replica answered at --admin-addr %s (%v); ask one with --admin-addr, or see `leasehold explain`", v.addr, v.err)
+}
+
+// long describes cordon id's state in a sentence.
+func (v cordonView) long(id string) string {
+	if v.err != nil {
+		return v.unknown()
+	}
+	st, ok := v.byID[id]
+	if !ok {
+		return fmt.Sprintf("not yet seen by the replica at %s (is it watching the same Consul?)", v.addr)
+	}
+	where := " (as the replica at " + v.addr + " sees it)"
+	switch {
+	case st.Pending:
+		return fmt.Sprintf("pending approval: it selects %d executor(s) and the rules require a second person's approval (a version cordon always, or more than %d executors): a different identity runs `leasehold approve %s`%s", st.Matched, v.approval.MaxExecutors, id, where)
+	case st.Held > 0:
+		return fmt.Sprintf("held by the safety limit: %d of the %d executor(s) it selects stay routed, %d applied; at most floor(%g × live executors) of a task type are cordoned at once, rounded down, so a task type with a single live executor can never be cordoned%s", st.Held, st.Matched, st.Applied, v.limit, where)
+	case st.Applied > 0:
+		return fmt.Sprintf("applied: %d executor(s) get no new work (DRAINING)%s", st.Applied, where)
+	case st.Matched == 0:
+		return "in force, but it selects no executor now" + where
+	default:
+		return fmt.Sprintf("in force; the %d executor(s) it selects are out of routing already (lapsed, fenced, or cordoned by an earlier cordon)%s", st.Matched, where)
+	}
+}
+
+// short is cordon id's state for the --list table.
+func (v cordonView) short(id string) string {
+	if v.err != nil {
+		return "?"
+	}
+	st, ok := v.byID[id]
+	switch {
+	case !ok:
+		return "not seen yet"
+	case st.Pending:
+		return "pending approval"
+	case st.Held > 0:
+		return fmt.Sprintf("held %d/%d (safety limit)", st.Held, st.Matched)
+	case st.Applied > 0:
+		return fmt.Sprintf("applied %d/%d", st.Applied, st.Matched)
+	case st.Matched == 0:
+		return "selects none"
+	default:
+		return fmt.Sprintf("applied 0/%d (out already)", st.Matched)
+	}
+}
+
+// stateWait is how long cordon and approve wait for the replica to apply
+// what they wrote (it follows Consul KV with a blocking query: milliseconds).
+const stateWait = 3 * time.Second
+
+func newCordonCmd() *cobra.Command {
+	var (
+		cf   controlFlags
+		af   adminFlags
+		c    health.Cordon
+		list bool
+	)
+	cmd := &cobra.Command{
+		Use:   "cordon (--instance ID | --version-constraint C | --task T)... --reason R | cordon --list",
+		Short: "stop new work to executors (by instance, version, task), for every replica",
+		Long: `Store a cordon in Consul KV: every leasehold replica then sends the executors it
+selects as DRAINING (no new work; in-flight work finishes). The given selectors
+must all match. Prints the cordon id and its state as a replica sees it:
+applied, pending approval (a second person runs leasehold approve), or held by
+the safety limit. --list shows every cordon with its state.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, fs, stdout, stderr := cmd.Context(), cmd.Flags(), cmd.OutOrStdout(), cmd.ErrOrStderr()
+			if list {
+				for _, n := range []string{"instance", "version-constraint", "task", "reason"} {
+					if fs.Changed(n) {
+						return usagef("--list shows every cordon: it takes no --%s", n)
+					}
+				}
+				k, err := cf.control(stderr)
+				if err != nil {
+					return err
+				}
+				cs, bad, err := k.Cordons(ctx)
+				if err != nil {
+					return failed(err)
+				}
+				view := af.cordonView(ctx, fs, 0, nil)
+				tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tSELECTS\tSTATE\tBY\tAT\tAPPROVED BY\tREASON")
+				for _, c := range cs {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Selector(), view.short(c.ID), c.By, c.At.Format(time.RFC3339), dash(c.ApprovedBy), c.Reason)
+				}
+				tw.Flush()
+				if view.err != nil {
+					fmt.Fprintf(stderr, "STATE %s\n", view.unknown())
+				} else if len(cs) > 0 {
+					fmt.Fprintf(stderr, "STATE as the replica at %s sees it (held: kept routed by the safety limit, at most floor(%g × live executors) of a task type cordoned)\n", view.addr, view.limit)
+				}
+				for key, err := range bad {
+					fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
+				}
+				return nil
+			}
+			var f explainFlags
+			if errs := af.explainFlags(fs, &f); len(errs) > 0 {
+				return usagef("%s", strings.Join(errs, "\n"))
+			}
+			c.ID, c.At = consul.NewCordonID(), time.Now().UTC()
+			c.By = "-" // checked below, once the identity is known
+			if err := c.Validate(); err != nil {
+				return usagef("invalid cordon:\n%v", cordonFlagNames(err))
+			}
+			k, who, err := cf.open(ctx, stderr)
+			if err != nil {
+				return err
+			}
+			c.By = who
+			if err := k.Cordon(ctx, c); err != nil {
+				return failed(err)
+			}
+			fmt.Fprintf(stdout, "%s: cordon of %s stored in Consul KV by %s\n", c.ID, c.Selector(), who)
+			view := af.cordonView(ctx, fs, stateWait, func(m map[string]health.CordonStatus) bool { _, ok := m[c.ID]; return ok })
+			fmt.Fprintf(stdout, "state: %s\n", view.long(c.ID))
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	fs.StringVar(&c.Instance, "instance", "", "cordon this executor instance")
-	fs.StringVar(&c.VersionConstraint, "version", "", "cordon executors whose version satisfies this constraint, e.g. \"=1.4.2\"")
+	fs.StringVar(&c.VersionConstraint, "version-constraint", "", "cordon executors whose version satisfies this semver constraint, e.g. \"=1.4.2\" or \"<1.5.0\"")
+	alias(fs, "version", "version-constraint")
 	fs.StringVar(&c.Task, "task", "", "cordon executors of this task type (with the others: only those)")
-	fs.StringVar(&c.Reason, "reason", "", "why (required; shown by explain and kept in the audit log)")
-	fs.BoolVar(&list, "list", false, "list the cordons instead")
-	if code, ok := parseFlags(fs, args); !ok {
-		return code
-	}
-	k, who, err := cf.open(ctx, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "leasehold cordon: %v\n", err)
-		return 2
-	}
-	if list {
-		cs, bad, err := k.Cordons(ctx)
-		if err != nil {
-			fmt.Fprintf(stderr, "leasehold cordon: %v\n", err)
-			return 1
-		}
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tSELECTS\tBY\tAT\tAPPROVED BY\tREASON")
-		for _, c := range cs {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Selector(), c.By, c.At.Format(time.RFC3339), dash(c.ApprovedBy), c.Reason)
-		}
-		tw.Flush()
-		for key, err := range bad {
-			fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
-		}
-		return 0
-	}
-	c.ID, c.By, c.At = consul.NewCordonID(), who, time.Now().UTC()
-	if err := c.Validate(); err != nil {
-		fmt.Fprintf(stderr, "leasehold cordon: invalid cordon:\n%v\n", err)
-		return 2
-	}
-	if err := k.Cordon(ctx, c); err != nil {
-		fmt.Fprintf(stderr, "leasehold cordon: %v\n", err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "%s: cordoned %s by %s (see `leasehold explain`; pending until approved when approvals are required)\n", c.ID, c.Selector(), who)
-	return 0
+	fs.StringVar(&c.Reason, "reason", "", "why (required; shown by explain and kept in the audit trail)")
+	fs.BoolVar(&list, "list", false, "list the cordons and their state instead (needs no --by)")
+	cf.register(fs)
+	cf.registerWriter(fs)
+	af.register(fs, "asked for the cordons' state")
+	filenameFlags(cmd, "admin-token-file", "tls-ca", "tls-cert", "tls-key")
+	return cmd
+}
+
+// cordonFlagNames renames a cordon's fields in err to the flags that set
+// them.
+func cordonFlagNames(err error) string {
+	r := strings.NewReplacer("instance_id:", "--instance:", "version_constraint:", "--version-constraint:", "task:", "--task:", "reason:", "--reason:",
+		"selector:", "selector (--instance, --version-constraint, --task):")
+	return r.Replace(err.Error())
 }
 
 func dash(s string) string {
@@ -172,113 +329,184 @@ func dash(s string) string {
 	return s
 }
 
-// runUncordon: leasehold uncordon ID.
-func runUncordon(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	var reason *string
-	return runOnCordon(ctx, "uncordon", "removed", args, stdout, stderr,
-		func(fs *flag.FlagSet) { reason = fs.String("reason", "", "why (kept in the audit log)") },
-		func(k *consul.Control, id, who string) error { return k.Uncordon(ctx, id, who, *reason) })
-}
-
-// runApprove: leasehold approve ID (by another identity than the author).
-func runApprove(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return runOnCordon(ctx, "approve", "approved", args, stdout, stderr, nil,
-		func(k *consul.Control, id, who string) error { return k.Approve(ctx, id, who) })
-}
-
-// runOnCordon is the shape of the commands acting on one cordon id: flags,
-// the id, who acts, the action, what became of it.
-func runOnCordon(ctx context.Context, name, done string, args []string, stdout, stderr io.Writer,
-	flags func(*flag.FlagSet), act func(k *consul.Control, id, who string) error) int {
-	fs := flag.NewFlagSet("leasehold "+name, flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf controlFlags
+func newUncordonCmd() *cobra.Command {
+	var (
+		cf     controlFlags
+		reason string
+	)
+	cmd := &cobra.Command{
+		Use:   "uncordon CORDON_ID",
+		Short: "remove a cordon",
+		Args:  exactArgs("CORDON_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, stderr := cmd.Context(), cmd.ErrOrStderr()
+			k, who, err := cf.open(ctx, stderr)
+			if err != nil {
+				return err
+			}
+			if err := k.Uncordon(ctx, args[0], who, reason); err != nil {
+				return failed(err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: removed by %s\n", args[0], who)
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.StringVar(&reason, "reason", "", "why (kept in the audit trail)")
 	cf.register(fs)
-	cf.registerRetention(fs)
-	if flags != nil {
-		flags(fs)
-	}
-	if code, ok := parseFlags(fs, args); !ok {
-		return code
-	}
-	if fs.NArg() != 1 {
-		fmt.Fprintf(stderr, "leasehold %s: want exactly one cordon id (leasehold cordon --list)\n", name)
-		return 2
-	}
-	k, who, err := cf.open(ctx, stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "leasehold %s: %v\n", name, err)
-		return 2
-	}
-	if err := act(k, fs.Arg(0), who); err != nil {
-		fmt.Fprintf(stderr, "leasehold %s: %v\n", name, err)
-		return 1
-	}
-	fmt.Fprintf(stdout, "%s: %s by %s\n", fs.Arg(0), done, who)
-	return 0
+	cf.registerWriter(fs)
+	cmd.ValidArgsFunction = completeCordonIDs(&cf)
+	return cmd
 }
 
-// runRules: leasehold rules set FILE | show.
-func runRules(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("leasehold rules", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf controlFlags
+func newApproveCmd() *cobra.Command {
+	var (
+		cf controlFlags
+		af adminFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "approve CORDON_ID",
+		Short: "approve a pending cordon (a different identity than its author)",
+		Args:  exactArgs("CORDON_ID"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			ctx, fs, stderr := cmd.Context(), cmd.Flags(), cmd.ErrOrStderr()
+			var f explainFlags
+			if errs := af.explainFlags(fs, &f); len(errs) > 0 {
+				return usagef("%s", strings.Join(errs, "\n"))
+			}
+			k, who, err := cf.open(ctx, stderr)
+			if err != nil {
+				return err
+			}
+			id := args[0]
+			if err := k.Approve(ctx, id, who); err != nil {
+				return failed(err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: approved by %s\n", id, who)
+			view := af.cordonView(ctx, fs, stateWait, func(m map[string]health.CordonStatus) bool { return m[id].Cordon.ApprovedBy != "" })
+			fmt.Fprintf(cmd.OutOrStdout(), "state: %s\n", view.long(id))
+			return nil
+		},
+	}
+	fs := cmd.Flags()
+	fs.SortFlags = false
 	cf.register(fs)
-	cf.registerRetention(fs) // set and clear write a record
-	if code, ok := parseFlags(fs, args); !ok {
-		return code
+	cf.registerWriter(fs)
+	af.register(fs, "asked for the cordon's state")
+	filenameFlags(cmd, "admin-token-file", "tls-ca", "tls-cert", "tls-key")
+	cmd.ValidArgsFunction = completeCordonIDs(&cf)
+	return cmd
+}
+
+// completeCordonIDs completes a cordon id from Consul KV.
+func completeCordonIDs(cf *controlFlags) cobra.CompletionFunc {
+	return func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		if len(args) > 0 {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		if applyEnv(cmd.Flags()) != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		k, err := cf.control(io.Discard)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		ctx, cancel := context.WithTimeout(cmd.Context(), 2*time.Second)
+		defer cancel()
+		cs, _, err := k.Cordons(ctx)
+		if err != nil {
+			return nil, cobra.ShellCompDirectiveNoFileComp
+		}
+		var out []cobra.Completion
+		for _, c := range cs {
+			out = append(out, cobra.CompletionWithDesc(c.ID, c.Selector()+": "+c.Reason))
+		}
+		return out, cobra.ShellCompDirectiveNoFileComp
 	}
-	switch {
-	case fs.NArg() == 2 && fs.Arg(0) == "set":
-		raw, err := rulesJSON(fs.Arg(1))
-		if err != nil {
-			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
-			return 2
-		}
-		k, who, err := cf.open(ctx, stderr)
-		if err != nil {
-			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
-			return 2
-		}
-		if err := k.SetRules(ctx, raw, who); err != nil {
-			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
-			return 1
-		}
-		fmt.Fprintf(stdout, "rules stored in Consul KV %s by %s: every replica applies them\n", consul.RulesKey, who)
-		return 0
-	case fs.NArg() == 1 && fs.Arg(0) == "show":
-		k, err := cf.control(stderr)
-		if err != nil {
-			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
-			return 2
-		}
-		raw, err := k.Rules(ctx)
-		if err != nil {
-			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
-			return 1
-		}
-		if raw == nil {
-			fmt.Fprintf(stdout, "no rules in Consul KV %s: each replica's --rules file (or the defaults: every rule enforced, safety limit 0.5) applies\n", consul.RulesKey)
-			return 0
-		}
-		fmt.Fprintf(stdout, "%s\n", raw)
-		return 0
-	case fs.NArg() == 1 && fs.Arg(0) == "clear":
-		k, who, err := cf.open(ctx, stderr)
-		if err != nil {
-			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
-			return 2
-		}
-		if err := k.ClearRules(ctx, who); err != nil {
-			fmt.Fprintf(stderr, "leasehold rules: %v\n", err)
-			return 1
-		}
-		fmt.Fprintf(stdout, "rules removed from Consul KV by %s: each replica's --rules file (or the defaults) applies\n", who)
-		return 0
-	default:
-		fmt.Fprintln(stderr, "leasehold rules: usage: leasehold rules [--consul ADDR] [--by NAME] [--audit-keep N] [--audit-max-age AGE] set FILE (YAML or JSON) | show | clear")
-		return 2
+}
+
+func newRulesCmd() *cobra.Command {
+	cmd := &cobra.Command{
+		Use:   "rules (set FILE | show | clear)",
+		Short: "store the rollout rules (enforce/observe modes, safety limit, approvals) in Consul KV",
+		Long: `The rollout rules every replica applies, in Consul KV ` + consul.RulesKey + ` (they
+override each replica's --rules file): set stores a YAML or JSON file after
+validating it, show prints what is stored, clear removes it.`,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			if len(args) == 0 {
+				return usagef("want a subcommand: set FILE, show or clear")
+			}
+			return usagef("unknown subcommand %q: want set FILE, show or clear", args[0])
+		},
 	}
+	var setFlags, clearFlags, showFlags controlFlags
+	set := &cobra.Command{
+		Use:   "set FILE",
+		Short: "validate a rules file (YAML or JSON) and store it for every replica",
+		Args:  exactArgs("FILE"),
+		RunE: func(cmd *cobra.Command, args []string) error {
+			raw, err := rulesJSON(args[0])
+			if err != nil {
+				return usagef("%v", err)
+			}
+			k, who, err := setFlags.open(cmd.Context(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if err := k.SetRules(cmd.Context(), raw, who); err != nil {
+				return failed(err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "rules stored in Consul KV %s by %s: every replica applies them\n", consul.RulesKey, who)
+			return nil
+		},
+	}
+	setFlags.register(set.Flags())
+	setFlags.registerWriter(set.Flags())
+	set.ValidArgsFunction = func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
+		return []cobra.Completion{"yaml", "yml", "json"}, cobra.ShellCompDirectiveFilterFileExt
+	}
+	show := &cobra.Command{
+		Use:   "show",
+		Short: "print the rules stored in Consul KV",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, err := showFlags.control(cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			raw, err := k.Rules(cmd.Context())
+			if err != nil {
+				return failed(err)
+			}
+			if raw == nil {
+				fmt.Fprintf(cmd.OutOrStdout(), "no rules in Consul KV %s: each replica's --rules file (or the defaults: every rule enforced, safety limit 0.5) applies\n", consul.RulesKey)
+				return nil
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", raw)
+			return nil
+		},
+	}
+	showFlags.register(show.Flags())
+	clear := &cobra.Command{
+		Use:   "clear",
+		Short: "remove the rules from Consul KV (each replica's --rules file, or the defaults, apply)",
+		Args:  noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			k, who, err := clearFlags.open(cmd.Context(), cmd.ErrOrStderr())
+			if err != nil {
+				return err
+			}
+			if err := k.ClearRules(cmd.Context(), who); err != nil {
+				return failed(err)
+			}
+			fmt.Fprintf(cmd.OutOrStdout(), "rules removed from Consul KV by %s: each replica's --rules file (or the defaults) applies\n", who)
+			return nil
+		},
+	}
+	clearFlags.register(clear.Flags())
+	clearFlags.registerWriter(clear.Flags())
+	cmd.AddCommand(set, show, clear)
+	return cmd
 }
 
 // rulesJSON reads a rollout file (YAML or JSON), validates it and returns
@@ -314,61 +542,64 @@ func rulesYAMLToJSON(path string) ([]byte, error) {
 	return raw, nil
 }
 
-// runAudit: leasehold audit [--limit N] [--before ID] [--json], newest page
-// first; each page prints the --before of the next (older) one on stderr.
-func runAudit(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("leasehold audit", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var cf controlFlags
-	cf.register(fs)
-	limit := fs.Int("limit", 50, "records per page: the most recent ones before --before")
-	before := fs.String("before", "", "show the records older than this record id (the ID column; printed after each page as the next page's --before)")
-	asJSON := fs.Bool("json", false, "one JSON object per line")
-	if code, ok := parseFlags(fs, args); !ok {
-		return code
-	}
-	if *limit < 1 {
-		fmt.Fprintf(stderr, "leasehold audit: --limit: must be at least 1, got %d\n", *limit)
-		return 2
-	}
-	if *before != "" {
-		if _, err := consul.ParseAuditID(*before); err != nil {
-			fmt.Fprintf(stderr, "leasehold audit: --before: %v\n", err)
-			return 2
-		}
-	}
-	if fs.NArg() != 0 {
-		fmt.Fprintf(stderr, "leasehold audit: unexpected arguments %q (flags go before them)\n", fs.Args())
-		return 2
-	}
-	k, err := cf.control(stderr)
-	if err != nil {
-		fmt.Fprintf(stderr, "leasehold audit: %v\n", err)
-		return 2
-	}
-	page, err := k.AuditLog(ctx, *limit, *before)
-	if err != nil {
-		fmt.Fprintf(stderr, "leasehold audit: %v\n", err)
-		return 1
-	}
-	if *asJSON {
-		enc := json.NewEncoder(stdout)
-		for _, e := range page.Entries {
-			if err := enc.Encode(e); err != nil {
-				fmt.Fprintf(stderr, "leasehold audit: %v\n", err)
-				return 1
+func newAuditCmd() *cobra.Command {
+	var (
+		cf     controlFlags
+		limit  int
+		before string
+		asJSON bool
+	)
+	cmd := &cobra.Command{
+		Use:   "audit",
+		Short: "list recent operator actions (newest page first)",
+		Long: `List the operator actions recorded in Consul KV (cordon, approve, uncordon,
+rules set, rules clear), the --limit most recent before --before, oldest first;
+the next (older) page's --before is printed on standard error.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			stdout, stderr := cmd.OutOrStdout(), cmd.ErrOrStderr()
+			if limit < 1 {
+				return usagef("--limit: must be at least 1, got %d", limit)
 			}
-		}
-	} else {
-		tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-		fmt.Fprintln(tw, "ID\tAT\tACTOR\tACTION\tTARGET\tDETAIL")
-		for _, e := range page.Entries {
-			fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.At.Format(time.RFC3339), e.Actor, e.Action, dash(e.Target), strings.ReplaceAll(e.Detail, "\n", " "))
-		}
-		tw.Flush()
+			if before != "" {
+				if _, err := consul.ParseAuditID(before); err != nil {
+					return usagef("--before: %v", err)
+				}
+			}
+			k, err := cf.control(stderr)
+			if err != nil {
+				return err
+			}
+			page, err := k.AuditLog(cmd.Context(), limit, before)
+			if err != nil {
+				return failed(err)
+			}
+			if asJSON {
+				enc := json.NewEncoder(stdout)
+				for _, e := range page.Entries {
+					if err := enc.Encode(e); err != nil {
+						return failed(err)
+					}
+				}
+			} else {
+				tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+				fmt.Fprintln(tw, "ID\tAT\tACTOR\tACTION\tTARGET\tDETAIL")
+				for _, e := range page.Entries {
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.At.Format(time.RFC3339), e.Actor, e.Action, dash(e.Target), strings.ReplaceAll(e.Detail, "\n", " "))
+				}
+				tw.Flush()
+			}
+			if page.Older != "" {
+				fmt.Fprintf(stderr, "older records: leasehold audit --limit %d --before %s\n", limit, page.Older)
+			}
+			return nil
+		},
 	}
-	if page.Older != "" {
-		fmt.Fprintf(stderr, "older records: leasehold audit --limit %d --before %s\n", *limit, page.Older)
-	}
-	return 0
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	fs.IntVar(&limit, "limit", 50, "records per page: the most recent ones before --before")
+	fs.StringVar(&before, "before", "", "show the records older than this record id (the ID column; printed after each page as the next page's --before)")
+	fs.BoolVar(&asJSON, "json", false, "one JSON object per line")
+	cf.register(fs)
+	return cmd
 }

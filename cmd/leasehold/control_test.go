@@ -146,7 +146,7 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 		return v.Route == "DRAINING" && v.Reason == "cordoned"
 	})
 	// Cordon by version needs a second person.
-	out = cli(t, 0, "cordon", "--version", "=2.0.0", "--reason", "memory leak", "--by", "alice")
+	out = cli(t, 0, "cordon", "--version-constraint", "=2.0.0", "--reason", "memory leak", "--by", "alice")
 	c2 := strings.TrimSuffix(strings.Fields(out)[0], ":")
 	awaitAll(t, admins, "the version cordon pending", func(ad string) bool {
 		for _, st := range control(t, ad).Cordons {

@@ -6,7 +6,6 @@ import (
 	"crypto/x509"
 	"encoding/json"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"net"
@@ -18,6 +17,9 @@ import (
 	"text/tabwriter"
 	"time"
 
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/server"
 )
@@ -25,72 +27,105 @@ import (
 type explainFlags struct {
 	admin, task, dispatcher, instance string
 	token                             string       // bearer token for a guarded admin port
-	client                            *http.Client // HTTPS with --admin-ca/--admin-cert/--admin-key
+	client                            *http.Client // HTTPS with --tls-ca/--tls-cert/--tls-key
 	color                             bool
 }
 
-func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	fs := flag.NewFlagSet("leasehold explain", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var f explainFlags
-	def := "127.0.0.1:19000"
-	if v := os.Getenv("LEASEHOLD_ADMIN_ADDR"); v != "" {
-		def = v
-	}
-	fs.StringVar(&f.admin, "admin-addr", def, "admin address of leasehold serve [$LEASEHOLD_ADMIN_ADDR]")
-	tokenFile := os.Getenv("LEASEHOLD_ADMIN_TOKEN_FILE")
-	fs.StringVar(&tokenFile, "admin-token-file", tokenFile, "file with the admin port's bearer token (leasehold serve --admin-token-file) [$LEASEHOLD_ADMIN_TOKEN_FILE]")
-	var adminCA, adminCert, adminKey string
-	fs.StringVar(&adminCA, "admin-ca", "", "PEM CA of the admin port's certificate: use HTTPS (leasehold serve --admin-tls-cert)")
-	fs.StringVar(&adminCert, "admin-cert", "", "PEM client certificate for the admin port (signed by its --admin-client-ca)")
-	fs.StringVar(&adminKey, "admin-key", "", "PEM private key of --admin-cert")
-	fs.StringVar(&f.task, "task", "", "only this task type")
-	fs.StringVar(&f.dispatcher, "dispatcher", "", "xDS node id: which executors does it route to, and why not the others")
-	fs.StringVar(&f.instance, "instance", "", "one executor instance: every registration and every verdict")
-	if err := fs.Parse(args); err != nil {
-		if errors.Is(err, flag.ErrHelp) {
-			return 0
-		}
-		return 2
-	}
+// adminFlags reach a leasehold replica's admin port: its address, its
+// bearer token and the client's TLS (the one client scheme: --tls-ca,
+// --tls-cert, --tls-key).
+type adminFlags struct {
+	addr, tokenFile, ca, cert, key string
+}
+
+func (a *adminFlags) register(fs *pflag.FlagSet, what string) {
+	fs.StringVar(&a.addr, "admin-addr", "127.0.0.1:19000", "admin address of leasehold serve ("+what+")")
+	bindEnv(fs, "admin-addr", "LEASEHOLD_ADMIN_ADDR")
+	fs.StringVar(&a.tokenFile, "admin-token-file", "", "file with the admin port's bearer token (leasehold serve --admin-token-file)")
+	bindEnv(fs, "admin-token-file", "LEASEHOLD_ADMIN_TOKEN_FILE")
+	tlsClientFlags(fs, &a.ca, &a.cert, &a.key, "the admin port (leasehold serve --admin-tls-cert)", "signed by its --admin-client-ca")
+	alias(fs, "admin-ca", "tls-ca")
+	alias(fs, "admin-cert", "tls-cert")
+	alias(fs, "admin-key", "tls-key")
+}
+
+// explainFlags fills f's admin connection; errors name the flag.
+func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 	var errs []string
-	if _, _, err := net.SplitHostPort(f.admin); err != nil {
-		errs = append(errs, fmt.Sprintf("invalid --admin-addr: want HOST:PORT: %v", err))
+	f.admin = a.addr
+	if host, _, err := net.SplitHostPort(a.addr); err != nil {
+		errs = append(errs, fmt.Sprintf("invalid %s: want HOST:PORT: %v", flagRef(fs, "admin-addr"), err))
+	} else if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
+		errs = append(errs, fmt.Sprintf("invalid %s %q: an unspecified host is a listen address, not one to connect to: give the replica's address, e.g. 127.0.0.1:19000", flagRef(fs, "admin-addr"), a.addr))
 	}
-	if tokenFile != "" {
-		if b, err := os.ReadFile(tokenFile); err != nil {
-			errs = append(errs, "invalid --admin-token-file: "+err.Error())
+	if a.tokenFile != "" {
+		if b, err := os.ReadFile(a.tokenFile); err != nil {
+			errs = append(errs, fmt.Sprintf("invalid %s: %v", flagRef(fs, "admin-token-file"), err))
 		} else {
 			f.token = strings.TrimSpace(string(b))
 		}
 	}
-	if adminCA != "" || adminCert != "" {
-		c, err := adminHTTPS(adminCA, adminCert, adminKey)
+	if a.ca != "" || a.cert != "" || a.key != "" {
+		c, err := adminHTTPS(a.ca, a.cert, a.key)
 		if err != nil {
 			errs = append(errs, err.Error())
 		}
 		f.client = c
 	}
-	if f.task != "" {
-		if fe := health.ValidateTask(f.task); fe != nil {
-			errs = append(errs, "invalid --task: "+fe.Error())
-		}
+	return errs
+}
+
+// runExplain runs leasehold explain with args.
+func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
+	return execute(ctx, append([]string{"explain"}, args...), stdout, stderr)
+}
+
+func newExplainCmd() *cobra.Command {
+	var (
+		a adminFlags
+		f explainFlags
+	)
+	cmd := &cobra.Command{
+		Use:   "explain",
+		Short: "show which executors each dispatcher routes to, and why not the others",
+		Long: `Ask a leasehold replica (its admin port) which executors each constraint set in
+use routes to, with the reason for every one it does not: all of them, one
+dispatcher's (--dispatcher) or one executor's (--instance).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			errs := a.explainFlags(cmd.Flags(), &f)
+			if f.task != "" {
+				if fe := health.ValidateTask(f.task); fe != nil {
+					errs = append(errs, "invalid --task: "+fe.Error())
+				}
+			}
+			if f.instance != "" {
+				if err := health.ValidateInstanceID(f.instance); err != nil {
+					errs = append(errs, "invalid --instance: "+err.Error())
+				}
+			}
+			if f.instance != "" && f.dispatcher != "" {
+				errs = append(errs, "invalid --instance: give --instance or --dispatcher, not both")
+			}
+			if len(errs) > 0 {
+				return usagef("%s", strings.Join(errs, "\n"))
+			}
+			out := cmd.OutOrStdout()
+			f.color = isTerminal(out) && os.Getenv("NO_COLOR") == ""
+			if err := explain(cmd.Context(), f, out); err != nil {
+				return failed(err)
+			}
+			return nil
+		},
 	}
-	if f.instance != "" {
-		if err := health.ValidateInstanceID(f.instance); err != nil {
-			errs = append(errs, "invalid --instance: "+err.Error())
-		}
-	}
-	if len(errs) > 0 {
-		fmt.Fprintf(stderr, "leasehold explain: %s\n", strings.Join(errs, "\n"))
-		return 2
-	}
-	f.color = isTerminal(stdout) && os.Getenv("NO_COLOR") == ""
-	if err := explain(ctx, f, stdout); err != nil {
-		fmt.Fprintf(stderr, "leasehold explain: %v\n", err)
-		return 1
-	}
-	return 0
+	fs := cmd.Flags()
+	fs.SortFlags = false
+	fs.StringVar(&f.task, "task", "", "only this task type")
+	fs.StringVar(&f.dispatcher, "dispatcher", "", "xDS node id: which executors does it route to, and why not the others")
+	fs.StringVar(&f.instance, "instance", "", "one executor instance: every registration and every verdict")
+	a.register(fs, "where to ask")
+	filenameFlags(cmd, "admin-token-file", "tls-ca", "tls-cert", "tls-key")
+	return cmd
 }
 
 func isTerminal(w io.Writer) bool {
@@ -421,20 +456,20 @@ func adminHTTPS(caFile, certFile, keyFile string) (*http.Client, error) {
 	if caFile != "" {
 		pem, err := os.ReadFile(caFile)
 		if err != nil {
-			return nil, fmt.Errorf("invalid --admin-ca: %v", err)
+			return nil, fmt.Errorf("invalid --tls-ca: %v", err)
 		}
 		cfg.RootCAs = x509.NewCertPool()
 		if !cfg.RootCAs.AppendCertsFromPEM(pem) {
-			return nil, fmt.Errorf("invalid --admin-ca: no PEM certificate in %s", caFile)
+			return nil, fmt.Errorf("invalid --tls-ca: no PEM certificate in %s", caFile)
 		}
 	}
 	if (certFile == "") != (keyFile == "") {
-		return nil, errors.New("invalid --admin-cert/--admin-key: give both or neither")
+		return nil, errors.New("invalid --tls-cert/--tls-key: give both or neither")
 	}
 	if certFile != "" {
 		pair, err := tls.LoadX509KeyPair(certFile, keyFile)
 		if err != nil {
-			return nil, fmt.Errorf("invalid --admin-cert/--admin-key: %v", err)
+			return nil, fmt.Errorf("invalid --tls-cert/--tls-key: %v", err)
 		}
 		cfg.Certificates = []tls.Certificate{pair}
 	}

@@ -101,7 +101,7 @@ func TestAdminPortClientCertificates(t *testing.T) {
 		t.Errorf("/debug/executors with the operator's certificate: %d", code)
 	}
 	var out bytes.Buffer
-	if code := run([]string{"explain", "--admin-addr", l.admin, "--admin-ca", caFile, "--admin-cert", certFile, "--admin-key", keyFile}, &out, &out); code != 0 {
+	if code := run([]string{"explain", "--admin-addr", l.admin, "--tls-ca", caFile, "--tls-cert", certFile, "--tls-key", keyFile}, &out, &out); code != 0 {
 		t.Errorf("explain over the admin port's mTLS: exit %d\n%s", code, out.String())
 	}
 	if _, err := parseServeFlags([]string{"--admin-addr", "0.0.0.0:0", "--admin-tls-cert", "c", "--admin-tls-key", "k", "--admin-client-ca", "ca"}, io.Discard); err != nil {

@@ -3,17 +3,20 @@ package main
 import (
 	"context"
 	"errors"
-	"flag"
 	"fmt"
 	"io"
 	"log/slog"
 	"net"
 	"net/http"
+	"os/signal"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	lhotel "github.com/leasehold/leasehold/adapters/otel"
@@ -37,42 +40,48 @@ type registerFlags struct {
 var fieldFlags = map[string]string{
 	"instance_id": "--instance", "task": "--task", "address": "--address", "port": "--address",
 	"version": "--version", "capacity": "--capacity", "labels": "--label", "lease": "--lease",
-	"heartbeat": "--heartbeat", "deregister_after": "--deregister-after", "tag": "--tag",
+	"heartbeat": "--heartbeat", "deregister_after": "--deregister-after", "tag": "--service-tag",
 }
 
-func parseRegisterFlags(args []string, stderr io.Writer) (*registerFlags, error) {
-	fs := flag.NewFlagSet("leasehold register", flag.ContinueOnError)
-	fs.SetOutput(stderr)
-	var (
-		rf       registerFlags
-		tasks    flagx.List
-		labels   = flagx.Labels{}
-		address  string
-		capacity string
-		logLevel string
-	)
+// registerCLI is the sidecar's flags before validation.
+type registerCLI struct {
+	fs       *pflag.FlagSet
+	rf       registerFlags
+	tasks    flagx.List
+	labels   flagx.Labels
+	address  string
+	capacity int
+	logLevel string
+}
+
+func (c *registerCLI) register(fs *pflag.FlagSet) {
+	c.fs = fs
+	c.labels = flagx.Labels{}
+	rf := &c.rf
+	fs.SortFlags = false
 	fs.StringVar(&rf.cfg.InstanceID, "instance", "", "stable instance id of the executor (required)")
-	fs.Var(&tasks, "task", "task type(s) served, comma-separated or repeated (required)")
-	fs.StringVar(&address, "address", "", "HOST:PORT where dispatchers reach the executor (required)")
-	fs.StringVar(&rf.cfg.Version, "version", "", "semantic version of the executor (required)")
-	fs.StringVar(&capacity, "capacity", "", "concurrent tasks the executor accepts, a positive integer (required)")
-	fs.Var(labels, "label", "label key=value (repeatable)")
+	fs.Var(&c.tasks, "task", "task type(s) served, comma-separated or repeated (required)")
+	fs.StringVar(&c.address, "address", "", "HOST:PORT where dispatchers reach the executor: an IP address (required)")
+	fs.StringVar(&rf.cfg.Version, "version", "", "semantic version of the executor, e.g. 1.4.2 (required)")
+	fs.IntVar(&c.capacity, "capacity", 0, "concurrent tasks the executor accepts, a positive integer (required)")
+	fs.Var(c.labels, "label", "label key=value (repeatable)")
 	fs.StringVar(&rf.probe, "probe", "", "grpc://HOST:PORT[/service] (gRPC health check) or http(s)://HOST:PORT/path (2xx): heartbeats are sent only while it passes (required)")
 	fs.StringVar(&rf.loadURL, "load-url", "", "http(s) URL answering the current load: a plain integer or JSON {\"load\": N} (default: a gRPC --probe's executor's own ORCA report, if it sends one)")
 	fs.DurationVar(&rf.cfg.Lease.TTL, "lease", health.DefaultLeaseTTL, "lease: no acknowledged heartbeat for this long ends the session")
-	fs.DurationVar(&rf.cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat, "heartbeat interval")
-	fs.DurationVar(&rf.cfg.Lease.DeregisterAfter, "deregister-after", health.DefaultDeregisterAfter, "Consul removes a registration critical for this long (≥ 1m)")
-	fs.StringVar(&rf.cfg.Tag, "tag", health.DefaultTag, "Consul tag that marks task types")
-	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 5*time.Minute, "on SIGTERM, how long to wait for in-flight work before deregistering")
-	fs.StringVar(&rf.consulAddr, "consul", "", "HTTP address of the local Consul agent (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500; other CONSUL_* settings apply)")
-	fs.StringVar(&logLevel, "log-level", "info", "debug, info, warn or error")
+	fs.DurationVar(&rf.cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat, "heartbeat interval (at most half the lease)")
+	fs.DurationVar(&rf.cfg.Lease.DeregisterAfter, "deregister-after", health.DefaultDeregisterAfter, "Consul removes a registration critical for this long (at least 1m)")
+	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 5*time.Minute, "on SIGTERM or SIGINT, how long to wait for in-flight work before deregistering")
+	fs.StringVar(&rf.cfg.Tag, "service-tag", health.DefaultTag, "Consul tag that marks task types (as leasehold serve --service-tag)")
+	bindEnv(fs, "service-tag", "LEASEHOLD_SERVICE_TAG")
+	alias(fs, "tag", "service-tag")
+	consulAddrFlag(fs, &rf.consulAddr)
+	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&rf.metricsAddr, "metrics-addr", "", "HOST:PORT to serve Prometheus /metrics on (off when empty); traces go where OTEL_* says")
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q", fs.Arg(0))
-	}
+}
+
+// flags validates the flags; errors name each bad flag.
+func (c *registerCLI) flags() (*registerFlags, error) {
+	rf := c.rf
 	var errs []string
 	failed := map[string]bool{} // flags already reported
 	addErr := func(flag, msg string) {
@@ -82,25 +91,22 @@ func parseRegisterFlags(args []string, stderr io.Writer) (*registerFlags, error)
 		}
 	}
 
-	rf.cfg.Tasks = tasks
-	rf.cfg.Labels = labels
-	if address == "" {
+	rf.cfg.Tasks = c.tasks
+	rf.cfg.Labels = c.labels
+	if c.address == "" {
 		addErr("--address", "required (HOST:PORT)")
-	} else if host, port, err := net.SplitHostPort(address); err != nil {
+	} else if host, port, err := net.SplitHostPort(c.address); err != nil {
 		addErr("--address", fmt.Sprintf("want HOST:PORT: %v", err))
 	} else if p, err := strconv.Atoi(port); err != nil {
 		addErr("--address", fmt.Sprintf("port %q is not a number", port))
 	} else {
 		rf.cfg.Address, rf.cfg.Port = host, p
 	}
-	if capacity == "" {
+	if !c.fs.Changed("capacity") {
 		addErr("--capacity", "required (a positive integer)")
-	} else if n, err := strconv.Atoi(capacity); err != nil {
-		addErr("--capacity", fmt.Sprintf("%q is not an integer", capacity))
-	} else {
-		rf.cfg.Capacity = n
 	}
-	if err := rf.logLevel.UnmarshalText([]byte(logLevel)); err != nil {
+	rf.cfg.Capacity = c.capacity
+	if err := rf.logLevel.UnmarshalText([]byte(c.logLevel)); err != nil {
 		addErr("--log-level", err.Error())
 	}
 	if rf.metricsAddr != "" {
@@ -125,7 +131,11 @@ func parseRegisterFlags(args []string, stderr io.Writer) (*registerFlags, error)
 	var fes health.FieldErrors
 	if err := rf.cfg.Validate(); errors.As(err, &fes) {
 		for _, fe := range fes {
-			addErr(flagFor(fe.Field), fe.Error())
+			f := flagFor(fe.Field)
+			if f == "--service-tag" {
+				f = flagRef(c.fs, "service-tag")
+			}
+			addErr(f, fe.Error())
 		}
 	} else if err != nil {
 		errs = append(errs, err.Error())
@@ -147,7 +157,7 @@ func flagFor(field string) string {
 }
 
 // consulClient builds an API client from the standard CONSUL_* environment,
-// with --consul overriding the address.
+// with --consul-addr overriding the address.
 func consulClient(addr string) (*api.Client, error) {
 	cfg := api.DefaultConfig()
 	if addr != "" {
@@ -160,17 +170,45 @@ func consulClient(addr string) (*api.Client, error) {
 	return c, nil
 }
 
-// runRegister is the sidecar: register, heartbeat while the probe passes,
-// drain on ctx's end (SIGTERM), then exit.
+// runRegister runs leasehold register with args under ctx: the sidecar
+// drains when ctx ends (as on SIGTERM).
 func runRegister(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	rf, err := parseRegisterFlags(args, stderr)
-	if errors.Is(err, flag.ErrHelp) {
-		return 0
+	return execute(ctx, append([]string{"register"}, args...), stdout, stderr)
+}
+
+func newRegisterCmd() *cobra.Command {
+	var c registerCLI
+	cmd := &cobra.Command{
+		Use:   "register --instance ID --task T --address HOST:PORT --version V --capacity N --probe URL [flags]",
+		Short: "register an executor through the local Consul agent and keep its lease alive while a probe of the executor passes (sidecar)",
+		Long: `The sidecar of an executor not written in Go: it registers the executor with the
+local Consul agent under the registration contract and heartbeats its lease
+while --probe passes. SIGTERM or SIGINT drains: state=draining, wait for the
+load to reach 0 (up to --drain-timeout), deregister, exit (0 when drained).`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			rf, err := c.flags()
+			if err != nil {
+				return usagef("%v", err)
+			}
+			// SIGTERM/SIGINT start a drain; the command exits when it is done.
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			if code := sidecar(ctx, rf, cmd.ErrOrStderr()); code != 0 {
+				return quiet(code)
+			}
+			return nil
+		},
 	}
-	if err != nil {
-		fmt.Fprintf(stderr, "leasehold register: %v\n", err)
-		return 2
-	}
+	c.register(cmd.Flags())
+	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
+	return cmd
+}
+
+// sidecar is the sidecar: register, heartbeat while the probe passes,
+// drain on ctx's end (SIGTERM), then exit with a code (errors told on
+// stderr).
+func sidecar(ctx context.Context, rf *registerFlags, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: rf.logLevel}))
 	client, err := consulClient(rf.consulAddr)
 	if err != nil {

@@ -77,7 +77,7 @@ func newFakeExecutor(t *testing.T) *fakeExecutor {
 
 func sidecarArgs(a *consultest.Agent, probe string, extra ...string) []string {
 	return append([]string{"register",
-		"--consul", a.HTTPAddr(), "--instance", "py-1", "--task", "transcode,thumbnail",
+		"--consul-addr", a.HTTPAddr(), "--instance", "py-1", "--task", "transcode,thumbnail",
 		"--address", "127.0.0.1:7000", "--version", "2.0.1", "--capacity", "2",
 		"--label", "zone=eu-1", "--label", "lang=python",
 		"--lease", "1s", "--heartbeat", "250ms", "--deregister-after", "1m",

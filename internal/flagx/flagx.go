@@ -1,4 +1,5 @@
-// Package flagx holds flag.Value types shared by leasehold's commands.
+// Package flagx holds flag.Value types (also github.com/spf13/pflag
+// Values) shared by leasehold's commands.
 package flagx
 
 import (
@@ -10,6 +11,9 @@ import (
 type List []string
 
 func (l *List) String() string { return strings.Join(*l, ",") }
+
+// Type names the value in help (github.com/spf13/pflag).
+func (l *List) Type() string { return "list" }
 
 func (l *List) Set(v string) error {
 	for _, p := range strings.Split(v, ",") {
@@ -30,6 +34,9 @@ func (l Labels) String() string {
 	}
 	return strings.Join(parts, ",")
 }
+
+// Type names the value in help (github.com/spf13/pflag).
+func (l Labels) Type() string { return "key=value" }
 
 func (l Labels) Set(v string) error {
 	k, val, ok := strings.Cut(v, "=")

@@ -1,0 +1,200 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"os"
+	"strings"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+)
+
+// Every command's flags follow the same rules, kept here: a flag may read
+// environment variables (the first one set applies when the flag is not
+// given: a flag overrides its variable), an old spelling may stay as a
+// hidden alias that prints a deprecation note, and errors name the flag —
+// and the variable when the value came from one.
+
+const (
+	annotationEnv     = "leasehold/env"     // variables a flag reads, in order
+	annotationFromEnv = "leasehold/fromenv" // the variable its value came from
+)
+
+// bindEnv makes flag name read vars (the first one set, when the flag is
+// not given) and says so in its help.
+func bindEnv(fs *pflag.FlagSet, name string, vars ...string) {
+	f := fs.Lookup(name)
+	if f == nil {
+		panic("bindEnv: no flag --" + name)
+	}
+	refs := make([]string, len(vars))
+	for i, v := range vars {
+		refs[i] = "$" + v
+	}
+	f.Usage += " [" + strings.Join(refs, ", ") + "]"
+	if err := fs.SetAnnotation(name, annotationEnv, vars); err != nil {
+		panic(err)
+	}
+}
+
+// envOf is the variables flag f reads.
+func envOf(f *pflag.Flag) []string { return f.Annotations[annotationEnv] }
+
+// applyEnv sets every flag not given on the command line from the first of
+// its variables that is set; a bad value is refused naming both.
+func applyEnv(fs *pflag.FlagSet) error {
+	var errs []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if f.Changed {
+			return
+		}
+		for _, v := range envOf(f) {
+			val, ok := os.LookupEnv(v)
+			if !ok {
+				continue
+			}
+			if err := fs.Set(f.Name, val); err != nil {
+				errs = append(errs, fmt.Sprintf("invalid $%s %q for --%s: %v", v, val, f.Name, err))
+			}
+			if f.Annotations == nil {
+				f.Annotations = map[string][]string{}
+			}
+			f.Annotations[annotationFromEnv] = []string{v}
+			return
+		}
+	})
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	return nil
+}
+
+// flagRef names flag name for an error: "--name", or "--name (from $VAR)"
+// when its value came from the environment.
+func flagRef(fs *pflag.FlagSet, name string) string {
+	if f := fs.Lookup(name); f != nil {
+		if v := f.Annotations[annotationFromEnv]; len(v) == 1 {
+			return "--" + name + " (from $" + v[0] + ")"
+		}
+	}
+	return "--" + name
+}
+
+// alias adds old as a hidden, deprecated spelling of flag name: it sets the
+// same value, and using it prints a note (applyAliases).
+func alias(fs *pflag.FlagSet, old, name string) {
+	f := fs.Lookup(name)
+	if f == nil {
+		panic("alias: no flag --" + name)
+	}
+	fs.AddFlag(&pflag.Flag{Name: old, Usage: "deprecated: use --" + name, Value: f.Value, DefValue: f.DefValue, NoOptDefVal: f.NoOptDefVal, Hidden: true,
+		Annotations: map[string][]string{"leasehold/alias": {name}}})
+}
+
+// applyAliases marks a flag given under an old spelling as given, refuses
+// both spellings at once, and writes a deprecation note for each old one.
+func applyAliases(fs *pflag.FlagSet, notes io.Writer) error {
+	var errs []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		to := f.Annotations["leasehold/alias"]
+		if len(to) != 1 || !f.Changed {
+			return
+		}
+		nf := fs.Lookup(to[0])
+		if nf.Changed {
+			errs = append(errs, fmt.Sprintf("--%s and --%s are the same flag: give --%s only", f.Name, nf.Name, nf.Name))
+			return
+		}
+		nf.Changed = true // the value is shared: no variable may override it
+		fmt.Fprintf(notes, "note: --%s is deprecated and will be removed: use --%s\n", f.Name, nf.Name)
+	})
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	return nil
+}
+
+// finishFlags applies aliases, then the environment, to a parsed flag set.
+func finishFlags(fs *pflag.FlagSet, notes io.Writer) error {
+	if err := applyAliases(fs, notes); err != nil {
+		return err
+	}
+	return applyEnv(fs)
+}
+
+// exitError ends a command with a code: 1 for failures at run time, 2 for
+// usage errors. Errors of any other type are usage errors.
+type exitError struct {
+	code  int
+	err   error
+	quiet bool // already said (logged): print nothing more
+}
+
+func (e *exitError) Error() string { return e.err.Error() }
+func (e *exitError) Unwrap() error { return e.err }
+
+// failed is a runtime failure (exit 1).
+func failed(err error) error { return &exitError{code: 1, err: err} }
+
+// quiet ends a command with code, its reason already told.
+func quiet(code int) error {
+	return &exitError{code: code, err: fmt.Errorf("exit status %d", code), quiet: true}
+}
+
+// failedf is a runtime failure (exit 1) with a formatted message.
+func failedf(format string, a ...any) error { return failed(fmt.Errorf(format, a...)) }
+
+// usagef is a usage error (exit 2).
+func usagef(format string, a ...any) error {
+	return &exitError{code: 2, err: fmt.Errorf(format, a...)}
+}
+
+// noArgs refuses positional arguments.
+func noArgs(cmd *cobra.Command, args []string) error {
+	if len(args) > 0 {
+		return usagef("unexpected argument %q: %s takes no arguments (flags start with --)", args[0], cmd.CommandPath())
+	}
+	return nil
+}
+
+// exactArgs wants one positional argument per name.
+func exactArgs(names ...string) cobra.PositionalArgs {
+	return func(cmd *cobra.Command, args []string) error {
+		switch {
+		case len(args) < len(names):
+			return usagef("missing %s: usage: %s", strings.Join(names[len(args):], " "), cmd.UseLine())
+		case len(args) > len(names):
+			return usagef("unexpected argument %q: usage: %s", args[len(names)], cmd.UseLine())
+		}
+		return nil
+	}
+}
+
+// completeWords completes a flag from a fixed list of values.
+func completeWords(cmd *cobra.Command, flag string, words ...string) {
+	if err := cmd.RegisterFlagCompletionFunc(flag, cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp)); err != nil {
+		panic(err)
+	}
+}
+
+// filenameFlags marks flags whose value is a file, for shell completion.
+func filenameFlags(cmd *cobra.Command, names ...string) {
+	for _, n := range names {
+		if err := cmd.MarkFlagFilename(n); err != nil {
+			panic(err)
+		}
+	}
+}
+
+// tlsClientFlags adds the client side's one TLS scheme, the same in every
+// command that connects to leasehold: --tls-ca verifies leasehold's
+// certificate (and turns TLS on), --tls-cert and --tls-key are the client
+// certificate for mTLS. (Consul's TLS comes from the standard CONSUL_CACERT,
+// CONSUL_CLIENT_CERT and CONSUL_CLIENT_KEY everywhere.)
+func tlsClientFlags(fs *pflag.FlagSet, ca, cert, key *string, conn, certNote string) {
+	fs.StringVar(ca, "tls-ca", "", "PEM CA bundle verifying leasehold's certificate: TLS on "+conn)
+	fs.StringVar(cert, "tls-cert", "", "PEM client certificate for mTLS on "+conn+" ("+certNote+")")
+	fs.StringVar(key, "tls-key", "", "PEM private key of --tls-cert")
+}

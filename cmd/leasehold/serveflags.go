@@ -1,0 +1,237 @@
+package main
+
+import (
+	"errors"
+	"fmt"
+	"io"
+	"log/slog"
+	"net"
+	"os/signal"
+	"strconv"
+	"strings"
+	"syscall"
+	"time"
+
+	"github.com/spf13/cobra"
+	"github.com/spf13/pflag"
+
+	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/server"
+)
+
+// defaultConsulAddr is the Consul agent every command talks to when neither
+// --consul-addr nor a variable says otherwise (Consul's own default).
+const defaultConsulAddr = "127.0.0.1:8500"
+
+// consulAddrFlag adds --consul-addr (and the old --consul, hidden), read
+// from LEASEHOLD_CONSUL_ADDR, then CONSUL_HTTP_ADDR: the one spelling of
+// the Consul agent's address in every command.
+func consulAddrFlag(fs *pflag.FlagSet, dst *string) {
+	fs.StringVar(dst, "consul-addr", defaultConsulAddr, "Consul agent HTTP address (http://, https:// or unix://; token and TLS from the standard CONSUL_HTTP_TOKEN, CONSUL_CACERT, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, ...)")
+	bindEnv(fs, "consul-addr", "LEASEHOLD_CONSUL_ADDR", "CONSUL_HTTP_ADDR")
+	alias(fs, "consul", "consul-addr")
+}
+
+// serveFlags are leasehold serve's flags before validation.
+type serveFlags struct {
+	fs                       *pflag.FlagSet
+	cfg                      serveConfig
+	logLevel, tag, logFormat string
+	lbPolicy, readRate, dcs  string
+	maxConns                 int
+	staleAfter               time.Duration
+}
+
+func (f *serveFlags) register(fs *pflag.FlagSet) {
+	f.fs = fs
+	cfg := &f.cfg
+	fs.SortFlags = false
+	env := func(name, v string) { bindEnv(fs, name, v) }
+	consulAddrFlag(fs, &cfg.consulAddr)
+	fs.StringVar(&cfg.xdsAddr, "xds-addr", "127.0.0.1:18000", "gRPC listen address for xDS and the fencing API")
+	env("xds-addr", "LEASEHOLD_XDS_ADDR")
+	fs.StringVar(&cfg.adminAddr, "admin-addr", "127.0.0.1:19000", "HTTP listen address of the admin port: /healthz, /readyz, /metrics, /debug/*, /v1/session")
+	env("admin-addr", "LEASEHOLD_ADMIN_ADDR")
+	fs.StringVar(&f.tag, "service-tag", health.DefaultTag, "Consul tag marking task types")
+	env("service-tag", "LEASEHOLD_SERVICE_TAG")
+	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
+	env("log-format", "LEASEHOLD_LOG_FORMAT")
+	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
+	env("log-level", "LEASEHOLD_LOG_LEVEL")
+	fs.IntVar(&f.maxConns, "consul-max-conns", 32, "most concurrent per-task blocking queries, 1 to 190 (3 more are always open); Consul refuses more than 200 connections per client IP")
+	env("consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS")
+	fs.StringVar(&f.readRate, "consul-read-rate", "4MiB", "JSON per second the listings that grow with the fleet (task members, generation keys) may read from Consul, all together, per datacenter (e.g. 512KiB, 4MiB, 8MB; off: unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce")
+	env("consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE")
+	fs.StringVar(&f.dcs, "datacenters", "", "Consul datacenters to watch through the agent, comma-separated in failover order, leasehold's own first (the datacenter of dispatchers that name none); a dispatcher's own datacenter gets priority 0, the others follow in this order (default: the agent's own only)")
+	env("datacenters", "LEASEHOLD_DATACENTERS")
+	fs.StringVar(&f.lbPolicy, "lb-policy", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request")
+	env("lb-policy", "LEASEHOLD_LB_POLICY")
+	fs.DurationVar(&f.staleAfter, "fencing-stale-after", health.DefaultLeaseTTL, "once leasehold's view of Consul is older than this (at least 3s), the fencing API answers UNKNOWN (routing keeps the last known snapshot)")
+	env("fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER")
+	fs.StringVar(&cfg.tls.Cert, "tls-cert", "", "PEM certificate of the gRPC port (xDS and fencing); re-read when the file changes")
+	env("tls-cert", "LEASEHOLD_TLS_CERT")
+	fs.StringVar(&cfg.tls.Key, "tls-key", "", "PEM private key of --tls-cert")
+	env("tls-key", "LEASEHOLD_TLS_KEY")
+	fs.StringVar(&cfg.tls.ClientCA, "tls-client-ca", "", "PEM CA bundle: client certificates are then required and verified (mTLS)")
+	env("tls-client-ca", "LEASEHOLD_TLS_CLIENT_CA")
+	fs.StringVar(&cfg.authzPolicy, "authz-policy", "", "YAML/JSON file granting client identities (certificate URI/DNS SANs) task types and fencing calls; needs --tls-client-ca; followed live")
+	env("authz-policy", "LEASEHOLD_AUTHZ_POLICY")
+	fs.StringVar(&cfg.adminTokenFile, "admin-token-file", "", "file holding a bearer token that /debug/* and /v1/* on the admin port then require (re-read when it changes); required when --admin-addr is not loopback")
+	env("admin-token-file", "LEASEHOLD_ADMIN_TOKEN_FILE")
+	fs.StringVar(&cfg.adminTLS.Cert, "admin-tls-cert", "", "PEM certificate: serve the admin port over HTTPS (re-read when it changes)")
+	env("admin-tls-cert", "LEASEHOLD_ADMIN_TLS_CERT")
+	fs.StringVar(&cfg.adminTLS.Key, "admin-tls-key", "", "PEM private key of --admin-tls-cert")
+	env("admin-tls-key", "LEASEHOLD_ADMIN_TLS_KEY")
+	fs.StringVar(&cfg.adminTLS.ClientCA, "admin-client-ca", "", "PEM CA: a client certificate it signed opens /debug/* and /v1/* (like the token); probes need none")
+	env("admin-client-ca", "LEASEHOLD_ADMIN_CLIENT_CA")
+	fs.StringVar(&cfg.rulesFile, "rules", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals, load balancing per task type); followed live; Consul KV "+consul.RulesKey+" overrides it")
+	env("rules", "LEASEHOLD_RULES")
+	fs.StringVar(&cfg.auditLog, "audit-log", "-", "where configuration changes this replica applies or refuses are written, one JSON object per line (- : standard output)")
+	env("audit-log", "LEASEHOLD_AUDIT_LOG")
+}
+
+// config validates the flags into a serveConfig; errors name each bad flag
+// (and the variable its value came from).
+func (f *serveFlags) config() (*serveConfig, error) {
+	cfg := f.cfg
+	var errs []string
+	bad := func(flag, msg string) { errs = append(errs, fmt.Sprintf("invalid %s: %s", flagRef(f.fs, flag), msg)) }
+	for _, a := range []struct{ flag, v string }{{"xds-addr", cfg.xdsAddr}, {"admin-addr", cfg.adminAddr}} {
+		if _, port, err := net.SplitHostPort(a.v); err != nil {
+			bad(a.flag, fmt.Sprintf("want HOST:PORT: %v", err))
+		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
+			bad(a.flag, fmt.Sprintf("port %q", port))
+		}
+	}
+	if fe := health.ValidateTag(f.tag); fe != nil {
+		bad("service-tag", fe.Error())
+	}
+	cfg.tag = f.tag
+	if f.logFormat != "text" && f.logFormat != "json" {
+		bad("log-format", fmt.Sprintf("%q: want text or json", f.logFormat))
+	}
+	cfg.logFormat = f.logFormat
+	if err := cfg.logLevel.UnmarshalText([]byte(f.logLevel)); err != nil {
+		bad("log-level", err.Error())
+	}
+	if f.maxConns < 1 || f.maxConns > 190 {
+		bad("consul-max-conns", fmt.Sprintf("%d: want 1..190", f.maxConns))
+	} else {
+		cfg.consulMaxConns = f.maxConns
+	}
+	if n, err := parseByteRate(f.readRate); err != nil {
+		bad("consul-read-rate", err.Error())
+	} else {
+		cfg.consulReadRate = n
+	}
+	if f.dcs != "" {
+		seen := map[string]bool{}
+		for _, dc := range strings.Split(f.dcs, ",") {
+			dc = health.NormalizeDatacenter(dc) // Consul spells datacenters in lowercase
+			if err := health.ValidateDatacenter("datacenters", dc); err != nil {
+				bad("datacenters", fmt.Sprintf("%q: a datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", dc))
+				continue
+			}
+			if seen[dc] {
+				bad("datacenters", fmt.Sprintf("%q listed twice", dc))
+				continue
+			}
+			seen[dc] = true
+			cfg.datacenters = append(cfg.datacenters, dc)
+		}
+	}
+	if p, err := health.ParseLBPolicy("--lb-policy", f.lbPolicy); err != nil {
+		bad("lb-policy", err.Error())
+	} else {
+		cfg.lbPolicy = p
+	}
+	if f.staleAfter < 3*time.Second {
+		bad("fencing-stale-after", fmt.Sprintf("%s: want a duration of at least 3s, e.g. 35s", f.staleAfter))
+	} else {
+		cfg.staleAfter = f.staleAfter
+	}
+	if (cfg.tls.Cert == "") != (cfg.tls.Key == "") {
+		bad("tls-cert", "--tls-cert and --tls-key go together")
+	}
+	if cfg.tls.ClientCA != "" && cfg.tls.Cert == "" {
+		bad("tls-client-ca", "needs --tls-cert and --tls-key")
+	}
+	if cfg.authzPolicy != "" && cfg.tls.ClientCA == "" {
+		bad("authz-policy", "identities come from verified client certificates: needs --tls-client-ca")
+	}
+	if (cfg.adminTLS.Cert == "") != (cfg.adminTLS.Key == "") {
+		bad("admin-tls-cert", "--admin-tls-cert and --admin-tls-key go together")
+	}
+	if cfg.adminTLS.ClientCA != "" && cfg.adminTLS.Cert == "" {
+		bad("admin-client-ca", "needs --admin-tls-cert and --admin-tls-key")
+	}
+	cfg.adminTLS.ClientCertOptional, cfg.adminTLS.HTTP, cfg.adminTLS.Flags = true, true, "--admin-tls"
+	if cfg.adminTokenFile == "" && cfg.adminTLS.ClientCA == "" && !server.IsLoopback(cfg.adminAddr) {
+		bad("admin-addr", fmt.Sprintf("%s is not a loopback address: set --admin-token-file or --admin-client-ca to guard /debug/* and /v1/*", cfg.adminAddr))
+	}
+	if len(errs) > 0 {
+		return nil, errors.New(strings.Join(errs, "\n"))
+	}
+	return &cfg, nil
+}
+
+// parseServeFlags parses leasehold serve's arguments (what the serve
+// command does before it runs) into a validated configuration.
+func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
+	fs := pflag.NewFlagSet("leasehold serve", pflag.ContinueOnError)
+	fs.SetOutput(io.Discard)
+	var f serveFlags
+	f.register(fs)
+	if err := fs.Parse(args); err != nil {
+		return nil, err
+	}
+	if fs.NArg() > 0 {
+		return nil, fmt.Errorf("unexpected argument %q: leasehold serve takes no arguments", fs.Arg(0))
+	}
+	if err := finishFlags(fs, stderr); err != nil {
+		return nil, err
+	}
+	return f.config()
+}
+
+func newServeCmd() *cobra.Command {
+	var f serveFlags
+	cmd := &cobra.Command{
+		Use:   "serve",
+		Short: "watch Consul and serve executor endpoints over xDS to dispatchers",
+		Long: `Watch the executors' leases in Consul (blocking queries) and serve the
+executors each dispatcher may send new work to over xDS (ADS, state of the
+world and delta), with the fencing API on the same port and an admin port for
+/healthz, /readyz, /metrics and /debug/*. SIGINT and SIGTERM shut it down.`,
+		Args: noArgs,
+		RunE: func(cmd *cobra.Command, args []string) error {
+			cfg, err := f.config()
+			if err != nil {
+				return usagef("%v", err)
+			}
+			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
+			defer stop()
+			log := newLogger(cmd.ErrOrStderr(), cfg.logFormat, cfg.logLevel)
+			if err := serve(ctx, cfg, log, nil); err != nil {
+				log.Error("serve", "err", err)
+				return quiet(1) // logged
+			}
+			return nil
+		},
+	}
+	f.register(cmd.Flags())
+	completeWords(cmd, "log-format", "text", "json")
+	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
+	completeWords(cmd, "lb-policy", string(health.LBWeightedRoundRobin), string(health.LBRoundRobin), string(health.LBLeastRequest))
+	filenameFlags(cmd, "tls-cert", "tls-key", "tls-client-ca", "authz-policy", "admin-token-file", "admin-tls-cert", "admin-tls-key", "admin-client-ca", "rules", "audit-log")
+	return cmd
+}
+
+func newLogger(w io.Writer, format string, level slog.Level) *slog.Logger {
+	opts := &slog.HandlerOptions{Level: level}
+	if format == "json" {
+		return slog.New(slog.NewJSONHandler(w, opts))
+	}
+	return slog.New(slog.NewTextHandler(w, opts))
+}
