@@ -18,6 +18,12 @@ type Readiness interface {
 	Ready() bool
 }
 
+// readinessReason is a Readiness that says why it is not ready
+// (*snapshot.Syncer).
+type readinessReason interface {
+	Readiness() snapshot.Readiness
+}
+
 // AdminConfig is what the admin HTTP handler serves from. Nil fields turn
 // their endpoints off.
 type AdminConfig struct {
@@ -30,8 +36,9 @@ type AdminConfig struct {
 }
 
 // AdminHandler serves /healthz (the process is up), /readyz (the fleet has
-// been read and Consul answers; 503 otherwise — dispatchers keep the last
-// snapshot meanwhile), the fencing API as JSON and the /debug views.
+// been read and Consul answers; 503 otherwise, naming the reason —
+// dispatchers keep the last snapshot meanwhile), the fencing API as JSON and
+// the /debug views.
 func AdminHandler(cfg AdminConfig) http.Handler {
 	mux := http.NewServeMux()
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
@@ -40,6 +47,19 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
 		ready := cfg.Ready.Ready()
 		body := map[string]any{"ready": ready}
+		if rr, ok := cfg.Ready.(readinessReason); ok {
+			// One load: ready and its reason agree.
+			why := rr.Readiness()
+			ready = why.Ready
+			body["ready"] = ready
+			if !ready {
+				body["reason"] = why.Reason // first_read_pending, consul_unreachable, acl, tls
+				body["detail"] = why.Detail // what is pending, the error, the missing rights, the certificate problem
+				if why.Source != "" {
+					body["source"] = why.Source // a datacenter, or the operator controls
+				}
+			}
+		}
 		if t := cfg.LastContact(); !t.IsZero() {
 			body["consul_last_contact"] = t.UTC().Format(time.RFC3339Nano)
 			body["consul_contact_age_seconds"] = time.Since(t).Seconds()

@@ -68,6 +68,11 @@ type SyncConfig struct {
 	// executors leave the assignments while another datacenter answers
 	// (default health.DefaultLeaseTTL, a lease).
 	DatacenterQuiet, DatacenterLost time.Duration
+	// AwaitControl: a control watch feeds Run the operators' rules and
+	// cordons (ControlContact): nothing is served before its first answer
+	// (so no executor an operator took out is routed after a start), and
+	// readiness needs it to read them.
+	AwaitControl bool
 }
 
 // localDC is leasehold's own datacenter ("" with one, unnamed).
@@ -131,6 +136,8 @@ type Syncer struct {
 	stopped chan struct{} // closed when Run returns
 	ready   atomic.Bool
 	view    atomic.Pointer[View]
+	// readyWhy is ready with its reason (readiness.go).
+	readyWhy atomic.Pointer[Readiness]
 
 	// Owned by Run.
 	members        map[fleetKey]*health.TaskMembers
@@ -162,6 +169,7 @@ type Syncer struct {
 	batchLapse     time.Time            // batchStart, when the batch holds a new lapse
 	listeners      []func(Publication)
 	ctl            control
+	rd             readiness
 	syncTelemetry
 }
 
@@ -228,7 +236,9 @@ func (s *Syncer) Cache() cache.Cache { return s.cache }
 func (s *Syncer) Snapshot(group string) (*cache.Snapshot, bool) { return s.cache.sotw.snapshot(group) }
 
 // Ready is true once the whole fleet has been read (the task list, every
-// task's members and the non-passing checks) and while Consul answers.
+// task's members and the non-passing checks) and while Consul answers
+// (and, with AwaitControl, while the operators' controls are read; see
+// Readiness for why not).
 // Dispatchers keep being served the last snapshot either way; before the
 // first full read no snapshot is served at all, so no client ever sees a
 // half-read fleet.
@@ -340,6 +350,9 @@ func (s *Syncer) apply(o health.Observation) bool {
 	case o.Cordons != nil:
 		s.applyCordons(o.Cordons)
 		return true
+	case o.ControlContact != nil:
+		s.applyControlContact(*o.ControlContact)
+		return true
 	}
 	d := s.dc(o.Datacenter)
 	d.answered(o, s.cfg.Clock.Now())
@@ -386,8 +399,9 @@ func (s *Syncer) apply(o health.Observation) bool {
 			d.failedAt = o.At
 		}
 		d.failing = !o.Contact.OK
+		s.noteContact(o.Datacenter, *o.Contact)
 		if !o.Contact.OK {
-			s.log.Warn("consul unreachable: serving the last known snapshot", "datacenter", o.Datacenter, "err", o.Contact.Err)
+			s.log.Warn(contactMessage(o.Contact.Problem), "datacenter", o.Datacenter, "err", o.Contact.Err)
 		} else {
 			s.log.Info("consul reachable again", "datacenter", o.Datacenter)
 		}
@@ -488,7 +502,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 			}
 		}
 	}
-	s.ready.Store(s.synced && s.anyReachable())
+	s.storeReadiness()
 	s.publishDirty(ctx, true)
 	s.publishView() // after the removals are in the cache
 	s.batchLapse = time.Time{}
@@ -502,6 +516,9 @@ func (s *Syncer) recompute(ctx context.Context) {
 // the generation keys — or the datacenter is lost (others answer, it has not
 // for a lease: serving does not wait for it).
 func (s *Syncer) allRead() bool {
+	if s.cfg.AwaitControl && !s.rd.ctlRead {
+		return false // and the operators' controls
+	}
 	for name, d := range s.dcs {
 		if d.reach == health.Lost {
 			continue
