@@ -31,21 +31,45 @@ var ErrControl = errors.New("control")
 
 // WatchControl follows the control prefix with blocking queries and sends
 // the rules and cordons whenever they change, until ctx ends. Errors back
-// off and are retried; the last good state stays in force meanwhile.
+// off and are retried; the last good state stays in force meanwhile. Whether
+// it reads them goes out as ControlContact: a failure when it begins or its
+// kind changes (a missing right: ACLError, key_prefix "leasehold/control/"
+// read), OK after the first answer of each run.
 func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observation, log *slog.Logger) {
+	if log == nil {
+		log = slog.Default()
+	}
 	var index uint64
 	var lastRules []byte
 	haveRules := false
 	var lastCordons string
+	answered := false // the current run of answers has been reported
+	var failedAs health.Contact
 	bo := newBackoff(200*time.Millisecond, 10*time.Second)
+	report := func(ct health.Contact) bool {
+		select {
+		case out <- health.Observation{At: time.Now(), ControlContact: &ct}:
+			return true
+		case <-ctx.Done():
+			return false
+		}
+	}
 	for ctx.Err() == nil {
 		q := (&api.QueryOptions{WaitIndex: index, WaitTime: 60 * time.Second}).WithContext(ctx)
-		pairs, meta, err := c.KV().List(ControlPrefix, q)
+		pairs, meta, err := readControl(ctx, c, q)
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
+			prob, detail := classify(err)
 			log.Warn("watching operator controls in Consul KV failed; the last ones stay in force", "prefix", ControlPrefix, "err", err)
+			if answered || failedAs.Problem != prob || (prob != health.ProblemUnreachable && failedAs.Detail != detail) {
+				failedAs = health.Contact{Err: err, Problem: prob, Detail: detail}
+				if !report(failedAs) {
+					return
+				}
+			}
+			answered = false
 			index = 0
 			select {
 			case <-ctx.Done():
@@ -91,12 +115,50 @@ func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observat
 				return
 			}
 		}
+		if !answered {
+			answered, failedAs = true, health.Contact{}
+			if !report(health.Contact{OK: true}) {
+				return
+			}
+		}
 		// Blocking queries can return early with the same index; pace them.
 		select {
 		case <-ctx.Done():
 		case <-time.After(20 * time.Millisecond):
 		}
 	}
+}
+
+// readControl lists the control prefix. leasehold must read every key
+// under it: an answer Consul filtered is an *ACLError, and so is an answer
+// without the rules key or without cordons when the token may not read
+// them — Consul lists keys a token may not read as if they did not exist,
+// so then a read of the rules key and of the cordons' prefix key asks (a
+// key the token may not read is refused whether it exists or not).
+func readControl(ctx context.Context, c *api.Client, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
+	what, rights := "kv "+ControlPrefix, []string{RightKeyPrefix(ControlPrefix, "read")}
+	pairs, meta, err := c.KV().List(ControlPrefix, q)
+	if err := aclNeeds(what, rights, meta, err); err != nil {
+		return nil, nil, err
+	}
+	rules, cordons := false, false
+	for _, p := range pairs {
+		rules = rules || p.Key == RulesKey
+		cordons = cordons || strings.HasPrefix(p.Key, CordonPrefix)
+	}
+	for _, probe := range []struct {
+		key  string
+		seen bool
+	}{{RulesKey, rules}, {CordonPrefix, cordons}} {
+		if probe.seen {
+			continue
+		}
+		_, pmeta, err := c.KV().Get(probe.key, (&api.QueryOptions{}).WithContext(ctx))
+		if err := aclNeeds(what, rights, pmeta, err); err != nil {
+			return nil, nil, err
+		}
+	}
+	return pairs, meta, nil
 }
 
 func cordonPrint(m map[string][]byte) string {

@@ -56,44 +56,165 @@ func (a apiCatalog) query(ctx context.Context, index uint64, wait time.Duration)
 // ErrACL: Consul's ACLs keep leasehold from reading what it must. Results
 // silently filtered by ACLs (an anonymous or under-privileged token sees an
 // empty catalog) are an error too: serving an empty fleet as if it were the
-// truth would route nothing.
+// truth would route nothing, and serving without the cordons as if there
+// were none would route to executors operators took out. Errors of it are
+// *ACLError, naming the rights missing.
 var ErrACL = errors.New("consul ACL")
 
-const aclRights = `the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs read on every service and node: service_prefix "" { policy = "read" } and node_prefix "" { policy = "read" }, and on the generation keys: key_prefix "leasehold/generation/" { policy = "read" } (examples/consul/leasehold-policy.hcl)`
+// ACLError is ErrACL for one read, with the rights it needs.
+type ACLError struct {
+	Read string // what was read, e.g. "kv leasehold/control/"
+	How  string // "permission denied (…)" or "results filtered by ACLs"
+	// Rights are the Consul policy rules the read needs and the token
+	// lacks (or may lack: a filtered answer does not say which of several).
+	Rights []string
+}
 
-// aclCheck turns a 403 or ACL-filtered results into ErrACL.
+func (e *ACLError) Error() string {
+	return fmt.Sprintf("%s: %v: %s: the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs %s (examples/consul/leasehold-policy.hcl)",
+		e.Read, ErrACL, e.How, e.Right())
+}
+
+// Is makes errors.Is(err, ErrACL) hold.
+func (e *ACLError) Is(target error) bool { return target == ErrACL }
+
+// Right is the missing rights as one line of Consul policy rules.
+func (e *ACLError) Right() string { return strings.Join(e.Rights, " and ") }
+
+// Consul policy rules leasehold serve needs (examples/consul/leasehold-policy.hcl).
+const (
+	RightServices = `service_prefix "" { policy = "read" }`
+	RightNodes    = `node_prefix "" { policy = "read" }`
+	// unknownToken: a 403 "ACL not found" is no missing right.
+	unknownToken = "a token Consul knows (this one is not found: deleted, expired or mistyped)"
+)
+
+// RightKeyPrefix is the rule that grants policy ("read", "write") on the
+// keys under prefix.
+func RightKeyPrefix(prefix, policy string) string {
+	return fmt.Sprintf("key_prefix %q { policy = %q }", prefix, policy)
+}
+
+// rightsOf are the rights a read needs, by its name: a KV read ("kv
+// PREFIX") its prefix, a catalog or health read every service and node.
+func rightsOf(what string) []string {
+	if prefix, ok := strings.CutPrefix(what, "kv "); ok {
+		return []string{RightKeyPrefix(prefix, "read")}
+	}
+	return []string{RightServices, RightNodes}
+}
+
+// aclCheck turns a 403 or ACL-filtered results into an *ACLError naming
+// the rights read what needs (rightsOf).
 func aclCheck(what string, meta *api.QueryMeta, err error) error {
+	return aclNeeds(what, rightsOf(what), meta, err)
+}
+
+// aclNeeds turns a 403 or ACL-filtered results of read what into an
+// *ACLError naming rights.
+func aclNeeds(what string, rights []string, meta *api.QueryMeta, err error) error {
 	var se api.StatusError
 	if err != nil && errors.As(err, &se) && se.Code == 403 {
-		return fmt.Errorf("%s: %w: permission denied (%s): %s", what, ErrACL, se.Body, aclRights)
+		body := strings.TrimSpace(se.Body)
+		if strings.Contains(body, "ACL not found") {
+			rights = []string{unknownToken}
+		}
+		return &ACLError{Read: what, How: "permission denied (" + body + ")", Rights: rights}
 	}
 	if err != nil {
 		return fmt.Errorf("%s: %w", what, err)
 	}
 	if meta != nil && meta.ResultsFilteredByACLs {
-		return fmt.Errorf("%s: %w: results filtered by ACLs: %s", what, ErrACL, aclRights)
+		return &ACLError{Read: what, How: "results filtered by ACLs", Rights: rights}
 	}
 	return nil
 }
 
+// listKV lists the keys under prefix (a blocking query from index), and
+// fails with an *ACLError naming key_prefix PREFIX { policy = NEED } when
+// the token may not read them: when Consul filtered keys out, and when
+// the listing is empty — Consul answers an empty listing alike whether
+// there are no keys or none the token may read, so then a read of the
+// prefix key itself asks (a key the token may not read is refused with 403
+// whether it exists or not).
+func listKV(ctx context.Context, c *api.Client, q *api.QueryOptions, prefix, need string) (api.KVPairs, *api.QueryMeta, error) {
+	what, rights := "kv "+prefix, []string{RightKeyPrefix(prefix, need)}
+	pairs, meta, err := c.KV().List(prefix, q)
+	if err := aclNeeds(what, rights, meta, err); err != nil {
+		return nil, nil, err
+	}
+	if len(pairs) == 0 {
+		probe := &api.QueryOptions{Datacenter: q.Datacenter}
+		_, pmeta, err := c.KV().Get(prefix, probe.WithContext(ctx))
+		if err := aclNeeds(what, rights, pmeta, err); err != nil {
+			return nil, nil, err
+		}
+	}
+	return pairs, meta, nil
+}
+
+// catalogRights are the catalog rights the token lacks, found with two
+// small reads after a catalog or health read came back filtered: the
+// service names (filtered without read on some service) and the Consul
+// servers' own registrations (filtered without read on their nodes). Both
+// when these do not tell.
+func (a apiCatalog) catalogRights(ctx context.Context) []string {
+	both := []string{RightServices, RightNodes}
+	svcs, meta, err := a.c.Catalog().Services(a.query(ctx, 0, 0))
+	if err != nil {
+		return both
+	}
+	if _, ok := svcs["consul"]; !ok {
+		return both // its nodes cannot be looked at either
+	}
+	var missing []string
+	if meta.ResultsFilteredByACLs {
+		missing = append(missing, RightServices)
+	}
+	servers, smeta, err := a.c.Catalog().Service("consul", "", a.query(ctx, 0, 0))
+	if err != nil {
+		return both
+	}
+	if len(servers) == 0 || smeta.ResultsFilteredByACLs {
+		missing = append(missing, RightNodes)
+	}
+	if len(missing) == 0 {
+		return both
+	}
+	return missing
+}
+
+// catalogCheck is aclCheck for a catalog or health read, naming the rights
+// missing as catalogRights finds them.
+func (a apiCatalog) catalogCheck(ctx context.Context, what string, meta *api.QueryMeta, err error) error {
+	err = aclCheck(what, meta, err)
+	var ae *ACLError
+	if errors.As(err, &ae) && ae.Rights[0] != unknownToken && ctx.Err() == nil {
+		ae.Rights = a.catalogRights(ctx)
+	}
+	return err
+}
+
 func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
 	s, meta, err := a.c.Catalog().Services(a.query(ctx, index, wait))
-	if err := aclCheck("catalog services", meta, err); err != nil {
+	// Filtered: some service cannot be read (node rights play no part).
+	if err := aclNeeds("catalog services", []string{RightServices}, meta, err); err != nil {
 		return nil, 0, err
 	}
-	// Consul 1.13 filters by ACLs silently (no header on these endpoints).
-	// The servers' own "consul" service is always in the catalog: when it
-	// is missing, or its nodes are, the token cannot read services or nodes.
+	// The listing of services is not filtered when the token reads every
+	// service but no node, and an empty catalog carries no sign either: the
+	// servers' own "consul" service is always in the catalog, so when it is
+	// missing, or its nodes are, the token cannot read services or nodes.
 	if _, ok := s["consul"]; !ok {
-		return nil, 0, fmt.Errorf("catalog services: %w: the catalog shows no \"consul\" service: %s", ErrACL, aclRights)
+		return nil, 0, &ACLError{Read: "catalog services", How: `the catalog shows no "consul" service (filtered by ACLs)`, Rights: a.catalogRights(ctx)}
 	}
 	if a.checked != nil && a.checked.Load() != meta.LastIndex {
-		servers, _, err := a.c.Catalog().Service("consul", "", a.query(ctx, 0, 0))
-		if err := aclCheck("catalog service consul", nil, err); err != nil {
+		servers, smeta, err := a.c.Catalog().Service("consul", "", a.query(ctx, 0, 0))
+		if err := aclNeeds("catalog service consul", []string{RightNodes}, smeta, err); err != nil {
 			return nil, 0, err
 		}
 		if len(servers) == 0 {
-			return nil, 0, fmt.Errorf("catalog service consul: %w: the Consul servers' nodes are not visible: %s", ErrACL, aclRights)
+			return nil, 0, &ACLError{Read: "catalog service consul", How: "the Consul servers' nodes are not visible (filtered by ACLs)", Rights: []string{RightNodes}}
 		}
 		a.checked.Store(meta.LastIndex)
 	}
@@ -102,7 +223,7 @@ func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Durati
 
 func (a apiCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
 	s, meta, err := a.c.Catalog().Service(task, tag, a.query(ctx, index, wait))
-	if err := aclCheck("catalog service "+task, meta, err); err != nil {
+	if err := a.catalogCheck(ctx, "catalog service "+task, meta, err); err != nil {
 		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
@@ -124,7 +245,7 @@ func (a apiCatalog) HealthService(ctx context.Context, task, tag string, ids []s
 		q.Filter = f.String()
 	}
 	s, meta, err := a.c.Health().Service(task, tag, false, q)
-	if err := aclCheck("health service "+task, meta, err); err != nil {
+	if err := a.catalogCheck(ctx, "health service "+task, meta, err); err != nil {
 		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
@@ -134,7 +255,7 @@ func (a apiCatalog) ChecksInState(ctx context.Context, tag, state string, index 
 	q := a.query(ctx, index, wait)
 	q.Filter = `ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == ""`
 	s, meta, err := a.c.Health().State(state, q)
-	if err := aclCheck(state+" checks", meta, err); err != nil {
+	if err := a.catalogCheck(ctx, state+" checks", meta, err); err != nil {
 		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
@@ -144,7 +265,7 @@ func (a apiCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Dura
 	q := a.query(ctx, index, wait)
 	q.Filter = `CheckID == "` + health.SerfHealthCheckID + `" and ServiceID == ""`
 	s, meta, err := a.c.Health().State(api.HealthAny, q)
-	if err := aclCheck("serfHealth checks", meta, err); err != nil {
+	if err := aclNeeds("serfHealth checks", []string{RightNodes}, meta, err); err != nil { // node checks: node rights only
 		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
@@ -154,18 +275,15 @@ func (a apiCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck
 	q := a.query(ctx, 0, 0)
 	q.Filter = `CheckID == "` + health.SerfHealthCheckID + `" and ServiceID == ""`
 	s, meta, err := a.c.Health().Node(node, q)
-	if err := aclCheck("checks of node "+node, meta, err); err != nil {
+	if err := aclNeeds("checks of node "+node, []string{RightNodes}, meta, err); err != nil {
 		return nil, err
 	}
 	return serfOf(s), nil
 }
 
 func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
-	pairs, meta, err := a.c.KV().List(health.GenerationKeyPrefix, a.query(ctx, index, wait))
-	if err := aclCheck("kv "+health.GenerationKeyPrefix, meta, err); err != nil {
-		if errors.Is(err, ErrACL) {
-			err = fmt.Errorf("%w (and key_prefix %q { policy = \"read\" })", err, health.GenerationKeyPrefix)
-		}
+	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.GenerationKeyPrefix, "read")
+	if err != nil {
 		return nil, 0, err
 	}
 	return pairs, meta.LastIndex, nil

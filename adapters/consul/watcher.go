@@ -134,7 +134,11 @@ type Watcher struct {
 	failingWatches map[string]bool
 	lastOK         map[string]time.Time // per watch: its last successful answer
 	failedAt       map[string]time.Time // per failing watch: its first error of the run
+	watchErr       map[string]error     // per failing watch: its last error
 	lastContact    atomic.Int64         // unix nanos of the last successful answer
+	// the failure as last reported, and its detail
+	problem       health.ContactProblem
+	problemDetail string
 
 	fast fastPath
 
@@ -423,25 +427,60 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, na
 	}
 	w.contactMu.Lock()
 	if w.failingWatches == nil {
-		w.failingWatches, w.lastOK, w.failedAt = map[string]bool{}, map[string]time.Time{}, map[string]time.Time{}
+		w.failingWatches, w.lastOK, w.failedAt, w.watchErr = map[string]bool{}, map[string]time.Time{}, map[string]time.Time{}, map[string]error{}
 	}
 	if err != nil {
 		if !w.failingWatches[name] {
 			w.failedAt[name] = now
 		}
 		w.failingWatches[name] = true
+		w.watchErr[name] = err
 	} else {
 		delete(w.failingWatches, name)
 		delete(w.failedAt, name)
+		delete(w.watchErr, name)
 		w.lastOK[name] = now
 	}
 	failing := len(w.failingWatches) > 0
 	changed := w.failing != failing
 	w.failing = failing
-	w.contactMu.Unlock()
-	if changed {
-		w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: !failing, Err: err}})
+	// A failure is reported again when its kind changes (a missing right
+	// or a certificate problem tells more than an unreachable Consul; an
+	// unreachable one is not reported again for each new error text).
+	var c *health.Contact
+	if failing {
+		perr, prob, detail := w.worstErrLocked()
+		if changed || prob != w.problem || (prob != health.ProblemUnreachable && detail != w.problemDetail) {
+			c = &health.Contact{Err: perr, Problem: prob, Detail: detail}
+		}
+		w.problem, w.problemDetail = prob, detail
+	} else if changed {
+		c = &health.Contact{OK: true}
+		w.problem, w.problemDetail = "", ""
 	}
+	w.contactMu.Unlock()
+	if c != nil {
+		w.send(ctx, out, health.Observation{Contact: c})
+	}
+}
+
+// worstErrLocked is the failing watches' error that tells most: a missing
+// right, then a certificate problem, then the first failing watch's by name.
+func (w *Watcher) worstErrLocked() (error, health.ContactProblem, string) {
+	rank := map[health.ContactProblem]int{health.ProblemACL: 3, health.ProblemTLS: 2}
+	var (
+		best     error
+		bestName string
+		prob     health.ContactProblem
+		detail   string
+	)
+	for name, err := range w.watchErr {
+		p, d := classify(err)
+		if best == nil || rank[p] > rank[prob] || (rank[p] == rank[prob] && name < bestName) {
+			best, bestName, prob, detail = err, name, p, d
+		}
+	}
+	return best, prob, detail
 }
 
 // blockingLoop runs one watch: query(index, wait) until ctx ends, following
@@ -596,6 +635,7 @@ func (w *Watcher) forgetWatch(name string) {
 	delete(w.failingWatches, name)
 	delete(w.lastOK, name)
 	delete(w.failedAt, name)
+	delete(w.watchErr, name)
 	w.contactMu.Unlock()
 }
 

@@ -88,7 +88,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	// recorded in Consul KV (leasehold/lapsed/), which every replica reads.
 	lapses := consul.NewLapseRecorder(client, log, snapshot.DefaultHistoryRetention, cfg.datacenters, tel.Meter)
 	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
-		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: lapses.Record})
+		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: lapses.Record,
+		AwaitControl: true}) // consul.WatchControl below: nothing is served before the cordons are read
 
 	var creds []grpc.ServerOption
 	if cfg.tls.Enabled() {

@@ -1,0 +1,276 @@
+package consul
+
+// Consul 1.13 leaves out, without an error, what a token may not read: on a
+// real default-deny agent every read leasehold relies on notices, and names
+// the rule of examples/consul/leasehold-policy.hcl that is missing.
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"os"
+	"regexp"
+	"strings"
+	"sync/atomic"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+)
+
+const aclRoot = "7c1b0c1e-0000-4000-8000-0000000000a1"
+
+// examplePolicy is a policy file of examples/consul.
+func examplePolicy(t *testing.T, file string) string {
+	t.Helper()
+	b, err := os.ReadFile("../../examples/consul/" + file)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return string(b)
+}
+
+// withoutRule is rules without the block opened by header (e.g.
+// `key_prefix "leasehold/control/"`).
+func withoutRule(t *testing.T, rules, header string) string {
+	t.Helper()
+	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(header) + ` \{[^}]*\}\n`)
+	out := re.ReplaceAllString(rules, "")
+	if out == rules {
+		t.Fatalf("no rule %s in:\n%s", header, rules)
+	}
+	return out
+}
+
+// clientWith is a client of a whose token holds a new policy of rules.
+func clientWith(t *testing.T, a *consultest.Agent, name, rules string) *api.Client {
+	t.Helper()
+	root := a.Client()
+	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: name, Rules: rules}, nil)
+	if err != nil {
+		t.Fatalf("policy %s: %v", name, err)
+	}
+	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Description: name, Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return clientOf(t, a, tok.SecretID)
+}
+
+func clientOf(t *testing.T, a *consultest.Agent, token string) *api.Client {
+	cfg := a.Config()
+	cfg.Token = token
+	c, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return c
+}
+
+// aclReads runs every read leasehold serve makes with c, and returns each
+// one's error by name.
+func aclReads(ctx context.Context, a *consultest.Agent, c *api.Client) map[string]error {
+	cat := apiCatalog{c: c, checked: new(atomic.Uint64)}
+	errs := map[string]error{}
+	_, _, errs["services"] = cat.Services(ctx, 0, 0)
+	_, _, errs["members"] = cat.ServiceNodes(ctx, "work", health.DefaultTag, 0, 0)
+	_, _, errs["health"] = cat.HealthService(ctx, "work", health.DefaultTag, nil)
+	_, _, errs["critical"] = cat.ChecksInState(ctx, health.DefaultTag, api.HealthCritical, 0, 0)
+	_, _, errs["serf"] = cat.SerfHealth(ctx, 0, 0)
+	_, errs["node-serf"] = cat.NodeSerf(ctx, a.Node)
+	_, _, errs["generations"] = cat.Generations(ctx, 0, 0)
+	_, _, errs["control"] = readControl(ctx, c, (&api.QueryOptions{}).WithContext(ctx))
+	return errs
+}
+
+// checkACLErrors wants ErrACL naming want[read] for each read in want,
+// and no error for the others.
+func checkACLErrors(t *testing.T, errs map[string]error, want map[string][]string) {
+	t.Helper()
+	for read, err := range errs {
+		rights, bad := want[read]
+		if !bad {
+			if err != nil {
+				t.Errorf("%s: %v, want no error", read, err)
+			}
+			continue
+		}
+		var ae *ACLError
+		if !errors.As(err, &ae) || !errors.Is(err, ErrACL) {
+			t.Errorf("%s: %v, want an ACL error naming %s", read, err, rights)
+			continue
+		}
+		if fmt.Sprint(ae.Rights) != fmt.Sprint(rights) {
+			t.Errorf("%s: names %q, want %q (%v)", read, ae.Rights, rights, err)
+		}
+		for _, r := range rights {
+			if !strings.Contains(err.Error(), r) {
+				t.Errorf("%s: the message does not name %s: %v", read, r, err)
+			}
+		}
+	}
+}
+
+// Every read leasehold serve relies on — the task types, a task's members
+// and their checks, the non-passing checks, every node's serfHealth and one
+// node's, the generation keys, the operators' controls — fails with ErrACL
+// naming the missing rule when the token lacks it, whether Consul filtered
+// something out or (an empty prefix) there was nothing to filter.
+func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
+	consultest.RequireBinary(t)
+	a := consultest.Start(t, consultest.Options{ACLManagementToken: aclRoot})
+	root := a.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+	// An executor's registration whose lease check is critical (so the
+	// critical set has a service check), its generation, a cordon and rules.
+	if err := root.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "work:e1", Name: "work", Port: 9001, Tags: []string{health.DefaultTag},
+		Check: &api.AgentServiceCheck{CheckID: "lease-e1", TTL: "30s"}}); err != nil {
+		t.Fatal(err)
+	}
+	for key, v := range map[string]string{health.GenerationKeyPrefix + "e1": "1", RulesKey: "{}", CordonPrefix + "c-1": "{}"} {
+		if _, err := root.KV().Put(&api.KVPair{Key: key, Value: []byte(v)}, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	consultest.WaitService(t, root, "work", 10*time.Second, "work:e1 critical in the catalog", func(es []*api.ServiceEntry) bool {
+		for _, e := range es {
+			for _, c := range e.Checks {
+				if c.CheckID == "lease-e1" && c.Status == api.HealthCritical {
+					return true
+				}
+			}
+		}
+		return false
+	})
+
+	full := examplePolicy(t, "leasehold-policy.hcl")
+	gen, ctl := RightKeyPrefix(health.GenerationKeyPrefix, "read"), RightKeyPrefix(ControlPrefix, "read")
+	both := []string{RightServices, RightNodes}
+	for _, tc := range []struct {
+		name  string
+		rules string
+		want  map[string][]string
+	}{
+		{"the example policy", full, nil},
+		{"no node read", withoutRule(t, full, `node_prefix ""`), map[string][]string{
+			"services": {RightNodes}, "members": {RightNodes}, "health": {RightNodes}, "critical": {RightNodes}, "serf": {RightNodes}, "node-serf": {RightNodes},
+		}},
+		{"no service read", withoutRule(t, full, `service_prefix ""`), map[string][]string{
+			"services": {RightServices}, "members": both, "health": both, "critical": both,
+		}},
+		{"no generation read", withoutRule(t, full, `key_prefix "leasehold/generation/"`), map[string][]string{"generations": {gen}}},
+		{"no control read", withoutRule(t, full, `key_prefix "leasehold/control/"`), map[string][]string{"control": {ctl}}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			c := clientWith(t, a, strings.ReplaceAll(tc.name, " ", "-"), tc.rules)
+			checkACLErrors(t, aclReads(ctx, a, c), tc.want)
+		})
+	}
+
+	// Empty prefixes: nothing to filter out, yet a token that may not read
+	// them is told apart from one that may (a probe of the prefix key).
+	for _, key := range []string{health.GenerationKeyPrefix + "e1", RulesKey, CordonPrefix + "c-1"} {
+		if _, err := root.KV().Delete(key, nil); err != nil {
+			t.Fatal(err)
+		}
+	}
+	noKV := clientWith(t, a, "no-kv", withoutRule(t, withoutRule(t, full, `key_prefix "leasehold/generation/"`), `key_prefix "leasehold/control/"`))
+	checkACLErrors(t, aclReads(ctx, a, noKV), map[string][]string{"generations": {gen}, "control": {ctl}})
+	checkACLErrors(t, aclReads(ctx, a, clientWith(t, a, "full-empty", full)), nil)
+	// Only the rules key readable: the cordons are not.
+	rulesOnly := clientWith(t, a, "rules-only", withoutRule(t, full, `key_prefix "leasehold/control/"`)+`key "leasehold/control/rules" { policy = "read" }`+"\n")
+	if _, _, err := readControl(ctx, rulesOnly, (&api.QueryOptions{}).WithContext(ctx)); !errors.Is(err, ErrACL) || !strings.Contains(err.Error(), ctl) {
+		t.Errorf("control read without the cordons: %v, want an ACL error naming %s", err, ctl)
+	}
+
+	// A token Consul does not know is said so, not taken for a missing right.
+	unknown := clientOf(t, a, "11111111-2222-4333-8444-555555555555")
+	var ae *ACLError
+	if _, _, err := (apiCatalog{c: unknown}).ServiceNodes(ctx, "work", health.DefaultTag, 0, 0); !errors.As(err, &ae) || ae.Right() != unknownToken {
+		t.Errorf("unknown token: %v, want an ACL error saying the token is not known", err)
+	}
+}
+
+// The Watcher and the control watch report a missing right as a contact
+// failure of kind ACL naming it (what /readyz shows), and the control
+// watch reads the cordons once the policy grants them.
+func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
+	consultest.RequireBinary(t)
+	a := consultest.Start(t, consultest.Options{ACLManagementToken: aclRoot})
+	root := a.Client()
+	if _, err := root.KV().Put(&api.KVPair{Key: CordonPrefix + "c-1", Value: []byte(`{"id":"c-1"}`)}, nil); err != nil {
+		t.Fatal(err)
+	}
+	full := examplePolicy(t, "leasehold-policy.hcl")
+	rules := withoutRule(t, withoutRule(t, full, `key_prefix "leasehold/generation/"`), `key_prefix "leasehold/control/"`)
+	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "partial", Rules: rules}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := clientOf(t, a, tok.SecretID)
+	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
+	defer cancel()
+
+	out := make(chan health.Observation, 64)
+	w := NewWatcher(c, WatchConfig{Tag: health.DefaultTag, FastWait: time.Second})
+	go w.Run(ctx, out)
+	go WatchControl(ctx, c, out, nil)
+	gen, ctl := RightKeyPrefix(health.GenerationKeyPrefix, "read"), RightKeyPrefix(ControlPrefix, "read")
+	var sawGen, sawCtl bool
+	for !sawGen || !sawCtl {
+		select {
+		case o := <-out:
+			if o.Cordons != nil {
+				t.Fatalf("the control watch sent cordons it may not read: %v", o.Cordons.Raw)
+			}
+			if ct := o.Contact; ct != nil && !ct.OK {
+				if ct.Problem != health.ProblemACL || ct.Detail != gen {
+					t.Fatalf("watcher contact %+v, want ACL naming %s", *ct, gen)
+				}
+				sawGen = true
+			}
+			if ct := o.ControlContact; ct != nil {
+				if ct.OK || ct.Problem != health.ProblemACL || ct.Detail != ctl {
+					t.Fatalf("control contact %+v, want ACL naming %s", *ct, ctl)
+				}
+				sawCtl = true
+			}
+		case <-ctx.Done():
+			t.Fatalf("no ACL failure reported (generation keys %v, controls %v)", sawGen, sawCtl)
+		}
+	}
+
+	// The policy gains the rights: the control watch reads the cordon and
+	// says so, and the watcher's contact recovers.
+	p.Rules = full
+	if _, _, err := root.ACL().PolicyUpdate(p, nil); err != nil {
+		t.Fatal(err)
+	}
+	var cordons, ctlOK, contactOK bool
+	for !cordons || !ctlOK || !contactOK {
+		select {
+		case o := <-out:
+			switch {
+			case o.Cordons != nil:
+				cordons = len(o.Cordons.Raw) == 1
+			case o.ControlContact != nil && o.ControlContact.OK:
+				if !cordons {
+					t.Fatal("the control watch said OK before sending the cordons it read")
+				}
+				ctlOK = true
+			case o.Contact != nil && o.Contact.OK:
+				contactOK = true
+			}
+		case <-ctx.Done():
+			t.Fatalf("after the policy update: cordons %v, control OK %v, contact OK %v", cordons, ctlOK, contactOK)
+		}
+	}
+}
