@@ -55,9 +55,10 @@ func applyEnv(fs *pflag.FlagSet) error {
 			if !ok {
 				continue
 			}
-			if err := fs.Set(f.Name, val); err != nil {
-				errs = append(errs, fmt.Sprintf("invalid $%s %q for --%s: %v", v, val, f.Name, err))
+			if err := f.Value.Set(val); err != nil {
+				errs = append(errs, fmt.Sprintf("invalid --%s (from $%s) %q: %v", f.Name, v, val, err))
 			}
+			f.Changed = true
 			if f.Annotations == nil {
 				f.Annotations = map[string][]string{}
 			}
@@ -98,6 +99,10 @@ func alias(fs *pflag.FlagSet, old, name string) {
 func applyAliases(fs *pflag.FlagSet, notes io.Writer) error {
 	var errs []string
 	fs.VisitAll(func(f *pflag.Flag) {
+		if why := f.Annotations["leasehold/ignored"]; len(why) == 1 && f.Changed {
+			fmt.Fprintf(notes, "note: --%s ignored: %s\n", f.Name, why[0])
+			return
+		}
 		to := f.Annotations["leasehold/alias"]
 		if len(to) != 1 || !f.Changed {
 			return
@@ -114,6 +119,14 @@ func applyAliases(fs *pflag.FlagSet, notes io.Writer) error {
 		return errors.New(strings.Join(errs, "\n"))
 	}
 	return nil
+}
+
+// ignoredFlag accepts flag name, hidden, for old command lines, and says
+// why it is not needed.
+func ignoredFlag(fs *pflag.FlagSet, name, why string) {
+	fs.String(name, "", why)
+	fs.Lookup(name).Hidden = true
+	fs.SetAnnotation(name, "leasehold/ignored", []string{why})
 }
 
 // finishFlags applies aliases, then the environment, to a parsed flag set.

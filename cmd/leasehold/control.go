@@ -487,6 +487,7 @@ validating it, show prints what is stored, clear removes it.`,
 		},
 	}
 	showFlags.register(show.Flags())
+	ignoredFlag(show.Flags(), "by", "a read needs no --by")
 	clear := &cobra.Command{
 		Use:   "clear",
 		Short: "remove the rules from Consul KV (each replica's --rules file, or the defaults, apply)",
@@ -601,5 +602,6 @@ the next (older) page's --before is printed on standard error.`,
 	fs.StringVar(&before, "before", "", "show the records older than this record id (the ID column; printed after each page as the next page's --before)")
 	fs.BoolVar(&asJSON, "json", false, "one JSON object per line")
 	cf.register(fs)
+	ignoredFlag(fs, "by", "a read needs no --by")
 	return cmd
 }

@@ -5,6 +5,7 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
+	"regexp"
 	"slices"
 	"strings"
 	"testing"
@@ -78,6 +79,7 @@ func control(t *testing.T, admin string) snapshot.ControlState {
 func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 	a := consultest.Start(t)
 	t.Setenv("CONSUL_HTTP_ADDR", a.HTTPAddr())
+	t.Setenv("LEASEHOLD_ADMIN_ADDR", "127.0.0.1:1") // no replica, unless --admin-addr names one
 	var logA, logB syncBuffer
 	ra, rb := startServeLogged(t, a, &logA), startServeLogged(t, a, &logB)
 	admins := []string{ra.admin, rb.admin}
@@ -137,17 +139,33 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 		t.Fatalf("%d calls to e3 after the version rule was enforced", n)
 	}
 
-	// Cordon by instance: DRAINING on both replicas.
-	out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "disk failing", "--by", "alice")
+	// Cordon by instance: DRAINING on both replicas; the command says it
+	// is applied, as a replica sees it.
+	out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "disk failing", "--by", "alice", "--admin-addr", ra.admin)
 	c1 := strings.Fields(out)[0]
 	c1 = strings.TrimSuffix(c1, ":")
+	if !strings.Contains(out, "state: applied: 1 executor(s) get no new work") {
+		t.Errorf("cordon does not say it is applied:\n%s", out)
+	}
 	awaitAll(t, admins, "e1 cordoned", func(ad string) bool {
 		v := verdict(t, ad, "e1", open)
 		return v.Route == "DRAINING" && v.Reason == "cordoned"
 	})
 	// Cordon by version needs a second person.
-	out = cli(t, 0, "cordon", "--version-constraint", "=2.0.0", "--reason", "memory leak", "--by", "alice")
+	out = cli(t, 0, "cordon", "--version-constraint", "=2.0.0", "--reason", "memory leak", "--by", "alice", "--admin-addr", rb.admin)
 	c2 := strings.TrimSuffix(strings.Fields(out)[0], ":")
+	if !strings.Contains(out, "state: pending approval") || !strings.Contains(out, "leasehold approve "+c2) {
+		t.Errorf("cordon does not say it is pending approval:\n%s", out)
+	}
+	// Without a replica to ask, the state is unknown, and said to be.
+	out = cli(t, 0, "cordon", "--list")
+	if !strings.Contains(out, "STATE not known here") || !regexp.MustCompile(c2+`\s+version =2.0.0\s+\?`).MatchString(out) {
+		t.Errorf("cordon --list without a replica:\n%s", out)
+	}
+	out = cli(t, 0, "cordon", "--list", "--admin-addr", ra.admin)
+	if !regexp.MustCompile(c1+`\s+instance e1\s+applied 1/1`).MatchString(out) || !regexp.MustCompile(c2+`\s+version =2.0.0\s+pending approval`).MatchString(out) {
+		t.Errorf("cordon --list does not show the states:\n%s", out)
+	}
 	awaitAll(t, admins, "the version cordon pending", func(ad string) bool {
 		for _, st := range control(t, ad).Cordons {
 			if st.Cordon.ID == c2 {
@@ -160,7 +178,10 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 		t.Fatalf("a pending cordon applied: %+v", v)
 	}
 	cli(t, 1, "approve", "--by", "alice", c2) // its author cannot approve it
-	cli(t, 0, "approve", "--by", "bob", c2)
+	out = cli(t, 0, "approve", c2, "--by", "bob", "--admin-addr", ra.admin)
+	if !strings.Contains(out, "state: held by the safety limit: 1 of the 2 executor(s) it selects stay routed, 1 applied") {
+		t.Errorf("approve does not say the safety limit holds part of the cordon:\n%s", out)
+	}
 	// 4 live executors, limit 0.5: e1 plus one of the two 2.0.0 ones.
 	awaitAll(t, admins, "the approved cordon applied up to the safety limit", func(ad string) bool {
 		for _, st := range control(t, ad).Cordons {
@@ -174,7 +195,7 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 		t.Fatalf("the safety limit did not keep e4 routed: %+v", v)
 	}
 	// Uncordoning e1 frees room under the limit: e4 is cordoned now.
-	cli(t, 0, "uncordon", "--by", "bob", "--reason", "disk replaced", c1)
+	cli(t, 0, "uncordon", c1, "--by", "bob", "--reason", "disk replaced") // flags after the id, as README shows
 	awaitAll(t, admins, "e1 routed, e4 cordoned", func(ad string) bool {
 		return verdict(t, ad, "e1", open).Route == "HEALTHY" && verdict(t, ad, "e4", open).Reason == "cordoned"
 	})
@@ -256,7 +277,10 @@ func TestRulesFileFollowedAndAudited(t *testing.T) {
 	}
 	write("modes:\n  - {rule: version, mode: enforce}\nsafety_limit: 1  # one executor: a cordon may take it out\n")
 	awaitAll(t, admins, "version enforced (file rules)", func(ad string) bool { return verdict(t, ad, "e1", set).Reason == "version-incompatible" })
-	cli(t, 0, "cordon", "--instance", "e1", "--reason", "test", "--by", "carol")
+	t.Setenv("LEASEHOLD_ADMIN_ADDR", l.admin)
+	if out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "test", "--by", "carol"); !strings.Contains(out, "state: applied: 1 executor(s)") {
+		t.Errorf("cordon does not say it is applied (replica from $LEASEHOLD_ADMIN_ADDR):\n%s", out)
+	}
 	awaitAll(t, admins, "e1 cordoned", func(ad string) bool { return verdict(t, ad, "e1", "v=").Reason == "cordoned" })
 
 	b, err := os.ReadFile(auditPath)

@@ -1,0 +1,298 @@
+package main
+
+import (
+	"bytes"
+	"encoding/json"
+	"io"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"github.com/spf13/pflag"
+)
+
+// noConsul points every Consul client at a port nothing listens on: a
+// command that gets that far fails at run time (exit 1), after parsing.
+func noConsul(t *testing.T) {
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+	t.Setenv("LEASEHOLD_ADMIN_ADDR", "127.0.0.1:1")
+	unsetenv(t, "LEASEHOLD_CONSUL_ADDR")
+}
+
+// unsetenv unsets v for the test (restored after it).
+func unsetenv(t *testing.T, v string) {
+	t.Setenv(v, "")
+	os.Unsetenv(v)
+}
+
+// The issue's case: a stray word in the middle of bootstrap's flags used to
+// end parsing there, and the constraint after it was silently dropped from
+// the bootstrap printed. Now the command fails naming the word, and writes
+// nothing.
+func TestBootstrapRefusesStrayArgument(t *testing.T) {
+	out := filepath.Join(t.TempDir(), "d1.json")
+	code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1", "extra", "--version-constraint", "<2.0.0", "--out", out)
+	if code != 2 || !strings.Contains(stderr, `"extra"`) || stdout != "" {
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 2 and an error naming \"extra\"", code, stdout, stderr)
+	}
+	if _, err := os.Stat(out); !os.IsNotExist(err) {
+		t.Fatalf("--out written despite the error: %v", err)
+	}
+	// Flags after the stray word are parsed, not dropped: without it the
+	// constraint is in the bootstrap.
+	code, stdout, stderr = runCLI("bootstrap", "--node-id", "d1", "--version-constraint", "<2.0.0")
+	var b bootstrapConfig
+	if code != 0 || json.Unmarshal([]byte(stdout), &b) != nil || b.Node.Metadata["version_constraint"] != "<2.0.0" {
+		t.Fatalf("exit %d: %s %s", code, stdout, stderr)
+	}
+}
+
+// Every command refuses an argument it does not take, before doing
+// anything, naming the argument.
+func TestEveryCommandRefusesStrayArguments(t *testing.T) {
+	noConsul(t)
+	for _, args := range [][]string{
+		{"serve", "now"},
+		{"bootstrap", "--node-id", "d1", "x"},
+		{"explain", "e1"},
+		{"register", "x", "--instance", "i"},
+		{"cordon", "--instance", "e1", "x", "--reason", "r", "--by", "a"},
+		{"cordon", "--list", "x"},
+		{"uncordon", "c-1", "c-2", "--by", "a"},
+		{"approve", "c-1", "c-2", "--by", "a"},
+		{"rules", "show", "x"},
+		{"rules", "clear", "x", "--by", "a"},
+		{"rules", "set", "a.yaml", "b.yaml", "--by", "a"},
+		{"audit", "x"},
+		{"version", "x"},
+	} {
+		code, stdout, stderr := runCLI(args...)
+		if code != 2 || !strings.Contains(stderr, "unexpected argument") || stdout != "" {
+			t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q; want 2, unexpected argument", strings.Join(args, " "), code, stdout, stderr)
+		}
+	}
+	for _, args := range [][]string{{"uncordon", "--by", "a"}, {"approve"}, {"rules", "set"}} {
+		if code, _, stderr := runCLI(args...); code != 2 || !strings.Contains(stderr, "missing") {
+			t.Errorf("leasehold %s: exit %d, %q; want 2 naming what is missing", strings.Join(args, " "), code, stderr)
+		}
+	}
+	for _, args := range [][]string{{"rules"}, {"rules", "frob"}} {
+		if code, _, stderr := runCLI(args...); code != 2 || !strings.Contains(stderr, "set FILE, show or clear") {
+			t.Errorf("leasehold %s: exit %d, %q", strings.Join(args, " "), code, stderr)
+		}
+	}
+}
+
+// Flags may follow arguments, as README shows: these parse (and fail only
+// at run time, with Consul unreachable: exit 1).
+func TestFlagsAfterArguments(t *testing.T) {
+	noConsul(t)
+	for _, args := range [][]string{
+		{"uncordon", "c-1a2b3c4d", "--reason", "fixed", "--by", "me"},
+		{"approve", "c-1a2b3c4d", "--by", "me"},
+		{"rules", "--by", "me", "clear"}, // flags before the subcommand too
+		{"rules", "clear", "--by", "me"},
+	} {
+		code, _, stderr := runCLI(args...)
+		if code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
+			t.Errorf("leasehold %s: exit %d, %q; want 1 from the unreachable Consul", strings.Join(args, " "), code, stderr)
+		}
+	}
+}
+
+// Reads need no --by: with USER unset they get as far as Consul.
+func TestReadsNeedNoBy(t *testing.T) {
+	noConsul(t)
+	unsetenv(t, "USER")
+	for _, args := range [][]string{{"cordon", "--list"}, {"audit"}, {"rules", "show"}, {"audit", "--by", "old-scripts"}} {
+		code, _, stderr := runCLI(args...)
+		if code != 1 || strings.Contains(stderr, "--by: required") {
+			t.Errorf("leasehold %s: exit %d, %q; want 1 from the unreachable Consul, no --by needed", strings.Join(args, " "), code, stderr)
+		}
+	}
+	// a write still wants to know who acts
+	if code, _, stderr := runCLI("cordon", "--instance", "e1", "--reason", "r"); code != 2 || !strings.Contains(stderr, "--by") {
+		t.Errorf("a cordon without --by or USER: exit %d, %q", code, stderr)
+	}
+}
+
+// Help exits 0 on standard output for every command; no command at all is
+// a usage error.
+func TestHelpAndVersion(t *testing.T) {
+	for _, path := range append(commandPaths(), []string{}) {
+		for _, h := range [][]string{{"--help"}, {"-h"}} {
+			args := append(append([]string{}, path...), h...)
+			code, stdout, stderr := runCLI(args...)
+			if code != 0 || !strings.Contains(stdout, "Usage:") || stderr != "" {
+				t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q", strings.Join(args, " "), code, stdout, stderr)
+			}
+		}
+	}
+	if code, stdout, _ := runCLI("help", "cordon"); code != 0 || !strings.Contains(stdout, "--version-constraint") {
+		t.Errorf("leasehold help cordon: exit %d: %s", code, stdout)
+	}
+	if code, _, stderr := runCLI(); code != 2 || !strings.Contains(stderr, "Available Commands") || !strings.Contains(stderr, "completion") {
+		t.Errorf("no command: exit %d, %q", code, stderr)
+	}
+	if code, stdout, _ := runCLI("version"); code != 0 || stdout != "leasehold "+version+"\n" {
+		t.Errorf("version: exit %d, %q", code, stdout)
+	}
+	for _, shell := range []string{"bash", "zsh", "fish", "powershell"} {
+		if code, stdout, stderr := runCLI("completion", shell); code != 0 || !strings.Contains(stdout, "leasehold") {
+			t.Errorf("completion %s: exit %d, %d bytes, %q", shell, code, len(stdout), stderr)
+		}
+	}
+	// Flag values complete too.
+	if code, stdout, _ := runCLI("__complete", "serve", "--lb-policy", ""); code != 0 || !strings.Contains(stdout, "least_request") {
+		t.Errorf("completing --lb-policy: exit %d, %q", code, stdout)
+	}
+}
+
+// Numbers are numbers: help shows the type, and a value that is none is
+// refused naming the flag.
+func TestNumberFlagsAreTyped(t *testing.T) {
+	for _, c := range []struct {
+		path []string
+		flag string
+	}{
+		{[]string{"serve"}, "--consul-max-conns int"},
+		{[]string{"serve"}, "--fencing-stale-after duration"},
+		{[]string{"register"}, "--capacity int"},
+		{[]string{"register"}, "--lease duration"},
+		{[]string{"audit"}, "--limit int"},
+		{[]string{"cordon"}, "--audit-keep int"},
+	} {
+		_, stdout, _ := runCLI(append(c.path, "--help")...)
+		if !strings.Contains(stdout, c.flag) {
+			t.Errorf("leasehold %s --help does not show %q", c.path[0], c.flag)
+		}
+	}
+	for _, args := range [][]string{
+		{"serve", "--consul-max-conns", "many"},
+		{"serve", "--fencing-stale-after", "35"},
+		{"audit", "--limit", "ten"},
+	} {
+		if code, _, stderr := runCLI(args...); code != 2 || !strings.Contains(stderr, args[1]) {
+			t.Errorf("leasehold %s: exit %d, %q", strings.Join(args, " "), code, stderr)
+		}
+	}
+}
+
+// A flag overrides its variables; the first variable set applies; a bad
+// value from a variable is refused naming the flag and the variable.
+func TestEnvironmentAndFlags(t *testing.T) {
+	t.Setenv("LEASEHOLD_CONSUL_MAX_CONNS", "7")
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.2:8500")
+	unsetenv(t, "LEASEHOLD_CONSUL_ADDR")
+	cfg, err := parseServeFlags(nil, io.Discard)
+	if err != nil || cfg.consulMaxConns != 7 || cfg.consulAddr != "127.0.0.2:8500" {
+		t.Fatalf("from the environment: %+v %v", cfg, err)
+	}
+	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.3:8500")
+	cfg, err = parseServeFlags([]string{"--consul-max-conns", "9"}, io.Discard)
+	if err != nil || cfg.consulMaxConns != 9 || cfg.consulAddr != "127.0.0.3:8500" {
+		t.Fatalf("flag over variable, LEASEHOLD_CONSUL_ADDR over CONSUL_HTTP_ADDR: %+v %v", cfg, err)
+	}
+	if cfg, err = parseServeFlags([]string{"--consul-addr", "127.0.0.4:8500"}, io.Discard); err != nil || cfg.consulAddr != "127.0.0.4:8500" {
+		t.Fatalf("--consul-addr over both variables: %+v %v", cfg, err)
+	}
+	for env, want := range map[string]string{
+		"LEASEHOLD_CONSUL_MAX_CONNS":    "--consul-max-conns (from $LEASEHOLD_CONSUL_MAX_CONNS)",
+		"LEASEHOLD_FENCING_STALE_AFTER": "--fencing-stale-after (from $LEASEHOLD_FENCING_STALE_AFTER)",
+		"LEASEHOLD_XDS_ADDR":            "--xds-addr (from $LEASEHOLD_XDS_ADDR)",
+	} {
+		t.Run(env, func(t *testing.T) {
+			t.Setenv(env, "nonsense")
+			if _, err := parseServeFlags(nil, io.Discard); err == nil || !strings.Contains(err.Error(), want) {
+				t.Fatalf("want an error naming %s, got %v", want, err)
+			}
+		})
+	}
+}
+
+// bootstrap's dial address: LEASEHOLD_XDS_ADDR is where serve listens, so
+// an unspecified host there (or in the flag) is refused, naming where it
+// came from; the flag overrides the variable.
+func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
+	for _, c := range []struct {
+		env  string
+		args []string
+		want string // "" = accepted
+	}{
+		{"0.0.0.0:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"[::]:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{":18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"0.0.0.0:18000", []string{"--xds-addr", "10.0.0.5:18000"}, ""},
+		{"10.0.0.5:18000", nil, ""},
+		{"leasehold.internal:18000", nil, ""},
+		{"10.0.0.5:18000", []string{"--xds-addr", "0.0.0.0:18000"}, `invalid --xds-addr "0.0.0.0:18000"`},
+		{"10.0.0.5:18000", []string{"--xds-addr", "10.0.0.5:0"}, "invalid --xds-addr"},
+	} {
+		t.Setenv("LEASEHOLD_XDS_ADDR", c.env)
+		code, stdout, stderr := runCLI(append([]string{"bootstrap", "--node-id", "d1"}, c.args...)...)
+		switch {
+		case c.want == "" && code != 0:
+			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v refused: %s", c.env, c.args, stderr)
+		case c.want != "" && (code != 2 || !strings.Contains(stderr, c.want) || stdout != ""):
+			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v: exit %d, %q; want 2 naming %s", c.env, c.args, code, stderr, c.want)
+		}
+	}
+	if _, err := newBootstrap("0.0.0.0:18000", "d1", "", nil, "", ""); err == nil || !strings.Contains(err.Error(), "--xds-addr") {
+		t.Errorf("newBootstrap took an unspecified address: %v", err)
+	}
+}
+
+// The old spellings still work, hidden from help, with a deprecation note;
+// giving both spellings is refused; a variable never overrides a value given
+// under the old spelling.
+func TestDeprecatedSpellings(t *testing.T) {
+	root := newRootCmd()
+	for _, c := range []struct{ cmd, old, now string }{
+		{"register", "consul", "consul-addr"}, {"register", "tag", "service-tag"},
+		{"cordon", "consul", "consul-addr"}, {"cordon", "version", "version-constraint"},
+		{"uncordon", "consul", "consul-addr"}, {"approve", "consul", "consul-addr"}, {"audit", "consul", "consul-addr"},
+		{"explain", "admin-ca", "tls-ca"}, {"explain", "admin-cert", "tls-cert"}, {"explain", "admin-key", "tls-key"},
+		{"cordon", "admin-ca", "tls-ca"}, {"serve", "consul", "consul-addr"},
+	} {
+		cmd, _, err := root.Find([]string{c.cmd})
+		if err != nil {
+			t.Fatal(err)
+		}
+		f := cmd.Flags().Lookup(c.old)
+		if f == nil || !f.Hidden || f.Value != cmd.Flags().Lookup(c.now).Value {
+			t.Errorf("leasehold %s --%s is not a hidden spelling of --%s", c.cmd, c.old, c.now)
+		}
+		_, stdout, _ := runCLI(c.cmd, "--help")
+		if strings.Contains(stdout, "--"+c.old+" ") {
+			t.Errorf("leasehold %s --help shows the old --%s", c.cmd, c.old)
+		}
+	}
+
+	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.9:8500")
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	var addr string
+	consulAddrFlag(fs, &addr)
+	var notes bytes.Buffer
+	if err := fs.Parse([]string{"--consul", "127.0.0.5:8500"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := finishFlags(fs, &notes); err != nil || addr != "127.0.0.5:8500" || !strings.Contains(notes.String(), "--consul is deprecated") {
+		t.Fatalf("--consul: %q, %v, notes %q", addr, err, notes.String())
+	}
+	fs = pflag.NewFlagSet("t", pflag.ContinueOnError)
+	consulAddrFlag(fs, &addr)
+	if err := fs.Parse([]string{"--consul", "a:1", "--consul-addr", "b:1"}); err != nil {
+		t.Fatal(err)
+	}
+	if err := finishFlags(fs, io.Discard); err == nil || !strings.Contains(err.Error(), "--consul-addr only") {
+		t.Fatalf("both spellings: %v", err)
+	}
+	// through a command: the note goes to standard error, the value is used
+	noConsul(t)
+	code, _, stderr := runCLI("cordon", "--list", "--consul", "127.0.0.1:2")
+	if code != 1 || !strings.Contains(stderr, "--consul is deprecated") || !strings.Contains(stderr, "127.0.0.1:2") {
+		t.Fatalf("cordon --list --consul: exit %d, %q", code, stderr)
+	}
+}
