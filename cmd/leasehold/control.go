@@ -191,7 +191,11 @@ func (v cordonView) long(id string) string {
 	case st.Pending:
 		return fmt.Sprintf("pending approval: it selects %d executor(s) and the rules require a second person's approval (a version cordon always, or more than %d executors): a different identity runs `leasehold approve %s`%s", st.Matched, v.approval.MaxExecutors, id, where)
 	case st.Held > 0:
-		return fmt.Sprintf("held by the safety limit: %d of the %d executor(s) it selects stay routed, %d applied; at most floor(%g × live executors) of a task type are cordoned at once, rounded down, so a task type with a single live executor can never be cordoned%s", st.Held, st.Matched, st.Applied, v.limit, where)
+		out := ""
+		if n := st.Matched - st.Applied - st.Held; n > 0 {
+			out = fmt.Sprintf(", %d out of routing already (lapsed, fenced or cordoned earlier)", n)
+		}
+		return fmt.Sprintf("held by the safety limit: %d of the %d executor(s) it selects stay routed, %d applied%s; at most floor(%g × live executors) of a task type are cordoned at once, rounded down, so a task type with a single live executor can never be cordoned%s", st.Held, st.Matched, st.Applied, out, v.limit, where)
 	case st.Applied > 0:
 		return fmt.Sprintf("applied: %d executor(s) get no new work (DRAINING)%s", st.Applied, where)
 	case st.Matched == 0:

@@ -53,10 +53,10 @@ func (a *adminFlags) register(fs *pflag.FlagSet, what string) {
 func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 	var errs []string
 	f.admin = a.addr
-	if host, _, err := net.SplitHostPort(a.addr); err != nil {
+	// An unspecified host (serve's LEASEHOLD_ADMIN_ADDR may be 0.0.0.0:19000)
+	// dials this machine, where such a replica listens: accepted.
+	if _, _, err := net.SplitHostPort(a.addr); err != nil {
 		errs = append(errs, fmt.Sprintf("invalid %s: want HOST:PORT: %v", flagRef(fs, "admin-addr"), err))
-	} else if ip := net.ParseIP(host); host == "" || (ip != nil && ip.IsUnspecified()) {
-		errs = append(errs, fmt.Sprintf("invalid %s %q: an unspecified host is a listen address, not one to connect to: give the replica's address, e.g. 127.0.0.1:19000", flagRef(fs, "admin-addr"), a.addr))
 	}
 	if a.tokenFile != "" {
 		if b, err := os.ReadFile(a.tokenFile); err != nil {
