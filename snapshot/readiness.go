@@ -18,8 +18,9 @@ type Readiness struct {
 	// Detail is what is pending, the error, the missing rights (Consul
 	// policy rules) or the certificate problem.
 	Detail string
-	// Source is whose read it is: ControlSource, or a datacenter ("" with
-	// one, unnamed).
+	// Source is whose reads failed: ControlSource, datacenters, "fleet"
+	// (the one, unnamed datacenter's watches) when others failed too,
+	// comma-separated ("" for the unnamed datacenter's alone).
 	Source string
 }
 
@@ -104,32 +105,79 @@ func (s *Syncer) readiness() Readiness {
 	if s.synced && s.anyReachable() && s.controlOK() {
 		return Readiness{Ready: true}
 	}
-	rank := map[health.ContactProblem]int{health.ProblemACL: 3, health.ProblemTLS: 2, health.ProblemUnreachable: 1}
-	var worst *Readiness
-	consider := func(source string, c health.Contact) {
-		if worst == nil || rank[c.Problem] > rank[health.ContactProblem(worst.Reason)] {
-			worst = &Readiness{Reason: string(c.Problem), Detail: c.Detail, Source: source}
+	// The failures readiness waits on: the control watch's, and the
+	// datacenters' before the first read or when none answers (with
+	// several, one failing leaves leasehold ready: its executors' reach
+	// says the rest).
+	type failure struct {
+		source string
+		c      health.Contact
+	}
+	var failures []failure
+	if c := s.rd.ctlFailure; c != nil {
+		failures = append(failures, failure{ControlSource, *c})
+	}
+	if !s.synced || !s.anyReachable() {
+		dcs := make([]string, 0, len(s.rd.failure))
+		for dc := range s.rd.failure {
+			dcs = append(dcs, dc)
+		}
+		sort.Strings(dcs)
+		for _, dc := range dcs {
+			failures = append(failures, failure{dc, s.rd.failure[dc]})
 		}
 	}
-	if c := s.rd.ctlFailure; c != nil {
-		consider(ControlSource, *c)
+	if len(failures) == 0 {
+		return Readiness{Reason: ReasonFirstRead, Detail: s.pendingReads()}
 	}
-	dcs := make([]string, 0, len(s.rd.failure))
-	for dc := range s.rd.failure {
-		dcs = append(dcs, dc)
+	// The kind that tells most (a missing right, a certificate problem,
+	// an unreachable Consul); every right missing anywhere, else the first
+	// failure's detail.
+	rank := map[health.ContactProblem]int{health.ProblemACL: 3, health.ProblemTLS: 2, health.ProblemUnreachable: 1}
+	top := failures[0].c.Problem
+	for _, f := range failures {
+		if rank[f.c.Problem] > rank[top] {
+			top = f.c.Problem
+		}
 	}
-	sort.Strings(dcs)
-	for _, dc := range dcs {
-		consider(dc, s.rd.failure[dc])
+	r := Readiness{Reason: string(top)}
+	var sources, details []string
+	for _, f := range failures {
+		if f.c.Problem != top {
+			continue
+		}
+		src := f.source
+		if src == "" {
+			src = "fleet" // the one, unnamed datacenter's watches
+		}
+		sources = append(sources, src)
+		details = append(details, f.c.Detail)
 	}
-	// With several datacenters one failing leaves leasehold ready (its
-	// executors' reach says the rest); a failure is the reason only when
-	// readiness needs what failed — the control watch, or every datacenter
-	// when none answers, or any before the first read.
-	if worst != nil && (s.rd.ctlFailure != nil || !s.anyReachable() || !s.synced) {
-		return *worst
+	r.Detail = details[0]
+	if top == health.ProblemACL {
+		r.Detail = joinRights(details)
 	}
-	return Readiness{Reason: ReasonFirstRead, Detail: s.pendingReads()}
+	if r.Source = strings.Join(sources, ", "); r.Source == "fleet" {
+		r.Source = "" // one datacenter, unnamed
+	}
+	return r
+}
+
+// joinRights is every missing right of details (each rights joined by
+// " and ", as Contact.Detail carries them), once, sorted.
+func joinRights(details []string) string {
+	seen := map[string]bool{}
+	var rights []string
+	for _, d := range details {
+		for _, r := range strings.Split(d, " and ") {
+			if r != "" && !seen[r] {
+				seen[r] = true
+				rights = append(rights, r)
+			}
+		}
+	}
+	sort.Strings(rights)
+	return strings.Join(rights, " and ")
 }
 
 // pendingReads says what the first read still waits for.

@@ -111,3 +111,15 @@ func TestReadinessWithoutControlWatch(t *testing.T) {
 	h.nonPassing()
 	awaitReadiness(t, h.s, "ready", func(r Readiness) bool { return r.Ready })
 }
+
+// Every right missing anywhere is named once, with whose reads lack them.
+func TestReadinessNamesEveryMissingRight(t *testing.T) {
+	h := startSyncer(t)
+	gen, ctl, svc := `key_prefix "leasehold/generation/" { policy = "read" }`, `key_prefix "leasehold/control/" { policy = "read" }`, `service_prefix "" { policy = "read" }`
+	h.obs <- health.Observation{Contact: &health.Contact{Err: errors.New("acl"), Problem: health.ProblemACL, Detail: svc + " and " + gen}}
+	h.obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("acl"), Problem: health.ProblemACL, Detail: ctl}}
+	r := awaitReadiness(t, h.s, "both", reason(string(health.ProblemACL), ctl))
+	if want := ctl + " and " + gen + " and " + svc; r.Detail != want || r.Source != ControlSource+", fleet" {
+		t.Fatalf("%+v, want detail %q from both", r, want)
+	}
+}

@@ -466,6 +466,7 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, na
 
 // worstErrLocked is the failing watches' error that tells most: a missing
 // right, then a certificate problem, then the first failing watch's by name.
+// A missing right's detail is every right the failing watches lack.
 func (w *Watcher) worstErrLocked() (error, health.ContactProblem, string) {
 	rank := map[health.ContactProblem]int{health.ProblemACL: 3, health.ProblemTLS: 2}
 	var (
@@ -473,12 +474,21 @@ func (w *Watcher) worstErrLocked() (error, health.ContactProblem, string) {
 		bestName string
 		prob     health.ContactProblem
 		detail   string
+		rights   []string
 	)
 	for name, err := range w.watchErr {
 		p, d := classify(err)
+		var ae *ACLError
+		if errors.As(err, &ae) {
+			rights = append(rights, ae.Rights...)
+		}
 		if best == nil || rank[p] > rank[prob] || (rank[p] == rank[prob] && name < bestName) {
 			best, bestName, prob, detail = err, name, p, d
 		}
+	}
+	if prob == health.ProblemACL && len(rights) > 0 {
+		slices.Sort(rights)
+		detail = strings.Join(slices.Compact(rights), " and ")
 	}
 	return best, prob, detail
 }
