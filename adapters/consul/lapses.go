@@ -2,8 +2,6 @@ package consul
 
 import (
 	"context"
-	"errors"
-	"fmt"
 	"log/slog"
 	"slices"
 	"sync"
@@ -28,11 +26,8 @@ type lapseCatalog interface {
 
 // LapseMarks lists the lapse marks.
 func (a apiCatalog) LapseMarks(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
-	pairs, meta, err := a.c.KV().List(health.LapseMarkPrefix, a.query(ctx, index, wait))
-	if err := aclCheck("kv "+health.LapseMarkPrefix, meta, err); err != nil {
-		if errors.Is(err, ErrACL) {
-			err = fmt.Errorf("%w (and key_prefix %q { policy = \"write\" })", err, health.LapseMarkPrefix)
-		}
+	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write") // leasehold writes them too
+	if err != nil {
 		return nil, 0, err
 	}
 	return pairs, meta.LastIndex, nil
