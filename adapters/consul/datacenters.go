@@ -55,6 +55,26 @@ func NewWatchers(client *api.Client, cfg WatchConfig, datacenters []string) (*Wa
 	return ws, nil
 }
 
+// openQueries is how many queries a Watcher keeps open besides its
+// per-task slots: the critical and warning checks, serfHealth, the task
+// list, the generation keys and the lapse marks.
+const openQueries = 6
+
+// Connections is how many connections to the agent leasehold may hold at
+// once watching datacenters (at least 1) with maxConcurrent per-task
+// queries in all: each datacenter's open queries and its share of the
+// slots, plus the control watch, the lapse recorder and a fresh read. The
+// HTTP client must allow that many, or a query waits for a connection —
+// the lapse in it too — until a blocking query returns.
+func Connections(maxConcurrent, datacenters int) int {
+	datacenters = max(datacenters, 1)
+	slots := maxConcurrent
+	if datacenters > 1 {
+		slots = datacenters * max(maxConcurrent/datacenters, 2)
+	}
+	return slots + datacenters*openQueries + 3
+}
+
 // Run watches every datacenter until ctx ends.
 func (ws *Watchers) Run(ctx context.Context, out chan<- health.Observation) error {
 	var wg sync.WaitGroup

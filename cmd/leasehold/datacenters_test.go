@@ -83,7 +83,7 @@ func TestTwoDatacentersFailover(t *testing.T) {
 	d1.await(t, margin, 10*time.Second, "dc1's dispatcher on b1 and b2", only("b1", "b2"))
 	for _, c := range d1.since(margin) {
 		if strings.HasPrefix(c.Instance, "a") {
-			t.Fatalf("a call reached %s more than 300ms after the last dc1 lease lapsed", c.Instance)
+			t.Fatalf("a call reached %s more than 300ms after the last dc1 lease lapsed: call %+v, lapsed %s margin %s", c.Instance, c, lapsed.Format("15:04:05.000"), margin.Format("15:04:05.000"))
 		}
 	}
 	failedOver := time.Now()

@@ -59,7 +59,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		defer cancel()
 		tel.Shutdown(sctx)
 	}()
-	client, err := consul.NewClient(cfg.consulAddr, cfg.consulMaxConns+4)
+	client, err := consul.NewClient(cfg.consulAddr, consul.Connections(cfg.consulMaxConns, len(cfg.datacenters)))
 	if err != nil {
 		return err
 	}
