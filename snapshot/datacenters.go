@@ -24,6 +24,7 @@ type dcState struct {
 	tasks        []string           // task types Consul lists; nil until first read
 	floor        map[string]uint64  // per instance: the generation in this datacenter's KV
 	marks        []health.LapseMark // the lapse marks in this datacenter's KV
+	haveMarks    bool               // they have been read
 	genIndex     uint64
 	failing      bool      // some watch of it failed and has not answered since
 	failedAt     time.Time // when the failures began

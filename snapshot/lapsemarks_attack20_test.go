@@ -11,13 +11,14 @@ import (
 // leasehold (a fresh Syncer) whose datacenters hold a lapse mark for a1/s1
 // (its check passing again, the drill's situation) must not route a1/s1.
 //
-// FAILS now: allRead does not wait for the lapses watch's first answer
+// (fixed; failed before: SyncConfig.AwaitLapses, which serve sets.) It
+// failed because allRead did not wait for the lapses watch's first answer
 // (it checks tasks, members, non-passing and generations only), so the
 // fleet is served — a1/s1 HEALTHY in the load assignment, its session
 // CURRENT — until the marks arrive. With a token that cannot read
 // leasehold/lapsed/ (the watch fails for ever), that window never closes.
 func TestAttack20RestartServesLapsedSessionBeforeMarksRead(t *testing.T) {
-	h := mdcStart(t)
+	h := mdcStartTuned(t, func(c *SyncConfig) { c.AwaitLapses = true })
 	d := mdcDispatcher(t, "")
 	h.subscribe(d)
 	h.readAll("dc1")

@@ -211,6 +211,9 @@ func (s *Syncer) pendingReads() string {
 		if !d.haveGen {
 			what = append(what, "the generation keys")
 		}
+		if s.cfg.AwaitLapses && !d.haveMarks {
+			what = append(what, "the lapse marks")
+		}
 		if len(what) > 0 {
 			where := ""
 			if name != "" {

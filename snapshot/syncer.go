@@ -73,6 +73,11 @@ type SyncConfig struct {
 	// (so no executor an operator took out is routed after a start), and
 	// readiness needs it to read them.
 	AwaitControl bool
+	// AwaitLapses: each datacenter's watch reads the lapse marks
+	// (Observation.Lapses): nothing is served before every datacenter's
+	// first answer, so a session that lapsed before a restart (or that
+	// another replica saw lapse) is never routed meanwhile.
+	AwaitLapses bool
 }
 
 // localDC is leasehold's own datacenter ("" with one, unnamed).
@@ -378,7 +383,7 @@ func (s *Syncer) apply(o health.Observation) bool {
 		// Read afresh once Consul was at RefreshedAtLeast: current there.
 		d.progressNP, d.progressGen = max(d.progressNP, o.RefreshedAtLeast), max(d.progressGen, o.RefreshedAtLeast)
 	case o.Lapses != nil:
-		d.marks = o.Lapses.Marks
+		d.marks, d.haveMarks = o.Lapses.Marks, true
 		s.marksGen++
 	case o.Generations != nil:
 		d.floor = o.Generations.Floor
@@ -523,7 +528,7 @@ func (s *Syncer) allRead() bool {
 		if d.reach == health.Lost {
 			continue
 		}
-		if !d.haveNP || !d.haveGen || d.tasks == nil {
+		if !d.haveNP || !d.haveGen || d.tasks == nil || (s.cfg.AwaitLapses && !d.haveMarks) {
 			return false
 		}
 		for _, task := range d.tasks {

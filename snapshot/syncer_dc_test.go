@@ -74,6 +74,12 @@ type mdcHarness struct {
 
 func mdcStart(t *testing.T, execs ...mdcExec) *mdcHarness {
 	t.Helper()
+	return mdcStartTuned(t, nil, execs...)
+}
+
+// mdcStartTuned is mdcStart with the syncer's configuration tuned.
+func mdcStartTuned(t *testing.T, tune func(*SyncConfig), execs ...mdcExec) *mdcHarness {
+	t.Helper()
 	if len(execs) == 0 {
 		execs = mdcFleet
 	}
@@ -88,13 +94,17 @@ func mdcStart(t *testing.T, execs ...mdcExec) *mdcHarness {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
-	h.s = NewSyncer(SyncConfig{Datacenters: []string{"dc1", "dc2"}, Clock: clock, Logger: log,
+	cfg := SyncConfig{Datacenters: []string{"dc1", "dc2"}, Clock: clock, Logger: log,
 		OnPublish: func(g string, _ *cache.Snapshot) {
 			select {
 			case h.pubs <- g:
 			default: // waits look at the cache; this only wakes them
 			}
-		}})
+		}}
+	if tune != nil {
+		tune(&cfg)
+	}
+	h.s = NewSyncer(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()

@@ -121,10 +121,17 @@ func (r *LapseRecorder) Record(e health.Executor) {
 	}
 }
 
-// Run writes queued marks and prunes old ones until ctx ends.
+// Run writes queued marks and prunes old ones until ctx ends; then it
+// writes what is still queued for a few seconds more (a lapse seen just
+// before a shutdown is recorded too, if Consul answers).
 func (r *LapseRecorder) Run(ctx context.Context) {
 	prune := time.NewTicker(time.Hour)
 	defer prune.Stop()
+	defer func() {
+		fctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		defer cancel()
+		r.flush(fctx)
+	}()
 	r.prune(ctx)
 	bo := newBackoff(100*time.Millisecond, 10*time.Second)
 	for {

@@ -547,7 +547,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 		} else {
 			bo.reset()
 			switch {
-			case next < highest && name == "generations":
+			case next < highest && (name == "generations" || name == "lapses"):
 				// A KV listing's index also goes back when Consul reaps the
 				// tombstones of deleted keys: no sign that Consul lost its state.
 				highest = 0

@@ -89,7 +89,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	lapses := consul.NewLapseRecorder(client, log, snapshot.DefaultHistoryRetention, cfg.datacenters, tel.Meter)
 	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
 		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: lapses.Record,
-		AwaitControl: true}) // consul.WatchControl below: nothing is served before the cordons are read
+		AwaitControl: true,  // consul.WatchControl below: nothing is served before the cordons are read
+		AwaitLapses:  true}) // nor before the lapse marks are (a session lapsed before a restart is never routed)
 
 	var creds []grpc.ServerOption
 	if cfg.tls.Enabled() {
