@@ -33,8 +33,9 @@ type Registrar struct {
 	exited  chan struct{} // closed when Run returns
 	running atomic.Bool
 
-	own    map[string]bool // sessions this process created; owned by Run
-	ownGen uint64          // the highest generation this process took; owned by Run
+	own        map[string]bool    // sessions this process created; owned by Run
+	ownGen     uint64             // the highest generation this process took; owned by Run
+	sentStatus health.CheckStatus // the status the last heartbeat sent; owned by Run
 	registrarTelemetry
 
 	mu      sync.Mutex
@@ -366,7 +367,6 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 		fenceC = t.Chan()
 	}
 
-	sentStatus := health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) // the status the last heartbeat sent (about)
 	var (
 		lastErr       error
 		drain         *drainRequest
@@ -435,7 +435,7 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 			}
 
 		case <-r.loadCh:
-			if health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) != sentStatus && lastErr == nil {
+			if health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) != r.sentStatus && lastErr == nil {
 				// full or free again: the status goes out now, not at the next
 				// heartbeat (at most every 100 ms: a load flapping at the
 				// capacity is not a write per task)
@@ -460,12 +460,11 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				continue
 			}
 			hbStart := time.Now()
-			sent := health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity)
 			err := r.renew(ctx, sessionKey{sess.ID, sess.Generation}, renewedAt, drain != nil && !drainMarked)
 			r.heartbeatDone(ctx, trace.SpanFromContext(ctx), time.Since(hbStart), err)
 			switch {
 			case err == nil:
-				renewedAt, sentStatus = now, sent
+				renewedAt = now
 				lastErr = nil
 				bo.reset()
 				if drain != nil && !drainMarked {
@@ -504,6 +503,7 @@ func (r *Registrar) renew(ctx context.Context, sess sessionKey, renewedAt time.T
 			return err
 		}
 	}
+	r.sentStatus = status // what LoadChanged compares with
 	if !markDrain {
 		return nil
 	}
