@@ -8,8 +8,6 @@ import (
 	"context"
 	"errors"
 	"fmt"
-	"os"
-	"regexp"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -22,28 +20,6 @@ import (
 )
 
 const aclRoot = "7c1b0c1e-0000-4000-8000-0000000000a1"
-
-// examplePolicy is a policy file of examples/consul.
-func examplePolicy(t *testing.T, file string) string {
-	t.Helper()
-	b, err := os.ReadFile("../../examples/consul/" + file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// withoutRule is rules without the block opened by header (e.g.
-// `key_prefix "leasehold/control/"`).
-func withoutRule(t *testing.T, rules, header string) string {
-	t.Helper()
-	re := regexp.MustCompile(`(?m)^` + regexp.QuoteMeta(header) + ` \{[^}]*\}\n`)
-	out := re.ReplaceAllString(rules, "")
-	if out == rules {
-		t.Fatalf("no rule %s in:\n%s", header, rules)
-	}
-	return out
-}
 
 // clientWith is a client of a whose token holds a new policy of rules.
 func clientWith(t *testing.T, a *consultest.Agent, name, rules string) *api.Client {
@@ -147,7 +123,7 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 		return false
 	})
 
-	full := examplePolicy(t, "leasehold-policy.hcl")
+	full := consultest.ExamplePolicy(t, "leasehold-policy.hcl")
 	gen, ctl := RightKeyPrefix(health.GenerationKeyPrefix, "read"), RightKeyPrefix(ControlPrefix, "read")
 	both := []string{RightServices, RightNodes}
 	for _, tc := range []struct {
@@ -156,14 +132,14 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 		want  map[string][]string
 	}{
 		{"the example policy", full, nil},
-		{"no node read", withoutRule(t, full, `node_prefix ""`), map[string][]string{
+		{"no node read", consultest.WithoutRule(t, full, `node_prefix ""`), map[string][]string{
 			"services": {RightNodes}, "members": {RightNodes}, "health": {RightNodes}, "critical": {RightNodes}, "serf": {RightNodes}, "node-serf": {RightNodes},
 		}},
-		{"no service read", withoutRule(t, full, `service_prefix ""`), map[string][]string{
+		{"no service read", consultest.WithoutRule(t, full, `service_prefix ""`), map[string][]string{
 			"services": {RightServices}, "members": both, "health": both, "critical": both,
 		}},
-		{"no generation read", withoutRule(t, full, `key_prefix "leasehold/generation/"`), map[string][]string{"generations": {gen}}},
-		{"no control read", withoutRule(t, full, `key_prefix "leasehold/control/"`), map[string][]string{"control": {ctl}}},
+		{"no generation read", consultest.WithoutRule(t, full, `key_prefix "leasehold/generation/"`), map[string][]string{"generations": {gen}}},
+		{"no control read", consultest.WithoutRule(t, full, `key_prefix "leasehold/control/"`), map[string][]string{"control": {ctl}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := clientWith(t, a, strings.ReplaceAll(tc.name, " ", "-"), tc.rules)
@@ -178,11 +154,11 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	noKV := clientWith(t, a, "no-kv", withoutRule(t, withoutRule(t, full, `key_prefix "leasehold/generation/"`), `key_prefix "leasehold/control/"`))
+	noKV := clientWith(t, a, "no-kv", consultest.WithoutRule(t, consultest.WithoutRule(t, full, `key_prefix "leasehold/generation/"`), `key_prefix "leasehold/control/"`))
 	checkACLErrors(t, aclReads(ctx, a, noKV), map[string][]string{"generations": {gen}, "control": {ctl}})
 	checkACLErrors(t, aclReads(ctx, a, clientWith(t, a, "full-empty", full)), nil)
 	// Only the rules key readable: the cordons are not.
-	rulesOnly := clientWith(t, a, "rules-only", withoutRule(t, full, `key_prefix "leasehold/control/"`)+`key "leasehold/control/rules" { policy = "read" }`+"\n")
+	rulesOnly := clientWith(t, a, "rules-only", consultest.WithoutRule(t, full, `key_prefix "leasehold/control/"`)+`key "leasehold/control/rules" { policy = "read" }`+"\n")
 	if _, _, err := readControl(ctx, rulesOnly, (&api.QueryOptions{}).WithContext(ctx)); !errors.Is(err, ErrACL) || !strings.Contains(err.Error(), ctl) {
 		t.Errorf("control read without the cordons: %v, want an ACL error naming %s", err, ctl)
 	}
@@ -205,8 +181,8 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 	if _, err := root.KV().Put(&api.KVPair{Key: CordonPrefix + "c-1", Value: []byte(`{"id":"c-1"}`)}, nil); err != nil {
 		t.Fatal(err)
 	}
-	full := examplePolicy(t, "leasehold-policy.hcl")
-	rules := withoutRule(t, withoutRule(t, full, `key_prefix "leasehold/generation/"`), `key_prefix "leasehold/control/"`)
+	full := consultest.ExamplePolicy(t, "leasehold-policy.hcl")
+	rules := consultest.WithoutRule(t, consultest.WithoutRule(t, full, `key_prefix "leasehold/generation/"`), `key_prefix "leasehold/control/"`)
 	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "partial", Rules: rules}, nil)
 	if err != nil {
 		t.Fatal(err)

@@ -4,7 +4,6 @@ import (
 	"encoding/json"
 	"os"
 	"path/filepath"
-	"regexp"
 	"strings"
 	"testing"
 	"time"
@@ -14,26 +13,6 @@ import (
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
-
-// examplePolicy is a policy file of examples/consul, as operators use it.
-func examplePolicy(t *testing.T, file string) string {
-	t.Helper()
-	b, err := os.ReadFile("../../examples/consul/" + file)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return string(b)
-}
-
-// dropRule is rules without the block opened by header.
-func dropRule(t *testing.T, rules, header string) string {
-	t.Helper()
-	out := regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(header)+` \{[^}]*\}\n`).ReplaceAllString(rules, "")
-	if out == rules {
-		t.Fatalf("no rule %s in:\n%s", header, rules)
-	}
-	return out
-}
 
 // policyToken creates a policy of rules and a token holding it, described
 // as who.
@@ -76,9 +55,9 @@ func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 	consultest.RequireBinary(t)
 	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000000b1"})
 	root := a.Client()
-	lhRules, opRules := examplePolicy(t, "leasehold-policy.hcl"), examplePolicy(t, "operator-policy.hcl")
+	lhRules, opRules := consultest.ExamplePolicy(t, "leasehold-policy.hcl"), consultest.ExamplePolicy(t, "operator-policy.hcl")
 	lhTok := policyToken(t, root, "leasehold", lhRules, "leasehold serve")
-	noCtlTok := policyToken(t, root, "leasehold-no-control", dropRule(t, lhRules, `key_prefix "leasehold/control/"`), "leasehold serve, no control read")
+	noCtlTok := policyToken(t, root, "leasehold-no-control", consultest.WithoutRule(t, lhRules, `key_prefix "leasehold/control/"`), "leasehold serve, no control read")
 	op, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "leasehold-operator", Rules: opRules}, nil)
 	if err != nil {
 		t.Fatalf("the operator policy: %v", err)
