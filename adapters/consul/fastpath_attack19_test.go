@@ -154,10 +154,11 @@ func (w *worldCatalog) Generations(ctx context.Context, index uint64, wait time.
 	return nil, 0, ctx.Err()
 }
 
-func runWorld(t *testing.T, world *worldCatalog, cfg WatchConfig) (*Watcher, chan health.Observation) {
+// runWorld runs a Watcher on a test catalog until the test ends.
+func runWorld(t *testing.T, world catalog, cfg WatchConfig) (*Watcher, chan health.Observation) {
 	t.Helper()
 	w := newWatcher(world, cfg)
-	out := make(chan health.Observation, 1000)
+	out := make(chan health.Observation, 10000)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { w.Run(ctx, out); close(done) }()

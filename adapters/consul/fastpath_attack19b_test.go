@@ -82,29 +82,6 @@ func (f *faultyWorld) NodeSerf(ctx context.Context, node string) (*api.HealthChe
 	return f.worldCatalog.NodeSerf(ctx, node)
 }
 
-func runFaulty(t *testing.T, fw *faultyWorld, cfg WatchConfig) (*Watcher, chan health.Observation) {
-	t.Helper()
-	w := newWatcher(fw, cfg)
-	out := make(chan health.Observation, 10000)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.Run(ctx, out); close(done) }()
-	t.Cleanup(func() {
-		cancel()
-		for {
-			select {
-			case <-done:
-				return
-			case <-out:
-			case <-time.After(5 * time.Second):
-				t.Error("watcher did not stop")
-				return
-			}
-		}
-	})
-	return w, out
-}
-
 // TestAttack19bFailedCrossReadIsNeverRetried (FAILS now): executor a is
 // full (lease warning at 60). The critical watch's next blocking answer is
 // slow to arrive (read at 61, when b lapses). a's lease goes critical at 62:
@@ -125,7 +102,7 @@ func TestAttack19bFailedCrossReadIsNeverRetried(t *testing.T) {
 		other)
 	world.set(leaseCheck("warning")) // 60
 	fw := newFaulty(world)
-	_, out := runFaulty(t, fw, WatchConfig{MinInterval: time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	_, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond, MaxBackoff: 200 * time.Millisecond})
 	nextObs(t, out, "first set with a warning", func(o health.Observation) bool {
 		if o.NonPassing == nil {
 			return false
@@ -184,7 +161,7 @@ func TestAttack19bWarningFailureWithholdsALapse(t *testing.T) {
 		&api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
 	world.set(leaseCheck("passing")) // 100
 	fw := newFaulty(world)
-	_, out := runFaulty(t, fw, WatchConfig{MinInterval: time.Millisecond})
+	_, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond})
 	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
 	time.Sleep(50 * time.Millisecond)
 	fw.mu.Lock()
@@ -226,7 +203,7 @@ func TestAttack19bNodeBackReadsUnderTheLockDelayALapse(t *testing.T) {
 	world.set(serfs...)
 	world.set(leaseCheck("passing"))
 	fw := newFaulty(world)
-	_, out := runFaulty(t, fw, WatchConfig{MinInterval: time.Millisecond})
+	_, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond})
 	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
 	var failed []*api.HealthCheck
 	for _, s := range serfs {
@@ -273,7 +250,7 @@ func TestAttack19bRefreshListsEveryNodeSerfHealthThrice(t *testing.T) {
 	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
 	world.set(leaseCheck("passing"))
 	fw := newFaulty(world)
-	w, out := runFaulty(t, fw, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	w, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
 	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
 	time.Sleep(100 * time.Millisecond)
 	const n = 5
@@ -297,7 +274,7 @@ func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
 	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
 	world.set(leaseCheck("passing"))
 	fw := newFaulty(world)
-	w, out := runFaulty(t, fw, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour, MaxBackoff: 50 * time.Millisecond})
+	w, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour, MaxBackoff: 50 * time.Millisecond})
 	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
 	fw.mu.Lock()
 	fw.failFresh[api.HealthCritical] = 1
@@ -338,13 +315,8 @@ func TestRefreshDuringAnAnswerLosesNothing(t *testing.T) {
 	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
 	world.set(leaseCheck("passing"))
 	cat := &refreshOnAnswer{worldCatalog: world}
-	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
-	cat.w = w
-	out := make(chan health.Observation, 10000)
-	ctx, cancel := context.WithCancel(context.Background())
-	done := make(chan struct{})
-	go func() { w.Run(ctx, out); close(done) }()
-	defer func() { cancel(); <-done }()
+	w, out := runWorld(t, cat, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	cat.w = w // read only once armed (below): the atomic orders it
 	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
 	for i := range 20 {
 		status := []string{"critical", "passing"}[i%2]
