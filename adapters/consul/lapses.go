@@ -39,7 +39,7 @@ func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation
 	var last []health.LapseMark
 	bad := map[string]bool{}
 	first := true
-	w.blockingLoop(ctx, out, watchSpec{name: "lapses", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "lapses", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		pairs, idx, err := cat.LapseMarks(ctx, index, wait)
 		if err != nil {
 			first = true

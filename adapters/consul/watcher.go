@@ -547,7 +547,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 		} else {
 			bo.reset()
 			switch {
-			case next < highest && (name == "generations" || name == "lapses"):
+			case next < highest && spec.kvListing:
 				// A KV listing's index also goes back when Consul reaps the
 				// tombstones of deleted keys: no sign that Consul lost its state.
 				highest = 0
@@ -608,6 +608,7 @@ type watchSpec struct {
 	minInterval time.Duration // least time between two of its queries
 	useSlot     bool          // holds a per-task query slot while querying
 	budget      *readBudget   // answers grow with the fleet: paced by this read budget (nil: not paced)
+	kvListing   bool          // a KV listing: its index also goes back when Consul reaps tombstones
 }
 
 // awaitBudget waits while the watch's read budget is in debt; a refresh
@@ -678,7 +679,7 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 	var last map[string]uint64
 	bad := map[string]string{} // key → value already warned about
 	first := true
-	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		pairs, idx, err := w.cat.Generations(ctx, index, wait)
 		if err != nil {
 			first = true
