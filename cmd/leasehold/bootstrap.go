@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"net"
+	"net/netip"
 	"os"
 	"path/filepath"
 	"strconv"
@@ -162,7 +163,10 @@ func xdsDialAddr(flag, addr string) error {
 	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
 		return fmt.Errorf("invalid %s: port %q: want 1..65535", flag, port)
 	}
-	if ip := net.ParseIP(strings.Trim(host, "[]")); host == "" || (ip != nil && ip.IsUnspecified()) {
+	// netip also reads an address with a zone ([::%lo]), and one mapped
+	// from IPv4 (::ffff:0.0.0.0) is unspecified once unmapped.
+	ipa, ipErr := netip.ParseAddr(strings.Trim(host, "[]"))
+	if ip := net.ParseIP(strings.Trim(host, "[]")); host == "" || (ip != nil && ip.IsUnspecified()) || (ipErr == nil && ipa.WithZone("").Unmap().IsUnspecified()) {
 		return fmt.Errorf("invalid %s %q: an unspecified host is a listen address (where leasehold serve listens), not one a dispatcher can dial: give leasehold's reachable address, e.g. --xds-addr 10.0.0.5:18000", flag, addr)
 	}
 	return nil

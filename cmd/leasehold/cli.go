@@ -129,12 +129,49 @@ func ignoredFlag(fs *pflag.FlagSet, name, why string) {
 	fs.SetAnnotation(name, "leasehold/ignored", []string{why})
 }
 
-// finishFlags applies aliases, then the environment, to a parsed flag set.
+// finishFlags refuses empty values given on the command line, then applies
+// aliases, then the environment, to a parsed flag set.
 func finishFlags(fs *pflag.FlagSet, notes io.Writer) error {
+	if err := refuseEmpty(fs); err != nil {
+		return err
+	}
 	if err := applyAliases(fs, notes); err != nil {
 		return err
 	}
 	return applyEnv(fs)
+}
+
+// annotationEmptyOK marks a flag whose empty value means something (e.g.
+// "off" or "none"), so --flag= is not a mistake.
+const annotationEmptyOK = "leasehold/empty-ok"
+
+// emptyOK lets flag name be given with an empty value.
+func emptyOK(fs *pflag.FlagSet, name string) {
+	if err := fs.SetAnnotation(name, annotationEmptyOK, []string{"true"}); err != nil {
+		panic(err)
+	}
+}
+
+// refuseEmpty refuses a flag given on the command line with an empty value
+// (--instance "$INST" with INST unset, --flag=): read as the flag's default,
+// it would do something else than asked (a cordon of a whole task type, a
+// bootstrap without its constraint, a serve without its policy). Run before
+// the environment applies: an empty variable is not a flag given.
+func refuseEmpty(fs *pflag.FlagSet) error {
+	var errs []string
+	fs.VisitAll(func(f *pflag.Flag) {
+		if !f.Changed || f.Value.String() != "" || len(f.Annotations[annotationEmptyOK]) > 0 || len(f.Annotations["leasehold/ignored"]) > 0 {
+			return
+		}
+		if len(f.Annotations[annotationFromEnv]) > 0 {
+			return // set from a variable earlier (finishFlags runs once; defensive)
+		}
+		errs = append(errs, fmt.Sprintf("invalid --%s: given with an empty value (leave it out for its default)", f.Name))
+	})
+	if len(errs) > 0 {
+		return errors.New(strings.Join(errs, "\n"))
+	}
+	return nil
 }
 
 // exitError ends a command with a code: 1 for failures at run time, 2 for

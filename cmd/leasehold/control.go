@@ -7,6 +7,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"math"
 	"os"
 	"strconv"
 	"strings"
@@ -105,6 +106,9 @@ func (a *ageValue) Set(v string) error {
 		days, err := strconv.ParseInt(n, 10, 32)
 		if err != nil {
 			return fmt.Errorf("want days (e.g. 90d) or a duration (e.g. 720h): %w", err)
+		}
+		if maxDays := int64(math.MaxInt64 / int64(24*time.Hour)); days > maxDays || days < -maxDays {
+			return fmt.Errorf("%s: at most %dd", v, maxDays) // more would wrap round to a short age
 		}
 		*a = ageValue(time.Duration(days) * 24 * time.Hour)
 		return nil

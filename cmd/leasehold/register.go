@@ -77,6 +77,7 @@ func (c *registerCLI) register(fs *pflag.FlagSet) {
 	consulAddrFlag(fs, &rf.consulAddr)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&rf.metricsAddr, "metrics-addr", "", "HOST:PORT to serve Prometheus /metrics on (off when empty); traces go where OTEL_* says")
+	emptyOK(fs, "metrics-addr") // off
 }
 
 // flags validates the flags; errors name each bad flag.

@@ -65,6 +65,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	env("consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE")
 	fs.StringVar(&f.dcs, "datacenters", "", "Consul datacenters to watch through the agent, comma-separated in failover order, leasehold's own first (the datacenter of dispatchers that name none); a dispatcher's own datacenter gets priority 0, the others follow in this order (default: the agent's own only)")
 	env("datacenters", "LEASEHOLD_DATACENTERS")
+	emptyOK(fs, "datacenters") // none: the agent's own datacenter only
 	fs.StringVar(&f.lbPolicy, "lb-policy", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request")
 	env("lb-policy", "LEASEHOLD_LB_POLICY")
 	fs.DurationVar(&f.staleAfter, "fencing-stale-after", health.DefaultLeaseTTL, "once leasehold's view of Consul is older than this (at least 3s), the fencing API answers UNKNOWN (routing keeps the last known snapshot)")
