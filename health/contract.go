@@ -1,11 +1,12 @@
 // Package health holds leasehold's domain: the executor registration contract,
-// the lease rules and (later) eligibility. It is pure: no I/O, time is passed in.
+// the lease rules and eligibility. It is pure: no I/O, time is passed in.
 package health
 
 import (
 	"fmt"
 	"net"
 	"regexp"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -24,6 +25,10 @@ const (
 	MetaVersion    = "version"
 	MetaCapacity   = "capacity"
 	MetaState      = "state"
+	// MetaReplaces (optional) names the sessions of the same instance that
+	// this one replaced, newest first, comma-separated: a leasehold that never
+	// saw them (restarted, a new replica) still answers them STALE.
+	MetaReplaces = "replaces"
 	// MetaGeneration orders the sessions of one instance: strictly increasing,
 	// taken with a check-and-set on GenerationKey at session start, so
 	// "newest session" never depends on wall clocks or catalog indexes.
@@ -79,7 +84,14 @@ type Registration struct {
 	Capacity   int
 	State      State
 	Labels     map[string]string
+	// Replaces lists older sessions of InstanceID that this session
+	// replaced, newest first (at most MaxReplaces; may be empty).
+	Replaces []string
 }
+
+// MaxReplaces bounds Registration.Replaces: three of the longest session ids
+// fit in one meta value.
+const MaxReplaces = 3
 
 // ServiceID is the Consul service id of an (instance, task) registration. It
 // does not contain the session, so a restarted process on the same agent
@@ -132,7 +144,41 @@ func (r Registration) Validate() error {
 		errs = append(errs, fieldErr(MetaState, string(r.State), "must be %q or %q", StateActive, StateDraining))
 	}
 	errs = append(errs, ValidateLabels(r.Labels)...)
+	errs = append(errs, r.validateReplaces()...)
 	return errs.err()
+}
+
+// splitReplaces splits a replaces meta value; an empty value is one empty id
+// (refused by Validate), not "none".
+func splitReplaces(v string) []string { return strings.Split(v, ",") }
+
+// ParseReplaces reads the replaces meta of a registration whose session is
+// sessionID, for code that reads it outside ParseRegistration.
+func ParseReplaces(sessionID, v string) ([]string, error) {
+	r := Registration{SessionID: sessionID, Replaces: splitReplaces(v)}
+	if errs := r.validateReplaces(); errs != nil {
+		return nil, errs.err()
+	}
+	return r.Replaces, nil
+}
+
+func (r Registration) validateReplaces() FieldErrors {
+	v := strings.Join(r.Replaces, ",")
+	if len(r.Replaces) > MaxReplaces {
+		return FieldErrors{fieldErr(MetaReplaces, v, "names %d sessions, at most %d", len(r.Replaces), MaxReplaces)}
+	}
+	for i, s := range r.Replaces {
+		if errs := validateID(MetaReplaces, s); errs != nil {
+			return errs
+		}
+		if s == r.SessionID {
+			return FieldErrors{fieldErr(MetaReplaces, v, "names the registration's own session %s", s)}
+		}
+		if slices.Contains(r.Replaces[:i], s) {
+			return FieldErrors{fieldErr(MetaReplaces, v, "names session %s twice", s)}
+		}
+	}
+	return nil
 }
 
 func validateID(field, v string) FieldErrors {
@@ -238,7 +284,9 @@ func ValidateLabels(labels map[string]string) FieldErrors {
 	return errs
 }
 
-const fixedMetaKeys = 6 // instance_id, session_id, generation, version, capacity, state
+// fixedMetaKeys counts the contract's meta keys, replaces included even when
+// absent, so the label budget is one number.
+const fixedMetaKeys = 7 // instance_id, session_id, generation, version, capacity, state, replaces
 
 // Meta encodes the registration as Consul service meta.
 func (r Registration) Meta() map[string]string {
@@ -249,6 +297,9 @@ func (r Registration) Meta() map[string]string {
 	m[MetaVersion] = r.Version
 	m[MetaCapacity] = strconv.Itoa(r.Capacity)
 	m[MetaState] = string(r.State)
+	if len(r.Replaces) > 0 {
+		m[MetaReplaces] = strings.Join(r.Replaces, ",")
+	}
 	for k, v := range r.Labels {
 		m[MetaLabelPrefix+k] = v
 	}
@@ -276,6 +327,9 @@ func ParseRegistration(task, address string, port int, meta map[string]string) (
 			n = 1 // reported once
 		}
 		r.Generation = n
+	}
+	if v, ok := meta[MetaReplaces]; ok {
+		r.Replaces = splitReplaces(v)
 	}
 	if c, ok := meta[MetaCapacity]; ok {
 		n, err := strconv.Atoi(c)

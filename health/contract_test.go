@@ -106,6 +106,12 @@ func TestParseRegistrationRejectsBadMeta(t *testing.T) {
 		{"generation missing", map[string]string{"generation": ""}, []string{"generation"}},
 		{"generation garbage", map[string]string{"generation": "x"}, []string{"generation"}},
 		{"generation zero", map[string]string{"generation": "0"}, []string{"generation"}},
+		{"replaces own session", map[string]string{"replaces": "old,s1"}, []string{"replaces"}},
+		{"replaces twice", map[string]string{"replaces": "a,b,a"}, []string{"replaces"}},
+		{"replaces too many", map[string]string{"replaces": "a,b,c,d"}, []string{"replaces"}},
+		{"replaces an empty id", map[string]string{"replaces": "a,,b"}, []string{"replaces"}},
+		{"replaces a bad id", map[string]string{"replaces": "-a"}, []string{"replaces"}},
+		{"replaces with a space", map[string]string{"replaces": "a, b"}, []string{"replaces"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -122,6 +128,33 @@ func TestParseRegistrationRejectsBadMeta(t *testing.T) {
 				t.Fatalf("fields = %v, want %v (err: %v)", got, tt.fields, err)
 			}
 		})
+	}
+}
+
+// TestReplacesMeta: the optional replaces meta round-trips, an empty value
+// is refused (not read as "none"), and absent means none.
+func TestReplacesMeta(t *testing.T) {
+	r := validReg()
+	r.Replaces = []string{"s-0b", "s-0a"}
+	meta := r.Meta()
+	if meta[MetaReplaces] != "s-0b,s-0a" {
+		t.Fatalf("replaces meta %q", meta[MetaReplaces])
+	}
+	got, err := ParseRegistration(r.Task, r.Address, r.Port, meta)
+	if err != nil || !reflect.DeepEqual(got.Replaces, r.Replaces) {
+		t.Fatalf("round trip: %v, %v", got.Replaces, err)
+	}
+	meta[MetaReplaces] = ""
+	if _, err := ParseRegistration(r.Task, r.Address, r.Port, meta); !reflect.DeepEqual(Fields(err), []string{MetaReplaces}) {
+		t.Fatalf("empty replaces: %v", err)
+	}
+	if _, ok := validReg().Meta()[MetaReplaces]; ok {
+		t.Fatal("replaces written when there is none")
+	}
+	long := strings.Repeat("s", maxIDLen)
+	r.Replaces = []string{long[:maxIDLen-1] + "1", long[:maxIDLen-1] + "2", long[:maxIDLen-1] + "3"}
+	if v := r.Meta()[MetaReplaces]; len(v) > consulMetaValueMaxLen || r.Validate() != nil {
+		t.Fatalf("%d of the longest ids take %d bytes (Consul allows %d): %v", MaxReplaces, len(v), consulMetaValueMaxLen, r.Validate())
 	}
 }
 

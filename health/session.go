@@ -36,6 +36,9 @@ type SessionIndex struct {
 	sessions map[[2]string]SessionStatus
 	newest   map[string]SessionStatus // per instance: its newest present session
 	past     map[[2]string]PastSession
+	// replacedBy: sessions a present registration names in its replaces
+	// meta, with the newest session naming each.
+	replacedBy map[[2]string]SessionStatus
 }
 
 // PastSession is a session seen before whose registrations are gone (it was
@@ -63,7 +66,9 @@ func ValidateSessionQuery(instanceID, sessionID string) error {
 //
 // past lists sessions seen before that have no registration any more, so a
 // replaced session is still answered STALE (with its successor) rather than
-// UNKNOWN.
+// UNKNOWN. Sessions a present registration names in its replaces meta are
+// older than it: they answer STALE too, though this index never saw them
+// (after a restart, on a new replica).
 func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 	ix := SessionIndex{sessions: map[[2]string]SessionStatus{}, newest: map[string]SessionStatus{}, past: map[[2]string]PastSession{}}
 	for _, p := range past {
@@ -78,6 +83,15 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 				}
 			}
 			continue
+		}
+		for _, old := range e.Replaces {
+			k := [2]string{e.InstanceID, old}
+			if n, ok := ix.replacedBy[k]; !ok || e.Generation > n.Generation {
+				if ix.replacedBy == nil {
+					ix.replacedBy = map[[2]string]SessionStatus{}
+				}
+				ix.replacedBy[k] = SessionStatus{SessionID: e.SessionID, Generation: e.Generation}
+			}
 		}
 		key := [2]string{e.InstanceID, e.SessionID}
 		st, seen := ix.sessions[key]
@@ -133,15 +147,19 @@ func newerStatus(a, b SessionStatus) bool {
 
 // Check answers for one session; ids must be valid (ValidateSessionQuery).
 func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
-	if st, ok := ix.sessions[[2]string{instanceID, sessionID}]; ok {
+	key := [2]string{instanceID, sessionID}
+	if st, ok := ix.sessions[key]; ok {
 		return st
 	}
-	if p, ok := ix.past[[2]string{instanceID, sessionID}]; ok {
+	by, named := ix.replacedBy[key]
+	if p, ok := ix.past[key]; ok {
 		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID, Generation: p.Generation, Tasks: p.Tasks, Version: p.Version}
 		switch n, has := ix.newest[instanceID]; {
 		case has && n.Generation > p.Generation:
 			st.State, st.NewerSessionID, st.NewerGeneration = SessionStale, n.SessionID, n.Generation
 			st.Detail = fmt.Sprintf("replaced by session %s (generation %d)", n.SessionID, n.Generation)
+		case named:
+			ix.replacedState(&st, by)
 		case p.Lapsed:
 			st.State, st.Detail = SessionLapsed, "lease lapsed; its registration is gone"
 		default:
@@ -149,5 +167,22 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 		}
 		return st
 	}
+	if named {
+		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID}
+		ix.replacedState(&st, by)
+		return st
+	}
 	return SessionStatus{InstanceID: instanceID, SessionID: sessionID, State: SessionUnknown, Detail: "no registration of this session is known (never seen, or deregistered)"}
+}
+
+// replacedState answers STALE for a session that by, a present session of
+// its instance, names as one it replaced; the newer session reported is
+// the instance's newest (by or one newer still).
+func (ix SessionIndex) replacedState(st *SessionStatus, by SessionStatus) {
+	n := by
+	if newest, ok := ix.newest[st.InstanceID]; ok && newest.Generation > n.Generation {
+		n = newest
+	}
+	st.State, st.NewerSessionID, st.NewerGeneration = SessionStale, n.SessionID, n.Generation
+	st.Detail = fmt.Sprintf("replaced: session %s (generation %d) of this instance names it in its registration", by.SessionID, by.Generation)
 }

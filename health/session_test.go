@@ -61,6 +61,46 @@ func TestIndexSessions(t *testing.T) {
 	}
 }
 
+// TestSessionsNamedAsReplacedAreStale: a session this index never saw is
+// STALE when a present registration of its instance names it in replaces;
+// anything else unknown stays UNKNOWN.
+func TestSessionsNamedAsReplacedAreStale(t *testing.T) {
+	reg := func(inst, sess string, gen uint64, replaces []string, mut func(*Executor)) Executor {
+		return exec(func(e *Executor) {
+			e.InstanceID, e.SessionID, e.Generation, e.Replaces = inst, sess, gen, replaces
+			if mut != nil {
+				mut(e)
+			}
+		})
+	}
+	ix := IndexSessions([]Executor{
+		reg("a", "s3", 3, []string{"s2", "s1"}, nil),
+		reg("b", "s2", 2, []string{"s1"}, nil),
+		reg("b", "s5", 5, nil, func(e *Executor) { e.Task = "other" }), // newer than the one naming s1
+		reg("c", "s2", 2, []string{"s1"}, func(e *Executor) { e.Err = errTest }),
+		reg("d", "s2", 2, []string{"s1"}, func(e *Executor) { e.Lease = StatusCritical }), // a lapsed namer is still newer
+	}, []PastSession{
+		{InstanceID: "a", SessionID: "s1", Generation: 9, Lapsed: true}, // remembered above (KV lost): the name still orders it
+		{InstanceID: "a", SessionID: "s0", Generation: 9, Lapsed: true},
+	})
+	for _, tt := range []struct {
+		inst, sess string
+		want       SessionState
+		newer      string
+	}{
+		{"a", "s1", SessionStale, "s3"}, {"a", "s2", SessionStale, "s3"}, {"a", "s3", SessionCurrent, ""},
+		{"a", "s0", SessionLapsed, ""}, {"a", "s4", SessionUnknown, ""},
+		{"b", "s1", SessionStale, "s5"},
+		{"c", "s1", SessionUnknown, ""}, // a registration that breaks the contract vouches for nothing
+		{"d", "s1", SessionStale, "s2"},
+	} {
+		got := ix.Check(tt.inst, tt.sess)
+		if got.State != tt.want || got.NewerSessionID != tt.newer || got.Detail == "" {
+			t.Errorf("%s/%s = %s newer %q (%q), want %s newer %q", tt.inst, tt.sess, got.State, got.NewerSessionID, got.Detail, tt.want, tt.newer)
+		}
+	}
+}
+
 func TestValidateSessionQuery(t *testing.T) {
 	for _, tt := range []struct{ inst, sess, field string }{
 		{"", "s", "instance_id"}, {"a", "", "session_id"}, {strings.Repeat("x", 200), "s", "instance_id"}, {"a", "s/../x", "session_id"},

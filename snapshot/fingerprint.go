@@ -55,6 +55,10 @@ func executorPrint(e *health.Executor) uint64 {
 			str(r.Labels[k])
 		}
 	}
+	num(uint64(len(r.Replaces)))
+	for _, s := range r.Replaces {
+		str(s)
+	}
 	if e.Err != nil {
 		str(e.Err.Error())
 	}

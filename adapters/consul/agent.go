@@ -55,6 +55,9 @@ type RemoteSession struct {
 	// LeaseCreateIndex is the catalog's CreateIndex of its lease check (0:
 	// not in the catalog yet).
 	LeaseCreateIndex uint64
+	// Replaces: the sessions its registration names as replaced (none when
+	// its replaces meta is absent or invalid).
+	Replaces []string
 }
 
 // ErrUnknownCheck means the agent refused a heartbeat because it does not know
@@ -124,6 +127,9 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 		rs := RemoteSession{Node: e.Node.Node, SessionID: e.Service.Meta[health.MetaSessionID], Status: health.StatusCritical}
 		if g, err := strconv.ParseUint(e.Service.Meta[health.MetaGeneration], 10, 64); err == nil && g <= health.MaxGeneration {
 			rs.Generation = g // garbage counts as none, as leasehold ignores it
+		}
+		if v, ok := e.Service.Meta[health.MetaReplaces]; ok {
+			rs.Replaces, _ = health.ParseReplaces(rs.SessionID, v) // garbage counts as none
 		}
 		var leaseCreated, serfCreated, serfModified uint64
 		for _, c := range e.Checks {

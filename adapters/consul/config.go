@@ -138,7 +138,7 @@ func (c Config) hostPort() string { return net.JoinHostPort(c.Address, strconv.I
 func (c Config) registration(sess sessionKey, task string, state health.State) health.Registration {
 	return health.Registration{
 		InstanceID: c.InstanceID, SessionID: sess.id, Generation: sess.generation, Task: task, Address: c.Address, Port: c.Port,
-		Version: c.Version, Capacity: c.Capacity, State: state, Labels: c.Labels,
+		Version: c.Version, Capacity: c.Capacity, State: state, Labels: c.Labels, Replaces: sess.replaces,
 	}
 }
 

@@ -127,7 +127,8 @@ func (f *fakeAgent) Sessions(_ context.Context, task, instanceID string) ([]Remo
 		if reg.Name == task && reg.Meta[health.MetaInstanceID] == instanceID {
 			sess := reg.Meta[health.MetaSessionID]
 			gen, _ := strconv.ParseUint(reg.Meta[health.MetaGeneration], 10, 64)
-			out = append(out, RemoteSession{Node: "local", SessionID: sess, Generation: gen, Status: f.checks[health.CheckID(instanceID, sess, task)]})
+			replaces, _ := health.ParseReplaces(sess, reg.Meta[health.MetaReplaces])
+			out = append(out, RemoteSession{Node: "local", SessionID: sess, Generation: gen, Status: f.checks[health.CheckID(instanceID, sess, task)], Replaces: replaces})
 		}
 	}
 	return append(out, f.others...), nil

@@ -1,11 +1,13 @@
 package consul
 
 import (
+	"cmp"
 	"context"
 	"errors"
 	"fmt"
 	"log/slog"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"sync"
 	"sync/atomic"
@@ -35,6 +37,7 @@ type Registrar struct {
 
 	own        map[string]bool    // sessions this process created; owned by Run
 	ownGen     uint64             // the highest generation this process took; owned by Run
+	registered []priorSession     // this process's last session and those it replaced; owned by Run
 	sentStatus health.CheckStatus // the status the last heartbeat sent; owned by Run
 	registrarTelemetry
 
@@ -127,7 +130,7 @@ func (r *Registrar) Run(ctx context.Context) error {
 			}
 			return err
 		}
-		sctx, span := r.sessionSpan(sessionKey{sess.ID, sess.Generation}, renewedAt)
+		sctx, span := r.sessionSpan(sess.key(), renewedAt)
 		_, reg := r.tracer.Start(sctx, "leasehold.executor.register", trace.WithTimestamp(renewedAt))
 		reg.End()
 		out := r.keepAlive(trace.ContextWithSpan(ctx, span), sess, renewedAt)
@@ -242,14 +245,18 @@ func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Sess
 		case <-wait.Chan():
 		}
 	}
+	r.registered = []priorSession{{key.id, key.generation}} // and those it replaced, for the next session to name
+	for _, old := range key.replaces {
+		r.registered = append(r.registered, priorSession{old, key.generation})
+	}
 	sctx, cancel := context.WithCancelCause(context.Background())
-	sess := &Session{ID: key.id, Generation: key.generation, ctx: sctx}
+	sess := &Session{ID: key.id, Generation: key.generation, Replaces: key.replaces, ctx: sctx}
 	r.mu.Lock()
 	r.session = sess
 	close(r.changed)
 	r.changed = make(chan struct{})
 	r.mu.Unlock()
-	log.Info("registered", "generation", key.generation, "tasks", r.cfg.Tasks, "address", r.cfg.hostPort(), "version", r.cfg.Version, "capacity", r.cfg.Capacity, "reregister", reregister)
+	log.Info("registered", "generation", key.generation, "tasks", r.cfg.Tasks, "address", r.cfg.hostPort(), "version", r.cfg.Version, "capacity", r.cfg.Capacity, "reregister", reregister, "replaces", key.replaces)
 	return sess, cancel, sentAt, nil
 }
 
@@ -273,11 +280,17 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.Lease.TTL)
 	defer cancel()
 	if key.generation == 0 {
-		gen, err := r.agent.NextGeneration(rctx, r.cfg.InstanceID, r.highestGeneration(rctx))
+		prior := r.priorSessions(rctx)
+		var highest uint64
+		for _, p := range prior {
+			highest = max(highest, p.generation)
+		}
+		gen, err := r.agent.NextGeneration(rctx, r.cfg.InstanceID, highest)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("session generation: %w", err)
 		}
 		key.generation = gen
+		key.replaces = replacedSessions(append(prior, r.registered...), key.id, gen)
 		r.ownGen = max(r.ownGen, gen)
 	}
 	sentAt := r.cfg.Clock.Now()
@@ -293,20 +306,53 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 	return sentAt, nil
 }
 
-// highestGeneration is the highest generation any registration of this
-// instance carries in the catalog (0 if none or unknown).
-func (r *Registrar) highestGeneration(ctx context.Context) uint64 {
-	var highest uint64
+// priorSession is an older session of this instance a new one replaces.
+type priorSession struct {
+	id         string
+	generation uint64 // for one only named by another registration: that one's
+}
+
+// priorSessions lists the sessions of this instance the catalog shows, each
+// followed by those it names as replaced. Their highest generation is the
+// floor of the next one.
+func (r *Registrar) priorSessions(ctx context.Context) []priorSession {
+	var prior []priorSession
 	for _, task := range r.cfg.Tasks {
 		others, err := r.agent.Sessions(ctx, task, r.cfg.InstanceID)
 		if err != nil {
 			continue // KV alone still orders sessions
 		}
 		for _, o := range others {
-			highest = max(highest, o.Generation)
+			prior = append(prior, priorSession{o.SessionID, o.Generation})
+			for _, old := range o.Replaces {
+				prior = append(prior, priorSession{old, o.Generation})
+			}
 		}
 	}
-	return highest
+	return prior
+}
+
+// replacedSessions is what a new session (id, generation gen) names in its
+// replaces meta: the newest older sessions known, so that a leasehold which
+// never saw them still answers them STALE. A session at gen or above (a
+// concurrent start) or without a generation is not known to be older.
+func replacedSessions(prior []priorSession, id string, gen uint64) []string {
+	prior = slices.Clone(prior)
+	slices.SortStableFunc(prior, func(a, b priorSession) int { return cmp.Compare(b.generation, a.generation) })
+	var out []string
+	for _, p := range prior {
+		if len(out) == health.MaxReplaces {
+			break
+		}
+		if p.generation == 0 || p.generation >= gen || p.id == id || p.id == "" || slices.Contains(out, p.id) {
+			continue
+		}
+		if _, err := health.ParseReplaces(id, p.id); err != nil {
+			continue // not a session id (a registration breaking the contract)
+		}
+		out = append(out, p.id)
+	}
+	return out
 }
 
 func (r *Registrar) serviceRegistration(sess sessionKey, task string, state health.State) *api.AgentServiceRegistration {
@@ -460,7 +506,7 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				continue
 			}
 			hbStart := time.Now()
-			err := r.renew(ctx, sessionKey{sess.ID, sess.Generation}, renewedAt, drain != nil && !drainMarked)
+			err := r.renew(ctx, sess.key(), renewedAt, drain != nil && !drainMarked)
 			r.heartbeatDone(ctx, trace.SpanFromContext(ctx), time.Since(hbStart), err)
 			switch {
 			case err == nil:

@@ -233,6 +233,10 @@ func TestRefusedHeartbeatReregistersUnderFreshSession(t *testing.T) {
 	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"]; got != s2.ID {
 		t.Fatalf("registered session = %s, want %s", got, s2.ID)
 	}
+	// The agent forgot s1: this process remembers it replaced it.
+	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta[health.MetaReplaces]; !strings.HasPrefix(got, s1.ID) || s2.Replaces[0] != s1.ID {
+		t.Fatalf("replaces meta %q, session %v: want %s", got, s2.Replaces, s1.ID)
+	}
 	var lle *LeaseLostError
 	if !errors.As(s1.Err(), &lle) || lle.Loss.Reason != LossRefused {
 		t.Fatalf("old session cause = %v", s1.Err())
@@ -245,7 +249,7 @@ func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
 	// another process with the same instance id registers on the same agent
 	other := baseConfig()
 	for _, task := range other.Tasks {
-		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration(sessionKey{"newer", 99}, task, health.StateActive)
+		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration(sessionKey{id: "newer", generation: 99}, task, health.StateActive)
 		if err := h.agent.Register(context.Background(), r); err != nil {
 			t.Fatal(err)
 		}
@@ -525,6 +529,39 @@ func TestOlderSessionElsewhereSupersedesNothing(t *testing.T) {
 	}
 	if s2 := h.session(s1); s2.Generation != 6 {
 		t.Fatalf("re-registered at generation %d, want 6", s2.Generation)
+	}
+}
+
+// TestNewSessionNamesThoseItReplaces: a new process names the sessions the
+// catalog shows for its instance and those they named, newest first, at
+// most health.MaxReplaces, never one without a generation; a session
+// re-registered by the same process keeps naming the older ones.
+func TestNewSessionNamesThoseItReplaces(t *testing.T) {
+	agent := newFakeAgent()
+	agent.others = []RemoteSession{
+		{Node: "other", SessionID: "crashed", Generation: 4, Status: health.StatusCritical, Replaces: []string{"older", "oldest"}},
+		{Node: "other", SessionID: "garbage", Generation: 0, Status: health.StatusPassing},
+		{Node: "other", SessionID: "ancient", Generation: 1, Status: health.StatusCritical},
+	}
+	h := startOn(t, agent, nil)
+	s1 := h.session(nil)
+	if want := []string{"crashed", "older", "oldest"}; !reflect.DeepEqual(s1.Replaces, want) {
+		t.Fatalf("replaces %v, want %v", s1.Replaces, want)
+	}
+	for _, task := range baseConfig().Tasks {
+		if got := h.agent.service(health.ServiceID("exec-1", task)).Meta[health.MetaReplaces]; got != "crashed,older,oldest" {
+			t.Fatalf("%s: replaces meta %q", task, got)
+		}
+	}
+	h.agent.mu.Lock()
+	h.agent.others = nil
+	h.agent.mu.Unlock()
+	h.agent.forget()
+	h.advance(2, testHB)
+	h.loss()
+	s2 := h.session(s1)
+	if want := []string{s1.ID, "crashed", "older"}; !reflect.DeepEqual(s2.Replaces, want) {
+		t.Fatalf("after a re-registration: replaces %v, want %v", s2.Replaces, want)
 	}
 }
 

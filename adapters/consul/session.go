@@ -80,13 +80,19 @@ var (
 type Session struct {
 	ID         string
 	Generation uint64 // orders the sessions of this instance: newest is highest
-	ctx        context.Context
+	// Replaces: the older sessions of this instance its registrations name
+	// (so that a leasehold which never saw them answers them STALE).
+	Replaces []string
+	ctx      context.Context
 }
+
+func (s *Session) key() sessionKey { return sessionKey{s.ID, s.Generation, s.Replaces} }
 
 // sessionKey identifies a session before it is published.
 type sessionKey struct {
 	id         string
 	generation uint64
+	replaces   []string // older sessions of the instance it replaces (health.Registration.Replaces)
 }
 
 // Context is cancelled when the session ends; context.Cause says why
