@@ -2,8 +2,9 @@
 SHELL := /bin/bash
 GO    ?= go
 CONSUL := bin/consul
+STATICCHECK := bin/staticcheck
 
-.PHONY: all build test vet consul demo clean proto bench fuzz soak
+.PHONY: all build test vet lint consul demo clean proto bench fuzz soak
 
 all: build
 
@@ -21,6 +22,15 @@ $(CONSUL):
 vet:
 	$(GO) vet ./...
 
+# staticcheck v0.8.2 built from the Go module proxy (tools/staticcheck); only when missing.
+$(STATICCHECK):
+	@mkdir -p bin
+	cd tools/staticcheck && $(GO) build -o ../../$(STATICCHECK) honnef.co/go/tools/cmd/staticcheck
+
+lint: $(STATICCHECK)
+	$(GO) vet ./...
+	$(STATICCHECK) ./...
+
 # Fuzz targets, with their committed seed corpora (testdata/fuzz).
 FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzDispatcherKey:./health FuzzTranslate:./snapshot
 FUZZTIME ?= 3s
@@ -28,8 +38,7 @@ FUZZTIME ?= 3s
 # Packages run one at a time (-p 1): the drills start real Consul agents,
 # servers and executors with short real leases, and two packages' drills
 # competing for 2 cores turned timings into flakes.
-test: $(CONSUL)
-	$(GO) vet ./...
+test: $(CONSUL) lint
 	$(GO) test -race -count=1 -p 1 ./...
 	@for f in $(FUZZ); do $(GO) test -run '^$$' -fuzz "^$${f%%:*}$$" -fuzztime $(FUZZTIME) $${f##*:} || exit 1; done
 

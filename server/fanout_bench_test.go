@@ -107,7 +107,7 @@ func startFanOutServer(b *testing.B, n int) *fanOutServer {
 	s := &fanOutServer{obs: make(chan health.Observation, 16), published: make(chan time.Time, 16), idx: 10}
 	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log})
 	syncer.Notify(func(snapshot.Publication) { s.published <- time.Now() })
-	g := grpc.NewServer(ServerOption(), grpc.SharedWriteBuffer(true)) // serve's transport options
+	g := grpc.NewServer(ServerOption()) // serve's transport options
 	NewXDS(ctx, syncer, log).Register(g)
 	done := make(chan struct{})
 	go func() { syncer.Run(ctx, s.obs); close(done) }()

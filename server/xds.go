@@ -16,7 +16,6 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	clusterservice "github.com/envoyproxy/go-control-plane/envoy/service/cluster/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
-	discoverygrpc "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	endpointservice "github.com/envoyproxy/go-control-plane/envoy/service/endpoint/v3"
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
@@ -140,7 +139,7 @@ func NewXDS(ctx context.Context, syncer *snapshot.Syncer, log *slog.Logger, opts
 
 // Register adds the aggregated and per-type discovery services to g.
 func (x *XDS) Register(g *grpc.Server) {
-	discoverygrpc.RegisterAggregatedDiscoveryServiceServer(g, x.srv)
+	discovery.RegisterAggregatedDiscoveryServiceServer(g, x.srv)
 	endpointservice.RegisterEndpointDiscoveryServiceServer(g, x.srv)
 	clusterservice.RegisterClusterDiscoveryServiceServer(g, x.srv)
 	routeservice.RegisterRouteDiscoveryServiceServer(g, x.srv)

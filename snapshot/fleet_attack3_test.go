@@ -103,8 +103,6 @@ type a3World struct {
 
 func (w *a3World) next() uint64 { w.index++; return w.index }
 
-func (w *a3World) check(node, id string) health.CheckState { return w.truth[[2]string{node, id}] }
-
 func (w *a3World) setCheck(c health.CheckState) { w.truth[[2]string{c.Node, c.CheckID}] = c }
 
 func (w *a3World) newProc() *a3Proc {

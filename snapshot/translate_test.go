@@ -154,7 +154,7 @@ func TestTranslateIsDeterministic(t *testing.T) {
 	if Version(Listener("a")) == Version(Listener("b")) {
 		t.Fatal("different resources share a version")
 	}
-	if Version(Listener("a")) != Version(Listener("a")) {
+	if a1, a2 := Listener("a"), Listener("a"); Version(a1) != Version(a2) {
 		t.Fatal("version not stable")
 	}
 }

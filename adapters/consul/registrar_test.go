@@ -25,13 +25,10 @@ type harness struct {
 	clock *clockwork.FakeClock
 	reg   *Registrar
 	load  atomic.Int64
-	probe atomic.Value // error or nil wrapper
 	lost  chan LeaseLoss
 	done  chan error
 	stop  context.CancelFunc
 }
-
-type probeResult struct{ err error }
 
 func baseConfig() Config {
 	return Config{
@@ -50,7 +47,6 @@ func start(t *testing.T, mutate func(*Config)) *harness {
 func startOn(t *testing.T, agent *fakeAgent, mutate func(*Config)) *harness {
 	t.Helper()
 	h := &harness{t: t, agent: agent, clock: clockwork.NewFakeClock(), lost: make(chan LeaseLoss, 16), done: make(chan error, 1)}
-	h.probe.Store(probeResult{})
 	cfg := baseConfig()
 	cfg.Clock = h.clock
 	cfg.Load = func() int { return int(h.load.Load()) }

@@ -46,6 +46,9 @@ func (c *countingTransport) RoundTrip(r *http.Request) (*http.Response, error) {
 	}
 	body, err := io.ReadAll(resp.Body)
 	resp.Body.Close()
+	if err != nil {
+		return nil, err
+	}
 	resp.Body = io.NopCloser(strings.NewReader(string(body)))
 	k := pathKey(r.URL.Path)
 	c.mu.Lock()

@@ -77,7 +77,7 @@ func (b *bench) followConsul() (*consulEDS, error) {
 		c.mu.Lock()
 		got := len(c.ports)
 		c.mu.Unlock()
-		return nil, fmt.Errorf("Consul's EDS never offered the live fleet (%d offered, %d live): %w", got, len(live), err)
+		return nil, fmt.Errorf("the EDS of Consul never offered the live fleet (%d offered, %d live): %w", got, len(live), err)
 	}
 	logf("Consul's own xDS offers all %d live executors' sidecars", len(live))
 	return c, nil

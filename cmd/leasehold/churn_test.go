@@ -39,9 +39,6 @@ func (f *churnFleet) checkID(i int) string    { return health.CheckID(f.id(i), f
 func (f *churnFleet) ttl(i int) time.Duration {
 	return map[bool]time.Duration{true: f.lease, false: time.Hour}[i < f.canaries]
 }
-func (f *churnFleet) endpointOf(i int) endpoint {
-	return endpoint{f.id(i), f.session(i), "127.0.0.1:" + strconv.Itoa(30000+i)}
-}
 
 // register registers executors [from, to) under their next generation
 // (session s<gen>), the generation key first, as a Registrar does, 16 at a

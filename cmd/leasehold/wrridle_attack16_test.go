@@ -1,7 +1,6 @@
 package main
 
 import (
-	"fmt"
 	"testing"
 	"time"
 
@@ -35,6 +34,6 @@ func TestAttack16IdlePeersOutweighABusyExecutor(t *testing.T) {
 	m := servedBy(d.since(from))
 	t.Logf("busy %d, e2 %d, e3 %d", m["busy"], m["e2"], m["e3"])
 	if 2*m["busy"] >= min(m["e2"], m["e3"]) {
-		t.Fatal(fmt.Sprintf("a busy executor (utilization 0.75) among idle peers got as much work as they: busy %d, e2 %d, e3 %d", m["busy"], m["e2"], m["e3"]))
+		t.Fatalf("a busy executor (utilization 0.75) among idle peers got as much work as they: busy %d, e2 %d, e3 %d", m["busy"], m["e2"], m["e3"])
 	}
 }

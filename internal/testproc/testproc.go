@@ -5,7 +5,6 @@ package testproc
 
 import (
 	"bufio"
-	"fmt"
 	"io"
 	"os"
 	"os/exec"
@@ -78,6 +77,6 @@ type logWriter struct {
 }
 
 func (w logWriter) Write(p []byte) (int, error) {
-	w.t.Log(fmt.Sprintf("[%s] %s", w.name, p))
+	w.t.Logf("[%s] %s", w.name, p)
 	return len(p), nil
 }
