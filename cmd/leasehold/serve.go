@@ -151,9 +151,6 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 
 	g := grpc.NewServer(append(creds,
 		server.ServerOption(), // responses reference the cache's bytes (no copy per stream)
-		// Dispatcher connections idle between pushes: their 32 KB write
-		// buffers go back to a shared pool after each flush.
-		grpc.SharedWriteBuffer(true),
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
 		// A dispatcher's trace continues into the fencing API; xDS streams
