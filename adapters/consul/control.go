@@ -290,11 +290,35 @@ func (k *Control) Identity(ctx context.Context, by string) (string, error) {
 		}
 		return "token:" + name, nil
 	}
+	// Only Consul saying ACLs are off lets --by say who acts: any other
+	// failure (the anonymous token, which may not read itself; a token
+	// Consul does not know; no answer) would let anyone be anyone, and
+	// approve their own cordon as someone else.
+	var se api.StatusError
+	if err == nil || !errors.As(err, &se) || se.Code != 401 || !strings.Contains(se.Body, "ACL support disabled") {
+		if err == nil {
+			err = errors.New("no token")
+		}
+		return "", &IdentityError{Err: err}
+	}
 	if strings.TrimSpace(by) == "" {
-		return "", errors.New("--by: required when Consul ACLs are off (who is acting, for the audit log)")
+		return "", ErrByRequired
 	}
 	return strings.TrimSpace(by), nil
 }
+
+// ErrByRequired: Consul ACLs are off and no --by says who acts.
+var ErrByRequired = errors.New("--by: required when Consul ACLs are off (who is acting, for the audit log)")
+
+// IdentityError: with Consul ACLs on, the token that acts could not be
+// read, so who acts is not known (--by never says it then).
+type IdentityError struct{ Err error }
+
+func (e *IdentityError) Error() string {
+	return fmt.Sprintf("who acts: the Consul token cannot be read (%v); with ACLs on, each operator acts with a token of their own (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE), whose description is recorded; --by is not taken for it", e.Err)
+}
+
+func (e *IdentityError) Unwrap() error { return e.Err }
 
 // NewCordonID is a fresh short id.
 func NewCordonID() string {

@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"log/slog"
+	"math"
 	"slices"
 	"sync"
 	"time"
@@ -24,13 +25,35 @@ type lapseCatalog interface {
 	LapseMarks(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error)
 }
 
-// LapseMarks lists the lapse marks.
+// LapseMarks lists the lapse marks. A fresh read (index 0: the first, or
+// after an error) also asks whether the token may write them, as the
+// LapseRecorder must: read alone would leave leasehold ready while every
+// lapse it records is refused, and a lapsed session routed again after a
+// restart.
 func (a apiCatalog) LapseMarks(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
 	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write") // leasehold writes them too
 	if err != nil {
 		return nil, 0, err
 	}
+	if index == 0 {
+		if err := canWriteKV(ctx, a.c, a.dc, health.LapseMarkPrefix); err != nil {
+			return nil, 0, err
+		}
+	}
 	return pairs, meta.LastIndex, nil
+}
+
+// lapseWriteProbe is the key under a prefix that canWriteKV's check-and-set
+// names; it is never written.
+const lapseWriteProbe = ".write-probe"
+
+// canWriteKV asks Consul whether the token may write under prefix, without
+// writing: a check-and-set at an index no key can have (a key that does not
+// exist is only created at index 0). Consul checks the right first (403),
+// then fails the check-and-set.
+func canWriteKV(ctx context.Context, c *api.Client, dc, prefix string) error {
+	_, _, err := c.KV().CAS(&api.KVPair{Key: prefix + lapseWriteProbe, ModifyIndex: math.MaxUint64}, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
+	return aclNeeds("kv "+prefix+" (write)", []string{RightKeyPrefix(prefix, "write")}, nil, err)
 }
 
 // watchLapses follows the lapse marks (paced like the generation keys, and

@@ -84,8 +84,10 @@ func (c *controlFlags) open(ctx context.Context, stderr io.Writer) (*consul.Cont
 		return nil, "", err
 	}
 	who, err := k.Identity(ctx, c.by)
-	if err != nil {
+	if errors.Is(err, consul.ErrByRequired) {
 		return nil, "", usagef("%v", err)
+	} else if err != nil {
+		return nil, "", failed(err) // Consul unreachable, or its token unreadable
 	}
 	return k, who, nil
 }
