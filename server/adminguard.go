@@ -54,9 +54,6 @@ func (t *AdminToken) current() ([]byte, error) {
 	return tok, nil
 }
 
-// Guard wraps h: guarded paths need "Authorization: Bearer <token>".
-func (t *AdminToken) Guard(h http.Handler) http.Handler { return GuardAdmin(h, t, false) }
-
 func (t *AdminToken) valid(r *http.Request) bool {
 	if t == nil {
 		return false

@@ -17,7 +17,7 @@ func TestAdminTokenGuard(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	h := tok.Guard(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("secret view")) }))
+	h := GuardAdmin(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) { w.Write([]byte("secret view")) }), tok, false)
 	get := func(path, auth string) (int, string) {
 		r := httptest.NewRequest("GET", path, nil)
 		if auth != "" {

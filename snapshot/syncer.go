@@ -479,10 +479,9 @@ func (s *Syncer) recompute(ctx context.Context) {
 	if len(lapses) > 0 {
 		s.batchLapse = s.batchStart
 	}
-	buildCtx := ctx
-	var build trace.Span
+	var build trace.Span // a leaf: the rebuilds below are not traced one by one
 	if traced {
-		buildCtx, build = s.tracer.Start(ctx, "leasehold.snapshot_build", trace.WithAttributes(attribute.Int("leasehold.groups", len(s.groups)), attribute.StringSlice("leasehold.tasks", changed)))
+		_, build = s.tracer.Start(ctx, "leasehold.snapshot_build", trace.WithAttributes(attribute.Int("leasehold.groups", len(s.groups)), attribute.StringSlice("leasehold.tasks", changed)))
 	}
 	for _, g := range s.groups {
 		for _, task := range changed {
@@ -497,14 +496,11 @@ func (s *Syncer) recompute(ctx context.Context) {
 	if build != nil {
 		build.End()
 	}
-	_ = buildCtx
 	if !s.synced && s.allRead() {
 		s.synced = true
-		if s.synced {
-			s.log.Info("fleet read: serving", "tasks", len(taskNames(s.members)), "executors", r.present, "datacenters", len(s.dcs))
-			for key, g := range s.groups { // waiting dispatchers get their first snapshot
-				s.publish(ctx, key, g)
-			}
+		s.log.Info("fleet read: serving", "tasks", len(taskNames(s.members)), "executors", r.present, "datacenters", len(s.dcs))
+		for key, g := range s.groups { // waiting dispatchers get their first snapshot
+			s.publish(ctx, key, g)
 		}
 	}
 	s.storeReadiness()
