@@ -110,3 +110,54 @@ func TestAttack20bIdentityCannotBeMadeUpWithACLs(t *testing.T) {
 		t.Errorf("ACLs off: %q, %v; want --by alice", who, err)
 	}
 }
+
+// TestAttack20bOperatorReadsNoticeACLs (MEDIUM, fixed): the operators'
+// reads did not check what Consul left out: with a token that may not
+// read leasehold/control/cordons/ or leasehold/audit/, `leasehold cordon
+// --list` printed no cordon and `leasehold audit` an empty trail, exit 0 —
+// an operator concluding nothing is cordoned, or nothing was done. They now
+// fail with ErrACL naming the rule (operator-policy.hcl).
+func TestAttack20bOperatorReadsNoticeACLs(t *testing.T) {
+	consultest.RequireBinary(t)
+	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000020b4"})
+	root := a.Client()
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	rk, err := NewControl(root, ControlOptions{})
+	if err != nil {
+		t.Fatal(err)
+	}
+	c := health.Cordon{ID: "c-0000beef", Instance: "exec-1", Reason: "disk", By: "root", At: time.Now().UTC()}
+	if err := rk.Cordon(ctx, c); err != nil {
+		t.Fatal(err)
+	}
+	full := consultest.ExamplePolicy(t, "operator-policy.hcl")
+	for _, tc := range []struct {
+		name, rules string
+		cordons     bool // the cordons are readable
+		audit       bool
+	}{
+		{"operator", full, true, true},
+		{"no-control", consultest.WithoutRule(t, full, `key_prefix "leasehold/control/"`), false, true},
+		{"no-audit", consultest.WithoutRule(t, full, `key_prefix "leasehold/audit/"`), true, false},
+	} {
+		k, err := NewControl(clientWith(t, a, "op-"+tc.name, tc.rules), ControlOptions{})
+		if err != nil {
+			t.Fatal(err)
+		}
+		cs, _, err := k.Cordons(ctx)
+		switch {
+		case tc.cordons && (err != nil || len(cs) != 1):
+			t.Errorf("%s: cordons %v, %v; want the one stored", tc.name, cs, err)
+		case !tc.cordons && (!errors.Is(err, ErrACL) || !strings.Contains(err.Error(), RightKeyPrefix(CordonPrefix, "read"))):
+			t.Errorf("%s: cordons %v, %v; want an ACL error naming the read", tc.name, cs, err)
+		}
+		page, err := k.AuditLog(ctx, 10, "")
+		switch {
+		case tc.audit && (err != nil || len(page.Entries) != 1):
+			t.Errorf("%s: audit %v, %v; want the one record", tc.name, page.Entries, err)
+		case !tc.audit && (!errors.Is(err, ErrACL) || !strings.Contains(err.Error(), RightKeyPrefix(AuditPrefix, "read"))):
+			t.Errorf("%s: audit %v, %v; want an ACL error naming the read", tc.name, page.Entries, err)
+		}
+	}
+}

@@ -437,10 +437,22 @@ func (k *Control) Cordon(ctx context.Context, c health.Cordon) error {
 		func(int) error { return fmt.Errorf("%w: cordon %s exists already", ErrControl, c.ID) })
 }
 
+// list reads the keys under prefix for an operator's read: what Consul
+// left out because the token may not read it is an *ACLError naming the
+// rule (examples/consul/operator-policy.hcl), never an empty answer.
+func (k *Control) list(ctx context.Context, prefix string) (api.KVPairs, error) {
+	pairs, _, err := listKV(ctx, k.c, (&api.QueryOptions{}).WithContext(ctx), prefix, "read")
+	var ae *ACLError
+	if errors.As(err, &ae) {
+		ae.Policy = "operator-policy.hcl"
+	}
+	return pairs, err
+}
+
 // Cordons lists the stored cordons (invalid ones are returned with their
 // error in bad).
 func (k *Control) Cordons(ctx context.Context) (cordons []health.Cordon, bad map[string]error, err error) {
-	pairs, _, err := k.c.KV().List(CordonPrefix, (&api.QueryOptions{}).WithContext(ctx))
+	pairs, err := k.list(ctx, CordonPrefix)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list cordons: %w", err)
 	}
@@ -554,7 +566,7 @@ func (k *Control) AuditLog(ctx context.Context, limit int, before string) (Audit
 			return AuditPage{}, fmt.Errorf("before: %w", err)
 		}
 	}
-	pairs, _, err := k.c.KV().List(AuditPrefix, (&api.QueryOptions{}).WithContext(ctx))
+	pairs, err := k.list(ctx, AuditPrefix)
 	if err != nil {
 		return AuditPage{}, fmt.Errorf("read audit: %w", err)
 	}

@@ -68,11 +68,18 @@ type ACLError struct {
 	// Rights are the Consul policy rules the read needs and the token
 	// lacks (or may lack: a filtered answer does not say which of several).
 	Rights []string
+	// Policy is the example policy file granting them ("": leasehold
+	// serve's, leasehold-policy.hcl).
+	Policy string
 }
 
 func (e *ACLError) Error() string {
-	return fmt.Sprintf("%s: %v: %s: the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs %s (examples/consul/leasehold-policy.hcl)",
-		e.Read, ErrACL, e.How, e.Right())
+	policy := e.Policy
+	if policy == "" {
+		policy = "leasehold-policy.hcl"
+	}
+	return fmt.Sprintf("%s: %v: %s: the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs %s (examples/consul/%s)",
+		e.Read, ErrACL, e.How, e.Right(), policy)
 }
 
 // Is makes errors.Is(err, ErrACL) hold.
