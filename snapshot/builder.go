@@ -142,18 +142,45 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 // (prints[i] is executorPrint(&executors[i]); nil: computed here).
 // Rules listed in observe are in observe mode (see health.EligibleObserving).
 func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher, observe ...health.Reason) Result {
-	restarted := false
-	if !bl.started || bl.d.Key() != d.Key() || !slices.Equal(bl.observe, observe) || !bl.failover.equal(bl.Failover) {
-		f := bl.Failover
-		*bl = Builder{Failover: f, failover: f, d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
-		restarted = true
-	}
-	var observed []ObservedDecision
+	restarted := bl.restartFor(d, observe)
 	bl.gen++
-	gen := bl.gen
-	var fresh []*entry // routed entries decided in this build
-	reused := 0
-	all := make([]*entry, 0, len(executors))
+	b := build{gen: bl.gen}
+	bl.decide(&b, executors, prints, d)
+	bl.order(&b)
+	bl.settleSockets(&b)
+	removes := b.sendChanges()
+	cla, version := bl.assemble(task, &b, d)
+	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(b.fresh), Observed: b.observed, Restarted: restarted}
+}
+
+// build is what the steps of one BuildPrinted hand each other.
+type build struct {
+	gen        uint64
+	all        []*entry // every entry seen, in the executors' order
+	fresh      []*entry // routed entries decided in this build
+	reused     int      // routed entries reused from the previous build
+	gone       []*entry // routed entries of the previous build not seen again
+	sorted     []*entry // routed entries, in order
+	losers     []*entry // routed entries another's claim on their socket beat
+	prevLosers []*entry // the previous build's losers
+	observed   []ObservedDecision
+}
+
+// restartFor starts afresh when the constraint set, the rule modes or the
+// failover order changed: remembered verdicts are then worthless.
+func (bl *Builder) restartFor(d health.Dispatcher, observe []health.Reason) bool {
+	if bl.started && bl.d.Key() == d.Key() && slices.Equal(bl.observe, observe) && bl.failover.equal(bl.Failover) {
+		return false
+	}
+	f := bl.Failover
+	*bl = Builder{Failover: f, failover: f, d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
+	return true
+}
+
+// decide finds each executor's entry by fingerprint, deciding and encoding
+// only those not seen before, and forgets the entries no executor has now.
+func (bl *Builder) decide(b *build, executors []health.Executor, prints []uint64, d health.Dispatcher) {
+	b.all = make([]*entry, 0, len(executors))
 	var buf []byte
 	for i := range executors {
 		e := &executors[i]
@@ -169,7 +196,7 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 		} else {
 			en = bl.entries[p]
 		}
-		if en != nil && en.gen == gen {
+		if en != nil && en.gen == b.gen {
 			continue // the same registration twice: one endpoint
 		}
 		if en == nil {
@@ -177,124 +204,140 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 			bl.entries[p] = en
 			v := health.EligibleObserving(*e, d, bl.observe)
 			if len(v.Observed) > 0 {
-				observed = append(observed, ObservedDecision{InstanceID: e.InstanceID, SessionID: e.SessionID, Exclusions: v.Observed})
+				b.observed = append(b.observed, ObservedDecision{InstanceID: e.InstanceID, SessionID: e.SessionID, Exclusions: v.Observed})
 			}
-			switch v.Route {
-			case health.RouteHealthy:
-				en.routed, en.status = true, corev3.HealthStatus_HEALTHY
-			case health.RouteDraining:
-				en.routed, en.status = true, corev3.HealthStatus_DRAINING
-			}
-			if en.routed {
-				en.e = e
-				buf = endpointContent(buf[:0], e, en.status)
-				zone := e.Labels[ZoneLabel]
-				if e.Datacenter != "" || zone != "" { // its locality (none: versions as before localities)
-					buf = append(append(append(append(buf, 0), e.Datacenter...), 0), zone...)
-				}
-				en.loc = bl.localityOf(e.Datacenter, zone)
-				en.digest = fnv64a(buf)
-				en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
-				en.sock, en.claim = health.SocketOf(e.Address, e.Port), health.ClaimOf(e)
-				fresh = append(fresh, en)
+			if bl.route(en, e, v.Route, &buf) {
+				b.fresh = append(b.fresh, en)
 			}
 		} else if en.routed {
-			reused++
+			b.reused++
 		}
-		en.gen = gen
-		all = append(all, en)
+		en.gen = b.gen
+		b.all = append(b.all, en)
 	}
 	for _, en := range bl.all { // forget what this build did not see
-		if en.gen != gen {
+		if en.gen != b.gen {
 			delete(bl.entries, en.print)
 		}
 	}
-	// Previous order minus what is gone, merged with the new ones sorted.
-	var gone []*entry
+}
+
+// route fills a new entry from its executor's verdict and reports whether
+// it is routed (its endpoint message is made later, in a batch).
+func (bl *Builder) route(en *entry, e *health.Executor, r health.Route, buf *[]byte) bool {
+	switch r {
+	case health.RouteHealthy:
+		en.routed, en.status = true, corev3.HealthStatus_HEALTHY
+	case health.RouteDraining:
+		en.routed, en.status = true, corev3.HealthStatus_DRAINING
+	default:
+		return false
+	}
+	en.e = e
+	*buf = endpointContent((*buf)[:0], e, en.status)
+	zone := e.Labels[ZoneLabel]
+	if e.Datacenter != "" || zone != "" { // its locality (none: versions as before localities)
+		*buf = append(append(append(append(*buf, 0), e.Datacenter...), 0), zone...)
+	}
+	en.loc = bl.localityOf(e.Datacenter, zone)
+	en.digest = fnv64a(*buf)
+	en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
+	en.sock, en.claim = health.SocketOf(e.Address, e.Port), health.ClaimOf(e)
+	return true
+}
+
+// order is the previous order minus what is gone, merged with the new
+// entries sorted among themselves (whose endpoint messages are made here).
+func (bl *Builder) order(b *build) {
 	kept := bl.sorted
-	if reused != len(bl.sorted) {
-		kept = make([]*entry, 0, reused)
+	if b.reused != len(bl.sorted) {
+		kept = make([]*entry, 0, b.reused)
 		for _, en := range bl.sorted {
-			if en.gen == gen {
+			if en.gen == b.gen {
 				kept = append(kept, en)
 			} else {
-				gone = append(gone, en)
+				b.gone = append(b.gone, en)
 			}
 		}
 	}
-	sorted := kept
-	if len(fresh) > 0 {
-		slices.SortFunc(fresh, func(a, b *entry) int {
-			if a.less(b) {
+	b.sorted = kept
+	if len(b.fresh) > 0 {
+		slices.SortFunc(b.fresh, func(x, y *entry) int {
+			if x.less(y) {
 				return -1
 			}
-			if b.less(a) {
+			if y.less(x) {
 				return 1
 			}
 			return 0
 		})
-		batch := newEndpointBatch(len(fresh))
-		for _, en := range fresh {
+		batch := newEndpointBatch(len(b.fresh))
+		for _, en := range b.fresh {
 			en.lb = batch.lbEndpoint(en.e, en.status)
 			en.e = nil // the executors slice is the caller's
 		}
-		sorted = mergeSorted(kept, fresh)
+		b.sorted = mergeSorted(kept, b.fresh)
 	}
-	bl.all, bl.sorted = all, sorted
+	bl.all, bl.sorted = b.all, b.sorted
+}
 
-	// One endpoint per socket.
-	for _, en := range gone {
+// settleSockets sends one endpoint per socket: of routed entries claiming
+// the same one, those whose claim another's beats are this build's losers.
+func (bl *Builder) settleSockets(b *build) {
+	for _, en := range b.gone {
 		bl.unclaim(en.sock)
 	}
-	for _, en := range fresh {
+	for _, en := range b.fresh {
 		bl.claimSocket(en.sock)
 	}
-	prevLosers := bl.losers
-	for _, en := range prevLosers {
+	b.prevLosers = bl.losers
+	for _, en := range b.prevLosers {
 		en.lost = false
 	}
-	var losers []*entry
 	if bl.contested > 0 {
 		best := map[health.Socket]*entry{}
-		for _, en := range sorted {
+		for _, en := range b.sorted {
 			if bl.sockets[en.sock] > 1 {
-				if b := best[en.sock]; b == nil || en.claim.Beats(b.claim) {
+				if w := best[en.sock]; w == nil || en.claim.Beats(w.claim) {
 					best[en.sock] = en
 				}
 			}
 		}
-		for _, en := range sorted {
-			if b := best[en.sock]; b != nil && b != en {
+		for _, en := range b.sorted {
+			if w := best[en.sock]; w != nil && w != en {
 				en.lost = true
-				losers = append(losers, en)
+				b.losers = append(b.losers, en)
 			}
 		}
 	}
-	bl.losers = losers
+	bl.losers = b.losers
+}
 
-	// What the previous load assignment sent and this one does not, against
-	// what this one sends anew. A dropped endpoint is removed unless a new
-	// one has its instance, address and session with a status no worse (a
-	// weight change keeps the endpoint; a new session at the same address is
-	// pushed at once, so no snapshot carries a session the View calls STALE).
+// sendChanges marks what this load assignment sends and reports whether
+// it removes (or drains) an endpoint the previous one sent. A dropped
+// endpoint is removed unless a new one has its instance, address and
+// session with a status no worse (a weight change keeps the endpoint; a new
+// session at the same address is pushed at once, so no snapshot carries a
+// session the View calls STALE).
+func (b *build) sendChanges() bool {
 	var dropped, added []*entry
-	for _, en := range gone {
+	for _, en := range b.gone {
 		if en.sent {
 			dropped = append(dropped, en)
 		}
 	}
-	for _, en := range losers {
+	for _, en := range b.losers {
 		if en.sent {
 			dropped = append(dropped, en)
 		}
 	}
-	for _, en := range fresh {
+	for _, en := range b.fresh {
 		if !en.lost {
 			added = append(added, en)
 		}
 	}
-	for _, en := range prevLosers {
-		if en.gen == gen && !en.lost {
+	for _, en := range b.prevLosers {
+		if en.gen == b.gen && !en.lost {
 			added = append(added, en)
 		}
 	}
@@ -318,15 +361,19 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	for _, en := range added {
 		en.sent = true
 	}
+	return removes
+}
 
+// assemble makes the load assignment and its content version, which hashes
+// the task and, order-independently, the content digest of each endpoint
+// (the order is a function of the contents) and the localities' layout.
+func (bl *Builder) assemble(task string, b *build, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
-	// The version hashes the task and, order-independently, the content
-	// digest of each endpoint (the order is a function of the contents).
 	var sum, xor uint64
-	n := len(sorted) - len(losers)
+	n := len(b.sorted) - len(b.losers)
 	if n > 0 {
 		var layout uint64
-		cla.Endpoints, layout, sum, xor = assembleLocalities(sorted, n, bl.localities, bl.Failover, d.Datacenter)
+		cla.Endpoints, layout, sum, xor = assembleLocalities(b.sorted, n, bl.localities, bl.Failover, d.Datacenter)
 		xor ^= layout // the localities' priorities and weights (they follow the dispatcher's datacenter)
 	}
 	var vb [8 + 8 + 8 + 8]byte
@@ -334,8 +381,7 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	binary.LittleEndian.PutUint64(vb[8:], uint64(n))
 	binary.LittleEndian.PutUint64(vb[16:], sum)
 	binary.LittleEndian.PutUint64(vb[24:], xor)
-	version := "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
-	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(fresh), Observed: observed, Restarted: restarted}
+	return cla, "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
 }
 
 // claimSocket and unclaim count the routed entries claiming a socket.
