@@ -118,7 +118,12 @@ func ParseCheckID(id string) (instanceID, sessionID, task string, ok bool) {
 
 // Validate checks every field against the contract and Consul's limits and
 // returns FieldErrors naming each invalid field, or nil.
-func (r Registration) Validate() error {
+func (r Registration) Validate() error { return r.validate(fixedMetaKeys) }
+
+// validate is Validate with fixed meta keys besides the labels: what a
+// registration read from Consul needs counts replaces only when present (one
+// of 58 labels written before replaces existed fits Consul and stays valid).
+func (r Registration) validate(fixed int) error {
 	var errs FieldErrors
 	errs = append(errs, validateID(MetaInstanceID, r.InstanceID)...)
 	errs = append(errs, validateID(MetaSessionID, r.SessionID)...)
@@ -143,7 +148,7 @@ func (r Registration) Validate() error {
 	if r.State != StateActive && r.State != StateDraining {
 		errs = append(errs, fieldErr(MetaState, string(r.State), "must be %q or %q", StateActive, StateDraining))
 	}
-	errs = append(errs, ValidateLabels(r.Labels)...)
+	errs = append(errs, validateLabels(r.Labels, fixed)...)
 	errs = append(errs, r.validateReplaces()...)
 	return errs.err()
 }
@@ -264,9 +269,13 @@ func ValidateVersion(v string) *FieldError {
 
 // ValidateLabels checks that every label can be stored as Consul meta.
 func ValidateLabels(labels map[string]string) FieldErrors {
+	return validateLabels(labels, fixedMetaKeys)
+}
+
+func validateLabels(labels map[string]string, fixed int) FieldErrors {
 	var errs FieldErrors
-	if n := len(labels) + fixedMetaKeys; n > consulMetaMaxPairs {
-		errs = append(errs, fieldErr("labels", strconv.Itoa(len(labels)), "at most %d labels fit in Consul's %d meta pairs", consulMetaMaxPairs-fixedMetaKeys, consulMetaMaxPairs))
+	if n := len(labels) + fixed; n > consulMetaMaxPairs {
+		errs = append(errs, fieldErr("labels", strconv.Itoa(len(labels)), "at most %d labels fit in Consul's %d meta pairs", consulMetaMaxPairs-fixed, consulMetaMaxPairs))
 	}
 	for _, k := range sortedKeys(labels) {
 		key := MetaLabelPrefix + k
@@ -347,7 +356,11 @@ func ParseRegistration(task, address string, port int, meta map[string]string) (
 			r.Labels[lk] = v
 		}
 	}
-	if err := r.Validate(); err != nil {
+	fixed := fixedMetaKeys - 1 // replaces counts only when present
+	if _, ok := meta[MetaReplaces]; ok {
+		fixed++
+	}
+	if err := r.validate(fixed); err != nil {
 		var more FieldErrors
 		if ok := asFieldErrors(err, &more); ok {
 			errs = append(errs, more...)

@@ -2,6 +2,7 @@ package health
 
 import (
 	"fmt"
+	"slices"
 	"sort"
 )
 
@@ -39,6 +40,10 @@ type SessionIndex struct {
 	// replacedBy: sessions a present registration names in its replaces
 	// meta, with the newest session naming each.
 	replacedBy map[[2]string]SessionStatus
+	// ordersOnly: the highest generation of sessions present only with bad
+	// metadata (not answered for, but their generation is known): a claim
+	// of replacing one is believed only from a namer above it.
+	ordersOnly map[[2]string]uint64
 }
 
 // PastSession is a session seen before whose registrations are gone (it was
@@ -81,17 +86,29 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 				if n, ok := ix.newest[e.InstanceID]; !ok || e.Generation > n.Generation {
 					ix.newest[e.InstanceID] = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, State: SessionUnknown}
 				}
+				if ix.ordersOnly == nil {
+					ix.ordersOnly = map[[2]string]uint64{}
+				}
+				k := [2]string{e.InstanceID, e.SessionID}
+				ix.ordersOnly[k] = max(ix.ordersOnly[k], e.Generation)
 			}
 			continue
 		}
 		for _, old := range e.Replaces {
 			k := [2]string{e.InstanceID, old}
-			if n, ok := ix.replacedBy[k]; !ok || e.Generation > n.Generation {
-				if ix.replacedBy == nil {
-					ix.replacedBy = map[[2]string]SessionStatus{}
-				}
-				ix.replacedBy[k] = SessionStatus{SessionID: e.SessionID, Generation: e.Generation}
+			if ix.replacedBy == nil {
+				ix.replacedBy = map[[2]string]SessionStatus{}
 			}
+			n, ok := ix.replacedBy[k]
+			if !ok || e.Generation > n.Generation {
+				n.SessionID, n.Generation, n.Datacenter = e.SessionID, e.Generation, e.Datacenter
+			}
+			// Its task types, as far as known: those of the sessions of
+			// its instance naming it (the fencing API grants by task type).
+			if !slices.Contains(n.Tasks, e.Task) {
+				n.Tasks = append(slices.Clip(n.Tasks), e.Task)
+			}
+			ix.replacedBy[k] = n
 		}
 		key := [2]string{e.InstanceID, e.SessionID}
 		st, seen := ix.sessions[key]
@@ -122,6 +139,10 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		}
 		ix.sessions[key] = st
 	}
+	for k, by := range ix.replacedBy {
+		sort.Strings(by.Tasks)
+		ix.replacedBy[k] = by
+	}
 	for k, st := range ix.sessions {
 		sort.Strings(st.Tasks)
 		ix.sessions[k] = st
@@ -151,7 +172,15 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 	if st, ok := ix.sessions[key]; ok {
 		return st
 	}
+	// A session present with bad metadata is answered UNKNOWN, but its
+	// generation is known and orders the instance: a claim of replacing it
+	// from a namer not above it is not believed (the namer breaks the
+	// contract; the session may be the instance's newest, and Fence itself
+	// may have found the namer older than it).
 	by, named := ix.replacedBy[key]
+	if g, ok := ix.ordersOnly[key]; ok && named && g >= by.Generation {
+		named = false
+	}
 	if p, ok := ix.past[key]; ok {
 		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID, Generation: p.Generation, Tasks: p.Tasks, Version: p.Version}
 		switch n, has := ix.newest[instanceID]; {
@@ -184,5 +213,11 @@ func (ix SessionIndex) replacedState(st *SessionStatus, by SessionStatus) {
 		n = newest
 	}
 	st.State, st.NewerSessionID, st.NewerGeneration = SessionStale, n.SessionID, n.Generation
+	if len(st.Tasks) == 0 {
+		st.Tasks = slices.Clone(by.Tasks)
+	}
+	if st.Datacenter == "" {
+		st.Datacenter = by.Datacenter
+	}
 	st.Detail = fmt.Sprintf("replaced: session %s (generation %d) of this instance names it in its registration", by.SessionID, by.Generation)
 }
