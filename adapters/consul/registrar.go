@@ -281,7 +281,7 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 	defer cancel()
 	if key.generation == 0 {
 		prior := r.priorSessions(rctx)
-		var highest uint64
+		highest := r.ownGen // this process's own sessions are older too, whatever KV and the catalog still show
 		for _, p := range prior {
 			highest = max(highest, p.generation)
 		}
