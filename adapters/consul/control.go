@@ -13,6 +13,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/jonboulle/clockwork"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -39,24 +40,24 @@ func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observat
 	if log == nil {
 		log = slog.Default()
 	}
-	var index uint64
-	var lastRules []byte
-	haveRules := false
-	var lastCordons string
+	clock := clockwork.NewRealClock()
+	q := queryIndex{kvListing: true}
+	bo := newBackoff(100*time.Millisecond, 10*time.Second) // the watcher's defaults
+	var last controlState
 	answered := false // the current run of answers has been reported
 	var failedAs health.Contact
-	bo := newBackoff(200*time.Millisecond, 10*time.Second)
-	report := func(ct health.Contact) bool {
+	send := func(o health.Observation) bool {
+		o.At = time.Now()
 		select {
-		case out <- health.Observation{At: time.Now(), ControlContact: &ct}:
+		case out <- o:
 			return true
 		case <-ctx.Done():
 			return false
 		}
 	}
 	for ctx.Err() == nil {
-		q := (&api.QueryOptions{WaitIndex: index, WaitTime: 60 * time.Second}).WithContext(ctx)
-		pairs, meta, err := readControl(ctx, c, q)
+		started := clock.Now()
+		pairs, meta, err := readControl(ctx, c, (&api.QueryOptions{WaitIndex: q.index, WaitTime: 60 * time.Second}).WithContext(ctx))
 		if err != nil {
 			if ctx.Err() != nil {
 				return
@@ -65,68 +66,71 @@ func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observat
 			log.Warn("watching operator controls in Consul KV failed; the last ones stay in force", "prefix", ControlPrefix, "err", err)
 			if answered || failedAs.Problem != prob || (prob != health.ProblemUnreachable && failedAs.Detail != detail) {
 				failedAs = health.Contact{Err: err, Problem: prob, Detail: detail}
-				if !report(failedAs) {
+				if !send(health.Observation{ControlContact: &failedAs}) {
 					return
 				}
 			}
 			answered = false
-			index = 0
-			select {
-			case <-ctx.Done():
+			q.failed()
+			if !pause(ctx, clock, bo.next(), nil) {
 				return
-			case <-time.After(bo.next()):
 			}
 			continue
 		}
 		bo.reset()
-		if meta.LastIndex < index {
-			index = 0
-		} else {
-			index = meta.LastIndex
-		}
-		var rules []byte
-		cordons := map[string][]byte{}
-		for _, p := range pairs {
-			switch {
-			case p.Key == RulesKey:
-				rules = p.Value
-				if rules == nil {
-					rules = []byte{}
-				}
-			case strings.HasPrefix(p.Key, CordonPrefix):
-				cordons[strings.TrimPrefix(p.Key, CordonPrefix)] = p.Value
-			}
-		}
-		if !haveRules || string(rules) != string(lastRules) || (rules == nil) != (lastRules == nil) {
-			haveRules, lastRules = true, rules
-			o := health.Observation{At: time.Now(), Rules: &health.RulesSource{Source: "consul-kv:" + RulesKey, Raw: rules}}
-			select {
-			case out <- o:
-			case <-ctx.Done():
-				return
-			}
-		}
-		fp := cordonPrint(cordons)
-		if fp != lastCordons {
-			lastCordons = fp
-			select {
-			case out <- health.Observation{At: time.Now(), Cordons: &health.CordonSet{Index: meta.LastIndex, Raw: cordons}}:
-			case <-ctx.Done():
+		q.answered(meta.LastIndex)
+		for _, o := range last.changes(pairs, meta.LastIndex) {
+			if !send(o) {
 				return
 			}
 		}
 		if !answered {
 			answered, failedAs = true, health.Contact{}
-			if !report(health.Contact{OK: true}) {
+			if !send(health.Observation{ControlContact: &health.Contact{OK: true}}) {
 				return
 			}
 		}
-		// Blocking queries can return early with the same index; pace them.
-		select {
-		case <-ctx.Done():
-		case <-time.After(20 * time.Millisecond):
+		// Blocking queries can return early with the same index; pace them
+		// as the watcher's (its default least interval, 5 ms, × 4).
+		if !pause(ctx, clock, 20*time.Millisecond-clock.Since(started), nil) {
+			return
 		}
 	}
+}
+
+// controlState is what the control watch last sent.
+type controlState struct {
+	haveRules bool
+	rules     []byte
+	cordons   string // cordonPrint
+}
+
+// changes are the observations a listing of the control prefix makes: the
+// rules and the cordons, each when it changed.
+func (st *controlState) changes(pairs api.KVPairs, index uint64) []health.Observation {
+	var rules []byte
+	cordons := map[string][]byte{}
+	for _, p := range pairs {
+		switch {
+		case p.Key == RulesKey:
+			rules = p.Value
+			if rules == nil {
+				rules = []byte{}
+			}
+		case strings.HasPrefix(p.Key, CordonPrefix):
+			cordons[strings.TrimPrefix(p.Key, CordonPrefix)] = p.Value
+		}
+	}
+	var out []health.Observation
+	if !st.haveRules || string(rules) != string(st.rules) || (rules == nil) != (st.rules == nil) {
+		st.haveRules, st.rules = true, rules
+		out = append(out, health.Observation{Rules: &health.RulesSource{Source: "consul-kv:" + RulesKey, Raw: rules}})
+	}
+	if fp := cordonPrint(cordons); fp != st.cordons {
+		st.cordons = fp
+		out = append(out, health.Observation{Cordons: &health.CordonSet{Index: index, Raw: cordons}})
+	}
+	return out
 }
 
 // readControl lists the control prefix. leasehold must read every key

@@ -449,7 +449,7 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, na
 	// unreachable one is not reported again for each new error text).
 	var c *health.Contact
 	if failing {
-		perr, prob, detail := w.worstErrLocked()
+		prob, detail, perr := w.worstErrLocked()
 		if changed || prob != w.problem || (prob != health.ProblemUnreachable && detail != w.problemDetail) {
 			c = &health.Contact{Err: perr, Problem: prob, Detail: detail}
 		}
@@ -467,7 +467,7 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, na
 // worstErrLocked is the failing watches' error that tells most: a missing
 // right, then a certificate problem, then the first failing watch's by name.
 // A missing right's detail is every right the failing watches lack.
-func (w *Watcher) worstErrLocked() (error, health.ContactProblem, string) {
+func (w *Watcher) worstErrLocked() (health.ContactProblem, string, error) {
 	rank := map[health.ContactProblem]int{health.ProblemACL: 3, health.ProblemTLS: 2}
 	var (
 		best     error
@@ -490,13 +490,12 @@ func (w *Watcher) worstErrLocked() (error, health.ContactProblem, string) {
 		slices.Sort(rights)
 		detail = strings.Join(slices.Compact(rights), " and ")
 	}
-	return best, prob, detail
+	return prob, detail, best
 }
 
 // blockingLoop runs one watch: query(index, wait) until ctx ends, following
-// Consul's blocking-query rules: reset the index when it goes backwards (and
-// after an error, since Consul may have restarted with a lower index),
-// never below MinInterval between queries (so index 0 never spins), and a
+// Consul's blocking-query rules (queryIndex), never below MinInterval
+// between queries (so index 0 never spins), and a
 // jittered exponential back-off after errors.
 func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, spec watchSpec,
 	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
@@ -504,7 +503,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	name, minInterval, useSlot := spec.name, spec.minInterval, spec.useSlot
 	bo := newBackoff(100*time.Millisecond, w.cfg.MaxBackoff)
 	kind := metric.WithAttributes(w.attrs(attribute.String("watch", watchKind(name)))...)
-	var index, highest uint64
+	q := queryIndex{kvListing: spec.kvListing}
 	for ctx.Err() == nil {
 		if spec.budget != nil && !w.awaitBudget(ctx, spec, kind) {
 			return
@@ -521,7 +520,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 		}
 		started := clock.Now()
 		qctx, sizes := withReadSizes(ctx)
-		next, err := w.runQuery(qctx, out, name, index, wait, query)
+		next, err := w.runQuery(qctx, out, name, q.index, wait, query)
 		if useSlot {
 			<-w.slots
 		}
@@ -529,64 +528,43 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 		w.requests.Add(ctx, 1, kind)
 		if err != nil && ctx.Err() == nil {
 			w.errs.Add(ctx, 1, kind)
-		} else if err == nil && next != index {
+		} else if err == nil && next != q.index {
 			w.wakeups.Add(ctx, 1, kind)
 		}
 		w.contact(ctx, out, name, err)
-		var pause time.Duration
+		var rest time.Duration
 		if err != nil {
 			if ctx.Err() != nil {
 				return
 			}
-			pause = bo.next()
-			// After a failure Consul may be a new incarnation whose index is
-			// lower than ours: waiting on our index would block a whole
-			// WaitTime. Start over from a full read.
-			index = 0
-			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", pause)
+			rest = bo.next()
+			q.failed()
+			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", rest)
 		} else {
 			bo.reset()
-			switch {
-			case next < highest && spec.kvListing:
-				// A KV listing's index also goes back when Consul reaps the
-				// tombstones of deleted keys: no sign that Consul lost its state.
-				highest = 0
-			case next < highest: // also seen after an error, when index was reset
-				w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", highest, "to", next)
-				w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
-				highest = 0
-			}
-			highest = max(highest, next)
 			interval := minInterval
-			if index == 0 {
+			if q.fresh() {
 				// after a fresh read (the first, or after an error) the slow
 				// pace would only delay what changed since, e.g. the first
 				// task type registering just after leasehold started
 				interval = min(interval, w.cfg.MinInterval*4)
 			}
-			if next < index {
-				next = 0
+			from := q.highest
+			if q.answered(next) {
+				w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", from, "to", next)
+				w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
 			}
-			index = next
-			pause = interval - clock.Since(started)
+			rest = interval - clock.Since(started)
 		}
 		// The wake channel is taken before looking for a pending request: a
 		// Refresh queues its request, then closes the channel, so one that
 		// comes after the look still ends the pause.
 		wake := w.refreshWakeOf(name)
-		if kick := w.refreshC[name]; kick != nil && len(kick) > 0 && err == nil {
-			pause = 0 // a refresh is pending: fencing waits for no pause
+		if kick := w.refreshC[name]; len(kick) > 0 && err == nil {
+			rest = 0 // a refresh is pending: fencing waits for no pause
 		}
-		if pause > 0 {
-			t := clock.NewTimer(pause)
-			select {
-			case <-ctx.Done():
-				t.Stop()
-				return
-			case <-t.Chan():
-			case <-wake: // fencing waits for no pause
-				t.Stop()
-			}
+		if !pause(ctx, clock, rest, wake) { // a Refresh ends it: fencing waits for no pause
+			return
 		}
 	}
 }
@@ -616,7 +594,7 @@ type watchSpec struct {
 // ended.
 func (w *Watcher) awaitBudget(ctx context.Context, spec watchSpec, kind metric.MeasurementOption) bool {
 	wake := w.refreshWakeOf(spec.name)
-	if kick := w.refreshC[spec.name]; kick != nil && len(kick) > 0 {
+	if kick := w.refreshC[spec.name]; len(kick) > 0 {
 		return ctx.Err() == nil // a refresh is pending: answer it now
 	}
 	waited, ok := spec.budget.wait(ctx, wake)
