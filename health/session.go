@@ -55,6 +55,7 @@ type PastSession struct {
 	Lapsed     bool
 	Tasks      []string
 	Version    string
+	Replaces   []string // the sessions its registration named as replaced
 }
 
 // ValidateSessionQuery checks the ids of a session question.
@@ -78,6 +79,9 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 	ix := SessionIndex{sessions: map[[2]string]SessionStatus{}, newest: map[string]SessionStatus{}, past: map[[2]string]PastSession{}}
 	for _, p := range past {
 		ix.past[[2]string{p.InstanceID, p.SessionID}] = p
+		for _, t := range p.Tasks { // a namer gone is still newer than what it named
+			ix.named(p.InstanceID, p.Replaces, SessionStatus{SessionID: p.SessionID, Generation: p.Generation}, t)
+		}
 	}
 	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionUnknown: 2, SessionLapsed: 3, SessionStale: 4}
 	for _, e := range es {
@@ -94,22 +98,7 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 			}
 			continue
 		}
-		for _, old := range e.Replaces {
-			k := [2]string{e.InstanceID, old}
-			if ix.replacedBy == nil {
-				ix.replacedBy = map[[2]string]SessionStatus{}
-			}
-			n, ok := ix.replacedBy[k]
-			if !ok || e.Generation > n.Generation {
-				n.SessionID, n.Generation, n.Datacenter = e.SessionID, e.Generation, e.Datacenter
-			}
-			// Its task types, as far as known: those of the sessions of
-			// its instance naming it (the fencing API grants by task type).
-			if !slices.Contains(n.Tasks, e.Task) {
-				n.Tasks = append(slices.Clip(n.Tasks), e.Task)
-			}
-			ix.replacedBy[k] = n
-		}
+		ix.named(e.InstanceID, e.Replaces, SessionStatus{SessionID: e.SessionID, Generation: e.Generation, Datacenter: e.Datacenter}, e.Task)
 		key := [2]string{e.InstanceID, e.SessionID}
 		st, seen := ix.sessions[key]
 		if !seen {
@@ -153,6 +142,27 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 	return ix
 }
 
+// named records that namer, a session of inst on task, names olds as
+// sessions it replaced; the newest namer of each is kept.
+func (ix *SessionIndex) named(inst string, olds []string, namer SessionStatus, task string) {
+	for _, old := range olds {
+		k := [2]string{inst, old}
+		if ix.replacedBy == nil {
+			ix.replacedBy = map[[2]string]SessionStatus{}
+		}
+		n, ok := ix.replacedBy[k]
+		if !ok || namer.Generation > n.Generation {
+			n.SessionID, n.Generation, n.Datacenter = namer.SessionID, namer.Generation, namer.Datacenter
+		}
+		// Its task types, as far as known: those of the sessions of its
+		// instance naming it (the fencing API grants by task type).
+		if !slices.Contains(n.Tasks, task) {
+			n.Tasks = append(slices.Clip(n.Tasks), task)
+		}
+		ix.replacedBy[k] = n
+	}
+}
+
 // newerStatus orders two sessions of an instance the same on every replica,
 // whatever the map order: by generation, then the one Fence kept over the
 // other (equal generations only when the contract was broken), then by id.
@@ -187,7 +197,7 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 		case has && n.Generation > p.Generation:
 			st.State, st.NewerSessionID, st.NewerGeneration = SessionStale, n.SessionID, n.Generation
 			st.Detail = fmt.Sprintf("replaced by session %s (generation %d)", n.SessionID, n.Generation)
-		case named:
+		case named && by.Generation > p.Generation: // a namer not above it breaks the contract: the generation wins
 			ix.replacedState(&st, by)
 		case p.Lapsed:
 			st.State, st.Detail = SessionLapsed, "lease lapsed; its registration is gone"
@@ -204,8 +214,8 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 	return SessionStatus{InstanceID: instanceID, SessionID: sessionID, State: SessionUnknown, Detail: "no registration of this session is known (never seen, or deregistered)"}
 }
 
-// replacedState answers STALE for a session that by, a present session of
-// its instance, names as one it replaced; the newer session reported is
+// replacedState answers STALE for a session that by, a present (or
+// remembered) session of its instance, names as one it replaced; the newer session reported is
 // the instance's newest (by or one newer still).
 func (ix SessionIndex) replacedState(st *SessionStatus, by SessionStatus) {
 	n := by

@@ -80,7 +80,7 @@ func TestSessionsNamedAsReplacedAreStale(t *testing.T) {
 		reg("c", "s2", 2, []string{"s1"}, func(e *Executor) { e.Err = errTest }),
 		reg("d", "s2", 2, []string{"s1"}, func(e *Executor) { e.Lease = StatusCritical }), // a lapsed namer is still newer
 	}, []PastSession{
-		{InstanceID: "a", SessionID: "s1", Generation: 9, Lapsed: true}, // remembered above (KV lost): the name still orders it
+		{InstanceID: "a", SessionID: "s1", Generation: 9, Lapsed: true}, // remembered above its namer: the generation orders it (the namer broke the contract)
 		{InstanceID: "a", SessionID: "s0", Generation: 9, Lapsed: true},
 	})
 	for _, tt := range []struct {
@@ -88,7 +88,7 @@ func TestSessionsNamedAsReplacedAreStale(t *testing.T) {
 		want       SessionState
 		newer      string
 	}{
-		{"a", "s1", SessionStale, "s3"}, {"a", "s2", SessionStale, "s3"}, {"a", "s3", SessionCurrent, ""},
+		{"a", "s1", SessionLapsed, ""}, {"a", "s2", SessionStale, "s3"}, {"a", "s3", SessionCurrent, ""},
 		{"a", "s0", SessionLapsed, ""}, {"a", "s4", SessionUnknown, ""},
 		{"b", "s1", SessionStale, "s5"},
 		{"c", "s1", SessionUnknown, ""}, // a registration that breaks the contract vouches for nothing

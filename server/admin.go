@@ -165,6 +165,7 @@ type ExplainExecutor struct {
 	Load           int               `json:"load"`
 	State          string            `json:"state"`
 	Labels         map[string]string `json:"labels,omitempty"`
+	Replaces       []string          `json:"replaces,omitempty"` // older sessions its registration names as replaced
 	LeaseCheck     string            `json:"lease_check"`
 	NodeChecks     string            `json:"node_checks"`
 	OtherChecks    string            `json:"other_checks,omitempty"`
@@ -224,6 +225,7 @@ func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 			ServiceID: e.ServiceID, Address: e.Address, Port: e.Port, Version: e.Version, Capacity: e.Capacity,
 			Load: e.Load, State: string(e.State), Labels: e.Labels, LeaseCheck: string(e.Lease), NodeChecks: string(e.NodeChecks),
 			OtherChecks: string(e.Other), LapseObserved: e.LapseObserved, NewerSessionID: e.NewerSessionID, CreateIndex: e.CreateIndex,
+			Replaces: e.Replaces,
 		}
 		if !e.LeaseFound && e.Err == nil {
 			x.LeaseCheck = "missing"

@@ -66,7 +66,7 @@ func (s *Syncer) remember(e *health.Executor) {
 		return // nothing new about this session: the common case
 	}
 	if i == len(h) { // newest seen first, whatever its generation (they restart after Consul loses its KV)
-		h = append([]health.PastSession{{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version}}, h...)
+		h = append([]health.PastSession{{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version, Replaces: e.Replaces}}, h...)
 		i = 0
 	}
 	p := &h[i]

@@ -378,6 +378,9 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 		} {
 			fmt.Fprintf(tw, "  %s:\t%s\n", kv[0], kv[1])
 		}
+		if len(e.Replaces) > 0 {
+			fmt.Fprintf(tw, "  replaces:\t%s\n", strings.Join(e.Replaces, ", "))
+		}
 		if e.Datacenter != "" {
 			fmt.Fprintf(tw, "  datacenter:\t%s\n", e.Datacenter)
 		}
