@@ -109,6 +109,9 @@ func TestAttack20bIdentityCannotBeMadeUpWithACLs(t *testing.T) {
 	if who, err := kb.Identity(ctx, "alice"); err != nil || who != "alice" {
 		t.Errorf("ACLs off: %q, %v; want --by alice", who, err)
 	}
+	if who, err := kb.Identity(ctx, " "); !errors.Is(err, ErrByRequired) {
+		t.Errorf("ACLs off, no --by: %q, %v; want ErrByRequired", who, err)
+	}
 }
 
 // TestAttack20bOperatorReadsNoticeACLs (MEDIUM, fixed): the operators'

@@ -299,7 +299,10 @@ func (k *Control) Identity(ctx context.Context, by string) (string, error) {
 	// Consul does not know; no answer) would let anyone be anyone, and
 	// approve their own cordon as someone else.
 	var se api.StatusError
-	if err == nil || !errors.As(err, &se) || se.Code != 401 || !strings.Contains(se.Body, "ACL support disabled") {
+	if err != nil && !errors.As(err, &se) {
+		return "", fmt.Errorf("who acts: Consul did not answer the token's identity: %w", err)
+	}
+	if err == nil || se.Code != 401 || !strings.Contains(se.Body, "ACL support disabled") {
 		if err == nil {
 			err = errors.New("no token")
 		}
