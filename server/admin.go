@@ -9,8 +9,8 @@ import (
 
 	"google.golang.org/protobuf/encoding/protojson"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // Readiness is what /readyz reports.
@@ -19,9 +19,9 @@ type Readiness interface {
 }
 
 // readinessReason is a Readiness that says why it is not ready
-// (*snapshot.Syncer).
+// (*fleet.Syncer).
 type readinessReason interface {
-	Readiness() snapshot.Readiness
+	Readiness() fleet.Readiness
 }
 
 // AdminConfig is what the admin HTTP handler serves from. Nil fields turn
@@ -29,10 +29,10 @@ type readinessReason interface {
 type AdminConfig struct {
 	Ready       Readiness
 	LastContact func() time.Time
-	Syncer      *snapshot.Syncer // /debug/executors, /debug/snapshot
-	XDS         *XDS             // /debug/dispatchers, /debug/snapshot
-	Fencing     *Fencing         // /v1/session
-	Metrics     http.Handler     // /metrics (Prometheus text)
+	Syncer      *fleet.Syncer // /debug/executors, /debug/snapshot
+	XDS         *XDS          // /debug/dispatchers, /debug/snapshot
+	Fencing     *Fencing      // /v1/session
+	Metrics     http.Handler  // /metrics (Prometheus text)
 }
 
 // AdminHandler serves /healthz (the process is up), /readyz (the fleet has
@@ -196,7 +196,7 @@ type DatacenterReach struct {
 }
 
 // datacenterReach is every watched datacenter's reach (nil with one).
-func datacenterReach(v *snapshot.View) map[string]DatacenterReach {
+func datacenterReach(v *fleet.View) map[string]DatacenterReach {
 	dcs := v.Datacenters()
 	if len(dcs) < 2 {
 		return nil
@@ -209,7 +209,7 @@ func datacenterReach(v *snapshot.View) map[string]DatacenterReach {
 	return out
 }
 
-func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
+func explainExecutors(v *fleet.View, task string) ExplainExecutors {
 	out := ExplainExecutors{ConsulIndex: v.ConsulIndex, Executors: []ExplainExecutor{}}
 	verdicts := make([][]health.Verdict, len(v.Groups))
 	for i, d := range v.Groups {
@@ -249,7 +249,7 @@ func explainExecutors(v *snapshot.View, task string) ExplainExecutors {
 
 // nodeSnapshot is what a node currently gets: the resources of its
 // constraint set's snapshot that it subscribed to, per type, as protojson.
-func nodeSnapshot(x *XDS, syncer *snapshot.Syncer, node string) (map[string]any, bool) {
+func nodeSnapshot(x *XDS, syncer *fleet.Syncer, node string) (map[string]any, bool) {
 	var info *StreamInfo
 	for _, s := range x.Dispatchers() {
 		if s.NodeID == node {

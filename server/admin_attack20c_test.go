@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // TestAttack20cExplainShowsReplaces: /debug/executors (and so `leasehold
@@ -17,7 +17,7 @@ import (
 func TestAttack20cExplainShowsReplaces(t *testing.T) {
 	m := member("work", "a", 9001, "1.0.0")
 	m.Replaces = []string{"s-old"}
-	v := snapshot.NewView([]health.Executor{health.Join(m, health.NewNonPassingSet(health.NonPassing{}))})
+	v := fleet.NewView([]health.Executor{health.Join(m, health.NewNonPassingSet(health.NonPassing{}))})
 	b, err := json.Marshal(explainExecutors(v, "work"))
 	if err != nil {
 		t.Fatal(err)

@@ -3,8 +3,8 @@ package server
 import (
 	"testing"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // Explain shows what the load assignments hold: of two registrations
@@ -17,7 +17,7 @@ func TestExplainShowsAddressExclusions(t *testing.T) {
 		e.Address = address
 		return e
 	}
-	v := snapshot.NewView([]health.Executor{ex("b", "127.0.0.1", 9001), ex("a", "127.0.0.1", 9001), ex("c", "127.0.0.1", 9002), ex("d", "exec-d.internal", 9003)})
+	v := fleet.NewView([]health.Executor{ex("b", "127.0.0.1", 9001), ex("a", "127.0.0.1", 9001), ex("c", "127.0.0.1", 9002), ex("d", "exec-d.internal", 9003)})
 	want := map[string]string{"a": "", "b": string(health.ReasonDuplicateAddress), "c": "", "d": string(health.ReasonAddressNotIP)}
 	out := explainExecutors(v, "work")
 	if len(out.Executors) != len(want) {

@@ -5,13 +5,12 @@ import (
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/leasehold/leasehold/xdscache"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // streamAuth is what a stream's client identity is granted, and under which
@@ -49,7 +48,7 @@ func (x *XDS) openStream(ctx context.Context, id int64) error {
 // which get nothing, exactly as if those task types did not exist.
 func (x *XDS) authorize(id int64, node *corev3.Node, typeURL string, names []string) error {
 	if x.policy == nil {
-		snapshot.StampGrant(node, nil)
+		xdscache.StampGrant(node, nil)
 		return nil
 	}
 	x.mu.Lock()
@@ -66,7 +65,7 @@ func (x *XDS) authorize(id int64, node *corev3.Node, typeURL string, names []str
 		}
 		a.version = v
 	}
-	snapshot.StampGrant(node, a.grant.TaskList())
+	xdscache.StampGrant(node, a.grant.TaskList())
 	for _, n := range names {
 		if !a.grant.AllowsTask(n) && !a.denied[n] {
 			a.denied[n] = true

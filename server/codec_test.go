@@ -13,7 +13,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/translator"
 )
 
 // The zero-copy encoding must be exactly what proto.Marshal writes, for
@@ -65,7 +65,7 @@ func TestCodecMatchesProtoMarshal(t *testing.T) {
 // A real load assignment is referenced, not copied: the encoded pieces share
 // the cache's bytes.
 func TestCodecReferencesResourceBytes(t *testing.T) {
-	cla := snapshot.Endpoints("work", nil, health.Dispatcher{})
+	cla := translator.Endpoints("work", nil, health.Dispatcher{})
 	a, err := anypb.New(cla)
 	if err != nil {
 		t.Fatal(err)

@@ -23,8 +23,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/xdscache"
 )
 
 // BenchmarkFanOut measures what happens after the cache: one removal at
@@ -105,8 +106,8 @@ func startFanOutServer(b *testing.B, n int) *fanOutServer {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	s := &fanOutServer{obs: make(chan health.Observation, 16), published: make(chan time.Time, 16), idx: 10}
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log})
-	syncer.Notify(func(snapshot.Publication) { s.published <- time.Now() })
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log})
+	syncer.Notify(func(fleet.Publication) { s.published <- time.Now() })
 	g := grpc.NewServer(ServerOption()) // serve's transport options
 	NewXDS(ctx, syncer, log).Register(g)
 	done := make(chan struct{})
@@ -164,7 +165,7 @@ func dialStreams(b *testing.B, addr string, n int, form string, capture bool) *b
 	}
 	ctx, cancel := context.WithCancel(context.Background())
 	b.Cleanup(func() { cancel(); conn.Close() })
-	meta, _ := structpb.NewStruct(map[string]any{snapshot.NodeMetaEndpointMetadata: form})
+	meta, _ := structpb.NewStruct(map[string]any{xdscache.NodeMetaEndpointMetadata: form})
 	c := &benchStreams{counts: make([]int, n), last: make([]time.Time, n), notify: make(chan struct{}, 1)}
 	for i := range n {
 		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)

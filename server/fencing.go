@@ -20,14 +20,14 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/durationpb"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // Views is where the fencing and explain APIs read the decided fleet.
 type Views interface {
-	View() *snapshot.View
+	View() *fleet.View
 	// Progress is the indexes at which the current view's non-passing
 	// checks and generation keys of datacenter dc are known current.
 	Progress(dc string) (nonPassing, generations uint64)
@@ -99,7 +99,7 @@ func NewFencing(views Views, freshAsOf func(dc string) time.Time, opts ...Fencin
 
 // answer answers req from v; caughtUp: v satisfies the request's
 // min_consul_index (catchUp).
-func (f *Fencing) answer(ctx context.Context, v *snapshot.View, req *leaseholdv1.CheckSessionRequest, caughtUp bool) *leaseholdv1.CheckSessionResponse {
+func (f *Fencing) answer(ctx context.Context, v *fleet.View, req *leaseholdv1.CheckSessionRequest, caughtUp bool) *leaseholdv1.CheckSessionResponse {
 	st := v.Sessions().Check(req.GetInstanceId(), req.GetSessionId())
 	dc := sessionDC(v, st)
 	idx, _ := v.Datacenter(dc)
@@ -150,7 +150,7 @@ func (f *Fencing) count(ctx context.Context, resp *leaseholdv1.CheckSessionRespo
 
 // sessionDC is the datacenter whose view answers for st: where its
 // registrations are, else leasehold's own.
-func sessionDC(v *snapshot.View, st health.SessionStatus) string {
+func sessionDC(v *fleet.View, st health.SessionStatus) string {
 	if _, ok := v.Datacenter(st.Datacenter); ok && st.Datacenter != "" {
 		return st.Datacenter
 	}
@@ -227,7 +227,7 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 // datacenter that answers is held to it; one whose index space is lower is
 // read afresh instead. A datacenter that does not answer is not waited for:
 // its sessions are UNKNOWN anyway.
-func (f *Fencing) current(least uint64) (*snapshot.View, []string) {
+func (f *Fencing) current(least uint64) (*fleet.View, []string) {
 	v := f.views.View()
 	dcs := v.Datacenters()
 	if len(dcs) == 0 {
@@ -256,7 +256,7 @@ func (f *Fencing) current(least uint64) (*snapshot.View, []string) {
 // made after this call of those that had not. When that does not come in
 // time (shortly before ctx's deadline, at most the staleness bound) it
 // returns the latest view and false.
-func (f *Fencing) catchUp(ctx context.Context, least uint64) (*snapshot.View, bool) {
+func (f *Fencing) catchUp(ctx context.Context, least uint64) (*fleet.View, bool) {
 	v, behind := f.current(least)
 	if len(behind) == 0 {
 		return v, true

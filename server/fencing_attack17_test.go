@@ -12,9 +12,9 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // Attack 17: the fencing API with several datacenters (--datacenters
@@ -62,10 +62,10 @@ func (r a17Read) observations() []health.Observation {
 
 // a17Replica is one leasehold replica watching dc1 (its own) and dc2, fed
 // the reads given; it returns once both are applied and the fleet synced.
-func a17Replica(t *testing.T, reads ...a17Read) (*snapshot.Syncer, chan health.Observation) {
+func a17Replica(t *testing.T, reads ...a17Read) (*fleet.Syncer, chan health.Observation) {
 	t.Helper()
 	ch := make(chan health.Observation, 64)
-	s := snapshot.NewSyncer(snapshot.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AddDelay: time.Millisecond,
+	s := fleet.NewSyncer(fleet.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AddDelay: time.Millisecond,
 		Datacenters: []string{"dc1", "dc2"}})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
@@ -78,7 +78,7 @@ func a17Replica(t *testing.T, reads ...a17Read) (*snapshot.Syncer, chan health.O
 		}
 		want[r.dc] = max(r.tasks, r.np, r.gen, r.membersAt)
 	}
-	a17WaitView(t, s, "the reads applied", func(v *snapshot.View) bool {
+	a17WaitView(t, s, "the reads applied", func(v *fleet.View) bool {
 		if !v.Synced {
 			return false
 		}
@@ -92,7 +92,7 @@ func a17Replica(t *testing.T, reads ...a17Read) (*snapshot.Syncer, chan health.O
 	return s, ch
 }
 
-func a17WaitView(t *testing.T, s *snapshot.Syncer, what string, ok func(v *snapshot.View) bool) *snapshot.View {
+func a17WaitView(t *testing.T, s *fleet.Syncer, what string, ok func(v *fleet.View) bool) *fleet.View {
 	t.Helper()
 	deadline := time.After(5 * time.Second)
 	for {
@@ -196,7 +196,7 @@ func TestAttack17WatchSessionCatchUpFollowsTheDatacenterSwitch(t *testing.T) {
 	case <-time.After(200 * time.Millisecond):
 	}
 	obs <- a17XRegistered
-	a17WaitView(t, b, "x/s-x read in dc2", func(v *snapshot.View) bool {
+	a17WaitView(t, b, "x/s-x read in dc2", func(v *fleet.View) bool {
 		return v.Sessions().Check("x", "s-x").Datacenter == "dc2"
 	})
 	deadline := time.After(500 * time.Millisecond)

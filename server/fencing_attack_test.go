@@ -7,9 +7,9 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // attackMember is one contract-conforming registration with its checks
@@ -27,7 +27,7 @@ func attackMember(task, inst, sess string, gen uint64, node string, port int, le
 
 // attackReplica is one leasehold replica's Syncer, fed by the test with
 // exactly the Consul answers that replica's watches have received so far.
-func attackReplica(t *testing.T, obs ...health.Observation) *snapshot.Syncer {
+func attackReplica(t *testing.T, obs ...health.Observation) *fleet.Syncer {
 	t.Helper()
 	s, _ := attack2Replica(t, obs...)
 	return s
@@ -36,10 +36,10 @@ func attackReplica(t *testing.T, obs ...health.Observation) *snapshot.Syncer {
 // attack2Replica is attackReplica that also hands back its observation
 // channel, for the replica's later Consul answers. It returns once the
 // replica has applied every observation (waiting on its views, no polling).
-func attack2Replica(t *testing.T, obs ...health.Observation) (*snapshot.Syncer, chan health.Observation) {
+func attack2Replica(t *testing.T, obs ...health.Observation) (*fleet.Syncer, chan health.Observation) {
 	t.Helper()
 	ch := make(chan health.Observation, len(obs)+8)
-	s := snapshot.NewSyncer(snapshot.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AddDelay: time.Millisecond})
+	s := fleet.NewSyncer(fleet.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AddDelay: time.Millisecond})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { s.Run(ctx, ch); close(done) }()

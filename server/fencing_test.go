@@ -7,14 +7,14 @@ import (
 	"testing"
 	"time"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // fencingSyncer runs a syncer holding one session x/s-x (generation 1) at
 // Consul index 11.
-func fencingSyncer(t *testing.T) (*snapshot.Syncer, chan health.Observation) {
+func fencingSyncer(t *testing.T) (*fleet.Syncer, chan health.Observation) {
 	return attack2Replica(t,
 		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
 		health.Observation{NonPassing: &health.NonPassing{Index: 2}},

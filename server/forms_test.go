@@ -7,8 +7,7 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/translator"
 )
 
 // Dispatchers of one constraint set asking for each endpoint metadata form
@@ -41,7 +40,7 @@ func TestEndpointMetadataFormsOverGRPC(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, lb := range cla.Endpoints[0].LbEndpoints {
-			if n := len(lb.GetMetadata().GetFilterMetadata()[snapshot.MetadataNamespace].GetFields()); n != fields[form] {
+			if n := len(lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace].GetFields()); n != fields[form] {
 				t.Fatalf("%s: %d metadata fields on %s, want %d", form, n, lb.GetEndpoint().GetHostname(), fields[form])
 			}
 		}

@@ -18,8 +18,8 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 type lockedBuffer struct {
@@ -51,7 +51,7 @@ func startObservedXDS(t *testing.T) *observedXDS {
 	o := &observedXDS{fixture: &fixture{t: t, obs: make(chan health.Observation, 16)}, log: &lockedBuffer{}, metrics: sdkmetric.NewManualReader()}
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(o.log, nil))
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, AddDelay: time.Millisecond})
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log, AddDelay: time.Millisecond})
 	done := make(chan struct{})
 	go func() { syncer.Run(ctx, o.obs); close(done) }()
 	g := grpc.NewServer(ServerOption())

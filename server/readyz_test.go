@@ -6,13 +6,13 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/fleet"
 )
 
-type readyWith struct{ r snapshot.Readiness }
+type readyWith struct{ r fleet.Readiness }
 
-func (r readyWith) Ready() bool                   { return r.r.Ready }
-func (r readyWith) Readiness() snapshot.Readiness { return r.r }
+func (r readyWith) Ready() bool                { return r.r.Ready }
+func (r readyWith) Readiness() fleet.Readiness { return r.r }
 
 type plainReady bool
 
@@ -33,10 +33,10 @@ func TestReadyzNamesItsReason(t *testing.T) {
 		return w.Code, body
 	}
 	right := `key_prefix "leasehold/control/" { policy = "read" }`
-	for _, tt := range []snapshot.Readiness{
-		{Reason: snapshot.ReasonFirstRead, Detail: "waiting for the task types"},
+	for _, tt := range []fleet.Readiness{
+		{Reason: fleet.ReasonFirstRead, Detail: "waiting for the task types"},
 		{Reason: "consul_unreachable", Detail: "dial tcp 127.0.0.1:8500: connect: connection refused", Source: "dc2"},
-		{Reason: "acl", Detail: right, Source: snapshot.ControlSource},
+		{Reason: "acl", Detail: right, Source: fleet.ControlSource},
 		{Reason: "tls", Detail: "x509: certificate signed by unknown authority"},
 	} {
 		code, body := get(readyWith{tt})
@@ -50,7 +50,7 @@ func TestReadyzNamesItsReason(t *testing.T) {
 			t.Errorf("%s: the contact age is gone: %v", tt.Reason, body)
 		}
 	}
-	code, body := get(readyWith{snapshot.Readiness{Ready: true}})
+	code, body := get(readyWith{fleet.Readiness{Ready: true}})
 	if _, ok := body["reason"]; code != 200 || body["ready"] != true || ok || body["consul_last_contact"] == nil {
 		t.Errorf("ready: %d %v", code, body)
 	}

@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/fleet"
 )
 
 // lapseWait is how long a lapse waits for every affected stream's ACK before
@@ -77,7 +77,7 @@ func (x *XDS) initTelemetry(o XDSOptions) {
 }
 
 // onPublish runs on the syncer's goroutine after a snapshot is set.
-func (x *XDS) onPublish(p snapshot.Publication) {
+func (x *XDS) onPublish(p fleet.Publication) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	x.latest[p.Group] = p.Ctx

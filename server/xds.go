@@ -28,8 +28,9 @@ import (
 	"google.golang.org/grpc/status"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/xdscache"
 )
 
 // Subscriber is what the xDS server needs from the syncer: streams announce
@@ -125,7 +126,7 @@ type XDSOptions struct {
 
 // NewXDS serves the syncer's cache; the syncer learns which constraint sets
 // are in use. Call before the syncer runs.
-func NewXDS(ctx context.Context, syncer *snapshot.Syncer, log *slog.Logger, opts ...XDSOptions) *XDS {
+func NewXDS(ctx context.Context, syncer *fleet.Syncer, log *slog.Logger, opts ...XDSOptions) *XDS {
 	var o XDSOptions
 	if len(opts) > 0 {
 		o = opts[0]
@@ -209,13 +210,13 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { x.onClosed(id); x.closeAuth(id) },
 		FetchRequestFunc: func(ctx context.Context, req *discovery.DiscoveryRequest) error {
 			if x.policy == nil {
-				snapshot.StampGrant(req.GetNode(), nil)
+				xdscache.StampGrant(req.GetNode(), nil)
 			} else if g, ok := x.policy.Grant(PeerIdentity(ctx)); ok {
-				snapshot.StampGrant(req.GetNode(), g.TaskList())
+				xdscache.StampGrant(req.GetNode(), g.TaskList())
 			} else {
 				return status.Errorf(codes.PermissionDenied, "no authorization grant for client identity %s", PeerIdentity(ctx))
 			}
-			if _, err := snapshot.DispatcherOf(req.GetNode()); err != nil {
+			if _, err := xdscache.DispatcherOf(req.GetNode()); err != nil {
 				return status.Error(codes.InvalidArgument, err.Error())
 			}
 			return nil
@@ -294,12 +295,12 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 		}
 		return info, nil
 	}
-	d, err := snapshot.DispatcherOf(node)
+	d, err := xdscache.DispatcherOf(node)
 	if err != nil {
 		x.log.Warn("dispatcher refused: invalid node metadata", "node_id", node.GetId(), "err", err)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	form, _ := snapshot.EndpointMetadataOf(node) // valid: DispatcherOf checked it
+	form, _ := xdscache.EndpointMetadataOf(node) // valid: DispatcherOf checked it
 	x.subs.Subscribe(d)
 	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode, EndpointMetadata: string(form), Opened: time.Now(), Types: map[string]*TypeInfo{}, dispatch: d, node: node}
 	x.mu.Lock()
@@ -330,14 +331,14 @@ func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
 	if node.GetId() != info.NodeID {
 		return refuse("node.id", "changed from %q to %q on a later request of the stream; a stream serves one node: open a new one", info.NodeID, node.GetId())
 	}
-	d, err := snapshot.DispatcherOf(node)
+	d, err := xdscache.DispatcherOf(node)
 	if err != nil {
 		x.log.Warn("dispatcher stream ended: invalid node metadata on a later request", "node_id", info.NodeID, "stream", info.Stream, "err", err)
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
-	if form, _ := snapshot.EndpointMetadataOf(node); string(form) != info.EndpointMetadata {
+	if form, _ := xdscache.EndpointMetadataOf(node); string(form) != info.EndpointMetadata {
 		// The stream's watches are in its first form's cache group.
-		field := "node.metadata." + snapshot.NodeMetaEndpointMetadata
+		field := "node.metadata." + xdscache.NodeMetaEndpointMetadata
 		return refuse(field, "changed from %q to %q on a later request of the stream; a stream keeps the endpoint metadata of its first request: open a new stream", info.EndpointMetadata, form)
 	}
 	if d.Key() == info.Group {
@@ -355,7 +356,7 @@ func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
 
 // dispatchKeys are the node metadata keys that decide what a stream is
 // sent: its constraint set, its grant and its endpoint metadata.
-var dispatchKeys = []string{health.NodeMetaVersionConstraint, health.NodeMetaLabels, snapshot.NodeMetaGrantedTasks, snapshot.NodeMetaEndpointMetadata}
+var dispatchKeys = []string{health.NodeMetaVersionConstraint, health.NodeMetaLabels, xdscache.NodeMetaGrantedTasks, xdscache.NodeMetaEndpointMetadata}
 
 // sameDispatch reports whether two nodes have the same id and the same
 // values under dispatchKeys, so the stream goes on as it is. It compares

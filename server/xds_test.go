@@ -24,9 +24,9 @@ import (
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 type fixture struct {
@@ -62,7 +62,7 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 	f := &fixture{t: t, obs: make(chan health.Observation, 16)}
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, AddDelay: time.Millisecond})
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log, AddDelay: time.Millisecond})
 	done := make(chan struct{})
 	go func() { syncer.Run(ctx, f.obs); close(done) }()
 	opts := []grpc.ServerOption{ServerOption()}

@@ -11,10 +11,10 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/server"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // instantCatalog is an idle Consul: a query at index 0 is answered at once,
@@ -185,7 +185,7 @@ func TestAttack2ConcurrentFencingRequestsAnswerUnknown(t *testing.T) {
 	cat := &instantCatalog{}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
 	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, Logger: log})
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log})
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log})
 	obs := make(chan health.Observation, 64)
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup

@@ -11,14 +11,14 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // benchChanges measures one observed change (a lapse or a recovery of one
 // executor among 1,000) through decide, build and publish, with tp tracing.
 func benchChanges(b *testing.B, tp trace.TracerProvider) {
-	s := snapshot.NewSyncer(snapshot.SyncConfig{Tracer: tp, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	s := fleet.NewSyncer(fleet.SyncConfig{Tracer: tp, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	obs := make(chan health.Observation)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -27,7 +27,7 @@ func benchChanges(b *testing.B, tp trace.TracerProvider) {
 	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 1}}
 	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
 	s.Subscribe(health.Dispatcher{})
-	members := fleet(1, 1000, false)
+	members := fleetOf(1, 1000, false)
 	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 2, Members: members}}
 	victim := members[500].Checks[1]
 	b.ResetTimer()

@@ -10,8 +10,8 @@ import (
 	"github.com/prometheus/common/expfmt"
 	"github.com/prometheus/common/model"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 func series(t *testing.T, tel *Telemetry) int {
@@ -30,7 +30,7 @@ func series(t *testing.T, tel *Telemetry) int {
 	return n
 }
 
-func fleet(gen, n int, lapsed bool) []health.Member {
+func fleetOf(gen, n int, lapsed bool) []health.Member {
 	var ms []health.Member
 	for i := range n {
 		inst, sess := fmt.Sprintf("w%d-%d", gen, i), fmt.Sprintf("s%d", gen)
@@ -57,7 +57,7 @@ func TestMetricSeriesStayBounded(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	s := snapshot.NewSyncer(snapshot.SyncConfig{Meter: tel.Meter, Tracer: tel.Tracer})
+	s := fleet.NewSyncer(fleet.SyncConfig{Meter: tel.Meter, Tracer: tel.Tracer})
 	obs := make(chan health.Observation, 4)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
@@ -78,7 +78,7 @@ func TestMetricSeriesStayBounded(t *testing.T) {
 	}
 	var counts []int
 	for gen := 1; gen <= 3; gen++ {
-		obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: uint64(gen * 100000), Members: fleet(gen, 1000, gen > 1)}}
+		obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: uint64(gen * 100000), Members: fleetOf(gen, 1000, gen > 1)}}
 		wait(1000, uint64(gen*100000))
 		counts = append(counts, series(t, tel))
 	}

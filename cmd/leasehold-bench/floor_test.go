@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/translator"
 )
 
 // task is the task type of a one-task-type run.
@@ -31,7 +31,7 @@ func response(t *testing.T, version string, ids ...string) *discovery.DiscoveryR
 			Lease:        health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
 		})
 	}
-	a, err := anypb.New(snapshot.Endpoints(task, es, health.Dispatcher{}))
+	a, err := anypb.New(translator.Endpoints(task, es, health.Dispatcher{}))
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -6,7 +6,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/translator"
 )
 
 // The wire scan must agree with a full unmarshal.
@@ -18,7 +18,7 @@ func TestHealthyHosts(t *testing.T) {
 			Lease:        health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
 		})
 	}
-	cla := snapshot.Endpoints("work", es, health.Dispatcher{})
+	cla := translator.Endpoints("work", es, health.Dispatcher{})
 	b, err := proto.Marshal(cla)
 	if err != nil {
 		t.Fatal(err)

@@ -13,13 +13,13 @@ import (
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // openAudit returns the syncer's audit sink: one JSON object per line to
 // path ("-": standard output, "": nowhere) and a span event each.
-func openAudit(path string, tp trace.TracerProvider) (func(snapshot.AuditEvent), func(), error) {
+func openAudit(path string, tp trace.TracerProvider) (func(fleet.AuditEvent), func(), error) {
 	var w io.Writer = io.Discard
 	closeFn := func() {}
 	switch path {
@@ -36,7 +36,7 @@ func openAudit(path string, tp trace.TracerProvider) (func(snapshot.AuditEvent),
 	var mu sync.Mutex
 	enc := json.NewEncoder(w)
 	tracer := tp.Tracer("github.com/leasehold/leasehold/audit")
-	return func(e snapshot.AuditEvent) {
+	return func(e fleet.AuditEvent) {
 		mu.Lock()
 		enc.Encode(e)
 		mu.Unlock()

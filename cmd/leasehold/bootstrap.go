@@ -15,7 +15,7 @@ import (
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/flagx"
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/xdscache"
 )
 
 // bootstrapConfig is an xDS bootstrap for gRPC clients (the gRFC A27 format,
@@ -116,8 +116,8 @@ func buildBootstrap(xdsFlag, xdsAddr, nodeID, versionConstraint string, labels m
 			errs = append(errs, fmt.Sprintf("invalid --datacenter %q: a Consul datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", datacenter))
 		}
 	}
-	switch snapshot.EndpointMetadata(endpointMetadata) {
-	case "", snapshot.MetadataFull, snapshot.MetadataSession, snapshot.MetadataNone:
+	switch xdscache.EndpointMetadata(endpointMetadata) {
+	case "", xdscache.MetadataFull, xdscache.MetadataSession, xdscache.MetadataNone:
 	default:
 		errs = append(errs, fmt.Sprintf("invalid --endpoint-metadata %q: must be full, session or none", endpointMetadata))
 	}
@@ -126,7 +126,7 @@ func buildBootstrap(xdsFlag, xdsAddr, nodeID, versionConstraint string, labels m
 	}
 	meta := map[string]any{}
 	if endpointMetadata != "" {
-		meta[snapshot.NodeMetaEndpointMetadata] = endpointMetadata
+		meta[xdscache.NodeMetaEndpointMetadata] = endpointMetadata
 	}
 	if versionConstraint != "" {
 		meta[health.NodeMetaVersionConstraint] = versionConstraint
@@ -213,7 +213,7 @@ or GRPC_XDS_BOOTSTRAP_CONFIG (the JSON) when the process starts.`,
 	fs.StringVar(&datacenter, "datacenter", "", "the Consul datacenter the dispatcher runs in: its executors get priority 0, the other watched datacenters follow in leasehold's --datacenters order (default: leasehold's own)")
 	tlsClientFlags(fs, &tf.CA, &tf.Cert, &tf.Key, "the xDS channel", "its URI/DNS SAN is the identity leasehold's --authz-policy grants")
 	fs.StringVar(&out, "out", "", "write to this file instead of standard output (then: GRPC_XDS_BOOTSTRAP=<file>)")
-	completeWords(cmd, "endpoint-metadata", string(snapshot.MetadataFull), string(snapshot.MetadataSession), string(snapshot.MetadataNone))
+	completeWords(cmd, "endpoint-metadata", string(xdscache.MetadataFull), string(xdscache.MetadataSession), string(xdscache.MetadataNone))
 	filenameFlags(cmd, "tls-ca", "tls-cert", "tls-key", "out")
 	return cmd
 }

@@ -19,8 +19,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/leasehold/leasehold/adapters/consul"
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // controlFlags are the flags every operator command shares.
@@ -152,7 +152,7 @@ func (a *adminFlags) cordonView(ctx context.Context, fs *pflag.FlagSet, wait tim
 	defer cancel()
 	deadline := time.Now().Add(wait)
 	for {
-		var st snapshot.ControlState
+		var st fleet.ControlState
 		if err := getJSON(ctx, f, "/debug/config", &st); err != nil {
 			if v.byID == nil {
 				v.err = err

@@ -15,8 +15,8 @@ import (
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/server"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // verdict is an executor's route and reason for one constraint set, as a
@@ -61,9 +61,9 @@ func cli(t *testing.T, want int, args ...string) string {
 	return out.String()
 }
 
-func control(t *testing.T, admin string) snapshot.ControlState {
+func control(t *testing.T, admin string) fleet.ControlState {
 	t.Helper()
-	var c snapshot.ControlState
+	var c fleet.ControlState
 	getBody(t, "http://"+admin+"/debug/config", &c)
 	return c
 }
@@ -289,7 +289,7 @@ func TestRulesFileFollowedAndAudited(t *testing.T) {
 	}
 	var actions []string
 	for _, line := range strings.Split(strings.TrimSpace(string(b)), "\n") {
-		var e snapshot.AuditEvent
+		var e fleet.AuditEvent
 		if err := json.Unmarshal([]byte(line), &e); err != nil {
 			t.Fatalf("audit line is not JSON: %q", line)
 		}

@@ -18,10 +18,10 @@ import (
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	lhotel "github.com/leasehold/leasehold/adapters/otel"
+	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/server"
-	"github.com/leasehold/leasehold/snapshot"
 )
 
 // serveConfig is `leasehold serve`'s configuration.
@@ -86,8 +86,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	// default) while another answers, its executors leave the assignments.
 	// A lapse is final across restarts and replicas: each one seen is
 	// recorded in Consul KV (leasehold/lapsed/), which every replica reads.
-	lapses := consul.NewLapseRecorder(client, log, snapshot.DefaultHistoryRetention, cfg.datacenters, tel.Meter)
-	syncer := snapshot.NewSyncer(snapshot.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
+	lapses := consul.NewLapseRecorder(client, log, fleet.DefaultHistoryRetention, cfg.datacenters, tel.Meter)
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
 		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: lapses.Record,
 		AwaitControl: true,  // consul.WatchControl below: nothing is served before the cordons are read
 		AwaitLapses:  true}) // nor before the lapse marks are (a session lapsed before a restart is never routed)

@@ -3,11 +3,12 @@ package envoy
 
 import (
 	"encoding/json"
-	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
-	wrrlocalityv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/wrr_locality/v3"
 	"os"
 	"strings"
 	"testing"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	wrrlocalityv3 "github.com/envoyproxy/go-control-plane/envoy/extensions/load_balancing_policies/wrr_locality/v3"
 
 	bootstrapv3 "github.com/envoyproxy/go-control-plane/envoy/config/bootstrap/v3"
 	_ "github.com/envoyproxy/go-control-plane/envoy/extensions/filters/http/router/v3"
@@ -18,7 +19,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/snapshot"
+	"github.com/leasehold/leasehold/translator"
+	"github.com/leasehold/leasehold/xdscache"
 )
 
 // The example parses into Envoy's bootstrap proto with every field known,
@@ -73,14 +75,14 @@ func checkBootstrap(t *testing.T, file string) *bootstrapv3.Bootstrap {
 	if err := b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
 		t.Fatal(err)
 	}
-	want := snapshot.Cluster("work", health.DefaultLBPolicy).GetName()
+	want := translator.Cluster("work", health.DefaultLBPolicy).GetName()
 	if got := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetCluster(); got != want {
 		t.Errorf("route goes to cluster %q, leasehold serves %q", got, want)
 	}
 
 	// The node metadata is what leasehold validates for a dispatcher.
 	n := b.GetNode()
-	d, err := snapshot.DispatcherOf(n)
+	d, err := xdscache.DispatcherOf(n)
 	if err != nil {
 		t.Fatalf("leasehold would refuse this node: %v", err)
 	}
@@ -110,7 +112,7 @@ func checkBootstrap(t *testing.T, file string) *bootstrapv3.Bootstrap {
 // What leasehold sends Envoy passes Envoy's own validation.
 func TestServedResourcesPassEnvoyValidation(t *testing.T) {
 	for _, p := range health.LBPolicies {
-		c := snapshot.Cluster("work", p)
+		c := translator.Cluster("work", p)
 		if err := c.ValidateAll(); err != nil {
 			t.Errorf("cluster (%s): %v", p, err)
 		}
@@ -122,7 +124,7 @@ func TestServedResourcesPassEnvoyValidation(t *testing.T) {
 		{Registration: health.Registration{InstanceID: "e2", SessionID: "s2", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9002, Version: "1.4.0", Capacity: 4, State: health.StateDraining},
 			ServiceID: "work:e2", Node: "n1", Lease: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing},
 	}
-	cla := snapshot.Endpoints("work", es, health.Dispatcher{})
+	cla := translator.Endpoints("work", es, health.Dispatcher{})
 	if n := len(cla.GetEndpoints()[0].GetLbEndpoints()); n != 2 {
 		t.Fatalf("want 2 endpoints (one HEALTHY, one DRAINING), got %d", n)
 	}

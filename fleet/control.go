@@ -1,0 +1,214 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"encoding/json"
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// AuditEvent is one configuration change (or refused change) a replica
+// applied, for the audit log.
+type AuditEvent struct {
+	At     time.Time `json:"at"`
+	Actor  string    `json:"actor"` // "leasehold" for what a replica applied
+	Action string    `json:"action"`
+	Source string    `json:"source,omitempty"`
+	Detail string    `json:"detail,omitempty"`
+	Error  string    `json:"error,omitempty"`
+}
+
+// ControlState is the operators' configuration in force, for /debug/config.
+type ControlState struct {
+	Rollout       *health.Rollout       `json:"rollout"`
+	RolloutSource string                `json:"rollout_source"` // "" = defaults
+	RolloutError  string                `json:"rollout_error,omitempty"`
+	Cordons       []health.CordonStatus `json:"cordons"`
+	CordonErrors  map[string]string     `json:"cordon_errors,omitempty"`
+}
+
+// control is the Syncer's operator state (owned by Run).
+type control struct {
+	sources      map[string]*health.RulesSource // by kind: "file", "kv"
+	rollout      *health.Rollout
+	rolloutRaw   []byte
+	rolloutFrom  string
+	rolloutErr   string
+	cordons      []health.Cordon
+	cordonErrs   map[string]string
+	cordonStatus []health.CordonStatus
+	held         int
+	dirty        bool // decisions must be redone for every task type
+	clusters     bool // every group's clusters must be published again (load-balancing policies)
+}
+
+func sourceKind(src string) string {
+	if len(src) >= 5 && src[:5] == "file:" {
+		return "file"
+	}
+	return "kv"
+}
+
+// applyRules takes a rules source; Consul KV wins over the file when both
+// hold a configuration. An invalid configuration is refused: the previous
+// one stays in force, and the refusal is logged and audited.
+func (s *Syncer) applyRules(src *health.RulesSource) {
+	c := &s.ctl
+	if c.sources == nil {
+		c.sources = map[string]*health.RulesSource{}
+	}
+	c.sources[sourceKind(src.Source)] = src
+	eff := c.sources["kv"]
+	if eff == nil || eff.Raw == nil {
+		eff = c.sources["file"]
+	}
+	var raw []byte
+	from := ""
+	if eff != nil && eff.Raw != nil {
+		raw, from = eff.Raw, eff.Source
+	}
+	if bytes.Equal(raw, c.rolloutRaw) && from == c.rolloutFrom {
+		return
+	}
+	var r *health.Rollout
+	if raw != nil {
+		var err error
+		if r, err = health.ParseRollout(raw); err != nil {
+			msg := fmt.Sprintf("%s: %v", from, err)
+			if msg != c.rolloutErr {
+				c.rolloutErr = msg
+				s.rulesRejected.Add(context.Background(), 1)
+				s.log.Error("rollout configuration refused: the previous one stays in force", "source", from, "err", err)
+				s.audit(AuditEvent{Action: "config-rejected", Source: from, Error: err.Error()})
+			}
+			return
+		}
+	}
+	c.rollout, c.rolloutRaw, c.rolloutFrom, c.rolloutErr, c.dirty, c.clusters = r, raw, from, "", true, true
+	detail, _ := json.Marshal(r)
+	s.log.Info("rollout configuration applied", "source", from, "config", string(detail))
+	s.audit(AuditEvent{Action: "config-applied", Source: from, Detail: string(detail)})
+}
+
+// applyCordons takes every cordon in KV; an invalid one is skipped (logged
+// once) and the others apply.
+func (s *Syncer) applyCordons(set *health.CordonSet) {
+	c := &s.ctl
+	errs := map[string]string{}
+	var cordons []health.Cordon
+	keys := make([]string, 0, len(set.Raw))
+	for k := range set.Raw {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		var cd health.Cordon
+		err := json.Unmarshal(set.Raw[k], &cd)
+		if err == nil {
+			err = cd.Validate()
+		}
+		if err != nil {
+			errs[k] = err.Error()
+			if c.cordonErrs[k] != err.Error() {
+				s.log.Error("invalid cordon in Consul KV: ignored", "key", k, "err", err)
+			}
+			continue
+		}
+		cordons = append(cordons, cd)
+	}
+	before, _ := json.Marshal(c.cordons)
+	after, _ := json.Marshal(cordons)
+	c.cordonErrs = errs
+	if !bytes.Equal(before, after) {
+		s.auditCordons(c.cordons, cordons)
+		c.cordons, c.dirty = cordons, true
+	}
+}
+
+// auditCordons writes what changed between two cordon sets to this
+// replica's audit log, as the operators' actions it now applies.
+func (s *Syncer) auditCordons(old, cur []health.Cordon) {
+	was := map[string]health.Cordon{}
+	for _, cd := range old {
+		was[cd.ID] = cd
+	}
+	for _, cd := range cur {
+		prev, existed := was[cd.ID]
+		delete(was, cd.ID)
+		switch {
+		case !existed:
+			s.audit(AuditEvent{Actor: cd.By, Action: "cordon-applied", Source: "consul-kv", Detail: cd.ID + " " + cd.Selector() + ": " + cd.Reason})
+		case prev.ApprovedBy == "" && cd.ApprovedBy != "":
+			s.audit(AuditEvent{Actor: cd.ApprovedBy, Action: "cordon-approved", Source: "consul-kv", Detail: cd.ID + " " + cd.Selector()})
+		}
+	}
+	for id, cd := range was {
+		s.audit(AuditEvent{Actor: "operator", Action: "cordon-removed", Source: "consul-kv", Detail: id + " " + cd.Selector()})
+	}
+}
+
+// applyControl sets the operators' cordons on the joined, fenced
+// executors (before fingerprints, so a cordon change rebuilds its tasks).
+func (s *Syncer) applyControl() {
+	c := &s.ctl
+	if len(c.cordons) == 0 && c.held == 0 {
+		c.cordonStatus = nil // the executors were joined afresh when the last cordon went: no cordon fields set
+		return
+	}
+	// Cordons count matches and live executors per task type across the
+	// fleet, so while any is in force every registration is cordoned anew.
+	tasks := sortedKeys(s.members)
+	var all []health.Executor
+	for _, task := range tasks {
+		all = append(all, s.fleet[task].execs...)
+	}
+	c.cordonStatus = health.ApplyCordons(all, c.cordons, c.rollout)
+	for _, task := range tasks {
+		ts := s.fleet[task]
+		ts.own()
+		ts.markAll()
+		all = all[copy(ts.execs, all):]
+	}
+	held := 0
+	for _, st := range c.cordonStatus {
+		held += st.Held
+	}
+	if held != c.held {
+		if held > 0 {
+			s.log.Warn("safety limit: cordons would take out more than the allowed fraction of a task's executors; the rest stay routed",
+				"held", held, "limit", c.rollout.Limit())
+		} else {
+			s.log.Info("safety limit: no cordon held any more")
+		}
+		c.held = held
+	}
+}
+
+// observed is the rules in observe mode for a task under a group.
+func (s *Syncer) observed(task string, d health.Dispatcher) []health.Reason {
+	if s.ctl.rollout == nil {
+		return nil
+	}
+	return s.ctl.rollout.Observed(task, d)
+}
+
+func (s *Syncer) audit(e AuditEvent) {
+	if e.At.IsZero() {
+		e.At = time.Now().UTC()
+	}
+	if e.Actor == "" {
+		e.Actor = "leasehold"
+	}
+	if s.cfg.Audit != nil {
+		s.cfg.Audit(e)
+	}
+}
+
+func (s *Syncer) controlState() *ControlState {
+	c := &s.ctl
+	return &ControlState{Rollout: c.rollout, RolloutSource: c.rolloutFrom, RolloutError: c.rolloutErr, Cordons: c.cordonStatus, CordonErrors: c.cordonErrs}
+}

@@ -1,0 +1,297 @@
+package fleet
+
+import (
+	"fmt"
+	"sort"
+	"time"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Several Consul datacenters: each is watched on its own (its indexes, its
+// non-passing checks, its generation keys), and the fleet state keys a task
+// type's registrations by datacenter and task. Instances are fenced across
+// datacenters: an instance's newest session wins wherever it registered.
+
+// fleetKey names one datacenter's registrations of one task type.
+type fleetKey struct{ dc, task string }
+
+// dcState is what the syncer knows of one datacenter.
+type dcState struct {
+	np, npJoined *health.NonPassingSet
+	haveNP       bool
+	haveGen      bool
+	tasks        []string           // task types Consul lists; nil until first read
+	floor        map[string]uint64  // per instance: the generation in this datacenter's KV
+	marks        []health.LapseMark // the lapse marks in this datacenter's KV
+	haveMarks    bool               // they have been read
+	genIndex     uint64
+	failing      bool      // some watch of it failed and has not answered since
+	failedAt     time.Time // when the failures began
+	// When each watch that answers at least every FastWait last did: the
+	// non-passing checks, the generation keys, the task list.
+	heardNP, heardGen, heardTasks time.Time
+	refreshed                     uint64 // the latest refresh request its watch answered afresh
+	progressNP                    uint64 // Progress seen in the current batch, published after it
+	progressGen                   uint64
+	reach                         health.Reach // as last applied to its executors
+	reachDetail                   string
+	// answering: every watch answered within DatacenterQuiet and none is
+	// failing (as of the last updateReach), without a break since
+	// answeringSince.
+	answering      bool
+	answeringSince time.Time
+}
+
+// DCIndexes are the Consul indexes a view has reached in one datacenter.
+type DCIndexes struct {
+	// ConsulIndex is the highest index of any answer; NonPassingIndex and
+	// GenerationsIndex those of the two answers that can make a session
+	// LAPSED or STALE (the view has seen every such change up to the lower).
+	ConsulIndex, NonPassingIndex, GenerationsIndex uint64
+	// Refreshed is the latest refresh request (Watcher.Refresh) whose fresh
+	// reads the view includes.
+	Refreshed uint64
+	// Reach: whether the datacenter answers (and Detail why not).
+	Reach       health.Reach
+	ReachDetail string
+}
+
+// answered notes when the watches that always answer last did.
+func (d *dcState) answered(o health.Observation, now time.Time) {
+	at := o.At
+	if at.IsZero() {
+		at = now
+	}
+	switch {
+	case o.NonPassing != nil || (o.Progress != nil && o.Progress.NonPassing > 0):
+		d.heardNP = at
+	case o.Generations != nil || (o.Progress != nil && o.Progress.Generations > 0):
+		d.heardGen = at
+	case o.Tasks != nil:
+		d.heardTasks = at
+	case o.Refreshed != nil: // fresh reads of the checks and the keys
+		d.heardNP, d.heardGen = at, at
+	}
+}
+
+// heard is when every always-answering watch of the datacenter had answered
+// (zero until each has once): a datacenter is heard from only as much as
+// its least recent watch — one watch answering says nothing of a lapse
+// another would bring.
+func (d *dcState) heard() time.Time {
+	if d.heardNP.IsZero() || d.heardGen.IsZero() || d.heardTasks.IsZero() {
+		return time.Time{}
+	}
+	h := d.heardNP
+	if d.heardGen.Before(h) {
+		h = d.heardGen
+	}
+	if d.heardTasks.Before(h) {
+		h = d.heardTasks
+	}
+	return h
+}
+
+// mergeMarks takes every datacenter's lapse marks in and returns the
+// instances whose marks changed.
+func (s *Syncer) mergeMarks() map[string]struct{} {
+	marked := map[[2]string]health.LapseMark{}
+	byInst := map[string][]health.LapseMark{}
+	for _, d := range s.dcs {
+		for _, m := range d.marks {
+			k := [2]string{m.InstanceID, m.SessionID}
+			if _, dup := marked[k]; !dup {
+				marked[k] = m
+				byInst[m.InstanceID] = append(byInst[m.InstanceID], m)
+			}
+		}
+	}
+	changed := map[string]struct{}{}
+	for k := range marked {
+		if _, ok := s.marked[k]; !ok {
+			changed[k[0]] = struct{}{}
+		}
+	}
+	for k := range s.marked {
+		if _, ok := marked[k]; !ok {
+			changed[k[0]] = struct{}{}
+		}
+	}
+	s.marked, s.markedBy = marked, byInst
+	return changed
+}
+
+// dc is the state of datacenter name, created on first use.
+func (s *Syncer) dc(name string) *dcState {
+	d := s.dcs[name]
+	if d == nil {
+		d = &dcState{floor: map[string]uint64{}}
+		s.dcs[name] = d
+	}
+	return d
+}
+
+// dcNames are the datacenters known, in order.
+func (s *Syncer) dcNames() []string {
+	names := make([]string, 0, len(s.dcs))
+	for n := range s.dcs {
+		names = append(names, n)
+	}
+	sort.Strings(names)
+	return names
+}
+
+// sortedKeys are the fleet keys of m by task type, then datacenter.
+func sortedKeys(m map[fleetKey]*health.TaskMembers) []fleetKey {
+	out := make([]fleetKey, 0, len(m))
+	for k := range m {
+		out = append(out, k)
+	}
+	sort.Slice(out, func(i, j int) bool {
+		if out[i].task != out[j].task {
+			return out[i].task < out[j].task
+		}
+		return out[i].dc < out[j].dc
+	})
+	return out
+}
+
+// taskNames are the task types of any datacenter, sorted.
+func taskNames(m map[fleetKey]*health.TaskMembers) []string {
+	var out []string
+	for _, k := range sortedKeys(m) {
+		if len(out) == 0 || out[len(out)-1] != k.task {
+			out = append(out, k.task)
+		}
+	}
+	return out
+}
+
+// mergeFloors is every datacenter's generation floor in one: per instance
+// the highest (an instance's generation key lives in its own datacenter;
+// should one instance id have keys in two, the newer generation wins).
+func (s *Syncer) mergeFloors() {
+	if len(s.dcs) == 1 {
+		for _, d := range s.dcs {
+			s.floor = d.floor
+		}
+	} else {
+		merged := map[string]uint64{}
+		for _, d := range s.dcs {
+			for inst, g := range d.floor {
+				merged[inst] = max(merged[inst], g)
+			}
+		}
+		s.floor = merged
+	}
+	s.floorGen++
+}
+
+// silentSince is when the datacenter was last heard from (its watches all
+// answered), or when the syncer started if never.
+func (s *Syncer) silentSince(d *dcState) time.Time {
+	if h := d.heard(); !h.IsZero() {
+		return h
+	}
+	return s.started
+}
+
+// answering: every watch of the datacenter answered within DatacenterQuiet
+// and none is failing.
+func (s *Syncer) answering(d *dcState, now time.Time) bool {
+	return !d.failing && now.Sub(s.silentSince(d)) <= s.cfg.DatacenterQuiet
+}
+
+// reachOf decides a datacenter's reach: Reached while answering;
+// Unanswered once quiet (or failing); Lost once it has not answered for
+// DatacenterLost while another datacenter kept answering all along — a
+// silence every datacenter shared (leasehold's own agent away) is no
+// partition, so the bound counts from when another began answering again —
+// and Lost until it answers itself.
+func (s *Syncer) reachOf(d *dcState, now, othersSince time.Time) (health.Reach, string) {
+	since := s.silentSince(d)
+	at := since.UTC().Format(time.RFC3339)
+	switch {
+	case d.answering:
+		return health.Reached, ""
+	case d.reach == health.Lost:
+		// The others going silent too brings no news of it, and the
+		// snapshot last served without it stays.
+		return health.Lost, d.reachDetail
+	case !othersSince.IsZero() && now.Sub(later(since, othersSince)) > s.cfg.DatacenterLost:
+		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other datacenters answer: not routed until it answers", at, s.cfg.DatacenterLost)
+	default:
+		return health.Unanswered, fmt.Sprintf("no answer since %s", at)
+	}
+}
+
+func later(a, b time.Time) time.Time {
+	if a.After(b) {
+		return a
+	}
+	return b
+}
+
+// othersAnsweringSince is since when some datacenter other than d has
+// answered without a break (zero: none answers now).
+func (s *Syncer) othersAnsweringSince(d *dcState) time.Time {
+	var since time.Time
+	for _, o := range s.dcs {
+		if o != d && o.answering && (since.IsZero() || o.answeringSince.Before(since)) {
+			since = o.answeringSince
+		}
+	}
+	return since
+}
+
+// updateReach decides every datacenter's reach at now and marks the
+// registrations of those whose reach changed; it reports whether any did.
+func (s *Syncer) updateReach(now time.Time) (changed bool) {
+	if !s.cfg.multi() {
+		return false // one datacenter: Consul's reachability is readiness and the fencing bound, as ever
+	}
+	for _, d := range s.dcs {
+		ans := s.answering(d, now)
+		if ans && !d.answering {
+			d.answeringSince = now
+			if h := d.heard(); h.IsZero() { // answering since the start, as far as anyone knows
+				d.answeringSince = s.started
+			}
+		}
+		d.answering = ans
+	}
+	for name, d := range s.dcs {
+		r, detail := s.reachOf(d, now, s.othersAnsweringSince(d))
+		if r == d.reach {
+			continue
+		}
+		s.log.Warn("datacenter reach changed", "datacenter", name, "from", d.reach.String(), "to", r.String(), "detail", detail)
+		changed = true
+		for k, ts := range s.fleet {
+			if k.dc == name {
+				ts.markAll()
+			}
+		}
+		d.reach, d.reachDetail = r, detail
+	}
+	return changed
+}
+
+// nextReachChange is the next time a datacenter's reach could change from
+// time passing alone (zero: none).
+func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
+	if !s.cfg.multi() {
+		return time.Time{}
+	}
+	for _, d := range s.dcs {
+		since := s.silentSince(d)
+		for _, at := range []time.Time{since.Add(s.cfg.DatacenterQuiet), since.Add(s.cfg.DatacenterLost), d.answeringSince.Add(s.cfg.DatacenterLost)} {
+			at = at.Add(time.Millisecond) // past the bound, not on it
+			if at.After(now) && (next.IsZero() || at.Before(next)) {
+				next = at
+			}
+		}
+	}
+	return next
+}

@@ -1,0 +1,419 @@
+package fleet
+
+import (
+	"context"
+	"slices"
+	"sort"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/translator"
+)
+
+// The fleet as last joined, fenced and fingerprinted, per task type, with
+// the indexes that let a change touch only the registrations it concerns: a
+// lapse re-joins the registrations holding that check, re-fences their
+// instance and re-prints them, whatever the size of the fleet. A task's
+// membership read replaces the task's state as a whole (the read is as large).
+
+// checkRef is a check as the non-passing set keys it.
+type checkRef struct{ node, id string }
+
+// taskState is one task type's registrations as Consul listed them, decided.
+type taskState struct {
+	tm       *health.TaskMembers
+	execs    []health.Executor // aligned with tm.Members; Views share it: copied before a change (own)
+	prints   []uint64          // executorPrint of execs
+	print    taskPrint
+	checks   map[checkRef][]int32 // members by the checks of their read (service and node checks)
+	insts    map[string][]int32   // members by instance id
+	nodes    map[string][]int32   // members by node
+	services map[checkRef][]int32 // members by checkRef{node, service id}
+	// Members whose read saw a check non-passing: their join follows the
+	// non-passing set's index even when the set has no entry for it.
+	nonPassing []int32
+	bad        map[string]string // bad registrations (service id@node) and their error, logged once
+	was        map[string]uint64 // a fresh read's predecessor: prints by registration (for the change span)
+
+	// Per batch.
+	owned   bool // execs is this batch's copy
+	all     bool // every member is to be decided again
+	fresh   bool // replaced by a membership read in this batch
+	dirty   map[int32]struct{}
+	touched bool
+}
+
+func newTaskState(tm *health.TaskMembers) *taskState {
+	n := len(tm.Members)
+	ts := &taskState{tm: tm, execs: make([]health.Executor, n), prints: make([]uint64, n),
+		checks: make(map[checkRef][]int32, 2*n), insts: make(map[string][]int32, n), bad: map[string]string{},
+		nodes: map[string][]int32{}, services: make(map[checkRef][]int32, n),
+		owned: true, all: true, fresh: true, touched: true}
+	for i := range tm.Members {
+		m := &tm.Members[i]
+		np := false
+		for _, c := range m.Checks {
+			k := checkRef{c.Node, c.CheckID}
+			ts.checks[k] = append(ts.checks[k], int32(i))
+			np = np || c.Status != health.StatusPassing
+		}
+		if np {
+			ts.nonPassing = append(ts.nonPassing, int32(i))
+		}
+		ts.insts[m.InstanceID] = append(ts.insts[m.InstanceID], int32(i))
+		ts.nodes[m.Node] = append(ts.nodes[m.Node], int32(i))
+		k := checkRef{m.Node, m.ServiceID}
+		ts.services[k] = append(ts.services[k], int32(i))
+		ts.execs[i] = m.Executor
+	}
+	return ts
+}
+
+func (ts *taskState) own() {
+	if !ts.owned {
+		ts.execs = slices.Clone(ts.execs)
+		ts.owned = true
+	}
+}
+
+func (ts *taskState) mark(i int32) {
+	ts.touched = true
+	if ts.all {
+		return
+	}
+	if ts.dirty == nil {
+		ts.dirty = map[int32]struct{}{}
+	}
+	ts.dirty[i] = struct{}{}
+}
+
+func (ts *taskState) markAll() { ts.touched, ts.all, ts.dirty = true, true, nil }
+
+// each calls f with every member marked in this batch, in order.
+func (ts *taskState) each(f func(i int32)) {
+	if ts.all {
+		for i := range ts.execs {
+			f(int32(i))
+		}
+		return
+	}
+	idx := make([]int32, 0, len(ts.dirty))
+	for i := range ts.dirty {
+		idx = append(idx, i)
+	}
+	slices.Sort(idx)
+	for _, i := range idx {
+		f(i)
+	}
+}
+
+func (ts *taskState) endBatch() {
+	ts.owned, ts.all, ts.fresh, ts.dirty, ts.touched, ts.was = false, false, false, nil, false, nil
+}
+
+// regKey names a registration across reads.
+func regKey(e *health.Executor) string { return e.Node + "/" + e.ServiceID }
+
+// batchResult is what one batch of observations changed.
+type batchResult struct {
+	changed []string          // task types whose executors changed (or appeared, or went)
+	lapses  []health.Executor // sessions that lapsed in this batch
+	diff    execDiff          // registrations added, changed, removed
+	present int               // registrations
+}
+
+// decideChanges brings the fleet state up to the observations applied since
+// the last batch, touching only what they concern (everything when the rule
+// modes or cordons changed).
+func (s *Syncer) decideChanges(ctx context.Context) batchResult {
+	var r batchResult
+	instances := map[string]struct{}{} // to fence again (and mark lapses seen elsewhere)
+	tasks := sortedKeys(s.members)
+
+	// Membership reads: the task's state is replaced.
+	var replaced []*taskState // old states
+	for _, task := range tasks {
+		tm := s.members[task]
+		old := s.fleet[task]
+		if old != nil && old.tm == tm {
+			continue
+		}
+		ts := newTaskState(tm)
+		if old != nil {
+			ts.bad = old.bad // to log only new errors; rebuilt in the join pass
+			ts.was = make(map[string]uint64, len(old.execs))
+			for i := range old.execs {
+				ts.was[regKey(&old.execs[i])] = old.prints[i]
+			}
+			replaced = append(replaced, old)
+		}
+		s.fleet[task] = ts
+		s.countPresence(ts, 1, instances)
+	}
+	for task, old := range s.fleet {
+		if _, ok := s.members[task]; !ok {
+			delete(s.fleet, task)
+			replaced = append(replaced, old)
+			r.changed = append(r.changed, task.task)
+			r.diff.removed += len(old.execs)
+		}
+	}
+	for _, old := range replaced { // after counting the new reads: a session still listed stays present
+		s.countPresence(old, -1, instances)
+	}
+
+	// Each datacenter's non-passing set: only the registrations of that
+	// datacenter holding a check that changed, and those whose read saw a
+	// check non-passing when the index moved.
+	for name, d := range s.dcs {
+		s.markNonPassing(name, d)
+	}
+	// The generation floor: its instances are fenced again.
+	if s.floorGen != s.floorJoinedGen {
+		for inst, g := range s.floor {
+			if s.floorJoined[inst] != g {
+				instances[inst] = struct{}{}
+			}
+		}
+		for inst := range s.floorJoined {
+			if _, ok := s.floor[inst]; !ok {
+				instances[inst] = struct{}{}
+			}
+		}
+		s.floorJoined, s.floorJoinedGen = s.floor, s.floorGen
+	}
+	// Lapse marks (recorded by any replica, before any restart): the
+	// registrations of the sessions they name are joined again, now lapsed.
+	if s.marksGen != s.marksJoinedGen {
+		for inst := range s.mergeMarks() {
+			instances[inst] = struct{}{}
+			for _, ts := range s.fleet {
+				for _, i := range ts.insts[inst] {
+					ts.mark(i)
+				}
+			}
+		}
+		s.marksJoinedGen = s.marksGen
+	}
+	full := s.ctl.dirty || s.fullBatches
+	if full {
+		for _, ts := range s.fleet {
+			ts.markAll()
+		}
+	}
+
+	// Join what is marked; note lapses.
+	for _, task := range tasks {
+		ts := s.fleet[task]
+		if ts == nil || !ts.touched {
+			continue
+		}
+		s.joinMarked(ctx, task.dc, ts, instances, &r)
+	}
+	s.fenceInstances(instances)
+	s.applyControl()
+
+	// Remember the sessions, fingerprint what changed.
+	for _, task := range tasks {
+		ts := s.fleet[task]
+		if ts == nil {
+			continue
+		}
+		r.present += len(ts.execs)
+		if !ts.touched {
+			continue
+		}
+		s.printChanges(task, ts, &r)
+	}
+	for task := range s.printOf {
+		if _, ok := s.fleet[task]; !ok {
+			delete(s.printOf, task)
+		}
+	}
+	s.ctl.dirty = false
+	s.pruneHistory(s.cfg.Clock.Now(), len(s.instances))
+	s.indexSessions(tasks, instances)
+	sort.Strings(r.changed)
+	r.changed = slices.Compact(r.changed)
+	return r
+}
+
+// markNonPassing marks the registrations of datacenter name that its
+// non-passing set changed since they were joined.
+func (s *Syncer) markNonPassing(name string, d *dcState) {
+	if d.np == d.npJoined {
+		return
+	}
+	fleet := make([]*taskState, 0, len(s.fleet))
+	for k, ts := range s.fleet {
+		if k.dc == name {
+			fleet = append(fleet, ts)
+		}
+	}
+	{
+		moved := d.np.EachChange(d.npJoined, func(c health.CheckState) {
+			for _, ts := range fleet {
+				for _, i := range ts.checks[checkRef{c.Node, c.CheckID}] {
+					ts.mark(i)
+				}
+				// a check the members' reads lack counts too (health.Join)
+				if c.ServiceID == "" {
+					for _, i := range ts.nodes[c.Node] {
+						ts.mark(i)
+					}
+				} else {
+					for _, i := range ts.services[checkRef{c.Node, c.ServiceID}] {
+						ts.mark(i)
+					}
+				}
+			}
+		})
+		if moved {
+			for _, ts := range fleet {
+				for _, i := range ts.nonPassing {
+					ts.mark(i)
+				}
+			}
+		}
+		d.npJoined = d.np
+	}
+}
+
+// joinMarked joins the marked registrations of one datacenter's task state
+// with that datacenter's non-passing set and reach, and notes lapses.
+func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, instances map[string]struct{}, r *batchResult) {
+	d := s.dc(dc)
+	{
+		ts.own()
+		bad := map[string]string(nil)
+		if ts.fresh {
+			bad = map[string]string{}
+		}
+		ts.each(func(i int32) {
+			e := health.Join(ts.tm.Members[i], d.np)
+			e.Datacenter = dc
+			e.Reach, e.ReachDetail = d.reach, ""
+			if d.reach != health.Reached {
+				e.ReachDetail = dc + ": " + d.reachDetail
+			}
+			ts.execs[i] = e
+			instances[e.InstanceID] = struct{}{}
+			if e.Err != nil {
+				if bad != nil {
+					key := e.ServiceID + "@" + e.Node
+					bad[key] = e.Err.Error()
+					if ts.bad[key] != e.Err.Error() {
+						s.badMeta.Add(ctx, 1)
+						s.log.Warn("bad registration metadata: excluded", "service_id", e.ServiceID, "node", e.Node, "err", e.Err)
+					}
+				}
+				return
+			}
+			// Session ids are only unique per instance by contract.
+			sk := [2]string{e.InstanceID, e.SessionID}
+			if _, marked := s.marked[sk]; !s.lapsed[sk] && (marked || s.lapsedBefore(e)) {
+				s.lapsed[sk] = true // it reappeared, or another replica (or this one before a restart) saw it lapse: once lapsed, always lapsed
+			}
+			if (e.Lease == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
+				s.lapsed[sk] = true
+				r.lapses = append(r.lapses, e)
+				s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
+				s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task, "node_failed", e.NodeFailed)
+			}
+		})
+		if bad != nil {
+			ts.bad = bad
+		}
+	}
+}
+
+// fenceInstances fences every instance concerned, across task types and
+// datacenters; a lapse seen in one task type is seen in the others of the
+// session at once.
+func (s *Syncer) fenceInstances(instances map[string]struct{}) {
+	for inst := range instances {
+		var group []*health.Executor
+		for _, ts := range s.fleet {
+			idx := ts.insts[inst]
+			if len(idx) == 0 {
+				continue
+			}
+			ts.own()
+			for _, i := range idx {
+				ts.mark(i)
+				e := &ts.execs[i]
+				if e.Err == nil {
+					e.LapseObserved = s.lapsed[[2]string{e.InstanceID, e.SessionID}]
+				}
+				group = append(group, e)
+			}
+		}
+		health.FenceInstance(group, s.floor[inst])
+	}
+}
+
+// printChanges remembers the sessions of a task state's marked registrations
+// and fingerprints them, counting what changed.
+func (s *Syncer) printChanges(task fleetKey, ts *taskState, r *batchResult) {
+	{
+		before, stayed := ts.print, 0
+		if ts.fresh {
+			before = s.printOf[task]
+		}
+		ts.each(func(i int32) {
+			e := &ts.execs[i]
+			s.remember(e)
+			x := translator.ExecutorPrint(e)
+			if ts.fresh {
+				ts.print.add(x)
+				if was, ok := ts.was[regKey(e)]; !ok {
+					r.diff.added++
+				} else {
+					stayed++
+					if was != x {
+						r.diff.changed++
+					}
+				}
+			} else if x != ts.prints[i] {
+				ts.print.sub(ts.prints[i])
+				ts.print.add(x)
+				r.diff.changed++
+			}
+			ts.prints[i] = x
+		})
+		r.diff.removed += max(0, len(ts.was)-stayed)
+		if _, known := s.printOf[task]; !known || ts.print != before || s.ctl.dirty {
+			r.changed = append(r.changed, task.task)
+		}
+		s.printOf[task] = ts.print
+		ts.endBatch()
+	}
+}
+
+// countPresence adds (sign 1) or removes (-1) a task state's valid
+// registrations from the sessions and instances present; a session no longer
+// present is no longer held in lapsed (the history remembers it), an
+// instance no longer present starts its history retention.
+func (s *Syncer) countPresence(ts *taskState, sign int, instances map[string]struct{}) {
+	now := s.cfg.Clock.Now()
+	for i := range ts.tm.Members {
+		e := &ts.tm.Members[i].Executor
+		instances[e.InstanceID] = struct{}{}
+		if e.Err != nil {
+			continue
+		}
+		sk := [2]string{e.InstanceID, e.SessionID}
+		if s.sessions[sk] += sign; s.sessions[sk] <= 0 {
+			delete(s.sessions, sk)
+			delete(s.lapsed, sk)
+		}
+		if s.instances[e.InstanceID] += sign; s.instances[e.InstanceID] <= 0 {
+			delete(s.instances, e.InstanceID)
+			s.lastSeen[e.InstanceID] = now
+		} else {
+			delete(s.lastSeen, e.InstanceID)
+		}
+	}
+}

@@ -1,0 +1,159 @@
+package fleet
+
+import (
+	"sort"
+	"sync"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// View is one decided state of the fleet: the executors (joined, fenced)
+// that the current xDS resources come from, the constraint sets in use and
+// the session index. A new View is published after every change, once the
+// removals it implies are in the cache, so a session that a View calls STALE
+// or LAPSED is in no snapshot.
+type View struct {
+	// ConsulIndex, Refreshed, NonPassingIndex and GenerationsIndex are
+	// leasehold's own datacenter's (Local); Datacenter has any datacenter's.
+	ConsulIndex uint64
+	Groups      []health.Dispatcher // constraint sets with streams, plus the unconstrained set
+	Synced      bool
+	Control     *ControlState // rule modes and cordons in force
+	// Refreshed is the latest refresh request (Watcher.Refresh) whose fresh
+	// reads of Consul this view includes.
+	Refreshed uint64
+	// NonPassingIndex and GenerationsIndex are the Consul indexes of the two
+	// answers that can make a session LAPSED or STALE: the view has seen every
+	// such change up to the lower of them. (ConsulIndex is the highest index
+	// of any answer, which one watch alone can push ahead of the others.)
+	NonPassingIndex, GenerationsIndex uint64
+	Local                             string // leasehold's own datacenter ("" with one, unnamed)
+	dcs                               map[string]DCIndexes
+
+	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
+	flatOnce sync.Once
+	flat     []health.Executor
+	sessions Sessions
+	changed  chan struct{}
+}
+
+// NewView is a view of a fixed set of executors, decided by nothing (for
+// tools that explain a given fleet).
+func NewView(executors []health.Executor) *View {
+	v := emptyView()
+	v.byTask = [][]health.Executor{executors}
+	v.sessions = sessionsOf(executors)
+	return v
+}
+
+// Executors are the view's registrations (joined, fenced), by task type,
+// then as Consul listed them (node, service id). Built on first use: the
+// syncer keeps them per task type, and most views are replaced before anyone
+// asks. The slice is shared: do not modify it.
+func (v *View) Executors() []health.Executor {
+	v.flatOnce.Do(func() {
+		if len(v.byTask) == 1 {
+			v.flat = v.byTask[0]
+			return
+		}
+		n := 0
+		for _, es := range v.byTask {
+			n += len(es)
+		}
+		v.flat = make([]health.Executor, 0, n)
+		for _, es := range v.byTask {
+			v.flat = append(v.flat, es...)
+		}
+	})
+	return v.flat
+}
+
+// Datacenter is what the view has reached in datacenter dc, and whether
+// the datacenter answers; false for a datacenter not watched.
+func (v *View) Datacenter(dc string) (DCIndexes, bool) {
+	i, ok := v.dcs[dc]
+	if !ok && dc == v.Local && v.dcs == nil { // a view not made by a syncer
+		return DCIndexes{ConsulIndex: v.ConsulIndex, NonPassingIndex: v.NonPassingIndex, GenerationsIndex: v.GenerationsIndex, Refreshed: v.Refreshed}, true
+	}
+	return i, ok
+}
+
+// Datacenters are the watched datacenters, sorted.
+func (v *View) Datacenters() []string {
+	out := make([]string, 0, len(v.dcs))
+	for dc := range v.dcs {
+		out = append(out, dc)
+	}
+	sort.Strings(out)
+	return out
+}
+
+// Sessions answers the fencing API for this view.
+func (v *View) Sessions() Sessions { return v.sessions }
+
+// Changed is closed when a newer View replaces this one.
+func (v *View) Changed() <-chan struct{} { return v.changed }
+
+// View is the latest decided state (never nil).
+func (s *Syncer) View() *View { return s.view.Load() }
+
+func emptyView() *View {
+	return &View{Groups: []health.Dispatcher{{}}, Control: &ControlState{}, changed: make(chan struct{})}
+}
+
+// publishView replaces the view; called by Run only.
+func (s *Syncer) publishView() {
+	local := s.localDC()
+	index := s.consulIndex(local)
+	tasks := sortedKeys(s.members)
+	byTask := make([][]health.Executor, 0, len(tasks))
+	for _, task := range tasks {
+		if ts := s.fleet[task]; ts != nil {
+			byTask = append(byTask, ts.execs)
+		}
+	}
+	groups := []health.Dispatcher{{}}
+	keys := make([]string, 0, len(s.groups))
+	for k := range s.groups {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	for _, k := range keys {
+		if k != groups[0].Key() {
+			groups = append(groups, s.groups[k].d)
+		}
+	}
+	dcs := make(map[string]DCIndexes, len(s.dcs))
+	for name, d := range s.dcs {
+		dcs[name] = DCIndexes{ConsulIndex: s.consulIndex(name), NonPassingIndex: d.np.Index(), GenerationsIndex: d.genIndex, Refreshed: d.refreshed,
+			Reach: d.reach, ReachDetail: d.reachDetail}
+	}
+	l := dcs[local]
+	v := &View{ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: l.Refreshed,
+		NonPassingIndex: l.NonPassingIndex, GenerationsIndex: l.GenerationsIndex, Local: local, dcs: dcs, changed: make(chan struct{})}
+	old := s.view.Swap(v)
+	close(old.changed)
+}
+
+// Decide is the verdict on e alone for constraint set d under the rule
+// modes in force; DecideAll adds what depends on the other executors.
+func (v *View) Decide(e health.Executor, d health.Dispatcher) health.Verdict {
+	var observe []health.Reason
+	if v.Control != nil && v.Control.Rollout != nil {
+		observe = v.Control.Rollout.Observed(e.Task, d)
+	}
+	return health.EligibleObserving(e, d, observe)
+}
+
+// DecideAll is the verdict on every executor of the view (aligned with
+// Executors) for constraint set d: what the xDS resources of this view were
+// built with, duplicate-address exclusions included.
+func (v *View) DecideAll(d health.Dispatcher) []health.Verdict {
+	es := v.Executors()
+	vs := make([]health.Verdict, len(es))
+	for i, e := range es {
+		vs[i] = v.Decide(e, d)
+	}
+	health.ExcludeDuplicates(es, vs)
+	return vs
+}

@@ -1,0 +1,480 @@
+package translator
+
+import (
+	"encoding/binary"
+	"encoding/hex"
+	"slices"
+	"strconv"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Builder builds one task's load assignments for one constraint set again
+// and again. It remembers, per executor fingerprint, the verdict and the
+// endpoint message, and the sorted order of the previous build: executors
+// whose fingerprint is unchanged are neither decided nor encoded again, and
+// the new ones are sorted among themselves and merged into the previous
+// order. A single change therefore costs a map lookup per executor, not a
+// decision, a message and a sort. Endpoint messages are immutable once built.
+//
+// Of routed entries claiming one socket (address:port) only the one whose
+// health.Claim beats the others' is sent (grpc-go rejects a load assignment
+// with two endpoints at one address); the others are excluded as
+// duplicate-address. Claims per socket are counted as entries come and go,
+// so a fleet without such a conflict pays no more than a map update per
+// changed executor.
+type Builder struct {
+	// Failover orders the datacenters' localities (set before the first
+	// build; the zero value: one datacenter).
+	Failover  Failover
+	failover  Failover // as of the last start
+	d         health.Dispatcher
+	observe   []health.Reason // rules in observe mode
+	started   bool
+	gen       uint64
+	entries   map[uint64]*entry // by executor fingerprint
+	all       []*entry          // every entry of the previous build
+	sorted    []*entry          // routed entries of the previous build, in order
+	sockets   map[health.Socket]int32
+	contested int      // sockets claimed by more than one routed entry
+	losers    []*entry // routed entries the previous build did not send
+	// localities seen, by id (entry.loc): comparing ids, not names, keeps
+	// sorting and splitting the endpoints as cheap as with one locality
+	localities []localityName
+	localityID map[localityName]int32
+}
+
+// localityName is a locality's datacenter and zone.
+type localityName struct{ dc, zone string }
+
+// localityOf interns a locality.
+func (bl *Builder) localityOf(dc, zone string) int32 {
+	n := localityName{dc, zone}
+	if id, ok := bl.localityID[n]; ok {
+		return id
+	}
+	if bl.localityID == nil {
+		bl.localityID = map[localityName]int32{}
+	}
+	id := int32(len(bl.localities))
+	bl.localities = append(bl.localities, n)
+	bl.localityID[n] = id
+	return id
+}
+
+// entry is one executor as decided for the Builder's constraint set.
+type entry struct {
+	e      *health.Executor // valid during the build that created it only
+	status corev3.HealthStatus
+	routed bool
+	lb     *endpointv3.LbEndpoint
+	digest uint64 // FNV-1a of the endpoint's whole content
+	key    endpointSortKey
+	loc    int32  // its locality (Builder.localities)
+	gen    uint64 // last build that saw it
+	print  uint64 // its key in Builder.entries
+	sock   health.Socket
+	claim  health.Claim
+	lost   bool // routed, but another entry's claim on its socket won (this build)
+	sent   bool // in the previous build's load assignment
+}
+
+type endpointSortKey struct {
+	instance, address, session string
+	port                       int
+}
+
+// less orders entries by locality first (the Builder's small ids: entries of
+// one locality are contiguous; the localities themselves are put in order
+// by name when assembled), then by endpoint.
+func (a *entry) less(b *entry) bool {
+	if a.loc != b.loc {
+		return a.loc < b.loc
+	}
+	if a.key.instance != b.key.instance {
+		return a.key.instance < b.key.instance
+	}
+	if a.key.address != b.key.address {
+		return a.key.address < b.key.address
+	}
+	if a.key.port != b.key.port {
+		return a.key.port < b.key.port
+	}
+	if a.key.session != b.key.session {
+		return a.key.session < b.key.session
+	}
+	return a.digest < b.digest
+}
+
+// Result is one build.
+type Result struct {
+	CLA     *endpointv3.ClusterLoadAssignment
+	Version string // content version: equal on every replica for equal inputs
+	// RemovesOrDrains: an endpoint of the previous build is gone, or no
+	// longer HEALTHY (the change must be published at once).
+	RemovesOrDrains bool
+	Decided         int // executors decided afresh (the rest were reused)
+	// Restarted: the Builder started afresh (first build, another
+	// constraint set or other rule modes), so RemovesOrDrains knows nothing
+	// of earlier builds: compare with RemovesOrDrains instead.
+	Restarted bool
+	// Observed: executors decided afresh that a rule in observe mode would
+	// have excluded (they are routed).
+	Observed []ObservedDecision
+}
+
+// ObservedDecision is an executor routed despite rules in observe mode.
+type ObservedDecision struct {
+	InstanceID, SessionID string
+	Exclusions            []health.Exclusion
+}
+
+// Build is EndpointsVersioned, with reuse.
+func (bl *Builder) Build(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+	r := bl.BuildPrinted(task, executors, nil, d)
+	return r.CLA, r.Version
+}
+
+// BuildPrinted builds with the executors' fingerprints already computed
+// (prints[i] is ExecutorPrint(&executors[i]); nil: computed here).
+// Rules listed in observe are in observe mode (see health.EligibleObserving).
+func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher, observe ...health.Reason) Result {
+	restarted := bl.restartFor(d, observe)
+	bl.gen++
+	b := build{gen: bl.gen}
+	bl.decide(&b, executors, prints, d)
+	bl.order(&b)
+	bl.settleSockets(&b)
+	removes := b.sendChanges()
+	cla, version := bl.assemble(task, &b, d)
+	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(b.fresh), Observed: b.observed, Restarted: restarted}
+}
+
+// build is what the steps of one BuildPrinted hand each other.
+type build struct {
+	gen        uint64
+	all        []*entry // every entry seen, in the executors' order
+	fresh      []*entry // routed entries decided in this build
+	reused     int      // routed entries reused from the previous build
+	gone       []*entry // routed entries of the previous build not seen again
+	sorted     []*entry // routed entries, in order
+	losers     []*entry // routed entries another's claim on their socket beat
+	prevLosers []*entry // the previous build's losers
+	observed   []ObservedDecision
+}
+
+// restartFor starts afresh when the constraint set, the rule modes or the
+// failover order changed: remembered verdicts are then worthless.
+func (bl *Builder) restartFor(d health.Dispatcher, observe []health.Reason) bool {
+	if bl.started && bl.d.Key() == d.Key() && slices.Equal(bl.observe, observe) && bl.failover.equal(bl.Failover) {
+		return false
+	}
+	f := bl.Failover
+	*bl = Builder{Failover: f, failover: f, d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
+	return true
+}
+
+// decide finds each executor's entry by fingerprint, deciding and encoding
+// only those not seen before, and forgets the entries no executor has now.
+func (bl *Builder) decide(b *build, executors []health.Executor, prints []uint64, d health.Dispatcher) {
+	b.all = make([]*entry, 0, len(executors))
+	var buf []byte
+	for i := range executors {
+		e := &executors[i]
+		var p uint64
+		if prints != nil {
+			p = prints[i]
+		} else {
+			p = ExecutorPrint(e)
+		}
+		var en *entry
+		if i < len(bl.all) && bl.all[i].print == p {
+			en = bl.all[i] // same executor at the same place: no map lookup
+		} else {
+			en = bl.entries[p]
+		}
+		if en != nil && en.gen == b.gen {
+			continue // the same registration twice: one endpoint
+		}
+		if en == nil {
+			en = &entry{print: p}
+			bl.entries[p] = en
+			v := health.EligibleObserving(*e, d, bl.observe)
+			if len(v.Observed) > 0 {
+				b.observed = append(b.observed, ObservedDecision{InstanceID: e.InstanceID, SessionID: e.SessionID, Exclusions: v.Observed})
+			}
+			if bl.route(en, e, v.Route, &buf) {
+				b.fresh = append(b.fresh, en)
+			}
+		} else if en.routed {
+			b.reused++
+		}
+		en.gen = b.gen
+		b.all = append(b.all, en)
+	}
+	for _, en := range bl.all { // forget what this build did not see
+		if en.gen != b.gen {
+			delete(bl.entries, en.print)
+		}
+	}
+}
+
+// route fills a new entry from its executor's verdict and reports whether
+// it is routed (its endpoint message is made later, in a batch).
+func (bl *Builder) route(en *entry, e *health.Executor, r health.Route, buf *[]byte) bool {
+	switch r {
+	case health.RouteHealthy:
+		en.routed, en.status = true, corev3.HealthStatus_HEALTHY
+	case health.RouteDraining:
+		en.routed, en.status = true, corev3.HealthStatus_DRAINING
+	default:
+		return false
+	}
+	en.e = e
+	*buf = endpointContent((*buf)[:0], e, en.status)
+	zone := e.Labels[ZoneLabel]
+	if e.Datacenter != "" || zone != "" { // its locality (none: versions as before localities)
+		*buf = append(append(append(append(*buf, 0), e.Datacenter...), 0), zone...)
+	}
+	en.loc = bl.localityOf(e.Datacenter, zone)
+	en.digest = fnv64a(*buf)
+	en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
+	en.sock, en.claim = health.SocketOf(e.Address, e.Port), health.ClaimOf(e)
+	return true
+}
+
+// order is the previous order minus what is gone, merged with the new
+// entries sorted among themselves (whose endpoint messages are made here).
+func (bl *Builder) order(b *build) {
+	kept := bl.sorted
+	if b.reused != len(bl.sorted) {
+		kept = make([]*entry, 0, b.reused)
+		for _, en := range bl.sorted {
+			if en.gen == b.gen {
+				kept = append(kept, en)
+			} else {
+				b.gone = append(b.gone, en)
+			}
+		}
+	}
+	b.sorted = kept
+	if len(b.fresh) > 0 {
+		slices.SortFunc(b.fresh, func(x, y *entry) int {
+			if x.less(y) {
+				return -1
+			}
+			if y.less(x) {
+				return 1
+			}
+			return 0
+		})
+		batch := newEndpointBatch(len(b.fresh))
+		for _, en := range b.fresh {
+			en.lb = batch.lbEndpoint(en.e, en.status)
+			en.e = nil // the executors slice is the caller's
+		}
+		b.sorted = mergeSorted(kept, b.fresh)
+	}
+	bl.all, bl.sorted = b.all, b.sorted
+}
+
+// settleSockets sends one endpoint per socket: of routed entries claiming
+// the same one, those whose claim another's beats are this build's losers.
+func (bl *Builder) settleSockets(b *build) {
+	for _, en := range b.gone {
+		bl.unclaim(en.sock)
+	}
+	for _, en := range b.fresh {
+		bl.claimSocket(en.sock)
+	}
+	b.prevLosers = bl.losers
+	for _, en := range b.prevLosers {
+		en.lost = false
+	}
+	if bl.contested > 0 {
+		best := map[health.Socket]*entry{}
+		for _, en := range b.sorted {
+			if bl.sockets[en.sock] > 1 {
+				if w := best[en.sock]; w == nil || en.claim.Beats(w.claim) {
+					best[en.sock] = en
+				}
+			}
+		}
+		for _, en := range b.sorted {
+			if w := best[en.sock]; w != nil && w != en {
+				en.lost = true
+				b.losers = append(b.losers, en)
+			}
+		}
+	}
+	bl.losers = b.losers
+}
+
+// sendChanges marks what this load assignment sends and reports whether
+// it removes (or drains) an endpoint the previous one sent. A dropped
+// endpoint is removed unless a new one has its instance, address and
+// session with a status no worse (a weight change keeps the endpoint; a new
+// session at the same address is pushed at once, so no snapshot carries a
+// session the View calls STALE).
+func (b *build) sendChanges() bool {
+	var dropped, added []*entry
+	for _, en := range b.gone {
+		if en.sent {
+			dropped = append(dropped, en)
+		}
+	}
+	for _, en := range b.losers {
+		if en.sent {
+			dropped = append(dropped, en)
+		}
+	}
+	for _, en := range b.fresh {
+		if !en.lost {
+			added = append(added, en)
+		}
+	}
+	for _, en := range b.prevLosers {
+		if en.gen == b.gen && !en.lost {
+			added = append(added, en)
+		}
+	}
+	removes := false
+	if len(dropped) > 0 {
+		now := make(map[endpointSortKey]corev3.HealthStatus, len(added))
+		for _, en := range added {
+			now[en.key] = en.status
+		}
+		for _, en := range dropped {
+			st, ok := now[en.key] // an endpoint that moved to another zone is no removal
+			if !ok || (en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
+				removes = true
+				break
+			}
+		}
+	}
+	for _, en := range dropped {
+		en.sent = false
+	}
+	for _, en := range added {
+		en.sent = true
+	}
+	return removes
+}
+
+// assemble makes the load assignment and its content version, which hashes
+// the task and, order-independently, the content digest of each endpoint
+// (the order is a function of the contents) and the localities' layout.
+func (bl *Builder) assemble(task string, b *build, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
+	var sum, xor uint64
+	n := len(b.sorted) - len(b.losers)
+	if n > 0 {
+		var layout uint64
+		cla.Endpoints, layout, sum, xor = assembleLocalities(b.sorted, n, bl.localities, bl.Failover, d.Datacenter)
+		xor ^= layout // the localities' priorities and weights (they follow the dispatcher's datacenter)
+	}
+	var vb [8 + 8 + 8 + 8]byte
+	binary.LittleEndian.PutUint64(vb[0:], fnv64a([]byte("cla\x00"+task)))
+	binary.LittleEndian.PutUint64(vb[8:], uint64(n))
+	binary.LittleEndian.PutUint64(vb[16:], sum)
+	binary.LittleEndian.PutUint64(vb[24:], xor)
+	return cla, "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
+}
+
+// claimSocket and unclaim count the routed entries claiming a socket.
+func (bl *Builder) claimSocket(s health.Socket) {
+	n := bl.sockets[s] + 1
+	bl.sockets[s] = n
+	if n == 2 {
+		bl.contested++
+	}
+}
+
+func (bl *Builder) unclaim(s health.Socket) {
+	n := bl.sockets[s] - 1
+	if n <= 0 {
+		delete(bl.sockets, s)
+	} else {
+		bl.sockets[s] = n
+	}
+	if n == 1 {
+		bl.contested--
+	}
+}
+
+// endpointContent is everything an endpoint message holds, for its digest.
+func endpointContent(buf []byte, e *health.Executor, status corev3.HealthStatus) []byte {
+	buf = append(buf, 0)
+	buf = append(buf, e.InstanceID...)
+	buf = append(buf, 0)
+	buf = append(buf, e.SessionID...)
+	buf = append(buf, 0)
+	buf = append(buf, e.Version...)
+	buf = append(buf, 0)
+	buf = append(buf, e.Address...)
+	buf = append(buf, 0)
+	buf = strconv.AppendInt(buf, int64(e.Port), 10)
+	buf = append(buf, 0)
+	buf = strconv.AppendInt(buf, int64(status), 10)
+	buf = append(buf, 0)
+	return strconv.AppendUint(buf, uint64(Weight(*e)), 10)
+}
+
+// mergeSorted merges two sorted lists into a new one.
+func mergeSorted(a, b []*entry) []*entry {
+	out := make([]*entry, 0, len(a)+len(b))
+	i, j := 0, 0
+	for i < len(a) && j < len(b) {
+		if b[j].less(a[i]) {
+			out = append(out, b[j])
+			j++
+		} else {
+			out = append(out, a[i])
+			i++
+		}
+	}
+	out = append(out, a[i:]...)
+	return append(out, b[j:]...)
+}
+
+// mix64 is the splitmix64 finalizer.
+func mix64(x uint64) uint64 {
+	x ^= x >> 30
+	x *= 0xbf58476d1ce4e5b9
+	x ^= x >> 27
+	x *= 0x94d049bb133111eb
+	return x ^ (x >> 31)
+}
+
+// RemovesOrDrains compares two load assignments: the definition
+// Result.RemovesOrDrains implements incrementally (used when a Builder starts
+// afresh, e.g. because rule modes changed): an
+// endpoint (instance, address, port) of prev is missing from next, or was
+// HEALTHY and no longer is.
+func RemovesOrDrains(prev, next *endpointv3.ClusterLoadAssignment) bool {
+	status := map[string]corev3.HealthStatus{}
+	for _, loc := range next.GetEndpoints() {
+		for _, lb := range loc.GetLbEndpoints() {
+			status[endpointKey(lb)] = lb.GetHealthStatus()
+		}
+	}
+	for _, loc := range prev.GetEndpoints() {
+		for _, lb := range loc.GetLbEndpoints() {
+			now, kept := status[endpointKey(lb)]
+			if !kept || (lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY && now != corev3.HealthStatus_HEALTHY) {
+				return true
+			}
+		}
+	}
+	return false
+}
+
+// endpointKey identifies an endpoint across load assignments.
+func endpointKey(lb *endpointv3.LbEndpoint) string {
+	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+	session := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue()
+	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + strconv.FormatUint(uint64(sa.GetPortValue()), 10) + "|" + session
+}

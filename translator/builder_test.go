@@ -1,0 +1,217 @@
+package translator
+
+import (
+	"bytes"
+	"fmt"
+	"maps"
+	"math/rand/v2"
+	"slices"
+	"testing"
+
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
+)
+
+// A Builder that reuses across hundreds of random changes (loads, lapses,
+// drains, new sessions, versions, labels, joins and leaves, reordering) must
+// give exactly what a fresh build gives: the same message and version, and
+// the same removal verdict as comparing the two load assignments.
+func TestBuilderIncrementalEqualsFresh(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 11))
+	failover := Failover{Local: "dc1", Order: []string{"dc1", "dc2", "dc3"}}
+	for _, dc := range []struct {
+		version    string
+		labels     map[string]string
+		datacenter string
+	}{
+		{"", nil, ""}, {">=1.2.0", nil, ""}, {"", map[string]string{"zone": "a"}, ""}, {"", nil, "dc2"},
+	} {
+		d, err := health.NewDispatcher(dc.version, dc.labels)
+		if err != nil {
+			t.Fatal(err)
+		}
+		d = d.InDatacenter(dc.datacenter)
+		es := fleettest.Executors(200)
+		if dc.datacenter != "" {
+			for i := range es {
+				es[i].Datacenter = failover.Order[i%3]
+			}
+		}
+		bl := &Builder{Failover: failover}
+		prev := bl.BuildPrinted("work", es, nil, d)
+		for step := range 400 {
+			for range 1 + r.IntN(4) {
+				mutate(r, &es)
+			}
+			if r.IntN(5) == 0 {
+				r.Shuffle(len(es), func(i, j int) { es[i], es[j] = es[j], es[i] })
+			}
+			got := bl.BuildPrinted("work", es, nil, d)
+			want := (&Builder{Failover: failover}).BuildPrinted("work", es, nil, d)
+			if !bytes.Equal(marshal(t, got.CLA), marshal(t, want.CLA)) {
+				t.Fatalf("%s step %d: incremental load assignment differs from a fresh build", d.Key(), step)
+			}
+			if err := sendsWhatDecideRoutes(got.CLA, es, d); err != nil {
+				t.Fatalf("%s step %d: %v", d.Key(), step, err)
+			}
+			if got.Version != want.Version {
+				t.Fatalf("%s step %d: version %s, fresh %s", d.Key(), step, got.Version, want.Version)
+			}
+			if ref := RemovesOrDrains(prev.CLA, got.CLA); got.RemovesOrDrains != ref {
+				t.Fatalf("%s step %d: RemovesOrDrains %v, comparing the assignments says %v", d.Key(), step, got.RemovesOrDrains, ref)
+			}
+			if got.Decided > 8*4 {
+				t.Fatalf("step %d: decided %d executors afresh for at most 4 changes", step, got.Decided)
+			}
+			prev = got
+		}
+	}
+}
+
+func mutate(r *rand.Rand, es *[]health.Executor) {
+	fleet := *es
+	if len(fleet) == 0 {
+		*es = fleettest.Executors(1)
+		return
+	}
+	i := r.IntN(len(fleet))
+	e := &fleet[i]
+	switch r.IntN(13) {
+	case 12: // every executor of a datacenter leaves at once (failover)
+		if e.Datacenter != "" {
+			dc := e.Datacenter
+			*es = slices.DeleteFunc(fleet, func(x health.Executor) bool { return x.Datacenter == dc })
+		}
+	case 0:
+		e.Load = r.IntN(10)
+	case 1:
+		e.Lease = []health.CheckStatus{health.StatusPassing, health.StatusCritical, health.StatusWarning}[r.IntN(3)]
+	case 2:
+		e.State = []health.State{health.StateActive, health.StateDraining}[r.IntN(2)]
+	case 3:
+		e.SessionID = fmt.Sprintf("s%d", r.IntN(1000))
+		e.Generation++
+	case 4:
+		e.Version = []string{"1.0.0", "1.4.2", "2.0.0"}[r.IntN(3)]
+	case 5:
+		e.Labels = map[string]string{"zone": []string{"a", "b"}[r.IntN(2)]}
+	case 6: // leaves
+		*es = append(fleet[:i], fleet[i+1:]...)
+	case 7: // joins
+		n := fleettest.Executors(1)[0]
+		n.InstanceID = fmt.Sprintf("new-%d", r.IntN(1e6))
+		n.ServiceID = "work:" + n.InstanceID
+		n.Port = r.IntN(3) + 10000
+		*es = append(fleet, n)
+	case 8:
+		e.Port = 10000 + r.IntN(3) // collide with others' addresses
+	case 9:
+		e.Capacity = r.IntN(200)
+	case 10: // a new session of the instance beside the old one (fencing observed), at its socket
+		n := *e
+		n.SessionID = fmt.Sprintf("s%d", r.IntN(1000))
+		n.Generation++
+		n.Node = fmt.Sprintf("n%d", r.IntN(3))
+		*es = append(fleet, n)
+	case 11: // another instance claims a socket in use
+		n := *e
+		n.InstanceID = fmt.Sprintf("dup-%d", r.IntN(1e6))
+		n.ServiceID = "work:" + n.InstanceID
+		*es = append(fleet, n)
+	}
+}
+
+func marshal(t *testing.T, m proto.Message) []byte {
+	t.Helper()
+	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return b
+}
+
+// sendsWhatDecideRoutes checks a load assignment against Decide: exactly the
+// executors Decide routes are sent, and no socket twice.
+func sendsWhatDecideRoutes(cla *endpointv3.ClusterLoadAssignment, es []health.Executor, d health.Dispatcher) error {
+	want := map[string]bool{}
+	for _, dec := range Decide(es, d) {
+		if dec.Verdict.Route != health.RouteNone {
+			e := dec.Executor
+			want[fmt.Sprintf("%s|%s|%s|%d", e.InstanceID, e.SessionID, e.Address, e.Port)] = true
+		}
+	}
+	got := map[string]bool{}
+	sockets := map[health.Socket]bool{}
+	for _, loc := range cla.GetEndpoints() {
+		for _, lb := range loc.GetLbEndpoints() {
+			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
+			s := health.SocketOf(sa.GetAddress(), int(sa.GetPortValue()))
+			if sockets[s] {
+				return fmt.Errorf("two endpoints at %s:%d", sa.GetAddress(), sa.GetPortValue())
+			}
+			sockets[s] = true
+			session := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue()
+			got[fmt.Sprintf("%s|%s|%s|%d", lb.GetEndpoint().GetHostname(), session, sa.GetAddress(), sa.GetPortValue())] = true
+		}
+	}
+	if !maps.Equal(got, want) {
+		return fmt.Errorf("sent %v, Decide routes %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+	}
+	return nil
+}
+
+// Two routed registrations at one socket: one is sent, by the stated rule,
+// whatever the order and whether built afresh or incrementally; the other
+// takes its place when it goes, and that is not a removal.
+func TestBuilderDuplicateSocket(t *testing.T) {
+	d, _ := health.NewDispatcher("", nil)
+	es := fleettest.Executors(3)
+	twin := es[1]
+	twin.InstanceID, twin.ServiceID = "exec-000000a", "work:exec-000000a" // sorts after exec-000000, before exec-000001
+	es = append(es, twin)
+	oldSession := es[2]
+	oldSession.SessionID, oldSession.Generation = "old", 0 // the same instance's older session, fencing observed
+	es = append(es, oldSession)
+	bl := &Builder{}
+	r := bl.BuildPrinted("work", es, nil, d)
+	if err := sendsWhatDecideRoutes(r.CLA, es, d); err != nil {
+		t.Fatal(err)
+	}
+	sent := func(cla *endpointv3.ClusterLoadAssignment) []string {
+		var out []string
+		for _, lb := range cla.GetEndpoints()[0].GetLbEndpoints() {
+			out = append(out, lb.GetEndpoint().GetHostname()+"/"+lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue())
+		}
+		return out
+	}
+	if got := sent(r.CLA); !slices.Equal(got, []string{"exec-000000/s", "exec-000000a/s", "exec-000002/s"}) {
+		t.Fatalf("sent %v: want the lowest instance id at exec-000001's socket and the newest session at exec-000002's", got)
+	}
+	for _, dec := range Decide(es, d) {
+		lost := dec.Executor.InstanceID == "exec-000001" || dec.Executor.SessionID == "old"
+		if lost != (dec.Verdict.Reason == health.ReasonDuplicateAddress) {
+			t.Fatalf("%s/%s: %s (%s)", dec.Executor.InstanceID, dec.Executor.SessionID, dec.Verdict.Reason, dec.Verdict.Detail)
+		}
+	}
+	// The winner lapses: the other claimant is sent at that socket instead.
+	es[3].Lease = health.StatusCritical
+	r2 := bl.BuildPrinted("work", es, nil, d)
+	if got := sent(r2.CLA); !slices.Equal(got, []string{"exec-000000/s", "exec-000001/s", "exec-000002/s"}) {
+		t.Fatalf("after the winner lapsed: %v", got)
+	}
+	if !r2.RemovesOrDrains || r2.RemovesOrDrains != RemovesOrDrains(r.CLA, r2.CLA) {
+		t.Fatalf("RemovesOrDrains %v: the lapsed instance's endpoint is gone", r2.RemovesOrDrains)
+	}
+	fresh := (&Builder{}).BuildPrinted("work", es, nil, d)
+	if fresh.Version != r2.Version || !bytes.Equal(marshal(t, fresh.CLA), marshal(t, r2.CLA)) {
+		t.Fatal("incremental build differs from a fresh one")
+	}
+	// Reversed input: the same bytes.
+	slices.Reverse(es)
+	if rev := (&Builder{}).BuildPrinted("work", es, nil, d); rev.Version != r2.Version || !bytes.Equal(marshal(t, rev.CLA), marshal(t, r2.CLA)) {
+		t.Fatal("input order changed the output")
+	}
+}

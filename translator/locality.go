@@ -1,0 +1,133 @@
+package translator
+
+import (
+	"slices"
+	"strconv"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"google.golang.org/protobuf/types/known/wrapperspb"
+)
+
+// ZoneLabel is the executor label that names its zone: executors of one
+// datacenter with different zones are in localities of their own (same
+// priority, weighted by how many endpoints each has).
+const ZoneLabel = "zone"
+
+// Failover orders the datacenters for a dispatcher: its own first (priority
+// 0), then the others in Order, then any other (by name). Priorities are
+// given to the datacenters that have endpoints only, counted from 0 without
+// gaps (grpc-go rejects a load assignment that skips one), so a dispatcher
+// whose datacenter has no eligible executor is sent the next one's at
+// priority 0.
+type Failover struct {
+	Local string   // the datacenter of a dispatcher that names none: leasehold's own
+	Order []string // the watched datacenters, in failover order (--datacenters)
+}
+
+// rank is dc's place in the order for a dispatcher in dispatcherDC.
+func (f Failover) rank(dispatcherDC, dc string) int {
+	if dispatcherDC == "" {
+		dispatcherDC = f.Local
+	}
+	if dc == dispatcherDC {
+		return 0
+	}
+	r := 1
+	for _, o := range f.Order {
+		if o == dc {
+			return r
+		}
+		if o != dispatcherDC {
+			r++
+		}
+	}
+	return r
+}
+
+func (f Failover) equal(g Failover) bool { return f.Local == g.Local && slices.Equal(f.Order, g.Order) }
+
+// locality is one (datacenter, zone) of a build, its endpoints in order.
+type locality struct {
+	id   int32
+	rank int
+	lbs  []*endpointv3.LbEndpoint
+	localityName
+}
+
+// assembleLocalities puts routed entries (sorted: by datacenter and zone
+// first) into localities with priorities, in priority order; it returns them
+// with a digest of the layout (each locality's place, priority and weight)
+// and the order-independent sums of the endpoints' digests (sum, xor), for
+// the content version (one pass over the endpoints).
+func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover, dispatcherDC string) (_ []*endpointv3.LocalityLbEndpoints, layout, sum, xor uint64) {
+	var locs []*locality
+	all := make([]*endpointv3.LbEndpoint, 0, n) // one array: each locality's endpoints are a part of it
+	start := 0
+	for _, en := range sorted {
+		if en.lost {
+			continue
+		}
+		if len(locs) == 0 || locs[len(locs)-1].id != en.loc {
+			if len(locs) > 0 {
+				locs[len(locs)-1].lbs = all[start:len(all):len(all)]
+				start = len(all)
+			}
+			name := names[en.loc]
+			locs = append(locs, &locality{id: en.loc, localityName: name, rank: f.rank(dispatcherDC, name.dc)})
+		}
+		all = append(all, en.lb)
+		m := mix64(en.digest)
+		sum += m
+		xor ^= mix64(m ^ en.digest)
+	}
+	if len(locs) > 0 {
+		locs[len(locs)-1].lbs = all[start:len(all):len(all)]
+	}
+	slices.SortFunc(locs, func(a, b *locality) int { // by priority, then by name: the same on every replica
+		if a.rank != b.rank {
+			return a.rank - b.rank
+		}
+		if a.dc != b.dc {
+			return strings.Compare(a.dc, b.dc)
+		}
+		return strings.Compare(a.zone, b.zone)
+	})
+	out := make([]*endpointv3.LocalityLbEndpoints, len(locs))
+	perPriority := map[uint32]int{}
+	var priority uint32
+	for i, l := range locs {
+		if i > 0 && (l.rank != locs[i-1].rank || l.dc != locs[i-1].dc) {
+			priority++
+		}
+		out[i] = &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: l.dc, Zone: l.zone}, LbEndpoints: l.lbs, Priority: priority}
+		perPriority[priority]++
+	}
+	// layout stays 0 for one locality without names: versions as before localities
+	for _, l := range out {
+		// grpc-go ignores a locality whose weight is 0 or unset. Alone at
+		// its priority a locality weighs 1; zones sharing one weigh the sum
+		// of their endpoints' weights, so gRPC's wrr_locality shares work
+		// as one locality would (Envoy weighs localities only when asked).
+		w := uint32(1)
+		if perPriority[l.Priority] > 1 {
+			var sum uint64
+			for _, lb := range l.LbEndpoints {
+				if lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY { // draining ones take no new work
+					sum += uint64(lb.GetLoadBalancingWeight().GetValue())
+				}
+			}
+			w = uint32(min(max(sum, 1), 1<<31))
+		}
+		l.LoadBalancingWeight = wrapperspb.UInt32(w)
+		b := []byte(l.Locality.Region + "\x00" + l.Locality.Zone + "\x00")
+		b = strconv.AppendUint(b, uint64(l.Priority), 10)
+		b = append(b, 0)
+		b = strconv.AppendUint(b, uint64(w), 10)
+		if len(out) > 1 || l.Locality.Region != "" || l.Locality.Zone != "" {
+			layout = mix64(layout ^ fnv64a(b))
+		}
+	}
+	return out, layout, sum, xor
+}

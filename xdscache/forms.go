@@ -1,0 +1,204 @@
+package xdscache
+
+import (
+	"crypto/sha256"
+	"encoding/hex"
+	"sort"
+	"strings"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/reflect/protoreflect"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/translator"
+)
+
+// NodeMetaEndpointMetadata is the node metadata key with which a dispatcher
+// chooses what its endpoints carry as metadata (EndpointMetadata).
+const NodeMetaEndpointMetadata = "endpoint_metadata"
+
+// EndpointMetadata is what the endpoints of a dispatcher's load assignments
+// carry under filter_metadata.leasehold. Metadata is ~70% of an endpoint's
+// bytes, and every state-of-the-world push resends a task's whole
+// assignment to every stream, so a dispatcher that reads less of it can ask
+// for less.
+type EndpointMetadata string
+
+const (
+	// MetadataFull: instance_id, session_id and version (the default).
+	MetadataFull EndpointMetadata = "full"
+	// MetadataSession: session_id only — what a dispatcher fences on; the
+	// instance id is the endpoint's hostname, and the version satisfies
+	// the dispatcher's own constraint.
+	MetadataSession EndpointMetadata = "session"
+	// MetadataNone: no metadata (a gRPC client does not hand endpoint
+	// metadata to the application; the executor's own answer can name its
+	// session, as the example dispatcher's does).
+	MetadataNone EndpointMetadata = "none"
+)
+
+// EndpointMetadataOf reads a node's endpoint_metadata (default full); the
+// error names the field.
+func EndpointMetadataOf(node *corev3.Node) (EndpointMetadata, error) {
+	v, ok := node.GetMetadata().GetFields()[NodeMetaEndpointMetadata]
+	if !ok {
+		return MetadataFull, nil
+	}
+	s, isStr := v.GetKind().(*structpb.Value_StringValue)
+	if isStr {
+		switch f := EndpointMetadata(s.StringValue); f {
+		case MetadataFull, MetadataSession, MetadataNone:
+			return f, nil
+		}
+	}
+	fe := &health.FieldError{Field: "node.metadata." + NodeMetaEndpointMetadata, Reason: `must be one of "full", "session", "none"`}
+	if isStr {
+		fe.Value = truncate(s.StringValue, 64)
+	}
+	return "", fe
+}
+
+func truncate(s string, n int) string {
+	if len(s) <= n {
+		return s
+	}
+	return s[:n] + "…"
+}
+
+// formGroupSep joins a constraint set's key and a form other than full into
+// the cache group of its dispatchers ('&' is escaped inside a key's fields).
+const formGroupSep = "&" + NodeMetaEndpointMetadata + "="
+
+// FormGroup is the cache group of the dispatchers of constraint set base
+// (its key) asking for form f.
+func FormGroup(base string, f EndpointMetadata) string {
+	if f == MetadataFull {
+		return base
+	}
+	return base + formGroupSep + string(f)
+}
+
+// splitFormGroup is the inverse of FormGroup.
+func splitFormGroup(group string) (string, EndpointMetadata) {
+	if i := strings.LastIndex(group, formGroupSep); i >= 0 {
+		return group[:i], EndpointMetadata(group[i+len(formGroupSep):])
+	}
+	return group, MetadataFull
+}
+
+// formState derives one form's snapshots of one constraint set. It keeps
+// the endpoint messages it derived, by the message they came from (the
+// Builder keeps the messages of unchanged executors), so a change derives
+// only what changed and the derived messages stay the same pointers, which
+// the incremental encoder reuses.
+type formState struct {
+	form EndpointMetadata
+	lbs  map[*endpointv3.LbEndpoint]*endpointv3.LbEndpoint
+}
+
+// derive is snap in this form: the same listeners, routes and clusters;
+// load assignments whose endpoints carry the form's metadata, versioned
+// "<content version>-<form>" (so a form's bytes never share a version with
+// another's, and every replica derives the same).
+func (fs *formState) derive(snap *cache.Snapshot, versions map[string]map[string]string) (*cache.Snapshot, map[string]map[string]string) {
+	out := make(map[string]map[string]string, len(versions))
+	for typeURL, vs := range versions {
+		out[typeURL] = vs
+	}
+	eds := make(map[string]string, len(versions[resource.EndpointType]))
+	for name, v := range versions[resource.EndpointType] {
+		eds[name] = v + "-" + string(fs.form)
+	}
+	out[resource.EndpointType] = eds
+	next := make(map[*endpointv3.LbEndpoint]*endpointv3.LbEndpoint, len(fs.lbs))
+	d := &cache.Snapshot{VersionMap: out}
+	for typ := range types.UnknownType {
+		url, err := cache.GetResponseTypeURL(typ)
+		if err != nil {
+			continue
+		}
+		items := snap.GetResources(url)
+		res := make([]types.Resource, 0, len(items))
+		for _, r := range items {
+			if cla, ok := r.(*endpointv3.ClusterLoadAssignment); ok {
+				r = fs.cla(cla, next)
+			}
+			res = append(res, r)
+		}
+		d.Resources[typ] = cache.NewResources(TypeVersion(out[url]), res)
+	}
+	fs.lbs = next
+	return d, out
+}
+
+// cla is a copy of cla whose endpoints carry the form's metadata; every
+// other field is shared.
+func (fs *formState) cla(cla *endpointv3.ClusterLoadAssignment, next map[*endpointv3.LbEndpoint]*endpointv3.LbEndpoint) *endpointv3.ClusterLoadAssignment {
+	out := shallowWithout(cla, claEndpointsField).(*endpointv3.ClusterLoadAssignment)
+	out.Endpoints = make([]*endpointv3.LocalityLbEndpoints, len(cla.Endpoints))
+	for i, loc := range cla.Endpoints {
+		l := shallowWithout(loc, localityLbEndpoints).(*endpointv3.LocalityLbEndpoints)
+		l.LbEndpoints = make([]*endpointv3.LbEndpoint, len(loc.LbEndpoints))
+		for j, lb := range loc.LbEndpoints {
+			d, ok := fs.lbs[lb]
+			if !ok {
+				d = fs.lb(lb)
+			}
+			next[lb] = d
+			l.LbEndpoints[j] = d
+		}
+		out.Endpoints[i] = l
+	}
+	return out
+}
+
+// lbMetadataField is LbEndpoint.metadata.
+const lbMetadataField = 3
+
+// lb is lb with the form's metadata.
+func (fs *formState) lb(lb *endpointv3.LbEndpoint) *endpointv3.LbEndpoint {
+	out := shallowWithout(lb, lbMetadataField).(*endpointv3.LbEndpoint)
+	if fs.form != MetadataSession {
+		return out
+	}
+	if sess, ok := lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace].GetFields()["session_id"]; ok {
+		out.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
+			translator.MetadataNamespace: {Fields: map[string]*structpb.Value{"session_id": sess}},
+		}}
+	}
+	return out
+}
+
+// shallowWithout is a new message of m's type sharing every field of m but
+// field num (and m's unknown fields); m is not modified.
+func shallowWithout(m proto.Message, num protoreflect.FieldNumber) proto.Message {
+	src := m.ProtoReflect()
+	dst := src.New()
+	src.Range(func(fd protoreflect.FieldDescriptor, v protoreflect.Value) bool {
+		if fd.Number() != num {
+			dst.Set(fd, v)
+		}
+		return true
+	})
+	if u := src.GetUnknown(); len(u) > 0 {
+		dst.SetUnknown(u)
+	}
+	return dst.Interface()
+}
+
+// TypeVersion hashes the names and content versions of a type's resources.
+func TypeVersion(each map[string]string) string {
+	parts := make([]string, 0, len(each))
+	for name, v := range each {
+		parts = append(parts, name+"="+v)
+	}
+	sort.Strings(parts)
+	sum := sha256.Sum256([]byte(strings.Join(parts, ";")))
+	return hex.EncodeToString(sum[:8])
+}
