@@ -131,8 +131,44 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 	var r batchResult
 	instances := map[string]struct{}{} // to fence again (and mark lapses seen elsewhere)
 	tasks := sortedKeys(s.members)
+	s.replaceMemberships(tasks, instances, &r)
+	// Each datacenter's non-passing set: only the registrations of that
+	// datacenter holding a check that changed, and those whose read saw a
+	// check non-passing when the index moved.
+	for name, d := range s.dcs {
+		s.markNonPassing(name, d)
+	}
+	s.markFloorChanges(instances)
+	s.markLapseMarks(instances)
+	if s.ctl.dirty || s.fullBatches {
+		for _, ts := range s.fleet {
+			ts.markAll()
+		}
+	}
 
-	// Membership reads: the task's state is replaced.
+	// Join what is marked; note lapses.
+	for _, task := range tasks {
+		ts := s.fleet[task]
+		if ts == nil || !ts.touched {
+			continue
+		}
+		s.joinMarked(ctx, task.dc, ts, instances, &r)
+	}
+	s.fenceInstances(instances)
+	s.applyControl()
+	s.rememberChanges(tasks, &r)
+	s.ctl.dirty = false
+	s.pruneHistory(s.cfg.Clock.Now(), len(s.instances))
+	s.indexSessions(tasks, instances)
+	sort.Strings(r.changed)
+	r.changed = slices.Compact(r.changed)
+	return r
+}
+
+// replaceMemberships gives each task whose membership was read anew a new
+// state, and drops the tasks gone; the instances whose sessions came or
+// went are to be fenced again.
+func (s *Syncer) replaceMemberships(tasks []fleetKey, instances map[string]struct{}, r *batchResult) {
 	var replaced []*taskState // old states
 	for _, task := range tasks {
 		tm := s.members[task]
@@ -163,14 +199,11 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 	for _, old := range replaced { // after counting the new reads: a session still listed stays present
 		s.countPresence(old, -1, instances)
 	}
+}
 
-	// Each datacenter's non-passing set: only the registrations of that
-	// datacenter holding a check that changed, and those whose read saw a
-	// check non-passing when the index moved.
-	for name, d := range s.dcs {
-		s.markNonPassing(name, d)
-	}
-	// The generation floor: its instances are fenced again.
+// markFloorChanges: the instances whose generation floor changed are fenced
+// again.
+func (s *Syncer) markFloorChanges(instances map[string]struct{}) {
 	if s.floorGen != s.floorJoinedGen {
 		for inst, g := range s.floor {
 			if s.floorJoined[inst] != g {
@@ -184,8 +217,12 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		}
 		s.floorJoined, s.floorJoinedGen = s.floor, s.floorGen
 	}
-	// Lapse marks (recorded by any replica, before any restart): the
-	// registrations of the sessions they name are joined again, now lapsed.
+}
+
+// markLapseMarks: lapse marks (recorded by any replica, before any restart)
+// that changed have the registrations of the sessions they name joined
+// again, now lapsed.
+func (s *Syncer) markLapseMarks(instances map[string]struct{}) {
 	if s.marksGen != s.marksJoinedGen {
 		for inst := range s.mergeMarks() {
 			instances[inst] = struct{}{}
@@ -197,25 +234,10 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		}
 		s.marksJoinedGen = s.marksGen
 	}
-	full := s.ctl.dirty || s.fullBatches
-	if full {
-		for _, ts := range s.fleet {
-			ts.markAll()
-		}
-	}
+}
 
-	// Join what is marked; note lapses.
-	for _, task := range tasks {
-		ts := s.fleet[task]
-		if ts == nil || !ts.touched {
-			continue
-		}
-		s.joinMarked(ctx, task.dc, ts, instances, &r)
-	}
-	s.fenceInstances(instances)
-	s.applyControl()
-
-	// Remember the sessions, fingerprint what changed.
+// rememberChanges remembers the sessions and fingerprints what changed.
+func (s *Syncer) rememberChanges(tasks []fleetKey, r *batchResult) {
 	for _, task := range tasks {
 		ts := s.fleet[task]
 		if ts == nil {
@@ -225,19 +247,13 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		if !ts.touched {
 			continue
 		}
-		s.printChanges(task, ts, &r)
+		s.printChanges(task, ts, r)
 	}
 	for task := range s.printOf {
 		if _, ok := s.fleet[task]; !ok {
 			delete(s.printOf, task)
 		}
 	}
-	s.ctl.dirty = false
-	s.pruneHistory(s.cfg.Clock.Now(), len(s.instances))
-	s.indexSessions(tasks, instances)
-	sort.Strings(r.changed)
-	r.changed = slices.Compact(r.changed)
-	return r
 }
 
 // markNonPassing marks the registrations of datacenter name that its

@@ -236,7 +236,7 @@ func (bl *Builder) route(en *entry, e *health.Executor, r health.Route, buf *[]b
 	en.e = e
 	*buf = endpointContent((*buf)[:0], e, en.status)
 	zone := e.Labels[ZoneLabel]
-	if e.Datacenter != "" || zone != "" { // its locality (none: versions as before localities)
+	if e.Datacenter != "" || zone != "" { // its locality (none: one unnamed locality, the content alone)
 		*buf = append(append(append(append(*buf, 0), e.Datacenter...), 0), zone...)
 	}
 	en.loc = bl.localityOf(e.Datacenter, zone)

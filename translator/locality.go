@@ -104,7 +104,7 @@ func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover
 		out[i] = &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: l.dc, Zone: l.zone}, LbEndpoints: l.lbs, Priority: priority}
 		perPriority[priority]++
 	}
-	// layout stays 0 for one locality without names: versions as before localities
+	// layout stays 0 for one locality without names: the content alone versions it
 	for _, l := range out {
 		// grpc-go ignores a locality whose weight is 0 or unset. Alone at
 		// its priority a locality weighs 1; zones sharing one weigh the sum

@@ -12,8 +12,8 @@ import (
 // memberships, generation keys): Consul 1.13 has no delta reads, so each
 // change costs a whole listing, and a fleet that registers thousands of
 // executors would otherwise have leasehold re-read whole task types as fast
-// as Consul answers (the load that made healthy leases lapse in issue 19's
-// measurements). Reads are charged after the fact with the bytes they
+// as Consul answers (a load that made healthy leases lapse, measured under
+// churn). Reads are charged after the fact with the bytes they
 // decoded; a watch in debt waits before its next query, so the changes of
 // that wait coalesce into one read. A quiet fleet holds a full bucket: one
 // change is read at once.

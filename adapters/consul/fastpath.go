@@ -29,9 +29,9 @@ import (
 // paced by SlowInterval; a serfHealth leaving the non-passing set (a node
 // back) is read at once by node, so its new indexes never wait for that pace.
 //
-// (Before issue 19 one filtered blocking query over every check did all of
-// it: every registration woke it and made Consul scan the whole datacenter,
-// the largest share of Consul's CPU leasehold caused under churn.)
+// (One filtered blocking query over every check would do all of it, but
+// every registration would wake it and make Consul scan the whole
+// datacenter: the largest share of Consul's CPU under churn, measured.)
 type fastPath struct {
 	mu        sync.Mutex // held while reading what a change calls for and sending: sets go out in order
 	crit      []health.CheckState
@@ -180,67 +180,100 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 	f := &w.fast
 	before := append(append(slices.Clone(f.crit), f.warn...), f.carry...)
 	mineBefore := slices.Clone(f.crit)
+	otherRead := f.critRead
 	if state == api.HealthWarning {
 		mineBefore = slices.Clone(f.warn)
+	} else {
+		otherRead = f.warnRead
 	}
-	// take stores a read of state; cross: it is the other watch's fresh read.
-	take := func(state string, states []health.CheckState, idx uint64, cross bool) (changed bool, err error) {
-		mine, read, at, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critCross
-		if state == api.HealthWarning {
-			mine, read, at, crossAt = &f.warn, &f.warnRead, &f.warnIndex, &f.warnCross
-		}
-		switch {
-		case cross:
-			*crossAt = idx
-		case idx < *crossAt:
-			// the other watch read this state afresh after this answer was
-			// read: read it again (an index below an own earlier answer is
-			// a Consul that restarted, and taken as it is)
-			if states, idx, err = w.fastStates(ctx, state, 0, 0); err != nil {
-				return false, err
-			}
-			*crossAt = 0
-		default:
-			*crossAt = 0
-		}
-		changed = !*read || !reflect.DeepEqual(states, *mine)
-		*mine, *read, *at = states, true, idx
-		return changed, nil
-	}
-	other, otherRead := api.HealthCritical, f.critRead
-	if state == api.HealthCritical {
-		other, otherRead = api.HealthWarning, f.warnRead
-	}
-	changed, err := take(state, states, idx, false)
+	changed, err := w.takeFast(ctx, state, states, idx, false)
 	if err != nil {
 		return err
 	}
 	if (changed || f.crossPending[name]) && otherRead { // (until both were read once, no set goes out)
-		o, oidx, err := w.fastStates(ctx, other, 0, 0)
-		if err == nil {
-			_, err = take(other, o, oidx, true)
+		w.readOtherState(ctx, name, state, mineBefore)
+	}
+	w.readNodesBack(ctx, before)
+	delete(f.failing, name)
+	if f.gap && len(f.failing) == 0 && len(f.crossPending) == 0 && f.critRead && f.warnRead {
+		checks, _, err := w.cat.SerfHealth(ctx, 0, 0)
+		if err != nil { // the set goes out, at the index before the gap; listed again at the next answer
+			w.log.Warn("consul query failed; the fast path vouches for nothing newer until serfHealth is listed", "err", err)
+			return nil
 		}
-		if err != nil {
-			// what left this state may be in the other: keep it as it was
-			mineNow := f.crit
-			if state == api.HealthWarning {
-				mineNow = f.warn
-			}
-			for _, c := range mineBefore {
-				if !containsCheck(mineNow, c) && !containsCheck(f.carry, c) {
-					f.carry = append(f.carry, c)
-				}
-			}
-			f.crossPending[name] = true
-			if !f.gap && !errors.Is(err, context.Canceled) { // a refresh ending the read is no failure
-				f.gap, f.gapIndex = true, f.sentIndex
-			}
-			w.log.Warn("consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read", "err", err)
-		} else {
-			// both states read now: nothing carried, nothing pending
-			f.carry, f.crossPending = nil, map[string]bool{}
+		f.takeSerf(checks)
+		f.gap = false
+	}
+	return nil
+}
+
+// takeFast stores a read of state's checks; cross: it is the other watch's
+// fresh read. changed reports a set that differs from the last one stored.
+func (w *Watcher) takeFast(ctx context.Context, state string, states []health.CheckState, idx uint64, cross bool) (changed bool, err error) {
+	f := &w.fast
+	mine, read, at, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critCross
+	if state == api.HealthWarning {
+		mine, read, at, crossAt = &f.warn, &f.warnRead, &f.warnIndex, &f.warnCross
+	}
+	switch {
+	case cross:
+		*crossAt = idx
+	case idx < *crossAt:
+		// the other watch read this state afresh after this answer was
+		// read: read it again (an index below an own earlier answer is
+		// a Consul that restarted, and taken as it is)
+		if states, idx, err = w.fastStates(ctx, state, 0, 0); err != nil {
+			return false, err
+		}
+		*crossAt = 0
+	default:
+		*crossAt = 0
+	}
+	changed = !*read || !reflect.DeepEqual(states, *mine)
+	*mine, *read, *at = states, true, idx
+	return changed, nil
+}
+
+// readOtherState reads the other state's checks afresh after state's
+// changed (a check moving from critical to warning leaves one and enters
+// the other). When that read fails, what left state is carried as it was
+// until the other is read.
+func (w *Watcher) readOtherState(ctx context.Context, name, state string, mineBefore []health.CheckState) {
+	f := &w.fast
+	other := api.HealthCritical
+	if state == api.HealthCritical {
+		other = api.HealthWarning
+	}
+	o, oidx, err := w.fastStates(ctx, other, 0, 0)
+	if err == nil {
+		_, err = w.takeFast(ctx, other, o, oidx, true)
+	}
+	if err == nil { // both states read now: nothing carried, nothing pending
+		f.carry, f.crossPending = nil, map[string]bool{}
+		return
+	}
+	mineNow := f.crit
+	if state == api.HealthWarning {
+		mineNow = f.warn
+	}
+	for _, c := range mineBefore {
+		if !containsCheck(mineNow, c) && !containsCheck(f.carry, c) {
+			f.carry = append(f.carry, c)
 		}
 	}
+	f.crossPending[name] = true
+	if !f.gap && !errors.Is(err, context.Canceled) { // a refresh ending the read is no failure
+		f.gap, f.gapIndex = true, f.sentIndex
+	}
+	w.log.Warn("consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read", "err", err)
+}
+
+// readNodesBack reads the serfHealth of the nodes whose check left the
+// non-passing sets (before: the sets as they were): they came back, and
+// how (a node that failed meanwhile keeps its sessions lapsed) is in their
+// serfHealth's index.
+func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState) {
+	f := &w.fast
 	after := append(append(slices.Clone(f.crit), f.warn...), f.carry...)
 	var back []health.CheckState
 	for _, c := range before {
@@ -274,17 +307,6 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 			}
 		}
 	}
-	delete(f.failing, name)
-	if f.gap && len(f.failing) == 0 && len(f.crossPending) == 0 && f.critRead && f.warnRead {
-		checks, _, err := w.cat.SerfHealth(ctx, 0, 0)
-		if err != nil { // the set goes out, at the index before the gap; listed again at the next answer
-			w.log.Warn("consul query failed; the fast path vouches for nothing newer until serfHealth is listed", "err", err)
-			return nil
-		}
-		f.takeSerf(checks)
-		f.gap = false
-	}
-	return nil
 }
 
 // takeSerf replaces the serfHealth of every node by a listing (called with

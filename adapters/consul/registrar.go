@@ -14,6 +14,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/codes"
 	"go.opentelemetry.io/otel/trace"
@@ -31,7 +32,6 @@ type Registrar struct {
 
 	drainCh chan drainRequest
 	loadCh  chan struct{} // LoadChanged: the load may have crossed the capacity
-	lost    chan LeaseLoss
 	exited  chan struct{} // closed when Run returns
 	running atomic.Bool
 
@@ -67,7 +67,6 @@ func NewRegistrar(agent Agent, cfg Config) (*Registrar, error) {
 		log:     cfg.Logger.With("instance_id", cfg.InstanceID),
 		drainCh: make(chan drainRequest),
 		loadCh:  make(chan struct{}, 1),
-		lost:    make(chan LeaseLoss, 16),
 		exited:  make(chan struct{}),
 		changed: make(chan struct{}),
 		own:     make(map[string]bool),
@@ -101,10 +100,6 @@ func (r *Registrar) WaitSession(ctx context.Context, prev *Session) (*Session, e
 		}
 	}
 }
-
-// Lost delivers every lease loss (buffered; a reader that falls 16 behind
-// misses the oldest — OnLeaseLost and Session contexts never miss one).
-func (r *Registrar) Lost() <-chan LeaseLoss { return r.lost }
 
 // Done is closed when Run has returned.
 func (r *Registrar) Done() <-chan struct{} { return r.exited }
@@ -399,139 +394,164 @@ type keepAliveResult struct {
 // every heartbeat: a lapsed session is never renewed back to passing.
 func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time.Time) keepAliveResult {
 	clock, lease := r.cfg.Clock, r.cfg.Lease
-	log := r.log.With("session_id", sess.ID)
-	next := clock.NewTimer(lease.Heartbeat - clock.Since(renewedAt))
-	defer next.Stop()
-	deadline := clock.NewTimer(lease.TTL - clock.Since(renewedAt))
-	defer deadline.Stop()
-	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
+	k := &keeper{r: r, ctx: ctx, sess: sess, renewedAt: renewedAt, log: r.log.With("session_id", sess.ID),
+		bo: newBackoff(100*time.Millisecond, r.cfg.retryCap())}
+	k.next = clock.NewTimer(lease.Heartbeat - clock.Since(renewedAt))
+	defer k.next.Stop()
+	k.deadline = clock.NewTimer(lease.TTL - clock.Since(renewedAt))
+	defer k.deadline.Stop()
 	var fenceC <-chan time.Time
-	var fence fenceState
 	if r.cfg.FenceCheck > 0 {
 		t := clock.NewTicker(r.cfg.FenceCheck)
 		defer t.Stop()
 		fenceC = t.Chan()
 	}
-
-	var (
-		lastErr       error
-		drain         *drainRequest
-		drainMarked   bool // registrations carry state=draining
-		drainPollC    <-chan time.Time
-		drainPollTick interface{ Stop() }
-	)
-	defer func() {
-		if drainPollTick != nil {
-			drainPollTick.Stop()
-		}
-	}()
-	var drainSpan trace.Span
-	lose := func(reason LossReason, err error) keepAliveResult {
-		now := clock.Now()
-		res := keepAliveResult{loss: &LeaseLoss{
-			InstanceID: r.cfg.InstanceID, SessionID: sess.ID, Reason: reason,
-			At: now, SinceAck: now.Sub(renewedAt), Err: err,
-		}}
-		if drain != nil { // a drain in progress ends with the lease
-			res.drainDone, res.drainErr = drain.done, fmt.Errorf("drain: %w", ErrLeaseLost)
-			drainSpan.SetStatus(codes.Error, "lease lost while draining")
-			drainSpan.End()
-		}
-		return res
-	}
-	finishDrain := func() keepAliveResult {
-		defer drainSpan.End()
-		var err error
-		if load := r.cfg.Load(); load > 0 {
-			err = fmt.Errorf("drain: %d tasks still in flight when the deadline passed: %w", load, context.Cause(drain.ctx))
-		}
-		_, dereg := r.tracer.Start(ctx, "leasehold.executor.deregister")
-		r.deregisterOwn(sess.ID)
-		dereg.End()
-		log.Info("drained and deregistered", "err", err)
-		return keepAliveResult{drained: true, drainDone: drain.done, drainErr: err}
-	}
-
+	defer k.stopDrainPoll()
 	for {
 		select {
 		case <-ctx.Done():
-			if drain != nil {
-				return keepAliveResult{drainDone: drain.done, drainErr: ErrStopped}
+			if k.drain != nil {
+				return keepAliveResult{drainDone: k.drain.done, drainErr: ErrStopped}
 			}
 			return keepAliveResult{}
-
-		case <-deadline.Chan():
-			return lose(LossExpired, lastErr)
-
+		case <-k.deadline.Chan():
+			return k.lose(LossExpired, k.lastErr)
 		case req := <-r.drainCh:
-			if drain != nil {
-				req.done <- errors.New("drain already in progress")
-				continue
+			k.startDrain(req)
+		case <-k.drainPollC:
+			if r.cfg.Load() <= 0 || k.drain.ctx.Err() != nil {
+				return k.finishDrain()
 			}
-			drain = &req
-			_, drainSpan = r.tracer.Start(ctx, "leasehold.executor.drain", trace.WithAttributes(attribute.Int("leasehold.in_flight", r.cfg.Load())))
-			log.Info("draining", "in_flight", r.cfg.Load())
-			t := clock.NewTicker(min(100*time.Millisecond, lease.Heartbeat))
-			drainPollTick, drainPollC = t, t.Chan()
-			next.Reset(0) // mark draining now, through the fenced renewal below
-
-		case <-drainPollC:
-			if r.cfg.Load() <= 0 || drain.ctx.Err() != nil {
-				return finishDrain()
-			}
-
 		case <-r.loadCh:
-			if health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) != r.sentStatus && lastErr == nil {
+			if health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) != r.sentStatus && k.lastErr == nil {
 				// full or free again: the status goes out now, not at the next
 				// heartbeat (at most every 100 ms: a load flapping at the
 				// capacity is not a write per task)
-				next.Reset(max(0, 100*time.Millisecond-clock.Since(renewedAt)))
+				k.next.Reset(max(0, 100*time.Millisecond-clock.Since(k.renewedAt)))
 			}
-
 		case <-fenceC:
-			if reason, err := r.fenceCheck(ctx, sess, &fence); reason != "" {
-				log.Warn("session ended by the fence check", "reason", reason, "err", err)
-				return lose(reason, err)
+			if reason, err := r.fenceCheck(ctx, sess, &k.fence); reason != "" {
+				k.log.Warn("session ended by the fence check", "reason", reason, "err", err)
+				return k.lose(reason, err)
 			}
-
-		case <-next.Chan():
-			now := clock.Now()
-			if lease.Expired(renewedAt, now) { // e.g. the process was paused
-				return lose(LossExpired, lastErr)
-			}
-			if err := r.probe(ctx); err != nil {
-				lastErr = fmt.Errorf("probe: %w", err)
-				log.Warn("probe failed; heartbeat withheld", "err", err, "lease_left", lease.TTL-now.Sub(renewedAt))
-				next.Reset(min(lease.Heartbeat, lease.TTL-clock.Since(renewedAt)))
-				continue
-			}
-			hbStart := time.Now()
-			err := r.renew(ctx, sess.key(), renewedAt, drain != nil && !drainMarked)
-			r.heartbeatDone(ctx, trace.SpanFromContext(ctx), time.Since(hbStart), err)
-			switch {
-			case err == nil:
-				renewedAt = now
-				lastErr = nil
-				bo.reset()
-				if drain != nil && !drainMarked {
-					drainMarked = true
-					log.Info("marked draining")
-				}
-				deadline.Reset(lease.TTL - clock.Since(renewedAt))
-				next.Reset(lease.Heartbeat - clock.Since(renewedAt))
-			case errors.Is(err, ErrUnknownCheck):
-				return lose(LossRefused, err)
-			case ctx.Err() != nil:
-				// handled by the ctx case
-				next.Reset(0)
-			default: // transient: retry inside the lease; only the deadline ends it
-				lastErr = err
-				wait := bo.next()
-				log.Warn("heartbeat failed; retrying", "err", err, "retry_in", wait, "lease_left", lease.TTL-clock.Since(renewedAt))
-				next.Reset(wait)
+		case <-k.next.Chan():
+			if res, ended := k.heartbeat(); ended {
+				return res
 			}
 		}
 	}
+}
+
+// keeper is keepAlive's state: one session's timers, its last heartbeat and
+// the drain in progress.
+type keeper struct {
+	r         *Registrar
+	ctx       context.Context
+	sess      *Session
+	log       *slog.Logger
+	renewedAt time.Time // when the last acknowledged heartbeat was sent
+	lastErr   error     // of the heartbeats failing since
+	bo        *backoff
+	next      clockwork.Timer // the next heartbeat
+	deadline  clockwork.Timer // the lease's end
+	fence     fenceState
+
+	drain       *drainRequest
+	drainMarked bool // registrations carry state=draining
+	drainPollC  <-chan time.Time
+	drainPoll   clockwork.Ticker
+	drainSpan   trace.Span
+}
+
+// lose ends the session; a drain in progress ends with it.
+func (k *keeper) lose(reason LossReason, err error) keepAliveResult {
+	now := k.r.cfg.Clock.Now()
+	res := keepAliveResult{loss: &LeaseLoss{
+		InstanceID: k.r.cfg.InstanceID, SessionID: k.sess.ID, Reason: reason,
+		At: now, SinceAck: now.Sub(k.renewedAt), Err: err,
+	}}
+	if k.drain != nil {
+		res.drainDone, res.drainErr = k.drain.done, fmt.Errorf("drain: %w", ErrLeaseLost)
+		k.drainSpan.SetStatus(codes.Error, "lease lost while draining")
+		k.drainSpan.End()
+	}
+	return res
+}
+
+// startDrain marks the session draining at once (through the fenced
+// renewal) and polls the load until the tasks in flight are done.
+func (k *keeper) startDrain(req drainRequest) {
+	if k.drain != nil {
+		req.done <- errors.New("drain already in progress")
+		return
+	}
+	k.drain = &req
+	_, k.drainSpan = k.r.tracer.Start(k.ctx, "leasehold.executor.drain", trace.WithAttributes(attribute.Int("leasehold.in_flight", k.r.cfg.Load())))
+	k.log.Info("draining", "in_flight", k.r.cfg.Load())
+	k.drainPoll = k.r.cfg.Clock.NewTicker(min(100*time.Millisecond, k.r.cfg.Lease.Heartbeat))
+	k.drainPollC = k.drainPoll.Chan()
+	k.next.Reset(0)
+}
+
+func (k *keeper) stopDrainPoll() {
+	if k.drainPoll != nil {
+		k.drainPoll.Stop()
+	}
+}
+
+// finishDrain deregisters: the tasks in flight are done, or the drain's
+// deadline passed (an error then).
+func (k *keeper) finishDrain() keepAliveResult {
+	defer k.drainSpan.End()
+	var err error
+	if load := k.r.cfg.Load(); load > 0 {
+		err = fmt.Errorf("drain: %d tasks still in flight when the deadline passed: %w", load, context.Cause(k.drain.ctx))
+	}
+	_, dereg := k.r.tracer.Start(k.ctx, "leasehold.executor.deregister")
+	k.r.deregisterOwn(k.sess.ID)
+	dereg.End()
+	k.log.Info("drained and deregistered", "err", err)
+	return keepAliveResult{drained: true, drainDone: k.drain.done, drainErr: err}
+}
+
+// heartbeat renews the session unless its lease is over (a paused process)
+// or the probe fails; ended reports a loss.
+func (k *keeper) heartbeat() (res keepAliveResult, ended bool) {
+	clock, lease := k.r.cfg.Clock, k.r.cfg.Lease
+	now := clock.Now()
+	if lease.Expired(k.renewedAt, now) { // e.g. the process was paused
+		return k.lose(LossExpired, k.lastErr), true
+	}
+	if err := k.r.probe(k.ctx); err != nil {
+		k.lastErr = fmt.Errorf("probe: %w", err)
+		k.log.Warn("probe failed; heartbeat withheld", "err", err, "lease_left", lease.TTL-now.Sub(k.renewedAt))
+		k.next.Reset(min(lease.Heartbeat, lease.TTL-clock.Since(k.renewedAt)))
+		return res, false
+	}
+	hbStart := time.Now()
+	err := k.r.renew(k.ctx, k.sess.key(), k.renewedAt, k.drain != nil && !k.drainMarked)
+	k.r.heartbeatDone(k.ctx, trace.SpanFromContext(k.ctx), time.Since(hbStart), err)
+	switch {
+	case err == nil:
+		k.renewedAt, k.lastErr = now, nil
+		k.bo.reset()
+		if k.drain != nil && !k.drainMarked {
+			k.drainMarked = true
+			k.log.Info("marked draining")
+		}
+		k.deadline.Reset(lease.TTL - clock.Since(k.renewedAt))
+		k.next.Reset(lease.Heartbeat - clock.Since(k.renewedAt))
+	case errors.Is(err, ErrUnknownCheck):
+		return k.lose(LossRefused, err), true
+	case k.ctx.Err() != nil:
+		k.next.Reset(0) // keepAlive's ctx case ends it
+	default: // transient: retry inside the lease; only the deadline ends it
+		k.lastErr = err
+		wait := k.bo.next()
+		k.log.Warn("heartbeat failed; retrying", "err", err, "retry_in", wait, "lease_left", lease.TTL-clock.Since(k.renewedAt))
+		k.next.Reset(wait)
+	}
+	return res, false
 }
 
 // renew sends one heartbeat for every task. With markDrain it then
@@ -668,17 +688,6 @@ func (r *Registrar) deregisterOwn(sessionID string) {
 func (r *Registrar) notifyLost(loss LeaseLoss) {
 	if r.cfg.OnLeaseLost != nil {
 		r.cfg.OnLeaseLost(loss)
-	}
-	for {
-		select {
-		case r.lost <- loss:
-			return
-		default:
-			select { // full: drop the oldest
-			case <-r.lost:
-			default:
-			}
-		}
 	}
 }
 

@@ -21,7 +21,7 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// Fleet churn (issue 19): the whole fleet registers, restarts under new
+// Fleet churn: the whole fleet registers, restarts under new
 // sessions and deregisters, once without leasehold and once with it watching
 // (same agents, same sizes), while canaries — short leases heartbeated every
 // --heartbeat — keep running: a canary that lapses without being stopped is a

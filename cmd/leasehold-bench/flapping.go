@@ -19,7 +19,7 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// A busy datacenter (issue 15, item 5): --flapping other services, not
+// A busy datacenter: --flapping other services, not
 // leasehold's (their own name, no leasehold tag, no meta), registered on the
 // executors' agents with TTL checks the harness flips between passing and
 // warning or critical at --flap-rate changes a second. leasehold's fast path

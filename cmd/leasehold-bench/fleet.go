@@ -49,7 +49,7 @@ func newFleet(agents []*api.Client, n int, tasks []string, bulkLease time.Durati
 }
 
 // taskNames is the n task types a run spreads its executors and streams
-// over: "work" alone (as before --tasks), else work-0 … work-<n-1>.
+// over: "work" alone (--tasks 1), else work-0 … work-<n-1>.
 func taskNames(n int) []string {
 	if n <= 1 {
 		return []string{"work"}

@@ -475,8 +475,8 @@ func (res results) markdown() string {
 	return b.String()
 }
 
-// invocation is the command line of the run: `make bench`'s unless the
-// flags of issue 15's items 4 and 5 were used.
+// invocation is the command line of the run: `make bench`'s unless
+// --tasks, --bulk-lease or --flapping were used.
 func (res results) invocation() string {
 	cmd := fmt.Sprintf("leasehold-bench --executors %d --agents %d --dispatchers %d --grpc-clients %d --lapses %d --fanouts %d --lease %s --heartbeat %s",
 		res.executors, *agents, res.dispatchers, res.grpcN, len(res.lapse), len(res.fanout), res.lease, res.heartbeat)

@@ -180,7 +180,7 @@ func (b *bench) startClientAgents(bin string) error {
 
 // registerFleet registers the executors (and the flapping services) before
 // leasehold starts: every registration under a watching leasehold re-reads
-// its whole task type (issue 19), which at 10,000 executors would make the
+// its whole task type, which at 10,000 executors would make the
 // registering, not the phases, what is measured.
 func (b *bench) registerFleet() error {
 	b.fleet = newFleet(b.clients, *executors, taskNames(*tasks), *bulkLease, b.shortLease)

@@ -12,10 +12,12 @@ import (
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
+	"go.opentelemetry.io/otel/metric"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/stats"
 
+	"github.com/hashicorp/consul/api"
 	"github.com/leasehold/leasehold/adapters/consul"
 	lhotel "github.com/leasehold/leasehold/adapters/otel"
 	"github.com/leasehold/leasehold/fleet"
@@ -59,70 +61,15 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		defer cancel()
 		tel.Shutdown(sctx)
 	}()
-	client, err := consul.NewClient(cfg.consulAddr, consul.Connections(cfg.consulMaxConns, len(cfg.datacenters)))
+	p, err := newPipeline(cfg, log, tel)
 	if err != nil {
 		return err
 	}
-	// The watches that always answer must do so well inside the staleness
-	// bound, or an idle fleet would read as a stale view.
-	fastWait := min(10*time.Second, cfg.staleAfter/3)
-	watcher, err := consul.NewWatchers(client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter}, cfg.datacenters)
-	if err != nil {
-		return fmt.Errorf("--datacenters: %w", err)
-	}
-	audit, closeAudit, err := openAudit(cfg.auditLog, tel.Tracer)
+	defer p.closeAudit()
+	sec, err := loadSecurity(cfg, log, tel.Meter)
 	if err != nil {
 		return err
 	}
-	defer closeAudit()
-	var rulesRaw []byte
-	if cfg.rulesFile != "" {
-		if rulesRaw, err = rulesJSON(cfg.rulesFile); err != nil {
-			return fmt.Errorf("--rules: %w", err)
-		}
-	}
-	// Several datacenters: one whose watches have not answered for two of
-	// their waits is answered UNKNOWN; after the staleness bound (a lease by
-	// default) while another answers, its executors leave the assignments.
-	// A lapse is final across restarts and replicas: each one seen is
-	// recorded in Consul KV (leasehold/lapsed/), which every replica reads.
-	lapses := consul.NewLapseRecorder(client, log, fleet.DefaultHistoryRetention, cfg.datacenters, tel.Meter)
-	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
-		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: lapses.Record,
-		AwaitControl: true,  // consul.WatchControl below: nothing is served before the cordons are read
-		AwaitLapses:  true}) // nor before the lapse marks are (a session lapsed before a restart is never routed)
-
-	var creds []grpc.ServerOption
-	if cfg.tls.Enabled() {
-		st, err := server.NewServerTLS(cfg.tls, log)
-		if err != nil {
-			return err
-		}
-		creds = append(creds, grpc.Creds(st.Credentials()))
-	}
-	var adminTLS *server.ServerTLS
-	if cfg.adminTLS.Cert != "" {
-		if adminTLS, err = server.NewServerTLS(cfg.adminTLS, log); err != nil {
-			return fmt.Errorf("admin port: %w", err)
-		}
-	}
-	var policy *server.PolicyStore
-	if cfg.authzPolicy != "" {
-		if policy, err = server.LoadPolicy(cfg.authzPolicy, log); err != nil {
-			return err
-		}
-	}
-	var adminToken *server.AdminToken
-	if cfg.adminTokenFile != "" {
-		if adminToken, err = server.NewAdminToken(cfg.adminTokenFile); err != nil {
-			return err
-		}
-	}
-	fencingAuthz := server.NewFencingAuthorizer(policy, tel.Meter)
-	if fencingAuthz != nil {
-		creds = append(creds, grpc.ChainUnaryInterceptor(fencingAuthz.UnaryInterceptor()), grpc.ChainStreamInterceptor(fencingAuthz.StreamInterceptor()))
-	}
-
 	xdsLis, err := net.Listen("tcp", cfg.xdsAddr)
 	if err != nil {
 		return fmt.Errorf("--xds-addr: %w", err)
@@ -137,19 +84,140 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	defer cancel()
 	obs := make(chan health.Observation, 256)
 	done := make(chan struct{}, 2)
-	go func() { watcher.Run(runCtx, obs); done <- struct{}{} }()
-	go func() { syncer.Run(runCtx, obs); done <- struct{}{} }()
-	go consul.WatchControl(runCtx, client, obs, log.With("component", "control-watch"))
-	go lapses.Run(runCtx)
+	go func() { p.watcher.Run(runCtx, obs); done <- struct{}{} }()
+	go func() { p.syncer.Run(runCtx, obs); done <- struct{}{} }()
+	go consul.WatchControl(runCtx, p.client, obs, log.With("component", "control-watch"))
+	go p.lapses.Run(runCtx)
 	if cfg.rulesFile != "" {
-		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile, Raw: rulesRaw}}
+		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile, Raw: p.rulesRaw}}
 		go followRules(runCtx, cfg.rulesFile, obs, log)
 	}
-	if policy != nil {
-		go policy.Follow(runCtx, time.Second)
+	if sec.policy != nil {
+		go sec.policy.Follow(runCtx, time.Second)
 	}
 
-	g := grpc.NewServer(append(creds,
+	g := newGRPCServer(sec.creds, tel)
+	xds := server.NewXDS(runCtx, p.syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: sec.policy})
+	xds.Register(g)
+	fencing := server.NewFencing(p.syncer, p.watcher.FreshAsOf, server.FencingOptions{StaleAfter: cfg.staleAfter, Refresh: p.watcher.Refresh, Meter: tel.Meter})
+	leaseholdv1.RegisterFencingServer(g, fencing)
+	go g.Serve(xdsLis)
+
+	adminHandler := server.AdminHandler(server.AdminConfig{
+		Ready: p.syncer, LastContact: p.watcher.LastContact, Syncer: p.syncer, XDS: xds, Fencing: fencing, Metrics: tel.MetricsHandler(),
+	})
+	if sec.adminToken != nil || cfg.adminTLS.ClientCA != "" {
+		adminHandler = server.GuardAdmin(adminHandler, sec.adminToken, cfg.adminTLS.ClientCA != "")
+	}
+	if sec.adminTLS != nil {
+		adminLis = tls.NewListener(adminLis, sec.adminTLS.Config())
+	}
+	admin := &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
+	go admin.Serve(adminLis)
+
+	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag, "traces_exported", tel.TracesExported,
+		"tls", cfg.tls.Cert != "", "mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "", "admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "", "admin_tls", cfg.adminTLS.Cert != "")
+	if bound != nil {
+		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
+	}
+	<-ctx.Done()
+	log.Info("shutting down")
+	stopServers(g, admin)
+	cancel()
+	<-done
+	<-done
+	return nil
+}
+
+// pipeline is what serve runs between Consul and the xDS cache: the
+// watches of every datacenter, the lapse recorder and the syncer.
+type pipeline struct {
+	client     *api.Client
+	watcher    *consul.Watchers
+	lapses     *consul.LapseRecorder
+	syncer     *fleet.Syncer
+	rulesRaw   []byte // the --rules file, read at start
+	closeAudit func()
+}
+
+func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pipeline, error) {
+	p := &pipeline{}
+	var err error
+	if p.client, err = consul.NewClient(cfg.consulAddr, consul.Connections(cfg.consulMaxConns, len(cfg.datacenters))); err != nil {
+		return nil, err
+	}
+	// The watches that always answer must do so well inside the staleness
+	// bound, or an idle fleet would read as a stale view.
+	fastWait := min(10*time.Second, cfg.staleAfter/3)
+	if p.watcher, err = consul.NewWatchers(p.client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter}, cfg.datacenters); err != nil {
+		return nil, fmt.Errorf("--datacenters: %w", err)
+	}
+	if cfg.rulesFile != "" {
+		if p.rulesRaw, err = rulesJSON(cfg.rulesFile); err != nil {
+			return nil, fmt.Errorf("--rules: %w", err)
+		}
+	}
+	audit, closeAudit, err := openAudit(cfg.auditLog, tel.Tracer)
+	if err != nil {
+		return nil, err
+	}
+	p.closeAudit = closeAudit
+	// Several datacenters: one whose watches have not answered for two of
+	// their waits is answered UNKNOWN; after the staleness bound (a lease by
+	// default) while another answers, its executors leave the assignments.
+	// A lapse is final across restarts and replicas: each one seen is
+	// recorded in Consul KV (leasehold/lapsed/), which every replica reads.
+	p.lapses = consul.NewLapseRecorder(p.client, log, fleet.DefaultHistoryRetention, cfg.datacenters, tel.Meter)
+	p.syncer = fleet.NewSyncer(fleet.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
+		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: p.lapses.Record,
+		AwaitControl: true,  // serve runs consul.WatchControl: nothing is served before the cordons are read
+		AwaitLapses:  true}) // nor before the lapse marks are (a session lapsed before a restart is never routed)
+
+	return p, nil
+}
+
+// security is what serve's TLS, authorization and admin flags load.
+type security struct {
+	creds      []grpc.ServerOption // the gRPC port's credentials and the fencing API's authorization
+	adminTLS   *server.ServerTLS
+	policy     *server.PolicyStore
+	adminToken *server.AdminToken
+}
+
+func loadSecurity(cfg *serveConfig, log *slog.Logger, meter metric.MeterProvider) (security, error) {
+	var sec security
+	if cfg.tls.Enabled() {
+		st, err := server.NewServerTLS(cfg.tls, log)
+		if err != nil {
+			return sec, err
+		}
+		sec.creds = append(sec.creds, grpc.Creds(st.Credentials()))
+	}
+	var err error
+	if cfg.adminTLS.Cert != "" {
+		if sec.adminTLS, err = server.NewServerTLS(cfg.adminTLS, log); err != nil {
+			return sec, fmt.Errorf("admin port: %w", err)
+		}
+	}
+	if cfg.authzPolicy != "" {
+		if sec.policy, err = server.LoadPolicy(cfg.authzPolicy, log); err != nil {
+			return sec, err
+		}
+	}
+	if cfg.adminTokenFile != "" {
+		if sec.adminToken, err = server.NewAdminToken(cfg.adminTokenFile); err != nil {
+			return sec, err
+		}
+	}
+	if authz := server.NewFencingAuthorizer(sec.policy, meter); authz != nil {
+		sec.creds = append(sec.creds, grpc.ChainUnaryInterceptor(authz.UnaryInterceptor()), grpc.ChainStreamInterceptor(authz.StreamInterceptor()))
+	}
+	return sec, nil
+}
+
+// newGRPCServer is the server of the xDS and fencing APIs.
+func newGRPCServer(creds []grpc.ServerOption, tel *lhotel.Telemetry) *grpc.Server {
+	return grpc.NewServer(append(creds,
 		server.ServerOption(), // responses reference the cache's bytes (no copy per stream)
 		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
 		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
@@ -160,45 +228,21 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 			otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return strings.HasPrefix(info.FullMethodName, "/leasehold.v1.") }),
 		)),
 	)...)
-	xds := server.NewXDS(runCtx, syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: policy})
-	xds.Register(g)
-	fencing := server.NewFencing(syncer, watcher.FreshAsOf, server.FencingOptions{StaleAfter: cfg.staleAfter, Refresh: watcher.Refresh, Meter: tel.Meter})
-	leaseholdv1.RegisterFencingServer(g, fencing)
-	go g.Serve(xdsLis)
+}
 
-	adminHandler := server.AdminHandler(server.AdminConfig{
-		Ready: syncer, LastContact: watcher.LastContact, Syncer: syncer, XDS: xds, Fencing: fencing, Metrics: tel.MetricsHandler(),
-	})
-	if adminToken != nil || cfg.adminTLS.ClientCA != "" {
-		adminHandler = server.GuardAdmin(adminHandler, adminToken, cfg.adminTLS.ClientCA != "")
-	}
-	if adminTLS != nil {
-		adminLis = tls.NewListener(adminLis, adminTLS.Config())
-	}
-	admin := &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
-	go admin.Serve(adminLis)
-
-	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag, "traces_exported", tel.TracesExported,
-		"tls", cfg.tls.Cert != "", "mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "", "admin_guarded", adminToken != nil || cfg.adminTLS.ClientCA != "", "admin_tls", cfg.adminTLS.Cert != "")
-	if bound != nil {
-		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
-	}
-	<-ctx.Done()
-	log.Info("shutting down")
+// stopServers stops the gRPC server (xDS streams never end on their own:
+// cut after 5 s) and the admin server.
+func stopServers(g *grpc.Server, admin *http.Server) {
 	stopped := make(chan struct{})
 	go func() { g.GracefulStop(); close(stopped) }()
 	select {
 	case <-stopped:
 	case <-time.After(5 * time.Second):
-		g.Stop() // xDS streams never end on their own
+		g.Stop()
 	}
-	sctx, scancel := context.WithTimeout(context.Background(), 5*time.Second)
-	defer scancel()
-	admin.Shutdown(sctx)
-	cancel()
-	<-done
-	<-done
-	return nil
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	admin.Shutdown(ctx)
 }
 
 // parseByteRate reads a rate in bytes per second: a count with an optional

@@ -159,53 +159,84 @@ func (d *demo) run(ctx context.Context) error {
 	if err := d.prepare(); err != nil {
 		return err
 	}
-
-	d.step("setting up: a Consul dev agent, leasehold serve, three executors, one dispatcher")
-	bin, err := consultest.Binary()
+	execs, constraint, err := d.setUp(ctx)
 	if err != nil {
 		return err
 	}
+	if err := d.spreadScene(ctx, constraint); err != nil {
+		return err
+	}
+	// Load reported over ORCA weighs new work: a busier executor gets
+	// less, without anything passing through Consul.
+	if err := d.busyScene(ctx, execs["exec-1"]); err != nil {
+		return err
+	}
+	fz, err := d.freezeScene(ctx, execs["exec-2"])
+	if err != nil {
+		return err
+	}
+	if err := d.resumeScene(ctx, execs["exec-2"], fz); err != nil {
+		return err
+	}
+	if err := d.drainScene(ctx, execs["exec-1"]); err != nil {
+		return err
+	}
+	return d.summary(ctx)
+}
+
+// setUp starts a Consul dev agent, leasehold serve, three executors and the
+// dispatcher (constrained to constraint).
+func (d *demo) setUp(ctx context.Context) (execs map[string]*proc, constraint string, err error) {
+	d.step("setting up: a Consul dev agent, leasehold serve, three executors, one dispatcher")
+	bin, err := consultest.Binary()
+	if err != nil {
+		return nil, "", err
+	}
 	d.agent, err = consultest.Launch(bin, consultest.Options{NodeName: "demo"})
 	if err != nil {
-		return fmt.Errorf("consul agent: %w", err)
+		return nil, "", fmt.Errorf("consul agent: %w", err)
 	}
 	d.agent.SettleSync()
 	d.say("Consul 1.13.9 dev agent on %s", d.agent.HTTPAddr())
 
 	d.xdsAddr, d.admin = freeAddr(), freeAddr()
 	if _, _, err := d.spawn("leasehold", false, *leaseholdBin, "serve", "--consul-addr", d.agent.HTTPAddr(), "--xds-addr", d.xdsAddr, "--admin-addr", d.admin); err != nil {
-		return err
+		return nil, "", err
 	}
 	if err := d.await(ctx, 20*time.Second, "leasehold serve ready", func() bool { return httpOK("http://" + d.admin + "/readyz") }); err != nil {
-		return err
+		return nil, "", err
 	}
 	d.say("leasehold serve: xDS on %s, admin on http://%s", d.xdsAddr, d.admin)
 
-	execs := map[string]*proc{}
+	execs = map[string]*proc{}
 	for _, e := range []struct{ id, version string }{{"exec-1", "1.4.0"}, {"exec-2", "1.5.0"}, {"exec-3", "2.0.0"}} {
 		p, _, err := d.spawn(e.id, false, *executorBin, "--instance", e.id, "--task", task, "--version", e.version,
 			"--capacity", "8", "--lease", lease.String(), "--heartbeat", heartbeat.String(), "--consul", d.agent.HTTPAddr(), "--drain-timeout", "30s")
 		if err != nil {
-			return err
+			return nil, "", err
 		}
 		execs[e.id] = p
 		d.say("executor %s (version %s) started", e.id, e.version)
 	}
 
 	boot := filepath.Join(d.logs, "bootstrap.json")
-	constraint := ">=1.0.0, <2.0.0"
+	constraint = ">=1.0.0, <2.0.0"
 	if out, err := exec.Command(*leaseholdBin, "bootstrap", "--xds-addr", d.xdsAddr, "--node-id", dispatcher, "--version-constraint", constraint, "--out", boot).CombinedOutput(); err != nil {
-		return fmt.Errorf("leasehold bootstrap: %v: %s", err, out)
+		return nil, "", fmt.Errorf("leasehold bootstrap: %v: %s", err, out)
 	}
 	_, out, err := d.spawn("dispatcher", true, *dispatcherBin, "--bootstrap", boot, "--task", task, "--json",
 		"--rate", fmt.Sprint(*rate), "--work", "800ms", "--timeout", "20s")
 	if err != nil {
-		return err
+		return nil, "", err
 	}
 	go d.outcomes.read(out, d)
 	d.say("dispatcher %s started: xds:///%s, version constraint %q (bootstrap: %s)", dispatcher, task, constraint, boot)
 
-	// 1. Traffic spreads over the two 1.x executors; 2.x never gets any.
+	return execs, constraint, nil
+}
+
+// spreadScene: traffic spreads over the two 1.x executors; 2.x never gets any.
+func (d *demo) spreadScene(ctx context.Context, constraint string) error {
 	d.step("1. traffic spreads over the two 1.x executors; exec-3 (2.0.0) gets none")
 	if err := d.await(ctx, 30*time.Second, "confirmed results from exec-1 and exec-2", func() bool {
 		c := d.outcomes.confirmedBy(time.Time{})
@@ -219,45 +250,55 @@ func (d *demo) run(ctx context.Context) error {
 	d.say("confirmed so far: %s", d.outcomes.summary(time.Time{}))
 	d.explain("--dispatcher", dispatcher)
 
-	// 1b. Load reported over ORCA weighs new work: a busier executor gets
-	// less, without anything passing through Consul.
-	if err := d.busyScene(ctx, execs["exec-1"]); err != nil {
-		return err
-	}
+	return nil
+}
 
-	// 2. A frozen executor's lease lapses: routing to it stops within the
-	// lease, and the dispatcher goes on with the other one.
+// frozen is what the freeze scene leaves for the next: the frozen
+// executor's old session, when it froze, and when its lapse reached the
+// dispatcher.
+type frozen struct {
+	session     string
+	at, settled time.Time
+}
+
+// freezeScene: a frozen executor's lease lapses; routing to it stops within
+// the lease, and the dispatcher goes on with the other one.
+func (d *demo) freezeScene(ctx context.Context, p *proc) (frozen, error) {
 	d.step("2. exec-2 is frozen (SIGSTOP, like a long GC pause) for two leases")
 	old2 := d.outcomes.lastSession("exec-2")
-	frozen := time.Now()
-	execs["exec-2"].signal(syscall.SIGSTOP)
+	frozenAt := time.Now()
+	p.signal(syscall.SIGSTOP)
 	d.say("exec-2 frozen (session %s); its lease lapses at most %s after its last heartbeat", short(old2), *lease)
 	if err := d.await(ctx, *lease+5*time.Second, "leasehold reporting exec-2's session LAPSED", func() bool {
 		return d.sessionState("exec-2", old2) == "LAPSED"
 	}); err != nil {
-		return err
+		return frozen{}, err
 	}
-	d.say("leasehold: session %s of exec-2 is LAPSED (%.1fs after the freeze); its endpoint is gone from every snapshot", short(old2), time.Since(frozen).Seconds())
+	d.say("leasehold: session %s of exec-2 is LAPSED (%.1fs after the freeze); its endpoint is gone from every snapshot", short(old2), time.Since(frozenAt).Seconds())
 	settled := time.Now().Add(500 * time.Millisecond) // dispatchers ACK the push
 	if err := d.await(ctx, 10*time.Second, "tasks started after the lapse confirmed on exec-1", func() bool {
 		return d.outcomes.confirmedBy(settled)["exec-1"] >= 5
 	}); err != nil {
-		return err
+		return frozen{}, err
 	}
 	d.say("the dispatcher keeps working: %s since the lapse", d.outcomes.summary(settled))
 	d.explain("--instance", "exec-2")
-	if wait := 2**lease - time.Since(frozen); wait > 0 {
+	if wait := 2**lease - time.Since(frozenAt); wait > 0 {
 		select {
 		case <-time.After(wait):
 		case <-ctx.Done():
-			return ctx.Err()
+			return frozen{}, ctx.Err()
 		}
 	}
+	return frozen{session: old2, at: frozenAt, settled: settled}, nil
+}
 
-	// 3. Resumed, the old session is refused; it returns under a new one.
+// resumeScene: resumed, the old session is refused; it returns under a new one.
+func (d *demo) resumeScene(ctx context.Context, p *proc, fz frozen) error {
+	old2, frozenAt, settled := fz.session, fz.at, fz.settled
 	d.step("3. exec-2 resumes (SIGCONT): its old session is refused, it comes back under a new one")
 	resumed := time.Now()
-	execs["exec-2"].signal(syscall.SIGCONT)
+	p.signal(syscall.SIGCONT)
 	var new2 string
 	if err := d.await(ctx, 20*time.Second, "exec-2 serving again under a new session", func() bool {
 		new2 = d.outcomes.lastSessionSince("exec-2", resumed)
@@ -267,12 +308,12 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	d.say("exec-2 confirmed again under session %s (old session %s: %s)", short(new2), short(old2), d.sessionState("exec-2", old2))
 	byResult := map[string]int{}
-	for _, o := range d.outcomes.ofSession(old2, frozen) {
+	for _, o := range d.outcomes.ofSession(old2, frozenAt) {
 		byResult[o.Result]++
 	}
 	d.say("tasks the frozen process had accepted: %d refused by the fencing check, %d aborted by the executor itself (its lease was lost), %d confirmed",
 		byResult["refused"], byResult["failed"], byResult["confirmed"])
-	if n := d.outcomes.confirmedOfSessionAfter(old2, frozen.Add(*lease)); n > 0 {
+	if n := d.outcomes.confirmedOfSessionAfter(old2, frozenAt.Add(*lease)); n > 0 {
 		return fmt.Errorf("%d results of exec-2's lapsed session were confirmed", n)
 	}
 	if late := d.outcomes.startedOnAfter("exec-2", old2, settled); late > 0 {
@@ -280,19 +321,24 @@ func (d *demo) run(ctx context.Context) error {
 	}
 	d.explain("--instance", "exec-2")
 
-	// 4. Drain: no new tasks, in-flight ones finish, then it leaves.
+	return nil
+}
+
+// drainScene: a draining executor takes no new tasks, finishes those in
+// flight, then leaves.
+func (d *demo) drainScene(ctx context.Context, p *proc) error {
 	d.step("4. exec-1 drains (SIGTERM): no new tasks, in-flight tasks finish, then it deregisters")
 	drain := time.Now()
 	session1 := d.outcomes.lastSession("exec-1")
-	execs["exec-1"].signal(syscall.SIGTERM)
+	p.signal(syscall.SIGTERM)
 	select {
-	case <-execs["exec-1"].done:
+	case <-p.done:
 	case <-time.After(40 * time.Second):
 		return errors.New("exec-1 did not finish draining within 40s")
 	case <-ctx.Done():
 		return ctx.Err()
 	}
-	if err := execs["exec-1"].err; err != nil {
+	if err := p.err; err != nil {
 		return fmt.Errorf("exec-1 drain: %v (see %s)", err, filepath.Join(d.logs, "exec-1.log"))
 	}
 	d.say("exec-1 deregistered and exited %.1fs after SIGTERM", time.Since(drain).Seconds())
@@ -323,6 +369,11 @@ func (d *demo) run(ctx context.Context) error {
 	d.say("after the drain: %s", d.outcomes.summary(after))
 	d.explain()
 
+	return nil
+}
+
+// summary sums up; with --keep it leaves everything running until ctx ends.
+func (d *demo) summary(ctx context.Context) error {
 	d.step("summary")
 	d.say("all tasks: %s", d.outcomes.summary(time.Time{}))
 	d.say("exec-3 (2.0.0) served %d tasks: the dispatcher's version constraint excluded it throughout", d.outcomes.confirmedBy(time.Time{})["exec-3"])
@@ -330,13 +381,10 @@ func (d *demo) run(ctx context.Context) error {
 		fmt.Printf("\nstill running (Ctrl-C to stop):\n  explain:      %s explain --admin-addr %s\n  executors:    http://%s/debug/executors\n  dispatchers:  http://%s/debug/dispatchers\n  metrics:      http://%s/metrics\n  Consul UI:    http://%s/ui\n  logs:         %s\n",
 			*leaseholdBin, d.admin, d.admin, d.admin, d.admin, d.agent.HTTPAddr(), d.logs)
 		<-ctx.Done()
-		return nil
 	}
 	return nil
 }
 
-// await polls cond until it holds, saying what it waits for when it takes
-// more than a second.
 // busyScene makes exec-1 report half its capacity busy with other work
 // (SIGUSR1) and waits for its share of new tasks to drop under weighted
 // round robin, then frees it again.
@@ -374,6 +422,8 @@ func (d *demo) busyScene(ctx context.Context, p *proc) error {
 	return nil
 }
 
+// await polls cond until it holds, saying what it waits for when it takes
+// more than a second.
 func (d *demo) await(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
 	deadline := time.Now().Add(timeout)
 	told := false

@@ -41,31 +41,43 @@ func main() {
 	}
 }
 
-func run() error {
+// options are the command line's.
+type options struct {
+	cfg          consul.Config
+	listen       string
+	consulAddr   string
+	drainTimeout time.Duration
+}
+
+func parseFlags() options {
 	var (
-		cfg          consul.Config
-		tasks        flagx.List
-		labels       = flagx.Labels{}
-		listen       string
-		consulAddr   string
-		drainTimeout time.Duration
+		o      options
+		cfg    = &o.cfg
+		tasks  flagx.List
+		labels = flagx.Labels{}
 	)
 	flag.StringVar(&cfg.InstanceID, "instance", "", "stable instance id (required)")
 	flag.Var(&tasks, "task", "task type(s), comma-separated or repeated (required)")
-	flag.StringVar(&listen, "listen", "127.0.0.1:0", "gRPC listen address; the registered address is the one bound")
+	flag.StringVar(&o.listen, "listen", "127.0.0.1:0", "gRPC listen address; the registered address is the one bound")
 	flag.StringVar(&cfg.Version, "version", "1.0.0", "semantic version")
 	flag.IntVar(&cfg.Capacity, "capacity", 2, "concurrent tasks")
 	flag.Var(labels, "label", "label key=value (repeatable)")
 	flag.DurationVar(&cfg.Lease.TTL, "lease", health.DefaultLeaseTTL, "lease")
 	flag.DurationVar(&cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat, "heartbeat interval")
-	flag.DurationVar(&drainTimeout, "drain-timeout", time.Minute, "on SIGTERM, how long to wait for in-flight tasks")
-	flag.StringVar(&consulAddr, "consul", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500)")
+	flag.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "on SIGTERM, how long to wait for in-flight tasks")
+	flag.StringVar(&o.consulAddr, "consul", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500)")
 	flag.Parse()
 	cfg.Tasks, cfg.Labels = tasks, labels
+	return o
+}
+
+func run() error {
+	o := parseFlags()
+	cfg := o.cfg
 	log := slog.New(slog.NewTextHandler(os.Stderr, nil))
 	cfg.Logger = log
 
-	lis, err := net.Listen("tcp", listen)
+	lis, err := net.Listen("tcp", o.listen)
 	if err != nil {
 		return fmt.Errorf("--listen: %w", err)
 	}
@@ -80,8 +92,8 @@ func run() error {
 	}
 
 	acfg := api.DefaultConfig()
-	if consulAddr != "" {
-		acfg.Address = consulAddr
+	if o.consulAddr != "" {
+		acfg.Address = o.consulAddr
 	}
 	client, err := api.NewClient(acfg)
 	if err != nil {
@@ -94,21 +106,7 @@ func run() error {
 
 	// Load reports (ORCA) go straight to each dispatcher in every result's
 	// trailer: weighted round robin weighs this executor by them.
-	// SIGUSR1 toggles "busy with other work" (half the capacity), which only
-	// the load reports show: the demo's way to make one executor busier.
-	var other atomic.Int64
-	usr1 := make(chan os.Signal, 1)
-	signal.Notify(usr1, syscall.SIGUSR1)
-	go func() {
-		for range usr1 {
-			if other.Load() == 0 {
-				other.Store(int64(max(cfg.Capacity/2, 1)))
-			} else {
-				other.Store(0)
-			}
-			log.Info("SIGUSR1: busy with other work", "slots", other.Load())
-		}
-	}()
+	other := busyOnSIGUSR1(cfg.Capacity, log)
 	load, err := loadreport.New(cfg.Capacity, func() int { return int(inFlight.Load() + other.Load()) })
 	if err != nil {
 		return fmt.Errorf("--capacity: %w", err)
@@ -139,7 +137,7 @@ func run() error {
 	log.Info("SIGTERM: draining", "in_flight", inFlight.Load())
 	draining.Store(true)
 	hs.Shutdown() // health NOT_SERVING
-	dctx, cancel := context.WithTimeout(context.Background(), drainTimeout)
+	dctx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
 	defer cancel()
 	derr := reg.Drain(dctx)
 	cancelRun()
@@ -149,6 +147,26 @@ func run() error {
 	}
 	log.Info("drained and deregistered")
 	return nil
+}
+
+// busyOnSIGUSR1 counts the slots taken by other work: SIGUSR1 toggles
+// between none and half the capacity, which only the load reports show
+// (the demo's way to make one executor busier).
+func busyOnSIGUSR1(capacity int, log *slog.Logger) *atomic.Int64 {
+	var other atomic.Int64
+	usr1 := make(chan os.Signal, 1)
+	signal.Notify(usr1, syscall.SIGUSR1)
+	go func() {
+		for range usr1 {
+			if other.Load() == 0 {
+				other.Store(int64(max(capacity/2, 1)))
+			} else {
+				other.Store(0)
+			}
+			log.Info("SIGUSR1: busy with other work", "slots", other.Load())
+		}
+	}()
+	return &other
 }
 
 // work is the Work service: each task runs under the session current when it
