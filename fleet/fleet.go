@@ -332,7 +332,7 @@ func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, insta
 			if _, marked := s.marked[sk]; !s.lapsed[sk] && (marked || s.lapsedBefore(e)) {
 				s.lapsed[sk] = true // it reappeared, or another replica (or this one before a restart) saw it lapse: once lapsed, always lapsed
 			}
-			if (e.Lease == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
+			if (e.LeaseStatus == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
 				s.lapsed[sk] = true
 				r.lapses = append(r.lapses, e)
 				s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
@@ -361,7 +361,7 @@ func (s *Syncer) fenceInstances(instances map[string]struct{}) {
 				ts.mark(i)
 				e := &ts.execs[i]
 				if e.Err == nil {
-					e.LapseObserved = s.lapsed[[2]string{e.InstanceID, e.SessionID}]
+					e.LapseSeen = s.lapsed[[2]string{e.InstanceID, e.SessionID}]
 				}
 				group = append(group, e)
 			}

@@ -61,7 +61,7 @@ func (s *Syncer) remember(e *health.Executor) {
 	for i < len(h) && h[i].SessionID != e.SessionID {
 		i++
 	}
-	lapsed := e.LapseObserved || e.Lease == health.StatusCritical || e.NodeFailed
+	lapsed := e.LapseSeen || e.LeaseStatus == health.StatusCritical || e.NodeFailed
 	if i < len(h) && (h[i].Lapsed || !lapsed) && slices.Contains(h[i].Tasks, e.Task) {
 		return // nothing new about this session: the common case
 	}

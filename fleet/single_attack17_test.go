@@ -75,10 +75,10 @@ func a17SingleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
 					State: st, Labels: map[string]string{"rack": fmt.Sprintf("r%d", i%3)},
 				},
 				ServiceID: fmt.Sprintf("work:exec-%04d", i), Node: fmt.Sprintf("n%d", i%50), CreateIndex: uint64(100 + i),
-				Lease: health.StatusPassing, LeaseFound: i%17 != 0, NodeChecks: health.StatusPassing, Load: i % 8,
+				LeaseStatus: health.StatusPassing, LeaseFound: i%17 != 0, NodeChecks: health.StatusPassing, Load: i % 8,
 			}
 			if i%11 == 0 {
-				es[i].Lease = health.StatusCritical
+				es[i].LeaseStatus = health.StatusCritical
 			}
 			if i%13 == 0 {
 				es[i].Load = 8
@@ -120,7 +120,7 @@ func a17SingleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
 	defer func() { cancel(); <-done }()
 	var members []health.Member
 	for i, e := range fleet()[:40] {
-		e.Lease, e.LeaseFound, e.NodeChecks = "", false, ""
+		e.LeaseStatus, e.LeaseFound, e.NodeChecks = "", false, ""
 		members = append(members, health.Member{Executor: e, Checks: []health.CheckState{
 			{Node: e.Node, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: 1},
 			{Node: e.Node, CheckID: health.CheckID(e.InstanceID, e.SessionID, "work"), ServiceID: e.ServiceID, Status: health.StatusPassing, Output: fmt.Sprintf("load=%d", i%8), CreateIndex: e.CreateIndex, ModifyIndex: e.CreateIndex},

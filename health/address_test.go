@@ -43,7 +43,7 @@ func TestAddressNotIPIsExcluded(t *testing.T) {
 		{"IPv6", exec(func(e *Executor) { e.Address = "2001:db8::7" }), RouteHealthy, ReasonNone},
 		{"host name", exec(func(e *Executor) { e.Address = "exec-1.internal" }), RouteNone, ReasonAddressNotIP},
 		{"host name, draining", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.State = StateDraining }), RouteNone, ReasonAddressNotIP},
-		{"host name beats lapsed", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.Lease = StatusCritical }), RouteNone, ReasonAddressNotIP},
+		{"host name beats lapsed", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.LeaseStatus = StatusCritical }), RouteNone, ReasonAddressNotIP},
 		{"bad metadata beats host name", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.Err = errors.New("capacity: bad") }), RouteNone, ReasonBadMetadata},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -121,7 +121,7 @@ func TestExcludeDuplicates(t *testing.T) {
 			[]Reason{ReasonDuplicateAddress, ReasonNone}},
 		{"draining ones are sent too", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.State = StateDraining })}, any,
 			[]Reason{ReasonDuplicateAddress, ReasonDraining}},
-		{"an excluded one claims nothing", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Lease = StatusCritical })}, any,
+		{"an excluded one claims nothing", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.LeaseStatus = StatusCritical })}, any,
 			[]Reason{ReasonNone, ReasonLapsed}},
 		{"per constraint set", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Version = "2.0.0" })}, v1,
 			[]Reason{ReasonNone, ReasonVersion}},

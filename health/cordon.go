@@ -187,6 +187,6 @@ func ApplyCordons(es []Executor, cordons []Cordon, r *Rollout) []CordonStatus {
 // datacenter is not lost (its executors take no work, so they cannot stand
 // in for the ones a cordon takes out).
 func isLive(e *Executor) bool {
-	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, Lease: e.Lease, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed, LapseObserved: e.LapseObserved, Fenced: e.Fenced, Reach: e.Reach, ReachDetail: e.ReachDetail}, Dispatcher{})
+	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, LeaseStatus: e.LeaseStatus, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed, LapseSeen: e.LapseSeen, Fenced: e.Fenced, Reach: e.Reach, ReachDetail: e.ReachDetail}, Dispatcher{})
 	return v.Reason != ReasonLapsed && v.Reason != ReasonBadMetadata && v.Reason != ReasonFenced && v.Reason != ReasonUnreachable
 }

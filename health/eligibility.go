@@ -21,9 +21,9 @@ type Executor struct {
 	Err         error // bad metadata: the registration cannot be trusted at all
 	CreateIndex uint64
 
-	Lease      CheckStatus // the session's lease check; "" when missing
-	LeaseFound bool
-	NodeChecks CheckStatus // worst node-level check (serfHealth, ...); "" = none
+	LeaseStatus CheckStatus // the status of the session's lease check; "" when missing
+	LeaseFound  bool
+	NodeChecks  CheckStatus // worst node-level check (serfHealth, ...); "" = none
 	// NodeFailed: the node's serfHealth check is critical, i.e. Consul lost
 	// contact with the executor's agent. Like a critical lease it ends the
 	// session for ever (the process may be alive on the far side of a
@@ -37,7 +37,7 @@ type Executor struct {
 	NewerSessionID  string
 	NewerGeneration uint64
 	// Set by the state owner: this session was once seen lapsed.
-	LapseObserved bool
+	LapseSeen bool
 	// Set by the state owner: whether Consul in the executor's datacenter
 	// answers (Reach) and, when not, since when and why (ReachDetail).
 	Reach       Reach
@@ -170,14 +170,14 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 		switch {
 		case !e.LeaseFound:
 			return lapsed("no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task))
-		case e.LapseObserved:
+		case e.LapseSeen:
 			return lapsed("session " + e.SessionID + " was seen lapsed; a resumed process must register a new session")
-		case e.Lease == StatusCritical:
+		case e.LeaseStatus == StatusCritical:
 			return lapsed("lease check critical")
 		case e.NodeFailed:
 			return lapsed("node " + e.Node + " failed (serfHealth critical): Consul lost contact with its agent")
-		case e.Lease != StatusPassing && e.Lease != StatusWarning:
-			return lapsed(fmt.Sprintf("lease check status %q", e.Lease))
+		case e.LeaseStatus != StatusPassing && e.LeaseStatus != StatusWarning:
+			return lapsed(fmt.Sprintf("lease check status %q", e.LeaseStatus))
 		}
 		return Verdict{}, false
 	},
@@ -229,7 +229,7 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 		return Verdict{}, false
 	},
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.Lease == StatusWarning {
+		if e.LeaseStatus == StatusWarning {
 			return Verdict{Route: RouteNone, Reason: ReasonFull, Detail: fmt.Sprintf("full (load %d of capacity %d)", e.Load, e.Capacity)}, true
 		}
 		return Verdict{}, false

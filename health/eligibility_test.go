@@ -12,7 +12,7 @@ func exec(mut func(*Executor)) Executor {
 	e := Executor{
 		Registration: validReg(),
 		ServiceID:    "transcode:exec-1", Node: "n1",
-		Lease: StatusPassing, LeaseFound: true, NodeChecks: StatusPassing,
+		LeaseStatus: StatusPassing, LeaseFound: true, NodeChecks: StatusPassing,
 	}
 	if mut != nil {
 		mut(&e)
@@ -48,12 +48,12 @@ func TestEligibleEveryRuleAndReason(t *testing.T) {
 		{"healthy in version range", exec(nil), v14, RouteHealthy, ReasonNone},
 		{"healthy with label selector", exec(nil), eu, RouteHealthy, ReasonNone},
 		{"bad metadata", exec(func(e *Executor) { e.Err = errors.New("capacity: not an integer") }), any, RouteNone, ReasonBadMetadata},
-		{"lease critical", exec(func(e *Executor) { e.Lease = StatusCritical }), any, RouteNone, ReasonLapsed},
-		{"lease check missing", exec(func(e *Executor) { e.LeaseFound = false; e.Lease = "" }), any, RouteNone, ReasonLapsed},
-		{"lease unknown status", exec(func(e *Executor) { e.Lease = "maintenance" }), any, RouteNone, ReasonLapsed},
+		{"lease critical", exec(func(e *Executor) { e.LeaseStatus = StatusCritical }), any, RouteNone, ReasonLapsed},
+		{"lease check missing", exec(func(e *Executor) { e.LeaseFound = false; e.LeaseStatus = "" }), any, RouteNone, ReasonLapsed},
+		{"lease unknown status", exec(func(e *Executor) { e.LeaseStatus = "maintenance" }), any, RouteNone, ReasonLapsed},
 		{"node failed (serfHealth critical)", exec(func(e *Executor) { e.NodeFailed = true; e.NodeChecks = StatusCritical }), any, RouteNone, ReasonLapsed},
 		{"another node check critical: unhealthy, not a lapse", exec(func(e *Executor) { e.NodeChecks = StatusCritical }), any, RouteNone, ReasonUnhealthy},
-		{"lapse observed, passing again", exec(func(e *Executor) { e.LapseObserved = true }), any, RouteNone, ReasonLapsed},
+		{"lapse observed, passing again", exec(func(e *Executor) { e.LapseSeen = true }), any, RouteNone, ReasonLapsed},
 		{"other service check failing", exec(func(e *Executor) { e.Other = StatusCritical }), any, RouteNone, ReasonUnhealthy},
 		{"node check warning", exec(func(e *Executor) { e.NodeChecks = StatusWarning }), any, RouteNone, ReasonUnhealthy},
 		{"fenced", exec(func(e *Executor) { e.Fenced = true; e.NewerSessionID = "s2"; e.NewerGeneration = 4 }), any, RouteNone, ReasonFenced},
@@ -63,11 +63,11 @@ func TestEligibleEveryRuleAndReason(t *testing.T) {
 		{"label mismatch", exec(nil), us, RouteNone, ReasonLabels},
 		{"label missing", exec(nil), gpu, RouteNone, ReasonLabels},
 		{"draining", exec(func(e *Executor) { e.State = StateDraining }), any, RouteDraining, ReasonDraining},
-		{"draining and full", exec(func(e *Executor) { e.State = StateDraining; e.Lease = StatusWarning }), any, RouteDraining, ReasonDraining},
+		{"draining and full", exec(func(e *Executor) { e.State = StateDraining; e.LeaseStatus = StatusWarning }), any, RouteDraining, ReasonDraining},
 		{"draining but version excluded", exec(func(e *Executor) { e.State = StateDraining }), v15, RouteNone, ReasonVersion},
-		{"full", exec(func(e *Executor) { e.Lease = StatusWarning; e.Load = 4 }), any, RouteNone, ReasonFull},
-		{"lapsed beats draining", exec(func(e *Executor) { e.State = StateDraining; e.Lease = StatusCritical }), any, RouteNone, ReasonLapsed},
-		{"fenced beats full", exec(func(e *Executor) { e.Fenced = true; e.Lease = StatusWarning }), any, RouteNone, ReasonFenced},
+		{"full", exec(func(e *Executor) { e.LeaseStatus = StatusWarning; e.Load = 4 }), any, RouteNone, ReasonFull},
+		{"lapsed beats draining", exec(func(e *Executor) { e.State = StateDraining; e.LeaseStatus = StatusCritical }), any, RouteNone, ReasonLapsed},
+		{"fenced beats full", exec(func(e *Executor) { e.Fenced = true; e.LeaseStatus = StatusWarning }), any, RouteNone, ReasonFenced},
 		{"unhealthy beats fenced", exec(func(e *Executor) { e.Fenced = true; e.Other = StatusWarning }), any, RouteNone, ReasonUnhealthy},
 	}
 	for _, tt := range tests {

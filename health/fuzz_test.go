@@ -68,7 +68,7 @@ func FuzzNewDispatcher(f *testing.F) {
 			t.Fatal("key not stable")
 		}
 		e := Executor{Registration: Registration{InstanceID: "a", SessionID: "s", Generation: 1, Task: "t", Address: "10.0.0.1", Port: 1, Version: version, Capacity: 1, State: StateActive, Labels: labels},
-			Lease: StatusPassing, LeaseFound: true}
+			LeaseStatus: StatusPassing, LeaseFound: true}
 		v := Eligible(e, d)
 		if v.Route == RouteHealthy && version != "" && d.constraint != nil && parsedVersion(version) == nil {
 			t.Fatalf("unparseable version %q routed under %q", version, constraint)

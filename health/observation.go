@@ -144,7 +144,7 @@ func (s *NonPassingSet) current(c CheckState) CheckState {
 // check's output.
 func Join(m Member, np *NonPassingSet) Executor {
 	e := m.Executor
-	e.Lease, e.LeaseFound, e.NodeChecks, e.Other, e.NodeFailed = "", false, "", "", false
+	e.LeaseStatus, e.LeaseFound, e.NodeChecks, e.Other, e.NodeFailed = "", false, "", "", false
 	if e.Err != nil {
 		return e
 	}
@@ -178,7 +178,7 @@ func Join(m Member, np *NonPassingSet) Executor {
 				e.NodeFailed = true
 			}
 		case c.CheckID == leaseID:
-			e.Lease, e.LeaseFound = c.Status, true
+			e.LeaseStatus, e.LeaseFound = c.Status, true
 			if n, ok := ParseLoad(c.Output); ok {
 				e.Load = n
 			} else if n, ok := ParseLoad(read.Output); ok { // e.g. "TTL expired": keep the last load

@@ -4,7 +4,7 @@ import "testing"
 
 func member(checks ...CheckState) Member {
 	e := exec(nil)
-	e.Lease, e.LeaseFound, e.NodeChecks = "", false, ""
+	e.LeaseStatus, e.LeaseFound, e.NodeChecks = "", false, ""
 	return Member{Executor: e, Checks: checks}
 }
 
@@ -51,8 +51,8 @@ func TestJoin(t *testing.T) {
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
 			e := Join(tt.m, tt.np)
-			if e.Lease != tt.lease || e.NodeChecks != tt.node || e.Other != tt.other || e.LeaseFound != tt.found || e.Load != tt.load {
-				t.Fatalf("joined lease=%q node=%q other=%q found=%v load=%d", e.Lease, e.NodeChecks, e.Other, e.LeaseFound, e.Load)
+			if e.LeaseStatus != tt.lease || e.NodeChecks != tt.node || e.Other != tt.other || e.LeaseFound != tt.found || e.Load != tt.load {
+				t.Fatalf("joined lease=%q node=%q other=%q found=%v load=%d", e.LeaseStatus, e.NodeChecks, e.Other, e.LeaseFound, e.Load)
 			}
 			if failed := tt.name == "node failed"; e.NodeFailed != failed {
 				t.Fatalf("NodeFailed = %v, want %v", e.NodeFailed, failed)
@@ -110,8 +110,8 @@ func TestJoinCountsSetChecksTheReadLacks(t *testing.T) {
 		{"another service's check", []CheckState{{Node: "n1", CheckID: "http", ServiceID: ServiceID("b", "work"), Status: StatusCritical, ModifyIndex: 50}}, StatusPassing, ""},
 	} {
 		e := Join(m, NewNonPassingSet(NonPassing{Index: 50, Checks: c.set}))
-		if e.NodeChecks != c.node || e.Other != c.oth || e.Lease != StatusPassing {
-			t.Errorf("%s: node checks %q other %q lease %q, want %q %q passing", c.name, e.NodeChecks, e.Other, e.Lease, c.node, c.oth)
+		if e.NodeChecks != c.node || e.Other != c.oth || e.LeaseStatus != StatusPassing {
+			t.Errorf("%s: node checks %q other %q lease %q, want %q %q passing", c.name, e.NodeChecks, e.Other, e.LeaseStatus, c.node, c.oth)
 		}
 	}
 }

@@ -75,7 +75,7 @@ func TestModeOfMostSpecificWins(t *testing.T) {
 func TestEligibleObserving(t *testing.T) {
 	d, _ := NewDispatcher("<2.0.0", nil)
 	e := live("e1", "2.1.0")
-	e.Lease = StatusWarning // full too
+	e.LeaseStatus = StatusWarning // full too
 	v := EligibleObserving(e, d, nil)
 	if v.Reason != ReasonVersion || v.Route != RouteNone {
 		t.Fatalf("enforced: %+v", v)
@@ -88,7 +88,7 @@ func TestEligibleObserving(t *testing.T) {
 	if v.Route != RouteHealthy || len(v.Observed) != 2 {
 		t.Fatalf("both observed: routed, both recorded: %+v", v)
 	}
-	e.Lease = StatusCritical
+	e.LeaseStatus = StatusCritical
 	if v := EligibleObserving(e, d, ObservableRules); v.Reason != ReasonLapsed {
 		t.Fatalf("a lapsed lease is always enforced: %+v", v)
 	}
@@ -96,14 +96,14 @@ func TestEligibleObserving(t *testing.T) {
 
 func live(id, version string) Executor {
 	return Executor{Registration: Registration{InstanceID: id, SessionID: "s-" + id, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000, Version: version, Capacity: 4, State: StateActive},
-		ServiceID: "work:" + id, Node: "n1", Lease: StatusPassing, LeaseFound: true, NodeChecks: StatusPassing}
+		ServiceID: "work:" + id, Node: "n1", LeaseStatus: StatusPassing, LeaseFound: true, NodeChecks: StatusPassing}
 }
 
 func TestApplyCordonsSafetyLimitAndApproval(t *testing.T) {
 	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
 	fleet := func() []Executor {
 		es := []Executor{live("e1", "1.0.0"), live("e2", "1.0.0"), live("e3", "2.0.0"), live("e4", "2.0.0"), live("e5", "1.0.0")}
-		es[4].Lease = StatusCritical // lapsed: neither counted nor limited
+		es[4].LeaseStatus = StatusCritical // lapsed: neither counted nor limited
 		return es
 	}
 	one := Cordon{ID: "c1", Instance: "e1", Reason: "disk", By: "alice", At: at}
@@ -163,7 +163,7 @@ func TestAlwaysEnforcedRulesAreNeverObserved(t *testing.T) {
 	d, _ := NewDispatcher("", nil)
 	cases := map[Reason]func(*Executor){
 		ReasonBadMetadata: func(e *Executor) { e.Err = errors.New("bad") },
-		ReasonLapsed:      func(e *Executor) { e.Lease = StatusCritical },
+		ReasonLapsed:      func(e *Executor) { e.LeaseStatus = StatusCritical },
 		ReasonFenced:      func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "s2", 2 },
 	}
 	unvalidated := &Rollout{Modes: []ScopedMode{
@@ -200,7 +200,7 @@ func TestEveryObservableRuleObserveVsEnforce(t *testing.T) {
 		ReasonLabels:    func(e *Executor) { e.Labels = map[string]string{"zone": "us"} },
 		ReasonCordoned:  func(e *Executor) { e.CordonID, e.CordonReason = "c1", "test" },
 		ReasonDraining:  func(e *Executor) { e.State = StateDraining },
-		ReasonFull:      func(e *Executor) { e.Lease = StatusWarning },
+		ReasonFull:      func(e *Executor) { e.LeaseStatus = StatusWarning },
 	}
 	if len(cases) != len(ObservableRules) {
 		t.Fatalf("cases for %d rules, %d observable", len(cases), len(ObservableRules))

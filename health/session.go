@@ -67,7 +67,7 @@ func ValidateSessionQuery(instanceID, sessionID string) error {
 }
 
 // IndexSessions builds the index from executors that went through Join and
-// Fence (with LapseObserved set). A session's state is the worst over its
+// Fence (with LapseSeen set). A session's state is the worst over its
 // registrations: STALE, then LAPSED, then DRAINING, else CURRENT.
 //
 // past lists sessions seen before that have no registration any more, so a
@@ -110,7 +110,7 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		case e.Fenced:
 			state, detail = SessionStale, fmt.Sprintf("session %s (generation %d) of this instance is newer", e.NewerSessionID, e.NewerGeneration)
 			st.NewerSessionID, st.NewerGeneration = e.NewerSessionID, e.NewerGeneration
-		case e.LapseObserved || e.Lease == StatusCritical || e.NodeFailed:
+		case e.LapseSeen || e.LeaseStatus == StatusCritical || e.NodeFailed:
 			state, detail = SessionLapsed, "lease lapsed (or its node failed) on task "+e.Task
 		case e.Reach != Reached:
 			// Not CURRENT: a lapse in a datacenter that does not answer

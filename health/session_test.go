@@ -19,15 +19,15 @@ func TestIndexSessions(t *testing.T) {
 		base("a", "s1", "t2", nil),
 		base("b", "old", "t1", func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "new", 7 }),
 		base("b", "new", "t1", nil),
-		base("c", "s1", "t1", func(e *Executor) { e.Lease = StatusCritical }),
-		base("d", "s1", "t1", func(e *Executor) { e.LapseObserved = true }),
+		base("c", "s1", "t1", func(e *Executor) { e.LeaseStatus = StatusCritical }),
+		base("d", "s1", "t1", func(e *Executor) { e.LapseSeen = true }),
 		base("e", "s1", "t1", func(e *Executor) { e.State = StateDraining }),
 		base("f", "s1", "t1", func(e *Executor) { e.NodeFailed, e.NodeChecks = true, StatusCritical }),
 		base("f2", "s1", "t1", func(e *Executor) { e.NodeChecks = StatusCritical }), // a node check of the operator's: not routed, still current
 		base("g", "s1", "t1", nil),
-		base("g", "s1", "t2", func(e *Executor) { e.Lease = StatusCritical }), // worst wins
+		base("g", "s1", "t2", func(e *Executor) { e.LeaseStatus = StatusCritical }), // worst wins
 		base("h", "s1", "t1", func(e *Executor) { e.Err = errTest }),
-		base("i", "s1", "t1", func(e *Executor) { e.Lease = StatusWarning }), // full is still current
+		base("i", "s1", "t1", func(e *Executor) { e.LeaseStatus = StatusWarning }), // full is still current
 		base("j", "s2", "t1", func(e *Executor) { e.Generation = 5 }),
 	}, []PastSession{
 		{InstanceID: "j", SessionID: "s1", Generation: 4}, // replaced on its agent
@@ -78,7 +78,7 @@ func TestSessionsNamedAsReplacedAreStale(t *testing.T) {
 		reg("b", "s2", 2, []string{"s1"}, nil),
 		reg("b", "s5", 5, nil, func(e *Executor) { e.Task = "other" }), // newer than the one naming s1
 		reg("c", "s2", 2, []string{"s1"}, func(e *Executor) { e.Err = errTest }),
-		reg("d", "s2", 2, []string{"s1"}, func(e *Executor) { e.Lease = StatusCritical }), // a lapsed namer is still newer
+		reg("d", "s2", 2, []string{"s1"}, func(e *Executor) { e.LeaseStatus = StatusCritical }), // a lapsed namer is still newer
 	}, []PastSession{
 		{InstanceID: "a", SessionID: "s1", Generation: 9, Lapsed: true}, // remembered above its namer: the generation orders it (the namer broke the contract)
 		{InstanceID: "a", SessionID: "s0", Generation: 9, Lapsed: true},

@@ -223,8 +223,8 @@ func explainExecutors(v *fleet.View, task string) ExplainExecutors {
 		x := ExplainExecutor{
 			InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Task: e.Task, Node: e.Node,
 			ServiceID: e.ServiceID, Address: e.Address, Port: e.Port, Version: e.Version, Capacity: e.Capacity,
-			Load: e.Load, State: string(e.State), Labels: e.Labels, LeaseCheck: string(e.Lease), NodeChecks: string(e.NodeChecks),
-			OtherChecks: string(e.Other), LapseObserved: e.LapseObserved, NewerSessionID: e.NewerSessionID, CreateIndex: e.CreateIndex,
+			Load: e.Load, State: string(e.State), Labels: e.Labels, LeaseCheck: string(e.LeaseStatus), NodeChecks: string(e.NodeChecks),
+			OtherChecks: string(e.Other), LapseObserved: e.LapseSeen, NewerSessionID: e.NewerSessionID, CreateIndex: e.CreateIndex,
 			Replaces: e.Replaces,
 		}
 		if !e.LeaseFound && e.Err == nil {

@@ -88,7 +88,7 @@ func mutate(r *rand.Rand, es *[]health.Executor) {
 	case 0:
 		e.Load = r.IntN(10)
 	case 1:
-		e.Lease = []health.CheckStatus{health.StatusPassing, health.StatusCritical, health.StatusWarning}[r.IntN(3)]
+		e.LeaseStatus = []health.CheckStatus{health.StatusPassing, health.StatusCritical, health.StatusWarning}[r.IntN(3)]
 	case 2:
 		e.State = []health.State{health.StateActive, health.StateDraining}[r.IntN(2)]
 	case 3:
@@ -197,7 +197,7 @@ func TestBuilderDuplicateSocket(t *testing.T) {
 		}
 	}
 	// The winner lapses: the other claimant is sent at that socket instead.
-	es[3].Lease = health.StatusCritical
+	es[3].LeaseStatus = health.StatusCritical
 	r2 := bl.BuildPrinted("work", es, nil, d)
 	if got := sent(r2.CLA); !slices.Equal(got, []string{"exec-000000/s", "exec-000001/s", "exec-000002/s"}) {
 		t.Fatalf("after the winner lapsed: %v", got)

@@ -40,8 +40,8 @@ func FuzzTranslate(f *testing.F) {
 					Capacity: rng.IntN(300), State: []health.State{health.StateActive, health.StateDraining}[rng.IntN(2)],
 				},
 				ServiceID: fmt.Sprintf("work:i%d-%d", i, rng.IntN(3)), Node: fmt.Sprintf("n%d", rng.IntN(3)),
-				Lease: statuses[rng.IntN(len(statuses))], LeaseFound: rng.IntN(5) > 0,
-				NodeChecks: statuses[rng.IntN(3)], Load: rng.IntN(400), LapseObserved: rng.IntN(10) == 0,
+				LeaseStatus: statuses[rng.IntN(len(statuses))], LeaseFound: rng.IntN(5) > 0,
+				NodeChecks: statuses[rng.IntN(3)], Load: rng.IntN(400), LapseSeen: rng.IntN(10) == 0,
 			}
 			if rng.IntN(10) == 0 {
 				e.Err = fmt.Errorf("bad metadata")

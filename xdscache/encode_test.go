@@ -34,9 +34,9 @@ func TestCLAEncoderMatchesProtoMarshal(t *testing.T) {
 			case 0:
 				e.Load = rng.IntN(10)
 			case 1:
-				e.Lease = health.StatusCritical
+				e.LeaseStatus = health.StatusCritical
 			case 2:
-				e.Lease = health.StatusPassing
+				e.LeaseStatus = health.StatusPassing
 			case 3:
 				e.State = health.StateDraining
 			case 4:

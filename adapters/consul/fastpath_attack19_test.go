@@ -275,9 +275,9 @@ func TestAttack19StaleCriticalAnswerUndoesALapse(t *testing.T) {
 			}
 			np := o.NonPassing
 			e := health.Join(attackMember(), health.NewNonPassingSet(*np))
-			if np.Index < lapse.NonPassing.Index || e.Lease != health.StatusCritical {
+			if np.Index < lapse.NonPassing.Index || e.LeaseStatus != health.StatusCritical {
 				t.Fatalf("after the lapse went out at index %d, a set at index %d says a's lease is %q (checks %+v): a stale critical answer replaced a fresher read",
-					lapse.NonPassing.Index, np.Index, e.Lease, np.Checks)
+					lapse.NonPassing.Index, np.Index, e.LeaseStatus, np.Checks)
 			}
 		case <-quiet:
 			return

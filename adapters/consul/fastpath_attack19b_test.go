@@ -134,7 +134,7 @@ func TestAttack19bFailedCrossReadIsNeverRetried(t *testing.T) {
 				continue
 			}
 			e := health.Join(attackMember(), health.NewNonPassingSet(*o.NonPassing))
-			if e.Lease == health.StatusPassing {
+			if e.LeaseStatus == health.StatusPassing {
 				t.Fatalf("a lapsed at 62 (it was full, lease warning, before); a set at index %d (checks %+v) has a in neither state: Join reads its lease as passing and a is routed",
 					o.NonPassing.Index, o.NonPassing.Checks)
 			}

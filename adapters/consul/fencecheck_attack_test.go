@@ -24,8 +24,8 @@ import (
 // generation (which, through highestGeneration, it would).
 func TestAttackDeadNewerRegistrationWithoutKVFencesForEver(t *testing.T) {
 	// leasehold's side: the live session is STALE.
-	live := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "mine", Generation: 5, Task: "work"}, Lease: health.StatusPassing, LeaseFound: true}
-	dead := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "crashed", Generation: 6, Task: "work"}, Lease: health.StatusCritical, LeaseFound: true}
+	live := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "mine", Generation: 5, Task: "work"}, LeaseStatus: health.StatusPassing, LeaseFound: true}
+	dead := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "crashed", Generation: 6, Task: "work"}, LeaseStatus: health.StatusCritical, LeaseFound: true}
 	es := []health.Executor{live, dead}
 	health.Fence(es, map[string]uint64{}) // no generation key
 	if !es[0].Fenced {

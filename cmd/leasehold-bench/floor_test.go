@@ -28,7 +28,7 @@ func response(t *testing.T, version string, ids ...string) *discovery.DiscoveryR
 	for i, id := range ids {
 		es = append(es, health.Executor{
 			Registration: health.Registration{InstanceID: id, SessionID: "s", Generation: 1, Task: task, Address: "127.0.0.1", Port: 9000 + i, Version: "1.0.0", Capacity: 2, State: health.StateActive},
-			Lease:        health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
+			LeaseStatus:  health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
 		})
 	}
 	a, err := anypb.New(translator.Endpoints(task, es, health.Dispatcher{}))

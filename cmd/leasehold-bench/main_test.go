@@ -15,7 +15,7 @@ func TestHealthyHosts(t *testing.T) {
 	for i, state := range []health.State{health.StateActive, health.StateDraining, health.StateActive} {
 		es = append(es, health.Executor{
 			Registration: health.Registration{InstanceID: []string{"a", "b", "c"}[i], SessionID: "s", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000 + i, Version: "1.0.0", Capacity: 2, State: state},
-			Lease:        health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
+			LeaseStatus:  health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
 		})
 	}
 	cla := translator.Endpoints("work", es, health.Dispatcher{})

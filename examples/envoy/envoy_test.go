@@ -120,9 +120,9 @@ func TestServedResourcesPassEnvoyValidation(t *testing.T) {
 	}
 	es := []health.Executor{
 		{Registration: health.Registration{InstanceID: "e1", SessionID: "s1", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9001, Version: "1.4.0", Capacity: 4, State: health.StateActive},
-			ServiceID: "work:e1", Node: "n1", Lease: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing},
+			ServiceID: "work:e1", Node: "n1", LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing},
 		{Registration: health.Registration{InstanceID: "e2", SessionID: "s2", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9002, Version: "1.4.0", Capacity: 4, State: health.StateDraining},
-			ServiceID: "work:e2", Node: "n1", Lease: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing},
+			ServiceID: "work:e2", Node: "n1", LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing},
 	}
 	cla := translator.Endpoints("work", es, health.Dispatcher{})
 	if n := len(cla.GetEndpoints()[0].GetLbEndpoints()); n != 2 {

@@ -68,7 +68,7 @@ func GoldenFleet() []health.Executor {
 				State: health.StateActive, Labels: map[string]string{"zone": "eu-1"},
 			},
 			ServiceID: health.ServiceID(inst, "transcode"), Node: "node-a",
-			Lease: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing, Load: 1,
+			LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing, Load: 1,
 		}
 		if mut != nil {
 			mut(&e)
@@ -78,9 +78,9 @@ func GoldenFleet() []health.Executor {
 	es := []health.Executor{
 		mk("exec-healthy", "s1", 1, 9001, nil),
 		mk("exec-idle", "s1", 1, 9002, func(e *health.Executor) { e.Load = 0; e.Capacity = 500 }),
-		mk("exec-full", "s1", 1, 9003, func(e *health.Executor) { e.Lease = health.StatusWarning; e.Load = 4 }),
+		mk("exec-full", "s1", 1, 9003, func(e *health.Executor) { e.LeaseStatus = health.StatusWarning; e.Load = 4 }),
 		mk("exec-draining", "s1", 1, 9004, func(e *health.Executor) { e.State = health.StateDraining; e.Load = 3 }),
-		mk("exec-lapsed", "s1", 1, 9005, func(e *health.Executor) { e.Lease = health.StatusCritical }),
+		mk("exec-lapsed", "s1", 1, 9005, func(e *health.Executor) { e.LeaseStatus = health.StatusCritical }),
 		mk("exec-restarted", "old", 1, 9006, nil),
 		mk("exec-restarted", "new", 2, 9007, func(e *health.Executor) { e.Node = "node-b" }),
 		mk("exec-v2", "s1", 1, 9008, func(e *health.Executor) { e.Version = "2.0.0" }),
@@ -108,7 +108,7 @@ func Executors(n int) []health.Executor {
 				State: health.StateActive, Labels: map[string]string{"zone": "eu-1"},
 			},
 			ServiceID: fmt.Sprintf("work:exec-%06d", i), Node: fmt.Sprintf("n%d", i%100),
-			Lease: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing, Load: i % 8,
+			LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing, Load: i % 8,
 		}
 	}
 	return es
