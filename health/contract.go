@@ -87,6 +87,22 @@ type Registration struct {
 	// Replaces lists older sessions of InstanceID that this session
 	// replaced, newest first (at most MaxReplaces; may be empty).
 	Replaces []string
+
+	semver *semver.Version // Version, as ParseRegistration parsed it (nil: not parsed)
+}
+
+// SemVer is the parsed Version (nil when it is not a strict semantic
+// version). A registration from ParseRegistration carries it, parsed once
+// with the rest; others parse it here.
+func (r *Registration) SemVer() *semver.Version {
+	if r.semver != nil && r.semver.Original() == r.Version {
+		return r.semver
+	}
+	v, err := semver.StrictNewVersion(r.Version)
+	if err != nil {
+		return nil
+	}
+	return v
 }
 
 // MaxReplaces bounds Registration.Replaces: three of the longest session ids
@@ -139,8 +155,8 @@ func (r Registration) validate(fixed int) error {
 	if r.Port < 1 || r.Port > 65535 {
 		errs = append(errs, fieldErr("port", strconv.Itoa(r.Port), "must be 1..65535"))
 	}
-	if e := ValidateVersion(r.Version); e != nil {
-		errs = append(errs, e)
+	if r.SemVer() == nil || len(r.Version) > consulMetaValueMaxLen {
+		errs = append(errs, ValidateVersion(r.Version))
 	}
 	if r.Capacity < 1 || r.Capacity > maxCapacity {
 		errs = append(errs, fieldErr(MetaCapacity, strconv.Itoa(r.Capacity), "must be a positive integer ≤ %d", maxCapacity))
@@ -339,6 +355,9 @@ func ParseRegistration(task, address string, port int, meta map[string]string) (
 	}
 	if v, ok := meta[MetaReplaces]; ok {
 		r.Replaces = splitReplaces(v)
+	}
+	if v, err := semver.StrictNewVersion(r.Version); err == nil {
+		r.semver = v // parsed once: every decision needs it
 	}
 	if c, ok := meta[MetaCapacity]; ok {
 		n, err := strconv.Atoi(c)

@@ -84,6 +84,10 @@ func TestMetaRoundTrip(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	if got.semver == nil || got.semver.Original() != r.Version {
+		t.Fatalf("the version was not kept parsed: %v", got.semver)
+	}
+	got.semver = nil // what a registration built by hand lacks
 	if !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, r)
 	}
@@ -155,6 +159,23 @@ func TestReplacesMeta(t *testing.T) {
 	r.Replaces = []string{long[:maxIDLen-1] + "1", long[:maxIDLen-1] + "2", long[:maxIDLen-1] + "3"}
 	if v := r.Meta()[MetaReplaces]; len(v) > consulMetaValueMaxLen || r.Validate() != nil {
 		t.Fatalf("%d of the longest ids take %d bytes (Consul allows %d): %v", MaxReplaces, len(v), consulMetaValueMaxLen, r.Validate())
+	}
+}
+
+// TestSemVerFollowsTheVersion: a registration keeps its version parsed,
+// and a version changed since is parsed anew.
+func TestSemVerFollowsTheVersion(t *testing.T) {
+	r, err := ParseRegistration("transcode", "127.0.0.1", 9000, validReg().Meta())
+	if err != nil || r.SemVer() == nil || r.SemVer().String() != "1.4.2" {
+		t.Fatalf("parsed: %v, %v", r.SemVer(), err)
+	}
+	r.Version = "2.0.0"
+	if v := r.SemVer(); v == nil || v.String() != "2.0.0" {
+		t.Fatalf("after a change: %v", v)
+	}
+	r.Version = "two"
+	if v := r.SemVer(); v != nil {
+		t.Fatalf("an invalid version parsed as %v", v)
 	}
 }
 

@@ -95,7 +95,7 @@ func (c *Cordon) Matches(e *Executor) bool {
 				return false
 			}
 		}
-		v := parsedVersion(e.Version)
+		v := e.SemVer()
 		if v == nil || !c.constraint.Check(v) {
 			return false
 		}

@@ -4,8 +4,6 @@ import (
 	"regexp"
 	"slices"
 	"strings"
-	"sync"
-	"sync/atomic"
 	"unicode"
 	"unicode/utf8"
 
@@ -230,39 +228,14 @@ func (d Dispatcher) AllowsTask(task string) bool {
 	return found
 }
 
-// versionOK reports whether version satisfies the constraint.
-func (d Dispatcher) versionOK(version string) bool {
+// versionOK reports whether r's version satisfies the constraint.
+func (d Dispatcher) versionOK(r *Registration) bool {
 	if d.constraint == nil {
 		return true
 	}
-	v := parsedVersion(version)
+	v := r.SemVer()
 	return v != nil && d.constraint.Check(v)
 }
-
-// parsedVersion parses a strict semantic version once per distinct string:
-// a fleet has few versions, and every decision needs one. Invalid versions
-// are not cached (they are excluded as bad metadata anyway), and the cache
-// stops growing at maxCachedVersions.
-func parsedVersion(s string) *semver.Version {
-	if v, ok := versionCache.Load(s); ok {
-		return v.(*semver.Version)
-	}
-	v, err := semver.StrictNewVersion(s)
-	if err != nil {
-		return nil
-	}
-	if versionCached.Add(1) <= maxCachedVersions {
-		versionCache.Store(s, v)
-	}
-	return v
-}
-
-const maxCachedVersions = 10_000
-
-var (
-	versionCache  sync.Map // string → *semver.Version
-	versionCached atomic.Int64
-)
 
 // labelsOK reports whether every selector pair is among labels.
 func (d Dispatcher) labelsOK(labels map[string]string) (bool, string) {

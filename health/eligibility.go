@@ -200,7 +200,7 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 		return Verdict{}, false
 	},
 	func(e *Executor, d Dispatcher) (Verdict, bool) {
-		if !d.versionOK(e.Version) {
+		if !d.versionOK(&e.Registration) {
 			return Verdict{Route: RouteNone, Reason: ReasonVersion, Detail: fmt.Sprintf("version %s does not satisfy %q", e.Version, d.VersionConstraint)}, true
 		}
 		return Verdict{}, false

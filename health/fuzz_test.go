@@ -70,7 +70,7 @@ func FuzzNewDispatcher(f *testing.F) {
 		e := Executor{Registration: Registration{InstanceID: "a", SessionID: "s", Generation: 1, Task: "t", Address: "10.0.0.1", Port: 1, Version: version, Capacity: 1, State: StateActive, Labels: labels},
 			LeaseStatus: StatusPassing, LeaseFound: true}
 		v := Eligible(e, d)
-		if v.Route == RouteHealthy && version != "" && d.constraint != nil && parsedVersion(version) == nil {
+		if v.Route == RouteHealthy && version != "" && d.constraint != nil && e.SemVer() == nil {
 			t.Fatalf("unparseable version %q routed under %q", version, constraint)
 		}
 	})

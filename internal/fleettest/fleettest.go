@@ -110,15 +110,25 @@ func Executors(n int) []health.Executor {
 			ServiceID: fmt.Sprintf("work:exec-%06d", i), Node: fmt.Sprintf("n%d", i%100),
 			LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing, Load: i % 8,
 		}
+		es[i].Registration = parsed(es[i].Registration)
 	}
 	return es
+}
+
+// parsed is r as a watch reads it from Consul (its version kept parsed);
+// r itself when it breaks the contract.
+func parsed(r health.Registration) health.Registration {
+	if p, err := health.ParseRegistration(r.Task, r.Address, r.Port, r.Meta()); err == nil {
+		return p
+	}
+	return r
 }
 
 // Member is one registration of task as a watch reports it: on node n1,
 // its serfHealth passing, its lease check in state lease, its check's
 // ModifyIndex and CreateIndex idx.
 func Member(task, inst, sess string, gen uint64, port int, version string, lease health.CheckStatus, idx uint64) health.Member {
-	reg := health.Registration{InstanceID: inst, SessionID: sess, Generation: gen, Task: task, Address: "127.0.0.1", Port: port, Version: version, Capacity: 4, State: health.StateActive}
+	reg := parsed(health.Registration{InstanceID: inst, SessionID: sess, Generation: gen, Task: task, Address: "127.0.0.1", Port: port, Version: version, Capacity: 4, State: health.StateActive})
 	return health.Member{
 		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(inst, task), Node: "n1", CreateIndex: idx},
 		Checks: []health.CheckState{
