@@ -283,11 +283,8 @@ func ValidateVersion(v string) *FieldError {
 	return nil
 }
 
-// ValidateLabels checks that every label can be stored as Consul meta.
-func ValidateLabels(labels map[string]string) FieldErrors {
-	return validateLabels(labels, fixedMetaKeys)
-}
-
+// validateLabels checks that every label can be stored as Consul meta
+// beside fixed other keys.
 func validateLabels(labels map[string]string, fixed int) FieldErrors {
 	var errs FieldErrors
 	if n := len(labels) + fixed; n > consulMetaMaxPairs {

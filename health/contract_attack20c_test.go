@@ -39,7 +39,7 @@ func TestAttack20cFiftyEightLabelsStillRead(t *testing.T) {
 	if !reflect.DeepEqual(Fields(r.Validate()), []string{"labels"}) {
 		t.Fatalf("Validate with 58 labels: %v", r.Validate())
 	}
-	if !reflect.DeepEqual(Fields(ValidateLabels(r.Labels).err()), []string{"labels"}) {
+	if !reflect.DeepEqual(Fields(validateLabels(r.Labels, fixedMetaKeys).err()), []string{"labels"}) {
 		t.Fatal("ValidateLabels with 58 labels accepted")
 	}
 }

@@ -391,13 +391,6 @@ func (x *XDS) onClosed(id int64) {
 	}
 }
 
-// Streams is the number of open streams that announced a constraint set.
-func (x *XDS) Streams() int {
-	x.mu.Lock()
-	defer x.mu.Unlock()
-	return len(x.streams)
-}
-
 // Dispatchers is a copy of every stream's state, sorted by node id.
 func (x *XDS) Dispatchers() []StreamInfo {
 	x.mu.Lock()

@@ -77,17 +77,6 @@ func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
 	return []map[string]any{{"type": "tls", "config": cfg}}, errs
 }
 
-// newBootstrap builds a bootstrap for a dispatcher with the given
-// constraints, endpoint metadata ("": the default, full) and datacenter
-// ("": leasehold's own), validated as leasehold will validate them.
-func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata, datacenter string, tlsFiles ...bootstrapTLS) ([]byte, error) {
-	var tf bootstrapTLS
-	if len(tlsFiles) > 0 {
-		tf = tlsFiles[0]
-	}
-	return buildBootstrap("--xds-addr", xdsAddr, nodeID, versionConstraint, labels, endpointMetadata, datacenter, tf)
-}
-
 // buildBootstrap is newBootstrap with the xDS address's flag as errors
 // should name it (with the variable it came from).
 func buildBootstrap(xdsFlag, xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata, datacenter string, tf bootstrapTLS) ([]byte, error) {

@@ -75,11 +75,6 @@ func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 	return errs
 }
 
-// runExplain runs leasehold explain with args.
-func runExplain(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return execute(ctx, append([]string{"explain"}, args...), stdout, stderr)
-}
-
 func newExplainCmd() *cobra.Command {
 	var (
 		a adminFlags

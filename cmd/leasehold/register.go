@@ -171,12 +171,6 @@ func consulClient(addr string) (*api.Client, error) {
 	return c, nil
 }
 
-// runRegister runs leasehold register with args under ctx: the sidecar
-// drains when ctx ends (as on SIGTERM).
-func runRegister(ctx context.Context, args []string, stdout, stderr io.Writer) int {
-	return execute(ctx, append([]string{"register"}, args...), stdout, stderr)
-}
-
 func newRegisterCmd() *cobra.Command {
 	var c registerCLI
 	cmd := &cobra.Command{

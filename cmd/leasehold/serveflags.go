@@ -180,25 +180,6 @@ func (f *serveFlags) config() (*serveConfig, error) {
 	return &cfg, nil
 }
 
-// parseServeFlags parses leasehold serve's arguments (what the serve
-// command does before it runs) into a validated configuration.
-func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
-	fs := pflag.NewFlagSet("leasehold serve", pflag.ContinueOnError)
-	fs.SetOutput(io.Discard)
-	var f serveFlags
-	f.register(fs)
-	if err := fs.Parse(args); err != nil {
-		return nil, err
-	}
-	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q: leasehold serve takes no arguments", fs.Arg(0))
-	}
-	if err := finishFlags(fs, stderr); err != nil {
-		return nil, err
-	}
-	return f.config()
-}
-
 func newServeCmd() *cobra.Command {
 	var f serveFlags
 	cmd := &cobra.Command{
