@@ -78,7 +78,7 @@ func TestFormsThroughTheCache(t *testing.T) {
 						t.Fatalf("round %d, %s: endpoint metadata %v", round, f, lb.GetMetadata())
 					}
 				}
-				group := xdscache.FormGroup(d.Key(), f)
+				group := xdscache.GroupOf(node) // the form's group
 				snap, _ := h.s.Snapshot(group)
 				want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(snap.GetResources(resource.EndpointType)["work"])
 				if !bytes.Equal(resp.Resources[0].Value, want) {

@@ -9,7 +9,7 @@ import (
 	"github.com/leasehold/leasehold/internal/fleettest"
 )
 
-// onNode is testMember on another node, its serfHealth check with the given
+// onNode is fleettest.Member on another node, its serfHealth check with the given
 // status and ModifyIndex.
 func attackOnNode(m health.Member, node string, serf health.CheckStatus, serfIdx uint64) health.Member {
 	m.Node = node

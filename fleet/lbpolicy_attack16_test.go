@@ -155,9 +155,10 @@ func TestAttack16PolicyChangeVersions(t *testing.T) {
 // same version however often it is asked for.
 func TestAttack16StaticVersionPerPolicy(t *testing.T) {
 	seen := map[string]health.LBPolicy{}
+	s := NewSyncer(SyncConfig{})
 	for range 2 {
 		for _, p := range health.LBPolicies {
-			v := translator.StaticVersion(resource.ClusterType, "work\x00"+string(p), translator.Cluster("work", p))
+			v := s.staticVersion(resource.ClusterType, "work\x00"+string(p), translator.Cluster("work", p))
 			if q, ok := seen[v]; ok && q != p {
 				t.Fatalf("%s and %s share cluster version %s", p, q, v)
 			}

@@ -25,6 +25,7 @@ import (
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/translator"
@@ -156,6 +157,7 @@ type Syncer struct {
 	floor          map[string]uint64                    // per instance: the highest generation in Consul KV (Generations) of any datacenter
 	progress       atomic.Pointer[map[string][2]uint64] // per datacenter: non-passing, generations current at these indexes
 	fleet          map[fleetKey]*taskState              // per datacenter and task type: the registrations as decided (fleet.go)
+	staticVersions map[string]string                    // listeners', routes' and clusters' versions by type URL and key (staticVersion)
 	printOf        map[fleetKey]taskPrint               // per datacenter and task type: its executors' combined print when last decided
 	floorGen       uint64                               // bumped when floor is replaced
 	floorJoined    map[string]uint64                    // the floor the fleet state was fenced with
@@ -616,7 +618,7 @@ func (s *Syncer) rebuild(g *group, task string) {
 	g.dirty = true
 	removes := r.RemovesOrDrains
 	if r.Restarted { // e.g. a rule went from observe to enforce: compare whole
-		removes = translator.RemovesOrDrains(old, cla)
+		removes = translator.RemovesOrDrainsBetween(old, cla)
 	}
 	if old != nil && removes {
 		g.urgent = true
@@ -676,6 +678,22 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 	}
 }
 
+// staticVersion is translator.Version of a listener, route or cluster,
+// computed once per key (which names everything its content depends on: a
+// cluster's load-balancing policy too).
+func (s *Syncer) staticVersion(typeURL, key string, m proto.Message) string {
+	k := typeURL + "/" + key
+	if v, ok := s.staticVersions[k]; ok {
+		return v
+	}
+	v := translator.Version(m)
+	if s.staticVersions == nil {
+		s.staticVersions = map[string]string{}
+	}
+	s.staticVersions[k] = v
+	return v
+}
+
 // publish builds the group's snapshot (listener, route and cluster per task,
 // its load assignments) with content-hash versions per type.
 func (s *Syncer) publish(ctx context.Context, key string, g *group) {
@@ -693,9 +711,9 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		res[types.Listener] = append(res[types.Listener], l)
 		res[types.Route] = append(res[types.Route], r)
 		res[types.Cluster] = append(res[types.Cluster], c)
-		versions[resource.ListenerType][task] = translator.StaticVersion(resource.ListenerType, task, l)
-		versions[resource.RouteType][task] = translator.StaticVersion(resource.RouteType, task, r)
-		versions[resource.ClusterType][task] = translator.StaticVersion(resource.ClusterType, task+"\x00"+string(lb), c)
+		versions[resource.ListenerType][task] = s.staticVersion(resource.ListenerType, task, l)
+		versions[resource.RouteType][task] = s.staticVersion(resource.RouteType, task, r)
+		versions[resource.ClusterType][task] = s.staticVersion(resource.ClusterType, task+"\x00"+string(lb), c)
 		if cla := g.loads[task]; cla != nil {
 			res[types.Endpoint] = append(res[types.Endpoint], cla)
 			versions[resource.EndpointType][task] = g.claVersion[task]

@@ -93,7 +93,9 @@ type Registration struct {
 
 // SemVer is the parsed Version (nil when it is not a strict semantic
 // version). A registration from ParseRegistration carries it, parsed once
-// with the rest; others parse it here.
+// with the rest (copies share it: it must not be modified); others parse it
+// here. Two equal registrations differ under reflect.DeepEqual when only
+// one was parsed.
 func (r *Registration) SemVer() *semver.Version {
 	if r.semver != nil && r.semver.Original() == r.Version {
 		return r.semver
@@ -138,7 +140,7 @@ func (r Registration) Validate() error { return r.validate(fixedMetaKeys) }
 
 // validate is Validate with fixed meta keys besides the labels: what a
 // registration read from Consul needs counts replaces only when present (one
-// of 58 labels written before replaces existed fits Consul and stays valid).
+// of 58 labels without replaces fits Consul's 64 meta pairs and is valid).
 func (r Registration) validate(fixed int) error {
 	var errs FieldErrors
 	errs = append(errs, validateID(MetaInstanceID, r.InstanceID)...)

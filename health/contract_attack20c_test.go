@@ -40,6 +40,6 @@ func TestAttack20cFiftyEightLabelsStillRead(t *testing.T) {
 		t.Fatalf("Validate with 58 labels: %v", r.Validate())
 	}
 	if !reflect.DeepEqual(Fields(validateLabels(r.Labels, fixedMetaKeys).err()), []string{"labels"}) {
-		t.Fatal("ValidateLabels with 58 labels accepted")
+		t.Fatal("validateLabels with 58 labels accepted")
 	}
 }

@@ -9,7 +9,7 @@ import (
 // Executor is one registration as leasehold sees it: the contract fields
 // (possibly partial when Err is set), where it runs and the state of its
 // checks, plus what leasehold has concluded across registrations (fencing)
-// and remembers (observed lapses).
+// and remembers (lapses seen).
 type Executor struct {
 	Registration
 	ServiceID string
@@ -125,7 +125,7 @@ type Exclusion struct {
 // with constraint set d, and why not. Rules, first match wins:
 //
 //	bad metadata → none; lease critical or missing, node failed (serfHealth
-//	critical), or lapse observed before → lapsed; its datacenter lost →
+//	critical), or lapse seen before → lapsed; its datacenter lost →
 //	datacenter-unreachable; another check of the
 //	service or node not passing → unhealthy; an older
 //	session than the instance's newest → fenced; version or labels not

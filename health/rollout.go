@@ -38,8 +38,7 @@ var ruleNames = map[string]Reason{
 
 // alwaysEnforced says why a known rule cannot be observed; a mode entry
 // naming one is refused in observe mode and changes nothing in enforce mode
-// (configurations that staged fencing before it became unobservable still
-// parse).
+// (so a configuration staging fencing in enforce mode parses).
 var alwaysEnforced = map[Reason]string{
 	ReasonLapsed:      "is always enforced: an executor without a valid lease may be paused or gone",
 	ReasonBadMetadata: "is always enforced: an executor whose metadata cannot be read cannot be addressed",

@@ -169,7 +169,7 @@ type ExplainExecutor struct {
 	LeaseCheck     string            `json:"lease_check"`
 	NodeChecks     string            `json:"node_checks"`
 	OtherChecks    string            `json:"other_checks,omitempty"`
-	LapseObserved  bool              `json:"lapse_observed,omitempty"`
+	LapseObserved  bool              `json:"lapse_observed,omitempty"` // health.Executor.LapseSeen (the wire name stays)
 	NewerSessionID string            `json:"newer_session_id,omitempty"`
 	CreateIndex    uint64            `json:"create_index"`
 	MetadataError  string            `json:"metadata_error,omitempty"`

@@ -1,15 +1,12 @@
 package server
 
 import (
-	"slices"
-
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/encoding"
 	protocodec "google.golang.org/grpc/encoding/proto"
 	"google.golang.org/grpc/mem"
 	"google.golang.org/protobuf/encoding/protowire"
-	"google.golang.org/protobuf/reflect/protoreflect"
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
@@ -49,38 +46,20 @@ func (c Codec) Marshal(v any) (mem.BufferSlice, error) {
 }
 
 // plainResponse reports whether resp holds only the fields encodeResponse
-// writes. It asks the message which fields are set rather than naming the
-// others, so a field a go-control-plane upgrade adds goes to the standard
-// codec instead of being dropped (TestCodecCarriesEveryField).
+// writes. The fields are named, not asked of the message (a reflective walk
+// made each send 1.6× slower with twice the allocations:
+// BenchmarkCodecMarshal); TestCodecCarriesEveryField walks the descriptors
+// and fails when an upgrade adds a field this does not name.
 func plainResponse(r *discovery.DiscoveryResponse) bool {
-	if !onlyFields(r.ProtoReflect(), responseFields) {
+	if r.Canary || r.ControlPlane != nil || len(r.ResourceErrors) > 0 || len(r.ProtoReflect().GetUnknown()) > 0 {
 		return false
 	}
 	for _, a := range r.Resources {
-		if a == nil || !onlyFields(a.ProtoReflect(), anyFields) {
+		if a == nil || len(a.ProtoReflect().GetUnknown()) > 0 {
 			return false
 		}
 	}
 	return true
-}
-
-// The fields encodeResponse writes, by number: DiscoveryResponse's
-// version_info, resources, type_url, nonce; Any's type_url and value.
-var (
-	responseFields = []protowire.Number{1, 2, 4, 5}
-	anyFields      = []protowire.Number{1, 2}
-)
-
-func onlyFields(m protoreflect.Message, carried []protowire.Number) bool {
-	if len(m.GetUnknown()) > 0 {
-		return false
-	}
-	ok := true
-	m.Range(func(fd protoreflect.FieldDescriptor, _ protoreflect.Value) bool {
-		ok = slices.Contains(carried, fd.Number())
-		return ok
-	})
-	return ok
 }
 
 // encodeResponse writes fields in number order, as proto.Marshal does:

@@ -17,7 +17,7 @@ func BenchmarkEndpoints(b *testing.B) {
 		b.Run(fmt.Sprintf("full-%d", n), func(b *testing.B) {
 			b.ReportAllocs()
 			for b.Loop() {
-				_, _ = EndpointsVersioned("work", es, d)
+				_, _ = endpointsVersioned("work", es, d)
 			}
 			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
 		})

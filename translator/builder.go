@@ -119,7 +119,7 @@ type Result struct {
 	Decided         int // executors decided afresh (the rest were reused)
 	// Restarted: the Builder started afresh (first build, another
 	// constraint set or other rule modes), so RemovesOrDrains knows nothing
-	// of earlier builds: compare with RemovesOrDrains instead.
+	// of earlier builds: compare with RemovesOrDrainsBetween(prev, next) instead.
 	Restarted bool
 	// Observed: executors decided afresh that a rule in observe mode would
 	// have excluded (they are routed).
@@ -132,7 +132,7 @@ type ObservedDecision struct {
 	Exclusions            []health.Exclusion
 }
 
-// Build is EndpointsVersioned, with reuse.
+// Build is endpointsVersioned, with reuse.
 func (bl *Builder) Build(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
 	r := bl.BuildPrinted(task, executors, nil, d)
 	return r.CLA, r.Version
@@ -420,7 +420,7 @@ func endpointContent(buf []byte, e *health.Executor, status corev3.HealthStatus)
 	buf = append(buf, 0)
 	buf = strconv.AppendInt(buf, int64(status), 10)
 	buf = append(buf, 0)
-	return strconv.AppendUint(buf, uint64(Weight(*e)), 10)
+	return strconv.AppendUint(buf, uint64(weight(*e)), 10)
 }
 
 // mergeSorted merges two sorted lists into a new one.
@@ -449,12 +449,12 @@ func mix64(x uint64) uint64 {
 	return x ^ (x >> 31)
 }
 
-// RemovesOrDrains compares two load assignments: the definition
+// RemovesOrDrainsBetween compares two load assignments: the definition
 // Result.RemovesOrDrains implements incrementally (used when a Builder starts
 // afresh, e.g. because rule modes changed): an
 // endpoint (instance, address, port) of prev is missing from next, or was
 // HEALTHY and no longer is.
-func RemovesOrDrains(prev, next *endpointv3.ClusterLoadAssignment) bool {
+func RemovesOrDrainsBetween(prev, next *endpointv3.ClusterLoadAssignment) bool {
 	status := map[string]corev3.HealthStatus{}
 	for _, loc := range next.GetEndpoints() {
 		for _, lb := range loc.GetLbEndpoints() {

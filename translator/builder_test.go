@@ -60,7 +60,7 @@ func TestBuilderIncrementalEqualsFresh(t *testing.T) {
 			if got.Version != want.Version {
 				t.Fatalf("%s step %d: version %s, fresh %s", d.Key(), step, got.Version, want.Version)
 			}
-			if ref := RemovesOrDrains(prev.CLA, got.CLA); got.RemovesOrDrains != ref {
+			if ref := RemovesOrDrainsBetween(prev.CLA, got.CLA); got.RemovesOrDrains != ref {
 				t.Fatalf("%s step %d: RemovesOrDrains %v, comparing the assignments says %v", d.Key(), step, got.RemovesOrDrains, ref)
 			}
 			if got.Decided > 8*4 {
@@ -202,7 +202,7 @@ func TestBuilderDuplicateSocket(t *testing.T) {
 	if got := sent(r2.CLA); !slices.Equal(got, []string{"exec-000000/s", "exec-000001/s", "exec-000002/s"}) {
 		t.Fatalf("after the winner lapsed: %v", got)
 	}
-	if !r2.RemovesOrDrains || r2.RemovesOrDrains != RemovesOrDrains(r.CLA, r2.CLA) {
+	if !r2.RemovesOrDrains || r2.RemovesOrDrains != RemovesOrDrainsBetween(r.CLA, r2.CLA) {
 		t.Fatalf("RemovesOrDrains %v: the lapsed instance's endpoint is gone", r2.RemovesOrDrains)
 	}
 	fresh := (&Builder{}).BuildPrinted("work", es, nil, d)

@@ -73,7 +73,7 @@ func (b *endpointBatch) lbEndpoint(e *health.Executor, status corev3.HealthStatu
 	ep.Hostname = e.InstanceID
 	b.hostIDs[i].Endpoint = ep
 	w := &b.weights[i]
-	w.Value = Weight(*e)
+	w.Value = weight(*e)
 	lb := &b.lbs[i]
 	lb.HostIdentifier = &b.hostIDs[i]
 	lb.HealthStatus = status

@@ -49,7 +49,7 @@ func FuzzTranslate(f *testing.F) {
 			es = append(es, e)
 		}
 		health.Fence(es, nil)
-		cla, version := EndpointsVersioned("work", es, d)
+		cla, version := endpointsVersioned("work", es, d)
 		if err := Consistent([]*listenerv3.Listener{Listener("work")}, []*routev3.RouteConfiguration{Route("work")}, []*clusterv3.Cluster{Cluster("work", health.DefaultLBPolicy)}, []*endpointv3.ClusterLoadAssignment{cla}); err != nil {
 			t.Fatal(err)
 		}
@@ -85,7 +85,7 @@ func FuzzTranslate(f *testing.F) {
 			}
 		}
 		rng.Shuffle(len(es), func(i, j int) { es[i], es[j] = es[j], es[i] })
-		if _, v := EndpointsVersioned("work", es, d); v != version {
+		if _, v := endpointsVersioned("work", es, d); v != version {
 			t.Fatal("version depends on input order")
 		}
 	})

@@ -91,7 +91,7 @@ func a17Mutate(r *rand.Rand, es *[]health.Executor, dcs []string) {
 		return
 	}
 	mutate(r, es)
-	for i := range *es { // joiners come from benchFleet: give them a datacenter
+	for i := range *es { // joiners come from fleettest.Executors: give them a datacenter
 		if (*es)[i].Datacenter == "" {
 			(*es)[i].Datacenter = dcs[r.IntN(len(dcs))]
 		}

@@ -49,7 +49,7 @@ func TestLocalitiesByDatacenterPriority(t *testing.T) {
 		return out
 	}
 	in := func(dc string) health.Dispatcher { d, _ := health.NewDispatcher("", nil); return d.InDatacenter(dc) }
-	w := Weight(all[0])
+	w := weight(all[0])
 	for _, c := range []struct {
 		name string
 		es   []health.Executor

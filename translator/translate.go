@@ -1,8 +1,8 @@
 // Package translator turns decided executors and a dispatcher's constraint
 // set into xDS resources: pure and deterministic (sorted output, content-hash
-// versions), with a Builder that rebuilds one task's load assignment
-// reusing what did not change. It holds no state shared between calls and
-// imports nothing of Consul, gRPC servers or the cache.
+// versions). Its functions keep no state; a Builder keeps what one task's
+// builds reuse (verdicts and endpoint messages of unchanged executors), owned
+// by its caller. It imports nothing of Consul, gRPC servers or the cache.
 package translator
 
 import (
@@ -10,7 +10,6 @@ import (
 	"encoding/hex"
 	"fmt"
 	"sort"
-	"sync"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -143,43 +142,26 @@ func Decide(executors []health.Executor, d health.Dispatcher, observe ...health.
 // weights from capacity. Executors must all serve task; the output is
 // sorted, so equal inputs give byte-identical resources.
 func Endpoints(task string, executors []health.Executor, d health.Dispatcher) *endpointv3.ClusterLoadAssignment {
-	cla, _ := EndpointsVersioned(task, executors, d)
+	cla, _ := endpointsVersioned(task, executors, d)
 	return cla
 }
 
-// EndpointsVersioned is Endpoints with the content version of the result,
+// endpointsVersioned is Endpoints with the content version of the result,
 // computed from the decided inputs rather than by marshalling: the load
 // assignment is a pure function of them, so equal inputs give equal versions
 // on every replica, at a fraction of the cost.
-func EndpointsVersioned(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+func endpointsVersioned(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
 	return (&Builder{}).Build(task, executors, d)
 }
 
-// Weight is the endpoint weight of e: its capacity, clamped to
+// weight is the endpoint weight of e: its capacity, clamped to
 // MinWeight..MaxWeight — a static prior for clients that weigh endpoints by
 // it (Envoy's round robin and least request). Not the spare capacity: the
 // load in Consul is minutes old (a check's output-only change waits for
 // check_update_interval); current load goes to dispatchers over ORCA
 // (weighted round robin), and "full" through the check's status.
-func Weight(e health.Executor) uint32 {
+func weight(e health.Executor) uint32 {
 	return uint32(min(max(e.Capacity, MinWeight), MaxWeight))
-}
-
-// staticVersions memoises the versions of listeners, routes and clusters:
-// their content depends on the task name only.
-var staticVersions sync.Map // type URL + "/" + name → version
-
-// StaticVersion is Version of a listener, route or cluster, computed once
-// per name (which must name everything its content depends on: a cluster's
-// load-balancing policy too).
-func StaticVersion(typeURL, name string, m proto.Message) string {
-	key := typeURL + "/" + name
-	if v, ok := staticVersions.Load(key); ok {
-		return v.(string)
-	}
-	v := Version(m)
-	staticVersions.Store(key, v)
-	return v
 }
 
 // Version is the content hash of a resource: equal resources have equal

@@ -51,27 +51,27 @@ func TestTranslateIsDeterministic(t *testing.T) {
 			t.Fatal("input order changed the output")
 		}
 	}
-	_, wantV := EndpointsVersioned("transcode", fleettest.GoldenFleet(), any)
+	_, wantV := endpointsVersioned("transcode", fleettest.GoldenFleet(), any)
 	for range 5 {
 		es := fleettest.GoldenFleet()
 		rand.Shuffle(len(es), func(i, j int) { es[i], es[j] = es[j], es[i] })
-		if _, v := EndpointsVersioned("transcode", es, any); v != wantV {
+		if _, v := endpointsVersioned("transcode", es, any); v != wantV {
 			t.Fatal("input order changed the content version")
 		}
 	}
 	es := fleettest.GoldenFleet()
 	es[0].Capacity++ // a weight changes
-	if _, v := EndpointsVersioned("transcode", es, any); v == wantV {
+	if _, v := endpointsVersioned("transcode", es, any); v == wantV {
 		t.Fatal("content version ignores weights")
 	}
 	es = fleettest.GoldenFleet()
 	es[0].Load++ // the load is not in the resources (it travels over ORCA)
-	if _, v := EndpointsVersioned("transcode", es, any); v != wantV {
+	if _, v := endpointsVersioned("transcode", es, any); v != wantV {
 		t.Fatal("content version follows the load")
 	}
 	es = fleettest.GoldenFleet()
 	es[3].State = health.StateActive // draining → healthy
-	if _, v := EndpointsVersioned("transcode", es, any); v == wantV {
+	if _, v := endpointsVersioned("transcode", es, any); v == wantV {
 		t.Fatal("content version ignores health status")
 	}
 	if Version(Listener("a")) == Version(Listener("b")) {
@@ -90,8 +90,8 @@ func TestWeightClamp(t *testing.T) {
 		{4, 1, 4}, {4, 4, 4}, {4, 9, 4}, {500, 0, 128}, {128, 0, 128}, {1, 0, 1}, {0, 0, 1}, // the load never counts
 	} {
 		e := health.Executor{Registration: health.Registration{Capacity: tt.capacity}, Load: tt.load}
-		if got := Weight(e); got != tt.want {
-			t.Errorf("Weight(cap %d, load %d) = %d, want %d", tt.capacity, tt.load, got, tt.want)
+		if got := weight(e); got != tt.want {
+			t.Errorf("weight(cap %d, load %d) = %d, want %d", tt.capacity, tt.load, got, tt.want)
 		}
 	}
 }

@@ -75,16 +75,16 @@ func truncate(s string, n int) string {
 // the cache group of its dispatchers ('&' is escaped inside a key's fields).
 const formGroupSep = "&" + NodeMetaEndpointMetadata + "="
 
-// FormGroup is the cache group of the dispatchers of constraint set base
+// formGroup is the cache group of the dispatchers of constraint set base
 // (its key) asking for form f.
-func FormGroup(base string, f EndpointMetadata) string {
+func formGroup(base string, f EndpointMetadata) string {
 	if f == MetadataFull {
 		return base
 	}
 	return base + formGroupSep + string(f)
 }
 
-// splitFormGroup is the inverse of FormGroup.
+// splitFormGroup is the inverse of formGroup.
 func splitFormGroup(group string) (string, EndpointMetadata) {
 	if i := strings.LastIndex(group, formGroupSep); i >= 0 {
 		return group[:i], EndpointMetadata(group[i+len(formGroupSep):])

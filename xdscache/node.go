@@ -152,7 +152,7 @@ func groupOf(node *corev3.Node) string {
 		return "invalid"
 	}
 	f, _ := EndpointMetadataOf(node) // valid: DispatcherOf checked it
-	return FormGroup(d.Key(), f)
+	return formGroup(d.Key(), f)
 }
 
 // groupMemo remembers GroupOf by the metadata values it reads (it is a pure

@@ -198,7 +198,7 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 	out := make(chan health.Observation, 64)
 	w := NewWatcher(c, WatchConfig{Tag: health.DefaultTag, FastWait: time.Second})
 	go w.Run(ctx, out)
-	go WatchControl(ctx, c, out, nil)
+	go WatchControl(ctx, c, out, WatchConfig{})
 	gen, ctl := RightKeyPrefix(health.GenerationKeyPrefix, "read"), RightKeyPrefix(ControlPrefix, "read")
 	var sawGen, sawCtl bool
 	for !sawGen || !sawCtl {

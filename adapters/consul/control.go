@@ -13,7 +13,6 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
-	"github.com/jonboulle/clockwork"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -36,14 +35,15 @@ var ErrControl = errors.New("control")
 // it reads them goes out as ControlContact: a failure when it begins or its
 // kind changes (a missing right: ACLError, key_prefix "leasehold/control/"
 // read), OK after the first answer of each run.
-func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observation, log *slog.Logger) {
-	if log == nil {
-		log = slog.Default()
-	}
-	clock := clockwork.NewRealClock()
+//
+// It follows the watches' rules (queryIndex; cfg's back-off, clock and
+// pace, as the other KV listings: MinInterval × 4); cfg.Logger logs.
+func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observation, cfg WatchConfig) {
+	cfg = cfg.withDefaults()
+	log, clock := cfg.Logger, cfg.Clock
 	q := queryIndex{kvListing: true}
-	bo := newBackoff(100*time.Millisecond, 10*time.Second) // the watcher's defaults
-	var last controlState
+	bo := newBackoff(100*time.Millisecond, cfg.MaxBackoff)
+	var last sentControl
 	answered := false // the current run of answers has been reported
 	var failedAs health.Contact
 	send := func(o health.Observation) bool {
@@ -90,16 +90,15 @@ func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observat
 				return
 			}
 		}
-		// Blocking queries can return early with the same index; pace them
-		// as the watcher's (its default least interval, 5 ms, × 4).
-		if !pause(ctx, clock, 20*time.Millisecond-clock.Since(started), nil) {
+		// Blocking queries can return early with the same index; pace them.
+		if !pause(ctx, clock, cfg.MinInterval*4-clock.Since(started), nil) {
 			return
 		}
 	}
 }
 
-// controlState is what the control watch last sent.
-type controlState struct {
+// sentControl is what the control watch last sent.
+type sentControl struct {
 	haveRules bool
 	rules     []byte
 	cordons   string // cordonPrint
@@ -107,7 +106,7 @@ type controlState struct {
 
 // changes are the observations a listing of the control prefix makes: the
 // rules and the cordons, each when it changed.
-func (st *controlState) changes(pairs api.KVPairs, index uint64) []health.Observation {
+func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observation {
 	var rules []byte
 	cordons := map[string][]byte{}
 	for _, p := range pairs {

@@ -30,7 +30,7 @@ import (
 // streams' endpoints are compared with a direct Consul read.
 
 var (
-	churnMode     = flag.Bool("churn", false, "measure fleet churn (issue 19) instead of the lapse phases: --executors register over --agents agents, restart under new sessions and deregister, without leasehold and then with it watching")
+	churnMode     = flag.Bool("churn", false, "measure fleet churn instead of the lapse phases: --executors register over --agents agents, restart under new sessions and deregister, without leasehold and then with it watching")
 	churnCanaries = flag.Int("churn-canaries", 40, "with --churn: executors on the short --lease heartbeated every --heartbeat throughout; a third of them stop during the steps with leasehold (lapse → stop)")
 	consulProfile = flag.String("consul-profile", "", "with --churn: write a 10 s CPU profile of the Consul server taken during the restart step with leasehold to this file")
 	churnFirst    = flag.String("churn-first", "without", "with --churn and one run: which pass runs first, without or with (leasehold)")

@@ -77,8 +77,10 @@ func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
 	return []map[string]any{{"type": "tls", "config": cfg}}, errs
 }
 
-// buildBootstrap is newBootstrap with the xDS address's flag as errors
-// should name it (with the variable it came from).
+// buildBootstrap builds a bootstrap for a dispatcher with the given
+// constraints, endpoint metadata ("": full) and datacenter ("": leasehold's
+// own), validated as leasehold will validate them; errors name the xDS
+// address as xdsFlag (with the variable it came from).
 func buildBootstrap(xdsFlag, xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata, datacenter string, tf bootstrapTLS) ([]byte, error) {
 	var errs []string
 	creds, cerrs := tf.channelCreds()

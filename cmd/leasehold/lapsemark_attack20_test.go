@@ -28,7 +28,7 @@ import (
 // while /readyz says 503 acl (key_prefix "leasehold/lapsed/"). The same
 // window opens on every restart with a healthy token until the lapses
 // watch's first answer arrives (see
-// snapshot.TestAttack20RestartServesLapsedSessionBeforeMarksRead).
+// fleet.TestAttack20RestartServesLapsedSessionBeforeMarksRead).
 func TestAttack20LapseMarksUnreadableStillRoutes(t *testing.T) {
 	consultest.RequireBinary(t)
 	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000000a2"})

@@ -86,7 +86,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	done := make(chan struct{}, 2)
 	go func() { p.watcher.Run(runCtx, obs); done <- struct{}{} }()
 	go func() { p.syncer.Run(runCtx, obs); done <- struct{}{} }()
-	go consul.WatchControl(runCtx, p.client, obs, log.With("component", "control-watch"))
+	go consul.WatchControl(runCtx, p.client, obs, p.watchConfig(log.With("component", "control-watch")))
 	go p.lapses.Run(runCtx)
 	if cfg.rulesFile != "" {
 		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile, Raw: p.rulesRaw}}
@@ -136,8 +136,16 @@ type pipeline struct {
 	watcher    *consul.Watchers
 	lapses     *consul.LapseRecorder
 	syncer     *fleet.Syncer
-	rulesRaw   []byte // the --rules file, read at start
+	watch      consul.WatchConfig // the watches' rules, the control watch's too
+	rulesRaw   []byte             // the --rules file, read at start
 	closeAudit func()
+}
+
+// watchConfig is the watches' configuration with another logger.
+func (p *pipeline) watchConfig(log *slog.Logger) consul.WatchConfig {
+	c := p.watch
+	c.Logger = log
+	return c
 }
 
 func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pipeline, error) {
@@ -149,17 +157,19 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	// The watches that always answer must do so well inside the staleness
 	// bound, or an idle fleet would read as a stale view.
 	fastWait := min(10*time.Second, cfg.staleAfter/3)
-	if p.watcher, err = consul.NewWatchers(p.client, consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter}, cfg.datacenters); err != nil {
+	p.watch = consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter}
+	if p.watcher, err = consul.NewWatchers(p.client, p.watch, cfg.datacenters); err != nil {
 		return nil, fmt.Errorf("--datacenters: %w", err)
-	}
-	if cfg.rulesFile != "" {
-		if p.rulesRaw, err = rulesJSON(cfg.rulesFile); err != nil {
-			return nil, fmt.Errorf("--rules: %w", err)
-		}
 	}
 	audit, closeAudit, err := openAudit(cfg.auditLog, tel.Tracer)
 	if err != nil {
 		return nil, err
+	}
+	if cfg.rulesFile != "" {
+		if p.rulesRaw, err = rulesJSON(cfg.rulesFile); err != nil {
+			closeAudit()
+			return nil, fmt.Errorf("--rules: %w", err)
+		}
 	}
 	p.closeAudit = closeAudit
 	// Several datacenters: one whose watches have not answered for two of

@@ -16,17 +16,19 @@ import (
 const module = "github.com/leasehold/leasehold/"
 
 // allowed lists, per package, the module's packages its non-test files may
-// import. Packages not listed (cmd/, examples/, tools) may import anything.
+// import. Only cmd/, examples/ and internal/ (the wiring, and what tests
+// share) may import anything; a package elsewhere must be listed.
 var allowed = map[string][]string{
-	"health":              {},
-	"translator":          {"health"},
-	"xdscache":            {"health", "translator"},
-	"fleet":               {"health", "translator", "xdscache"},
-	"server":              {"health", "translator", "xdscache", "fleet", "proto/leasehold/v1"},
-	"adapters/consul":     {"health"},
-	"adapters/loadreport": {},
-	"adapters/otel":       {},
-	"proto/leasehold/v1":  {},
+	"adapters/consul/consultest": {},
+	"health":                     {},
+	"translator":                 {"health"},
+	"xdscache":                   {"health", "translator"},
+	"fleet":                      {"health", "translator", "xdscache"},
+	"server":                     {"health", "translator", "xdscache", "fleet", "proto/leasehold/v1"},
+	"adapters/consul":            {"health"},
+	"adapters/loadreport":        {},
+	"adapters/otel":              {},
+	"proto/leasehold/v1":         {},
 }
 
 // TestImportsPointOneWay: no package imports one above it or beside it
@@ -37,6 +39,7 @@ func TestImportsPointOneWay(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
+	unlisted(t, root)
 	checked := 0
 	for pkg, ok := range allowed {
 		files, _ := filepath.Glob(filepath.Join(root, pkg, "*.go"))
@@ -64,5 +67,38 @@ func TestImportsPointOneWay(t *testing.T) {
 	}
 	if checked < 40 {
 		t.Fatalf("read %d files: the layout moved (update allowed)", checked)
+	}
+}
+
+// unlisted fails for a package of the module that allowed does not list
+// outside cmd/, examples/ and internal/ (tools/ holds other modules).
+func unlisted(t *testing.T, root string) {
+	t.Helper()
+	err := filepath.WalkDir(root, func(path string, d os.DirEntry, err error) error {
+		if err != nil {
+			return err
+		}
+		rel, _ := filepath.Rel(root, path)
+		if d.IsDir() {
+			switch rel {
+			case "cmd", "examples", "internal", "tools", "bin", ".git":
+				return filepath.SkipDir
+			}
+			if strings.HasSuffix(rel, "testdata") {
+				return filepath.SkipDir
+			}
+			return nil
+		}
+		if !strings.HasSuffix(path, ".go") || strings.HasSuffix(path, "_test.go") {
+			return nil
+		}
+		if _, ok := allowed[filepath.Dir(rel)]; !ok {
+			t.Errorf("package %s is not in allowed: say which of the module's packages it may import", filepath.Dir(rel))
+			return filepath.SkipDir
+		}
+		return nil
+	})
+	if err != nil {
+		t.Fatal(err)
 	}
 }

@@ -1,0 +1,165 @@
+// Package xdscache is the cache the xDS server serves from: the snapshots
+// the syncer publishes per constraint set, the state-of-the-world watches
+// answered per resource, the forms of endpoint metadata derived per
+// dispatcher (forms.go), and how a dispatcher's node maps to its group
+// (node.go).
+package xdscache
+
+import (
+	"context"
+	"errors"
+	"fmt"
+	"sync"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+)
+
+// Cache is the cache the xDS server serves from: state-of-the-world
+// watches are answered per resource by sotwCache (a response carries only the
+// resources the client lacks, so a change of one task type never resends the
+// others'); delta watches and REST fetches by go-control-plane's
+// SnapshotCache, which already versions each resource by content hash.
+// Dispatchers asking for compact endpoint metadata are served from a group
+// of their own, derived from their constraint set's (forms).
+type Cache struct {
+	sotw  *sotwCache
+	delta cache.SnapshotCache
+	forms formCache
+}
+
+var _ cache.Cache = (*Cache)(nil)
+
+// New returns an empty cache; dispatchers' nodes are grouped by constraint
+// set (GroupOf).
+func New() *Cache {
+	return &Cache{
+		sotw: newSotwCache(GroupOf),
+		// ads=false: go-control-plane's ADS mode never answers a request
+		// for a subset of a type's names, and gRPC clients ask for exact names.
+		delta: cache.NewSnapshotCache(false, nodeGroups{}, nil),
+	}
+}
+
+// nodeGroups is GroupOf as go-control-plane's NodeHash.
+type nodeGroups struct{}
+
+func (nodeGroups) ID(node *corev3.Node) string { return GroupOf(node) }
+
+// Snapshot is the snapshot set last for group.
+func (c *Cache) Snapshot(group string) (*cache.Snapshot, bool) { return c.sotw.snapshot(group) }
+
+// formCache is what derived groups are made from; the zero value is ready.
+// A form, once asked for, is derived at every publication of its constraint
+// set until the set is cleared (at most two forms per set). mu is held
+// across the caches' updates so a form is never derived from an older
+// snapshot than the one set last; the delta cache's sends under it do not
+// block (a delta stream's channel holds more responses than it can have
+// watches).
+type formCache struct {
+	mu    sync.Mutex
+	bases map[string]groupSnapshot                   // constraint set → its latest snapshot
+	used  map[string]map[EndpointMetadata]*formState // constraint set → forms asked for
+}
+
+type groupSnapshot struct {
+	snap     *cache.Snapshot
+	versions map[string]map[string]string
+}
+
+func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
+	if err := c.useForm(context.Background(), req.GetNode()); err != nil {
+		return nil, err
+	}
+	return c.sotw.CreateWatch(req, sub, out)
+}
+
+func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, out chan cache.DeltaResponse) (func(), error) {
+	if err := c.useForm(context.Background(), req.GetNode()); err != nil {
+		return nil, err
+	}
+	return c.delta.CreateDeltaWatch(req, sub, out)
+}
+
+func (c *Cache) Fetch(ctx context.Context, req *cache.Request) (cache.Response, error) {
+	if err := c.useForm(ctx, req.GetNode()); err != nil {
+		return nil, err
+	}
+	return c.delta.Fetch(ctx, req)
+}
+
+// useForm makes sure the group of a node asking for compact endpoint
+// metadata is derived, now and on every later publication of its
+// constraint set.
+func (c *Cache) useForm(ctx context.Context, node *corev3.Node) error {
+	if f, err := EndpointMetadataOf(node); err != nil || f == MetadataFull {
+		return nil // the default, or refused by the server before it asks
+	}
+	base, f := splitFormGroup(GroupOf(node))
+	if f == MetadataFull {
+		return nil // invalid constraints ("invalid"): the server refuses them first
+	}
+	c.forms.mu.Lock()
+	defer c.forms.mu.Unlock()
+	if c.forms.used[base][f] != nil {
+		return nil
+	}
+	if c.forms.used == nil {
+		c.forms.used = map[string]map[EndpointMetadata]*formState{}
+	}
+	if c.forms.used[base] == nil {
+		c.forms.used[base] = map[EndpointMetadata]*formState{}
+	}
+	fs := &formState{form: f}
+	c.forms.used[base][f] = fs
+	if p, ok := c.forms.bases[base]; ok {
+		return c.setForm(ctx, base, fs, p)
+	}
+	return nil
+}
+
+// Set publishes a group's snapshot, and the forms derived from it;
+// versions holds each resource's content version by type URL and name.
+func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot, versions map[string]map[string]string) error {
+	c.forms.mu.Lock()
+	defer c.forms.mu.Unlock()
+	if err := c.delta.SetSnapshot(ctx, group, snap); err != nil {
+		return err
+	}
+	c.sotw.set(group, snap, versions)
+	p := groupSnapshot{snap: snap, versions: versions}
+	if c.forms.bases == nil {
+		c.forms.bases = map[string]groupSnapshot{}
+	}
+	c.forms.bases[group] = p
+	var errs []error
+	for _, fs := range c.forms.used[group] {
+		errs = append(errs, c.setForm(ctx, group, fs, p))
+	}
+	return errors.Join(errs...)
+}
+
+// setForm publishes fs's form of p; c.forms.mu is held.
+func (c *Cache) setForm(ctx context.Context, base string, fs *formState, p groupSnapshot) error {
+	snap, versions := fs.derive(p.snap, p.versions)
+	group := formGroup(base, fs.form)
+	if err := c.delta.SetSnapshot(ctx, group, snap); err != nil {
+		return fmt.Errorf("%s: %w", group, err)
+	}
+	c.sotw.set(group, snap, versions)
+	return nil
+}
+
+// Clear drops a group and the forms derived from it.
+func (c *Cache) Clear(group string) {
+	c.forms.mu.Lock()
+	defer c.forms.mu.Unlock()
+	for f := range c.forms.used[group] {
+		c.delta.ClearSnapshot(formGroup(group, f))
+		c.sotw.clear(formGroup(group, f))
+	}
+	delete(c.forms.used, group)
+	delete(c.forms.bases, group)
+	c.delta.ClearSnapshot(group)
+	c.sotw.clear(group)
+}
