@@ -29,9 +29,11 @@ func shBlock(t *testing.T, readme, heading string) string {
 	return rest[:strings.Index(rest, "```")]
 }
 
-// The README's quickstart works as written: run by bash from the repository
-// root against a real Consul agent, only the ports moved through the
-// environment variables the commands read.
+// The README's quickstart works as written: run by bash against a real
+// Consul agent, only the ports moved through the environment variables the
+// commands read, in a temporary folder that mirrors the repository (links to
+// its files), so what the block builds and writes (bin/, d1.json) never
+// lands in the checkout.
 func TestReadmeQuickstart(t *testing.T) {
 	bin := consultest.RequireBinary(t)
 	if testing.Short() {
@@ -51,12 +53,12 @@ func TestReadmeQuickstart(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer agent.Close()
-	t.Cleanup(func() { os.Remove(filepath.Join(root, "d1.json")) })
+	dir := mirror(t, root)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 4*time.Minute)
 	defer cancel()
 	cmd := exec.CommandContext(ctx, "bash", "-euo", "pipefail", "-c", script)
-	cmd.Dir = root
+	cmd.Dir = dir
 	cmd.Env = append(os.Environ(), "CONSUL_HTTP_ADDR="+agent.HTTPAddr(), "LEASEHOLD_XDS_ADDR="+freeAddr(), "LEASEHOLD_ADMIN_ADDR="+freeAddr())
 	cmd.SysProcAttr = &syscall.SysProcAttr{Setpgid: true} // the block's background jobs share it
 	// A file, not a pipe: the block's background jobs keep their output
@@ -90,4 +92,26 @@ func TestReadmeQuickstart(t *testing.T) {
 	if !strings.Contains(text, "version-incompatible") || !strings.Contains(text, `does not satisfy "<2.0.0"`) {
 		t.Errorf("explain does not say why exec-2 is excluded:\n%s", text)
 	}
+}
+
+// mirror is a temporary folder linking to every entry of the repository at
+// root but bin/ (and what a checkout holds of git): the module builds there,
+// and what a script writes stays there.
+func mirror(t *testing.T, root string) string {
+	t.Helper()
+	dir := t.TempDir()
+	entries, err := os.ReadDir(root)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, e := range entries {
+		switch e.Name() {
+		case "bin", ".git", "d1.json":
+			continue
+		}
+		if err := os.Symlink(filepath.Join(root, e.Name()), filepath.Join(dir, e.Name())); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return dir
 }
