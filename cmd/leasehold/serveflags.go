@@ -126,22 +126,7 @@ func (f *serveFlags) config() (*serveConfig, error) {
 	} else {
 		cfg.consulReadRate = n
 	}
-	if f.dcs != "" {
-		seen := map[string]bool{}
-		for _, dc := range strings.Split(f.dcs, ",") {
-			dc = health.NormalizeDatacenter(dc) // Consul spells datacenters in lowercase
-			if err := health.ValidateDatacenter("datacenters", dc); err != nil {
-				bad("datacenters", fmt.Sprintf("%q: a datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", dc))
-				continue
-			}
-			if seen[dc] {
-				bad("datacenters", fmt.Sprintf("%q listed twice", dc))
-				continue
-			}
-			seen[dc] = true
-			cfg.datacenters = append(cfg.datacenters, dc)
-		}
-	}
+	cfg.datacenters = parseDatacenters(f.dcs, bad)
 	if n := consul.Connections(cfg.consulMaxConns, len(cfg.datacenters)); cfg.consulMaxConns > 0 && n > 200 {
 		bad("consul-max-conns", fmt.Sprintf("%d with %d datacenters holds up to %d connections to the agent, which refuses more than 200 from one address: lower it", cfg.consulMaxConns, max(len(cfg.datacenters), 1), n))
 	}
@@ -155,6 +140,40 @@ func (f *serveFlags) config() (*serveConfig, error) {
 	} else {
 		cfg.staleAfter = f.staleAfter
 	}
+	checkSecurity(&cfg, bad)
+	if len(errs) > 0 {
+		return nil, errors.New(strings.Join(errs, "\n"))
+	}
+	return &cfg, nil
+}
+
+// parseDatacenters reads --datacenters: names in Consul's lowercase, each
+// once.
+func parseDatacenters(list string, bad func(flag, msg string)) []string {
+	if list == "" {
+		return nil
+	}
+	var dcs []string
+	seen := map[string]bool{}
+	for _, dc := range strings.Split(list, ",") {
+		dc = health.NormalizeDatacenter(dc) // Consul spells datacenters in lowercase
+		if err := health.ValidateDatacenter("datacenters", dc); err != nil {
+			bad("datacenters", fmt.Sprintf("%q: a datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", dc))
+			continue
+		}
+		if seen[dc] {
+			bad("datacenters", fmt.Sprintf("%q listed twice", dc))
+			continue
+		}
+		seen[dc] = true
+		dcs = append(dcs, dc)
+	}
+	return dcs
+}
+
+// checkSecurity checks the TLS, authorization and admin-guard flags
+// together, and settles the admin port's TLS options.
+func checkSecurity(cfg *serveConfig, bad func(flag, msg string)) {
 	if (cfg.tls.Cert == "") != (cfg.tls.Key == "") {
 		bad("tls-cert", "--tls-cert and --tls-key go together")
 	}
@@ -174,10 +193,6 @@ func (f *serveFlags) config() (*serveConfig, error) {
 	if cfg.adminTokenFile == "" && cfg.adminTLS.ClientCA == "" && !server.IsLoopback(cfg.adminAddr) {
 		bad("admin-addr", fmt.Sprintf("%s is not a loopback address: set --admin-token-file or --admin-client-ca to guard /debug/* and /v1/*", cfg.adminAddr))
 	}
-	if len(errs) > 0 {
-		return nil, errors.New(strings.Join(errs, "\n"))
-	}
-	return &cfg, nil
 }
 
 func newServeCmd() *cobra.Command {
