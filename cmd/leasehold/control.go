@@ -256,35 +256,7 @@ the safety limit. --list shows every cordon with its state.`,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, fs, stdout, stderr := cmd.Context(), cmd.Flags(), cmd.OutOrStdout(), cmd.ErrOrStderr()
 			if list {
-				for _, n := range []string{"instance", "version-constraint", "task", "reason"} {
-					if fs.Changed(n) {
-						return usagef("--list shows every cordon: it takes no --%s", n)
-					}
-				}
-				k, err := cf.control(stderr)
-				if err != nil {
-					return err
-				}
-				cs, bad, err := k.Cordons(ctx)
-				if err != nil {
-					return failed(err)
-				}
-				view := af.cordonView(ctx, fs, 0, nil)
-				tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
-				fmt.Fprintln(tw, "ID\tSELECTS\tSTATE\tBY\tAT\tAPPROVED BY\tREASON")
-				for _, c := range cs {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Selector(), view.short(c.ID), c.By, c.At.Format(time.RFC3339), dash(c.ApprovedBy), c.Reason)
-				}
-				tw.Flush()
-				if view.err != nil {
-					fmt.Fprintf(stderr, "STATE %s\n", view.unknown())
-				} else if len(cs) > 0 {
-					fmt.Fprintf(stderr, "STATE as the replica at %s sees it (held: kept routed by the safety limit, at most floor(%g × live executors) of a task type cordoned)\n", view.addr, view.limit)
-				}
-				for key, err := range bad {
-					fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
-				}
-				return nil
+				return listCordons(ctx, &cf, &af, fs, stdout, stderr)
 			}
 			var f explainFlags
 			if errs := af.explainFlags(fs, &f); len(errs) > 0 {
@@ -322,6 +294,39 @@ the safety limit. --list shows every cordon with its state.`,
 	af.register(fs, "asked for the cordons' state")
 	filenameFlags(cmd, "admin-token-file", "tls-ca", "tls-cert", "tls-key")
 	return cmd
+}
+
+// listCordons prints every cordon with its state as a replica sees it.
+func listCordons(ctx context.Context, cf *controlFlags, af *adminFlags, fs *pflag.FlagSet, stdout, stderr io.Writer) error {
+	for _, n := range []string{"instance", "version-constraint", "task", "reason"} {
+		if fs.Changed(n) {
+			return usagef("--list shows every cordon: it takes no --%s", n)
+		}
+	}
+	k, err := cf.control(stderr)
+	if err != nil {
+		return err
+	}
+	cs, bad, err := k.Cordons(ctx)
+	if err != nil {
+		return failed(err)
+	}
+	view := af.cordonView(ctx, fs, 0, nil)
+	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
+	fmt.Fprintln(tw, "ID\tSELECTS\tSTATE\tBY\tAT\tAPPROVED BY\tREASON")
+	for _, c := range cs {
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Selector(), view.short(c.ID), c.By, c.At.Format(time.RFC3339), dash(c.ApprovedBy), c.Reason)
+	}
+	tw.Flush()
+	if view.err != nil {
+		fmt.Fprintf(stderr, "STATE %s\n", view.unknown())
+	} else if len(cs) > 0 {
+		fmt.Fprintf(stderr, "STATE as the replica at %s sees it (held: kept routed by the safety limit, at most floor(%g × live executors) of a task type cordoned)\n", view.addr, view.limit)
+	}
+	for key, err := range bad {
+		fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
+	}
+	return nil
 }
 
 // cordonFlagNames renames a cordon's fields in err to the flags that set
