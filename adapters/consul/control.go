@@ -36,65 +36,61 @@ var ErrControl = errors.New("control")
 // kind changes (a missing right: ACLError, key_prefix "leasehold/control/"
 // read), OK after the first answer of each run.
 //
-// It follows the watches' rules (queryIndex; cfg's back-off, clock and
-// pace, as the other KV listings: MinInterval × 4); cfg.Logger logs.
+// It runs the watches' loop (queryLoop) with cfg's back-off, clock and pace
+// (as the other KV listings: MinInterval × 4); cfg.Logger logs.
 func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observation, cfg WatchConfig) {
 	cfg = cfg.withDefaults()
-	log, clock := cfg.Logger, cfg.Clock
-	q := queryIndex{kvListing: true}
-	bo := newBackoff(100*time.Millisecond, cfg.MaxBackoff)
 	var last sentControl
 	answered := false // the current run of answers has been reported
 	var failedAs health.Contact
-	send := func(o health.Observation) bool {
+	send := func(ctx context.Context, o health.Observation) error {
 		o.At = time.Now()
 		select {
 		case out <- o:
-			return true
+			return nil
 		case <-ctx.Done():
-			return false
+			return ctx.Err()
 		}
 	}
-	for ctx.Err() == nil {
-		started := clock.Now()
-		pairs, meta, err := readControl(ctx, c, (&api.QueryOptions{WaitIndex: q.index, WaitTime: 60 * time.Second}).WithContext(ctx))
-		if err != nil {
-			if ctx.Err() != nil {
-				return
+	queryLoop{
+		clock: cfg.Clock, maxBackoff: cfg.MaxBackoff, kvListing: true,
+		interval: cfg.MinInterval * 4, freshInterval: cfg.MinInterval * 4,
+		before: func(context.Context) (time.Duration, bool) { return 60 * time.Second, true },
+		after: func(ctx context.Context, _, _ uint64, err error) bool {
+			if err == nil || ctx.Err() != nil {
+				return ctx.Err() == nil
 			}
 			prob, detail := classify(err)
-			log.Warn("watching operator controls in Consul KV failed; the last ones stay in force", "prefix", ControlPrefix, "err", err)
 			if answered || failedAs.Problem != prob || (prob != health.ProblemUnreachable && failedAs.Detail != detail) {
 				failedAs = health.Contact{Err: err, Problem: prob, Detail: detail}
-				if !send(health.Observation{ControlContact: &failedAs}) {
-					return
+				if send(ctx, health.Observation{ControlContact: &failedAs}) != nil {
+					return false
 				}
 			}
 			answered = false
-			q.failed()
-			if !pause(ctx, clock, bo.next(), nil) {
-				return
-			}
-			continue
+			return true
+		},
+		failed: func(err error, retryIn time.Duration) {
+			cfg.Logger.Warn("watching operator controls in Consul KV failed; the last ones stay in force", "prefix", ControlPrefix, "err", err, "retry_in", retryIn)
+		},
+	}.run(ctx, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+		pairs, meta, err := readControl(ctx, c, (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(ctx))
+		if err != nil {
+			return 0, err
 		}
-		bo.reset()
-		q.answered(meta.LastIndex)
 		for _, o := range last.changes(pairs, meta.LastIndex) {
-			if !send(o) {
-				return
+			if err := send(ctx, o); err != nil {
+				return 0, err
 			}
 		}
 		if !answered {
 			answered, failedAs = true, health.Contact{}
-			if !send(health.Observation{ControlContact: &health.Contact{OK: true}}) {
-				return
+			if err := send(ctx, health.Observation{ControlContact: &health.Contact{OK: true}}); err != nil {
+				return 0, err
 			}
 		}
-		// Blocking queries can return early with the same index; pace them.
-		if !pause(ctx, clock, cfg.MinInterval*4-clock.Since(started), nil) {
-			return
-		}
-	}
+		return meta.LastIndex, nil
+	})
 }
 
 // sentControl is what the control watch last sent.

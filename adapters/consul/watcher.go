@@ -499,74 +499,63 @@ func (w *Watcher) worstErrLocked() (health.ContactProblem, string, error) {
 // jittered exponential back-off after errors.
 func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, spec watchSpec,
 	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
-	clock := w.cfg.Clock
-	name, minInterval, useSlot := spec.name, spec.minInterval, spec.useSlot
-	bo := newBackoff(100*time.Millisecond, w.cfg.MaxBackoff)
+	name := spec.name
 	kind := metric.WithAttributes(w.attrs(attribute.String("watch", watchKind(name)))...)
-	q := queryIndex{kvListing: spec.kvListing}
-	for ctx.Err() == nil {
-		if spec.budget != nil && !w.awaitBudget(ctx, spec, kind) {
-			return
-		}
-		wait := w.cfg.FastWait
-		if useSlot {
-			wait = w.cfg.WaitTime
+	var sizes *readSizes // of the query in flight
+	queryLoop{
+		clock: w.cfg.Clock, maxBackoff: w.cfg.MaxBackoff, kvListing: spec.kvListing,
+		// after a fresh read (the first, or after an error) the slow pace
+		// would only delay what changed since, e.g. the first task type
+		// registering just after leasehold started
+		interval: spec.minInterval, freshInterval: w.cfg.MinInterval * 4,
+		before: func(ctx context.Context) (time.Duration, bool) {
+			if spec.budget != nil && !w.awaitBudget(ctx, spec, kind) {
+				return 0, false
+			}
+			if !spec.useSlot {
+				return w.cfg.FastWait, true
+			}
 			if !w.acquire(ctx) {
-				return
+				return 0, false
 			}
 			if w.waiting.Load() > 0 {
-				wait = w.cfg.ContendedWait
+				return w.cfg.ContendedWait, true
 			}
-		}
-		started := clock.Now()
-		qctx, sizes := withReadSizes(ctx)
-		next, err := w.runQuery(qctx, out, name, q.index, wait, query)
-		if useSlot {
-			<-w.slots
-		}
-		w.countRead(ctx, spec, sizes)
-		w.requests.Add(ctx, 1, kind)
-		if err != nil && ctx.Err() == nil {
-			w.errs.Add(ctx, 1, kind)
-		} else if err == nil && next != q.index {
-			w.wakeups.Add(ctx, 1, kind)
-		}
-		w.contact(ctx, out, name, err)
-		var rest time.Duration
-		if err != nil {
-			if ctx.Err() != nil {
-				return
+			return w.cfg.WaitTime, true
+		},
+		after: func(ctx context.Context, index, next uint64, err error) bool {
+			if spec.useSlot {
+				<-w.slots
 			}
-			rest = bo.next()
-			q.failed()
-			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", rest)
-		} else {
-			bo.reset()
-			interval := minInterval
-			if q.fresh() {
-				// after a fresh read (the first, or after an error) the slow
-				// pace would only delay what changed since, e.g. the first
-				// task type registering just after leasehold started
-				interval = min(interval, w.cfg.MinInterval*4)
+			w.countRead(ctx, spec, sizes)
+			w.requests.Add(ctx, 1, kind)
+			if err != nil && ctx.Err() == nil {
+				w.errs.Add(ctx, 1, kind)
+			} else if err == nil && next != index {
+				w.wakeups.Add(ctx, 1, kind)
 			}
-			from := q.highest
-			if q.answered(next) {
-				w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", from, "to", next)
-				w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
-			}
-			rest = interval - clock.Since(started)
-		}
+			w.contact(ctx, out, name, err)
+			return true
+		},
+		failed: func(err error, retryIn time.Duration) {
+			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", retryIn)
+		},
+		lostState: func(ctx context.Context, from, to uint64) {
+			w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", from, "to", to)
+			w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
+		},
 		// The wake channel is taken before looking for a pending request: a
 		// Refresh queues its request, then closes the channel, so one that
 		// comes after the look still ends the pause.
-		wake := w.refreshWakeOf(name)
-		if kick := w.refreshC[name]; len(kick) > 0 && err == nil {
-			rest = 0 // a refresh is pending: fencing waits for no pause
-		}
-		if !pause(ctx, clock, rest, wake) { // a Refresh ends it: fencing waits for no pause
-			return
-		}
-	}
+		wake: func() (<-chan struct{}, bool) {
+			wake := w.refreshWakeOf(name)
+			return wake, len(w.refreshC[name]) > 0
+		},
+	}.run(ctx, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+		var qctx context.Context
+		qctx, sizes = withReadSizes(ctx)
+		return w.runQuery(qctx, out, name, index, wait, query)
+	})
 }
 
 // refreshWakeOf is the channel a Refresh closes if watch name is one it

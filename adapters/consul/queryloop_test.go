@@ -2,7 +2,7 @@ package consul
 
 import "testing"
 
-// TestQueryIndexRules: the index rules every blocking-query loop follows.
+// TestQueryIndexRules: the index rules every blocking-query loop (queryLoop) follows.
 func TestQueryIndexRules(t *testing.T) {
 	type step struct {
 		fail   bool
