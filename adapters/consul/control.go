@@ -60,6 +60,7 @@ func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observat
 			if err == nil || ctx.Err() != nil {
 				return ctx.Err() == nil
 			}
+			cfg.Logger.Warn("watching operator controls in Consul KV failed; the last ones stay in force", "prefix", ControlPrefix, "err", err)
 			prob, detail := classify(err)
 			if answered || failedAs.Problem != prob || (prob != health.ProblemUnreachable && failedAs.Detail != detail) {
 				failedAs = health.Contact{Err: err, Problem: prob, Detail: detail}
@@ -69,9 +70,6 @@ func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observat
 			}
 			answered = false
 			return true
-		},
-		failed: func(err error, retryIn time.Duration) {
-			cfg.Logger.Warn("watching operator controls in Consul KV failed; the last ones stay in force", "prefix", ControlPrefix, "err", err, "retry_in", retryIn)
 		},
 	}.run(ctx, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		pairs, meta, err := readControl(ctx, c, (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(ctx))
