@@ -44,37 +44,7 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
-		ready := cfg.Ready.Ready()
-		body := map[string]any{"ready": ready}
-		if rr, ok := cfg.Ready.(readinessReason); ok {
-			// One load: ready and its reason agree.
-			why := rr.Readiness()
-			ready = why.Ready
-			body["ready"] = ready
-			if !ready {
-				body["reason"] = why.Reason // first_read_pending, consul_unreachable, acl, tls
-				body["detail"] = why.Detail // what is pending, the error, the missing rights, the certificate problem
-				if why.Source != "" {
-					body["source"] = why.Source // a datacenter, or the operator controls
-				}
-			}
-		}
-		if t := cfg.LastContact(); !t.IsZero() {
-			body["consul_last_contact"] = t.UTC().Format(time.RFC3339Nano)
-			body["consul_contact_age_seconds"] = time.Since(t).Seconds()
-		}
-		if cfg.Syncer != nil {
-			if dcs := datacenterReach(cfg.Syncer.View()); dcs != nil {
-				body["datacenters"] = dcs
-			}
-		}
-		status := http.StatusOK
-		if !ready {
-			status = http.StatusServiceUnavailable
-		}
-		writeJSON(w, status, body)
-	})
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) { serveReadyz(w, cfg) })
 	if cfg.Fencing != nil {
 		mux.Handle("GET /v1/session", cfg.Fencing)
 	}
@@ -123,6 +93,41 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 		})
 	}
 	return mux
+}
+
+// serveReadyz answers /readyz: 200 when ready, else 503 with the reason
+// (first_read_pending, consul_unreachable, acl, tls), its detail and source;
+// Consul's last contact and each datacenter's reach either way.
+func serveReadyz(w http.ResponseWriter, cfg AdminConfig) {
+	ready := cfg.Ready.Ready()
+	body := map[string]any{"ready": ready}
+	if rr, ok := cfg.Ready.(readinessReason); ok {
+		// One load: ready and its reason agree.
+		why := rr.Readiness()
+		ready = why.Ready
+		body["ready"] = ready
+		if !ready {
+			body["reason"] = why.Reason // first_read_pending, consul_unreachable, acl, tls
+			body["detail"] = why.Detail // what is pending, the error, the missing rights, the certificate problem
+			if why.Source != "" {
+				body["source"] = why.Source // a datacenter, or the operator controls
+			}
+		}
+	}
+	if t := cfg.LastContact(); !t.IsZero() {
+		body["consul_last_contact"] = t.UTC().Format(time.RFC3339Nano)
+		body["consul_contact_age_seconds"] = time.Since(t).Seconds()
+	}
+	if cfg.Syncer != nil {
+		if dcs := datacenterReach(cfg.Syncer.View()); dcs != nil {
+			body["datacenters"] = dcs
+		}
+	}
+	status := http.StatusOK
+	if !ready {
+		status = http.StatusServiceUnavailable
+	}
+	writeJSON(w, status, body)
 }
 
 func writeJSON(w http.ResponseWriter, status int, v any) {
