@@ -454,7 +454,12 @@ validating it, show prints what is stored, clear removes it.`,
 			return usagef("unknown subcommand %q: want set FILE, show or clear", args[0])
 		},
 	}
-	var setFlags, clearFlags, showFlags controlFlags
+	cmd.AddCommand(newRulesSetCmd(), newRulesShowCmd(), newRulesClearCmd())
+	return cmd
+}
+
+func newRulesSetCmd() *cobra.Command {
+	var setFlags controlFlags
 	set := &cobra.Command{
 		Use:   "set FILE",
 		Short: "validate a rules file (YAML or JSON) and store it for every replica",
@@ -480,6 +485,11 @@ validating it, show prints what is stored, clear removes it.`,
 	set.ValidArgsFunction = func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
 		return []cobra.Completion{"yaml", "yml", "json"}, cobra.ShellCompDirectiveFilterFileExt
 	}
+	return set
+}
+
+func newRulesShowCmd() *cobra.Command {
+	var showFlags controlFlags
 	show := &cobra.Command{
 		Use:   "show",
 		Short: "print the rules stored in Consul KV",
@@ -503,6 +513,11 @@ validating it, show prints what is stored, clear removes it.`,
 	}
 	showFlags.register(show.Flags())
 	ignoredFlag(show.Flags(), "by", "a read needs no --by")
+	return show
+}
+
+func newRulesClearCmd() *cobra.Command {
+	var clearFlags controlFlags
 	clear := &cobra.Command{
 		Use:   "clear",
 		Short: "remove the rules from Consul KV (each replica's --rules file, or the defaults, apply)",
@@ -521,8 +536,7 @@ validating it, show prints what is stored, clear removes it.`,
 	}
 	clearFlags.register(clear.Flags())
 	clearFlags.registerWriter(clear.Flags())
-	cmd.AddCommand(set, show, clear)
-	return cmd
+	return clear
 }
 
 // rulesJSON reads a rollout file (YAML or JSON), validates it and returns
