@@ -166,28 +166,7 @@ func followConsulEDS(ctx context.Context, grpcAddr string, tasks []string) (*con
 					}
 				}
 			case resource.EndpointType:
-				c.mu.Lock()
-				for _, res := range r.Resources {
-					p := map[uint32]bool{}
-					sidecarPorts(res.GetResource().GetValue(), p)
-					c.byRes[res.Name] = p
-				}
-				for _, name := range r.RemovedResources {
-					delete(c.byRes, name)
-				}
-				ports := map[uint32]bool{}
-				for _, p := range c.byRes {
-					maps.Copy(ports, p)
-				}
-				for p := range c.ports {
-					if !ports[p] {
-						if _, ok := c.gone[p]; !ok {
-							c.gone[p] = at
-						}
-					}
-				}
-				c.ports = ports
-				c.mu.Unlock()
+				c.take(r, at)
 				select {
 				case ready <- nil:
 				default:
@@ -208,6 +187,33 @@ func followConsulEDS(ctx context.Context, grpcAddr string, tasks []string) (*con
 		return nil, errors.New("consul xDS: no endpoints within 60s")
 	}
 	return c, nil
+}
+
+// take applies an endpoints response received at: the ports offered now,
+// and when each one that left was last offered.
+func (c *consulEDS) take(r *discovery.DeltaDiscoveryResponse, at time.Time) {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	for _, res := range r.Resources {
+		p := map[uint32]bool{}
+		sidecarPorts(res.GetResource().GetValue(), p)
+		c.byRes[res.Name] = p
+	}
+	for _, name := range r.RemovedResources {
+		delete(c.byRes, name)
+	}
+	ports := map[uint32]bool{}
+	for _, p := range c.byRes {
+		maps.Copy(ports, p)
+	}
+	for p := range c.ports {
+		if !ports[p] {
+			if _, ok := c.gone[p]; !ok {
+				c.gone[p] = at
+			}
+		}
+	}
+	c.ports = ports
 }
 
 // await waits until cond holds for the offered ports.
