@@ -8,6 +8,7 @@ import (
 	"io"
 	"log/slog"
 	"math"
+	"net/http"
 	"os"
 	"strconv"
 	"strings"
@@ -134,7 +135,8 @@ type cordonView struct {
 	addr     string
 	byID     map[string]health.CordonStatus
 	limit    float64
-	err      error // no answer: the state is unknown here
+	err      error  // no answer: the state is unknown here
+	notReady string // why the replica is not ready, when what was waited for did not come
 	asked    bool
 	approval health.CordonApproval
 }
@@ -167,7 +169,11 @@ func (a *adminFlags) cordonView(ctx context.Context, fs *pflag.FlagSet, wait tim
 		if st.Rollout != nil {
 			v.approval = st.Rollout.Approval
 		}
-		if ready == nil || ready(v.byID) || time.Now().After(deadline) {
+		if ready == nil || ready(v.byID) {
+			return v
+		}
+		if time.Now().After(deadline) {
+			v.notReady = notReady(ctx, f)
 			return v
 		}
 		select {
@@ -176,6 +182,24 @@ func (a *adminFlags) cordonView(ctx context.Context, fs *pflag.FlagSet, wait tim
 		case <-time.After(100 * time.Millisecond):
 		}
 	}
+}
+
+// notReady is why the replica says it is not ready ("" when it is, or
+// does not say): a replica that cannot read the operators' controls never
+// sees a cordon, and its /readyz names the missing right.
+func notReady(ctx context.Context, f explainFlags) string {
+	var rz struct {
+		Ready                  bool
+		Reason, Detail, Source string
+	}
+	if status, err := getJSONStatus(ctx, f, "/readyz", &rz); err != nil || status == http.StatusOK || rz.Ready {
+		return ""
+	}
+	why := rz.Reason + ": " + rz.Detail
+	if rz.Source != "" {
+		why += " (" + rz.Source + ")"
+	}
+	return why
 }
 
 // unknown says why the state is not known here.
@@ -189,6 +213,9 @@ func (v cordonView) long(id string) string {
 		return v.unknown()
 	}
 	st, ok := v.byID[id]
+	if !ok && v.notReady != "" {
+		return fmt.Sprintf("not seen by the replica at %s, which is not ready: %s (its /readyz)", v.addr, v.notReady)
+	}
 	if !ok {
 		return fmt.Sprintf("not yet seen by the replica at %s (is it watching the same Consul?)", v.addr)
 	}

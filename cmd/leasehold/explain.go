@@ -133,6 +133,31 @@ func isTerminal(w io.Writer) bool {
 }
 
 func getJSON(ctx context.Context, f explainFlags, path string, v any) error {
+	status, b, err := adminGet(ctx, f, path)
+	if err != nil {
+		return err
+	}
+	if status != http.StatusOK {
+		return fmt.Errorf("%s: %d %s: %s", path, status, http.StatusText(status), strings.TrimSpace(string(b[:min(len(b), 4096)])))
+	}
+	return json.Unmarshal(b, v)
+}
+
+// getJSONStatus is getJSON for a path whose every status carries a JSON
+// body (/readyz answers 503 with its reason).
+func getJSONStatus(ctx context.Context, f explainFlags, path string, v any) (int, error) {
+	status, b, err := adminGet(ctx, f, path)
+	if err != nil {
+		return 0, err
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return 0, fmt.Errorf("%s: %d %s: %w", path, status, http.StatusText(status), err)
+	}
+	return status, nil
+}
+
+// adminGet reads path from the replica's admin port.
+func adminGet(ctx context.Context, f explainFlags, path string) (int, []byte, error) {
 	base := f.admin
 	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
 	defer cancel()
@@ -142,21 +167,21 @@ func getJSON(ctx context.Context, f explainFlags, path string, v any) error {
 	}
 	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+base+path, nil)
 	if err != nil {
-		return err
+		return 0, nil, err
 	}
 	if f.token != "" {
 		req.Header.Set("Authorization", "Bearer "+f.token)
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return fmt.Errorf("admin API at %s: %w", base, err)
+		return 0, nil, fmt.Errorf("admin API at %s: %w", base, err)
 	}
 	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		b, _ := io.ReadAll(io.LimitReader(resp.Body, 4096))
-		return fmt.Errorf("%s: %s: %s", path, resp.Status, strings.TrimSpace(string(b)))
+	b, err := io.ReadAll(resp.Body)
+	if err != nil {
+		return 0, nil, fmt.Errorf("%s: %w", path, err)
 	}
-	return json.NewDecoder(resp.Body).Decode(v)
+	return resp.StatusCode, b, nil
 }
 
 func explain(ctx context.Context, f explainFlags, w io.Writer) error {
