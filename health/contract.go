@@ -308,8 +308,9 @@ func validateLabels(labels map[string]string, fixed int) FieldErrors {
 	return errs
 }
 
-// fixedMetaKeys counts the contract's meta keys, replaces included even when
-// absent, so the label budget is one number.
+// fixedMetaKeys counts the contract's meta keys, replaces included: Validate
+// (what the Registrar and leasehold register check) keeps room for it even
+// when absent; a registration read from Consul counts it only when present.
 const fixedMetaKeys = 7 // instance_id, session_id, generation, version, capacity, state, replaces
 
 // Meta encodes the registration as Consul service meta.

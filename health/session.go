@@ -215,8 +215,8 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 }
 
 // replacedState answers STALE for a session that by, a present (or
-// remembered) session of its instance, names as one it replaced; the newer session reported is
-// the instance's newest (by or one newer still).
+// remembered) session of its instance, names as one it replaced; the newer
+// session reported is the instance's newest (by or one newer still).
 func (ix SessionIndex) replacedState(st *SessionStatus, by SessionStatus) {
 	n := by
 	if newest, ok := ix.newest[st.InstanceID]; ok && newest.Generation > n.Generation {

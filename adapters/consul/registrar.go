@@ -285,7 +285,7 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 			return time.Time{}, fmt.Errorf("session generation: %w", err)
 		}
 		key.generation = gen
-		key.replaces = replacedSessions(append(prior, r.registered...), key.id, gen)
+		key.replaces = replacedSessions(append(prior, r.registered...), r.cfg.InstanceID, key.id, gen)
 		r.ownGen = max(r.ownGen, gen)
 	}
 	sentAt := r.cfg.Clock.Now()
@@ -331,7 +331,7 @@ func (r *Registrar) priorSessions(ctx context.Context) []priorSession {
 // replaces meta: the newest older sessions known, so that a leasehold which
 // never saw them still answers them STALE. A session at gen or above (a
 // concurrent start) or without a generation is not known to be older.
-func replacedSessions(prior []priorSession, id string, gen uint64) []string {
+func replacedSessions(prior []priorSession, instanceID, id string, gen uint64) []string {
 	prior = slices.Clone(prior)
 	slices.SortStableFunc(prior, func(a, b priorSession) int { return cmp.Compare(b.generation, a.generation) })
 	var out []string
@@ -339,10 +339,10 @@ func replacedSessions(prior []priorSession, id string, gen uint64) []string {
 		if len(out) == health.MaxReplaces {
 			break
 		}
-		if p.generation == 0 || p.generation >= gen || p.id == id || p.id == "" || slices.Contains(out, p.id) {
+		if p.generation == 0 || p.generation >= gen || p.id == id || slices.Contains(out, p.id) {
 			continue
 		}
-		if _, err := health.ParseReplaces(id, p.id); err != nil {
+		if health.ValidateSessionQuery(instanceID, p.id) != nil {
 			continue // not a session id (a registration breaking the contract)
 		}
 		out = append(out, p.id)

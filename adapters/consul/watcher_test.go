@@ -339,7 +339,8 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 		t.Fatalf("observation %+v", o)
 	}
 	c := h.stepUntil("nonpassing", 10*time.Millisecond) // past the pace between queries
-	for c.index == 0 { // the warning watch's fresh read of the critical checks after its first answer
+	// the warning watch's fresh read of the critical checks after its first answer
+	for c.index == 0 {
 		c = h.cat.call(t, "nonpassing")
 	}
 	if c.index != 10 {
