@@ -4,6 +4,7 @@ import (
 	"context"
 	"slices"
 	"sort"
+	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -34,6 +35,9 @@ type taskState struct {
 	// Members whose read saw a check non-passing: their join follows the
 	// non-passing set's index even when the set has no entry for it.
 	nonPassing []int32
+	// shortestLease is the shortest lease_ttl its registrations declare
+	// (0: none does).
+	shortestLease time.Duration
 	bad        map[string]string // bad registrations (service id@node) and their error, logged once
 	was        map[string]uint64 // a fresh read's predecessor: prints by registration (for the change span)
 
@@ -61,6 +65,9 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 		}
 		if np {
 			ts.nonPassing = append(ts.nonPassing, int32(i))
+		}
+		if l := m.LeaseTTL; l > 0 && m.Err == nil && (ts.shortestLease == 0 || l < ts.shortestLease) {
+			ts.shortestLease = l
 		}
 		ts.insts[m.InstanceID] = append(ts.insts[m.InstanceID], int32(i))
 		ts.nodes[m.Node] = append(ts.nodes[m.Node], int32(i))
@@ -138,7 +145,7 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 	for name, d := range s.dcs {
 		s.markNonPassing(name, d)
 	}
-	s.markFloorChanges(instances)
+	s.markKeyChanges(instances)
 	s.markLapseMarks(instances)
 	if s.ctl.dirty || s.fullBatches {
 		for _, ts := range s.fleet {
@@ -154,7 +161,7 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 		}
 		s.joinMarked(ctx, task.dc, ts, instances, &r)
 	}
-	s.fenceInstances(instances)
+	s.fenceInstances(ctx, instances, &r)
 	s.applyControl()
 	s.rememberChanges(tasks, &r)
 	s.ctl.dirty = false
@@ -198,24 +205,6 @@ func (s *Syncer) replaceMemberships(tasks []fleetKey, instances map[string]struc
 	}
 	for _, old := range replaced { // after counting the new reads: a session still listed stays present
 		s.countPresence(old, -1, instances)
-	}
-}
-
-// markFloorChanges: the instances whose generation floor changed are fenced
-// again.
-func (s *Syncer) markFloorChanges(instances map[string]struct{}) {
-	if s.floorGen != s.floorJoinedGen {
-		for inst, g := range s.floor {
-			if s.floorJoined[inst] != g {
-				instances[inst] = struct{}{}
-			}
-		}
-		for inst := range s.floorJoined {
-			if _, ok := s.floor[inst]; !ok {
-				instances[inst] = struct{}{}
-			}
-		}
-		s.floorJoined, s.floorJoinedGen = s.floor, s.floorGen
 	}
 }
 
@@ -327,17 +316,6 @@ func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, insta
 				}
 				return
 			}
-			// Session ids are only unique per instance by contract.
-			sk := [2]string{e.InstanceID, e.SessionID}
-			if _, marked := s.marked[sk]; !s.lapsed[sk] && (marked || s.lapsedBefore(e)) {
-				s.lapsed[sk] = true // it reappeared, or another replica (or this one before a restart) saw it lapse: once lapsed, always lapsed
-			}
-			if (e.LeaseStatus == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
-				s.lapsed[sk] = true
-				r.lapses = append(r.lapses, e)
-				s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
-				s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task, "node_failed", e.NodeFailed)
-			}
 		})
 		if bad != nil {
 			ts.bad = bad
@@ -346,11 +324,14 @@ func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, insta
 }
 
 // fenceInstances fences every instance concerned, across task types and
-// datacenters; a lapse seen in one task type is seen in the others of the
-// session at once.
-func (s *Syncer) fenceInstances(instances map[string]struct{}) {
+// datacenters, then notes its lapses: a lapse seen in one task type is seen
+// in the others of the session at once. Fencing comes first so that a
+// registration its instance's generation key does not confirm (a copy of a
+// session, or a forged one) never makes a session lapsed.
+func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct{}, r *batchResult) {
+	var group []*health.Executor
 	for inst := range instances {
-		var group []*health.Executor
+		group = group[:0]
 		for _, ts := range s.fleet {
 			idx := ts.insts[inst]
 			if len(idx) == 0 {
@@ -359,14 +340,37 @@ func (s *Syncer) fenceInstances(instances map[string]struct{}) {
 			ts.own()
 			for _, i := range idx {
 				ts.mark(i)
-				e := &ts.execs[i]
-				if e.Err == nil {
-					e.LapseSeen = s.lapsed[[2]string{e.InstanceID, e.SessionID}]
-				}
-				group = append(group, e)
+				group = append(group, &ts.execs[i])
 			}
 		}
-		health.FenceInstance(group, s.floor[inst])
+		health.FenceInstance(group, s.keys[inst])
+		for _, e := range group {
+			if e.Err == nil && e.Unconfirmed == "" {
+				s.noteLapse(ctx, e, r)
+			}
+		}
+		for _, e := range group {
+			if e.Err == nil {
+				e.LapseSeen = e.Unconfirmed == "" && s.lapsed[[2]string{e.InstanceID, e.SessionID}]
+			}
+		}
+	}
+}
+
+// noteLapse notes a confirmed registration's session as lapsed when its
+// lease or node says so, or when it was seen lapsed before (by this replica
+// before a restart, or by another one: a lapse mark).
+func (s *Syncer) noteLapse(ctx context.Context, e *health.Executor, r *batchResult) {
+	// Session ids are only unique per instance by contract.
+	sk := [2]string{e.InstanceID, e.SessionID}
+	if _, marked := s.marked[sk]; !s.lapsed[sk] && (marked || s.lapsedBefore(*e)) {
+		s.lapsed[sk] = true // it reappeared, or another replica (or this one before a restart) saw it lapse: once lapsed, always lapsed
+	}
+	if (e.LeaseStatus == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
+		s.lapsed[sk] = true
+		r.lapses = append(r.lapses, *e)
+		s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
+		s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task, "node_failed", e.NodeFailed)
 	}
 }
 

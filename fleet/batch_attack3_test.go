@@ -357,7 +357,7 @@ func (w *a3World) observation(clock *clockwork.FakeClock) (health.Observation, b
 				floor[fmt.Sprintf("i%d", i)] = uint64(1 + r.IntN(7))
 			}
 		}
-		o.Generations = &health.Generations{Index: w.next(), Floor: floor}
+		o.Generations = &health.Generations{Index: w.next(), Keys: fleettest.Keys(floor)}
 	case k < 32:
 		raw := map[string][]byte{}
 		for c := range 3 {
@@ -627,7 +627,7 @@ func a3Describe(obs []health.Observation) string {
 		case o.NonPassing != nil:
 			s += fmt.Sprintf("\n  non-passing@%d %v", o.NonPassing.Index, o.NonPassing.Checks)
 		case o.Generations != nil:
-			s += fmt.Sprintf("\n  generations@%d %v", o.Generations.Index, o.Generations.Floor)
+			s += fmt.Sprintf("\n  generations@%d %v", o.Generations.Index, o.Generations.Keys)
 		case o.Cordons != nil:
 			s += fmt.Sprintf("\n  cordons %d", len(o.Cordons.Raw))
 		case o.Rules != nil:

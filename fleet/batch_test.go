@@ -172,7 +172,7 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 					floor[fmt.Sprintf("i%d", i)] = uint64(1 + r.IntN(5))
 				}
 			}
-			o.Generations = &health.Generations{Index: next(), Floor: floor}
+			o.Generations = &health.Generations{Index: next(), Keys: fleettest.Keys(floor)}
 		case k < 17:
 			raw := map[string][]byte{}
 			if r.IntN(2) == 0 {

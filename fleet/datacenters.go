@@ -21,10 +21,11 @@ type dcState struct {
 	np, npJoined *health.NonPassingSet
 	haveNP       bool
 	haveGen      bool
-	tasks        []string           // task types Consul lists; nil until first read
-	floor        map[string]uint64  // per instance: the generation in this datacenter's KV
-	marks        []health.LapseMark // the lapse marks in this datacenter's KV
-	haveMarks    bool               // they have been read
+	tasks        []string                           // task types Consul lists; nil until first read
+	listed       map[string]health.GenerationRecord // per instance: its generation key in this datacenter's last listing
+	keyReads     map[string]health.GenerationRecord // per instance: its key read back by a task watch, newer than the listing
+	marks        []health.LapseMark                 // the lapse marks in this datacenter's KV
+	haveMarks    bool                               // they have been read
 	genIndex     uint64
 	failing      bool      // some watch of it failed and has not answered since
 	failedAt     time.Time // when the failures began
@@ -55,6 +56,9 @@ type DCIndexes struct {
 	// Reach: whether the datacenter answers (and Detail why not).
 	Reach       health.Reach
 	ReachDetail string
+	// ShortestLease is the shortest lease_ttl its registrations declare
+	// (0: none does): a silence longer than that may hide a lapse.
+	ShortestLease time.Duration
 }
 
 // answered notes when the watches that always answer last did.
@@ -126,7 +130,7 @@ func (s *Syncer) mergeMarks() map[string]struct{} {
 func (s *Syncer) dc(name string) *dcState {
 	d := s.dcs[name]
 	if d == nil {
-		d = &dcState{floor: map[string]uint64{}}
+		d = &dcState{}
 		s.dcs[name] = d
 	}
 	return d
@@ -168,26 +172,6 @@ func taskNames(m map[fleetKey]*health.TaskMembers) []string {
 	return out
 }
 
-// mergeFloors is every datacenter's generation floor in one: per instance
-// the highest (an instance's generation key lives in its own datacenter;
-// should one instance id have keys in two, the newer generation wins).
-func (s *Syncer) mergeFloors() {
-	if len(s.dcs) == 1 {
-		for _, d := range s.dcs {
-			s.floor = d.floor
-		}
-	} else {
-		merged := map[string]uint64{}
-		for _, d := range s.dcs {
-			for inst, g := range d.floor {
-				merged[inst] = max(merged[inst], g)
-			}
-		}
-		s.floor = merged
-	}
-	s.floorGen++
-}
-
 // silentSince is when the datacenter was last heard from (its watches all
 // answered), or when the syncer started if never.
 func (s *Syncer) silentSince(d *dcState) time.Time {
@@ -209,7 +193,7 @@ func (s *Syncer) answering(d *dcState, now time.Time) bool {
 // silence every datacenter shared (leasehold's own agent away) is no
 // partition, so the bound counts from when another began answering again —
 // and Lost until it answers itself.
-func (s *Syncer) reachOf(d *dcState, now, othersSince time.Time) (health.Reach, string) {
+func (s *Syncer) reachOf(name string, d *dcState, now, othersSince time.Time) (health.Reach, string) {
 	since := s.silentSince(d)
 	at := since.UTC().Format(time.RFC3339)
 	switch {
@@ -219,11 +203,42 @@ func (s *Syncer) reachOf(d *dcState, now, othersSince time.Time) (health.Reach, 
 		// The others going silent too brings no news of it, and the
 		// snapshot last served without it stays.
 		return health.Lost, d.reachDetail
-	case !othersSince.IsZero() && now.Sub(later(since, othersSince)) > s.cfg.DatacenterLost:
-		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other datacenters answer: not routed until it answers", at, s.cfg.DatacenterLost)
+	case !othersSince.IsZero() && now.Sub(later(since, othersSince)) > s.lostAfter(name):
+		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other datacenters answer: not routed until it answers", at, s.lostBound(name))
 	default:
 		return health.Unanswered, fmt.Sprintf("no answer since %s", at)
 	}
+}
+
+// lostAfter is how long datacenter name may be silent, while others
+// answer, before its executors are Lost: DatacenterLost (the staleness
+// bound), or the shortest lease its registrations declare when shorter —
+// past a lease a lapse there may go unseen.
+func (s *Syncer) lostAfter(name string) time.Duration {
+	if l := s.shortestLease(name); l > 0 && l < s.cfg.DatacenterLost {
+		return l
+	}
+	return s.cfg.DatacenterLost
+}
+
+// lostBound says lostAfter and which bound it is, for details.
+func (s *Syncer) lostBound(name string) string {
+	if b := s.lostAfter(name); b != s.cfg.DatacenterLost {
+		return b.String() + ", the shortest lease_ttl there"
+	}
+	return s.cfg.DatacenterLost.String()
+}
+
+// shortestLease is the shortest lease_ttl of datacenter name's
+// registrations (0: none declares one).
+func (s *Syncer) shortestLease(name string) time.Duration {
+	var shortest time.Duration
+	for k, ts := range s.fleet {
+		if k.dc == name && ts.shortestLease > 0 && (shortest == 0 || ts.shortestLease < shortest) {
+			shortest = ts.shortestLease
+		}
+	}
+	return shortest
 }
 
 func later(a, b time.Time) time.Time {
@@ -262,7 +277,7 @@ func (s *Syncer) updateReach(now time.Time) (changed bool) {
 		d.answering = ans
 	}
 	for name, d := range s.dcs {
-		r, detail := s.reachOf(d, now, s.othersAnsweringSince(d))
+		r, detail := s.reachOf(name, d, now, s.othersAnsweringSince(d))
 		if r == d.reach {
 			continue
 		}
@@ -284,9 +299,9 @@ func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
 	if !s.cfg.multi() {
 		return time.Time{}
 	}
-	for _, d := range s.dcs {
-		since := s.silentSince(d)
-		for _, at := range []time.Time{since.Add(s.cfg.DatacenterQuiet), since.Add(s.cfg.DatacenterLost), d.answeringSince.Add(s.cfg.DatacenterLost)} {
+	for name, d := range s.dcs {
+		since, lost := s.silentSince(d), s.lostAfter(name)
+		for _, at := range []time.Time{since.Add(s.cfg.DatacenterQuiet), since.Add(lost), d.answeringSince.Add(lost)} {
 			at = at.Add(time.Millisecond) // past the bound, not on it
 			if at.After(now) && (next.IsZero() || at.Before(next)) {
 				next = at

@@ -53,8 +53,8 @@ func (h *sessionHistory) drain(f func(inst string)) {
 // remember records a present session so that, once its registrations are
 // gone, the fencing API still answers STALE or LAPSED for it.
 func (s *Syncer) remember(e *health.Executor) {
-	if e.Err != nil {
-		return
+	if e.Err != nil || e.Unconfirmed != "" {
+		return // not a session leasehold answers for: it must neither name others replaced nor crowd real ones out
 	}
 	h := s.history.get(e.InstanceID)
 	i := 0

@@ -17,6 +17,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
 	"github.com/leasehold/leasehold/translator"
 )
 
@@ -128,7 +129,7 @@ func a17SingleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
 	}
 	obs <- health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}}
 	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 2}}
-	obs <- health.Observation{Generations: &health.Generations{Index: 3, Floor: map[string]uint64{"exec-0003": 2}}}
+	obs <- health.Observation{Generations: &health.Generations{Index: 3, Keys: fleettest.Keys(map[string]uint64{"exec-0003": 2})}}
 	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 500, Members: members}}
 	for !s.View().Synced {
 		<-s.View().Changed()

@@ -154,14 +154,14 @@ type Syncer struct {
 	started        time.Time
 	synced         bool                                 // the whole fleet has been read once
 	lapsed         map[[2]string]bool                   // instance, session seen with a critical lease or failed node
-	floor          map[string]uint64                    // per instance: the highest generation in Consul KV (Generations) of any datacenter
+	keys           map[string]health.GenerationRecord   // per instance: its generation key, the newest of any datacenter (generations.go)
 	progress       atomic.Pointer[map[string][2]uint64] // per datacenter: non-passing, generations current at these indexes
 	fleet          map[fleetKey]*taskState              // per datacenter and task type: the registrations as decided (fleet.go)
 	staticVersions map[string]string                    // listeners', routes' and clusters' versions by type URL and key (staticVersion)
 	printOf        map[fleetKey]taskPrint               // per datacenter and task type: its executors' combined print when last decided
-	floorGen       uint64                               // bumped when floor is replaced
-	floorJoined    map[string]uint64                    // the floor the fleet state was fenced with
-	floorJoinedGen uint64
+	keysGen        uint64                               // bumped when keys is replaced
+	keysJoined     map[string]health.GenerationRecord   // the keys the fleet state was fenced with
+	keysJoinedGen  uint64
 	marked         map[[2]string]health.LapseMark // every datacenter's lapse marks, by instance and session
 	markedBy       map[string][]health.LapseMark  // the same, by instance
 	marksGen       uint64                         // bumped when a datacenter's marks are replaced
@@ -214,7 +214,7 @@ func NewSyncer(cfg SyncConfig) *Syncer {
 		dcs:       map[string]*dcState{},
 		started:   cfg.Clock.Now(),
 		lapsed:    map[[2]string]bool{},
-		floor:     map[string]uint64{},
+		keys:      map[string]health.GenerationRecord{},
 		fleet:     map[fleetKey]*taskState{},
 		printOf:   map[fleetKey]taskPrint{},
 		sessions:  map[[2]string]int{},
@@ -370,6 +370,7 @@ func (s *Syncer) apply(o health.Observation) bool {
 			delete(s.members, k)
 		} else {
 			s.members[k] = o.Members
+			s.applyKeyReads(d, o.Members.Keys)
 		}
 	case o.NonPassing != nil:
 		d.np = health.NewNonPassingSet(*o.NonPassing)
@@ -382,13 +383,7 @@ func (s *Syncer) apply(o health.Observation) bool {
 		d.marks, d.haveMarks = o.Lapses.Marks, true
 		s.marksGen++
 	case o.Generations != nil:
-		d.floor = o.Generations.Floor
-		if d.floor == nil {
-			d.floor = map[string]uint64{}
-		}
-		s.mergeFloors()
-		d.haveGen = true
-		d.genIndex = o.Generations.Index
+		s.applyListing(d, o.Generations)
 	case o.Contact != nil && o.Contact.IndexWentBack:
 		// Consul's past is gone: generations come again from its KV (the
 		// watch reads them anew). The session history stays: session ids are

@@ -52,7 +52,7 @@ func startSyncer(t *testing.T, logger ...*slog.Logger) *syncHarness {
 
 func (h *syncHarness) generations(floor map[string]uint64) {
 	h.index++
-	h.obs <- health.Observation{Generations: &health.Generations{Index: h.index, Floor: floor}}
+	h.obs <- health.Observation{Generations: &health.Generations{Index: h.index, Keys: fleettest.Keys(floor)}}
 }
 
 func (h *syncHarness) publish() published {

@@ -126,7 +126,7 @@ func (s *Syncer) publishView() {
 	dcs := make(map[string]DCIndexes, len(s.dcs))
 	for name, d := range s.dcs {
 		dcs[name] = DCIndexes{ConsulIndex: s.consulIndex(name), NonPassingIndex: d.np.Index(), GenerationsIndex: d.genIndex, Refreshed: d.refreshed,
-			Reach: d.reach, ReachDetail: d.reachDetail}
+			Reach: d.reach, ReachDetail: d.reachDetail, ShortestLease: s.shortestLease(name)}
 	}
 	l := dcs[local]
 	v := &View{ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: l.Refreshed,

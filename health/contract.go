@@ -10,6 +10,7 @@ import (
 	"sort"
 	"strconv"
 	"strings"
+	"time"
 
 	"github.com/Masterminds/semver/v3"
 )
@@ -33,6 +34,11 @@ const (
 	// taken with a check-and-set on GenerationKey at session start, so
 	// "newest session" never depends on wall clocks or catalog indexes.
 	MetaGeneration = "generation"
+	// MetaLeaseTTL (optional) is the session's lease, a Go duration such as
+	// "10s": Consul's catalog does not return a TTL check's TTL, and the
+	// fencing API vouches for a session only while its view of Consul is
+	// younger than the lease (a lapse may go unseen for longer).
+	MetaLeaseTTL = "lease_ttl"
 	// MetaLabelPrefix prefixes each label key: label "zone=eu" is meta "label_zone".
 	MetaLabelPrefix = "label_"
 
@@ -87,6 +93,8 @@ type Registration struct {
 	// Replaces lists older sessions of InstanceID that this session
 	// replaced, newest first (at most MaxReplaces; may be empty).
 	Replaces []string
+	// LeaseTTL is the session's lease (0: not given; MaxLeaseTTL at most).
+	LeaseTTL time.Duration
 
 	semver *semver.Version // Version, as ParseRegistration parsed it (nil: not parsed)
 }
@@ -139,8 +147,9 @@ func ParseCheckID(id string) (instanceID, sessionID, task string, ok bool) {
 func (r Registration) Validate() error { return r.validate(fixedMetaKeys) }
 
 // validate is Validate with fixed meta keys besides the labels: what a
-// registration read from Consul needs counts replaces only when present (one
-// of 58 labels without replaces fits Consul's 64 meta pairs and is valid).
+// registration read from Consul needs counts replaces and lease_ttl only
+// when present (one of 58 labels without them fits Consul's 64 meta pairs
+// and is valid).
 func (r Registration) validate(fixed int) error {
 	var errs FieldErrors
 	errs = append(errs, validateID(MetaInstanceID, r.InstanceID)...)
@@ -168,8 +177,15 @@ func (r Registration) validate(fixed int) error {
 	}
 	errs = append(errs, validateLabels(r.Labels, fixed)...)
 	errs = append(errs, r.validateReplaces()...)
+	if r.LeaseTTL < 0 || r.LeaseTTL > MaxLeaseTTL {
+		errs = append(errs, fieldErr(MetaLeaseTTL, r.LeaseTTL.String(), "must be a positive duration of at most %s", MaxLeaseTTL))
+	}
 	return errs.err()
 }
+
+// MaxLeaseTTL bounds a registration's lease_ttl: a lease longer than a day
+// is a mistake (heartbeats would not be missed for a day).
+const MaxLeaseTTL = 24 * time.Hour
 
 // splitReplaces splits a replaces meta value; an empty value is one empty id
 // (refused by Validate), not "none".
@@ -308,10 +324,14 @@ func validateLabels(labels map[string]string, fixed int) FieldErrors {
 	return errs
 }
 
-// fixedMetaKeys counts the contract's meta keys, replaces included: Validate
-// (what the Registrar and leasehold register check) keeps room for it even
-// when absent; a registration read from Consul counts it only when present.
-const fixedMetaKeys = 7 // instance_id, session_id, generation, version, capacity, state, replaces
+// fixedMetaKeys counts the contract's meta keys, the optional replaces and
+// lease_ttl included: Validate (what the Registrar and leasehold register
+// check) keeps room for them even when absent; a registration read from
+// Consul counts them only when present.
+const fixedMetaKeys = 8 // instance_id, session_id, generation, version, capacity, state, replaces, lease_ttl
+
+// optionalMetaKeys are the fixed keys a registration may leave out.
+var optionalMetaKeys = []string{MetaReplaces, MetaLeaseTTL}
 
 // Meta encodes the registration as Consul service meta.
 func (r Registration) Meta() map[string]string {
@@ -324,6 +344,9 @@ func (r Registration) Meta() map[string]string {
 	m[MetaState] = string(r.State)
 	if len(r.Replaces) > 0 {
 		m[MetaReplaces] = strings.Join(r.Replaces, ",")
+	}
+	if r.LeaseTTL > 0 {
+		m[MetaLeaseTTL] = r.LeaseTTL.String()
 	}
 	for k, v := range r.Labels {
 		m[MetaLabelPrefix+k] = v
@@ -356,6 +379,14 @@ func ParseRegistration(task, address string, port int, meta map[string]string) (
 	if v, ok := meta[MetaReplaces]; ok {
 		r.Replaces = splitReplaces(v)
 	}
+	if v, ok := meta[MetaLeaseTTL]; ok {
+		d, err := time.ParseDuration(v)
+		if err != nil || d <= 0 || d > MaxLeaseTTL {
+			errs = append(errs, fieldErr(MetaLeaseTTL, v, "not a positive Go duration of at most %s (e.g. 35s)", MaxLeaseTTL))
+		} else {
+			r.LeaseTTL = d
+		}
+	}
 	if v, err := semver.StrictNewVersion(r.Version); err == nil {
 		r.semver = v // parsed once: every decision needs it
 	}
@@ -375,9 +406,11 @@ func ParseRegistration(task, address string, port int, meta map[string]string) (
 			r.Labels[lk] = v
 		}
 	}
-	fixed := fixedMetaKeys - 1 // replaces counts only when present
-	if _, ok := meta[MetaReplaces]; ok {
-		fixed++
+	fixed := fixedMetaKeys // the optional keys count only when present
+	for _, k := range optionalMetaKeys {
+		if _, ok := meta[k]; !ok {
+			fixed--
+		}
 	}
 	if err := r.validate(fixed); err != nil {
 		var more FieldErrors

@@ -12,7 +12,8 @@ import (
 // Consul (it fits, or Consul would have refused it), must not be thrown out
 // of routing as bad metadata by an upgraded leasehold: the reserved pair for
 // replaces only counts when replaces is there. What an executor is told to
-// write (Validate, the Registrar's configuration) stays at 57.
+// write (Validate, the Registrar's configuration) keeps room for replaces
+// and lease_ttl: 56.
 func TestAttack20cFiftyEightLabelsStillRead(t *testing.T) {
 	r := validReg()
 	r.Labels = map[string]string{}
@@ -35,11 +36,21 @@ func TestAttack20cFiftyEightLabelsStillRead(t *testing.T) {
 	if _, err := ParseRegistration(r.Task, r.Address, r.Port, meta); !reflect.DeepEqual(Fields(err), []string{"labels"}) {
 		t.Fatalf("58 labels and replaces: %v", err)
 	}
-	// What executors are told to write is still 57.
+	// What executors are told to write keeps room for replaces and
+	// lease_ttl: 56.
 	if !reflect.DeepEqual(Fields(r.Validate()), []string{"labels"}) {
 		t.Fatalf("Validate with 58 labels: %v", r.Validate())
 	}
 	if !reflect.DeepEqual(Fields(validateLabels(r.Labels, fixedMetaKeys).err()), []string{"labels"}) {
 		t.Fatal("validateLabels with 58 labels accepted")
 	}
+	delete(r.Labels, "k00")
+	if !reflect.DeepEqual(Fields(r.Validate()), []string{"labels"}) {
+		t.Fatalf("Validate with 57 labels: %v", r.Validate())
+	}
+	delete(r.Labels, "k01")
+	if err := r.Validate(); err != nil {
+		t.Fatalf("Validate with 56 labels: %v", err)
+	}
+
 }

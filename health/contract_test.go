@@ -6,6 +6,7 @@ import (
 	"slices"
 	"strings"
 	"testing"
+	"time"
 )
 
 func validReg() Registration {
@@ -116,6 +117,11 @@ func TestParseRegistrationRejectsBadMeta(t *testing.T) {
 		{"replaces an empty id", map[string]string{"replaces": "a,,b"}, []string{"replaces"}},
 		{"replaces a bad id", map[string]string{"replaces": "-a"}, []string{"replaces"}},
 		{"replaces with a space", map[string]string{"replaces": "a, b"}, []string{"replaces"}},
+		{"lease_ttl without a unit", map[string]string{"lease_ttl": "10"}, []string{"lease_ttl"}},
+		{"lease_ttl negative", map[string]string{"lease_ttl": "-5s"}, []string{"lease_ttl"}},
+		{"lease_ttl zero", map[string]string{"lease_ttl": "0s"}, []string{"lease_ttl"}},
+		{"lease_ttl over a day", map[string]string{"lease_ttl": "25h"}, []string{"lease_ttl"}},
+		{"lease_ttl garbage", map[string]string{"lease_ttl": "soon"}, []string{"lease_ttl"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -208,5 +214,28 @@ func TestFieldErrorsUnwrap(t *testing.T) {
 	}
 	if !slices.Equal(Fields(fe), []string{"port"}) {
 		t.Fatal("Fields of a single FieldError")
+	}
+}
+
+// TestLeaseTTLMeta: the optional lease_ttl meta round-trips as a Go
+// duration, and absent means none.
+func TestLeaseTTLMeta(t *testing.T) {
+	r := validReg()
+	r.LeaseTTL = 6 * time.Second
+	meta := r.Meta()
+	if meta[MetaLeaseTTL] != "6s" {
+		t.Fatalf("meta lease_ttl %q", meta[MetaLeaseTTL])
+	}
+	got, err := ParseRegistration(r.Task, r.Address, r.Port, meta)
+	if err != nil || got.LeaseTTL != 6*time.Second {
+		t.Fatalf("parsed lease_ttl %s, %v", got.LeaseTTL, err)
+	}
+	delete(meta, MetaLeaseTTL)
+	if got, err := ParseRegistration(r.Task, r.Address, r.Port, meta); err != nil || got.LeaseTTL != 0 {
+		t.Fatalf("absent lease_ttl read as %s, %v", got.LeaseTTL, err)
+	}
+	r.LeaseTTL = 48 * time.Hour
+	if !reflect.DeepEqual(Fields(r.Validate()), []string{MetaLeaseTTL}) {
+		t.Fatalf("Validate with a 48h lease_ttl: %v", r.Validate())
 	}
 }

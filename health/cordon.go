@@ -187,6 +187,10 @@ func ApplyCordons(es []Executor, cordons []Cordon, r *Rollout) []CordonStatus {
 // datacenter is not lost (its executors take no work, so they cannot stand
 // in for the ones a cordon takes out).
 func isLive(e *Executor) bool {
-	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, LeaseStatus: e.LeaseStatus, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed, LapseSeen: e.LapseSeen, Fenced: e.Fenced, Reach: e.Reach, ReachDetail: e.ReachDetail}, Dispatcher{})
-	return v.Reason != ReasonLapsed && v.Reason != ReasonBadMetadata && v.Reason != ReasonFenced && v.Reason != ReasonUnreachable
+	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, LeaseStatus: e.LeaseStatus, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed, LapseSeen: e.LapseSeen, Fenced: e.Fenced, Unconfirmed: e.Unconfirmed, Reach: e.Reach, ReachDetail: e.ReachDetail}, Dispatcher{})
+	switch v.Reason {
+	case ReasonLapsed, ReasonNoLease, ReasonBadMetadata, ReasonFenced, ReasonUnconfirmed, ReasonUnreachable:
+		return false
+	}
+	return true
 }

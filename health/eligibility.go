@@ -36,6 +36,10 @@ type Executor struct {
 	Fenced          bool
 	NewerSessionID  string
 	NewerGeneration uint64
+	// Unconfirmed, set by Fence, says why the instance's generation key
+	// does not confirm this registration ("" when it does): it is never
+	// routed, fences no other session and is answered UNKNOWN.
+	Unconfirmed string
 	// Set by the state owner: this session was once seen lapsed.
 	LapseSeen bool
 	// Set by the state owner: whether Consul in the executor's datacenter
@@ -64,13 +68,18 @@ const (
 	ReasonNone        Reason = ""
 	ReasonBadMetadata Reason = "bad-metadata"
 	ReasonLapsed      Reason = "lapsed"
-	ReasonUnhealthy   Reason = "unhealthy" // a non-lease check of the service or node is not passing
-	ReasonFenced      Reason = "fenced-by-newer-session"
-	ReasonVersion     Reason = "version-incompatible"
-	ReasonLabels      Reason = "label-mismatch"
-	ReasonDraining    Reason = "draining"
-	ReasonFull        Reason = "full"
-	ReasonCordoned    Reason = "cordoned" // an operator's cordon: no new work (DRAINING)
+	// ReasonUnconfirmed: the instance's generation key names another
+	// session (or a lower generation): the registration may be forged.
+	ReasonUnconfirmed Reason = "generation-unconfirmed"
+	// ReasonNoLease: the registration has no lease check of its session.
+	ReasonNoLease   Reason = "no-lease-check"
+	ReasonUnhealthy Reason = "unhealthy" // a non-lease check of the service or node is not passing
+	ReasonFenced    Reason = "fenced-by-newer-session"
+	ReasonVersion   Reason = "version-incompatible"
+	ReasonLabels    Reason = "label-mismatch"
+	ReasonDraining  Reason = "draining"
+	ReasonFull      Reason = "full"
+	ReasonCordoned  Reason = "cordoned" // an operator's cordon: no new work (DRAINING)
 	// ReasonUnreachable: the executor's datacenter has not answered for
 	// longer than a lease while others do.
 	ReasonUnreachable Reason = "datacenter-unreachable"
@@ -162,16 +171,25 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 		}
 		return Verdict{}, false
 	},
+	func(e *Executor, _ Dispatcher) (Verdict, bool) {
+		if e.Unconfirmed != "" {
+			return Verdict{Route: RouteNone, Reason: ReasonUnconfirmed, Detail: e.Unconfirmed}, true
+		}
+		return Verdict{}, false
+	},
 	addressRule, // address.go
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
 		lapsed := func(detail string) (Verdict, bool) {
 			return Verdict{Route: RouteNone, Reason: ReasonLapsed, Detail: detail}, true
 		}
 		switch {
-		case !e.LeaseFound:
-			return lapsed("no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task))
 		case e.LapseSeen:
 			return lapsed("session " + e.SessionID + " was seen lapsed; a resumed process must register a new session")
+		case !e.LeaseFound:
+			// Not "lapsed", which is final: a missing check is no proof
+			// the lease ended, and the session is answered UNKNOWN.
+			return Verdict{Route: RouteNone, Reason: ReasonNoLease, Detail: "no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task) +
+				" of this session: not routed, and the fencing API answers it UNKNOWN"}, true
 		case e.LeaseStatus == StatusCritical:
 			return lapsed("lease check critical")
 		case e.NodeFailed:
@@ -237,31 +255,38 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 }
 
 // Fence marks every executor whose session is older than the newest session
-// of its instance. Sessions are ordered by generation; floor holds, per
-// instance, the highest generation known from elsewhere (Consul KV's
-// leasehold/generation/<instance_id>, which every session start raises
-// before it registers), so an old session never becomes newest again because
-// a newer one deregistered, and every replica orders the same way. Equal
-// generations (only possible when the contract was broken) are ordered by
-// Consul's CreateIndex, then session id, so every replica decides the same.
+// of its instance, and every one its instance's generation key does not
+// confirm. keys holds, per instance, its key in Consul KV
+// (leasehold/generation/<instance_id>), which every session start takes
+// before it registers: the key is the authority on which session is newest,
+// so an old session never becomes newest again because a newer one
+// deregistered, every replica orders the same way, and a registration that
+// claims more than the key holds (a generation above it, or its generation
+// under another session) is unconfirmed — only the instance's own identity
+// may write its key, whereas any token that may register the task type may
+// register any instance id. Without a key (never written, or deleted)
+// sessions are ordered among their registrations, unprotected: equal
+// generations (only possible when the contract was broken) by Consul's
+// CreateIndex, then session id, so every replica decides the same.
 //
 // A registration with bad metadata takes part whenever its instance, session
 // and generation are valid (Orders): a newer generation fences older sessions
 // whatever else is wrong with it.
-func Fence(es []Executor, floor map[string]uint64) {
+func Fence(es []Executor, keys map[string]GenerationRecord) {
 	byInstance := map[string][]*Executor{}
 	for i := range es {
 		byInstance[es[i].InstanceID] = append(byInstance[es[i].InstanceID], &es[i])
 	}
 	for inst, group := range byInstance {
-		FenceInstance(group, floor[inst])
+		FenceInstance(group, keys[inst])
 	}
 }
 
 // FenceInstance is Fence for the registrations of one instance (every one
-// Consul lists) and its generation in Consul KV (0: none): what a state
+// Consul lists) and its generation key (the zero record: none): what a state
 // owner calls when only that instance changed.
-func FenceInstance(es []*Executor, floor uint64) {
+func FenceInstance(es []*Executor, key GenerationRecord) {
+	home, homed := keyHome(es, key)
 	var best struct {
 		gen     uint64
 		session string
@@ -269,19 +294,33 @@ func FenceInstance(es []*Executor, floor uint64) {
 	}
 	found := false
 	for _, e := range es {
+		e.Fenced, e.NewerSessionID, e.NewerGeneration, e.Unconfirmed = false, "", 0, ""
 		if !e.Orders() {
 			continue
+		}
+		switch key.Judge(e.Generation, e.SessionID) {
+		case KeyDenies:
+			e.Unconfirmed = key.denial(e.InstanceID, e.Generation, e.SessionID)
+			continue
+		case KeyConfirms:
+			if homed && (e.Datacenter != home.dc || e.Node != home.node) {
+				e.Unconfirmed = fmt.Sprintf("session %s is registered on node %s%s first; a copy on node %s is not trusted (a session is one process on one agent)",
+					e.SessionID, home.node, inDC(home.dc), e.Node)
+				continue
+			}
 		}
 		if !found || newer(e.Generation, e.CreateIndex, e.SessionID, best.gen, best.create, best.session) {
 			best.gen, best.session, best.create, found = e.Generation, e.SessionID, e.CreateIndex, true
 		}
 	}
-	if floor > best.gen {
-		best.gen, best.session = floor, GoneSession
+	if key.Generation > best.gen {
+		best.gen, best.session = key.Generation, key.SessionID
+		if best.session == "" {
+			best.session = GoneSession
+		}
 	}
 	for _, e := range es {
-		e.Fenced, e.NewerSessionID, e.NewerGeneration = false, "", 0
-		if !e.Orders() {
+		if !e.Orders() || e.Unconfirmed != "" {
 			continue
 		}
 		if best.session != e.SessionID || best.gen != e.Generation {
@@ -290,8 +329,38 @@ func FenceInstance(es []*Executor, floor uint64) {
 	}
 }
 
-// GoneSession stands for the session of a generation taken in Consul KV that
-// no registration carries (it deregistered, or has not registered yet).
+// keyHome is where the session a generation key names registered first
+// (the lowest CreateIndex, then datacenter and node): every registration of
+// a session comes from one process through one agent, so a copy elsewhere —
+// registered by another instance that read the session id in the catalog —
+// is not the session. homed is false when the key names no session or no
+// registration of it is listed.
+func keyHome(es []*Executor, key GenerationRecord) (home struct{ dc, node string }, homed bool) {
+	if key.SessionID == "" {
+		return home, false
+	}
+	var create uint64
+	for _, e := range es {
+		if !e.Orders() || e.Generation != key.Generation || e.SessionID != key.SessionID {
+			continue
+		}
+		if !homed || e.CreateIndex < create || (e.CreateIndex == create && (e.Datacenter < home.dc || (e.Datacenter == home.dc && e.Node < home.node))) {
+			home.dc, home.node, create, homed = e.Datacenter, e.Node, e.CreateIndex, true
+		}
+	}
+	return home, homed
+}
+
+func inDC(dc string) string {
+	if dc == "" {
+		return ""
+	}
+	return " in " + dc
+}
+
+// GoneSession stands for the session of a generation taken in Consul KV in
+// the bare form (the key does not name its session) that no registration
+// carries (it deregistered, or has not registered yet).
 const GoneSession = "(gone)"
 
 // Orders reports whether e's instance, session and generation are valid, so

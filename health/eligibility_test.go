@@ -49,7 +49,10 @@ func TestEligibleEveryRuleAndReason(t *testing.T) {
 		{"healthy with label selector", exec(nil), eu, RouteHealthy, ReasonNone},
 		{"bad metadata", exec(func(e *Executor) { e.Err = errors.New("capacity: not an integer") }), any, RouteNone, ReasonBadMetadata},
 		{"lease critical", exec(func(e *Executor) { e.LeaseStatus = StatusCritical }), any, RouteNone, ReasonLapsed},
-		{"lease check missing", exec(func(e *Executor) { e.LeaseFound = false; e.LeaseStatus = "" }), any, RouteNone, ReasonLapsed},
+		{"lease check missing", exec(func(e *Executor) { e.LeaseFound = false; e.LeaseStatus = "" }), any, RouteNone, ReasonNoLease},
+		{"lease check missing, seen lapsed before", exec(func(e *Executor) { e.LeaseFound, e.LeaseStatus, e.LapseSeen = false, "", true }), any, RouteNone, ReasonLapsed},
+		{"unconfirmed by its generation key", exec(func(e *Executor) { e.Unconfirmed = "generation 9 is above its key" }), any, RouteNone, ReasonUnconfirmed},
+		{"unconfirmed beats lapsed", exec(func(e *Executor) { e.Unconfirmed, e.LeaseStatus = "forged", StatusCritical }), any, RouteNone, ReasonUnconfirmed},
 		{"lease unknown status", exec(func(e *Executor) { e.LeaseStatus = "maintenance" }), any, RouteNone, ReasonLapsed},
 		{"node failed (serfHealth critical)", exec(func(e *Executor) { e.NodeFailed = true; e.NodeChecks = StatusCritical }), any, RouteNone, ReasonLapsed},
 		{"another node check critical: unhealthy, not a lapse", exec(func(e *Executor) { e.NodeChecks = StatusCritical }), any, RouteNone, ReasonUnhealthy},
@@ -134,17 +137,17 @@ func fenced(es []Executor) []string {
 
 func TestFence(t *testing.T) {
 	tests := []struct {
-		name  string
-		es    []Executor
-		floor map[string]uint64
-		want  []string
+		name string
+		es   []Executor
+		keys map[string]GenerationRecord
+		want []string
 	}{
 		{"one session, two tasks", []Executor{session("a", "s1", 1, 10, "t1"), session("a", "s1", 1, 11, "t2")}, nil, nil},
 		{"newer generation wins", []Executor{session("a", "s1", 1, 10, "t"), session("a", "s2", 2, 5, "t")}, nil, []string{"a/s1/t"}},
 		{"not by create index: re-synced old registration", []Executor{session("a", "old", 3, 900, "t"), session("a", "new", 4, 100, "t")}, nil, []string{"a/old/t"}},
 		{"instances are independent", []Executor{session("a", "s1", 1, 1, "t"), session("b", "s9", 9, 2, "t")}, nil, nil},
-		{"floor: newest session gone", []Executor{session("a", "s1", 1, 1, "t")}, map[string]uint64{"a": 2}, []string{"a/s1/t"}},
-		{"floor equal to present session", []Executor{session("a", "s2", 2, 1, "t")}, map[string]uint64{"a": 2}, nil},
+		{"floor: newest session gone", []Executor{session("a", "s1", 1, 1, "t")}, map[string]GenerationRecord{"a": {Generation: 2}}, []string{"a/s1/t"}},
+		{"floor equal to present session", []Executor{session("a", "s2", 2, 1, "t")}, map[string]GenerationRecord{"a": {Generation: 2}}, nil},
 		{"tie broken by create index", []Executor{session("a", "x", 5, 7, "t"), session("a", "y", 5, 8, "t")}, nil, []string{"a/x/t"}},
 		{"bad metadata ignored", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
 			e.InstanceID = "a"
@@ -163,7 +166,7 @@ func TestFence(t *testing.T) {
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
-			Fence(tt.es, tt.floor)
+			Fence(tt.es, tt.keys)
 			if got := fenced(tt.es); !reflect.DeepEqual(got, tt.want) {
 				t.Fatalf("fenced = %v, want %v", got, tt.want)
 			}
@@ -179,9 +182,9 @@ func TestFenceResetsPreviousMarks(t *testing.T) {
 	if es[0].Fenced {
 		t.Fatal("mark not recomputed")
 	}
-	Fence(es, map[string]uint64{"a": 2}) // the state owner remembers it
+	Fence(es, map[string]GenerationRecord{"a": {Generation: 2}}) // the state owner remembers it
 	if !es[0].Fenced || es[0].NewerGeneration != 2 {
-		t.Fatalf("floor ignored: %+v", es[0])
+		t.Fatalf("key ignored: %+v", es[0])
 	}
 }
 

@@ -31,6 +31,12 @@ type TaskMembers struct {
 	Index   uint64
 	Members []Member
 	Gone    bool
+	// Keys are generation keys read after the membership, for members the
+	// last generation listing did not confirm and that registered after it
+	// (instance_id → its key; an instance without a key is absent). A
+	// session start writes its key before it registers, so a registration
+	// is never unconfirmed only because the listing lags behind it.
+	Keys map[string]GenerationRecord
 }
 
 // NonPassing is every non-passing check of leasehold registrations and of
@@ -307,14 +313,14 @@ type Progress struct {
 	NonPassing, Generations uint64 // the one that answered; the other is 0
 }
 
-// Generations is every session generation recorded in Consul KV
-// (GenerationKeyPrefix + instance_id) at Index: the generation each
-// instance's newest session took before it registered. Every replica reads
-// the same keys, so every replica orders sessions the same way, also after a
-// restart and after the newest session deregistered.
+// Generations is every generation key in Consul KV (GenerationKeyPrefix +
+// instance_id) at Index: the generation (and session) each instance's
+// newest session took before it registered. Every replica reads the same
+// keys, so every replica orders sessions the same way, also after a restart
+// and after the newest session deregistered.
 type Generations struct {
 	Index uint64
-	Floor map[string]uint64 // instance_id → generation
+	Keys  map[string]GenerationRecord // instance_id → its key
 }
 
 // RulesSource is the raw rollout configuration (JSON) from one source: a

@@ -43,6 +43,8 @@ var alwaysEnforced = map[Reason]string{
 	ReasonLapsed:      "is always enforced: an executor without a valid lease may be paused or gone",
 	ReasonBadMetadata: "is always enforced: an executor whose metadata cannot be read cannot be addressed",
 	ReasonFenced:      "cannot be observed: the fencing API calls a fenced session STALE and refuses its results, so it must never receive new work",
+	ReasonUnconfirmed: "is always enforced: a registration its instance's generation key does not confirm may be forged by another instance",
+	ReasonNoLease:     "is always enforced: without a lease check nothing says the executor is alive",
 }
 
 // observableNames lists the configuration names of ObservableRules, for

@@ -4,6 +4,7 @@ import (
 	"fmt"
 	"slices"
 	"sort"
+	"time"
 )
 
 // SessionState is what a dispatcher may do with results of a session.
@@ -29,6 +30,9 @@ type SessionStatus struct {
 	Tasks           []string
 	Version         string
 	Datacenter      string // where its registrations are ("" unknown, or one datacenter unnamed)
+	// LeaseTTL is the shortest lease its registrations declare (lease_ttl;
+	// 0: none does): a view of Consul older than that may miss its lapse.
+	LeaseTTL time.Duration
 }
 
 // SessionIndex answers session questions from one decided view of the fleet
@@ -44,6 +48,10 @@ type SessionIndex struct {
 	// metadata (not answered for, but their generation is known): a claim
 	// of replacing one is believed only from a namer above it.
 	ordersOnly map[[2]string]uint64
+	// excluded: sessions present only in registrations leasehold does not
+	// answer for (bad metadata, or not confirmed by their instance's
+	// generation key), with why: known, but UNKNOWN.
+	excluded map[[2]string]SessionStatus
 }
 
 // PastSession is a session seen before whose registrations are gone (it was
@@ -85,7 +93,12 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 	}
 	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionUnknown: 2, SessionLapsed: 3, SessionStale: 4}
 	for _, e := range es {
+		if e.Unconfirmed != "" {
+			ix.exclude(e, "not confirmed by its instance's generation key: not vouched for, it fences and replaces nothing; "+e.Unconfirmed)
+			continue
+		}
 		if e.Err != nil {
+			ix.exclude(e, "registered with bad metadata: excluded from routing, not vouched for: "+e.Err.Error())
 			if e.Orders() { // not answered for, but a newer generation still fences older ones
 				if n, ok := ix.newest[e.InstanceID]; !ok || e.Generation > n.Generation {
 					ix.newest[e.InstanceID] = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, State: SessionUnknown}
@@ -105,6 +118,9 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 			st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionCurrent, Generation: e.Generation, Version: e.Version, Datacenter: e.Datacenter, Detail: "newest session of its instance, lease valid"}
 		}
 		st.Tasks = append(st.Tasks, e.Task)
+		if e.LeaseTTL > 0 && (st.LeaseTTL == 0 || e.LeaseTTL < st.LeaseTTL) {
+			st.LeaseTTL = e.LeaseTTL
+		}
 		state, detail := SessionCurrent, ""
 		switch {
 		case e.Fenced:
@@ -119,7 +135,7 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		case !e.LeaseFound:
 			// Not LAPSED, which is final: a missing check is no proof the
 			// lease ended (and only a broken contract brings it back).
-			state, detail = SessionUnknown, "its lease check on task "+e.Task+" is missing: not routed, not vouched for"
+			state, detail = SessionUnknown, "its lease check on task "+e.Task+" is missing: not routed (no-lease-check), not vouched for"
 		case e.State == StateDraining:
 			state, detail = SessionDraining, "executor is draining"
 		}
@@ -140,6 +156,25 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		}
 	}
 	return ix
+}
+
+// exclude records a registration of a session leasehold does not answer
+// for; the session is answered UNKNOWN with why, unless a registration it
+// answers for exists (or its history says more: Check).
+func (ix *SessionIndex) exclude(e Executor, why string) {
+	if ix.excluded == nil {
+		ix.excluded = map[[2]string]SessionStatus{}
+	}
+	k := [2]string{e.InstanceID, e.SessionID}
+	st, ok := ix.excluded[k]
+	if !ok {
+		st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionUnknown, Detail: why, Datacenter: e.Datacenter}
+	}
+	if !slices.Contains(st.Tasks, e.Task) && ValidateTask(e.Task) == nil {
+		st.Tasks = append(st.Tasks, e.Task)
+		sort.Strings(st.Tasks)
+	}
+	ix.excluded[k] = st
 }
 
 // named records that namer, a session of inst on task, names olds as
@@ -190,6 +225,12 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 	by, named := ix.replacedBy[key]
 	if g, ok := ix.ordersOnly[key]; ok && named && g >= by.Generation {
 		named = false
+	}
+	if x, ok := ix.excluded[key]; ok && !named {
+		if p, ok := ix.past[key]; ok && p.Lapsed {
+			x.State, x.Detail = SessionLapsed, "lease lapsed (seen before); "+x.Detail // once lapsed, always lapsed
+		}
+		return x
 	}
 	if p, ok := ix.past[key]; ok {
 		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID, Generation: p.Generation, Tasks: p.Tasks, Version: p.Version}

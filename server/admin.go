@@ -95,8 +95,13 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 	return mux
 }
 
+// ReasonConsulSilent is /readyz's reason while Consul has not answered for
+// longer than the staleness bound.
+const ReasonConsulSilent = "consul_silent"
+
 // serveReadyz answers /readyz: 200 when ready, else 503 with the reason
-// (first_read_pending, consul_unreachable, acl, tls), its detail and source;
+// (first_read_pending, consul_unreachable, acl, tls, consul_silent), its
+// detail and source;
 // Consul's last contact and each datacenter's reach either way.
 func serveReadyz(w http.ResponseWriter, cfg AdminConfig) {
 	ready := cfg.Ready.Ready()
@@ -112,6 +117,14 @@ func serveReadyz(w http.ResponseWriter, cfg AdminConfig) {
 			if why.Source != "" {
 				body["source"] = why.Source // a datacenter, or the operator controls
 			}
+		}
+	}
+	if ready && cfg.Fencing != nil && cfg.Syncer != nil {
+		// Consul silent (hung, frozen) past the staleness bound: no answer
+		// leasehold gives can be vouched for, although no query failed.
+		if silent, detail, _ := cfg.Fencing.Silence(cfg.Syncer.View()); silent {
+			ready = false
+			body["ready"], body["reason"], body["detail"] = false, ReasonConsulSilent, detail
 		}
 	}
 	if t := cfg.LastContact(); !t.IsZero() {

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"slices"
 	"strconv"
+	"strings"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -124,12 +125,13 @@ func (f *Fencing) answer(ctx context.Context, v *fleet.View, req *leaseholdv1.Ch
 	if !fresh.IsZero() {
 		resp.ViewAge = durationpb.New(age)
 	}
+	bound, why := f.staleBound(st)
 	switch {
 	case !v.Synced: // nothing read yet: no answer can be trusted as CURRENT
 		f.unknown(resp, "leasehold has not read Consul yet")
-	case fresh.IsZero() || age > f.opts.StaleAfter:
-		f.unknown(resp, fmt.Sprintf("leasehold's view of Consul is stale: Consul has not answered for %s (bound %s); the last known state was %s: %s",
-			age.Round(time.Millisecond), f.opts.StaleAfter, stateOf(st.State), st.Detail))
+	case fresh.IsZero() || age > bound:
+		f.unknown(resp, fmt.Sprintf("leasehold's view of Consul is stale: Consul has not answered for %s (bound %s, %s); the last known state was %s: %s",
+			age.Round(time.Millisecond), bound, why, stateOf(st.State), st.Detail))
 	case !caughtUp:
 		f.unknown(resp, fmt.Sprintf("leasehold's view (in %s: checks at Consul index %d, generation keys at %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time",
 			orLocal(dc), idx.NonPassingIndex, idx.GenerationsIndex, req.GetMinConsulIndex()))
@@ -170,14 +172,59 @@ func orLocal(dc string) string {
 	return dc
 }
 
-// staleIn is how long until datacenter dc's view passes the staleness bound
-// (≤ 0: it has).
-func (f *Fencing) staleIn(dc string) time.Duration {
+// staleBound is how old a view may be to answer for st: the staleness
+// bound, or the session's own lease when shorter — past a lease without an
+// answer from Consul the session may have lapsed unseen and its work been
+// dispatched again. why names the bound that applies.
+func (f *Fencing) staleBound(st health.SessionStatus) (time.Duration, string) {
+	if st.LeaseTTL > 0 && st.LeaseTTL < f.opts.StaleAfter {
+		return st.LeaseTTL, "the session's lease_ttl"
+	}
+	return f.opts.StaleAfter, "--fencing-stale-after"
+}
+
+// Silence reports whether Consul has been silent for longer than the
+// staleness bound in every datacenter of v (in the one, with one): what the
+// fencing API then answers is UNKNOWN for every session, so leasehold is
+// not ready. A datacenter's bound is the fencing bound, or the shortest
+// lease declared there when shorter. detail says how long and which bound;
+// age is the shortest silence.
+func (f *Fencing) Silence(v *fleet.View) (silent bool, detail string, age time.Duration) {
+	dcs := v.Datacenters()
+	if len(dcs) == 0 {
+		dcs = []string{v.Local}
+	}
+	var details []string
+	for i, dc := range dcs {
+		fresh := f.freshAsOf(dc)
+		if fresh.IsZero() {
+			return false, "", 0 // not read yet: first_read_pending says so
+		}
+		a := f.opts.Clock.Since(fresh)
+		idx, _ := v.Datacenter(dc)
+		bound, why := f.staleBound(health.SessionStatus{LeaseTTL: idx.ShortestLease})
+		if why != "--fencing-stale-after" {
+			why = "the shortest lease_ttl of its executors"
+		}
+		if a <= bound {
+			return false, "", 0
+		}
+		if i == 0 || a < age {
+			age = a
+		}
+		details = append(details, fmt.Sprintf("%s has not answered for %s, longer than %s (%s)", orLocal(dc), a.Round(time.Millisecond), bound, why))
+	}
+	return true, strings.Join(details, "; ") + ": the fencing API answers UNKNOWN; dispatchers keep the last snapshot", age
+}
+
+// staleIn is how long until datacenter dc's view passes bound (≤ 0: it
+// has).
+func (f *Fencing) staleIn(dc string, bound time.Duration) time.Duration {
 	fresh := f.freshAsOf(dc)
 	if fresh.IsZero() {
 		return 0
 	}
-	return f.opts.StaleAfter - f.opts.Clock.Since(fresh)
+	return bound - f.opts.Clock.Since(fresh)
 }
 
 func stateOf(s health.SessionState) leaseholdv1.SessionState {
@@ -332,7 +379,8 @@ func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leas
 		// Wake when the view changes or when it would pass the staleness
 		// bound; a stale view is checked again every second, since the
 		// watch's answer arriving does not change the View.
-		wake := f.staleIn(dc)
+		bound, _ := f.staleBound(v.Sessions().Check(req.GetInstanceId(), req.GetSessionId()))
+		wake := f.staleIn(dc, bound)
 		if wake <= 0 {
 			wake = time.Second
 		}

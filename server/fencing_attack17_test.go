@@ -14,6 +14,7 @@ import (
 
 	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
@@ -55,7 +56,7 @@ func (r a17Read) observations() []health.Observation {
 	return []health.Observation{
 		{Datacenter: r.dc, Tasks: &health.TaskList{Index: r.tasks, Tasks: []string{"work"}}},
 		{Datacenter: r.dc, NonPassing: &health.NonPassing{Index: r.np, Checks: serf}},
-		{Datacenter: r.dc, Generations: &health.Generations{Index: r.gen, Floor: r.floor}},
+		{Datacenter: r.dc, Generations: &health.Generations{Index: r.gen, Keys: fleettest.Keys(r.floor)}},
 		{Datacenter: r.dc, Members: &health.TaskMembers{Task: "work", Index: r.membersAt, Members: r.members}},
 	}
 }

@@ -7,6 +7,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
@@ -43,7 +44,7 @@ func withIndexes(m health.Member, leaseCreated, serfCreated, serfModified uint64
 // "at least as new as the request".
 func TestAttack2NodeFailureFromIndexesIsNotInWhatRefreshReads(t *testing.T) {
 	tasks := health.Observation{Tasks: &health.TaskList{Index: 40, Tasks: []string{"work"}}}
-	gens := health.Observation{Generations: &health.Generations{Index: 39, Floor: map[string]uint64{"x": 1}}}
+	gens := health.Observation{Generations: &health.Generations{Index: 39, Keys: fleettest.Keys(map[string]uint64{"x": 1})}}
 	before := withIndexes(attackMember("work", "x", "s1", 1, "node-a", 9001, health.StatusPassing, 40), 40, 5, 5)
 	after := withIndexes(attackMember("work", "x", "s1", 1, "node-a", 9001, health.StatusPassing, 40), 40, 5, 60)
 
@@ -73,7 +74,7 @@ func TestAttack2NodeFailureFromIndexesIsNotInWhatRefreshReads(t *testing.T) {
 			bObs <- health.Observation{NonPassing: &health.NonPassing{Index: 80, Checks: []health.CheckState{
 				{Node: "node-a", CheckID: health.SerfHealthCheckID, Status: health.StatusPassing, CreateIndex: 5, ModifyIndex: 60},
 			}}}
-			bObs <- health.Observation{Generations: &health.Generations{Index: 39, Floor: map[string]uint64{"x": 1}}}
+			bObs <- health.Observation{Generations: &health.Generations{Index: 39, Keys: fleettest.Keys(map[string]uint64{"x": 1})}}
 			bObs <- health.Observation{Refreshed: &seq}
 		}()
 		return seq, nil

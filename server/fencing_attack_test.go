@@ -9,6 +9,7 @@ import (
 
 	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
@@ -95,11 +96,11 @@ func TestAttackMinConsulIndexIsTheMaxOfIndependentWatches(t *testing.T) {
 
 	a := attackReplica(t, tasks,
 		health.Observation{NonPassing: &health.NonPassing{Index: 85}},
-		health.Observation{Generations: &health.Generations{Index: 88, Floor: map[string]uint64{"x": 2, "y": 1}}},
+		health.Observation{Generations: &health.Generations{Index: 88, Keys: fleettest.Keys(map[string]uint64{"x": 2, "y": 1})}},
 		health.Observation{Members: &health.TaskMembers{Task: "work", Index: 90, Members: []health.Member{y1, s1, s2}}},
 	)
 	b := attackReplica(t, tasks,
-		health.Observation{Generations: &health.Generations{Index: 40, Floor: map[string]uint64{"x": 1, "y": 1}}},
+		health.Observation{Generations: &health.Generations{Index: 40, Keys: fleettest.Keys(map[string]uint64{"x": 1, "y": 1})}},
 		health.Observation{Members: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{y1, s1}}},
 		health.Observation{NonPassing: &health.NonPassing{Index: 120, Checks: []health.CheckState{
 			{Node: "node-a", CheckID: health.CheckID("y", "y1", "work"), ServiceID: health.ServiceID("y", "work"), Status: health.StatusWarning, Output: "load=4", ModifyIndex: 120},
@@ -128,7 +129,7 @@ func TestAttackMinConsulIndexIsTheMaxOfIndependentWatches(t *testing.T) {
 // 130: B's view index is 130 and it answers CURRENT for min_consul_index 100.
 func TestAttackMinConsulIndexLapsedThenCurrent(t *testing.T) {
 	tasks := health.Observation{Tasks: &health.TaskList{Index: 40, Tasks: []string{"other", "work"}}}
-	gens := health.Observation{Generations: &health.Generations{Index: 40, Floor: map[string]uint64{"x": 1, "o": 1}}}
+	gens := health.Observation{Generations: &health.Generations{Index: 40, Keys: fleettest.Keys(map[string]uint64{"x": 1, "o": 1})}}
 	s1 := attackMember("work", "x", "s1", 1, "node-a", 9001, health.StatusPassing, 40)
 	o1 := attackMember("other", "o", "o1", 1, "node-c", 9201, health.StatusPassing, 40)
 	o1b := attackMember("other", "o", "o1", 1, "node-c", 9201, health.StatusPassing, 40)

@@ -9,6 +9,7 @@ import (
 
 	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
@@ -18,7 +19,7 @@ func fencingSyncer(t *testing.T) (*fleet.Syncer, chan health.Observation) {
 	return attack2Replica(t,
 		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
 		health.Observation{NonPassing: &health.NonPassing{Index: 2}},
-		health.Observation{Generations: &health.Generations{Index: 3, Floor: map[string]uint64{"x": 1}}},
+		health.Observation{Generations: &health.Generations{Index: 3, Keys: fleettest.Keys(map[string]uint64{"x": 1})}},
 		health.Observation{Members: &health.TaskMembers{Task: "work", Index: 11, Members: []health.Member{member("work", "x", 9001, "1.0.0")}}},
 	)
 }
@@ -43,7 +44,7 @@ func TestMinConsulIndexReadsAfresh(t *testing.T) {
 	f := NewFencing(s, nowAt, FencingOptions{Refresh: func(context.Context, string, uint64) (uint64, error) {
 		seq := uint64(refreshes.Add(1))
 		go func() { // the watcher's fresh reads, then its marker
-			obs <- health.Observation{Generations: &health.Generations{Index: 40, Floor: map[string]uint64{"x": 2}}}
+			obs <- health.Observation{Generations: &health.Generations{Index: 40, Keys: fleettest.Keys(map[string]uint64{"x": 2})}}
 			obs <- health.Observation{Refreshed: &seq}
 		}()
 		return seq, nil
@@ -86,7 +87,7 @@ func TestMinConsulIndexWaitsForTheView(t *testing.T) {
 		obs <- health.Observation{NonPassing: &health.NonPassing{Index: 60, Checks: []health.CheckState{
 			{Node: "n1", CheckID: health.CheckID("x", "s-x", "work"), ServiceID: health.ServiceID("x", "work"), Status: health.StatusCritical, ModifyIndex: 60},
 		}}}
-		obs <- health.Observation{Generations: &health.Generations{Index: 60, Floor: map[string]uint64{"x": 1}}}
+		obs <- health.Observation{Generations: &health.Generations{Index: 60, Keys: fleettest.Keys(map[string]uint64{"x": 1})}}
 	}()
 	if r := checkX(t, f, 60, 5*time.Second); r.State != leaseholdv1.SessionState_LAPSED || r.ConsulIndex < 60 {
 		t.Fatalf("%v, want LAPSED from the view at index 60", r)

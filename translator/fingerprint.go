@@ -70,6 +70,7 @@ func ExecutorPrint(e *health.Executor) uint64 {
 	flag(e.Fenced)
 	str(e.NewerSessionID)
 	num(e.NewerGeneration)
+	str(e.Unconfirmed)
 	flag(e.LapseSeen)
 	b = append(b, byte(e.Reach))
 	str(e.ReachDetail)

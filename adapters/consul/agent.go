@@ -30,13 +30,15 @@ type Agent interface {
 	// Sessions lists every registration of instanceID for task in the catalog,
 	// on any node, with the status of its lease check.
 	Sessions(ctx context.Context, task, instanceID string) ([]RemoteSession, error)
-	// NextGeneration takes the next session generation of instanceID with a
-	// check-and-set in Consul KV; the result is above floor too, so a lost
-	// KV entry never hands out a generation an existing session already has.
-	NextGeneration(ctx context.Context, instanceID string, floor uint64) (uint64, error)
-	// Generation reads the last generation taken for instanceID in Consul KV
-	// (0 when there is none or it is not a number).
-	Generation(ctx context.Context, instanceID string) (uint64, error)
+	// NextGeneration takes the next session generation of instanceID for
+	// session sessionID with a check-and-set in Consul KV (the key then
+	// names the session: "<generation>/<session_id>"); the result is above
+	// floor too, so a lost KV entry never hands out a generation an existing
+	// session already has.
+	NextGeneration(ctx context.Context, instanceID, sessionID string, floor uint64) (uint64, error)
+	// Generation reads instanceID's generation key in Consul KV (the zero
+	// record when there is none or it is garbage).
+	Generation(ctx context.Context, instanceID string) (health.GenerationRecord, error)
 	// NodeFailed reports whether Consul's servers hold the agent's own node
 	// failed (its serfHealth check critical, or missing: not joined yet).
 	NodeFailed(ctx context.Context) (bool, error)
@@ -156,7 +158,7 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 	return out, nil
 }
 
-func (a *APIAgent) NextGeneration(ctx context.Context, instanceID string, floor uint64) (uint64, error) {
+func (a *APIAgent) NextGeneration(ctx context.Context, instanceID, sessionID string, floor uint64) (uint64, error) {
 	key := health.GenerationKey(instanceID)
 	kv := a.c.KV()
 	for attempt := 0; attempt < 16; attempt++ { // CAS loses only to a concurrent start of the same instance
@@ -167,16 +169,20 @@ func (a *APIAgent) NextGeneration(ctx context.Context, instanceID string, floor 
 		var cur, index uint64
 		if pair != nil {
 			index = pair.ModifyIndex
-			if cur, err = strconv.ParseUint(string(pair.Value), 10, 64); err != nil || !health.GenerationKeyValid(cur) {
-				cur = 0 // garbage: overwrite it, floor still protects the order
-			}
+			if rec, err := health.ParseGenerationRecord(string(pair.Value)); err == nil {
+				cur = rec.Generation
+			} // garbage: overwrite it, floor still protects the order
 		}
 		next := max(cur, floor) + 1
 		if next > health.MaxGeneration {
 			return 0, fmt.Errorf("%s: generations exhausted (floor %d): reset the key", key, floor)
 		}
-		ok, _, err := kv.CAS(&api.KVPair{Key: key, Value: []byte(strconv.FormatUint(next, 10)), ModifyIndex: index}, (&api.WriteOptions{}).WithContext(ctx))
+		value := health.GenerationRecord{Generation: next, SessionID: sessionID}.Value()
+		ok, _, err := kv.CAS(&api.KVPair{Key: key, Value: []byte(value), ModifyIndex: index}, (&api.WriteOptions{}).WithContext(ctx))
 		if err != nil {
+			if isStatus(err, 403) {
+				return 0, fmt.Errorf("check-and-set %s: %w: the executor's token needs key %q { policy = \"write\" } (examples/consul/executor-policy.hcl)", key, err, key)
+			}
 			return 0, fmt.Errorf("check-and-set %s: %w", key, err)
 		}
 		if ok {
@@ -186,20 +192,21 @@ func (a *APIAgent) NextGeneration(ctx context.Context, instanceID string, floor 
 	return 0, fmt.Errorf("check-and-set %s: too much contention", key)
 }
 
-func (a *APIAgent) Generation(ctx context.Context, instanceID string) (uint64, error) {
+func (a *APIAgent) Generation(ctx context.Context, instanceID string) (health.GenerationRecord, error) {
 	key := health.GenerationKey(instanceID)
 	pair, _, err := a.c.KV().Get(key, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
-		return 0, fmt.Errorf("read %s: %w", key, err)
+		return health.GenerationRecord{}, fmt.Errorf("read %s: %w", key, err)
 	}
 	if pair == nil {
-		return 0, nil
+		return health.GenerationRecord{}, nil
 	}
-	g, err := strconv.ParseUint(string(pair.Value), 10, 64)
-	if err != nil || !health.GenerationKeyValid(g) {
-		return 0, nil // garbage: leasehold ignores it too
+	rec, err := health.ParseGenerationRecord(string(pair.Value))
+	if err != nil {
+		return health.GenerationRecord{}, nil // garbage: leasehold ignores it too
 	}
-	return g, nil
+	rec.ModifyIndex = pair.ModifyIndex
+	return rec, nil
 }
 
 func (a *APIAgent) NodeFailed(ctx context.Context) (bool, error) {

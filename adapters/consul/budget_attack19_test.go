@@ -43,7 +43,7 @@ func TestAttack19GenerationRaiseWaitsForAnotherTaskTypesDebt(t *testing.T) {
 		h.clock.Advance(10 * time.Millisecond)
 		select {
 		case o := <-h.out:
-			if o.Generations != nil && o.Generations.Floor["a"] == 2 {
+			if o.Generations != nil && o.Generations.Keys["a"].Generation == 2 {
 				return
 			}
 		case <-time.After(5 * time.Millisecond):

@@ -94,3 +94,5 @@ func TestWatcherHoldsOpenQueriesItCounts(t *testing.T) {
 		t.Fatalf("Connections(8, 2) = %d, want %d", got, want)
 	}
 }
+
+func (q *quietCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }

@@ -26,26 +26,28 @@ type call struct {
 
 // fakeAgent is an in-memory Consul agent with injectable failures.
 type fakeAgent struct {
-	mu       sync.Mutex
-	services map[string]*api.AgentServiceRegistration
-	checks   map[string]health.CheckStatus
-	outputs  map[string]string
-	others   []RemoteSession // sessions on other nodes
-	ttlErr   func(checkID string) error
-	regErr   func() error
-	gens     map[string]uint64 // KV generation per instance
-	calls    chan call
+	mu          sync.Mutex
+	services    map[string]*api.AgentServiceRegistration
+	checks      map[string]health.CheckStatus
+	outputs     map[string]string
+	others      []RemoteSession // sessions on other nodes
+	ttlErr      func(checkID string) error
+	regErr      func() error
+	gens        map[string]uint64 // KV generation per instance
+	keySessions map[string]string // the session each generation key names
+	calls       chan call
 }
 
 var _ Agent = (*fakeAgent)(nil)
 
 func newFakeAgent() *fakeAgent {
 	return &fakeAgent{
-		services: map[string]*api.AgentServiceRegistration{},
-		checks:   map[string]health.CheckStatus{},
-		outputs:  map[string]string{},
-		gens:     map[string]uint64{},
-		calls:    make(chan call, 10000),
+		services:    map[string]*api.AgentServiceRegistration{},
+		checks:      map[string]health.CheckStatus{},
+		outputs:     map[string]string{},
+		gens:        map[string]uint64{},
+		keySessions: map[string]string{},
+		calls:       make(chan call, 10000),
 	}
 }
 
@@ -134,19 +136,20 @@ func (f *fakeAgent) Sessions(_ context.Context, task, instanceID string) ([]Remo
 	return append(out, f.others...), nil
 }
 
-func (f *fakeAgent) NextGeneration(_ context.Context, instanceID string, floor uint64) (uint64, error) {
+func (f *fakeAgent) NextGeneration(_ context.Context, instanceID, sessionID string, floor uint64) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gens[instanceID] = max(f.gens[instanceID], floor) + 1
+	f.keySessions[instanceID] = sessionID
 	return f.gens[instanceID], nil
 }
 
 func (f *fakeAgent) NodeFailed(context.Context) (bool, error) { return false, nil }
 
-func (f *fakeAgent) Generation(_ context.Context, instanceID string) (uint64, error) {
+func (f *fakeAgent) Generation(_ context.Context, instanceID string) (health.GenerationRecord, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return f.gens[instanceID], nil
+	return health.GenerationRecord{Generation: f.gens[instanceID], SessionID: f.keySessions[instanceID]}, nil
 }
 
 // forget drops every registration, as a restarted agent without state does.

@@ -414,3 +414,5 @@ func TestAttack19NodeBackSeenByTheWarningWatchIsNeverReadByNode(t *testing.T) {
 		}
 	}
 }
+
+func (w *worldCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }

@@ -27,7 +27,7 @@ func TestAttackDeadNewerRegistrationWithoutKVFencesForEver(t *testing.T) {
 	live := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "mine", Generation: 5, Task: "work"}, LeaseStatus: health.StatusPassing, LeaseFound: true}
 	dead := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "crashed", Generation: 6, Task: "work"}, LeaseStatus: health.StatusCritical, LeaseFound: true}
 	es := []health.Executor{live, dead}
-	health.Fence(es, map[string]uint64{}) // no generation key
+	health.Fence(es, nil) // no generation key
 	if !es[0].Fenced {
 		t.Fatal("premise: leasehold does not fence the live session")
 	}

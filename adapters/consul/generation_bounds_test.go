@@ -28,10 +28,10 @@ func TestGenerationKeyAtMaxUint64IsGarbage(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if g, err := NewAPIAgent(c).Generation(ctx, "victim"); err != nil || g != 0 {
-		t.Fatalf("Generation = %d, %v: want 0 (garbage)", g, err)
+	if g, err := NewAPIAgent(c).Generation(ctx, "victim"); err != nil || g.Present() {
+		t.Fatalf("Generation = %+v, %v: want none (garbage)", g, err)
 	}
-	g, err := NewAPIAgent(c).NextGeneration(ctx, "victim", s1.Generation)
+	g, err := NewAPIAgent(c).NextGeneration(ctx, "victim", "s-next", s1.Generation)
 	if err != nil || g != s1.Generation+1 {
 		t.Fatalf("NextGeneration = %d, %v: want %d (above the registered floor)", g, err, s1.Generation+1)
 	}
@@ -47,7 +47,7 @@ func TestNextGenerationNeverOverflows(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	g, err := NewAPIAgent(c).NextGeneration(ctx, "x", 0)
+	g, err := NewAPIAgent(c).NextGeneration(ctx, "x", "s1", 0)
 	if err == nil && g == 0 {
 		t.Fatalf("NextGeneration after %d = 0: a generation the contract calls invalid", uint64(math.MaxUint64))
 	}

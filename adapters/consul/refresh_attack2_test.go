@@ -238,3 +238,5 @@ func TestAttack2ConcurrentFencingRequestsAnswerUnknown(t *testing.T) {
 		}
 	}
 }
+
+func (c *instantCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }

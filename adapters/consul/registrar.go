@@ -280,7 +280,7 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 		for _, p := range prior {
 			highest = max(highest, p.generation)
 		}
-		gen, err := r.agent.NextGeneration(rctx, r.cfg.InstanceID, highest)
+		gen, err := r.agent.NextGeneration(rctx, r.cfg.InstanceID, key.id, highest)
 		if err != nil {
 			return time.Time{}, fmt.Errorf("session generation: %w", err)
 		}
@@ -584,17 +584,26 @@ func (r *Registrar) renew(ctx context.Context, sess sessionKey, renewedAt time.T
 // superseded reports whether a session of this instance that this process
 // did not create, with a higher generation than any this process took, is
 // alive: on this agent under our service id, or (not critical) anywhere in
-// the catalog. Two processes must never take turns replacing each other; an
-// older session (a crashed predecessor whose registration lingers on another
-// agent) supersedes nothing. Errors count as "no": the caller then retries
-// registering.
+// the catalog — and is the one the instance's generation key names (a
+// registration the key does not confirm may be forged by another instance,
+// and leasehold does not route it: it supersedes nothing). Two processes
+// must never take turns replacing each other; an older session (a crashed
+// predecessor whose registration lingers on another agent) supersedes
+// nothing. Errors count as "no": the caller then retries registering.
 func (r *Registrar) superseded(ctx context.Context) bool {
 	qctx, cancel := context.WithTimeout(ctx, min(r.cfg.Lease.TTL, 5*time.Second))
 	defer cancel()
+	key, err := r.agent.Generation(qctx, r.cfg.InstanceID)
+	if err != nil {
+		return false
+	}
+	newer := func(sessionID string, gen uint64) bool {
+		return !r.own[sessionID] && gen > r.ownGen && key.Judge(gen, sessionID) == health.KeyConfirms
+	}
 	for _, task := range r.cfg.Tasks {
 		svc, err := r.agent.LocalService(qctx, health.ServiceID(r.cfg.InstanceID, task))
-		if err == nil && svc != nil && !r.own[svc.Meta[health.MetaSessionID]] {
-			if gen, err := strconv.ParseUint(svc.Meta[health.MetaGeneration], 10, 64); err == nil && gen > r.ownGen {
+		if err == nil && svc != nil {
+			if gen, err := strconv.ParseUint(svc.Meta[health.MetaGeneration], 10, 64); err == nil && newer(svc.Meta[health.MetaSessionID], gen) {
 				return true
 			}
 		}
@@ -603,7 +612,7 @@ func (r *Registrar) superseded(ctx context.Context) bool {
 			continue
 		}
 		for _, o := range others {
-			if !r.own[o.SessionID] && o.Generation > r.ownGen && o.Status != health.StatusCritical {
+			if newer(o.SessionID, o.Generation) && o.Status != health.StatusCritical {
 				return true
 			}
 		}
@@ -631,8 +640,19 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 	if err != nil {
 		return "", nil // cannot tell: the next check will
 	}
+	key, err := r.agent.Generation(qctx, r.cfg.InstanceID)
+	if err != nil {
+		return "", nil
+	}
+	// Only a registration the instance's generation key confirms is a
+	// session at all (leasehold's rule, health.FenceInstance): one above the
+	// key, or at its generation under another session, may be forged by
+	// another instance and neither supersedes nor overtakes this one.
+	confirmed := func(o RemoteSession) bool {
+		return !r.own[o.SessionID] && o.Generation > sess.Generation && key.Judge(o.Generation, o.SessionID) == health.KeyConfirms
+	}
 	for _, o := range others {
-		if !r.own[o.SessionID] && o.Generation > sess.Generation && o.Status != health.StatusCritical {
+		if confirmed(o) && o.Status != health.StatusCritical {
 			return LossSuperseded, fmt.Errorf("session %s (generation %d) on node %s is newer", o.SessionID, o.Generation, o.Node)
 		}
 	}
@@ -646,19 +666,23 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 				return LossNodeFailed, fmt.Errorf("the catalog lost this session's lease check and re-created it (its node was reaped or left): the session may have been seen lapsed")
 			}
 			st.leaseCreated = o.LeaseCreateIndex
-		case !r.own[o.SessionID] && o.Generation > sess.Generation:
+		case confirmed(o):
 			ahead = max(ahead, o.Generation) // dead (live ones supersede above): it still fences us
 		}
 	}
-	gen, err := r.agent.Generation(qctx, r.cfg.InstanceID)
-	if err == nil {
-		ahead = max(ahead, gen)
+	if key.Judge(sess.Generation, sess.ID) == health.KeyDenies {
+		// Below our generation, or ours under another session: Consul's KV
+		// was restored or rewritten. leasehold no longer routes this session
+		// (unconfirmed); a new one takes a generation above every known one.
+		return LossOvertaken, fmt.Errorf("the generation key %s holds %q, which does not name this session (generation %d): leasehold calls it unconfirmed",
+			health.GenerationKey(r.cfg.InstanceID), key.Value(), sess.Generation)
 	}
+	ahead = max(ahead, key.Generation)
+	gen := ahead
 	if ahead <= sess.Generation {
 		st.aheadSince = time.Time{}
 		return "", nil
 	}
-	gen = ahead
 	now := r.cfg.Clock.Now()
 	if st.aheadSince.IsZero() {
 		st.aheadSince = now

@@ -337,7 +337,7 @@ func TestConsulNextGenerationIsStrictlyIncreasing(t *testing.T) {
 	a := consultest.Start(t)
 	ag := NewAPIAgent(a.Client())
 	ctx := context.Background()
-	if g, err := ag.NextGeneration(ctx, "exec-1", 0); err != nil || g != 1 {
+	if g, err := ag.NextGeneration(ctx, "exec-1", "s", 0); err != nil || g != 1 {
 		t.Fatalf("first = %d, %v", g, err)
 	}
 	// concurrent session starts of one instance never share a generation
@@ -345,7 +345,7 @@ func TestConsulNextGenerationIsStrictlyIncreasing(t *testing.T) {
 	got := make(chan uint64, n)
 	for range n {
 		go func() {
-			g, err := ag.NextGeneration(ctx, "exec-1", 0)
+			g, err := ag.NextGeneration(ctx, "exec-1", "s", 0)
 			if err != nil {
 				t.Error(err)
 			}
@@ -364,11 +364,11 @@ func TestConsulNextGenerationIsStrictlyIncreasing(t *testing.T) {
 	if _, err := a.Client().KV().Delete(health.GenerationKey("exec-1"), nil); err != nil {
 		t.Fatal(err)
 	}
-	if g, err := ag.NextGeneration(ctx, "exec-1", 42); err != nil || g != 43 {
+	if g, err := ag.NextGeneration(ctx, "exec-1", "s", 42); err != nil || g != 43 {
 		t.Fatalf("after KV loss = %d, %v; want 43", g, err)
 	}
 	// other instances have their own sequence
-	if g, _ := ag.NextGeneration(ctx, "exec-2", 0); g != 1 {
+	if g, _ := ag.NextGeneration(ctx, "exec-2", "s", 0); g != 1 {
 		t.Fatalf("exec-2 first = %d", g)
 	}
 }

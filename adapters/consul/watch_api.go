@@ -39,6 +39,9 @@ type catalog interface {
 	NodeSerf(ctx context.Context, node string) (*api.HealthCheck, error)
 	// Generations lists the session generation keys (health.GenerationKeyPrefix).
 	Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error)
+	// GenerationKeys reads the generation keys of instances now (not
+	// blocking): the pairs that exist, in any order.
+	GenerationKeys(ctx context.Context, instances []string) (api.KVPairs, error)
 }
 
 type apiCatalog struct {
@@ -294,6 +297,38 @@ func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Dur
 		return nil, 0, err
 	}
 	return pairs, meta.LastIndex, nil
+}
+
+func (a apiCatalog) GenerationKeys(ctx context.Context, instances []string) (api.KVPairs, error) {
+	what, rights := "kv "+health.GenerationKeyPrefix, []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}
+	var out api.KVPairs
+	for len(instances) > 0 {
+		n := min(len(instances), maxTxnOps)
+		ops := make(api.TxnOps, 0, n)
+		for _, inst := range instances[:n] {
+			ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVGetOrEmpty, Key: health.GenerationKey(inst)}})
+		}
+		instances = instances[n:]
+		ok, resp, meta, err := a.c.Txn().Txn(ops, a.query(ctx, 0, 0))
+		if err := aclNeeds(what, rights, meta, err); err != nil {
+			return nil, err
+		}
+		if !ok {
+			if len(resp.Errors) > 0 {
+				if msg := resp.Errors[0].What; strings.Contains(strings.ToLower(msg), "permission denied") {
+					return nil, &ACLError{Read: what, How: "permission denied (" + msg + ")", Rights: rights}
+				}
+				return nil, fmt.Errorf("read generation keys: %s", resp.Errors[0].What)
+			}
+			return nil, errors.New("read generation keys: transaction rolled back")
+		}
+		for _, r := range resp.Results {
+			if r.KV != nil && r.KV.ModifyIndex > 0 { // get-or-empty: a missing key comes back empty, at index 0
+				out = append(out, r.KV)
+			}
+		}
+	}
+	return out, nil
 }
 
 // NewClient builds a Consul API client from the standard CONSUL_* environment

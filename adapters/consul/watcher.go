@@ -142,6 +142,11 @@ type Watcher struct {
 
 	fast fastPath
 
+	// The last generation listing, for the task watches' read-backs.
+	keysMu    sync.Mutex
+	keys      map[string]health.GenerationRecord
+	keysIndex uint64
+
 	requests, errs, wakeups metric.Int64Counter
 	readBytes               metric.Int64Counter
 	budgetWait              metric.Float64Counter
@@ -639,11 +644,11 @@ func (w *Watcher) acquire(ctx context.Context) bool {
 	}
 }
 
-// watchGenerations follows the session generations in Consul KV: the
-// floor below which every session of an instance is older than its newest,
-// the same on every replica.
+// watchGenerations follows the generation keys in Consul KV: per instance
+// the generation (and session) of its newest session, the same on every
+// replica.
 func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observation) {
-	var last map[string]uint64
+	var last map[string]health.GenerationRecord
 	bad := map[string]string{} // key → value already warned about
 	first := true
 	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
@@ -652,27 +657,106 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 			first = true
 			return 0, err
 		}
-		floor := make(map[string]uint64, len(pairs))
+		keys := make(map[string]health.GenerationRecord, len(pairs))
 		for _, p := range pairs {
-			inst := strings.TrimPrefix(p.Key, health.GenerationKeyPrefix)
-			g, perr := strconv.ParseUint(string(p.Value), 10, 64)
-			if verr := health.ValidateInstanceID(inst); verr != nil || perr != nil || !health.GenerationKeyValid(g) {
+			inst, rec, err := generationPair(p)
+			if err != nil {
 				if bad[p.Key] != string(p.Value) {
 					bad[p.Key] = string(p.Value)
-					w.log.Warn("generation key ignored: want "+health.GenerationKeyPrefix+"<instance_id> holding a positive integer", "key", p.Key, "value", string(p.Value))
+					w.log.Warn("generation key ignored", "key", p.Key, "value", string(p.Value), "err", err)
 				}
 				continue
 			}
-			floor[inst] = g
+			keys[inst] = rec
 		}
-		if !first && maps.Equal(floor, last) {
+		w.listedKeys(keys, idx)
+		if !first && maps.Equal(keys, last) {
 			w.send(ctx, out, health.Observation{Progress: &health.Progress{Generations: idx}})
 			return idx, nil
 		}
-		first, last = false, floor
-		w.send(ctx, out, health.Observation{Generations: &health.Generations{Index: idx, Floor: floor}})
+		first, last = false, keys
+		w.send(ctx, out, health.Observation{Generations: &health.Generations{Index: idx, Keys: keys}})
 		return idx, nil
 	})
+}
+
+// generationPair reads one generation key: its instance and record.
+func generationPair(p *api.KVPair) (string, health.GenerationRecord, error) {
+	inst := strings.TrimPrefix(p.Key, health.GenerationKeyPrefix)
+	if err := health.ValidateInstanceID(inst); err != nil {
+		return "", health.GenerationRecord{}, fmt.Errorf("want %s<instance_id>: %w", health.GenerationKeyPrefix, err)
+	}
+	rec, err := health.ParseGenerationRecord(string(p.Value))
+	if err != nil {
+		return "", health.GenerationRecord{}, err
+	}
+	rec.ModifyIndex = p.ModifyIndex
+	return inst, rec, nil
+}
+
+// listedKeys remembers the last generation listing (what the task watches
+// compare new registrations with).
+func (w *Watcher) listedKeys(keys map[string]health.GenerationRecord, index uint64) {
+	w.keysMu.Lock()
+	w.keys, w.keysIndex = keys, index
+	w.keysMu.Unlock()
+}
+
+// maxKeyReads is the most generation keys a task watch reads back one by
+// one (in transactions of maxTxnOps); past it, one listing costs less.
+const maxKeyReads = 4 * maxTxnOps
+
+// readBackKeys reads the generation keys of the members just read that
+// registered after the last generation listing and that it does not
+// confirm as they are (their (generation, session) is not their key's): a
+// session start writes its key before it registers, so this read, made
+// after the membership, holds the key of every legitimate new session and
+// the syncer confirms it at once instead of after the listing's next
+// answer. A failed read only delays that confirmation: nil is returned.
+func (w *Watcher) readBackKeys(ctx context.Context, entries []*api.ServiceEntry) map[string]health.GenerationRecord {
+	w.keysMu.Lock()
+	keys, index := w.keys, w.keysIndex
+	w.keysMu.Unlock()
+	var insts []string
+	for _, e := range entries {
+		if e.Service == nil || e.Service.ModifyIndex <= index {
+			continue // the listing was read after this registration: it holds the key written before it
+		}
+		inst, sess := e.Service.Meta[health.MetaInstanceID], e.Service.Meta[health.MetaSessionID]
+		if health.ValidateSessionQuery(inst, sess) != nil {
+			continue
+		}
+		k := keys[inst]
+		if k.SessionID == sess && strconv.FormatUint(k.Generation, 10) == e.Service.Meta[health.MetaGeneration] {
+			continue
+		}
+		insts = append(insts, inst)
+	}
+	if len(insts) == 0 {
+		return nil
+	}
+	slices.Sort(insts)
+	insts = slices.Compact(insts)
+	var pairs api.KVPairs
+	var err error
+	if len(insts) > maxKeyReads {
+		pairs, _, err = w.cat.Generations(ctx, 0, 0)
+	} else {
+		pairs, err = w.cat.GenerationKeys(ctx, insts)
+	}
+	if err != nil {
+		if ctx.Err() == nil {
+			w.log.Warn("reading back generation keys failed: new sessions are confirmed by the next generation listing", "err", err)
+		}
+		return nil
+	}
+	out := make(map[string]health.GenerationRecord, len(pairs))
+	for _, p := range pairs {
+		if inst, rec, err := generationPair(p); err == nil {
+			out[inst] = rec
+		}
+	}
+	return out
 }
 
 // watchServices follows the list of task types and runs one membership
@@ -770,7 +854,8 @@ func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, 
 			}
 		}
 		known, full = known.apply(task, nodes, entries, readAll, changed), false
-		w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: known.list()}})
+		keys := w.readBackKeys(ctx, entries)
+		w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: known.list(), Keys: keys}})
 		return idx, nil
 	})
 }

@@ -706,7 +706,7 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 		if o.Refreshed != nil {
 			t.Fatal("Refreshed before the non-passing checks were read afresh")
 		}
-		if o.Generations == nil || o.Generations.Floor["x"] != 2 {
+		if o.Generations == nil || o.Generations.Keys["x"].Generation != 2 {
 			t.Fatalf("observation %+v", o)
 		}
 	case <-time.After(5 * time.Second):
@@ -727,3 +727,5 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 		t.Fatalf("observation %+v, want Refreshed %d (refreshed: %v)", o, seq, h.w.refreshDone)
 	}
 }
+
+func (f *fakeCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }
