@@ -38,8 +38,8 @@ type taskState struct {
 	// shortestLease is the shortest lease_ttl its registrations declare
 	// (0: none does).
 	shortestLease time.Duration
-	bad        map[string]string // bad registrations (service id@node) and their error, logged once
-	was        map[string]uint64 // a fresh read's predecessor: prints by registration (for the change span)
+	bad           map[string]string // bad registrations (service id@node) and their error, logged once
+	was           map[string]uint64 // a fresh read's predecessor: prints by registration (for the change span)
 
 	// Per batch.
 	owned   bool // execs is this batch's copy

@@ -95,4 +95,6 @@ func TestWatcherHoldsOpenQueriesItCounts(t *testing.T) {
 	}
 }
 
-func (q *quietCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }
+func (q *quietCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) {
+	return nil, nil
+}

@@ -415,4 +415,6 @@ func TestAttack19NodeBackSeenByTheWarningWatchIsNeverReadByNode(t *testing.T) {
 	}
 }
 
-func (w *worldCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }
+func (w *worldCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) {
+	return nil, nil
+}

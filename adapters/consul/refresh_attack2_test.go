@@ -239,4 +239,6 @@ func TestAttack2ConcurrentFencingRequestsAnswerUnknown(t *testing.T) {
 	}
 }
 
-func (c *instantCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }
+func (c *instantCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) {
+	return nil, nil
+}
