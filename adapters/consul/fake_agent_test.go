@@ -202,3 +202,10 @@ func (f *fakeAgent) noCall(t *testing.T, op string) {
 		}
 	}
 }
+
+// takeKey writes instanceID's generation key as a session start does.
+func (f *fakeAgent) takeKey(instanceID, sessionID string, gen uint64) {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	f.gens[instanceID], f.keySessions[instanceID] = gen, sessionID
+}

@@ -125,7 +125,7 @@ func TestRegistersEveryTaskWithContractMeta(t *testing.T) {
 		if reg == nil {
 			t.Fatalf("%s not registered", task)
 		}
-		want := map[string]string{"instance_id": "exec-1", "session_id": s.ID, "generation": "1", "version": "1.4.2", "capacity": "2", "state": "active", "label_zone": "eu-1"}
+		want := map[string]string{"instance_id": "exec-1", "session_id": s.ID, "generation": "1", "version": "1.4.2", "capacity": "2", "state": "active", "label_zone": "eu-1", "lease_ttl": testTTL.String()}
 		if !reflect.DeepEqual(reg.Meta, want) {
 			t.Errorf("meta = %v, want %v", reg.Meta, want)
 		}
@@ -242,7 +242,9 @@ func TestRefusedHeartbeatReregistersUnderFreshSession(t *testing.T) {
 func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
 	h := start(t, nil)
 	s1 := h.session(nil)
-	// another process with the same instance id registers on the same agent
+	// another process with the same instance id takes the generation key
+	// and registers on the same agent
+	h.agent.takeKey("exec-1", "newer", 99)
 	other := baseConfig()
 	for _, task := range other.Tasks {
 		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration(sessionKey{id: "newer", generation: 99}, task, health.StateActive)
@@ -275,6 +277,7 @@ func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
 func TestSupersededOnAnotherNode(t *testing.T) {
 	h := start(t, nil)
 	s1 := h.session(nil)
+	h.agent.takeKey("exec-1", "newer", 2)
 	h.agent.mu.Lock()
 	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Generation: 2, Status: health.StatusPassing}}
 	h.agent.mu.Unlock()
@@ -486,6 +489,7 @@ func containsStr(xs []string, s string) bool {
 func TestNewerSessionOnAnotherAgentIsNoticed(t *testing.T) {
 	h := start(t, func(c *Config) { c.FenceCheck = 5 * time.Second })
 	s1 := h.session(nil)
+	h.agent.takeKey("exec-1", "newer", s1.Generation+1)
 	h.agent.mu.Lock()
 	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Generation: s1.Generation + 1, Status: health.StatusPassing}}
 	h.agent.mu.Unlock()
@@ -680,5 +684,51 @@ func TestLoadChangedSendsFullAndFreeAtOnce(t *testing.T) {
 	case c := <-h.agent.calls:
 		t.Fatalf("a call more than the status changes: %+v", c)
 	default:
+	}
+}
+
+// TestForgedNewerSessionSupersedesNothing: a registration of this instance
+// with a higher generation that the generation key does not name — any
+// token that may register the task type can write one — neither supersedes
+// nor overtakes the live session (leasehold does not route it either).
+func TestForgedNewerSessionSupersedesNothing(t *testing.T) {
+	h := start(t, func(c *Config) { c.FenceCheck = 5 * time.Second })
+	s1 := h.session(nil)
+	h.agent.mu.Lock()
+	h.agent.others = []RemoteSession{
+		{Node: "evil", SessionID: "forged", Generation: s1.Generation + 1, Status: health.StatusPassing},
+		{Node: "evil", SessionID: "forged-dead", Generation: s1.Generation + 5, Status: health.StatusCritical},
+	}
+	h.agent.mu.Unlock()
+	// Fence checks and heartbeats run for longer than a lease (a generation
+	// "ahead" would have overtaken us by then); each advance waits for the
+	// timers the previous step re-armed.
+	for range 2 * int(testTTL/(5*time.Second)) {
+		h.advance(3, 5*time.Second)
+	}
+	select {
+	case l := <-h.lost:
+		t.Fatalf("loss %+v: a registration the generation key does not name ended the session", l)
+	default:
+	}
+	if s1.Err() != nil {
+		t.Fatalf("session ended: %v", s1.Err())
+	}
+}
+
+// TestGenerationKeyNamingAnotherSessionEndsOurs: the key no longer names
+// this session at its generation (Consul's KV restored or rewritten):
+// leasehold calls the session unconfirmed, so the Registrar starts a new one
+// above every generation it knows.
+func TestGenerationKeyNamingAnotherSessionEndsOurs(t *testing.T) {
+	h := start(t, func(c *Config) { c.FenceCheck = 5 * time.Second })
+	s1 := h.session(nil)
+	h.agent.takeKey("exec-1", "someone-else", s1.Generation)
+	h.advance(3, 5*time.Second)
+	if l := h.loss(); l.Reason != LossOvertaken || l.SessionID != s1.ID {
+		t.Fatalf("loss = %+v, want overtaken", l)
+	}
+	if s2 := h.session(s1); s2.Generation <= s1.Generation {
+		t.Fatalf("new session at generation %d, not above %d", s2.Generation, s1.Generation)
 	}
 }
