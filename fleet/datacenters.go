@@ -183,8 +183,16 @@ func (s *Syncer) silentSince(d *dcState) time.Time {
 
 // answering: every watch of the datacenter answered within DatacenterQuiet
 // and none is failing.
-func (s *Syncer) answering(d *dcState, now time.Time) bool {
-	return !d.failing && now.Sub(s.silentSince(d)) <= s.cfg.DatacenterQuiet
+func (s *Syncer) answering(name string, d *dcState, now time.Time) bool {
+	return !d.failing && now.Sub(s.silentSince(d)) <= s.quietAfter(name)
+}
+
+// quietAfter is how long datacenter name may go without an answer before it
+// counts as not answering: DatacenterQuiet, or less when its registrations
+// declare shorter leases (lostAfter: it must not stay "answering" past the
+// point where it is lost).
+func (s *Syncer) quietAfter(name string) time.Duration {
+	return min(s.cfg.DatacenterQuiet, s.lostAfter(name))
 }
 
 // reachOf decides a datacenter's reach: Reached while answering;
@@ -266,8 +274,8 @@ func (s *Syncer) updateReach(now time.Time) (changed bool) {
 	if !s.cfg.multi() {
 		return false // one datacenter: Consul's reachability is readiness and the fencing bound, as ever
 	}
-	for _, d := range s.dcs {
-		ans := s.answering(d, now)
+	for name, d := range s.dcs {
+		ans := s.answering(name, d, now)
 		if ans && !d.answering {
 			d.answeringSince = now
 			if h := d.heard(); h.IsZero() { // answering since the start, as far as anyone knows
@@ -301,7 +309,7 @@ func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
 	}
 	for name, d := range s.dcs {
 		since, lost := s.silentSince(d), s.lostAfter(name)
-		for _, at := range []time.Time{since.Add(s.cfg.DatacenterQuiet), since.Add(lost), d.answeringSince.Add(lost)} {
+		for _, at := range []time.Time{since.Add(s.quietAfter(name)), since.Add(lost), d.answeringSince.Add(lost)} {
 			at = at.Add(time.Millisecond) // past the bound, not on it
 			if at.After(now) && (next.IsZero() || at.Before(next)) {
 				next = at

@@ -43,6 +43,12 @@ type WatchConfig struct {
 	// (default 10s): their answers are small, and they keep the age of the
 	// last Consul contact (readiness, the contact-age metric) under ~11s.
 	FastWait      time.Duration
+	// ShortestLease, when set, is the shortest lease the registrations of
+	// datacenter dc (this watch's Datacenter) declare (0: none does): those
+	// queries then wait at most a third of it, so a view vouched for only
+	// within a lease (the fencing API's bound) never reads as stale merely
+	// because Consul had nothing new to say.
+	ShortestLease func(dc string) time.Duration
 	ContendedWait time.Duration
 	// MinInterval is the least time between two queries of one watch
 	// (default 5ms for the non-passing checks, 4× that for memberships), so
@@ -217,6 +223,20 @@ func (w *Watcher) LastContact() time.Time {
 		return time.Time{}
 	}
 	return time.Unix(0, n)
+}
+
+// minFastWait bounds how short a lease makes the fast queries' wait.
+const minFastWait = 100 * time.Millisecond
+
+// fastWait is how long the watches that always answer wait: FastWait, or a
+// third of the shortest lease declared when that is shorter.
+func (w *Watcher) fastWait() time.Duration {
+	if w.cfg.ShortestLease != nil {
+		if l := w.cfg.ShortestLease(w.cfg.Datacenter); l > 0 && l/3 < w.cfg.FastWait {
+			return max(l/3, minFastWait)
+		}
+	}
+	return w.cfg.FastWait
 }
 
 // Watches whose answers come at least every FastWait whatever happens: the
@@ -518,7 +538,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 				return 0, false
 			}
 			if !spec.useSlot {
-				return w.cfg.FastWait, true
+				return w.fastWait(), true
 			}
 			if !w.acquire(ctx) {
 				return 0, false
