@@ -2,6 +2,8 @@ package consul
 
 import (
 	"context"
+	"errors"
+	"fmt"
 	"log/slog"
 	"math"
 	"slices"
@@ -9,6 +11,7 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/metric"
 	metricnoop "go.opentelemetry.io/otel/metric/noop"
 
@@ -93,47 +96,83 @@ func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation
 
 // LapseRecorder writes lapse marks into Consul KV, in the datacenter of the
 // lapsed executor (where its datacenter's replicas read them), and removes
-// marks older than the retention. Record never blocks the caller (the
-// syncer's goroutine): marks queue, and are written with retries until they
-// are, or until Run ends.
+// those whose sessions have had no registration in the catalog for the
+// retention (Prune). Record never blocks the caller (the syncer's
+// goroutine): marks queue, and are written with retries until they are, or
+// until Run ends.
 type LapseRecorder struct {
 	kv          *api.Client
 	log         *slog.Logger
+	clock       clockwork.Clock
 	retention   time.Duration
-	datacenters []string // pruned ([""]: the agent's own)
+	every       time.Duration // between prunes
+	datacenters []string      // pruned ([""]: the agent's own)
 	failed      metric.Int64Counter
 
 	mu      sync.Mutex
 	queue   []health.LapseMark
 	dcOf    map[[2]string]string // mark → datacenter ("" the agent's own)
 	pending chan struct{}
+
+	pruneMu sync.Mutex
+	seen    map[[2]string]markSeen // datacenter, key → what the last prune saw of the mark
 }
 
-// NewLapseRecorder writes through client; marks older than retention (zero:
-// 73 h, as the syncer's history) are removed from the datacenters (nil: the
-// agent's own).
-func NewLapseRecorder(client *api.Client, log *slog.Logger, retention time.Duration, datacenters []string, meter metric.MeterProvider) *LapseRecorder {
-	if len(datacenters) == 0 {
-		datacenters = []string{""}
+// markSeen is what one prune saw of a mark.
+type markSeen struct {
+	index  uint64    // the mark's ModifyIndex
+	at     time.Time // when the catalog was read (r.clock: a monotonic reading with the real clock)
+	absent bool      // its session had no registration in the catalog then
+}
+
+// LapseRecorderConfig tunes a LapseRecorder; the zero value is serve's.
+type LapseRecorderConfig struct {
+	// Retention is how long a mark is kept once its session has no
+	// registration left in the catalog of any of the datacenters (default:
+	// 73 h, as the syncer's history: longer than Consul's reconnect
+	// timeout, so a node that comes back brings no lapsed session back).
+	Retention time.Duration
+	// Datacenters are the datacenters whose marks are pruned and whose
+	// catalogs are searched for the marks' sessions (nil: the agent's own).
+	Datacenters []string
+	// PruneEvery is the time between prunes (default: an hour).
+	PruneEvery time.Duration
+
+	Clock  clockwork.Clock      // default: the real clock (monotonic readings)
+	Logger *slog.Logger         // default: slog.Default()
+	Meter  metric.MeterProvider // default: no metrics
+}
+
+// NewLapseRecorder writes and prunes lapse marks through client.
+func NewLapseRecorder(client *api.Client, cfg LapseRecorderConfig) *LapseRecorder {
+	if len(cfg.Datacenters) == 0 {
+		cfg.Datacenters = []string{""}
 	}
-	if retention <= 0 {
-		retention = 73 * time.Hour
+	if cfg.Retention <= 0 {
+		cfg.Retention = 73 * time.Hour
 	}
-	if log == nil {
-		log = slog.Default()
+	if cfg.PruneEvery <= 0 {
+		cfg.PruneEvery = time.Hour
 	}
-	if meter == nil {
-		meter = metricnoop.NewMeterProvider()
+	if cfg.Clock == nil {
+		cfg.Clock = clockwork.NewRealClock()
 	}
-	r := &LapseRecorder{kv: client, log: log.With("component", "lapse-recorder"), retention: retention, datacenters: datacenters, dcOf: map[[2]string]string{}, pending: make(chan struct{}, 1)}
-	r.failed, _ = meter.Meter("github.com/leasehold/leasehold/adapters/consul").Int64Counter("leasehold.lapse_marks.failed",
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	if cfg.Meter == nil {
+		cfg.Meter = metricnoop.NewMeterProvider()
+	}
+	r := &LapseRecorder{kv: client, log: cfg.Logger.With("component", "lapse-recorder"), clock: cfg.Clock, retention: cfg.Retention, every: cfg.PruneEvery,
+		datacenters: cfg.Datacenters, dcOf: map[[2]string]string{}, pending: make(chan struct{}, 1), seen: map[[2]string]markSeen{}}
+	r.failed, _ = cfg.Meter.Meter("github.com/leasehold/leasehold/adapters/consul").Int64Counter("leasehold.lapse_marks.failed",
 		metric.WithDescription("writes of lapse marks to Consul KV that failed (retried); a lapse not recorded is final only in this replica's memory until it is"))
 	return r
 }
 
 // Record queues a lapse mark for e's session.
 func (r *LapseRecorder) Record(e health.Executor) {
-	m := health.LapseMark{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, At: time.Now().UTC().Truncate(time.Second), Tasks: []string{e.Task}}
+	m := health.LapseMark{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, At: r.clock.Now().UTC().Truncate(time.Second), Tasks: []string{e.Task}}
 	r.mu.Lock()
 	r.queue = append(r.queue, m)
 	r.dcOf[[2]string{e.InstanceID, e.SessionID}] = e.Datacenter
@@ -144,11 +183,11 @@ func (r *LapseRecorder) Record(e health.Executor) {
 	}
 }
 
-// Run writes queued marks and prunes old ones until ctx ends; then it
-// writes what is still queued for a few seconds more (a lapse seen just
-// before a shutdown is recorded too, if Consul answers).
+// Run writes queued marks and prunes until ctx ends; then it writes what is
+// still queued for a few seconds more (a lapse seen just before a shutdown
+// is recorded too, if Consul answers).
 func (r *LapseRecorder) Run(ctx context.Context) {
-	prune := time.NewTicker(time.Hour)
+	prune := r.clock.NewTicker(r.every)
 	defer prune.Stop()
 	defer func() {
 		fctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
@@ -164,7 +203,7 @@ func (r *LapseRecorder) Run(ctx context.Context) {
 			select {
 			case <-ctx.Done():
 				return
-			case <-time.After(bo.next()):
+			case <-r.clock.After(bo.next()):
 			}
 			continue
 		}
@@ -172,7 +211,7 @@ func (r *LapseRecorder) Run(ctx context.Context) {
 		case <-ctx.Done():
 			return
 		case <-r.pending:
-		case <-prune.C:
+		case <-prune.Chan():
 			r.prune(ctx)
 		}
 	}
@@ -206,23 +245,157 @@ func (r *LapseRecorder) flush(ctx context.Context) bool {
 	}
 }
 
-// prune removes the marks older than the retention, in every datacenter
-// (each replica does; a mark changed meanwhile is kept).
+// prune is Prune from Run: what fails is logged, and tried again at the
+// next prune.
 func (r *LapseRecorder) prune(ctx context.Context) {
-	cutoff := time.Now().Add(-r.retention)
+	if err := r.Prune(ctx); err != nil && ctx.Err() == nil {
+		r.log.Warn("lapse marks not all pruned (tried again at the next prune)", "err", err)
+	}
+}
+
+// Prune removes the lapse marks whose sessions have had no registration
+// in the catalog for the retention, in every datacenter. A lapse is final
+// for as long as its session can be routed again: a registration still in
+// the catalog (any task, any node — a failed one's stays until Consul's
+// reconnect timeout reaps it —, any datacenter) would be routed by a
+// replica started after its mark went, once its check passed again. So
+// each prune reads the catalogs (not a replica's memory of them), and
+// removes nothing when one cannot be read.
+//
+// The time a session has had no registration is counted in its mark
+// (UnregisteredSeconds), in durations measured between two prunes of one
+// replica that both found the session unregistered and the mark unchanged,
+// and added with a check-and-set from the index the first one saw: each
+// index's lifetime is counted at most once, whichever replicas prune, and
+// replicas whose wall clocks disagree count alike. A prune that finds the
+// session registered again sets the count back to zero. Time nobody
+// counted (no replica running, or a restart's first prune) only keeps the
+// mark longer.
+func (r *LapseRecorder) Prune(ctx context.Context) error {
+	r.pruneMu.Lock()
+	defer r.pruneMu.Unlock()
+	type listed struct {
+		dc    string
+		pairs api.KVPairs
+	}
+	var (
+		marks []listed
+		errs  []error
+		n     int
+	)
 	for _, dc := range r.datacenters {
 		pairs, _, err := r.kv.KV().List(health.LapseMarkPrefix, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
 		if err != nil {
-			continue // next hour
+			errs = append(errs, fmt.Errorf("datacenter %q: list %s: %w", dc, health.LapseMarkPrefix, err))
+			continue
 		}
-		for _, p := range pairs {
+		marks = append(marks, listed{dc, pairs})
+		n += len(pairs)
+	}
+	seen := make(map[[2]string]markSeen, n)
+	defer func() { r.seen = seen }() // what was not seen now is forgotten: counting starts again
+	if n == 0 {
+		return errors.Join(errs...)
+	}
+	registered, err := r.registeredSessions(ctx)
+	if err != nil {
+		return errors.Join(append(errs, fmt.Errorf("nothing pruned: %w", err))...)
+	}
+	now := r.clock.Now()
+	for _, l := range marks {
+		wo := (&api.WriteOptions{Datacenter: l.dc}).WithContext(ctx)
+		for _, p := range l.pairs {
 			m, err := health.ParseLapseMark(p.Key, p.Value)
-			if err != nil || m.At.IsZero() || !m.At.Before(cutoff) {
+			if err != nil || !health.LapseMarkReadable(p.Value) {
+				continue // kept: nothing tells how long it has been
+			}
+			sk := [2]string{l.dc, p.Key}
+			if registered[[2]string{m.InstanceID, m.SessionID}] {
+				seen[sk] = markSeen{index: p.ModifyIndex, at: now}
+				if m.UnregisteredSeconds != 0 { // registered again: the retention starts over
+					idx, err := r.setUnregistered(ctx, l.dc, p, 0)
+					if err != nil {
+						errs = append(errs, err)
+					}
+					seen[sk] = markSeen{index: idx, at: now}
+				}
 				continue
 			}
-			if _, _, err := r.kv.KV().DeleteCAS(p, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx)); err != nil {
-				break
+			prev, ok := r.seen[sk]
+			if !ok || !prev.absent || prev.index != p.ModifyIndex || now.Before(prev.at) {
+				seen[sk] = markSeen{index: p.ModifyIndex, at: now, absent: true} // counting starts now
+				continue
+			}
+			total := m.Unregistered() + now.Sub(prev.at)
+			if total < r.retention {
+				idx, err := r.setUnregistered(ctx, l.dc, p, total)
+				if err != nil {
+					errs = append(errs, err)
+				}
+				seen[sk] = markSeen{index: idx, at: now, absent: true}
+				continue
+			}
+			// Deleted only as it was read: a mark another replica changed
+			// meanwhile (counted, or found registered) is looked at again.
+			ok, _, err = r.kv.KV().DeleteCAS(p, wo)
+			switch {
+			case err != nil:
+				errs = append(errs, fmt.Errorf("datacenter %q: delete %s: %w", l.dc, p.Key, err))
+				seen[sk] = markSeen{index: p.ModifyIndex, at: prev.at, absent: true}
+			case ok:
+				r.log.Info("lapse mark pruned: its session has had no registration for the retention", "key", p.Key, "datacenter", l.dc,
+					"unregistered", total.Truncate(time.Second), "lapsed_at", m.At)
 			}
 		}
 	}
+	return errors.Join(errs...)
+}
+
+// setUnregistered sets mark p's unregistered time to d if p is unchanged,
+// and returns the mark's index after (0 when it was changed meanwhile or
+// the write failed: counting starts again at the next prune).
+func (r *LapseRecorder) setUnregistered(ctx context.Context, dc string, p *api.KVPair, d time.Duration) (uint64, error) {
+	v, err := health.WithUnregistered(p.Value, d)
+	if err != nil {
+		return 0, err
+	}
+	// A transaction, because it answers with the index the write gave the
+	// mark (a plain check-and-set does not): the next prune counts from it.
+	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.Key, Value: v, Index: p.ModifyIndex}}}
+	ok, resp, _, err := r.kv.Txn().Txn(ops, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
+	if err != nil {
+		return 0, fmt.Errorf("datacenter %q: update %s: %w", dc, p.Key, err)
+	}
+	if !ok || len(resp.Results) != 1 || resp.Results[0].KV == nil {
+		return 0, nil // changed meanwhile (by another replica's prune)
+	}
+	return resp.Results[0].KV.ModifyIndex, nil
+}
+
+// registeredSessions reads every registration in the catalog of every
+// datacenter (any service: a lapsed session stays lapsed in every task) and
+// returns the sessions they name. A catalog that cannot be read, or not
+// all of it (ACLs filter what the token may not read), is an error.
+func (r *LapseRecorder) registeredSessions(ctx context.Context) (map[[2]string]bool, error) {
+	registered := map[[2]string]bool{}
+	for _, dc := range r.datacenters {
+		cat := apiCatalog{c: r.kv, dc: dc}
+		names, _, err := cat.Services(ctx, 0, 0)
+		if err != nil {
+			return nil, fmt.Errorf("datacenter %q: %w", dc, err)
+		}
+		for name := range names {
+			regs, _, err := cat.ServiceNodes(ctx, name, "", 0, 0)
+			if err != nil {
+				return nil, fmt.Errorf("datacenter %q: %w", dc, err)
+			}
+			for _, s := range regs {
+				inst, sess := s.ServiceMeta[health.MetaInstanceID], s.ServiceMeta[health.MetaSessionID]
+				if inst != "" && sess != "" {
+					registered[[2]string{inst, sess}] = true
+				}
+			}
+		}
+	}
+	return registered, nil
 }

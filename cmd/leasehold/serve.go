@@ -183,8 +183,10 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	// their waits is answered UNKNOWN; after the staleness bound (a lease by
 	// default) while another answers, its executors leave the assignments.
 	// A lapse is final across restarts and replicas: each one seen is
-	// recorded in Consul KV (leasehold/lapsed/), which every replica reads.
-	p.lapses = consul.NewLapseRecorder(p.client, log, fleet.DefaultHistoryRetention, cfg.datacenters, tel.Meter)
+	// recorded in Consul KV (leasehold/lapsed/), which every replica reads,
+	// and kept while its session has a registration in any datacenter's
+	// catalog, and for the syncer's history after.
+	p.lapses = consul.NewLapseRecorder(p.client, consul.LapseRecorderConfig{Retention: fleet.DefaultHistoryRetention, Datacenters: cfg.datacenters, Logger: log, Meter: tel.Meter})
 	p.syncer = fleet.NewSyncer(fleet.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
 		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: p.lapses.Record,
 		AwaitControl: true,  // serve runs consul.WatchControl: nothing is served before the cordons are read

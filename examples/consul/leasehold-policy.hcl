@@ -11,7 +11,8 @@
 # The task types and their executors: /v1/catalog/services, the members of
 # each task type (/v1/catalog/service/<task>, /v1/health/service/<task>)
 # with their service checks. Read on every service, since task types are
-# whatever services carry the tag; the servers' own "consul" service is how
+# whatever services carry the tag, and the lapse marks' pruner looks for
+# their sessions in every service; the servers' own "consul" service is how
 # leasehold tells an empty catalog from an unreadable one.
 service_prefix "" {
   policy = "read"
@@ -34,8 +35,9 @@ key_prefix "leasehold/control/" {
   policy = "read"
 }
 # Lapse marks: each lapse a replica sees is written here (once, create-only;
-# removed after 73 h) and every replica reads them, so a lapsed session is
-# never routed again, also after a restart.
+# kept while the session is registered anywhere, removed 73 h after its last
+# registration went, the time counted in the mark) and every replica reads
+# them, so a lapsed session is never routed again, also after a restart.
 key_prefix "leasehold/lapsed/" {
   policy = "write"
 }
