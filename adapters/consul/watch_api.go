@@ -300,32 +300,17 @@ func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Dur
 }
 
 func (a apiCatalog) GenerationKeys(ctx context.Context, instances []string) (api.KVPairs, error) {
+	// One read per key: Consul 1.13's transactions have no get-or-empty,
+	// and a get of a missing key fails the whole transaction.
 	what, rights := "kv "+health.GenerationKeyPrefix, []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}
 	var out api.KVPairs
-	for len(instances) > 0 {
-		n := min(len(instances), maxTxnOps)
-		ops := make(api.TxnOps, 0, n)
-		for _, inst := range instances[:n] {
-			ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVGetOrEmpty, Key: health.GenerationKey(inst)}})
-		}
-		instances = instances[n:]
-		ok, resp, meta, err := a.c.Txn().Txn(ops, a.query(ctx, 0, 0))
+	for _, inst := range instances {
+		pair, meta, err := a.c.KV().Get(health.GenerationKey(inst), a.query(ctx, 0, 0))
 		if err := aclNeeds(what, rights, meta, err); err != nil {
 			return nil, err
 		}
-		if !ok {
-			if len(resp.Errors) > 0 {
-				if msg := resp.Errors[0].What; strings.Contains(strings.ToLower(msg), "permission denied") {
-					return nil, &ACLError{Read: what, How: "permission denied (" + msg + ")", Rights: rights}
-				}
-				return nil, fmt.Errorf("read generation keys: %s", resp.Errors[0].What)
-			}
-			return nil, errors.New("read generation keys: transaction rolled back")
-		}
-		for _, r := range resp.Results {
-			if r.KV != nil && r.KV.ModifyIndex > 0 { // get-or-empty: a missing key comes back empty, at index 0
-				out = append(out, r.KV)
-			}
+		if pair != nil {
+			out = append(out, pair)
 		}
 	}
 	return out, nil

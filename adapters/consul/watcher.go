@@ -723,8 +723,8 @@ func (w *Watcher) listedKeys(keys map[string]health.GenerationRecord, index uint
 }
 
 // maxKeyReads is the most generation keys a task watch reads back one by
-// one (in transactions of maxTxnOps); past it, one listing costs less.
-const maxKeyReads = 4 * maxTxnOps
+// one; past it, one listing costs less time.
+const maxKeyReads = 16
 
 // readBackKeys reads the generation keys of the members just read that
 // registered after the last generation listing and that it does not

@@ -7,6 +7,7 @@ import (
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -254,4 +255,55 @@ func TestConsulMembershipChangeReadsWhatChanged(t *testing.T) {
 	if catLast > 100<<10 { // ~1 MB of JSON
 		t.Errorf("the catalog listing of %d members is %d bytes on the wire: not compressed?", n, catLast)
 	}
+}
+
+// laggingListing is a real catalog whose generation listing answers once
+// and then never again: a listing lagging behind every later key write.
+type laggingListing struct {
+	apiCatalog
+	answered atomic.Bool
+}
+
+func (l *laggingListing) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
+	if l.answered.Swap(true) {
+		<-ctx.Done()
+		return nil, 0, ctx.Err()
+	}
+	return l.apiCatalog.Generations(ctx, index, wait)
+}
+
+// TestConsulNewSessionsKeyComesWithItsMembership: a session start takes its
+// generation key, then registers; however far the generation listing lags,
+// the membership that first shows the registration carries the key as read
+// after it (one transaction on the real agent), so leasehold confirms the
+// new session at once — and the next session of the instance too.
+func TestConsulNewSessionsKeyComesWithItsMembership(t *testing.T) {
+	a := consultest.Start(t)
+	_, out := runWorld(t, &laggingListing{apiCatalog: apiCatalog{c: a.Client(), checked: new(atomic.Uint64)}}, WatchConfig{})
+	nextObs(t, out, "the one generation listing", func(o health.Observation) bool { return o.Generations != nil })
+	e := runLive(t, a, "exec-1", nil)
+	keyOf := func(s *Session) {
+		t.Helper()
+		o := nextObs(t, out, "the membership with session "+s.ID, func(o health.Observation) bool {
+			if o.Members == nil {
+				return false
+			}
+			for _, m := range o.Members.Members {
+				if m.InstanceID == "exec-1" && m.SessionID == s.ID {
+					return true
+				}
+			}
+			return false
+		})
+		k := o.Members.Keys["exec-1"]
+		if k.Generation != s.Generation || k.SessionID != s.ID || k.ModifyIndex == 0 {
+			t.Fatalf("the membership carries exec-1's key %+v, want generation %d of session %s", k, s.Generation, s.ID)
+		}
+	}
+	s1 := e.session(t, nil)
+	keyOf(s1)
+	e.stop() // the process ends; the next one of the instance starts
+	<-e.reg.Done()
+	e2 := runLive(t, a, "exec-1", nil)
+	keyOf(e2.session(t, nil))
 }

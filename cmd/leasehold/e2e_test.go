@@ -192,6 +192,13 @@ const orcaCapacity = 4
 
 func startExecutor(t *testing.T, a *consultest.Agent, instance, version string, labels ...string) *e2eExecutor {
 	t.Helper()
+	return startExecutorVia(t, consul.NewAPIAgent(a.Client()), instance, version, labels...)
+}
+
+// startExecutorVia is startExecutor through agent (a token of its own, a
+// wrapper that observes the Registrar's calls).
+func startExecutorVia(t *testing.T, agent consul.Agent, instance, version string, labels ...string) *e2eExecutor {
+	t.Helper()
 	e := &e2eExecutor{instance: instance}
 	e.reported.Store(1)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -217,7 +224,7 @@ func startExecutor(t *testing.T, a *consultest.Agent, instance, version string, 
 	}))
 	healthpb.RegisterHealthServer(g, grpchealth.NewServer())
 	go g.Serve(lis)
-	reg, err := consul.NewRegistrar(consul.NewAPIAgent(a.Client()), consul.Config{
+	reg, err := consul.NewRegistrar(agent, consul.Config{
 		InstanceID: instance, Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
 		Version: version, Capacity: 2, Labels: labelMap(labels),
 		// 2 s: short for the drills, long enough that a loaded CI machine

@@ -1,0 +1,83 @@
+package fleet
+
+import (
+	"testing"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
+)
+
+// keysAt sends a generation listing at index.
+func (h *syncHarness) keysAt(index uint64, keys map[string]health.GenerationRecord) {
+	h.index = max(h.index, index)
+	h.obs <- health.Observation{Generations: &health.Generations{Index: index, Keys: keys}}
+}
+
+// membersWithKeys sends a membership carrying the keys its watch read back.
+func (h *syncHarness) membersWithKeys(task string, keys map[string]health.GenerationRecord, ms ...health.Member) {
+	h.index++
+	h.obs <- health.Observation{Members: &health.TaskMembers{Task: task, Index: h.index, Members: ms, Keys: keys}}
+}
+
+// sessionState is the settled view's answer for a session.
+func (h *syncHarness) sessionState(inst, sess string) health.SessionStatus {
+	h.t.Helper()
+	return h.attackSettle().Sessions().Check(inst, sess)
+}
+
+// TestKeyReadBackConfirmsANewSessionAtOnce: a new session's key comes with
+// the membership that first shows it (read after it), before the generation
+// listing has it: the session is confirmed, and its predecessor fenced, at
+// once. A listing read before that key was written (a lower index) does not
+// undo it; one at or after it takes over.
+func TestKeyReadBackConfirmsANewSessionAtOnce(t *testing.T) {
+	h := startSyncer(t)
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work")
+	h.nonPassing()
+	k1 := health.GenerationRecord{Generation: 1, SessionID: "s1", ModifyIndex: 10}
+	k2 := health.GenerationRecord{Generation: 2, SessionID: "s2", ModifyIndex: 20}
+	h.keysAt(10, map[string]health.GenerationRecord{"a": k1})
+	s1 := fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 11)
+	h.members("work", s1)
+	if st := h.sessionState("a", "s1"); st.State != health.SessionCurrent {
+		t.Fatalf("a/s1 = %s (%s)", st.State, st.Detail)
+	}
+
+	s2 := fleettest.Member("work", "a", "s2", 2, 9002, "1.0.0", health.StatusPassing, 21)
+	h.membersWithKeys("work", map[string]health.GenerationRecord{"a": k2}, s1, s2)
+	expect := func(step string) {
+		t.Helper()
+		if st := h.sessionState("a", "s2"); st.State != health.SessionCurrent {
+			t.Fatalf("%s: a/s2 = %s (%s), want CURRENT", step, st.State, st.Detail)
+		}
+		if st := h.sessionState("a", "s1"); st.State != health.SessionStale || st.NewerSessionID != "s2" {
+			t.Fatalf("%s: a/s1 = %s newer %s (%s), want STALE newer s2", step, st.State, st.NewerSessionID, st.Detail)
+		}
+		if !h.attackRoutes("a", "s2") || h.attackRoutes("a", "s1") {
+			t.Fatalf("%s: s2 routed %v, s1 routed %v", step, h.attackRoutes("a", "s2"), h.attackRoutes("a", "s1"))
+		}
+	}
+	expect("read back with the membership")
+	h.keysAt(15, map[string]health.GenerationRecord{"a": k1}) // a listing read before s2 took the key
+	expect("after a listing older than the read-back")
+	h.keysAt(25, map[string]health.GenerationRecord{"a": k2})
+	expect("after a listing holding the key")
+
+	// Without a read-back (a registration the key does not name: forged),
+	// the new registration is unconfirmed and changes nothing.
+	s3 := fleettest.Member("work", "a", "s3", 3, 9003, "1.0.0", health.StatusPassing, 31)
+	h.members("work", s1, s2, s3)
+	if st := h.sessionState("a", "s3"); st.State != health.SessionUnknown {
+		t.Fatalf("a/s3 = %s (%s), want UNKNOWN: no key names it", st.State, st.Detail)
+	}
+	expect("a forged registration above the key")
+	if h.attackRoutes("a", "s3") {
+		t.Fatal("a/s3 routed")
+	}
+	// The key deleted: no key, unprotected — the highest generation wins.
+	h.keysAt(40, nil)
+	if st := h.sessionState("a", "s3"); st.State != health.SessionCurrent {
+		t.Fatalf("a/s3 after the key was deleted = %s (%s), want CURRENT (no key: ordered among registrations)", st.State, st.Detail)
+	}
+}
