@@ -1013,3 +1013,43 @@ func TestDCsLostStaysLostWhenTheOthersGoSilent(t *testing.T) {
 		h.expectVerdict(local, x.inst, x.sess, health.RouteHealthy, health.ReasonNone)
 	}
 }
+
+// TestDCsShortLeasesMakeASilentDatacenterLostSooner: dc2's executors
+// declare a 10 s lease (lease_ttl): once dc2 has been silent for longer than
+// that while dc1 answers, a lapse there may have gone unseen, so its
+// executors are Lost — not after DatacenterLost's 35 s.
+func TestDCsShortLeasesMakeASilentDatacenterLostSooner(t *testing.T) {
+	const lease = 10 * time.Second
+	h := mdcStart(t)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	m := h.members("dc2")
+	for i := range m.Members.Members {
+		m.Members.Members[i].LeaseTTL = lease
+	}
+	h.send("dc2", m)
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	h.expectLoad(local, mdcBothFromDC1)
+	start := h.at()
+	for h.at()-start < lease+2*mdcTick {
+		h.clock.Advance(mdcTick)
+		silent := h.at() - start
+		want := health.Reached // quiet for at most its lease: answering
+		if silent > lease {
+			want = health.Lost
+		}
+		h.waitReach("dc2", want)
+		h.send("dc1", h.heartbeat("dc1")...)
+		if r := h.reach("dc2"); r != want {
+			t.Fatalf("dc2 silent for %s: %s, want %s", silent, r, want)
+		}
+	}
+	h.expectLoad(local, mdcOnlyDC1)
+	for _, x := range h.ofDC("dc2") {
+		v := h.verdict(local, x.inst, x.sess)
+		if v.Reason != health.ReasonUnreachable || !strings.Contains(v.Detail, "lease_ttl") {
+			t.Fatalf("%s: %+v, want datacenter-unreachable naming the lease_ttl bound", x.inst, v)
+		}
+	}
+}

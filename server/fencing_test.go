@@ -7,6 +7,8 @@ import (
 	"testing"
 	"time"
 
+	"github.com/jonboulle/clockwork"
+
 	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
@@ -112,3 +114,70 @@ func TestStaleViewIsUnknown(t *testing.T) {
 
 // nowAt is a freshAsOf for tests: every datacenter's view is current now.
 func nowAt(string) time.Time { return time.Now() }
+
+// freshClock is a view freshness set by a test, read with a fake clock.
+type freshClock struct {
+	clock *clockwork.FakeClock
+	at    atomic.Pointer[time.Time]
+}
+
+func newFreshClock() *freshClock {
+	f := &freshClock{clock: clockwork.NewFakeClock()}
+	f.silentFor(0)
+	return f
+}
+
+// silentFor: Consul last answered d ago.
+func (f *freshClock) silentFor(d time.Duration) {
+	t := f.clock.Now().Add(-d)
+	f.at.Store(&t)
+}
+
+func (f *freshClock) freshAsOf(string) time.Time { return *f.at.Load() }
+
+// leaseSyncer runs a syncer holding x/s-x with a 6 s lease_ttl and y/s-y
+// declaring none.
+func leaseSyncer(t *testing.T) *fleet.Syncer {
+	x := member("work", "x", 9001, "1.0.0")
+	x.LeaseTTL = 6 * time.Second
+	s, _ := attack2Replica(t,
+		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
+		health.Observation{NonPassing: &health.NonPassing{Index: 2}},
+		health.Observation{Generations: &health.Generations{Index: 3}},
+		health.Observation{Members: &health.TaskMembers{Task: "work", Index: 11, Members: []health.Member{x, member("work", "y", 9002, "1.0.0")}}},
+	)
+	return s
+}
+
+// TestFencingVouchesOnlyWithinTheSessionsLease: a session declaring a 6 s
+// lease (lease_ttl) turns UNKNOWN once Consul has been silent for longer
+// than that, though --fencing-stale-after is 35 s; one declaring none keeps
+// the 35 s bound.
+func TestFencingVouchesOnlyWithinTheSessionsLease(t *testing.T) {
+	s := leaseSyncer(t)
+	fc := newFreshClock()
+	f := NewFencing(s, fc.freshAsOf, FencingOptions{Clock: fc.clock})
+	check := func(inst string) *leaseholdv1.CheckSessionResponse {
+		t.Helper()
+		r, err := f.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: inst, SessionId: "s-" + inst})
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	fc.silentFor(5 * time.Second)
+	if r := check("x"); r.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("x after 5 s of silence: %v, want CURRENT (inside its 6 s lease)", r)
+	}
+	fc.silentFor(7 * time.Second)
+	if r := check("x"); r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "lease_ttl") {
+		t.Fatalf("x after 7 s of silence: %v, want UNKNOWN naming its lease_ttl", r)
+	}
+	if r := check("y"); r.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("y after 7 s of silence: %v, want CURRENT (no lease_ttl: the 35 s bound)", r)
+	}
+	fc.silentFor(36 * time.Second)
+	if r := check("y"); r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "--fencing-stale-after") {
+		t.Fatalf("y after 36 s of silence: %v, want UNKNOWN naming --fencing-stale-after", r)
+	}
+}

@@ -3,6 +3,7 @@ package server
 import (
 	"encoding/json"
 	"net/http/httptest"
+	"strings"
 	"testing"
 	"time"
 
@@ -56,5 +57,43 @@ func TestReadyzNamesItsReason(t *testing.T) {
 	}
 	if code, body := get(plainReady(false)); code != 503 || body["ready"] != false {
 		t.Errorf("a Readiness without reasons: %d %v", code, body)
+	}
+}
+
+// TestReadyzUnreadyWhileConsulIsSilent: Consul hung (no query fails, none
+// is answered) past the staleness bound: /readyz is 503 consul_silent with
+// the age; at the next answer it is ready again. The bound is the fencing
+// bound, or the shortest lease declared when shorter (here 6 s).
+func TestReadyzUnreadyWhileConsulIsSilent(t *testing.T) {
+	s := leaseSyncer(t)
+	fc := newFreshClock()
+	f := NewFencing(s, fc.freshAsOf, FencingOptions{Clock: fc.clock})
+	h := AdminHandler(AdminConfig{Ready: s, LastContact: func() time.Time { return fc.freshAsOf("") }, Syncer: s, Fencing: f})
+	get := func() (int, map[string]any) {
+		t.Helper()
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", "/readyz", nil))
+		var body map[string]any
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%v: %s", err, w.Body)
+		}
+		return w.Code, body
+	}
+	fc.silentFor(time.Second)
+	if code, body := get(); code != 200 {
+		t.Fatalf("Consul answering: %d %v", code, body)
+	}
+	fc.silentFor(46 * time.Second)
+	code, body := get()
+	if detail, _ := body["detail"].(string); code != 503 || body["reason"] != ReasonConsulSilent || !strings.Contains(detail, "46s") {
+		t.Fatalf("Consul silent for 46 s: %d %v, want 503 consul_silent with the age", code, body)
+	}
+	fc.silentFor(7 * time.Second)
+	if code, body := get(); code != 503 || !strings.Contains(body["detail"].(string), "lease_ttl") {
+		t.Fatalf("silent for 7 s with a 6 s lease declared: %d %v", code, body)
+	}
+	fc.silentFor(0) // Consul answers again
+	if code, body := get(); code != 200 {
+		t.Fatalf("Consul answering again: %d %v", code, body)
 	}
 }

@@ -43,12 +43,11 @@ type WatchConfig struct {
 	// (default 10s): their answers are small, and they keep the age of the
 	// last Consul contact (readiness, the contact-age metric) under ~11s.
 	FastWait      time.Duration
-	// ShortestLease, when set, is the shortest lease the registrations of
-	// datacenter dc (this watch's Datacenter) declare (0: none does): those
-	// queries then wait at most a third of it, so a view vouched for only
-	// within a lease (the fencing API's bound) never reads as stale merely
-	// because Consul had nothing new to say.
-	ShortestLease func(dc string) time.Duration
+	// Under shorter leases (a registration's lease_ttl) they wait at most a
+	// third of the shortest one, so a view vouched for only within a lease
+	// (the fencing API's bound) never reads as stale merely because Consul
+	// had nothing new to say; until every task type has been read they wait
+	// at most a second.
 	ContendedWait time.Duration
 	// MinInterval is the least time between two queries of one watch
 	// (default 5ms for the non-passing checks, 4× that for memberships), so
@@ -148,6 +147,12 @@ type Watcher struct {
 
 	fast fastPath
 
+	// The task types listed last and the shortest lease each one's members
+	// declare (fastWait).
+	leaseMu     sync.Mutex
+	listedTasks map[string]bool
+	taskLeases  map[string]time.Duration
+
 	// The last generation listing, for the task watches' read-backs.
 	keysMu    sync.Mutex
 	keys      map[string]health.GenerationRecord
@@ -229,14 +234,55 @@ func (w *Watcher) LastContact() time.Time {
 const minFastWait = 100 * time.Millisecond
 
 // fastWait is how long the watches that always answer wait: FastWait, or a
-// third of the shortest lease declared when that is shorter.
+// third of the shortest lease declared when that is shorter — and at most a
+// second while some task type's membership has not been read (its leases
+// are not known yet).
 func (w *Watcher) fastWait() time.Duration {
-	if w.cfg.ShortestLease != nil {
-		if l := w.cfg.ShortestLease(w.cfg.Datacenter); l > 0 && l/3 < w.cfg.FastWait {
-			return max(l/3, minFastWait)
+	w.leaseMu.Lock()
+	defer w.leaseMu.Unlock()
+	wait := w.cfg.FastWait
+	if w.listedTasks == nil {
+		return min(wait, time.Second)
+	}
+	for task := range w.listedTasks {
+		l, read := w.taskLeases[task]
+		if !read {
+			return min(wait, time.Second)
+		}
+		if l > 0 && l/3 < wait {
+			wait = max(l/3, minFastWait)
 		}
 	}
-	return w.cfg.FastWait
+	return wait
+}
+
+// listTasks notes the task types of the latest task list.
+func (w *Watcher) listTasks(want map[string]bool) {
+	w.leaseMu.Lock()
+	defer w.leaseMu.Unlock()
+	w.listedTasks = maps.Clone(want)
+	for task := range w.taskLeases {
+		if !want[task] {
+			delete(w.taskLeases, task)
+		}
+	}
+}
+
+// readLeases notes the shortest lease_ttl of a task type's members (0: none
+// declares one).
+func (w *Watcher) readLeases(task string, members []health.Member) {
+	var shortest time.Duration
+	for i := range members {
+		if l := members[i].LeaseTTL; l > 0 && members[i].Err == nil && (shortest == 0 || l < shortest) {
+			shortest = l
+		}
+	}
+	w.leaseMu.Lock()
+	defer w.leaseMu.Unlock()
+	if w.taskLeases == nil {
+		w.taskLeases = map[string]time.Duration{}
+	}
+	w.taskLeases[task] = shortest
 }
 
 // Watches whose answers come at least every FastWait whatever happens: the
@@ -816,6 +862,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			list = append(list, task)
 		}
 		sort.Strings(list)
+		w.listTasks(want)
 		if !w.send(ctx, out, health.Observation{Tasks: &health.TaskList{Index: idx, Tasks: list}}) {
 			return idx, nil
 		}
@@ -875,7 +922,9 @@ func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, 
 		}
 		known, full = known.apply(task, nodes, entries, readAll, changed), false
 		keys := w.readBackKeys(ctx, entries)
-		w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: known.list(), Keys: keys}})
+		members := known.list()
+		w.readLeases(task, members)
+		w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: members, Keys: keys}})
 		return idx, nil
 	})
 }

@@ -729,3 +729,35 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 }
 
 func (f *fakeCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }
+
+// TestFastWaitFollowsTheShortestLease: the watches that always answer wait
+// a third of the shortest lease declared (never under 100 ms), FastWait
+// without one, and at most a second until every task type listed has been
+// read (its leases unknown).
+func TestFastWaitFollowsTheShortestLease(t *testing.T) {
+	w := newWatcher(newFakeCatalog(), WatchConfig{FastWait: 10 * time.Second})
+	lease := func(d time.Duration) []health.Member {
+		var m health.Member
+		m.LeaseTTL = d
+		return []health.Member{m}
+	}
+	steps := []struct {
+		name string
+		do   func()
+		want time.Duration
+	}{
+		{"no task list yet", func() {}, time.Second},
+		{"a task listed, not read", func() { w.listTasks(map[string]bool{"a": true, "b": true}) }, time.Second},
+		{"one of two read", func() { w.readLeases("a", lease(0)) }, time.Second},
+		{"both read, no lease declared", func() { w.readLeases("b", nil) }, 10 * time.Second},
+		{"a 6 s lease", func() { w.readLeases("b", lease(6*time.Second)) }, 2 * time.Second},
+		{"a 150 ms lease", func() { w.readLeases("a", lease(150*time.Millisecond)) }, minFastWait},
+		{"its task type gone", func() { w.listTasks(map[string]bool{"b": true}) }, 2 * time.Second},
+	}
+	for _, st := range steps {
+		st.do()
+		if got := w.fastWait(); got != st.want {
+			t.Fatalf("%s: fast wait %s, want %s", st.name, got, st.want)
+		}
+	}
+}

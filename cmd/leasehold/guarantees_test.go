@@ -9,6 +9,8 @@ import (
 	"time"
 
 	"github.com/hashicorp/consul/api"
+	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/status"
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
@@ -220,7 +222,8 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 // TestFencingUnknownWhileConsulIsSilent: with Consul frozen, leasehold keeps
 // routing the last known snapshot (fail static) but stops vouching for
 // sessions once its view is older than --fencing-stale-after; it answers as
-// before once Consul answers again. A request whose min_consul_index is
+// before once Consul answers again; /readyz is 503 consul_silent meanwhile.
+// A request whose min_consul_index is
 // beyond the view is answered from a fresh read of Consul, or UNKNOWN when
 // none can be made before its deadline.
 func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
@@ -256,6 +259,11 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	if eps := edsEndpoints(t, addrs.xds); !eps.has("x", "s1") {
 		t.Fatalf("fail static: routes %v while Consul is silent, want x/s1", eps)
 	}
+	// Consul hung past the staleness bound: no query failed, none answered;
+	// leasehold is not ready, and says how long Consul has been silent.
+	if code, body := readyzBody(t, addrs.admin); code != 503 || body["reason"] != "consul_silent" || !strings.Contains(body["detail"].(string), "has not answered for") {
+		t.Fatalf("/readyz while Consul is frozen: %d %v, want 503 consul_silent", code, body)
+	}
 	var body map[string]any
 	getBody(t, "http://"+addrs.admin+"/v1/session?instance_id=x&session_id=s1", &body)
 	if body["state"] != "UNKNOWN" {
@@ -273,6 +281,7 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	}
 	a.Thaw()
 	awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_CURRENT)
+	consultest.WaitFor(t, 10*time.Second, "/readyz 200 once Consul answers again", func() bool { return readyzStatus(addrs.admin) == 200 })
 	answers := scrape(t, addrs.admin)
 	if f := answers["leasehold_fencing_answers_total"]; f == nil || sum(f) == 0 {
 		t.Fatalf("no leasehold_fencing_answers_total in /metrics")
@@ -280,4 +289,46 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	if f := answers["leasehold_fencing_view_age_seconds"]; f == nil {
 		t.Fatalf("no leasehold_fencing_view_age_seconds in /metrics")
 	}
+}
+
+// TestFencingVouchesOnlyWithinTheLease: an executor on a 2 s lease
+// declares it (lease_ttl, filled by the Registrar); with Consul frozen its
+// session turns UNKNOWN once Consul has been silent for longer than that
+// lease, not after --fencing-stale-after's 35 s. Meanwhile the watches that
+// always answer wait a third of the lease, so a quiet Consul never reads as
+// a silent one.
+func TestFencingVouchesOnlyWithinTheLease(t *testing.T) {
+	a := consultest.Start(t)
+	e := startExecutor(t, a, "x", "1.0.0")
+	s := e.reg.Session()
+	addrs := startServe(t, a)
+	fc := fencingClient(t, addrs.xds)
+	awaitState(t, fc, "x", s.ID, leaseholdv1.SessionState_CURRENT)
+	// Quiet but answering: several leases long, the session stays CURRENT.
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	w, err := fc.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for {
+		r, err := w.Recv()
+		if status.Code(err) == codes.DeadlineExceeded {
+			break
+		}
+		if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
+			t.Fatalf("an answering Consul read as silent: %v, %v", r, err)
+		}
+	}
+
+	a.Freeze()
+	frozen := time.Now()
+	unknown := awaitState(t, fc, "x", s.ID, leaseholdv1.SessionState_UNKNOWN)
+	if !strings.Contains(unknown.Detail, "lease_ttl") {
+		t.Fatalf("UNKNOWN answer %v: want the session's lease_ttl named as the bound", unknown)
+	}
+	if since := time.Since(frozen); since > 10*time.Second {
+		t.Fatalf("UNKNOWN only %s after Consul froze: the 2 s lease did not bound it", since)
+	}
+	a.Thaw()
 }

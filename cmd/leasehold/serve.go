@@ -157,14 +157,9 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	// The watches that always answer must do so well inside the staleness
 	// bound, or an idle fleet would read as a stale view.
 	fastWait := min(10*time.Second, cfg.staleAfter/3)
-	p.watch = consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter,
-		// Shorter still under shorter leases (lease_ttl): a session is
-		// vouched for only within its lease. The syncer is set below,
-		// before any watch runs.
-		ShortestLease: func(dc string) time.Duration {
-			idx, _ := p.syncer.View().Datacenter(dc)
-			return idx.ShortestLease
-		}}
+	// (Shorter still under shorter leases: the watcher reads the lease_ttl
+	// of the registrations.)
+	p.watch = consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter}
 	if p.watcher, err = consul.NewWatchers(p.client, p.watch, cfg.datacenters); err != nil {
 		return nil, fmt.Errorf("--datacenters: %w", err)
 	}
