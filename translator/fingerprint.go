@@ -94,6 +94,7 @@ func appendPrint(b []byte, e *health.Executor) []byte {
 	str(e.ReachDetail)
 	flag(e.NodeFailed)
 	num(e.CreateIndex)
+	num(e.LeaseCreateIndex)
 	str(e.CordonID)
 	str(e.CordonReason)
 	str(e.CordonHeld)

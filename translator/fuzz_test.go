@@ -177,6 +177,7 @@ func executorFromFuzz(data []byte) health.Executor {
 		'X': func() { e.ReachDetail = str() },
 		'k': func() { e.NodeFailed = !e.NodeFailed },
 		'C': func() { e.CreateIndex = num() },
+		'I': func() { e.LeaseCreateIndex = num() },
 		'K': func() { e.CordonID = str() },
 		'Q': func() { e.CordonReason = str() },
 		'H': func() { e.CordonHeld = str() },
