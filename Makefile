@@ -32,7 +32,7 @@ lint: $(STATICCHECK)
 	$(STATICCHECK) ./...
 
 # Fuzz targets, with their committed seed corpora (testdata/fuzz).
-FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzDispatcherKey:./health FuzzTranslate:./translator
+FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzDispatcherKey:./health FuzzTranslate:./translator FuzzExecutorPrint:./translator
 FUZZTIME ?= 3s
 
 # Packages run one at a time (-p 1): the drills start real Consul agents,

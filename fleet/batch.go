@@ -366,11 +366,14 @@ func (s *Syncer) noteLapse(ctx context.Context, e *health.Executor, r *batchResu
 	if _, marked := s.marked[sk]; !s.lapsed[sk] && (marked || s.lapsedBefore(*e)) {
 		s.lapsed[sk] = true // it reappeared, or another replica (or this one before a restart) saw it lapse: once lapsed, always lapsed
 	}
-	if (e.LeaseStatus == health.StatusCritical || e.NodeFailed) && !s.lapsed[sk] {
+	// A re-created lease check ends the session as a lapse does (and is
+	// recorded as one: replicas started later learn it from the lapse
+	// marks, as they cannot from Consul).
+	if recreated := !s.lapsed[sk] && s.leaseCheckRecreated(e); (e.LeaseStatus == health.StatusCritical || e.NodeFailed || recreated) && !s.lapsed[sk] {
 		s.lapsed[sk] = true
 		r.lapses = append(r.lapses, *e)
 		s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
-		s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task, "node_failed", e.NodeFailed)
+		s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task, "node_failed", e.NodeFailed, "lease_check_recreated", recreated)
 	}
 }
 

@@ -62,7 +62,7 @@ func (s *Syncer) remember(e *health.Executor) {
 		i++
 	}
 	lapsed := e.LapseSeen || e.LeaseStatus == health.StatusCritical || e.NodeFailed
-	if i < len(h) && (h[i].Lapsed || !lapsed) && slices.Contains(h[i].Tasks, e.Task) {
+	if i < len(h) && (h[i].Lapsed || !lapsed) && slices.Contains(h[i].Tasks, e.Task) && (e.LeaseCreateIndex == 0 || firstLeaseCheck(h[i], e) != 0) {
 		return // nothing new about this session: the common case
 	}
 	if i == len(h) { // newest seen first, whatever its generation (they restart after Consul loses its KV)
@@ -77,6 +77,9 @@ func (s *Syncer) remember(e *health.Executor) {
 		tasks := append(append([]string(nil), p.Tasks...), e.Task)
 		sort.Strings(tasks)
 		p.Tasks = tasks
+	}
+	if e.LeaseCreateIndex != 0 && firstLeaseCheck(*p, e) == 0 { // the first seen is kept: LeaseCheckRecreated compares with it
+		p.LeaseChecks = append(slices.Clone(p.LeaseChecks), health.LeaseCheck{Datacenter: e.Datacenter, Node: e.Node, Task: e.Task, CreateIndex: e.LeaseCreateIndex})
 	}
 	// Forget the session seen longest ago, a lapsed one last, and never one
 	// still registered: its lapse lives on only here once its registrations
@@ -140,6 +143,33 @@ func (s *Syncer) pruneHistory(now time.Time, present int) {
 		s.history.forget(g.inst)
 		delete(s.lastSeen, g.inst)
 	}
+}
+
+// firstLeaseCheck is the CreateIndex of session p's lease check of e's
+// task type, datacenter and node as first seen (0: none seen). One session
+// may hold registrations in several datacenters (each its own index space)
+// or on several nodes (each its own check).
+func firstLeaseCheck(p health.PastSession, e *health.Executor) uint64 {
+	for _, c := range p.LeaseChecks {
+		if c.Task == e.Task && c.Datacenter == e.Datacenter && c.Node == e.Node {
+			return c.CreateIndex
+		}
+	}
+	return 0
+}
+
+// leaseCheckRecreated reports whether e's lease check is not the one first
+// seen of its session and task type (health.LeaseCheckRecreated): the
+// catalog lost it and an agent created it anew, which ends the session. The
+// history remembers the first one also while the registration is gone (as
+// while its agent restarts).
+func (s *Syncer) leaseCheckRecreated(e *health.Executor) bool {
+	for _, p := range s.history.get(e.InstanceID) {
+		if p.SessionID == e.SessionID {
+			return health.LeaseCheckRecreated(firstLeaseCheck(p, e), e.LeaseCreateIndex)
+		}
+	}
+	return false
 }
 
 // lapsedBefore reports whether the history remembers e's session as lapsed:

@@ -20,6 +20,10 @@ type Executor struct {
 	Datacenter  string
 	Err         error // bad metadata: the registration cannot be trusted at all
 	CreateIndex uint64
+	// LeaseCreateIndex is the catalog's CreateIndex of the session's lease
+	// check as its membership read saw it (set by Join; 0: missing). The
+	// state owner compares it with the first one it saw (LeaseCheckRecreated).
+	LeaseCreateIndex uint64
 
 	LeaseStatus CheckStatus // the status of the session's lease check; "" when missing
 	LeaseFound  bool

@@ -54,6 +54,20 @@ func NodeFailedSince(leaseCreated, serfCreated, serfModified uint64) bool {
 	return leaseCreated > 0 && serfModified > serfCreated && serfModified > leaseCreated
 }
 
+// LeaseCheckRecreated reports whether a session's lease check, first seen
+// created at index first, is now one created at index now (0: not known):
+// the catalog lost the check and an agent created it anew — the agent left
+// and re-synced its registrations when it came back (restarted with
+// leave_on_terminate), or the node was reaped and rejoined. The session is
+// over, as after a lapse: while the check was missing another replica may
+// have answered the session LAPSED and its tasks gone elsewhere, and the
+// check comes back in the state the agent kept, whatever the process did
+// meanwhile. The Registrar ends the session and leasehold answers it LAPSED
+// for ever, by this one rule.
+func LeaseCheckRecreated(first, now uint64) bool {
+	return first != 0 && now != 0 && now != first
+}
+
 // SerfHealthCheckID is the node check Consul's servers keep for every agent:
 // critical when they lost contact with it.
 const SerfHealthCheckID = "serfHealth"
@@ -150,7 +164,7 @@ func (s *NonPassingSet) current(c CheckState) CheckState {
 // check's output.
 func Join(m Member, np *NonPassingSet) Executor {
 	e := m.Executor
-	e.LeaseStatus, e.LeaseFound, e.NodeChecks, e.Other, e.NodeFailed = "", false, "", "", false
+	e.LeaseStatus, e.LeaseFound, e.NodeChecks, e.Other, e.NodeFailed, e.LeaseCreateIndex = "", false, "", "", false, 0
 	if e.Err != nil {
 		return e
 	}
@@ -176,6 +190,7 @@ func Join(m Member, np *NonPassingSet) Executor {
 	if NodeFailedSince(leaseCreated, serfCreated, serfModified) {
 		e.NodeFailed = true
 	}
+	e.LeaseCreateIndex = leaseCreated
 	apply := func(read, c CheckState) {
 		switch {
 		case c.ServiceID == "":

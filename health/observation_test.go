@@ -89,6 +89,44 @@ func TestJoinNodeFailedFromConsulsIndexes(t *testing.T) {
 	}
 }
 
+// TestLeaseCheckRecreated: the rule the Registrar and leasehold share — a
+// session's lease check created at another index than the one first seen
+// was lost by the catalog and created anew, which ends the session.
+func TestLeaseCheckRecreated(t *testing.T) {
+	for _, tt := range []struct {
+		name       string
+		first, now uint64
+		recreated  bool
+	}{
+		{"the same check", 40, 40, false},
+		{"created anew (agent left and re-synced, node reaped and rejoined)", 40, 90, true},
+		{"created anew at a lower index (Consul lost or restored its state)", 40, 7, true},
+		{"first sight", 0, 40, false},
+		{"missing now (not re-created yet)", 40, 0, false},
+		{"never seen", 0, 0, false},
+	} {
+		if got := LeaseCheckRecreated(tt.first, tt.now); got != tt.recreated {
+			t.Errorf("%s: LeaseCheckRecreated(%d, %d) = %v", tt.name, tt.first, tt.now, got)
+		}
+	}
+}
+
+// Join reports the CreateIndex of the session's own lease check, which
+// LeaseCheckRecreated compares (0 without one).
+func TestJoinReportsTheLeaseChecksCreateIndex(t *testing.T) {
+	mine := lease(StatusPassing, "load=0", 50)
+	mine.CreateIndex = 40
+	other := CheckState{Node: "n1", CheckID: CheckID("exec-1", "old", "transcode"), ServiceID: "transcode:exec-1", Status: StatusPassing, CreateIndex: 30}
+	if e := Join(member(other, mine, serf(StatusPassing, 5)), nil); e.LeaseCreateIndex != 40 {
+		t.Fatalf("LeaseCreateIndex %d, want 40 (the session's own check)", e.LeaseCreateIndex)
+	}
+	stale := member(other, serf(StatusPassing, 5))
+	stale.LeaseCreateIndex = 40 // as a copy of an earlier join would carry it
+	if e := Join(stale, nil); e.LeaseCreateIndex != 0 {
+		t.Fatalf("without its lease check: LeaseCreateIndex %d, want 0", e.LeaseCreateIndex)
+	}
+}
+
 // A check the member's read lacks — added since, without a catalog change:
 // a node put in maintenance, a new check of the service — counts from the
 // non-passing set; one of another node or service does not.

@@ -64,6 +64,17 @@ type PastSession struct {
 	Tasks      []string
 	Version    string
 	Replaces   []string // the sessions its registration named as replaced
+	// LeaseChecks are its lease checks as first seen: a check created anew
+	// later ends the session (LeaseCheckRecreated).
+	LeaseChecks []LeaseCheck
+}
+
+// LeaseCheck is one lease check of a session: the check of a task type on a
+// node (Consul's identity of a check) in a datacenter (whose index space
+// CreateIndex is in), and the index the catalog created it at.
+type LeaseCheck struct {
+	Datacenter, Node, Task string
+	CreateIndex            uint64
 }
 
 // ValidateSessionQuery checks the ids of a session question.

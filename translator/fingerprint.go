@@ -13,13 +13,30 @@ var seed = maphash.MakeSeed()
 
 // ExecutorPrint hashes everything about one executor that decisions depend
 // on. Fields are appended to one stack buffer and hashed once (hashing field
-// by field cost ~3× more); label keys are sorted in a stack array.
+// by field cost ~3× more).
 func ExecutorPrint(e *health.Executor) uint64 {
 	var stack [512]byte
-	b := stack[:0]
+	return maphash.Bytes(seed, appendPrint(stack[:0], e))
+}
+
+// appendPrint appends the encoding of everything about e that decisions
+// depend on to b: one line per field, in a fixed order. A new field of
+// health.Executor gets its line here (TestExecutorPrintCoversEveryField says
+// when one is missing).
+//
+// Every string is prefixed with its length and every list with its count (a
+// terminator would not do: label values, cordon reasons and details may hold
+// any byte, NUL too), numbers have a fixed width, and an optional field is a
+// flag followed by its value: no two different sequences of fields give the
+// same bytes.
+func appendPrint(b []byte, e *health.Executor) []byte {
 	str := func(s string) {
+		if len(s) < 0x80 { // one byte, as AppendUvarint would write, without its loop
+			b = append(b, byte(len(s)))
+		} else {
+			b = binary.AppendUvarint(b, uint64(len(s)))
+		}
 		b = append(b, s...)
-		b = append(b, 0)
 	}
 	num := func(n uint64) { b = binary.LittleEndian.AppendUint64(b, n) }
 	flag := func(v bool) {
@@ -44,6 +61,7 @@ func ExecutorPrint(e *health.Executor) uint64 {
 	str(string(r.State))
 	num(uint64(len(r.Labels)))
 	if len(r.Labels) > 0 {
+		// Sorted in a stack array: map order is random.
 		var keyStack [16]string
 		keys := keyStack[:0]
 		for k := range r.Labels {
@@ -59,6 +77,7 @@ func ExecutorPrint(e *health.Executor) uint64 {
 	for _, s := range r.Replaces {
 		str(s)
 	}
+	flag(e.Err != nil)
 	if e.Err != nil {
 		str(e.Err.Error())
 	}
@@ -72,12 +91,13 @@ func ExecutorPrint(e *health.Executor) uint64 {
 	num(e.NewerGeneration)
 	str(e.Unconfirmed)
 	flag(e.LapseSeen)
-	b = append(b, byte(e.Reach))
+	num(uint64(e.Reach))
 	str(e.ReachDetail)
 	flag(e.NodeFailed)
 	num(e.CreateIndex)
+	num(e.LeaseCreateIndex)
 	str(e.CordonID)
 	str(e.CordonReason)
 	str(e.CordonHeld)
-	return maphash.Bytes(seed, b)
+	return b
 }

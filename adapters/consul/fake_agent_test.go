@@ -36,6 +36,12 @@ type fakeAgent struct {
 	gens        map[string]uint64 // KV generation per instance
 	keySessions map[string]string // the session each generation key names
 	calls       chan call
+	// created is the catalog's CreateIndex of each local lease check (by
+	// check id; 0: not synced yet), as Sessions reports it.
+	created map[string]uint64
+	// sessionsRead, if set, is sent to (without blocking) after every
+	// Sessions answer.
+	sessionsRead chan struct{}
 }
 
 var _ Agent = (*fakeAgent)(nil)
@@ -48,6 +54,7 @@ func newFakeAgent() *fakeAgent {
 		gens:        map[string]uint64{},
 		keySessions: map[string]string{},
 		calls:       make(chan call, 10000),
+		created:     map[string]uint64{},
 	}
 }
 
@@ -130,7 +137,14 @@ func (f *fakeAgent) Sessions(_ context.Context, task, instanceID string) ([]Remo
 			sess := reg.Meta[health.MetaSessionID]
 			gen, _ := strconv.ParseUint(reg.Meta[health.MetaGeneration], 10, 64)
 			replaces, _ := health.ParseReplaces(sess, reg.Meta[health.MetaReplaces])
-			out = append(out, RemoteSession{Node: "local", SessionID: sess, Generation: gen, Status: f.checks[health.CheckID(instanceID, sess, task)], Replaces: replaces})
+			id := health.CheckID(instanceID, sess, task)
+			out = append(out, RemoteSession{Node: "local", SessionID: sess, Generation: gen, Status: f.checks[id], Replaces: replaces, LeaseCreateIndex: f.created[id]})
+		}
+	}
+	if f.sessionsRead != nil {
+		select {
+		case f.sessionsRead <- struct{}{}:
+		default:
 		}
 	}
 	return append(out, f.others...), nil

@@ -43,6 +43,7 @@ type fastPath struct {
 	critRead  bool
 	warnRead  bool
 	serf      map[string]health.CheckState // node → its serfHealth
+	serfIndex uint64                       // the index of the serfHealth listing serf holds (0: none yet)
 	failing   map[string]bool              // fast watches whose last query failed
 	gap       bool                         // a fast watch failed since the last serfHealth listing: claim no newer index until one is read
 	gapIndex  uint64                       // the index last sent when the gap began
@@ -86,11 +87,17 @@ func (f *fastPath) combined() []health.CheckState {
 	return out
 }
 
-// publish sends the combined set at the critical read's index once both
-// states have been read (called with f.mu held): the whole set when it
-// changed, else progress to that index (fencing's min_consul_index counts on
-// it). Until the serfHealth listing answers, a node's serfHealth comes from
-// the membership reads (Join's fallback). In a gap (a fast query failed and
+// publish sends the combined set once both states have been read (called
+// with f.mu held): the whole set when it changed, else progress to its index
+// (fencing's min_consul_index counts on it). The index is the critical
+// read's, but never above the serfHealth listing's: a node may have failed
+// and come back after the listing (serfHealth critical between two critical
+// reads, so neither saw it) and only a listing brings its new indexes, so the
+// set vouches for nothing newer; lapses go out at once all the same, and the
+// index moves on with the next listing (the serf watch wakes on any check
+// change, at its pace) or a refresh (which lists serfHealth afresh). Until
+// the first listing answers, a node's serfHealth comes from the membership
+// reads (Join's fallback) and the set vouches for nothing (index 0). In a gap (a fast query failed and
 // every serfHealth has not been listed since) lapses still go out at once,
 // but at the index sent before the gap: a node may have failed and come back
 // unseen, so nothing newer is vouched for (a fencing call asking for more
@@ -100,14 +107,16 @@ func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
 	if !f.critRead || !f.warnRead {
 		return
 	}
-	idx := f.critIndex
+	idx := min(f.critIndex, f.serfIndex)
 	if f.gap {
 		idx = min(idx, f.gapIndex)
 	}
 	set := f.combined()
 	if f.sent && reflect.DeepEqual(set, f.last) {
-		f.sentIndex = idx
-		w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: idx}})
+		if idx > 0 { // (progress to 0 says nothing)
+			f.sentIndex = idx
+			w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: idx}})
+		}
 		return
 	}
 	f.last, f.sent, f.sentIndex = set, true, idx
@@ -196,12 +205,12 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 	w.readNodesBack(ctx, before)
 	delete(f.failing, name)
 	if f.gap && len(f.failing) == 0 && len(f.crossPending) == 0 && f.critRead && f.warnRead {
-		checks, _, err := w.cat.SerfHealth(ctx, 0, 0)
+		checks, sidx, err := w.cat.SerfHealth(ctx, 0, 0)
 		if err != nil { // the set goes out, at the index before the gap; listed again at the next answer
 			w.log.Warn("consul query failed; the fast path vouches for nothing newer until serfHealth is listed", "err", err)
 			return nil
 		}
-		f.takeSerf(checks)
+		f.takeSerf(checks, sidx)
 		f.gap = false
 	}
 	return nil
@@ -284,8 +293,8 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 	if len(back) > 3 {
 		// many nodes back at once (a partition healed): one listing
 		// rather than a read per node under the lock
-		if checks, _, err := w.cat.SerfHealth(ctx, 0, 0); err == nil {
-			f.takeSerf(checks)
+		if checks, sidx, err := w.cat.SerfHealth(ctx, 0, 0); err == nil {
+			f.takeSerf(checks, sidx)
 			back = nil
 		}
 	}
@@ -309,9 +318,9 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 	}
 }
 
-// takeSerf replaces the serfHealth of every node by a listing (called with
-// f.mu held); a node's own read may be newer than the listing.
-func (f *fastPath) takeSerf(checks api.HealthChecks) {
+// takeSerf replaces the serfHealth of every node by a listing at index
+// (called with f.mu held); a node's own read may be newer than the listing.
+func (f *fastPath) takeSerf(checks api.HealthChecks, index uint64) {
 	serf := make(map[string]health.CheckState, len(checks))
 	for _, c := range checks {
 		s := checkState(c)
@@ -323,7 +332,7 @@ func (f *fastPath) takeSerf(checks api.HealthChecks) {
 		}
 		serf[s.Node] = s
 	}
-	f.serf = serf
+	f.serf, f.serfIndex = serf, index
 }
 
 // watchSerf follows every node's serfHealth, paced by SlowInterval.
@@ -336,7 +345,7 @@ func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) 
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
-		f.takeSerf(checks)
+		f.takeSerf(checks, idx)
 		w.publish(ctx, out)
 		return idx, nil
 	})

@@ -81,7 +81,63 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 	if c, ok := serfIn(o, "n2"); !ok || c.Status != "passing" || c.ModifyIndex != 15 {
 		t.Fatalf("n2 back: serfHealth %+v, want passing at 15 (not the listing's 4)", c)
 	}
-	if o.NonPassing.Index != 15 {
-		t.Fatalf("set index %d, want the non-passing read's 15", o.NonPassing.Index)
+	// n1's serfHealth is known from the listing (at 10, or later if the
+	// listing answered again since): the set vouches for no index past it,
+	// nor past the non-passing read's 15.
+	if o.NonPassing.Index < 10 || o.NonPassing.Index > 15 {
+		t.Fatalf("set index %d, want the listing's (10 or later), at most the non-passing read's 15", o.NonPassing.Index)
+	}
+}
+
+// TestFastPathVouchesForSerfHealthOnlyUpToItsListing: n1 fails and comes
+// back (101, 102) between two answers of the critical checks, so neither
+// sees it, while the paced serf listing (made at 100) waits; then another
+// executor's lease lapses (103). The lapse goes out at once, but neither the
+// set nor any progress may vouch for an index past the listing's unless the
+// set shows that n1 failed: fencing would answer session s1 (lease check
+// created at 40, on n1) CURRENT at min_consul_index 102, where Join, given
+// n1's serfHealth as Consul holds it, says its node failed since.
+func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
+	serf := &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5}
+	world := newWorld(99, serf)
+	world.set(leaseCheck("passing")) // 100
+	_, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	last := nextObs(t, out, "a set with n1's serfHealth", func(o health.Observation) bool {
+		if o.NonPassing == nil {
+			return false
+		}
+		_, ok := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
+		return ok
+	}).NonPassing
+	failed, back := *serf, *serf
+	failed.Status = "critical"
+	world.set(&failed, &back) // 101 critical, 102 passing again: no critical read sees it
+	lapse := &api.HealthCheck{Node: "n2", CheckID: health.CheckID("b", "s1", "work"), ServiceID: health.ServiceID("b", "work"), Status: "critical"}
+	world.set(lapse) // 103
+	vouched := last.Index
+	for deadline := time.After(5 * time.Second); ; {
+		var o health.Observation
+		select {
+		case o = <-out:
+		case <-deadline:
+			t.Fatal("the lapse at 103 never went out")
+		}
+		if o.Progress != nil {
+			vouched = max(vouched, o.Progress.NonPassing)
+		}
+		if o.NonPassing == nil {
+			continue
+		}
+		last, vouched = o.NonPassing, max(vouched, o.NonPassing.Index)
+		if _, ok := checkIn(last, "n2", lapse.CheckID); ok {
+			break
+		}
+	}
+	if e := health.Join(attackMember(), health.NewNonPassingSet(*last)); vouched >= 101 && !e.NodeFailed {
+		c, _ := checkIn(last, "n1", health.SerfHealthCheckID)
+		t.Fatalf("the fast path vouched for index %d with n1's serfHealth %+v from the listing at 100: n1 failed at 101, yet session s1 is answered CURRENT there", vouched, c)
+	}
+	if last.Index > 100 {
+		t.Fatalf("the lapse went out at index %d, past the serf listing's 100", last.Index)
 	}
 }

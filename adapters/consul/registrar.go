@@ -438,6 +438,18 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 			if res, ended := k.heartbeat(); ended {
 				return res
 			}
+			if fenceC != nil && k.fence.leaseCreated == 0 && k.fence.early < earlyFenceChecks && k.lastErr == nil {
+				// Until the fence check knows our lease check, it runs with
+				// the first heartbeats rather than a lease later: leasehold
+				// learns the check's CreateIndex when it is registered, and a
+				// check the catalog re-creates soon after must end the
+				// session here as it does there (health.LeaseCheckRecreated).
+				k.fence.early++
+				if reason, err := r.fenceCheck(ctx, sess, &k.fence); reason != "" {
+					k.log.Warn("session ended by the fence check", "reason", reason, "err", err)
+					return k.lose(reason, err)
+				}
+			}
 		}
 	}
 }
@@ -623,8 +635,15 @@ func (r *Registrar) superseded(ctx context.Context) bool {
 // fenceState is what the fence checks of one session remember.
 type fenceState struct {
 	aheadSince   time.Time // since when a generation above ours is taken (KV, or a dead registration)
-	leaseCreated uint64    // the catalog's CreateIndex of our lease check, once seen
+	leaseCreated uint64    // the catalog's CreateIndex of our lease check, as first seen
+	early        int       // fence checks run with heartbeats while leaseCreated is not known
 }
+
+// earlyFenceChecks is how many heartbeats of a session at most run a fence
+// check while it does not know the session's lease check yet (the catalog
+// has it once the agent synced the registration, at once as a rule); then
+// the periodic checks learn it.
+const earlyFenceChecks = 3
 
 // fenceCheck looks in the catalog and KV for what ends this session although
 // its heartbeats are accepted: a newer session registered through another
@@ -662,10 +681,13 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 		case o.SessionID == sess.ID && o.NodeFailed:
 			return LossNodeFailed, fmt.Errorf("node %s failed (serfHealth critical) after this session registered: the session counts as lapsed", o.Node)
 		case o.SessionID == sess.ID && o.LeaseCreateIndex != 0:
-			if st.leaseCreated != 0 && st.leaseCreated != o.LeaseCreateIndex {
-				return LossNodeFailed, fmt.Errorf("the catalog lost this session's lease check and re-created it (its node was reaped or left): the session may have been seen lapsed")
+			if health.LeaseCheckRecreated(st.leaseCreated, o.LeaseCreateIndex) { // leasehold's rule too: it answers the session LAPSED
+				return LossNodeFailed, fmt.Errorf("the catalog lost this session's lease check and re-created it (created at %d, now at %d: its agent left and came back, or its node was reaped): the session counts as lapsed",
+					st.leaseCreated, o.LeaseCreateIndex)
 			}
-			st.leaseCreated = o.LeaseCreateIndex
+			if st.leaseCreated == 0 {
+				st.leaseCreated = o.LeaseCreateIndex // the first seen, as leasehold keeps it
+			}
 		case confirmed(o):
 			ahead = max(ahead, o.Generation) // dead (live ones supersede above): it still fences us
 		}

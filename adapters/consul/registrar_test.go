@@ -509,6 +509,43 @@ func TestNewerSessionOnAnotherAgentIsNoticed(t *testing.T) {
 	}
 }
 
+// TestLeaseCheckRecreatedSoonAfterRegistrationEndsTheSession: the catalog
+// re-creates the lease check (its agent left and came back) before the
+// first periodic fence check, a lease after the session started. leasehold
+// saw the first check when the session registered and answers the session
+// LAPSED (health.LeaseCheckRecreated); the Registrar learns which check is
+// its own with its first heartbeat, so it ends the session too, rather than
+// taking the re-created check for the first.
+func TestLeaseCheckRecreatedSoonAfterRegistrationEndsTheSession(t *testing.T) {
+	agent := newFakeAgent()
+	agent.sessionsRead = make(chan struct{}, 1)
+	h := startOn(t, agent, func(c *Config) { c.FenceCheck = 30 * time.Second })
+	s1 := h.session(nil)
+	checkID := health.CheckID("exec-1", s1.ID, "transcode")
+	agent.mu.Lock()
+	agent.created[checkID] = 40 // synced to the catalog
+	agent.mu.Unlock()
+	select {
+	case <-agent.sessionsRead: // the registration's own look at the catalog
+	default:
+	}
+	h.advance(3, health.DefaultHeartbeat) // the first heartbeat (timers: heartbeat, deadline, fence ticker)
+	select {
+	case <-agent.sessionsRead:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the first heartbeat ran no fence check: the Registrar does not know its lease check before a lease passed")
+	}
+	agent.mu.Lock()
+	agent.created[checkID] = 90 // the agent left and re-synced: the check is created anew
+	agent.mu.Unlock()
+	for range 2 {
+		h.advance(3, health.DefaultHeartbeat)
+	}
+	if l := h.loss(); l.Reason != LossNodeFailed || l.SessionID != s1.ID {
+		t.Fatalf("loss %+v, want %s of session %s", l, LossNodeFailed, s1.ID)
+	}
+}
+
 // A crashed predecessor's registration still passing on another agent has
 // an older generation: it supersedes nothing, the live process registers a
 // new session instead of exiting.

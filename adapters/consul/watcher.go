@@ -42,7 +42,7 @@ type WatchConfig struct {
 	// FastWait is how long the non-passing and service-list queries wait
 	// (default 10s): their answers are small, and they keep the age of the
 	// last Consul contact (readiness, the contact-age metric) under ~11s.
-	FastWait      time.Duration
+	FastWait time.Duration
 	// Under shorter leases (a registration's lease_ttl) they wait at most a
 	// third of the shortest one, so a view vouched for only within a lease
 	// (the fencing API's bound) never reads as stale merely because Consul

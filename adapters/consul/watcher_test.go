@@ -48,6 +48,10 @@ type fakeCatalog struct {
 	// was answered gets them unless an answer is queued
 	lastCrit     scripted
 	critAnswered bool
+	// checkIndex is the highest index of any answer of the critical or
+	// warning checks: Consul's checks had reached it, so a serfHealth
+	// listing made since is at least as new (see SerfHealth).
+	checkIndex uint64
 }
 
 func newFakeCatalog() *fakeCatalog {
@@ -156,37 +160,52 @@ func (f *fakeCatalog) ChecksInState(ctx context.Context, tag, state string, inde
 	if err != nil {
 		return nil, 0, err
 	}
-	if key == "nonpassing" && s.err == nil {
+	if s.err == nil {
 		f.mu.Lock()
-		f.lastCrit, f.critAnswered = s, true
+		if key == "nonpassing" {
+			f.lastCrit, f.critAnswered = s, true
+		}
+		if s.index > f.checkIndex {
+			f.checkIndex = s.index
+			close(f.changed) // a blocking serfHealth listing wakes
+			f.changed = make(chan struct{})
+		}
 		f.mu.Unlock()
 	}
 	return s.checks, s.index, s.err
 }
 
-// SerfHealth answers an index-0 query at once with what "serf" holds
-// queued, else with the listing it last answered (none at first); blocking
-// ones wait until an answer is queued, as an idle blocking query.
+// SerfHealth answers with what "serf" holds queued; with none queued, as
+// Consul's listing of every check would: an index-0 query at once and a
+// blocking one once the checks passed its index (checkIndex), both with the
+// nodes last listed (none at first) at the checks' index.
 func (f *fakeCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
 	f.record(callRec{method: "serf", index: index, wait: wait})
-	if index == 0 {
+	for {
 		f.mu.Lock()
-		q, last := f.queues["serf"], f.lastSerf
+		if q := f.queues["serf"]; len(q) > 0 {
+			s := q[0]
+			f.queues["serf"] = q[1:]
+			if s.err == nil {
+				f.lastSerf = s
+			}
+			f.mu.Unlock()
+			return s.checks, s.index, s.err
+		}
+		if index == 0 || f.checkIndex > index {
+			s := scripted{checks: f.lastSerf.checks, index: max(f.lastSerf.index, f.checkIndex, 1)}
+			f.lastSerf = s
+			f.mu.Unlock()
+			return s.checks, s.index, nil
+		}
+		changed := f.changed
 		f.mu.Unlock()
-		if len(q) == 0 { // the listing as last answered
-			return last.checks, max(last.index, 1), nil
+		select {
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		case <-changed:
 		}
 	}
-	s, err := f.next(ctx, "serf")
-	if err != nil {
-		return nil, 0, err
-	}
-	if s.err == nil {
-		f.mu.Lock()
-		f.lastSerf = s
-		f.mu.Unlock()
-	}
-	return s.checks, s.index, s.err
 }
 
 // NodeSerf answers with what "nodeserf/<node>" holds queued (nil if none).
@@ -241,8 +260,11 @@ type watchHarness struct {
 	w       *Watcher
 }
 
-func startWatcher(t *testing.T, cfg WatchConfig) *watchHarness {
+func startWatcher(t *testing.T, cfg WatchConfig, before ...func(*fakeCatalog)) *watchHarness {
 	h := &watchHarness{t: t, cat: newFakeCatalog(), clock: clockwork.NewFakeClock(), out: make(chan health.Observation, 100)}
+	for _, f := range before {
+		f(h.cat)
+	}
 	cfg.Clock = h.clock
 	h.w = newWatcher(h.cat, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -325,15 +347,29 @@ func (h *watchHarness) advanceUntil(method string) callRec {
 	}
 }
 
+// serfListedAhead has the serfHealth listing answer first at index 1000,
+// above every index a test of the critical checks' rules uses, and then
+// block (no check passes 1000): the fast path's sets are then at the critical
+// read's index, never held back to the listing's.
+func serfListedAhead(f *fakeCatalog) { f.push("serf", scripted{index: 1000}) }
+
 func crit(node, id string, idx uint64) *api.HealthCheck {
 	return &api.HealthCheck{Node: node, CheckID: id, ServiceID: "t:x", Status: "critical", ModifyIndex: idx}
 }
 
 func TestWatcherFastPathIndexRules(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: 10 * time.Millisecond})
+	h := startWatcher(t, WatchConfig{MinInterval: 10 * time.Millisecond}, serfListedAhead)
 	if c := h.cat.call(t, "nonpassing"); c.index != 0 {
 		t.Fatalf("first index %d", c.index)
 	}
+	// the warning and serf watches answered their first queries (the serf
+	// listing at 1000) and pause: the set is not held back to the listing's
+	// index
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	if err := h.clock.BlockUntilContext(ctx, 2); err != nil {
+		t.Fatal("the warning and serf watches never paused")
+	}
+	cancel()
 	h.cat.push("nonpassing", scripted{index: 10, checks: api.HealthChecks{crit("n", "a", 9)}})
 	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 10 || len(o.NonPassing.Checks) != 1 {
 		t.Fatalf("observation %+v", o)
@@ -389,7 +425,7 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 }
 
 func TestWatcherBacksOffAndReportsContact(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour}, serfListedAhead)
 	h.waiters = 2
 	// the warning and serf watches answer their first queries at once and
 	// pause (4× MinInterval after a fresh read): end both pauses (they then
@@ -673,7 +709,7 @@ func TestFreshAsOf(t *testing.T) {
 // generation keys, reads both afresh (index 0: Consul answers at once) and
 // reports Refreshed only after both fresh answers.
 func TestWatcherRefreshReadsAfresh(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: 10 * time.Millisecond})
+	h := startWatcher(t, WatchConfig{MinInterval: 10 * time.Millisecond}, serfListedAhead)
 	awaitCalls := func(want ...string) {
 		t.Helper()
 		pending := map[string]bool{}

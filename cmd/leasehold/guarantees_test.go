@@ -219,6 +219,106 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 	}
 }
 
+// TestRecreatedLeaseCheckEndsTheSession: an executor's client agent is
+// restarted with leave_on_terminate (the default of a client agent): it
+// leaves, the catalog drops the node and its registrations, and when it is
+// back it re-syncs them from its data dir, the lease check created anew and
+// passing. The Registrar's fence check is kept blind meanwhile (as it is
+// between its checks, once a lease by default); leasehold answers the
+// session LAPSED at once and stops routing it (health.LeaseCheckRecreated).
+// Then the fence check sees the same and ends the session (node-failed),
+// the new session is routed. A replica started after the restart, which
+// never saw the first check, answers the old session LAPSED too (from the
+// lapse mark the first one recorded).
+func TestRecreatedLeaseCheckEndsTheSession(t *testing.T) {
+	server := consultest.Start(t)
+	node := consultest.Start(t, consultest.Options{NodeName: "lh-recreated-client", JoinClientOf: server})
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { lis.Close() })
+	proxy := newPartitionProxy(t, node)
+	pc, err := api.NewClient(&api.Config{Address: proxy.srv.URL})
+	if err != nil {
+		t.Fatal(err)
+	}
+	lost := make(chan consul.LeaseLoss, 4)
+	reg, s1 := runRegistrar(t, pc, consul.Config{
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
+		Version: "1.0.0", Capacity: 2,
+		// A lease far longer than the restart: only the re-created check ends it.
+		Lease:       health.Lease{TTL: 45 * time.Second, Heartbeat: time.Second, DeregisterAfter: time.Minute},
+		FenceCheck:  200 * time.Millisecond,
+		Load:        func() int { return 0 },
+		OnLeaseLost: func(l consul.LeaseLoss) { lost <- l },
+		Logger:      slog.New(slog.NewTextHandler(testWriter{t, "x"}, nil)),
+	})
+	addrs := startServe(t, server)
+	fc := fencingClient(t, addrs.xds)
+	awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_CURRENT)
+	next := openEDS(t, addrs.xds)
+	for eps := next(); !eps.has("x", s1.ID); eps = next() {
+	}
+	// Two fence checks after leasehold saw the check (the second began after
+	// the first ended): the Registrar knows the check too.
+	seen := proxy.healthReads.Load()
+	consultest.WaitFor(t, 10*time.Second, "two fence checks", func() bool { return proxy.healthReads.Load() >= seen+2 })
+
+	proxy.cut.Store(true) // the fence check cannot tell until it is restored
+	lease := func() uint64 {
+		checks, _, err := server.Client().Health().Node(node.Node, nil)
+		if err != nil {
+			return 0
+		}
+		for _, c := range checks {
+			if _, id, _, ok := health.ParseCheckID(c.CheckID); ok && id == s1.ID {
+				return c.CreateIndex
+			}
+		}
+		return 0
+	}
+	first := lease()
+	node.RestartKeepingState()
+	consultest.WaitFor(t, 30*time.Second, "the lease check re-synced", func() bool { l := lease(); return l != 0 && l != first })
+	awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_LAPSED)
+	for eps := next(); eps.has("x", s1.ID); eps = next() {
+	}
+	// A replica started now never saw the first check: the lapse mark the
+	// first one recorded tells it.
+	later := startServe(t, server)
+	awaitState(t, fencingClient(t, later.xds), "x", s1.ID, leaseholdv1.SessionState_LAPSED)
+	select {
+	case l := <-lost:
+		t.Fatalf("the Registrar ended the session while its fence check was blind: %+v", l)
+	default:
+	}
+
+	proxy.cut.Store(false)
+	select {
+	case l := <-lost:
+		if l.SessionID != s1.ID || l.Reason != consul.LossNodeFailed {
+			t.Fatalf("loss %+v, want %s of %s", l, consul.LossNodeFailed, s1.ID)
+		}
+	case <-time.After(15 * time.Second):
+		t.Fatal("the Registrar kept the session whose lease check was re-created: leasehold answers it LAPSED for ever")
+	}
+	wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
+	defer wcancel()
+	s2, err := reg.WaitSession(wctx, s1)
+	if err != nil {
+		t.Fatalf("the Registrar did not come back under a new session: %v", err)
+	}
+	for eps := next(); !eps.has("x", s2.ID); eps = next() {
+		if eps.has("x", s1.ID) {
+			t.Fatalf("the session whose lease check was re-created is routed again: %v", eps)
+		}
+	}
+	if r, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID}); err != nil || (r.State != leaseholdv1.SessionState_LAPSED && r.State != leaseholdv1.SessionState_STALE) {
+		t.Fatalf("old session answered %v (%v), want LAPSED (or STALE: replaced by %s)", r, err, s2.ID)
+	}
+}
+
 // TestFencingUnknownWhileConsulIsSilent: with Consul frozen, leasehold keeps
 // routing the last known snapshot (fail static) but stops vouching for
 // sessions once its view is older than --fencing-stale-after; it answers as

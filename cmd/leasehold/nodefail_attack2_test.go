@@ -91,6 +91,9 @@ func TestAttack2NodeFailureAfterSerfHealthCreatedLateIsLost(t *testing.T) {
 type partitionProxy struct {
 	srv *httptest.Server
 	cut atomic.Bool
+	// healthReads counts the health reads (the fence check's catalog look)
+	// answered through the proxy.
+	healthReads atomic.Int64
 }
 
 func newPartitionProxy(t *testing.T, a *consultest.Agent) *partitionProxy {
@@ -103,6 +106,9 @@ func newPartitionProxy(t *testing.T, a *consultest.Agent) *partitionProxy {
 			return
 		}
 		rp.ServeHTTP(w, r)
+		if strings.HasPrefix(r.URL.Path, "/v1/health/") {
+			p.healthReads.Add(1)
+		}
 	}))
 	t.Cleanup(p.srv.Close)
 	return p
