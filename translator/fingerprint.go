@@ -77,6 +77,7 @@ func appendPrint(b []byte, e *health.Executor) []byte {
 	for _, s := range r.Replaces {
 		str(s)
 	}
+	num(uint64(r.LeaseTTL))
 	flag(e.Err != nil)
 	if e.Err != nil {
 		str(e.Err.Error())
