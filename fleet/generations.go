@@ -25,10 +25,10 @@ func (s *Syncer) applyListing(d *dcState, g *health.Generations) {
 	s.mergeKeys()
 }
 
-// applyKeyReads takes a task watch's read-back keys in; it reports whether
-// any is newer than what the datacenter's keys hold.
-func (s *Syncer) applyKeyReads(d *dcState, reads map[string]health.GenerationRecord) bool {
-	newer := false
+// applyKeyReads takes a task watch's read-back keys in: only the instances
+// read are merged again (a membership answer must not cost the whole
+// fleet's keys).
+func (s *Syncer) applyKeyReads(d *dcState, reads map[string]health.GenerationRecord) {
 	for inst, k := range reads {
 		if k.ModifyIndex <= d.genIndex || k.ModifyIndex <= d.key(inst).ModifyIndex {
 			continue // the listing (or an earlier read) already holds it, or something newer
@@ -37,12 +37,17 @@ func (s *Syncer) applyKeyReads(d *dcState, reads map[string]health.GenerationRec
 			d.keyReads = map[string]health.GenerationRecord{}
 		}
 		d.keyReads[inst] = k
-		newer = true
+		s.setKey(inst, s.mergedKey(inst))
 	}
-	if newer {
+}
+
+// forgetKeyReads drops a datacenter's read-back keys (its Consul lost or
+// restored its state: their indexes say nothing any more).
+func (s *Syncer) forgetKeyReads(d *dcState) {
+	if len(d.keyReads) > 0 {
+		d.keyReads = nil
 		s.mergeKeys()
 	}
-	return newer
 }
 
 // key is the datacenter's newest read of inst's key.
@@ -54,22 +59,52 @@ func (d *dcState) key(inst string) health.GenerationRecord {
 	return k
 }
 
-// mergeKeys is every datacenter's generation keys in one: per instance the
-// highest generation (an instance's key lives in its own datacenter; should
-// one instance id have keys in two, the newer generation wins, and of equal
-// ones the one naming its session, so every replica picks the same).
+// mergedKey is inst's key over every datacenter: the highest generation
+// (an instance's key lives in its own datacenter; should one instance id
+// have keys in two, the newer generation wins, and of equal ones the one
+// naming its session, so every replica picks the same).
+func (s *Syncer) mergedKey(inst string) health.GenerationRecord {
+	var k health.GenerationRecord
+	for _, d := range s.dcs {
+		k = newerKey(k, d.key(inst))
+	}
+	return k
+}
+
+// mergeKeys merges every datacenter's keys again (after a listing).
 func (s *Syncer) mergeKeys() {
-	merged := map[string]health.GenerationRecord{}
+	seen := make(map[string]struct{}, len(s.keys))
 	for _, d := range s.dcs {
 		for inst := range d.listed {
-			merged[inst] = newerKey(merged[inst], d.key(inst))
+			seen[inst] = struct{}{}
 		}
 		for inst := range d.keyReads {
-			merged[inst] = newerKey(merged[inst], d.key(inst))
+			seen[inst] = struct{}{}
 		}
 	}
-	s.keys = merged
-	s.keysGen++
+	for inst := range s.keys {
+		seen[inst] = struct{}{}
+	}
+	for inst := range seen {
+		s.setKey(inst, s.mergedKey(inst))
+	}
+}
+
+// setKey records inst's merged key; a change is fenced again in the next
+// batch (markKeyChanges).
+func (s *Syncer) setKey(inst string, k health.GenerationRecord) {
+	if s.keys[inst] == k {
+		return
+	}
+	if k.Present() {
+		s.keys[inst] = k
+	} else {
+		delete(s.keys, inst)
+	}
+	if s.keysChanged == nil {
+		s.keysChanged = map[string]struct{}{}
+	}
+	s.keysChanged[inst] = struct{}{}
 }
 
 func newerKey(a, b health.GenerationRecord) health.GenerationRecord {
@@ -93,18 +128,8 @@ func newerKey(a, b health.GenerationRecord) health.GenerationRecord {
 // markKeyChanges adds the instances whose generation key changed since the
 // fleet state was last fenced: they are fenced again.
 func (s *Syncer) markKeyChanges(instances map[string]struct{}) {
-	if s.keysGen == s.keysJoinedGen {
-		return
+	for inst := range s.keysChanged {
+		instances[inst] = struct{}{}
 	}
-	for inst, k := range s.keys {
-		if s.keysJoined[inst] != k {
-			instances[inst] = struct{}{}
-		}
-	}
-	for inst := range s.keysJoined {
-		if _, ok := s.keys[inst]; !ok {
-			instances[inst] = struct{}{}
-		}
-	}
-	s.keysJoined, s.keysJoinedGen = s.keys, s.keysGen
+	clear(s.keysChanged)
 }

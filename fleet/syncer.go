@@ -159,12 +159,10 @@ type Syncer struct {
 	fleet          map[fleetKey]*taskState              // per datacenter and task type: the registrations as decided (fleet.go)
 	staticVersions map[string]string                    // listeners', routes' and clusters' versions by type URL and key (staticVersion)
 	printOf        map[fleetKey]taskPrint               // per datacenter and task type: its executors' combined print when last decided
-	keysGen        uint64                               // bumped when keys is replaced
-	keysJoined     map[string]health.GenerationRecord   // the keys the fleet state was fenced with
-	keysJoinedGen  uint64
-	marked         map[[2]string]health.LapseMark // every datacenter's lapse marks, by instance and session
-	markedBy       map[string][]health.LapseMark  // the same, by instance
-	marksGen       uint64                         // bumped when a datacenter's marks are replaced
+	keysChanged    map[string]struct{}                  // instances whose key changed since the fleet state was fenced
+	marked         map[[2]string]health.LapseMark       // every datacenter's lapse marks, by instance and session
+	markedBy       map[string][]health.LapseMark        // the same, by instance
+	marksGen       uint64                               // bumped when a datacenter's marks are replaced
 	marksJoinedGen uint64
 	sessions       map[[2]string]int // instance, session: registrations present (valid metadata)
 	instances      map[string]int    // instance: registrations present (valid metadata)
@@ -389,6 +387,7 @@ func (s *Syncer) apply(o health.Observation) bool {
 		// watch reads them anew). The session history stays: session ids are
 		// unique, and a lapse must stay final whatever Consul forgot.
 		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses seen before stay final", "datacenter", o.Datacenter)
+		s.forgetKeyReads(d)
 		d.progressNP, d.progressGen = 0, 0 // indexes of before are not comparable
 	case o.Contact != nil:
 		if !o.Contact.OK && !d.failing {
