@@ -95,13 +95,14 @@ func (ws *Watchers) FreshAsOf(dc string) time.Time {
 	return time.Time{}
 }
 
-// Refresh asks datacenter dc's watches to read afresh (Watcher.Refresh).
-func (ws *Watchers) Refresh(ctx context.Context, dc string, atLeast uint64) (uint64, error) {
+// Refresh asks datacenter dc's watches that have not reached index least
+// to read afresh (Watcher.Refresh).
+func (ws *Watchers) Refresh(ctx context.Context, dc string, least uint64) (uint64, error) {
 	w := ws.byDC[dc]
 	if w == nil {
 		return 0, fmt.Errorf("datacenter %q is not watched", dc)
 	}
-	return w.Refresh(ctx, atLeast)
+	return w.Refresh(ctx, least)
 }
 
 // LastContact is when Consul last answered any query (zero before the first).

@@ -256,7 +256,7 @@ func TestAttack19bRefreshListsEveryNodeSerfHealthThrice(t *testing.T) {
 	const n = 5
 	before := fw.serfCalls.Load()
 	for i := 0; i < n; i++ {
-		seq, _ := w.Refresh(context.Background(), 0)
+		seq, _ := w.Refresh(context.Background(), everything)
 		nextObs(t, out, "refreshed", func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq })
 	}
 	per := float64(fw.serfCalls.Load()-before) / n
@@ -279,7 +279,7 @@ func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
 	fw.mu.Lock()
 	fw.failFresh[api.HealthCritical] = 1
 	fw.mu.Unlock()
-	seq, _ := w.Refresh(context.Background(), 0)
+	seq, _ := w.Refresh(context.Background(), everything)
 	nextObs(t, out, "refreshed after the failed fresh read", func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq })
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
@@ -300,7 +300,7 @@ type refreshOnAnswer struct {
 func (r *refreshOnAnswer) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
 	cs, idx, err := r.worldCatalog.ChecksInState(ctx, tag, state, index, wait)
 	if err == nil && index > 0 && state == api.HealthCritical && r.armed.CompareAndSwap(true, false) {
-		r.w.Refresh(context.Background(), 0)
+		r.w.Refresh(context.Background(), everything)
 		<-ctx.Done() // the refresh cancelled this query; its answer is still handled
 	}
 	return cs, idx, err

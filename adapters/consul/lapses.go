@@ -68,6 +68,7 @@ func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation
 			first = true
 			return 0, err
 		}
+		at := w.receipt(idx) // the index space of the checks: see refresh.go
 		marks := make([]health.LapseMark, 0, len(pairs))
 		for _, p := range pairs {
 			m, err := health.ParseLapseMark(p.Key, p.Value)
@@ -83,10 +84,12 @@ func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation
 		if !first && slices.EqualFunc(marks, last, func(a, b health.LapseMark) bool {
 			return a.InstanceID == b.InstanceID && a.SessionID == b.SessionID
 		}) {
+			w.sendProgress(ctx, out, "lapses", at, 0)
 			return idx, nil
 		}
 		first, last = false, marks
 		w.send(ctx, out, health.Observation{Lapses: &health.LapseMarks{Index: idx, Marks: marks}})
+		w.sendProgress(ctx, out, "lapses", at, idx)
 		return idx, nil
 	})
 }

@@ -693,7 +693,7 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 		}
 	}
 	awaitCalls("nonpassing", "generations") // both blocked in their first query
-	seq, err := h.w.Refresh(context.Background(), 0)
+	seq, err := h.w.Refresh(context.Background(), everything)
 	if err != nil || seq != 1 {
 		t.Fatalf("Refresh = %d, %v", seq, err)
 	}
@@ -723,7 +723,7 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 	for o = h.observe(); o.Progress != nil; o = h.observe() {
 	}
 	if o.Refreshed == nil || *o.Refreshed != seq {
-		h.w.refreshMu.Lock()
-		t.Fatalf("observation %+v, want Refreshed %d (refreshed: %v)", o, seq, h.w.refreshDone)
+		h.w.refresh.mu.Lock()
+		t.Fatalf("observation %+v, want Refreshed %d (refreshed: %v)", o, seq, h.w.refresh.done)
 	}
 }

@@ -1,0 +1,313 @@
+package consul
+
+import (
+	"context"
+	"sync"
+	"sync/atomic"
+	"time"
+
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/metric"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// Refreshes: the fencing API asks a Watcher to read Consul afresh when its
+// view has not reached a request's min_consul_index. What a refresh costs
+// is what is behind, never a full re-read:
+//
+//   - each refreshable watch knows the index its view is current at (at):
+//     its answer's own index, or higher — an answer received after another
+//     answer at index I was made by Consul at I or later (one agent, one
+//     leader, one raft index), so it is current there too. This gives the
+//     generation keys and the lapse marks, whose KV listings keep the
+//     index of their last write, a place in the checks' index space;
+//   - a refresh reads afresh only the watches whose at is below the index
+//     asked for: the generation keys alone when only they are behind, the
+//     critical checks (with the warning ones and every node's serfHealth
+//     when those are behind too) when the non-passing set is;
+//   - one round is in flight per datacenter (a Watcher): requests arriving
+//     meanwhile share the next round, whatever their number;
+//   - rounds have their own share of the read budget (a quarter of
+//     ReadRate, like the generation keys): a round waits while that share
+//     is in debt and is charged with what it read, so min_consul_index costs
+//     Consul at most that rate however many calls pass it, and never delays
+//     the watches' own reads (a STALE, a deregistration).
+
+// refresher holds the rounds (Watcher.refresh).
+type refresher struct {
+	mu     sync.Mutex
+	seq    uint64            // the last round numbered
+	next   *refreshRound     // the round requests join now (nil: none asked for)
+	flight *refreshRound     // the round whose fresh reads are awaited (nil: none)
+	done   map[string]uint64 // per watch: the latest round it answered afresh
+	signal chan struct{}     // a round is waiting (capacity 1)
+
+	// at is, per refreshable watch, the index its view is known current at
+	// (updated after what makes it so went out); "np" is the non-passing
+	// set as published.
+	at map[string]*atomic.Uint64
+}
+
+// refreshRound is one refresh: every request it answers, and the watches
+// it asked to read afresh.
+type refreshRound struct {
+	seq   uint64
+	least uint64 // the highest index its requests asked for
+	reads []string
+	done  chan struct{} // closed once each of reads answered afresh
+}
+
+// npProgress names the published non-passing set in refresher.at.
+const npProgress = "np"
+
+func (r *refresher) init(names []string) {
+	r.done, r.signal, r.at = map[string]uint64{}, make(chan struct{}, 1), map[string]*atomic.Uint64{}
+	for _, n := range append([]string{npProgress}, names...) {
+		r.at[n] = new(atomic.Uint64)
+	}
+}
+
+// atOf is the index watch name's view is known current at.
+func (r *refresher) atOf(name string) uint64 {
+	if a := r.at[name]; a != nil {
+		return a.Load()
+	}
+	return 0
+}
+
+// raise records that watch name's view is current at index at (never
+// lowering it).
+func (r *refresher) raise(name string, at uint64) {
+	a := r.at[name]
+	if a == nil {
+		return
+	}
+	for old := a.Load(); at > old && !a.CompareAndSwap(old, at); old = a.Load() {
+	}
+}
+
+// Refresh asks the watches whose view has not reached index least (a
+// fencing request's min_consul_index) to read Consul afresh now, without
+// waiting for their blocking queries. It returns the round's sequence
+// number: an Observation with Refreshed ≥ it follows once every watch it
+// concerns either answered a read made after this call, or was current at
+// least already. Requests made while a round is in flight share the next.
+func (w *Watcher) Refresh(_ context.Context, least uint64) (uint64, error) {
+	r := &w.refresh
+	r.mu.Lock()
+	if r.next == nil {
+		r.seq++
+		r.next = &refreshRound{seq: r.seq}
+	}
+	r.next.least = max(r.next.least, least)
+	seq := r.next.seq
+	r.mu.Unlock()
+	select {
+	case r.signal <- struct{}{}:
+	default:
+	}
+	return seq, nil
+}
+
+// behind are the refreshable watches whose view is below least: the
+// critical checks when the published non-passing set is (with the warning
+// checks and the serfHealth listing when those are behind too: a check
+// that moved between states, a node that failed and came back), and the
+// generation keys and lapse marks on their own.
+func (w *Watcher) behind(least uint64) []string {
+	r := &w.refresh
+	npBehind := r.atOf(npProgress) < least
+	var out []string
+	for _, name := range w.refreshable {
+		switch name {
+		case "non-passing":
+			if npBehind {
+				out = append(out, name)
+			}
+		case "warning", "serf":
+			if npBehind && r.atOf(name) < least {
+				out = append(out, name)
+			}
+		default:
+			if r.atOf(name) < least {
+				out = append(out, name)
+			}
+		}
+	}
+	return out
+}
+
+// runRefreshes runs the rounds, one at a time, until ctx ends.
+func (w *Watcher) runRefreshes(ctx context.Context, out chan<- health.Observation) {
+	r := &w.refresh
+	for {
+		select {
+		case <-ctx.Done():
+			return
+		case <-r.signal:
+		}
+		for {
+			r.mu.Lock()
+			round := r.next
+			r.next = nil
+			r.mu.Unlock()
+			if round == nil {
+				break
+			}
+			if !w.runRound(ctx, out, round) {
+				return
+			}
+		}
+	}
+}
+
+// runRound asks the watches behind to read afresh (once the refreshes'
+// share of the read budget allows), waits for their answers and sends the
+// round's Refreshed marker; false when ctx ended.
+func (w *Watcher) runRound(ctx context.Context, out chan<- health.Observation, round *refreshRound) bool {
+	reads := w.behind(round.least)
+	if len(reads) > 0 && w.refreshBudget != nil {
+		waited, ok := w.refreshBudget.wait(ctx, nil)
+		if waited > 0 {
+			w.budgetWait.Add(ctx, waited.Seconds(), metric.WithAttributes(w.attrs(attribute.String("watch", "refresh"))...))
+		}
+		if !ok {
+			return false
+		}
+		reads = w.behind(round.least) // answers that came during the wait count
+	}
+	if len(reads) > 0 {
+		round.reads, round.done = reads, make(chan struct{})
+		r := &w.refresh
+		r.mu.Lock()
+		r.flight = round
+		r.mu.Unlock()
+		w.rounds.Add(ctx, 1, w.dcAttrs())
+		for _, name := range reads {
+			kick := w.refreshC[name]
+			for sent := false; !sent; {
+				select {
+				case kick <- round.seq:
+					sent = true
+				default: // a read that failed left its request queued: this one replaces it
+					select {
+					case <-kick:
+					default:
+					}
+				}
+			}
+		}
+		w.wakeMu.Lock() // after the requests are queued: a pause that missed them ends now
+		close(w.refreshWake)
+		w.refreshWake = make(chan struct{})
+		w.wakeMu.Unlock()
+		select {
+		case <-round.done:
+		case <-ctx.Done():
+			return false
+		}
+	}
+	seq := round.seq
+	return w.send(ctx, out, health.Observation{Refreshed: &seq})
+}
+
+// refreshed records that watch name answered round seq afresh (what it read
+// went out before), ending the round once every watch it asked has.
+func (w *Watcher) refreshed(name string, seq uint64) {
+	r := &w.refresh
+	r.mu.Lock()
+	defer r.mu.Unlock()
+	r.done[name] = max(r.done[name], seq)
+	f := r.flight
+	if f == nil {
+		return
+	}
+	for _, n := range f.reads {
+		if r.done[n] < f.seq {
+			return
+		}
+	}
+	r.flight = nil
+	close(f.done)
+}
+
+// runQuery runs one query of watch name. For a refreshable watch, a refresh
+// request cancels a blocking query in flight (that is no failure) and is
+// answered with a fresh, non-blocking read; fresh holds the sizes of that
+// read (nil: none was made), which the refreshes' budget is charged with.
+func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait time.Duration,
+	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) (next uint64, fresh *readSizes, err error) {
+	kick := w.refreshC[name]
+	if kick == nil {
+		next, err = query(ctx, index, wait)
+		return next, nil, err
+	}
+	select {
+	case seq := <-kick: // already asked: read afresh without a blocking query first
+		return w.freshRead(ctx, name, kick, seq, query)
+	default:
+	}
+	qctx, cancel := context.WithCancel(ctx)
+	done, exited := make(chan struct{}), make(chan struct{})
+	var seq uint64
+	go func() {
+		defer close(exited)
+		select {
+		case seq = <-kick:
+			cancel()
+		case <-done:
+		}
+	}()
+	next, err = query(qctx, index, wait)
+	close(done)
+	<-exited
+	cancel()
+	if seq == 0 || ctx.Err() != nil {
+		return next, nil, err
+	}
+	return w.freshRead(ctx, name, kick, seq, query)
+}
+
+// freshRead answers refresh round seq with a read at index 0 (Consul
+// answers at once). A read that fails puts the request back: the watch's
+// next successful read (after its back-off) answers it, so fencing waiting
+// on it hears as soon as Consul answers again.
+func (w *Watcher) freshRead(ctx context.Context, name string, kick chan uint64, seq uint64,
+	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) (uint64, *readSizes, error) {
+	fctx, sizes := withReadSizes(ctx)
+	next, err := query(fctx, 0, 0)
+	if err != nil {
+		select {
+		case kick <- seq:
+		default: // a newer request is queued: it answers this one too
+		}
+		return 0, sizes, err
+	}
+	w.refreshed(name, seq)
+	return next, sizes, nil
+}
+
+// receipt notes an answer at index idx as it arrives and returns the index
+// the answering watch is current at: idx, or the highest index of any
+// answer that arrived before (Consul made this one later).
+func (w *Watcher) receipt(idx uint64) uint64 {
+	before := w.reached.Load()
+	w.noteReached(idx)
+	return max(idx, before)
+}
+
+// noteReached raises the highest index any answer carried.
+func (w *Watcher) noteReached(idx uint64) {
+	for old := w.reached.Load(); idx > old && !w.reached.CompareAndSwap(old, idx); old = w.reached.Load() {
+	}
+}
+
+// forgetIndexes drops every index known: Consul lost or restored its state,
+// and indexes of before say nothing of the new one.
+func (w *Watcher) forgetIndexes() {
+	w.reached.Store(0)
+	for _, a := range w.refresh.at {
+		a.Store(0)
+	}
+}
