@@ -153,10 +153,9 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 		// checks is soon enough for them.
 		name, pace = "warning", 10*w.cfg.MinInterval
 	}
-	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		states, idx, at, err := w.fastStates(ctx, state, index, wait)
+	handle := func(ctx context.Context, states []health.CheckState, idx, at uint64, err error) (uint64, error) {
 		if errors.Is(err, context.Canceled) {
-			return 0, err // a refresh ended the query (or leasehold stops): no answer, no failure
+			return 0, err // leasehold stops: no answer, no failure
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
@@ -173,6 +172,10 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 		}
 		w.publish(ctx, out)
 		return idx, nil
+	}
+	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		states, idx, at, err := w.fastStates(ctx, state, index, wait)
+		return idx, func() (uint64, error) { return handle(ctx, states, idx, at, err) }
 	})
 }
 
@@ -344,17 +347,19 @@ func (f *fastPath) takeSerf(checks api.HealthChecks, at uint64) {
 // watchSerf follows every node's serfHealth, paced by SlowInterval.
 func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) {
 	f := &w.fast
-	w.blockingLoop(ctx, out, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
 		checks, idx, err := w.cat.SerfHealth(ctx, index, wait)
-		if err != nil {
-			return 0, err
-		}
 		at := w.receipt(idx)
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		f.takeSerf(checks, at)
-		w.publish(ctx, out)
-		return idx, nil
+		return idx, func() (uint64, error) {
+			if err != nil {
+				return 0, err
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.takeSerf(checks, at)
+			w.publish(ctx, out)
+			return idx, nil
+		}
 	})
 }
 

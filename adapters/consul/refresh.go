@@ -2,6 +2,7 @@ package consul
 
 import (
 	"context"
+	"slices"
 	"sync"
 	"sync/atomic"
 	"time"
@@ -26,6 +27,12 @@ import (
 //     asked for: the generation keys alone when only they are behind, the
 //     critical checks (with the warning ones and every node's serfHealth
 //     when those are behind too) when the non-passing set is;
+//   - the KV listings behind (the generation keys, the lapse marks) are
+//     first asked about with one small read: the index of the datacenter's
+//     latest KV write. When no write came after a listing's answer, that
+//     answer is still current, and nothing more is read;
+//   - a fresh read is made beside the watch's blocking query, never by
+//     cancelling it (runQuery);
 //   - one round is in flight per datacenter (a Watcher): requests arriving
 //     meanwhile share the next round, whatever their number;
 //   - rounds have their own share of the read budget (a quarter of
@@ -177,6 +184,7 @@ func (w *Watcher) runRound(ctx context.Context, out chan<- health.Observation, r
 		}
 		reads = w.behind(round.least) // answers that came during the wait count
 	}
+	reads = w.unwrittenKV(ctx, out, reads)
 	if len(reads) > 0 {
 		round.reads, round.done = reads, make(chan struct{})
 		r := &w.refresh
@@ -212,6 +220,45 @@ func (w *Watcher) runRound(ctx context.Context, out chan<- health.Observation, r
 	return w.send(ctx, out, health.Observation{Refreshed: &seq})
 }
 
+// kvIndexCatalog can read the index of the datacenter's latest KV write
+// (apiCatalog.KVIndex); ok false: it cannot tell now.
+type kvIndexCatalog interface {
+	KVIndex(ctx context.Context) (idx uint64, ok bool, err error)
+}
+
+// isKVListing reports whether watch name lists a KV prefix.
+func isKVListing(name string) bool { return name == "generations" || name == "lapses" }
+
+// unwrittenKV drops from reads the KV listings that no KV write followed,
+// and says they are current now: the datacenter's latest KV write (one
+// small read) is not above the index a listing's answer is current at,
+// and any write after that answer would be (Consul made it later). It
+// returns reads as they are when the catalog cannot tell.
+func (w *Watcher) unwrittenKV(ctx context.Context, out chan<- health.Observation, reads []string) []string {
+	kc, ok := w.cat.(kvIndexCatalog)
+	if !ok || !slices.ContainsFunc(reads, isKVListing) {
+		return reads
+	}
+	pctx, sizes := withReadSizes(ctx)
+	idx, ok, err := kc.KVIndex(pctx)
+	w.countRead(ctx, watchSpec{name: "refresh"}, sizes, w.refreshBudget)
+	w.requests.Add(ctx, 1, metric.WithAttributes(w.attrs(attribute.String("watch", "refresh"))...))
+	if err != nil || !ok {
+		if err != nil && ctx.Err() == nil {
+			w.log.Debug("the index of the latest KV write not read; the listings are read instead", "err", err)
+		}
+		return reads
+	}
+	at := w.receipt(idx)
+	return slices.DeleteFunc(reads, func(name string) bool {
+		if !isKVListing(name) || idx > w.refresh.atOf(name) {
+			return false
+		}
+		w.sendProgress(ctx, out, name, at, 0)
+		return true
+	})
+}
+
 // refreshed records that watch name answered round seq afresh (what it read
 // went out before), ending the round once every watch it asked has.
 func (w *Watcher) refreshed(name string, seq uint64) {
@@ -232,51 +279,83 @@ func (w *Watcher) refreshed(name string, seq uint64) {
 	close(f.done)
 }
 
+// readFunc reads one answer of a watch — the Consul call, made in any
+// goroutine — and returns its index (0: the read failed) and what handles
+// the answer, called in the watch's goroutine.
+type readFunc func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error))
+
+// queryRead is the read of a watch no refresh reads afresh: query reads and
+// handles its answer at once, in the watch's goroutine.
+func queryRead(query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) readFunc {
+	return func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		next, err := query(ctx, index, wait)
+		return next, func() (uint64, error) { return next, err }
+	}
+}
+
 // runQuery runs one query of watch name. For a refreshable watch, a refresh
-// request cancels a blocking query in flight (that is no failure) and is
-// answered with a fresh, non-blocking read; fresh holds the sizes of that
-// read (nil: none was made), which the refreshes' budget is charged with.
-func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait time.Duration,
-	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) (next uint64, fresh *readSizes, err error) {
+// request is answered with a fresh, non-blocking read made beside the
+// blocking query in flight, which goes on: cancelling it would leave its
+// connection with the agent until its wait ends (Consul holds a blocking
+// query its client left), and refreshes would soon use up the connections
+// Consul allows one client (429). A blocking answer no newer than a fresh
+// one handled meanwhile is dropped. fresh holds the sizes of the fresh reads
+// (nil: none), which the refreshes' budget is charged with.
+func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait time.Duration, read readFunc) (next uint64, fresh *readSizes, err error) {
 	kick := w.refreshC[name]
 	if kick == nil {
-		next, err = query(ctx, index, wait)
+		_, handle := read(ctx, index, wait)
+		next, err = handle()
 		return next, nil, err
 	}
 	select {
 	case seq := <-kick: // already asked: read afresh without a blocking query first
-		return w.freshRead(ctx, name, kick, seq, query)
+		return w.freshRead(ctx, name, kick, seq, read)
 	default:
 	}
-	qctx, cancel := context.WithCancel(ctx)
-	done, exited := make(chan struct{}), make(chan struct{})
-	var seq uint64
-	go func() {
-		defer close(exited)
-		select {
-		case seq = <-kick:
-			cancel()
-		case <-done:
-		}
-	}()
-	next, err = query(qctx, index, wait)
-	close(done)
-	<-exited
-	cancel()
-	if seq == 0 || ctx.Err() != nil {
-		return next, nil, err
+	type answer struct {
+		idx    uint64
+		handle func() (uint64, error)
 	}
-	return w.freshRead(ctx, name, kick, seq, query)
+	blocking := make(chan answer, 1)
+	go func() {
+		idx, handle := read(ctx, index, wait)
+		blocking <- answer{idx, handle}
+	}()
+	var handled uint64 // the index of the newest fresh answer handled meanwhile
+	for {
+		select {
+		case a := <-blocking:
+			if a.idx != 0 && a.idx <= handled {
+				return handled, fresh, nil // a fresh read brought as much
+			}
+			next, err = a.handle()
+			return next, fresh, err
+		case seq := <-kick:
+			n, sizes, err := w.freshRead(ctx, name, kick, seq, read)
+			fresh = fresh.plus(sizes)
+			if err != nil {
+				return 0, fresh, err // the blocking query ends on its own; its answer is not needed
+			}
+			handled = max(handled, n)
+		}
+	}
 }
 
 // freshRead answers refresh round seq with a read at index 0 (Consul
 // answers at once). A read that fails puts the request back: the watch's
 // next successful read (after its back-off) answers it, so fencing waiting
 // on it hears as soon as Consul answers again.
-func (w *Watcher) freshRead(ctx context.Context, name string, kick chan uint64, seq uint64,
-	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) (uint64, *readSizes, error) {
-	fctx, sizes := withReadSizes(ctx)
-	next, err := query(fctx, 0, 0)
+func (w *Watcher) freshRead(ctx context.Context, name string, kick chan uint64, seq uint64, read readFunc) (uint64, *readSizes, error) {
+	select { // one fresh read at a time: the connection the agent's pool keeps for it (Connections)
+	case w.freshSlot <- struct{}{}:
+	case <-ctx.Done():
+		return 0, nil, ctx.Err()
+	}
+	fctx, sizes := withReadSizes(context.WithValue(ctx, refreshReadKey{}, true))
+	_, handle := read(fctx, 0, 0)
+	next, err := handle() // what it reads more (the other state's checks) too
+	<-w.freshSlot
 	if err != nil {
 		select {
 		case kick <- seq:
@@ -286,6 +365,15 @@ func (w *Watcher) freshRead(ctx context.Context, name string, kick chan uint64, 
 	}
 	w.refreshed(name, seq)
 	return next, sizes, nil
+}
+
+type refreshReadKey struct{}
+
+// isRefreshRead reports whether ctx is a refresh's fresh read (not a
+// watch's first read, nor one after an error).
+func isRefreshRead(ctx context.Context) bool {
+	ok, _ := ctx.Value(refreshReadKey{}).(bool)
+	return ok
 }
 
 // receipt notes an answer at index idx as it arrives and returns the index

@@ -21,9 +21,10 @@ const everything = math.MaxUint64
 
 // kvWorld is worldCatalog with Consul KV beside its checks, under the one
 // index: the generation keys and the lapse marks, listed by prefix as Consul
-// lists them (the listing's index is its newest key's, however far the
-// checks moved on; a blocking listing answers when a key under the prefix
-// changes, or when its wait ends, with the same content). It counts the
+// lists them (the listing's index is its newest key's — the latest KV
+// write's when it is empty — however far the checks moved on; a blocking
+// listing answers when a key under the prefix changes, or when its wait
+// ends, with the same content). It counts the
 // fresh (index-0) reads of each watch, reports bytesPer decoded bytes per
 // listing (the read budget), and can hold the blocking listings of the lapse
 // marks (a replica slow to hear of a mark) or the fresh generation listings.
@@ -99,18 +100,25 @@ func (k *kvWorld) list(ctx context.Context, prefix string, index uint64, wait ti
 	for {
 		k.mu.Lock()
 		var out api.KVPairs
-		idx := uint64(1)
+		var idx, all uint64 // the prefix's newest key, every key's
 		for key, p := range k.kv {
+			all = max(all, p.ModifyIndex)
 			if strings.HasPrefix(key, prefix) {
 				cp := *p
 				out = append(out, &cp)
 				idx = max(idx, p.ModifyIndex)
 			}
 		}
+		// A write under the prefix wakes a blocking listing; an empty one is
+		// answered with the index of the latest KV write.
+		own := idx
+		if idx == 0 {
+			idx = max(all, 1)
+		}
 		ch := k.changed
 		k.mu.Unlock()
 		sort.Slice(out, func(i, j int) bool { return out[i].Key < out[j].Key })
-		if index == 0 || idx > index {
+		if index == 0 || own > index {
 			if sizes := readSizesOf(ctx); sizes != nil {
 				sizes.decoded.Add(k.bytesPer)
 			}
@@ -170,11 +178,18 @@ func (k *kvWorld) SerfHealth(ctx context.Context, index uint64, wait time.Durati
 // the keys did not; it returns once the set at 106 went out.
 func settledKVWorld(t *testing.T, cfg WatchConfig) (*kvWorld, *Watcher, chan health.Observation) {
 	t.Helper()
+	return settledKVWorldOf(t, cfg, func(k *kvWorld) catalog { return k })
+}
+
+// settledKVWorldOf is settledKVWorld with the Watcher reading through
+// catalogOf(the world).
+func settledKVWorldOf(t *testing.T, cfg WatchConfig, catalogOf func(*kvWorld) catalog) (*kvWorld, *Watcher, chan health.Observation) {
+	t.Helper()
 	world := newKVWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
 	world.put(health.GenerationKey("a"), "1") // 100
 	world.set(leaseCheck("passing"))          // 101
 	cfg.MinInterval, cfg.SlowInterval = time.Millisecond, time.Hour
-	w, out := runWorld(t, world, cfg)
+	w, out := runWorld(t, catalogOf(world), cfg)
 	var gens, lapses bool
 	nextObs(t, out, "the first set, generation keys and lapse marks", func(o health.Observation) bool {
 		gens, lapses = gens || o.Generations != nil, lapses || o.Lapses != nil
@@ -381,7 +396,7 @@ func TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget(t *testing.T) {
 	mark := h.cat.seq.Load()
 	seq, _ := h.w.Refresh(context.Background(), 5)
 	freshGenerations(mark)
-	h.cat.push("generations", scripted{index: 3, bytes: 1000})
+	h.cat.push("generations/fresh", scripted{index: 3, bytes: 1000})
 	refreshed(seq)
 	for deadline := time.Now().Add(5 * time.Second); h.w.refreshBudget.delay() != 3*time.Second; {
 		if time.Now().After(deadline) {
@@ -440,6 +455,68 @@ func TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget(t *testing.T) {
 	if advanced < 2900*time.Millisecond {
 		t.Fatalf("round 2 read the generation keys after %s, while the refreshes' share was 3 s in debt", advanced)
 	}
-	h.cat.push("generations", scripted{index: 3})
+	h.cat.push("generations/fresh", scripted{index: 3})
 	refreshed(seq)
+}
+
+// probingKVWorld is a kvWorld that also answers the index of its latest KV
+// write, as apiCatalog.KVIndex reads it from Consul.
+type probingKVWorld struct {
+	*kvWorld
+	probes atomic.Int64
+}
+
+var _ kvIndexCatalog = (*probingKVWorld)(nil)
+
+func (p *probingKVWorld) KVIndex(context.Context) (uint64, bool, error) {
+	p.probes.Add(1)
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	idx := uint64(1)
+	for _, kv := range p.kv {
+		idx = max(idx, kv.ModifyIndex)
+	}
+	return idx, true, nil
+}
+
+// TestRefreshAsksWhetherAKVWriteFollowedBeforeReadingTheListings: with the
+// checks at 106 and no KV write since 100, a refresh for 106 reads neither
+// the generation keys nor the lapse marks: one small read (the index of the
+// latest KV write, 100) tells that their answers are still current, and
+// they count as current at 106. Once a key is written (107) a refresh reads
+// the listings it cannot vouch for any more.
+func TestRefreshAsksWhetherAKVWriteFollowedBeforeReadingTheListings(t *testing.T) {
+	var probing *probingKVWorld
+	world, w, out := settledKVWorldOf(t, WatchConfig{}, func(k *kvWorld) catalog {
+		probing = &probingKVWorld{kvWorld: k}
+		return probing
+	})
+	before := world.freshReads()
+	got := refreshOf(t, w, out, 106)
+	after := world.freshReads()
+	for _, what := range []string{api.HealthCritical, api.HealthWarning, "serf", "generations", "lapses"} {
+		if n := after[what] - before[what]; n != 0 {
+			t.Errorf("%d fresh reads of %s for a refresh to 106 with no KV write since 100", n, what)
+		}
+	}
+	if n := probing.probes.Load(); n != 1 {
+		t.Errorf("%d reads of the latest KV write's index, want 1", n)
+	}
+	var gen, lapses uint64
+	for _, o := range got {
+		if o.Progress != nil {
+			gen, lapses = max(gen, o.Progress.Generations), max(lapses, o.Progress.Lapses)
+		}
+	}
+	if gen < 106 || lapses < 106 {
+		t.Fatalf("before the marker: generation keys current at %d, lapse marks at %d, want ≥ 106", gen, lapses)
+	}
+
+	world.put(health.GenerationKey("b"), "1") // 107: the lapse marks cannot be vouched for past 106 any more
+	before = world.freshReads()
+	refreshOf(t, w, out, 107)
+	after = world.freshReads()
+	if n := after["lapses"] - before["lapses"]; n != 1 {
+		t.Errorf("%d fresh reads of the lapse marks for a refresh to 107 after a KV write at 107, want 1", n)
+	}
 }

@@ -156,6 +156,7 @@ type Watcher struct {
 	refresh     refresher
 	refreshable []string // the watches a round may ask, of refreshable
 	refreshC    map[string]chan uint64
+	freshSlot   chan struct{} // held by the fresh read in progress (capacity 1)
 	reached     atomic.Uint64 // the highest index of any answer so far
 	wakeMu      sync.Mutex
 	refreshWake chan struct{} // closed and replaced by every round: pauses end
@@ -175,7 +176,7 @@ func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
 	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
-		refreshC: map[string]chan uint64{}, refreshWake: make(chan struct{})}
+		refreshC: map[string]chan uint64{}, freshSlot: make(chan struct{}, 1), refreshWake: make(chan struct{})}
 	w.fast.serf, w.fast.failing, w.fast.crossPending = map[string]health.CheckState{}, map[string]bool{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
@@ -393,8 +394,7 @@ func (w *Watcher) worstErrLocked() (health.ContactProblem, string, error) {
 // Consul's blocking-query rules (queryIndex), never below MinInterval
 // between queries (so index 0 never spins), and a
 // jittered exponential back-off after errors.
-func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, spec watchSpec,
-	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
+func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, spec watchSpec, read readFunc) {
 	name := spec.name
 	kind := metric.WithAttributes(w.attrs(attribute.String("watch", watchKind(name)))...)
 	var sizes, fresh *readSizes // of the query in flight, and of a refresh's fresh read in it
@@ -458,7 +458,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	}.run(ctx, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		var qctx context.Context
 		qctx, sizes = withReadSizes(ctx)
-		next, f, err := w.runQuery(qctx, name, index, wait, query)
+		next, f, err := w.runQuery(qctx, name, index, wait, read)
 		fresh = f
 		return next, err
 	})
@@ -552,13 +552,11 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 	var last map[string]uint64
 	bad := map[string]string{} // key → value already warned about
 	first := true
-	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		pairs, idx, err := w.cat.Generations(ctx, index, wait)
+	handle := func(ctx context.Context, pairs api.KVPairs, idx, at uint64, err error) (uint64, error) {
 		if err != nil {
 			first = true
 			return 0, err
 		}
-		at := w.receipt(idx) // the index space of the checks: see refresh.go
 		floor := make(map[string]uint64, len(pairs))
 		for _, p := range pairs {
 			inst := strings.TrimPrefix(p.Key, health.GenerationKeyPrefix)
@@ -580,6 +578,11 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 		w.send(ctx, out, health.Observation{Generations: &health.Generations{Index: idx, Floor: floor}})
 		w.sendProgress(ctx, out, "generations", at, idx)
 		return idx, nil
+	}
+	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		pairs, idx, err := w.cat.Generations(ctx, index, wait)
+		at := w.receipt(idx) // the index space of the checks: see refresh.go
+		return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
 	})
 }
 
@@ -618,7 +621,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			<-r.done
 		}
 	}()
-	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		services, idx, err := w.cat.Services(ctx, index, wait)
 		if err != nil {
 			return 0, err
@@ -665,7 +668,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			go func() { defer close(r.done); w.watchTask(tctx, out, task) }()
 		}
 		return idx, nil
-	})
+	}))
 }
 
 // watchTask follows one task type's catalog entries (which do not change on
@@ -674,7 +677,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, task string) {
 	known, full := &taskMembership{}, true // full: read every member next time
 	spec := watchSpec{name: "task " + task, minInterval: w.cfg.MinInterval * 4, useSlot: true, budget: w.budget}
-	w.blockingLoop(ctx, out, spec, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, spec, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		nodes, idx, err := w.cat.ServiceNodes(ctx, task, w.cfg.Tag, index, wait)
 		if err != nil {
 			full = true // whatever Consul says next is read in full
@@ -701,7 +704,7 @@ func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, 
 		known, full = known.apply(task, nodes, entries, readAll, changed), false
 		w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: known.list()}})
 		return idx, nil
-	})
+	}))
 }
 
 // member converts a health entry into the domain's Member, parsing the
