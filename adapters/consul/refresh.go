@@ -398,4 +398,8 @@ func (w *Watcher) forgetIndexes() {
 	for _, a := range w.refresh.at {
 		a.Store(0)
 	}
+	f := &w.fast
+	f.mu.Lock()
+	f.critAt, f.warnAt, f.serfAt = 0, 0, 0
+	f.mu.Unlock()
 }
