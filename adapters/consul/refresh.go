@@ -310,7 +310,19 @@ func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait 
 	}
 	select {
 	case seq := <-kick: // already asked: read afresh without a blocking query first
-		return w.freshRead(ctx, name, kick, seq, read)
+		if index == 0 {
+			// A read at index 0 anyway (the first, or after an error) is
+			// the watch's own (with its first read's checks: the lapse
+			// marks' write right) and answers the request too.
+			_, handle := read(ctx, 0, 0)
+			if next, err = handle(); err != nil {
+				requeue(kick, seq)
+				return 0, nil, err
+			}
+			w.refreshed(name, seq)
+			return next, nil, nil
+		}
+		return w.freshRead(ctx, name, kick, seq, read, false)
 	default:
 	}
 	type answer struct {
@@ -332,7 +344,7 @@ func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait 
 			next, err = a.handle()
 			return next, fresh, err
 		case seq := <-kick:
-			n, sizes, err := w.freshRead(ctx, name, kick, seq, read)
+			n, sizes, err := w.freshRead(ctx, name, kick, seq, read, true)
 			fresh = fresh.plus(sizes)
 			if err != nil {
 				return 0, fresh, err // the blocking query ends on its own; its answer is not needed
@@ -343,28 +355,38 @@ func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait 
 }
 
 // freshRead answers refresh round seq with a read at index 0 (Consul
-// answers at once). A read that fails puts the request back: the watch's
-// next successful read (after its back-off) answers it, so fencing waiting
-// on it hears as soon as Consul answers again.
-func (w *Watcher) freshRead(ctx context.Context, name string, kick chan uint64, seq uint64, read readFunc) (uint64, *readSizes, error) {
-	select { // one fresh read at a time: the connection the agent's pool keeps for it (Connections)
-	case w.freshSlot <- struct{}{}:
-	case <-ctx.Done():
-		return 0, nil, ctx.Err()
+// answers at once); beside: a blocking query of the watch is in flight, so
+// the read takes the connection kept for one (freshSlot). A read that fails
+// puts the request back: the watch's next successful read (after its
+// back-off) answers it, so fencing waiting on it hears as soon as Consul
+// answers again.
+func (w *Watcher) freshRead(ctx context.Context, name string, kick chan uint64, seq uint64, read readFunc, beside bool) (uint64, *readSizes, error) {
+	if beside {
+		select { // one at a time: the connection the agent's pool keeps for it (Connections)
+		case w.freshSlot <- struct{}{}:
+		case <-ctx.Done():
+			return 0, nil, ctx.Err()
+		}
+		defer func() { <-w.freshSlot }() // held while handling too: what it reads more (the other state's checks)
 	}
 	fctx, sizes := withReadSizes(context.WithValue(ctx, refreshReadKey{}, true))
 	_, handle := read(fctx, 0, 0)
-	next, err := handle() // what it reads more (the other state's checks) too
-	<-w.freshSlot
+	next, err := handle()
 	if err != nil {
-		select {
-		case kick <- seq:
-		default: // a newer request is queued: it answers this one too
-		}
+		requeue(kick, seq)
 		return 0, sizes, err
 	}
 	w.refreshed(name, seq)
 	return next, sizes, nil
+}
+
+// requeue puts back a refresh request whose read failed (a newer request
+// queued meanwhile answers it too).
+func requeue(kick chan uint64, seq uint64) {
+	select {
+	case kick <- seq:
+	default:
+	}
 }
 
 type refreshReadKey struct{}
