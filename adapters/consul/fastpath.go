@@ -278,7 +278,7 @@ func (w *Watcher) readOtherState(ctx context.Context, name, state string, mineBe
 		}
 	}
 	f.crossPending[name] = true
-	if !f.gap && !errors.Is(err, context.Canceled) { // a refresh ending the read is no failure
+	if !f.gap && !errors.Is(err, context.Canceled) { // leasehold stopping is no failure
 		f.gap, f.gapIndex = true, f.sentIndex
 	}
 	w.log.Warn("consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read", "err", err)

@@ -38,6 +38,7 @@ type kvWorld struct {
 	genGate   chan struct{} // non-nil: fresh generation listings wait for it to close
 	genHeld   chan struct{} // closed when one waits
 	holdMarks atomic.Bool
+	cancelled atomic.Int64 // blocking listings whose context was cancelled
 }
 
 var _ lapseCatalog = (*kvWorld)(nil)
@@ -126,6 +127,7 @@ func (k *kvWorld) list(ctx context.Context, prefix string, index uint64, wait ti
 		}
 		select {
 		case <-ctx.Done():
+			k.cancelled.Add(1)
 			return nil, 0, ctx.Err()
 		case <-ch:
 		case <-timeout:
@@ -238,7 +240,8 @@ func refreshOf(t *testing.T, w *Watcher, out chan health.Observation, least uint
 // generation keys and lapse marks last written at 100, a refresh for 106
 // reads the two KV listings afresh and nothing else — not the critical or
 // warning checks, not every node's serfHealth (it used to read all four,
-// whatever was behind) — and the keys then count as current at 106.
+// whatever was behind) — beside their blocking listings (it cancelled
+// them), and the keys then count as current at 106.
 func TestRefreshReadsOnlyTheWatchesBehind(t *testing.T) {
 	world, w, out := settledKVWorld(t, WatchConfig{})
 	before := world.freshReads()
@@ -253,6 +256,13 @@ func TestRefreshReadsOnlyTheWatchesBehind(t *testing.T) {
 		if n := after[what] - before[what]; n != 1 {
 			t.Errorf("%d fresh reads of the %s for a refresh to 106 (they were at 100), want 1", n, what)
 		}
+	}
+	// The fresh reads went beside the blocking listings: Consul keeps a
+	// blocking query its client left (and its connection) until its wait
+	// ends, so a refresh that cancelled them spent one connection per watch
+	// for 10 s.
+	if n := world.cancelled.Load(); n != 0 {
+		t.Errorf("the refresh cancelled %d blocking listings", n)
 	}
 	var gen, lapses uint64
 	for _, o := range got {

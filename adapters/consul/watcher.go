@@ -121,9 +121,8 @@ type Watcher struct {
 	cat catalog
 	cfg WatchConfig
 	log *slog.Logger
-	// runDone ends sends: Run's context, not a query's — a Refresh cancels
-	// the query whose answer is being handled, and what that answer carries
-	// must still go out.
+	// runDone ends sends: Run's context, not a query's — what an answer
+	// carries must go out whatever becomes of the query's context.
 	runDone <-chan struct{}
 
 	slots   chan struct{} // per-task blocking query slots
@@ -150,9 +149,9 @@ type Watcher struct {
 	refreshBudget           *readBudget // refresh rounds (their own: fencing's calls never delay the watches' reads)
 	rounds                  metric.Int64Counter
 
-	// Refresh requests (refresh.go): each watch a round asks interrupts its
-	// blocking query and reads afresh; once all have, one Refreshed
-	// observation follows.
+	// Refresh requests (refresh.go): each watch a round asks reads afresh
+	// beside its blocking query; once all have, one Refreshed observation
+	// follows.
 	refresh     refresher
 	refreshable []string // the watches a round may ask, of refreshable
 	refreshC    map[string]chan uint64
@@ -300,7 +299,7 @@ func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o hea
 	}
 	done := ctx.Done()
 	if w.runDone != nil {
-		done = w.runDone // a query's context may be cancelled by a Refresh: the answer still goes out
+		done = w.runDone // the answer goes out whatever became of the query's context
 	}
 	select {
 	case out <- o:
