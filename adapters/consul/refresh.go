@@ -325,6 +325,14 @@ func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait 
 		return w.freshRead(ctx, name, kick, seq, read, false)
 	default:
 	}
+	if index == 0 {
+		// Not a blocking query: Consul answers it at once, and a request
+		// coming meanwhile is answered by the read right after (the loop
+		// finds it pending), not by a second read beside it.
+		_, handle := read(ctx, 0, wait)
+		next, err = handle()
+		return next, nil, err
+	}
 	type answer struct {
 		idx    uint64
 		handle func() (uint64, error)
