@@ -79,6 +79,7 @@ bench: $(CONSUL)
 	LEASEHOLD_MEASURE=1 $(GO) test -count=1 -run 'TestFrozenRemoteDatacenter' -v ./adapters/consul/consultest
 	$(GO) test -run '^$$' -bench . -benchtime 1000x -count 4 ./adapters/otel
 	$(GO) test -run '^$$' -bench . -count 3 ./translator ./xdscache ./fleet
+	$(GO) test -run '^$$' -bench CheckSessionBusyFleet -benchtime 1000x -count 3 ./adapters/consul
 	$(GO) build -o bin/leasehold ./cmd/leasehold
 	$(GO) build -o bin/leasehold-bench ./cmd/leasehold-bench
 	bin/leasehold-bench --leasehold bin/leasehold --write BENCHMARKS.md

@@ -26,6 +26,7 @@ type dcState struct {
 	keyReads     map[string]health.GenerationRecord // per instance: its key read back by a task watch, newer than the listing
 	marks        []health.LapseMark                 // the lapse marks in this datacenter's KV
 	haveMarks    bool                               // they have been read
+	marksIndex   uint64                             // the index of their listing
 	genIndex     uint64
 	failing      bool      // some watch of it failed and has not answered since
 	failedAt     time.Time // when the failures began
@@ -35,6 +36,7 @@ type dcState struct {
 	refreshed                     uint64 // the latest refresh request its watch answered afresh
 	progressNP                    uint64 // Progress seen in the current batch, published after it
 	progressGen                   uint64
+	progressLapses                uint64
 	reach                         health.Reach // as last applied to its executors
 	reachDetail                   string
 	// answering: every watch answered within DatacenterQuiet and none is
@@ -46,10 +48,13 @@ type dcState struct {
 
 // DCIndexes are the Consul indexes a view has reached in one datacenter.
 type DCIndexes struct {
-	// ConsulIndex is the highest index of any answer; NonPassingIndex and
-	// GenerationsIndex those of the two answers that can make a session
-	// LAPSED or STALE (the view has seen every such change up to the lower).
-	ConsulIndex, NonPassingIndex, GenerationsIndex uint64
+	// ConsulIndex is the highest index of any answer (the lapse marks'
+	// listing included: a LAPSED answer carries an index at or above its
+	// mark's); NonPassingIndex, GenerationsIndex and LapsesIndex those of
+	// the answers that can make a session LAPSED or STALE (the view has seen
+	// every such change up to the lowest; the lapse marks only count with
+	// SyncConfig.AwaitLapses).
+	ConsulIndex, NonPassingIndex, GenerationsIndex, LapsesIndex uint64
 	// Refreshed is the latest refresh request (Watcher.Refresh) whose fresh
 	// reads the view includes.
 	Refreshed uint64
@@ -59,6 +64,27 @@ type DCIndexes struct {
 	// ShortestLease is the shortest lease_ttl its registrations declare
 	// (0: none does): a silence longer than that may hide a lapse.
 	ShortestLease time.Duration
+}
+
+// Progress is how far the latest view of one datacenter is known current,
+// per kind of answer that can make a session LAPSED or STALE: at least its
+// own index, more when the watch answered again with the same content, or
+// answered after another answer at a higher index (Consul made it later).
+type Progress struct {
+	NonPassing, Generations, Lapses uint64
+	// ReadsLapses: the lapse marks count (SyncConfig.AwaitLapses: they are
+	// read, and a lapse another replica saw is known only from them).
+	ReadsLapses bool
+}
+
+// Current is the index up to which every change that can make a session
+// LAPSED or STALE is known.
+func (p Progress) Current() uint64 {
+	c := min(p.NonPassing, p.Generations)
+	if p.ReadsLapses {
+		c = min(c, p.Lapses)
+	}
+	return c
 }
 
 // answered notes when the watches that always answer last did.
@@ -123,7 +149,27 @@ func (s *Syncer) mergeMarks() map[string]struct{} {
 		}
 	}
 	s.marked, s.markedBy = marked, byInst
+	for k := range s.unmarked {
+		if _, ok := marked[k]; ok {
+			delete(s.unmarked, k)
+			s.unmarkedView = nil
+		}
+	}
 	return changed
+}
+
+// awaitMark notes that session k's lapse is being recorded (OnLapse): its
+// answers wait for the mark to be read back (View.LapseUnrecorded), when
+// the marks are read at all.
+func (s *Syncer) awaitMark(k [2]string) {
+	if !s.cfg.AwaitLapses {
+		return
+	}
+	if s.unmarked == nil {
+		s.unmarked = map[[2]string]struct{}{}
+	}
+	s.unmarked[k] = struct{}{}
+	s.unmarkedView = nil
 }
 
 // dc is the state of datacenter name, created on first use.

@@ -147,22 +147,26 @@ type Syncer struct {
 	view    atomic.Pointer[View]
 	// readyWhy is ready with its reason (readiness.go).
 	readyWhy atomic.Pointer[Readiness]
+	// progress is, per datacenter, how far its view is known current
+	// (publishProgress).
+	progress atomic.Pointer[map[string]Progress]
 
 	// Owned by Run.
 	members        map[fleetKey]*health.TaskMembers
 	dcs            map[string]*dcState // per datacenter (datacenters.go)
 	started        time.Time
-	synced         bool                                 // the whole fleet has been read once
-	lapsed         map[[2]string]bool                   // instance, session seen with a critical lease or failed node
-	keys           map[string]health.GenerationRecord   // per instance: its generation key, the newest of any datacenter (generations.go)
-	progress       atomic.Pointer[map[string][2]uint64] // per datacenter: non-passing, generations current at these indexes
-	fleet          map[fleetKey]*taskState              // per datacenter and task type: the registrations as decided (fleet.go)
-	staticVersions map[string]string                    // listeners', routes' and clusters' versions by type URL and key (staticVersion)
-	printOf        map[fleetKey]taskPrint               // per datacenter and task type: its executors' combined print when last decided
-	keysChanged    map[string]struct{}                  // instances whose key changed since the fleet state was fenced
-	marked         map[[2]string]health.LapseMark       // every datacenter's lapse marks, by instance and session
-	markedBy       map[string][]health.LapseMark        // the same, by instance
-	marksGen       uint64                               // bumped when a datacenter's marks are replaced
+	synced         bool                               // the whole fleet has been read once
+	lapsed         map[[2]string]bool                 // instance, session seen with a critical lease or failed node
+	keys           map[string]health.GenerationRecord // per instance: its generation key, the newest of any datacenter (generations.go)
+	fleet          map[fleetKey]*taskState            // per datacenter and task type: the registrations as decided (fleet.go)
+	staticVersions map[string]string                  // listeners', routes' and clusters' versions by type URL and key (staticVersion)
+	printOf        map[fleetKey]taskPrint             // per datacenter and task type: its executors' combined print when last decided
+	keysChanged    map[string]struct{}                // instances whose key changed since the fleet state was fenced
+	marked         map[[2]string]health.LapseMark     // every datacenter's lapse marks, by instance and session
+	markedBy       map[string][]health.LapseMark      // the same, by instance
+	marksGen       uint64                             // bumped when a datacenter's marks are replaced
+	unmarked       map[[2]string]struct{}             // sessions handed to OnLapse whose mark has not been read back yet (with AwaitLapses)
+	unmarkedView   map[[2]string]struct{}             // the copy of unmarked the latest view shares (nil: to be made)
 	marksJoinedGen uint64
 	sessions       map[[2]string]int // instance, session: registrations present (valid metadata)
 	instances      map[string]int    // instance: registrations present (valid metadata)
@@ -357,6 +361,7 @@ func (s *Syncer) apply(o health.Observation) bool {
 	d.answered(o, s.cfg.Clock.Now())
 	if p := o.Progress; p != nil {
 		d.progressNP, d.progressGen = max(d.progressNP, p.NonPassing), max(d.progressGen, p.Generations)
+		d.progressLapses = max(d.progressLapses, p.Lapses)
 		return false
 	}
 	switch {
@@ -377,8 +382,9 @@ func (s *Syncer) apply(o health.Observation) bool {
 		d.refreshed = max(d.refreshed, *o.Refreshed)
 		// Read afresh once Consul was at RefreshedAtLeast: current there.
 		d.progressNP, d.progressGen = max(d.progressNP, o.RefreshedAtLeast), max(d.progressGen, o.RefreshedAtLeast)
+		d.progressLapses = max(d.progressLapses, o.RefreshedAtLeast)
 	case o.Lapses != nil:
-		d.marks, d.haveMarks = o.Lapses.Marks, true
+		d.marks, d.haveMarks, d.marksIndex = o.Lapses.Marks, true, o.Lapses.Index
 		s.marksGen++
 	case o.Generations != nil:
 		s.applyListing(d, o.Generations)
@@ -388,7 +394,7 @@ func (s *Syncer) apply(o health.Observation) bool {
 		// unique, and a lapse must stay final whatever Consul forgot.
 		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses seen before stay final", "datacenter", o.Datacenter)
 		s.forgetKeyReads(d)
-		d.progressNP, d.progressGen = 0, 0 // indexes of before are not comparable
+		d.progressNP, d.progressGen, d.progressLapses = 0, 0, 0 // indexes of before are not comparable
 	case o.Contact != nil:
 		if !o.Contact.OK && !d.failing {
 			d.failedAt = o.At
@@ -405,27 +411,26 @@ func (s *Syncer) apply(o health.Observation) bool {
 }
 
 // publishProgress makes the indexes at which each datacenter's non-passing
-// checks and generation keys are known current visible to Progress; called
-// after the batch's view is published, so a reader that sees an index then
-// loads a view that includes everything up to it.
+// checks, generation keys and lapse marks are known current visible to
+// Progress; called after the batch's view is published, so a reader that
+// sees an index then loads a view that includes everything up to it.
 func (s *Syncer) publishProgress() {
-	p := make(map[string][2]uint64, len(s.dcs))
+	p := make(map[string]Progress, len(s.dcs))
 	for name, d := range s.dcs {
-		p[name] = [2]uint64{max(d.progressNP, d.np.Index()), max(d.progressGen, d.genIndex)}
+		p[name] = Progress{NonPassing: max(d.progressNP, d.np.Index()), Generations: max(d.progressGen, d.genIndex),
+			Lapses: max(d.progressLapses, d.marksIndex), ReadsLapses: s.cfg.AwaitLapses}
 	}
 	s.progress.Store(&p)
 }
 
-// Progress is the indexes at which the latest view's non-passing checks and
-// generation keys of datacenter dc ("" with one, unnamed) are known current
-// (they may be ahead of the view's own indexes: a watch answered again with
-// the same content). Safe from any goroutine.
-func (s *Syncer) Progress(dc string) (nonPassing, generations uint64) {
+// Progress is how far the latest view of datacenter dc ("" with one,
+// unnamed) is known current (it may be ahead of the view's own indexes: a
+// watch answered again with the same content). Safe from any goroutine.
+func (s *Syncer) Progress(dc string) Progress {
 	if p := s.progress.Load(); p != nil {
-		i := (*p)[dc]
-		return i[0], i[1]
+		return (*p)[dc]
 	}
-	return 0, 0
+	return Progress{ReadsLapses: s.cfg.AwaitLapses}
 }
 
 // recompute joins, fences and decides; only task types whose executors
@@ -436,8 +441,10 @@ func (s *Syncer) recompute(ctx context.Context) {
 	changed, lapses := r.changed, r.lapses
 	if s.cfg.OnLapse != nil {
 		for _, e := range lapses {
-			if _, marked := s.marked[[2]string{e.InstanceID, e.SessionID}]; !marked {
+			k := [2]string{e.InstanceID, e.SessionID}
+			if _, marked := s.marked[k]; !marked {
 				s.cfg.OnLapse(e)
+				s.awaitMark(k)
 			}
 		}
 	}

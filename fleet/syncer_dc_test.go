@@ -937,7 +937,8 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 	expectProgress := func(step string) {
 		t.Helper()
 		for _, dc := range []string{"dc1", "dc2"} {
-			np, gen := h.s.Progress(dc)
+			p := h.s.Progress(dc)
+			np, gen := p.NonPassing, p.Generations
 			if w := progress[dc]; np != w[0] || gen != w[1] {
 				t.Fatalf("%s: Progress(%s) = %d, %d, want %d, %d", step, dc, np, gen, w[0], w[1])
 			}

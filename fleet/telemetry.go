@@ -129,7 +129,7 @@ type execDiff struct{ added, changed, removed int }
 // consulIndex is the highest index of any answer from datacenter dc.
 func (s *Syncer) consulIndex(dc string) uint64 {
 	d := s.dc(dc)
-	index := max(d.np.Index(), d.genIndex)
+	index := max(d.np.Index(), d.genIndex, d.marksIndex)
 	for k, m := range s.members {
 		if k.dc == dc {
 			index = max(index, m.Index)

@@ -1,6 +1,7 @@
 package fleet
 
 import (
+	"maps"
 	"sort"
 	"sync"
 
@@ -29,6 +30,7 @@ type View struct {
 	NonPassingIndex, GenerationsIndex uint64
 	Local                             string // leasehold's own datacenter ("" with one, unnamed)
 	dcs                               map[string]DCIndexes
+	unmarked                          map[[2]string]struct{} // shared with the syncer: never written
 
 	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
 	flatOnce sync.Once
@@ -88,6 +90,16 @@ func (v *View) Datacenters() []string {
 	return out
 }
 
+// LapseUnrecorded reports whether this replica saw the session lapse and
+// has not read back the lapse mark recording it yet (SyncConfig.OnLapse,
+// with AwaitLapses): until then the view's indexes may be below the mark's
+// — the index at which the lapse became final for every replica, which a
+// LAPSED answer carries.
+func (v *View) LapseUnrecorded(instanceID, sessionID string) bool {
+	_, ok := v.unmarked[[2]string{instanceID, sessionID}]
+	return ok
+}
+
 // Sessions answers the fencing API for this view.
 func (v *View) Sessions() Sessions { return v.sessions }
 
@@ -125,11 +137,14 @@ func (s *Syncer) publishView() {
 	}
 	dcs := make(map[string]DCIndexes, len(s.dcs))
 	for name, d := range s.dcs {
-		dcs[name] = DCIndexes{ConsulIndex: s.consulIndex(name), NonPassingIndex: d.np.Index(), GenerationsIndex: d.genIndex, Refreshed: d.refreshed,
-			Reach: d.reach, ReachDetail: d.reachDetail, ShortestLease: s.shortestLease(name)}
+		dcs[name] = DCIndexes{ConsulIndex: s.consulIndex(name), NonPassingIndex: d.np.Index(), GenerationsIndex: d.genIndex, LapsesIndex: d.marksIndex,
+			Refreshed: d.refreshed, Reach: d.reach, ReachDetail: d.reachDetail, ShortestLease: s.shortestLease(name)}
+	}
+	if s.unmarkedView == nil && len(s.unmarked) > 0 {
+		s.unmarkedView = maps.Clone(s.unmarked)
 	}
 	l := dcs[local]
-	v := &View{ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: l.Refreshed,
+	v := &View{unmarked: s.unmarkedView, ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: l.Refreshed,
 		NonPassingIndex: l.NonPassingIndex, GenerationsIndex: l.GenerationsIndex, Local: local, dcs: dcs, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)

@@ -325,7 +325,7 @@ type Observation struct {
 
 // Progress says a watch's content, unchanged, is current at a higher index.
 type Progress struct {
-	NonPassing, Generations uint64 // the one that answered; the other is 0
+	NonPassing, Generations, Lapses uint64 // the one that answered; the others are 0
 }
 
 // Generations is every generation key in Consul KV (GenerationKeyPrefix +

@@ -29,9 +29,9 @@ import (
 // Views is where the fencing and explain APIs read the decided fleet.
 type Views interface {
 	View() *fleet.View
-	// Progress is the indexes at which the current view's non-passing
-	// checks and generation keys of datacenter dc are known current.
-	Progress(dc string) (nonPassing, generations uint64)
+	// Progress is how far the current view of datacenter dc is known
+	// current: its non-passing checks, generation keys and lapse marks.
+	Progress(dc string) fleet.Progress
 }
 
 // Fencing serves leasehold.v1.Fencing from the syncer's views.
@@ -53,13 +53,14 @@ type FencingOptions struct {
 	// dispatcher with endpoints and no answers stops confirming, it does not
 	// stop working.
 	StaleAfter time.Duration
-	// Refresh, if set, has Consul in datacenter dc read afresh (the checks
-	// and generation keys that make a session LAPSED or STALE) now that it
-	// is at index atLeast or later, and returns a sequence number that views
-	// carry (View.Datacenter(dc).Refreshed) once they include the fresh
-	// reads. A request whose min_consul_index the view has not reached is
-	// answered from such a view: one at least as new as the request.
-	Refresh func(ctx context.Context, dc string, atLeast uint64) (uint64, error)
+	// Refresh, if set, has Consul in datacenter dc read afresh what of the
+	// checks, generation keys and lapse marks (what makes a session LAPSED
+	// or STALE) has not reached index least, a request's min_consul_index,
+	// and returns a sequence number that views carry
+	// (View.Datacenter(dc).Refreshed) once they include the fresh reads. A
+	// request whose min_consul_index the view has not reached is answered
+	// from such a view: one at least as new as the request.
+	Refresh func(ctx context.Context, dc string, least uint64) (uint64, error)
 	Clock   clockwork.Clock
 	Meter   metric.MeterProvider // default: no metrics
 }
@@ -133,10 +134,67 @@ func (f *Fencing) answer(ctx context.Context, v *fleet.View, req *leaseholdv1.Ch
 		f.unknown(resp, fmt.Sprintf("leasehold's view of Consul is stale: Consul has not answered for %s (bound %s, %s); the last known state was %s: %s",
 			age.Round(time.Millisecond), bound, why, stateOf(st.State), st.Detail))
 	case !caughtUp:
-		f.unknown(resp, fmt.Sprintf("leasehold's view (in %s: checks at Consul index %d, generation keys at %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time",
-			orLocal(dc), idx.NonPassingIndex, idx.GenerationsIndex, req.GetMinConsulIndex()))
+		f.unknown(resp, fmt.Sprintf("leasehold's view (in %s: checks at Consul index %d, generation keys at %d, lapse marks at %d) has not reached min_consul_index %d, and reading Consul afresh did not finish in time",
+			orLocal(dc), idx.NonPassingIndex, idx.GenerationsIndex, idx.LapsesIndex, req.GetMinConsulIndex()))
+	case st.State == health.SessionLapsed && v.LapseUnrecorded(st.InstanceID, st.SessionID):
+		// awaitMark gave up: the lapse is final here, not yet at an index
+		// another replica is held to.
+		resp.Detail += "; its lapse mark is not recorded in Consul yet (this replica's memory only: consul_index may be below the mark's)"
 	}
 	return resp
+}
+
+// lapseMarkWait bounds how long a LAPSED answer waits for its lapse mark to
+// be read back (written, then read by the lapse marks' watch: a few Consul
+// round trips).
+const lapseMarkWait = 2 * time.Second
+
+// awaitMark returns a view in which the lapse of the session req asks about
+// is recorded, when v says this replica saw it lapse and has not read its
+// lapse mark back yet: a LAPSED answer carries consul_index at or above the
+// mark's (the index at which the lapse became final for every replica), so
+// a replica asked with it has read the mark (catchUp) and never answers
+// CURRENT. It waits at most lapseMarkWait, and shortly before ctx's
+// deadline; then v as it is.
+func (f *Fencing) awaitMark(ctx context.Context, v *fleet.View, req *leaseholdv1.CheckSessionRequest) *fleet.View {
+	unrecorded := func(v *fleet.View) bool {
+		st := v.Sessions().Check(req.GetInstanceId(), req.GetSessionId())
+		if g, ok := grantFrom(ctx); ok && !slices.ContainsFunc(st.Tasks, g.AllowsTask) {
+			return false // answered as never seen: no wait tells otherwise
+		}
+		return st.State == health.SessionLapsed && v.LapseUnrecorded(st.InstanceID, st.SessionID)
+	}
+	if !unrecorded(v) {
+		return v
+	}
+	budget := waitBudget(ctx, lapseMarkWait)
+	if budget <= 0 {
+		return v
+	}
+	t := f.opts.Clock.NewTimer(budget)
+	defer t.Stop()
+	for {
+		select {
+		case <-v.Changed():
+		case <-t.Chan():
+			return v
+		case <-ctx.Done():
+			return v
+		}
+		if v = f.views.View(); !unrecorded(v) {
+			return v
+		}
+	}
+}
+
+// waitBudget is how long a call may wait for Consul, at most bound: until
+// shortly before ctx's deadline.
+func waitBudget(ctx context.Context, bound time.Duration) time.Duration {
+	if dl, ok := ctx.Deadline(); ok {
+		left := time.Until(dl)
+		bound = min(bound, left-min(left/10, 100*time.Millisecond))
+	}
+	return bound
 }
 
 // unknown turns an answer into UNKNOWN, keeping what identifies the session
@@ -257,6 +315,7 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 		return nil, err
 	}
 	v, caughtUp := f.catchUp(ctx, req.GetMinConsulIndex())
+	v = f.awaitMark(ctx, v, req)
 	resp := f.answer(ctx, v, req, caughtUp)
 	f.count(ctx, resp)
 	return resp, nil
@@ -264,9 +323,10 @@ func (f *Fencing) CheckSession(ctx context.Context, req *leaseholdv1.CheckSessio
 
 // current returns the latest view and the datacenters in which it has not
 // seen every change up to index least that can make a session LAPSED or
-// STALE: its non-passing checks and its generation keys both known current
-// at that index or later. (A view's highest index says nothing of the
-// others: watches answer independently.)
+// STALE: its non-passing checks, its generation keys and (when they are
+// read) its lapse marks all known current at that index or later. (A
+// view's highest index says nothing of the others: watches answer
+// independently.)
 //
 // With several datacenters Consul's indexes are per datacenter and a
 // min_consul_index does not say whose it is (an answer may rest on another
@@ -280,9 +340,9 @@ func (f *Fencing) current(least uint64) (*fleet.View, []string) {
 	if len(dcs) == 0 {
 		dcs = []string{v.Local}
 	}
-	progress := make([][2]uint64, len(dcs))
+	progress := make([]fleet.Progress, len(dcs))
 	for i, dc := range dcs { // first: progress is published after the view it vouches for
-		progress[i][0], progress[i][1] = f.views.Progress(dc)
+		progress[i] = f.views.Progress(dc)
 	}
 	v = f.views.View()
 	var behind []string
@@ -291,7 +351,9 @@ func (f *Fencing) current(least uint64) (*fleet.View, []string) {
 		if len(dcs) > 1 && idx.Reach != health.Reached {
 			continue
 		}
-		if min(max(progress[i][0], idx.NonPassingIndex), max(progress[i][1], idx.GenerationsIndex)) < least {
+		p := progress[i]
+		p.NonPassing, p.Generations, p.Lapses = max(p.NonPassing, idx.NonPassingIndex), max(p.Generations, idx.GenerationsIndex), max(p.Lapses, idx.LapsesIndex)
+		if p.Current() < least {
 			behind = append(behind, dc)
 		}
 	}
@@ -308,19 +370,14 @@ func (f *Fencing) catchUp(ctx context.Context, least uint64) (*fleet.View, bool)
 	if len(behind) == 0 {
 		return v, true
 	}
-	budget := f.opts.StaleAfter
-	if dl, ok := ctx.Deadline(); ok {
-		left := time.Until(dl)
-		budget = min(budget, left-min(left/10, 100*time.Millisecond))
-	}
+	budget := waitBudget(ctx, f.opts.StaleAfter)
 	if budget <= 0 {
 		return v, false
 	}
 	seqs := map[string]uint64{}
 	if f.opts.Refresh != nil {
 		for _, dc := range behind {
-			idx, _ := v.Datacenter(dc)
-			if s, err := f.opts.Refresh(ctx, dc, idx.ConsulIndex); err == nil {
+			if s, err := f.opts.Refresh(ctx, dc, least); err == nil {
 				seqs[dc] = s
 			}
 		}
@@ -368,6 +425,10 @@ func (f *Fencing) WatchSession(req *leaseholdv1.CheckSessionRequest, stream leas
 		dc := f.dcOf(req)
 		v, behind := f.current(req.GetMinConsulIndex())
 		caughtUp = caughtUp || len(behind) == 0
+		if w := f.awaitMark(ctx, v, req); w != v { // a newer view: judged again
+			v, behind = f.current(req.GetMinConsulIndex())
+			caughtUp = caughtUp || len(behind) == 0
+		}
 		resp := f.answer(ctx, v, req, caughtUp)
 		if last == nil || !sameAnswer(last, resp) {
 			if err := stream.Send(resp); err != nil {

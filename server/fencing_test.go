@@ -2,6 +2,8 @@ package server
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -179,5 +181,140 @@ func TestFencingVouchesOnlyWithinTheSessionsLease(t *testing.T) {
 	fc.silentFor(36 * time.Second)
 	if r := check("y"); r.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(r.Detail, "--fencing-stale-after") {
 		t.Fatalf("y after 36 s of silence: %v, want UNKNOWN naming --fencing-stale-after", r)
+	}
+}
+
+// markingSyncer is fencingSyncer with the lapse marks read (AwaitLapses,
+// their listing at 4) and this replica's lapses handed to onLapse (nil:
+// none recorded).
+func markingSyncer(t *testing.T, onLapse func(health.Executor)) (*fleet.Syncer, chan health.Observation) {
+	t.Helper()
+	ch := make(chan health.Observation, 16)
+	s := fleet.NewSyncer(fleet.SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), AddDelay: time.Millisecond, AwaitLapses: true, OnLapse: onLapse})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx, ch); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	for _, o := range []health.Observation{
+		{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
+		{NonPassing: &health.NonPassing{Index: 2}},
+		{Generations: &health.Generations{Index: 3, Keys: fleettest.Keys(map[string]uint64{"x": 1})}},
+		{Lapses: &health.LapseMarks{Index: 4}},
+		{Members: &health.TaskMembers{Task: "work", Index: 11, Members: []health.Member{member("work", "x", 9001, "1.0.0")}}},
+	} {
+		ch <- o
+	}
+	waitView(t, s, "the fleet read", func(v *fleet.View) bool { return v.Synced && v.ConsulIndex == 11 })
+	return s, ch
+}
+
+func waitView(t *testing.T, s *fleet.Syncer, what string, ok func(*fleet.View) bool) *fleet.View {
+	t.Helper()
+	deadline := time.After(5 * time.Second)
+	for v := s.View(); ; v = s.View() {
+		if ok(v) {
+			return v
+		}
+		select {
+		case <-v.Changed():
+		case <-deadline:
+			t.Fatalf("no view with %s", what)
+		}
+	}
+}
+
+// A replica whose checks and generation keys are current at 200 but whose
+// lapse marks were last read at 4 has not reached min_consul_index 150:
+// another replica's LAPSED answer at 150 may rest on a mark written at 150.
+// It reads afresh (the lapse marks), and answers LAPSED from the mark —
+// not CURRENT from its checks, which say the lease passes again.
+func TestMinConsulIndexHoldsTheLapseMarksToo(t *testing.T) {
+	s, obs := markingSyncer(t, nil)
+	obs <- health.Observation{Progress: &health.Progress{NonPassing: 200}}
+	obs <- health.Observation{Progress: &health.Progress{Generations: 200}}
+	deadline := time.After(5 * time.Second)
+	for p := s.Progress(""); p.NonPassing < 200 || p.Generations < 200; p = s.Progress("") {
+		select {
+		case <-deadline:
+			t.Fatalf("progress %+v never applied", p)
+		case <-time.After(time.Millisecond): // progress publishes no view: polled
+		}
+	}
+	var asked atomic.Uint64
+	f := NewFencing(s, nowAt, FencingOptions{Refresh: func(_ context.Context, _ string, least uint64) (uint64, error) {
+		asked.Store(least)
+		seq := uint64(1)
+		go func() { // the watcher's fresh read of the lapse marks, then its marker
+			obs <- health.Observation{Lapses: &health.LapseMarks{Index: 150, Marks: []health.LapseMark{{InstanceID: "x", SessionID: "s-x", Generation: 1}}}}
+			obs <- health.Observation{Refreshed: &seq}
+		}()
+		return seq, nil
+	}})
+	r := checkX(t, f, 150, 2*time.Second)
+	if r.State != leaseholdv1.SessionState_LAPSED || asked.Load() != 150 || r.ConsulIndex < 150 {
+		t.Fatalf("min_consul_index 150 with the lapse marks at 4: %v (refresh asked for %d), want LAPSED from a fresh read of the marks for 150", r, asked.Load())
+	}
+}
+
+// A LAPSED answer this replica gives before it read back the lapse mark
+// recording the lapse waits for it, and carries an index at or above the
+// mark's: the index where the lapse became final for every replica, so a
+// replica asked with it reads the mark first (it was answered at once, at
+// the checks' index, below the mark's).
+func TestLapsedAnswerCarriesItsMarksIndex(t *testing.T) {
+	lapsed := make(chan health.Executor, 4)
+	s, obs := markingSyncer(t, func(e health.Executor) { lapsed <- e })
+	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 60, Checks: []health.CheckState{
+		{Node: "n1", CheckID: health.CheckID("x", "s-x", "work"), ServiceID: health.ServiceID("x", "work"), Status: health.StatusCritical, ModifyIndex: 60},
+	}}}
+	select {
+	case <-lapsed:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the lapse was never recorded")
+	}
+	waitView(t, s, "x/s-x lapsed", func(v *fleet.View) bool {
+		return v.Sessions().Check("x", "s-x").State == health.SessionLapsed
+	})
+	f := NewFencing(s, nowAt)
+	answer := make(chan *leaseholdv1.CheckSessionResponse, 1)
+	go func() {
+		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+		defer cancel()
+		r, err := f.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s-x"})
+		if err != nil {
+			r = &leaseholdv1.CheckSessionResponse{Detail: err.Error()}
+		}
+		answer <- r
+	}()
+	select {
+	case r := <-answer:
+		t.Fatalf("answered %v before the lapse mark was read back (consul_index %d: below the mark's, to come)", r.State, r.ConsulIndex)
+	case <-time.After(50 * time.Millisecond): // absence check only
+	}
+	obs <- health.Observation{Lapses: &health.LapseMarks{Index: 70, Marks: []health.LapseMark{{InstanceID: "x", SessionID: "s-x", Generation: 1}}}}
+	select {
+	case r := <-answer:
+		if r.State != leaseholdv1.SessionState_LAPSED || r.ConsulIndex < 70 {
+			t.Fatalf("%v, want LAPSED at consul_index ≥ 70 (the mark's listing)", r)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("no answer after the mark was read back")
+	}
+}
+
+// When the mark does not come (Consul refuses the write), the LAPSED answer
+// comes anyway shortly before the caller's deadline, saying so.
+func TestLapsedAnswerWithoutItsMarkComesBeforeTheDeadline(t *testing.T) {
+	s, obs := markingSyncer(t, func(health.Executor) {})
+	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 60, Checks: []health.CheckState{
+		{Node: "n1", CheckID: health.CheckID("x", "s-x", "work"), ServiceID: health.ServiceID("x", "work"), Status: health.StatusCritical, ModifyIndex: 60},
+	}}}
+	waitView(t, s, "x/s-x lapsed", func(v *fleet.View) bool {
+		return v.Sessions().Check("x", "s-x").State == health.SessionLapsed
+	})
+	start := time.Now()
+	r := checkX(t, NewFencing(s, nowAt), 0, 500*time.Millisecond)
+	if took := time.Since(start); r.State != leaseholdv1.SessionState_LAPSED || !strings.Contains(r.Detail, "not recorded") || took >= 500*time.Millisecond {
+		t.Fatalf("%v after %s, want LAPSED saying its mark is not recorded, before the 500ms deadline", r, took)
 	}
 }

@@ -109,7 +109,7 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 	if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
 		t.Fatal("the generations watch does not wait for the budget")
 	}
-	if _, err := h.w.Refresh(context.Background(), 0); err != nil {
+	if _, err := h.w.Refresh(context.Background(), everything); err != nil {
 		t.Fatal(err)
 	}
 	// the blocking query it was about to make is ended by the refresh, which

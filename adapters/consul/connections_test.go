@@ -90,7 +90,7 @@ func TestWatcherHoldsOpenQueriesItCounts(t *testing.T) {
 	if n, most := q.inFlight.Load(), q.most.Load(); n != openQueries || most != openQueries {
 		t.Fatalf("%d queries open with no task type (at most %d), want openQueries = %d (Connections sizes the agent's pool on it)", n, most, openQueries)
 	}
-	if got, want := Connections(8, 2), 2*4+2*openQueries+3; got != want {
+	if got, want := Connections(8, 2), 2*4+2*(openQueries+1)+2; got != want {
 		t.Fatalf("Connections(8, 2) = %d, want %d", got, want)
 	}
 }

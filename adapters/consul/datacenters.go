@@ -62,17 +62,18 @@ const openQueries = 6
 
 // Connections is how many connections to the agent leasehold may hold at
 // once watching datacenters (at least 1) with maxConcurrent per-task
-// queries in all: each datacenter's open queries and its share of the
-// slots, plus the control watch, the lapse recorder and a fresh read. The
-// HTTP client must allow that many, or a query waits for a connection —
-// the lapse in it too — until a blocking query returns.
+// queries in all: each datacenter's open queries, its share of the slots
+// and its refresh's fresh read (made beside the blocking queries, one at a
+// time), plus the control watch and the lapse recorder. The HTTP client
+// must allow that many, or a query waits for a connection — the lapse in it
+// too — until a blocking query returns.
 func Connections(maxConcurrent, datacenters int) int {
 	datacenters = max(datacenters, 1)
 	slots := maxConcurrent
 	if datacenters > 1 {
 		slots = datacenters * max(maxConcurrent/datacenters, 2)
 	}
-	return slots + datacenters*openQueries + 3
+	return slots + datacenters*(openQueries+1) + 2
 }
 
 // Run watches every datacenter until ctx ends.
@@ -95,13 +96,14 @@ func (ws *Watchers) FreshAsOf(dc string) time.Time {
 	return time.Time{}
 }
 
-// Refresh asks datacenter dc's watches to read afresh (Watcher.Refresh).
-func (ws *Watchers) Refresh(ctx context.Context, dc string, atLeast uint64) (uint64, error) {
+// Refresh asks datacenter dc's watches that have not reached index least
+// to read afresh (Watcher.Refresh).
+func (ws *Watchers) Refresh(ctx context.Context, dc string, least uint64) (uint64, error) {
 	w := ws.byDC[dc]
 	if w == nil {
 		return 0, fmt.Errorf("datacenter %q is not watched", dc)
 	}
-	return w.Refresh(ctx, atLeast)
+	return w.Refresh(ctx, least)
 }
 
 // LastContact is when Consul last answered any query (zero before the first).

@@ -38,6 +38,9 @@ type fastPath struct {
 	warn      []health.CheckState
 	critIndex uint64 // the index of the newest critical read
 	warnIndex uint64
+	critAt    uint64 // the index the newest critical read is current at (its own, or a higher one that arrived before: refresh.go)
+	warnAt    uint64
+	serfAt    uint64 // the same, of the serfHealth listing
 	critCross uint64 // the index of the other watch's last fresh read of the critical checks, until an answer as new
 	warnCross uint64
 	critRead  bool
@@ -107,34 +110,43 @@ func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
 	if !f.critRead || !f.warnRead {
 		return
 	}
-	idx := min(f.critIndex, f.serfIndex)
+	// Never above the serfHealth listing: neither the set's index nor how
+	// far it is known current.
+	idx, at := min(f.critIndex, f.serfIndex), min(max(f.critAt, f.critIndex), f.serfAt)
 	if f.gap {
-		idx = min(idx, f.gapIndex)
+		idx, at = min(idx, f.gapIndex), min(at, f.gapIndex)
 	}
+	// The set's own index is the critical read's (Join compares the checks'
+	// indexes with it); how far it is known current goes out as progress.
+	defer func() {
+		w.refresh.raise("warning", f.warnAt)
+		w.refresh.raise("serf", f.serfAt)
+	}()
 	set := f.combined()
 	if f.sent && reflect.DeepEqual(set, f.last) {
-		if idx > 0 { // (progress to 0 says nothing)
-			f.sentIndex = idx
-			w.send(ctx, out, health.Observation{Progress: &health.Progress{NonPassing: idx}})
-		}
+		f.sentIndex = idx
+		w.sendProgress(ctx, out, npProgress, at, 0) // (none at 0: before the first listing)
 		return
 	}
 	f.last, f.sent, f.sentIndex = set, true, idx
 	w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: idx, Checks: set}})
+	w.sendProgress(ctx, out, npProgress, at, idx)
 }
 
-// fastStates reads checks in one state as sorted CheckStates.
-func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wait time.Duration) ([]health.CheckState, uint64, error) {
+// fastStates reads checks in one state as sorted CheckStates, with the
+// read's index and the index it is current at (Watcher.receipt).
+func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wait time.Duration) ([]health.CheckState, uint64, uint64, error) {
 	checks, idx, err := w.cat.ChecksInState(ctx, w.cfg.Tag, state, index, wait)
 	if err != nil {
-		return nil, 0, err
+		return nil, 0, 0, err
 	}
+	at := w.receipt(idx)
 	states := make([]health.CheckState, 0, len(checks))
 	for _, c := range checks {
 		states = append(states, checkState(c))
 	}
 	sortChecks(states)
-	return states, idx, nil
+	return states, idx, at, nil
 }
 
 // watchNonPassing follows the critical checks (the watch named "non-passing")
@@ -150,15 +162,14 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 		// checks is soon enough for them.
 		name, pace = "warning", 10*w.cfg.MinInterval
 	}
-	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		states, idx, err := w.fastStates(ctx, state, index, wait)
+	handle := func(ctx context.Context, states []health.CheckState, idx, at uint64, err error) (uint64, error) {
 		if errors.Is(err, context.Canceled) {
-			return 0, err // a refresh ended the query (or leasehold stops): no answer, no failure
+			return 0, err // leasehold stops: no answer, no failure
 		}
 		f.mu.Lock()
 		defer f.mu.Unlock()
 		if err == nil {
-			err = w.applyFast(ctx, name, state, states, idx)
+			err = w.applyFast(ctx, name, state, states, idx, at)
 		}
 		if err != nil {
 			f.failing[name] = true
@@ -170,6 +181,10 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 		}
 		w.publish(ctx, out)
 		return idx, nil
+	}
+	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		states, idx, at, err := w.fastStates(ctx, state, index, wait)
+		return idx, func() (uint64, error) { return handle(ctx, states, idx, at, err) }
 	})
 }
 
@@ -185,7 +200,7 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 //   - after a failed query, the set claims no newer index until every
 //     node's serfHealth has been listed again (a node may have failed and
 //     come back unseen); what it says still goes out at once.
-func (w *Watcher) applyFast(ctx context.Context, name, state string, states []health.CheckState, idx uint64) error {
+func (w *Watcher) applyFast(ctx context.Context, name, state string, states []health.CheckState, idx, at uint64) error {
 	f := &w.fast
 	before := append(append(slices.Clone(f.crit), f.warn...), f.carry...)
 	mineBefore := slices.Clone(f.crit)
@@ -195,7 +210,7 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 	} else {
 		otherRead = f.warnRead
 	}
-	changed, err := w.takeFast(ctx, state, states, idx, false)
+	changed, err := w.takeFast(ctx, state, states, idx, at, false)
 	if err != nil {
 		return err
 	}
@@ -210,19 +225,20 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 			w.log.Warn("consul query failed; the fast path vouches for nothing newer until serfHealth is listed", "err", err)
 			return nil
 		}
-		f.takeSerf(checks, sidx)
+		f.takeSerf(checks, sidx, w.receipt(sidx))
 		f.gap = false
 	}
 	return nil
 }
 
-// takeFast stores a read of state's checks; cross: it is the other watch's
-// fresh read. changed reports a set that differs from the last one stored.
-func (w *Watcher) takeFast(ctx context.Context, state string, states []health.CheckState, idx uint64, cross bool) (changed bool, err error) {
+// takeFast stores a read of state's checks (at index idx, current at at);
+// cross: it is the other watch's fresh read. changed reports a set that
+// differs from the last one stored.
+func (w *Watcher) takeFast(ctx context.Context, state string, states []health.CheckState, idx, at uint64, cross bool) (changed bool, err error) {
 	f := &w.fast
-	mine, read, at, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critCross
+	mine, read, index, current, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critAt, &f.critCross
 	if state == api.HealthWarning {
-		mine, read, at, crossAt = &f.warn, &f.warnRead, &f.warnIndex, &f.warnCross
+		mine, read, index, current, crossAt = &f.warn, &f.warnRead, &f.warnIndex, &f.warnAt, &f.warnCross
 	}
 	switch {
 	case cross:
@@ -231,7 +247,7 @@ func (w *Watcher) takeFast(ctx context.Context, state string, states []health.Ch
 		// the other watch read this state afresh after this answer was
 		// read: read it again (an index below an own earlier answer is
 		// a Consul that restarted, and taken as it is)
-		if states, idx, err = w.fastStates(ctx, state, 0, 0); err != nil {
+		if states, idx, at, err = w.fastStates(ctx, state, 0, 0); err != nil {
 			return false, err
 		}
 		*crossAt = 0
@@ -239,7 +255,7 @@ func (w *Watcher) takeFast(ctx context.Context, state string, states []health.Ch
 		*crossAt = 0
 	}
 	changed = !*read || !reflect.DeepEqual(states, *mine)
-	*mine, *read, *at = states, true, idx
+	*mine, *read, *index, *current = states, true, idx, at
 	return changed, nil
 }
 
@@ -253,9 +269,9 @@ func (w *Watcher) readOtherState(ctx context.Context, name, state string, mineBe
 	if state == api.HealthCritical {
 		other = api.HealthWarning
 	}
-	o, oidx, err := w.fastStates(ctx, other, 0, 0)
+	o, oidx, oat, err := w.fastStates(ctx, other, 0, 0)
 	if err == nil {
-		_, err = w.takeFast(ctx, other, o, oidx, true)
+		_, err = w.takeFast(ctx, other, o, oidx, oat, true)
 	}
 	if err == nil { // both states read now: nothing carried, nothing pending
 		f.carry, f.crossPending = nil, map[string]bool{}
@@ -271,7 +287,7 @@ func (w *Watcher) readOtherState(ctx context.Context, name, state string, mineBe
 		}
 	}
 	f.crossPending[name] = true
-	if !f.gap && !errors.Is(err, context.Canceled) { // a refresh ending the read is no failure
+	if !f.gap && !errors.Is(err, context.Canceled) { // leasehold stopping is no failure
 		f.gap, f.gapIndex = true, f.sentIndex
 	}
 	w.log.Warn("consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read", "err", err)
@@ -294,7 +310,7 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 		// many nodes back at once (a partition healed): one listing
 		// rather than a read per node under the lock
 		if checks, sidx, err := w.cat.SerfHealth(ctx, 0, 0); err == nil {
-			f.takeSerf(checks, sidx)
+			f.takeSerf(checks, sidx, w.receipt(sidx))
 			back = nil
 		}
 	}
@@ -318,9 +334,11 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 	}
 }
 
-// takeSerf replaces the serfHealth of every node by a listing at index
-// (called with f.mu held); a node's own read may be newer than the listing.
-func (f *fastPath) takeSerf(checks api.HealthChecks, index uint64) {
+// takeSerf replaces the serfHealth of every node by a listing at index,
+// current at at (called with f.mu held); a node's own read may be newer
+// than the listing.
+func (f *fastPath) takeSerf(checks api.HealthChecks, index, at uint64) {
+	f.serfAt = at
 	serf := make(map[string]health.CheckState, len(checks))
 	for _, c := range checks {
 		s := checkState(c)
@@ -338,16 +356,19 @@ func (f *fastPath) takeSerf(checks api.HealthChecks, index uint64) {
 // watchSerf follows every node's serfHealth, paced by SlowInterval.
 func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) {
 	f := &w.fast
-	w.blockingLoop(ctx, out, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
 		checks, idx, err := w.cat.SerfHealth(ctx, index, wait)
-		if err != nil {
-			return 0, err
+		at := w.receipt(idx)
+		return idx, func() (uint64, error) {
+			if err != nil {
+				return 0, err
+			}
+			f.mu.Lock()
+			defer f.mu.Unlock()
+			f.takeSerf(checks, idx, at)
+			w.publish(ctx, out)
+			return idx, nil
 		}
-		f.mu.Lock()
-		defer f.mu.Unlock()
-		f.takeSerf(checks, idx)
-		w.publish(ctx, out)
-		return idx, nil
 	})
 }
 

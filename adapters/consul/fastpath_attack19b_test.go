@@ -256,7 +256,7 @@ func TestAttack19bRefreshListsEveryNodeSerfHealthThrice(t *testing.T) {
 	const n = 5
 	before := fw.serfCalls.Load()
 	for i := 0; i < n; i++ {
-		seq, _ := w.Refresh(context.Background(), 0)
+		seq, _ := w.Refresh(context.Background(), everything)
 		nextObs(t, out, "refreshed", func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq })
 	}
 	per := float64(fw.serfCalls.Load()-before) / n
@@ -279,7 +279,7 @@ func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
 	fw.mu.Lock()
 	fw.failFresh[api.HealthCritical] = 1
 	fw.mu.Unlock()
-	seq, _ := w.Refresh(context.Background(), 0)
+	seq, _ := w.Refresh(context.Background(), everything)
 	nextObs(t, out, "refreshed after the failed fresh read", func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq })
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
@@ -288,33 +288,48 @@ func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
 	}
 }
 
-// refreshOnAnswer is a world whose blocking critical answer, once armed, is
-// handled after a Refresh cancelled its query: the answer arrived, then the
-// refresh came.
+// refreshOnAnswer is a world whose blocking critical answer, once armed,
+// arrives once a Refresh's fresh read of the critical checks began: the
+// answer was on its way, then the refresh came.
 type refreshOnAnswer struct {
 	*worldCatalog
 	w     *Watcher
 	armed atomic.Bool
+	fresh chan struct{} // a fresh read of the critical checks began
 }
 
 func (r *refreshOnAnswer) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	if index == 0 && state == api.HealthCritical {
+		select {
+		case r.fresh <- struct{}{}:
+		default:
+		}
+	}
 	cs, idx, err := r.worldCatalog.ChecksInState(ctx, tag, state, index, wait)
 	if err == nil && index > 0 && state == api.HealthCritical && r.armed.CompareAndSwap(true, false) {
-		r.w.Refresh(context.Background(), 0)
-		<-ctx.Done() // the refresh cancelled this query; its answer is still handled
+		select { // an earlier fresh read (the warning watch's) says nothing
+		case <-r.fresh:
+		default:
+		}
+		r.w.Refresh(context.Background(), everything)
+		select {
+		case <-r.fresh:
+		case <-ctx.Done():
+		}
 	}
 	return cs, idx, err
 }
 
-// TestRefreshDuringAnAnswerLosesNothing: a Refresh cancels the query whose
-// answer is being handled; what that answer carried (a lapse) must still go
-// out. (It went out under the query's cancelled context, which dropped it
-// half the time; the fresh read then found the same set and sent only
-// progress, so the lapse was never reported.)
+// TestRefreshDuringAnAnswerLosesNothing: a Refresh comes while the blocking
+// query's answer is on its way; what that answer carried (a lapse) must
+// still go out. (A Refresh cancelled that query, and the answer went out
+// under its cancelled context, which dropped it half the time; the fresh
+// read then found the same set and sent only progress, so the lapse was
+// never reported. Now the blocking query goes on beside the fresh read.)
 func TestRefreshDuringAnAnswerLosesNothing(t *testing.T) {
 	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
 	world.set(leaseCheck("passing"))
-	cat := &refreshOnAnswer{worldCatalog: world}
+	cat := &refreshOnAnswer{worldCatalog: world, fresh: make(chan struct{}, 1)}
 	w, out := runWorld(t, cat, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
 	cat.w = w // read only once armed (below): the atomic orders it
 	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })

@@ -33,7 +33,7 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 	// whatever its first answer was): nothing is sent before the critical
 	// checks are read too
 	h.cat.push("serf", scripted{index: 10, checks: api.HealthChecks{serfCheck("n1", "passing", 3, 3), serfCheck("n2", "passing", 4, 4)}})
-	if _, err := h.w.Refresh(context.Background(), 0); err != nil {
+	if _, err := h.w.Refresh(context.Background(), everything); err != nil {
 		t.Fatal(err)
 	}
 	select {

@@ -38,7 +38,7 @@ func (a apiCatalog) LapseMarks(ctx context.Context, index uint64, wait time.Dura
 	if err != nil {
 		return nil, 0, err
 	}
-	if index == 0 {
+	if index == 0 && !isRefreshRead(ctx) { // a refresh's read is no first read: asked already
 		if err := canWriteKV(ctx, a.c, a.dc, health.LapseMarkPrefix); err != nil {
 			return nil, 0, err
 		}
@@ -65,8 +65,7 @@ func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation
 	var last []health.LapseMark
 	bad := map[string]bool{}
 	first := true
-	w.blockingLoop(ctx, out, watchSpec{name: "lapses", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		pairs, idx, err := cat.LapseMarks(ctx, index, wait)
+	handle := func(ctx context.Context, pairs api.KVPairs, idx, at uint64, err error) (uint64, error) {
 		if err != nil {
 			first = true
 			return 0, err
@@ -86,11 +85,18 @@ func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation
 		if !first && slices.EqualFunc(marks, last, func(a, b health.LapseMark) bool {
 			return a.InstanceID == b.InstanceID && a.SessionID == b.SessionID
 		}) {
+			w.sendProgress(ctx, out, "lapses", at, 0)
 			return idx, nil
 		}
 		first, last = false, marks
 		w.send(ctx, out, health.Observation{Lapses: &health.LapseMarks{Index: idx, Marks: marks}})
+		w.sendProgress(ctx, out, "lapses", at, idx)
 		return idx, nil
+	}
+	w.blockingLoop(ctx, out, watchSpec{name: "lapses", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		pairs, idx, err := cat.LapseMarks(ctx, index, wait)
+		at := w.receipt(idx) // the index space of the checks: see refresh.go
+		return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
 	})
 }
 

@@ -157,7 +157,7 @@ func TestAttack2ConcurrentRefreshLosesItsMarker(t *testing.T) {
 			wg.Add(1)
 			go func() {
 				defer wg.Done()
-				seq, _ := w.Refresh(ctx, 0)
+				seq, _ := w.Refresh(ctx, everything)
 				for h := highest.Load(); seq > h && !highest.CompareAndSwap(h, seq); h = highest.Load() {
 				}
 			}()

@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"cmp"
 	"compress/gzip"
 	"context"
 	"errors"
@@ -28,6 +29,16 @@ func withReadSizes(ctx context.Context) (context.Context, *readSizes) {
 
 func readSizesOf(ctx context.Context) *readSizes {
 	s, _ := ctx.Value(readSizesKey{}).(*readSizes)
+	return s
+}
+
+// plus adds o's sizes to s (nil: none yet) and returns the sum.
+func (s *readSizes) plus(o *readSizes) *readSizes {
+	if s == nil || o == nil {
+		return cmp.Or(s, o)
+	}
+	s.wire.Add(o.wire.Load())
+	s.decoded.Add(o.decoded.Load())
 	return s
 }
 

@@ -291,6 +291,25 @@ func (a apiCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck
 	return serfOf(s), nil
 }
 
+// kvIndexProbe is a key leasehold never writes: Consul answers a read of a
+// key that does not exist with the index of the datacenter's latest KV
+// write (any key; a delete too).
+const kvIndexProbe = health.GenerationKeyPrefix + ".kv-index"
+
+// KVIndex is the index of the datacenter's latest KV write, read with one
+// request of no body (404); false when the probe key exists (its own index
+// says nothing of the others').
+func (a apiCatalog) KVIndex(ctx context.Context) (uint64, bool, error) {
+	p, meta, err := a.c.KV().Get(kvIndexProbe, a.query(ctx, 0, 0))
+	if err := aclNeeds("kv "+health.GenerationKeyPrefix, []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}, meta, err); err != nil {
+		return 0, false, err
+	}
+	if p != nil {
+		return 0, false, nil
+	}
+	return meta.LastIndex, true, nil
+}
+
 func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
 	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.GenerationKeyPrefix, "read")
 	if err != nil {

@@ -126,9 +126,8 @@ type Watcher struct {
 	cat catalog
 	cfg WatchConfig
 	log *slog.Logger
-	// runDone ends sends: Run's context, not a query's — a Refresh cancels
-	// the query whose answer is being handled, and what that answer carries
-	// must still go out.
+	// runDone ends sends: Run's context, not a query's — what an answer
+	// carries must go out whatever becomes of the query's context.
 	runDone <-chan struct{}
 
 	slots   chan struct{} // per-task blocking query slots
@@ -163,25 +162,26 @@ type Watcher struct {
 	budgetWait              metric.Float64Counter
 	budget                  *readBudget // task memberships; nil: unpaced
 	genBudget               *readBudget // generation keys (their own: another task type's debt never delays a STALE)
+	refreshBudget           *readBudget // refresh rounds (their own: fencing's calls never delay the watches' reads)
+	rounds                  metric.Int64Counter
 
-	// Refresh requests: each refreshable watch interrupts its blocking query
-	// and reads afresh; once all have, one Refreshed observation follows.
-	refreshC       map[string]chan uint64
-	refreshSeq     atomic.Uint64
-	refreshReq     sync.Mutex
-	refreshMu      sync.Mutex
-	refreshDone    map[string]uint64
-	refreshAtLeast map[uint64]uint64 // pending requests: seq → the index Consul had reached
-	refreshSent    uint64
-	wakeMu         sync.Mutex
-	refreshWake    chan struct{} // closed and replaced by every Refresh: budget waits end
+	// Refresh requests (refresh.go): each watch a round asks reads afresh
+	// beside its blocking query; once all have, one Refreshed observation
+	// follows.
+	refresh     refresher
+	refreshable []string // the watches a round may ask, of refreshable
+	refreshC    map[string]chan uint64
+	freshSlot   chan struct{} // held by the fresh read in progress (capacity 1)
+	reached     atomic.Uint64 // the highest index of any answer so far
+	wakeMu      sync.Mutex
+	refreshWake chan struct{} // closed and replaced by every round: pauses end
 }
 
-// Watches that Refresh reads afresh: what can make a session STALE (the
+// Watches a refresh may read afresh: what can make a session STALE (the
 // generation keys, raised before a new session registers) or LAPSED (the
-// non-passing checks, and every node's serfHealth: a node that failed and
-// came back).
-var refreshable = []string{"non-passing", "warning", "serf", "generations"}
+// non-passing checks, every node's serfHealth: a node that failed and came
+// back, and the lapse marks: a lapse another replica saw).
+var refreshable = []string{"non-passing", "warning", "serf", "generations", "lapses"}
 
 // NewWatcher watches Consul through client.
 func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
@@ -191,15 +191,22 @@ func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
 	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
-		refreshC: map[string]chan uint64{}, refreshDone: map[string]uint64{}, refreshAtLeast: map[uint64]uint64{}, refreshWake: make(chan struct{})}
+		refreshC: map[string]chan uint64{}, freshSlot: make(chan struct{}, 1), refreshWake: make(chan struct{})}
 	w.fast.serf, w.fast.failing, w.fast.crossPending = map[string]health.CheckState{}, map[string]bool{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
 		w.genBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
+		w.refreshBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
 	}
+	_, marks := cat.(lapseCatalog)
 	for _, name := range refreshable {
+		if name == "lapses" && !marks {
+			continue // no such watch runs
+		}
+		w.refreshable = append(w.refreshable, name)
 		w.refreshC[name] = make(chan uint64, 1)
 	}
+	w.refresh.init(w.refreshable)
 	m := cfg.Meter.Meter("github.com/leasehold/leasehold/adapters/consul")
 	w.requests, _ = m.Int64Counter("leasehold.consul.requests", metric.WithDescription("Consul HTTP queries made, by watch kind"))
 	w.errs, _ = m.Int64Counter("leasehold.consul.errors", metric.WithDescription("Consul queries that failed, by watch kind"))
@@ -207,7 +214,8 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	w.readBytes, _ = m.Int64Counter("leasehold.consul.read_bytes", metric.WithUnit("By"),
 		metric.WithDescription("bytes of Consul answers, by watch kind, as sent (encoding=wire, gzip) and as parsed (encoding=json)"))
 	w.budgetWait, _ = m.Float64Counter("leasehold.consul.read_budget_wait", metric.WithUnit("s"),
-		metric.WithDescription("time task-membership and generation watches waited for the read budget (--consul-read-rate) before querying, by watch kind"))
+		metric.WithDescription("time task-membership and generation watches, and refresh rounds (watch=refresh), waited for the read budget (--consul-read-rate) before querying, by watch kind"))
+	w.rounds, _ = m.Int64Counter("leasehold.consul.refreshes", metric.WithDescription("refresh rounds that read Consul afresh for fencing calls whose min_consul_index the view had not reached"))
 	m.Float64ObservableGauge("leasehold.consul.contact_age", metric.WithUnit("s"),
 		metric.WithDescription("seconds since Consul last answered a query (-1 before the first answer)"),
 		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
@@ -325,124 +333,12 @@ func (w *Watcher) FreshAsOf() time.Time {
 	return oldest
 }
 
-// Refresh asks the watches of non-passing checks and generation keys to read
-// Consul afresh now, without waiting for their blocking queries; atLeast is
-// an index Consul had already reached (the caller's view's). It returns the
-// request's sequence number: an Observation with Refreshed ≥ it follows
-// their fresh answers. Concurrent requests coalesce.
-func (w *Watcher) Refresh(_ context.Context, atLeast uint64) (uint64, error) {
-	w.refreshReq.Lock() // numbers go out in order: a pending request is only ever replaced by a newer one
-	defer w.refreshReq.Unlock()
-	seq := w.refreshSeq.Add(1)
-	w.refreshMu.Lock()
-	w.refreshAtLeast[seq] = atLeast
-	w.refreshMu.Unlock()
-	for _, c := range w.refreshC {
-		for sent := false; !sent; {
-			select {
-			case c <- seq:
-				sent = true
-			default:
-				select { // replace an older pending request
-				case <-c:
-				default:
-				}
-			}
-		}
-	}
-	w.wakeMu.Lock() // after the requests are queued: a budget wait that missed them ends now
-	close(w.refreshWake)
-	w.refreshWake = make(chan struct{})
-	w.wakeMu.Unlock()
-	return seq, nil
-}
-
-// refreshed records that watch name answered refresh seq afresh, and sends
-// the Refreshed observation once every refreshable watch has.
-func (w *Watcher) refreshed(ctx context.Context, out chan<- health.Observation, name string, seq uint64) {
-	w.refreshMu.Lock()
-	defer w.refreshMu.Unlock() // held while sending: markers go out in order
-	w.refreshDone[name] = max(w.refreshDone[name], seq)
-	all := seq
-	for _, n := range refreshable {
-		all = min(all, w.refreshDone[n])
-	}
-	if all > w.refreshSent {
-		w.refreshSent = all
-		var atLeast uint64 // the reads answered every request up to all
-		for s, a := range w.refreshAtLeast {
-			if s <= all {
-				atLeast = max(atLeast, a)
-				delete(w.refreshAtLeast, s)
-			}
-		}
-		w.send(ctx, out, health.Observation{Refreshed: &all, RefreshedAtLeast: atLeast})
-	}
-}
-
-// runQuery runs one query of watch name. For a refreshable watch, a Refresh
-// request cancels a blocking query in flight (that is no failure) and is
-// answered with a fresh, non-blocking read.
-func (w *Watcher) runQuery(ctx context.Context, out chan<- health.Observation, name string, index uint64, wait time.Duration,
-	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) (uint64, error) {
-	kick := w.refreshC[name]
-	if kick == nil {
-		return query(ctx, index, wait)
-	}
-	select {
-	case seq := <-kick: // already asked: read afresh without a blocking query first
-		next, err := query(ctx, 0, 0)
-		if err != nil {
-			requeue(kick, seq)
-			return 0, err
-		}
-		w.refreshed(ctx, out, name, seq)
-		return next, nil
-	default:
-	}
-	qctx, cancel := context.WithCancel(ctx)
-	done, exited := make(chan struct{}), make(chan struct{})
-	var seq uint64
-	go func() {
-		defer close(exited)
-		select {
-		case seq = <-kick:
-			cancel()
-		case <-done:
-		}
-	}()
-	next, err := query(qctx, index, wait)
-	close(done)
-	<-exited
-	cancel()
-	if seq == 0 || ctx.Err() != nil {
-		return next, err
-	}
-	next, err = query(ctx, 0, 0) // index 0: Consul answers at once
-	if err != nil {
-		requeue(kick, seq)
-		return 0, err
-	}
-	w.refreshed(ctx, out, name, seq)
-	return next, nil
-}
-
-// requeue puts back a refresh request whose fresh read failed: the watch's
-// next successful read (after its back-off) answers it, so fencing waiting
-// on it hears as soon as Consul answers again. A newer request already
-// queued answers it too.
-func requeue(kick chan uint64, seq uint64) {
-	select {
-	case kick <- seq:
-	default:
-	}
-}
-
 // Run watches until ctx ends, sending observations to out.
 func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error {
 	w.runDone = ctx.Done()
 	var wg sync.WaitGroup
-	wg.Add(5)
+	wg.Add(6)
+	go func() { defer wg.Done(); w.runRefreshes(ctx, out) }()
 	go func() { defer wg.Done(); w.watchNonPassing(ctx, out, api.HealthCritical) }()
 	go func() { defer wg.Done(); w.watchNonPassing(ctx, out, api.HealthWarning) }()
 	go func() { defer wg.Done(); w.watchSerf(ctx, out) }()
@@ -474,7 +370,7 @@ func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o hea
 	}
 	done := ctx.Done()
 	if w.runDone != nil {
-		done = w.runDone // a query's context may be cancelled by a Refresh: the answer still goes out
+		done = w.runDone // the answer goes out whatever became of the query's context
 	}
 	select {
 	case out <- o:
@@ -568,11 +464,10 @@ func (w *Watcher) worstErrLocked() (health.ContactProblem, string, error) {
 // Consul's blocking-query rules (queryIndex), never below MinInterval
 // between queries (so index 0 never spins), and a
 // jittered exponential back-off after errors.
-func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, spec watchSpec,
-	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
+func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, spec watchSpec, read readFunc) {
 	name := spec.name
 	kind := metric.WithAttributes(w.attrs(attribute.String("watch", watchKind(name)))...)
-	var sizes *readSizes // of the query in flight
+	var sizes, fresh *readSizes // of the query in flight, and of a refresh's fresh read in it
 	queryLoop{
 		clock: w.cfg.Clock, maxBackoff: w.cfg.MaxBackoff, kvListing: spec.kvListing,
 		// after a fresh read (the first, or after an error) the slow pace
@@ -598,12 +493,19 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			if spec.useSlot {
 				<-w.slots
 			}
-			w.countRead(ctx, spec, sizes)
+			w.countRead(ctx, spec, sizes, spec.budget)
 			w.requests.Add(ctx, 1, kind)
+			if fresh != nil { // a refresh's read: charged to the refreshes' budget
+				w.countRead(ctx, spec, fresh, w.refreshBudget)
+				w.requests.Add(ctx, 1, kind)
+			}
 			if err != nil && ctx.Err() == nil {
 				w.errs.Add(ctx, 1, kind)
 			} else if err == nil && next != index {
 				w.wakeups.Add(ctx, 1, kind)
+			}
+			if err == nil {
+				w.noteReached(next)
 			}
 			w.contact(ctx, out, name, err)
 			return true
@@ -613,6 +515,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 		},
 		lostState: func(ctx context.Context, from, to uint64) {
 			w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", from, "to", to)
+			w.forgetIndexes()
 			w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
 		},
 		// The wake channel is taken before looking for a pending request: a
@@ -625,7 +528,9 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 	}.run(ctx, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		var qctx context.Context
 		qctx, sizes = withReadSizes(ctx)
-		return w.runQuery(qctx, out, name, index, wait, query)
+		next, f, err := w.runQuery(qctx, name, index, wait, read)
+		fresh = f
+		return next, err
 	})
 }
 
@@ -664,16 +569,16 @@ func (w *Watcher) awaitBudget(ctx context.Context, spec watchSpec, kind metric.M
 	return ok
 }
 
-// countRead records the sizes of one query's answers and charges a budgeted
-// watch with what it parsed.
-func (w *Watcher) countRead(ctx context.Context, spec watchSpec, sizes *readSizes) {
+// countRead records the sizes of one query's answers and charges budget
+// (nil: none) with what it parsed.
+func (w *Watcher) countRead(ctx context.Context, spec watchSpec, sizes *readSizes, budget *readBudget) {
 	kind := w.attrs(attribute.String("watch", watchKind(spec.name)))
 	if n := sizes.wire.Load(); n > 0 {
 		w.readBytes.Add(ctx, n, metric.WithAttributes(append(kind, attribute.String("encoding", "wire"))...))
 	}
 	if n := sizes.decoded.Load(); n > 0 {
 		w.readBytes.Add(ctx, n, metric.WithAttributes(append(kind, attribute.String("encoding", "json"))...))
-		spec.budget.charge(n)
+		budget.charge(n)
 	}
 }
 
@@ -717,8 +622,7 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 	var last map[string]health.GenerationRecord
 	bad := map[string]string{} // key → value already warned about
 	first := true
-	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		pairs, idx, err := w.cat.Generations(ctx, index, wait)
+	handle := func(ctx context.Context, pairs api.KVPairs, idx, at uint64, err error) (uint64, error) {
 		if err != nil {
 			first = true
 			return 0, err
@@ -735,14 +639,20 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 			}
 			keys[inst] = rec
 		}
-		w.listedKeys(keys, idx)
+		w.listedKeys(keys, at) // current at at: it holds every key written before a registration up to at
 		if !first && maps.Equal(keys, last) {
-			w.send(ctx, out, health.Observation{Progress: &health.Progress{Generations: idx}})
+			w.sendProgress(ctx, out, "generations", at, 0)
 			return idx, nil
 		}
 		first, last = false, keys
 		w.send(ctx, out, health.Observation{Generations: &health.Generations{Index: idx, Keys: keys}})
+		w.sendProgress(ctx, out, "generations", at, idx)
 		return idx, nil
+	}
+	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		pairs, idx, err := w.cat.Generations(ctx, index, wait)
+		at := w.receipt(idx) // the index space of the checks: see refresh.go
+		return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
 	})
 }
 
@@ -825,6 +735,27 @@ func (w *Watcher) readBackKeys(ctx context.Context, entries []*api.ServiceEntry)
 	return out
 }
 
+// sendProgress says that watch name ("generations", "lapses" or the
+// published non-passing set) is current at index at — a Progress, unless
+// the observation it just sent says as much (its index sent) — and then
+// records it for refreshes: one finding the watch current relies on what
+// made it so having gone out before its marker.
+func (w *Watcher) sendProgress(ctx context.Context, out chan<- health.Observation, name string, at, sent uint64) {
+	if at > sent {
+		var p health.Progress
+		switch name {
+		case "generations":
+			p.Generations = at
+		case "lapses":
+			p.Lapses = at
+		default:
+			p.NonPassing = at
+		}
+		w.send(ctx, out, health.Observation{Progress: &p})
+	}
+	w.refresh.raise(name, at)
+}
+
 // watchServices follows the list of task types and runs one membership
 // watch per task type, stopping those whose service disappears.
 func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observation) {
@@ -839,7 +770,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			<-r.done
 		}
 	}()
-	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		services, idx, err := w.cat.Services(ctx, index, wait)
 		if err != nil {
 			return 0, err
@@ -887,7 +818,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			go func() { defer close(r.done); w.watchTask(tctx, out, task) }()
 		}
 		return idx, nil
-	})
+	}))
 }
 
 // watchTask follows one task type's catalog entries (which do not change on
@@ -896,7 +827,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, task string) {
 	known, full := &taskMembership{}, true // full: read every member next time
 	spec := watchSpec{name: "task " + task, minInterval: w.cfg.MinInterval * 4, useSlot: true, budget: w.budget}
-	w.blockingLoop(ctx, out, spec, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, out, spec, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		nodes, idx, err := w.cat.ServiceNodes(ctx, task, w.cfg.Tag, index, wait)
 		if err != nil {
 			full = true // whatever Consul says next is read in full
@@ -926,7 +857,7 @@ func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, 
 		w.readLeases(task, members)
 		w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: members, Keys: keys}})
 		return idx, nil
-	})
+	}))
 }
 
 // member converts a health entry into the domain's Member, parsing the

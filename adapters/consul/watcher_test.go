@@ -71,13 +71,17 @@ func (f *fakeCatalog) push(key string, s scripted) {
 	f.mu.Unlock()
 }
 
-func (f *fakeCatalog) next(ctx context.Context, key string) (scripted, error) {
+// next takes the next answer queued under the first of keys that has one,
+// waiting for one to be pushed.
+func (f *fakeCatalog) next(ctx context.Context, keys ...string) (scripted, error) {
 	for {
 		f.mu.Lock()
-		if q := f.queues[key]; len(q) > 0 {
-			f.queues[key] = q[1:]
-			f.mu.Unlock()
-			return q[0], nil
+		for _, key := range keys {
+			if q := f.queues[key]; len(q) > 0 {
+				f.queues[key] = q[1:]
+				f.mu.Unlock()
+				return q[0], nil
+			}
 		}
 		changed := f.changed
 		f.mu.Unlock()
@@ -224,9 +228,16 @@ func (f *fakeCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthChe
 	return s.checks[0], s.err
 }
 
+// Generations serves "generations"; a fresh (index-0) read takes what
+// "generations/fresh" holds first: a refresh's read beside the blocking
+// query, which waits on "generations".
 func (f *fakeCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
 	f.record(callRec{method: "generations", index: index, wait: wait})
-	s, err := f.next(ctx, "generations")
+	keys := []string{"generations"}
+	if index == 0 {
+		keys = []string{"generations/fresh", "generations"}
+	}
+	s, err := f.next(ctx, keys...)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -705,62 +716,46 @@ func TestFreshAsOf(t *testing.T) {
 	}
 }
 
-// Refresh interrupts the blocking queries of the non-passing checks and the
-// generation keys, reads both afresh (index 0: Consul answers at once) and
-// reports Refreshed only after both fresh answers.
+// Refresh reads the non-passing checks and the generation keys afresh
+// (index 0: Consul answers at once) beside their blocking queries, and
+// reports Refreshed only after the fresh answers went out.
 func TestWatcherRefreshReadsAfresh(t *testing.T) {
 	h := startWatcher(t, WatchConfig{MinInterval: 10 * time.Millisecond}, serfListedAhead)
-	awaitCalls := func(want ...string) {
-		t.Helper()
-		pending := map[string]bool{}
-		for _, m := range want {
-			pending[m] = true
-		}
-		deadline := time.After(5 * time.Second)
-		for len(pending) > 0 {
-			select {
-			case c := <-h.cat.calls:
-				if pending[c.method] && c.index == 0 {
-					delete(pending, c.method)
-				}
-			case <-deadline:
-				t.Fatalf("no index-0 query of %v", pending)
-			}
-		}
+	h.cat.push("nonpassing", scripted{index: 10})
+	h.cat.push("generations", scripted{index: 5})
+	for np, gen := false, false; !np || !gen; {
+		o := h.observe()
+		np, gen = np || o.NonPassing != nil, gen || o.Generations != nil
 	}
-	awaitCalls("nonpassing", "generations") // both blocked in their first query
-	seq, err := h.w.Refresh(context.Background(), 0)
+	mark := h.cat.seq.Load()
+	seq, err := h.w.Refresh(context.Background(), everything)
 	if err != nil || seq != 1 {
 		t.Fatalf("Refresh = %d, %v", seq, err)
 	}
-	h.waiters = 2 // the warning and serf watches pause between queries (their first answers come at once)
-	h.advance(time.Second)
-	awaitCalls("nonpassing", "generations", "warning") // interrupted and asked again at once
-	h.cat.push("generations", scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}})
-	select {
-	case o := <-h.out:
-		if o.Refreshed != nil {
-			t.Fatal("Refreshed before the non-passing checks were read afresh")
+	h.cat.push("generations/fresh", scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}})
+	var floor, checks bool
+	for o := h.observe(); o.Refreshed == nil; o = h.observe() {
+		floor = floor || (o.Generations != nil && o.Generations.Keys["x"].Generation == 2)
+		checks = checks || (o.Progress != nil && o.Progress.NonPassing >= 10)
+	}
+	if !floor || !checks {
+		t.Fatalf("Refreshed before the fresh answers: generation keys %v, non-passing checks %v", floor, checks)
+	}
+	fresh := map[string]bool{}
+	for more := true; more; {
+		select {
+		case c := <-h.cat.calls:
+			if c.seq > mark && c.index == 0 {
+				fresh[c.method] = true
+			}
+		default:
+			more = false
 		}
-		if o.Generations == nil || o.Generations.Keys["x"].Generation != 2 {
-			t.Fatalf("observation %+v", o)
+	}
+	for _, m := range []string{"nonpassing", "warning", "serf", "generations"} {
+		if !fresh[m] {
+			t.Errorf("no fresh read of %s for the refresh (fresh reads: %v)", m, fresh)
 		}
-	case <-time.After(5 * time.Second):
-		t.Fatal("no generations observation")
-	}
-	h.cat.push("nonpassing", scripted{index: 50, checks: api.HealthChecks{crit("n", "a", 49)}})
-	o := h.observe()
-	for o.Progress != nil { // the serf listing's answers
-		o = h.observe()
-	}
-	if o.NonPassing == nil || o.NonPassing.Index != 50 {
-		t.Fatalf("observation %+v", o)
-	}
-	for o = h.observe(); o.Progress != nil; o = h.observe() {
-	}
-	if o.Refreshed == nil || *o.Refreshed != seq {
-		h.w.refreshMu.Lock()
-		t.Fatalf("observation %+v, want Refreshed %d (refreshed: %v)", o, seq, h.w.refreshDone)
 	}
 }
 

@@ -2,7 +2,16 @@ package main
 
 import (
 	"context"
+	"io"
+	"log"
 	"log/slog"
+	"net/http"
+	"net/http/httptest"
+	"net/http/httputil"
+	"net/url"
+	"slices"
+	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -166,4 +175,157 @@ func waitKey(t *testing.T, c *api.Client, key string, timeout time.Duration) *ap
 		}
 		index = meta.LastIndex
 	}
+}
+
+// holdingConsul is a reverse proxy in front of a Consul agent that holds
+// the blocking queries (index > 0) it is told to — every one, or the lapse
+// marks' — until told otherwise or the client gives up, and forwards them
+// then: a replica on a slow link, hearing of Consul's changes late. Reads
+// without an index (a refresh's) always pass.
+type holdingConsul struct {
+	srv *httptest.Server
+
+	mu          sync.Mutex
+	all, marks  bool
+	changed     chan struct{}  // closed and replaced when what is held changes
+	held        map[string]int // by path: the blocking queries waiting now
+	heldChanged chan struct{}
+}
+
+func holdConsul(t *testing.T, a *consultest.Agent) *holdingConsul {
+	t.Helper()
+	u, _ := url.Parse("http://" + a.HTTPAddr())
+	rp := httputil.NewSingleHostReverseProxy(u)
+	rp.ErrorLog = log.New(io.Discard, "", 0) // a query its client gave up on
+	h := &holdingConsul{changed: make(chan struct{}), held: map[string]int{}, heldChanged: make(chan struct{})}
+	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		if idx := r.URL.Query().Get("index"); r.Method == http.MethodGet && idx != "" && idx != "0" && !h.wait(r) {
+			return // the client gave up
+		}
+		rp.ServeHTTP(w, r)
+	}))
+	t.Cleanup(h.srv.Close)
+	return h
+}
+
+func (h *holdingConsul) URL() string { return h.srv.URL }
+
+func (h *holdingConsul) holds(r *http.Request) bool {
+	return h.all || (h.marks && strings.HasPrefix(r.URL.Path, "/v1/kv/"+health.LapseMarkPrefix))
+}
+
+// wait holds r while it is to be held; false when its client gave up.
+func (h *holdingConsul) wait(r *http.Request) bool {
+	h.mu.Lock()
+	counted := false
+	defer func() {
+		if counted {
+			h.held[r.URL.Path]--
+			close(h.heldChanged)
+			h.heldChanged = make(chan struct{})
+		}
+		h.mu.Unlock()
+	}()
+	for h.holds(r) {
+		if !counted {
+			counted = true
+			h.held[r.URL.Path]++
+			close(h.heldChanged)
+			h.heldChanged = make(chan struct{})
+		}
+		changed := h.changed
+		h.mu.Unlock()
+		select {
+		case <-r.Context().Done():
+			h.mu.Lock()
+			return false
+		case <-changed:
+		}
+		h.mu.Lock()
+	}
+	return true
+}
+
+// hold sets what is held: every blocking query, the lapse marks' ones.
+func (h *holdingConsul) hold(all, marks bool) {
+	h.mu.Lock()
+	defer h.mu.Unlock()
+	h.all, h.marks = all, marks
+	close(h.changed)
+	h.changed = make(chan struct{})
+}
+
+// awaitHeld waits until a blocking query of each path is held (the queries
+// in flight when the hold began have answered: the replica hears nothing
+// more of those watches).
+func (h *holdingConsul) awaitHeld(t *testing.T, paths ...string) {
+	t.Helper()
+	deadline := time.After(15 * time.Second)
+	for {
+		h.mu.Lock()
+		missing := slices.DeleteFunc(slices.Clone(paths), func(p string) bool { return h.held[p] > 0 })
+		ch := h.heldChanged
+		h.mu.Unlock()
+		if len(missing) == 0 {
+			return
+		}
+		select {
+		case <-ch:
+		case <-deadline:
+			t.Fatalf("no blocking query of %v held", missing)
+		}
+	}
+}
+
+// Two replicas on one agent. Replica A sees x/s1's lease lapse and records
+// the lapse mark; replica B is on a slow link: its blocking queries wait in
+// a proxy meanwhile, so it never sees the lease critical (it passes again
+// before B hears anything), and its watch of the lapse marks stays slow.
+// A's LAPSED answer carries a consul_index at or above the mark's (where the
+// lapse became final for every replica); asked with it, B reads the lapse
+// marks afresh and answers LAPSED — never CURRENT, which its checks alone
+// say. (A answered at the checks' index, below the mark's, and B, whose
+// checks and generation keys had passed it, answered CURRENT.)
+func TestLapsedAnswerIndexHoldsAReplicaThatHasNotReadTheMark(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	catalogSession(t, c, "node-x", "x", "s1", 1, 9201)
+	catalogSession(t, c, "node-y", "y", "y1", 1, 9202) // a bystander
+	slow := holdConsul(t, a)
+	la := startServeTo(t, a, testWriter{t, "serve A"})
+	lb := startServeTo(t, a, testWriter{t, "serve B"}, func(c *serveConfig) {
+		c.consulAddr = slow.URL()
+		c.staleAfter = 8 * time.Second // its fast watches answer every 2 s: held a few seconds, its view stays fresh
+	})
+	fa, fb := fencingClient(t, la.xds), fencingClient(t, lb.xds)
+	awaitState(t, fa, "x", "s1", leaseholdv1.SessionState_CURRENT)
+	awaitState(t, fb, "x", "s1", leaseholdv1.SessionState_CURRENT)
+
+	slow.hold(true, true)
+	slow.awaitHeld(t, "/v1/health/state/critical", "/v1/kv/"+health.LapseMarkPrefix)
+	setLeaseStatus(t, c, "node-x", "x", "s1", api.HealthCritical)
+	ra := awaitState(t, fa, "x", "s1", leaseholdv1.SessionState_LAPSED)
+	mark := waitKey(t, c, health.LapseMarkKey("x", "s1"), 10*time.Second)
+	setLeaseStatus(t, c, "node-x", "x", "s1", api.HealthPassing) // the old session heartbeats again
+	if ra.ConsulIndex < mark.ModifyIndex {
+		t.Errorf("replica A answered LAPSED at consul_index %d, below its lapse mark's %d", ra.ConsulIndex, mark.ModifyIndex)
+	}
+
+	slow.hold(false, true) // B hears of everything again but the lapse marks
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if r, err := fb.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1"}); err != nil || r.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("the drill did not hold B back: without min_consul_index it answers %v (%v)", r, err)
+	}
+	rb, err := fb.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: ra.ConsulIndex})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if rb.State == leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("replica B answered CURRENT at min_consul_index %d (replica A's LAPSED answer; the mark at %d): %v", ra.ConsulIndex, mark.ModifyIndex, rb)
+	}
+	if rb.State != leaseholdv1.SessionState_LAPSED {
+		t.Errorf("replica B: %v, want LAPSED (the lapse marks read afresh)", rb)
+	}
+	t.Logf("A: LAPSED at %d (mark at %d); B with min_consul_index %d: %s at %d (%s)", ra.ConsulIndex, mark.ModifyIndex, ra.ConsulIndex, rb.State, rb.ConsulIndex, rb.Detail)
 }

@@ -59,7 +59,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	env("log-format", "LEASEHOLD_LOG_FORMAT")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	env("log-level", "LEASEHOLD_LOG_LEVEL")
-	fs.IntVar(&f.maxConns, "consul-max-conns", 32, "most concurrent per-task blocking queries, 1 to 190, shared out between the datacenters (each datacenter's fleet-wide watches hold 6 connections more, leasehold 3 more); Consul refuses more than 200 connections per client IP")
+	fs.IntVar(&f.maxConns, "consul-max-conns", 32, "most concurrent per-task blocking queries, 1 to 190, shared out between the datacenters (each datacenter's fleet-wide watches hold 7 connections more, leasehold 2 more); Consul refuses more than 200 connections per client IP")
 	env("consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS")
 	fs.StringVar(&f.readRate, "consul-read-rate", "4MiB", "JSON per second the listings that grow with the fleet (task members, generation keys) may read from Consul, all together, per datacenter (e.g. 512KiB, 4MiB, 8MB; off: unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce")
 	env("consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE")
