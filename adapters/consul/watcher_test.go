@@ -402,8 +402,10 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 	for o.Progress != nil && o.Progress.NonPassing < 12 { // the serf listing's progress at the earlier index
 		o = h.observe()
 	}
-	if o.Progress == nil || o.Progress.NonPassing != 12 || o.NonPassing != nil {
-		t.Fatalf("identical body produced %+v, want only progress to 12", o)
+	// (at 12 or above: an answer received after the serf listing at 1000
+	// is current at 1000 too, refresh.go's receipt)
+	if o.Progress == nil || o.Progress.NonPassing < 12 || o.NonPassing != nil {
+		t.Fatalf("identical body produced %+v, want only progress to 12 or more", o)
 	}
 	// index went backwards (Consul restarted): reset to 0
 	h.cat.push("nonpassing", scripted{index: 3})
