@@ -381,11 +381,14 @@ func awaitAt(t *testing.T, w *Watcher, name string, idx uint64) {
 // calls passing min_consul_index could re-read the keys as fast as Consul
 // answers.)
 func TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, ReadRate: 1000, ReadBurst: 1000, SlowInterval: time.Hour})
-	// the generation keys at 3, then the critical checks at 5
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, ReadRate: 1000, ReadBurst: 1000, SlowInterval: time.Millisecond})
+	// the generation keys at 3, then every node's serfHealth and the
+	// critical checks at 5 (the set is vouched for up to its serfHealth
+	// listing only)
 	h.cat.push("generations", scripted{index: 3})
 	for o := h.observe(); o.Generations == nil; o = h.observe() {
 	}
+	h.cat.push("serf", scripted{index: 5})
 	h.cat.push("nonpassing", scripted{index: 5})
 	for o := h.observe(); o.NonPassing == nil; o = h.observe() {
 	}
@@ -419,6 +422,7 @@ func TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget(t *testing.T) {
 	}
 
 	// Round 2 (the checks moved on to 8) waits for the debt.
+	h.cat.push("serf", scripted{index: 8})
 	h.cat.push("nonpassing", scripted{index: 8})
 	for deadline := time.After(5 * time.Second); ; { // the critical watch pauses on the fake clock first
 		h.clock.Advance(time.Millisecond)
