@@ -81,3 +81,45 @@ func TestKeyReadBackConfirmsANewSessionAtOnce(t *testing.T) {
 		t.Fatalf("a/s3 after the key was deleted = %s (%s), want CURRENT (no key: ordered among registrations)", st.State, st.Detail)
 	}
 }
+
+// onNode is m registered on node (its checks too).
+func onNode(m health.Member, node string) health.Member {
+	m.Node = node
+	m.Checks = append([]health.CheckState(nil), m.Checks...)
+	for i := range m.Checks {
+		m.Checks[i].Node = node
+	}
+	return m
+}
+
+// TestACopyOfASessionUnderALowerGenerationLapsesNothing: another instance's
+// token registers, on its own node, a copy of the live session's id under a
+// lower generation and lets its lease check go critical. The copy is not
+// the session: the session stays CURRENT and routed, and is not lapsed
+// (which would be final, and recorded for every replica).
+func TestACopyOfASessionUnderALowerGenerationLapsesNothing(t *testing.T) {
+	h := startSyncer(t)
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work")
+	h.nonPassing()
+	h.keysAt(10, map[string]health.GenerationRecord{"a": {Generation: 5, SessionID: "s-real", ModifyIndex: 10}})
+	real := fleettest.Member("work", "a", "s-real", 5, 9001, "1.0.0", health.StatusPassing, 11)
+	h.members("work", real)
+	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent {
+		t.Fatalf("a/s-real = %s (%s)", st.State, st.Detail)
+	}
+	copied := onNode(fleettest.Member("work", "a", "s-real", 3, 9002, "1.0.0", health.StatusCritical, 12), "evil")
+	h.members("work", real, copied)
+	h.nonPassing(health.CheckState{Node: "evil", CheckID: health.CheckID("a", "s-real", "work"), ServiceID: "work:a", Status: health.StatusCritical})
+	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent {
+		t.Fatalf("a/s-real with a critical copy under generation 3 on another node = %s (%s), want CURRENT", st.State, st.Detail)
+	}
+	if !h.attackRoutes("a", "s-real") {
+		t.Fatal("a/s-real is not routed: a copy of its id on another node unrouted it")
+	}
+	// The copy gone, nothing of it stays.
+	h.members("work", real)
+	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent || !h.attackRoutes("a", "s-real") {
+		t.Fatalf("a/s-real after the copy went = %s (%s), routed %v", st.State, st.Detail, h.attackRoutes("a", "s-real"))
+	}
+}

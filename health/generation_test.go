@@ -105,6 +105,12 @@ func TestFenceByGenerationKey(t *testing.T) {
 		{"a copy of the key's session on another node is not the session", key,
 			[]Executor{reg("real", 5, 10, "n1"), reg("real", 5, 30, "evil")},
 			[]outcome{{"real", false, "", false}, {"real", false, "", true}}},
+		{"a copy of the key's session under a lower generation is not the session", key,
+			[]Executor{reg("real", 5, 10, "n1"), reg("real", 3, 30, "evil")},
+			[]outcome{{"real", false, "", false}, {"real", false, "", true}}},
+		{"a copy of the key's session under a lower generation, listed first", key,
+			[]Executor{reg("real", 3, 5, "evil"), reg("real", 5, 10, "n1")},
+			[]outcome{{"real", false, "", true}, {"real", false, "", false}}},
 		{"bare key: a forged higher generation fences nothing", GenerationRecord{Generation: 5},
 			[]Executor{reg("s5", 5, 10, "n1"), reg("forged", 6, 20, "evil")},
 			[]outcome{{"s5", false, "", false}, {"forged", false, "", true}}},
@@ -153,6 +159,26 @@ func TestUnconfirmedSessionsAreUnknownAndNameNothing(t *testing.T) {
 	}
 	if !reflect.DeepEqual(st.Tasks, []string{"t"}) {
 		t.Fatalf("a/forged tasks %v", st.Tasks)
+	}
+}
+
+// TestACopyOfTheKeysSessionUnderALowerGenerationChangesNothing: another
+// instance's token copies the live session's id into a registration with a
+// lower generation (its lease check critical): the session the key names
+// stays CURRENT, neither STALE (the copy is no older session of it) nor
+// LAPSED (the copy's lease is not the session's).
+func TestACopyOfTheKeysSessionUnderALowerGenerationChangesNothing(t *testing.T) {
+	key := GenerationRecord{Generation: 5, SessionID: "real"}
+	real := reg("real", 5, 10, "n1")
+	copied := reg("real", 3, 30, "evil")
+	copied.LeaseStatus = StatusCritical
+	es := []Executor{real, copied}
+	Fence(es, map[string]GenerationRecord{"a": key})
+	if es[1].Unconfirmed == "" {
+		t.Fatalf("the copy at generation 3 is confirmed (fenced %v by %s): it shares the session's id, so its verdicts are the session's", es[1].Fenced, es[1].NewerSessionID)
+	}
+	if st := IndexSessions(es, nil).Check("a", "real"); st.State != SessionCurrent {
+		t.Fatalf("a/real = %s (%s), want CURRENT: a copy under a lower generation changed the live session's answer", st.State, st.Detail)
 	}
 }
 
