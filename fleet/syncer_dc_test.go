@@ -1090,3 +1090,31 @@ func TestDCsACopyOfASessionInAnotherDatacenterIsNotTheSession(t *testing.T) {
 	}
 	h.waitLoad(local, "0:dc2[x]")
 }
+
+// TestDCsATinyLeaseTTLDoesNotMakeAnAnsweringDatacenterLost: one registration
+// in dc2 (any token that may register the task type can write one) declares
+// a lease_ttl of 1 ms. Its watches cannot answer that often (the fast
+// watches wait at least 100 ms, more under load): dc2, answering every
+// second, stays Reached — no registration makes a datacenter's bounds
+// tighter than leasehold's own floor.
+func TestDCsATinyLeaseTTLDoesNotMakeAnAnsweringDatacenterLost(t *testing.T) {
+	h := mdcStart(t)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	m := h.members("dc2")
+	m.Members.Members[0].LeaseTTL = time.Millisecond
+	h.send("dc2", m)
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	h.expectLoad(local, mdcBothFromDC1)
+	for start := h.at(); h.at()-start < 10*time.Second; {
+		h.clock.Advance(time.Second)
+		h.send("dc1", h.heartbeat("dc1")...) // dc2 has been silent for a second
+		if r := h.reach("dc2"); r != health.Reached {
+			i, _ := h.s.View().Datacenter("dc2")
+			t.Fatalf("at %s, dc2 answering every second is %s (%s)", h.at(), r, i.ReachDetail)
+		}
+		h.send("dc2", h.heartbeat("dc2")...)
+	}
+	h.expectLoad(local, mdcBothFromDC1)
+}
