@@ -51,6 +51,8 @@ func TestGenerationKeyJudges(t *testing.T) {
 		{"its generation under another session", named, 5, "forged", KeyDenies},
 		{"above the key", named, 6, "s6", KeyDenies},
 		{"below the key", named, 4, "s4", KeyIsNewer},
+		{"the key's session below its generation (a copy of its id)", named, 4, "s5", KeyDenies},
+		{"the key's session above its generation", named, 6, "s5", KeyDenies},
 		{"bare key: its generation, any session (unprotected)", bare, 5, "any", KeyConfirms},
 		{"bare key: above it", bare, 99, "forged", KeyDenies},
 		{"bare key: below it", bare, 1, "old", KeyIsNewer},
