@@ -60,12 +60,17 @@ func (d *dcState) key(inst string) health.GenerationRecord {
 // ones the one naming its session, so every replica picks the same).
 func (s *Syncer) mergeKeys() {
 	merged := map[string]health.GenerationRecord{}
-	for _, d := range s.dcs {
+	for name, d := range s.dcs {
+		key := func(inst string) health.GenerationRecord {
+			k := d.key(inst)
+			k.Datacenter = name // where its session registers (Fence's keyHome)
+			return k
+		}
 		for inst := range d.listed {
-			merged[inst] = newerKey(merged[inst], d.key(inst))
+			merged[inst] = newerKey(merged[inst], key(inst))
 		}
 		for inst := range d.keyReads {
-			merged[inst] = newerKey(merged[inst], d.key(inst))
+			merged[inst] = newerKey(merged[inst], key(inst))
 		}
 	}
 	s.keys = merged

@@ -308,8 +308,13 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 			continue
 		case KeyConfirms:
 			if homed && (e.Datacenter != home.dc || e.Node != home.node) {
-				e.Unconfirmed = fmt.Sprintf("session %s is registered on node %s%s first; a copy on node %s is not trusted (a session is one process on one agent)",
-					e.SessionID, home.node, inDC(home.dc), e.Node)
+				if home.node == "" {
+					e.Unconfirmed = fmt.Sprintf("session %s took its generation key in datacenter %s, where it registers; a copy on node %s%s is not trusted (a session is one process on one agent)",
+						e.SessionID, home.dc, e.Node, inDC(e.Datacenter))
+				} else {
+					e.Unconfirmed = fmt.Sprintf("session %s is registered on node %s%s first; a copy on node %s%s is not trusted (a session is one process on one agent)",
+						e.SessionID, home.node, inDC(home.dc), e.Node, inDC(e.Datacenter))
+				}
 				continue
 			}
 		}
@@ -337,20 +342,31 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 // (the lowest CreateIndex, then datacenter and node): every registration of
 // a session comes from one process through one agent, so a copy elsewhere —
 // registered by another instance that read the session id in the catalog —
-// is not the session. homed is false when the key names no session or no
-// registration of it is listed.
+// is not the session. Where the key's datacenter is known, the session is
+// in it: CreateIndexes of two datacenters are unrelated, and a copy in one
+// whose Raft log is younger would otherwise come "first" (home.node is ""
+// when no registration of the session is listed there). homed is false
+// when the key names no session or no registration of it is listed.
 func keyHome(es []*Executor, key GenerationRecord) (home struct{ dc, node string }, homed bool) {
 	if key.SessionID == "" {
 		return home, false
 	}
 	var create uint64
+	elsewhere := false
 	for _, e := range es {
 		if !e.Orders() || e.Generation != key.Generation || e.SessionID != key.SessionID {
+			continue
+		}
+		if key.Datacenter != "" && e.Datacenter != key.Datacenter {
+			elsewhere = true
 			continue
 		}
 		if !homed || e.CreateIndex < create || (e.CreateIndex == create && (e.Datacenter < home.dc || (e.Datacenter == home.dc && e.Node < home.node))) {
 			home.dc, home.node, create, homed = e.Datacenter, e.Node, e.CreateIndex, true
 		}
+	}
+	if !homed && elsewhere { // only copies: the session's home is the key's datacenter
+		home.dc, homed = key.Datacenter, true
 	}
 	return home, homed
 }

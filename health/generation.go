@@ -26,6 +26,12 @@ type GenerationRecord struct {
 	// ModifyIndex is the Consul index at which the key was last written
 	// (0 when not known): of two reads of one key, the higher is newer.
 	ModifyIndex uint64
+	// Datacenter is the datacenter whose KV holds the key ("" when not
+	// known, or with one unnamed datacenter): a session registers where it
+	// took its key (one agent does both), so the session the key names is
+	// its registration there — indexes of two datacenters are unrelated and
+	// order nothing between them.
+	Datacenter string
 }
 
 // Present reports whether the record is a key (not "no key").

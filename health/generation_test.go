@@ -71,6 +71,9 @@ func reg(sess string, gen, create uint64, node string) Executor {
 	})
 }
 
+// regIn is e registered in datacenter dc.
+func regIn(dc string, e Executor) Executor { e.Datacenter = dc; return e }
+
 // TestFenceByGenerationKey: where the instance has a key naming its
 // session, only that session (or an older one, fenced) is believed; a
 // registration claiming more — any instance's token can write one — is
@@ -113,6 +116,12 @@ func TestFenceByGenerationKey(t *testing.T) {
 		{"a copy of the key's session under a lower generation, listed first", key,
 			[]Executor{reg("real", 3, 5, "evil"), reg("real", 5, 10, "n1")},
 			[]outcome{{"real", false, "", true}, {"real", false, "", false}}},
+		{"a copy in another datacenter is not the session, whatever its CreateIndex", GenerationRecord{Generation: 5, SessionID: "real", Datacenter: "dc2"},
+			[]Executor{regIn("dc2", reg("real", 5, 5000, "n1")), regIn("dc1", reg("real", 5, 10, "evil"))},
+			[]outcome{{"real", false, "", false}, {"real", false, "", true}}},
+		{"only a copy, in another datacenter than the key's", GenerationRecord{Generation: 5, SessionID: "real", Datacenter: "dc2"},
+			[]Executor{regIn("dc1", reg("real", 5, 10, "evil"))},
+			[]outcome{{"real", false, "", true}}},
 		{"bare key: a forged higher generation fences nothing", GenerationRecord{Generation: 5},
 			[]Executor{reg("s5", 5, 10, "n1"), reg("forged", 6, 20, "evil")},
 			[]outcome{{"s5", false, "", false}, {"forged", false, "", true}}},
