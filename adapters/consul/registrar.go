@@ -636,12 +636,12 @@ func (r *Registrar) superseded(ctx context.Context) bool {
 type fenceState struct {
 	aheadSince   time.Time // since when a generation above ours is taken (KV, or a dead registration)
 	leaseCreated uint64    // the catalog's CreateIndex of our lease check, as first seen
+	early        int       // fence checks run with heartbeats while leaseCreated is not known
 	// node is where this session's registration is (the node of its lease
 	// check created first, as first seen): a registration of its id on
 	// another node is a copy — anyone may read the id in the catalog — and
 	// neither its lease check nor its node's failure is this session's.
 	node string
-	early        int       // fence checks run with heartbeats while leaseCreated is not known
 }
 
 // earlyFenceChecks is how many heartbeats of a session at most run a fence
