@@ -390,6 +390,13 @@ func (s *Syncer) apply(o health.Observation) bool {
 		// unique, and a lapse must stay final whatever Consul forgot.
 		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses seen before stay final", "datacenter", o.Datacenter)
 		d.progressNP, d.progressGen = 0, 0 // indexes of before are not comparable
+		if len(d.keyReads) > 0 {
+			// Keys read back before: their ModifyIndex is above every index
+			// since, and would override the restored keys until Consul's
+			// index passed it again. The listing (read anew) has the keys.
+			d.keyReads = nil
+			s.mergeKeys()
+		}
 	case o.Contact != nil:
 		if !o.Contact.OK && !d.failing {
 			d.failedAt = o.At
