@@ -216,3 +216,25 @@ func TestNoLeaseCheckIsUnknownInFencingAndExplain(t *testing.T) {
 		t.Fatalf("fencing %s, want UNKNOWN", st.State)
 	}
 }
+
+// TestACopyOfAReplacedSessionAboveTheKeyKeepsItStale: s1 was replaced by
+// s2 (the key names s2) and its registration is gone — it answers STALE.
+// Another instance's token registers a copy of s1's id above the key: the
+// copy is unconfirmed, and s1 is still STALE, not UNKNOWN.
+func TestACopyOfAReplacedSessionAboveTheKeyKeepsItStale(t *testing.T) {
+	key := GenerationRecord{Generation: 2, SessionID: "s2"}
+	past := []PastSession{{InstanceID: "a", SessionID: "s1", Generation: 1, Tasks: []string{"t"}}}
+	es := []Executor{reg("s2", 2, 20, "n1")}
+	Fence(es, map[string]GenerationRecord{"a": key})
+	if st := IndexSessions(es, past).Check("a", "s1"); st.State != SessionStale {
+		t.Fatalf("a/s1 = %s (%s), want STALE", st.State, st.Detail)
+	}
+	es = append(es, reg("s1", 9, 30, "evil"))
+	Fence(es, map[string]GenerationRecord{"a": key})
+	if es[1].Unconfirmed == "" {
+		t.Fatal("the copy above the key is confirmed")
+	}
+	if st := IndexSessions(es, past).Check("a", "s1"); st.State != SessionStale || st.NewerSessionID != "s2" {
+		t.Fatalf("a/s1 with a copy above the key = %s newer %q (%s), want STALE newer s2: the copy hid what leasehold knows of s1", st.State, st.NewerSessionID, st.Detail)
+	}
+}
