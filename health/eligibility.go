@@ -297,9 +297,23 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 		create  uint64
 	}
 	found := false
+	// Sessions registered at the key's generation: whatever the key's form,
+	// such a session has that generation, and a registration of its id
+	// under another one is a copy (KeyDenies says so of the named form).
+	atKey := map[string]bool{}
+	for _, e := range es {
+		if e.Orders() && key.Present() && e.Generation == key.Generation && key.Judge(e.Generation, e.SessionID) == KeyConfirms {
+			atKey[e.SessionID] = true
+		}
+	}
 	for _, e := range es {
 		e.Fenced, e.NewerSessionID, e.NewerGeneration, e.Unconfirmed = false, "", 0, ""
 		if !e.Orders() {
+			continue
+		}
+		if atKey[e.SessionID] && e.Generation != key.Generation {
+			e.Unconfirmed = fmt.Sprintf("session %s is registered at generation %d, its instance's generation key's (%s = %q); a registration of its id under generation %d is not the session",
+				e.SessionID, key.Generation, GenerationKey(e.InstanceID), key.Value(), e.Generation)
 			continue
 		}
 		switch key.Judge(e.Generation, e.SessionID) {
