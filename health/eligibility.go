@@ -290,7 +290,6 @@ func Fence(es []Executor, keys map[string]GenerationRecord) {
 // Consul lists) and its generation key (the zero record: none): what a state
 // owner calls when only that instance changed.
 func FenceInstance(es []*Executor, key GenerationRecord) {
-	home, homed := keyHome(es, key)
 	var best struct {
 		gen     uint64
 		session string
@@ -304,6 +303,20 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 	for _, e := range es {
 		if e.Orders() && key.Present() && e.Generation == key.Generation && key.Judge(e.Generation, e.SessionID) == KeyConfirms {
 			atKey[e.SessionID] = true
+		}
+	}
+	// Where each of them registered first: a copy elsewhere is not it (the
+	// key's session in the named form; every one at its generation in the
+	// bare form, which cannot tell them apart otherwise).
+	type place struct{ dc, node string }
+	homes := map[string]place{}
+	for sess := range atKey {
+		at := GenerationRecord{Generation: key.Generation, SessionID: sess}
+		if key.SessionID != "" {
+			at.Datacenter = key.Datacenter // the key is that session's: it registers where it took it
+		}
+		if h, ok := keyHome(es, at); ok {
+			homes[sess] = place(h)
 		}
 	}
 	for _, e := range es {
@@ -321,7 +334,7 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 			e.Unconfirmed = key.denial(e.InstanceID, e.Generation, e.SessionID)
 			continue
 		case KeyConfirms:
-			if homed && (e.Datacenter != home.dc || e.Node != home.node) {
+			if home, homed := homes[e.SessionID]; homed && (e.Datacenter != home.dc || e.Node != home.node) {
 				if home.node == "" {
 					e.Unconfirmed = fmt.Sprintf("session %s took its generation key in datacenter %s, where it registers; a copy on node %s%s is not trusted (a session is one process on one agent)",
 						e.SessionID, home.dc, e.Node, inDC(e.Datacenter))
