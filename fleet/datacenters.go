@@ -267,9 +267,10 @@ func (s *Syncer) reachOf(name string, d *dcState, now, othersSince time.Time) (h
 // lostAfter is how long datacenter name may be silent, while others
 // answer, before its executors are Lost: DatacenterLost (the staleness
 // bound), or the shortest lease its registrations declare when shorter —
-// past a lease a lapse there may go unseen.
+// past a lease a lapse there may go unseen — but never under
+// health.MinStaleBound (any registration may declare any lease).
 func (s *Syncer) lostAfter(name string) time.Duration {
-	if l := s.shortestLease(name); l > 0 && l < s.cfg.DatacenterLost {
+	if l := health.DatacenterLeaseBound(s.shortestLease(name)); l > 0 && l < s.cfg.DatacenterLost {
 		return l
 	}
 	return s.cfg.DatacenterLost
@@ -278,6 +279,9 @@ func (s *Syncer) lostAfter(name string) time.Duration {
 // lostBound says lostAfter and which bound it is, for details.
 func (s *Syncer) lostBound(name string) string {
 	if b := s.lostAfter(name); b != s.cfg.DatacenterLost {
+		if b != s.shortestLease(name) {
+			return b.String() + ", the shortest lease_ttl there (" + s.shortestLease(name).String() + ") raised to the least bound"
+		}
 		return b.String() + ", the shortest lease_ttl there"
 	}
 	return s.cfg.DatacenterLost.String()

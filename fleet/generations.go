@@ -65,8 +65,12 @@ func (d *dcState) key(inst string) health.GenerationRecord {
 // naming its session, so every replica picks the same).
 func (s *Syncer) mergedKey(inst string) health.GenerationRecord {
 	var k health.GenerationRecord
-	for _, d := range s.dcs {
-		k = newerKey(k, d.key(inst))
+	for name, d := range s.dcs {
+		dk := d.key(inst)
+		if dk.Present() {
+			dk.Datacenter = name // where its session registers (Fence's keyHome)
+		}
+		k = newerKey(k, dk)
 	}
 	return k
 }

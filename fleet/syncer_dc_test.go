@@ -1054,3 +1054,68 @@ func TestDCsShortLeasesMakeASilentDatacenterLostSooner(t *testing.T) {
 		}
 	}
 }
+
+// TestDCsACopyOfASessionInAnotherDatacenterIsNotTheSession: x's session
+// registered in dc2, whose generation key names it; another instance's
+// token registers a copy of it in dc1, whose Raft log is younger (its
+// indexes lower than any of dc2's). Indexes of two datacenters do not order
+// registrations: the copy is not the session, whatever its CreateIndex —
+// the session stays routed and CURRENT in dc2, the copy unconfirmed.
+func TestDCsACopyOfASessionInAnotherDatacenterIsNotTheSession(t *testing.T) {
+	real := mdcExec{"dc2", "x", "s-real", 5, "n1"}
+	copied := mdcExec{"dc1", "x", "s-real", 5, "evil"}
+	h := mdcStart(t, real, copied)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	h.send("dc2", health.Observation{Generations: &health.Generations{Index: h.next("dc2"),
+		Keys: map[string]health.GenerationRecord{"x": {Generation: 5, SessionID: "s-real", ModifyIndex: mdcBase["dc2"] + 5}}}})
+	if h.member(copied).CreateIndex >= h.member(real).CreateIndex {
+		t.Fatal("the copy must have the lower CreateIndex (dc1's indexes are lower)")
+	}
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	v := h.s.View()
+	for i, vd := range v.DecideAll(local) {
+		e := v.Executors()[i]
+		want := health.ReasonNone
+		if e.Datacenter == copied.dc {
+			want = health.ReasonUnconfirmed
+		}
+		if vd.Reason != want {
+			t.Fatalf("x/s-real in %s on %s: %s %q (%s), want %q", e.Datacenter, e.Node, vd.Route, vd.Reason, vd.Detail, want)
+		}
+	}
+	st := h.expectSession("x", "s-real", health.SessionCurrent)
+	if st.Datacenter != "dc2" {
+		t.Fatalf("x/s-real answered in %q, want dc2 (where its key and registration are)", st.Datacenter)
+	}
+	h.waitLoad(local, "0:dc2[x]")
+}
+
+// TestDCsATinyLeaseTTLDoesNotMakeAnAnsweringDatacenterLost: one registration
+// in dc2 (any token that may register the task type can write one) declares
+// a lease_ttl of 1 ms. Its watches cannot answer that often (the fast
+// watches wait at least 100 ms, more under load): dc2, answering every
+// second, stays Reached — no registration makes a datacenter's bounds
+// tighter than leasehold's own floor.
+func TestDCsATinyLeaseTTLDoesNotMakeAnAnsweringDatacenterLost(t *testing.T) {
+	h := mdcStart(t)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	m := h.members("dc2")
+	m.Members.Members[0].LeaseTTL = time.Millisecond
+	h.send("dc2", m)
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	h.expectLoad(local, mdcBothFromDC1)
+	for start := h.at(); h.at()-start < 10*time.Second; {
+		h.clock.Advance(time.Second)
+		h.send("dc1", h.heartbeat("dc1")...) // dc2 has been silent for a second
+		if r := h.reach("dc2"); r != health.Reached {
+			i, _ := h.s.View().Datacenter("dc2")
+			t.Fatalf("at %s, dc2 answering every second is %s (%s)", h.at(), r, i.ReachDetail)
+		}
+		h.send("dc2", h.heartbeat("dc2")...)
+	}
+	h.expectLoad(local, mdcBothFromDC1)
+}

@@ -147,3 +147,27 @@ func TestExcludeDuplicates(t *testing.T) {
 		})
 	}
 }
+
+// TestALaterClaimOfAnExecutorsSocketDoesNotUnrouteIt: exec-2 is routed at
+// 10.0.0.2:9000. exec-1's token — any token that may register the task
+// type — later registers its own instance at that socket, draining (no key
+// rule stops it: addresses are not the instance's to prove). The socket's
+// executor must not lose its work to a claim that came after it: it stays
+// routed, and the later claim is the duplicate.
+func TestALaterClaimOfAnExecutorsSocketDoesNotUnrouteIt(t *testing.T) {
+	victim := exec(func(e *Executor) {
+		e.InstanceID, e.SessionID, e.Address, e.Port, e.CreateIndex = "exec-2", "s2", "10.0.0.2", 9000, 10
+		e.ServiceID = ServiceID(e.InstanceID, e.Task)
+	})
+	claim := exec(func(e *Executor) {
+		e.InstanceID, e.SessionID, e.Address, e.Port, e.CreateIndex, e.State = "exec-1", "s1", "10.0.0.2", 9000, 50, StateDraining
+		e.ServiceID, e.Node = ServiceID(e.InstanceID, e.Task), "n9"
+	})
+	es := []Executor{victim, claim}
+	d := mustDispatcher(t, "", nil)
+	vs := []Verdict{Eligible(es[0], d), Eligible(es[1], d)}
+	ExcludeDuplicates(es, vs)
+	if vs[0].Route != RouteHealthy {
+		t.Fatalf("exec-2 at its own socket: %s %s (%s), want routed: a later claim of its address took its work", vs[0].Route, vs[0].Reason, vs[0].Detail)
+	}
+}

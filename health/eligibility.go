@@ -290,16 +290,43 @@ func Fence(es []Executor, keys map[string]GenerationRecord) {
 // Consul lists) and its generation key (the zero record: none): what a state
 // owner calls when only that instance changed.
 func FenceInstance(es []*Executor, key GenerationRecord) {
-	home, homed := keyHome(es, key)
 	var best struct {
 		gen     uint64
 		session string
 		create  uint64
 	}
 	found := false
+	// Sessions registered at the key's generation: whatever the key's form,
+	// such a session has that generation, and a registration of its id
+	// under another one is a copy (KeyDenies says so of the named form).
+	atKey := map[string]bool{}
+	for _, e := range es {
+		if e.Orders() && key.Present() && e.Generation == key.Generation && key.Judge(e.Generation, e.SessionID) == KeyConfirms {
+			atKey[e.SessionID] = true
+		}
+	}
+	// Where each of them registered first: a copy elsewhere is not it (the
+	// key's session in the named form; every one at its generation in the
+	// bare form, which cannot tell them apart otherwise).
+	type place struct{ dc, node string }
+	homes := map[string]place{}
+	for sess := range atKey {
+		at := GenerationRecord{Generation: key.Generation, SessionID: sess}
+		if key.SessionID != "" {
+			at.Datacenter = key.Datacenter // the key is that session's: it registers where it took it
+		}
+		if h, ok := keyHome(es, at); ok {
+			homes[sess] = place(h)
+		}
+	}
 	for _, e := range es {
 		e.Fenced, e.NewerSessionID, e.NewerGeneration, e.Unconfirmed = false, "", 0, ""
 		if !e.Orders() {
+			continue
+		}
+		if atKey[e.SessionID] && e.Generation != key.Generation {
+			e.Unconfirmed = fmt.Sprintf("session %s is registered at generation %d, its instance's generation key's (%s = %q); a registration of its id under generation %d is not the session",
+				e.SessionID, key.Generation, GenerationKey(e.InstanceID), key.Value(), e.Generation)
 			continue
 		}
 		switch key.Judge(e.Generation, e.SessionID) {
@@ -307,9 +334,14 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 			e.Unconfirmed = key.denial(e.InstanceID, e.Generation, e.SessionID)
 			continue
 		case KeyConfirms:
-			if homed && (e.Datacenter != home.dc || e.Node != home.node) {
-				e.Unconfirmed = fmt.Sprintf("session %s is registered on node %s%s first; a copy on node %s is not trusted (a session is one process on one agent)",
-					e.SessionID, home.node, inDC(home.dc), e.Node)
+			if home, homed := homes[e.SessionID]; homed && (e.Datacenter != home.dc || e.Node != home.node) {
+				if home.node == "" {
+					e.Unconfirmed = fmt.Sprintf("session %s took its generation key in datacenter %s, where it registers; a copy on node %s%s is not trusted (a session is one process on one agent)",
+						e.SessionID, home.dc, e.Node, inDC(e.Datacenter))
+				} else {
+					e.Unconfirmed = fmt.Sprintf("session %s is registered on node %s%s first; a copy on node %s%s is not trusted (a session is one process on one agent)",
+						e.SessionID, home.node, inDC(home.dc), e.Node, inDC(e.Datacenter))
+				}
 				continue
 			}
 		}
@@ -337,20 +369,31 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 // (the lowest CreateIndex, then datacenter and node): every registration of
 // a session comes from one process through one agent, so a copy elsewhere —
 // registered by another instance that read the session id in the catalog —
-// is not the session. homed is false when the key names no session or no
-// registration of it is listed.
+// is not the session. Where the key's datacenter is known, the session is
+// in it: CreateIndexes of two datacenters are unrelated, and a copy in one
+// whose Raft log is younger would otherwise come "first" (home.node is ""
+// when no registration of the session is listed there). homed is false
+// when the key names no session or no registration of it is listed.
 func keyHome(es []*Executor, key GenerationRecord) (home struct{ dc, node string }, homed bool) {
 	if key.SessionID == "" {
 		return home, false
 	}
 	var create uint64
+	elsewhere := false
 	for _, e := range es {
 		if !e.Orders() || e.Generation != key.Generation || e.SessionID != key.SessionID {
+			continue
+		}
+		if key.Datacenter != "" && e.Datacenter != key.Datacenter {
+			elsewhere = true
 			continue
 		}
 		if !homed || e.CreateIndex < create || (e.CreateIndex == create && (e.Datacenter < home.dc || (e.Datacenter == home.dc && e.Node < home.node))) {
 			home.dc, home.node, create, homed = e.Datacenter, e.Node, e.CreateIndex, true
 		}
+	}
+	if !homed && elsewhere { // only copies: the session's home is the key's datacenter
+		home.dc, homed = key.Datacenter, true
 	}
 	return home, homed
 }

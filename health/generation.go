@@ -26,6 +26,12 @@ type GenerationRecord struct {
 	// ModifyIndex is the Consul index at which the key was last written
 	// (0 when not known): of two reads of one key, the higher is newer.
 	ModifyIndex uint64
+	// Datacenter is the datacenter whose KV holds the key ("" when not
+	// known, or with one unnamed datacenter): a session registers where it
+	// took its key (one agent does both), so the session the key names is
+	// its registration there — indexes of two datacenters are unrelated and
+	// order nothing between them.
+	Datacenter string
 }
 
 // Present reports whether the record is a key (not "no key").
@@ -69,10 +75,13 @@ const (
 	// older session, fenced by the newer one the key names.
 	KeyIsNewer
 	// KeyDenies: the registration claims what the key does not hold — a
-	// generation above the key's, or the key's generation under another
-	// session. No session start writes the key after registering, so such
-	// a registration is unconfirmed: never routed, it fences nothing and
-	// its replaces are ignored.
+	// generation above the key's, the key's generation under another
+	// session, or the key's session under another generation (a session has
+	// one generation: a copy of its id, which anyone may read in the
+	// catalog, is not the session, nor an older one of it). No session
+	// start writes the key after registering, so such a registration is
+	// unconfirmed: never routed, it fences nothing, its replaces are
+	// ignored and its lease is not the session's.
 	KeyDenies
 )
 
@@ -81,6 +90,8 @@ func (k GenerationRecord) Judge(generation uint64, sessionID string) Standing {
 	switch {
 	case !k.Present():
 		return KeyConfirms
+	case k.SessionID != "" && k.SessionID == sessionID && generation != k.Generation:
+		return KeyDenies
 	case generation < k.Generation:
 		return KeyIsNewer
 	case generation > k.Generation:
@@ -94,6 +105,10 @@ func (k GenerationRecord) Judge(generation uint64, sessionID string) Standing {
 // denial explains why the key of instance inst does not confirm a
 // registration (Judge answered KeyDenies).
 func (k GenerationRecord) denial(inst string, generation uint64, sessionID string) string {
+	if sessionID == k.SessionID {
+		return fmt.Sprintf("session %s has generation %d in its generation key (%s = %q), not %d: a registration of its id under another generation is not the session",
+			sessionID, k.Generation, GenerationKey(inst), k.Value(), generation)
+	}
 	if generation > k.Generation {
 		return fmt.Sprintf("generation %d of session %s is above its generation key (%s = %q): only a session that took the key is trusted, and a session start writes it before registering",
 			generation, sessionID, GenerationKey(inst), k.Value())

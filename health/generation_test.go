@@ -51,6 +51,8 @@ func TestGenerationKeyJudges(t *testing.T) {
 		{"its generation under another session", named, 5, "forged", KeyDenies},
 		{"above the key", named, 6, "s6", KeyDenies},
 		{"below the key", named, 4, "s4", KeyIsNewer},
+		{"the key's session below its generation (a copy of its id)", named, 4, "s5", KeyDenies},
+		{"the key's session above its generation", named, 6, "s5", KeyDenies},
 		{"bare key: its generation, any session (unprotected)", bare, 5, "any", KeyConfirms},
 		{"bare key: above it", bare, 99, "forged", KeyDenies},
 		{"bare key: below it", bare, 1, "old", KeyIsNewer},
@@ -68,6 +70,9 @@ func reg(sess string, gen, create uint64, node string) Executor {
 		e.InstanceID, e.SessionID, e.Generation, e.CreateIndex, e.Node, e.Task = "a", sess, gen, create, node, "t"
 	})
 }
+
+// regIn is e registered in datacenter dc.
+func regIn(dc string, e Executor) Executor { e.Datacenter = dc; return e }
 
 // TestFenceByGenerationKey: where the instance has a key naming its
 // session, only that session (or an older one, fenced) is believed; a
@@ -105,6 +110,24 @@ func TestFenceByGenerationKey(t *testing.T) {
 		{"a copy of the key's session on another node is not the session", key,
 			[]Executor{reg("real", 5, 10, "n1"), reg("real", 5, 30, "evil")},
 			[]outcome{{"real", false, "", false}, {"real", false, "", true}}},
+		{"a copy of the key's session under a lower generation is not the session", key,
+			[]Executor{reg("real", 5, 10, "n1"), reg("real", 3, 30, "evil")},
+			[]outcome{{"real", false, "", false}, {"real", false, "", true}}},
+		{"a copy of the key's session under a lower generation, listed first", key,
+			[]Executor{reg("real", 3, 5, "evil"), reg("real", 5, 10, "n1")},
+			[]outcome{{"real", false, "", true}, {"real", false, "", false}}},
+		{"a copy in another datacenter is not the session, whatever its CreateIndex", GenerationRecord{Generation: 5, SessionID: "real", Datacenter: "dc2"},
+			[]Executor{regIn("dc2", reg("real", 5, 5000, "n1")), regIn("dc1", reg("real", 5, 10, "evil"))},
+			[]outcome{{"real", false, "", false}, {"real", false, "", true}}},
+		{"only a copy, in another datacenter than the key's", GenerationRecord{Generation: 5, SessionID: "real", Datacenter: "dc2"},
+			[]Executor{regIn("dc1", reg("real", 5, 10, "evil"))},
+			[]outcome{{"real", false, "", true}}},
+		{"bare key: a copy of its session under a lower generation is not the session", GenerationRecord{Generation: 5},
+			[]Executor{reg("s5", 5, 10, "n1"), reg("s5", 3, 30, "evil")},
+			[]outcome{{"s5", false, "", false}, {"s5", false, "", true}}},
+		{"bare key: a copy of its session on another node is not the session", GenerationRecord{Generation: 5},
+			[]Executor{reg("s5", 5, 10, "n1"), reg("s5", 5, 30, "evil")},
+			[]outcome{{"s5", false, "", false}, {"s5", false, "", true}}},
 		{"bare key: a forged higher generation fences nothing", GenerationRecord{Generation: 5},
 			[]Executor{reg("s5", 5, 10, "n1"), reg("forged", 6, 20, "evil")},
 			[]outcome{{"s5", false, "", false}, {"forged", false, "", true}}},
@@ -156,6 +179,26 @@ func TestUnconfirmedSessionsAreUnknownAndNameNothing(t *testing.T) {
 	}
 }
 
+// TestACopyOfTheKeysSessionUnderALowerGenerationChangesNothing: another
+// instance's token copies the live session's id into a registration with a
+// lower generation (its lease check critical): the session the key names
+// stays CURRENT, neither STALE (the copy is no older session of it) nor
+// LAPSED (the copy's lease is not the session's).
+func TestACopyOfTheKeysSessionUnderALowerGenerationChangesNothing(t *testing.T) {
+	key := GenerationRecord{Generation: 5, SessionID: "real"}
+	real := reg("real", 5, 10, "n1")
+	copied := reg("real", 3, 30, "evil")
+	copied.LeaseStatus = StatusCritical
+	es := []Executor{real, copied}
+	Fence(es, map[string]GenerationRecord{"a": key})
+	if es[1].Unconfirmed == "" {
+		t.Fatalf("the copy at generation 3 is confirmed (fenced %v by %s): it shares the session's id, so its verdicts are the session's", es[1].Fenced, es[1].NewerSessionID)
+	}
+	if st := IndexSessions(es, nil).Check("a", "real"); st.State != SessionCurrent {
+		t.Fatalf("a/real = %s (%s), want CURRENT: a copy under a lower generation changed the live session's answer", st.State, st.Detail)
+	}
+}
+
 func TestBadMetadataSessionIsKnownAndExcluded(t *testing.T) {
 	bad := reg("s1", 1, 1, "n1")
 	bad.Err = FieldErrors{{Field: MetaCapacity, Value: "lots", Reason: "not an integer"}}
@@ -177,5 +220,27 @@ func TestNoLeaseCheckIsUnknownInFencingAndExplain(t *testing.T) {
 	}
 	if st := IndexSessions([]Executor{e}, nil).Check("a", "s1"); st.State != SessionUnknown {
 		t.Fatalf("fencing %s, want UNKNOWN", st.State)
+	}
+}
+
+// TestACopyOfAReplacedSessionAboveTheKeyKeepsItStale: s1 was replaced by
+// s2 (the key names s2) and its registration is gone — it answers STALE.
+// Another instance's token registers a copy of s1's id above the key: the
+// copy is unconfirmed, and s1 is still STALE, not UNKNOWN.
+func TestACopyOfAReplacedSessionAboveTheKeyKeepsItStale(t *testing.T) {
+	key := GenerationRecord{Generation: 2, SessionID: "s2"}
+	past := []PastSession{{InstanceID: "a", SessionID: "s1", Generation: 1, Tasks: []string{"t"}}}
+	es := []Executor{reg("s2", 2, 20, "n1")}
+	Fence(es, map[string]GenerationRecord{"a": key})
+	if st := IndexSessions(es, past).Check("a", "s1"); st.State != SessionStale {
+		t.Fatalf("a/s1 = %s (%s), want STALE", st.State, st.Detail)
+	}
+	es = append(es, reg("s1", 9, 30, "evil"))
+	Fence(es, map[string]GenerationRecord{"a": key})
+	if es[1].Unconfirmed == "" {
+		t.Fatal("the copy above the key is confirmed")
+	}
+	if st := IndexSessions(es, past).Check("a", "s1"); st.State != SessionStale || st.NewerSessionID != "s2" {
+		t.Fatalf("a/s1 with a copy above the key = %s newer %q (%s), want STALE newer s2: the copy hid what leasehold knows of s1", st.State, st.NewerSessionID, st.Detail)
 	}
 }

@@ -17,6 +17,25 @@ const (
 	MinDeregisterAfter = time.Minute
 )
 
+// MinStaleBound is the shortest staleness bound leasehold keeps for what
+// holds for a whole datacenter: --fencing-stale-after's floor, and how far a
+// declared lease_ttl shortens a datacenter's readiness bound (/readyz
+// consul_silent) and the silence after which it is Lost. Any token that may
+// register the task type may declare any lease, and Consul's watches answer
+// every fraction of a second at best; a session's own fencing answers are
+// still bounded by its own lease, however short.
+const MinStaleBound = 3 * time.Second
+
+// DatacenterLeaseBound is the bound a datacenter's shortest declared lease
+// (0: none) sets on what holds for the whole datacenter: that lease, but
+// never under MinStaleBound (0: no bound).
+func DatacenterLeaseBound(shortest time.Duration) time.Duration {
+	if shortest <= 0 {
+		return 0
+	}
+	return max(shortest, MinStaleBound)
+}
+
 // Lease is the timing of an executor's TTL lease. Zero fields mean defaults.
 type Lease struct {
 	TTL             time.Duration // lease: no acknowledged heartbeat for this long ends it

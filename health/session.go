@@ -238,10 +238,18 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 		named = false
 	}
 	if x, ok := ix.excluded[key]; ok && !named {
-		if p, ok := ix.past[key]; ok && p.Lapsed {
+		p, seen := ix.past[key]
+		switch n, has := ix.newest[instanceID]; {
+		case seen && p.Lapsed:
 			x.State, x.Detail = SessionLapsed, "lease lapsed (seen before); "+x.Detail // once lapsed, always lapsed
+			return x
+		case seen && has && n.Generation > p.Generation:
+			// Seen before and replaced since: a registration of its id that
+			// leasehold does not answer for (a copy anyone may write)
+			// changes nothing of that.
+		default:
+			return x
 		}
-		return x
 	}
 	if p, ok := ix.past[key]; ok {
 		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID, Generation: p.Generation, Tasks: p.Tasks, Version: p.Version}

@@ -245,7 +245,8 @@ func (f *Fencing) staleBound(st health.SessionStatus) (time.Duration, string) {
 // staleness bound in every datacenter of v (in the one, with one): what the
 // fencing API then answers is UNKNOWN for every session, so leasehold is
 // not ready. A datacenter's bound is the fencing bound, or the shortest
-// lease declared there when shorter. detail says how long and which bound;
+// lease declared there when shorter (never under health.MinStaleBound: any
+// registration may declare any lease). detail says how long and which bound;
 // age is the shortest silence.
 func (f *Fencing) Silence(v *fleet.View) (silent bool, detail string, age time.Duration) {
 	dcs := v.Datacenters()
@@ -260,7 +261,7 @@ func (f *Fencing) Silence(v *fleet.View) (silent bool, detail string, age time.D
 		}
 		a := f.opts.Clock.Since(fresh)
 		idx, _ := v.Datacenter(dc)
-		bound, why := f.staleBound(health.SessionStatus{LeaseTTL: idx.ShortestLease})
+		bound, why := f.staleBound(health.SessionStatus{LeaseTTL: health.DatacenterLeaseBound(idx.ShortestLease)})
 		if why != "--fencing-stale-after" {
 			why = "the shortest lease_ttl of its executors"
 		}

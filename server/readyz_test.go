@@ -8,6 +8,7 @@ import (
 	"time"
 
 	"github.com/leasehold/leasehold/fleet"
+	"github.com/leasehold/leasehold/health"
 )
 
 type readyWith struct{ r fleet.Readiness }
@@ -95,5 +96,30 @@ func TestReadyzUnreadyWhileConsulIsSilent(t *testing.T) {
 	fc.silentFor(0) // Consul answers again
 	if code, body := get(); code != 200 {
 		t.Fatalf("Consul answering again: %d %v", code, body)
+	}
+}
+
+// TestReadyzIgnoresATinyLeaseTTL: one registration (any token that may
+// register the task type can write one) declares a lease_ttl of 1 ms. A
+// healthy Consul's watches answer every fraction of a second, not every
+// millisecond: /readyz stays ready while Consul answers within a second —
+// no registration makes the readiness bound tighter than leasehold's floor.
+func TestReadyzIgnoresATinyLeaseTTL(t *testing.T) {
+	x := member("work", "x", 9001, "1.0.0")
+	x.LeaseTTL = time.Millisecond
+	s, _ := attack2Replica(t,
+		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
+		health.Observation{NonPassing: &health.NonPassing{Index: 2}},
+		health.Observation{Generations: &health.Generations{Index: 3}},
+		health.Observation{Members: &health.TaskMembers{Task: "work", Index: 11, Members: []health.Member{x, member("work", "y", 9002, "1.0.0")}}},
+	)
+	fc := newFreshClock()
+	f := NewFencing(s, fc.freshAsOf, FencingOptions{Clock: fc.clock})
+	h := AdminHandler(AdminConfig{Ready: s, LastContact: func() time.Time { return fc.freshAsOf("") }, Syncer: s, Fencing: f})
+	fc.silentFor(time.Second)
+	w := httptest.NewRecorder()
+	h.ServeHTTP(w, httptest.NewRequest("GET", "/readyz", nil))
+	if w.Code != 200 {
+		t.Fatalf("Consul last answered a second ago, a 1 ms lease_ttl declared: %d %s", w.Code, w.Body)
 	}
 }

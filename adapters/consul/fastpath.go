@@ -136,7 +136,9 @@ func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
 // fastStates reads checks in one state as sorted CheckStates, with the
 // read's index and the index it is current at (Watcher.receipt).
 func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wait time.Duration) ([]health.CheckState, uint64, uint64, error) {
-	checks, idx, err := w.cat.ChecksInState(ctx, w.cfg.Tag, state, index, wait)
+	checks, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
+		return w.cat.ChecksInState(ctx, w.cfg.Tag, state, index, wait)
+	})
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -357,7 +359,9 @@ func (f *fastPath) takeSerf(checks api.HealthChecks, index, at uint64) {
 func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) {
 	f := &w.fast
 	w.blockingLoop(ctx, out, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
-		checks, idx, err := w.cat.SerfHealth(ctx, index, wait)
+		checks, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
+			return w.cat.SerfHealth(ctx, index, wait)
+		})
 		at := w.receipt(idx)
 		return idx, func() (uint64, error) {
 			if err != nil {

@@ -637,6 +637,11 @@ type fenceState struct {
 	aheadSince   time.Time // since when a generation above ours is taken (KV, or a dead registration)
 	leaseCreated uint64    // the catalog's CreateIndex of our lease check, as first seen
 	early        int       // fence checks run with heartbeats while leaseCreated is not known
+	// node is where this session's registration is (the node of its lease
+	// check created first, as first seen): a registration of its id on
+	// another node is a copy — anyone may read the id in the catalog — and
+	// neither its lease check nor its node's failure is this session's.
+	node string
 }
 
 // earlyFenceChecks is how many heartbeats of a session at most run a fence
@@ -675,12 +680,14 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 			return LossSuperseded, fmt.Errorf("session %s (generation %d) on node %s is newer", o.SessionID, o.Generation, o.Node)
 		}
 	}
+	home := sessionHome(others, sess.ID, st)
 	var ahead uint64 // the highest generation above ours, registered (dead) or taken in KV
 	for _, o := range others {
+		mine := o.SessionID == sess.ID && (home == "" || o.Node == home)
 		switch {
-		case o.SessionID == sess.ID && o.NodeFailed:
+		case mine && o.NodeFailed:
 			return LossNodeFailed, fmt.Errorf("node %s failed (serfHealth critical) after this session registered: the session counts as lapsed", o.Node)
-		case o.SessionID == sess.ID && o.LeaseCreateIndex != 0:
+		case mine && o.LeaseCreateIndex != 0:
 			if health.LeaseCheckRecreated(st.leaseCreated, o.LeaseCreateIndex) { // leasehold's rule too: it answers the session LAPSED
 				return LossNodeFailed, fmt.Errorf("the catalog lost this session's lease check and re-created it (created at %d, now at %d: its agent left and came back, or its node was reaped): the session counts as lapsed",
 					st.leaseCreated, o.LeaseCreateIndex)
@@ -713,6 +720,32 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 		return LossOvertaken, fmt.Errorf("generation %d is above ours (%d) in Consul KV %s or a dead registration, and no live session has it after a lease: leasehold calls ours STALE", gen, sess.Generation, health.GenerationKey(r.cfg.InstanceID))
 	}
 	return "", nil
+}
+
+// sessionHome is the node of session id's registration (st.node once
+// known): the node of its lease check created first among those listed —
+// every registration of the session comes from this process through one
+// agent, and a copy elsewhere can only be made once the id is in the
+// catalog, after ours (leasehold's rule: the first registration is the
+// session, health.FenceInstance). "" while no lease check of it is listed.
+func sessionHome(others []RemoteSession, id string, st *fenceState) string {
+	if st.node != "" {
+		return st.node
+	}
+	var first *RemoteSession
+	for i := range others {
+		o := &others[i]
+		if o.SessionID != id || o.LeaseCreateIndex == 0 {
+			continue
+		}
+		if first == nil || o.LeaseCreateIndex < first.LeaseCreateIndex || (o.LeaseCreateIndex == first.LeaseCreateIndex && o.Node < first.Node) {
+			first = o
+		}
+	}
+	if first != nil {
+		st.node = first.Node
+	}
+	return st.node
 }
 
 // deregisterOwn removes this session's registrations, but never one that a

@@ -769,3 +769,45 @@ func TestGenerationKeyNamingAnotherSessionEndsOurs(t *testing.T) {
 		t.Fatalf("new session at generation %d, not above %d", s2.Generation, s1.Generation)
 	}
 }
+
+// TestACopyOfOurSessionOnAnotherNodeEndsNothing: another instance's token
+// registers, through its own agent, a copy of this session (its id and
+// generation, a lease check of its own) — the session id is in the catalog
+// for anyone to read — and that node then fails. Neither the copy's lease
+// check (created at another index) nor its node's failure is this
+// session's: a session is one process on one agent, and leasehold does not
+// take the copy for it either. The session goes on.
+func TestACopyOfOurSessionOnAnotherNodeEndsNothing(t *testing.T) {
+	for _, tc := range []struct {
+		name string
+		copy func(s *Session) RemoteSession
+	}{
+		{"its own lease check", func(s *Session) RemoteSession {
+			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation, Status: health.StatusPassing, LeaseCreateIndex: 77}
+		}},
+		{"its node failed", func(s *Session) RemoteSession {
+			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation, Status: health.StatusCritical, NodeFailed: true}
+		}},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			agent := newFakeAgent()
+			h := startOn(t, agent, func(c *Config) { c.FenceCheck = 5 * time.Second })
+			s1 := h.session(nil)
+			agent.mu.Lock()
+			agent.created[health.CheckID("exec-1", s1.ID, "transcode")] = 40 // ours, synced to the catalog
+			agent.others = []RemoteSession{tc.copy(s1)}
+			agent.mu.Unlock()
+			for range 2 * int(testTTL/(5*time.Second)) {
+				h.advance(3, 5*time.Second)
+			}
+			select {
+			case l := <-h.lost:
+				t.Fatalf("loss %+v: a copy of the session on another node ended it", l)
+			default:
+			}
+			if s1.Err() != nil {
+				t.Fatalf("session ended: %v", s1.Err())
+			}
+		})
+	}
+}

@@ -151,6 +151,7 @@ type Watcher struct {
 	leaseMu     sync.Mutex
 	listedTasks map[string]bool
 	taskLeases  map[string]time.Duration
+	shorter     chan struct{} // closed (and replaced) when the fast wait shortens
 
 	// The last generation listing, for the task watches' read-backs.
 	keysMu    sync.Mutex
@@ -248,6 +249,10 @@ const minFastWait = 100 * time.Millisecond
 func (w *Watcher) fastWait() time.Duration {
 	w.leaseMu.Lock()
 	defer w.leaseMu.Unlock()
+	return w.fastWaitLocked()
+}
+
+func (w *Watcher) fastWaitLocked() time.Duration {
 	wait := w.cfg.FastWait
 	if w.listedTasks == nil {
 		return min(wait, time.Second)
@@ -264,10 +269,67 @@ func (w *Watcher) fastWait() time.Duration {
 	return wait
 }
 
+// shortenedLocked ends the fast queries in flight if the fast wait is now
+// shorter than was: they were asked with the longer wait, and on a quiet
+// Consul would answer only after it — past a lease just declared (the
+// session's fencing bound, its datacenter's readiness bound).
+func (w *Watcher) shortenedLocked(was time.Duration) {
+	if w.fastWaitLocked() >= was {
+		return
+	}
+	if w.shorter != nil {
+		close(w.shorter)
+	}
+	w.shorter = make(chan struct{})
+}
+
+// shorterC is closed when the fast wait shortens.
+func (w *Watcher) shorterC() <-chan struct{} {
+	w.leaseMu.Lock()
+	defer w.leaseMu.Unlock()
+	if w.shorter == nil {
+		w.shorter = make(chan struct{})
+	}
+	return w.shorter
+}
+
+// cutShort makes one blocking call of a watch that always answers (wait
+// being its fast wait) and, when the fast wait shortens while it is in
+// flight, makes it again at once with the shorter wait (that is no
+// failure). Only the call is cut short, never what the watch does with its
+// answer.
+func cutShort[T any](w *Watcher, ctx context.Context, wait time.Duration, call func(ctx context.Context, wait time.Duration) (T, uint64, error)) (T, uint64, error) {
+	for {
+		shorter := w.shorterC() // before the wait is read: a shortening after it closes this one
+		if wait <= 0 {
+			return call(ctx, wait) // an immediate read
+		}
+		wait = min(wait, w.fastWait())
+		cctx, cancel := context.WithCancel(ctx)
+		var cut atomic.Bool
+		done := make(chan struct{})
+		go func() {
+			select {
+			case <-shorter:
+				cut.Store(true)
+				cancel()
+			case <-done:
+			}
+		}()
+		v, idx, err := call(cctx, wait)
+		close(done)
+		cancel()
+		if err == nil || !cut.Load() || ctx.Err() != nil {
+			return v, idx, err
+		}
+	}
+}
+
 // listTasks notes the task types of the latest task list.
 func (w *Watcher) listTasks(want map[string]bool) {
 	w.leaseMu.Lock()
 	defer w.leaseMu.Unlock()
+	defer w.shortenedLocked(w.fastWaitLocked())
 	w.listedTasks = maps.Clone(want)
 	for task := range w.taskLeases {
 		if !want[task] {
@@ -287,6 +349,7 @@ func (w *Watcher) readLeases(task string, members []health.Member) {
 	}
 	w.leaseMu.Lock()
 	defer w.leaseMu.Unlock()
+	defer w.shortenedLocked(w.fastWaitLocked())
 	if w.taskLeases == nil {
 		w.taskLeases = map[string]time.Duration{}
 	}
@@ -650,7 +713,9 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 		return idx, nil
 	}
 	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
-		pairs, idx, err := w.cat.Generations(ctx, index, wait)
+		pairs, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.KVPairs, uint64, error) {
+			return w.cat.Generations(ctx, index, wait)
+		})
 		at := w.receipt(idx) // the index space of the checks: see refresh.go
 		return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
 	})
@@ -771,7 +836,9 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 		}
 	}()
 	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		services, idx, err := w.cat.Services(ctx, index, wait)
+		services, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (map[string][]string, uint64, error) {
+			return w.cat.Services(ctx, index, wait)
+		})
 		if err != nil {
 			return 0, err
 		}

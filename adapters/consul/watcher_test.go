@@ -794,3 +794,65 @@ func TestFastWaitFollowsTheShortestLease(t *testing.T) {
 		}
 	}
 }
+
+// TestAFastCallInFlightIsAskedAgainWhenALeaseShortensItsWait: a watch that
+// always answers is in a 10 s blocking call (no lease declared) when a
+// membership read declares a 3 s lease: the call is cut short and made
+// again at once with the 1 s wait, and that is no failure. A longer lease
+// cuts nothing.
+func TestAFastCallInFlightIsAskedAgainWhenALeaseShortensItsWait(t *testing.T) {
+	w := newWatcher(newFakeCatalog(), WatchConfig{FastWait: 10 * time.Second})
+	w.listTasks(map[string]bool{"a": true})
+	w.readLeases("a", nil)
+	lease := func(d time.Duration) []health.Member {
+		var m health.Member
+		m.LeaseTTL = d
+		return []health.Member{m}
+	}
+	waits := make(chan time.Duration, 4)
+	answer := make(chan struct{})
+	type result struct {
+		idx uint64
+		err error
+	}
+	res := make(chan result, 1)
+	go func() {
+		_, idx, err := cutShort(w, context.Background(), w.fastWait(), func(ctx context.Context, wait time.Duration) (struct{}, uint64, error) {
+			waits <- wait
+			select {
+			case <-ctx.Done():
+				return struct{}{}, 0, ctx.Err()
+			case <-answer:
+				return struct{}{}, 7, nil
+			}
+		})
+		res <- result{idx, err}
+	}()
+	next := func() time.Duration {
+		t.Helper()
+		select {
+		case d := <-waits:
+			return d
+		case <-time.After(5 * time.Second):
+			t.Fatal("no call")
+			return 0
+		}
+	}
+	if d := next(); d != 10*time.Second {
+		t.Fatalf("first call waits %s, want 10s", d)
+	}
+	w.readLeases("a", lease(time.Minute)) // longer than the wait: nothing cut
+	w.readLeases("a", lease(3*time.Second))
+	if d := next(); d != time.Second {
+		t.Fatalf("after a 3 s lease the call is made again waiting %s, want 1s", d)
+	}
+	select {
+	case d := <-waits:
+		t.Fatalf("a third call (%s): the longer lease cut a call short", d)
+	default:
+	}
+	close(answer)
+	if r := <-res; r.err != nil || r.idx != 7 {
+		t.Fatalf("cut short: %+v, want the second call's answer and no error", r)
+	}
+}

@@ -8,6 +8,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
@@ -35,7 +36,12 @@ func TestTwoDatacentersFailover(t *testing.T) {
 	a1, a2 := startExecutor(t, c1, "a1", "1.0.0"), startExecutor(t, c1, "a2", "1.0.0")
 	b1, b2 := startExecutor(t, c2, "b1", "1.0.0"), startExecutor(t, c2, "b2", "1.0.0")
 
-	const staleAfter = 6 * time.Second // the datacenters' lease: lost after this
+	const staleAfter = 6 * time.Second // --fencing-stale-after
+	// The executors' 2 s lease (lease_ttl) is shorter: a silent datacenter is
+	// lost after it — but never under health.MinStaleBound — and its watches
+	// wait a third of it.
+	lostBound := min(staleAfter, health.DatacenterLeaseBound(2*time.Second))
+	const fastWait = 2 * time.Second / 3
 	l := startServeTo(t, c1, testWriter{t, "serve"}, func(c *serveConfig) {
 		c.datacenters = []string{"dc1", "dc2"}
 		c.staleAfter = staleAfter
@@ -118,10 +124,10 @@ func TestTwoDatacentersFailover(t *testing.T) {
 	d2.await(t, frozen, staleAfter+20*time.Second, "dc2's dispatcher failed over to a1 and a2", only("a1", "a2"))
 	lostAfter := time.Since(frozen)
 	// dc2 is heard from as much as its least recent always-answering watch:
-	// up to one watch wait (staleAfter/3, plus Consul's jitter of 1/16 and
-	// the pacing) before the freeze.
-	if early := staleAfter - staleAfter/3 - staleAfter/3/8 - 500*time.Millisecond; lostAfter < early {
-		t.Fatalf("dc2's executors left the assignment %v after the freeze: before the staleness bound %v counted from dc2's last answer", lostAfter, staleAfter)
+	// up to one watch wait (plus Consul's jitter of 1/16 and the pacing)
+	// before the freeze.
+	if early := lostBound - fastWait - fastWait/8 - 500*time.Millisecond; lostAfter < early {
+		t.Fatalf("dc2's executors left the assignment %v after the freeze: before the bound %v counted from dc2's last answer", lostAfter, lostBound)
 	}
 	t.Logf("partition: dc2's sessions UNKNOWN after %v, its executors unrouted after ≤ %v", unknownAfter.Round(time.Millisecond), lostAfter.Round(time.Millisecond))
 	for _, c := range d1.since(frozen) {

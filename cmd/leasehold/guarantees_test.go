@@ -2,6 +2,9 @@ package main
 
 import (
 	"context"
+	"errors"
+	"fmt"
+	"io"
 	"log/slog"
 	"net"
 	"strings"
@@ -431,4 +434,68 @@ func TestFencingVouchesOnlyWithinTheLease(t *testing.T) {
 		t.Fatalf("UNKNOWN only %s after Consul froze: the 2 s lease did not bound it", since)
 	}
 	a.Thaw()
+}
+
+// TestAShortLeaseJoiningAQuietFleetKeepsLeaseholdReady: the fleet declares
+// no lease_ttl (an executor registered by hand), so the watches that always
+// answer wait their full 10 s on a quiet Consul. Then an executor on a 2 s
+// lease registers: leasehold's bounds shorten at once (its session's
+// fencing bound, the datacenter's readiness bound), and the watches already
+// waiting must not outlast them — Consul is quiet, not silent: /readyz stays
+// ready and the new session never turns UNKNOWN.
+func TestAShortLeaseJoiningAQuietFleetKeepsLeaseholdReady(t *testing.T) {
+	a := consultest.Start(t)
+	catalogSession(t, a.Client(), "hand-node", "by-hand", "s-hand", 1, 9301)
+	addrs := startServe(t, a)
+	consultest.WaitFor(t, 15*time.Second, "leasehold ready", func() bool { return readyzStatus(addrs.admin) == 200 })
+	// Past the first reads' 1 s waits: the fast watches wait 10 s now.
+	quiet := time.Now()
+	consultest.WaitFor(t, 5*time.Second, "2 s of a quiet, ready leasehold", func() bool {
+		return readyzStatus(addrs.admin) == 200 && time.Since(quiet) > 2*time.Second
+	})
+
+	e := startExecutor(t, a, "x", "1.0.0")
+	s := e.reg.Session()
+	fc := fencingClient(t, addrs.xds)
+	awaitState(t, fc, "x", s.ID, leaseholdv1.SessionState_CURRENT)
+	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
+	defer cancel()
+	w, err := fc.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s.ID})
+	if err != nil {
+		t.Fatal(err)
+	}
+	notReady := make(chan string, 1)
+	go func() {
+		tick := time.NewTicker(100 * time.Millisecond)
+		defer tick.Stop()
+		for {
+			select {
+			case <-ctx.Done():
+				return
+			case <-tick.C:
+				if code, body := readyzBody(t, addrs.admin); code != 200 {
+					select {
+					case notReady <- fmt.Sprintf("%d %v", code, body):
+					default:
+					}
+					return
+				}
+			}
+		}
+	}()
+	for {
+		r, err := w.Recv()
+		// The watch ends at its deadline (the server may end it first: EOF).
+		if status.Code(err) == codes.DeadlineExceeded || errors.Is(err, io.EOF) {
+			break
+		}
+		if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
+			t.Fatalf("x/%s on a quiet Consul: %v, %v — want CURRENT throughout", s.ID, r, err)
+		}
+	}
+	select {
+	case why := <-notReady:
+		t.Fatalf("/readyz on a quiet Consul after a 2 s lease registered: %s", why)
+	default:
+	}
 }

@@ -156,3 +156,89 @@ func verdictOf(t *testing.T, admin, instance, session, set string) server.Explai
 	}
 	return server.ExplainVerdict{}
 }
+
+// TestACopyOfAnExecutorsSessionOnAnotherAgentChangesNothing: with ACLs on,
+// exec-2's token registers, through another agent (its own node), a copy of
+// exec-1's live session — its session id, read from the catalog, under a
+// lower generation — whose lease check is critical. The copy is not the
+// session (a session is one process on one agent): exec-1 stays routed and
+// CURRENT, no lapse is recorded for it, and its Registrar keeps its session.
+func TestACopyOfAnExecutorsSessionOnAnotherAgentChangesNothing(t *testing.T) {
+	consultest.RequireBinary(t)
+	const mgmt = "7c1b0c1e-0000-4000-8000-0000000000c8"
+	a := consultest.Start(t, consultest.Options{ACLManagementToken: mgmt})
+	b := consultest.Start(t, consultest.Options{NodeName: "intruder", JoinClientOf: a, ACLManagementToken: mgmt})
+	root := a.Client()
+	execRules := consultest.ExamplePolicy(t, "executor-policy.hcl")
+	tok1 := policyToken(t, root, "exec-1", execRules, "executor exec-1")
+	tok2 := policyToken(t, root, "exec-2", strings.ReplaceAll(execRules, "exec-1", "exec-2"), "executor exec-2")
+	lhTok := policyToken(t, root, "leasehold", consultest.ExamplePolicy(t, "leasehold-policy.hcl"), "leasehold serve")
+	// exec-1 ran before: its next session takes generation 4.
+	if _, err := root.KV().Put(&api.KVPair{Key: health.GenerationKey("exec-1"), Value: []byte("3")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	reads := keyReads{Agent: consul.NewAPIAgent(tokenClient(t, a, tok1)), reads: make(chan struct{}, 1)}
+	e1 := startExecutorVia(t, reads, "exec-1", "1.0.0")
+	s1 := e1.reg.Session()
+	if s1.Generation < 2 {
+		t.Fatalf("exec-1's session took generation %d: want one with a lower one below it", s1.Generation)
+	}
+	t.Setenv("CONSUL_HTTP_ADDR", a.HTTPAddr())
+	t.Setenv("CONSUL_HTTP_TOKEN", lhTok)
+	t.Setenv("CONSUL_HTTP_TOKEN_FILE", "")
+	l := startServe(t, a)
+	fc := fencingClient(t, l.xds)
+	awaitState(t, fc, "exec-1", s1.ID, leaseholdv1.SessionState_CURRENT)
+
+	// exec-2's token, through the intruder's agent: a copy of exec-1's
+	// session under generation 1, its lease check critical.
+	c2 := tokenClient(t, b, tok2)
+	r := health.Registration{InstanceID: "exec-1", SessionID: s1.ID, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 1,
+		Version: "1.0.0", Capacity: 2, State: health.StateActive}
+	if err := c2.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: health.ServiceID("exec-1", "work"), Name: "work", Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
+		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("exec-1", s1.ID, "work"), TTL: "1h", Status: api.HealthCritical}}}); err != nil {
+		t.Fatalf("the copy was refused: %v", err)
+	}
+	consultest.WaitService(t, root, "work", 10*time.Second, "the copy in the catalog", func(es []*api.ServiceEntry) bool {
+		for _, e := range es {
+			if e.Node.Node == "intruder" && e.Service.Meta[health.MetaSessionID] == s1.ID {
+				return true
+			}
+		}
+		return false
+	})
+	// exec-1's Registrar checks the catalog once per lease: three checks.
+	for range 3 {
+		select {
+		case <-reads.reads:
+		case <-time.After(10 * time.Second):
+			t.Fatal("exec-1's Registrar made no fence check")
+		}
+	}
+	if got := e1.reg.Session(); got == nil || got.ID != s1.ID || got.Err() != nil {
+		t.Fatalf("exec-1's session %s ended (now %v): a copy of it on another agent ended it", s1.ID, got)
+	}
+	st, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "exec-1", SessionId: s1.ID})
+	if err != nil || st.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("exec-1/%s = %v, %v: want CURRENT", s1.ID, st, err)
+	}
+	if pair, _, err := root.KV().Get(health.LapseMarkKey("exec-1", s1.ID), nil); err != nil || pair != nil {
+		t.Fatalf("a lapse of exec-1/%s was recorded (%v, %v): the copy's critical lease is not the session's", s1.ID, pair, err)
+	}
+	var ex server.ExplainExecutors
+	getBody(t, "http://"+l.admin+"/debug/executors", &ex)
+	for _, e := range ex.Executors {
+		if e.InstanceID != "exec-1" {
+			continue
+		}
+		for _, v := range e.Verdicts {
+			if v.ConstraintSet != "v=" {
+				continue
+			}
+			copied := e.Node == "intruder"
+			if copied && v.Reason != string(health.ReasonUnconfirmed) || !copied && v.Route != "HEALTHY" {
+				t.Fatalf("exec-1/%s on %s: %+v, want the copy %s and the session routed", e.SessionID, e.Node, v, health.ReasonUnconfirmed)
+			}
+		}
+	}
+}

@@ -135,8 +135,8 @@ func (f *serveFlags) config() (*serveConfig, error) {
 	} else {
 		cfg.lbPolicy = p
 	}
-	if f.staleAfter < 3*time.Second {
-		bad("fencing-stale-after", fmt.Sprintf("%s: want a duration of at least 3s, e.g. 35s", f.staleAfter))
+	if f.staleAfter < health.MinStaleBound {
+		bad("fencing-stale-after", fmt.Sprintf("%s: want a duration of at least %s, e.g. 35s", f.staleAfter, health.MinStaleBound))
 	} else {
 		cfg.staleAfter = f.staleAfter
 	}
