@@ -74,13 +74,19 @@ func ClaimOf(e *Executor) Claim {
 	return Claim{InstanceID: e.InstanceID, SessionID: e.SessionID, Node: e.Node, ServiceID: e.ServiceID, Generation: e.Generation, CreateIndex: e.CreateIndex}
 }
 
-// Beats reports whether c is kept over o. The lowest instance id wins —
-// stable while both stay routed and the same on every replica; of one
-// instance its newest session, ordered as Fence orders them (generation,
-// then CreateIndex, then session id): the process most likely listening
-// there. Node and service id settle the rest, so the order is total.
+// Beats reports whether c is kept over o. Of two instances, the one that
+// claimed the socket first (the lower CreateIndex) keeps it — stable while
+// both stay routed, the same on every replica, and a later claim (any token
+// that may register the task type can write one: addresses are not an
+// instance's to prove) never takes an established executor's work —, then
+// the lowest instance id. Of one instance its newest session, ordered as
+// Fence orders them (generation, then CreateIndex, then session id): the
+// process most likely listening there. Node and service id settle the
+// rest, so the order is total.
 func (c Claim) Beats(o Claim) bool {
 	switch {
+	case c.InstanceID != o.InstanceID && c.CreateIndex != o.CreateIndex:
+		return c.CreateIndex < o.CreateIndex
 	case c.InstanceID != o.InstanceID:
 		return c.InstanceID < o.InstanceID
 	case c.Generation != o.Generation || c.CreateIndex != o.CreateIndex || c.SessionID != o.SessionID:
@@ -95,7 +101,7 @@ func (c Claim) Beats(o Claim) bool {
 // registration kept also claims.
 func DuplicateVerdict(e *Executor, kept Claim) Verdict {
 	return Verdict{Route: RouteNone, Reason: ReasonDuplicateAddress, Detail: fmt.Sprintf(
-		"%s is also claimed by %s (session %s, node %s), which is sent instead: one endpoint per address:port (grpc-go rejects duplicates); the lowest instance id is kept, and of one instance its newest session",
+		"%s is also claimed by %s (session %s, node %s), which is sent instead: one endpoint per address:port (grpc-go rejects duplicates); the first to claim it is kept (the lower CreateIndex, then the lower instance id), and of one instance its newest session",
 		net.JoinHostPort(e.Address, strconv.Itoa(e.Port)), kept.InstanceID, kept.SessionID, kept.Node)}
 }
 

@@ -75,7 +75,8 @@ func TestClaimBeats(t *testing.T) {
 		name string
 		a, b Claim // a beats b
 	}{
-		{"lowest instance id", c("a", "s1", 1, 1, "n", "x"), c("b", "s9", 9, 9, "n", "x")},
+		{"two instances: the first claim", c("b", "s9", 9, 1, "n", "x"), c("a", "s1", 1, 9, "n", "x")},
+		{"two instances claiming at once: lowest instance id", c("a", "s1", 1, 5, "n", "x"), c("b", "s9", 9, 5, "n", "x")},
 		{"one instance: newest generation", c("a", "new", 2, 1, "n", "x"), c("a", "old", 1, 9, "n", "x")},
 		{"same generation: create index", c("a", "s1", 2, 9, "n", "x"), c("a", "s2", 2, 1, "n", "x")},
 		{"then session id", c("a", "s2", 2, 1, "n", "x"), c("a", "s1", 2, 1, "n", "x")},

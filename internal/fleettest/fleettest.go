@@ -88,7 +88,8 @@ func GoldenFleet() []health.Executor {
 		mk("exec-bad", "s1", 1, 9010, func(e *health.Executor) { e.Err = errors.New("capacity \"abc\": not an integer") }),
 		// A host name: Envoy would reject the whole assignment over it.
 		mk("exec-dns", "s1", 1, 9011, func(e *health.Executor) { e.Address = "exec-dns.internal" }),
-		// Two instances claiming one socket: the lowest instance id is sent.
+		// Two instances claiming one socket at once (equal CreateIndex): the
+		// lowest instance id is sent.
 		mk("exec-twin-b", "s1", 1, 9012, nil),
 		mk("exec-twin-a", "s1", 1, 9012, nil),
 	}
