@@ -239,8 +239,12 @@ func (w *Watcher) LastContact() time.Time {
 	return time.Unix(0, n)
 }
 
-// minFastWait bounds how short a lease makes the fast queries' wait.
-const minFastWait = 100 * time.Millisecond
+// minFastWait bounds how short a lease makes the fast queries' wait: a
+// third of health.MinStaleBound. Any token that may register the task type
+// may declare any lease; one of 1 ms must not have every fast watch query
+// Consul ten times a second (a session on a lease shorter than about 1.5 s
+// reads UNKNOWN between answers: its own bound is its lease).
+const minFastWait = health.MinStaleBound / 3
 
 // fastWait is how long the watches that always answer wait: FastWait, or a
 // third of the shortest lease declared when that is shorter — and at most a

@@ -24,3 +24,8 @@ node_prefix "" {
 key "leasehold/generation/exec-1" {
   policy = "write"
 }
+# Before registering a new session the Registrar asks whether Consul holds
+# its agent's node failed, which needs the agent's node name (/v1/agent/self).
+agent_prefix "" {
+  policy = "read"
+}
