@@ -151,6 +151,8 @@ type Watcher struct {
 	leaseMu     sync.Mutex
 	listedTasks map[string]bool
 	taskLeases  map[string]time.Duration
+	heldWait    time.Duration // a shortened fast wait, held until heldUntil (holdShort)
+	heldUntil   time.Time
 	shorter     chan struct{} // closed (and replaced) when the fast wait shortens
 
 	// The last generation listing, for the task watches' read-backs.
@@ -239,12 +241,13 @@ func (w *Watcher) LastContact() time.Time {
 	return time.Unix(0, n)
 }
 
-// minFastWait bounds how short a lease makes the fast queries' wait: a
-// third of health.MinStaleBound. Any token that may register the task type
-// may declare any lease; one of 1 ms must not have every fast watch query
-// Consul ten times a second (a session on a lease shorter than about 1.5 s
-// reads UNKNOWN between answers: its own bound is its lease).
-const minFastWait = health.MinStaleBound / 3
+// minFastWait bounds how short a lease makes the fast queries' wait. Any
+// token that may register the task type may declare any lease; one of 1 ms
+// must not have every fast watch query Consul ten times a second. The
+// watches paced by SlowInterval (1 s) answer every pace + wait at worst, so
+// a 2 s lease still sees a view younger than itself; a session on a lease
+// under about 1.5 s reads UNKNOWN between answers (its bound is its lease).
+const minFastWait = 500 * time.Millisecond
 
 // fastWait is how long the watches that always answer wait: FastWait, or a
 // third of the shortest lease declared when that is shorter — and at most a
@@ -256,7 +259,24 @@ func (w *Watcher) fastWait() time.Duration {
 	return w.fastWaitLocked()
 }
 
+// holdShort is how long a shortened fast wait stays short after the lease
+// that shortened it is gone: a shortening ends the fast queries in flight
+// (cutShort), and Consul holds an ended blocking query's connection until
+// its wait is over, so registering and deregistering a short lease must not
+// make leasehold end queries again and again (Consul answers 429 past 200
+// connections per address).
+const holdShort = 10 * time.Minute
+
 func (w *Watcher) fastWaitLocked() time.Duration {
+	wait := w.leaseWaitLocked()
+	if w.heldWait > 0 && w.cfg.Clock.Now().Before(w.heldUntil) {
+		wait = min(wait, w.heldWait)
+	}
+	return wait
+}
+
+// leaseWaitLocked is the fast wait the leases read now call for.
+func (w *Watcher) leaseWaitLocked() time.Duration {
 	wait := w.cfg.FastWait
 	if w.listedTasks == nil {
 		return min(wait, time.Second)
@@ -278,9 +298,11 @@ func (w *Watcher) fastWaitLocked() time.Duration {
 // Consul would answer only after it — past a lease just declared (the
 // session's fencing bound, its datacenter's readiness bound).
 func (w *Watcher) shortenedLocked(was time.Duration) {
-	if w.fastWaitLocked() >= was {
+	now := w.fastWaitLocked()
+	if now >= was {
 		return
 	}
+	w.heldWait, w.heldUntil = now, w.cfg.Clock.Now().Add(holdShort)
 	if w.shorter != nil {
 		close(w.shorter)
 	}

@@ -764,11 +764,12 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 func (f *fakeCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }
 
 // TestFastWaitFollowsTheShortestLease: the watches that always answer wait
-// a third of the shortest lease declared (never under 1 s), FastWait
+// a third of the shortest lease declared (never under minFastWait), FastWait
 // without one, and at most a second until every task type listed has been
 // read (its leases unknown).
 func TestFastWaitFollowsTheShortestLease(t *testing.T) {
-	w := newWatcher(newFakeCatalog(), WatchConfig{FastWait: 10 * time.Second})
+	clock := clockwork.NewFakeClock()
+	w := newWatcher(newFakeCatalog(), WatchConfig{FastWait: 10 * time.Second, Clock: clock})
 	lease := func(d time.Duration) []health.Member {
 		var m health.Member
 		m.LeaseTTL = d
@@ -784,8 +785,14 @@ func TestFastWaitFollowsTheShortestLease(t *testing.T) {
 		{"one of two read", func() { w.readLeases("a", lease(0)) }, time.Second},
 		{"both read, no lease declared", func() { w.readLeases("b", nil) }, 10 * time.Second},
 		{"a 6 s lease", func() { w.readLeases("b", lease(6*time.Second)) }, 2 * time.Second},
-		{"a 150 ms lease", func() { w.readLeases("a", lease(150*time.Millisecond)) }, time.Second},
-		{"its task type gone", func() { w.listTasks(map[string]bool{"b": true}) }, 2 * time.Second},
+		{"a 150 ms lease", func() { w.readLeases("a", lease(150*time.Millisecond)) }, minFastWait},
+		// A shortened wait holds (holdShort): a short lease registered and
+		// deregistered again and again ends the queries in flight once.
+		{"its task type gone: the short wait holds", func() { w.listTasks(map[string]bool{"b": true}) }, minFastWait},
+		{"the hold over", func() { clock.Advance(holdShort) }, 2 * time.Second},
+		{"no lease any more", func() { w.readLeases("b", nil) }, 10 * time.Second},
+		{"a lease again: shortened and held", func() { w.readLeases("b", lease(6*time.Second)) }, 2 * time.Second},
+		{"gone again: the 2 s wait holds", func() { w.readLeases("b", nil) }, 2 * time.Second},
 	}
 	for _, st := range steps {
 		st.do()
@@ -801,7 +808,8 @@ func TestFastWaitFollowsTheShortestLease(t *testing.T) {
 // again at once with the 1 s wait, and that is no failure. A longer lease
 // cuts nothing.
 func TestAFastCallInFlightIsAskedAgainWhenALeaseShortensItsWait(t *testing.T) {
-	w := newWatcher(newFakeCatalog(), WatchConfig{FastWait: 10 * time.Second})
+	clock := clockwork.NewFakeClock()
+	w := newWatcher(newFakeCatalog(), WatchConfig{FastWait: 10 * time.Second, Clock: clock})
 	w.listTasks(map[string]bool{"a": true})
 	w.readLeases("a", nil)
 	lease := func(d time.Duration) []health.Member {
