@@ -728,13 +728,17 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 			}
 			keys[inst] = rec
 		}
-		w.listedKeys(keys, at) // current at at: it holds every key written before a registration up to at
+		// The task watches compare new registrations with the listing only
+		// once it went out (listedKeys after the send): a membership decided
+		// before it must have read its keys back.
 		if !first && maps.Equal(keys, last) {
 			w.sendProgress(ctx, out, "generations", at, 0)
+			w.listedKeys(keys, at)
 			return idx, nil
 		}
 		first, last = false, keys
 		w.send(ctx, out, health.Observation{Generations: &health.Generations{Index: idx, Keys: keys}})
+		w.listedKeys(keys, at) // current at at: it holds every key written before a registration up to at
 		w.sendProgress(ctx, out, "generations", at, idx)
 		return idx, nil
 	}
