@@ -361,18 +361,6 @@ func TestRefreshReadsTheLapseMarksWhenBehind(t *testing.T) {
 	t.Fatalf("a refresh to %d (the lapse mark's index) ended without the mark (%d observations before its marker)", m, len(got))
 }
 
-// awaitAt waits until the watcher holds watch name current at idx: it
-// records that just after the observation saying so went out.
-func awaitAt(t *testing.T, w *Watcher, name string, idx uint64) {
-	t.Helper()
-	for deadline := time.Now().Add(5 * time.Second); w.refresh.atOf(name) < idx; {
-		if time.Now().After(deadline) {
-			t.Fatalf("the watcher holds %s current at %d, want %d", name, w.refresh.atOf(name), idx)
-		}
-		time.Sleep(time.Millisecond) // polling an index the watch goroutine sets; no event to wait on
-	}
-}
-
 // TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget: a round is charged
 // with what it read to the refreshes' share of the read budget — not to the
 // generation keys' own, whose next read (a STALE) never waits for fencing's
