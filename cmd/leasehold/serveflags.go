@@ -68,7 +68,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	emptyOK(fs, "datacenters") // none: the agent's own datacenter only
 	fs.StringVar(&f.lbPolicy, "lb-policy", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request")
 	env("lb-policy", "LEASEHOLD_LB_POLICY")
-	fs.DurationVar(&f.staleAfter, "fencing-stale-after", health.DefaultLeaseTTL, "once leasehold's view of Consul is older than this (at least 3s), the fencing API answers UNKNOWN (routing keeps the last known snapshot)")
+	fs.DurationVar(&f.staleAfter, "fencing-stale-after", health.DefaultLeaseTTL, "once leasehold's view of Consul is older than this (at least 3s), or than a session's own lease_ttl when shorter, the fencing API answers UNKNOWN (routing keeps the last known snapshot)")
 	env("fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER")
 	fs.StringVar(&cfg.tls.Cert, "tls-cert", "", "PEM certificate of the gRPC port (xDS and fencing); re-read when the file changes")
 	env("tls-cert", "LEASEHOLD_TLS_CERT")
