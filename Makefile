@@ -32,7 +32,7 @@ lint: $(STATICCHECK)
 	$(STATICCHECK) ./...
 
 # Fuzz targets, with their committed seed corpora (testdata/fuzz).
-FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzDispatcherKey:./health FuzzTranslate:./translator FuzzExecutorPrint:./translator
+FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzDispatcherKey:./health FuzzTranslate:./snapshot/translator FuzzExecutorPrint:./snapshot/translator
 FUZZTIME ?= 3s
 
 # Packages run one at a time (-p 1): the drills start real Consul agents,
@@ -78,7 +78,7 @@ proto:
 bench: $(CONSUL)
 	LEASEHOLD_MEASURE=1 $(GO) test -count=1 -run 'TestFrozenRemoteDatacenter' -v ./adapters/consul/consultest
 	$(GO) test -run '^$$' -bench . -benchtime 1000x -count 4 ./adapters/otel
-	$(GO) test -run '^$$' -bench . -count 3 ./translator ./xdscache ./fleet
+	$(GO) test -run '^$$' -bench . -count 3 ./snapshot/translator ./snapshot/xdscache ./snapshot/fleet
 	$(GO) test -run '^$$' -bench CheckSessionBusyFleet -benchtime 1000x -count 3 ./adapters/consul
 	$(GO) build -o bin/leasehold ./cmd/leasehold
 	$(GO) build -o bin/leasehold-bench ./cmd/leasehold-bench

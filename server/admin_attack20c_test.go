@@ -5,8 +5,8 @@ import (
 	"strings"
 	"testing"
 
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // TestAttack20cExplainShowsReplaces: /debug/executors (and so `leasehold

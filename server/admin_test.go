@@ -3,8 +3,8 @@ package server
 import (
 	"testing"
 
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // Explain shows what the load assignments hold: of two registrations

@@ -12,10 +12,10 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/metadata"
 
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // Attack 17: the fencing API with several datacenters (--datacenters

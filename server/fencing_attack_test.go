@@ -7,10 +7,10 @@ import (
 	"testing"
 	"time"
 
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // attackMember is one contract-conforming registration with its checks

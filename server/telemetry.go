@@ -12,7 +12,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
-	"github.com/leasehold/leasehold/fleet"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // lapseWait is how long a lapse waits for every affected stream's ACK before

@@ -11,10 +11,10 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // instantCatalog is an idle Consul: a query at index 0 is answered at once,

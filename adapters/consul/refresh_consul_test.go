@@ -22,10 +22,10 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // meteredConsul is a reverse proxy in front of a Consul agent that counts

@@ -15,7 +15,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/translator"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // task is the task type of a one-task-type run.

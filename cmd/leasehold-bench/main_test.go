@@ -6,7 +6,7 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/translator"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // The wire scan must agree with a full unmarshal.

@@ -15,7 +15,7 @@ import (
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/flagx"
-	"github.com/leasehold/leasehold/xdscache"
+	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
 
 // bootstrapConfig is an xDS bootstrap for gRPC clients (the gRFC A27 format,

@@ -20,8 +20,8 @@ import (
 	"go.yaml.in/yaml/v3"
 
 	"github.com/leasehold/leasehold/adapters/consul"
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // controlFlags are the flags every operator command shares.

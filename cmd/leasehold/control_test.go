@@ -15,8 +15,8 @@ import (
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // verdict is an executor's route and reason for one constraint set, as a

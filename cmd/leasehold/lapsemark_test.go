@@ -20,9 +20,9 @@ import (
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // setLeaseStatus rewrites a catalogSession's lease check status.

@@ -20,10 +20,10 @@ import (
 	"github.com/hashicorp/consul/api"
 	"github.com/leasehold/leasehold/adapters/consul"
 	lhotel "github.com/leasehold/leasehold/adapters/otel"
-	"github.com/leasehold/leasehold/fleet"
 	"github.com/leasehold/leasehold/health"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // serveConfig is `leasehold serve`'s configuration.

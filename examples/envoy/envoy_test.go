@@ -19,8 +19,8 @@ import (
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/translator"
-	"github.com/leasehold/leasehold/xdscache"
+	"github.com/leasehold/leasehold/snapshot/translator"
+	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
 
 // The example parses into Envoy's bootstrap proto with every field known,

@@ -18,7 +18,7 @@ import (
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
-	"github.com/leasehold/leasehold/translator"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // The digests of a17SingleDCDigest at 336dbe1 (before several datacenters),

@@ -12,7 +12,7 @@ import (
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
-	"github.com/leasehold/leasehold/translator"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 func TestEndpointMetadataOfNamesTheField(t *testing.T) {

@@ -17,8 +17,8 @@ import (
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
-	"github.com/leasehold/leasehold/translator"
-	"github.com/leasehold/leasehold/xdscache"
+	"github.com/leasehold/leasehold/snapshot/translator"
+	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
 
 // Dispatchers of one constraint set in three forms: each gets its form's

@@ -42,8 +42,8 @@ type syncTelemetry struct {
 // initTelemetry creates the instruments. Gauges are computed from the latest
 // View when scraped, so the hot path pays nothing for them.
 func (s *Syncer) initTelemetry() {
-	s.tracer = s.cfg.Tracer.Tracer("github.com/leasehold/leasehold/fleet")
-	m := s.cfg.Meter.Meter("github.com/leasehold/leasehold/fleet")
+	s.tracer = s.cfg.Tracer.Tracer("github.com/leasehold/leasehold/snapshot/fleet")
+	m := s.cfg.Meter.Meter("github.com/leasehold/leasehold/snapshot/fleet")
 	s.lapseCount, _ = m.Int64Counter("leasehold.lease.lapses", metric.WithDescription("lease lapses observed (a session's lease check turned critical), by task"))
 	s.wouldExclude, _ = m.Int64Counter("leasehold.rules.would_exclude", metric.WithDescription("decisions where a rule in observe mode would have excluded a routed executor, by rule and task (once per change)"))
 	s.rulesRejected, _ = m.Int64Counter("leasehold.rules.config_rejected", metric.WithDescription("rollout configurations refused as invalid (the previous one stays in force)"))

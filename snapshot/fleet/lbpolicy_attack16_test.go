@@ -15,7 +15,7 @@ import (
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
-	"github.com/leasehold/leasehold/translator"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // attack16Syncer is startSyncer with a server default policy (--lb-policy).

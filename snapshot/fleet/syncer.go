@@ -28,8 +28,8 @@ import (
 	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
-	"github.com/leasehold/leasehold/translator"
-	"github.com/leasehold/leasehold/xdscache"
+	"github.com/leasehold/leasehold/snapshot/translator"
+	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
 
 // SyncConfig configures a Syncer. Zero values mean defaults.
