@@ -3,7 +3,9 @@ package main
 import (
 	"bytes"
 	"fmt"
+	"maps"
 	"os"
+	"path/filepath"
 	"regexp"
 	"slices"
 	"sort"
@@ -81,8 +83,12 @@ func commandPaths() [][]string {
 	return out
 }
 
-// readmeRow is one row of a README flag table, for the commands it names.
-type readmeRow struct {
+// flagTablesDoc is the guide holding every command's flag table, the one
+// README's "The command line" points at.
+const flagTablesDoc = "docs/operating.md"
+
+// flagRow is one row of a flag table, for the commands it names.
+type flagRow struct {
 	flag, env, def string
 	commands       []string
 	line           int
@@ -93,14 +99,16 @@ var (
 	codeSpan    = regexp.MustCompile("`([^`]*)`")
 )
 
-// readmeFlagTables reads README's flag tables: each follows a marker
-// `<!-- flags: cmd, cmd ... -->` naming the commands it covers, has the
-// columns flag, env and default, and may have a commands column ("all":
+// flagTables reads the flag tables of doc, a guide named file: each follows
+// a marker `<!-- flags: cmd, cmd ... -->` naming the commands it covers, has
+// the columns flag, env and default, and may have a commands column ("all":
 // every command of the marker) when a row does not apply to all of them.
-func readmeFlagTables(readme string) (rows []readmeRow, covered map[string]bool, problems []string) {
+func flagTables(file, doc string) (rows []flagRow, covered map[string]bool, problems []string) {
 	covered = map[string]bool{}
-	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
-	lines := strings.Split(readme, "\n")
+	bad := func(format string, a ...any) {
+		problems = append(problems, file+":"+fmt.Sprintf(format, a...))
+	}
+	lines := strings.Split(doc, "\n")
 	for i := 0; i < len(lines); i++ {
 		m := flagsMarker.FindStringSubmatch(strings.TrimSpace(lines[i]))
 		if m == nil {
@@ -116,7 +124,7 @@ func readmeFlagTables(readme string) (rows []readmeRow, covered map[string]bool,
 			i++
 		}
 		if i+1 >= len(lines) || !strings.HasPrefix(lines[i], "|") {
-			bad("README.md:%d: no table after %s", i, lines[i-1])
+			bad("%d: no table after %s", i, lines[i-1])
 			continue
 		}
 		cols := map[string]int{}
@@ -126,7 +134,7 @@ func readmeFlagTables(readme string) (rows []readmeRow, covered map[string]bool,
 		missing := false
 		for _, need := range []string{"flag", "env", "default"} {
 			if _, ok := cols[need]; !ok {
-				bad("README.md:%d: the flag table has no %q column", i+1, need)
+				bad("%d: the flag table has no %q column", i+1, need)
 				missing = true
 			}
 		}
@@ -135,10 +143,10 @@ func readmeFlagTables(readme string) (rows []readmeRow, covered map[string]bool,
 		}
 		for i += 2; i < len(lines) && strings.HasPrefix(lines[i], "|"); i++ {
 			cs := cells(lines[i])
-			r := readmeRow{commands: all, line: i + 1}
+			r := flagRow{commands: all, line: i + 1}
 			spans := codeSpan.FindAllStringSubmatch(cs[cols["flag"]], -1)
 			if len(spans) != 1 || !strings.HasPrefix(spans[0][1], "--") {
-				bad("README.md:%d: want one `--flag` in the flag cell, got %q", i+1, cs[cols["flag"]])
+				bad("%d: want one `--flag` in the flag cell, got %q", i+1, cs[cols["flag"]])
 				continue
 			}
 			r.flag = strings.Fields(strings.TrimPrefix(spans[0][1], "--"))[0]
@@ -153,7 +161,7 @@ func readmeFlagTables(readme string) (rows []readmeRow, covered map[string]bool,
 			default:
 				s := codeSpan.FindStringSubmatch(def)
 				if s == nil {
-					bad("README.md:%d: --%s: the default cell starts with neither a `value` nor none/off/required: %q", i+1, r.flag, def)
+					bad("%d: --%s: the default cell starts with neither a `value` nor none/off/required: %q", i+1, r.flag, def)
 					continue
 				}
 				r.def = s[1]
@@ -164,7 +172,7 @@ func readmeFlagTables(readme string) (rows []readmeRow, covered map[string]bool,
 					for _, name := range strings.Split(c, ",") {
 						name = strings.TrimSpace(name)
 						if !slices.Contains(all, name) {
-							bad("README.md:%d: --%s names command %q, not one of the table's %v", i+1, r.flag, name, all)
+							bad("%d: --%s names command %q, not one of the table's %v", i+1, r.flag, name, all)
 						}
 						r.commands = append(r.commands, name)
 					}
@@ -207,32 +215,66 @@ func sameDefault(readme, help string) bool {
 	return errA == nil && errB == nil && a == b
 }
 
-// README's flag tables are the commands' help: every flag every command
-// shows is in a table covering that command, with the variables it reads
-// (in order) and its default, and every row is a flag of each command it
-// names — so the two cannot drift apart.
-func TestReadmeFlagTablesMatchHelp(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
+// guides reads README.md and every docs/*.md of the repository, by their
+// paths relative to its root.
+func guides(t *testing.T) map[string]string {
+	t.Helper()
+	docs, err := filepath.Glob("../../docs/*.md")
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, p := range checkReadmeFlags(t, string(raw)) {
+	out := map[string]string{}
+	for _, p := range append([]string{"../../README.md"}, docs...) {
+		raw, err := os.ReadFile(p)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[strings.TrimPrefix(filepath.ToSlash(p), "../../")] = string(raw)
+	}
+	return out
+}
+
+// The flag tables of docs/operating.md are the commands' help: every flag
+// every command shows is in a table covering that command, with the
+// variables it reads (in order) and its default, and every row is a flag of
+// each command it names — so the two cannot drift apart. No other guide
+// (README.md, docs/*.md) holds a flag table, so none goes unchecked.
+func TestReadmeFlagTablesMatchHelp(t *testing.T) {
+	for _, p := range checkFlagTables(t, guides(t)) {
 		t.Error(p)
 	}
 }
 
-// checkReadmeFlags lists where readme's flag tables and the help differ.
-func checkReadmeFlags(t *testing.T, readme string) []string {
-	rows, covered, problems := readmeFlagTables(readme)
+// checkFlagTables lists where the guides' flag tables and the help differ:
+// the tables are read from flagTablesDoc, and a table in another guide is a
+// problem too.
+func checkFlagTables(t *testing.T, guides map[string]string) []string {
+	var problems []string
 	bad := func(format string, a ...any) { problems = append(problems, fmt.Sprintf(format, a...)) }
-	documented := map[string]map[string]readmeRow{} // command → flag → row
+	doc, ok := guides[flagTablesDoc]
+	if !ok {
+		return []string{flagTablesDoc + " is missing: it holds the commands' flag tables"}
+	}
+	for file, text := range guides {
+		if file == flagTablesDoc {
+			continue
+		}
+		for i, line := range strings.Split(text, "\n") {
+			if flagsMarker.MatchString(strings.TrimSpace(line)) {
+				bad("%s:%d: a flag table outside %s, which the check reads", file, i+1, flagTablesDoc)
+			}
+		}
+	}
+	rows, covered, tableProblems := flagTables(flagTablesDoc, doc)
+	problems = append(problems, tableProblems...)
+	documented := map[string]map[string]flagRow{} // command → flag → row
 	for _, r := range rows {
 		for _, c := range r.commands {
 			if documented[c] == nil {
-				documented[c] = map[string]readmeRow{}
+				documented[c] = map[string]flagRow{}
 			}
 			if prev, dup := documented[c][r.flag]; dup {
-				bad("README.md:%d: --%s of leasehold %s is documented twice (also line %d)", r.line, r.flag, c, prev.line)
+				bad("%s:%d: --%s of leasehold %s is documented twice (also line %d)", flagTablesDoc, r.line, r.flag, c, prev.line)
 			}
 			documented[c][r.flag] = r
 		}
@@ -246,7 +288,7 @@ func checkReadmeFlags(t *testing.T, readme string) []string {
 			continue
 		}
 		if !covered[name] {
-			bad("README.md has no flag table for leasehold %s (a <!-- flags: %s --> marker before its table)", name, name)
+			bad("%s has no flag table for leasehold %s (a <!-- flags: %s --> marker before its table)", flagTablesDoc, name, name)
 			continue
 		}
 		names := make([]string, 0, len(flags))
@@ -258,38 +300,36 @@ func checkReadmeFlags(t *testing.T, readme string) []string {
 			f := flags[n]
 			r, ok := documented[name][n]
 			if !ok {
-				bad("README.md: leasehold %s --%s is not in its flag table (env %v, default %q)", name, n, f.env, f.def)
+				bad("%s: leasehold %s --%s is not in its flag table (env %v, default %q)", flagTablesDoc, name, n, f.env, f.def)
 				continue
 			}
 			if env := strings.Join(f.env, ","); r.env != env {
-				bad("README.md:%d: leasehold %s --%s: env %q, help says %q", r.line, name, n, r.env, env)
+				bad("%s:%d: leasehold %s --%s: env %q, help says %q", flagTablesDoc, r.line, name, n, r.env, env)
 			}
 			if !sameDefault(r.def, f.def) {
-				bad("README.md:%d: leasehold %s --%s: default %q, help says %q", r.line, name, n, r.def, f.def)
+				bad("%s:%d: leasehold %s --%s: default %q, help says %q", flagTablesDoc, r.line, name, n, r.def, f.def)
 			}
 		}
 		for n, r := range documented[name] {
 			if _, ok := flags[n]; !ok {
-				bad("README.md:%d: leasehold %s has no flag --%s (a stale row)", r.line, name, n)
+				bad("%s:%d: leasehold %s has no flag --%s (a stale row)", flagTablesDoc, r.line, name, n)
 			}
 		}
 	}
 	for c := range covered {
 		if !seen[c] {
-			bad("README.md: a flag table names leasehold %s, which is no command", c)
+			bad("%s: a flag table names leasehold %s, which is no command", flagTablesDoc, c)
 		}
 	}
 	return problems
 }
 
 // The check catches drift: a missing row, a stale one, a wrong variable or
-// default, a command without a table.
+// default, a command without a table, a table in another guide, and the
+// guide holding the tables gone.
 func TestReadmeFlagCheckCatchesDrift(t *testing.T) {
-	raw, err := os.ReadFile("../../README.md")
-	if err != nil {
-		t.Fatal(err)
-	}
-	readme := string(raw)
+	all := guides(t)
+	doc := all[flagTablesDoc]
 	for _, tt := range []struct{ name, old, new, want string }{
 		{"missing row", "| `--xds-addr` | `LEASEHOLD_XDS_ADDR` | `127.0.0.1:18000` (gRPC", "| `--xds-adr` | `LEASEHOLD_XDS_ADDR` | `127.0.0.1:18000` (gRPC", "leasehold serve --xds-addr is not in its flag table"},
 		{"stale row", "| `--metrics-addr` |", "| `--metrics-address` |", "has no flag --metrics-address"},
@@ -297,12 +337,27 @@ func TestReadmeFlagCheckCatchesDrift(t *testing.T) {
 		{"wrong default", "| `--limit` | audit | | `50` |", "| `--limit` | audit | | `20` |", "--limit: default \"20\""},
 		{"no table", "<!-- flags: explain -->", "", "no flag table for leasehold explain"},
 	} {
-		if strings.Count(readme, tt.old) != 1 {
-			t.Fatalf("%s: README.md does not hold %q once", tt.name, tt.old)
+		if strings.Count(doc, tt.old) != 1 {
+			t.Fatalf("%s: %s does not hold %q once", tt.name, flagTablesDoc, tt.old)
 		}
-		problems := strings.Join(checkReadmeFlags(t, strings.Replace(readme, tt.old, tt.new, 1)), "\n")
+		changed := maps.Clone(all)
+		changed[flagTablesDoc] = strings.Replace(doc, tt.old, tt.new, 1)
+		problems := strings.Join(checkFlagTables(t, changed), "\n")
 		if !strings.Contains(problems, tt.want) {
 			t.Errorf("%s: want a problem saying %q, got:\n%s", tt.name, tt.want, problems)
 		}
+	}
+
+	elsewhere := maps.Clone(all)
+	elsewhere["README.md"] += "\n<!-- flags: version -->\n| flag | env | default |\n|---|---|---|\n"
+	if p := strings.Join(checkFlagTables(t, elsewhere), "\n"); !strings.Contains(p, "README.md:") ||
+		!strings.Contains(p, "a flag table outside "+flagTablesDoc) {
+		t.Errorf("a flag table in README.md: want a problem naming it, got:\n%s", p)
+	}
+
+	gone := maps.Clone(all)
+	delete(gone, flagTablesDoc)
+	if p := strings.Join(checkFlagTables(t, gone), "\n"); !strings.Contains(p, flagTablesDoc+" is missing") {
+		t.Errorf("without %s: want a problem saying it is missing, got:\n%s", flagTablesDoc, p)
 	}
 }
