@@ -2,13 +2,16 @@ package main
 
 import (
 	"context"
+	"fmt"
 	"os"
 	"os/exec"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"syscall"
 	"testing"
 	"time"
+	"unicode"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
 )
@@ -114,4 +117,132 @@ func mirror(t *testing.T, root string) string {
 		}
 	}
 	return dir
+}
+
+// guideFiles lists README.md and every docs/*.md of the repository at root,
+// relative to root.
+func guideFiles(t *testing.T, root string) []string {
+	t.Helper()
+	docs, err := filepath.Glob(filepath.Join(root, "docs", "*.md"))
+	if err != nil {
+		t.Fatal(err)
+	}
+	files := []string{"README.md"}
+	for _, d := range docs {
+		rel, err := filepath.Rel(root, d)
+		if err != nil {
+			t.Fatal(err)
+		}
+		files = append(files, filepath.ToSlash(rel))
+	}
+	return files
+}
+
+// anchor is the fragment GitHub gives a heading: lower case, letters,
+// digits, '-' and '_' kept, spaces turned into '-', the rest dropped.
+func anchor(heading string) string {
+	var b strings.Builder
+	for _, r := range strings.ToLower(heading) {
+		switch {
+		case unicode.IsLetter(r), unicode.IsDigit(r), r == '-', r == '_':
+			b.WriteRune(r)
+		case r == ' ':
+			b.WriteRune('-')
+		}
+	}
+	return b.String()
+}
+
+// markdownLink is an inline link's target (no title).
+var markdownLink = regexp.MustCompile(`\]\(([^()\s]+)\)`)
+
+// proseLines returns the lines of a markdown text outside fenced code
+// blocks, with their numbers (from 1).
+func proseLines(text string) map[int]string {
+	out := map[int]string{}
+	fence := false
+	for i, l := range strings.Split(text, "\n") {
+		if strings.HasPrefix(l, "```") {
+			fence = !fence
+			continue
+		}
+		if !fence {
+			out[i+1] = l
+		}
+	}
+	return out
+}
+
+// anchors lists the fragments of a markdown text's headings, a repeated
+// heading's with GitHub's -1, -2... suffix.
+func anchors(text string) map[string]bool {
+	out := map[string]bool{}
+	seen := map[string]int{}
+	for _, l := range proseLines(text) {
+		if !strings.HasPrefix(l, "#") {
+			continue
+		}
+		a := anchor(strings.TrimSpace(strings.TrimLeft(l, "#")))
+		if n := seen[a]; n > 0 {
+			out[fmt.Sprintf("%s-%d", a, n)] = true
+		} else {
+			out[a] = true
+		}
+		seen[a]++
+	}
+	return out
+}
+
+// The guides link to each other by relative paths and heading fragments:
+// every such link in README.md and docs/*.md names a file of the repository
+// and, with a fragment, a heading of that file — so moving a section breaks
+// this test rather than a reader's link.
+func TestReadmeLinksResolve(t *testing.T) {
+	root, err := filepath.Abs("../..")
+	if err != nil {
+		t.Fatal(err)
+	}
+	links := 0
+	for _, file := range guideFiles(t, root) {
+		raw, err := os.ReadFile(filepath.Join(root, file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		for n, line := range proseLines(string(raw)) {
+			for _, m := range markdownLink.FindAllStringSubmatch(line, -1) {
+				target := m[1]
+				if strings.Contains(target, "://") || strings.HasPrefix(target, "mailto:") {
+					continue
+				}
+				links++
+				path, frag, _ := strings.Cut(target, "#")
+				dest := file
+				if path != "" {
+					dest = filepath.ToSlash(filepath.Join(filepath.Dir(file), path))
+				}
+				text, err := os.ReadFile(filepath.Join(root, dest))
+				if err != nil {
+					t.Errorf("%s:%d: link %q: %v", file, n, target, err)
+					continue
+				}
+				if frag != "" && !anchors(string(text))[frag] {
+					t.Errorf("%s:%d: link %q: %s has no heading #%s", file, n, target, dest, frag)
+				}
+			}
+		}
+	}
+	if links == 0 {
+		t.Error("the guides hold no relative links: the check read nothing")
+	}
+}
+
+// README is a guide: at most 300 lines, leading to docs/ for the rest.
+func TestReadmeIsAGuide(t *testing.T) {
+	raw, err := os.ReadFile("../../README.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	if n := strings.Count(string(raw), "\n"); n > 300 {
+		t.Errorf("README.md has %d lines; at most 300: move the detail into docs/", n)
+	}
 }
