@@ -15,8 +15,8 @@ import (
 	"github.com/Masterminds/semver/v3"
 )
 
-// The registration contract: how an executor appears in Consul. README.md
-// documents the same for executors written in any language.
+// The registration contract: how an executor appears in Consul.
+// docs/contract.md documents the same for executors written in any language.
 const (
 	// DefaultTag marks a Consul service as a leasehold task type.
 	DefaultTag = "leasehold"

@@ -5,7 +5,7 @@
 # of this policy may register any instance id of "work"; the generation key
 # is what leasehold trusts on which session of an instance is newest, and
 # only this instance may write its own. Make one policy per instance (replace
-# exec-1 with its id; README "The key is the authority"): a fleet-wide
+# exec-1 with its id; docs/contract.md, "The key is the authority"): a fleet-wide
 # key_prefix "leasehold/generation/" write would let any executor fence
 # another.
 #   consul acl policy create -name exec-1 -rules @examples/consul/executor-policy.hcl
