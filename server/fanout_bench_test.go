@@ -24,6 +24,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/adstest"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
@@ -163,43 +164,26 @@ func dialStreams(b *testing.B, addr string, n int, form string, capture bool) *b
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(func() { cancel(); conn.Close() })
+	b.Cleanup(func() { conn.Close() })
 	meta, _ := structpb.NewStruct(map[string]any{xdscache.NodeMetaEndpointMetadata: form})
 	c := &benchStreams{counts: make([]int, n), last: make([]time.Time, n), notify: make(chan struct{}, 1)}
 	for i := range n {
-		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("bench-%d", i), Metadata: meta}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-		if err := s.Send(req); err != nil {
-			b.Fatal(err)
-		}
-		go func() {
-			for {
-				r, err := s.Recv()
-				if err != nil {
-					return
-				}
-				at := time.Now()
-				req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
-				s.Send(req)
-				c.mu.Lock()
-				c.counts[i]++
-				c.last[i] = at
-				if i == 0 && capture {
-					r.Nonce = ""
-					fr, _ := proto.MarshalOptions{Deterministic: true}.Marshal(r)
-					c.frames = append(c.frames, fr)
-				}
-				c.mu.Unlock()
-				select {
-				case c.notify <- struct{}{}:
-				default:
-				}
+		s := adstest.Open(b, conn, &corev3.Node{Id: fmt.Sprintf("bench-%d", i), Metadata: meta})
+		s.Follow(resource.EndpointType, []string{"work"}, func(r *discovery.DiscoveryResponse, _, at time.Time) {
+			c.mu.Lock()
+			c.counts[i]++
+			c.last[i] = at
+			if i == 0 && capture {
+				r.Nonce = ""
+				fr, _ := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+				c.frames = append(c.frames, fr)
 			}
-		}()
+			c.mu.Unlock()
+			select {
+			case c.notify <- struct{}{}:
+			default:
+			}
+		})
 	}
 	return c
 }

@@ -7,6 +7,8 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/leasehold/leasehold/internal/adstest"
 	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
@@ -18,12 +20,12 @@ func TestEndpointMetadataFormsOverGRPC(t *testing.T) {
 	forms := []string{"full", "session", "none"}
 	fields := map[string]int{"full": 3, "session": 1, "none": 0}
 	first := map[string][]*discovery.DiscoveryResponse{}
-	streams := map[string]*adsStream{}
+	streams := map[string]*adstest.Client{}
 	for _, f := range replicas {
 		for _, form := range forms {
 			a := f.ads(node("d-"+form, map[string]any{"endpoint_metadata": form}))
-			a.send(resource.EndpointType, "", "", "work")
-			r := a.must()
+			a.Subscribe(resource.EndpointType, "work")
+			r := a.Next()
 			first[form] = append(first[form], r)
 			if f == replicas[0] {
 				streams[form] = a
@@ -47,14 +49,14 @@ func TestEndpointMetadataFormsOverGRPC(t *testing.T) {
 		if got := hosts(t, a, "work"); len(got) != 2 {
 			t.Fatalf("%s: hosts %v", form, got)
 		}
-		streams[form].send(resource.EndpointType, a.VersionInfo, a.Nonce, "work") // ACK
+		streams[form].ACK(a, "work")
 	}
 	if first["full"][0].VersionInfo == first["none"][0].VersionInfo {
 		t.Fatal("two forms share a version")
 	}
 	replicas[0].lapseB()
 	for _, form := range forms {
-		r := streams[form].must()
+		r := streams[form].Next()
 		if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 			t.Fatalf("%s: after the lapse %v", form, got)
 		}

@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/adstest"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
@@ -111,23 +112,23 @@ const duplicateDetail = "xds: resource \"work\": duplicate endpoint with the sam
 // stream shows its NACK, and the next removal still reaches both.
 func TestNackCountedLoggedOnceAndNextRemovalArrives(t *testing.T) {
 	o := startObservedXDS(t)
-	streams := []*adsStream{o.ads(node("d1", nil)), o.ads(node("d2", nil))}
+	streams := []*adstest.Client{o.ads(node("d1", nil)), o.ads(node("d2", nil))}
 	var v1 string
 	for _, a := range streams {
-		a.send(resource.EndpointType, "", "", "work")
-		r := a.must()
+		a.Subscribe(resource.EndpointType, "work")
+		r := a.Next()
 		if got := hosts(t, r, "work"); len(got) != 2 {
 			t.Fatalf("initial endpoints %v", got)
 		}
 		v1 = r.VersionInfo
-		if err := a.s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResponseNonce: r.Nonce, ResourceNames: []string{"work"},
+		if err := a.Stream().Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResponseNonce: r.Nonce, ResourceNames: []string{"work"},
 			ErrorDetail: &rpcstatus.Status{Code: 3, Message: duplicateDetail}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	o.lapseB()
 	for _, a := range streams {
-		r := a.must() // sent after the NACK was handled: a stream's requests are handled in order
+		r := a.Next() // sent after the NACK was handled: a stream's requests are handled in order
 		if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 			t.Fatalf("after a NACK, the removal: %v", got)
 		}
@@ -154,41 +155,11 @@ func TestNackCountedLoggedOnceAndNextRemovalArrives(t *testing.T) {
 
 func TestDeltaNackThenRemovalArrives(t *testing.T) {
 	o := startObservedXDS(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(o.dial()).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-nacker", nil), TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
-		t.Fatal(err)
-	}
-	recv := func() *discovery.DeltaDiscoveryResponse {
-		t.Helper()
-		type res struct {
-			r   *discovery.DeltaDiscoveryResponse
-			err error
-		}
-		ch := make(chan res, 1)
-		go func() { r, err := s.Recv(); ch <- res{r, err} }()
-		select {
-		case r := <-ch:
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			return r.r
-		case <-time.After(5 * time.Second):
-			t.Fatal("no delta response within 5s")
-			return nil
-		}
-	}
-	r := recv()
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResponseNonce: r.Nonce,
-		ErrorDetail: &rpcstatus.Status{Code: 3, Message: "malformed IP address: exec.internal"}}); err != nil {
-		t.Fatal(err)
-	}
+	s := o.delta(node("delta-nacker", nil))
+	s.Subscribe(resource.EndpointType, "work")
+	s.NACK(s.Next(), "malformed IP address: exec.internal")
 	o.lapseB()
-	r2 := recv()
+	r2 := s.Next()
 	if len(r2.Resources) != 1 {
 		t.Fatalf("delta update %v", r2.Resources)
 	}

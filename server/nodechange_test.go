@@ -1,10 +1,8 @@
 package server
 
 import (
-	"context"
 	"strings"
 	"testing"
-	"time"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -45,14 +43,14 @@ func TestNodeChangedOnALaterRequest(t *testing.T) {
 			f := startXDS(t)
 			f.members("work", withLabel(member("work", "a", 9001, "1.0.0"), "zone", "eu-1"), member("work", "b", 9002, "2.0.0"))
 			a := f.ads(node("d1", first))
-			a.send(resource.EndpointType, "", "", "work")
-			r := a.must()
+			a.Subscribe(resource.EndpointType, "work")
+			r := a.Next()
 			if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 				t.Fatalf("initial endpoints %v", got)
 			}
-			a.n = node(tt.id, tt.meta)
-			a.send(resource.EndpointType, r.VersionInfo, r.Nonce, "work", "other") // ACK, and ask for more
-			r2, err := a.recv()
+			a.Node = node(tt.id, tt.meta)
+			a.ACK(r, "work", "other") // ACK, and ask for more
+			r2, err := a.Recv()
 			if tt.field == "" {
 				if err != nil {
 					t.Fatalf("stream ended: %v", err)
@@ -71,20 +69,11 @@ func TestNodeChangedOnALaterRequest(t *testing.T) {
 
 func TestDeltaNodeChangedOnALaterRequest(t *testing.T) {
 	f := startXDS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a stream left unanswered fails here
-	defer cancel()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(f.dial()).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-1", nil), TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := s.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-1", map[string]any{"version_constraint": "<2.0.0"}), TypeUrl: resource.EndpointType,
+	s := f.delta(node("delta-1", nil))
+	s.Subscribe(resource.EndpointType, "work")
+	r := s.Next()
+	// A node that changes on a later request is what the client never sends: raw.
+	if err := s.Stream().Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-1", map[string]any{"version_constraint": "<2.0.0"}), TypeUrl: resource.EndpointType,
 		ResponseNonce: r.Nonce, ResourceNamesSubscribe: []string{"other"}}); err != nil {
 		t.Fatal(err)
 	}

@@ -90,8 +90,8 @@ func TestMTLSRefusesPlaintextAndUntrustedClients(t *testing.T) {
 
 	stranger := s.as(t, "spiffe://test/dispatcher/stranger") // trusted CA, no grant
 	a := stranger.ads(node("d-x", nil))
-	a.s.Send(&discovery.DiscoveryRequest{Node: a.n, TypeUrl: resource.ListenerType}) // may fail: the server ends the stream at once
-	if _, err := a.recv(); status.Code(err) != codes.PermissionDenied {
+	a.Stream().Send(&discovery.DiscoveryRequest{Node: a.Node, TypeUrl: resource.ListenerType}) // may fail: the server ends the stream at once
+	if _, err := a.Recv(); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("identity without a grant: want PermissionDenied, got %v", err)
 	}
 }
@@ -104,18 +104,18 @@ func TestGrantsScopeTaskTypesWithoutLeaking(t *testing.T) {
 	w := s.as(t, "spiffe://test/dispatcher/work")
 
 	a := w.ads(node("d-work", nil))
-	a.send(resource.ListenerType, "", "")
-	if got := listenerNames(a.must()); !slices.Equal(got, []string{"work"}) {
+	a.Subscribe(resource.ListenerType)
+	if got := listenerNames(a.Next()); !slices.Equal(got, []string{"work"}) {
 		t.Fatalf("wildcard listeners of a dispatcher granted [work]: %v", got)
 	}
-	a.send(resource.EndpointType, "", "", "work", "other")
-	withOther := a.must()
+	a.Subscribe(resource.EndpointType, "work", "other")
+	withOther := a.Next()
 	if got := names(withOther); !slices.Equal(got, []string{"work"}) {
 		t.Fatalf("endpoints [work other] for a dispatcher granted [work]: %v", got)
 	}
 	b := w.ads(node("d-work-2", nil))
-	b.send(resource.EndpointType, "", "", "work", "no-such-task")
-	withNone := b.must()
+	b.Subscribe(resource.EndpointType, "work", "no-such-task")
+	withNone := b.Next()
 	if withOther.GetVersionInfo() != withNone.GetVersionInfo() || !proto.Equal(withOther.GetResources()[0], withNone.GetResources()[0]) {
 		t.Errorf("a granted-out task type is distinguishable from a missing one: versions %s vs %s", withOther.GetVersionInfo(), withNone.GetVersionInfo())
 	}
@@ -125,15 +125,15 @@ func TestGrantsScopeTaskTypesWithoutLeaking(t *testing.T) {
 
 	// A dispatcher cannot grant itself more through its own metadata.
 	c := w.ads(node("d-sneaky", map[string]any{"leasehold.granted_tasks": []any{"work", "other"}}))
-	c.send(resource.ListenerType, "", "")
-	if got := listenerNames(c.must()); !slices.Equal(got, []string{"work"}) {
+	c.Subscribe(resource.ListenerType)
+	if got := listenerNames(c.Next()); !slices.Equal(got, []string{"work"}) {
 		t.Errorf("self-granted metadata was honoured: %v", got)
 	}
 
 	// The identity granted "*" sees everything.
 	all := s.as(t, "spiffe://test/dispatcher/all").ads(node("d-all", nil))
-	all.send(resource.ListenerType, "", "")
-	if got := listenerNames(all.must()); !slices.Equal(got, []string{"other", "work"}) {
+	all.Subscribe(resource.ListenerType)
+	if got := listenerNames(all.Next()); !slices.Equal(got, []string{"other", "work"}) {
 		t.Errorf("wildcard grant: %v", got)
 	}
 }
@@ -187,8 +187,8 @@ func TestFencingGrants(t *testing.T) {
 func TestCertificateRotation(t *testing.T) {
 	s := startSecure(t)
 	a := s.as(t, "spiffe://test/dispatcher/work").ads(node("d-rot", nil))
-	a.send(resource.ListenerType, "", "")
-	first := a.must()
+	a.Subscribe(resource.ListenerType)
+	first := a.Next()
 
 	served := func() *big.Int {
 		t.Helper()
@@ -216,9 +216,9 @@ func TestCertificateRotation(t *testing.T) {
 		t.Errorf("a half-written certificate replaced the good pair: serial %v, want %v", got, after)
 	}
 	// The stream opened before the rotation still works.
-	a.send(resource.ListenerType, first.GetVersionInfo(), first.GetNonce())
-	a.send(resource.EndpointType, "", "", "work")
-	if got := names(a.must()); !slices.Equal(got, []string{"work"}) {
+	a.ACK(first)
+	a.Subscribe(resource.EndpointType, "work")
+	if got := names(a.Next()); !slices.Equal(got, []string{"work"}) {
 		t.Errorf("the stream opened before the rotation: %v", got)
 	}
 }
@@ -249,8 +249,8 @@ func TestPolicyFollowed(t *testing.T) {
 	s := startSecure(t)
 	w := s.as(t, "spiffe://test/dispatcher/work")
 	a := w.ads(node("d-follow", nil))
-	a.send(resource.ListenerType, "", "")
-	first := a.must()
+	a.Subscribe(resource.ListenerType)
+	first := a.Next()
 
 	ps := s.policy // what Follow runs each second, called directly here
 	testcerts.WriteFile(t, filepath.Join(s.dir, "policy.yaml"), []byte("dispatchers: [{identity: x, tasks: [\"bad task\"]}]\n"))
@@ -266,13 +266,13 @@ func TestPolicyFollowed(t *testing.T) {
 	if ps.Version() != 1 {
 		t.Fatal("a valid policy change was not taken")
 	}
-	a.send(resource.ListenerType, first.GetVersionInfo(), first.GetNonce())
-	if _, err := a.recv(); status.Code(err) != codes.Unavailable {
+	a.ACK(first)
+	if _, err := a.Recv(); status.Code(err) != codes.Unavailable {
 		t.Fatalf("stream whose grant changed: want Unavailable (reconnect), got %v", err)
 	}
 	b := w.ads(node("d-follow", nil))
-	b.send(resource.ListenerType, "", "")
-	if got := listenerNames(b.must()); !slices.Equal(got, []string{"other", "work"}) {
+	b.Subscribe(resource.ListenerType)
+	if got := listenerNames(b.Next()); !slices.Equal(got, []string{"other", "work"}) {
 		t.Errorf("after reconnecting under the new grant: %v", got)
 	}
 }
