@@ -265,33 +265,23 @@ type edsLatest struct {
 
 func latestEDS(t *testing.T, xdsAddr string) *edsLatest {
 	t.Helper()
-	s := adsTo(t, xdsAddr)
-	req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "churn-drill"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-	if err := s.Send(req); err != nil {
-		t.Fatal(err)
-	}
+	s := dialADS(t, xdsAddr, &corev3.Node{Id: "churn-drill"})
 	e := &edsLatest{changed: make(chan struct{})}
-	go func() {
-		for {
-			resp, err := s.Recv()
-			e.mu.Lock()
-			if err != nil {
-				e.err = err
-			} else {
-				e.set = endpointsOf(resp)
-			}
-			close(e.changed)
-			e.changed = make(chan struct{})
-			e.mu.Unlock()
-			if err != nil {
-				return
-			}
-			req.VersionInfo, req.ResponseNonce = resp.VersionInfo, resp.Nonce
-			if s.Send(req) != nil { // ACK
-				return
-			}
+	note := func(set endpoints, err error) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if err != nil {
+			e.err = err
+		} else {
+			e.set = set
 		}
-	}()
+		close(e.changed)
+		e.changed = make(chan struct{})
+	}
+	ended := s.Follow(resource.EndpointType, []string{"work"}, func(resp *discovery.DiscoveryResponse, _, _ time.Time) {
+		note(endpointsOf(resp), nil)
+	})
+	go func() { note(nil, <-ended) }()
 	return e
 }
 

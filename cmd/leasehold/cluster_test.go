@@ -227,12 +227,7 @@ type edsRecord struct {
 
 func recordEDS(t *testing.T, xdsAddr string) *edsRecorder {
 	t.Helper()
-	s := adsTo(t, xdsAddr)
-	req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "cluster-drill"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-	requested := time.Now()
-	if err := s.Send(req); err != nil {
-		t.Fatal(err)
-	}
+	s := dialADS(t, xdsAddr, &corev3.Node{Id: "cluster-drill"})
 	r := &edsRecorder{changed: make(chan struct{})}
 	note := func(rec *edsRecord, err error) {
 		r.mu.Lock()
@@ -246,22 +241,10 @@ func recordEDS(t *testing.T, xdsAddr string) *edsRecorder {
 		close(r.changed)
 		r.changed = make(chan struct{})
 	}
-	go func() {
-		for {
-			resp, err := s.Recv()
-			if err != nil {
-				note(nil, err)
-				return
-			}
-			note(&edsRecord{Requested: requested, At: time.Now(), Version: resp.VersionInfo, Set: endpointsOf(resp)}, nil)
-			req.VersionInfo, req.ResponseNonce = resp.VersionInfo, resp.Nonce
-			requested = time.Now()
-			if err := s.Send(req); err != nil { // ACK
-				note(nil, err)
-				return
-			}
-		}
-	}()
+	ended := s.Follow(resource.EndpointType, []string{"work"}, func(resp *discovery.DiscoveryResponse, requested, received time.Time) {
+		note(&edsRecord{Requested: requested, At: received, Version: resp.VersionInfo, Set: endpointsOf(resp)}, nil)
+	})
+	go func() { note(nil, <-ended) }()
 	return r
 }
 

@@ -11,9 +11,7 @@ import (
 	"time"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials/insecure"
@@ -253,20 +251,8 @@ func TestFencingAndExplain(t *testing.T) {
 // nackingClient opens an ADS stream that rejects the endpoints it gets.
 func nackingClient(t *testing.T, addr string) string {
 	t.Helper()
-	s := adsTo(t, addr)
-	node := &corev3.Node{Id: "nacker", Metadata: &structpb.Struct{}}
-	req := &discovery.DiscoveryRequest{Node: node, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-	if err := s.Send(req); err != nil {
-		t.Fatal(err)
-	}
-	r, err := s.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	req.ResponseNonce = r.Nonce
-	req.ErrorDetail = &rpcstatus.Status{Code: int32(codes.InvalidArgument), Message: "refused on purpose by the test"}
-	if err := s.Send(req); err != nil {
-		t.Fatal(err)
-	}
+	s := dialADS(t, addr, &corev3.Node{Id: "nacker", Metadata: &structpb.Struct{}})
+	s.Subscribe(resource.EndpointType, "work")
+	s.NACK(s.Next(), "refused on purpose by the test", "work")
 	return "nacker"
 }

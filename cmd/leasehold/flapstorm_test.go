@@ -17,9 +17,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/consul/api"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
@@ -217,44 +215,23 @@ func TestFlapStorm(t *testing.T) {
 
 	// Every EDS response leasehold sends, checked as it arrives; the test
 	// goroutine gets the latest.
-	conn, err := grpc.NewClient(addrs.xds, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(watchCtx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ads := dialADS(t, addrs.xds, &corev3.Node{Id: "storm-probe"})
+	context.AfterFunc(watchCtx, ads.Close)
 	latest := make(chan endpoints, 1)
+	ended := ads.Follow(resource.EndpointType, []string{"work"}, func(r *discovery.DiscoveryResponse, requested, _ time.Time) {
+		eps := endpointsOf(r)
+		ledger.served(eps, requested)
+		select { // keep only the newest for the test goroutine
+		case <-latest:
+		default:
+		}
+		latest <- eps
+	})
 	watchers.Add(1)
 	go func() {
 		defer watchers.Done()
-		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "storm-probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-		acked := time.Now() // before the request: the first response is built after it
-		for {
-			if err := ads.Send(req); err != nil {
-				if watchCtx.Err() == nil {
-					ledger.fail("EDS request: %v", err)
-				}
-				return
-			}
-			r, err := ads.Recv()
-			if err != nil {
-				if watchCtx.Err() == nil || status.Code(err) != codes.Canceled {
-					ledger.fail("EDS stream: %v", err)
-				}
-				return
-			}
-			eps := endpointsOf(r)
-			ledger.served(eps, acked)
-			select { // keep only the newest for the test goroutine
-			case <-latest:
-			default:
-			}
-			latest <- eps
-			req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
-			acked = time.Now() // taken before the ACK is sent: never later than it
+		if err := <-ended; watchCtx.Err() == nil || status.Code(err) != codes.Canceled {
+			ledger.fail("EDS stream: %v", err)
 		}
 	}()
 	// awaitEDS waits until the served set satisfies ok, naming what on failure.
