@@ -46,3 +46,54 @@ func TestBootstrapCommand(t *testing.T) {
 		}
 	}
 }
+
+// bootstrap's dial address: LEASEHOLD_XDS_ADDR is where serve listens, so
+// an unspecified host there (or in the flag) is refused, naming where it
+// came from; the flag overrides the variable.
+func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
+	for _, c := range []struct {
+		env  string
+		args []string
+		want string // "" = accepted
+	}{
+		{"0.0.0.0:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"[::]:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{":18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"0.0.0.0:18000", []string{"--xds-addr", "10.0.0.5:18000"}, ""},
+		{"10.0.0.5:18000", nil, ""},
+		{"leasehold.internal:18000", nil, ""},
+		{"10.0.0.5:18000", []string{"--xds-addr", "0.0.0.0:18000"}, `invalid --xds-addr "0.0.0.0:18000"`},
+		{"10.0.0.5:18000", []string{"--xds-addr", "10.0.0.5:0"}, "invalid --xds-addr"},
+	} {
+		t.Setenv("LEASEHOLD_XDS_ADDR", c.env)
+		code, stdout, stderr := runCLI(append([]string{"bootstrap", "--node-id", "d1"}, c.args...)...)
+		switch {
+		case c.want == "" && code != 0:
+			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v refused: %s", c.env, c.args, stderr)
+		case c.want != "" && (code != 2 || !strings.Contains(stderr, c.want) || stdout != ""):
+			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v: exit %d, %q; want 2 naming %s", c.env, c.args, code, stderr, c.want)
+		}
+	}
+	if _, err := newBootstrap("0.0.0.0:18000", "d1", "", nil, "", ""); err == nil || !strings.Contains(err.Error(), "--xds-addr") {
+		t.Errorf("newBootstrap took an unspecified address: %v", err)
+	}
+}
+
+// The refusal of unspecified dial addresses looks past net.ParseIP of the
+// host: a gRPC target (`dns:///0.0.0.0:18000`, which grpc-go's xDS client
+// dials as written: 0.0.0.0, this machine) and an unspecified address with a
+// zone (`[::%lo]:18000`) are refused as well, never written for dispatchers
+// to dial.
+func TestBootstrapRefusesUnspecifiedTargetsAndZones(t *testing.T) {
+	for _, addr := range []string{"dns:///0.0.0.0:18000", "passthrough:///[::]:18000", "[::%lo]:18000", "[0:0:0:0:0:ffff:0.0.0.0]:18000", "[::ffff:0:0]:18000"} {
+		if b, err := newBootstrap(addr, "d1", "", nil, "", ""); err == nil {
+			t.Errorf("--xds-addr %s accepted:\n%s", addr, b)
+		}
+	}
+	for _, addr := range []string{"10.0.0.5:18000", "[fe80::1%eth0]:18000", "leasehold.internal:18000", "localhost:18000"} {
+		if _, err := newBootstrap(addr, "d1", "", nil, "", ""); err != nil {
+			t.Errorf("--xds-addr %s refused: %v", addr, err)
+		}
+	}
+}

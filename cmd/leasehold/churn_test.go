@@ -160,9 +160,9 @@ func readBytes(t *testing.T, admin, encoding string) float64 {
 	return sum
 }
 
-// TestChurnDrill (issue 19): 1,000 executors of one task type over a server
-// and two client agents register and then restart under new sessions, 16 at
-// a time, under a watching leasehold. Canaries on a 3 s lease heartbeat
+// TestChurnDrill: 1,000 executors of one task type over a server and two
+// client agents register and then restart under new sessions, 16 at a time,
+// under a watching leasehold. Canaries on a 3 s lease heartbeat
 // every second throughout: none lapses falsely; two stop during the restart
 // and leave the assignment; what leasehold reads from Consul per change stays
 // bounded (≤ 10 KB on the wire, whatever the task size: reads coalesce under

@@ -26,10 +26,9 @@ func unsetenv(t *testing.T, v string) {
 	os.Unsetenv(v)
 }
 
-// The issue's case: a stray word in the middle of bootstrap's flags used to
-// end parsing there, and the constraint after it was silently dropped from
-// the bootstrap printed. Now the command fails naming the word, and writes
-// nothing.
+// A stray word in the middle of bootstrap's flags does not end parsing
+// there, which would silently drop the constraint after it from the
+// bootstrap printed: the command fails naming the word, and writes nothing.
 func TestBootstrapRefusesStrayArgument(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "d1.json")
 	code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1", "extra", "--version-constraint", "<2.0.0", "--out", out)
@@ -212,39 +211,6 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	}
 }
 
-// bootstrap's dial address: LEASEHOLD_XDS_ADDR is where serve listens, so
-// an unspecified host there (or in the flag) is refused, naming where it
-// came from; the flag overrides the variable.
-func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
-	for _, c := range []struct {
-		env  string
-		args []string
-		want string // "" = accepted
-	}{
-		{"0.0.0.0:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{"[::]:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{":18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{"", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{"0.0.0.0:18000", []string{"--xds-addr", "10.0.0.5:18000"}, ""},
-		{"10.0.0.5:18000", nil, ""},
-		{"leasehold.internal:18000", nil, ""},
-		{"10.0.0.5:18000", []string{"--xds-addr", "0.0.0.0:18000"}, `invalid --xds-addr "0.0.0.0:18000"`},
-		{"10.0.0.5:18000", []string{"--xds-addr", "10.0.0.5:0"}, "invalid --xds-addr"},
-	} {
-		t.Setenv("LEASEHOLD_XDS_ADDR", c.env)
-		code, stdout, stderr := runCLI(append([]string{"bootstrap", "--node-id", "d1"}, c.args...)...)
-		switch {
-		case c.want == "" && code != 0:
-			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v refused: %s", c.env, c.args, stderr)
-		case c.want != "" && (code != 2 || !strings.Contains(stderr, c.want) || stdout != ""):
-			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v: exit %d, %q; want 2 naming %s", c.env, c.args, code, stderr, c.want)
-		}
-	}
-	if _, err := newBootstrap("0.0.0.0:18000", "d1", "", nil, "", ""); err == nil || !strings.Contains(err.Error(), "--xds-addr") {
-		t.Errorf("newBootstrap took an unspecified address: %v", err)
-	}
-}
-
 // The old spellings still work, hidden from help, with a deprecation note;
 // giving both spellings is refused; a variable never overrides a value given
 // under the old spelling.
@@ -295,5 +261,66 @@ func TestDeprecatedSpellings(t *testing.T) {
 	code, _, stderr := runCLI("cordon", "--list", "--consul", "127.0.0.1:2")
 	if code != 1 || !strings.Contains(stderr, "--consul is deprecated") || !strings.Contains(stderr, "127.0.0.1:2") {
 		t.Fatalf("cordon --list --consul: exit %d, %q", code, stderr)
+	}
+}
+
+// A flag given on the command line with an empty value (`--instance "$INST"`
+// with INST unset, `--flag=`) is refused (exit 2) naming the flag, never
+// read as if the flag had not been given: leave a flag out for its default.
+// Read as absent,
+//
+//   - `leasehold cordon --instance "" --task work --reason r` would store a
+//     cordon of the whole task type "work" (the empty instance selects
+//     every executor) instead of one executor;
+//   - `leasehold bootstrap --node-id d1 --version-constraint ""` would write
+//     a bootstrap without the constraint (exit 0), and the dispatcher would
+//     send work to every version;
+//   - `bootstrap --tls-ca ""` would write insecure channel credentials;
+//   - `serve --authz-policy "" ...` would serve every task type to every
+//     verified client, and `serve --rules ""` would serve without the rules
+//     file.
+//
+// An empty environment variable is not a flag given.
+func TestEmptyFlagValueRefusedNamingTheFlag(t *testing.T) {
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1") // nothing listens: a refusal must not get that far
+	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.1:1")
+	t.Setenv("LEASEHOLD_ADMIN_ADDR", "127.0.0.1:1")
+	t.Setenv("USER", "alice")
+	for _, tt := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"cordon", "--instance", "", "--task", "work", "--reason", "disk"}, "--instance"},
+		{[]string{"cordon", "--instance=", "--reason", "disk", "--task", "work"}, "--instance"},
+		{[]string{"cordon", "--version-constraint", "", "--task", "work", "--reason", "leak"}, "--version-constraint"},
+		{[]string{"cordon", "--version", "", "--task", "work", "--reason", "leak"}, "--version"},
+		{[]string{"bootstrap", "--node-id", "d1", "--version-constraint", ""}, "--version-constraint"},
+		{[]string{"bootstrap", "--node-id", "d1", "--tls-ca="}, "--tls-ca"},
+		{[]string{"bootstrap", "--node-id", "d1", "--out", ""}, "--out"},
+		{[]string{"explain", "--admin-token-file", ""}, "--admin-token-file"},
+		{[]string{"uncordon", "c-1a2b3c4d", "--by="}, "--by"},
+	} {
+		code, stdout, stderr := runCLI(tt.args...)
+		if code != 2 || !strings.Contains(stderr, tt.flag) || !strings.Contains(stderr, "empty") {
+			t.Errorf("leasehold %q: exit %d, want 2 with an error naming %s as empty\nstdout: %s\nstderr: %s", tt.args, code, tt.flag, stdout, stderr)
+		}
+	}
+	for _, args := range [][]string{
+		{"--rules", ""},
+		{"--authz-policy=", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"},
+		{"--admin-token-file", "", "--admin-addr", "127.0.0.1:19000"},
+	} {
+		if _, err := parseServeFlags(args, io.Discard); err == nil || !strings.Contains(err.Error(), "empty") {
+			t.Errorf("serve %q: %v, want refused as an empty value", args, err)
+		}
+	}
+	// Empty where empty is a documented value stays accepted, and so does
+	// an empty variable (not a flag given).
+	if _, err := parseServeFlags([]string{"--datacenters", ""}, io.Discard); err != nil {
+		t.Errorf("serve --datacenters \"\" (none: the agent's own): %v", err)
+	}
+	t.Setenv("LEASEHOLD_RULES", "")
+	if _, err := parseServeFlags(nil, io.Discard); err != nil {
+		t.Errorf("serve with LEASEHOLD_RULES empty: %v", err)
 	}
 }

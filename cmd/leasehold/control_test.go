@@ -301,3 +301,25 @@ func TestRulesFileFollowedAndAudited(t *testing.T) {
 		}
 	}
 }
+
+// --audit-max-age in days is refused when it overflows a duration:
+// `--audit-max-age 213504d` (meant as "keep for ever") would wrap round to
+// about 25 minutes, and the writing command would then delete every audit
+// record older than that.
+func TestAuditMaxAgeOverflowRefused(t *testing.T) {
+	for _, v := range []string{"213504d", "106752d", "2147483647d", "9223372036854775807d"} {
+		var a ageValue
+		if err := a.Set(v); err == nil {
+			t.Errorf("--audit-max-age %s accepted as %s", v, a.String())
+		}
+	}
+	var a ageValue
+	if err := a.Set("106751d"); err != nil || a.String() != "106751d" {
+		t.Errorf("--audit-max-age 106751d (the longest duration in days): %v, %s", err, a.String())
+	}
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.1:1")
+	if code, _, stderr := runCLI("uncordon", "c-1a2b3c4d", "--by", "alice", "--audit-max-age", "213504d"); code != 2 || !strings.Contains(stderr, "--audit-max-age") {
+		t.Errorf("uncordon --audit-max-age 213504d: exit %d, want 2 naming the flag\n%s", code, stderr)
+	}
+}

@@ -19,7 +19,7 @@ import (
 // rules in Consul KV. Each switch must reach the connected client (a new
 // cluster version sent and ACKed, never NACKed), and calls keep reaching
 // every executor under each policy.
-func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
+func TestEveryLBPolicyAckedByGRPCLive(t *testing.T) {
 	a := consultest.Start(t)
 	a.SettleSync()
 	startExecutor(t, a, "e1", "1.0.0")
@@ -27,7 +27,7 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 	var log syncBuffer
 	addrs := startServeTo(t, a, &log, func(c *serveConfig) { c.lbPolicy = health.LBLeastRequest })
 	start := time.Now()
-	d := startDispatcher(t, addrs.xds, "dispatcher-lb16", map[string]any{})
+	d := startDispatcher(t, addrs.xds, "dispatcher-lb", map[string]any{})
 	d.await(t, start, 20*time.Second, "calls to both executors (least_request)", func(cs []callResult) bool {
 		m := servedBy(cs)
 		return m["e1"] > 0 && m["e2"] > 0
@@ -39,7 +39,7 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 		}
 		getBody(t, "http://"+addrs.admin+"/debug/dispatchers", &ds)
 		for _, s := range ds.Dispatchers {
-			if s.NodeID == "dispatcher-lb16" {
+			if s.NodeID == "dispatcher-lb" {
 				if ti := s.Types[resource.ClusterType]; ti != nil {
 					return ti
 				}
