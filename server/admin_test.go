@@ -42,7 +42,8 @@ func TestReadyzNamesItsReason(t *testing.T) {
 		{Reason: "tls", Detail: "x509: certificate signed by unknown authority"},
 	} {
 		code, body := get(readyWith{tt})
-		if code != 503 || body["ready"] != false || body["reason"] != tt.Reason || body["detail"] != tt.Detail {
+		if code != 503 || body["ready"] != false || body["reason"] != tt.Reason ||
+			body["detail"] != tt.Detail {
 			t.Errorf("%s: %d %v", tt.Reason, code, body)
 		}
 		if _, ok := body["source"]; ok != (tt.Source != "") || (ok && body["source"] != tt.Source) {
@@ -53,7 +54,8 @@ func TestReadyzNamesItsReason(t *testing.T) {
 		}
 	}
 	code, body := get(readyWith{fleet.Readiness{Ready: true}})
-	if _, ok := body["reason"]; code != 200 || body["ready"] != true || ok || body["consul_last_contact"] == nil {
+	if _, ok := body["reason"]; code != 200 || body["ready"] != true || ok ||
+		body["consul_last_contact"] == nil {
 		t.Errorf("ready: %d %v", code, body)
 	}
 	if code, body := get(plainReady(false)); code != 503 || body["ready"] != false {
@@ -61,15 +63,22 @@ func TestReadyzNamesItsReason(t *testing.T) {
 	}
 }
 
-// TestReadyzUnreadyWhileConsulIsSilent: Consul hung (no query fails, none
-// is answered) past the staleness bound: /readyz is 503 consul_silent with
-// the age; at the next answer it is ready again. The bound is the fencing
-// bound, or the shortest lease declared when shorter (here 6 s).
+// Consul hung (no query fails, none is answered) past the staleness bound:
+// /readyz is 503 consul_silent with the age; at the next answer it is ready
+// again. The bound is the fencing bound, or the shortest lease declared when
+// shorter (here 6 s).
 func TestReadyzUnreadyWhileConsulIsSilent(t *testing.T) {
 	s := leaseSyncer(t)
 	fc := newFreshClock()
 	f := NewFencing(s, fc.freshAsOf, FencingOptions{Clock: fc.clock})
-	h := AdminHandler(AdminConfig{Ready: s, LastContact: func() time.Time { return fc.freshAsOf("") }, Syncer: s, Fencing: f})
+	h := AdminHandler(
+		AdminConfig{
+			Ready:       s,
+			LastContact: func() time.Time { return fc.freshAsOf("") },
+			Syncer:      s,
+			Fencing:     f,
+		},
+	)
 	get := func() (int, map[string]any) {
 		t.Helper()
 		w := httptest.NewRecorder()
@@ -86,7 +95,8 @@ func TestReadyzUnreadyWhileConsulIsSilent(t *testing.T) {
 	}
 	fc.silentFor(46 * time.Second)
 	code, body := get()
-	if detail, _ := body["detail"].(string); code != 503 || body["reason"] != ReasonConsulSilent || !strings.Contains(detail, "46s") {
+	if detail, _ := body["detail"].(string); code != 503 || body["reason"] != ReasonConsulSilent ||
+		!strings.Contains(detail, "46s") {
 		t.Fatalf("Consul silent for 46 s: %d %v, want 503 consul_silent with the age", code, body)
 	}
 	fc.silentFor(7 * time.Second)
@@ -99,11 +109,11 @@ func TestReadyzUnreadyWhileConsulIsSilent(t *testing.T) {
 	}
 }
 
-// TestReadyzIgnoresATinyLeaseTTL: one registration (any token that may
-// register the task type can write one) declares a lease_ttl of 1 ms. A
-// healthy Consul's watches answer every fraction of a second, not every
-// millisecond: /readyz stays ready while Consul answers within a second —
-// no registration makes the readiness bound tighter than leasehold's floor.
+// One registration (any token that may register the task type can write one)
+// declares a lease_ttl of 1 ms. A healthy Consul's watches answer every
+// fraction of a second, not every millisecond: /readyz stays ready while
+// Consul answers within a second — no registration makes the readiness bound
+// tighter than leasehold's floor.
 func TestReadyzIgnoresATinyLeaseTTL(t *testing.T) {
 	x := member("work", "x", 9001, "1.0.0")
 	x.LeaseTTL = time.Millisecond
@@ -111,16 +121,30 @@ func TestReadyzIgnoresATinyLeaseTTL(t *testing.T) {
 		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
 		health.Observation{NonPassing: &health.NonPassing{Index: 2}},
 		health.Observation{Generations: &health.Generations{Index: 3}},
-		health.Observation{Members: &health.TaskMembers{Task: "work", Index: 11, Members: []health.Member{x, member("work", "y", 9002, "1.0.0")}}},
+		health.Observation{
+			Members: &health.TaskMembers{
+				Task:    "work",
+				Index:   11,
+				Members: []health.Member{x, member("work", "y", 9002, "1.0.0")},
+			},
+		},
 	)
 	fc := newFreshClock()
 	f := NewFencing(s, fc.freshAsOf, FencingOptions{Clock: fc.clock})
-	h := AdminHandler(AdminConfig{Ready: s, LastContact: func() time.Time { return fc.freshAsOf("") }, Syncer: s, Fencing: f})
+	h := AdminHandler(
+		AdminConfig{
+			Ready:       s,
+			LastContact: func() time.Time { return fc.freshAsOf("") },
+			Syncer:      s,
+			Fencing:     f,
+		},
+	)
 	fc.silentFor(time.Second)
 	w := httptest.NewRecorder()
 	h.ServeHTTP(w, httptest.NewRequest("GET", "/readyz", nil))
 	if w.Code != 200 {
-		t.Fatalf("Consul last answered a second ago, a 1 ms lease_ttl declared: %d %s", w.Code, w.Body)
+		t.Fatalf("Consul last answered a second ago, a 1 ms lease_ttl declared: %d %s",
+			w.Code, w.Body)
 	}
 }
 
@@ -134,15 +158,28 @@ func TestExplainShowsAddressExclusions(t *testing.T) {
 		e.Address = address
 		return e
 	}
-	v := fleet.NewView([]health.Executor{ex("b", "127.0.0.1", 9001), ex("a", "127.0.0.1", 9001), ex("c", "127.0.0.1", 9002), ex("d", "exec-d.internal", 9003)})
-	want := map[string]string{"a": "", "b": string(health.ReasonDuplicateAddress), "c": "", "d": string(health.ReasonAddressNotIP)}
+	v := fleet.NewView(
+		[]health.Executor{
+			ex("b", "127.0.0.1", 9001),
+			ex("a", "127.0.0.1", 9001),
+			ex("c", "127.0.0.1", 9002),
+			ex("d", "exec-d.internal", 9003),
+		},
+	)
+	want := map[string]string{
+		"a": "",
+		"b": string(health.ReasonDuplicateAddress),
+		"c": "",
+		"d": string(health.ReasonAddressNotIP),
+	}
 	out := explainExecutors(v, "work")
 	if len(out.Executors) != len(want) {
 		t.Fatalf("%d executors explained, want %d", len(out.Executors), len(want))
 	}
 	for _, e := range out.Executors {
 		if got := e.Verdicts[0].Reason; got != want[e.InstanceID] {
-			t.Errorf("%s: reason %q (%s), want %q", e.InstanceID, got, e.Verdicts[0].Detail, want[e.InstanceID])
+			t.Errorf("%s: reason %q (%s), want %q",
+				e.InstanceID, got, e.Verdicts[0].Detail, want[e.InstanceID])
 		}
 	}
 }
@@ -154,7 +191,8 @@ func TestExplainShowsAddressExclusions(t *testing.T) {
 func TestExplainShowsReplaces(t *testing.T) {
 	m := member("work", "a", 9001, "1.0.0")
 	m.Replaces = []string{"s-old"}
-	v := fleet.NewView([]health.Executor{health.Join(m, health.NewNonPassingSet(health.NonPassing{}))})
+	v := fleet.NewView(
+		[]health.Executor{health.Join(m, health.NewNonPassingSet(health.NonPassing{}))})
 	b, err := json.Marshal(explainExecutors(v, "work"))
 	if err != nil {
 		t.Fatal(err)

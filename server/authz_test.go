@@ -37,8 +37,10 @@ func TestGrantsScopeTaskTypesWithoutLeaking(t *testing.T) {
 	b := w.ads(node("d-work-2", nil))
 	b.Subscribe(resource.EndpointType, "work", "no-such-task")
 	withNone := b.Next()
-	if withOther.GetVersionInfo() != withNone.GetVersionInfo() || !proto.Equal(withOther.GetResources()[0], withNone.GetResources()[0]) {
-		t.Errorf("a granted-out task type is distinguishable from a missing one: versions %s vs %s", withOther.GetVersionInfo(), withNone.GetVersionInfo())
+	if withOther.GetVersionInfo() != withNone.GetVersionInfo() ||
+		!proto.Equal(withOther.GetResources()[0], withNone.GetResources()[0]) {
+		t.Errorf("a granted-out task type is distinguishable from a missing one: versions %s vs %s",
+			withOther.GetVersionInfo(), withNone.GetVersionInfo())
 	}
 	if got := hosts(t, withOther, "work"); !slices.Equal(got, []string{"a", "b"}) {
 		t.Errorf("work endpoints: %v", got)
@@ -66,7 +68,8 @@ func TestFencingGrants(t *testing.T) {
 	other := leaseholdv1.NewFencingClient(s.as(t, "spiffe://test/dispatcher/other").dial())
 	deadline := time.Now().Add(5 * time.Second)
 	for {
-		r, err := other.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "o", SessionId: "s-o"})
+		r, err := other.CheckSession(ctx,
+			&leaseholdv1.CheckSessionRequest{InstanceId: "o", SessionId: "s-o"})
 		if err == nil && r.GetState() == leaseholdv1.SessionState_CURRENT {
 			break
 		}
@@ -77,23 +80,29 @@ func TestFencingGrants(t *testing.T) {
 	}
 
 	work := leaseholdv1.NewFencingClient(s.as(t, "spiffe://test/dispatcher/work").dial())
-	if r, err := work.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "a", SessionId: "s-a"}); err != nil || r.GetState() != leaseholdv1.SessionState_CURRENT {
+	if r, err := work.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "a",
+		SessionId: "s-a"}); err != nil ||
+		r.GetState() != leaseholdv1.SessionState_CURRENT {
 		t.Errorf("granted task's session: %v %v", r, err)
 	}
-	hidden, err := work.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "o", SessionId: "s-o"})
+	hidden, err := work.CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "o", SessionId: "s-o"})
 	if err != nil {
 		t.Fatal(err)
 	}
-	never, err := work.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "o", SessionId: "never"})
+	never, err := work.CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "o", SessionId: "never"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	hidden.ViewAge, never.ViewAge, hidden.SessionId, never.SessionId = nil, nil, "", ""
 	if hidden.GetState() != leaseholdv1.SessionState_UNKNOWN || !proto.Equal(hidden, never) {
-		t.Errorf("a session of a task type outside the grant leaks: %v vs never seen %v", hidden, never)
+		t.Errorf("a session of a task type outside the grant leaks: %v vs never seen %v",
+			hidden, never)
 	}
 	// WatchSession is not granted to this identity.
-	ws, err := work.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "a", SessionId: "s-a"})
+	ws, err := work.WatchSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "a", SessionId: "s-a"})
 	if err == nil {
 		_, err = ws.Recv()
 	}
@@ -118,7 +127,8 @@ func TestSessionNamedByReplacesIsStaleToCallersGrantedItsNamer(t *testing.T) {
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	other := leaseholdv1.NewFencingClient(s.as(t, "spiffe://test/dispatcher/other").dial())
-	ws, err := other.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "r", SessionId: "s2"})
+	ws, err := other.WatchSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "r", SessionId: "s2"})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -131,16 +141,21 @@ func TestSessionNamedByReplacesIsStaleToCallersGrantedItsNamer(t *testing.T) {
 			break
 		}
 	}
-	r, err := other.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "r", SessionId: "s1"})
+	r, err := other.CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "r", SessionId: "s1"})
 	if err != nil {
 		t.Fatal(err)
 	}
 	if r.GetState() != leaseholdv1.SessionState_STALE || r.GetNewerSessionId() != "s2" {
-		t.Fatalf("r/s1 (named by r/s2, task other, granted) = %s newer %q (%s), want STALE newer s2", r.GetState(), r.GetNewerSessionId(), r.GetDetail())
+		t.Fatalf(
+			"r/s1 (named by r/s2, task other, granted) = %s newer %q (%s), want STALE newer s2",
+			r.GetState(), r.GetNewerSessionId(), r.GetDetail())
 	}
 	// A caller not granted task other still learns nothing.
 	work := leaseholdv1.NewFencingClient(s.as(t, "spiffe://test/dispatcher/work").dial())
-	if r, err := work.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "r", SessionId: "s1"}); err != nil || r.GetState() != leaseholdv1.SessionState_UNKNOWN {
+	if r, err := work.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "r",
+		SessionId: "s1"}); err != nil ||
+		r.GetState() != leaseholdv1.SessionState_UNKNOWN {
 		t.Fatalf("r/s1 for a caller not granted task other: %v %v", r, err)
 	}
 }

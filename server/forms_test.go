@@ -34,7 +34,8 @@ func TestEndpointMetadataFormsOverGRPC(t *testing.T) {
 	}
 	for _, form := range forms {
 		a, b := first[form][0], first[form][1]
-		if a.VersionInfo != b.VersionInfo || !bytes.Equal(a.Resources[0].Value, b.Resources[0].Value) {
+		if a.VersionInfo != b.VersionInfo ||
+			!bytes.Equal(a.Resources[0].Value, b.Resources[0].Value) {
 			t.Fatalf("%s: replicas disagree", form)
 		}
 		cla := &endpointv3.ClusterLoadAssignment{}
@@ -42,8 +43,10 @@ func TestEndpointMetadataFormsOverGRPC(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, lb := range cla.Endpoints[0].LbEndpoints {
-			if n := len(lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace].GetFields()); n != fields[form] {
-				t.Fatalf("%s: %d metadata fields on %s, want %d", form, n, lb.GetEndpoint().GetHostname(), fields[form])
+			md := lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace]
+			if n := len(md.GetFields()); n != fields[form] {
+				t.Fatalf("%s: %d metadata fields on %s, want %d",
+					form, n, lb.GetEndpoint().GetHostname(), fields[form])
 			}
 		}
 		if got := hosts(t, a, "work"); len(got) != 2 {

@@ -13,16 +13,17 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// TestHostileClientsDoNotHurtOthers: a client that never reads, one that
-// NACKs everything, 1,000 streams opened and dropped, garbage bytes on the
-// port and invalid node metadata — a well-behaved dispatcher still gets its
-// updates promptly, and no goroutines are left behind.
+// A client that never reads, one that NACKs everything, 1,000 streams opened
+// and dropped, garbage bytes on the port and invalid node metadata — a
+// well-behaved dispatcher still gets its updates promptly, and no goroutines
+// are left behind.
 func TestHostileClientsDoNotHurtOthers(t *testing.T) {
 	f := startXDS(t)
 	// a big task so a response exceeds the stream's flow-control window
 	var big []health.Member
 	for i := range 600 {
-		big = append(big, member("work", "w"+string(rune('a'+i%26))+string(rune('a'+i/26)), 10000+i, "1.0.0"))
+		big = append(big,
+			member("work", "w"+string(rune('a'+i%26))+string(rune('a'+i/26)), 10000+i, "1.0.0"))
 	}
 	f.members("work", big...)
 
@@ -59,7 +60,13 @@ func TestHostileClientsDoNotHurtOthers(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
 		if err == nil {
-			s.Send(&discovery.DiscoveryRequest{Node: node("churn", nil), TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}})
+			s.Send(
+				&discovery.DiscoveryRequest{
+					Node:          node("churn", nil),
+					TypeUrl:       resource.EndpointType,
+					ResourceNames: []string{"work"},
+				},
+			)
 		}
 		cancel()
 	}
@@ -80,7 +87,8 @@ func TestHostileClientsDoNotHurtOthers(t *testing.T) {
 	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > baseline+40 {
 		if time.Now().After(deadline) {
-			t.Fatalf("goroutines %d, baseline %d: dropped streams leaked", runtime.NumGoroutine(), baseline)
+			t.Fatalf("goroutines %d, baseline %d: dropped streams leaked",
+				runtime.NumGoroutine(), baseline)
 		}
 		<-time.After(50 * time.Millisecond) // goroutines have no event to wait on
 	}

@@ -22,7 +22,10 @@ func withLabel(m health.Member, k, v string) health.Member {
 // waiting for a constraint set it did not subscribe. The same node sent
 // again (as Envoy does on every request) changes nothing.
 func TestNodeChangedOnALaterRequest(t *testing.T) {
-	first := map[string]any{"version_constraint": "<2.0.0", "labels": map[string]any{"zone": "eu-1"}}
+	first := map[string]any{
+		"version_constraint": "<2.0.0",
+		"labels":             map[string]any{"zone": "eu-1"},
+	}
 	for _, tt := range []struct {
 		name  string
 		id    string
@@ -41,7 +44,8 @@ func TestNodeChangedOnALaterRequest(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := startXDS(t)
-			f.members("work", withLabel(member("work", "a", 9001, "1.0.0"), "zone", "eu-1"), member("work", "b", 9002, "2.0.0"))
+			f.members("work", withLabel(member("work", "a", 9001, "1.0.0"), "zone", "eu-1"),
+				member("work", "b", 9002, "2.0.0"))
 			a := f.ads(node("d1", first))
 			a.Subscribe(resource.EndpointType, "work")
 			r := a.Next()
@@ -60,8 +64,10 @@ func TestNodeChangedOnALaterRequest(t *testing.T) {
 				}
 				return
 			}
-			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.field) {
-				t.Fatalf("err %v (response %v), want InvalidArgument naming %s", err, names(r2), tt.field)
+			if status.Code(err) != codes.InvalidArgument ||
+				!strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("err %v (response %v), want InvalidArgument naming %s",
+					err, names(r2), tt.field)
 			}
 		})
 	}
@@ -73,11 +79,13 @@ func TestDeltaNodeChangedOnALaterRequest(t *testing.T) {
 	s.Subscribe(resource.EndpointType, "work")
 	r := s.Next()
 	// A node that changes on a later request is what the client never sends: raw.
-	if err := s.Stream().Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-1", map[string]any{"version_constraint": "<2.0.0"}), TypeUrl: resource.EndpointType,
+	if err := s.Stream().Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-1",
+		map[string]any{"version_constraint": "<2.0.0"}), TypeUrl: resource.EndpointType,
 		ResponseNonce: r.Nonce, ResourceNamesSubscribe: []string{"other"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "node.metadata.version_constraint") {
+	if _, err := s.Recv(); status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(err.Error(), "node.metadata.version_constraint") {
 		t.Fatalf("err %v, want InvalidArgument naming node.metadata.version_constraint", err)
 	}
 }

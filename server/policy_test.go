@@ -43,15 +43,20 @@ func TestPolicyFollowed(t *testing.T) {
 	first := a.Next()
 
 	ps := s.policy // what Follow runs each second, called directly here
-	testcerts.WriteFile(t, filepath.Join(s.dir, "policy.yaml"), []byte("dispatchers: [{identity: x, tasks: [\"bad task\"]}]\n"))
+	testcerts.WriteFile(t, filepath.Join(s.dir, "policy.yaml"),
+		[]byte("dispatchers: [{identity: x, tasks: [\"bad task\"]}]\n"))
 	ps.reload()
 	if v := ps.Version(); v != 0 {
 		t.Fatalf("an invalid policy was accepted (version %d)", v)
 	}
-	if g, ok := ps.Grant(Identity{URIs: []string{"spiffe://test/dispatcher/work"}}); !ok || !g.AllowsTask("work") {
+	if g, ok := ps.Grant(Identity{URIs: []string{"spiffe://test/dispatcher/work"}}); !ok ||
+		!g.AllowsTask("work") {
 		t.Fatal("the previous policy is not in force after an invalid change")
 	}
-	testcerts.WriteFile(t, filepath.Join(s.dir, "policy.yaml"), []byte("dispatchers: [{identity: \"spiffe://test/dispatcher/work\", tasks: [work, other]}]\n"))
+	testcerts.WriteFile(t, filepath.Join(s.dir, "policy.yaml"),
+		[]byte(
+			"dispatchers: [{identity: \"spiffe://test/dispatcher/work\", tasks: [work, other]}]\n"),
+	)
 	ps.reload()
 	if ps.Version() != 1 {
 		t.Fatal("a valid policy change was not taken")

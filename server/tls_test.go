@@ -49,7 +49,14 @@ func startSecure(t *testing.T) *secureFixture {
 	testcerts.WriteFile(t, filepath.Join(dir, "ca.pem"), ca.PEM)
 	testcerts.WriteFile(t, filepath.Join(dir, "policy.yaml"), []byte(testPolicy))
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	st, err := NewServerTLS(TLSFiles{Cert: filepath.Join(dir, "cert.pem"), Key: filepath.Join(dir, "key.pem"), ClientCA: filepath.Join(dir, "ca.pem")}, log)
+	st, err := NewServerTLS(
+		TLSFiles{
+			Cert:     filepath.Join(dir, "cert.pem"),
+			Key:      filepath.Join(dir, "key.pem"),
+			ClientCA: filepath.Join(dir, "ca.pem"),
+		},
+		log,
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -58,7 +65,14 @@ func startSecure(t *testing.T) *secureFixture {
 		t.Fatal(err)
 	}
 	f := startXDSWith(t, secureOpts{tls: st, policy: policy})
-	return &secureFixture{fixture: f, ca: ca, rogue: testcerts.NewCA(t, "rogue CA"), dir: dir, tls: st, policy: policy}
+	return &secureFixture{
+		fixture: f,
+		ca:      ca,
+		rogue:   testcerts.NewCA(t, "rogue CA"),
+		dir:     dir,
+		tls:     st,
+		policy:  policy,
+	}
 }
 
 // as returns a copy of the fixture whose connections present identity uri.
@@ -72,21 +86,26 @@ func TestMTLSRefusesPlaintextAndUntrustedClients(t *testing.T) {
 	s := startSecure(t)
 
 	plain := *s.fixture // no credentials
-	_, err := leaseholdv1.NewFencingClient(plain.dial()).CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "a", SessionId: "s-a"})
+	_, err := leaseholdv1.NewFencingClient(plain.dial()).CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "a", SessionId: "s-a"},
+	)
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("plaintext client: want Unavailable (handshake refused), got %v", err)
 	}
 
 	rogue := *s.fixture
 	rogue.creds = s.rogue.ClientCreds(t, s.ca, "spiffe://test/dispatcher/work")
-	_, err = leaseholdv1.NewFencingClient(rogue.dial()).CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "a", SessionId: "s-a"})
+	_, err = leaseholdv1.NewFencingClient(rogue.dial()).CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "a", SessionId: "s-a"},
+	)
 	if status.Code(err) != codes.Unavailable {
 		t.Errorf("client with a certificate from an untrusted CA: want Unavailable, got %v", err)
 	}
 
 	stranger := s.as(t, "spiffe://test/dispatcher/stranger") // trusted CA, no grant
 	a := stranger.ads(node("d-x", nil))
-	a.Stream().Send(&discovery.DiscoveryRequest{Node: a.Node, TypeUrl: resource.ListenerType}) // may fail: the server ends the stream at once
+	// The send may fail: the server ends the stream at once.
+	a.Stream().Send(&discovery.DiscoveryRequest{Node: a.Node, TypeUrl: resource.ListenerType})
 	if _, err := a.Recv(); status.Code(err) != codes.PermissionDenied {
 		t.Errorf("identity without a grant: want PermissionDenied, got %v", err)
 	}
@@ -107,7 +126,13 @@ func TestCertificateRotation(t *testing.T) {
 		pool.AppendCertsFromPEM(s.ca.PEM)
 		c, k := s.ca.Issue(t, false, []string{"spiffe://test/dispatcher/work"})
 		pair, _ := tls.X509KeyPair(c, k)
-		conn, err := tls.Dial("tcp", s.addr, &tls.Config{RootCAs: pool, Certificates: []tls.Certificate{pair}, NextProtos: []string{"h2"}})
+		conn, err := tls.Dial("tcp", s.addr,
+			&tls.Config{
+				RootCAs:      pool,
+				Certificates: []tls.Certificate{pair},
+				NextProtos:   []string{"h2"},
+			},
+		)
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -124,7 +149,8 @@ func TestCertificateRotation(t *testing.T) {
 	}
 	testcerts.WriteFile(t, filepath.Join(s.dir, "cert.pem"), cert[:len(cert)/2]) // half-written
 	if got := served(); got.Cmp(after) != 0 {
-		t.Errorf("a half-written certificate replaced the good pair: serial %v, want %v", got, after)
+		t.Errorf("a half-written certificate replaced the good pair: serial %v, want %v",
+			got, after)
 	}
 	// The stream opened before the rotation still works.
 	a.ACK(first)

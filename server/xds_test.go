@@ -47,12 +47,34 @@ type secureOpts struct {
 }
 
 func member(task, inst string, port int, version string) health.Member {
-	reg := health.Registration{InstanceID: inst, SessionID: "s-" + inst, Generation: 1, Task: task, Address: "127.0.0.1", Port: port, Version: version, Capacity: 4, State: health.StateActive}
+	reg := health.Registration{
+		InstanceID: inst,
+		SessionID:  "s-" + inst,
+		Generation: 1,
+		Task:       task,
+		Address:    "127.0.0.1",
+		Port:       port,
+		Version:    version,
+		Capacity:   4,
+		State:      health.StateActive,
+	}
 	return health.Member{
-		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(inst, task), Node: "n1", CreateIndex: 5},
+		Executor: health.Executor{
+			Registration: reg,
+			ServiceID:    health.ServiceID(inst, task),
+			Node:         "n1",
+			CreateIndex:  5,
+		},
 		Checks: []health.CheckState{
 			{Node: "n1", CheckID: "serfHealth", Status: health.StatusPassing, ModifyIndex: 1},
-			{Node: "n1", CheckID: health.CheckID(inst, "s-"+inst, task), ServiceID: health.ServiceID(inst, task), Status: health.StatusPassing, Output: "load=0", ModifyIndex: 5},
+			{
+				Node:        "n1",
+				CheckID:     health.CheckID(inst, "s-"+inst, task),
+				ServiceID:   health.ServiceID(inst, task),
+				Status:      health.StatusPassing,
+				Output:      "load=0",
+				ModifyIndex: 5,
+			},
 		},
 	}
 }
@@ -72,7 +94,8 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 		opts = append(opts, grpc.Creds(so.tls.Credentials()))
 	}
 	if a := NewFencingAuthorizer(so.policy, metricnoop.NewMeterProvider()); a != nil {
-		opts = append(opts, grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor()))
+		opts = append(opts, grpc.ChainUnaryInterceptor(a.UnaryInterceptor()),
+			grpc.ChainStreamInterceptor(a.StreamInterceptor()))
 	}
 	g := grpc.NewServer(opts...)
 	f.xds = NewXDS(ctx, syncer, log, XDSOptions{Policy: so.policy})
@@ -97,7 +120,11 @@ func (f *fixture) send(o health.Observation) { f.obs <- o }
 
 func (f *fixture) members(task string, ms ...health.Member) {
 	f.idx++
-	f.send(health.Observation{Members: &health.TaskMembers{Task: task, Index: 10 + f.idx, Members: ms}})
+	f.send(
+		health.Observation{
+			Members: &health.TaskMembers{Task: task, Index: 10 + f.idx, Members: ms},
+		},
+	)
 }
 
 func node(id string, meta map[string]any) *corev3.Node {
@@ -241,9 +268,17 @@ func TestADSPushesRemovalAndReplicasAgree(t *testing.T) {
 	}
 	a.ACK(ra, "work")
 	// b's endpoint lapses: pushed to the open stream
-	f.send(health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
-		{Node: "n1", CheckID: health.CheckID("b", "s-b", "work"), ServiceID: "work:b", Status: health.StatusCritical, ModifyIndex: 100},
-	}}})
+	f.send(
+		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+			{
+				Node:        "n1",
+				CheckID:     health.CheckID("b", "s-b", "work"),
+				ServiceID:   "work:b",
+				Status:      health.StatusCritical,
+				ModifyIndex: 100,
+			},
+		}}},
+	)
 	r := a.Next()
 	if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("after lapse: %v", got)
@@ -270,9 +305,17 @@ func TestDeltaXDS(t *testing.T) {
 	// a change of task other must not be sent to a client subscribed to work only
 	f.members("other", member("other", "o", 9100, "1.0.0"), member("other", "o2", 9101, "1.0.0"))
 	// then a change of work is
-	f.send(health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
-		{Node: "n1", CheckID: health.CheckID("a", "s-a", "work"), ServiceID: "work:a", Status: health.StatusCritical, ModifyIndex: 100},
-	}}})
+	f.send(
+		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+			{
+				Node:        "n1",
+				CheckID:     health.CheckID("a", "s-a", "work"),
+				ServiceID:   "work:a",
+				Status:      health.StatusCritical,
+				ModifyIndex: 100,
+			},
+		}}},
+	)
 	r2 := s.Next()
 	if len(r2.Resources) != 1 || r2.Resources[0].Name != "work" {
 		t.Fatalf("delta update %v", r2.Resources)
@@ -325,7 +368,8 @@ func TestPerTypeServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := eds.Send(&discovery.DiscoveryRequest{Node: node("per-type", nil), TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}); err != nil {
+	if err := eds.Send(&discovery.DiscoveryRequest{Node: node("per-type", nil),
+		TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}); err != nil {
 		t.Fatal(err)
 	}
 	r, err := eds.Recv()
@@ -339,7 +383,8 @@ func TestPerTypeServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lds.Send(&discovery.DeltaDiscoveryRequest{Node: node("per-type", nil), TypeUrl: resource.ListenerType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
+	if err := lds.Send(&discovery.DeltaDiscoveryRequest{Node: node("per-type", nil),
+		TypeUrl: resource.ListenerType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
 		t.Fatal(err)
 	}
 	dr, err := lds.Recv()
@@ -356,9 +401,17 @@ func TestPerTypeServices(t *testing.T) {
 func envoyNode(meta map[string]any) *corev3.Node {
 	st, _ := structpb.NewStruct(meta)
 	n := &corev3.Node{Id: "envoy-1", Cluster: "dispatchers", Metadata: st, UserAgentName: "envoy",
-		UserAgentVersionType: &corev3.Node_UserAgentBuildVersion{UserAgentBuildVersion: &corev3.BuildVersion{Metadata: st}}}
+		UserAgentVersionType: &corev3.Node_UserAgentBuildVersion{
+			UserAgentBuildVersion: &corev3.BuildVersion{Metadata: st},
+		}}
 	for i := range 300 {
-		n.Extensions = append(n.Extensions, &corev3.Extension{Name: fmt.Sprintf("envoy.filters.http.f%d", i), Category: "envoy.filters.http", TypeUrls: []string{"type.googleapis.com/x.y.Z"}})
+		n.Extensions = append(n.Extensions,
+			&corev3.Extension{
+				Name:     fmt.Sprintf("envoy.filters.http.f%d", i),
+				Category: "envoy.filters.http",
+				TypeUrls: []string{"type.googleapis.com/x.y.Z"},
+			},
+		)
 	}
 	return n
 }
@@ -367,7 +420,12 @@ func envoyNode(meta map[string]any) *corev3.Node {
 // after a full check: everything but the id and the dispatch keys may
 // differ.
 func TestSameDispatch(t *testing.T) {
-	base := map[string]any{"version_constraint": "<2.0.0", "labels": map[string]any{"zone": "eu-1"}, "endpoint_metadata": "session", "owner": "a"}
+	base := map[string]any{
+		"version_constraint": "<2.0.0",
+		"labels":             map[string]any{"zone": "eu-1"},
+		"endpoint_metadata":  "session",
+		"owner":              "a",
+	}
 	a := envoyNode(base)
 	same := envoyNode(base)
 	same.UserAgentName = "envoy-2"
@@ -394,8 +452,8 @@ func TestSameDispatch(t *testing.T) {
 	}
 }
 
-// BenchmarkSameNode: what each ACK of an Envoy dispatcher (its whole node
-// on every request) costs to tell that its node is unchanged.
+// What each ACK of an Envoy dispatcher (its whole node on every request)
+// costs to tell that its node is unchanged.
 func BenchmarkSameNode(b *testing.B) {
 	meta := map[string]any{"version_constraint": "<2.0.0", "labels": map[string]any{"zone": "eu-1"}}
 	x, y := envoyNode(meta), envoyNode(meta)

@@ -31,9 +31,11 @@ func unsetenv(t *testing.T, v string) {
 // bootstrap printed: the command fails naming the word, and writes nothing.
 func TestBootstrapRefusesStrayArgument(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "d1.json")
-	code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1", "extra", "--version-constraint", "<2.0.0", "--out", out)
+	code, stdout, stderr := runCLI("bootstrap",
+		"--node-id", "d1", "extra", "--version-constraint", "<2.0.0", "--out", out)
 	if code != 2 || !strings.Contains(stderr, `"extra"`) || stdout != "" {
-		t.Fatalf("exit %d, stdout %q, stderr %q; want 2 and an error naming \"extra\"", code, stdout, stderr)
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 2 and an error naming \"extra\"",
+			code, stdout, stderr)
 	}
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatalf("--out written despite the error: %v", err)
@@ -42,7 +44,8 @@ func TestBootstrapRefusesStrayArgument(t *testing.T) {
 	// constraint is in the bootstrap.
 	code, stdout, stderr = runCLI("bootstrap", "--node-id", "d1", "--version-constraint", "<2.0.0")
 	var b bootstrapConfig
-	if code != 0 || json.Unmarshal([]byte(stdout), &b) != nil || b.Node.Metadata["version_constraint"] != "<2.0.0" {
+	if code != 0 || json.Unmarshal([]byte(stdout), &b) != nil ||
+		b.Node.Metadata["version_constraint"] != "<2.0.0" {
 		t.Fatalf("exit %d: %s %s", code, stdout, stderr)
 	}
 }
@@ -68,16 +71,19 @@ func TestEveryCommandRefusesStrayArguments(t *testing.T) {
 	} {
 		code, stdout, stderr := runCLI(args...)
 		if code != 2 || !strings.Contains(stderr, "unexpected argument") || stdout != "" {
-			t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q; want 2, unexpected argument", strings.Join(args, " "), code, stdout, stderr)
+			t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q; want 2, unexpected argument",
+				strings.Join(args, " "), code, stdout, stderr)
 		}
 	}
 	for _, args := range [][]string{{"uncordon", "--by", "a"}, {"approve"}, {"rules", "set"}} {
 		if code, _, stderr := runCLI(args...); code != 2 || !strings.Contains(stderr, "missing") {
-			t.Errorf("leasehold %s: exit %d, %q; want 2 naming what is missing", strings.Join(args, " "), code, stderr)
+			t.Errorf("leasehold %s: exit %d, %q; want 2 naming what is missing",
+				strings.Join(args, " "), code, stderr)
 		}
 	}
 	for _, args := range [][]string{{"rules"}, {"rules", "frob"}} {
-		if code, _, stderr := runCLI(args...); code != 2 || !strings.Contains(stderr, "set FILE, show or clear") {
+		if code, _, stderr := runCLI(args...); code != 2 ||
+			!strings.Contains(stderr, "set FILE, show or clear") {
 			t.Errorf("leasehold %s: exit %d, %q", strings.Join(args, " "), code, stderr)
 		}
 	}
@@ -95,7 +101,8 @@ func TestFlagsAfterArguments(t *testing.T) {
 	} {
 		code, _, stderr := runCLI(args...)
 		if code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
-			t.Errorf("leasehold %s: exit %d, %q; want 1 from the unreachable Consul", strings.Join(args, " "), code, stderr)
+			t.Errorf("leasehold %s: exit %d, %q; want 1 from the unreachable Consul",
+				strings.Join(args, " "), code, stderr)
 		}
 	}
 }
@@ -104,15 +111,20 @@ func TestFlagsAfterArguments(t *testing.T) {
 func TestReadsNeedNoBy(t *testing.T) {
 	noConsul(t)
 	unsetenv(t, "USER")
-	for _, args := range [][]string{{"cordon", "--list"}, {"audit"}, {"rules", "show"}, {"audit", "--by", "old-scripts"}} {
+	for _, args := range [][]string{{"cordon", "--list"}, {"audit"}, {"rules", "show"},
+		{"audit", "--by", "old-scripts"}} {
 		code, _, stderr := runCLI(args...)
 		if code != 1 || strings.Contains(stderr, "--by: required") {
-			t.Errorf("leasehold %s: exit %d, %q; want 1 from the unreachable Consul, no --by needed", strings.Join(args, " "), code, stderr)
+			t.Errorf(
+				"leasehold %s: exit %d, %q; want 1 from the unreachable Consul, no --by needed",
+				strings.Join(args, " "), code, stderr)
 		}
 	}
 	// A write asks Consul who acts (the token's identity, --by only when
 	// ACLs are off): unreachable, it fails saying so, not blaming ACLs.
-	if code, _, stderr := runCLI("cordon", "--instance", "e1", "--reason", "r"); code != 1 || !strings.Contains(stderr, "Consul did not answer") || strings.Contains(stderr, "ACLs on") {
+	if code, _, stderr := runCLI("cordon", "--instance", "e1", "--reason", "r"); code != 1 ||
+		!strings.Contains(stderr, "Consul did not answer") ||
+		strings.Contains(stderr, "ACLs on") {
 		t.Errorf("a cordon without --by or USER, Consul unreachable: exit %d, %q", code, stderr)
 	}
 }
@@ -125,26 +137,31 @@ func TestHelpAndVersion(t *testing.T) {
 			args := append(append([]string{}, path...), h...)
 			code, stdout, stderr := runCLI(args...)
 			if code != 0 || !strings.Contains(stdout, "Usage:") || stderr != "" {
-				t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q", strings.Join(args, " "), code, stdout, stderr)
+				t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q",
+					strings.Join(args, " "), code, stdout, stderr)
 			}
 		}
 	}
-	if code, stdout, _ := runCLI("help", "cordon"); code != 0 || !strings.Contains(stdout, "--version-constraint") {
+	if code, stdout, _ := runCLI("help", "cordon"); code != 0 ||
+		!strings.Contains(stdout, "--version-constraint") {
 		t.Errorf("leasehold help cordon: exit %d: %s", code, stdout)
 	}
-	if code, _, stderr := runCLI(); code != 2 || !strings.Contains(stderr, "Available Commands") || !strings.Contains(stderr, "completion") {
+	if code, _, stderr := runCLI(); code != 2 || !strings.Contains(stderr, "Available Commands") ||
+		!strings.Contains(stderr, "completion") {
 		t.Errorf("no command: exit %d, %q", code, stderr)
 	}
 	if code, stdout, _ := runCLI("version"); code != 0 || stdout != "leasehold "+version+"\n" {
 		t.Errorf("version: exit %d, %q", code, stdout)
 	}
 	for _, shell := range []string{"bash", "zsh", "fish", "powershell"} {
-		if code, stdout, stderr := runCLI("completion", shell); code != 0 || !strings.Contains(stdout, "leasehold") {
+		if code, stdout, stderr := runCLI("completion", shell); code != 0 ||
+			!strings.Contains(stdout, "leasehold") {
 			t.Errorf("completion %s: exit %d, %d bytes, %q", shell, code, len(stdout), stderr)
 		}
 	}
 	// Flag values complete too.
-	if code, stdout, _ := runCLI("__complete", "serve", "--lb-policy", ""); code != 0 || !strings.Contains(stdout, "least_request") {
+	if code, stdout, _ := runCLI("__complete", "serve", "--lb-policy", ""); code != 0 ||
+		!strings.Contains(stdout, "least_request") {
 		t.Errorf("completing --lb-policy: exit %d, %q", code, stdout)
 	}
 }
@@ -192,9 +209,12 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.3:8500")
 	cfg, err = parseServeFlags([]string{"--consul-max-conns", "9"}, io.Discard)
 	if err != nil || cfg.consulMaxConns != 9 || cfg.consulAddr != "127.0.0.3:8500" {
-		t.Fatalf("flag over variable, LEASEHOLD_CONSUL_ADDR over CONSUL_HTTP_ADDR: %+v %v", cfg, err)
+		t.Fatalf("flag over variable, LEASEHOLD_CONSUL_ADDR over CONSUL_HTTP_ADDR: %+v %v",
+			cfg, err)
 	}
-	if cfg, err = parseServeFlags([]string{"--consul-addr", "127.0.0.4:8500"}, io.Discard); err != nil || cfg.consulAddr != "127.0.0.4:8500" {
+	if cfg, err = parseServeFlags([]string{"--consul-addr", "127.0.0.4:8500"},
+		io.Discard); err != nil ||
+		cfg.consulAddr != "127.0.0.4:8500" {
 		t.Fatalf("--consul-addr over both variables: %+v %v", cfg, err)
 	}
 	for env, want := range map[string]string{
@@ -204,7 +224,8 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(env, "nonsense")
-			if _, err := parseServeFlags(nil, io.Discard); err == nil || !strings.Contains(err.Error(), want) {
+			if _, err := parseServeFlags(nil, io.Discard); err == nil ||
+				!strings.Contains(err.Error(), want) {
 				t.Fatalf("want an error naming %s, got %v", want, err)
 			}
 		})
@@ -245,7 +266,8 @@ func TestDeprecatedSpellings(t *testing.T) {
 	if err := fs.Parse([]string{"--consul", "127.0.0.5:8500"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := finishFlags(fs, &notes); err != nil || addr != "127.0.0.5:8500" || !strings.Contains(notes.String(), "--consul is deprecated") {
+	if err := finishFlags(fs, &notes); err != nil || addr != "127.0.0.5:8500" ||
+		!strings.Contains(notes.String(), "--consul is deprecated") {
 		t.Fatalf("--consul: %q, %v, notes %q", addr, err, notes.String())
 	}
 	fs = pflag.NewFlagSet("t", pflag.ContinueOnError)
@@ -253,13 +275,15 @@ func TestDeprecatedSpellings(t *testing.T) {
 	if err := fs.Parse([]string{"--consul", "a:1", "--consul-addr", "b:1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := finishFlags(fs, io.Discard); err == nil || !strings.Contains(err.Error(), "--consul-addr only") {
+	if err := finishFlags(fs, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "--consul-addr only") {
 		t.Fatalf("both spellings: %v", err)
 	}
 	// through a command: the note goes to standard error, the value is used
 	noConsul(t)
 	code, _, stderr := runCLI("cordon", "--list", "--consul", "127.0.0.1:2")
-	if code != 1 || !strings.Contains(stderr, "--consul is deprecated") || !strings.Contains(stderr, "127.0.0.1:2") {
+	if code != 1 || !strings.Contains(stderr, "--consul is deprecated") ||
+		!strings.Contains(stderr, "127.0.0.1:2") {
 		t.Fatalf("cordon --list --consul: exit %d, %q", code, stderr)
 	}
 }
@@ -302,7 +326,10 @@ func TestEmptyFlagValueRefusedNamingTheFlag(t *testing.T) {
 	} {
 		code, stdout, stderr := runCLI(tt.args...)
 		if code != 2 || !strings.Contains(stderr, tt.flag) || !strings.Contains(stderr, "empty") {
-			t.Errorf("leasehold %q: exit %d, want 2 with an error naming %s as empty\nstdout: %s\nstderr: %s", tt.args, code, tt.flag, stdout, stderr)
+			t.Errorf(
+				"leasehold %q: exit %d, want 2 with an error naming %s as empty\nstdout: "+
+					"%s\nstderr: %s",
+				tt.args, code, tt.flag, stdout, stderr)
 		}
 	}
 	for _, args := range [][]string{
@@ -310,7 +337,8 @@ func TestEmptyFlagValueRefusedNamingTheFlag(t *testing.T) {
 		{"--authz-policy=", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"},
 		{"--admin-token-file", "", "--admin-addr", "127.0.0.1:19000"},
 	} {
-		if _, err := parseServeFlags(args, io.Discard); err == nil || !strings.Contains(err.Error(), "empty") {
+		if _, err := parseServeFlags(args, io.Discard); err == nil ||
+			!strings.Contains(err.Error(), "empty") {
 			t.Errorf("serve %q: %v, want refused as an empty value", args, err)
 		}
 	}

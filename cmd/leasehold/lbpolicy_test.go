@@ -28,10 +28,12 @@ func TestEveryLBPolicyAckedByGRPCLive(t *testing.T) {
 	addrs := startServeTo(t, a, &log, func(c *serveConfig) { c.lbPolicy = health.LBLeastRequest })
 	start := time.Now()
 	d := startDispatcher(t, addrs.xds, "dispatcher-lb", map[string]any{})
-	d.await(t, start, 20*time.Second, "calls to both executors (least_request)", func(cs []callResult) bool {
-		m := servedBy(cs)
-		return m["e1"] > 0 && m["e2"] > 0
-	})
+	d.await(t, start, 20*time.Second, "calls to both executors (least_request)",
+		func(cs []callResult) bool {
+			m := servedBy(cs)
+			return m["e1"] > 0 && m["e2"] > 0
+		},
+	)
 
 	clusterState := func() *server.TypeInfo {
 		var ds struct {
@@ -53,7 +55,8 @@ func TestEveryLBPolicyAckedByGRPCLive(t *testing.T) {
 		for {
 			ti := clusterState()
 			if ti != nil && ti.LastNack != nil {
-				t.Fatalf("%s: grpc-go NACKed the cluster: %+v\nserve log:\n%s", policy, ti.LastNack, log.String())
+				t.Fatalf("%s: grpc-go NACKed the cluster: %+v\nserve log:\n%s",
+					policy, ti.LastNack, log.String())
 			}
 			if ti != nil && ti.LastSent != "" && ti.LastAcked == ti.LastSent {
 				if _, seen := not[ti.LastAcked]; !seen {
@@ -61,7 +64,9 @@ func TestEveryLBPolicyAckedByGRPCLive(t *testing.T) {
 				}
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: no new cluster version ACKed within 15 s (state %+v, versions before %v)", policy, ti, not)
+				t.Fatalf(
+					"%s: no new cluster version ACKed within 15 s (state %+v, versions before %v)",
+					policy, ti, not)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -69,9 +74,11 @@ func TestEveryLBPolicyAckedByGRPCLive(t *testing.T) {
 	versions := map[string]string{} // version → policy
 	versions[awaitAcked("least_request (flag)", versions)] = "least_request"
 
-	for _, p := range []health.LBPolicy{health.LBRoundRobin, health.LBWeightedRoundRobin, health.LBLeastRequest} {
+	for _, p := range []health.LBPolicy{health.LBRoundRobin, health.LBWeightedRoundRobin,
+		health.LBLeastRequest} {
 		rules := fmt.Sprintf(`{"load_balancing":{"default":%q}}`, p)
-		if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey, Value: []byte(rules)}, nil); err != nil {
+		if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey, Value: []byte(rules)},
+			nil); err != nil {
 			t.Fatal(err)
 		}
 		if p == health.LBLeastRequest {
@@ -86,7 +93,10 @@ func TestEveryLBPolicyAckedByGRPCLive(t *testing.T) {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("back to least_request: state %+v, want the version it had under the flag (%v)", ti, versions)
+					t.Fatalf(
+						"back to least_request: state %+v, want the version it had under the flag "+
+							"(%v)",
+						ti, versions)
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -94,19 +104,24 @@ func TestEveryLBPolicyAckedByGRPCLive(t *testing.T) {
 			versions[awaitAcked(string(p), versions)] = string(p)
 		}
 		from := time.Now()
-		d.await(t, from, 15*time.Second, "calls to both executors under "+string(p), func(cs []callResult) bool {
-			m := servedBy(cs)
-			return m["e1"] > 0 && m["e2"] > 0
-		})
+		d.await(t, from, 15*time.Second, "calls to both executors under "+string(p),
+			func(cs []callResult) bool {
+				m := servedBy(cs)
+				return m["e1"] > 0 && m["e2"] > 0
+			},
+		)
 	}
 
 	// A rules change that leaves load_balancing alone sends no new clusters.
 	before := clusterState()
-	if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey, Value: []byte(`{"load_balancing":{"default":"least_request"},"safety_limit":0.9}`)}, nil); err != nil {
+	if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey,
+		Value: []byte(`{"load_balancing":{"default":"least_request"},"safety_limit":0.9}`)},
+		nil); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
-	if after := clusterState(); after.LastSent != before.LastSent || !after.SentAt.Equal(before.SentAt) {
+	if after := clusterState(); after.LastSent != before.LastSent ||
+		!after.SentAt.Equal(before.SentAt) {
 		t.Fatalf("an unrelated rules change resent the clusters: %+v → %+v", before, after)
 	}
 }

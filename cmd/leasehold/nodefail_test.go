@@ -28,7 +28,12 @@ func setCatalogSerfHealth(t *testing.T, c *api.Client, node, status string) {
 	t.Helper()
 	_, err := c.Catalog().Register(&api.CatalogRegistration{
 		Node: node, Address: "127.0.0.1",
-		Check: &api.AgentCheck{Node: node, CheckID: health.SerfHealthCheckID, Name: "Serf Health Status", Status: status},
+		Check: &api.AgentCheck{
+			Node:    node,
+			CheckID: health.SerfHealthCheckID,
+			Name:    "Serf Health Status",
+			Status:  status,
+		},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -56,7 +61,8 @@ func setCatalogSerfHealth(t *testing.T, c *api.Client, node, status string) {
 func TestNodeRejoinAfterForceLeaveLeaseholdAndRegistrarAgree(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
-	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("1")}, nil); err != nil {
+	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("1")},
+		nil); err != nil {
 		t.Fatal(err)
 	}
 	setCatalogSerfHealth(t, c, "node-x", api.HealthPassing)
@@ -78,7 +84,8 @@ func TestNodeRejoinAfterForceLeaveLeaseholdAndRegistrarAgree(t *testing.T) {
 	awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_LAPSED)
 
 	// `consul force-leave node-x`: the node and its registrations leave the catalog.
-	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: "node-x"}, nil); err != nil {
+	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: "node-x"},
+		nil); err != nil {
 		t.Fatal(err)
 	}
 	awaitGone := openEDS(t, addrs.xds)
@@ -109,14 +116,28 @@ func TestNodeRejoinAfterForceLeaveLeaseholdAndRegistrarAgree(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: meta.LastIndex})
+	r, err := fc.CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{
+			InstanceId:     "x",
+			SessionId:      "s1",
+			MinConsulIndex: meta.LastIndex,
+		},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("leasehold: %s (%s); the Registrar's fence check: status %s, node failed %v", r.State, r.Detail, registrarSees.Status, registrarSees.NodeFailed)
-	if r.State == leaseholdv1.SessionState_LAPSED && !registrarSees.NodeFailed && registrarSees.Status != health.StatusCritical && registrarSees.LeaseCreateIndex == before {
-		t.Fatalf("leasehold answers LAPSED for x/s1 for ever, but the Registrar's fence check sees its session passing on a healthy node: " +
-			"the live executor keeps heartbeating a session that is never routed again and never takes a new one")
+	t.Logf("leasehold: %s (%s); the Registrar's fence check: status %s, node failed %v",
+		r.State, r.Detail, registrarSees.Status, registrarSees.NodeFailed)
+	if r.State == leaseholdv1.SessionState_LAPSED && !registrarSees.NodeFailed &&
+		registrarSees.Status != health.StatusCritical &&
+		registrarSees.LeaseCreateIndex == before {
+		t.Fatalf(
+			"leasehold answers LAPSED for x/s1 for ever, but the Registrar's fence check sees " +
+				"its " +
+				"session passing on a healthy node: " +
+				"the live executor keeps heartbeating a session that is never routed again and " +
+				"never takes a new one",
+		)
 	}
 }
 
@@ -134,7 +155,8 @@ func TestNodeRejoinAfterForceLeaveLeaseholdAndRegistrarAgree(t *testing.T) {
 func TestNodeFailureLapseHoldsAtAReplicaStartedAfterTheNodeCameBack(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
-	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("1")}, nil); err != nil {
+	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("1")},
+		nil); err != nil {
 		t.Fatal(err)
 	}
 	setCatalogSerfHealth(t, c, "node-x", api.HealthPassing)
@@ -146,28 +168,45 @@ func TestNodeFailureLapseHoldsAtAReplicaStartedAfterTheNodeCameBack(t *testing.T
 	awaitState(t, fc1, "x", "s1", leaseholdv1.SessionState_CURRENT)
 	setCatalogSerfHealth(t, c, "node-x", api.HealthCritical) // node-x fails ...
 	lapsed := awaitState(t, fc1, "x", "s1", leaseholdv1.SessionState_LAPSED)
-	setCatalogSerfHealth(t, c, "node-x", api.HealthPassing) // ... and comes back a few seconds later
+	setCatalogSerfHealth(t, c, "node-x",
+		api.HealthPassing) // ... and comes back a few seconds later
 
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	ss, err := consul.NewAPIAgent(c).Sessions(ctx, "work", "x")
 	if err != nil || len(ss) != 1 || !ss[0].NodeFailed {
-		t.Fatalf("premise: Consul itself still shows the failure (the Registrar's rule): %+v, %v", ss, err)
+		t.Fatalf("premise: Consul itself still shows the failure (the Registrar's rule): %+v, %v",
+			ss, err)
 	}
 
 	second := startServe(t, a) // a replica started now, or the first one restarted
 	fc2 := fencingClient(t, second.xds)
-	r, err := fc2.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: lapsed.ConsulIndex})
-	for err == nil && r.State == leaseholdv1.SessionState_UNKNOWN && ctx.Err() == nil { // not read yet
+	r, err := fc2.CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{
+			InstanceId:     "x",
+			SessionId:      "s1",
+			MinConsulIndex: lapsed.ConsulIndex,
+		},
+	)
+	// not read yet
+	for err == nil && r.State == leaseholdv1.SessionState_UNKNOWN && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
-		r, err = fc2.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: lapsed.ConsulIndex})
+		r, err = fc2.CheckSession(ctx,
+			&leaseholdv1.CheckSessionRequest{
+				InstanceId:     "x",
+				SessionId:      "s1",
+				MinConsulIndex: lapsed.ConsulIndex,
+			},
+		)
 	}
 	if err != nil {
 		t.Fatal(err)
 	}
 	routed := edsEndpoints(t, second.xds).has("x", "s1")
 	if r.State == leaseholdv1.SessionState_CURRENT || routed {
-		t.Fatalf("replica 1 answered LAPSED at consul_index %d; replica 2 answers %s at consul_index %d (min_consul_index %d) and routes s1: %v",
+		t.Fatalf(
+			"replica 1 answered LAPSED at consul_index %d; replica 2 answers %s at consul_index "+
+				"%d (min_consul_index %d) and routes s1: %v",
 			lapsed.ConsulIndex, r.State, r.ConsulIndex, lapsed.ConsulIndex, routed)
 	}
 }
@@ -191,7 +230,8 @@ func TestNodeFailureLapseHoldsAtAReplicaStartedAfterTheNodeCameBack(t *testing.T
 func TestNodeFailureToldWhenSerfHealthWasCreatedAfterTheLease(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
-	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("1")}, nil); err != nil {
+	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("1")},
+		nil); err != nil {
 		t.Fatal(err)
 	}
 	catalogSession(t, c, "node-x", "x", "s1", 1, 9001)      // the agent's sync wins the race
@@ -216,9 +256,14 @@ func TestNodeFailureToldWhenSerfHealthWasCreatedAfterTheLease(t *testing.T) {
 
 	second := startServe(t, a)
 	fc2 := fencingClient(t, second.xds)
-	req := &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: lapsed.ConsulIndex}
+	req := &leaseholdv1.CheckSessionRequest{
+		InstanceId:     "x",
+		SessionId:      "s1",
+		MinConsulIndex: lapsed.ConsulIndex,
+	}
 	r, err := fc2.CheckSession(ctx, req)
-	for err == nil && r.State == leaseholdv1.SessionState_UNKNOWN && ctx.Err() == nil { // not read yet
+	// not read yet
+	for err == nil && r.State == leaseholdv1.SessionState_UNKNOWN && ctx.Err() == nil {
 		time.Sleep(50 * time.Millisecond)
 		r, err = fc2.CheckSession(ctx, req)
 	}
@@ -226,11 +271,17 @@ func TestNodeFailureToldWhenSerfHealthWasCreatedAfterTheLease(t *testing.T) {
 		t.Fatal(err)
 	}
 	routed := edsEndpoints(t, second.xds).has("x", "s1")
-	t.Logf("replica 1: LAPSED at %d; replica 2: %s at %d (routed %v); the Registrar's fence check sees status %s, node failed %v",
+	t.Logf(
+		"replica 1: LAPSED at %d; replica 2: %s at %d (routed %v); the Registrar's fence check "+
+			"sees status %s, node failed %v",
 		lapsed.ConsulIndex, r.State, r.ConsulIndex, routed, registrar.Status, registrar.NodeFailed)
-	if r.State == leaseholdv1.SessionState_CURRENT || routed || (!registrar.NodeFailed && registrar.Status != health.StatusCritical) {
-		t.Fatalf("node-x failed and came back after s1 registered (serfHealth created after s1's lease check): replica 1 answers LAPSED for ever; "+
-			"replica 2 answers %s with min_consul_index %d and routes s1: %v; the Registrar's fence check sees node failed %v, status %s, so it keeps s1",
+	if r.State == leaseholdv1.SessionState_CURRENT || routed ||
+		(!registrar.NodeFailed && registrar.Status != health.StatusCritical) {
+		t.Fatalf(
+			"node-x failed and came back after s1 registered (serfHealth created after s1's lease "+
+				"check): replica 1 answers LAPSED for ever; "+
+				"replica 2 answers %s with min_consul_index %d and routes s1: %v; the Registrar's "+
+				"fence check sees node failed %v, status %s, so it keeps s1",
 			r.State, lapsed.ConsulIndex, routed, registrar.NodeFailed, registrar.Status)
 	}
 }
@@ -253,7 +304,8 @@ func newPartitionProxy(t *testing.T, a *consultest.Agent) *partitionProxy {
 	p := &partitionProxy{}
 	p.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if p.cut.Load() && !strings.HasPrefix(r.URL.Path, "/v1/agent/") {
-			http.Error(w, "rpc error making call: No known Consul servers", http.StatusInternalServerError)
+			http.Error(w, "rpc error making call: No known Consul servers",
+				http.StatusInternalServerError)
 			return
 		}
 		rp.ServeHTTP(w, r)
@@ -281,13 +333,16 @@ func TestRegistrarDropsASessionLeaseholdAnswersLapsed(t *testing.T) {
 	}
 	setSerf := func(status string) {
 		t.Helper()
-		if _, err := c.Catalog().Register(&api.CatalogRegistration{Node: a.Node, Address: node.Node.Address, SkipNodeUpdate: true,
-			Check: &api.AgentCheck{Node: a.Node, CheckID: health.SerfHealthCheckID, Name: "Serf Health Status", Status: status}}, nil); err != nil {
+		if _, err := c.Catalog().Register(&api.CatalogRegistration{Node: a.Node,
+			Address: node.Node.Address, SkipNodeUpdate: true,
+			Check: &api.AgentCheck{Node: a.Node, CheckID: health.SerfHealthCheckID,
+				Name: "Serf Health Status", Status: status}}, nil); err != nil {
 			t.Fatal(err)
 		}
 	}
 	// The node's serfHealth does not exist yet when the executor registers.
-	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: a.Node, CheckID: health.SerfHealthCheckID}, nil); err != nil {
+	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: a.Node,
+		CheckID: health.SerfHealthCheckID}, nil); err != nil {
 		t.Fatal(err)
 	}
 	proxy := newPartitionProxy(t, a)
@@ -297,9 +352,15 @@ func TestRegistrarDropsASessionLeaseholdAnswersLapsed(t *testing.T) {
 	}
 	const fenceEvery = 500 * time.Millisecond
 	reg, s1 := runRegistrar(t, pc, consul.Config{
-		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001, Version: "1.0.0", Capacity: 2,
-		Lease:      health.Lease{TTL: 2 * time.Second, Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute},
-		FenceCheck: fenceEvery, Load: func() int { return 0 }, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001,
+		Version: "1.0.0", Capacity: 2,
+		Lease: health.Lease{
+			TTL:             2 * time.Second,
+			Heartbeat:       500 * time.Millisecond,
+			DeregisterAfter: time.Minute,
+		},
+		FenceCheck: fenceEvery, Load: func() int { return 0 },
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
 	})
 	setSerf(api.HealthPassing) // the leader registers the node's serfHealth
 
@@ -315,13 +376,19 @@ func TestRegistrarDropsASessionLeaseholdAnswersLapsed(t *testing.T) {
 	proxy.cut.Store(false)
 
 	time.Sleep(6 * fenceEvery) // several fence checks, on a healed node
-	r, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID})
+	r, err := fc.CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
-	if cur := reg.Session(); cur == s1 && s1.Err() == nil && r.State == leaseholdv1.SessionState_LAPSED {
-		t.Fatalf("leasehold answers LAPSED for session %s (for ever: its node failed), but %s after the node came back the Registrar still holds it: "+
-			"the executor heartbeats a session that is never routed again and never takes a new one", s1.ID, 6*fenceEvery)
+	if cur := reg.Session(); cur == s1 && s1.Err() == nil &&
+		r.State == leaseholdv1.SessionState_LAPSED {
+		t.Fatalf(
+			"leasehold answers LAPSED for session %s (for ever: its node failed), but %s after "+
+				"the node came back the Registrar still holds it: "+
+				"the executor heartbeats a session that is never routed again and never takes a "+
+				"new one",
+			s1.ID, 6*fenceEvery)
 	}
 }
 
@@ -340,7 +407,8 @@ func TestRegistrarDropsASessionLeaseholdAnswersLapsed(t *testing.T) {
 // or the replica that saw the failure would never route the executor again.
 func TestRegistrarDropsASessionLapsedAfterAnAgentRestart(t *testing.T) {
 	srv := consultest.Start(t)
-	cl := consultest.Start(t, consultest.Options{JoinClientOf: srv, NodeName: "lh-restarted-client"})
+	cl := consultest.Start(t,
+		consultest.Options{JoinClientOf: srv, NodeName: "lh-restarted-client"})
 	sc := srv.Client()
 	// The Registrar's fence check runs every 200 ms here, to see the restart
 	// quickly; by default it runs once a lease (35 s), so it usually misses a
@@ -352,9 +420,15 @@ func TestRegistrarDropsASessionLapsedAfterAnAgentRestart(t *testing.T) {
 		t.Fatal(err)
 	}
 	reg, _ := runRegistrar(t, pc, consul.Config{
-		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001, Version: "1.0.0", Capacity: 2,
-		Lease:      health.Lease{TTL: 40 * time.Second, Heartbeat: time.Second, DeregisterAfter: 10 * time.Minute},
-		FenceCheck: 200 * time.Millisecond, Load: func() int { return 0 }, Logger: slog.New(slog.NewTextHandler(testWriter{t, "registrar"}, nil)),
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9001,
+		Version: "1.0.0", Capacity: 2,
+		Lease: health.Lease{
+			TTL:             40 * time.Second,
+			Heartbeat:       time.Second,
+			DeregisterAfter: 10 * time.Minute,
+		},
+		FenceCheck: 200 * time.Millisecond, Load: func() int { return 0 },
+		Logger: slog.New(slog.NewTextHandler(testWriter{t, "registrar"}, nil)),
 	})
 	// indexes is (lease check CreateIndex of the current session, serfHealth CreateIndex).
 	indexes := func(sess string) (uint64, uint64) {
@@ -381,7 +455,8 @@ func TestRegistrarDropsASessionLapsedAfterAnAgentRestart(t *testing.T) {
 		for time.Now().Before(deadline) {
 			cur := reg.Session()
 			if l, s := indexes(cur.ID); cur != before && l != 0 && s != 0 {
-				t.Logf("restart %d: new session %s, lease check created %d, serfHealth created %d", i+1, cur.ID, l, s)
+				t.Logf("restart %d: new session %s, lease check created %d, serfHealth created %d",
+					i+1, cur.ID, l, s)
 				if l < s {
 					sess = cur
 				}
@@ -391,7 +466,10 @@ func TestRegistrarDropsASessionLapsedAfterAnAgentRestart(t *testing.T) {
 		}
 	}
 	if sess == nil {
-		t.Skip("the Registrar's new session never registered before the leader re-created serfHealth in 8 agent restarts")
+		t.Skip(
+			"the Registrar's new session never registered before the leader re-created " +
+				"serfHealth " +
+				"in 8 agent restarts")
 	}
 	addrs := startServe(t, srv)
 	fc := fencingClient(t, addrs.xds)
@@ -420,20 +498,31 @@ func TestRegistrarDropsASessionLapsedAfterAnAgentRestart(t *testing.T) {
 	fc2 := fencingClient(t, second.xds)
 	qctx, qcancel := context.WithTimeout(context.Background(), 20*time.Second)
 	defer qcancel()
-	req := &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: sess.ID, MinConsulIndex: lapsed.ConsulIndex}
+	req := &leaseholdv1.CheckSessionRequest{
+		InstanceId:     "x",
+		SessionId:      sess.ID,
+		MinConsulIndex: lapsed.ConsulIndex,
+	}
 	r2, err := fc2.CheckSession(qctx, req)
-	for i := 0; i < 100 && err == nil && r2.State == leaseholdv1.SessionState_UNKNOWN; i++ { // not read yet
+	// not read yet
+	for i := 0; i < 100 && err == nil && r2.State == leaseholdv1.SessionState_UNKNOWN; i++ {
 		time.Sleep(50 * time.Millisecond)
 		r2, err = fc2.CheckSession(qctx, req)
 	}
 	t.Logf("replica 2: %v %v", r2, err)
-	r1, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: sess.ID})
+	r1, err := fc.CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: sess.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
 	t.Logf("replica 1: %v", r1)
-	if cur := reg.Session(); cur == sess && sess.Err() == nil && r1.State == leaseholdv1.SessionState_LAPSED {
-		t.Fatalf("after a real node failure (agent frozen, declared failed, back): replica 1 answers LAPSED for ever, a replica started now answers %s (min_consul_index %d), "+
-			"and the Registrar still holds session %s and heartbeats it: the executor is never routed by replica 1 again", r2.State, lapsed.ConsulIndex, sess.ID)
+	if cur := reg.Session(); cur == sess && sess.Err() == nil &&
+		r1.State == leaseholdv1.SessionState_LAPSED {
+		t.Fatalf(
+			"after a real node failure (agent frozen, declared failed, back): replica 1 answers "+
+				"LAPSED for ever, a replica started now answers %s (min_consul_index %d), "+
+				"and the Registrar still holds session %s and heartbeats it: the executor is "+
+				"never routed by replica 1 again",
+			r2.State, lapsed.ConsulIndex, sess.ID)
 	}
 }

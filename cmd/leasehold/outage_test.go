@@ -112,8 +112,10 @@ func endpointsOf(r *discovery.DiscoveryResponse) endpoints {
 				md := lb.GetMetadata().GetFilterMetadata()["leasehold"].GetFields()
 				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
 				out[endpoint{
-					instance: md["instance_id"].GetStringValue(), session: md["session_id"].GetStringValue(),
-					addr: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))),
+					instance: md["instance_id"].GetStringValue(),
+					session:  md["session_id"].GetStringValue(),
+					addr: net.JoinHostPort(sa.GetAddress(),
+						strconv.Itoa(int(sa.GetPortValue()))),
 				}]++
 			}
 		}
@@ -142,7 +144,8 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 
 	d := startDispatcher(t, addrs.xds, "dispatcher", map[string]any{})
 	start := time.Now()
-	d.await(t, start, 20*time.Second, "calls to e1 and e2", func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
+	d.await(t, start, 20*time.Second, "calls to e1 and e2",
+		func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
 	awaitReadyz(http.StatusOK)
 	before := edsEndpoints(t, addrs.xds)
 	if want := endpointSet(e1.endpoint(), e2.endpoint()); !before.equal(want) {
@@ -153,10 +156,12 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 	a.Stop()
 	down := time.Now()
 	awaitReadyz(http.StatusServiceUnavailable)
-	d.await(t, down.Add(2*time.Second), 10*time.Second, "calls during the outage", func(cs []callResult) bool {
-		m := servedBy(cs)
-		return m["e1"] > 5 && m["e2"] > 5
-	})
+	d.await(t, down.Add(2*time.Second), 10*time.Second, "calls during the outage",
+		func(cs []callResult) bool {
+			m := servedBy(cs)
+			return m["e1"] > 5 && m["e2"] > 5
+		},
+	)
 	for _, c := range d.since(down) {
 		if c.Err != "" {
 			t.Fatalf("call failed during the outage: %s", c.Err)
@@ -190,12 +195,14 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 		}
 		select {
 		case <-deadline:
-			t.Fatalf("after the outage leasehold serves %v, want %v with no session of before %v", got, want, before)
+			t.Fatalf("after the outage leasehold serves %v, want %v with no session of before %v",
+				got, want, before)
 		default:
 		}
 	}
 	resync := time.Now()
-	d.await(t, resync, 10*time.Second, "calls after the resync", func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
+	d.await(t, resync, 10*time.Second, "calls after the resync",
+		func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
 }
 
 func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
@@ -206,7 +213,8 @@ func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
 	versions := func(addr string) map[string]string {
 		s := dialADS(t, addr, &corev3.Node{Id: "replica-probe"})
 		out := map[string]string{}
-		for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType} {
+		for _, typ := range []string{resource.ListenerType, resource.RouteType,
+			resource.ClusterType, resource.EndpointType} {
 			s.Subscribe(typ, "work")
 			r := s.Next()
 			out[typ] = r.VersionInfo

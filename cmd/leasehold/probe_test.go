@@ -48,7 +48,11 @@ func probeLoad(t *testing.T, p *grpcProber) (int, bool) {
 // overloaded executor answers slowly: it must not read as free at once),
 // then stops counting it.
 func TestGRPCProbeKeepsTheLastLoadForAFewMisses(t *testing.T) {
-	orca := &scriptedORCA{rep: &v3orcapb.OrcaLoadReport{NamedMetrics: map[string]float64{loadreport.MetricInFlight: 2}}}
+	orca := &scriptedORCA{
+		rep: &v3orcapb.OrcaLoadReport{
+			NamedMetrics: map[string]float64{loadreport.MetricInFlight: 2},
+		},
+	}
 	p := orcaProber(t, orca)
 	if n, ok := probeLoad(t, p); n != 2 || !ok {
 		t.Fatalf("load %d (%v), want 2", n, ok)
@@ -76,7 +80,8 @@ type scriptedORCA struct {
 	hang atomic.Bool
 }
 
-func (f *scriptedORCA) StreamCoreMetrics(_ *v3orcaservicepb.OrcaLoadReportRequest, s grpc.ServerStreamingServer[v3orcapb.OrcaLoadReport]) error {
+func (f *scriptedORCA) StreamCoreMetrics(_ *v3orcaservicepb.OrcaLoadReportRequest,
+	s grpc.ServerStreamingServer[v3orcapb.OrcaLoadReport]) error {
 	if !f.hang.Load() {
 		if err := s.Send(f.rep); err != nil {
 			return err
@@ -117,7 +122,8 @@ func TestORCAHugeLoadIsFull(t *testing.T) {
 		t.Run(name, func(t *testing.T) {
 			n, ok := probeLoad(t, orcaProber(t, &scriptedORCA{rep: rep}))
 			if !ok || n < 1<<20 {
-				t.Fatalf("Load() = %d, %v after a report of %v: want a huge load (full), reported", n, ok, rep)
+				t.Fatalf("Load() = %d, %v after a report of %v: want a huge load (full), reported",
+					n, ok, rep)
 			}
 		})
 	}
@@ -160,8 +166,12 @@ func TestHangingORCAKeepsTheLease(t *testing.T) {
 		if e == nil || ch == nil {
 			t.Fatalf("registration gone %s after it passed", time.Until(deadline))
 		}
-		if got := e.Service.Meta[health.MetaSessionID]; got != sess || ch.Status != api.HealthPassing {
-			t.Fatalf("a hanging ORCA stream cost a healthy executor its lease: session %s → %s, check %s", sess, got, ch.Status)
+		if got := e.Service.Meta[health.MetaSessionID]; got != sess ||
+			ch.Status != api.HealthPassing {
+			t.Fatalf(
+				"a hanging ORCA stream cost a healthy executor its lease: session %s → %s, check "+
+					"%s",
+				sess, got, ch.Status)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -67,7 +67,8 @@ func TestDatacentersFlag(t *testing.T) {
 		cfg, err := parseServeFlags([]string{"--datacenters", c.v}, io.Discard)
 		switch {
 		case c.want == nil && (err == nil || !strings.Contains(err.Error(), "--datacenters")):
-			t.Errorf("%q: want an error naming --datacenters, got %v (read %q)", c.v, err, cfg.datacenters)
+			t.Errorf("%q: want an error naming --datacenters, got %v (read %q)",
+				c.v, err, cfg.datacenters)
 		case c.want != nil && err != nil:
 			t.Errorf("%q refused: %v", c.v, err)
 		case c.want != nil && !slices.Equal(cfg.datacenters, c.want):
@@ -75,7 +76,8 @@ func TestDatacentersFlag(t *testing.T) {
 		}
 	}
 	if cfg, err := parseServeFlags(nil, io.Discard); err != nil || cfg.datacenters != nil {
-		t.Errorf("no --datacenters: %q, %v; want none (the agent's own, unnamed)", cfg.datacenters, err)
+		t.Errorf("no --datacenters: %q, %v; want none (the agent's own, unnamed)",
+			cfg.datacenters, err)
 	}
 }
 
@@ -92,11 +94,19 @@ func TestDatacentersFlag(t *testing.T) {
 func TestDatacenterNamesAreLowercase(t *testing.T) {
 	for _, v := range []string{"DC1", "dc1,DC2", "dc1,DC1"} {
 		cfg, err := parseServeFlags([]string{"--datacenters", v}, io.Discard)
-		if err == nil && slices.ContainsFunc(cfg.datacenters, func(dc string) bool { return dc != strings.ToLower(dc) }) {
-			t.Errorf("--datacenters %q accepted as %q: Consul has no such datacenter (its names are lowercase)", v, cfg.datacenters)
+		if err == nil &&
+			slices.ContainsFunc(cfg.datacenters,
+				func(dc string) bool { return dc != strings.ToLower(dc) }) {
+			t.Errorf(
+				"--datacenters %q accepted as %q: Consul has no such datacenter (its names are "+
+					"lowercase)",
+				v, cfg.datacenters)
 		}
 	}
-	if b, err := newBootstrap("127.0.0.1:18000", "d1", "", nil, "", "DC2"); err == nil && strings.Contains(string(b), `"DC2"`) {
-		t.Errorf("bootstrap --datacenter DC2 accepted as is: the dispatcher names a datacenter Consul does not have")
+	if b, err := newBootstrap("127.0.0.1:18000", "d1", "", nil, "", "DC2"); err == nil &&
+		strings.Contains(string(b), `"DC2"`) {
+		t.Errorf(
+			"bootstrap --datacenter DC2 accepted as is: the dispatcher names a datacenter Consul " +
+				"does not have")
 	}
 }

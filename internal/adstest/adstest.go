@@ -51,7 +51,14 @@ func Open(t testing.TB, conn grpc.ClientConnInterface, node *corev3.Node) *Clien
 	if err != nil {
 		t.Fatalf("opening an ADS stream: %v", err)
 	}
-	return &Client{Node: node, Timeout: DefaultTimeout, t: t, stream: s, cancel: cancel, acked: map[string]string{}}
+	return &Client{
+		Node:    node,
+		Timeout: DefaultTimeout,
+		t:       t,
+		stream:  s,
+		cancel:  cancel,
+		acked:   map[string]string{},
+	}
 }
 
 // Dial opens a plaintext connection to addr and a stream on it; both end
