@@ -666,8 +666,8 @@ func withIndexes(m health.Member, leaseCreated, serfCreated, serfModified uint64
 // rewritten (its ModifyIndex) after the lease check was created (its
 // CreateIndex). A running replica re-reads a task's membership only when its
 // catalog entries change, and a node that fails and comes back changes none
-// of them (membershipKey: service indexes, meta, address), while Refresh
-// re-reads only the non-passing checks and the generation keys. So the
+// of them (their service indexes, meta and address), while Refresh re-reads
+// only the non-passing checks and the generation keys. So the
 // fresh non-passing read carries every node's serfHealth with its indexes,
 // and a replica that reads afresh for min_consul_index sees the failure
 // there.
