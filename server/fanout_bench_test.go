@@ -24,15 +24,17 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/adstest"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
 
 // BenchmarkFanOut measures what happens after the cache: one removal at
 // 500 endpoints (-fanout-endpoints), from the syncer's publication until
-// the last of 100 ADS streams (-fanout-streams) (one connection, like leasehold-bench's light clients) received
-// the new response — against a floor, a bare ADS server pushing the bytes
-// leasehold sent to as many streams of their own. The clients ACK and count
+// the last of 100 ADS streams (-fanout-streams; one connection, like
+// leasehold-bench's light clients) received the new response, against a
+// floor: a bare ADS server pushing the bytes leasehold sent to as many
+// streams of their own. The clients ACK and count
 // responses only, so the figure is the servers' and the transport's, not
 // client parsing. Both run in this process, their pushes alternating, so the
 // pair shares the machine's background; compare the pair (ratio), not with
@@ -80,8 +82,9 @@ func BenchmarkFanOut(b *testing.B) {
 }
 
 var (
-	fanOutEndpoints = flag.Int("fanout-endpoints", 500, "BenchmarkFanOut: endpoints in the load assignment")
-	fanOutStreams   = flag.Int("fanout-streams", 100, "BenchmarkFanOut: ADS streams")
+	fanOutEndpoints = flag.Int("fanout-endpoints",
+		500, "BenchmarkFanOut: endpoints in the load assignment")
+	fanOutStreams = flag.Int("fanout-streams", 100, "BenchmarkFanOut: ADS streams")
 )
 
 func median(ds []time.Duration) time.Duration {
@@ -105,7 +108,11 @@ type fanOutServer struct {
 func startFanOutServer(b *testing.B, n int) *fanOutServer {
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	s := &fanOutServer{obs: make(chan health.Observation, 16), published: make(chan time.Time, 16), idx: 10}
+	s := &fanOutServer{
+		obs:       make(chan health.Observation, 16),
+		published: make(chan time.Time, 16),
+		idx:       10,
+	}
 	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log})
 	syncer.Notify(func(fleet.Publication) { s.published <- time.Now() })
 	g := grpc.NewServer(ServerOption()) // serve's transport options
@@ -134,7 +141,8 @@ func startFanOutServer(b *testing.B, n int) *fanOutServer {
 
 func (s *fanOutServer) send() {
 	s.idx++
-	s.obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: s.idx, Members: append([]health.Member(nil), s.members...)}}
+	s.obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: s.idx,
+		Members: append([]health.Member(nil), s.members...)}}
 }
 
 // remove drops the first member and returns when the syncer published the
@@ -163,28 +171,17 @@ func dialStreams(b *testing.B, addr string, n int, form string, capture bool) *b
 	if err != nil {
 		b.Fatal(err)
 	}
-	ctx, cancel := context.WithCancel(context.Background())
-	b.Cleanup(func() { cancel(); conn.Close() })
+	b.Cleanup(func() { conn.Close() })
 	meta, _ := structpb.NewStruct(map[string]any{xdscache.NodeMetaEndpointMetadata: form})
-	c := &benchStreams{counts: make([]int, n), last: make([]time.Time, n), notify: make(chan struct{}, 1)}
+	c := &benchStreams{
+		counts: make([]int, n),
+		last:   make([]time.Time, n),
+		notify: make(chan struct{}, 1),
+	}
 	for i := range n {
-		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-		if err != nil {
-			b.Fatal(err)
-		}
-		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("bench-%d", i), Metadata: meta}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-		if err := s.Send(req); err != nil {
-			b.Fatal(err)
-		}
-		go func() {
-			for {
-				r, err := s.Recv()
-				if err != nil {
-					return
-				}
-				at := time.Now()
-				req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
-				s.Send(req)
+		s := adstest.Open(b, conn, &corev3.Node{Id: fmt.Sprintf("bench-%d", i), Metadata: meta})
+		s.Follow(resource.EndpointType, []string{"work"},
+			func(r *discovery.DiscoveryResponse, _, at time.Time) {
 				c.mu.Lock()
 				c.counts[i]++
 				c.last[i] = at
@@ -198,8 +195,8 @@ func dialStreams(b *testing.B, addr string, n int, form string, capture bool) *b
 				case c.notify <- struct{}{}:
 				default:
 				}
-			}
-		}()
+			},
+		)
 	}
 	return c
 }
@@ -247,7 +244,14 @@ func startFloorServer(b *testing.B, frames [][]byte) *floorServer {
 	g.RegisterService(&grpc.ServiceDesc{
 		ServiceName: discovery.AggregatedDiscoveryService_ServiceDesc.ServiceName,
 		HandlerType: (*any)(nil),
-		Streams:     []grpc.StreamDesc{{StreamName: "StreamAggregatedResources", Handler: f.stream, ServerStreams: true, ClientStreams: true}},
+		Streams: []grpc.StreamDesc{
+			{
+				StreamName:    "StreamAggregatedResources",
+				Handler:       f.stream,
+				ServerStreams: true,
+				ClientStreams: true,
+			},
+		},
 	}, f)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {

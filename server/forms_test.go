@@ -7,6 +7,8 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+
+	"github.com/leasehold/leasehold/internal/adstest"
 	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
@@ -18,12 +20,12 @@ func TestEndpointMetadataFormsOverGRPC(t *testing.T) {
 	forms := []string{"full", "session", "none"}
 	fields := map[string]int{"full": 3, "session": 1, "none": 0}
 	first := map[string][]*discovery.DiscoveryResponse{}
-	streams := map[string]*adsStream{}
+	streams := map[string]*adstest.Client{}
 	for _, f := range replicas {
 		for _, form := range forms {
 			a := f.ads(node("d-"+form, map[string]any{"endpoint_metadata": form}))
-			a.send(resource.EndpointType, "", "", "work")
-			r := a.must()
+			a.Subscribe(resource.EndpointType, "work")
+			r := a.Next()
 			first[form] = append(first[form], r)
 			if f == replicas[0] {
 				streams[form] = a
@@ -32,7 +34,8 @@ func TestEndpointMetadataFormsOverGRPC(t *testing.T) {
 	}
 	for _, form := range forms {
 		a, b := first[form][0], first[form][1]
-		if a.VersionInfo != b.VersionInfo || !bytes.Equal(a.Resources[0].Value, b.Resources[0].Value) {
+		if a.VersionInfo != b.VersionInfo ||
+			!bytes.Equal(a.Resources[0].Value, b.Resources[0].Value) {
 			t.Fatalf("%s: replicas disagree", form)
 		}
 		cla := &endpointv3.ClusterLoadAssignment{}
@@ -40,21 +43,23 @@ func TestEndpointMetadataFormsOverGRPC(t *testing.T) {
 			t.Fatal(err)
 		}
 		for _, lb := range cla.Endpoints[0].LbEndpoints {
-			if n := len(lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace].GetFields()); n != fields[form] {
-				t.Fatalf("%s: %d metadata fields on %s, want %d", form, n, lb.GetEndpoint().GetHostname(), fields[form])
+			md := lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace]
+			if n := len(md.GetFields()); n != fields[form] {
+				t.Fatalf("%s: %d metadata fields on %s, want %d",
+					form, n, lb.GetEndpoint().GetHostname(), fields[form])
 			}
 		}
 		if got := hosts(t, a, "work"); len(got) != 2 {
 			t.Fatalf("%s: hosts %v", form, got)
 		}
-		streams[form].send(resource.EndpointType, a.VersionInfo, a.Nonce, "work") // ACK
+		streams[form].ACK(a, "work")
 	}
 	if first["full"][0].VersionInfo == first["none"][0].VersionInfo {
 		t.Fatal("two forms share a version")
 	}
 	replicas[0].lapseB()
 	for _, form := range forms {
-		r := streams[form].must()
+		r := streams[form].Next()
 		if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 			t.Fatalf("%s: after the lapse %v", form, got)
 		}

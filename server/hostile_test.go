@@ -9,39 +9,38 @@ import (
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	rpcstatus "google.golang.org/genproto/googleapis/rpc/status"
 
 	"github.com/leasehold/leasehold/health"
 )
 
-// TestHostileClientsDoNotHurtOthers: a client that never reads, one that
-// NACKs everything, 1,000 streams opened and dropped, garbage bytes on the
-// port and invalid node metadata — a well-behaved dispatcher still gets its
-// updates promptly, and no goroutines are left behind.
+// A client that never reads, one that NACKs everything, 1,000 streams opened
+// and dropped, garbage bytes on the port and invalid node metadata — a
+// well-behaved dispatcher still gets its updates promptly, and no goroutines
+// are left behind.
 func TestHostileClientsDoNotHurtOthers(t *testing.T) {
 	f := startXDS(t)
 	// a big task so a response exceeds the stream's flow-control window
 	var big []health.Member
 	for i := range 600 {
-		big = append(big, member("work", "w"+string(rune('a'+i%26))+string(rune('a'+i/26)), 10000+i, "1.0.0"))
+		big = append(big,
+			member("work", "w"+string(rune('a'+i%26))+string(rune('a'+i/26)), 10000+i, "1.0.0"))
 	}
 	f.members("work", big...)
 
 	good := f.ads(node("good", nil))
-	good.send(resource.EndpointType, "", "", "work")
-	r := good.must()
-	good.send(resource.EndpointType, r.VersionInfo, r.Nonce, "work")
+	good.Subscribe(resource.EndpointType, "work")
+	r := good.Next()
+	good.ACK(r, "work")
 	baseline := runtime.NumGoroutine()
 
 	// never reads its responses
 	stuck := f.ads(node("stuck", nil))
-	stuck.send(resource.EndpointType, "", "", "work")
+	stuck.Subscribe(resource.EndpointType, "work")
 	// NACKs everything
 	nacker := f.ads(node("nacker", nil))
-	nacker.send(resource.EndpointType, "", "", "work")
-	nr := nacker.must()
-	nacker.s.Send(&discovery.DiscoveryRequest{Node: nacker.n, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"},
-		VersionInfo: "", ResponseNonce: nr.Nonce, ErrorDetail: &rpcstatus.Status{Code: 3, Message: "no"}})
+	nacker.Subscribe(resource.EndpointType, "work")
+	nr := nacker.Next()
+	nacker.NACK(nr, "no", "work")
 	// garbage on the port
 	for range 5 {
 		if c, err := net.Dial("tcp", f.addr); err == nil {
@@ -51,8 +50,8 @@ func TestHostileClientsDoNotHurtOthers(t *testing.T) {
 	}
 	// invalid node metadata
 	bad := f.ads(node("bad", map[string]any{"version_constraint": "nonsense >>"}))
-	bad.send(resource.EndpointType, "", "", "work")
-	if _, err := bad.recv(); err == nil {
+	bad.Subscribe(resource.EndpointType, "work")
+	if _, err := bad.Recv(); err == nil {
 		t.Fatal("invalid metadata accepted")
 	}
 	// 1,000 streams opened and dropped
@@ -61,7 +60,13 @@ func TestHostileClientsDoNotHurtOthers(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
 		if err == nil {
-			s.Send(&discovery.DiscoveryRequest{Node: node("churn", nil), TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}})
+			s.Send(
+				&discovery.DiscoveryRequest{
+					Node:          node("churn", nil),
+					TypeUrl:       resource.EndpointType,
+					ResourceNames: []string{"work"},
+				},
+			)
 		}
 		cancel()
 	}
@@ -69,20 +74,21 @@ func TestHostileClientsDoNotHurtOthers(t *testing.T) {
 	// a change: the good client gets it promptly
 	changed := time.Now()
 	f.members("work", big[:599]...)
-	r2 := good.must()
+	r2 := good.Next()
 	if got := hosts(t, r2, "work"); len(got) != 599 {
 		t.Fatalf("good client got %d endpoints", len(got))
 	}
 	if took := time.Since(changed); took > 2*time.Second {
 		t.Fatalf("update took %s with hostile clients around", took)
 	}
-	good.send(resource.EndpointType, r2.VersionInfo, r2.Nonce, "work")
+	good.ACK(r2, "work")
 
 	// dropped streams leave nothing behind (the stuck and NACKing ones stay)
 	deadline := time.Now().Add(10 * time.Second)
 	for runtime.NumGoroutine() > baseline+40 {
 		if time.Now().After(deadline) {
-			t.Fatalf("goroutines %d, baseline %d: dropped streams leaked", runtime.NumGoroutine(), baseline)
+			t.Fatalf("goroutines %d, baseline %d: dropped streams leaked",
+				runtime.NumGoroutine(), baseline)
 		}
 		<-time.After(50 * time.Millisecond) // goroutines have no event to wait on
 	}

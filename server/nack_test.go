@@ -19,6 +19,7 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/adstest"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
@@ -48,14 +49,19 @@ type observedXDS struct {
 }
 
 func startObservedXDS(t *testing.T) *observedXDS {
-	o := &observedXDS{fixture: &fixture{t: t, obs: make(chan health.Observation, 16)}, log: &lockedBuffer{}, metrics: sdkmetric.NewManualReader()}
+	o := &observedXDS{
+		fixture: &fixture{t: t, obs: make(chan health.Observation, 16)},
+		log:     &lockedBuffer{},
+		metrics: sdkmetric.NewManualReader(),
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(o.log, nil))
 	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log, AddDelay: time.Millisecond})
 	done := make(chan struct{})
 	go func() { syncer.Run(ctx, o.obs); close(done) }()
 	g := grpc.NewServer(ServerOption())
-	o.x = NewXDS(ctx, syncer, log, XDSOptions{Meter: sdkmetric.NewMeterProvider(sdkmetric.WithReader(o.metrics))})
+	o.x = NewXDS(ctx, syncer, log,
+		XDSOptions{Meter: sdkmetric.NewMeterProvider(sdkmetric.WithReader(o.metrics))})
 	o.x.Register(g)
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -74,9 +80,17 @@ func startObservedXDS(t *testing.T) *observedXDS {
 
 // lapse makes b's lease critical: a removal from task work.
 func (f *fixture) lapseB() {
-	f.send(health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
-		{Node: "n1", CheckID: health.CheckID("b", "s-b", "work"), ServiceID: "work:b", Status: health.StatusCritical, ModifyIndex: 100},
-	}}})
+	f.send(
+		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+			{
+				Node:        "n1",
+				CheckID:     health.CheckID("b", "s-b", "work"),
+				ServiceID:   "work:b",
+				Status:      health.StatusCritical,
+				ModifyIndex: 100,
+			},
+		}}},
+	)
 }
 
 // nacks is the leasehold.xds.nacks counter by (type URL, reason).
@@ -95,7 +109,8 @@ func (o *observedXDS) nacks() map[[2]string]int64 {
 				typeURL, _ := dp.Attributes.Value("type_url")
 				reason, _ := dp.Attributes.Value("reason")
 				if len(dp.Attributes.ToSlice()) != 2 {
-					o.t.Fatalf("NACK counter labels %v: want type_url and reason only", dp.Attributes.ToSlice())
+					o.t.Fatalf("NACK counter labels %v: want type_url and reason only",
+						dp.Attributes.ToSlice())
 				}
 				out[[2]string{typeURL.AsString(), reason.AsString()}] += dp.Value
 			}
@@ -104,30 +119,32 @@ func (o *observedXDS) nacks() map[[2]string]int64 {
 	return out
 }
 
-const duplicateDetail = "xds: resource \"work\": duplicate endpoint with the same address 127.0.0.1:9001"
+const duplicateDetail = "xds: resource \"work\": " +
+	"duplicate endpoint with the same address 127.0.0.1:9001"
 
 // Two dispatchers of one constraint set NACK the same version: both are
 // counted (type URL and a bounded reason), the version is logged once, each
 // stream shows its NACK, and the next removal still reaches both.
 func TestNackCountedLoggedOnceAndNextRemovalArrives(t *testing.T) {
 	o := startObservedXDS(t)
-	streams := []*adsStream{o.ads(node("d1", nil)), o.ads(node("d2", nil))}
+	streams := []*adstest.Client{o.ads(node("d1", nil)), o.ads(node("d2", nil))}
 	var v1 string
 	for _, a := range streams {
-		a.send(resource.EndpointType, "", "", "work")
-		r := a.must()
+		a.Subscribe(resource.EndpointType, "work")
+		r := a.Next()
 		if got := hosts(t, r, "work"); len(got) != 2 {
 			t.Fatalf("initial endpoints %v", got)
 		}
 		v1 = r.VersionInfo
-		if err := a.s.Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResponseNonce: r.Nonce, ResourceNames: []string{"work"},
+		if err := a.Stream().Send(&discovery.DiscoveryRequest{TypeUrl: resource.EndpointType,
+			ResponseNonce: r.Nonce, ResourceNames: []string{"work"},
 			ErrorDetail: &rpcstatus.Status{Code: 3, Message: duplicateDetail}}); err != nil {
 			t.Fatal(err)
 		}
 	}
 	o.lapseB()
 	for _, a := range streams {
-		r := a.must() // sent after the NACK was handled: a stream's requests are handled in order
+		r := a.Next() // sent after the NACK was handled: a stream's requests are handled in order
 		if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 			t.Fatalf("after a NACK, the removal: %v", got)
 		}
@@ -138,7 +155,8 @@ func TestNackCountedLoggedOnceAndNextRemovalArrives(t *testing.T) {
 	if n := strings.Count(o.log.String(), "rejected a response (NACK)"); n != 1 {
 		t.Fatalf("NACK of one version logged %d times, want once:\n%s", n, o.log.String())
 	}
-	if !strings.Contains(o.log.String(), "reason=duplicate") || !strings.Contains(o.log.String(), v1) {
+	if !strings.Contains(o.log.String(), "reason=duplicate") ||
+		!strings.Contains(o.log.String(), v1) {
 		t.Fatalf("NACK log names no reason or version:\n%s", o.log.String())
 	}
 	if got := o.nacks(); got[[2]string{resource.EndpointType, "duplicate"}] != 2 || len(got) != 1 {
@@ -146,7 +164,8 @@ func TestNackCountedLoggedOnceAndNextRemovalArrives(t *testing.T) {
 	}
 	for _, s := range o.x.Dispatchers() {
 		n := s.Types[resource.EndpointType].LastNack
-		if n == nil || n.Reason != "duplicate" || n.Version != v1 || n.Detail != duplicateDetail || s.Types[resource.EndpointType].Nacks != 1 {
+		if n == nil || n.Reason != "duplicate" || n.Version != v1 || n.Detail != duplicateDetail ||
+			s.Types[resource.EndpointType].Nacks != 1 {
 			t.Fatalf("%s: last NACK %+v", s.NodeID, n)
 		}
 	}
@@ -154,45 +173,16 @@ func TestNackCountedLoggedOnceAndNextRemovalArrives(t *testing.T) {
 
 func TestDeltaNackThenRemovalArrives(t *testing.T) {
 	o := startObservedXDS(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(o.dial()).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-nacker", nil), TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
-		t.Fatal(err)
-	}
-	recv := func() *discovery.DeltaDiscoveryResponse {
-		t.Helper()
-		type res struct {
-			r   *discovery.DeltaDiscoveryResponse
-			err error
-		}
-		ch := make(chan res, 1)
-		go func() { r, err := s.Recv(); ch <- res{r, err} }()
-		select {
-		case r := <-ch:
-			if r.err != nil {
-				t.Fatal(r.err)
-			}
-			return r.r
-		case <-time.After(5 * time.Second):
-			t.Fatal("no delta response within 5s")
-			return nil
-		}
-	}
-	r := recv()
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResponseNonce: r.Nonce,
-		ErrorDetail: &rpcstatus.Status{Code: 3, Message: "malformed IP address: exec.internal"}}); err != nil {
-		t.Fatal(err)
-	}
+	s := o.delta(node("delta-nacker", nil))
+	s.Subscribe(resource.EndpointType, "work")
+	s.NACK(s.Next(), "malformed IP address: exec.internal")
 	o.lapseB()
-	r2 := recv()
+	r2 := s.Next()
 	if len(r2.Resources) != 1 {
 		t.Fatalf("delta update %v", r2.Resources)
 	}
-	got := hosts(t, &discovery.DiscoveryResponse{Resources: []*anypb.Any{r2.Resources[0].Resource}}, "work")
+	got := hosts(t, &discovery.DiscoveryResponse{Resources: []*anypb.Any{r2.Resources[0].Resource}},
+		"work")
 	if len(got) != 1 || got[0] != "a" {
 		t.Fatalf("after a NACK, the removal: %v", got)
 	}

@@ -1,10 +1,8 @@
 package server
 
 import (
-	"context"
 	"strings"
 	"testing"
-	"time"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -24,7 +22,10 @@ func withLabel(m health.Member, k, v string) health.Member {
 // waiting for a constraint set it did not subscribe. The same node sent
 // again (as Envoy does on every request) changes nothing.
 func TestNodeChangedOnALaterRequest(t *testing.T) {
-	first := map[string]any{"version_constraint": "<2.0.0", "labels": map[string]any{"zone": "eu-1"}}
+	first := map[string]any{
+		"version_constraint": "<2.0.0",
+		"labels":             map[string]any{"zone": "eu-1"},
+	}
 	for _, tt := range []struct {
 		name  string
 		id    string
@@ -43,16 +44,17 @@ func TestNodeChangedOnALaterRequest(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			f := startXDS(t)
-			f.members("work", withLabel(member("work", "a", 9001, "1.0.0"), "zone", "eu-1"), member("work", "b", 9002, "2.0.0"))
+			f.members("work", withLabel(member("work", "a", 9001, "1.0.0"), "zone", "eu-1"),
+				member("work", "b", 9002, "2.0.0"))
 			a := f.ads(node("d1", first))
-			a.send(resource.EndpointType, "", "", "work")
-			r := a.must()
+			a.Subscribe(resource.EndpointType, "work")
+			r := a.Next()
 			if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 				t.Fatalf("initial endpoints %v", got)
 			}
-			a.n = node(tt.id, tt.meta)
-			a.send(resource.EndpointType, r.VersionInfo, r.Nonce, "work", "other") // ACK, and ask for more
-			r2, err := a.recv()
+			a.Node = node(tt.id, tt.meta)
+			a.ACK(r, "work", "other") // ACK, and ask for more
+			r2, err := a.Recv()
 			if tt.field == "" {
 				if err != nil {
 					t.Fatalf("stream ended: %v", err)
@@ -62,8 +64,10 @@ func TestNodeChangedOnALaterRequest(t *testing.T) {
 				}
 				return
 			}
-			if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.field) {
-				t.Fatalf("err %v (response %v), want InvalidArgument naming %s", err, names(r2), tt.field)
+			if status.Code(err) != codes.InvalidArgument ||
+				!strings.Contains(err.Error(), tt.field) {
+				t.Fatalf("err %v (response %v), want InvalidArgument naming %s",
+					err, names(r2), tt.field)
 			}
 		})
 	}
@@ -71,24 +75,17 @@ func TestNodeChangedOnALaterRequest(t *testing.T) {
 
 func TestDeltaNodeChangedOnALaterRequest(t *testing.T) {
 	f := startXDS(t)
-	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second) // a stream left unanswered fails here
-	defer cancel()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(f.dial()).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-1", nil), TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := s.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-1", map[string]any{"version_constraint": "<2.0.0"}), TypeUrl: resource.EndpointType,
+	s := f.delta(node("delta-1", nil))
+	s.Subscribe(resource.EndpointType, "work")
+	r := s.Next()
+	// A node that changes on a later request is what the client never sends: raw.
+	if err := s.Stream().Send(&discovery.DeltaDiscoveryRequest{Node: node("delta-1",
+		map[string]any{"version_constraint": "<2.0.0"}), TypeUrl: resource.EndpointType,
 		ResponseNonce: r.Nonce, ResourceNamesSubscribe: []string{"other"}}); err != nil {
 		t.Fatal(err)
 	}
-	if _, err := s.Recv(); status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), "node.metadata.version_constraint") {
+	if _, err := s.Recv(); status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(err.Error(), "node.metadata.version_constraint") {
 		t.Fatalf("err %v, want InvalidArgument naming node.metadata.version_constraint", err)
 	}
 }

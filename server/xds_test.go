@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"net"
@@ -25,6 +26,7 @@ import (
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/adstest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 )
@@ -45,12 +47,34 @@ type secureOpts struct {
 }
 
 func member(task, inst string, port int, version string) health.Member {
-	reg := health.Registration{InstanceID: inst, SessionID: "s-" + inst, Generation: 1, Task: task, Address: "127.0.0.1", Port: port, Version: version, Capacity: 4, State: health.StateActive}
+	reg := health.Registration{
+		InstanceID: inst,
+		SessionID:  "s-" + inst,
+		Generation: 1,
+		Task:       task,
+		Address:    "127.0.0.1",
+		Port:       port,
+		Version:    version,
+		Capacity:   4,
+		State:      health.StateActive,
+	}
 	return health.Member{
-		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(inst, task), Node: "n1", CreateIndex: 5},
+		Executor: health.Executor{
+			Registration: reg,
+			ServiceID:    health.ServiceID(inst, task),
+			Node:         "n1",
+			CreateIndex:  5,
+		},
 		Checks: []health.CheckState{
 			{Node: "n1", CheckID: "serfHealth", Status: health.StatusPassing, ModifyIndex: 1},
-			{Node: "n1", CheckID: health.CheckID(inst, "s-"+inst, task), ServiceID: health.ServiceID(inst, task), Status: health.StatusPassing, Output: "load=0", ModifyIndex: 5},
+			{
+				Node:        "n1",
+				CheckID:     health.CheckID(inst, "s-"+inst, task),
+				ServiceID:   health.ServiceID(inst, task),
+				Status:      health.StatusPassing,
+				Output:      "load=0",
+				ModifyIndex: 5,
+			},
 		},
 	}
 }
@@ -70,7 +94,8 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 		opts = append(opts, grpc.Creds(so.tls.Credentials()))
 	}
 	if a := NewFencingAuthorizer(so.policy, metricnoop.NewMeterProvider()); a != nil {
-		opts = append(opts, grpc.ChainUnaryInterceptor(a.UnaryInterceptor()), grpc.ChainStreamInterceptor(a.StreamInterceptor()))
+		opts = append(opts, grpc.ChainUnaryInterceptor(a.UnaryInterceptor()),
+			grpc.ChainStreamInterceptor(a.StreamInterceptor()))
 	}
 	g := grpc.NewServer(opts...)
 	f.xds = NewXDS(ctx, syncer, log, XDSOptions{Policy: so.policy})
@@ -95,7 +120,11 @@ func (f *fixture) send(o health.Observation) { f.obs <- o }
 
 func (f *fixture) members(task string, ms ...health.Member) {
 	f.idx++
-	f.send(health.Observation{Members: &health.TaskMembers{Task: task, Index: 10 + f.idx, Members: ms}})
+	f.send(
+		health.Observation{
+			Members: &health.TaskMembers{Task: task, Index: 10 + f.idx, Members: ms},
+		},
+	)
 }
 
 func node(id string, meta map[string]any) *corev3.Node {
@@ -116,53 +145,14 @@ func (f *fixture) dial() *grpc.ClientConn {
 	return conn
 }
 
-type adsStream struct {
-	t *testing.T
-	s discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient
-	n *corev3.Node
-}
+// ads opens an ADS stream to the fixture's server as node n; it ends with
+// the test.
+func (f *fixture) ads(n *corev3.Node) *adstest.Client { return adstest.Open(f.t, f.dial(), n) }
 
-func (f *fixture) ads(n *corev3.Node) *adsStream {
-	ctx, cancel := context.WithCancel(context.Background())
-	f.t.Cleanup(cancel)
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(f.dial()).StreamAggregatedResources(ctx)
-	if err != nil {
-		f.t.Fatal(err)
-	}
-	return &adsStream{t: f.t, s: s, n: n}
-}
-
-func (a *adsStream) send(typeURL, version, nonce string, names ...string) {
-	a.t.Helper()
-	if err := a.s.Send(&discovery.DiscoveryRequest{Node: a.n, TypeUrl: typeURL, VersionInfo: version, ResponseNonce: nonce, ResourceNames: names}); err != nil {
-		a.t.Fatal(err)
-	}
-}
-
-func (a *adsStream) recv() (*discovery.DiscoveryResponse, error) {
-	a.t.Helper()
-	type res struct {
-		r   *discovery.DiscoveryResponse
-		err error
-	}
-	ch := make(chan res, 1)
-	go func() { r, err := a.s.Recv(); ch <- res{r, err} }()
-	select {
-	case r := <-ch:
-		return r.r, r.err
-	case <-time.After(5 * time.Second):
-		a.t.Fatal("no response within 5s")
-		return nil, nil
-	}
-}
-
-func (a *adsStream) must() *discovery.DiscoveryResponse {
-	a.t.Helper()
-	r, err := a.recv()
-	if err != nil {
-		a.t.Fatal(err)
-	}
-	return r
+// delta opens an incremental ADS stream to the fixture's server as node n;
+// it ends with the test.
+func (f *fixture) delta(n *corev3.Node) *adstest.DeltaClient {
+	return adstest.OpenDelta(f.t, f.dial(), n)
 }
 
 func names(r *discovery.DiscoveryResponse) []string {
@@ -215,8 +205,8 @@ func TestInvalidNodeMetadataRefusedNamingTheField(t *testing.T) {
 		{map[string]any{"endpoint_metadata": true}, "node.metadata.endpoint_metadata"},
 	} {
 		a := f.ads(node("bad", tt.meta))
-		a.send(resource.ListenerType, "", "", "work")
-		_, err := a.recv()
+		a.Subscribe(resource.ListenerType, "work")
+		_, err := a.Recv()
 		if status.Code(err) != codes.InvalidArgument || !strings.Contains(err.Error(), tt.field) {
 			t.Errorf("meta %v: err %v, want InvalidArgument naming %s", tt.meta, err, tt.field)
 		}
@@ -227,8 +217,8 @@ func TestADSExactNameSubsetsAndResubscribe(t *testing.T) {
 	f := startXDS(t)
 	a := f.ads(node("d1", map[string]any{"version_constraint": "<2.0.0"}))
 	// a subset of the EDS names (one of two tasks), as gRPC clients ask
-	a.send(resource.EndpointType, "", "", "work")
-	r := a.must()
+	a.Subscribe(resource.EndpointType, "work")
+	r := a.Next()
 	if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("work endpoints for <2.0.0: %v", got)
 	}
@@ -236,24 +226,24 @@ func TestADSExactNameSubsetsAndResubscribe(t *testing.T) {
 		t.Fatalf("answered %v, want only work", n)
 	}
 	// ACK, then subscribe to the other as well
-	a.send(resource.EndpointType, r.VersionInfo, r.Nonce, "work")
-	a.send(resource.EndpointType, r.VersionInfo, r.Nonce, "work", "other")
-	r2 := a.must()
+	a.ACK(r, "work")
+	a.ACK(r, "work", "other")
+	r2 := a.Next()
 	if len(hosts(t, r2, "other")) != 1 {
 		t.Fatalf("other not sent after subscribing: %v", names(r2))
 	}
 	// unsubscribe from everything, then resubscribe: answered again
-	a.send(resource.EndpointType, r2.VersionInfo, r2.Nonce)
-	a.send(resource.EndpointType, r2.VersionInfo, r2.Nonce, "work")
-	r3 := a.must()
+	a.ACK(r2)
+	a.ACK(r2, "work")
+	r3 := a.Next()
 	if got := hosts(t, r3, "work"); len(got) != 1 {
 		t.Fatalf("resubscribe: %v", names(r3))
 	}
 	// listener, route and cluster by exact name
 	for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType} {
 		b := f.ads(node("d2", nil))
-		b.send(typ, "", "", "work")
-		if r := b.must(); len(r.GetResources()) != 1 {
+		b.Subscribe(typ, "work")
+		if r := b.Next(); len(r.GetResources()) != 1 {
 			t.Fatalf("%s: %d resources", typ, len(r.GetResources()))
 		}
 	}
@@ -264,24 +254,32 @@ func TestADSPushesRemovalAndReplicasAgree(t *testing.T) {
 	g := startXDS(t) // a second replica fed the same state
 	a := f.ads(node("d1", nil))
 	b := g.ads(node("d1", nil))
-	a.send(resource.EndpointType, "", "", "work")
-	b.send(resource.EndpointType, "", "", "work")
-	ra, rb := a.must(), b.must()
+	a.Subscribe(resource.EndpointType, "work")
+	b.Subscribe(resource.EndpointType, "work")
+	ra, rb := a.Next(), b.Next()
 	if ra.VersionInfo != rb.VersionInfo || !proto.Equal(ra.Resources[0], rb.Resources[0]) {
 		t.Fatalf("replicas disagree: %q vs %q", ra.VersionInfo, rb.VersionInfo)
 	}
 	// a reconnecting client that already has the version gets nothing new
 	c := g.ads(node("d1", nil))
-	c.send(resource.EndpointType, ra.VersionInfo, "", "work")
-	if rc := c.must(); rc.VersionInfo != ra.VersionInfo {
+	c.Request(resource.EndpointType, ra.VersionInfo, "", "work")
+	if rc := c.Next(); rc.VersionInfo != ra.VersionInfo {
 		t.Fatalf("failover answered version %q, want the same %q", rc.VersionInfo, ra.VersionInfo)
 	}
-	a.send(resource.EndpointType, ra.VersionInfo, ra.Nonce, "work")
+	a.ACK(ra, "work")
 	// b's endpoint lapses: pushed to the open stream
-	f.send(health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
-		{Node: "n1", CheckID: health.CheckID("b", "s-b", "work"), ServiceID: "work:b", Status: health.StatusCritical, ModifyIndex: 100},
-	}}})
-	r := a.must()
+	f.send(
+		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+			{
+				Node:        "n1",
+				CheckID:     health.CheckID("b", "s-b", "work"),
+				ServiceID:   "work:b",
+				Status:      health.StatusCritical,
+				ModifyIndex: 100,
+			},
+		}}},
+	)
+	r := a.Next()
 	if got := hosts(t, r, "work"); len(got) != 1 || got[0] != "a" {
 		t.Fatalf("after lapse: %v", got)
 	}
@@ -292,20 +290,9 @@ func TestADSPushesRemovalAndReplicasAgree(t *testing.T) {
 
 func TestDeltaXDS(t *testing.T) {
 	f := startXDS(t)
-	ctx, cancel := context.WithCancel(context.Background())
-	defer cancel()
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(f.dial()).DeltaAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	n := node("delta-1", nil)
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: n, TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := s.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	s := f.delta(node("delta-1", nil))
+	s.Subscribe(resource.EndpointType, "work")
+	r := s.Next()
 	if len(r.Resources) != 1 || r.Resources[0].Name != "work" {
 		t.Fatalf("delta response %v", r.Resources)
 	}
@@ -314,17 +301,22 @@ func TestDeltaXDS(t *testing.T) {
 	if r.Resources[0].Version == "" {
 		t.Fatal("no resource version")
 	}
-	s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResponseNonce: r.Nonce})
+	s.ACK(r)
 	// a change of task other must not be sent to a client subscribed to work only
 	f.members("other", member("other", "o", 9100, "1.0.0"), member("other", "o2", 9101, "1.0.0"))
 	// then a change of work is
-	f.send(health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
-		{Node: "n1", CheckID: health.CheckID("a", "s-a", "work"), ServiceID: "work:a", Status: health.StatusCritical, ModifyIndex: 100},
-	}}})
-	r2, err := s.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
+	f.send(
+		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+			{
+				Node:        "n1",
+				CheckID:     health.CheckID("a", "s-a", "work"),
+				ServiceID:   "work:a",
+				Status:      health.StatusCritical,
+				ModifyIndex: 100,
+			},
+		}}},
+	)
+	r2 := s.Next()
 	if len(r2.Resources) != 1 || r2.Resources[0].Name != "work" {
 		t.Fatalf("delta update %v", r2.Resources)
 	}
@@ -336,20 +328,20 @@ func TestDeltaXDS(t *testing.T) {
 func TestSotwSendsOnlyChangedTaskTypes(t *testing.T) {
 	f := startXDS(t)
 	a := f.ads(node("d1", nil))
-	a.send(resource.EndpointType, "", "", "work", "other")
-	r := a.must()
+	a.Subscribe(resource.EndpointType, "work", "other")
+	r := a.Next()
 	if n := names(r); len(n) != 2 {
 		t.Fatalf("initial EDS %v", n)
 	}
-	a.send(resource.EndpointType, r.VersionInfo, r.Nonce, "work", "other") // ACK
+	a.ACK(r, "work", "other")
 	l := f.ads(node("d1", nil))
-	l.send(resource.ListenerType, "", "", "work", "other")
-	lr := l.must()
-	l.send(resource.ListenerType, lr.VersionInfo, lr.Nonce, "work", "other")
+	l.Subscribe(resource.ListenerType, "work", "other")
+	lr := l.Next()
+	l.ACK(lr, "work", "other")
 
 	// task other gains an executor: only other's endpoints are sent
 	f.members("other", member("other", "o", 9100, "1.0.0"), member("other", "o2", 9101, "1.0.0"))
-	r2 := a.must()
+	r2 := a.Next()
 	if n := names(r2); len(n) != 1 || n[0] != "other" {
 		t.Fatalf("EDS update carried %v, want only other", n)
 	}
@@ -360,8 +352,8 @@ func TestSotwSendsOnlyChangedTaskTypes(t *testing.T) {
 	// type is resent whole only when one of its resources changes
 	f.send(health.Observation{Tasks: &health.TaskList{Tasks: []string{"other", "work", "new"}}})
 	f.members("new", member("new", "n", 9200, "1.0.0"))
-	l.send(resource.ListenerType, lr.VersionInfo, lr.Nonce, "work", "other", "new")
-	lr2 := l.must()
+	l.ACK(lr, "work", "other", "new")
+	lr2 := l.Next()
 	if len(lr2.GetResources()) != 3 {
 		t.Fatalf("LDS after a new task: %d listeners, want all 3", len(lr2.GetResources()))
 	}
@@ -376,7 +368,8 @@ func TestPerTypeServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := eds.Send(&discovery.DiscoveryRequest{Node: node("per-type", nil), TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}); err != nil {
+	if err := eds.Send(&discovery.DiscoveryRequest{Node: node("per-type", nil),
+		TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}); err != nil {
 		t.Fatal(err)
 	}
 	r, err := eds.Recv()
@@ -390,7 +383,8 @@ func TestPerTypeServices(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if err := lds.Send(&discovery.DeltaDiscoveryRequest{Node: node("per-type", nil), TypeUrl: resource.ListenerType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
+	if err := lds.Send(&discovery.DeltaDiscoveryRequest{Node: node("per-type", nil),
+		TypeUrl: resource.ListenerType, ResourceNamesSubscribe: []string{"work"}}); err != nil {
 		t.Fatal(err)
 	}
 	dr, err := lds.Recv()
@@ -400,4 +394,77 @@ func TestPerTypeServices(t *testing.T) {
 	if len(dr.Resources) != 1 || dr.Resources[0].Name != "work" {
 		t.Fatalf("delta LDS service: %v", dr.Resources)
 	}
+}
+
+// envoyNode is a node as Envoy sends it on every request: its id and
+// metadata, and a user agent, build version and the extensions it has.
+func envoyNode(meta map[string]any) *corev3.Node {
+	st, _ := structpb.NewStruct(meta)
+	n := &corev3.Node{Id: "envoy-1", Cluster: "dispatchers", Metadata: st, UserAgentName: "envoy",
+		UserAgentVersionType: &corev3.Node_UserAgentBuildVersion{
+			UserAgentBuildVersion: &corev3.BuildVersion{Metadata: st},
+		}}
+	for i := range 300 {
+		n.Extensions = append(n.Extensions,
+			&corev3.Extension{
+				Name:     fmt.Sprintf("envoy.filters.http.f%d", i),
+				Category: "envoy.filters.http",
+				TypeUrls: []string{"type.googleapis.com/x.y.Z"},
+			},
+		)
+	}
+	return n
+}
+
+// The nodes sameDispatch calls the same are those sameNode would let go on
+// after a full check: everything but the id and the dispatch keys may
+// differ.
+func TestSameDispatch(t *testing.T) {
+	base := map[string]any{
+		"version_constraint": "<2.0.0",
+		"labels":             map[string]any{"zone": "eu-1"},
+		"endpoint_metadata":  "session",
+		"owner":              "a",
+	}
+	a := envoyNode(base)
+	same := envoyNode(base)
+	same.UserAgentName = "envoy-2"
+	same.Extensions = same.Extensions[:10]
+	same.Metadata.Fields["owner"] = structpb.NewStringValue("b")
+	if !sameDispatch(a, same) {
+		t.Fatal("a node differing outside the dispatch keys counted as another")
+	}
+	for _, k := range dispatchKeys {
+		b := proto.Clone(a).(*corev3.Node)
+		b.Metadata.Fields[k] = structpb.NewStringValue("other")
+		if sameDispatch(a, b) {
+			t.Errorf("%s changed: counted as the same", k)
+		}
+		delete(b.Metadata.Fields, k)
+		if _, had := a.Metadata.Fields[k]; had && sameDispatch(a, b) {
+			t.Errorf("%s dropped: counted as the same", k)
+		}
+	}
+	other := proto.Clone(a).(*corev3.Node)
+	other.Id = "envoy-2"
+	if sameDispatch(a, other) {
+		t.Error("another node id counted as the same")
+	}
+}
+
+// What each ACK of an Envoy dispatcher (its whole node on every request)
+// costs to tell that its node is unchanged.
+func BenchmarkSameNode(b *testing.B) {
+	meta := map[string]any{"version_constraint": "<2.0.0", "labels": map[string]any{"zone": "eu-1"}}
+	x, y := envoyNode(meta), envoyNode(meta)
+	b.Run("proto.Equal", func(b *testing.B) {
+		for b.Loop() {
+			proto.Equal(x, y)
+		}
+	})
+	b.Run("sameDispatch", func(b *testing.B) {
+		for b.Loop() {
+			sameDispatch(x, y)
+		}
+	})
 }

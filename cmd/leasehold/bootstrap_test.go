@@ -9,7 +9,19 @@ import (
 
 func TestBootstrapCommand(t *testing.T) {
 	var out, errOut bytes.Buffer
-	code := run([]string{"bootstrap", "--node-id", "d1", "--xds-addr", "127.0.0.1:18000", "--version-constraint", ">=1.4.0, <2.0.0", "--label", "zone=eu-1"}, &out, &errOut)
+	code := run(
+		[]string{
+			"bootstrap",
+			"--node-id",
+			"d1",
+			"--xds-addr",
+			"127.0.0.1:18000",
+			"--version-constraint",
+			">=1.4.0, <2.0.0",
+			"--label",
+			"zone=eu-1",
+		},
+		&out, &errOut)
 	if code != 0 {
 		t.Fatalf("exit %d: %s", code, errOut.String())
 	}
@@ -17,17 +29,20 @@ func TestBootstrapCommand(t *testing.T) {
 	if err := json.Unmarshal(out.Bytes(), &b); err != nil {
 		t.Fatal(err)
 	}
-	if b.Node.ID != "d1" || b.XDSServers[0].ServerURI != "127.0.0.1:18000" || b.Node.Metadata["version_constraint"] != ">=1.4.0, <2.0.0" {
+	if b.Node.ID != "d1" || b.XDSServers[0].ServerURI != "127.0.0.1:18000" ||
+		b.Node.Metadata["version_constraint"] != ">=1.4.0, <2.0.0" {
 		t.Fatalf("bootstrap %+v", b)
 	}
 	if labels, _ := b.Node.Metadata["labels"].(map[string]any); labels["zone"] != "eu-1" {
 		t.Fatalf("labels %v", b.Node.Metadata)
 	}
 	out.Reset()
-	if code := run([]string{"bootstrap", "--node-id", "d1", "--endpoint-metadata", "none"}, &out, &errOut); code != 0 {
+	if code := run([]string{"bootstrap", "--node-id", "d1", "--endpoint-metadata", "none"}, &out,
+		&errOut); code != 0 {
 		t.Fatalf("--endpoint-metadata none: exit %d: %s", code, errOut.String())
 	}
-	if err := json.Unmarshal(out.Bytes(), &b); err != nil || b.Node.Metadata["endpoint_metadata"] != "none" {
+	if err := json.Unmarshal(out.Bytes(), &b); err != nil ||
+		b.Node.Metadata["endpoint_metadata"] != "none" {
 		t.Fatalf("--endpoint-metadata none: %v, metadata %v", err, b.Node.Metadata)
 	}
 	for _, tt := range []struct {
@@ -41,8 +56,65 @@ func TestBootstrapCommand(t *testing.T) {
 		{[]string{"--node-id", "d", "--endpoint-metadata", "compact"}, "--endpoint-metadata"},
 	} {
 		var o bytes.Buffer
-		if code := run(append([]string{"bootstrap"}, tt.args...), &o, &o); code != 2 || !strings.Contains(o.String(), tt.flag) {
+		if code := run(append([]string{"bootstrap"}, tt.args...), &o, &o); code != 2 ||
+			!strings.Contains(o.String(), tt.flag) {
 			t.Errorf("%v: exit %d, %q does not name %s", tt.args, code, o.String(), tt.flag)
+		}
+	}
+}
+
+// bootstrap's dial address: LEASEHOLD_XDS_ADDR is where serve listens, so
+// an unspecified host there (or in the flag) is refused, naming where it
+// came from; the flag overrides the variable.
+func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
+	for _, c := range []struct {
+		env  string
+		args []string
+		want string // "" = accepted
+	}{
+		{"0.0.0.0:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"[::]:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{":18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"0.0.0.0:18000", []string{"--xds-addr", "10.0.0.5:18000"}, ""},
+		{"10.0.0.5:18000", nil, ""},
+		{"leasehold.internal:18000", nil, ""},
+		{"10.0.0.5:18000", []string{"--xds-addr", "0.0.0.0:18000"}, `invalid --xds-addr "0.0.0.0:18000"`},
+		{"10.0.0.5:18000", []string{"--xds-addr", "10.0.0.5:0"}, "invalid --xds-addr"},
+	} {
+		t.Setenv("LEASEHOLD_XDS_ADDR", c.env)
+		code, stdout, stderr := runCLI(
+			append([]string{"bootstrap", "--node-id", "d1"}, c.args...)...)
+		switch {
+		case c.want == "" && code != 0:
+			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v refused: %s", c.env, c.args, stderr)
+		case c.want != "" && (code != 2 || !strings.Contains(stderr, c.want) || stdout != ""):
+			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v: exit %d, %q; want 2 naming %s",
+				c.env, c.args, code, stderr, c.want)
+		}
+	}
+	if _, err := newBootstrap("0.0.0.0:18000", "d1", "", nil, "", ""); err == nil ||
+		!strings.Contains(err.Error(), "--xds-addr") {
+		t.Errorf("newBootstrap took an unspecified address: %v", err)
+	}
+}
+
+// The refusal of unspecified dial addresses looks past net.ParseIP of the
+// host: a gRPC target (`dns:///0.0.0.0:18000`, which grpc-go's xDS client
+// dials as written: 0.0.0.0, this machine) and an unspecified address with a
+// zone (`[::%lo]:18000`) are refused as well, never written for dispatchers
+// to dial.
+func TestBootstrapRefusesUnspecifiedTargetsAndZones(t *testing.T) {
+	for _, addr := range []string{"dns:///0.0.0.0:18000", "passthrough:///[::]:18000",
+		"[::%lo]:18000", "[0:0:0:0:0:ffff:0.0.0.0]:18000", "[::ffff:0:0]:18000"} {
+		if b, err := newBootstrap(addr, "d1", "", nil, "", ""); err == nil {
+			t.Errorf("--xds-addr %s accepted:\n%s", addr, b)
+		}
+	}
+	for _, addr := range []string{"10.0.0.5:18000", "[fe80::1%eth0]:18000",
+		"leasehold.internal:18000", "localhost:18000"} {
+		if _, err := newBootstrap(addr, "d1", "", nil, "", ""); err != nil {
+			t.Errorf("--xds-addr %s refused: %v", addr, err)
 		}
 	}
 }

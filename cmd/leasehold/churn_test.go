@@ -34,8 +34,14 @@ type churnFleet struct {
 
 func (f *churnFleet) id(i int) string         { return fmt.Sprintf("c%04d", i) }
 func (f *churnFleet) agent(i int) *api.Client { return f.agents[i%len(f.agents)] }
-func (f *churnFleet) session(i int) string    { return "s" + strconv.FormatUint(f.gens[i].Load(), 10) }
-func (f *churnFleet) checkID(i int) string    { return health.CheckID(f.id(i), f.session(i), "work") }
+
+func (f *churnFleet) session(i int) string {
+	return "s" + strconv.FormatUint(f.gens[i].Load(), 10)
+}
+
+func (f *churnFleet) checkID(i int) string {
+	return health.CheckID(f.id(i), f.session(i), "work")
+}
 func (f *churnFleet) ttl(i int) time.Duration {
 	return map[bool]time.Duration{true: f.lease, false: time.Hour}[i < f.canaries]
 }
@@ -56,16 +62,34 @@ func (f *churnFleet) register(t *testing.T, from, to int) {
 			for i := int(next.Add(1) - 1); i < to; i = int(next.Add(1) - 1) {
 				gen := f.gens[i].Load() + 1
 				c := f.agent(i)
-				if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey(f.id(i)), Value: []byte(strconv.FormatUint(gen, 10))}, nil); err != nil {
+				if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey(f.id(i)),
+					Value: []byte(strconv.FormatUint(gen, 10))}, nil); err != nil {
 					errs <- err
 					return
 				}
 				session := "s" + strconv.FormatUint(gen, 10)
-				r := health.Registration{InstanceID: f.id(i), SessionID: session, Generation: gen, Task: "work", Address: "127.0.0.1", Port: 30000 + i,
-					Version: "1.0.0", Capacity: 4, State: health.StateActive}
+				r := health.Registration{
+					InstanceID: f.id(i),
+					SessionID:  session,
+					Generation: gen,
+					Task:       "work",
+					Address:    "127.0.0.1",
+					Port:       30000 + i,
+					Version:    "1.0.0",
+					Capacity:   4,
+					State:      health.StateActive,
+				}
 				err := c.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
-					ID: health.ServiceID(r.InstanceID, "work"), Name: "work", Tags: []string{health.DefaultTag}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
-					Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, session, "work"), TTL: f.ttl(i).String(), Status: api.HealthPassing}},
+					ID: health.ServiceID(r.InstanceID,
+						"work"), Name: "work", Tags: []string{health.DefaultTag},
+					Address: r.Address, Port: r.Port, Meta: r.Meta(),
+					Checks: api.AgentServiceChecks{
+						{
+							CheckID: health.CheckID(r.InstanceID, session, "work"),
+							TTL:     f.ttl(i).String(),
+							Status:  api.HealthPassing,
+						},
+					},
 				}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
 				if err != nil {
 					errs <- err
@@ -95,7 +119,9 @@ func (f *churnFleet) heartbeat(ctx context.Context) {
 		}
 		for i := range f.canaries {
 			if !f.stopped[i].Load() {
-				f.agent(i).Agent().UpdateTTLOpts(f.checkID(i), "load=1", api.HealthPassing, (&api.QueryOptions{}).WithContext(ctx))
+				f.agent(i).Agent().UpdateTTLOpts(f.checkID(i), "load=1", api.HealthPassing,
+					(&api.QueryOptions{}).WithContext(ctx),
+				)
 			}
 		}
 	}
@@ -103,13 +129,15 @@ func (f *churnFleet) heartbeat(ctx context.Context) {
 
 // falseLapses follows Consul's critical checks until ctx ends and counts
 // those of a current session of an executor the test did not stop.
-func (f *churnFleet) falseLapses(ctx context.Context, c *api.Client, log func(string, ...any)) *atomic.Int64 {
+func (f *churnFleet) falseLapses(ctx context.Context, c *api.Client,
+	log func(string, ...any)) *atomic.Int64 {
 	var count atomic.Int64
 	go func() {
 		seen := map[string]bool{}
 		var index uint64
 		for ctx.Err() == nil {
-			checks, meta, err := c.Health().State(api.HealthCritical, (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(ctx))
+			checks, meta, err := c.Health().State(api.HealthCritical,
+				(&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(ctx))
 			if err != nil {
 				index = 0
 				select {
@@ -122,7 +150,8 @@ func (f *churnFleet) falseLapses(ctx context.Context, c *api.Client, log func(st
 			for _, ch := range checks {
 				inst, session, _, ok := health.ParseCheckID(ch.CheckID)
 				var i int
-				if _, err := fmt.Sscanf(inst, "c%04d", &i); !ok || err != nil || i >= f.n || seen[ch.CheckID] {
+				if _, err := fmt.Sscanf(inst, "c%04d", &i); !ok || err != nil || i >= f.n ||
+					seen[ch.CheckID] {
 					continue
 				}
 				if !f.stopped[i].Load() && session == f.session(i) {
@@ -151,7 +180,8 @@ func readBytes(t *testing.T, admin, encoding string) float64 {
 	}
 	var sum float64
 	for _, line := range strings.Split(string(b), "\n") {
-		if strings.HasPrefix(line, "leasehold_consul_read_bytes_total{") && strings.Contains(line, `encoding="`+encoding+`"`) {
+		if strings.HasPrefix(line, "leasehold_consul_read_bytes_total{") &&
+			strings.Contains(line, `encoding="`+encoding+`"`) {
 			f := strings.Fields(line)
 			v, _ := strconv.ParseFloat(f[len(f)-1], 64)
 			sum += v
@@ -160,14 +190,14 @@ func readBytes(t *testing.T, admin, encoding string) float64 {
 	return sum
 }
 
-// TestChurnDrill (issue 19): 1,000 executors of one task type over a server
-// and two client agents register and then restart under new sessions, 16 at
-// a time, under a watching leasehold. Canaries on a 3 s lease heartbeat
-// every second throughout: none lapses falsely; two stop during the restart
-// and leave the assignment; what leasehold reads from Consul per change stays
-// bounded (≤ 10 KB on the wire, whatever the task size: reads coalesce under
-// churn and a change re-reads only its registration); and afterwards the
-// assignment is exactly what Consul shows passing.
+// 1,000 executors of one task type over a server and two client agents
+// register and then restart under new sessions, 16 at a time, under a
+// watching leasehold. Canaries on a 3 s lease heartbeat every second
+// throughout: none lapses falsely; two stop during the restart and leave the
+// assignment; what leasehold reads from Consul per change stays bounded (≤
+// 10 KB on the wire, whatever the task size: reads coalesce under churn and
+// a change re-reads only its registration); and afterwards the assignment is
+// exactly what Consul shows passing.
 func TestChurnDrill(t *testing.T) {
 	if testing.Short() {
 		t.Skip("1,000 registrations, twice")
@@ -175,10 +205,21 @@ func TestChurnDrill(t *testing.T) {
 	server := consultest.Start(t)
 	agents := []*api.Client{server.Client()}
 	for k := 1; k <= 2; k++ {
-		agents = append(agents, consultest.Start(t, consultest.Options{NodeName: fmt.Sprintf("churn-%d", k), JoinClientOf: server}).Client())
+		agents = append(agents,
+			consultest.Start(t,
+				consultest.Options{NodeName: fmt.Sprintf("churn-%d", k), JoinClientOf: server},
+			).Client(),
+		)
 	}
 	const n, canaries = 1000, 12
-	f := &churnFleet{agents: agents, n: n, canaries: canaries, lease: 3 * time.Second, gens: make([]atomic.Uint64, n), stopped: make([]atomic.Bool, n)}
+	f := &churnFleet{
+		agents:   agents,
+		n:        n,
+		canaries: canaries,
+		lease:    3 * time.Second,
+		gens:     make([]atomic.Uint64, n),
+		stopped:  make([]atomic.Bool, n),
+	}
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	f.register(t, 0, canaries)
@@ -192,13 +233,16 @@ func TestChurnDrill(t *testing.T) {
 		t.Helper()
 		deadline := time.Now().Add(60 * time.Second)
 		for {
-			entries, _, err := server.Client().Health().Service("work", health.DefaultTag, true, nil)
+			entries, _, err := server.Client().Health().Service("work",
+				health.DefaultTag, true, nil)
 			if err != nil {
 				t.Fatal(err)
 			}
 			want := endpoints{}
 			for _, e := range entries {
-				want[endpoint{e.Service.Meta[health.MetaInstanceID], e.Service.Meta[health.MetaSessionID], "127.0.0.1:" + strconv.Itoa(e.Service.Port)}]++
+				meta := e.Service.Meta
+				addr := "127.0.0.1:" + strconv.Itoa(e.Service.Port)
+				want[endpoint{meta[health.MetaInstanceID], meta[health.MetaSessionID], addr}]++
 			}
 			got, changed := eds.latest()
 			if err := eds.failed(); err != nil {
@@ -208,7 +252,8 @@ func TestChurnDrill(t *testing.T) {
 				return
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: leasehold serves %d endpoints, Consul shows %d passing", what, len(got), len(want))
+				t.Fatalf("%s: leasehold serves %d endpoints, Consul shows %d passing",
+					what, len(got), len(want))
 			}
 			select { // a new assignment, or Consul's answer may have moved
 			case <-changed:
@@ -235,7 +280,10 @@ func TestChurnDrill(t *testing.T) {
 	<-restarted
 	changes := float64(n)
 	wire, json := readBytes(t, addrs.admin, "wire")-wire0, readBytes(t, addrs.admin, "json")-json0
-	t.Logf("rolling restart of %d in %s; leasehold read %.1f KB per change on the wire, %.1f KB of JSON", n, time.Since(start).Round(time.Millisecond), wire/changes/1000, json/changes/1000)
+	t.Logf(
+		"rolling restart of %d in %s; leasehold read %.1f KB per change on the wire, %.1f KB of "+
+			"JSON",
+		n, time.Since(start).Round(time.Millisecond), wire/changes/1000, json/changes/1000)
 	for _, i := range []int{3, 7} {
 		awaitCheck(t, server.Client(), f.id(i), api.HealthCritical)
 	}
@@ -250,7 +298,8 @@ func TestChurnDrill(t *testing.T) {
 		t.Errorf("%d false lapses: executors heartbeating normally lapsed during the churn", l)
 	}
 	if wire/changes > 10_000 {
-		t.Errorf("leasehold read %.1f KB per change on the wire during the restart, want ≤ 10 KB", wire/changes/1000)
+		t.Errorf("leasehold read %.1f KB per change on the wire during the restart, want ≤ 10 KB",
+			wire/changes/1000)
 	}
 }
 
@@ -265,33 +314,25 @@ type edsLatest struct {
 
 func latestEDS(t *testing.T, xdsAddr string) *edsLatest {
 	t.Helper()
-	s := adsTo(t, xdsAddr)
-	req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "churn-drill"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-	if err := s.Send(req); err != nil {
-		t.Fatal(err)
-	}
+	s := dialADS(t, xdsAddr, &corev3.Node{Id: "churn-drill"})
 	e := &edsLatest{changed: make(chan struct{})}
-	go func() {
-		for {
-			resp, err := s.Recv()
-			e.mu.Lock()
-			if err != nil {
-				e.err = err
-			} else {
-				e.set = endpointsOf(resp)
-			}
-			close(e.changed)
-			e.changed = make(chan struct{})
-			e.mu.Unlock()
-			if err != nil {
-				return
-			}
-			req.VersionInfo, req.ResponseNonce = resp.VersionInfo, resp.Nonce
-			if s.Send(req) != nil { // ACK
-				return
-			}
+	note := func(set endpoints, err error) {
+		e.mu.Lock()
+		defer e.mu.Unlock()
+		if err != nil {
+			e.err = err
+		} else {
+			e.set = set
 		}
-	}()
+		close(e.changed)
+		e.changed = make(chan struct{})
+	}
+	ended := s.Follow(resource.EndpointType, []string{"work"},
+		func(resp *discovery.DiscoveryResponse, _, _ time.Time) {
+			note(endpointsOf(resp), nil)
+		},
+	)
+	go func() { note(nil, <-ended) }()
 	return e
 }
 

@@ -26,15 +26,16 @@ func unsetenv(t *testing.T, v string) {
 	os.Unsetenv(v)
 }
 
-// The issue's case: a stray word in the middle of bootstrap's flags used to
-// end parsing there, and the constraint after it was silently dropped from
-// the bootstrap printed. Now the command fails naming the word, and writes
-// nothing.
+// A stray word in the middle of bootstrap's flags does not end parsing
+// there, which would silently drop the constraint after it from the
+// bootstrap printed: the command fails naming the word, and writes nothing.
 func TestBootstrapRefusesStrayArgument(t *testing.T) {
 	out := filepath.Join(t.TempDir(), "d1.json")
-	code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1", "extra", "--version-constraint", "<2.0.0", "--out", out)
+	code, stdout, stderr := runCLI("bootstrap",
+		"--node-id", "d1", "extra", "--version-constraint", "<2.0.0", "--out", out)
 	if code != 2 || !strings.Contains(stderr, `"extra"`) || stdout != "" {
-		t.Fatalf("exit %d, stdout %q, stderr %q; want 2 and an error naming \"extra\"", code, stdout, stderr)
+		t.Fatalf("exit %d, stdout %q, stderr %q; want 2 and an error naming \"extra\"",
+			code, stdout, stderr)
 	}
 	if _, err := os.Stat(out); !os.IsNotExist(err) {
 		t.Fatalf("--out written despite the error: %v", err)
@@ -43,7 +44,8 @@ func TestBootstrapRefusesStrayArgument(t *testing.T) {
 	// constraint is in the bootstrap.
 	code, stdout, stderr = runCLI("bootstrap", "--node-id", "d1", "--version-constraint", "<2.0.0")
 	var b bootstrapConfig
-	if code != 0 || json.Unmarshal([]byte(stdout), &b) != nil || b.Node.Metadata["version_constraint"] != "<2.0.0" {
+	if code != 0 || json.Unmarshal([]byte(stdout), &b) != nil ||
+		b.Node.Metadata["version_constraint"] != "<2.0.0" {
 		t.Fatalf("exit %d: %s %s", code, stdout, stderr)
 	}
 }
@@ -69,16 +71,19 @@ func TestEveryCommandRefusesStrayArguments(t *testing.T) {
 	} {
 		code, stdout, stderr := runCLI(args...)
 		if code != 2 || !strings.Contains(stderr, "unexpected argument") || stdout != "" {
-			t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q; want 2, unexpected argument", strings.Join(args, " "), code, stdout, stderr)
+			t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q; want 2, unexpected argument",
+				strings.Join(args, " "), code, stdout, stderr)
 		}
 	}
 	for _, args := range [][]string{{"uncordon", "--by", "a"}, {"approve"}, {"rules", "set"}} {
 		if code, _, stderr := runCLI(args...); code != 2 || !strings.Contains(stderr, "missing") {
-			t.Errorf("leasehold %s: exit %d, %q; want 2 naming what is missing", strings.Join(args, " "), code, stderr)
+			t.Errorf("leasehold %s: exit %d, %q; want 2 naming what is missing",
+				strings.Join(args, " "), code, stderr)
 		}
 	}
 	for _, args := range [][]string{{"rules"}, {"rules", "frob"}} {
-		if code, _, stderr := runCLI(args...); code != 2 || !strings.Contains(stderr, "set FILE, show or clear") {
+		if code, _, stderr := runCLI(args...); code != 2 ||
+			!strings.Contains(stderr, "set FILE, show or clear") {
 			t.Errorf("leasehold %s: exit %d, %q", strings.Join(args, " "), code, stderr)
 		}
 	}
@@ -96,7 +101,8 @@ func TestFlagsAfterArguments(t *testing.T) {
 	} {
 		code, _, stderr := runCLI(args...)
 		if code != 1 || !strings.Contains(stderr, "127.0.0.1:1") {
-			t.Errorf("leasehold %s: exit %d, %q; want 1 from the unreachable Consul", strings.Join(args, " "), code, stderr)
+			t.Errorf("leasehold %s: exit %d, %q; want 1 from the unreachable Consul",
+				strings.Join(args, " "), code, stderr)
 		}
 	}
 }
@@ -105,15 +111,20 @@ func TestFlagsAfterArguments(t *testing.T) {
 func TestReadsNeedNoBy(t *testing.T) {
 	noConsul(t)
 	unsetenv(t, "USER")
-	for _, args := range [][]string{{"cordon", "--list"}, {"audit"}, {"rules", "show"}, {"audit", "--by", "old-scripts"}} {
+	for _, args := range [][]string{{"cordon", "--list"}, {"audit"}, {"rules", "show"},
+		{"audit", "--by", "old-scripts"}} {
 		code, _, stderr := runCLI(args...)
 		if code != 1 || strings.Contains(stderr, "--by: required") {
-			t.Errorf("leasehold %s: exit %d, %q; want 1 from the unreachable Consul, no --by needed", strings.Join(args, " "), code, stderr)
+			t.Errorf(
+				"leasehold %s: exit %d, %q; want 1 from the unreachable Consul, no --by needed",
+				strings.Join(args, " "), code, stderr)
 		}
 	}
 	// A write asks Consul who acts (the token's identity, --by only when
 	// ACLs are off): unreachable, it fails saying so, not blaming ACLs.
-	if code, _, stderr := runCLI("cordon", "--instance", "e1", "--reason", "r"); code != 1 || !strings.Contains(stderr, "Consul did not answer") || strings.Contains(stderr, "ACLs on") {
+	if code, _, stderr := runCLI("cordon", "--instance", "e1", "--reason", "r"); code != 1 ||
+		!strings.Contains(stderr, "Consul did not answer") ||
+		strings.Contains(stderr, "ACLs on") {
 		t.Errorf("a cordon without --by or USER, Consul unreachable: exit %d, %q", code, stderr)
 	}
 }
@@ -126,26 +137,31 @@ func TestHelpAndVersion(t *testing.T) {
 			args := append(append([]string{}, path...), h...)
 			code, stdout, stderr := runCLI(args...)
 			if code != 0 || !strings.Contains(stdout, "Usage:") || stderr != "" {
-				t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q", strings.Join(args, " "), code, stdout, stderr)
+				t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q",
+					strings.Join(args, " "), code, stdout, stderr)
 			}
 		}
 	}
-	if code, stdout, _ := runCLI("help", "cordon"); code != 0 || !strings.Contains(stdout, "--version-constraint") {
+	if code, stdout, _ := runCLI("help", "cordon"); code != 0 ||
+		!strings.Contains(stdout, "--version-constraint") {
 		t.Errorf("leasehold help cordon: exit %d: %s", code, stdout)
 	}
-	if code, _, stderr := runCLI(); code != 2 || !strings.Contains(stderr, "Available Commands") || !strings.Contains(stderr, "completion") {
+	if code, _, stderr := runCLI(); code != 2 || !strings.Contains(stderr, "Available Commands") ||
+		!strings.Contains(stderr, "completion") {
 		t.Errorf("no command: exit %d, %q", code, stderr)
 	}
 	if code, stdout, _ := runCLI("version"); code != 0 || stdout != "leasehold "+version+"\n" {
 		t.Errorf("version: exit %d, %q", code, stdout)
 	}
 	for _, shell := range []string{"bash", "zsh", "fish", "powershell"} {
-		if code, stdout, stderr := runCLI("completion", shell); code != 0 || !strings.Contains(stdout, "leasehold") {
+		if code, stdout, stderr := runCLI("completion", shell); code != 0 ||
+			!strings.Contains(stdout, "leasehold") {
 			t.Errorf("completion %s: exit %d, %d bytes, %q", shell, code, len(stdout), stderr)
 		}
 	}
 	// Flag values complete too.
-	if code, stdout, _ := runCLI("__complete", "serve", "--lb-policy", ""); code != 0 || !strings.Contains(stdout, "least_request") {
+	if code, stdout, _ := runCLI("__complete", "serve", "--lb-policy", ""); code != 0 ||
+		!strings.Contains(stdout, "least_request") {
 		t.Errorf("completing --lb-policy: exit %d, %q", code, stdout)
 	}
 }
@@ -193,9 +209,12 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.3:8500")
 	cfg, err = parseServeFlags([]string{"--consul-max-conns", "9"}, io.Discard)
 	if err != nil || cfg.consulMaxConns != 9 || cfg.consulAddr != "127.0.0.3:8500" {
-		t.Fatalf("flag over variable, LEASEHOLD_CONSUL_ADDR over CONSUL_HTTP_ADDR: %+v %v", cfg, err)
+		t.Fatalf("flag over variable, LEASEHOLD_CONSUL_ADDR over CONSUL_HTTP_ADDR: %+v %v",
+			cfg, err)
 	}
-	if cfg, err = parseServeFlags([]string{"--consul-addr", "127.0.0.4:8500"}, io.Discard); err != nil || cfg.consulAddr != "127.0.0.4:8500" {
+	if cfg, err = parseServeFlags([]string{"--consul-addr", "127.0.0.4:8500"},
+		io.Discard); err != nil ||
+		cfg.consulAddr != "127.0.0.4:8500" {
 		t.Fatalf("--consul-addr over both variables: %+v %v", cfg, err)
 	}
 	for env, want := range map[string]string{
@@ -205,43 +224,11 @@ func TestEnvironmentAndFlags(t *testing.T) {
 	} {
 		t.Run(env, func(t *testing.T) {
 			t.Setenv(env, "nonsense")
-			if _, err := parseServeFlags(nil, io.Discard); err == nil || !strings.Contains(err.Error(), want) {
+			if _, err := parseServeFlags(nil, io.Discard); err == nil ||
+				!strings.Contains(err.Error(), want) {
 				t.Fatalf("want an error naming %s, got %v", want, err)
 			}
 		})
-	}
-}
-
-// bootstrap's dial address: LEASEHOLD_XDS_ADDR is where serve listens, so
-// an unspecified host there (or in the flag) is refused, naming where it
-// came from; the flag overrides the variable.
-func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
-	for _, c := range []struct {
-		env  string
-		args []string
-		want string // "" = accepted
-	}{
-		{"0.0.0.0:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{"[::]:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{":18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{"", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{"0.0.0.0:18000", []string{"--xds-addr", "10.0.0.5:18000"}, ""},
-		{"10.0.0.5:18000", nil, ""},
-		{"leasehold.internal:18000", nil, ""},
-		{"10.0.0.5:18000", []string{"--xds-addr", "0.0.0.0:18000"}, `invalid --xds-addr "0.0.0.0:18000"`},
-		{"10.0.0.5:18000", []string{"--xds-addr", "10.0.0.5:0"}, "invalid --xds-addr"},
-	} {
-		t.Setenv("LEASEHOLD_XDS_ADDR", c.env)
-		code, stdout, stderr := runCLI(append([]string{"bootstrap", "--node-id", "d1"}, c.args...)...)
-		switch {
-		case c.want == "" && code != 0:
-			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v refused: %s", c.env, c.args, stderr)
-		case c.want != "" && (code != 2 || !strings.Contains(stderr, c.want) || stdout != ""):
-			t.Errorf("LEASEHOLD_XDS_ADDR=%q %v: exit %d, %q; want 2 naming %s", c.env, c.args, code, stderr, c.want)
-		}
-	}
-	if _, err := newBootstrap("0.0.0.0:18000", "d1", "", nil, "", ""); err == nil || !strings.Contains(err.Error(), "--xds-addr") {
-		t.Errorf("newBootstrap took an unspecified address: %v", err)
 	}
 }
 
@@ -279,7 +266,8 @@ func TestDeprecatedSpellings(t *testing.T) {
 	if err := fs.Parse([]string{"--consul", "127.0.0.5:8500"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := finishFlags(fs, &notes); err != nil || addr != "127.0.0.5:8500" || !strings.Contains(notes.String(), "--consul is deprecated") {
+	if err := finishFlags(fs, &notes); err != nil || addr != "127.0.0.5:8500" ||
+		!strings.Contains(notes.String(), "--consul is deprecated") {
 		t.Fatalf("--consul: %q, %v, notes %q", addr, err, notes.String())
 	}
 	fs = pflag.NewFlagSet("t", pflag.ContinueOnError)
@@ -287,13 +275,80 @@ func TestDeprecatedSpellings(t *testing.T) {
 	if err := fs.Parse([]string{"--consul", "a:1", "--consul-addr", "b:1"}); err != nil {
 		t.Fatal(err)
 	}
-	if err := finishFlags(fs, io.Discard); err == nil || !strings.Contains(err.Error(), "--consul-addr only") {
+	if err := finishFlags(fs, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "--consul-addr only") {
 		t.Fatalf("both spellings: %v", err)
 	}
 	// through a command: the note goes to standard error, the value is used
 	noConsul(t)
 	code, _, stderr := runCLI("cordon", "--list", "--consul", "127.0.0.1:2")
-	if code != 1 || !strings.Contains(stderr, "--consul is deprecated") || !strings.Contains(stderr, "127.0.0.1:2") {
+	if code != 1 || !strings.Contains(stderr, "--consul is deprecated") ||
+		!strings.Contains(stderr, "127.0.0.1:2") {
 		t.Fatalf("cordon --list --consul: exit %d, %q", code, stderr)
+	}
+}
+
+// A flag given on the command line with an empty value (`--instance "$INST"`
+// with INST unset, `--flag=`) is refused (exit 2) naming the flag, never
+// read as if the flag had not been given: leave a flag out for its default.
+// Read as absent,
+//
+//   - `leasehold cordon --instance "" --task work --reason r` would store a
+//     cordon of the whole task type "work" (the empty instance selects
+//     every executor) instead of one executor;
+//   - `leasehold bootstrap --node-id d1 --version-constraint ""` would write
+//     a bootstrap without the constraint (exit 0), and the dispatcher would
+//     send work to every version;
+//   - `bootstrap --tls-ca ""` would write insecure channel credentials;
+//   - `serve --authz-policy "" ...` would serve every task type to every
+//     verified client, and `serve --rules ""` would serve without the rules
+//     file.
+//
+// An empty environment variable is not a flag given.
+func TestEmptyFlagValueRefusedNamingTheFlag(t *testing.T) {
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1") // nothing listens: a refusal must not get that far
+	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.1:1")
+	t.Setenv("LEASEHOLD_ADMIN_ADDR", "127.0.0.1:1")
+	t.Setenv("USER", "alice")
+	for _, tt := range []struct {
+		args []string
+		flag string
+	}{
+		{[]string{"cordon", "--instance", "", "--task", "work", "--reason", "disk"}, "--instance"},
+		{[]string{"cordon", "--instance=", "--reason", "disk", "--task", "work"}, "--instance"},
+		{[]string{"cordon", "--version-constraint", "", "--task", "work", "--reason", "leak"}, "--version-constraint"},
+		{[]string{"cordon", "--version", "", "--task", "work", "--reason", "leak"}, "--version"},
+		{[]string{"bootstrap", "--node-id", "d1", "--version-constraint", ""}, "--version-constraint"},
+		{[]string{"bootstrap", "--node-id", "d1", "--tls-ca="}, "--tls-ca"},
+		{[]string{"bootstrap", "--node-id", "d1", "--out", ""}, "--out"},
+		{[]string{"explain", "--admin-token-file", ""}, "--admin-token-file"},
+		{[]string{"uncordon", "c-1a2b3c4d", "--by="}, "--by"},
+	} {
+		code, stdout, stderr := runCLI(tt.args...)
+		if code != 2 || !strings.Contains(stderr, tt.flag) || !strings.Contains(stderr, "empty") {
+			t.Errorf(
+				"leasehold %q: exit %d, want 2 with an error naming %s as empty\nstdout: "+
+					"%s\nstderr: %s",
+				tt.args, code, tt.flag, stdout, stderr)
+		}
+	}
+	for _, args := range [][]string{
+		{"--rules", ""},
+		{"--authz-policy=", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"},
+		{"--admin-token-file", "", "--admin-addr", "127.0.0.1:19000"},
+	} {
+		if _, err := parseServeFlags(args, io.Discard); err == nil ||
+			!strings.Contains(err.Error(), "empty") {
+			t.Errorf("serve %q: %v, want refused as an empty value", args, err)
+		}
+	}
+	// Empty where empty is a documented value stays accepted, and so does
+	// an empty variable (not a flag given).
+	if _, err := parseServeFlags([]string{"--datacenters", ""}, io.Discard); err != nil {
+		t.Errorf("serve --datacenters \"\" (none: the agent's own): %v", err)
+	}
+	t.Setenv("LEASEHOLD_RULES", "")
+	if _, err := parseServeFlags(nil, io.Discard); err != nil {
+		t.Errorf("serve with LEASEHOLD_RULES empty: %v", err)
 	}
 }

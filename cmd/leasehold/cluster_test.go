@@ -25,27 +25,28 @@ import (
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 )
 
-// TestClusterLeaderFailoverDrill: a real registry cluster — three Consul
-// servers (raft, not -dev) and three client agents on loopback. leasehold
-// watches through one client agent; executors register through the other
-// two. While a dispatcher's ADS stream watches EDS and a fencing client
-// polls CheckSession for every session, the raft leader is killed (SIGKILL)
-// and, during the election, four executors with 2 s leases stop
-// heartbeating: two for good (they must lapse), two because they are
-// replaced by new processes under new sessions (one on the same agent, one
-// on the other). leasehold must follow the new leader without a restart,
-// never send an endpoint of a session it has answered LAPSED or STALE, apply
-// the lapses and the new sessions after the election, keep routing the
-// executors that stayed healthy, and never turn a session's fencing answer
-// back from STALE/LAPSED to CURRENT (UNKNOWN is neutral) nor its
-// consul_index back.
+// A real registry cluster — three Consul servers (raft, not -dev) and three
+// client agents on loopback. leasehold watches through one client agent;
+// executors register through the other two. While a dispatcher's ADS stream
+// watches EDS and a fencing client polls CheckSession for every session, the
+// raft leader is killed (SIGKILL) and, during the election, four executors
+// with 2 s leases stop heartbeating: two for good (they must lapse), two
+// because they are replaced by new processes under new sessions (one on the
+// same agent, one on the other). leasehold must follow the new leader
+// without a restart, never send an endpoint of a session it has answered
+// LAPSED or STALE, apply the lapses and the new sessions after the election,
+// keep routing the executors that stayed healthy, and never turn a session's
+// fencing answer back from STALE/LAPSED to CURRENT (UNKNOWN is neutral) nor
+// its consul_index back.
 func TestClusterLeaderFailoverDrill(t *testing.T) {
 	began := time.Now()
 	cl := consultest.StartCluster(t, 3, 3)
 	watchAgent, agentA, agentB := cl.Clients[0], cl.Clients[1], cl.Clients[2]
-	t.Logf("cluster of 3 servers and 3 clients healthy after %s", time.Since(began).Round(time.Millisecond))
+	t.Logf("cluster of 3 servers and 3 clients healthy after %s",
+		time.Since(began).Round(time.Millisecond))
 
-	ports := map[string]int{} // one port per instance: every session of an instance has the same address
+	// one port per instance: every session of an instance has the same address
+	ports := map[string]int{}
 	execs := map[string]*drillExecutor{}
 	launch := func(name, instance string, a *consultest.Agent, lease health.Lease) *drillExecutor {
 		if ports[instance] == 0 {
@@ -61,8 +62,16 @@ func TestClusterLeaderFailoverDrill(t *testing.T) {
 	// leader (up to rpc_hold_timeout, 7 s), so every heartbeat through that
 	// agent waits too. The lapses below are such changes. The others have
 	// the short leases of the other drills.
-	long := health.Lease{TTL: 10 * time.Second, Heartbeat: time.Second, DeregisterAfter: time.Minute}
-	short := health.Lease{TTL: 2 * time.Second, Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute}
+	long := health.Lease{
+		TTL:             10 * time.Second,
+		Heartbeat:       time.Second,
+		DeregisterAfter: time.Minute,
+	}
+	short := health.Lease{
+		TTL:             2 * time.Second,
+		Heartbeat:       500 * time.Millisecond,
+		DeregisterAfter: time.Minute,
+	}
 	launch("stay-a", "stay-a", agentA, long)
 	launch("stay-b", "stay-b", agentB, long)
 	launch("lapse-a", "lapse-a", agentA, short)
@@ -77,7 +86,8 @@ func TestClusterLeaderFailoverDrill(t *testing.T) {
 	// The fencing API answers UNKNOWN once its view is older than 3 s (the
 	// least allowed; about the short leases here): elections take about as
 	// long, so some runs see UNKNOWN answers during one, which are neutral.
-	addrs := startServeTo(t, watchAgent, testWriter{t, "serve"}, func(cfg *serveConfig) { cfg.staleAfter = 3 * time.Second })
+	addrs := startServeTo(t, watchAgent, testWriter{t, "serve"},
+		func(cfg *serveConfig) { cfg.staleAfter = 3 * time.Second })
 	eds := recordEDS(t, addrs.xds)
 	fence := pollFencing(t, fencingClient(t, addrs.xds))
 	for name, s := range sessions {
@@ -110,7 +120,8 @@ func TestClusterLeaderFailoverDrill(t *testing.T) {
 	launch("other-agent-2", "other-agent", agentB, short)
 	newLeader := cl.WaitLeader(t, 30*time.Second, leader)
 	elected := time.Now()
-	t.Logf("leader %s killed; %s elected after %s", leader.Node, newLeader.Node, elected.Sub(killed).Round(time.Millisecond))
+	t.Logf("leader %s killed; %s elected after %s",
+		leader.Node, newLeader.Node, elected.Sub(killed).Round(time.Millisecond))
 	for _, name := range []string{"same-agent-2", "other-agent-2"} {
 		sessions[name] = execs[name].waitSession(t, 20*time.Second)
 		fence.add(execs[name].instance, sessions[name].ID)
@@ -118,7 +129,10 @@ func TestClusterLeaderFailoverDrill(t *testing.T) {
 	registered := time.Now()
 	for _, name := range []string{"stay-a", "stay-b"} {
 		if n := execs[name].losses.Load(); n > 0 {
-			t.Fatalf("%s lost its %s lease during the election (heartbeats through its agent waited longer than that for a leader): the drill needs a longer one on this machine", name, long.TTL)
+			t.Fatalf(
+				"%s lost its %s lease during the election (heartbeats through its agent waited "+
+					"longer than that for a leader): the drill needs a longer one on this machine",
+				name, long.TTL)
 		}
 	}
 
@@ -128,21 +142,36 @@ func TestClusterLeaderFailoverDrill(t *testing.T) {
 	for _, name := range []string{"stay-a", "stay-b", "same-agent-2", "other-agent-2"} {
 		final[execs[name].endpoint(sessions[name])]++
 	}
-	eds.await(t, 30*time.Second, "the lapses and the new sessions applied: "+final.String(), final.equal)
+	eds.await(t, 30*time.Second, "the lapses and the new sessions applied: "+final.String(),
+		final.equal)
 	converged := time.Now()
 	// readiness follows the new leader too (/readyz has no watch API: poll it)
-	consultest.WaitFor(t, 10*time.Second, "/readyz 200 after the election", func() bool { return readyzStatus(addrs.admin) == http.StatusOK })
-	terminal := []leaseholdv1.SessionState{leaseholdv1.SessionState_LAPSED, leaseholdv1.SessionState_STALE}
-	fence.await(t, 10*time.Second, "lapse-a", sessions["lapse-a"].ID, leaseholdv1.SessionState_LAPSED)
-	fence.await(t, 10*time.Second, "lapse-b", sessions["lapse-b"].ID, leaseholdv1.SessionState_LAPSED)
+	consultest.WaitFor(t, 10*time.Second, "/readyz 200 after the election",
+		func() bool { return readyzStatus(addrs.admin) == http.StatusOK })
+	terminal := []leaseholdv1.SessionState{
+		leaseholdv1.SessionState_LAPSED,
+		leaseholdv1.SessionState_STALE,
+	}
+	fence.await(t, 10*time.Second, "lapse-a", sessions["lapse-a"].ID,
+		leaseholdv1.SessionState_LAPSED)
+	fence.await(t, 10*time.Second, "lapse-b", sessions["lapse-b"].ID,
+		leaseholdv1.SessionState_LAPSED)
 	fence.await(t, 10*time.Second, "same-agent", sessions["same-agent"].ID, terminal...)
-	fence.await(t, 10*time.Second, "other-agent", sessions["other-agent"].ID, leaseholdv1.SessionState_STALE)
+	fence.await(t, 10*time.Second, "other-agent", sessions["other-agent"].ID,
+		leaseholdv1.SessionState_STALE)
 	for _, name := range []string{"stay-a", "stay-b", "same-agent-2", "other-agent-2"} {
-		fence.await(t, 10*time.Second, execs[name].instance, sessions[name].ID, leaseholdv1.SessionState_CURRENT)
+		fence.await(t, 10*time.Second, execs[name].instance, sessions[name].ID,
+			leaseholdv1.SessionState_CURRENT)
 	}
 	recs, answers, pollErrs := eds.snapshot(), fence.snapshot(), fence.errors()
-	t.Logf("new sessions registered %s after the kill; leasehold converged %s after the kill (%s after the election); %d EDS responses, %d during the drill",
-		registered.Sub(killed).Round(time.Millisecond), converged.Sub(killed).Round(time.Millisecond), converged.Sub(elected).Round(time.Millisecond), len(recs), len(recs)-steady)
+	t.Logf(
+		"new sessions registered %s after the kill; leasehold converged %s after the kill (%s "+
+			"after the election); %d EDS responses, %d during the drill",
+		registered.Sub(killed).Round(
+			time.Millisecond,
+		),
+		converged.Sub(killed).Round(time.Millisecond),
+		converged.Sub(elected).Round(time.Millisecond), len(recs), len(recs)-steady)
 	t.Log(timeline(killed, recs, answers))
 
 	// (1) no EDS response built after a session was answered LAPSED or
@@ -152,22 +181,27 @@ func TestClusterLeaderFailoverDrill(t *testing.T) {
 	// changes: no session answered LAPSED or STALE before that request was
 	// sent may be in it.
 	for ref, as := range answers {
-		first := slices.IndexFunc(as, func(a fenceAnswer) bool { return slices.Contains(terminal, a.State) })
+		first := slices.IndexFunc(as,
+			func(a fenceAnswer) bool { return slices.Contains(terminal, a.State) })
 		if first < 0 {
 			continue
 		}
 		seen := as[first]
 		for i, r := range recs {
 			if r.Requested.After(seen.At) && r.Set.has(ref.Instance, ref.Session) {
-				t.Errorf("EDS response #%d (version %s), requested %s after the kill, routes %s/%s: answered %s %s after the kill",
-					i, r.Version, r.Requested.Sub(killed).Round(time.Millisecond), ref.Instance, ref.Session, seen.State, seen.At.Sub(killed).Round(time.Millisecond))
+				t.Errorf(
+					"EDS response #%d (version %s), requested %s after the kill, routes %s/%s: "+
+						"answered %s %s after the kill",
+					i, r.Version, r.Requested.Sub(killed).Round(time.Millisecond), ref.Instance,
+					ref.Session, seen.State, seen.At.Sub(killed).Round(time.Millisecond))
 			}
 		}
 	}
 	for i, r := range recs {
 		for e, n := range r.Set {
 			if n > 1 {
-				t.Errorf("EDS response #%d lists %s/%s@%s %d times", i, e.instance, e.session, e.addr, n)
+				t.Errorf("EDS response #%d lists %s/%s@%s %d times",
+					i, e.instance, e.session, e.addr, n)
 			}
 		}
 	}
@@ -176,8 +210,11 @@ func TestClusterLeaderFailoverDrill(t *testing.T) {
 	for i, r := range recs[steady-1:] {
 		for _, name := range []string{"stay-a", "stay-b"} {
 			if r.Set[execs[name].endpoint(sessions[name])] == 0 {
-				t.Errorf("EDS response #%d (%s after the kill) dropped %s, whose lease never lapsed (losses seen by its registrar: %d)",
-					steady-1+i, r.At.Sub(killed).Round(time.Millisecond), name, execs[name].losses.Load())
+				t.Errorf(
+					"EDS response #%d (%s after the kill) dropped %s, whose lease never lapsed "+
+						"(losses seen by its registrar: %d)",
+					steady-1+i, r.At.Sub(killed).Round(time.Millisecond), name,
+					execs[name].losses.Load())
 			}
 		}
 	}
@@ -194,8 +231,10 @@ func TestClusterLeaderFailoverDrill(t *testing.T) {
 				}
 			case leaseholdv1.SessionState_CURRENT, leaseholdv1.SessionState_DRAINING:
 				if over != nil {
-					t.Errorf("%s/%s answered %s %s after the kill, then %s %s after the kill (%q)", ref.Instance, ref.Session,
-						over.State, over.At.Sub(killed).Round(time.Millisecond), a.State, a.At.Sub(killed).Round(time.Millisecond), a.Detail)
+					t.Errorf("%s/%s answered %s %s after the kill, then %s %s after the kill (%q)",
+						ref.Instance, ref.Session, over.State,
+						over.At.Sub(killed).Round(time.Millisecond), a.State,
+						a.At.Sub(killed).Round(time.Millisecond), a.Detail)
 				}
 			}
 		}
@@ -227,12 +266,7 @@ type edsRecord struct {
 
 func recordEDS(t *testing.T, xdsAddr string) *edsRecorder {
 	t.Helper()
-	s := adsTo(t, xdsAddr)
-	req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "cluster-drill"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-	requested := time.Now()
-	if err := s.Send(req); err != nil {
-		t.Fatal(err)
-	}
+	s := dialADS(t, xdsAddr, &corev3.Node{Id: "cluster-drill"})
 	r := &edsRecorder{changed: make(chan struct{})}
 	note := func(rec *edsRecord, err error) {
 		r.mu.Lock()
@@ -246,27 +280,26 @@ func recordEDS(t *testing.T, xdsAddr string) *edsRecorder {
 		close(r.changed)
 		r.changed = make(chan struct{})
 	}
-	go func() {
-		for {
-			resp, err := s.Recv()
-			if err != nil {
-				note(nil, err)
-				return
-			}
-			note(&edsRecord{Requested: requested, At: time.Now(), Version: resp.VersionInfo, Set: endpointsOf(resp)}, nil)
-			req.VersionInfo, req.ResponseNonce = resp.VersionInfo, resp.Nonce
-			requested = time.Now()
-			if err := s.Send(req); err != nil { // ACK
-				note(nil, err)
-				return
-			}
-		}
-	}()
+	ended := s.Follow(resource.EndpointType, []string{"work"},
+		func(resp *discovery.DiscoveryResponse, requested, received time.Time) {
+			note(
+				&edsRecord{
+					Requested: requested,
+					At:        received,
+					Version:   resp.VersionInfo,
+					Set:       endpointsOf(resp),
+				},
+				nil,
+			)
+		},
+	)
+	go func() { note(nil, <-ended) }()
 	return r
 }
 
 // await waits until the latest response satisfies cond.
-func (r *edsRecorder) await(t *testing.T, timeout time.Duration, what string, cond func(endpoints) bool) {
+func (r *edsRecorder) await(t *testing.T, timeout time.Duration, what string,
+	cond func(endpoints) bool) {
 	t.Helper()
 	deadline := time.NewTimer(timeout)
 	defer deadline.Stop()
@@ -287,7 +320,8 @@ func (r *edsRecorder) await(t *testing.T, timeout time.Duration, what string, co
 		select {
 		case <-ch:
 		case <-deadline.C:
-			t.Fatalf("timed out after %s waiting for %s; last EDS response routes %s", timeout, what, last)
+			t.Fatalf("timed out after %s waiting for %s; last EDS response routes %s",
+				timeout, what, last)
 		}
 	}
 }
@@ -342,7 +376,12 @@ func pollFencing(t *testing.T, fc leaseholdv1.FencingClient) *fencePoller {
 			p.mu.Unlock()
 			for _, ref := range refs {
 				cctx, ccancel := context.WithTimeout(ctx, 5*time.Second)
-				resp, err := fc.CheckSession(cctx, &leaseholdv1.CheckSessionRequest{InstanceId: ref.Instance, SessionId: ref.Session})
+				resp, err := fc.CheckSession(cctx,
+					&leaseholdv1.CheckSessionRequest{
+						InstanceId: ref.Instance,
+						SessionId:  ref.Session,
+					},
+				)
 				ccancel()
 				if ctx.Err() != nil {
 					return
@@ -373,20 +412,31 @@ func (p *fencePoller) record(ref sessionRef, resp *leaseholdv1.CheckSessionRespo
 		return
 	}
 	if resp.ConsulIndex < p.lastIndex { // the cluster kept its state: its index never goes back
-		p.errs = append(p.errs, fmt.Sprintf("%s/%s answered %s at consul_index %d after an answer at %d", ref.Instance, ref.Session, resp.State, resp.ConsulIndex, p.lastIndex))
+		p.errs = append(p.errs,
+			fmt.Sprintf("%s/%s answered %s at consul_index %d after an answer at %d",
+				ref.Instance, ref.Session, resp.State, resp.ConsulIndex, p.lastIndex),
+		)
 	}
 	p.lastIndex = max(p.lastIndex, resp.ConsulIndex)
 	as := p.answers[ref]
 	if n := len(as); n > 0 && as[n-1].State == resp.State {
 		return
 	}
-	p.answers[ref] = append(as, fenceAnswer{At: time.Now(), State: resp.State, Index: resp.ConsulIndex, Detail: resp.Detail})
+	p.answers[ref] = append(as,
+		fenceAnswer{
+			At:     time.Now(),
+			State:  resp.State,
+			Index:  resp.ConsulIndex,
+			Detail: resp.Detail,
+		},
+	)
 	close(p.changed)
 	p.changed = make(chan struct{})
 }
 
 // await waits until the latest answer for the session is one of want.
-func (p *fencePoller) await(t *testing.T, timeout time.Duration, instance, session string, want ...leaseholdv1.SessionState) {
+func (p *fencePoller) await(t *testing.T, timeout time.Duration, instance, session string,
+	want ...leaseholdv1.SessionState) {
 	t.Helper()
 	ref := sessionRef{instance, session}
 	deadline := time.NewTimer(timeout)
@@ -405,7 +455,8 @@ func (p *fencePoller) await(t *testing.T, timeout time.Duration, instance, sessi
 		select {
 		case <-ch:
 		case <-deadline.C:
-			t.Fatalf("timed out after %s waiting for %s/%s to be answered %v; last answer %s %q", timeout, instance, session, want, last.State, last.Detail)
+			t.Fatalf("timed out after %s waiting for %s/%s to be answered %v; last answer %s %q",
+				timeout, instance, session, want, last.State, last.Detail)
 		}
 	}
 }
@@ -435,11 +486,18 @@ func timeline(zero time.Time, recs []edsRecord, answers map[sessionRef][]fenceAn
 	}
 	var lines []line
 	for i, r := range recs {
-		lines = append(lines, line{r.At, fmt.Sprintf("EDS #%d version %s: %s", i, r.Version, r.Set)})
+		lines = append(lines,
+			line{r.At, fmt.Sprintf("EDS #%d version %s: %s", i, r.Version, r.Set)})
 	}
 	for ref, as := range answers {
 		for _, a := range as {
-			lines = append(lines, line{a.At, fmt.Sprintf("fencing %s/%s: %s (index %d) %s", ref.Instance, ref.Session, a.State, a.Index, a.Detail)})
+			lines = append(lines,
+				line{
+					a.At,
+					fmt.Sprintf("fencing %s/%s: %s (index %d) %s",
+						ref.Instance, ref.Session, a.State, a.Index, a.Detail),
+				},
+			)
 		}
 	}
 	sort.SliceStable(lines, func(i, j int) bool { return lines[i].at.Before(lines[j].at) })
@@ -462,11 +520,13 @@ type drillExecutor struct {
 	losses   atomic.Int32
 }
 
-func launchDrillExecutor(t *testing.T, a *consultest.Agent, instance string, port int, lease health.Lease) *drillExecutor {
+func launchDrillExecutor(t *testing.T, a *consultest.Agent, instance string, port int,
+	lease health.Lease) *drillExecutor {
 	t.Helper()
 	e := &drillExecutor{instance: instance, port: port}
 	reg, err := consul.NewRegistrar(consul.NewAPIAgent(a.Client()), consul.Config{
-		InstanceID: instance, Tasks: []string{"work"}, Address: "127.0.0.1", Port: port, Version: "1.0.0", Capacity: 2,
+		InstanceID: instance, Tasks: []string{"work"}, Address: "127.0.0.1", Port: port,
+		Version: "1.0.0", Capacity: 2,
 		Lease:       lease,
 		OnLeaseLost: func(consul.LeaseLoss) { e.losses.Add(1) },
 		Probe: func(context.Context) error {
@@ -499,7 +559,11 @@ func (e *drillExecutor) waitSession(t *testing.T, timeout time.Duration) *consul
 }
 
 func (e *drillExecutor) endpoint(s *consul.Session) endpoint {
-	return endpoint{instance: e.instance, session: s.ID, addr: net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port))}
+	return endpoint{
+		instance: e.instance,
+		session:  s.ID,
+		addr:     net.JoinHostPort("127.0.0.1", strconv.Itoa(e.port)),
+	}
 }
 
 // freeTCPPort is a loopback port nothing listens on now (the drill's

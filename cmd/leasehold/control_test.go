@@ -56,7 +56,8 @@ func cli(t *testing.T, want int, args ...string) string {
 	t.Helper()
 	var out bytes.Buffer
 	if code := run(args, &out, &out); code != want {
-		t.Fatalf("leasehold %s: exit %d, want %d\n%s", strings.Join(args, " "), code, want, out.String())
+		t.Fatalf("leasehold %s: exit %d, want %d\n%s",
+			strings.Join(args, " "), code, want, out.String())
 	}
 	return out.String()
 }
@@ -83,14 +84,17 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 	var logA, logB syncBuffer
 	ra, rb := startServeLogged(t, a, &logA), startServeLogged(t, a, &logB)
 	admins := []string{ra.admin, rb.admin}
-	for _, e := range []struct{ id, v string }{{"e1", "1.0.0"}, {"e2", "1.0.0"}, {"e3", "2.0.0"}, {"e4", "2.0.0"}} {
+	for _, e := range []struct{ id, v string }{{"e1", "1.0.0"}, {"e2", "1.0.0"}, {"e3", "2.0.0"},
+		{"e4", "2.0.0"}} {
 		startExecutor(t, a, e.id, e.v)
 	}
 	d := startDispatcher(t, ra.xds, "d1", map[string]any{"version_constraint": "<2.0.0"})
-	d2 := startDispatcher(t, rb.xds, "d2", map[string]any{"version_constraint": "<2.0.0"}) // the same set on the other replica
+	d2 := startDispatcher(t, rb.xds, "d2",
+		map[string]any{"version_constraint": "<2.0.0"}) // the same set on the other replica
 	const set = "v=<2.0.0"
 	const open = "v="
-	awaitAll(t, admins, "e3 excluded by version for <2.0.0", func(ad string) bool { return verdict(t, ad, "e3", set).Reason == "version-incompatible" })
+	awaitAll(t, admins, "e3 excluded by version for <2.0.0",
+		func(ad string) bool { return verdict(t, ad, "e3", set).Reason == "version-incompatible" })
 
 	dir := t.TempDir()
 	rules := func(name, body string) string {
@@ -101,24 +105,33 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 		return p
 	}
 	// Scoped to another task type: no effect on work.
-	cli(t, 0, "rules", "--by", "alice", "set", rules("other.yaml", "modes:\n  - {rule: version, mode: observe, tasks: [other]}\n"))
-	awaitAll(t, admins, "the scoped rules applied", func(ad string) bool { return control(t, ad).Rollout != nil })
+	cli(t, 0, "rules", "--by", "alice", "set",
+		rules("other.yaml", "modes:\n  - {rule: version, mode: observe, tasks: [other]}\n"))
+	awaitAll(t, admins, "the scoped rules applied",
+		func(ad string) bool { return control(t, ad).Rollout != nil })
 	if v := verdict(t, ra.admin, "e3", set); v.Reason != "version-incompatible" {
 		t.Fatalf("a mode scoped to task other changed work: %+v", v)
 	}
 	// Observe for work under this constraint set: e3 is routed, and says why it would not be.
-	cli(t, 0, "rules", "--by", "alice", "set", rules("observe.yaml", "modes:\n  - rule: version\n    mode: observe\n    tasks: [work]\n    constraint_set: {version_constraint: \"<2.0.0\"}\n"))
+	cli(t, 0, "rules", "--by", "alice", "set",
+		rules("observe.yaml",
+			"modes:\n  - rule: version\n    mode: observe\n    tasks: [work]\n    constraint_set: "+
+				"{version_constraint: \"<2.0.0\"}\n"),
+	)
 	awaitAll(t, admins, "e3 routed with version observed", func(ad string) bool {
 		v := verdict(t, ad, "e3", set)
-		return v.Route == "HEALTHY" && len(v.WouldExclude) == 1 && v.WouldExclude[0].Reason == "version-incompatible"
+		return v.Route == "HEALTHY" && len(v.WouldExclude) == 1 &&
+			v.WouldExclude[0].Reason == "version-incompatible"
 	})
 	since := time.Now()
 	for _, x := range []*dispatcher{d, d2} {
-		x.await(t, since, 20*time.Second, "calls served by e3 while version is observed", func(cs []callResult) bool { return servedBy(cs)["e3"] > 0 })
+		x.await(t, since, 20*time.Second, "calls served by e3 while version is observed",
+			func(cs []callResult) bool { return servedBy(cs)["e3"] > 0 })
 	}
 
 	// An invalid configuration written straight to KV is refused; observe stays.
-	if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey, Value: []byte(`{"modes":[{"rule":"lease","mode":"observe"}]}`)}, nil); err != nil {
+	if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey,
+		Value: []byte(`{"modes":[{"rule":"lease","mode":"observe"}]}`)}, nil); err != nil {
 		t.Fatal(err)
 	}
 	awaitAll(t, admins, "the invalid configuration refused", func(ad string) bool {
@@ -131,17 +144,24 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 		t.Errorf("rules show: %s", out)
 	}
 	// Enforce: e3 excluded again, the dispatcher stops calling it.
-	cli(t, 0, "rules", "--by", "alice", "set", rules("enforce.yaml", "modes:\n  - {rule: version, mode: enforce}\napproval: {required: true, max_executors: 1}\n"))
-	awaitAll(t, admins, "version enforced", func(ad string) bool { return verdict(t, ad, "e3", set).Reason == "version-incompatible" })
+	cli(t, 0, "rules", "--by", "alice", "set",
+		rules("enforce.yaml",
+			"modes:\n  - {rule: version, mode: enforce}\napproval: {required: true, "+
+				"max_executors: 1}\n"),
+	)
+	awaitAll(t, admins, "version enforced",
+		func(ad string) bool { return verdict(t, ad, "e3", set).Reason == "version-incompatible" })
 	enforced := time.Now().Add(time.Second) // the push reaches the dispatcher
-	d.await(t, enforced, 20*time.Second, "calls after enforcement", func(cs []callResult) bool { return len(servedBy(cs)) > 0 })
+	d.await(t, enforced, 20*time.Second, "calls after enforcement",
+		func(cs []callResult) bool { return len(servedBy(cs)) > 0 })
 	if n := servedBy(d.since(enforced))["e3"]; n > 0 {
 		t.Fatalf("%d calls to e3 after the version rule was enforced", n)
 	}
 
 	// Cordon by instance: DRAINING on both replicas; the command says it
 	// is applied, as a replica sees it.
-	out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "disk failing", "--by", "alice", "--admin-addr", ra.admin)
+	out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "disk failing", "--by", "alice",
+		"--admin-addr", ra.admin)
 	c1 := strings.Fields(out)[0]
 	c1 = strings.TrimSuffix(c1, ":")
 	if !strings.Contains(out, "state: applied: 1 executor(s) get no new work") {
@@ -152,18 +172,22 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 		return v.Route == "DRAINING" && v.Reason == "cordoned"
 	})
 	// Cordon by version needs a second person.
-	out = cli(t, 0, "cordon", "--version-constraint", "=2.0.0", "--reason", "memory leak", "--by", "alice", "--admin-addr", rb.admin)
+	out = cli(t, 0, "cordon", "--version-constraint", "=2.0.0", "--reason", "memory leak", "--by",
+		"alice", "--admin-addr", rb.admin)
 	c2 := strings.TrimSuffix(strings.Fields(out)[0], ":")
-	if !strings.Contains(out, "state: pending approval") || !strings.Contains(out, "leasehold approve "+c2) {
+	if !strings.Contains(out, "state: pending approval") ||
+		!strings.Contains(out, "leasehold approve "+c2) {
 		t.Errorf("cordon does not say it is pending approval:\n%s", out)
 	}
 	// Without a replica to ask, the state is unknown, and said to be.
 	out = cli(t, 0, "cordon", "--list")
-	if !strings.Contains(out, "STATE not known here") || !regexp.MustCompile(c2+`\s+version =2.0.0\s+\?`).MatchString(out) {
+	if !strings.Contains(out, "STATE not known here") ||
+		!regexp.MustCompile(c2+`\s+version =2.0.0\s+\?`).MatchString(out) {
 		t.Errorf("cordon --list without a replica:\n%s", out)
 	}
 	out = cli(t, 0, "cordon", "--list", "--admin-addr", ra.admin)
-	if !regexp.MustCompile(c1+`\s+instance e1\s+applied 1/1`).MatchString(out) || !regexp.MustCompile(c2+`\s+version =2.0.0\s+pending approval`).MatchString(out) {
+	if !regexp.MustCompile(c1+`\s+instance e1\s+applied 1/1`).MatchString(out) ||
+		!regexp.MustCompile(c2+`\s+version =2.0.0\s+pending approval`).MatchString(out) {
 		t.Errorf("cordon --list does not show the states:\n%s", out)
 	}
 	awaitAll(t, admins, "the version cordon pending", func(ad string) bool {
@@ -179,7 +203,9 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 	}
 	cli(t, 1, "approve", "--by", "alice", c2) // its author cannot approve it
 	out = cli(t, 0, "approve", c2, "--by", "bob", "--admin-addr", ra.admin)
-	if !strings.Contains(out, "state: held by the safety limit: 1 of the 2 executor(s) it selects stay routed, 1 applied") {
+	if !strings.Contains(out,
+		"state: held by the safety limit: 1 of the 2 executor(s) it selects stay routed, 1 "+
+			"applied") {
 		t.Errorf("approve does not say the safety limit holds part of the cordon:\n%s", out)
 	}
 	// 4 live executors, limit 0.5: e1 plus one of the two 2.0.0 ones.
@@ -195,15 +221,20 @@ func TestRolloutAndCordonsAcrossReplicas(t *testing.T) {
 		t.Fatalf("the safety limit did not keep e4 routed: %+v", v)
 	}
 	// Uncordoning e1 frees room under the limit: e4 is cordoned now.
-	cli(t, 0, "uncordon", c1, "--by", "bob", "--reason", "disk replaced") // flags after the id, as README shows
+	cli(t, 0, "uncordon", c1, "--by", "bob", "--reason",
+		"disk replaced") // flags after the id, as README shows
 	awaitAll(t, admins, "e1 routed, e4 cordoned", func(ad string) bool {
-		return verdict(t, ad, "e1", open).Route == "HEALTHY" && verdict(t, ad, "e4", open).Reason == "cordoned"
+		return verdict(t, ad, "e1", open).Route == "HEALTHY" &&
+			verdict(t, ad, "e4", open).Reason == "cordoned"
 	})
 
 	// The audit trail has every action, by whom.
 	audit := cli(t, 0, "audit", "--json")
-	for _, want := range []string{`"action":"rules-set","target":"leasehold/control/rules"`, `"actor":"alice","action":"cordon"`, `"actor":"bob","action":"approve"`, `"actor":"bob","action":"uncordon"`} {
-		if !strings.Contains(strings.ReplaceAll(audit, `"at":`, ""), want) && !containsJSON(audit, want) {
+	for _, want := range []string{`"action":"rules-set","target":"leasehold/control/rules"`,
+		`"actor":"alice","action":"cordon"`, `"actor":"bob","action":"approve"`,
+		`"actor":"bob","action":"uncordon"`} {
+		if !strings.Contains(strings.ReplaceAll(audit, `"at":`, ""), want) &&
+			!containsJSON(audit, want) {
 			t.Errorf("audit lacks %s:\n%s", want, audit)
 		}
 	}
@@ -256,7 +287,8 @@ func TestRulesFileFollowedAndAudited(t *testing.T) {
 	}
 	write("modes:\n  - {rule: version, mode: observe}\n")
 	var log syncBuffer
-	l := startServeTo(t, a, &log, func(c *serveConfig) { c.rulesFile, c.auditLog = rulesPath, auditPath })
+	l := startServeTo(t, a, &log,
+		func(c *serveConfig) { c.rulesFile, c.auditLog = rulesPath, auditPath })
 	startExecutor(t, a, "e1", "2.0.0")
 	startDispatcher(t, l.xds, "d1", map[string]any{"version_constraint": "<2.0.0"})
 	const set = "v=<2.0.0"
@@ -275,13 +307,19 @@ func TestRulesFileFollowedAndAudited(t *testing.T) {
 	if v := verdict(t, l.admin, "e1", set); v.Route != "HEALTHY" {
 		t.Fatalf("an invalid rules file changed routing: %+v", v)
 	}
-	write("modes:\n  - {rule: version, mode: enforce}\nsafety_limit: 1  # one executor: a cordon may take it out\n")
-	awaitAll(t, admins, "version enforced (file rules)", func(ad string) bool { return verdict(t, ad, "e1", set).Reason == "version-incompatible" })
+	write(
+		"modes:\n  - {rule: version, mode: enforce}\nsafety_limit: 1  # one executor: a cordon " +
+			"may take it out\n")
+	awaitAll(t, admins, "version enforced (file rules)",
+		func(ad string) bool { return verdict(t, ad, "e1", set).Reason == "version-incompatible" })
 	t.Setenv("LEASEHOLD_ADMIN_ADDR", l.admin)
-	if out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "test", "--by", "carol"); !strings.Contains(out, "state: applied: 1 executor(s)") {
+	if out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "test", "--by",
+		"carol"); !strings.Contains(
+		out, "state: applied: 1 executor(s)") {
 		t.Errorf("cordon does not say it is applied (replica from $LEASEHOLD_ADMIN_ADDR):\n%s", out)
 	}
-	awaitAll(t, admins, "e1 cordoned", func(ad string) bool { return verdict(t, ad, "e1", "v=").Reason == "cordoned" })
+	awaitAll(t, admins, "e1 cordoned",
+		func(ad string) bool { return verdict(t, ad, "e1", "v=").Reason == "cordoned" })
 
 	b, err := os.ReadFile(auditPath)
 	if err != nil {
@@ -295,9 +333,35 @@ func TestRulesFileFollowedAndAudited(t *testing.T) {
 		}
 		actions = append(actions, e.Actor+":"+e.Action)
 	}
-	for _, want := range []string{"leasehold:config-applied", "leasehold:config-rejected", "carol:cordon-applied"} {
+	for _, want := range []string{"leasehold:config-applied", "leasehold:config-rejected",
+		"carol:cordon-applied"} {
 		if !slices.Contains(actions, want) {
 			t.Errorf("audit log lacks %s: %v", want, actions)
 		}
+	}
+}
+
+// --audit-max-age in days is refused when it overflows a duration:
+// `--audit-max-age 213504d` (meant as "keep for ever") would wrap round to
+// about 25 minutes, and the writing command would then delete every audit
+// record older than that.
+func TestAuditMaxAgeOverflowRefused(t *testing.T) {
+	for _, v := range []string{"213504d", "106752d", "2147483647d", "9223372036854775807d"} {
+		var a ageValue
+		if err := a.Set(v); err == nil {
+			t.Errorf("--audit-max-age %s accepted as %s", v, a.String())
+		}
+	}
+	var a ageValue
+	if err := a.Set("106751d"); err != nil || a.String() != "106751d" {
+		t.Errorf("--audit-max-age 106751d (the longest duration in days): %v, %s", err, a.String())
+	}
+	t.Setenv("CONSUL_HTTP_ADDR", "127.0.0.1:1")
+	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.1:1")
+	if code, _, stderr := runCLI("uncordon", "c-1a2b3c4d", "--by", "alice", "--audit-max-age",
+		"213504d"); code != 2 ||
+		!strings.Contains(stderr, "--audit-max-age") {
+		t.Errorf("uncordon --audit-max-age 213504d: exit %d, want 2 naming the flag\n%s",
+			code, stderr)
 	}
 }

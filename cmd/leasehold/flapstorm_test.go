@@ -17,9 +17,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/hashicorp/consul/api"
-	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
-	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/grpc/status"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
@@ -43,9 +41,10 @@ type stormReg struct {
 // it, Consul reported it or leasehold answered it, and every breach of the
 // rule that such a session is never routed again.
 type stormLedger struct {
-	mu         sync.Mutex
-	critical   map[string]string    // session → who reported it critical first
-	lapsedAt   map[string]time.Time // session → when leasehold's first LAPSED answer for it was received
+	mu       sync.Mutex
+	critical map[string]string // session → who reported it critical first
+	// session → when leasehold's first LAPSED answer for it was received
+	lapsedAt   map[string]time.Time
 	violations []string
 	errs       []string
 	stop       context.CancelFunc // ends the storm at the first failure
@@ -95,7 +94,8 @@ func (l *stormLedger) answered(r *leaseholdv1.CheckSessionResponse, sent time.Ti
 	}
 	l.mu.Unlock()
 	if r.State == leaseholdv1.SessionState_CURRENT && wasLapsed && sent.After(lapsed) {
-		l.violate("session %s/%s answered CURRENT after leasehold had answered LAPSED for it", r.InstanceId, r.SessionId)
+		l.violate("session %s/%s answered CURRENT after leasehold had answered LAPSED for it",
+			r.InstanceId, r.SessionId)
 		return true
 	}
 	return false
@@ -115,7 +115,8 @@ func (l *stormLedger) served(eps endpoints, acked time.Time) {
 	}
 	l.mu.Unlock()
 	if len(bad) > 0 {
-		l.violate("EDS response requested %s after LAPSED still routes %v", acked.Format("15:04:05.000"), bad)
+		l.violate("EDS response requested %s after LAPSED still routes %v",
+			acked.Format("15:04:05.000"), bad)
 	}
 }
 
@@ -137,15 +138,15 @@ func (l *stormLedger) report(t *testing.T) {
 	}
 }
 
-// TestFlapStorm: 500 registrations come and go and flip between passing,
-// warning and critical for 10 s. A session set critical stays critical
-// until leasehold's fencing API has answered LAPSED for it; then the storm
-// may set it passing again, as a confused or hostile agent could.
-// Throughout, no session answered LAPSED is in any later EDS response or
-// answered CURRENT, and every Consul or leasehold error fails the drill.
-// Afterwards leasehold routes exactly the passing registrations never seen
-// critical, answers LAPSED for every registered session that went critical,
-// its heap is of the same order and no goroutines are left behind.
+// 500 registrations come and go and flip between passing, warning and
+// critical for 10 s. A session set critical stays critical until leasehold's
+// fencing API has answered LAPSED for it; then the storm may set it passing
+// again, as a confused or hostile agent could. Throughout, no session
+// answered LAPSED is in any later EDS response or answered CURRENT, and
+// every Consul or leasehold error fails the drill. Afterwards leasehold
+// routes exactly the passing registrations never seen critical, answers
+// LAPSED for every registered session that went critical, its heap is of the
+// same order and no goroutines are left behind.
 func TestFlapStorm(t *testing.T) {
 	if testing.Short() {
 		t.Skip("10 s storm")
@@ -162,15 +163,21 @@ func TestFlapStorm(t *testing.T) {
 		g := gen.Add(1)
 		s := fmt.Sprintf("s%d", g)
 		r := health.Registration{InstanceID: instance(i), SessionID: s, Generation: g, Task: "work",
-			Address: "127.0.0.1", Port: 30000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive}
+			Address: "127.0.0.1", Port: 30000 + i, Version: "1.0.0", Capacity: 4,
+			State: health.StateActive}
 		err := c.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
-			ID: health.ServiceID(r.InstanceID, "work"), Name: "work", Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
-			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, s, "work"), TTL: "1h", Status: "passing"}},
+			ID: health.ServiceID(r.InstanceID,
+				"work"), Name: "work", Tags: []string{"leasehold"}, Address: r.Address,
+			Port: r.Port, Meta: r.Meta(),
+			Checks: api.AgentServiceChecks{
+				{CheckID: health.CheckID(r.InstanceID, s, "work"), TTL: "1h", Status: "passing"},
+			},
 		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
 		if err != nil {
 			return fmt.Errorf("register %s/%s: %w", r.InstanceID, s, err)
 		}
-		regs[i].session, regs[i].addr, regs[i].present, regs[i].critical = s, fmt.Sprintf("127.0.0.1:%d", r.Port), true, false
+		regs[i].session, regs[i].addr, regs[i].present, regs[i].critical = s, fmt.Sprintf(
+			"127.0.0.1:%d", r.Port), true, false
 		return nil
 	}
 	for i := range n {
@@ -183,7 +190,11 @@ func TestFlapStorm(t *testing.T) {
 
 	stormCtx, endStorm := context.WithCancel(context.Background())
 	defer endStorm()
-	ledger := &stormLedger{critical: map[string]string{}, lapsedAt: map[string]time.Time{}, stop: endStorm}
+	ledger := &stormLedger{
+		critical: map[string]string{},
+		lapsedAt: map[string]time.Time{},
+		stop:     endStorm,
+	}
 	watchCtx, endWatch := context.WithCancel(context.Background())
 	var watchers sync.WaitGroup
 	defer func() { endWatch(); watchers.Wait() }()
@@ -194,7 +205,10 @@ func TestFlapStorm(t *testing.T) {
 		defer watchers.Done()
 		var index uint64
 		for {
-			checks, meta, err := c.Health().State(api.HealthCritical, (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(watchCtx))
+			checks, meta, err := c.Health().State(api.HealthCritical,
+				(&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(
+					watchCtx),
+			)
 			if err != nil {
 				if watchCtx.Err() != nil {
 					return // the drill is over
@@ -217,44 +231,25 @@ func TestFlapStorm(t *testing.T) {
 
 	// Every EDS response leasehold sends, checked as it arrives; the test
 	// goroutine gets the latest.
-	conn, err := grpc.NewClient(addrs.xds, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	defer conn.Close()
-	ads, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(watchCtx)
-	if err != nil {
-		t.Fatal(err)
-	}
+	ads := dialADS(t, addrs.xds, &corev3.Node{Id: "storm-probe"})
+	context.AfterFunc(watchCtx, ads.Close)
 	latest := make(chan endpoints, 1)
-	watchers.Add(1)
-	go func() {
-		defer watchers.Done()
-		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "storm-probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-		acked := time.Now() // before the request: the first response is built after it
-		for {
-			if err := ads.Send(req); err != nil {
-				if watchCtx.Err() == nil {
-					ledger.fail("EDS request: %v", err)
-				}
-				return
-			}
-			r, err := ads.Recv()
-			if err != nil {
-				if watchCtx.Err() == nil || status.Code(err) != codes.Canceled {
-					ledger.fail("EDS stream: %v", err)
-				}
-				return
-			}
+	ended := ads.Follow(resource.EndpointType, []string{"work"},
+		func(r *discovery.DiscoveryResponse, requested, _ time.Time) {
 			eps := endpointsOf(r)
-			ledger.served(eps, acked)
+			ledger.served(eps, requested)
 			select { // keep only the newest for the test goroutine
 			case <-latest:
 			default:
 			}
 			latest <- eps
-			req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
-			acked = time.Now() // taken before the ACK is sent: never later than it
+		},
+	)
+	watchers.Add(1)
+	go func() {
+		defer watchers.Done()
+		if err := <-ended; watchCtx.Err() == nil || status.Code(err) != codes.Canceled {
+			ledger.fail("EDS stream: %v", err)
 		}
 	}()
 	// awaitEDS waits until the served set satisfies ok, naming what on failure.
@@ -274,7 +269,8 @@ func TestFlapStorm(t *testing.T) {
 			}
 		}
 	}
-	awaitEDS(20*time.Second, fmt.Sprintf("all %d registrations", n), func(e endpoints) bool { return len(e) == n })
+	awaitEDS(20*time.Second, fmt.Sprintf("all %d registrations", n),
+		func(e endpoints) bool { return len(e) == n })
 
 	baseline := runtime.NumGoroutine()
 	var before runtime.MemStats
@@ -314,7 +310,8 @@ func TestFlapStorm(t *testing.T) {
 			ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 			defer cancel()
 			sent := time.Now()
-			ans, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: id, SessionId: r.session})
+			ans, err := fc.CheckSession(ctx,
+				&leaseholdv1.CheckSessionRequest{InstanceId: id, SessionId: r.session})
 			if err != nil {
 				return fmt.Errorf("CheckSession %s/%s: %w", id, r.session, err)
 			}
@@ -368,12 +365,14 @@ func TestFlapStorm(t *testing.T) {
 		e := inConsul[instance(i)]
 		if !r.present {
 			if e != nil {
-				t.Fatalf("%s deregistered by the storm, in Consul: %s", instance(i), consultest.Describe([]*api.ServiceEntry{e}))
+				t.Fatalf("%s deregistered by the storm, in Consul: %s",
+					instance(i), consultest.Describe([]*api.ServiceEntry{e}))
 			}
 			continue
 		}
 		if e == nil || e.Service.Meta[health.MetaSessionID] != r.session {
-			t.Fatalf("%s registered by the storm under %s, in Consul: %s", instance(i), r.session, consultest.Describe([]*api.ServiceEntry{e}))
+			t.Fatalf("%s registered by the storm under %s, in Consul: %s",
+				instance(i), r.session, consultest.Describe([]*api.ServiceEntry{e}))
 		}
 		ep := endpoint{instance: instance(i), session: r.session, addr: r.addr}
 		switch {
@@ -384,18 +383,23 @@ func TestFlapStorm(t *testing.T) {
 			current = append(current, ep)
 		}
 	}
-	t.Logf("after %d operations: %d registrations, %d routable, %d went critical and are still registered (%d revived after LAPSED, %d revivals held back until leasehold saw the lapse)",
+	t.Logf(
+		"after %d operations: %d registrations, %d routable, %d went critical and are still "+
+			"registered (%d revived after LAPSED, %d revivals held back until leasehold saw the "+
+			"lapse)",
 		ops.Load(), len(entries), len(want), len(lapsed), revived.Load(), refusedRevivals.Load())
 
 	// leasehold converges to exactly the passing sessions never seen critical.
-	awaitEDS(20*time.Second, fmt.Sprintf("exactly the %d passing sessions never seen critical", len(want)), want.equal)
+	awaitEDS(20*time.Second,
+		fmt.Sprintf("exactly the %d passing sessions never seen critical", len(want)), want.equal)
 	// and its fencing answers agree, each awaited with WatchSession
 	awaitAnswer := func(ep endpoint, wantState leaseholdv1.SessionState) {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 		defer cancel()
 		sent := time.Now()
-		w, err := fc.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: ep.instance, SessionId: ep.session})
+		w, err := fc.WatchSession(ctx,
+			&leaseholdv1.CheckSessionRequest{InstanceId: ep.instance, SessionId: ep.session})
 		if err != nil {
 			t.Fatal(err)
 		}
@@ -439,7 +443,8 @@ func TestFlapStorm(t *testing.T) {
 	var after runtime.MemStats
 	runtime.GC()
 	runtime.ReadMemStats(&after)
-	t.Logf("heap before %.1f MB, after %.1f MB", float64(before.HeapAlloc)/(1<<20), float64(after.HeapAlloc)/(1<<20))
+	t.Logf("heap before %.1f MB, after %.1f MB",
+		float64(before.HeapAlloc)/(1<<20), float64(after.HeapAlloc)/(1<<20))
 	if after.HeapAlloc > 2*before.HeapAlloc+32<<20 {
 		t.Fatalf("heap grew from %d to %d bytes over the storm", before.HeapAlloc, after.HeapAlloc)
 	}

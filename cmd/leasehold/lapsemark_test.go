@@ -30,8 +30,13 @@ func setLeaseStatus(t *testing.T, c *api.Client, node, instance, session, status
 	t.Helper()
 	_, err := c.Catalog().Register(&api.CatalogRegistration{
 		Node: node, Address: "127.0.0.1", SkipNodeUpdate: true,
-		Check: &api.AgentCheck{Node: node, CheckID: health.CheckID(instance, session, "work"), Name: "lease",
-			ServiceID: health.ServiceID(instance, "work"), Status: status},
+		Check: &api.AgentCheck{
+			Node:      node,
+			CheckID:   health.CheckID(instance, session, "work"),
+			Name:      "lease",
+			ServiceID: health.ServiceID(instance, "work"),
+			Status:    status,
+		},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -65,7 +70,8 @@ func TestLapseIsFinalAcrossRestartsAndReplicas(t *testing.T) {
 		awaitState(t, fc, "y", "y1", leaseholdv1.SessionState_CURRENT) // the fleet is read
 		r := awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_LAPSED)
 		if eps := edsEndpoints(t, l.xds); eps.has("x", "s1") || !eps.has("y", "y1") {
-			t.Fatalf("%s: endpoints %v: x/s1 routed (or y/y1 not) although its lapse was recorded", name, eps)
+			t.Fatalf("%s: endpoints %v: x/s1 routed (or y/y1 not) although its lapse was recorded",
+				name, eps)
 		}
 		t.Logf("%s: x/s1 %s (%s)", name, r.State, r.Detail)
 	}
@@ -93,7 +99,8 @@ func TestLapseStaysFinalWhenItsMarkIsPruned(t *testing.T) {
 
 	// A replica's pruner, its clock moved past the retention, three times.
 	clock := clockwork.NewFakeClock()
-	pruner := consul.NewLapseRecorder(c, consul.LapseRecorderConfig{Retention: fleet.DefaultHistoryRetention, Clock: clock})
+	pruner := consul.NewLapseRecorder(c,
+		consul.LapseRecorderConfig{Retention: fleet.DefaultHistoryRetention, Clock: clock})
 	prune := func() {
 		t.Helper()
 		ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
@@ -121,14 +128,16 @@ func TestLapseStaysFinalWhenItsMarkIsPruned(t *testing.T) {
 	}
 	t.Logf("a replica started after the prunes: x/s1 %s (%s)", r.State, r.Detail)
 
-	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: "node-x", ServiceID: health.ServiceID("x", "work")}, nil); err != nil {
+	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: "node-x",
+		ServiceID: health.ServiceID("x", "work")}, nil); err != nil {
 		t.Fatal(err)
 	}
 	prune()
 	clock.Advance(fleet.DefaultHistoryRetention)
 	prune()
 	if p, _, err := c.KV().Get(key, nil); err != nil || p != nil {
-		t.Fatalf("x/s1's lapse mark %v (%v): want pruned, its registration gone for the retention", p, err)
+		t.Fatalf("x/s1's lapse mark %v (%v): want pruned, its registration gone for the retention",
+			p, err)
 	}
 }
 
@@ -137,8 +146,17 @@ func startServeStoppable(t *testing.T, a *consultest.Agent) (listening, func()) 
 	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	bound, served := make(chan listening, 1), make(chan error, 1)
-	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: "127.0.0.1:0", adminAddr: "127.0.0.1:0", tag: "leasehold", consulMaxConns: 8}
-	go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound) }()
+	cfg := &serveConfig{
+		consulAddr:     a.HTTPAddr(),
+		xdsAddr:        "127.0.0.1:0",
+		adminAddr:      "127.0.0.1:0",
+		tag:            "leasehold",
+		consulMaxConns: 8,
+	}
+	go func() {
+		served <- serve(ctx, cfg,
+			slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound)
+	}()
 	var l listening
 	select {
 	case l = <-bound:
@@ -166,7 +184,8 @@ func waitKey(t *testing.T, c *api.Client, key string, timeout time.Duration) *ap
 	defer cancel()
 	var index uint64
 	for {
-		p, meta, err := c.KV().Get(key, (&api.QueryOptions{WaitIndex: index, WaitTime: timeout}).WithContext(ctx))
+		p, meta, err := c.KV().Get(key,
+			(&api.QueryOptions{WaitIndex: index, WaitTime: timeout}).WithContext(ctx))
 		if err != nil {
 			t.Fatalf("%s never written: %v", key, err)
 		}
@@ -197,9 +216,15 @@ func holdConsul(t *testing.T, a *consultest.Agent) *holdingConsul {
 	u, _ := url.Parse("http://" + a.HTTPAddr())
 	rp := httputil.NewSingleHostReverseProxy(u)
 	rp.ErrorLog = log.New(io.Discard, "", 0) // a query its client gave up on
-	h := &holdingConsul{changed: make(chan struct{}), held: map[string]int{}, heldChanged: make(chan struct{})}
+	h := &holdingConsul{
+		changed:     make(chan struct{}),
+		held:        map[string]int{},
+		heldChanged: make(chan struct{}),
+	}
 	h.srv = httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if idx := r.URL.Query().Get("index"); r.Method == http.MethodGet && idx != "" && idx != "0" && !h.wait(r) {
+		if idx := r.URL.Query().Get("index"); r.Method == http.MethodGet && idx != "" &&
+			idx != "0" &&
+			!h.wait(r) {
 			return // the client gave up
 		}
 		rp.ServeHTTP(w, r)
@@ -263,7 +288,8 @@ func (h *holdingConsul) awaitHeld(t *testing.T, paths ...string) {
 	deadline := time.After(15 * time.Second)
 	for {
 		h.mu.Lock()
-		missing := slices.DeleteFunc(slices.Clone(paths), func(p string) bool { return h.held[p] > 0 })
+		missing := slices.DeleteFunc(slices.Clone(paths),
+			func(p string) bool { return h.held[p] > 0 })
 		ch := h.heldChanged
 		h.mu.Unlock()
 		if len(missing) == 0 {
@@ -295,7 +321,8 @@ func TestLapsedAnswerIndexHoldsAReplicaThatHasNotReadTheMark(t *testing.T) {
 	la := startServeTo(t, a, testWriter{t, "serve A"})
 	lb := startServeTo(t, a, testWriter{t, "serve B"}, func(c *serveConfig) {
 		c.consulAddr = slow.URL()
-		c.staleAfter = 8 * time.Second // its fast watches answer every 2 s: held a few seconds, its view stays fresh
+		// its fast watches answer every 2 s: held a few seconds, its view stays fresh
+		c.staleAfter = 8 * time.Second
 	})
 	fa, fb := fencingClient(t, la.xds), fencingClient(t, lb.xds)
 	awaitState(t, fa, "x", "s1", leaseholdv1.SessionState_CURRENT)
@@ -308,24 +335,114 @@ func TestLapsedAnswerIndexHoldsAReplicaThatHasNotReadTheMark(t *testing.T) {
 	mark := waitKey(t, c, health.LapseMarkKey("x", "s1"), 10*time.Second)
 	setLeaseStatus(t, c, "node-x", "x", "s1", api.HealthPassing) // the old session heartbeats again
 	if ra.ConsulIndex < mark.ModifyIndex {
-		t.Errorf("replica A answered LAPSED at consul_index %d, below its lapse mark's %d", ra.ConsulIndex, mark.ModifyIndex)
+		t.Errorf("replica A answered LAPSED at consul_index %d, below its lapse mark's %d",
+			ra.ConsulIndex, mark.ModifyIndex)
 	}
 
 	slow.hold(false, true) // B hears of everything again but the lapse marks
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	if r, err := fb.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1"}); err != nil || r.State != leaseholdv1.SessionState_CURRENT {
-		t.Fatalf("the drill did not hold B back: without min_consul_index it answers %v (%v)", r, err)
+	if r, err := fb.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x",
+		SessionId: "s1"}); err != nil ||
+		r.State != leaseholdv1.SessionState_CURRENT {
+		t.Fatalf("the drill did not hold B back: without min_consul_index it answers %v (%v)",
+			r, err)
 	}
-	rb, err := fb.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: ra.ConsulIndex})
+	rb, err := fb.CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{
+			InstanceId:     "x",
+			SessionId:      "s1",
+			MinConsulIndex: ra.ConsulIndex,
+		},
+	)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if rb.State == leaseholdv1.SessionState_CURRENT {
-		t.Fatalf("replica B answered CURRENT at min_consul_index %d (replica A's LAPSED answer; the mark at %d): %v", ra.ConsulIndex, mark.ModifyIndex, rb)
+		t.Fatalf(
+			"replica B answered CURRENT at min_consul_index %d (replica A's LAPSED answer; the "+
+				"mark at %d): %v",
+			ra.ConsulIndex, mark.ModifyIndex, rb)
 	}
 	if rb.State != leaseholdv1.SessionState_LAPSED {
 		t.Errorf("replica B: %v, want LAPSED (the lapse marks read afresh)", rb)
 	}
-	t.Logf("A: LAPSED at %d (mark at %d); B with min_consul_index %d: %s at %d (%s)", ra.ConsulIndex, mark.ModifyIndex, ra.ConsulIndex, rb.State, rb.ConsulIndex, rb.Detail)
+	t.Logf("A: LAPSED at %d (mark at %d); B with min_consul_index %d: %s at %d (%s)",
+		ra.ConsulIndex, mark.ModifyIndex, ra.ConsulIndex, rb.State, rb.ConsulIndex, rb.Detail)
+}
+
+// / Another replica (or this one before a restart) recorded x/s1's lapse in
+// Consul KV, and x/s1's check is passing again. leasehold runs with a token
+// that reads everything it needs except leasehold/lapsed/. The lapse marks
+// are the only memory of the lapse, so x/s1 must not be routed: leasehold
+// may stay unready, but must not serve a session it cannot tell is lapsed.
+//
+// serve sets SyncConfig.AwaitLapses, so the Syncer waits for the lapse marks
+// as it does for the tasks, members, non-passing checks, generations and
+// controls before it serves the fleet. Without that it would serve x/s1 in
+// the load assignment and answer it CURRENT while /readyz says 503 acl
+// (key_prefix "leasehold/lapsed/"), and the same window would open on every
+// restart with a healthy token until the lapses watch's first answer
+// arrives; the fleet package's tests hold that case.
+func TestUnreadableLapseMarksServeNothing(t *testing.T) {
+	consultest.RequireBinary(t)
+	a := consultest.Start(t,
+		consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000000a2"})
+	root := a.Client()
+	rules := `
+service_prefix "" { policy = "read" }
+node_prefix "" { policy = "read" }
+key_prefix "leasehold/generation/" { policy = "read" }
+key_prefix "leasehold/control/" { policy = "read" }
+`
+	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "no-lapsed", Rules: rules}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := root.ACL().TokenCreate(
+		&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	catalogSession(t, root, "node-x", "x", "s1", 1, 9301)
+	catalogSession(t, root, "node-y", "y", "y1", 1, 9302)
+	mark := health.LapseMark{
+		InstanceID: "x",
+		SessionID:  "s1",
+		Generation: 1,
+		At:         time.Now().UTC().Truncate(time.Second),
+		Tasks:      []string{"work"},
+	}
+	if _, err := root.KV().Put(&api.KVPair{Key: health.LapseMarkKey("x", "s1"),
+		Value: mark.Value()}, nil); err != nil {
+		t.Fatal(err)
+	}
+
+	t.Setenv("CONSUL_HTTP_TOKEN", tok.SecretID)
+	t.Setenv("CONSUL_HTTP_TOKEN_FILE", "")
+	var log syncBuffer
+	l := startServeLogged(t, a, &log)
+	fc := fencingClient(t, l.xds)
+	consultest.WaitFor(t, 15*time.Second, "/readyz naming leasehold/lapsed/", func() bool {
+		code, body := readyzBody(t, l.admin)
+		detail, _ := body["detail"].(string)
+		return code == 503 && strings.Contains(detail, "leasehold/lapsed/")
+	})
+	// Give the syncer time to serve whatever it will serve.
+	time.Sleep(2 * time.Second)
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	if r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x",
+		SessionId: "s1"}); err == nil &&
+		r.State == leaseholdv1.SessionState_CURRENT {
+		t.Errorf(
+			"x/s1 (lapse recorded in KV) answered CURRENT while its lapse marks cannot be read "+
+				"(%s)",
+			r.Detail)
+	}
+	// Nothing is served while the marks cannot be read: no snapshot (an
+	// xDS client would wait), and the fleet is never announced as read.
+	if strings.Contains(log.String(), "fleet read: serving") {
+		t.Errorf("the fleet was served although its lapse marks cannot be read:\n%s", log.String())
+	}
 }

@@ -1,7 +1,6 @@
 package main
 
 import (
-	"context"
 	"fmt"
 	"maps"
 	"net"
@@ -16,10 +15,9 @@ import (
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
-	"google.golang.org/grpc"
-	"google.golang.org/grpc/credentials/insecure"
 
 	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/internal/adstest"
 )
 
 // edsEndpoints asks leasehold over ADS for task work's endpoints once.
@@ -28,51 +26,25 @@ func edsEndpoints(t *testing.T, xdsAddr string) endpoints {
 	return openEDS(t, xdsAddr)()
 }
 
-// adsTo opens an ADS stream to leasehold that lives until the test ends.
-func adsTo(t *testing.T, xdsAddr string) discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient {
+// dialADS opens an ADS stream to leasehold as node that lives until the
+// test ends; a response waited for may take up to 20 s.
+func dialADS(t *testing.T, xdsAddr string, node *corev3.Node) *adstest.Client {
 	t.Helper()
-	conn, err := grpc.NewClient(xdsAddr, grpc.WithTransportCredentials(insecure.NewCredentials()))
-	if err != nil {
-		t.Fatal(err)
-	}
-	ctx, cancel := context.WithCancel(context.Background())
-	t.Cleanup(func() { cancel(); conn.Close() })
-	s, err := discovery.NewAggregatedDiscoveryServiceClient(conn).StreamAggregatedResources(ctx)
-	if err != nil {
-		t.Fatal(err)
-	}
-	return s
+	c := adstest.Dial(t, xdsAddr, node)
+	c.Timeout = 20 * time.Second
+	return c
 }
 
 // openEDS opens an ADS stream for task work's endpoints; each call of the
-// returned func waits for the next response (ACKing the previous one).
+// returned func waits for the next response and ACKs it.
 func openEDS(t *testing.T, xdsAddr string) func() endpoints {
 	t.Helper()
-	s := adsTo(t, xdsAddr)
-	req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: "probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}
-	if err := s.Send(req); err != nil {
-		t.Fatal(err)
-	}
+	s := dialADS(t, xdsAddr, &corev3.Node{Id: "probe"})
+	s.Subscribe(resource.EndpointType, "work")
 	return func() endpoints {
 		t.Helper()
-		type res struct {
-			r   *discovery.DiscoveryResponse
-			err error
-		}
-		ch := make(chan res, 1)
-		go func() { r, err := s.Recv(); ch <- res{r, err} }()
-		var r *discovery.DiscoveryResponse
-		select {
-		case got := <-ch:
-			if got.err != nil {
-				t.Fatal(got.err)
-			}
-			r = got.r
-		case <-time.After(20 * time.Second):
-			t.Fatal("no EDS response within 20s")
-		}
-		req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
-		s.Send(req) // ACK
+		r := s.Next()
+		s.ACK(r, "work")
 		return endpointsOf(r)
 	}
 }
@@ -80,15 +52,9 @@ func openEDS(t *testing.T, xdsAddr string) func() endpoints {
 // edsVersions is the version_info leasehold answers for task work's endpoints.
 func edsVersions(t *testing.T, xdsAddr string) string {
 	t.Helper()
-	s := adsTo(t, xdsAddr)
-	if err := s.Send(&discovery.DiscoveryRequest{Node: &corev3.Node{Id: "version-probe"}, TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}}); err != nil {
-		t.Fatal(err)
-	}
-	r, err := s.Recv()
-	if err != nil {
-		t.Fatal(err)
-	}
-	return r.VersionInfo
+	s := dialADS(t, xdsAddr, &corev3.Node{Id: "version-probe"})
+	s.Subscribe(resource.EndpointType, "work")
+	return s.Next().VersionInfo
 }
 
 // endpoint is one routed endpoint as a dispatcher sees it. Comparing whole
@@ -146,8 +112,10 @@ func endpointsOf(r *discovery.DiscoveryResponse) endpoints {
 				md := lb.GetMetadata().GetFilterMetadata()["leasehold"].GetFields()
 				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
 				out[endpoint{
-					instance: md["instance_id"].GetStringValue(), session: md["session_id"].GetStringValue(),
-					addr: net.JoinHostPort(sa.GetAddress(), strconv.Itoa(int(sa.GetPortValue()))),
+					instance: md["instance_id"].GetStringValue(),
+					session:  md["session_id"].GetStringValue(),
+					addr: net.JoinHostPort(sa.GetAddress(),
+						strconv.Itoa(int(sa.GetPortValue()))),
 				}]++
 			}
 		}
@@ -176,7 +144,8 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 
 	d := startDispatcher(t, addrs.xds, "dispatcher", map[string]any{})
 	start := time.Now()
-	d.await(t, start, 20*time.Second, "calls to e1 and e2", func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
+	d.await(t, start, 20*time.Second, "calls to e1 and e2",
+		func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
 	awaitReadyz(http.StatusOK)
 	before := edsEndpoints(t, addrs.xds)
 	if want := endpointSet(e1.endpoint(), e2.endpoint()); !before.equal(want) {
@@ -187,10 +156,12 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 	a.Stop()
 	down := time.Now()
 	awaitReadyz(http.StatusServiceUnavailable)
-	d.await(t, down.Add(2*time.Second), 10*time.Second, "calls during the outage", func(cs []callResult) bool {
-		m := servedBy(cs)
-		return m["e1"] > 5 && m["e2"] > 5
-	})
+	d.await(t, down.Add(2*time.Second), 10*time.Second, "calls during the outage",
+		func(cs []callResult) bool {
+			m := servedBy(cs)
+			return m["e1"] > 5 && m["e2"] > 5
+		},
+	)
 	for _, c := range d.since(down) {
 		if c.Err != "" {
 			t.Fatalf("call failed during the outage: %s", c.Err)
@@ -224,12 +195,14 @@ func TestServeSurvivesConsulOutage(t *testing.T) {
 		}
 		select {
 		case <-deadline:
-			t.Fatalf("after the outage leasehold serves %v, want %v with no session of before %v", got, want, before)
+			t.Fatalf("after the outage leasehold serves %v, want %v with no session of before %v",
+				got, want, before)
 		default:
 		}
 	}
 	resync := time.Now()
-	d.await(t, resync, 10*time.Second, "calls after the resync", func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
+	d.await(t, resync, 10*time.Second, "calls after the resync",
+		func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
 }
 
 func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
@@ -238,17 +211,12 @@ func TestTwoReplicasServeIdenticalVersions(t *testing.T) {
 	addrs := []listening{startServe(t, a), startServe(t, a)}
 	want := endpointSet(e1.endpoint(), e2.endpoint())
 	versions := func(addr string) map[string]string {
-		s := adsTo(t, addr)
+		s := dialADS(t, addr, &corev3.Node{Id: "replica-probe"})
 		out := map[string]string{}
-		node := &corev3.Node{Id: "replica-probe"}
-		for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType} {
-			if err := s.Send(&discovery.DiscoveryRequest{Node: node, TypeUrl: typ, ResourceNames: []string{"work"}}); err != nil {
-				t.Fatal(err)
-			}
-			r, err := s.Recv()
-			if err != nil {
-				t.Fatal(err)
-			}
+		for _, typ := range []string{resource.ListenerType, resource.RouteType,
+			resource.ClusterType, resource.EndpointType} {
+			s.Subscribe(typ, "work")
+			r := s.Next()
 			out[typ] = r.VersionInfo
 			if got := endpointsOf(r); typ == resource.EndpointType && !got.equal(want) {
 				t.Fatalf("replica %s serves %v, want %v", addr, got, want)

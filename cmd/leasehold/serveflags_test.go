@@ -2,6 +2,7 @@ package main
 
 import (
 	"io"
+	"slices"
 	"strings"
 	"testing"
 )
@@ -46,5 +47,66 @@ func TestServeConsulReadRate(t *testing.T) {
 		case c.want != 0 && cfg.consulReadRate != c.want:
 			t.Errorf("%q = %d, want %d", c.v, cfg.consulReadRate, c.want)
 		}
+	}
+}
+
+// --datacenters: what is refused (naming the flag) and what is read.
+func TestDatacentersFlag(t *testing.T) {
+	for _, c := range []struct {
+		v    string
+		want []string // nil: refused naming --datacenters
+	}{
+		{"dc1", []string{"dc1"}},
+		{"dc1,dc2", []string{"dc1", "dc2"}},
+		{" dc1 , dc2 ", []string{"dc1", "dc2"}},
+		{"dc1,,dc2", nil}, {",dc1", nil}, {"dc1,", nil}, {" ", nil}, {",", nil},
+		{"dc1,dc1", nil}, {"dc1, dc1", nil},
+		{"dc.1", nil}, {"dc 1", nil}, {"dc1;dc2", nil}, {"dc1/x", nil}, {strings.Repeat("d", 65), nil},
+		{"dc_1,dc-2", []string{"dc_1", "dc-2"}},
+	} {
+		cfg, err := parseServeFlags([]string{"--datacenters", c.v}, io.Discard)
+		switch {
+		case c.want == nil && (err == nil || !strings.Contains(err.Error(), "--datacenters")):
+			t.Errorf("%q: want an error naming --datacenters, got %v (read %q)",
+				c.v, err, cfg.datacenters)
+		case c.want != nil && err != nil:
+			t.Errorf("%q refused: %v", c.v, err)
+		case c.want != nil && !slices.Equal(cfg.datacenters, c.want):
+			t.Errorf("%q read as %q, want %q", c.v, cfg.datacenters, c.want)
+		}
+	}
+	if cfg, err := parseServeFlags(nil, io.Discard); err != nil || cfg.datacenters != nil {
+		t.Errorf("no --datacenters: %q, %v; want none (the agent's own, unnamed)",
+			cfg.datacenters, err)
+	}
+}
+
+// Consul's datacenter names are lowercase: the agent lowercases its
+// -datacenter (Consul 1.13.9 runs -datacenter=DC1 as "dc1", and answers
+// ?dc=DC1 with 500, "No path to datacenter"). So --datacenters and bootstrap
+// --datacenter do not take capitals as they are: they are refused or
+// folded. Taken as they are, `serve --datacenters DC1,dc2` would watch a
+// datacenter that can never answer (dc1's executors never read; after a
+// lease DC1 lost and dc2 served alone, leasehold's own datacenter missing),
+// `--datacenters DC1` alone would never be ready, and a dispatcher
+// bootstrapped --datacenter DC2 would not be in dc2 (it would get dc1's
+// executors first, across the WAN).
+func TestDatacenterNamesAreLowercase(t *testing.T) {
+	for _, v := range []string{"DC1", "dc1,DC2", "dc1,DC1"} {
+		cfg, err := parseServeFlags([]string{"--datacenters", v}, io.Discard)
+		if err == nil &&
+			slices.ContainsFunc(cfg.datacenters,
+				func(dc string) bool { return dc != strings.ToLower(dc) }) {
+			t.Errorf(
+				"--datacenters %q accepted as %q: Consul has no such datacenter (its names are "+
+					"lowercase)",
+				v, cfg.datacenters)
+		}
+	}
+	if b, err := newBootstrap("127.0.0.1:18000", "d1", "", nil, "", "DC2"); err == nil &&
+		strings.Contains(string(b), `"DC2"`) {
+		t.Errorf(
+			"bootstrap --datacenter DC2 accepted as is: the dispatcher names a datacenter Consul " +
+				"does not have")
 	}
 }

@@ -1,13 +1,16 @@
 package main
 
 import (
-	"math"
-	"net"
-	"sync/atomic"
+	"context"
 	"testing"
 	"time"
 
 	v3orcapb "github.com/cncf/xds/go/xds/data/orca/v3"
+
+	"math"
+	"net"
+	"sync/atomic"
+
 	v3orcaservicepb "github.com/cncf/xds/go/xds/service/orca/v3"
 	"github.com/hashicorp/consul/api"
 	"google.golang.org/grpc"
@@ -19,15 +22,66 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// attack16ORCA is an executor's out-of-band ORCA service under the
-// attacker's control: it sends rep (or, with hang, nothing at all).
-type attack16ORCA struct {
+// orcaProber is a gRPC prober of an executor serving orca.
+func orcaProber(t *testing.T, orca *scriptedORCA) *grpcProber {
+	t.Helper()
+	p, err := newProber("grpc://" + orcaExecutor(t, orca))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { p.Close() })
+	return p.(*grpcProber)
+}
+
+// probeLoad probes once and returns the load the prober then holds.
+func probeLoad(t *testing.T, p *grpcProber) (int, bool) {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
+	defer cancel()
+	if err := p.Probe(ctx); err != nil {
+		t.Fatal(err)
+	}
+	return p.Load()
+}
+
+// A probe that gets no load report keeps the last one for a few probes (an
+// overloaded executor answers slowly: it must not read as free at once),
+// then stops counting it.
+func TestGRPCProbeKeepsTheLastLoadForAFewMisses(t *testing.T) {
+	orca := &scriptedORCA{
+		rep: &v3orcapb.OrcaLoadReport{
+			NamedMetrics: map[string]float64{loadreport.MetricInFlight: 2},
+		},
+	}
+	p := orcaProber(t, orca)
+	if n, ok := probeLoad(t, p); n != 2 || !ok {
+		t.Fatalf("load %d (%v), want 2", n, ok)
+	}
+	orca.hang.Store(true)
+	for i := range maxORCAMisses {
+		if n, ok := probeLoad(t, p); n != 2 || !ok {
+			t.Fatalf("miss %d: load %d (%v), want the last one, 2", i+1, n, ok)
+		}
+	}
+	if _, ok := probeLoad(t, p); ok {
+		t.Fatal("a load kept after more misses than maxORCAMisses")
+	}
+	orca.hang.Store(false)
+	if n, ok := probeLoad(t, p); n != 2 || !ok {
+		t.Fatalf("answering again: load %d (%v), want 2", n, ok)
+	}
+}
+
+// scriptedORCA is an executor's out-of-band ORCA service that sends rep, or
+// with hang nothing at all.
+type scriptedORCA struct {
 	v3orcaservicepb.UnimplementedOpenRcaServiceServer
 	rep  *v3orcapb.OrcaLoadReport
 	hang atomic.Bool
 }
 
-func (f *attack16ORCA) StreamCoreMetrics(_ *v3orcaservicepb.OrcaLoadReportRequest, s grpc.ServerStreamingServer[v3orcapb.OrcaLoadReport]) error {
+func (f *scriptedORCA) StreamCoreMetrics(_ *v3orcaservicepb.OrcaLoadReportRequest,
+	s grpc.ServerStreamingServer[v3orcapb.OrcaLoadReport]) error {
 	if !f.hang.Load() {
 		if err := s.Send(f.rep); err != nil {
 			return err
@@ -37,8 +91,8 @@ func (f *attack16ORCA) StreamCoreMetrics(_ *v3orcaservicepb.OrcaLoadReportReques
 	return s.Context().Err()
 }
 
-// attack16Executor serves the standard health service (SERVING) and orca.
-func attack16Executor(t *testing.T, orca *attack16ORCA) string {
+// orcaExecutor serves the standard health service (SERVING) and orca.
+func orcaExecutor(t *testing.T, orca *scriptedORCA) string {
 	t.Helper()
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -55,8 +109,8 @@ func attack16Executor(t *testing.T, orca *attack16ORCA) string {
 // An executor whose ORCA report claims more tasks in flight than an int64
 // holds (or +Inf) is full by any reading — not "reports nothing, load 0".
 // A float64 beyond int64's range converts to an implementation-defined value
-// (math.MinInt64 on amd64), which the prober took for "no report".
-func TestAttack16ORCAHugeLoadIsFull(t *testing.T) {
+// (math.MinInt64 on amd64), which the prober must not take for "no report".
+func TestORCAHugeLoadIsFull(t *testing.T) {
 	for name, rep := range map[string]*v3orcapb.OrcaLoadReport{
 		"in_flight 1e300":           {NamedMetrics: map[string]float64{loadreport.MetricInFlight: 1e300}},
 		"in_flight +Inf":            {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Inf(1)}},
@@ -66,9 +120,10 @@ func TestAttack16ORCAHugeLoadIsFull(t *testing.T) {
 		"utilization +Inf × cap 2":  {ApplicationUtilization: math.Inf(1), NamedMetrics: map[string]float64{loadreport.MetricCapacity: 2}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			n, ok := probeLoad(t, orcaProber(t, &attack16ORCA{rep: rep}))
+			n, ok := probeLoad(t, orcaProber(t, &scriptedORCA{rep: rep}))
 			if !ok || n < 1<<20 {
-				t.Fatalf("Load() = %d, %v after a report of %v: want a huge load (full), reported", n, ok, rep)
+				t.Fatalf("Load() = %d, %v after a report of %v: want a huge load (full), reported",
+					n, ok, rep)
 			}
 		})
 	}
@@ -79,7 +134,7 @@ func TestAttack16ORCAHugeLoadIsFull(t *testing.T) {
 		"negative cap":   {ApplicationUtilization: 0.5, NamedMetrics: map[string]float64{loadreport.MetricCapacity: -4}},
 	} {
 		t.Run(name, func(t *testing.T) {
-			if n, ok := probeLoad(t, orcaProber(t, &attack16ORCA{rep: rep})); ok || n != 0 {
+			if n, ok := probeLoad(t, orcaProber(t, &scriptedORCA{rep: rep})); ok || n != 0 {
 				t.Fatalf("Load() = %d, %v after a report of %v: want 0, false", n, ok, rep)
 			}
 		})
@@ -92,12 +147,12 @@ func TestAttack16ORCAHugeLoadIsFull(t *testing.T) {
 // flags allow (2× the heartbeat), a probe that waits out its whole context
 // for an optional load report sends the renewal when the lease is already
 // over, and the sidecar loses its session over and over.
-func TestAttack16HangingORCAKeepsTheLease(t *testing.T) {
+func TestHangingORCAKeepsTheLease(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
-	hanging := &attack16ORCA{}
+	hanging := &scriptedORCA{}
 	hanging.hang.Store(true)
-	addr := attack16Executor(t, hanging)
+	addr := orcaExecutor(t, hanging)
 	inProcess(t, sidecarArgs(a, "grpc://"+addr, "--lease", "1s", "--heartbeat", "500ms"))
 	first := waitStatus(t, c, "transcode", api.HealthPassing, "")
 	sess := first.Service.Meta[health.MetaSessionID]
@@ -111,8 +166,12 @@ func TestAttack16HangingORCAKeepsTheLease(t *testing.T) {
 		if e == nil || ch == nil {
 			t.Fatalf("registration gone %s after it passed", time.Until(deadline))
 		}
-		if got := e.Service.Meta[health.MetaSessionID]; got != sess || ch.Status != api.HealthPassing {
-			t.Fatalf("a hanging ORCA stream cost a healthy executor its lease: session %s → %s, check %s", sess, got, ch.Status)
+		if got := e.Service.Meta[health.MetaSessionID]; got != sess ||
+			ch.Status != api.HealthPassing {
+			t.Fatalf(
+				"a hanging ORCA stream cost a healthy executor its lease: session %s → %s, check "+
+					"%s",
+				sess, got, ch.Status)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

@@ -19,7 +19,7 @@ import (
 // rules in Consul KV. Each switch must reach the connected client (a new
 // cluster version sent and ACKed, never NACKed), and calls keep reaching
 // every executor under each policy.
-func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
+func TestEveryLBPolicyAckedByGRPCLive(t *testing.T) {
 	a := consultest.Start(t)
 	a.SettleSync()
 	startExecutor(t, a, "e1", "1.0.0")
@@ -27,11 +27,13 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 	var log syncBuffer
 	addrs := startServeTo(t, a, &log, func(c *serveConfig) { c.lbPolicy = health.LBLeastRequest })
 	start := time.Now()
-	d := startDispatcher(t, addrs.xds, "dispatcher-lb16", map[string]any{})
-	d.await(t, start, 20*time.Second, "calls to both executors (least_request)", func(cs []callResult) bool {
-		m := servedBy(cs)
-		return m["e1"] > 0 && m["e2"] > 0
-	})
+	d := startDispatcher(t, addrs.xds, "dispatcher-lb", map[string]any{})
+	d.await(t, start, 20*time.Second, "calls to both executors (least_request)",
+		func(cs []callResult) bool {
+			m := servedBy(cs)
+			return m["e1"] > 0 && m["e2"] > 0
+		},
+	)
 
 	clusterState := func() *server.TypeInfo {
 		var ds struct {
@@ -39,7 +41,7 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 		}
 		getBody(t, "http://"+addrs.admin+"/debug/dispatchers", &ds)
 		for _, s := range ds.Dispatchers {
-			if s.NodeID == "dispatcher-lb16" {
+			if s.NodeID == "dispatcher-lb" {
 				if ti := s.Types[resource.ClusterType]; ti != nil {
 					return ti
 				}
@@ -53,7 +55,8 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 		for {
 			ti := clusterState()
 			if ti != nil && ti.LastNack != nil {
-				t.Fatalf("%s: grpc-go NACKed the cluster: %+v\nserve log:\n%s", policy, ti.LastNack, log.String())
+				t.Fatalf("%s: grpc-go NACKed the cluster: %+v\nserve log:\n%s",
+					policy, ti.LastNack, log.String())
 			}
 			if ti != nil && ti.LastSent != "" && ti.LastAcked == ti.LastSent {
 				if _, seen := not[ti.LastAcked]; !seen {
@@ -61,7 +64,9 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 				}
 			}
 			if time.Now().After(deadline) {
-				t.Fatalf("%s: no new cluster version ACKed within 15 s (state %+v, versions before %v)", policy, ti, not)
+				t.Fatalf(
+					"%s: no new cluster version ACKed within 15 s (state %+v, versions before %v)",
+					policy, ti, not)
 			}
 			time.Sleep(50 * time.Millisecond)
 		}
@@ -69,9 +74,11 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 	versions := map[string]string{} // version → policy
 	versions[awaitAcked("least_request (flag)", versions)] = "least_request"
 
-	for _, p := range []health.LBPolicy{health.LBRoundRobin, health.LBWeightedRoundRobin, health.LBLeastRequest} {
+	for _, p := range []health.LBPolicy{health.LBRoundRobin, health.LBWeightedRoundRobin,
+		health.LBLeastRequest} {
 		rules := fmt.Sprintf(`{"load_balancing":{"default":%q}}`, p)
-		if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey, Value: []byte(rules)}, nil); err != nil {
+		if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey, Value: []byte(rules)},
+			nil); err != nil {
 			t.Fatal(err)
 		}
 		if p == health.LBLeastRequest {
@@ -86,7 +93,10 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 					break
 				}
 				if time.Now().After(deadline) {
-					t.Fatalf("back to least_request: state %+v, want the version it had under the flag (%v)", ti, versions)
+					t.Fatalf(
+						"back to least_request: state %+v, want the version it had under the flag "+
+							"(%v)",
+						ti, versions)
 				}
 				time.Sleep(50 * time.Millisecond)
 			}
@@ -94,19 +104,24 @@ func TestAttack16EveryPolicyAckedByGRPCLive(t *testing.T) {
 			versions[awaitAcked(string(p), versions)] = string(p)
 		}
 		from := time.Now()
-		d.await(t, from, 15*time.Second, "calls to both executors under "+string(p), func(cs []callResult) bool {
-			m := servedBy(cs)
-			return m["e1"] > 0 && m["e2"] > 0
-		})
+		d.await(t, from, 15*time.Second, "calls to both executors under "+string(p),
+			func(cs []callResult) bool {
+				m := servedBy(cs)
+				return m["e1"] > 0 && m["e2"] > 0
+			},
+		)
 	}
 
 	// A rules change that leaves load_balancing alone sends no new clusters.
 	before := clusterState()
-	if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey, Value: []byte(`{"load_balancing":{"default":"least_request"},"safety_limit":0.9}`)}, nil); err != nil {
+	if _, err := a.Client().KV().Put(&api.KVPair{Key: consul.RulesKey,
+		Value: []byte(`{"load_balancing":{"default":"least_request"},"safety_limit":0.9}`)},
+		nil); err != nil {
 		t.Fatal(err)
 	}
 	time.Sleep(2 * time.Second)
-	if after := clusterState(); after.LastSent != before.LastSent || !after.SentAt.Equal(before.SentAt) {
+	if after := clusterState(); after.LastSent != before.LastSent ||
+		!after.SentAt.Equal(before.SentAt) {
 		t.Fatalf("an unrelated rules change resent the clusters: %+v → %+v", before, after)
 	}
 }
