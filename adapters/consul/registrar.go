@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -769,21 +768,3 @@ func (r *Registrar) notifyLost(loss LeaseLoss) {
 		r.cfg.OnLeaseLost(loss)
 	}
 }
-
-// backoff is exponential with full jitter, capped.
-type backoff struct {
-	base, cap, cur time.Duration
-}
-
-func newBackoff(base, cap time.Duration) *backoff { return &backoff{base: base, cap: cap} }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.base
-	} else {
-		b.cur = min(2*b.cur, b.cap)
-	}
-	return b.cur/2 + rand.N(b.cur/2+1)
-}
-
-func (b *backoff) reset() { b.cur = 0 }
