@@ -196,9 +196,9 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 	defer cancel()
 
 	out := make(chan health.Observation, 64)
-	w := NewWatcher(c, WatchConfig{Tag: health.DefaultTag, FastWait: time.Second})
-	go w.Run(ctx, out)
-	go WatchControl(ctx, c, out, WatchConfig{})
+	w := NewWatcher(c, WatchConfig{Tag: health.DefaultTag, FastWait: time.Second, Out: out})
+	go w.Run(ctx)
+	go NewControlWatch(c, WatchConfig{Out: out}).Run(ctx)
 	gen, ctl := RightKeyPrefix(health.GenerationKeyPrefix, "read"), RightKeyPrefix(ControlPrefix, "read")
 	var sawGen, sawCtl bool
 	for !sawGen || !sawCtl {

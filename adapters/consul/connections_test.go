@@ -66,11 +66,11 @@ func (q *quietCatalog) LapseMarks(ctx context.Context, index uint64, _ time.Dura
 // too. A watch added without counting it fails here.
 func TestWatcherHoldsOpenQueriesItCounts(t *testing.T) {
 	q := &quietCatalog{answered: map[string]bool{}}
-	w := newWatcher(q, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Millisecond})
 	out := make(chan health.Observation, 1000)
+	w := newWatcher(q, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Millisecond, Out: out})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { w.Run(ctx, out); close(done) }()
+	go func() { w.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	deadline := time.Now().Add(5 * time.Second)
 	for q.inFlight.Load() < openQueries && time.Now().Before(deadline) {

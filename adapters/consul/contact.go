@@ -63,7 +63,7 @@ func (w *Watcher) FreshAsOf() time.Time {
 // change of state: Consul counts as unreachable while the last query of any
 // watch failed, so one answer that was in flight when Consul went away does
 // not flip the state back.
-func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, name string, err error) {
+func (w *Watcher) contact(ctx context.Context, name string, err error) {
 	now := w.cfg.Clock.Now()
 	if err == nil {
 		w.lastContact.Store(now.UnixNano())
@@ -106,7 +106,7 @@ func (w *Watcher) contact(ctx context.Context, out chan<- health.Observation, na
 	}
 	w.contactMu.Unlock()
 	if c != nil {
-		w.send(ctx, out, health.Observation{Contact: c})
+		w.send(ctx, health.Observation{Contact: c})
 	}
 }
 

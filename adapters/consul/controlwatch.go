@@ -11,22 +11,39 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// WatchControl follows the control prefix with blocking queries and sends
-// the rules and cordons whenever they change, until ctx ends. Errors back
+// ControlWatch follows the control prefix with blocking queries and sends
+// the rules and cordons to WatchConfig.Out whenever they change. Errors back
 // off and are retried; the last good state stays in force meanwhile. Whether
 // it reads them goes out as ControlContact: a failure when it begins or its
 // kind changes (a missing right: ACLError, key_prefix "leasehold/control/"
 // read), OK after the first answer of each run.
 //
-// It runs the watches' loop (queryLoop) with cfg's back-off, clock and pace
-// (as the other KV listings: MinInterval × 4); cfg.Logger logs.
-func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observation, cfg WatchConfig) {
-	cfg = cfg.withDefaults()
+// It runs the watches' loop (queryLoop) with the config's back-off, clock,
+// blocking wait (WaitTime) and pace (as the other KV listings: MinInterval ×
+// 4); the config's Logger logs.
+type ControlWatch struct {
+	c   *api.Client
+	cfg WatchConfig
+}
+
+// NewControlWatch follows the operators' controls through c.
+func NewControlWatch(c *api.Client, cfg WatchConfig) *ControlWatch {
+	return &ControlWatch{c: c, cfg: cfg.withDefaults()}
+}
+
+// Run follows the controls until ctx ends, and returns ctx's error then. It
+// fails at once, with an error naming the field, when WatchConfig.Out is
+// nil.
+func (cw *ControlWatch) Run(ctx context.Context) error {
+	c, cfg, out := cw.c, cw.cfg, cw.cfg.Out
+	if out == nil {
+		return errNoOut
+	}
 	var last sentControl
 	answered := false // the current run of answers has been reported
 	var failedAs health.Contact
 	send := func(ctx context.Context, o health.Observation) error {
-		o.At = time.Now()
+		o.At = cfg.Clock.Now()
 		select {
 		case out <- o:
 			return nil
@@ -37,7 +54,7 @@ func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observat
 	queryLoop{
 		clock: cfg.Clock, maxBackoff: cfg.MaxBackoff, kvListing: true,
 		interval: cfg.MinInterval * 4, freshInterval: cfg.MinInterval * 4,
-		before: func(context.Context) (time.Duration, bool) { return 60 * time.Second, true },
+		before: func(context.Context) (time.Duration, bool) { return cfg.WaitTime, true },
 		after: func(ctx context.Context, _, _ uint64, err error) bool {
 			if err == nil || ctx.Err() != nil {
 				return ctx.Err() == nil
@@ -71,6 +88,7 @@ func WatchControl(ctx context.Context, c *api.Client, out chan<- health.Observat
 		}
 		return meta.LastIndex, nil
 	})
+	return ctx.Err()
 }
 
 // sentControl is what the control watch last sent.

@@ -33,7 +33,12 @@ import (
 // every registration would wake it and make Consul scan the whole
 // datacenter: the largest share of Consul's CPU under churn, measured.)
 type fastPath struct {
-	mu        sync.Mutex // held while reading what a change calls for and sending: sets go out in order
+	// mu is held while an answer is taken and what it calls for is read,
+	// never while a set is sent: a set is decided under mu and sent after,
+	// in its turn (turns), so sets go out in the order they were decided
+	// and a full observation channel holds no goroutine that needs mu.
+	mu        sync.Mutex
+	turns     sendTurns
 	crit      []health.CheckState
 	warn      []health.CheckState
 	critIndex uint64 // the index of the newest critical read
@@ -90,9 +95,11 @@ func (f *fastPath) combined() []health.CheckState {
 	return out
 }
 
-// publish sends the combined set once both states have been read (called
+// publish decides what goes out once both states have been read (called
 // with f.mu held): the whole set when it changed, else progress to its index
-// (fencing's min_consul_index counts on it). The index is the critical
+// (fencing's min_consul_index counts on it). It returns what sends it, to be
+// called once f.mu is released: that waits for the turn taken here, so sets
+// go out in the order they were decided. The index is the critical
 // read's, but never above the serfHealth listing's: a node may have failed
 // and come back after the listing (serfHealth critical between two critical
 // reads, so neither saw it) and only a listing brings its new indexes, so the
@@ -100,15 +107,15 @@ func (f *fastPath) combined() []health.CheckState {
 // index moves on with the next listing (the serf watch wakes on any check
 // change, at its pace) or a refresh (which lists serfHealth afresh). Until
 // the first listing answers, a node's serfHealth comes from the membership
-// reads (Join's fallback) and the set vouches for nothing (index 0). In a gap (a fast query failed and
-// every serfHealth has not been listed since) lapses still go out at once,
-// but at the index sent before the gap: a node may have failed and come back
-// unseen, so nothing newer is vouched for (a fencing call asking for more
-// reads Consul afresh, serfHealth included).
-func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
+// reads (Join's fallback) and the set vouches for nothing (index 0). In a
+// gap (a fast query failed and every serfHealth has not been listed since)
+// lapses still go out at once, but at the index sent before the gap: a node
+// may have failed and come back unseen, so nothing newer is vouched for (a
+// fencing call asking for more reads Consul afresh, serfHealth included).
+func (w *Watcher) publish(ctx context.Context) (deliver func()) {
 	f := &w.fast
 	if !f.critRead || !f.warnRead {
-		return
+		return func() {}
 	}
 	// Never above the serfHealth listing: neither the set's index nor how
 	// far it is known current.
@@ -116,21 +123,33 @@ func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
 	if f.gap {
 		idx, at = min(idx, f.gapIndex), min(at, f.gapIndex)
 	}
+	warnAt, serfAt := f.warnAt, f.serfAt
 	// The set's own index is the critical read's (Join compares the checks'
 	// indexes with it); how far it is known current goes out as progress.
-	defer func() {
-		w.refresh.raise("warning", f.warnAt)
-		w.refresh.raise("serf", f.serfAt)
-	}()
+	var np *health.NonPassing // nil: the set is unchanged, progress only
 	set := f.combined()
 	if f.sent && reflect.DeepEqual(set, f.last) {
 		f.sentIndex = idx
-		w.sendProgress(ctx, out, npProgress, at, 0) // (none at 0: before the first listing)
-		return
+	} else {
+		f.last, f.sent, f.sentIndex = set, true, idx
+		np = &health.NonPassing{Index: idx, Checks: set}
 	}
-	f.last, f.sent, f.sentIndex = set, true, idx
-	w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: idx, Checks: set}})
-	w.sendProgress(ctx, out, npProgress, at, idx)
+	turn := f.turns.take()
+	return func() {
+		defer turn.end()
+		if !turn.await(w.stopping(ctx)) {
+			return
+		}
+		if np != nil {
+			w.send(ctx, health.Observation{NonPassing: np})
+			w.sendProgress(ctx, npProgress, at, idx)
+		} else {
+			w.sendProgress(ctx, npProgress, at, 0) // (none at 0: before the first listing)
+		}
+		// Refreshes count on what made the watches current having gone out.
+		w.refresh.raise("warning", warnAt)
+		w.refresh.raise("serf", serfAt)
+	}
 }
 
 // fastStates reads checks in one state as sorted CheckStates, with the
@@ -153,7 +172,7 @@ func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wa
 
 // watchNonPassing follows the critical checks (the watch named "non-passing")
 // or the warning ones ("warning").
-func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation, state string) {
+func (w *Watcher) watchNonPassing(ctx context.Context, state string) {
 	f := &w.fast
 	name, pace := "non-passing", w.cfg.MinInterval
 	if state == api.HealthWarning {
@@ -169,7 +188,6 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 			return 0, err // leasehold stops: no answer, no failure
 		}
 		f.mu.Lock()
-		defer f.mu.Unlock()
 		if err == nil {
 			err = w.applyFast(ctx, name, state, states, idx, at)
 		}
@@ -179,12 +197,15 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 				f.gap, f.gapIndex = true, f.sentIndex
 			}
 			f.sent = false // report the next answer whatever it is
+			f.mu.Unlock()
 			return 0, err
 		}
-		w.publish(ctx, out)
+		deliver := w.publish(ctx)
+		f.mu.Unlock()
+		deliver()
 		return idx, nil
 	}
-	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+	w.blockingLoop(ctx, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
 		states, idx, at, err := w.fastStates(ctx, state, index, wait)
 		return idx, func() (uint64, error) { return handle(ctx, states, idx, at, err) }
 	})
@@ -356,9 +377,9 @@ func (f *fastPath) takeSerf(checks api.HealthChecks, index, at uint64) {
 }
 
 // watchSerf follows every node's serfHealth, paced by SlowInterval.
-func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) {
+func (w *Watcher) watchSerf(ctx context.Context) {
 	f := &w.fast
-	w.blockingLoop(ctx, out, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+	w.blockingLoop(ctx, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
 		checks, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
 			return w.cat.SerfHealth(ctx, index, wait)
 		})
@@ -368,9 +389,10 @@ func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) 
 				return 0, err
 			}
 			f.mu.Lock()
-			defer f.mu.Unlock()
 			f.takeSerf(checks, idx, at)
-			w.publish(ctx, out)
+			deliver := w.publish(ctx)
+			f.mu.Unlock()
+			deliver()
 			return idx, nil
 		}
 	})

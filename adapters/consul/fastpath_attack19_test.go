@@ -157,11 +157,12 @@ func (w *worldCatalog) Generations(ctx context.Context, index uint64, wait time.
 // runWorld runs a Watcher on a test catalog until the test ends.
 func runWorld(t *testing.T, world catalog, cfg WatchConfig) (*Watcher, chan health.Observation) {
 	t.Helper()
-	w := newWatcher(world, cfg)
 	out := make(chan health.Observation, 10000)
+	cfg.Out = out
+	w := newWatcher(world, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { w.Run(ctx, out); close(done) }()
+	go func() { w.Run(ctx); close(done) }()
 	t.Cleanup(func() {
 		cancel()
 		for {

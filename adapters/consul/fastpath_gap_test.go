@@ -32,10 +32,10 @@ func (g *gapCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Dur
 func TestFastPathGapStillCarriesLapses(t *testing.T) {
 	cat := &gapCatalog{fakeCatalog: newFakeCatalog()}
 	h := &watchHarness{t: t, cat: cat.fakeCatalog, out: make(chan health.Observation, 100)}
-	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond})
+	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, Out: h.out})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { w.Run(ctx, h.out); close(done) }()
+	go func() { w.Run(ctx); close(done) }()
 	defer func() { cancel(); <-done }()
 	nonPassing := func(what string) *health.NonPassing {
 		t.Helper()

@@ -141,3 +141,71 @@ func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
 		t.Fatalf("the lapse went out at index %d, past the serf listing's 100", last.Index)
 	}
 }
+
+// TestFastPathSetWaitingForTheChannelHoldsNoLock: a set decided while nobody
+// reads the observation channel waits for the channel without holding the
+// fast path's lock, the fencing API's calls into the Watcher (Refresh,
+// FreshAsOf) return all the same, and once the channel is read the set goes
+// out before the refresh's marker.
+func TestFastPathSetWaitingForTheChannelHoldsNoLock(t *testing.T) {
+	serf := &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5}
+	world := newWorld(99, serf)
+	world.set(leaseCheck("passing")) // 100
+	out := make(chan health.Observation) // read by nobody until the set was decided
+	w := newWatcher(world, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour, Out: out})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { w.Run(ctx); close(done) }()
+	defer func() { cancel(); <-done }()
+
+	f := &w.fast
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		if f.mu.TryLock() {
+			decided := f.sent
+			f.mu.Unlock()
+			if decided {
+				break
+			}
+		}
+		if time.Now().After(deadline) {
+			t.Fatal("the fast path's lock stayed held while its first set waited for the observation channel")
+		}
+		time.Sleep(time.Millisecond) // polling a lock: nothing signals that it is free
+	}
+
+	type refreshed struct {
+		seq uint64
+		err error
+	}
+	called := make(chan refreshed, 1)
+	go func() {
+		seq, err := w.Refresh(ctx, everything)
+		w.FreshAsOf()
+		called <- refreshed{seq, err}
+	}()
+	var r refreshed
+	select {
+	case r = <-called:
+		if r.err != nil {
+			t.Fatal(r.err)
+		}
+	case <-time.After(5 * time.Second):
+		t.Fatal("Refresh did not return while nobody read the observation channel")
+	}
+
+	sawSet := false
+	for deadline := time.After(5 * time.Second); ; {
+		select {
+		case o := <-out:
+			sawSet = sawSet || o.NonPassing != nil
+			if o.Refreshed != nil && *o.Refreshed >= r.seq {
+				if !sawSet {
+					t.Fatal("the refresh's marker went out before the set decided before it")
+				}
+				return
+			}
+		case <-deadline:
+			t.Fatal("no Refreshed marker once the channel was read")
+		}
+	}
+}

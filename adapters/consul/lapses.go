@@ -61,7 +61,7 @@ func canWriteKV(ctx context.Context, c *api.Client, dc, prefix string) error {
 
 // watchLapses follows the lapse marks (paced like the generation keys, and
 // charged to their budget: both grow with the fleet's history).
-func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation, cat lapseCatalog) {
+func (w *Watcher) watchLapses(ctx context.Context, cat lapseCatalog) {
 	var last []health.LapseMark
 	bad := map[string]bool{}
 	first := true
@@ -85,15 +85,15 @@ func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation
 		if !first && slices.EqualFunc(marks, last, func(a, b health.LapseMark) bool {
 			return a.InstanceID == b.InstanceID && a.SessionID == b.SessionID
 		}) {
-			w.sendProgress(ctx, out, "lapses", at, 0)
+			w.sendProgress(ctx, "lapses", at, 0)
 			return idx, nil
 		}
 		first, last = false, marks
-		w.send(ctx, out, health.Observation{Lapses: &health.LapseMarks{Index: idx, Marks: marks}})
-		w.sendProgress(ctx, out, "lapses", at, idx)
+		w.send(ctx, health.Observation{Lapses: &health.LapseMarks{Index: idx, Marks: marks}})
+		w.sendProgress(ctx, "lapses", at, idx)
 		return idx, nil
 	}
-	w.blockingLoop(ctx, out, watchSpec{name: "lapses", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+	w.blockingLoop(ctx, watchSpec{name: "lapses", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
 		pairs, idx, err := cat.LapseMarks(ctx, index, wait)
 		at := w.receipt(idx) // the index space of the checks: see refresh.go
 		return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
@@ -189,14 +189,19 @@ func (r *LapseRecorder) Record(e health.Executor) {
 	}
 }
 
+// shutdownFlush bounds how long Run goes on writing queued marks once its
+// context ended. It is wall time on purpose, whatever the recorder's clock:
+// it bounds how long the process takes to stop.
+const shutdownFlush = 3 * time.Second
+
 // Run writes queued marks and prunes until ctx ends; then it writes what is
-// still queued for a few seconds more (a lapse seen just before a shutdown
-// is recorded too, if Consul answers).
-func (r *LapseRecorder) Run(ctx context.Context) {
+// still queued for shutdownFlush more (a lapse seen just before a shutdown
+// is recorded too, if Consul answers) and returns ctx's error.
+func (r *LapseRecorder) Run(ctx context.Context) error {
 	prune := r.clock.NewTicker(r.every)
 	defer prune.Stop()
 	defer func() {
-		fctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		fctx, cancel := context.WithTimeout(context.Background(), shutdownFlush)
 		defer cancel()
 		r.flush(fctx)
 	}()
@@ -208,14 +213,14 @@ func (r *LapseRecorder) Run(ctx context.Context) {
 		} else {
 			select {
 			case <-ctx.Done():
-				return
+				return ctx.Err()
 			case <-r.clock.After(bo.next()):
 			}
 			continue
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		case <-r.pending:
 		case <-prune.Chan():
 			r.prune(ctx)

@@ -40,8 +40,8 @@ func TestClassifyNamesWhatToFix(t *testing.T) {
 // unreachable Consul in any watch, and another unreachable error text is no
 // news.
 func TestWatcherReportsAFailureAgainWhenItsKindChanges(t *testing.T) {
-	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clockwork.NewFakeClock()})
 	out := make(chan health.Observation, 16)
+	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clockwork.NewFakeClock(), Out: out})
 	ctx := context.Background()
 	next := func() *health.Contact {
 		t.Helper()
@@ -55,28 +55,28 @@ func TestWatcherReportsAFailureAgainWhenItsKindChanges(t *testing.T) {
 	refused := errors.New("connection refused")
 	gen := &ACLError{Read: "kv leasehold/generation/", How: "results filtered by ACLs", Rights: []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}}
 
-	w.contact(ctx, out, "non-passing", refused)
+	w.contact(ctx, "non-passing", refused)
 	if c := next(); c == nil || c.OK || c.Problem != health.ProblemUnreachable || c.Detail != "connection refused" {
 		t.Fatalf("first failure: %+v", c)
 	}
-	w.contact(ctx, out, "serf", errors.New("i/o timeout"))
+	w.contact(ctx, "serf", errors.New("i/o timeout"))
 	if c := next(); c != nil {
 		t.Fatalf("another unreachable error reported again: %+v", c)
 	}
-	w.contact(ctx, out, "generations", gen)
+	w.contact(ctx, "generations", gen)
 	if c := next(); c == nil || c.Problem != health.ProblemACL || c.Detail != gen.Right() || !errors.Is(c.Err, ErrACL) {
 		t.Fatalf("a missing right while unreachable: %+v", c)
 	}
-	w.contact(ctx, out, "non-passing", refused)
+	w.contact(ctx, "non-passing", refused)
 	if c := next(); c != nil {
 		t.Fatalf("the missing right still tells most, yet reported: %+v", c)
 	}
-	w.contact(ctx, out, "generations", nil) // the right granted; others still fail
+	w.contact(ctx, "generations", nil) // the right granted; others still fail
 	if c := next(); c == nil || c.OK || c.Problem != health.ProblemUnreachable {
 		t.Fatalf("after the right came back: %+v, want unreachable again", c)
 	}
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
 	if c := next(); c == nil || !c.OK {
 		t.Fatalf("recovery: %+v", c)
 	}

@@ -146,7 +146,7 @@ func (w *Watcher) behind(least uint64) []string {
 }
 
 // runRefreshes runs the rounds, one at a time, until ctx ends.
-func (w *Watcher) runRefreshes(ctx context.Context, out chan<- health.Observation) {
+func (w *Watcher) runRefreshes(ctx context.Context) {
 	r := &w.refresh
 	for {
 		select {
@@ -162,7 +162,7 @@ func (w *Watcher) runRefreshes(ctx context.Context, out chan<- health.Observatio
 			if round == nil {
 				break
 			}
-			if !w.runRound(ctx, out, round) {
+			if !w.runRound(ctx, round) {
 				return
 			}
 		}
@@ -172,7 +172,7 @@ func (w *Watcher) runRefreshes(ctx context.Context, out chan<- health.Observatio
 // runRound asks the watches behind to read afresh (once the refreshes'
 // share of the read budget allows), waits for their answers and sends the
 // round's Refreshed marker; false when ctx ended.
-func (w *Watcher) runRound(ctx context.Context, out chan<- health.Observation, round *refreshRound) bool {
+func (w *Watcher) runRound(ctx context.Context, round *refreshRound) bool {
 	reads := w.behind(round.least)
 	if len(reads) > 0 && w.refreshBudget != nil {
 		waited, ok := w.refreshBudget.wait(ctx, nil)
@@ -184,7 +184,7 @@ func (w *Watcher) runRound(ctx context.Context, out chan<- health.Observation, r
 		}
 		reads = w.behind(round.least) // answers that came during the wait count
 	}
-	reads = w.unwrittenKV(ctx, out, reads)
+	reads = w.unwrittenKV(ctx, reads)
 	if len(reads) > 0 {
 		round.reads, round.done = reads, make(chan struct{})
 		r := &w.refresh
@@ -217,7 +217,7 @@ func (w *Watcher) runRound(ctx context.Context, out chan<- health.Observation, r
 		}
 	}
 	seq := round.seq
-	return w.send(ctx, out, health.Observation{Refreshed: &seq})
+	return w.send(ctx, health.Observation{Refreshed: &seq})
 }
 
 // kvIndexCatalog can read the index of the datacenter's latest KV write
@@ -234,7 +234,7 @@ func isKVListing(name string) bool { return name == "generations" || name == "la
 // small read) is not above the index a listing's answer is current at,
 // and any write after that answer would be (Consul made it later). It
 // returns reads as they are when the catalog cannot tell.
-func (w *Watcher) unwrittenKV(ctx context.Context, out chan<- health.Observation, reads []string) []string {
+func (w *Watcher) unwrittenKV(ctx context.Context, reads []string) []string {
 	kc, ok := w.cat.(kvIndexCatalog)
 	if !ok || !slices.ContainsFunc(reads, isKVListing) {
 		return reads
@@ -254,7 +254,7 @@ func (w *Watcher) unwrittenKV(ctx context.Context, out chan<- health.Observation
 		if !isKVListing(name) || idx > w.refresh.atOf(name) {
 			return false
 		}
-		w.sendProgress(ctx, out, name, at, 0)
+		w.sendProgress(ctx, name, at, 0)
 		return true
 	})
 }
@@ -422,14 +422,17 @@ func (w *Watcher) noteReached(idx uint64) {
 }
 
 // forgetIndexes drops every index known: Consul lost or restored its state,
-// and indexes of before say nothing of the new one.
-func (w *Watcher) forgetIndexes() {
+// and indexes of before say nothing of the new one. It returns the fast
+// path's next turn (sendTurns), taken with the indexes dropped, for what
+// says so: it goes out after every set decided before.
+func (w *Watcher) forgetIndexes() sendTurn {
 	w.reached.Store(0)
 	for _, a := range w.refresh.at {
 		a.Store(0)
 	}
 	f := &w.fast
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.critAt, f.warnAt, f.serfAt = 0, 0, 0
-	f.mu.Unlock()
+	return f.turns.take()
 }

@@ -113,11 +113,11 @@ func (c *instantCatalog) Generations(ctx context.Context, index uint64, wait tim
 // UNKNOWN — although both watches did read Consul afresh after R2 began.
 func TestAttack2ConcurrentRefreshLosesItsMarker(t *testing.T) {
 	cat := &instantCatalog{}
-	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	out := make(chan health.Observation, 64)
+	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Out: out})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	go w.Run(ctx, out)
+	go w.Run(ctx)
 	var mu sync.Mutex
 	var marker uint64
 	markerChanged := make(chan struct{}, 1)
@@ -184,13 +184,13 @@ func TestAttack2ConcurrentRefreshLosesItsMarker(t *testing.T) {
 func TestAttack2ConcurrentFencingRequestsAnswerUnknown(t *testing.T) {
 	cat := &instantCatalog{}
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, Logger: log})
-	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log})
 	obs := make(chan health.Observation, 64)
+	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, Logger: log, Out: obs})
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(2)
-	go func() { defer wg.Done(); w.Run(ctx, obs) }()
+	go func() { defer wg.Done(); w.Run(ctx) }()
 	go func() { defer wg.Done(); syncer.Run(ctx, obs) }()
 	defer func() { cancel(); wg.Wait() }()
 	f := server.NewFencing(syncer, func(string) time.Time { return w.FreshAsOf() },

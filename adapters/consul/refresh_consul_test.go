@@ -171,13 +171,13 @@ func startBusyFleet(b *testing.B) *busyFleet {
 		b.Fatal(err)
 	}
 	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
-	w := NewWatcher(client, WatchConfig{Logger: discard})
-	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: discard, AwaitLapses: true})
 	obs, tee := make(chan health.Observation, 64), make(chan health.Observation, 64)
+	w := NewWatcher(client, WatchConfig{Logger: discard, Out: obs})
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: discard, AwaitLapses: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(4)
-	go func() { defer wg.Done(); w.Run(ctx, obs) }()
+	go func() { defer wg.Done(); w.Run(ctx) }()
 	go func() {
 		defer wg.Done()
 		for {

@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"errors"
 	"log/slog"
 	"time"
 
@@ -11,8 +12,13 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// WatchConfig configures a Watcher. Zero values mean defaults.
+// WatchConfig configures a Watcher, the Watchers of several datacenters
+// and the control watch. Zero values mean defaults, except Out's.
 type WatchConfig struct {
+	// Out receives the observations (required: Run fails without it). It
+	// is the syncer's input; a full channel holds the watches back, never
+	// the fencing API's Refresh or FreshAsOf.
+	Out chan<- health.Observation
 	Tag string // services with this tag are task types; default "leasehold"
 	// Datacenter is the Consul datacenter watched through the agent (?dc=;
 	// "": the agent's own, unnamed); its observations name it.
@@ -60,6 +66,9 @@ type WatchConfig struct {
 	Logger *slog.Logger
 	Meter  metric.MeterProvider // default: no metrics
 }
+
+// errNoOut is Run's error when WatchConfig.Out is nil.
+var errNoOut = errors.New("consul watch config: Out: nil; the observations need a channel to go to")
 
 func (c WatchConfig) withDefaults() WatchConfig {
 	if c.Tag == "" {

@@ -111,40 +111,53 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	return w
 }
 
-// Run watches until ctx ends, sending observations to out.
-func (w *Watcher) Run(ctx context.Context, out chan<- health.Observation) error {
+// Run watches until ctx ends, sending observations to WatchConfig.Out, and
+// returns ctx's error then. It fails at once, with an error naming the
+// field, when Out is nil.
+func (w *Watcher) Run(ctx context.Context) error {
+	if w.cfg.Out == nil {
+		return errNoOut
+	}
 	w.runDone = ctx.Done()
 	var wg sync.WaitGroup
 	wg.Add(6)
-	go func() { defer wg.Done(); w.runRefreshes(ctx, out) }()
-	go func() { defer wg.Done(); w.watchNonPassing(ctx, out, api.HealthCritical) }()
-	go func() { defer wg.Done(); w.watchNonPassing(ctx, out, api.HealthWarning) }()
-	go func() { defer wg.Done(); w.watchSerf(ctx, out) }()
-	go func() { defer wg.Done(); w.watchServices(ctx, out) }()
-	go func() { defer wg.Done(); w.watchGenerations(ctx, out) }()
+	go func() { defer wg.Done(); w.runRefreshes(ctx) }()
+	go func() { defer wg.Done(); w.watchNonPassing(ctx, api.HealthCritical) }()
+	go func() { defer wg.Done(); w.watchNonPassing(ctx, api.HealthWarning) }()
+	go func() { defer wg.Done(); w.watchSerf(ctx) }()
+	go func() { defer wg.Done(); w.watchServices(ctx) }()
+	go func() { defer wg.Done(); w.watchGenerations(ctx) }()
 	if lc, ok := w.cat.(lapseCatalog); ok {
 		wg.Add(1)
-		go func() { defer wg.Done(); w.watchLapses(ctx, out, lc) }()
+		go func() { defer wg.Done(); w.watchLapses(ctx, lc) }()
 	}
 	wg.Wait()
 	return ctx.Err()
 }
 
-func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o health.Observation) bool {
+// send sends o to WatchConfig.Out, stamped with the datacenter and the
+// time; false when the Watcher stops first.
+func (w *Watcher) send(ctx context.Context, o health.Observation) bool {
 	o.Datacenter = w.cfg.Datacenter
 	if o.At.IsZero() {
 		o.At = w.cfg.Clock.Now()
 	}
-	done := ctx.Done()
-	if w.runDone != nil {
-		done = w.runDone // the answer goes out whatever became of the query's context
-	}
 	select {
-	case out <- o:
+	case w.cfg.Out <- o:
 		return true
-	case <-done:
+	case <-w.stopping(ctx):
 		return false
 	}
+}
+
+// stopping is closed when the Watcher stops: Run's context, not a query's
+// (ctx's only outside Run), since what an answer carries goes out whatever
+// became of the query's context.
+func (w *Watcher) stopping(ctx context.Context) <-chan struct{} {
+	if w.runDone != nil {
+		return w.runDone
+	}
+	return ctx.Done()
 }
 
 // sendProgress says that watch name ("generations", "lapses" or the
@@ -152,7 +165,7 @@ func (w *Watcher) send(ctx context.Context, out chan<- health.Observation, o hea
 // the observation it just sent says as much (its index sent) — and then
 // records it for refreshes: one finding the watch current relies on what
 // made it so having gone out before its marker.
-func (w *Watcher) sendProgress(ctx context.Context, out chan<- health.Observation, name string, at, sent uint64) {
+func (w *Watcher) sendProgress(ctx context.Context, name string, at, sent uint64) {
 	if at > sent {
 		var p health.Progress
 		switch name {
@@ -163,7 +176,7 @@ func (w *Watcher) sendProgress(ctx context.Context, out chan<- health.Observatio
 		default:
 			p.NonPassing = at
 		}
-		w.send(ctx, out, health.Observation{Progress: &p})
+		w.send(ctx, health.Observation{Progress: &p})
 	}
 	w.refresh.raise(name, at)
 }

@@ -87,11 +87,11 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := NewWatcher(client, WatchConfig{})
+	out := make(chan health.Observation, 64)
+	w := NewWatcher(client, WatchConfig{Out: out})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := make(chan health.Observation, 64)
-	go w.Run(ctx, out)
+	go w.Run(ctx)
 
 	// wait for the full membership
 	deadline := time.After(30 * time.Second)
@@ -197,11 +197,11 @@ func TestConsulMembershipChangeReadsWhatChanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := NewWatcher(client, WatchConfig{})
+	out := make(chan health.Observation, 64)
+	w := NewWatcher(client, WatchConfig{Out: out})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := make(chan health.Observation, 64)
-	go w.Run(ctx, out)
+	go w.Run(ctx)
 	members := func(what string, ok func([]health.Member) bool) {
 		t.Helper()
 		deadline := time.After(30 * time.Second)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -276,11 +277,11 @@ func startWatcher(t *testing.T, cfg WatchConfig, before ...func(*fakeCatalog)) *
 	for _, f := range before {
 		f(h.cat)
 	}
-	cfg.Clock = h.clock
+	cfg.Clock, cfg.Out = h.clock, h.out
 	h.w = newWatcher(h.cat, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { h.w.Run(ctx, h.out); close(done) }()
+	go func() { h.w.Run(ctx); close(done) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -651,22 +652,22 @@ func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
 
 func TestFreshAsOf(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock})
 	out := make(chan health.Observation, 16)
+	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, Out: out})
 	ctx := context.Background()
 	if !w.FreshAsOf().IsZero() {
 		t.Fatal("fresh before any answer")
 	}
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
-	w.contact(ctx, out, "warning", nil)
-	w.contact(ctx, out, "services", nil)
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
+	w.contact(ctx, "warning", nil)
+	w.contact(ctx, "services", nil)
 	if !w.FreshAsOf().IsZero() {
 		t.Fatal("fresh before the generation keys answered")
 	}
 	t0 := clock.Now()
-	w.contact(ctx, out, "generations", nil)
-	w.contact(ctx, out, "task work", nil)
+	w.contact(ctx, "generations", nil)
+	w.contact(ctx, "task work", nil)
 	if got := w.FreshAsOf(); !got.Equal(t0) {
 		t.Fatalf("FreshAsOf = %v, want %v", got, t0)
 	}
@@ -674,11 +675,11 @@ func TestFreshAsOf(t *testing.T) {
 	// and is idle in its blocking query: the view is as fresh as the fast ones.
 	clock.Advance(50 * time.Second)
 	t1 := clock.Now()
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
-	w.contact(ctx, out, "warning", nil)
-	w.contact(ctx, out, "services", nil)
-	w.contact(ctx, out, "generations", nil)
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
+	w.contact(ctx, "warning", nil)
+	w.contact(ctx, "services", nil)
+	w.contact(ctx, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t1) {
 		t.Fatalf("FreshAsOf = %v, want %v", got, t1)
 	}
@@ -686,33 +687,33 @@ func TestFreshAsOf(t *testing.T) {
 	// stays at that point through further errors.
 	clock.Advance(time.Second)
 	t2 := clock.Now()
-	w.contact(ctx, out, "task work", errors.New("boom"))
+	w.contact(ctx, "task work", errors.New("boom"))
 	clock.Advance(5 * time.Second)
-	w.contact(ctx, out, "task work", errors.New("boom"))
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
-	w.contact(ctx, out, "warning", nil)
-	w.contact(ctx, out, "services", nil)
-	w.contact(ctx, out, "generations", nil)
+	w.contact(ctx, "task work", errors.New("boom"))
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
+	w.contact(ctx, "warning", nil)
+	w.contact(ctx, "services", nil)
+	w.contact(ctx, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t2) {
 		t.Fatalf("FreshAsOf = %v, want the failing task's first error %v", got, t2)
 	}
 	clock.Advance(time.Minute)
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
-	w.contact(ctx, out, "warning", nil)
-	w.contact(ctx, out, "services", nil)
-	w.contact(ctx, out, "generations", nil)
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
+	w.contact(ctx, "warning", nil)
+	w.contact(ctx, "services", nil)
+	w.contact(ctx, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t2) {
 		t.Fatalf("FreshAsOf = %v, want the failing task's first error %v", got, t2)
 	}
-	w.contact(ctx, out, "task work", nil)
+	w.contact(ctx, "task work", nil)
 	if got := w.FreshAsOf(); !got.Equal(clock.Now()) {
 		t.Fatalf("FreshAsOf = %v after the task answered again, want now", got)
 	}
 	// A fast watch failing holds the view at its last answer.
 	clock.Advance(time.Second)
-	w.contact(ctx, out, "generations", errors.New("boom"))
+	w.contact(ctx, "generations", errors.New("boom"))
 	if got := w.FreshAsOf(); !got.Equal(clock.Now().Add(-time.Second)) {
 		t.Fatalf("FreshAsOf = %v with the generation watch failing", got)
 	}
@@ -862,5 +863,33 @@ func TestAFastCallInFlightIsAskedAgainWhenALeaseShortensItsWait(t *testing.T) {
 	close(answer)
 	if r := <-res; r.err != nil || r.idx != 7 {
 		t.Fatalf("cut short: %+v, want the second call's answer and no error", r)
+	}
+}
+
+// TestRunWithoutOutNamesTheField: a Watcher, the Watchers of several
+// datacenters and the control watch all fail at once, naming the missing
+// field, when the config gives them no channel for their observations.
+func TestRunWithoutOutNamesTheField(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	client, err := api.NewClient(api.DefaultConfig()) // never asked: nothing runs
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := NewWatchers(client, WatchConfig{}, []string{"dc1", "dc2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, run := range map[string]func(context.Context) error{
+		"Watcher":      newWatcher(newFakeCatalog(), WatchConfig{}).Run,
+		"Watchers":     ws.Run,
+		"ControlWatch": NewControlWatch(client, WatchConfig{}).Run,
+	} {
+		if err := run(ctx); err == nil || !strings.Contains(err.Error(), "Out") {
+			t.Errorf("%s.Run without Out: %v, want an error naming Out", name, err)
+		}
+	}
+	if err := ws.Run(ctx); err == nil || !strings.Contains(err.Error(), `datacenter "dc`) {
+		t.Errorf("Watchers.Run without Out: %v, want the failing datacenter named", err)
 	}
 }

@@ -17,7 +17,7 @@ import (
 // watchGenerations follows the generation keys in Consul KV: per instance
 // the generation (and session) of its newest session, the same on every
 // replica.
-func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observation) {
+func (w *Watcher) watchGenerations(ctx context.Context) {
 	var last map[string]health.GenerationRecord
 	bad := map[string]string{} // key → value already warned about
 	first := true
@@ -42,17 +42,17 @@ func (w *Watcher) watchGenerations(ctx context.Context, out chan<- health.Observ
 		// once it went out (listedKeys after the send): a membership decided
 		// before it must have read its keys back.
 		if !first && maps.Equal(keys, last) {
-			w.sendProgress(ctx, out, "generations", at, 0)
+			w.sendProgress(ctx, "generations", at, 0)
 			w.listedKeys(keys, at)
 			return idx, nil
 		}
 		first, last = false, keys
-		w.send(ctx, out, health.Observation{Generations: &health.Generations{Index: idx, Keys: keys}})
+		w.send(ctx, health.Observation{Generations: &health.Generations{Index: idx, Keys: keys}})
 		w.listedKeys(keys, at) // current at at: it holds every key written before a registration up to at
-		w.sendProgress(ctx, out, "generations", at, idx)
+		w.sendProgress(ctx, "generations", at, idx)
 		return idx, nil
 	}
-	w.blockingLoop(ctx, out, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+	w.blockingLoop(ctx, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
 		pairs, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.KVPairs, uint64, error) {
 			return w.cat.Generations(ctx, index, wait)
 		})

@@ -14,7 +14,7 @@ import (
 // Consul's blocking-query rules (queryIndex), never below MinInterval
 // between queries (so index 0 never spins), and a
 // jittered exponential back-off after errors.
-func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observation, spec watchSpec, read readFunc) {
+func (w *Watcher) blockingLoop(ctx context.Context, spec watchSpec, read readFunc) {
 	name := spec.name
 	kind := metric.WithAttributes(w.attrs(attribute.String("watch", watchKind(name)))...)
 	var sizes, fresh *readSizes // of the query in flight, and of a refresh's fresh read in it
@@ -57,7 +57,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 			if err == nil {
 				w.noteReached(next)
 			}
-			w.contact(ctx, out, name, err)
+			w.contact(ctx, name, err)
 			return true
 		},
 		failed: func(err error, retryIn time.Duration) {
@@ -65,8 +65,11 @@ func (w *Watcher) blockingLoop(ctx context.Context, out chan<- health.Observatio
 		},
 		lostState: func(ctx context.Context, from, to uint64) {
 			w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", from, "to", to)
-			w.forgetIndexes()
-			w.send(ctx, out, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
+			turn := w.forgetIndexes()
+			defer turn.end()
+			if turn.await(w.stopping(ctx)) {
+				w.send(ctx, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
+			}
 		},
 		// The wake channel is taken before looking for a pending request: a
 		// Refresh queues its request, then closes the channel, so one that

@@ -12,7 +12,7 @@ import (
 
 // watchServices follows the list of task types and runs one membership
 // watch per task type, stopping those whose service disappears.
-func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observation) {
+func (w *Watcher) watchServices(ctx context.Context) {
 	type running struct {
 		cancel context.CancelFunc
 		done   chan struct{}
@@ -24,7 +24,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			<-r.done
 		}
 	}()
-	w.blockingLoop(ctx, out, watchSpec{name: "services", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, watchSpec{name: "services", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		services, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (map[string][]string, uint64, error) {
 			return w.cat.Services(ctx, index, wait)
 		})
@@ -50,7 +50,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 		}
 		sort.Strings(list)
 		w.listTasks(want)
-		if !w.send(ctx, out, health.Observation{Tasks: &health.TaskList{Index: idx, Tasks: list}}) {
+		if !w.send(ctx, health.Observation{Tasks: &health.TaskList{Index: idx, Tasks: list}}) {
 			return idx, nil
 		}
 		for task, r := range tasks {
@@ -60,7 +60,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 				delete(tasks, task)
 				w.forgetWatch("task " + task)
 				w.log.Info("task type gone", "task", task)
-				w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: idx, Gone: true}})
+				w.send(ctx, health.Observation{Members: &health.TaskMembers{Task: task, Index: idx, Gone: true}})
 			}
 		}
 		for task := range want {
@@ -71,7 +71,7 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 			r := running{cancel: cancel, done: make(chan struct{})}
 			tasks[task] = r
 			w.log.Info("task type found", "task", task)
-			go func() { defer close(r.done); w.watchTask(tctx, out, task) }()
+			go func() { defer close(r.done); w.watchTask(tctx, task) }()
 		}
 		return idx, nil
 	}))
@@ -80,10 +80,10 @@ func (w *Watcher) watchServices(ctx context.Context, out chan<- health.Observati
 // watchTask follows one task type's catalog entries (which do not change on
 // heartbeats) and, when they change, reads the changed members with their
 // checks (taskMembership).
-func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, task string) {
+func (w *Watcher) watchTask(ctx context.Context, task string) {
 	known, full := &taskMembership{}, true // full: read every member next time
 	spec := watchSpec{name: "task " + task, minInterval: w.cfg.MinInterval * 4, useSlot: true, budget: w.budget}
-	w.blockingLoop(ctx, out, spec, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	w.blockingLoop(ctx, spec, queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 		nodes, idx, err := w.cat.ServiceNodes(ctx, task, w.cfg.Tag, index, wait)
 		if err != nil {
 			full = true // whatever Consul says next is read in full
@@ -111,7 +111,7 @@ func (w *Watcher) watchTask(ctx context.Context, out chan<- health.Observation, 
 		keys := w.readBackKeys(ctx, entries)
 		members := known.list()
 		w.readLeases(task, members)
-		w.send(ctx, out, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: members, Keys: keys}})
+		w.send(ctx, health.Observation{Members: &health.TaskMembers{Task: task, Index: max(idx, hidx), Members: members, Keys: keys}})
 		return idx, nil
 	}))
 }
