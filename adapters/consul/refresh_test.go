@@ -2,6 +2,9 @@ package consul
 
 import (
 	"context"
+	"fmt"
+	"io"
+	"log/slog"
 	"math"
 	"sort"
 	"strings"
@@ -13,6 +16,9 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leasehold/leasehold/health"
+	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
+	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // everything is a min_consul_index no watch has reached: a refresh asked
@@ -239,9 +245,9 @@ func refreshOf(t *testing.T, w *Watcher, out chan health.Observation, least uint
 // TestRefreshReadsOnlyTheWatchesBehind: with the checks at 106 and the
 // generation keys and lapse marks last written at 100, a refresh for 106
 // reads the two KV listings afresh and nothing else — not the critical or
-// warning checks, not every node's serfHealth (it used to read all four,
-// whatever was behind) — beside their blocking listings (it cancelled
-// them), and the keys then count as current at 106.
+// warning checks, not every node's serfHealth: only what is behind — beside
+// their blocking listings, never cancelling them, and the keys then count as
+// current at 106.
 func TestRefreshReadsOnlyTheWatchesBehind(t *testing.T) {
 	world, w, out := settledKVWorld(t, WatchConfig{})
 	before := world.freshReads()
@@ -295,8 +301,7 @@ func TestGenerationAnswerAfterAChecksAnswerIsCurrentAtItsIndex(t *testing.T) {
 // TestRefreshRoundsOneAtATime: while a round's fresh read is in flight,
 // every request that comes joins the next round, and the next round reads
 // only what is still behind — here nothing: twenty concurrent fencing calls
-// cost one read of the generation keys (each used to interrupt every watch
-// and queue another full round).
+// cost one read of the generation keys, not a full round each.
 func TestRefreshRoundsOneAtATime(t *testing.T) {
 	world, w, out := settledKVWorld(t, WatchConfig{})
 	held, release := world.holdFreshGenerations()
@@ -516,5 +521,333 @@ func TestRefreshAsksWhetherAKVWriteFollowedBeforeReadingTheListings(t *testing.T
 	after = world.freshReads()
 	if n := after["lapses"] - before["lapses"]; n != 1 {
 		t.Errorf("%d fresh reads of the lapse marks for a refresh to 107 after a KV write at 107, want 1", n)
+	}
+}
+
+// instantCatalog is an idle Consul: a query at index 0 is answered at once,
+// a blocking query (index > 0) waits out its wait time (or its context), as
+// Consul does when nothing changes. It counts the fresh (index-0) reads of
+// the non-passing checks and the generation keys.
+type instantCatalog struct {
+	freshNP, freshGen atomic.Int64
+}
+
+func (c *instantCatalog) block(ctx context.Context, index uint64, wait time.Duration) error {
+	if index == 0 {
+		return nil
+	}
+	if wait <= 0 {
+		wait = time.Minute
+	}
+	t := time.NewTimer(wait)
+	defer t.Stop()
+	select {
+	case <-ctx.Done():
+		return ctx.Err()
+	case <-t.C:
+		return nil
+	}
+}
+
+func (c *instantCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
+	if err := c.block(ctx, index, wait); err != nil {
+		return nil, 0, err
+	}
+	return map[string][]string{"consul": nil, "work": {"leasehold"}}, 10, nil
+}
+
+func (c *instantCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
+	if err := c.block(ctx, index, wait); err != nil {
+		return nil, 0, err
+	}
+	return []*api.CatalogService{{Node: "n1", ServiceID: health.ServiceID("x", "work"), CreateIndex: 30, ModifyIndex: 30,
+		ServiceMeta: map[string]string{health.MetaSessionID: "s1"}}}, 30, nil
+}
+
+func (c *instantCatalog) HealthService(ctx context.Context, task, tag string, _ []string) ([]*api.ServiceEntry, uint64, error) {
+	reg := health.Registration{InstanceID: "x", SessionID: "s1", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9001,
+		Version: "1.0.0", Capacity: 4, State: health.StateActive}
+	return []*api.ServiceEntry{{
+		Node:    &api.Node{Node: "n1", Address: "127.0.0.1"},
+		Service: &api.AgentService{ID: health.ServiceID("x", "work"), Service: "work", Tags: []string{"leasehold"}, Address: "127.0.0.1", Port: 9001, Meta: reg.Meta(), CreateIndex: 30, ModifyIndex: 30},
+		Checks: api.HealthChecks{
+			{Node: "n1", CheckID: health.SerfHealthCheckID, Status: api.HealthPassing, CreateIndex: 5, ModifyIndex: 5},
+			{Node: "n1", CheckID: health.CheckID("x", "s1", "work"), ServiceID: health.ServiceID("x", "work"), Status: api.HealthPassing, Output: "load=0", CreateIndex: 30, ModifyIndex: 30},
+		},
+	}}, 30, nil
+}
+
+func (c *instantCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	if index == 0 && state == api.HealthCritical {
+		c.freshNP.Add(1)
+	}
+	if err := c.block(ctx, index, wait); err != nil {
+		return nil, 0, err
+	}
+	return nil, 31, nil
+}
+
+func (c *instantCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	if err := c.block(ctx, index, wait); err != nil {
+		return nil, 0, err
+	}
+	return api.HealthChecks{{Node: "n1", CheckID: health.SerfHealthCheckID, Status: api.HealthPassing, CreateIndex: 5, ModifyIndex: 5}}, 31, nil
+}
+
+func (c *instantCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck, error) {
+	return &api.HealthCheck{Node: node, CheckID: health.SerfHealthCheckID, Status: api.HealthPassing, CreateIndex: 5, ModifyIndex: 5}, nil
+}
+
+func (c *instantCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
+	if index == 0 {
+		c.freshGen.Add(1)
+	}
+	if err := c.block(ctx, index, wait); err != nil {
+		return nil, 0, err
+	}
+	return api.KVPairs{{Key: health.GenerationKey("x"), Value: []byte("1"), ModifyIndex: 29}}, 29, nil
+}
+
+// TestConcurrentRefreshesEachGetTheirMarker: Refresh calls made together
+// (fencing requests arriving at once, every one with a min_consul_index, as
+// examples/dispatcher sends them) each get a Refreshed marker at least as high
+// as the sequence number they were given, soon, on an idle Consul. A marker
+// lost to two calls interleaving would have the later caller wait out its
+// request's deadline and answer UNKNOWN, although the watches did read Consul
+// afresh after it began.
+func TestConcurrentRefreshesEachGetTheirMarker(t *testing.T) {
+	cat := &instantCatalog{}
+	out := make(chan health.Observation, 64)
+	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Out: out})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	var mu sync.Mutex
+	var marker uint64
+	markerChanged := make(chan struct{}, 1)
+	go func() {
+		for o := range out {
+			if o.Refreshed != nil {
+				mu.Lock()
+				marker = max(marker, *o.Refreshed)
+				mu.Unlock()
+				select {
+				case markerChanged <- struct{}{}:
+				default:
+				}
+			}
+		}
+	}()
+	waitMarker := func(want uint64, d time.Duration) bool {
+		deadline := time.After(d)
+		for {
+			mu.Lock()
+			got := marker
+			mu.Unlock()
+			if got >= want {
+				return true
+			}
+			select {
+			case <-markerChanged:
+			case <-deadline:
+				return false
+			}
+		}
+	}
+	for burst := 0; burst < 3000; burst++ {
+		var wg sync.WaitGroup
+		var highest atomic.Uint64
+		for range 6 {
+			wg.Add(1)
+			go func() {
+				defer wg.Done()
+				seq, _ := w.Refresh(ctx, everything)
+				for h := highest.Load(); seq > h && !highest.CompareAndSwap(h, seq); h = highest.Load() {
+				}
+			}()
+		}
+		wg.Wait()
+		if !waitMarker(highest.Load(), 2*time.Second) {
+			mu.Lock()
+			got := marker
+			mu.Unlock()
+			t.Fatalf("burst %d: Refresh returned seq %d, but after 2 s (no further Refresh) the highest Refreshed marker is %d: "+
+				"the caller of %d waits out its deadline and answers UNKNOWN (%d fresh non-passing reads, %d fresh generation reads so far)",
+				burst, highest.Load(), got, highest.Load(), cat.freshNP.Load(), cat.freshGen.Load())
+		}
+	}
+}
+
+// TestConcurrentFencingRequestsWithAMinIndexAnswerCurrent is the same through
+// the fencing API, wired as `leasehold serve` wires it (Watcher.Refresh):
+// every CheckSession call of a burst for a CURRENT session, each with a
+// min_consul_index the view has not reached, on an idle and healthy Consul, is
+// answered CURRENT, none UNKNOWN ("reading Consul afresh did not finish in
+// time").
+func TestConcurrentFencingRequestsWithAMinIndexAnswerCurrent(t *testing.T) {
+	cat := &instantCatalog{}
+	log := slog.New(slog.NewTextHandler(io.Discard, nil))
+	obs := make(chan health.Observation, 64)
+	w := newWatcher(cat, WatchConfig{MinInterval: time.Millisecond, Logger: log, Out: obs})
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log})
+	ctx, cancel := context.WithCancel(context.Background())
+	var wg sync.WaitGroup
+	wg.Add(2)
+	go func() { defer wg.Done(); w.Run(ctx) }()
+	go func() { defer wg.Done(); syncer.Run(ctx, obs) }()
+	defer func() { cancel(); wg.Wait() }()
+	f := server.NewFencing(syncer, func(string) time.Time { return w.FreshAsOf() },
+		server.FencingOptions{Refresh: func(ctx context.Context, _ string, atLeast uint64) (uint64, error) { return w.Refresh(ctx, atLeast) }})
+
+	deadline := time.Now().Add(5 * time.Second)
+	for v := syncer.View(); !v.Synced; v = syncer.View() {
+		if time.Now().After(deadline) {
+			t.Fatal("never synced")
+		}
+		time.Sleep(5 * time.Millisecond)
+	}
+	// The dispatcher's min index: any index above what the checks and the
+	// generation keys last changed at (here: the membership's, 30).
+	const minIndex = 30
+	const perBurst = 16
+	for burst := 0; burst < 3000; burst++ {
+		var unknown atomic.Int64
+		var slowest atomic.Int64
+		var rg sync.WaitGroup
+		start := make(chan struct{})
+		for range perBurst {
+			rg.Add(1)
+			go func() {
+				defer rg.Done()
+				<-start
+				rctx, rcancel := context.WithTimeout(context.Background(), time.Second)
+				defer rcancel()
+				start := time.Now()
+				r, err := f.CheckSession(rctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: minIndex})
+				took := time.Since(start)
+				for s := slowest.Load(); int64(took) > s && !slowest.CompareAndSwap(s, int64(took)); s = slowest.Load() {
+				}
+				if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
+					unknown.Add(1)
+					t.Logf("burst %d: %v %v after %s", burst, r.GetState(), r.GetDetail(), took.Round(time.Millisecond))
+				}
+			}()
+		}
+		close(start)
+		rg.Wait()
+		if n := unknown.Load(); n > 0 {
+			t.Fatalf("burst %d: %d of %d concurrent fencing requests for a CURRENT session on an idle, healthy Consul were not answered CURRENT (slowest %s): a Refresh kick was lost",
+				burst, n, perBurst, time.Duration(slowest.Load()).Round(time.Millisecond))
+		}
+	}
+}
+
+func (c *instantCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) {
+	return nil, nil
+}
+
+// TestRefreshListsEveryNodeSerfHealthOnce: a Refresh lists every node's
+// serfHealth (a scan of every check in the datacenter) once, the serf watch's
+// fresh read. The fast watches' fresh reads are made beside their blocking
+// queries, which go on: no cancelled query counts as a failure, so no gap
+// opens and no second listing is taken under the fast path's lock.
+func TestRefreshListsEveryNodeSerfHealthOnce(t *testing.T) {
+	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
+	world.set(leaseCheck("passing"))
+	fw := newFaulty(world)
+	w, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	time.Sleep(100 * time.Millisecond)
+	const n = 5
+	before := fw.serfCalls.Load()
+	for i := 0; i < n; i++ {
+		seq, _ := w.Refresh(context.Background(), everything)
+		nextObs(t, out, "refreshed", func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq })
+	}
+	per := float64(fw.serfCalls.Load()-before) / n
+	t.Logf("serfHealth listings per Refresh: %.1f", per)
+	if per > 1.5 {
+		t.Errorf("each Refresh lists every node's serfHealth %.1f times (the serf watch's fresh read is one; the rest come from the gap a cancelled blocking query opens)", per)
+	}
+}
+
+// TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead: a refresh request
+// taken by a watch whose fresh read then fails is not lost: the watch's next
+// successful read, after its back-off, answers it, so fencing waiting on it
+// hears as soon as Consul answers again instead of at its deadline.
+func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
+	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
+	world.set(leaseCheck("passing"))
+	fw := newFaulty(world)
+	w, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour, MaxBackoff: 50 * time.Millisecond})
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	fw.mu.Lock()
+	fw.failFresh[api.HealthCritical] = 1
+	fw.mu.Unlock()
+	seq, _ := w.Refresh(context.Background(), everything)
+	nextObs(t, out, "refreshed after the failed fresh read", func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq })
+	fw.mu.Lock()
+	defer fw.mu.Unlock()
+	if fw.failFresh[api.HealthCritical] != 0 {
+		t.Fatal("the injected failure was never hit: the test proves nothing")
+	}
+}
+
+// refreshOnAnswer is a world whose blocking critical answer, once armed,
+// arrives once a Refresh's fresh read of the critical checks began: the
+// answer was on its way, then the refresh came.
+type refreshOnAnswer struct {
+	*worldCatalog
+	w     *Watcher
+	armed atomic.Bool
+	fresh chan struct{} // a fresh read of the critical checks began
+}
+
+func (r *refreshOnAnswer) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+	if index == 0 && state == api.HealthCritical {
+		select {
+		case r.fresh <- struct{}{}:
+		default:
+		}
+	}
+	cs, idx, err := r.worldCatalog.ChecksInState(ctx, tag, state, index, wait)
+	if err == nil && index > 0 && state == api.HealthCritical && r.armed.CompareAndSwap(true, false) {
+		select { // an earlier fresh read (the warning watch's) says nothing
+		case <-r.fresh:
+		default:
+		}
+		r.w.Refresh(context.Background(), everything)
+		select {
+		case <-r.fresh:
+		case <-ctx.Done():
+		}
+	}
+	return cs, idx, err
+}
+
+// TestRefreshDuringAnAnswerLosesNothing: a Refresh comes while the blocking
+// query's answer is on its way; what that answer carried (a lapse) still goes
+// out. The blocking query goes on beside the fresh read, never cancelled by
+// it: an answer sent under a cancelled context could be dropped, and the fresh
+// read, finding the same set, would send only progress, so the lapse would
+// never be reported.
+func TestRefreshDuringAnAnswerLosesNothing(t *testing.T) {
+	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
+	world.set(leaseCheck("passing"))
+	cat := &refreshOnAnswer{worldCatalog: world, fresh: make(chan struct{}, 1)}
+	w, out := runWorld(t, cat, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	cat.w = w // read only once armed (below): the atomic orders it
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	for i := range 20 {
+		status := []string{"critical", "passing"}[i%2]
+		cat.armed.Store(true)
+		world.set(leaseCheck(status))
+		nextObs(t, out, fmt.Sprintf("round %d: a's lease %s", i, status), func(o health.Observation) bool {
+			if o.NonPassing == nil {
+				return false
+			}
+			c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work"))
+			return (status == "critical") == (ok && c.Status == health.StatusCritical)
+		})
 	}
 }

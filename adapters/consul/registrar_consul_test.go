@@ -6,6 +6,7 @@ package consul
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -394,5 +395,52 @@ func TestConsulRestartAfterKVLossStillGetsHigherGeneration(t *testing.T) {
 	}
 	if l := first.loss(t); !l.Superseded {
 		t.Fatalf("first process not superseded: %+v", l)
+	}
+}
+
+// registerGarbageGeneration registers, on the same agent under another service
+// id, a registration of instance victim whose generation is above 2^53:
+// garbage by the contract and for leasehold (ParseRegistration refuses it, so
+// it orders nothing: health.Executor.Orders is false). A buggy sidecar that
+// uses a nanosecond timestamp as its generation writes exactly such a value;
+// so can any token allowed to register the task's service. With passing, it
+// carries a passing lease check of its own.
+func registerGarbageGeneration(t *testing.T, c *api.Client, generation uint64, passing bool) {
+	t.Helper()
+	reg := &api.AgentServiceRegistration{
+		ID: "junk-victim", Name: "transcode", Tags: []string{health.DefaultTag}, Address: "127.0.0.1", Port: 9999,
+		Meta: map[string]string{health.MetaInstanceID: "victim", health.MetaSessionID: "junk", health.MetaGeneration: strconv.FormatUint(generation, 10),
+			health.MetaVersion: "1.2.3", health.MetaCapacity: "1", health.MetaState: "active"},
+	}
+	if passing {
+		reg.Checks = api.AgentServiceChecks{{CheckID: health.CheckID("victim", "junk", "transcode"), Name: "lease", TTL: "1h", Status: api.HealthPassing}}
+	}
+	if err := c.Agent().ServiceRegister(reg); err != nil {
+		t.Fatal(err)
+	}
+	e, err := health.ParseRegistration("transcode", "127.0.0.1", 9999, reg.Meta)
+	if err == nil || (health.Executor{Registration: e, Err: err}).Orders() {
+		t.Fatalf("premise: leasehold takes generation %d as valid (err %v)", generation, err)
+	}
+}
+
+// TestConsulGarbageGenerationSupersedesNothing: a registration whose
+// generation is garbage, with a passing lease check of its own, does not make
+// the Registrar's fence check report LossSuperseded, nor Run return
+// ErrSuperseded: leasehold ignores that registration and keeps the executor's
+// session CURRENT, so the executor must not stop for it.
+func TestConsulGarbageGenerationSupersedesNothing(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	ex := runLive(t, a, "victim", nil)
+	ex.session(t, nil)
+	registerGarbageGeneration(t, c, health.MaxGeneration+1, true)
+	select {
+	case err := <-ex.done:
+		if errors.Is(err, ErrSuperseded) {
+			t.Fatalf("a registration with generation 2^53+1 (garbage for leasehold, which keeps the executor's session CURRENT) made Run return: %v", err)
+		}
+		t.Fatalf("Run returned: %v", err)
+	case <-time.After(4 * shortLease.TTL):
 	}
 }

@@ -811,3 +811,85 @@ func TestACopyOfOurSessionOnAnotherNodeEndsNothing(t *testing.T) {
 		})
 	}
 }
+
+// TestFenceCheckActsOnADeadNewerRegistrationItsKeyDoesNotHold: leasehold
+// fences a session when any registration of its instance carries a higher
+// generation, whatever its lease status (health.Fence). A dead newer
+// registration (a crashed process's, lingering critical until
+// DeregisterCriticalServiceAfter, or for ever when registered without it or
+// straight into the catalog) whose generation the KV key does not hold (the
+// operator deleted the keys, KV was restored from an older snapshot, a
+// registration was written without the check-and-set) therefore keeps the live
+// session STALE. The Registrar's fence check must notice it within a few
+// leases and move on (a newer generation of its own), or the live executor is
+// never routed again.
+func TestFenceCheckActsOnADeadNewerRegistrationItsKeyDoesNotHold(t *testing.T) {
+	// leasehold's side: the live session is STALE.
+	live := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "mine", Generation: 5, Task: "work"}, LeaseStatus: health.StatusPassing, LeaseFound: true}
+	dead := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "crashed", Generation: 6, Task: "work"}, LeaseStatus: health.StatusCritical, LeaseFound: true}
+	es := []health.Executor{live, dead}
+	health.Fence(es, nil) // no generation key
+	if !es[0].Fenced {
+		t.Fatal("premise: leasehold does not fence the live session")
+	}
+
+	// The Registrar's side: its fence check, lease after lease.
+	clock := clockwork.NewFakeClock()
+	agent := newFakeAgent()
+	cfg := baseConfig()
+	cfg.Clock = clock
+	r, err := NewRegistrar(agent, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.own["mine"] = true
+	sess := &Session{ID: "mine", Generation: 5}
+	agent.mu.Lock()
+	agent.others = []RemoteSession{
+		{Node: "n1", SessionID: "mine", Generation: 5, Status: health.StatusPassing},
+		{Node: "n2", SessionID: "crashed", Generation: 6, Status: health.StatusCritical},
+	}
+	agent.gens["exec-1"] = 0 // the key is gone
+	agent.mu.Unlock()
+	var st fenceState
+	for range 5 {
+		if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" {
+			return // the Registrar moves on: fine
+		}
+		clock.Advance(r.cfg.Lease.TTL)
+	}
+	t.Fatalf("leasehold calls session mine (generation 5) STALE because of the dead registration at generation 6, but after %d leases the Registrar's fence check still sees nothing to do: the live executor is never routed again", 5)
+}
+
+// TestOwnPreviousGenerationIsAFloor: when the agent forgot this process's
+// registrations (restarted without state) and the generation key is gone too
+// (KV lost or deleted), the next session still gets a generation above the one
+// it replaces, and names it in its replaces meta: the process's own highest
+// generation is a floor, besides the KV and the catalog. A lower one would
+// make a leasehold that remembers the old session rank it above the new one
+// (UNKNOWN, not STALE), and the old registration, should it resurface, would
+// fence the live session.
+func TestOwnPreviousGenerationIsAFloor(t *testing.T) {
+	agent := newFakeAgent()
+	agent.gens["exec-1"] = 6 // earlier processes of the instance
+	h := startOn(t, agent, nil)
+	s1 := h.session(nil)
+	if s1.Generation != 7 {
+		t.Fatalf("premise: s1 generation %d", s1.Generation)
+	}
+	h.agent.forget() // agent restarted without state
+	h.agent.mu.Lock()
+	delete(h.agent.gens, "exec-1") // and the generation key is lost
+	h.agent.mu.Unlock()
+	h.advance(2, testHB)
+	if l := h.loss(); l.Reason != LossRefused {
+		t.Fatalf("loss %+v", l)
+	}
+	s2 := h.session(s1)
+	if s2.Generation <= s1.Generation {
+		t.Errorf("new session generation %d not above the replaced session's %d", s2.Generation, s1.Generation)
+	}
+	if len(s2.Replaces) == 0 || s2.Replaces[0] != s1.ID {
+		t.Errorf("new session replaces %v, want %s first", s2.Replaces, s1.ID)
+	}
+}

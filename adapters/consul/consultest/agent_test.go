@@ -60,26 +60,9 @@ func TestClientAgentJoins(t *testing.T) {
 	}
 }
 
-func TestClusterElectsANewLeader(t *testing.T) {
-	t0 := time.Now()
-	c := StartCluster(t, 3, 1)
-	t.Logf("3 servers and a client healthy in %s", time.Since(t0))
-	old := c.Leader()
-	if old == nil {
-		t.Fatal("no leader after StartCluster")
-	}
-	killed := time.Now()
-	old.Kill()
-	l := c.WaitLeader(t, 30*time.Second, old)
-	t.Logf("leader %s killed; %s elected in %s", old.Node, l.Node, time.Since(killed))
-	if _, err := c.Clients[0].Client().KV().Put(&api.KVPair{Key: "after-election", Value: []byte("x")}, nil); err != nil {
-		t.Fatalf("write through the client agent after the election: %v", err)
-	}
-}
-
 // Two dev servers in datacenters of their own federate over WAN on
 // loopback; a client agent of each; a registration in dc2 is read through
-// dc1's client agent with ?dc=dc2 (issue 17's setup).
+// dc1's client agent with ?dc=dc2, as serve --datacenters reads it.
 func TestTwoDatacentersFederate(t *testing.T) {
 	dc1 := Start(t, Options{Datacenter: "dc1"})
 	dc2 := Start(t, Options{Datacenter: "dc2", FederateWith: dc1})

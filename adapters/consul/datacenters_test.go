@@ -9,6 +9,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	"github.com/leasehold/leasehold/health"
 )
 
@@ -97,4 +98,28 @@ func TestWatcherHoldsOpenQueriesItCounts(t *testing.T) {
 
 func (q *quietCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) {
 	return nil, nil
+}
+
+// TestWatchersRefuseADatacenterConsulCannotAnswer: a real agent of datacenter
+// dc1 answers ?dc=dc1 but refuses ?dc=DC1 (Consul's datacenter names are
+// lowercase: "No path to datacenter"), so NewWatchers, and with it serve
+// --datacenters, refuses "DC1", whose watches could only ever fail, and
+// duplicates that differ only in case ("dc1" and "DC1": one datacenter, or
+// none).
+func TestWatchersRefuseADatacenterConsulCannotAnswer(t *testing.T) {
+	a := consultest.Start(t, consultest.Options{Datacenter: "dc1"})
+	c := a.Client()
+	if _, _, err := c.Catalog().Services(&api.QueryOptions{Datacenter: "dc1"}); err != nil {
+		t.Fatalf("?dc=dc1: %v", err)
+	}
+	_, _, err := c.Catalog().Services(&api.QueryOptions{Datacenter: "DC1"})
+	if err == nil {
+		t.Skip("this Consul answers ?dc=DC1: capitals are a datacenter it knows")
+	}
+	t.Logf("?dc=DC1: %v", err)
+	for _, dcs := range [][]string{{"DC1"}, {"dc1", "DC1"}} {
+		if _, err := NewWatchers(c, WatchConfig{}, dcs); err == nil {
+			t.Errorf("NewWatchers(%q) accepted: Consul refuses ?dc=DC1", dcs)
+		}
+	}
 }

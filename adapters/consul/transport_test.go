@@ -14,12 +14,12 @@ import (
 	"github.com/hashicorp/consul/api"
 )
 
-// TestAttack19SizingTransportEdges (guard, passes): gzip answers decode and
-// keep the connection reusable (the api drains bodies; the gunzip reader
-// must read the wire to EOF), sizes are counted, an error body is
-// decompressed into the error, a body flagged gzip but empty or corrupt is
-// an error (no hang, no panic), a plain answer passes through.
-func TestAttack19SizingTransportEdges(t *testing.T) {
+// TestSizingTransportHandlesEveryKindOfBody: gzip answers decode and keep the
+// connection reusable (the api drains bodies; the gunzip reader must read the
+// wire to EOF), sizes are counted, an error body is decompressed into the
+// error, a body flagged gzip but empty or corrupt is an error (no hang, no
+// panic), and a plain answer passes through.
+func TestSizingTransportHandlesEveryKindOfBody(t *testing.T) {
 	const payload = `{"consul":[],"work":["leasehold"]}`
 	gz := func(s string) []byte {
 		var b bytes.Buffer
