@@ -29,7 +29,8 @@ func clientWith(t *testing.T, a *consultest.Agent, name, rules string) *api.Clie
 	if err != nil {
 		t.Fatalf("policy %s: %v", name, err)
 	}
-	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Description: name, Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	tok, _, err := root.ACL().
+		TokenCreate(&api.ACLToken{Description: name, Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -112,19 +113,32 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	consultest.WaitService(t, root, "work", 10*time.Second, "work:e1 critical in the catalog", func(es []*api.ServiceEntry) bool {
-		for _, e := range es {
-			for _, c := range e.Checks {
-				if c.CheckID == "lease-e1" && c.Status == api.HealthCritical {
-					return true
+	consultest.WaitService(
+		t,
+		root,
+		"work",
+		10*time.Second,
+		"work:e1 critical in the catalog",
+		func(es []*api.ServiceEntry) bool {
+			for _, e := range es {
+				for _, c := range e.Checks {
+					if c.CheckID == "lease-e1" && c.Status == api.HealthCritical {
+						return true
+					}
 				}
 			}
-		}
-		return false
-	})
+			return false
+		},
+	)
 
 	full := consultest.ExamplePolicy(t, "leasehold-policy.hcl")
-	gen, ctl := RightKeyPrefix(health.GenerationKeyPrefix, "read"), RightKeyPrefix(ControlPrefix, "read")
+	gen, ctl := RightKeyPrefix(
+		health.GenerationKeyPrefix,
+		"read",
+	), RightKeyPrefix(
+		ControlPrefix,
+		"read",
+	)
 	both := []string{RightServices, RightNodes}
 	for _, tc := range []struct {
 		name  string
@@ -154,19 +168,49 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 			t.Fatal(err)
 		}
 	}
-	noKV := clientWith(t, a, "no-kv", consultest.WithoutRule(t, consultest.WithoutRule(t, full, `key_prefix "leasehold/generation/"`), `key_prefix "leasehold/control/"`))
-	checkACLErrors(t, aclReads(ctx, a, noKV), map[string][]string{"generations": {gen}, "control": {ctl}})
+	noKV := clientWith(
+		t,
+		a,
+		"no-kv",
+		consultest.WithoutRule(
+			t,
+			consultest.WithoutRule(t, full, `key_prefix "leasehold/generation/"`),
+			`key_prefix "leasehold/control/"`,
+		),
+	)
+	checkACLErrors(
+		t,
+		aclReads(ctx, a, noKV),
+		map[string][]string{"generations": {gen}, "control": {ctl}},
+	)
 	checkACLErrors(t, aclReads(ctx, a, clientWith(t, a, "full-empty", full)), nil)
 	// Only the rules key readable: the cordons are not.
-	rulesOnly := clientWith(t, a, "rules-only", consultest.WithoutRule(t, full, `key_prefix "leasehold/control/"`)+`key "leasehold/control/rules" { policy = "read" }`+"\n")
-	if _, _, err := readControl(ctx, rulesOnly, (&api.QueryOptions{}).WithContext(ctx)); !errors.Is(err, ErrACL) || !strings.Contains(err.Error(), ctl) {
+	rulesOnly := clientWith(
+		t,
+		a,
+		"rules-only",
+		consultest.WithoutRule(
+			t,
+			full,
+			`key_prefix "leasehold/control/"`,
+		)+`key "leasehold/control/rules" { policy = "read" }`+"\n",
+	)
+	if _, _, err := readControl(ctx, rulesOnly, (&api.QueryOptions{}).WithContext(ctx)); !errors.Is(
+		err,
+		ErrACL,
+	) ||
+		!strings.Contains(err.Error(), ctl) {
 		t.Errorf("control read without the cordons: %v, want an ACL error naming %s", err, ctl)
 	}
 
 	// A token Consul does not know is said so, not taken for a missing right.
 	unknown := clientOf(t, a, "11111111-2222-4333-8444-555555555555")
 	var ae *ACLError
-	if _, _, err := (apiCatalog{c: unknown}).ServiceNodes(ctx, "work", health.DefaultTag, 0, 0); !errors.As(err, &ae) || ae.Right() != unknownToken {
+	if _, _, err := (apiCatalog{c: unknown}).ServiceNodes(ctx, "work", health.DefaultTag, 0, 0); !errors.As(
+		err,
+		&ae,
+	) ||
+		ae.Right() != unknownToken {
 		t.Errorf("unknown token: %v, want an ACL error saying the token is not known", err)
 	}
 }
@@ -182,12 +226,17 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 		t.Fatal(err)
 	}
 	full := consultest.ExamplePolicy(t, "leasehold-policy.hcl")
-	rules := consultest.WithoutRule(t, consultest.WithoutRule(t, full, `key_prefix "leasehold/generation/"`), `key_prefix "leasehold/control/"`)
+	rules := consultest.WithoutRule(
+		t,
+		consultest.WithoutRule(t, full, `key_prefix "leasehold/generation/"`),
+		`key_prefix "leasehold/control/"`,
+	)
 	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "partial", Rules: rules}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	tok, _, err := root.ACL().
+		TokenCreate(&api.ACLToken{Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -199,7 +248,13 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 	w := NewWatcher(c, WatchConfig{Tag: health.DefaultTag, FastWait: time.Second, Out: out})
 	go w.Run(ctx)
 	go NewControlWatch(c, WatchConfig{Out: out}).Run(ctx)
-	gen, ctl := RightKeyPrefix(health.GenerationKeyPrefix, "read"), RightKeyPrefix(ControlPrefix, "read")
+	gen, ctl := RightKeyPrefix(
+		health.GenerationKeyPrefix,
+		"read",
+	), RightKeyPrefix(
+		ControlPrefix,
+		"read",
+	)
 	var sawGen, sawCtl bool
 	for !sawGen || !sawCtl {
 		select {
@@ -246,7 +301,12 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 				contactOK = true
 			}
 		case <-ctx.Done():
-			t.Fatalf("after the policy update: cordons %v, control OK %v, contact OK %v", cordons, ctlOK, contactOK)
+			t.Fatalf(
+				"after the policy update: cordons %v, control OK %v, contact OK %v",
+				cordons,
+				ctlOK,
+				contactOK,
+			)
 		}
 	}
 }
@@ -262,12 +322,20 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 // nothing.
 func TestConsulLapseMarksReadAsksForTheWriteRight(t *testing.T) {
 	consultest.RequireBinary(t)
-	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000020b1"})
+	a := consultest.Start(
+		t,
+		consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000020b1"},
+	)
 	ctx, cancel := context.WithTimeout(context.Background(), 60*time.Second)
 	defer cancel()
 	full := consultest.ExamplePolicy(t, "leasehold-policy.hcl")
 	write := RightKeyPrefix(health.LapseMarkPrefix, "write")
-	readOnly := strings.Replace(full, "key_prefix \"leasehold/lapsed/\" {\n  policy = \"write\"", "key_prefix \"leasehold/lapsed/\" {\n  policy = \"read\"", 1)
+	readOnly := strings.Replace(
+		full,
+		"key_prefix \"leasehold/lapsed/\" {\n  policy = \"write\"",
+		"key_prefix \"leasehold/lapsed/\" {\n  policy = \"read\"",
+		1,
+	)
 	if readOnly == full {
 		t.Fatal("the example policy has no write rule on leasehold/lapsed/ to downgrade")
 	}
@@ -290,14 +358,20 @@ func TestConsulLapseMarksReadAsksForTheWriteRight(t *testing.T) {
 			t.Errorf("%s: %v, want an ACL error naming %s", tc.name, err, write)
 		}
 		// What the recorder would meet: the write itself.
-		_, _, werr := c.KV().CAS(&api.KVPair{Key: health.LapseMarkKey("e1", "s-"+tc.name), Value: []byte("{}")}, nil)
+		_, _, werr := c.KV().
+			CAS(&api.KVPair{Key: health.LapseMarkKey("e1", "s-"+tc.name), Value: []byte("{}")}, nil)
 		if tc.wantErr != (werr != nil) {
 			t.Errorf("%s: writing a mark: %v (the read said %v)", tc.name, werr, err)
 		}
 	}
 	// The probe wrote nothing.
-	if pairs, _, err := a.Client().KV().List(health.LapseMarkPrefix, nil); err != nil || len(pairs) != 1 {
-		t.Errorf("marks after the probes: %d, %v; want only the example token's own write", len(pairs), err)
+	if pairs, _, err := a.Client().KV().List(health.LapseMarkPrefix, nil); err != nil ||
+		len(pairs) != 1 {
+		t.Errorf(
+			"marks after the probes: %d, %v; want only the example token's own write",
+			len(pairs),
+			err,
+		)
 	}
 }
 
@@ -309,12 +383,16 @@ func TestConsulLapseMarksReadAsksForTheWriteRight(t *testing.T) {
 // say who acts, and it is required then.
 func TestConsulIdentityCannotBeMadeUpWithACLs(t *testing.T) {
 	consultest.RequireBinary(t)
-	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000020b2"})
+	a := consultest.Start(
+		t,
+		consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000020b2"},
+	)
 	root := a.Client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
 	// A lax setup: the anonymous token may write the controls.
-	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "anon-ops", Rules: consultest.ExamplePolicy(t, "operator-policy.hcl")}, nil)
+	p, _, err := root.ACL().
+		PolicyCreate(&api.ACLPolicy{Name: "anon-ops", Rules: consultest.ExamplePolicy(t, "operator-policy.hcl")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -329,7 +407,11 @@ func TestConsulIdentityCannotBeMadeUpWithACLs(t *testing.T) {
 	alice, aerr := k.Identity(ctx, "alice")
 	bob, berr := k.Identity(ctx, "bob")
 	if aerr == nil && berr == nil && alice != bob {
-		t.Errorf("with ACLs on, --by made up who acts: %q and %q (one anonymous caller)", alice, bob)
+		t.Errorf(
+			"with ACLs on, --by made up who acts: %q and %q (one anonymous caller)",
+			alice,
+			bob,
+		)
 	}
 	if aerr == nil && (alice == "alice" || alice == "bob") {
 		t.Errorf("with ACLs on, the actor is --by %q", alice)
@@ -357,7 +439,10 @@ func TestConsulIdentityCannotBeMadeUpWithACLs(t *testing.T) {
 // cordoned, or that nothing was done.
 func TestConsulOperatorReadsNoticeACLs(t *testing.T) {
 	consultest.RequireBinary(t)
-	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000020b4"})
+	a := consultest.Start(
+		t,
+		consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000020b4"},
+	)
 	root := a.Client()
 	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
 	defer cancel()
@@ -365,7 +450,13 @@ func TestConsulOperatorReadsNoticeACLs(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	c := health.Cordon{ID: "c-0000beef", Instance: "exec-1", Reason: "disk", By: "root", At: time.Now().UTC()}
+	c := health.Cordon{
+		ID:       "c-0000beef",
+		Instance: "exec-1",
+		Reason:   "disk",
+		By:       "root",
+		At:       time.Now().UTC(),
+	}
 	if err := rk.Cordon(ctx, c); err != nil {
 		t.Fatal(err)
 	}
@@ -395,7 +486,12 @@ func TestConsulOperatorReadsNoticeACLs(t *testing.T) {
 		case tc.audit && (err != nil || len(page.Entries) != 1):
 			t.Errorf("%s: audit %v, %v; want the one record", tc.name, page.Entries, err)
 		case !tc.audit && (!errors.Is(err, ErrACL) || !strings.Contains(err.Error(), RightKeyPrefix(AuditPrefix, "read"))):
-			t.Errorf("%s: audit %v, %v; want an ACL error naming the read", tc.name, page.Entries, err)
+			t.Errorf(
+				"%s: audit %v, %v; want an ACL error naming the read",
+				tc.name,
+				page.Entries,
+				err,
+			)
 		}
 	}
 }

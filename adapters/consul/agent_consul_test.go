@@ -33,7 +33,12 @@ func TestGenerationKeyAtMaxUint64IsGarbage(t *testing.T) {
 	}
 	g, err := NewAPIAgent(c).NextGeneration(ctx, "victim", "s-next", s1.Generation)
 	if err != nil || g != s1.Generation+1 {
-		t.Fatalf("NextGeneration = %d, %v: want %d (above the registered floor)", g, err, s1.Generation+1)
+		t.Fatalf(
+			"NextGeneration = %d, %v: want %d (above the registered floor)",
+			g,
+			err,
+			s1.Generation+1,
+		)
 	}
 }
 
@@ -49,6 +54,9 @@ func TestNextGenerationNeverOverflows(t *testing.T) {
 	defer cancel()
 	g, err := NewAPIAgent(c).NextGeneration(ctx, "x", "s1", 0)
 	if err == nil && g == 0 {
-		t.Fatalf("NextGeneration after %d = 0: a generation the contract calls invalid", uint64(math.MaxUint64))
+		t.Fatalf(
+			"NextGeneration after %d = 0: a generation the contract calls invalid",
+			uint64(math.MaxUint64),
+		)
 	}
 }

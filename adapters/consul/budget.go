@@ -29,7 +29,13 @@ type readBudget struct {
 }
 
 func newReadBudget(clock clockwork.Clock, rate, burst int64) *readBudget {
-	return &readBudget{clock: clock, rate: float64(rate), burst: float64(burst), tokens: float64(burst), at: clock.Now()}
+	return &readBudget{
+		clock:  clock,
+		rate:   float64(rate),
+		burst:  float64(burst),
+		tokens: float64(burst),
+		at:     clock.Now(),
+	}
 }
 
 func (b *readBudget) refill(now time.Time) {
@@ -90,7 +96,11 @@ func (b *readBudget) wait(ctx context.Context, wake <-chan struct{}) (time.Durat
 // awaitBudget waits while the watch's read budget is in debt; a refresh
 // request (fencing) ends the wait of a watch it reads afresh. False when ctx
 // ended.
-func (w *Watcher) awaitBudget(ctx context.Context, spec watchSpec, kind metric.MeasurementOption) bool {
+func (w *Watcher) awaitBudget(
+	ctx context.Context,
+	spec watchSpec,
+	kind metric.MeasurementOption,
+) bool {
 	wake := w.refreshWakeOf(spec.name)
 	if kick := w.refreshC[spec.name]; len(kick) > 0 {
 		return ctx.Err() == nil // a refresh is pending: answer it now

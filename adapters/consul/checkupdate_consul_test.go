@@ -49,12 +49,18 @@ func TestConsulDefersOutputOnlyCheckChanges(t *testing.T) {
 	if got := local[checkID].Output; got != health.LoadOutput(3) {
 		t.Fatalf("agent's own view: output %q", got)
 	}
-	checks, meta, err := c.Health().Checks("probe", (&api.QueryOptions{WaitIndex: index, WaitTime: 3 * time.Second}).WithContext(ctx))
+	checks, meta, err := c.Health().
+		Checks("probe", (&api.QueryOptions{WaitIndex: index, WaitTime: 3 * time.Second}).WithContext(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if meta.LastIndex != index || len(checks) != 1 || checks[0].Output != health.LoadOutput(1) {
-		t.Fatalf("an output-only change reached the catalog within 3 s (index %d → %d, %v): check_update_interval no longer defers it — README's load freshness can be revisited", index, meta.LastIndex, checks)
+		t.Fatalf(
+			"an output-only change reached the catalog within 3 s (index %d → %d, %v): check_update_interval no longer defers it — README's load freshness can be revisited",
+			index,
+			meta.LastIndex,
+			checks,
+		)
 	}
 
 	// A status change (full) reaches the catalog at once.
@@ -62,16 +68,31 @@ func TestConsulDefersOutputOnlyCheckChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	started := time.Now()
-	awaitCatalogCheck(t, ctx, c, checkID, index, func(hc *api.HealthCheck) bool { return hc.Status == api.HealthWarning })
+	awaitCatalogCheck(
+		t,
+		ctx,
+		c,
+		checkID,
+		index,
+		func(hc *api.HealthCheck) bool { return hc.Status == api.HealthWarning },
+	)
 	t.Logf("status change in the catalog after %v", time.Since(started))
 }
 
 // awaitCatalogCheck blocks on the catalog until the check satisfies ok;
 // returns the index it did at.
-func awaitCatalogCheck(t *testing.T, ctx context.Context, c *api.Client, checkID string, index uint64, ok func(*api.HealthCheck) bool) uint64 {
+func awaitCatalogCheck(
+	t *testing.T,
+	ctx context.Context,
+	c *api.Client,
+	checkID string,
+	index uint64,
+	ok func(*api.HealthCheck) bool,
+) uint64 {
 	t.Helper()
 	for {
-		checks, meta, err := c.Health().Checks("probe", (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(ctx))
+		checks, meta, err := c.Health().
+			Checks("probe", (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(ctx))
 		if err != nil {
 			t.Fatalf("waiting for check %s in the catalog: %v", checkID, err)
 		}

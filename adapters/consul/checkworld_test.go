@@ -30,7 +30,11 @@ type worldCatalog struct {
 }
 
 func newWorld(index uint64, checks ...*api.HealthCheck) *worldCatalog {
-	w := &worldCatalog{index: index, checks: map[[2]string]*api.HealthCheck{}, changed: make(chan struct{})}
+	w := &worldCatalog{
+		index:   index,
+		checks:  map[[2]string]*api.HealthCheck{},
+		changed: make(chan struct{}),
+	}
 	for _, c := range checks {
 		cc := *c
 		w.checks[[2]string{c.Node, c.CheckID}] = &cc
@@ -68,7 +72,11 @@ func (w *worldCatalog) holdNextCritical() (held, release chan struct{}) {
 
 // await blocks until the world's index passed index (index 0: at once) and
 // returns the matching checks and the index, read at that moment.
-func (w *worldCatalog) await(ctx context.Context, index uint64, match func(*api.HealthCheck) bool) (api.HealthChecks, uint64, error) {
+func (w *worldCatalog) await(
+	ctx context.Context,
+	index uint64,
+	match func(*api.HealthCheck) bool,
+) (api.HealthChecks, uint64, error) {
 	for {
 		w.mu.Lock()
 		if index == 0 || w.index > index {
@@ -93,7 +101,11 @@ func (w *worldCatalog) await(ctx context.Context, index uint64, match func(*api.
 	}
 }
 
-func (w *worldCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
+func (w *worldCatalog) Services(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (map[string][]string, uint64, error) {
 	if index == 0 {
 		return map[string][]string{"consul": nil}, 1, nil
 	}
@@ -101,16 +113,30 @@ func (w *worldCatalog) Services(ctx context.Context, index uint64, wait time.Dur
 	return nil, 0, ctx.Err()
 }
 
-func (w *worldCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
+func (w *worldCatalog) ServiceNodes(
+	ctx context.Context,
+	task, tag string,
+	index uint64,
+	wait time.Duration,
+) ([]*api.CatalogService, uint64, error) {
 	<-ctx.Done()
 	return nil, 0, ctx.Err()
 }
 
-func (w *worldCatalog) HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error) {
+func (w *worldCatalog) HealthService(
+	ctx context.Context,
+	task, tag string,
+	ids []string,
+) ([]*api.ServiceEntry, uint64, error) {
 	return nil, 1, nil
 }
 
-func (w *worldCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (w *worldCatalog) ChecksInState(
+	ctx context.Context,
+	tag, state string,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	cs, idx, err := w.await(ctx, index, func(c *api.HealthCheck) bool { return c.Status == state })
 	if err != nil {
 		return nil, 0, err
@@ -132,8 +158,16 @@ func (w *worldCatalog) ChecksInState(ctx context.Context, tag, state string, ind
 	return cs, idx, nil
 }
 
-func (w *worldCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
-	return w.await(ctx, index, func(c *api.HealthCheck) bool { return c.CheckID == health.SerfHealthCheckID && c.ServiceID == "" })
+func (w *worldCatalog) SerfHealth(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
+	return w.await(
+		ctx,
+		index,
+		func(c *api.HealthCheck) bool { return c.CheckID == health.SerfHealthCheckID && c.ServiceID == "" },
+	)
 }
 
 func (w *worldCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck, error) {
@@ -146,7 +180,11 @@ func (w *worldCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCh
 	return nil, nil
 }
 
-func (w *worldCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
+func (w *worldCatalog) Generations(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.KVPairs, uint64, error) {
 	if index == 0 {
 		w.mu.Lock()
 		defer w.mu.Unlock()
@@ -181,7 +219,12 @@ func runWorld(t *testing.T, world catalog, cfg WatchConfig) (*Watcher, chan heal
 	return w, out
 }
 
-func nextObs(t *testing.T, out chan health.Observation, what string, ok func(health.Observation) bool) health.Observation {
+func nextObs(
+	t *testing.T,
+	out chan health.Observation,
+	what string,
+	ok func(health.Observation) bool,
+) health.Observation {
 	t.Helper()
 	deadline := time.After(5 * time.Second)
 	for {
@@ -210,18 +253,54 @@ func checkIn(np *health.NonPassing, node, id string) (health.CheckState, bool) {
 // membership read (made before anything the tests do) saw the lease warning
 // (full) at 50 and n1's serfHealth at 5.
 func memberA() health.Member {
-	reg := health.Registration{InstanceID: "a", SessionID: "s1", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000, Version: "1.0.0", Capacity: 2, State: health.StateActive}
+	reg := health.Registration{
+		InstanceID: "a",
+		SessionID:  "s1",
+		Generation: 1,
+		Task:       "work",
+		Address:    "127.0.0.1",
+		Port:       9000,
+		Version:    "1.0.0",
+		Capacity:   2,
+		State:      health.StateActive,
+	}
 	return health.Member{
-		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID("a", "work"), Node: "n1", CreateIndex: 40},
+		Executor: health.Executor{
+			Registration: reg,
+			ServiceID:    health.ServiceID("a", "work"),
+			Node:         "n1",
+			CreateIndex:  40,
+		},
 		Checks: []health.CheckState{
-			{Node: "n1", CheckID: health.SerfHealthCheckID, Status: health.StatusPassing, CreateIndex: 5, ModifyIndex: 5},
-			{Node: "n1", CheckID: health.CheckID("a", "s1", "work"), ServiceID: health.ServiceID("a", "work"), Status: health.StatusWarning, Output: "load=2", CreateIndex: 40, ModifyIndex: 50},
+			{
+				Node:        "n1",
+				CheckID:     health.SerfHealthCheckID,
+				Status:      health.StatusPassing,
+				CreateIndex: 5,
+				ModifyIndex: 5,
+			},
+			{
+				Node:        "n1",
+				CheckID:     health.CheckID("a", "s1", "work"),
+				ServiceID:   health.ServiceID("a", "work"),
+				Status:      health.StatusWarning,
+				Output:      "load=2",
+				CreateIndex: 40,
+				ModifyIndex: 50,
+			},
 		},
 	}
 }
 
 func leaseCheck(status string) *api.HealthCheck {
-	return &api.HealthCheck{Node: "n1", CheckID: health.CheckID("a", "s1", "work"), ServiceID: health.ServiceID("a", "work"), ServiceTags: []string{"leasehold"}, Status: status, Output: "load=2"}
+	return &api.HealthCheck{
+		Node:        "n1",
+		CheckID:     health.CheckID("a", "s1", "work"),
+		ServiceID:   health.ServiceID("a", "work"),
+		ServiceTags: []string{"leasehold"},
+		Status:      status,
+		Output:      "load=2",
+	}
 }
 
 func (w *worldCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) {
@@ -250,7 +329,12 @@ func newFaulty(w *worldCatalog) *faultyWorld {
 
 var errInjected = errors.New("injected: 500 rpc error")
 
-func (f *faultyWorld) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (f *faultyWorld) ChecksInState(
+	ctx context.Context,
+	tag, state string,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	f.mu.Lock()
 	fail := f.failAll[state]
 	if index == 0 {
@@ -268,7 +352,11 @@ func (f *faultyWorld) ChecksInState(ctx context.Context, tag, state string, inde
 	return cs, idx, err
 }
 
-func (f *faultyWorld) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (f *faultyWorld) SerfHealth(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	f.serfCalls.Add(1)
 	return f.worldCatalog.SerfHealth(ctx, index, wait)
 }

@@ -119,7 +119,8 @@ func (c Config) Validate() error {
 		}
 		seen[task] = true
 	}
-	if fe := health.ValidateIP(c.Address); fe != nil { // dispatchers never route a host name: refuse up front
+	if fe := health.ValidateIP(c.Address); fe != nil {
+		// Dispatchers never route a host name: refuse up front.
 		add(fe)
 	}
 	if err := health.ValidateTag(c.Tag); err != nil {

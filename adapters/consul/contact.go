@@ -96,7 +96,8 @@ func (w *Watcher) contact(ctx context.Context, name string, err error) {
 	var c *health.Contact
 	if failing {
 		prob, detail, perr := w.worstErrLocked()
-		if changed || prob != w.problem || (prob != health.ProblemUnreachable && detail != w.problemDetail) {
+		if changed || prob != w.problem ||
+			(prob != health.ProblemUnreachable && detail != w.problemDetail) {
 			c = &health.Contact{Err: perr, Problem: prob, Detail: detail}
 		}
 		w.problem, w.problemDetail = prob, detail

@@ -121,7 +121,10 @@ func newAuditID(at time.Time) string {
 func ParseAuditID(id string) (time.Time, error) {
 	ts, suffix, ok := strings.Cut(id, "-")
 	if !ok || len(suffix) != 6 || strings.Trim(suffix, "0123456789abcdef") != "" {
-		return time.Time{}, fmt.Errorf("%q is not an audit record id (want e.g. 20250102T150405.000000000Z-1a2b3c)", id)
+		return time.Time{}, fmt.Errorf(
+			"%q is not an audit record id (want e.g. 20250102T150405.000000000Z-1a2b3c)",
+			id,
+		)
 	}
 	at, err := time.Parse(auditTimeLayout, ts)
 	if err != nil {
@@ -162,14 +165,19 @@ func (k *Control) Identity(ctx context.Context, by string) (string, error) {
 }
 
 // ErrByRequired: Consul ACLs are off and no --by says who acts.
-var ErrByRequired = errors.New("--by: required when Consul ACLs are off (who is acting, for the audit log)")
+var ErrByRequired = errors.New(
+	"--by: required when Consul ACLs are off (who is acting, for the audit log)",
+)
 
 // IdentityError: with Consul ACLs on, the token that acts could not be
 // read, so who acts is not known (--by never says it then).
 type IdentityError struct{ Err error }
 
 func (e *IdentityError) Error() string {
-	return fmt.Sprintf("who acts: the Consul token cannot be read (%v); with ACLs on, each operator acts with a token of their own (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE), whose description is recorded; --by is not taken for it", e.Err)
+	return fmt.Sprintf(
+		"who acts: the Consul token cannot be read (%v); with ACLs on, each operator acts with a token of their own (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE), whose description is recorded; --by is not taken for it",
+		e.Err,
+	)
 }
 
 func (e *IdentityError) Unwrap() error { return e.Err }

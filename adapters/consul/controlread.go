@@ -27,7 +27,9 @@ func (k *Control) list(ctx context.Context, prefix string) (api.KVPairs, error) 
 
 // Cordons lists the stored cordons (invalid ones are returned with their
 // error in bad).
-func (k *Control) Cordons(ctx context.Context) (cordons []health.Cordon, bad map[string]error, err error) {
+func (k *Control) Cordons(
+	ctx context.Context,
+) (cordons []health.Cordon, bad map[string]error, err error) {
 	pairs, err := k.list(ctx, CordonPrefix)
 	if err != nil {
 		return nil, nil, fmt.Errorf("list cordons: %w", err)
@@ -96,7 +98,8 @@ func (k *Control) AuditLog(ctx context.Context, limit int, before string) (Audit
 	for _, p := range pairs {
 		var e AuditEntry
 		if err := json.Unmarshal(p.Value, &e); err != nil {
-			e = AuditEntry{Action: "unreadable", Detail: err.Error()} // shown, not hidden: it still takes its place
+			// shown, not hidden: it still takes its place.
+			e = AuditEntry{Action: "unreadable", Detail: err.Error()}
 		}
 		e.ID = strings.TrimPrefix(p.Key, AuditPrefix)
 		page.Entries = append(page.Entries, e)

@@ -59,9 +59,12 @@ func (cw *ControlWatch) Run(ctx context.Context) error {
 			if err == nil || ctx.Err() != nil {
 				return ctx.Err() == nil
 			}
-			cfg.Logger.Warn("watching operator controls in Consul KV failed; the last ones stay in force", "prefix", ControlPrefix, "err", err)
+			cfg.Logger.Warn(
+				"watching operator controls in Consul KV failed; the last ones stay in force",
+				"prefix", ControlPrefix, "err", err)
 			prob, detail := classify(err)
-			if answered || failedAs.Problem != prob || (prob != health.ProblemUnreachable && failedAs.Detail != detail) {
+			if answered || failedAs.Problem != prob ||
+				(prob != health.ProblemUnreachable && failedAs.Detail != detail) {
 				failedAs = health.Contact{Err: err, Problem: prob, Detail: detail}
 				if send(ctx, health.Observation{ControlContact: &failedAs}) != nil {
 					return false
@@ -71,7 +74,11 @@ func (cw *ControlWatch) Run(ctx context.Context) error {
 			return true
 		},
 	}.run(ctx, func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
-		pairs, meta, err := readControl(ctx, c, (&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(ctx))
+		pairs, meta, err := readControl(
+			ctx,
+			c,
+			(&api.QueryOptions{WaitIndex: index, WaitTime: wait}).WithContext(ctx),
+		)
 		if err != nil {
 			return 0, err
 		}
@@ -117,11 +124,19 @@ func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observa
 	var out []health.Observation
 	if !st.haveRules || string(rules) != string(st.rules) || (rules == nil) != (st.rules == nil) {
 		st.haveRules, st.rules = true, rules
-		out = append(out, health.Observation{Rules: &health.RulesSource{Source: "consul-kv:" + RulesKey, Raw: rules}})
+		out = append(
+			out,
+			health.Observation{
+				Rules: &health.RulesSource{Source: "consul-kv:" + RulesKey, Raw: rules},
+			},
+		)
 	}
 	if fp := cordonPrint(cordons); fp != st.cordons {
 		st.cordons = fp
-		out = append(out, health.Observation{Cordons: &health.CordonSet{Index: index, Raw: cordons}})
+		out = append(
+			out,
+			health.Observation{Cordons: &health.CordonSet{Index: index, Raw: cordons}},
+		)
 	}
 	return out
 }
@@ -132,7 +147,11 @@ func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observa
 // them — Consul lists keys a token may not read as if they did not exist,
 // so then a read of the rules key and of the cordons' prefix key asks (a
 // key the token may not read is refused whether it exists or not).
-func readControl(ctx context.Context, c *api.Client, q *api.QueryOptions) (api.KVPairs, *api.QueryMeta, error) {
+func readControl(
+	ctx context.Context,
+	c *api.Client,
+	q *api.QueryOptions,
+) (api.KVPairs, *api.QueryMeta, error) {
 	what, rights := "kv "+ControlPrefix, []string{RightKeyPrefix(ControlPrefix, "read")}
 	pairs, meta, err := c.KV().List(ControlPrefix, q)
 	if err := aclNeeds(what, rights, meta, err); err != nil {

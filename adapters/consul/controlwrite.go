@@ -25,7 +25,12 @@ func NewCordonID() string {
 // both or neither. When an operation of change fails (a check-and-set lost
 // to a concurrent operator), conflict says what that means. Pruning the
 // trail follows a successful commit.
-func (k *Control) commit(ctx context.Context, change api.TxnOps, e AuditEntry, conflict func(op int) error) error {
+func (k *Control) commit(
+	ctx context.Context,
+	change api.TxnOps,
+	e AuditEntry,
+	conflict func(op int) error,
+) error {
 	if e.At.IsZero() {
 		e.At = k.now().UTC()
 	}
@@ -35,7 +40,8 @@ func (k *Control) commit(ctx context.Context, change api.TxnOps, e AuditEntry, c
 		return fmt.Errorf("audit record: %w", err)
 	}
 	ops := append(append(api.TxnOps{}, change...),
-		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: key, Value: b, Index: 0}}) // index 0: only if absent
+		// Index 0: only if absent.
+		&api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: key, Value: b, Index: 0}})
 	if k.beforeCommit != nil {
 		k.beforeCommit(ops)
 	}
@@ -51,7 +57,13 @@ func (k *Control) commit(ctx context.Context, change api.TxnOps, e AuditEntry, c
 			}
 			whats = append(whats, te.What)
 		}
-		return fmt.Errorf("%w: audit record %s not written, so neither was the %s: %s", ErrControl, key, e.Action, strings.Join(whats, "; "))
+		return fmt.Errorf(
+			"%w: audit record %s not written, so neither was the %s: %s",
+			ErrControl,
+			key,
+			e.Action,
+			strings.Join(whats, "; "),
+		)
 	}
 	if n, err := k.PruneAudit(ctx); err != nil {
 		// The change and its record are in; the next write prunes again.
@@ -94,7 +106,8 @@ func (k *Control) PruneAudit(ctx context.Context) (int, error) {
 		n := min(len(doomed), maxTxnOps)
 		ops := make(api.TxnOps, 0, n)
 		for _, key := range doomed[:n] {
-			ops = append(ops, kvOp(api.KVTxnOp{Verb: api.KVDelete, Key: key})) // deleting a gone key is fine: pruners may race
+			// Deleting a gone key is fine: pruners may race.
+			ops = append(ops, kvOp(api.KVTxnOp{Verb: api.KVDelete, Key: key}))
 		}
 		ok, resp, _, err := k.c.Txn().Txn(ops, (&api.QueryOptions{}).WithContext(ctx))
 		if err != nil {
@@ -126,9 +139,20 @@ func (k *Control) Cordon(ctx context.Context, c health.Cordon) error {
 	if err != nil {
 		return fmt.Errorf("cordon %s: %w", c.ID, err)
 	}
-	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVCAS, Key: CordonPrefix + c.ID, Value: b, Index: 0})}
-	return k.commit(ctx, change, AuditEntry{Actor: c.By, Action: "cordon", Target: c.ID, Detail: c.Selector() + ": " + c.Reason},
-		func(int) error { return fmt.Errorf("%w: cordon %s exists already", ErrControl, c.ID) })
+	change := api.TxnOps{
+		kvOp(api.KVTxnOp{Verb: api.KVCAS, Key: CordonPrefix + c.ID, Value: b, Index: 0}),
+	}
+	return k.commit(
+		ctx,
+		change,
+		AuditEntry{
+			Actor:  c.By,
+			Action: "cordon",
+			Target: c.ID,
+			Detail: c.Selector() + ": " + c.Reason,
+		},
+		func(int) error { return fmt.Errorf("%w: cordon %s exists already", ErrControl, c.ID) },
+	)
 }
 
 // Uncordon removes a cordon, unless it changed since it was read, with its
@@ -142,8 +166,12 @@ func (k *Control) Uncordon(ctx context.Context, id, by, why string) error {
 		return fmt.Errorf("%w: no cordon %s (see leasehold cordon --list)", ErrControl, id)
 	}
 	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVDeleteCAS, Key: p.Key, Index: p.ModifyIndex})}
-	return k.commit(ctx, change, AuditEntry{Actor: by, Action: "uncordon", Target: id, Detail: why},
-		func(int) error { return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id) })
+	return k.commit(
+		ctx,
+		change,
+		AuditEntry{Actor: by, Action: "uncordon", Target: id, Detail: why},
+		func(int) error { return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id) },
+	)
 }
 
 // Approve records a second person's approval of a pending cordon, unless it
@@ -161,7 +189,12 @@ func (k *Control) Approve(ctx context.Context, id, by string) error {
 		return fmt.Errorf("cordon %s: %w", id, err)
 	}
 	if c.By == by {
-		return fmt.Errorf("%w: %s created cordon %s; a different identity must approve it", ErrControl, by, id)
+		return fmt.Errorf(
+			"%w: %s created cordon %s; a different identity must approve it",
+			ErrControl,
+			by,
+			id,
+		)
 	}
 	if c.ApprovedBy != "" {
 		return fmt.Errorf("%w: cordon %s was approved by %s already", ErrControl, id, c.ApprovedBy)
@@ -171,9 +204,15 @@ func (k *Control) Approve(ctx context.Context, id, by string) error {
 	if err != nil {
 		return fmt.Errorf("cordon %s: %w", id, err)
 	}
-	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVCAS, Key: p.Key, Value: b, Index: p.ModifyIndex})}
-	return k.commit(ctx, change, AuditEntry{Actor: by, Action: "approve", Target: id, Detail: c.Selector()},
-		func(int) error { return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id) })
+	change := api.TxnOps{
+		kvOp(api.KVTxnOp{Verb: api.KVCAS, Key: p.Key, Value: b, Index: p.ModifyIndex}),
+	}
+	return k.commit(
+		ctx,
+		change,
+		AuditEntry{Actor: by, Action: "approve", Target: id, Detail: c.Selector()},
+		func(int) error { return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id) },
+	)
 }
 
 // SetRules stores a validated rollout configuration (JSON) for every
@@ -183,14 +222,22 @@ func (k *Control) SetRules(ctx context.Context, raw []byte, by string) error {
 		return err
 	}
 	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVSet, Key: RulesKey, Value: raw})}
-	return k.commit(ctx, change, AuditEntry{Actor: by, Action: "rules-set", Target: RulesKey, Detail: string(raw)},
-		func(op int) error { return fmt.Errorf("%w: store rules: operation %d refused", ErrControl, op) })
+	return k.commit(
+		ctx,
+		change,
+		AuditEntry{Actor: by, Action: "rules-set", Target: RulesKey, Detail: string(raw)},
+		func(op int) error { return fmt.Errorf("%w: store rules: operation %d refused", ErrControl, op) },
+	)
 }
 
 // ClearRules removes the stored rollout configuration, with its audit
 // record.
 func (k *Control) ClearRules(ctx context.Context, by string) error {
 	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVDelete, Key: RulesKey})}
-	return k.commit(ctx, change, AuditEntry{Actor: by, Action: "rules-cleared", Target: RulesKey},
-		func(op int) error { return fmt.Errorf("%w: delete rules: operation %d refused", ErrControl, op) })
+	return k.commit(
+		ctx,
+		change,
+		AuditEntry{Actor: by, Action: "rules-cleared", Target: RulesKey},
+		func(op int) error { return fmt.Errorf("%w: delete rules: operation %d refused", ErrControl, op) },
+	)
 }

@@ -38,26 +38,69 @@ func (q *quietCatalog) block(ctx context.Context, what string, index uint64) err
 	return ctx.Err()
 }
 
-func (q *quietCatalog) Services(ctx context.Context, index uint64, _ time.Duration) (map[string][]string, uint64, error) {
+func (q *quietCatalog) Services(
+	ctx context.Context,
+	index uint64,
+	_ time.Duration,
+) (map[string][]string, uint64, error) {
 	return map[string][]string{}, 10, q.block(ctx, "services", index)
 }
-func (q *quietCatalog) ServiceNodes(ctx context.Context, task, _ string, index uint64, _ time.Duration) ([]*api.CatalogService, uint64, error) {
+
+func (q *quietCatalog) ServiceNodes(
+	ctx context.Context,
+	task, _ string,
+	index uint64,
+	_ time.Duration,
+) ([]*api.CatalogService, uint64, error) {
 	return nil, 10, q.block(ctx, "task "+task, index)
 }
-func (q *quietCatalog) HealthService(context.Context, string, string, []string) ([]*api.ServiceEntry, uint64, error) {
+
+func (q *quietCatalog) HealthService(
+	context.Context,
+	string,
+	string,
+	[]string,
+) ([]*api.ServiceEntry, uint64, error) {
 	return nil, 10, nil
 }
-func (q *quietCatalog) ChecksInState(ctx context.Context, _, state string, index uint64, _ time.Duration) (api.HealthChecks, uint64, error) {
+
+func (q *quietCatalog) ChecksInState(
+	ctx context.Context,
+	_, state string,
+	index uint64,
+	_ time.Duration,
+) (api.HealthChecks, uint64, error) {
 	return nil, 10, q.block(ctx, state, index)
 }
-func (q *quietCatalog) SerfHealth(ctx context.Context, index uint64, _ time.Duration) (api.HealthChecks, uint64, error) {
+
+func (q *quietCatalog) SerfHealth(
+	ctx context.Context,
+	index uint64,
+	_ time.Duration,
+) (api.HealthChecks, uint64, error) {
 	return nil, 10, q.block(ctx, "serf", index)
 }
-func (q *quietCatalog) NodeSerf(context.Context, string) (*api.HealthCheck, error) { return nil, nil }
-func (q *quietCatalog) Generations(ctx context.Context, index uint64, _ time.Duration) (api.KVPairs, uint64, error) {
+
+func (q *quietCatalog) NodeSerf(
+	context.Context,
+	string,
+) (*api.HealthCheck, error) {
+	return nil, nil
+}
+
+func (q *quietCatalog) Generations(
+	ctx context.Context,
+	index uint64,
+	_ time.Duration,
+) (api.KVPairs, uint64, error) {
 	return nil, 10, q.block(ctx, "generations", index)
 }
-func (q *quietCatalog) LapseMarks(ctx context.Context, index uint64, _ time.Duration) (api.KVPairs, uint64, error) {
+
+func (q *quietCatalog) LapseMarks(
+	ctx context.Context,
+	index uint64,
+	_ time.Duration,
+) (api.KVPairs, uint64, error) {
 	return nil, 10, q.block(ctx, "lapses", index)
 }
 
@@ -68,7 +111,10 @@ func (q *quietCatalog) LapseMarks(ctx context.Context, index uint64, _ time.Dura
 func TestWatcherHoldsOpenQueriesItCounts(t *testing.T) {
 	q := &quietCatalog{answered: map[string]bool{}}
 	out := make(chan health.Observation, 1000)
-	w := newWatcher(q, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Millisecond, Out: out})
+	w := newWatcher(
+		q,
+		WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Millisecond, Out: out},
+	)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { w.Run(ctx); close(done) }()
@@ -89,7 +135,12 @@ func TestWatcherHoldsOpenQueriesItCounts(t *testing.T) {
 		}
 	}
 	if n, most := q.inFlight.Load(), q.most.Load(); n != openQueries || most != openQueries {
-		t.Fatalf("%d queries open with no task type (at most %d), want openQueries = %d (Connections sizes the agent's pool on it)", n, most, openQueries)
+		t.Fatalf(
+			"%d queries open with no task type (at most %d), want openQueries = %d (Connections sizes the agent's pool on it)",
+			n,
+			most,
+			openQueries,
+		)
 	}
 	if got, want := Connections(8, 2), 2*4+2*(openQueries+1)+2; got != want {
 		t.Fatalf("Connections(8, 2) = %d, want %d", got, want)

@@ -31,7 +31,15 @@ func member(task string, e *api.ServiceEntry) health.Member {
 }
 
 func checkState(c *api.HealthCheck) health.CheckState {
-	return health.CheckState{Node: c.Node, CheckID: c.CheckID, ServiceID: c.ServiceID, Status: health.CheckStatus(c.Status), Output: c.Output, ModifyIndex: c.ModifyIndex, CreateIndex: c.CreateIndex}
+	return health.CheckState{
+		Node:        c.Node,
+		CheckID:     c.CheckID,
+		ServiceID:   c.ServiceID,
+		Status:      health.CheckStatus(c.Status),
+		Output:      c.Output,
+		ModifyIndex: c.ModifyIndex,
+		CreateIndex: c.CreateIndex,
+	}
 }
 
 func sortChecks(cs []health.CheckState) {

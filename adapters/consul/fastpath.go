@@ -43,18 +43,25 @@ type fastPath struct {
 	warn      []health.CheckState
 	critIndex uint64 // the index of the newest critical read
 	warnIndex uint64
-	critAt    uint64 // the index the newest critical read is current at (its own, or a higher one that arrived before: refresh.go)
-	warnAt    uint64
-	serfAt    uint64 // the same, of the serfHealth listing
-	critCross uint64 // the index of the other watch's last fresh read of the critical checks, until an answer as new
+	// The index the newest critical read is current at (its own, or a higher one that arrived
+	// before: refresh.go).
+	critAt uint64
+	warnAt uint64
+	serfAt uint64 // the same, of the serfHealth listing
+	// The index of the other watch's last fresh read of the critical checks, until an answer as
+	// new.
+	critCross uint64
 	warnCross uint64
 	critRead  bool
 	warnRead  bool
 	serf      map[string]health.CheckState // node → its serfHealth
-	serfIndex uint64                       // the index of the serfHealth listing serf holds (0: none yet)
-	failing   map[string]bool              // fast watches whose last query failed
-	gap       bool                         // a fast watch failed since the last serfHealth listing: claim no newer index until one is read
-	gapIndex  uint64                       // the index last sent when the gap began
+	// The index of the serfHealth listing serf holds (0: none yet).
+	serfIndex uint64
+	failing   map[string]bool // fast watches whose last query failed
+	// A fast watch failed since the last serfHealth listing: claim no newer index until one is
+	// read.
+	gap      bool
+	gapIndex uint64 // the index last sent when the gap began
 	// A watch whose read of the other state failed after a change: its next
 	// answer reads the other state whatever it says, and until then what
 	// left its state stays in the set as it was (carry), so nothing is
@@ -154,10 +161,20 @@ func (w *Watcher) publish(ctx context.Context) (deliver func()) {
 
 // fastStates reads checks in one state as sorted CheckStates, with the
 // read's index and the index it is current at (Watcher.receipt).
-func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wait time.Duration) ([]health.CheckState, uint64, uint64, error) {
-	checks, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
-		return w.cat.ChecksInState(ctx, w.cfg.Tag, state, index, wait)
-	})
+func (w *Watcher) fastStates(
+	ctx context.Context,
+	state string,
+	index uint64,
+	wait time.Duration,
+) ([]health.CheckState, uint64, uint64, error) {
+	checks, idx, err := cutShort(
+		w,
+		ctx,
+		wait,
+		func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
+			return w.cat.ChecksInState(ctx, w.cfg.Tag, state, index, wait)
+		},
+	)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -205,10 +222,14 @@ func (w *Watcher) watchNonPassing(ctx context.Context, state string) {
 		deliver()
 		return idx, nil
 	}
-	w.blockingLoop(ctx, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
-		states, idx, at, err := w.fastStates(ctx, state, index, wait)
-		return idx, func() (uint64, error) { return handle(ctx, states, idx, at, err) }
-	})
+	w.blockingLoop(
+		ctx,
+		watchSpec{name: name, minInterval: pace},
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+			states, idx, at, err := w.fastStates(ctx, state, index, wait)
+			return idx, func() (uint64, error) { return handle(ctx, states, idx, at, err) }
+		},
+	)
 }
 
 // applyFast takes one answer of the checks in state (called with f.mu held):
@@ -223,7 +244,12 @@ func (w *Watcher) watchNonPassing(ctx context.Context, state string) {
 //   - after a failed query, the set claims no newer index until every
 //     node's serfHealth has been listed again (a node may have failed and
 //     come back unseen); what it says still goes out at once.
-func (w *Watcher) applyFast(ctx context.Context, name, state string, states []health.CheckState, idx, at uint64) error {
+func (w *Watcher) applyFast(
+	ctx context.Context,
+	name, state string,
+	states []health.CheckState,
+	idx, at uint64,
+) error {
 	f := &w.fast
 	before := append(append(slices.Clone(f.crit), f.warn...), f.carry...)
 	mineBefore := slices.Clone(f.crit)
@@ -237,15 +263,19 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 	if err != nil {
 		return err
 	}
-	if (changed || f.crossPending[name]) && otherRead { // (until both were read once, no set goes out)
+	if (changed || f.crossPending[name]) && otherRead {
+		// (until both were read once, no set goes out).
 		w.readOtherState(ctx, name, state, mineBefore)
 	}
 	w.readNodesBack(ctx, before)
 	delete(f.failing, name)
 	if f.gap && len(f.failing) == 0 && len(f.crossPending) == 0 && f.critRead && f.warnRead {
 		checks, sidx, err := w.cat.SerfHealth(ctx, 0, 0)
-		if err != nil { // the set goes out, at the index before the gap; listed again at the next answer
-			w.log.Warn("consul query failed; the fast path vouches for nothing newer until serfHealth is listed", "err", err)
+		if err != nil {
+			// The set goes out, at the index before the gap; listed again at the next answer.
+			w.log.Warn(
+				"consul query failed; the fast path vouches for nothing newer until serfHealth is listed",
+				"err", err)
 			return nil
 		}
 		f.takeSerf(checks, sidx, w.receipt(sidx))
@@ -257,7 +287,13 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 // takeFast stores a read of state's checks (at index idx, current at at);
 // cross: it is the other watch's fresh read. changed reports a set that
 // differs from the last one stored.
-func (w *Watcher) takeFast(ctx context.Context, state string, states []health.CheckState, idx, at uint64, cross bool) (changed bool, err error) {
+func (w *Watcher) takeFast(
+	ctx context.Context,
+	state string,
+	states []health.CheckState,
+	idx, at uint64,
+	cross bool,
+) (changed bool, err error) {
 	f := &w.fast
 	mine, read, index, current, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critAt, &f.critCross
 	if state == api.HealthWarning {
@@ -286,7 +322,11 @@ func (w *Watcher) takeFast(ctx context.Context, state string, states []health.Ch
 // changed (a check moving from critical to warning leaves one and enters
 // the other). When that read fails, what left state is carried as it was
 // until the other is read.
-func (w *Watcher) readOtherState(ctx context.Context, name, state string, mineBefore []health.CheckState) {
+func (w *Watcher) readOtherState(
+	ctx context.Context,
+	name, state string,
+	mineBefore []health.CheckState,
+) {
 	f := &w.fast
 	other := api.HealthCritical
 	if state == api.HealthCritical {
@@ -313,7 +353,9 @@ func (w *Watcher) readOtherState(ctx context.Context, name, state string, mineBe
 	if !f.gap && !errors.Is(err, context.Canceled) { // leasehold stopping is no failure
 		f.gap, f.gapIndex = true, f.sentIndex
 	}
-	w.log.Warn("consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read", "err", err)
+	w.log.Warn(
+		"consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read",
+		"err", err)
 }
 
 // readNodesBack reads the serfHealth of the nodes whose check left the
@@ -342,7 +384,8 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 		if err != nil {
 			// keep saying the node failed (its sessions stay lapsed) until
 			// a listing says how it came back; lapses go out meanwhile
-			w.log.Warn("consul query failed; the node stays failed until serfHealth is listed", "node", c.Node, "err", err)
+			w.log.Warn("consul query failed; the node stays failed until serfHealth is listed",
+				"node", c.Node, "err", err)
 			f.serf[c.Node] = c
 			if !f.gap {
 				f.gap, f.gapIndex = true, f.sentIndex
@@ -368,7 +411,8 @@ func (f *fastPath) takeSerf(checks api.HealthChecks, index, at uint64) {
 		if !isSerf(s) {
 			continue
 		}
-		if old, ok := f.serf[s.Node]; ok && old.ModifyIndex > s.ModifyIndex && old.CreateIndex == s.CreateIndex {
+		if old, ok := f.serf[s.Node]; ok && old.ModifyIndex > s.ModifyIndex &&
+			old.CreateIndex == s.CreateIndex {
 			s = old
 		}
 		serf[s.Node] = s
@@ -379,23 +423,32 @@ func (f *fastPath) takeSerf(checks api.HealthChecks, index, at uint64) {
 // watchSerf follows every node's serfHealth, paced by SlowInterval.
 func (w *Watcher) watchSerf(ctx context.Context) {
 	f := &w.fast
-	w.blockingLoop(ctx, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
-		checks, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
-			return w.cat.SerfHealth(ctx, index, wait)
-		})
-		at := w.receipt(idx)
-		return idx, func() (uint64, error) {
-			if err != nil {
-				return 0, err
+	w.blockingLoop(
+		ctx,
+		watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)},
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+			checks, idx, err := cutShort(
+				w,
+				ctx,
+				wait,
+				func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
+					return w.cat.SerfHealth(ctx, index, wait)
+				},
+			)
+			at := w.receipt(idx)
+			return idx, func() (uint64, error) {
+				if err != nil {
+					return 0, err
+				}
+				f.mu.Lock()
+				f.takeSerf(checks, idx, at)
+				deliver := w.publish(ctx)
+				f.mu.Unlock()
+				deliver()
+				return idx, nil
 			}
-			f.mu.Lock()
-			f.takeSerf(checks, idx, at)
-			deliver := w.publish(ctx)
-			f.mu.Unlock()
-			deliver()
-			return idx, nil
-		}
-	})
+		},
+	)
 }
 
 func containsCheck(cs []health.CheckState, c health.CheckState) bool {

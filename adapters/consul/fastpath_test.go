@@ -13,7 +13,13 @@ import (
 )
 
 func serfCheck(node, status string, create, modify uint64) *api.HealthCheck {
-	return &api.HealthCheck{Node: node, CheckID: health.SerfHealthCheckID, Status: status, CreateIndex: create, ModifyIndex: modify}
+	return &api.HealthCheck{
+		Node:        node,
+		CheckID:     health.SerfHealthCheckID,
+		Status:      status,
+		CreateIndex: create,
+		ModifyIndex: modify,
+	}
 }
 
 func serfIn(o health.Observation, node string) (health.CheckState, bool) {
@@ -34,7 +40,16 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 	// the serf listing is read (a refresh makes the serf watch read it now,
 	// whatever its first answer was): nothing is sent before the critical
 	// checks are read too
-	h.cat.push("serf", scripted{index: 10, checks: api.HealthChecks{serfCheck("n1", "passing", 3, 3), serfCheck("n2", "passing", 4, 4)}})
+	h.cat.push(
+		"serf",
+		scripted{
+			index: 10,
+			checks: api.HealthChecks{
+				serfCheck("n1", "passing", 3, 3),
+				serfCheck("n2", "passing", 4, 4),
+			},
+		},
+	)
 	if _, err := h.w.Refresh(context.Background(), everything); err != nil {
 		t.Fatal(err)
 	}
@@ -46,7 +61,10 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 	case <-time.After(50 * time.Millisecond): // absence check only
 	}
 	// n2 fails (the answer to the refresh's fresh read of the critical checks)
-	h.cat.push("nonpassing", scripted{index: 12, checks: api.HealthChecks{serfCheck("n2", "critical", 4, 12)}})
+	h.cat.push(
+		"nonpassing",
+		scripted{index: 12, checks: api.HealthChecks{serfCheck("n2", "critical", 4, 12)}},
+	)
 	var o health.Observation
 	for o = h.observe(); o.NonPassing == nil || len(o.NonPassing.Checks) < 2; o = h.observe() {
 	}
@@ -87,7 +105,10 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 	// listing answered again since): the set vouches for no index past it,
 	// nor past the non-passing read's 15.
 	if o.NonPassing.Index < 10 || o.NonPassing.Index > 15 {
-		t.Fatalf("set index %d, want the listing's (10 or later), at most the non-passing read's 15", o.NonPassing.Index)
+		t.Fatalf(
+			"set index %d, want the listing's (10 or later), at most the non-passing read's 15",
+			o.NonPassing.Index,
+		)
 	}
 }
 
@@ -100,10 +121,20 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 // created at 40, on n1) CURRENT at min_consul_index 102, where Join, given
 // n1's serfHealth as Consul holds it, says its node failed since.
 func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
-	serf := &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5}
+	serf := &api.HealthCheck{
+		Node:        "n1",
+		CheckID:     health.SerfHealthCheckID,
+		Status:      "passing",
+		CreateIndex: 5,
+		ModifyIndex: 5,
+	}
 	world := newWorld(99, serf)
 	world.set(leaseCheck("passing")) // 100
-	_, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	_, out := runWorld(
+		t,
+		world,
+		WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour},
+	)
 	last := nextObs(t, out, "a set with n1's serfHealth", func(o health.Observation) bool {
 		if o.NonPassing == nil {
 			return false
@@ -114,7 +145,12 @@ func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
 	failed, back := *serf, *serf
 	failed.Status = "critical"
 	world.set(&failed, &back) // 101 critical, 102 passing again: no critical read sees it
-	lapse := &api.HealthCheck{Node: "n2", CheckID: health.CheckID("b", "s1", "work"), ServiceID: health.ServiceID("b", "work"), Status: "critical"}
+	lapse := &api.HealthCheck{
+		Node:      "n2",
+		CheckID:   health.CheckID("b", "s1", "work"),
+		ServiceID: health.ServiceID("b", "work"),
+		Status:    "critical",
+	}
 	world.set(lapse) // 103
 	vouched := last.Index
 	for deadline := time.After(5 * time.Second); ; {
@@ -135,9 +171,14 @@ func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
 			break
 		}
 	}
-	if e := health.Join(memberA(), health.NewNonPassingSet(*last)); vouched >= 101 && !e.NodeFailed {
+	if e := health.Join(memberA(), health.NewNonPassingSet(*last)); vouched >= 101 &&
+		!e.NodeFailed {
 		c, _ := checkIn(last, "n1", health.SerfHealthCheckID)
-		t.Fatalf("the fast path vouched for index %d with n1's serfHealth %+v from the listing at 100: n1 failed at 101, yet session s1 is answered CURRENT there", vouched, c)
+		t.Fatalf(
+			"the fast path vouched for index %d with n1's serfHealth %+v from the listing at 100: n1 failed at 101, yet session s1 is answered CURRENT there",
+			vouched,
+			c,
+		)
 	}
 	if last.Index > 100 {
 		t.Fatalf("the lapse went out at index %d, past the serf listing's 100", last.Index)
@@ -150,11 +191,20 @@ func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
 // FreshAsOf) return all the same, and once the channel is read the set goes
 // out before the refresh's marker.
 func TestFastPathSetWaitingForTheChannelHoldsNoLock(t *testing.T) {
-	serf := &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5}
+	serf := &api.HealthCheck{
+		Node:        "n1",
+		CheckID:     health.SerfHealthCheckID,
+		Status:      "passing",
+		CreateIndex: 5,
+		ModifyIndex: 5,
+	}
 	world := newWorld(99, serf)
 	world.set(leaseCheck("passing"))     // 100
 	out := make(chan health.Observation) // read by nobody until the set was decided
-	w := newWatcher(world, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour, Out: out})
+	w := newWatcher(
+		world,
+		WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour, Out: out},
+	)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { w.Run(ctx); close(done) }()
@@ -170,7 +220,9 @@ func TestFastPathSetWaitingForTheChannelHoldsNoLock(t *testing.T) {
 			}
 		}
 		if time.Now().After(deadline) {
-			t.Fatal("the fast path's lock stayed held while its first set waited for the observation channel")
+			t.Fatal(
+				"the fast path's lock stayed held while its first set waited for the observation channel",
+			)
 		}
 		time.Sleep(time.Millisecond) // polling a lock: nothing signals that it is free
 	}
@@ -222,11 +274,31 @@ func TestFastPathSetWaitingForTheChannelHoldsNoLock(t *testing.T) {
 // read a's lease as passing, and a Syncer taking both sets in one batch would
 // route a).
 func TestStaleCriticalAnswerNeverUndoesALapse(t *testing.T) {
-	other := &api.HealthCheck{Node: "n2", CheckID: health.CheckID("b", "s1", "work"), ServiceID: health.ServiceID("b", "work"), ServiceTags: []string{"leasehold"}, Status: "passing"}
-	world := newWorld(59,
-		&api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5},
-		&api.HealthCheck{Node: "n2", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 6, ModifyIndex: 6},
-		other)
+	other := &api.HealthCheck{
+		Node:        "n2",
+		CheckID:     health.CheckID("b", "s1", "work"),
+		ServiceID:   health.ServiceID("b", "work"),
+		ServiceTags: []string{"leasehold"},
+		Status:      "passing",
+	}
+	world := newWorld(
+		59,
+		&api.HealthCheck{
+			Node:        "n1",
+			CheckID:     health.SerfHealthCheckID,
+			Status:      "passing",
+			CreateIndex: 5,
+			ModifyIndex: 5,
+		},
+		&api.HealthCheck{
+			Node:        "n2",
+			CheckID:     health.SerfHealthCheckID,
+			Status:      "passing",
+			CreateIndex: 6,
+			ModifyIndex: 6,
+		},
+		other,
+	)
 	world.set(leaseCheck("warning")) // index 60
 	_, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond})
 	nextObs(t, out, "first set with a warning", func(o health.Observation) bool {
@@ -266,8 +338,13 @@ func TestStaleCriticalAnswerNeverUndoesALapse(t *testing.T) {
 			np := o.NonPassing
 			e := health.Join(memberA(), health.NewNonPassingSet(*np))
 			if np.Index < lapse.NonPassing.Index || e.LeaseStatus != health.StatusCritical {
-				t.Fatalf("after the lapse went out at index %d, a set at index %d says a's lease is %q (checks %+v): a stale critical answer replaced a fresher read",
-					lapse.NonPassing.Index, np.Index, e.LeaseStatus, np.Checks)
+				t.Fatalf(
+					"after the lapse went out at index %d, a set at index %d says a's lease is %q (checks %+v): a stale critical answer replaced a fresher read",
+					lapse.NonPassing.Index,
+					np.Index,
+					e.LeaseStatus,
+					np.Checks,
+				)
 			}
 		case <-quiet:
 			return
@@ -285,10 +362,17 @@ func TestStaleCriticalAnswerNeverUndoesALapse(t *testing.T) {
 // vouched current at 102, Join sees that n1 failed after session s1's lease
 // check was created (40), and fencing does not answer CURRENT for it.
 func TestRefreshNeverVouchesForAStaleSerfHealth(t *testing.T) {
-	serf := &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5}
+	serf := &api.HealthCheck{
+		Node:        "n1",
+		CheckID:     health.SerfHealthCheckID,
+		Status:      "passing",
+		CreateIndex: 5,
+		ModifyIndex: 5,
+	}
 	world := newWorld(99, serf)
-	world.set(leaseCheck("passing"))                                         // 100
-	w, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond}) // default SlowInterval: 1 s
+	world.set(leaseCheck("passing")) // 100
+	// Default SlowInterval: 1 s.
+	w, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond})
 	first := nextObs(t, out, "a set with n1's serfHealth", func(o health.Observation) bool {
 		if o.NonPassing == nil {
 			return false
@@ -333,8 +417,13 @@ func TestRefreshNeverVouchesForAStaleSerfHealth(t *testing.T) {
 	e := health.Join(memberA(), health.NewNonPassingSet(*last))
 	c, _ := checkIn(last, "n1", health.SerfHealthCheckID)
 	if !e.NodeFailed {
-		t.Fatalf("%s after n1 failed at 101: the view is vouched current at %d (Refreshed), but its set (index %d) has n1's serfHealth %+v from before the failure: NodeFailed false, session s1 (lease check created at 40) is answered CURRENT",
-			time.Since(start).Round(time.Millisecond), progress, last.Index, c)
+		t.Fatalf(
+			"%s after n1 failed at 101: the view is vouched current at %d (Refreshed), but its set (index %d) has n1's serfHealth %+v from before the failure: NodeFailed false, session s1 (lease check created at 40) is answered CURRENT",
+			time.Since(start).Round(time.Millisecond),
+			progress,
+			last.Index,
+			c,
+		)
 	}
 }
 
@@ -348,7 +437,13 @@ func TestRefreshNeverVouchesForAStaleSerfHealth(t *testing.T) {
 // and s1 is not routed or answered CURRENT until the paced serf listing
 // answers.
 func TestNodeBackSeenByTheWarningWatchIsReadByNode(t *testing.T) {
-	serf := &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5}
+	serf := &api.HealthCheck{
+		Node:        "n1",
+		CheckID:     health.SerfHealthCheckID,
+		Status:      "passing",
+		CreateIndex: 5,
+		ModifyIndex: 5,
+	}
 	world := newWorld(99, serf)
 	world.set(leaseCheck("passing")) // 100
 	_, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond})
@@ -386,8 +481,11 @@ func TestNodeBackSeenByTheWarningWatchIsReadByNode(t *testing.T) {
 			}
 			c, _ := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
 			if e := health.Join(memberA(), health.NewNonPassingSet(*o.NonPassing)); !e.NodeFailed {
-				t.Fatalf("n1 failed at 101 and came back at 102; the set at index %d carries its serfHealth %+v (the listing from before the failure): NodeFailed false for session s1, whose lease check was created at 40",
-					o.NonPassing.Index, c)
+				t.Fatalf(
+					"n1 failed at 101 and came back at 102; the set at index %d carries its serfHealth %+v (the listing from before the failure): NodeFailed false for session s1, whose lease check was created at 40",
+					o.NonPassing.Index,
+					c,
+				)
 			}
 		case <-quiet:
 			return
@@ -404,14 +502,38 @@ func TestNodeBackSeenByTheWarningWatchIsReadByNode(t *testing.T) {
 // is carried as it was: no set has a in neither state (Join would read a's
 // lease as passing and route a full executor whose lease lapsed).
 func TestFailedCrossReadIsRetried(t *testing.T) {
-	other := &api.HealthCheck{Node: "n2", CheckID: health.CheckID("b", "s1", "work"), ServiceID: health.ServiceID("b", "work"), ServiceTags: []string{"leasehold"}, Status: "passing"}
-	world := newWorld(59,
-		&api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5},
-		&api.HealthCheck{Node: "n2", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 6, ModifyIndex: 6},
-		other)
+	other := &api.HealthCheck{
+		Node:        "n2",
+		CheckID:     health.CheckID("b", "s1", "work"),
+		ServiceID:   health.ServiceID("b", "work"),
+		ServiceTags: []string{"leasehold"},
+		Status:      "passing",
+	}
+	world := newWorld(
+		59,
+		&api.HealthCheck{
+			Node:        "n1",
+			CheckID:     health.SerfHealthCheckID,
+			Status:      "passing",
+			CreateIndex: 5,
+			ModifyIndex: 5,
+		},
+		&api.HealthCheck{
+			Node:        "n2",
+			CheckID:     health.SerfHealthCheckID,
+			Status:      "passing",
+			CreateIndex: 6,
+			ModifyIndex: 6,
+		},
+		other,
+	)
 	world.set(leaseCheck("warning")) // 60
 	fw := newFaulty(world)
-	_, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond, MaxBackoff: 200 * time.Millisecond})
+	_, out := runWorld(
+		t,
+		fw,
+		WatchConfig{MinInterval: time.Millisecond, MaxBackoff: 200 * time.Millisecond},
+	)
 	nextObs(t, out, "first set with a warning", func(o health.Observation) bool {
 		if o.NonPassing == nil {
 			return false
@@ -444,8 +566,11 @@ func TestFailedCrossReadIsRetried(t *testing.T) {
 			}
 			e := health.Join(memberA(), health.NewNonPassingSet(*o.NonPassing))
 			if e.LeaseStatus == health.StatusPassing {
-				t.Fatalf("a lapsed at 62 (it was full, lease warning, before); a set at index %d (checks %+v) has a in neither state: Join reads its lease as passing and a is routed",
-					o.NonPassing.Index, o.NonPassing.Checks)
+				t.Fatalf(
+					"a lapsed at 62 (it was full, lease warning, before); a set at index %d (checks %+v) has a in neither state: Join reads its lease as passing and a is routed",
+					o.NonPassing.Index,
+					o.NonPassing.Checks,
+				)
 			}
 		case <-quiet:
 			return
@@ -461,8 +586,16 @@ func TestFailedCrossReadIsRetried(t *testing.T) {
 // lapsed session and fencing does not answer from a held view until
 // StaleAfter. TestFailedCrossReadIsRetried must keep this passing.
 func TestWarningWatchFailureDoesNotWithholdALapse(t *testing.T) {
-	world := newWorld(99,
-		&api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
+	world := newWorld(
+		99,
+		&api.HealthCheck{
+			Node:        "n1",
+			CheckID:     health.SerfHealthCheckID,
+			Status:      "passing",
+			CreateIndex: 5,
+			ModifyIndex: 5,
+		},
+	)
 	world.set(leaseCheck("passing")) // 100
 	fw := newFaulty(world)
 	_, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond})
@@ -471,7 +604,8 @@ func TestWarningWatchFailureDoesNotWithholdALapse(t *testing.T) {
 	fw.mu.Lock()
 	fw.failAll[api.HealthWarning] = true
 	fw.mu.Unlock()
-	world.set(&api.HealthCheck{Node: "n9", CheckID: "x", Status: "warning"}) // 101: wakes the warning watch, which fails from now on
+	// 101: wakes the warning watch, which fails from now on.
+	world.set(&api.HealthCheck{Node: "n9", CheckID: "x", Status: "warning"})
 	time.Sleep(100 * time.Millisecond)
 	start := time.Now()
 	world.set(leaseCheck("critical")) // 102: a lapses
@@ -481,12 +615,16 @@ func TestWarningWatchFailureDoesNotWithholdALapse(t *testing.T) {
 			if o.NonPassing == nil {
 				continue
 			}
-			if c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work")); ok && c.Status == health.StatusCritical {
+			if c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work")); ok &&
+				c.Status == health.StatusCritical {
 				t.Logf("lapse published after %v", time.Since(start))
 				return
 			}
 		case <-deadline:
-			t.Fatalf("a lapsed at 102 and the critical watch read it; while the warning watch fails the lapse is withheld (%v and counting): a is routed", time.Since(start).Round(time.Millisecond))
+			t.Fatalf(
+				"a lapsed at 102 and the critical watch read it; while the warning watch fails the lapse is withheld (%v and counting): a is routed",
+				time.Since(start).Round(time.Millisecond),
+			)
 		}
 	}
 }
@@ -500,9 +638,25 @@ func TestNodesBackDoNotDelayALapse(t *testing.T) {
 	const nodes = 50
 	var serfs []*api.HealthCheck
 	for i := 0; i < nodes; i++ {
-		serfs = append(serfs, &api.HealthCheck{Node: "m" + string(rune('A'+i/26)) + string(rune('a'+i%26)), CheckID: health.SerfHealthCheckID, Status: "passing"})
+		serfs = append(
+			serfs,
+			&api.HealthCheck{
+				Node:    "m" + string(rune('A'+i/26)) + string(rune('a'+i%26)),
+				CheckID: health.SerfHealthCheckID,
+				Status:  "passing",
+			},
+		)
 	}
-	world := newWorld(99, &api.HealthCheck{Node: "n1", CheckID: health.SerfHealthCheckID, Status: "passing", CreateIndex: 5, ModifyIndex: 5})
+	world := newWorld(
+		99,
+		&api.HealthCheck{
+			Node:        "n1",
+			CheckID:     health.SerfHealthCheckID,
+			Status:      "passing",
+			CreateIndex: 5,
+			ModifyIndex: 5,
+		},
+	)
 	world.set(serfs...)
 	world.set(leaseCheck("passing"))
 	fw := newFaulty(world)
@@ -540,7 +694,12 @@ func TestNodesBackDoNotDelayALapse(t *testing.T) {
 	took := time.Since(start)
 	t.Logf("lapse out after %v (%d node reads)", took, fw.nodeCalls.Load())
 	if took > 300*time.Millisecond {
-		t.Fatalf("a's lapse (read at once by the critical watch) went out after %v, behind %d serial by-node reads under the fast path's lock (set index %d)", took.Round(time.Millisecond), fw.nodeCalls.Load(), o.NonPassing.Index)
+		t.Fatalf(
+			"a's lapse (read at once by the critical watch) went out after %v, behind %d serial by-node reads under the fast path's lock (set index %d)",
+			took.Round(time.Millisecond),
+			fw.nodeCalls.Load(),
+			o.NonPassing.Index,
+		)
 	}
 }
 
@@ -550,7 +709,11 @@ type gapCatalog struct {
 	failListing atomic.Bool
 }
 
-func (g *gapCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (g *gapCatalog) SerfHealth(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	if index == 0 && g.failListing.Load() {
 		return nil, 0, errors.New("listing refused")
 	}
@@ -605,14 +768,23 @@ func TestFastPathGapStillCarriesLapses(t *testing.T) {
 	}
 	cat.failListing.Store(true)
 	cat.push("nonpassing", scripted{err: errors.New("connection reset")})
-	lapse := &api.HealthCheck{Node: "n1", CheckID: health.CheckID("a", "s1", "work"), ServiceID: health.ServiceID("a", "work"), Status: "critical", ModifyIndex: 20}
+	lapse := &api.HealthCheck{
+		Node:        "n1",
+		CheckID:     health.CheckID("a", "s1", "work"),
+		ServiceID:   health.ServiceID("a", "work"),
+		Status:      "critical",
+		ModifyIndex: 20,
+	}
 	cat.push("nonpassing", scripted{index: 20, checks: api.HealthChecks{lapse}})
 	np := nonPassing("the lapse during the gap")
 	if len(np.Checks) != 1 || np.Checks[0].CheckID != lapse.CheckID {
 		t.Fatalf("set during the gap %+v: the lapse did not go out", np.Checks)
 	}
 	if np.Index != 10 {
-		t.Fatalf("set during the gap at %d: it vouches for more than the index before the gap (10)", np.Index)
+		t.Fatalf(
+			"set during the gap at %d: it vouches for more than the index before the gap (10)",
+			np.Index,
+		)
 	}
 	// the listing answers again: the next answer moves the index on
 	cat.failListing.Store(false)
@@ -621,7 +793,8 @@ func TestFastPathGapStillCarriesLapses(t *testing.T) {
 	for {
 		select {
 		case o := <-h.out:
-			if o.Progress != nil && o.Progress.NonPassing >= 21 || o.NonPassing != nil && o.NonPassing.Index >= 21 {
+			if o.Progress != nil && o.Progress.NonPassing >= 21 ||
+				o.NonPassing != nil && o.NonPassing.Index >= 21 {
 				return
 			}
 		case <-deadline:

@@ -92,7 +92,12 @@ func (w *Watcher) shorterC() <-chan struct{} {
 // flight, makes it again at once with the shorter wait (that is no
 // failure). Only the call is cut short, never what the watch does with its
 // answer.
-func cutShort[T any](w *Watcher, ctx context.Context, wait time.Duration, call func(ctx context.Context, wait time.Duration) (T, uint64, error)) (T, uint64, error) {
+func cutShort[T any](
+	w *Watcher,
+	ctx context.Context,
+	wait time.Duration,
+	call func(ctx context.Context, wait time.Duration) (T, uint64, error),
+) (T, uint64, error) {
 	for {
 		shorter := w.shorterC() // before the wait is read: a shortening after it closes this one
 		if wait <= 0 {
@@ -137,7 +142,8 @@ func (w *Watcher) listTasks(want map[string]bool) {
 func (w *Watcher) readLeases(task string, members []health.Member) {
 	var shortest time.Duration
 	for i := range members {
-		if l := members[i].LeaseTTL; l > 0 && members[i].Err == nil && (shortest == 0 || l < shortest) {
+		if l := members[i].LeaseTTL; l > 0 && members[i].Err == nil &&
+			(shortest == 0 || l < shortest) {
 			shortest = l
 		}
 	}

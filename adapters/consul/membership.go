@@ -53,7 +53,8 @@ func (m *taskMembership) diff(nodes []*api.CatalogService) (changed []memberKey,
 func sameEntry(a, b *api.CatalogService) bool {
 	return a.Node == b.Node && a.ServiceID == b.ServiceID && a.CreateIndex == b.CreateIndex && a.ModifyIndex == b.ModifyIndex &&
 		a.Address == b.Address && a.ServiceAddress == b.ServiceAddress && a.ServicePort == b.ServicePort &&
-		slices.Equal(a.ServiceTags, b.ServiceTags) && maps.Equal(a.ServiceMeta, b.ServiceMeta)
+		slices.Equal(a.ServiceTags, b.ServiceTags) &&
+		maps.Equal(a.ServiceMeta, b.ServiceMeta)
 }
 
 // pointReadable reports whether the changed entries are few enough, and
@@ -99,8 +100,17 @@ func serviceIDs(keys []memberKey) []string {
 // this catalog answer: one that registered after it is read on the next
 // catalog answer, which Consul sends at once; a changed one the read did not
 // find (it left meanwhile) is left out.
-func (m *taskMembership) apply(task string, nodes []*api.CatalogService, entries []*api.ServiceEntry, readAll bool, changed []memberKey) *taskMembership {
-	next := &taskMembership{entries: make(map[memberKey]*api.CatalogService, len(nodes)), members: make(map[memberKey]health.Member, len(nodes))}
+func (m *taskMembership) apply(
+	task string,
+	nodes []*api.CatalogService,
+	entries []*api.ServiceEntry,
+	readAll bool,
+	changed []memberKey,
+) *taskMembership {
+	next := &taskMembership{
+		entries: make(map[memberKey]*api.CatalogService, len(nodes)),
+		members: make(map[memberKey]health.Member, len(nodes)),
+	}
 	for _, n := range nodes {
 		next.entries[memberKey{n.Node, n.ServiceID}] = n
 	}

@@ -13,8 +13,24 @@ import (
 )
 
 func catalogEntry(node, instance, session string, modify uint64) *api.CatalogService {
-	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000, Version: "1.0.0", Capacity: 2, State: health.StateActive}
-	return &api.CatalogService{Node: node, ServiceID: health.ServiceID(instance, "work"), CreateIndex: modify, ModifyIndex: modify, ServiceMeta: reg.Meta()}
+	reg := health.Registration{
+		InstanceID: instance,
+		SessionID:  session,
+		Generation: 1,
+		Task:       "work",
+		Address:    "127.0.0.1",
+		Port:       9000,
+		Version:    "1.0.0",
+		Capacity:   2,
+		State:      health.StateActive,
+	}
+	return &api.CatalogService{
+		Node:        node,
+		ServiceID:   health.ServiceID(instance, "work"),
+		CreateIndex: modify,
+		ModifyIndex: modify,
+		ServiceMeta: reg.Meta(),
+	}
 }
 
 func memberIDs(ms []health.Member) []string {
@@ -27,8 +43,17 @@ func memberIDs(ms []health.Member) []string {
 
 func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 	a := catalogEntry("n1", "a", "s1", 7)
-	m := (&taskMembership{}).apply("work", []*api.CatalogService{a}, []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}, true, nil)
-	if changed, left := m.diff([]*api.CatalogService{catalogEntry("n1", "a", "s1", 7)}); len(changed) != 0 || left {
+	m := (&taskMembership{}).apply(
+		"work",
+		[]*api.CatalogService{a},
+		[]*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")},
+		true,
+		nil,
+	)
+	if changed, left := m.diff([]*api.CatalogService{catalogEntry("n1", "a", "s1", 7)}); len(
+		changed,
+	) != 0 ||
+		left {
 		t.Fatalf("identical entries: changed %v left %v", changed, left)
 	}
 	// a restarted agent replays the same indexes with other content; metadata
@@ -49,37 +74,73 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 			t.Errorf("%s change not seen", name)
 		}
 	}
-	joined := &taskMembership{entries: map[memberKey]*api.CatalogService{{"n1", "work:a"}: {Node: "n1", ServiceID: "work:a", ServiceMeta: map[string]string{"a": "x", "b": "y"}}},
-		members: map[memberKey]health.Member{{"n1", "work:a"}: {}}}
-	if changed, _ := joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a", ServiceMeta: map[string]string{"a": "x|b=y"}}}); len(changed) != 1 {
+	joined := &taskMembership{
+		entries: map[memberKey]*api.CatalogService{
+			{"n1", "work:a"}: {
+				Node:        "n1",
+				ServiceID:   "work:a",
+				ServiceMeta: map[string]string{"a": "x", "b": "y"},
+			},
+		},
+		members: map[memberKey]health.Member{{"n1", "work:a"}: {}},
+	}
+	if changed, _ := joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a", ServiceMeta: map[string]string{"a": "x|b=y"}}}); len(
+		changed,
+	) != 1 {
 		t.Error("metadata {a: x, b: y} → {a: \"x|b=y\"} not seen")
 	}
 	if _, left := m.diff(nil); !left {
 		t.Error("departure not seen")
 	}
 	// the same service id on another node is another member
-	if changed, left := m.diff([]*api.CatalogService{a, catalogEntry("n2", "a", "s2", 9)}); len(changed) != 1 || changed[0] != (memberKey{"n2", "work:a"}) || left {
+	if changed, left := m.diff([]*api.CatalogService{a, catalogEntry("n2", "a", "s2", 9)}); len(
+		changed,
+	) != 1 ||
+		changed[0] != (memberKey{"n2", "work:a"}) ||
+		left {
 		t.Errorf("second node: changed %v left %v", changed, left)
 	}
 }
 
 func TestMembershipApplyKeepsOnlyWhatTheCatalogShows(t *testing.T) {
-	nodes := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s1", 7)}
-	full := []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing"), entry("work", "n1", "b", "s1", 1, "passing"), entry("work", "n1", "c", "s1", 1, "passing")}
+	nodes := []*api.CatalogService{
+		catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s1", 7),
+	}
+	full := []*api.ServiceEntry{
+		entry("work", "n1", "a", "s1", 1, "passing"),
+		entry("work", "n1", "b", "s1", 1, "passing"),
+		entry("work", "n1", "c", "s1", 1, "passing"),
+	}
 	m := (&taskMembership{}).apply("work", nodes, full, true, nil)
 	if got := memberIDs(m.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s1"}) {
-		t.Fatalf("full read: %v (c registered after the catalog answer: read with the next one)", got)
+		t.Fatalf(
+			"full read: %v (c registered after the catalog answer: read with the next one)",
+			got,
+		)
 	}
 	// b changes (new session) and the point read finds it; a is kept as read
-	nodes2 := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s2", 12)}
+	nodes2 := []*api.CatalogService{
+		catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s2", 12),
+	}
 	changed, _ := m.diff(nodes2)
-	m2 := m.apply("work", nodes2, []*api.ServiceEntry{entry("work", "n1", "b", "s2", 2, "passing")}, false, changed)
+	m2 := m.apply(
+		"work",
+		nodes2,
+		[]*api.ServiceEntry{entry("work", "n1", "b", "s2", 2, "passing")},
+		false,
+		changed,
+	)
 	if got := memberIDs(m2.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s2"}) {
 		t.Fatalf("point read: %v", got)
 	}
 	// b changed again but left before its point read: left out, and read
 	// again (as never read) if the catalog still shows it
-	nodes3 := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s3", 14)}
+	nodes3 := []*api.CatalogService{
+		catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s3", 14),
+	}
 	changed, _ = m2.diff(nodes3)
 	m3 := m2.apply("work", nodes3, nil, false, changed)
 	if got := memberIDs(m3.list()); !slices.Equal(got, []string{"n1/a/s1"}) {
@@ -158,11 +219,15 @@ func TestWatcherRereadsOnlyChangedMembers(t *testing.T) {
 		t.Fatalf("re-read ids %v, want [work:x3]", c.ids)
 	}
 	got := memberIDs(members())
-	if len(got) != 7 || !slices.Contains(got, "n1/x3/s2") || slices.Contains(got, "n1/x5/s1") || !slices.Contains(got, "n1/x4/s1") {
+	if len(got) != 7 || !slices.Contains(got, "n1/x3/s2") || slices.Contains(got, "n1/x5/s1") ||
+		!slices.Contains(got, "n1/x4/s1") {
 		t.Fatalf("members after the change: %v", got)
 	}
 	// x6 leaves: the catalog answer alone says so
-	nodes3 := slices.DeleteFunc(slices.Clone(nodes2), func(c *api.CatalogService) bool { return c.ServiceID == "work:x6" })
+	nodes3 := slices.DeleteFunc(
+		slices.Clone(nodes2),
+		func(c *api.CatalogService) bool { return c.ServiceID == "work:x6" },
+	)
 	h.clock.Advance(time.Second)
 	h.cat.push("nodes/work", scripted{index: 13, nodes: nodes3})
 	if got := memberIDs(members()); len(got) != 6 || slices.Contains(got, "n1/x6/s1") {
@@ -190,7 +255,10 @@ func TestWatcherRereadsOnlyChangedMembers(t *testing.T) {
 func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
 	h.cat.call(t, "services")
-	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}, "consul": nil}})
+	h.cat.push(
+		"services",
+		scripted{index: 5, services: map[string][]string{"work": {"leasehold"}, "consul": nil}},
+	)
 	h.cat.call(t, "nodes")
 	var nodes []*api.CatalogService
 	var entries []*api.ServiceEntry
@@ -203,7 +271,13 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 	for o := h.observe(); o.Members == nil; o = h.observe() {
 	}
 	// n1 goes into maintenance at 11
-	maint := &api.HealthCheck{Node: "n1", CheckID: "_node_maintenance", Status: "critical", CreateIndex: 11, ModifyIndex: 11}
+	maint := &api.HealthCheck{
+		Node:        "n1",
+		CheckID:     "_node_maintenance",
+		Status:      "critical",
+		CreateIndex: 11,
+		ModifyIndex: 11,
+	}
 	h.cat.push("nonpassing", scripted{index: 11, checks: api.HealthChecks{maint}})
 	var np *health.NonPassing
 	for np == nil {
@@ -233,7 +307,11 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 	set := health.NewNonPassingSet(*np)
 	for _, m := range members {
 		if e := health.Join(m, set); e.NodeChecks != health.StatusCritical {
-			t.Errorf("%s on n1 (in maintenance since 11): node checks %q after the task type was re-read at 12 — routed", m.ServiceID, e.NodeChecks)
+			t.Errorf(
+				"%s on n1 (in maintenance since 11): node checks %q after the task type was re-read at 12 — routed",
+				m.ServiceID,
+				e.NodeChecks,
+			)
 		}
 	}
 }

@@ -53,10 +53,15 @@ func TestWatcherReportsAFailureAgainWhenItsKindChanges(t *testing.T) {
 		}
 	}
 	refused := errors.New("connection refused")
-	gen := &ACLError{Read: "kv leasehold/generation/", How: "results filtered by ACLs", Rights: []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}}
+	gen := &ACLError{
+		Read:   "kv leasehold/generation/",
+		How:    "results filtered by ACLs",
+		Rights: []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")},
+	}
 
 	w.contact(ctx, "non-passing", refused)
-	if c := next(); c == nil || c.OK || c.Problem != health.ProblemUnreachable || c.Detail != "connection refused" {
+	if c := next(); c == nil || c.OK || c.Problem != health.ProblemUnreachable ||
+		c.Detail != "connection refused" {
 		t.Fatalf("first failure: %+v", c)
 	}
 	w.contact(ctx, "serf", errors.New("i/o timeout"))
@@ -64,7 +69,8 @@ func TestWatcherReportsAFailureAgainWhenItsKindChanges(t *testing.T) {
 		t.Fatalf("another unreachable error reported again: %+v", c)
 	}
 	w.contact(ctx, "generations", gen)
-	if c := next(); c == nil || c.Problem != health.ProblemACL || c.Detail != gen.Right() || !errors.Is(c.Err, ErrACL) {
+	if c := next(); c == nil || c.Problem != health.ProblemACL || c.Detail != gen.Right() ||
+		!errors.Is(c.Err, ErrACL) {
 		t.Fatalf("a missing right while unreachable: %+v", c)
 	}
 	w.contact(ctx, "non-passing", refused)

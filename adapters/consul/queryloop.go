@@ -66,7 +66,10 @@ type queryLoop struct {
 	wake func() (<-chan struct{}, bool)
 }
 
-func (l queryLoop) run(ctx context.Context, query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
+func (l queryLoop) run(
+	ctx context.Context,
+	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error),
+) {
 	bo := newBackoff(100*time.Millisecond, l.maxBackoff)
 	q := queryIndex{kvListing: l.kvListing}
 	for ctx.Err() == nil {

@@ -69,7 +69,10 @@ type refreshRound struct {
 const npProgress = "np"
 
 func (r *refresher) init(names []string) {
-	r.done, r.signal, r.at = map[string]uint64{}, make(chan struct{}, 1), map[string]*atomic.Uint64{}
+	r.done, r.signal, r.at = map[string]uint64{}, make(
+		chan struct{},
+		1,
+	), map[string]*atomic.Uint64{}
 	for _, n := range append([]string{npProgress}, names...) {
 		r.at[n] = new(atomic.Uint64)
 	}
@@ -177,7 +180,11 @@ func (w *Watcher) runRound(ctx context.Context, round *refreshRound) bool {
 	if len(reads) > 0 && w.refreshBudget != nil {
 		waited, ok := w.refreshBudget.wait(ctx, nil)
 		if waited > 0 {
-			w.budgetWait.Add(ctx, waited.Seconds(), metric.WithAttributes(w.attrs(attribute.String("watch", "refresh"))...))
+			w.budgetWait.Add(
+				ctx,
+				waited.Seconds(),
+				metric.WithAttributes(w.attrs(attribute.String("watch", "refresh"))...),
+			)
 		}
 		if !ok {
 			return false
@@ -245,7 +252,8 @@ func (w *Watcher) unwrittenKV(ctx context.Context, reads []string) []string {
 	w.requests.Add(ctx, 1, metric.WithAttributes(w.attrs(attribute.String("watch", "refresh"))...))
 	if err != nil || !ok {
 		if err != nil && ctx.Err() == nil {
-			w.log.Debug("the index of the latest KV write not read; the listings are read instead", "err", err)
+			w.log.Debug("the index of the latest KV write not read; the listings are read instead",
+				"err", err)
 		}
 		return reads
 	}
@@ -286,7 +294,9 @@ type readFunc func(ctx context.Context, index uint64, wait time.Duration) (uint6
 
 // queryRead is the read of a watch no refresh reads afresh: query reads and
 // handles its answer at once, in the watch's goroutine.
-func queryRead(query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) readFunc {
+func queryRead(
+	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error),
+) readFunc {
 	return func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
 		next, err := query(ctx, index, wait)
 		return next, func() (uint64, error) { return next, err }
@@ -301,7 +311,13 @@ func queryRead(query func(ctx context.Context, index uint64, wait time.Duration)
 // Consul allows one client (429). A blocking answer no newer than a fresh
 // one handled meanwhile is dropped. fresh holds the sizes of the fresh reads
 // (nil: none), which the refreshes' budget is charged with.
-func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait time.Duration, read readFunc) (next uint64, fresh *readSizes, err error) {
+func (w *Watcher) runQuery(
+	ctx context.Context,
+	name string,
+	index uint64,
+	wait time.Duration,
+	read readFunc,
+) (next uint64, fresh *readSizes, err error) {
 	kick := w.refreshC[name]
 	if kick == nil {
 		_, handle := read(ctx, index, wait)
@@ -368,14 +384,22 @@ func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait 
 // puts the request back: the watch's next successful read (after its
 // back-off) answers it, so fencing waiting on it hears as soon as Consul
 // answers again.
-func (w *Watcher) freshRead(ctx context.Context, name string, kick chan uint64, seq uint64, read readFunc, beside bool) (uint64, *readSizes, error) {
+func (w *Watcher) freshRead(
+	ctx context.Context,
+	name string,
+	kick chan uint64,
+	seq uint64,
+	read readFunc,
+	beside bool,
+) (uint64, *readSizes, error) {
 	if beside {
 		select { // one at a time: the connection the agent's pool keeps for it (Connections)
 		case w.freshSlot <- struct{}{}:
 		case <-ctx.Done():
 			return 0, nil, ctx.Err()
 		}
-		defer func() { <-w.freshSlot }() // held while handling too: what it reads more (the other state's checks)
+		// Held while handling too: what it reads more (the other state's checks).
+		defer func() { <-w.freshSlot }()
 	}
 	fctx, sizes := withReadSizes(context.WithValue(ctx, refreshReadKey{}, true))
 	_, handle := read(fctx, 0, 0)

@@ -46,7 +46,13 @@ func start(t *testing.T, mutate func(*Config)) *harness {
 // startOn is start with an agent prepared before the Registrar runs.
 func startOn(t *testing.T, agent *fakeAgent, mutate func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, agent: agent, clock: clockwork.NewFakeClock(), lost: make(chan LeaseLoss, 16), done: make(chan error, 1)}
+	h := &harness{
+		t:     t,
+		agent: agent,
+		clock: clockwork.NewFakeClock(),
+		lost:  make(chan LeaseLoss, 16),
+		done:  make(chan error, 1),
+	}
 	cfg := baseConfig()
 	cfg.Clock = h.clock
 	cfg.Load = func() int { return int(h.load.Load()) }
@@ -125,15 +131,27 @@ func TestRegistersEveryTaskWithContractMeta(t *testing.T) {
 		if reg == nil {
 			t.Fatalf("%s not registered", task)
 		}
-		want := map[string]string{"instance_id": "exec-1", "session_id": s.ID, "generation": "1", "version": "1.4.2", "capacity": "2", "state": "active", "label_zone": "eu-1", "lease_ttl": testTTL.String()}
+		want := map[string]string{
+			"instance_id": "exec-1",
+			"session_id":  s.ID,
+			"generation":  "1",
+			"version":     "1.4.2",
+			"capacity":    "2",
+			"state":       "active",
+			"label_zone":  "eu-1",
+			"lease_ttl":   testTTL.String(),
+		}
 		if !reflect.DeepEqual(reg.Meta, want) {
 			t.Errorf("meta = %v, want %v", reg.Meta, want)
 		}
-		if reg.Name != task || reg.Address != "127.0.0.1" || reg.Port != 9000 || !reflect.DeepEqual(reg.Tags, []string{"leasehold"}) {
+		if reg.Name != task || reg.Address != "127.0.0.1" || reg.Port != 9000 ||
+			!reflect.DeepEqual(reg.Tags, []string{"leasehold"}) {
 			t.Errorf("registration = %+v", reg)
 		}
 		ch := reg.Checks[0]
-		if ch.CheckID != health.CheckID("exec-1", s.ID, task) || ch.TTL != "35s" || ch.DeregisterCriticalServiceAfter != "10m0s" || ch.Status != "passing" {
+		if ch.CheckID != health.CheckID("exec-1", s.ID, task) || ch.TTL != "35s" ||
+			ch.DeregisterCriticalServiceAfter != "10m0s" ||
+			ch.Status != "passing" {
 			t.Errorf("check = %+v", ch)
 		}
 		if out := h.agent.output(ch.CheckID); out != "load=0" { // set right after registering
@@ -230,7 +248,11 @@ func TestRefusedHeartbeatReregistersUnderFreshSession(t *testing.T) {
 		t.Fatalf("registered session = %s, want %s", got, s2.ID)
 	}
 	// The agent forgot s1: this process remembers it replaced it.
-	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta[health.MetaReplaces]; !strings.HasPrefix(got, s1.ID) || s2.Replaces[0] != s1.ID {
+	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta[health.MetaReplaces]; !strings.HasPrefix(
+		got,
+		s1.ID,
+	) ||
+		s2.Replaces[0] != s1.ID {
 		t.Fatalf("replaces meta %q, session %v: want %s", got, s2.Replaces, s1.ID)
 	}
 	var lle *LeaseLostError
@@ -247,7 +269,11 @@ func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
 	h.agent.takeKey("exec-1", "newer", 99)
 	other := baseConfig()
 	for _, task := range other.Tasks {
-		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration(sessionKey{id: "newer", generation: 99}, task, health.StateActive)
+		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration(
+			sessionKey{id: "newer", generation: 99},
+			task,
+			health.StateActive,
+		)
 		if err := h.agent.Register(context.Background(), r); err != nil {
 			t.Fatal(err)
 		}
@@ -279,7 +305,9 @@ func TestSupersededOnAnotherNode(t *testing.T) {
 	s1 := h.session(nil)
 	h.agent.takeKey("exec-1", "newer", 2)
 	h.agent.mu.Lock()
-	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Generation: 2, Status: health.StatusPassing}}
+	h.agent.others = []RemoteSession{
+		{Node: "other", SessionID: "newer", Generation: 2, Status: health.StatusPassing},
+	}
 	h.agent.mu.Unlock()
 	h.advance(2, testTTL+time.Second) // paused past the lease
 	l := h.loss()
@@ -309,7 +337,8 @@ func TestPauseLongerThanLeaseNeverRenewsTheOldSession(t *testing.T) {
 		}
 		break
 	}
-	if s2.ID == s1.ID || h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"] != s2.ID {
+	if s2.ID == s1.ID ||
+		h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"] != s2.ID {
 		t.Fatal("no fresh session registered")
 	}
 }
@@ -362,7 +391,8 @@ func TestDrainWaitsForInFlightWorkThenDeregisters(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Drain did not return")
 	}
-	if h.agent.service(health.ServiceID("exec-1", "transcode")) != nil || h.agent.service(health.ServiceID("exec-1", "thumbnail")) != nil {
+	if h.agent.service(health.ServiceID("exec-1", "transcode")) != nil ||
+		h.agent.service(health.ServiceID("exec-1", "thumbnail")) != nil {
 		t.Fatal("still registered after drain")
 	}
 	if !errors.Is(s.Err(), ErrDrained) {
@@ -391,7 +421,8 @@ func TestDrainDeadlineDeregistersAnyway(t *testing.T) {
 	h.advance(3, 100*time.Millisecond)
 	select {
 	case err := <-drained:
-		if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "2 tasks still in flight") {
+		if !errors.Is(err, context.Canceled) ||
+			!strings.Contains(err.Error(), "2 tasks still in flight") {
 			t.Fatalf("Drain = %v", err)
 		}
 	case <-time.After(5 * time.Second):
@@ -446,8 +477,16 @@ func TestBadConfigNamesFieldAndRegistersNothing(t *testing.T) {
 		{"zero capacity", func(c *Config) { c.Capacity = 0 }, "capacity"},
 		{"negative capacity", func(c *Config) { c.Capacity = -1 }, "capacity"},
 		{"label key", func(c *Config) { c.Labels = map[string]string{"a b": "x"} }, "label_a b"},
-		{"label value too long", func(c *Config) { c.Labels = map[string]string{"k": strings.Repeat("v", 513)} }, "label_k"},
-		{"lease under 2x heartbeat", func(c *Config) { c.Lease = health.Lease{TTL: 15 * time.Second} }, "lease"},
+		{
+			"label value too long",
+			func(c *Config) { c.Labels = map[string]string{"k": strings.Repeat("v", 513)} },
+			"label_k",
+		},
+		{
+			"lease under 2x heartbeat",
+			func(c *Config) { c.Lease = health.Lease{TTL: 15 * time.Second} },
+			"lease",
+		},
 		{"address", func(c *Config) { c.Address = "" }, "address"},
 		{"unspecified address", func(c *Config) { c.Address = "0.0.0.0" }, "address"},
 		{"host name address", func(c *Config) { c.Address = "exec-7.internal" }, "address"},
@@ -491,7 +530,14 @@ func TestNewerSessionOnAnotherAgentIsNoticed(t *testing.T) {
 	s1 := h.session(nil)
 	h.agent.takeKey("exec-1", "newer", s1.Generation+1)
 	h.agent.mu.Lock()
-	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Generation: s1.Generation + 1, Status: health.StatusPassing}}
+	h.agent.others = []RemoteSession{
+		{
+			Node:       "other",
+			SessionID:  "newer",
+			Generation: s1.Generation + 1,
+			Status:     health.StatusPassing,
+		},
+	}
 	h.agent.mu.Unlock()
 	h.advance(3, 5*time.Second)
 	l := h.loss()
@@ -529,11 +575,14 @@ func TestLeaseCheckRecreatedSoonAfterRegistrationEndsTheSession(t *testing.T) {
 	case <-agent.sessionsRead: // the registration's own look at the catalog
 	default:
 	}
-	h.advance(3, health.DefaultHeartbeat) // the first heartbeat (timers: heartbeat, deadline, fence ticker)
+	// The first heartbeat (timers: heartbeat, deadline, fence ticker).
+	h.advance(3, health.DefaultHeartbeat)
 	select {
 	case <-agent.sessionsRead:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the first heartbeat ran no fence check: the Registrar does not know its lease check before a lease passed")
+		t.Fatal(
+			"the first heartbeat ran no fence check: the Registrar does not know its lease check before a lease passed",
+		)
 	}
 	agent.mu.Lock()
 	agent.created[checkID] = 90 // the agent left and re-synced: the check is created anew
@@ -551,14 +600,17 @@ func TestLeaseCheckRecreatedSoonAfterRegistrationEndsTheSession(t *testing.T) {
 // new session instead of exiting.
 func TestOlderSessionElsewhereSupersedesNothing(t *testing.T) {
 	agent := newFakeAgent()
-	agent.gens["exec-1"] = 4 // the predecessor took 4; this process takes 5 (set before Run reads it)
+	// The predecessor took 4; this process takes 5 (set before Run reads it).
+	agent.gens["exec-1"] = 4
 	h := startOn(t, agent, func(*Config) {})
 	s1 := h.session(nil)
 	if s1.Generation != 5 {
 		t.Fatalf("generation %d, want 5", s1.Generation)
 	}
 	h.agent.mu.Lock()
-	h.agent.others = []RemoteSession{{Node: "other", SessionID: "crashed", Generation: 4, Status: health.StatusPassing}}
+	h.agent.others = []RemoteSession{
+		{Node: "other", SessionID: "crashed", Generation: 4, Status: health.StatusPassing},
+	}
 	h.agent.mu.Unlock()
 	h.advance(2, testTTL+time.Second) // paused past the lease
 	if l := h.loss(); l.Reason != LossExpired || l.Superseded {
@@ -576,7 +628,13 @@ func TestOlderSessionElsewhereSupersedesNothing(t *testing.T) {
 func TestNewSessionNamesThoseItReplaces(t *testing.T) {
 	agent := newFakeAgent()
 	agent.others = []RemoteSession{
-		{Node: "other", SessionID: "crashed", Generation: 4, Status: health.StatusCritical, Replaces: []string{"older", "oldest"}},
+		{
+			Node:       "other",
+			SessionID:  "crashed",
+			Generation: 4,
+			Status:     health.StatusCritical,
+			Replaces:   []string{"older", "oldest"},
+		},
 		{Node: "other", SessionID: "garbage", Generation: 0, Status: health.StatusPassing},
 		{Node: "other", SessionID: "ancient", Generation: 1, Status: health.StatusCritical},
 	}
@@ -625,16 +683,41 @@ func TestFenceCheck(t *testing.T) {
 			t.Fatalf("fenceCheck = %q (%v), want %q", got, err, want)
 		}
 	}
-	mine := RemoteSession{Node: "n1", SessionID: "mine", Generation: 5, Status: health.StatusPassing}
+	mine := RemoteSession{
+		Node:       "n1",
+		SessionID:  "mine",
+		Generation: 5,
+		Status:     health.StatusPassing,
+	}
 
 	set([]RemoteSession{mine}, 5)
 	check("")
-	set([]RemoteSession{mine, {Node: "n2", SessionID: "older", Generation: 4, Status: health.StatusPassing}}, 5)
+	set(
+		[]RemoteSession{
+			mine,
+			{Node: "n2", SessionID: "older", Generation: 4, Status: health.StatusPassing},
+		},
+		5,
+	)
 	check("")
-	set([]RemoteSession{mine, {Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusPassing}}, 6)
+	set(
+		[]RemoteSession{
+			mine,
+			{Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusPassing},
+		},
+		6,
+	)
 	check(LossSuperseded)
-	set([]RemoteSession{mine, {Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusCritical}}, 6)
-	check("") // a dead newer session fences us too (leasehold calls us STALE): "overtaken", but only after a lease
+	set(
+		[]RemoteSession{
+			mine,
+			{Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusCritical},
+		},
+		6,
+	)
+	// A dead newer session fences us too (leasehold calls us STALE): "overtaken", but only after a
+	// lease.
+	check("")
 	failed := mine
 	failed.NodeFailed = true
 	set([]RemoteSession{failed}, 5)
@@ -671,7 +754,8 @@ func TestFenceCheck(t *testing.T) {
 		t.Fatalf("overtaken after half a lease: %q", got)
 	}
 	set([]RemoteSession{mine}, 5) // e.g. the key was restored: the count starts over
-	if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" || !st.aheadSince.IsZero() {
+	if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" ||
+		!st.aheadSince.IsZero() {
 		t.Fatalf("fenceCheck = %q, aheadSince %v", got, st.aheadSince)
 	}
 	set([]RemoteSession{mine}, 7)
@@ -733,8 +817,18 @@ func TestForgedNewerSessionSupersedesNothing(t *testing.T) {
 	s1 := h.session(nil)
 	h.agent.mu.Lock()
 	h.agent.others = []RemoteSession{
-		{Node: "evil", SessionID: "forged", Generation: s1.Generation + 1, Status: health.StatusPassing},
-		{Node: "evil", SessionID: "forged-dead", Generation: s1.Generation + 5, Status: health.StatusCritical},
+		{
+			Node:       "evil",
+			SessionID:  "forged",
+			Generation: s1.Generation + 1,
+			Status:     health.StatusPassing,
+		},
+		{
+			Node:       "evil",
+			SessionID:  "forged-dead",
+			Generation: s1.Generation + 5,
+			Status:     health.StatusCritical,
+		},
 	}
 	h.agent.mu.Unlock()
 	// Fence checks and heartbeats run for longer than a lease (a generation
@@ -794,7 +888,8 @@ func TestACopyOfOurSessionOnAnotherNodeEndsNothing(t *testing.T) {
 			h := startOn(t, agent, func(c *Config) { c.FenceCheck = 5 * time.Second })
 			s1 := h.session(nil)
 			agent.mu.Lock()
-			agent.created[health.CheckID("exec-1", s1.ID, "transcode")] = 40 // ours, synced to the catalog
+			// ours, synced to the catalog.
+			agent.created[health.CheckID("exec-1", s1.ID, "transcode")] = 40
 			agent.others = []RemoteSession{tc.copy(s1)}
 			agent.mu.Unlock()
 			for range 2 * int(testTTL/(5*time.Second)) {
@@ -825,8 +920,26 @@ func TestACopyOfOurSessionOnAnotherNodeEndsNothing(t *testing.T) {
 // never routed again.
 func TestFenceCheckActsOnADeadNewerRegistrationItsKeyDoesNotHold(t *testing.T) {
 	// leasehold's side: the live session is STALE.
-	live := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "mine", Generation: 5, Task: "work"}, LeaseStatus: health.StatusPassing, LeaseFound: true}
-	dead := health.Executor{Registration: health.Registration{InstanceID: "exec-1", SessionID: "crashed", Generation: 6, Task: "work"}, LeaseStatus: health.StatusCritical, LeaseFound: true}
+	live := health.Executor{
+		Registration: health.Registration{
+			InstanceID: "exec-1",
+			SessionID:  "mine",
+			Generation: 5,
+			Task:       "work",
+		},
+		LeaseStatus: health.StatusPassing,
+		LeaseFound:  true,
+	}
+	dead := health.Executor{
+		Registration: health.Registration{
+			InstanceID: "exec-1",
+			SessionID:  "crashed",
+			Generation: 6,
+			Task:       "work",
+		},
+		LeaseStatus: health.StatusCritical,
+		LeaseFound:  true,
+	}
 	es := []health.Executor{live, dead}
 	health.Fence(es, nil) // no generation key
 	if !es[0].Fenced {
@@ -858,7 +971,10 @@ func TestFenceCheckActsOnADeadNewerRegistrationItsKeyDoesNotHold(t *testing.T) {
 		}
 		clock.Advance(r.cfg.Lease.TTL)
 	}
-	t.Fatalf("leasehold calls session mine (generation 5) STALE because of the dead registration at generation 6, but after %d leases the Registrar's fence check still sees nothing to do: the live executor is never routed again", 5)
+	t.Fatalf(
+		"leasehold calls session mine (generation 5) STALE because of the dead registration at generation 6, but after %d leases the Registrar's fence check still sees nothing to do: the live executor is never routed again",
+		5,
+	)
 }
 
 // TestOwnPreviousGenerationIsAFloor: when the agent forgot this process's
@@ -887,7 +1003,11 @@ func TestOwnPreviousGenerationIsAFloor(t *testing.T) {
 	}
 	s2 := h.session(s1)
 	if s2.Generation <= s1.Generation {
-		t.Errorf("new session generation %d not above the replaced session's %d", s2.Generation, s1.Generation)
+		t.Errorf(
+			"new session generation %d not above the replaced session's %d",
+			s2.Generation,
+			s1.Generation,
+		)
 	}
 	if len(s2.Replaces) == 0 || s2.Replaces[0] != s1.ID {
 		t.Errorf("new session replaces %v, want %s first", s2.Replaces, s1.ID)

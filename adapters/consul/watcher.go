@@ -61,9 +61,11 @@ type Watcher struct {
 	readBytes               metric.Int64Counter
 	budgetWait              metric.Float64Counter
 	budget                  *readBudget // task memberships; nil: unpaced
-	genBudget               *readBudget // generation keys (their own: another task type's debt never delays a STALE)
-	refreshBudget           *readBudget // refresh rounds (their own: fencing's calls never delay the watches' reads)
-	rounds                  metric.Int64Counter
+	// Generation keys (their own: another task type's debt never delays a STALE).
+	genBudget *readBudget
+	// Refresh rounds (their own: fencing's calls never delay the watches' reads).
+	refreshBudget *readBudget
+	rounds        metric.Int64Counter
 
 	// Refresh requests (refresh.go): each watch a round asks reads afresh
 	// beside its blocking query; once all have, one Refreshed observation
@@ -90,8 +92,15 @@ func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
 
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	cfg = cfg.withDefaults()
-	w := &Watcher{cat: cat, cfg: cfg, log: cfg.Logger.With("component", "consul-watch"), slots: make(chan struct{}, cfg.MaxConcurrent),
-		refreshC: map[string]chan uint64{}, freshSlot: make(chan struct{}, 1), refreshWake: make(chan struct{})}
+	w := &Watcher{
+		cat:         cat,
+		cfg:         cfg,
+		log:         cfg.Logger.With("component", "consul-watch"),
+		slots:       make(chan struct{}, cfg.MaxConcurrent),
+		refreshC:    map[string]chan uint64{},
+		freshSlot:   make(chan struct{}, 1),
+		refreshWake: make(chan struct{}),
+	}
 	w.fast.serf, w.fast.failing, w.fast.crossPending = map[string]health.CheckState{}, map[string]bool{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)

@@ -56,7 +56,11 @@ type fakeCatalog struct {
 }
 
 func newFakeCatalog() *fakeCatalog {
-	return &fakeCatalog{queues: map[string][]scripted{}, changed: make(chan struct{}), calls: make(chan callRec, 1000)}
+	return &fakeCatalog{
+		queues:  map[string][]scripted{},
+		changed: make(chan struct{}),
+		calls:   make(chan callRec, 1000),
+	}
 }
 
 func (f *fakeCatalog) record(c callRec) {
@@ -94,7 +98,11 @@ func (f *fakeCatalog) next(ctx context.Context, keys ...string) (scripted, error
 	}
 }
 
-func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
+func (f *fakeCatalog) Services(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (map[string][]string, uint64, error) {
 	f.record(callRec{method: "services", index: index, wait: wait})
 	s, err := f.next(ctx, "services")
 	if err != nil {
@@ -103,7 +111,12 @@ func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Dura
 	return s.services, s.index, s.err
 }
 
-func (f *fakeCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
+func (f *fakeCatalog) ServiceNodes(
+	ctx context.Context,
+	task, tag string,
+	index uint64,
+	wait time.Duration,
+) ([]*api.CatalogService, uint64, error) {
 	f.record(callRec{method: "nodes", task: task, index: index, wait: wait})
 	s, err := f.next(ctx, "nodes/"+task)
 	if err != nil {
@@ -115,7 +128,11 @@ func (f *fakeCatalog) ServiceNodes(ctx context.Context, task, tag string, index 
 	return s.nodes, s.index, s.err
 }
 
-func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error) {
+func (f *fakeCatalog) HealthService(
+	ctx context.Context,
+	task, tag string,
+	ids []string,
+) ([]*api.ServiceEntry, uint64, error) {
 	f.record(callRec{method: "health", task: task, ids: ids})
 	s, err := f.next(ctx, "health/"+task)
 	if err != nil {
@@ -141,7 +158,12 @@ func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids [
 // gets the last answer again, as Consul would); the warning checks from
 // "warning", answering an index-0 read at once (empty unless one is
 // queued), a blocking one when queued.
-func (f *fakeCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (f *fakeCatalog) ChecksInState(
+	ctx context.Context,
+	tag, state string,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	key := "nonpassing"
 	if state == api.HealthWarning {
 		key = "warning"
@@ -184,7 +206,11 @@ func (f *fakeCatalog) ChecksInState(ctx context.Context, tag, state string, inde
 // Consul's listing of every check would: an index-0 query at once and a
 // blocking one once the checks passed its index (checkIndex), both with the
 // nodes last listed (none at first) at the checks' index.
-func (f *fakeCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (f *fakeCatalog) SerfHealth(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	f.record(callRec{method: "serf", index: index, wait: wait})
 	for {
 		f.mu.Lock()
@@ -232,7 +258,11 @@ func (f *fakeCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthChe
 // Generations serves "generations"; a fresh (index-0) read takes what
 // "generations/fresh" holds first: a refresh's read beside the blocking
 // query, which waits on "generations".
-func (f *fakeCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
+func (f *fakeCatalog) Generations(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.KVPairs, uint64, error) {
 	f.record(callRec{method: "generations", index: index, wait: wait})
 	keys := []string{"generations"}
 	if index == 0 {
@@ -273,7 +303,12 @@ type watchHarness struct {
 }
 
 func startWatcher(t *testing.T, cfg WatchConfig, before ...func(*fakeCatalog)) *watchHarness {
-	h := &watchHarness{t: t, cat: newFakeCatalog(), clock: clockwork.NewFakeClock(), out: make(chan health.Observation, 100)}
+	h := &watchHarness{
+		t:     t,
+		cat:   newFakeCatalog(),
+		clock: clockwork.NewFakeClock(),
+		out:   make(chan health.Observation, 100),
+	}
 	for _, f := range before {
 		f(h.cat)
 	}
@@ -366,7 +401,13 @@ func (h *watchHarness) advanceUntil(method string) callRec {
 func serfListedAhead(f *fakeCatalog) { f.push("serf", scripted{index: 1000}) }
 
 func crit(node, id string, idx uint64) *api.HealthCheck {
-	return &api.HealthCheck{Node: node, CheckID: id, ServiceID: "t:x", Status: "critical", ModifyIndex: idx}
+	return &api.HealthCheck{
+		Node:        node,
+		CheckID:     id,
+		ServiceID:   "t:x",
+		Status:      "critical",
+		ModifyIndex: idx,
+	}
 }
 
 func TestWatcherFastPathIndexRules(t *testing.T) {
@@ -383,7 +424,8 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 	}
 	cancel()
 	h.cat.push("nonpassing", scripted{index: 10, checks: api.HealthChecks{crit("n", "a", 9)}})
-	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 10 || len(o.NonPassing.Checks) != 1 {
+	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 10 ||
+		len(o.NonPassing.Checks) != 1 {
 		t.Fatalf("observation %+v", o)
 	}
 	c := h.stepUntil("nonpassing", 10*time.Millisecond) // past the pace between queries
@@ -400,7 +442,8 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 		t.Fatalf("third query index %d", c.index)
 	}
 	o := h.observe()
-	for o.Progress != nil && o.Progress.NonPassing < 12 { // the serf listing's progress at the earlier index
+	for o.Progress != nil && o.Progress.NonPassing < 12 {
+		// The serf listing's progress at the earlier index.
 		o = h.observe()
 	}
 	// (at 12 or above: an answer received after the serf listing at 1000
@@ -439,7 +482,11 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 }
 
 func TestWatcherBacksOffAndReportsContact(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour}, serfListedAhead)
+	h := startWatcher(
+		t,
+		WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour},
+		serfListedAhead,
+	)
 	h.waiters = 2
 	// the warning and serf watches answer their first queries at once and
 	// pause (4× MinInterval after a fresh read): end both pauses (they then
@@ -499,13 +546,35 @@ func catalogNode(node, id string, modify uint64) *api.CatalogService {
 }
 
 func entry(task, node, instance, session string, gen int, status string) *api.ServiceEntry {
-	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: uint64(gen), Task: task, Address: "127.0.0.1", Port: 9000, Version: "1.0.0", Capacity: 2, State: health.StateActive}
+	reg := health.Registration{
+		InstanceID: instance,
+		SessionID:  session,
+		Generation: uint64(gen),
+		Task:       task,
+		Address:    "127.0.0.1",
+		Port:       9000,
+		Version:    "1.0.0",
+		Capacity:   2,
+		State:      health.StateActive,
+	}
 	return &api.ServiceEntry{
-		Node:    &api.Node{Node: node, Address: "127.0.0.1"},
-		Service: &api.AgentService{ID: health.ServiceID(instance, task), Service: task, Address: "127.0.0.1", Port: 9000, Meta: reg.Meta()},
+		Node: &api.Node{Node: node, Address: "127.0.0.1"},
+		Service: &api.AgentService{
+			ID:      health.ServiceID(instance, task),
+			Service: task,
+			Address: "127.0.0.1",
+			Port:    9000,
+			Meta:    reg.Meta(),
+		},
 		Checks: api.HealthChecks{
 			{Node: node, CheckID: "serfHealth", Status: "passing"},
-			{Node: node, CheckID: health.CheckID(instance, session, task), ServiceID: health.ServiceID(instance, task), Status: status, Output: "load=1"},
+			{
+				Node:      node,
+				CheckID:   health.CheckID(instance, session, task),
+				ServiceID: health.ServiceID(instance, task),
+				Status:    status,
+				Output:    "load=1",
+			},
 		},
 	}
 }
@@ -513,12 +582,32 @@ func entry(task, node, instance, session string, gen int, status string) *api.Se
 func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond})
 	h.cat.call(t, "services")
-	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}, "web": {"other"}, "bad_name": {"leasehold"}, "consul": nil}})
+	h.cat.push(
+		"services",
+		scripted{
+			index: 5,
+			services: map[string][]string{
+				"work":     {"leasehold"},
+				"web":      {"other"},
+				"bad_name": {"leasehold"},
+				"consul":   nil,
+			},
+		},
+	)
 	if c := h.cat.call(t, "nodes"); c.task != "work" {
 		t.Fatalf("watching %q", c.task)
 	}
-	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}})
-	h.cat.push("health/work", scripted{index: 9, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}})
+	h.cat.push(
+		"nodes/work",
+		scripted{index: 8, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}},
+	)
+	h.cat.push(
+		"health/work",
+		scripted{
+			index:   9,
+			entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")},
+		},
+	)
 	o := h.observe()
 	if o.Tasks == nil || len(o.Tasks.Tasks) != 1 || o.Tasks.Tasks[0] != "work" {
 		t.Fatalf("task list %+v", o)
@@ -536,7 +625,10 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	if c := h.advanceUntil("nodes"); c.index != 8 {
 		t.Fatalf("next index %d", c.index)
 	}
-	h.cat.push("nodes/work", scripted{index: 11, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}})
+	h.cat.push(
+		"nodes/work",
+		scripted{index: 11, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}},
+	)
 	h.advanceUntil("nodes")
 	select {
 	case c := <-h.cat.calls:
@@ -546,7 +638,10 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	default:
 	}
 	// bad metadata is reported, not dropped
-	h.cat.push("nodes/work", scripted{index: 12, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 12)}})
+	h.cat.push(
+		"nodes/work",
+		scripted{index: 12, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 12)}},
+	)
 	bad := entry("work", "n1", "a", "s1", 1, "passing")
 	bad.Service.Meta["capacity"] = "abc"
 	h.cat.push("health/work", scripted{index: 12, entries: []*api.ServiceEntry{bad}})
@@ -570,7 +665,15 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 }
 
 func TestWatcherBoundsConcurrentTaskQueries(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, MaxConcurrent: 2, WaitTime: time.Minute, ContendedWait: 3 * time.Second})
+	h := startWatcher(
+		t,
+		WatchConfig{
+			MinInterval:   time.Millisecond,
+			MaxConcurrent: 2,
+			WaitTime:      time.Minute,
+			ContendedWait: 3 * time.Second,
+		},
+	)
 	h.cat.call(t, "services")
 	services := map[string][]string{}
 	for _, s := range []string{"t1", "t2", "t3", "t4", "t5"} {
@@ -620,15 +723,33 @@ func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
 	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}}})
 	h.cat.call(t, "nodes")
 	node := func(session string) *api.CatalogService {
-		return &api.CatalogService{Node: "n1", ServiceID: "work:a", ModifyIndex: 7, CreateIndex: 7, ServiceMeta: map[string]string{"session_id": session}}
+		return &api.CatalogService{
+			Node:        "n1",
+			ServiceID:   "work:a",
+			ModifyIndex: 7,
+			CreateIndex: 7,
+			ServiceMeta: map[string]string{"session_id": session},
+		}
 	}
 	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{node("s1")}})
-	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}})
+	h.cat.push(
+		"health/work",
+		scripted{
+			index:   8,
+			entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")},
+		},
+	)
 	for o := h.observe(); o.Members == nil; o = h.observe() {
 	}
 	// a restarted agent replays the same indexes with a new session
 	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{node("s2")}})
-	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s2", 1, "passing")}})
+	h.cat.push(
+		"health/work",
+		scripted{
+			index:   8,
+			entries: []*api.ServiceEntry{entry("work", "n1", "a", "s2", 1, "passing")},
+		},
+	)
 	// The task watch pauses on the fake clock between queries; the pause may
 	// start after any single Advance, so advance until the re-read arrives.
 	deadline := time.After(5 * time.Second)
@@ -735,14 +856,21 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 	if err != nil || seq != 1 {
 		t.Fatalf("Refresh = %d, %v", seq, err)
 	}
-	h.cat.push("generations/fresh", scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}})
+	h.cat.push(
+		"generations/fresh",
+		scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}},
+	)
 	var floor, checks bool
 	for o := h.observe(); o.Refreshed == nil; o = h.observe() {
 		floor = floor || (o.Generations != nil && o.Generations.Keys["x"].Generation == 2)
 		checks = checks || (o.Progress != nil && o.Progress.NonPassing >= 10)
 	}
 	if !floor || !checks {
-		t.Fatalf("Refreshed before the fresh answers: generation keys %v, non-passing checks %v", floor, checks)
+		t.Fatalf(
+			"Refreshed before the fresh answers: generation keys %v, non-passing checks %v",
+			floor,
+			checks,
+		)
 	}
 	fresh := map[string]bool{}
 	for more := true; more; {
@@ -762,7 +890,12 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 	}
 }
 
-func (f *fakeCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }
+func (f *fakeCatalog) GenerationKeys(
+	context.Context,
+	[]string,
+) (api.KVPairs, error) {
+	return nil, nil
+}
 
 // TestFastWaitFollowsTheShortestLease: the watches that always answer wait
 // a third of the shortest lease declared (never under minFastWait), FastWait
@@ -782,17 +915,29 @@ func TestFastWaitFollowsTheShortestLease(t *testing.T) {
 		want time.Duration
 	}{
 		{"no task list yet", func() {}, time.Second},
-		{"a task listed, not read", func() { w.listTasks(map[string]bool{"a": true, "b": true}) }, time.Second},
+		{
+			"a task listed, not read",
+			func() { w.listTasks(map[string]bool{"a": true, "b": true}) },
+			time.Second,
+		},
 		{"one of two read", func() { w.readLeases("a", lease(0)) }, time.Second},
 		{"both read, no lease declared", func() { w.readLeases("b", nil) }, 10 * time.Second},
 		{"a 6 s lease", func() { w.readLeases("b", lease(6*time.Second)) }, 2 * time.Second},
 		{"a 150 ms lease", func() { w.readLeases("a", lease(150*time.Millisecond)) }, minFastWait},
 		// A shortened wait holds (holdShort): a short lease registered and
 		// deregistered again and again ends the queries in flight once.
-		{"its task type gone: the short wait holds", func() { w.listTasks(map[string]bool{"b": true}) }, minFastWait},
+		{
+			"its task type gone: the short wait holds",
+			func() { w.listTasks(map[string]bool{"b": true}) },
+			minFastWait,
+		},
 		{"the hold over", func() { clock.Advance(holdShort) }, 2 * time.Second},
 		{"no lease any more", func() { w.readLeases("b", nil) }, 10 * time.Second},
-		{"a lease again: shortened and held", func() { w.readLeases("b", lease(6*time.Second)) }, 2 * time.Second},
+		{
+			"a lease again: shortened and held",
+			func() { w.readLeases("b", lease(6*time.Second)) },
+			2 * time.Second,
+		},
 		{"gone again: the 2 s wait holds", func() { w.readLeases("b", nil) }, 2 * time.Second},
 	}
 	for _, st := range steps {
@@ -826,15 +971,20 @@ func TestAFastCallInFlightIsAskedAgainWhenALeaseShortensItsWait(t *testing.T) {
 	}
 	res := make(chan result, 1)
 	go func() {
-		_, idx, err := cutShort(w, context.Background(), w.fastWait(), func(ctx context.Context, wait time.Duration) (struct{}, uint64, error) {
-			waits <- wait
-			select {
-			case <-ctx.Done():
-				return struct{}{}, 0, ctx.Err()
-			case <-answer:
-				return struct{}{}, 7, nil
-			}
-		})
+		_, idx, err := cutShort(
+			w,
+			context.Background(),
+			w.fastWait(),
+			func(ctx context.Context, wait time.Duration) (struct{}, uint64, error) {
+				waits <- wait
+				select {
+				case <-ctx.Done():
+					return struct{}{}, 0, ctx.Err()
+				case <-answer:
+					return struct{}{}, 7, nil
+				}
+			},
+		)
 		res <- result{idx, err}
 	}()
 	next := func() time.Duration {

@@ -32,7 +32,8 @@ func (w *Watcher) watchGenerations(ctx context.Context) {
 			if err != nil {
 				if bad[p.Key] != string(p.Value) {
 					bad[p.Key] = string(p.Value)
-					w.log.Warn("generation key ignored", "key", p.Key, "value", string(p.Value), "err", err)
+					w.log.Warn("generation key ignored", "key", p.Key, "value", string(p.Value),
+						"err", err)
 				}
 				continue
 			}
@@ -48,24 +49,43 @@ func (w *Watcher) watchGenerations(ctx context.Context) {
 		}
 		first, last = false, keys
 		w.send(ctx, health.Observation{Generations: &health.Generations{Index: idx, Keys: keys}})
-		w.listedKeys(keys, at) // current at at: it holds every key written before a registration up to at
+		// Current at at: it holds every key written before a registration up to at.
+		w.listedKeys(keys, at)
 		w.sendProgress(ctx, "generations", at, idx)
 		return idx, nil
 	}
-	w.blockingLoop(ctx, watchSpec{name: "generations", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
-		pairs, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.KVPairs, uint64, error) {
-			return w.cat.Generations(ctx, index, wait)
-		})
-		at := w.receipt(idx) // the index space of the checks: see refresh.go
-		return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
-	})
+	w.blockingLoop(
+		ctx,
+		watchSpec{
+			name:        "generations",
+			minInterval: w.cfg.MinInterval * 4,
+			budget:      w.genBudget,
+			kvListing:   true,
+		},
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+			pairs, idx, err := cutShort(
+				w,
+				ctx,
+				wait,
+				func(ctx context.Context, wait time.Duration) (api.KVPairs, uint64, error) {
+					return w.cat.Generations(ctx, index, wait)
+				},
+			)
+			at := w.receipt(idx) // the index space of the checks: see refresh.go
+			return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
+		},
+	)
 }
 
 // generationPair reads one generation key: its instance and record.
 func generationPair(p *api.KVPair) (string, health.GenerationRecord, error) {
 	inst := strings.TrimPrefix(p.Key, health.GenerationKeyPrefix)
 	if err := health.ValidateInstanceID(inst); err != nil {
-		return "", health.GenerationRecord{}, fmt.Errorf("want %s<instance_id>: %w", health.GenerationKeyPrefix, err)
+		return "", health.GenerationRecord{}, fmt.Errorf(
+			"want %s<instance_id>: %w",
+			health.GenerationKeyPrefix,
+			err,
+		)
 	}
 	rec, err := health.ParseGenerationRecord(string(p.Value))
 	if err != nil {
@@ -94,21 +114,26 @@ const maxKeyReads = 16
 // after the membership, holds the key of every legitimate new session and
 // the syncer confirms it at once instead of after the listing's next
 // answer. A failed read only delays that confirmation: nil is returned.
-func (w *Watcher) readBackKeys(ctx context.Context, entries []*api.ServiceEntry) map[string]health.GenerationRecord {
+func (w *Watcher) readBackKeys(
+	ctx context.Context,
+	entries []*api.ServiceEntry,
+) map[string]health.GenerationRecord {
 	w.keysMu.Lock()
 	keys, index := w.keys, w.keysIndex
 	w.keysMu.Unlock()
 	var insts []string
 	for _, e := range entries {
 		if e.Service == nil || e.Service.ModifyIndex <= index {
-			continue // the listing was read after this registration: it holds the key written before it
+			// The listing was read after this registration: it holds the key written before it.
+			continue
 		}
 		inst, sess := e.Service.Meta[health.MetaInstanceID], e.Service.Meta[health.MetaSessionID]
 		if health.ValidateSessionQuery(inst, sess) != nil {
 			continue
 		}
 		k := keys[inst]
-		if k.SessionID == sess && strconv.FormatUint(k.Generation, 10) == e.Service.Meta[health.MetaGeneration] {
+		if k.SessionID == sess &&
+			strconv.FormatUint(k.Generation, 10) == e.Service.Meta[health.MetaGeneration] {
 			continue
 		}
 		insts = append(insts, inst)
@@ -127,7 +152,9 @@ func (w *Watcher) readBackKeys(ctx context.Context, entries []*api.ServiceEntry)
 	}
 	if err != nil {
 		if ctx.Err() == nil {
-			w.log.Warn("reading back generation keys failed: new sessions are confirmed by the next generation listing", "err", err)
+			w.log.Warn(
+				"reading back generation keys failed: new sessions are confirmed by the next generation listing",
+				"err", err)
 		}
 		return nil
 	}

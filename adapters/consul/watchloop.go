@@ -61,14 +61,19 @@ func (w *Watcher) blockingLoop(ctx context.Context, spec watchSpec, read readFun
 			return true
 		},
 		failed: func(err error, retryIn time.Duration) {
-			w.log.Warn("consul query failed; backing off", "watch", name, "err", err, "retry_in", retryIn)
+			w.log.Warn("consul query failed; backing off", "watch", name, "err", err,
+				"retry_in", retryIn)
 		},
 		lostState: func(ctx context.Context, from, to uint64) {
-			w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting", "watch", name, "from", from, "to", to)
+			w.log.Warn("consul index went backwards: Consul lost or restored its state; resetting",
+				"watch", name, "from", from, "to", to)
 			turn := w.forgetIndexes()
 			defer turn.end()
 			if turn.await(w.stopping(ctx)) {
-				w.send(ctx, health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}})
+				w.send(
+					ctx,
+					health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}},
+				)
 			}
 		},
 		// The wake channel is taken before looking for a pending request: a
@@ -103,8 +108,9 @@ type watchSpec struct {
 	name        string
 	minInterval time.Duration // least time between two of its queries
 	useSlot     bool          // holds a per-task query slot while querying
-	budget      *readBudget   // answers grow with the fleet: paced by this read budget (nil: not paced)
-	kvListing   bool          // a KV listing: its index also goes back when Consul reaps tombstones
+	// Answers grow with the fleet: paced by this read budget (nil: not paced).
+	budget    *readBudget
+	kvListing bool // a KV listing: its index also goes back when Consul reaps tombstones
 }
 
 func (w *Watcher) acquire(ctx context.Context) bool {

@@ -100,7 +100,10 @@ func Binary() (string, error) {
 				return p, nil
 			}
 			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				if b, _ := os.ReadFile(filepath.Join(dir, "go.mod")); bytes.HasPrefix(b, []byte("module github.com/leasehold/leasehold\n")) {
+				if b, _ := os.ReadFile(filepath.Join(dir, "go.mod")); bytes.HasPrefix(
+					b,
+					[]byte("module github.com/leasehold/leasehold\n"),
+				) {
 					break // repository root reached
 				}
 			}
@@ -114,7 +117,9 @@ func Binary() (string, error) {
 	if p, err := exec.LookPath("consul"); err == nil {
 		return p, nil
 	}
-	return "", errors.New("consul binary not found (bin/consul, $" + BinaryEnv + " or $PATH): run `make consul` to build it")
+	return "", errors.New(
+		"consul binary not found (bin/consul, $" + BinaryEnv + " or $PATH): run `make consul` to build it",
+	)
 }
 
 // RequireBinary returns the consul binary or ends the test. A missing binary
@@ -200,7 +205,15 @@ func (a *Agent) configure(o Options) error {
 	if err != nil {
 		return err
 	}
-	a.Ports = Ports{HTTP: ports[0], DNS: ports[1], GRPC: ports[2], SerfLAN: ports[3], SerfWAN: ports[4], Server: ports[5], HTTPS: -1}
+	a.Ports = Ports{
+		HTTP:    ports[0],
+		DNS:     ports[1],
+		GRPC:    ports[2],
+		SerfLAN: ports[3],
+		SerfWAN: ports[4],
+		Server:  ports[5],
+		HTTPS:   -1,
+	}
 	if o.TLS != nil {
 		a.Ports.HTTPS = ports[6]
 	}
@@ -550,7 +563,14 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 
 // WaitService waits, with blocking queries (no polling), until cond holds for
 // the health entries of service name (all statuses), and returns them.
-func WaitService(t testing.TB, c *api.Client, name string, timeout time.Duration, what string, cond func([]*api.ServiceEntry) bool) []*api.ServiceEntry {
+func WaitService(
+	t testing.TB,
+	c *api.Client,
+	name string,
+	timeout time.Duration,
+	what string,
+	cond func([]*api.ServiceEntry) bool,
+) []*api.ServiceEntry {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -572,7 +592,12 @@ func WaitService(t testing.TB, c *api.Client, name string, timeout time.Duration
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("timed out after %s waiting for %s; last entries: %s", timeout, what, Describe(last))
+			t.Fatalf(
+				"timed out after %s waiting for %s; last entries: %s",
+				timeout,
+				what,
+				Describe(last),
+			)
 			return nil
 		default:
 		}

@@ -76,7 +76,9 @@ func TestTwoDatacentersFederate(t *testing.T) {
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		es, _, err := c1.Client().Health().Service("work", "", false, &api.QueryOptions{Datacenter: "dc2"})
+		es, _, err := c1.Client().
+			Health().
+			Service("work", "", false, &api.QueryOptions{Datacenter: "dc2"})
 		if err == nil && len(es) == 1 && es[0].Node.Datacenter == "dc2" {
 			break
 		}
@@ -85,7 +87,8 @@ func TestTwoDatacentersFederate(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond) // federation settles; no event to wait on
 	}
-	if es, _, err := c1.Client().Health().Service("work", "", false, nil); err != nil || len(es) != 0 {
+	if es, _, err := c1.Client().Health().Service("work", "", false, nil); err != nil ||
+		len(es) != 0 {
 		t.Fatalf("dc1 has its own catalog: %v %v", es, err)
 	}
 }
