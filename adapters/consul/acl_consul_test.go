@@ -30,7 +30,8 @@ func clientWith(t *testing.T, a *consultest.Agent, name, rules string) *api.Clie
 		t.Fatalf("policy %s: %v", name, err)
 	}
 	tok, _, err := root.ACL().
-		TokenCreate(&api.ACLToken{Description: name, Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+		TokenCreate(&api.ACLToken{Description: name,
+			Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -104,11 +105,13 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 	defer cancel()
 	// An executor's registration whose lease check is critical (so the
 	// critical set has a service check), its generation, a cordon and rules.
-	if err := root.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "work:e1", Name: "work", Port: 9001, Tags: []string{health.DefaultTag},
+	if err := root.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "work:e1",
+		Name: "work", Port: 9001, Tags: []string{health.DefaultTag},
 		Check: &api.AgentServiceCheck{CheckID: "lease-e1", TTL: "30s"}}); err != nil {
 		t.Fatal(err)
 	}
-	for key, v := range map[string]string{health.GenerationKeyPrefix + "e1": "1", RulesKey: "{}", CordonPrefix + "c-1": "{}"} {
+	for key, v := range map[string]string{health.GenerationKeyPrefix + "e1": "1", RulesKey: "{}",
+		CordonPrefix + "c-1": "{}"} {
 		if _, err := root.KV().Put(&api.KVPair{Key: key, Value: []byte(v)}, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -147,13 +150,17 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 	}{
 		{"the example policy", full, nil},
 		{"no node read", consultest.WithoutRule(t, full, `node_prefix ""`), map[string][]string{
-			"services": {RightNodes}, "members": {RightNodes}, "health": {RightNodes}, "critical": {RightNodes}, "serf": {RightNodes}, "node-serf": {RightNodes},
+			"services": {RightNodes}, "members": {RightNodes}, "health": {RightNodes},
+			"critical": {RightNodes}, "serf": {RightNodes}, "node-serf": {RightNodes},
 		}},
-		{"no service read", consultest.WithoutRule(t, full, `service_prefix ""`), map[string][]string{
-			"services": {RightServices}, "members": both, "health": both, "critical": both,
-		}},
-		{"no generation read", consultest.WithoutRule(t, full, `key_prefix "leasehold/generation/"`), map[string][]string{"generations": {gen}}},
-		{"no control read", consultest.WithoutRule(t, full, `key_prefix "leasehold/control/"`), map[string][]string{"control": {ctl}}},
+		{"no service read", consultest.WithoutRule(t, full, `service_prefix ""`),
+			map[string][]string{
+				"services": {RightServices}, "members": both, "health": both, "critical": both,
+			}},
+		{"no generation read", consultest.WithoutRule(t, full,
+			`key_prefix "leasehold/generation/"`), map[string][]string{"generations": {gen}}},
+		{"no control read", consultest.WithoutRule(t, full, `key_prefix "leasehold/control/"`),
+			map[string][]string{"control": {ctl}}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			c := clientWith(t, a, strings.ReplaceAll(tc.name, " ", "-"), tc.rules)
@@ -163,7 +170,8 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 
 	// Empty prefixes: nothing to filter out, yet a token that may not read
 	// them is told apart from one that may (a probe of the prefix key).
-	for _, key := range []string{health.GenerationKeyPrefix + "e1", RulesKey, CordonPrefix + "c-1"} {
+	for _, key := range []string{health.GenerationKeyPrefix + "e1", RulesKey,
+		CordonPrefix + "c-1"} {
 		if _, err := root.KV().Delete(key, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -195,22 +203,16 @@ func TestConsulACLEveryReadNamesTheMissingRight(t *testing.T) {
 			`key_prefix "leasehold/control/"`,
 		)+`key "leasehold/control/rules" { policy = "read" }`+"\n",
 	)
-	if _, _, err := readControl(ctx, rulesOnly, (&api.QueryOptions{}).WithContext(ctx)); !errors.Is(
-		err,
-		ErrACL,
-	) ||
-		!strings.Contains(err.Error(), ctl) {
+	_, _, err := readControl(ctx, rulesOnly, (&api.QueryOptions{}).WithContext(ctx))
+	if !errors.Is(err, ErrACL) || !strings.Contains(err.Error(), ctl) {
 		t.Errorf("control read without the cordons: %v, want an ACL error naming %s", err, ctl)
 	}
 
 	// A token Consul does not know is said so, not taken for a missing right.
 	unknown := clientOf(t, a, "11111111-2222-4333-8444-555555555555")
 	var ae *ACLError
-	if _, _, err := (apiCatalog{c: unknown}).ServiceNodes(ctx, "work", health.DefaultTag, 0, 0); !errors.As(
-		err,
-		&ae,
-	) ||
-		ae.Right() != unknownToken {
+	_, _, err = (apiCatalog{c: unknown}).ServiceNodes(ctx, "work", health.DefaultTag, 0, 0)
+	if !errors.As(err, &ae) || ae.Right() != unknownToken {
 		t.Errorf("unknown token: %v, want an ACL error saying the token is not known", err)
 	}
 }
@@ -222,7 +224,9 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 	consultest.RequireBinary(t)
 	a := consultest.Start(t, consultest.Options{ACLManagementToken: aclRoot})
 	root := a.Client()
-	if _, err := root.KV().Put(&api.KVPair{Key: CordonPrefix + "c-1", Value: []byte(`{"id":"c-1"}`)}, nil); err != nil {
+	_, err := root.KV().Put(&api.KVPair{Key: CordonPrefix + "c-1", Value: []byte(`{"id":"c-1"}`)},
+		nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	full := consultest.ExamplePolicy(t, "leasehold-policy.hcl")
@@ -392,11 +396,15 @@ func TestConsulIdentityCannotBeMadeUpWithACLs(t *testing.T) {
 	defer cancel()
 	// A lax setup: the anonymous token may write the controls.
 	p, _, err := root.ACL().
-		PolicyCreate(&api.ACLPolicy{Name: "anon-ops", Rules: consultest.ExamplePolicy(t, "operator-policy.hcl")}, nil)
+		PolicyCreate(&api.ACLPolicy{Name: "anon-ops", Rules: consultest.ExamplePolicy(t,
+			"operator-policy.hcl")}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	if _, _, err := root.ACL().TokenUpdate(&api.ACLToken{AccessorID: "00000000-0000-0000-0000-000000000002", Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil); err != nil {
+	anonymous := &api.ACLToken{AccessorID: "00000000-0000-0000-0000-000000000002",
+		Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}
+	_, _, err = root.ACL().TokenUpdate(anonymous, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	anon := clientOf(t, a, "")
@@ -467,7 +475,8 @@ func TestConsulOperatorReadsNoticeACLs(t *testing.T) {
 		audit       bool
 	}{
 		{"operator", full, true, true},
-		{"no-control", consultest.WithoutRule(t, full, `key_prefix "leasehold/control/"`), false, true},
+		{"no-control", consultest.WithoutRule(t, full, `key_prefix "leasehold/control/"`), false,
+			true},
 		{"no-audit", consultest.WithoutRule(t, full, `key_prefix "leasehold/audit/"`), true, false},
 	} {
 		k, err := NewControl(clientWith(t, a, "op-"+tc.name, tc.rules), ControlOptions{})
@@ -478,14 +487,16 @@ func TestConsulOperatorReadsNoticeACLs(t *testing.T) {
 		switch {
 		case tc.cordons && (err != nil || len(cs) != 1):
 			t.Errorf("%s: cordons %v, %v; want the one stored", tc.name, cs, err)
-		case !tc.cordons && (!errors.Is(err, ErrACL) || !strings.Contains(err.Error(), RightKeyPrefix(CordonPrefix, "read"))):
+		case !tc.cordons && (!errors.Is(err, ErrACL) || !strings.Contains(err.Error(),
+			RightKeyPrefix(CordonPrefix, "read"))):
 			t.Errorf("%s: cordons %v, %v; want an ACL error naming the read", tc.name, cs, err)
 		}
 		page, err := k.AuditLog(ctx, 10, "")
 		switch {
 		case tc.audit && (err != nil || len(page.Entries) != 1):
 			t.Errorf("%s: audit %v, %v; want the one record", tc.name, page.Entries, err)
-		case !tc.audit && (!errors.Is(err, ErrACL) || !strings.Contains(err.Error(), RightKeyPrefix(AuditPrefix, "read"))):
+		case !tc.audit && (!errors.Is(err, ErrACL) || !strings.Contains(err.Error(),
+			RightKeyPrefix(AuditPrefix, "read"))):
 			t.Errorf(
 				"%s: audit %v, %v; want an ACL error naming the read",
 				tc.name,

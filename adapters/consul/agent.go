@@ -1,5 +1,3 @@
-// Package consul is leasehold's only Consul code: the executor-side Registrar
-// (register, heartbeat, fence, drain) and, later, the discovery watcher.
 package consul
 
 import (
@@ -201,7 +199,8 @@ func (a *APIAgent) NextGeneration(
 		if err != nil {
 			if isStatus(err, 403) {
 				return 0, fmt.Errorf(
-					"check-and-set %s: %w: the executor's token needs key %q { policy = \"write\" } (examples/consul/executor-policy.hcl)",
+					"check-and-set %s: %w: the executor's token needs key %q { policy = "+
+						"\"write\" } (examples/consul/executor-policy.hcl)",
 					key,
 					err,
 					key,

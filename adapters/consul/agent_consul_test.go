@@ -23,7 +23,9 @@ func TestGenerationKeyAtMaxUint64IsGarbage(t *testing.T) {
 	c := a.Client()
 	e := runLive(t, a, "victim", nil)
 	s1 := e.session(t, nil)
-	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("victim"), Value: []byte(strconv.FormatUint(math.MaxUint64, 10))}, nil); err != nil {
+	maxUint64 := []byte(strconv.FormatUint(math.MaxUint64, 10))
+	_, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("victim"), Value: maxUint64}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -47,7 +49,9 @@ func TestGenerationKeyAtMaxUint64IsGarbage(t *testing.T) {
 func TestNextGenerationNeverOverflows(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
-	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte(strconv.FormatUint(math.MaxUint64, 10))}, nil); err != nil {
+	maxUint64 := []byte(strconv.FormatUint(math.MaxUint64, 10))
+	_, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: maxUint64}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)

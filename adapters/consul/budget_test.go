@@ -140,7 +140,8 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 	}
 	// the blocking query it was about to make is ended by the refresh, which
 	// reads afresh (index 0)
-	for c := h.cat.call(t, "generations"); c.index != 0 || c.seq <= mark; c = h.cat.call(t, "generations") {
+	for c := h.cat.call(t, "generations"); c.index != 0 || c.seq <= mark; {
+		c = h.cat.call(t, "generations")
 	}
 }
 
@@ -210,7 +211,8 @@ func TestGenerationRaiseNeverWaitsForAnotherTaskTypesDebt(t *testing.T) {
 		}
 	}
 	t.Fatalf(
-		"a's generation 2 (a replaced session fenced) not read after 1 s: the generations watch waits for the %s debt of another task type's listing",
+		"a's generation 2 (a replaced session fenced) not read after 1 s: the generations watch "+
+			"waits for the %s debt of another task type's listing",
 		h.w.budget.delay().Round(time.Second),
 	)
 }

@@ -23,8 +23,9 @@ func TestConsulDefersOutputOnlyCheckChanges(t *testing.T) {
 	a.SettleSync()
 	c := a.Client()
 	const checkID = "ttl-probe"
-	if err := c.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "probe", Name: "probe", Port: 9000,
-		Check: &api.AgentServiceCheck{CheckID: checkID, TTL: "1m"}}); err != nil {
+	probe := &api.AgentServiceRegistration{ID: "probe", Name: "probe", Port: 9000,
+		Check: &api.AgentServiceCheck{CheckID: checkID, TTL: "1m"}}
+	if err := c.Agent().ServiceRegister(probe); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Agent().UpdateTTL(checkID, health.LoadOutput(1), api.HealthPassing); err != nil {
@@ -49,14 +50,16 @@ func TestConsulDefersOutputOnlyCheckChanges(t *testing.T) {
 	if got := local[checkID].Output; got != health.LoadOutput(3) {
 		t.Fatalf("agent's own view: output %q", got)
 	}
-	checks, meta, err := c.Health().
-		Checks("probe", (&api.QueryOptions{WaitIndex: index, WaitTime: 3 * time.Second}).WithContext(ctx))
+	q := &api.QueryOptions{WaitIndex: index, WaitTime: 3 * time.Second}
+	checks, meta, err := c.Health().Checks("probe", q.WithContext(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if meta.LastIndex != index || len(checks) != 1 || checks[0].Output != health.LoadOutput(1) {
 		t.Fatalf(
-			"an output-only change reached the catalog within 3 s (index %d → %d, %v): check_update_interval no longer defers it — README's load freshness can be revisited",
+			"an output-only change reached the catalog within 3 s (index %d → %d, %v): "+
+				"check_update_interval no longer defers it — README's load freshness can be "+
+				"revisited",
 			index,
 			meta.LastIndex,
 			checks,
@@ -91,8 +94,8 @@ func awaitCatalogCheck(
 ) uint64 {
 	t.Helper()
 	for {
-		checks, meta, err := c.Health().
-			Checks("probe", (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(ctx))
+		q := &api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}
+		checks, meta, err := c.Health().Checks("probe", q.WithContext(ctx))
 		if err != nil {
 			t.Fatalf("waiting for check %s in the catalog: %v", checkID, err)
 		}

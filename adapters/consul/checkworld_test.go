@@ -163,11 +163,9 @@ func (w *worldCatalog) SerfHealth(
 	index uint64,
 	wait time.Duration,
 ) (api.HealthChecks, uint64, error) {
-	return w.await(
-		ctx,
-		index,
-		func(c *api.HealthCheck) bool { return c.CheckID == health.SerfHealthCheckID && c.ServiceID == "" },
-	)
+	return w.await(ctx, index, func(c *api.HealthCheck) bool {
+		return c.CheckID == health.SerfHealthCheckID && c.ServiceID == ""
+	})
 }
 
 func (w *worldCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthCheck, error) {

@@ -73,7 +73,8 @@ func (w *Watcher) contact(ctx context.Context, name string, err error) {
 	}
 	w.contactMu.Lock()
 	if w.failingWatches == nil {
-		w.failingWatches, w.lastOK, w.failedAt, w.watchErr = map[string]bool{}, map[string]time.Time{}, map[string]time.Time{}, map[string]error{}
+		w.failingWatches, w.watchErr = map[string]bool{}, map[string]error{}
+		w.lastOK, w.failedAt = map[string]time.Time{}, map[string]time.Time{}
 	}
 	if err != nil {
 		if !w.failingWatches[name] {

@@ -128,7 +128,8 @@ func TestControlChangeAndAuditRecordCommitTogether(t *testing.T) {
 			`{"id":"c-1","instance_id":"exec-1","reason":"changed meanwhile (%d)","by":"carol"}`,
 			changes,
 		)
-		if _, err := c.KV().Put(&api.KVPair{Key: CordonPrefix + "c-1", Value: []byte(v)}, nil); err != nil {
+		_, err := c.KV().Put(&api.KVPair{Key: CordonPrefix + "c-1", Value: []byte(v)}, nil)
+		if err != nil {
 			t.Error(err)
 		}
 	}
@@ -158,15 +159,13 @@ func TestControlChangeAndAuditRecordCommitTogether(t *testing.T) {
 		if !strings.HasPrefix(rec.Key, AuditPrefix) {
 			t.Errorf("last operation %s is not the audit record", rec.Key)
 		}
-		if _, err := c.KV().Put(&api.KVPair{Key: rec.Key, Value: []byte("taken by the test")}, nil); err != nil {
+		_, err := c.KV().Put(&api.KVPair{Key: rec.Key, Value: []byte("taken by the test")}, nil)
+		if err != nil {
 			t.Error(err)
 		}
 	}
-	if err := k.SetRules(ctx, []byte(`{"safety_limit":0.25}`), "alice"); !errors.Is(
-		err,
-		ErrControl,
-	) ||
-		!strings.Contains(err.Error(), "audit record") {
+	err = k.SetRules(ctx, []byte(`{"safety_limit":0.25}`), "alice")
+	if !errors.Is(err, ErrControl) || !strings.Contains(err.Error(), "audit record") {
 		t.Fatalf("rules set whose record cannot be written: %v", err)
 	}
 	if raw, err := k.Rules(ctx); err != nil || raw != nil {

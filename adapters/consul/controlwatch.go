@@ -89,7 +89,8 @@ func (cw *ControlWatch) Run(ctx context.Context) error {
 		}
 		if !answered {
 			answered, failedAs = true, health.Contact{}
-			if err := send(ctx, health.Observation{ControlContact: &health.Contact{OK: true}}); err != nil {
+			ok := health.Observation{ControlContact: &health.Contact{OK: true}}
+			if err := send(ctx, ok); err != nil {
 				return 0, err
 			}
 		}

@@ -170,7 +170,9 @@ func (k *Control) Uncordon(ctx context.Context, id, by, why string) error {
 		ctx,
 		change,
 		AuditEntry{Actor: by, Action: "uncordon", Target: id, Detail: why},
-		func(int) error { return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id) },
+		func(int) error {
+			return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id)
+		},
 	)
 }
 
@@ -211,7 +213,9 @@ func (k *Control) Approve(ctx context.Context, id, by string) error {
 		ctx,
 		change,
 		AuditEntry{Actor: by, Action: "approve", Target: id, Detail: c.Selector()},
-		func(int) error { return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id) },
+		func(int) error {
+			return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id)
+		},
 	)
 }
 
@@ -226,7 +230,9 @@ func (k *Control) SetRules(ctx context.Context, raw []byte, by string) error {
 		ctx,
 		change,
 		AuditEntry{Actor: by, Action: "rules-set", Target: RulesKey, Detail: string(raw)},
-		func(op int) error { return fmt.Errorf("%w: store rules: operation %d refused", ErrControl, op) },
+		func(op int) error {
+			return fmt.Errorf("%w: store rules: operation %d refused", ErrControl, op)
+		},
 	)
 }
 
@@ -238,6 +244,8 @@ func (k *Control) ClearRules(ctx context.Context, by string) error {
 		ctx,
 		change,
 		AuditEntry{Actor: by, Action: "rules-cleared", Target: RulesKey},
-		func(op int) error { return fmt.Errorf("%w: delete rules: operation %d refused", ErrControl, op) },
+		func(op int) error {
+			return fmt.Errorf("%w: delete rules: operation %d refused", ErrControl, op)
+		},
 	)
 }

@@ -136,7 +136,8 @@ func TestWatcherHoldsOpenQueriesItCounts(t *testing.T) {
 	}
 	if n, most := q.inFlight.Load(), q.most.Load(); n != openQueries || most != openQueries {
 		t.Fatalf(
-			"%d queries open with no task type (at most %d), want openQueries = %d (Connections sizes the agent's pool on it)",
+			"%d queries open with no task type (at most %d), want openQueries = %d (Connections "+
+				"sizes the agent's pool on it)",
 			n,
 			most,
 			openQueries,

@@ -18,7 +18,8 @@ func member(task string, e *api.ServiceEntry) health.Member {
 	}
 	reg, err := health.ParseRegistration(task, addr, e.Service.Port, e.Service.Meta)
 	m := health.Member{Executor: health.Executor{
-		Registration: reg, ServiceID: e.Service.ID, Node: e.Node.Node, CreateIndex: e.Service.CreateIndex,
+		Registration: reg, ServiceID: e.Service.ID, Node: e.Node.Node,
+		CreateIndex: e.Service.CreateIndex,
 	}}
 	if err != nil {
 		m.Err = fmt.Errorf("registration %s on node %s: %w", e.Service.ID, e.Node.Node, err)

@@ -200,7 +200,9 @@ func (w *Watcher) watchNonPassing(ctx context.Context, state string) {
 		// checks is soon enough for them.
 		name, pace = "warning", 10*w.cfg.MinInterval
 	}
-	handle := func(ctx context.Context, states []health.CheckState, idx, at uint64, err error) (uint64, error) {
+	handle := func(
+		ctx context.Context, states []health.CheckState, idx, at uint64, err error,
+	) (uint64, error) {
 		if errors.Is(err, context.Canceled) {
 			return 0, err // leasehold stops: no answer, no failure
 		}
@@ -225,7 +227,7 @@ func (w *Watcher) watchNonPassing(ctx context.Context, state string) {
 	w.blockingLoop(
 		ctx,
 		watchSpec{name: name, minInterval: pace},
-		func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
 			states, idx, at, err := w.fastStates(ctx, state, index, wait)
 			return idx, func() (uint64, error) { return handle(ctx, states, idx, at, err) }
 		},
@@ -274,7 +276,8 @@ func (w *Watcher) applyFast(
 		if err != nil {
 			// The set goes out, at the index before the gap; listed again at the next answer.
 			w.log.Warn(
-				"consul query failed; the fast path vouches for nothing newer until serfHealth is listed",
+				"consul query failed; the fast path vouches for nothing newer until serfHealth "+
+					"is listed",
 				"err", err)
 			return nil
 		}
@@ -295,9 +298,11 @@ func (w *Watcher) takeFast(
 	cross bool,
 ) (changed bool, err error) {
 	f := &w.fast
-	mine, read, index, current, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critAt, &f.critCross
+	mine, read, index, current := &f.crit, &f.critRead, &f.critIndex, &f.critAt
+	crossAt := &f.critCross
 	if state == api.HealthWarning {
-		mine, read, index, current, crossAt = &f.warn, &f.warnRead, &f.warnIndex, &f.warnAt, &f.warnCross
+		mine, read, index, current = &f.warn, &f.warnRead, &f.warnIndex, &f.warnAt
+		crossAt = &f.warnCross
 	}
 	switch {
 	case cross:
@@ -354,7 +359,8 @@ func (w *Watcher) readOtherState(
 		f.gap, f.gapIndex = true, f.sentIndex
 	}
 	w.log.Warn(
-		"consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read",
+		"consul query failed; what left the "+state+" checks stays as it was until the "+
+			other+" ones are read",
 		"err", err)
 }
 
@@ -426,7 +432,7 @@ func (w *Watcher) watchSerf(ctx context.Context) {
 	w.blockingLoop(
 		ctx,
 		watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)},
-		func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
 			checks, idx, err := cutShort(
 				w,
 				ctx,

@@ -175,7 +175,8 @@ func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
 		!e.NodeFailed {
 		c, _ := checkIn(last, "n1", health.SerfHealthCheckID)
 		t.Fatalf(
-			"the fast path vouched for index %d with n1's serfHealth %+v from the listing at 100: n1 failed at 101, yet session s1 is answered CURRENT there",
+			"the fast path vouched for index %d with n1's serfHealth %+v from the listing at "+
+				"100: n1 failed at 101, yet session s1 is answered CURRENT there",
 			vouched,
 			c,
 		)
@@ -221,7 +222,8 @@ func TestFastPathSetWaitingForTheChannelHoldsNoLock(t *testing.T) {
 		}
 		if time.Now().After(deadline) {
 			t.Fatal(
-				"the fast path's lock stayed held while its first set waited for the observation channel",
+				"the fast path's lock stayed held while its first set waited for the observation " +
+					"channel",
 			)
 		}
 		time.Sleep(time.Millisecond) // polling a lock: nothing signals that it is free
@@ -339,7 +341,8 @@ func TestStaleCriticalAnswerNeverUndoesALapse(t *testing.T) {
 			e := health.Join(memberA(), health.NewNonPassingSet(*np))
 			if np.Index < lapse.NonPassing.Index || e.LeaseStatus != health.StatusCritical {
 				t.Fatalf(
-					"after the lapse went out at index %d, a set at index %d says a's lease is %q (checks %+v): a stale critical answer replaced a fresher read",
+					"after the lapse went out at index %d, a set at index %d says a's lease is "+
+						"%q (checks %+v): a stale critical answer replaced a fresher read",
 					lapse.NonPassing.Index,
 					np.Index,
 					e.LeaseStatus,
@@ -418,7 +421,10 @@ func TestRefreshNeverVouchesForAStaleSerfHealth(t *testing.T) {
 	c, _ := checkIn(last, "n1", health.SerfHealthCheckID)
 	if !e.NodeFailed {
 		t.Fatalf(
-			"%s after n1 failed at 101: the view is vouched current at %d (Refreshed), but its set (index %d) has n1's serfHealth %+v from before the failure: NodeFailed false, session s1 (lease check created at 40) is answered CURRENT",
+			"%s after n1 failed at 101: the view is vouched current at %d (Refreshed), but its "+
+				"set (index %d) has n1's serfHealth %+v from before the failure: NodeFailed "+
+				"false, "+
+				"session s1 (lease check created at 40) is answered CURRENT",
 			time.Since(start).Round(time.Millisecond),
 			progress,
 			last.Index,
@@ -482,7 +488,10 @@ func TestNodeBackSeenByTheWarningWatchIsReadByNode(t *testing.T) {
 			c, _ := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
 			if e := health.Join(memberA(), health.NewNonPassingSet(*o.NonPassing)); !e.NodeFailed {
 				t.Fatalf(
-					"n1 failed at 101 and came back at 102; the set at index %d carries its serfHealth %+v (the listing from before the failure): NodeFailed false for session s1, whose lease check was created at 40",
+					"n1 failed at 101 and came back at 102; the set at index %d carries its "+
+						"serfHealth %+v (the listing from before the failure): NodeFailed false "+
+						"for "+
+						"session s1, whose lease check was created at 40",
 					o.NonPassing.Index,
 					c,
 				)
@@ -567,7 +576,10 @@ func TestFailedCrossReadIsRetried(t *testing.T) {
 			e := health.Join(memberA(), health.NewNonPassingSet(*o.NonPassing))
 			if e.LeaseStatus == health.StatusPassing {
 				t.Fatalf(
-					"a lapsed at 62 (it was full, lease warning, before); a set at index %d (checks %+v) has a in neither state: Join reads its lease as passing and a is routed",
+					"a lapsed at 62 (it was full, lease warning, before); a set at index %d "+
+						"(checks %+v) has a in neither state: Join reads its lease as passing "+
+						"and a "+
+						"is routed",
 					o.NonPassing.Index,
 					o.NonPassing.Checks,
 				)
@@ -622,7 +634,8 @@ func TestWarningWatchFailureDoesNotWithholdALapse(t *testing.T) {
 			}
 		case <-deadline:
 			t.Fatalf(
-				"a lapsed at 102 and the critical watch read it; while the warning watch fails the lapse is withheld (%v and counting): a is routed",
+				"a lapsed at 102 and the critical watch read it; while the warning watch fails "+
+					"the lapse is withheld (%v and counting): a is routed",
 				time.Since(start).Round(time.Millisecond),
 			)
 		}
@@ -695,7 +708,8 @@ func TestNodesBackDoNotDelayALapse(t *testing.T) {
 	t.Logf("lapse out after %v (%d node reads)", took, fw.nodeCalls.Load())
 	if took > 300*time.Millisecond {
 		t.Fatalf(
-			"a's lapse (read at once by the critical watch) went out after %v, behind %d serial by-node reads under the fast path's lock (set index %d)",
+			"a's lapse (read at once by the critical watch) went out after %v, behind %d serial "+
+				"by-node reads under the fast path's lock (set index %d)",
 			took.Round(time.Millisecond),
 			fw.nodeCalls.Load(),
 			o.NonPassing.Index,

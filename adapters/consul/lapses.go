@@ -60,8 +60,8 @@ const lapseWriteProbe = ".write-probe"
 // exist is only created at index 0). Consul checks the right first (403),
 // then fails the check-and-set.
 func canWriteKV(ctx context.Context, c *api.Client, dc, prefix string) error {
-	_, _, err := c.KV().
-		CAS(&api.KVPair{Key: prefix + lapseWriteProbe, ModifyIndex: math.MaxUint64}, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
+	probe := &api.KVPair{Key: prefix + lapseWriteProbe, ModifyIndex: math.MaxUint64}
+	_, _, err := c.KV().CAS(probe, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
 	return aclNeeds("kv "+prefix+" (write)", []string{RightKeyPrefix(prefix, "write")}, nil, err)
 }
 
@@ -71,7 +71,9 @@ func (w *Watcher) watchLapses(ctx context.Context, cat lapseCatalog) {
 	var last []health.LapseMark
 	bad := map[string]bool{}
 	first := true
-	handle := func(ctx context.Context, pairs api.KVPairs, idx, at uint64, err error) (uint64, error) {
+	handle := func(
+		ctx context.Context, pairs api.KVPairs, idx, at uint64, err error,
+	) (uint64, error) {
 		if err != nil {
 			first = true
 			return 0, err
@@ -107,7 +109,7 @@ func (w *Watcher) watchLapses(ctx context.Context, cat lapseCatalog) {
 			budget:      w.genBudget,
 			kvListing:   true,
 		},
-		func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
 			pairs, idx, err := cat.LapseMarks(ctx, index, wait)
 			at := w.receipt(idx) // the index space of the checks: see refresh.go
 			return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
@@ -197,7 +199,8 @@ func NewLapseRecorder(client *api.Client, cfg LapseRecorderConfig) *LapseRecorde
 	}
 	r.failed, _ = cfg.Meter.Meter("github.com/leasehold/leasehold/adapters/consul").
 		Int64Counter("leasehold.lapse_marks.failed",
-			metric.WithDescription("writes of lapse marks to Consul KV that failed (retried); a lapse not recorded is final only in this replica's memory until it is"),
+			metric.WithDescription("writes of lapse marks to Consul KV that failed (retried); a "+
+				"lapse not recorded is final only in this replica's memory until it is"),
 		)
 	return r
 }
@@ -273,13 +276,14 @@ func (r *LapseRecorder) flush(ctx context.Context) bool {
 		r.mu.Unlock()
 		// Create only: a mark another replica wrote first stays as it is.
 		key := health.LapseMarkKey(m.InstanceID, m.SessionID)
-		_, _, err := r.kv.KV().
-			CAS(&api.KVPair{Key: key, Value: m.Value(), ModifyIndex: 0}, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
+		mark := &api.KVPair{Key: key, Value: m.Value(), ModifyIndex: 0}
+		_, _, err := r.kv.KV().CAS(mark, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
 		if err != nil {
 			if ctx.Err() == nil {
 				r.failed.Add(ctx, 1)
 				r.log.Error(
-					"lapse mark not written; retrying (until it is, the lapse is final in this replica's memory only)",
+					"lapse mark not written; retrying (until it is, the lapse is final in this "+
+						"replica's memory only)",
 					"key", key, "datacenter", dc, "err", err)
 			}
 			return false
@@ -450,7 +454,8 @@ func (r *LapseRecorder) registeredSessions(ctx context.Context) (map[[2]string]b
 				return nil, fmt.Errorf("datacenter %q: %w", dc, err)
 			}
 			for _, s := range regs {
-				inst, sess := s.ServiceMeta[health.MetaInstanceID], s.ServiceMeta[health.MetaSessionID]
+				inst := s.ServiceMeta[health.MetaInstanceID]
+				sess := s.ServiceMeta[health.MetaSessionID]
 				if inst != "" && sess != "" {
 					registered[[2]string{inst, sess}] = true
 				}

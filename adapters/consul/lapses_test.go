@@ -48,7 +48,9 @@ func registerSession(t *testing.T, c *api.Client, node, task, instance, session 
 // deregisterSession removes instance's registration for task from node.
 func deregisterSession(t *testing.T, c *api.Client, node, task, instance string) {
 	t.Helper()
-	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: node, ServiceID: health.ServiceID(instance, task)}, nil); err != nil {
+	_, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: node,
+		ServiceID: health.ServiceID(instance, task)}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 }
@@ -276,7 +278,8 @@ func TestPruneReadsMarksOfOlderVersions(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
 	old := `{"generation":4,"at":"2020-01-02T03:04:05Z","tasks":["work"],"future":"kept"}`
-	for key, v := range map[string]string{health.LapseMarkKey("x", "s1"): old, health.LapseMarkKey("y", "s1"): "not json"} {
+	for key, v := range map[string]string{health.LapseMarkKey("x", "s1"): old,
+		health.LapseMarkKey("y", "s1"): "not json"} {
 		if _, err := c.KV().Put(&api.KVPair{Key: key, Value: []byte(v)}, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -288,7 +291,8 @@ func TestPruneReadsMarksOfOlderVersions(t *testing.T) {
 	clock.Advance(72 * time.Hour)
 	prune(t, r)
 	p := wantMark(t, c, "", 72*time.Hour, "72 h unregistered")
-	for _, field := range []string{`"generation":4`, `"at":"2020-01-02T03:04:05Z"`, `"tasks":["work"]`, `"future":"kept"`} {
+	for _, field := range []string{`"generation":4`, `"at":"2020-01-02T03:04:05Z"`,
+		`"tasks":["work"]`, `"future":"kept"`} {
 		if !strings.Contains(string(p.Value), field) {
 			t.Errorf("rewritten as %s: %s lost", p.Value, field)
 		}
@@ -323,7 +327,9 @@ func TestPruneKeepsTheMarkWhileItsSessionIsRegisteredInAnotherDatacenter(t *test
 		At:         clock.Now().UTC(),
 		Tasks:      []string{"work"},
 	}
-	if _, err := c.KV().Put(&api.KVPair{Key: health.LapseMarkKey("x", "s1"), Value: m.Value()}, &api.WriteOptions{Datacenter: "dc1"}); err != nil {
+	_, err := c.KV().Put(&api.KVPair{Key: health.LapseMarkKey("x", "s1"), Value: m.Value()},
+		&api.WriteOptions{Datacenter: "dc1"})
+	if err != nil {
 		t.Fatal(err)
 	}
 	prune(t, r)

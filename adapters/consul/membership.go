@@ -51,8 +51,10 @@ func (m *taskMembership) diff(nodes []*api.CatalogService) (changed []memberKey,
 // sameEntry compares what a member is built from, field by field (no joined
 // keys: metadata values may hold any byte).
 func sameEntry(a, b *api.CatalogService) bool {
-	return a.Node == b.Node && a.ServiceID == b.ServiceID && a.CreateIndex == b.CreateIndex && a.ModifyIndex == b.ModifyIndex &&
-		a.Address == b.Address && a.ServiceAddress == b.ServiceAddress && a.ServicePort == b.ServicePort &&
+	return a.Node == b.Node && a.ServiceID == b.ServiceID &&
+		a.CreateIndex == b.CreateIndex && a.ModifyIndex == b.ModifyIndex &&
+		a.Address == b.Address && a.ServiceAddress == b.ServiceAddress &&
+		a.ServicePort == b.ServicePort &&
 		slices.Equal(a.ServiceTags, b.ServiceTags) &&
 		maps.Equal(a.ServiceMeta, b.ServiceMeta)
 }
@@ -76,7 +78,8 @@ func plainID(s string) bool {
 		return false
 	}
 	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':') {
+		letter := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
+		if !(letter || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':') {
 			return false
 		}
 	}

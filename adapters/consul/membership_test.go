@@ -50,17 +50,17 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 		true,
 		nil,
 	)
-	if changed, left := m.diff([]*api.CatalogService{catalogEntry("n1", "a", "s1", 7)}); len(
-		changed,
-	) != 0 ||
-		left {
+	changed, left := m.diff([]*api.CatalogService{catalogEntry("n1", "a", "s1", 7)})
+	if len(changed) != 0 || left {
 		t.Fatalf("identical entries: changed %v left %v", changed, left)
 	}
 	// a restarted agent replays the same indexes with other content; metadata
 	// values that a joined key would confuse ("x|k=v" against two keys)
 	for name, mutate := range map[string]func(c *api.CatalogService){
-		"meta":         func(c *api.CatalogService) { c.ServiceMeta["session_id"] = "s2" },
-		"joined meta":  func(c *api.CatalogService) { c.ServiceMeta = map[string]string{"a": "x|b=y"} },
+		"meta": func(c *api.CatalogService) { c.ServiceMeta["session_id"] = "s2" },
+		"joined meta": func(c *api.CatalogService) {
+			c.ServiceMeta = map[string]string{"a": "x|b=y"}
+		},
 		"port":         func(c *api.CatalogService) { c.ServicePort++ },
 		"address":      func(c *api.CatalogService) { c.ServiceAddress = "127.0.0.2" },
 		"node address": func(c *api.CatalogService) { c.Address = "127.0.0.3" },
@@ -84,20 +84,18 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 		},
 		members: map[memberKey]health.Member{{"n1", "work:a"}: {}},
 	}
-	if changed, _ := joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a", ServiceMeta: map[string]string{"a": "x|b=y"}}}); len(
-		changed,
-	) != 1 {
+	joinedMeta := map[string]string{"a": "x|b=y"}
+	changed, _ = joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a",
+		ServiceMeta: joinedMeta}})
+	if len(changed) != 1 {
 		t.Error("metadata {a: x, b: y} → {a: \"x|b=y\"} not seen")
 	}
 	if _, left := m.diff(nil); !left {
 		t.Error("departure not seen")
 	}
 	// the same service id on another node is another member
-	if changed, left := m.diff([]*api.CatalogService{a, catalogEntry("n2", "a", "s2", 9)}); len(
-		changed,
-	) != 1 ||
-		changed[0] != (memberKey{"n2", "work:a"}) ||
-		left {
+	changed, left = m.diff([]*api.CatalogService{a, catalogEntry("n2", "a", "s2", 9)})
+	if len(changed) != 1 || changed[0] != (memberKey{"n2", "work:a"}) || left {
 		t.Errorf("second node: changed %v left %v", changed, left)
 	}
 }
@@ -171,7 +169,9 @@ func TestMembershipPointReadBounds(t *testing.T) {
 			t.Errorf("%q quoted into a filter", id)
 		}
 	}
-	if _, _, err := (apiCatalog{}).HealthService(context.Background(), "work", "leasehold", []string{`a" or Service.ID != "`}); err == nil {
+	injection := []string{`a" or Service.ID != "`}
+	_, _, err := (apiCatalog{}).HealthService(context.Background(), "work", "leasehold", injection)
+	if err == nil {
 		t.Error("an id that would rewrite the filter was sent")
 	}
 }
@@ -292,7 +292,9 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 	}
 	nodes2 := append(append([]*api.CatalogService{}, nodes...), catalogEntry("n1", "b", "s1", 12))
 	var entries2 []*api.ServiceEntry
-	for _, e := range append(append([]*api.ServiceEntry{}, entries...), entry("work", "n1", "b", "s1", 1, "passing")) {
+	withB := append(append([]*api.ServiceEntry{}, entries...), entry("work", "n1", "b", "s1", 1,
+		"passing"))
+	for _, e := range withB {
 		entries2 = append(entries2, withMaint(e))
 	}
 	h.advance(10 * time.Millisecond)
@@ -308,7 +310,8 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 	for _, m := range members {
 		if e := health.Join(m, set); e.NodeChecks != health.StatusCritical {
 			t.Errorf(
-				"%s on n1 (in maintenance since 11): node checks %q after the task type was re-read at 12 — routed",
+				"%s on n1 (in maintenance since 11): node checks %q after the task type was "+
+					"re-read at 12 — routed",
 				m.ServiceID,
 				e.NodeChecks,
 			)

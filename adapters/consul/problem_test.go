@@ -23,10 +23,23 @@ func TestClassifyNamesWhatToFix(t *testing.T) {
 		want   health.ContactProblem
 		detail string
 	}{
-		{"missing right", fmt.Errorf("x: %w", &ACLError{Read: "kv leasehold/generation/", How: "results filtered by ACLs", Rights: []string{gen}}), health.ProblemACL, gen},
-		{"unknown CA", &url.Error{Op: "Get", URL: "https://127.0.0.1:8501/v1/catalog/services", Err: &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}}, health.ProblemTLS, "x509: certificate signed by unknown authority"},
-		{"plain HTTP port", &url.Error{Op: "Get", URL: "https://127.0.0.1:8500/", Err: errors.New("http: server gave HTTP response to HTTPS client")}, health.ProblemTLS, "Consul answers plain HTTP"},
-		{"refused", &url.Error{Op: "Get", URL: "http://127.0.0.1:1/", Err: errors.New("dial tcp 127.0.0.1:1: connect: connection refused")}, health.ProblemUnreachable, "connection refused"},
+		{"missing right",
+			fmt.Errorf("x: %w", &ACLError{Read: "kv leasehold/generation/",
+				How:    "results filtered by ACLs",
+				Rights: []string{gen}}),
+			health.ProblemACL, gen},
+		{"unknown CA",
+			&url.Error{Op: "Get", URL: "https://127.0.0.1:8501/v1/catalog/services",
+				Err: &tls.CertificateVerificationError{Err: x509.UnknownAuthorityError{}}},
+			health.ProblemTLS, "x509: certificate signed by unknown authority"},
+		{"plain HTTP port",
+			&url.Error{Op: "Get", URL: "https://127.0.0.1:8500/",
+				Err: errors.New("http: server gave HTTP response to HTTPS client")},
+			health.ProblemTLS, "Consul answers plain HTTP"},
+		{"refused",
+			&url.Error{Op: "Get", URL: "http://127.0.0.1:1/",
+				Err: errors.New("dial tcp 127.0.0.1:1: connect: connection refused")},
+			health.ProblemUnreachable, "connection refused"},
 	} {
 		p, d := classify(tt.err)
 		if p != tt.want || !strings.Contains(d, tt.detail) {

@@ -290,14 +290,18 @@ func (w *Watcher) refreshed(name string, seq uint64) {
 // readFunc reads one answer of a watch — the Consul call, made in any
 // goroutine — and returns its index (0: the read failed) and what handles
 // the answer, called in the watch's goroutine.
-type readFunc func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error))
+type readFunc func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc)
+
+// handleFunc handles one answer of a watch and returns the index the watch
+// goes on from (0 with an error: the read or the answer failed).
+type handleFunc func() (uint64, error)
 
 // queryRead is the read of a watch no refresh reads afresh: query reads and
 // handles its answer at once, in the watch's goroutine.
 func queryRead(
 	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error),
 ) readFunc {
-	return func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+	return func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
 		next, err := query(ctx, index, wait)
 		return next, func() (uint64, error) { return next, err }
 	}
@@ -351,7 +355,7 @@ func (w *Watcher) runQuery(
 	}
 	type answer struct {
 		idx    uint64
-		handle func() (uint64, error)
+		handle handleFunc
 	}
 	blocking := make(chan answer, 1)
 	go func() {
@@ -441,7 +445,10 @@ func (w *Watcher) receipt(idx uint64) uint64 {
 
 // noteReached raises the highest index any answer carried.
 func (w *Watcher) noteReached(idx uint64) {
-	for old := w.reached.Load(); idx > old && !w.reached.CompareAndSwap(old, idx); old = w.reached.Load() {
+	for old := w.reached.Load(); idx > old; old = w.reached.Load() {
+		if w.reached.CompareAndSwap(old, idx) {
+			return
+		}
 	}
 }
 

@@ -144,9 +144,11 @@ func startBusyFleet(b *testing.B) *busyFleet {
 		inst := fmt.Sprintf("e%d", i)
 		node := fmt.Sprintf("node-%02d", i%busyNodes)
 		reg := health.Registration{InstanceID: inst, SessionID: "s1", Generation: 1, Task: "work",
-			Address: "127.0.0.1", Port: 9000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive}
+			Address: "127.0.0.1", Port: 9000 + i, Version: "1.0.0", Capacity: 4,
+			State: health.StateActive}
 		_, err := c.Catalog().
-			Register(&api.CatalogRegistration{Node: node, Address: "127.0.0.1", SkipNodeUpdate: true,
+			Register(&api.CatalogRegistration{Node: node, Address: "127.0.0.1",
+				SkipNodeUpdate: true,
 				Service: &api.AgentService{
 					ID:      health.ServiceID(inst, "work"),
 					Service: "work",
@@ -170,7 +172,9 @@ func startBusyFleet(b *testing.B) *busyFleet {
 		if err := register(i, api.HealthPassing); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey(fmt.Sprintf("e%d", i)), Value: []byte("1")}, nil); err != nil {
+		_, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey(fmt.Sprintf("e%d", i)),
+			Value: []byte("1")}, nil)
+		if err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -182,7 +186,9 @@ func startBusyFleet(b *testing.B) *busyFleet {
 			At:         time.Now().UTC().Truncate(time.Second),
 			Tasks:      []string{"work"},
 		}
-		if _, err := c.KV().Put(&api.KVPair{Key: health.LapseMarkKey(m.InstanceID, m.SessionID), Value: m.Value()}, nil); err != nil {
+		_, err := c.KV().Put(&api.KVPair{Key: health.LapseMarkKey(m.InstanceID, m.SessionID),
+			Value: m.Value()}, nil)
+		if err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -245,7 +251,8 @@ func startBusyFleet(b *testing.B) *busyFleet {
 		},
 	)
 	deadline := time.Now().Add(30 * time.Second)
-	for v := syncer.View(); !v.Synced || v.Sessions().Check("e0", "s1").State != health.SessionCurrent; v = syncer.View() {
+	for v := syncer.View(); !v.Synced || v.Sessions().Check("e0",
+		"s1").State != health.SessionCurrent; v = syncer.View() {
 		if time.Now().After(deadline) {
 			b.Fatal("the fleet was never read")
 		}
@@ -296,7 +303,8 @@ func (f *busyFleet) measure(b *testing.B, callers int, minIndex func(seen uint64
 				if err != nil || r.GetState() != leaseholdv1.SessionState_CURRENT {
 					unknown.Add(1)
 				}
-				for s := seen.Load(); r.ConsulIndex > s && !seen.CompareAndSwap(s, r.ConsulIndex); s = seen.Load() {
+				for s := seen.Load(); r.ConsulIndex > s && !seen.CompareAndSwap(s,
+					r.ConsulIndex); s = seen.Load() {
 				}
 			}
 			mu.Lock()

@@ -344,7 +344,8 @@ func TestRefreshReadsOnlyTheWatchesBehind(t *testing.T) {
 	}
 	if gen < 106 || lapses < 106 {
 		t.Fatalf(
-			"before the marker: generation keys current at %d, lapse marks at %d, want ≥ 106 (read after the checks' answer at 106)",
+			"before the marker: generation keys current at %d, lapse marks at %d, want ≥ 106 "+
+				"(read after the checks' answer at 106)",
 			gen,
 			lapses,
 		)
@@ -415,7 +416,9 @@ func TestRefreshRoundsOneAtATime(t *testing.T) {
 		t,
 		out,
 		"the marker of the shared round",
-		func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= last.Load() },
+		func(o health.Observation) bool {
+			return o.Refreshed != nil && *o.Refreshed >= last.Load()
+		},
 	)
 	after := world.freshReads()
 	if n := after["generations"] - before["generations"]; n != 1 {
@@ -424,7 +427,8 @@ func TestRefreshRoundsOneAtATime(t *testing.T) {
 	for _, what := range []string{api.HealthCritical, api.HealthWarning, "serf"} {
 		if n := after[what] - before[what]; n != 0 {
 			t.Errorf(
-				"21 refresh requests for 106 read the %s checks %d times afresh, want none (they were at 106)",
+				"21 refresh requests for 106 read the %s checks %d times afresh, want none (they "+
+					"were at 106)",
 				what,
 				n,
 			)
@@ -453,7 +457,8 @@ func TestRefreshReadsTheLapseMarksWhenBehind(t *testing.T) {
 		}
 	}
 	t.Fatalf(
-		"a refresh to %d (the lapse mark's index) ended without the mark (%d observations before its marker)",
+		"a refresh to %d (the lapse mark's index) ended without the mark (%d observations before "+
+			"its marker)",
 		m,
 		len(got),
 	)
@@ -487,7 +492,8 @@ func TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget(t *testing.T) {
 	// 5: round 1 may read the checks afresh too, at no cost in the fake)
 	freshGenerations := func(after int64) { // a fresh read of the keys made after call after
 		t.Helper()
-		for c := h.cat.call(t, "generations"); c.index != 0 || c.seq <= after; c = h.cat.call(t, "generations") {
+		for c := h.cat.call(t, "generations"); c.index != 0 || c.seq <= after; {
+			c = h.cat.call(t, "generations")
 		}
 	}
 	refreshed := func(seq uint64) {
@@ -515,7 +521,8 @@ func TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget(t *testing.T) {
 	}
 	if d := h.w.genBudget.delay(); d != 0 {
 		t.Fatalf(
-			"the generation keys' own budget is %s in debt after a refresh's read: their next read of a raised generation waits for fencing's",
+			"the generation keys' own budget is %s in debt after a refresh's read: their next "+
+				"read of a raised generation waits for fencing's",
 			d,
 		)
 	}
@@ -609,7 +616,8 @@ func TestRefreshAsksWhetherAKVWriteFollowedBeforeReadingTheListings(t *testing.T
 	before := world.freshReads()
 	got := refreshOf(t, w, out, 106)
 	after := world.freshReads()
-	for _, what := range []string{api.HealthCritical, api.HealthWarning, "serf", "generations", "lapses"} {
+	for _, what := range []string{api.HealthCritical, api.HealthWarning, "serf", "generations",
+		"lapses"} {
 		if n := after[what] - before[what]; n != 0 {
 			t.Errorf(
 				"%d fresh reads of %s for a refresh to 106 with no KV write since 100",
@@ -642,7 +650,8 @@ func TestRefreshAsksWhetherAKVWriteFollowedBeforeReadingTheListings(t *testing.T
 	after = world.freshReads()
 	if n := after["lapses"] - before["lapses"]; n != 1 {
 		t.Errorf(
-			"%d fresh reads of the lapse marks for a refresh to 107 after a KV write at 107, want 1",
+			"%d fresh reads of the lapse marks for a refresh to 107 after a KV write at 107, "+
+				"want 1",
 			n,
 		)
 	}
@@ -869,7 +878,8 @@ func TestConcurrentRefreshesEachGetTheirMarker(t *testing.T) {
 			go func() {
 				defer wg.Done()
 				seq, _ := w.Refresh(ctx, everything)
-				for h := highest.Load(); seq > h && !highest.CompareAndSwap(h, seq); h = highest.Load() {
+				for h := highest.Load(); seq > h && !highest.CompareAndSwap(h,
+					seq); h = highest.Load() {
 				}
 			}()
 		}
@@ -879,8 +889,10 @@ func TestConcurrentRefreshesEachGetTheirMarker(t *testing.T) {
 			got := marker
 			mu.Unlock()
 			t.Fatalf(
-				"burst %d: Refresh returned seq %d, but after 2 s (no further Refresh) the highest Refreshed marker is %d: "+
-					"the caller of %d waits out its deadline and answers UNKNOWN (%d fresh non-passing reads, %d fresh generation reads so far)",
+				"burst %d: Refresh returned seq %d, but after 2 s (no further Refresh) the "+
+					"highest Refreshed marker is %d: "+
+					"the caller of %d waits out its deadline and answers UNKNOWN (%d fresh "+
+					"non-passing reads, %d fresh generation reads so far)",
 				burst,
 				highest.Load(),
 				got,
@@ -914,7 +926,10 @@ func TestConcurrentFencingRequestsWithAMinIndexAnswerCurrent(t *testing.T) {
 		syncer,
 		func(string) time.Time { return w.FreshAsOf() },
 		server.FencingOptions{
-			Refresh: func(ctx context.Context, _ string, atLeast uint64) (uint64, error) { return w.Refresh(ctx, atLeast) },
+			Refresh: func(ctx context.Context, _ string, atLeast uint64) (uint64,
+				error) {
+				return w.Refresh(ctx, atLeast)
+			},
 		},
 	)
 
@@ -951,7 +966,8 @@ func TestConcurrentFencingRequestsWithAMinIndexAnswerCurrent(t *testing.T) {
 					},
 				)
 				took := time.Since(start)
-				for s := slowest.Load(); int64(took) > s && !slowest.CompareAndSwap(s, int64(took)); s = slowest.Load() {
+				for s := slowest.Load(); int64(took) > s && !slowest.CompareAndSwap(s,
+					int64(took)); s = slowest.Load() {
 				}
 				if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
 					unknown.Add(1)
@@ -969,7 +985,10 @@ func TestConcurrentFencingRequestsWithAMinIndexAnswerCurrent(t *testing.T) {
 		rg.Wait()
 		if n := unknown.Load(); n > 0 {
 			t.Fatalf(
-				"burst %d: %d of %d concurrent fencing requests for a CURRENT session on an idle, healthy Consul were not answered CURRENT (slowest %s): a Refresh kick was lost",
+				"burst %d: %d of %d concurrent fencing requests for a CURRENT session on an "+
+					"idle, healthy Consul were not answered CURRENT (slowest %s): a Refresh kick "+
+					"was "+
+					"lost",
 				burst,
 				n,
 				perBurst,
@@ -1019,7 +1038,8 @@ func TestRefreshListsEveryNodeSerfHealthOnce(t *testing.T) {
 	t.Logf("serfHealth listings per Refresh: %.1f", per)
 	if per > 1.5 {
 		t.Errorf(
-			"each Refresh lists every node's serfHealth %.1f times (the serf watch's fresh read is one; the rest come from the gap a cancelled blocking query opens)",
+			"each Refresh lists every node's serfHealth %.1f times (the serf watch's fresh read "+
+				"is one; the rest come from the gap a cancelled blocking query opens)",
 			per,
 		)
 	}

@@ -313,7 +313,8 @@ func (r *Registrar) tryRegister(
 	}
 	sentAt := r.cfg.Clock.Now()
 	for _, task := range r.cfg.Tasks {
-		if err := r.agent.Register(rctx, r.serviceRegistration(*key, task, health.StateActive)); err != nil {
+		reg := r.serviceRegistration(*key, task, health.StateActive)
+		if err := r.agent.Register(rctx, reg); err != nil {
 			return time.Time{}, err
 		}
 	}
@@ -634,7 +635,8 @@ func (r *Registrar) renew(
 	load := r.cfg.Load()
 	status, output := health.HeartbeatStatus(load, r.cfg.Capacity), health.LoadOutput(load)
 	for _, task := range r.cfg.Tasks {
-		if err := r.agent.UpdateTTL(rctx, health.CheckID(r.cfg.InstanceID, sessionID, task), status, output); err != nil {
+		checkID := health.CheckID(r.cfg.InstanceID, sessionID, task)
+		if err := r.agent.UpdateTTL(rctx, checkID, status, output); err != nil {
 			return err
 		}
 	}
@@ -643,7 +645,8 @@ func (r *Registrar) renew(
 		return nil
 	}
 	for _, task := range r.cfg.Tasks {
-		if err := r.agent.Register(rctx, r.serviceRegistration(sess, task, health.StateDraining)); err != nil {
+		reg := r.serviceRegistration(sess, task, health.StateDraining)
+		if err := r.agent.Register(rctx, reg); err != nil {
 			return err
 		}
 	}
@@ -757,14 +760,18 @@ func (r *Registrar) fenceCheck(
 		switch {
 		case mine && o.NodeFailed:
 			return LossNodeFailed, fmt.Errorf(
-				"node %s failed (serfHealth critical) after this session registered: the session counts as lapsed",
+				"node %s failed (serfHealth critical) after this session registered: the session "+
+					"counts as lapsed",
 				o.Node,
 			)
 		case mine && o.LeaseCreateIndex != 0:
 			if health.LeaseCheckRecreated(st.leaseCreated, o.LeaseCreateIndex) {
 				// leasehold's rule too: it answers the session LAPSED.
 				return LossNodeFailed, fmt.Errorf(
-					"the catalog lost this session's lease check and re-created it (created at %d, now at %d: its agent left and came back, or its node was reaped): the session counts as lapsed",
+					"the catalog lost this session's lease check and re-created it (created at "+
+						"%d, now at %d: its agent left and came back, or its node was reaped): "+
+						"the "+
+						"session counts as lapsed",
 					st.leaseCreated,
 					o.LeaseCreateIndex,
 				)
@@ -781,7 +788,8 @@ func (r *Registrar) fenceCheck(
 		// was restored or rewritten. leasehold no longer routes this session
 		// (unconfirmed); a new one takes a generation above every known one.
 		return LossOvertaken, fmt.Errorf(
-			"the generation key %s holds %q, which does not name this session (generation %d): leasehold calls it unconfirmed",
+			"the generation key %s holds %q, which does not name this session (generation %d): "+
+				"leasehold calls it unconfirmed",
 			health.GenerationKey(r.cfg.InstanceID),
 			key.Value(),
 			sess.Generation,
@@ -799,7 +807,8 @@ func (r *Registrar) fenceCheck(
 	}
 	if now.Sub(st.aheadSince) >= r.cfg.Lease.TTL {
 		return LossOvertaken, fmt.Errorf(
-			"generation %d is above ours (%d) in Consul KV %s or a dead registration, and no live session has it after a lease: leasehold calls ours STALE",
+			"generation %d is above ours (%d) in Consul KV %s or a dead registration, and no "+
+				"live session has it after a lease: leasehold calls ours STALE",
 			gen,
 			sess.Generation,
 			health.GenerationKey(r.cfg.InstanceID),

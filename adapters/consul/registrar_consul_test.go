@@ -497,7 +497,8 @@ func TestConsulRestartAfterKVLossStillGetsHigherGeneration(t *testing.T) {
 func registerGarbageGeneration(t *testing.T, c *api.Client, generation uint64, passing bool) {
 	t.Helper()
 	reg := &api.AgentServiceRegistration{
-		ID: "junk-victim", Name: "transcode", Tags: []string{health.DefaultTag}, Address: "127.0.0.1", Port: 9999,
+		ID: "junk-victim", Name: "transcode", Tags: []string{health.DefaultTag},
+		Address: "127.0.0.1", Port: 9999,
 		Meta: map[string]string{
 			health.MetaInstanceID: "victim",
 			health.MetaSessionID:  "junk",
@@ -541,7 +542,8 @@ func TestConsulGarbageGenerationSupersedesNothing(t *testing.T) {
 	case err := <-ex.done:
 		if errors.Is(err, ErrSuperseded) {
 			t.Fatalf(
-				"a registration with generation 2^53+1 (garbage for leasehold, which keeps the executor's session CURRENT) made Run return: %v",
+				"a registration with generation 2^53+1 (garbage for leasehold, which keeps the "+
+					"executor's session CURRENT) made Run return: %v",
 				err,
 			)
 		}

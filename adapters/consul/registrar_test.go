@@ -244,15 +244,13 @@ func TestRefusedHeartbeatReregistersUnderFreshSession(t *testing.T) {
 	if s2.Generation <= s1.Generation {
 		t.Fatalf("generation %d not above the lost session's %d", s2.Generation, s1.Generation)
 	}
-	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"]; got != s2.ID {
+	if got := h.agent.service(health.ServiceID("exec-1",
+		"transcode")).Meta["session_id"]; got != s2.ID {
 		t.Fatalf("registered session = %s, want %s", got, s2.ID)
 	}
 	// The agent forgot s1: this process remembers it replaced it.
-	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta[health.MetaReplaces]; !strings.HasPrefix(
-		got,
-		s1.ID,
-	) ||
-		s2.Replaces[0] != s1.ID {
+	got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta[health.MetaReplaces]
+	if !strings.HasPrefix(got, s1.ID) || s2.Replaces[0] != s1.ID {
 		t.Fatalf("replaces meta %q, session %v: want %s", got, s2.Replaces, s1.ID)
 	}
 	var lle *LeaseLostError
@@ -292,7 +290,8 @@ func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run went on after being superseded")
 	}
-	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"]; got != "newer" {
+	if got := h.agent.service(health.ServiceID("exec-1",
+		"transcode")).Meta["session_id"]; got != "newer" {
 		t.Fatalf("the newer registration was replaced: %s", got)
 	}
 	if s1.Err() == nil {
@@ -581,7 +580,8 @@ func TestLeaseCheckRecreatedSoonAfterRegistrationEndsTheSession(t *testing.T) {
 	case <-agent.sessionsRead:
 	case <-time.After(5 * time.Second):
 		t.Fatal(
-			"the first heartbeat ran no fence check: the Registrar does not know its lease check before a lease passed",
+			"the first heartbeat ran no fence check: the Registrar does not know its lease check " +
+				"before a lease passed",
 		)
 	}
 	agent.mu.Lock()
@@ -644,7 +644,8 @@ func TestNewSessionNamesThoseItReplaces(t *testing.T) {
 		t.Fatalf("replaces %v, want %v", s1.Replaces, want)
 	}
 	for _, task := range baseConfig().Tasks {
-		if got := h.agent.service(health.ServiceID("exec-1", task)).Meta[health.MetaReplaces]; got != "crashed,older,oldest" {
+		if got := h.agent.service(health.ServiceID("exec-1",
+			task)).Meta[health.MetaReplaces]; got != "crashed,older,oldest" {
 			t.Fatalf("%s: replaces meta %q", task, got)
 		}
 	}
@@ -877,10 +878,12 @@ func TestACopyOfOurSessionOnAnotherNodeEndsNothing(t *testing.T) {
 		copy func(s *Session) RemoteSession
 	}{
 		{"its own lease check", func(s *Session) RemoteSession {
-			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation, Status: health.StatusPassing, LeaseCreateIndex: 77}
+			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation,
+				Status: health.StatusPassing, LeaseCreateIndex: 77}
 		}},
 		{"its node failed", func(s *Session) RemoteSession {
-			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation, Status: health.StatusCritical, NodeFailed: true}
+			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation,
+				Status: health.StatusCritical, NodeFailed: true}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -972,7 +975,10 @@ func TestFenceCheckActsOnADeadNewerRegistrationItsKeyDoesNotHold(t *testing.T) {
 		clock.Advance(r.cfg.Lease.TTL)
 	}
 	t.Fatalf(
-		"leasehold calls session mine (generation 5) STALE because of the dead registration at generation 6, but after %d leases the Registrar's fence check still sees nothing to do: the live executor is never routed again",
+		"leasehold calls session mine (generation 5) STALE because of the dead registration at "+
+			"generation 6, but after %d leases the Registrar's fence check still sees nothing to "+
+			"do: "+
+			"the live executor is never routed again",
 		5,
 	)
 }

@@ -83,7 +83,8 @@ func TestSizingTransportHandlesEveryKindOfBody(t *testing.T) {
 	}
 	if n := conns.Load(); n != 1 {
 		t.Errorf(
-			"%d connections for 20 sequential gzip answers: bodies not drained to EOF, connections not reused",
+			"%d connections for 20 sequential gzip answers: bodies not drained to EOF, "+
+				"connections not reused",
 			n,
 		)
 	}

@@ -104,7 +104,8 @@ func (e *ACLError) Error() string {
 		policy = "leasehold-policy.hcl"
 	}
 	return fmt.Sprintf(
-		"%s: %v: %s: the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs %s (examples/consul/%s)",
+		"%s: %v: %s: the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs %s "+
+			"(examples/consul/%s)",
 		e.Read,
 		ErrACL,
 		e.How,
@@ -374,7 +375,8 @@ const kvIndexProbe = health.GenerationKeyPrefix + ".kv-index"
 // says nothing of the others').
 func (a apiCatalog) KVIndex(ctx context.Context) (uint64, bool, error) {
 	p, meta, err := a.c.KV().Get(kvIndexProbe, a.query(ctx, 0, 0))
-	if err := aclNeeds("kv "+health.GenerationKeyPrefix, []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}, meta, err); err != nil {
+	rights := []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}
+	if err := aclNeeds("kv "+health.GenerationKeyPrefix, rights, meta, err); err != nil {
 		return 0, false, err
 	}
 	if p != nil {

@@ -101,7 +101,8 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 		freshSlot:   make(chan struct{}, 1),
 		refreshWake: make(chan struct{}),
 	}
-	w.fast.serf, w.fast.failing, w.fast.crossPending = map[string]health.CheckState{}, map[string]bool{}, map[string]bool{}
+	w.fast.serf = map[string]health.CheckState{}
+	w.fast.failing, w.fast.crossPending = map[string]bool{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
 		w.genBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))

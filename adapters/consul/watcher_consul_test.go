@@ -37,7 +37,8 @@ func newCountingTransport() *countingTransport {
 }
 
 func pathKey(p string) string {
-	for _, prefix := range []string{"/v1/health/state/", "/v1/health/service/", "/v1/catalog/service/", "/v1/catalog/services"} {
+	for _, prefix := range []string{"/v1/health/state/", "/v1/health/service/",
+		"/v1/catalog/service/", "/v1/catalog/services"} {
 		if strings.HasPrefix(p, prefix) {
 			return prefix
 		}
@@ -273,8 +274,10 @@ func TestConsulMembershipChangeReadsWhatChanged(t *testing.T) {
 		State:      health.StateActive,
 	}
 	if err := reg.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
-		ID: health.ServiceID("e0007", "work"), Name: "work", Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
-		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("e0007", "s2", "work"), TTL: "1h", Status: "passing"}},
+		ID: health.ServiceID("e0007", "work"), Name: "work", Tags: []string{"leasehold"},
+		Address: r.Address, Port: r.Port, Meta: r.Meta(),
+		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("e0007", "s2", "work"), TTL: "1h",
+			Status: "passing"}},
 	}, api.ServiceRegisterOpts{ReplaceExistingChecks: true}); err != nil {
 		t.Fatal(err)
 	}
@@ -290,7 +293,8 @@ func TestConsulMembershipChangeReadsWhatChanged(t *testing.T) {
 		catAfter-catBytes,
 	)
 	if d := afterBytes - fullBytes; d <= 0 || d > 8<<10 {
-		t.Errorf("a new session re-read %d bytes of members (want one registration's, ≤ 8 KiB)", d)
+		t.Errorf("a new session re-read %d bytes of members (want one registration's, ≤ 8 KiB)",
+			d)
 	}
 	// e0008 leaves: the catalog listing alone
 	if err := reg.Agent().ServiceDeregister(health.ServiceID("e0008", "work")); err != nil {

@@ -21,7 +21,9 @@ func (w *Watcher) watchGenerations(ctx context.Context) {
 	var last map[string]health.GenerationRecord
 	bad := map[string]string{} // key → value already warned about
 	first := true
-	handle := func(ctx context.Context, pairs api.KVPairs, idx, at uint64, err error) (uint64, error) {
+	handle := func(
+		ctx context.Context, pairs api.KVPairs, idx, at uint64, err error,
+	) (uint64, error) {
 		if err != nil {
 			first = true
 			return 0, err
@@ -62,7 +64,7 @@ func (w *Watcher) watchGenerations(ctx context.Context) {
 			budget:      w.genBudget,
 			kvListing:   true,
 		},
-		func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
 			pairs, idx, err := cutShort(
 				w,
 				ctx,
@@ -153,7 +155,8 @@ func (w *Watcher) readBackKeys(
 	if err != nil {
 		if ctx.Err() == nil {
 			w.log.Warn(
-				"reading back generation keys failed: new sessions are confirmed by the next generation listing",
+				"reading back generation keys failed: new sessions are confirmed by the next "+
+					"generation listing",
 				"err", err)
 		}
 		return nil

@@ -70,20 +70,23 @@ func (w *Watcher) initMetrics(provider metric.MeterProvider) {
 		"leasehold.consul.read_bytes",
 		metric.WithUnit("By"),
 		metric.WithDescription(
-			"bytes of Consul answers, by watch kind, as sent (encoding=wire, gzip) and as parsed (encoding=json)",
+			"bytes of Consul answers, by watch kind, as sent (encoding=wire, gzip) and as parsed "+
+				"(encoding=json)",
 		),
 	)
 	w.budgetWait, _ = m.Float64Counter(
 		"leasehold.consul.read_budget_wait",
 		metric.WithUnit("s"),
 		metric.WithDescription(
-			"time task-membership and generation watches, and refresh rounds (watch=refresh), waited for the read budget (--consul-read-rate) before querying, by watch kind",
+			"time task-membership and generation watches, and refresh rounds (watch=refresh), "+
+				"waited for the read budget (--consul-read-rate) before querying, by watch kind",
 		),
 	)
 	w.rounds, _ = m.Int64Counter(
 		"leasehold.consul.refreshes",
 		metric.WithDescription(
-			"refresh rounds that read Consul afresh for fencing calls whose min_consul_index the view had not reached",
+			"refresh rounds that read Consul afresh for fencing calls whose min_consul_index the "+
+				"view had not reached",
 		),
 	)
 	m.Float64ObservableGauge(

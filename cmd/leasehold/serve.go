@@ -90,10 +90,14 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	obs := p.obs
 	parts.run("consul watches", p.watcher.Run)
 	parts.run("syncer", func(ctx context.Context) error { return p.syncer.Run(ctx, obs) })
-	parts.run("control watch", consul.NewControlWatch(p.client, p.watchConfig(log.With("component", "control-watch"))).Run)
+	parts.run(
+		"control watch",
+		consul.NewControlWatch(p.client, p.watchConfig(log.With("component", "control-watch"))).Run,
+	)
 	parts.run("lapse recorder", p.lapses.Run)
 	if cfg.rulesFile != "" {
-		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile, Raw: p.rulesRaw}}
+		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile,
+			Raw: p.rulesRaw}}
 		parts.run("rules file", func(ctx context.Context) error {
 			followRules(ctx, cfg.rulesFile, obs, log)
 			return ctx.Err()
@@ -107,15 +111,28 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	}
 
 	g := newGRPCServer(sec.creds, tel)
-	xds := server.NewXDS(parts.ctx, p.syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: sec.policy})
+	xds := server.NewXDS(
+		parts.ctx,
+		p.syncer,
+		log,
+		server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: sec.policy},
+	)
 	xds.Register(g)
-	fencing := server.NewFencing(p.syncer, p.watcher.FreshAsOf,
-		server.FencingOptions{StaleAfter: cfg.staleAfter, Refresh: p.watcher.Refresh, Meter: tel.Meter})
+	fencing := server.NewFencing(
+		p.syncer,
+		p.watcher.FreshAsOf,
+		server.FencingOptions{
+			StaleAfter: cfg.staleAfter,
+			Refresh:    p.watcher.Refresh,
+			Meter:      tel.Meter,
+		},
+	)
 	leaseholdv1.RegisterFencingServer(g, fencing)
 	parts.run("xDS and fencing server", func(context.Context) error { return g.Serve(xdsLis) })
 
 	adminHandler := server.AdminHandler(server.AdminConfig{
-		Ready: p.syncer, LastContact: p.watcher.LastContact, Syncer: p.syncer, XDS: xds, Fencing: fencing,
+		Ready: p.syncer, LastContact: p.watcher.LastContact, Syncer: p.syncer, XDS: xds,
+		Fencing: fencing,
 		Metrics: tel.MetricsHandler(),
 	})
 	if sec.adminToken != nil || cfg.adminTLS.ClientCA != "" {
@@ -128,8 +145,9 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	parts.run("admin server", func(context.Context) error { return admin.Serve(adminLis) })
 
 	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(),
-		"tag", cfg.tag, "traces_exported", tel.TracesExported, "tls", cfg.tls.Cert != "", "mtls", cfg.tls.ClientCA != "",
-		"authz_policy", cfg.authzPolicy != "", "admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "",
+		"tag", cfg.tag, "traces_exported", tel.TracesExported, "tls", cfg.tls.Cert != "",
+		"mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "",
+		"admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "",
 		"admin_tls", cfg.adminTLS.Cert != "")
 	if bound != nil {
 		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
@@ -211,7 +229,8 @@ func (p *pipeline) watchConfig(log *slog.Logger) consul.WatchConfig {
 func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pipeline, error) {
 	p := &pipeline{obs: make(chan health.Observation, 256)}
 	var err error
-	if p.client, err = consul.NewClient(cfg.consulAddr, consul.Connections(cfg.consulMaxConns, len(cfg.datacenters))); err != nil {
+	conns := consul.Connections(cfg.consulMaxConns, len(cfg.datacenters))
+	if p.client, err = consul.NewClient(cfg.consulAddr, conns); err != nil {
 		return nil, err
 	}
 	// The watches that always answer must do so well inside the staleness
@@ -219,8 +238,15 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	fastWait := min(10*time.Second, cfg.staleAfter/3)
 	// (Shorter still under shorter leases: the watcher reads the lease_ttl
 	// of the registrations.)
-	p.watch = consul.WatchConfig{Out: p.obs, Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait,
-		ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter}
+	p.watch = consul.WatchConfig{
+		Out:           p.obs,
+		Tag:           cfg.tag,
+		MaxConcurrent: cfg.consulMaxConns,
+		FastWait:      fastWait,
+		ReadRate:      cfg.consulReadRate,
+		Logger:        log,
+		Meter:         tel.Meter,
+	}
 	if p.watcher, err = consul.NewWatchers(p.client, p.watch, cfg.datacenters); err != nil {
 		return nil, fmt.Errorf("--datacenters: %w", err)
 	}
@@ -242,24 +268,50 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	// recorded in Consul KV (leasehold/lapsed/), which every replica reads,
 	// and kept while its session has a registration in any datacenter's
 	// catalog, and for the syncer's history after.
-	p.lapses = consul.NewLapseRecorder(p.client, consul.LapseRecorderConfig{Retention: fleet.DefaultHistoryRetention, Datacenters: cfg.datacenters, Logger: log, Meter: tel.Meter})
-	p.syncer = fleet.NewSyncer(fleet.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
-		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: p.lapses.Record,
-		AwaitControl: true,  // serve runs the control watch: nothing is served before the cordons are read
-		AwaitLapses:  true}) // nor before the lapse marks are (a session lapsed before a restart is never routed)
+	p.lapses = consul.NewLapseRecorder(
+		p.client,
+		consul.LapseRecorderConfig{
+			Retention:   fleet.DefaultHistoryRetention,
+			Datacenters: cfg.datacenters,
+			Logger:      log,
+			Meter:       tel.Meter,
+		},
+	)
+	p.syncer = fleet.NewSyncer(
+		fleet.SyncConfig{
+			Logger:          log,
+			Tracer:          tel.Tracer,
+			Meter:           tel.Meter,
+			Audit:           audit,
+			LBPolicy:        cfg.lbPolicy,
+			Datacenters:     cfg.datacenters,
+			DatacenterQuiet: 2*fastWait + time.Second,
+			DatacenterLost:  cfg.staleAfter,
+			OnLapse:         p.lapses.Record,
+			// serve runs the control watch: nothing is served before the cordons are read.
+			AwaitControl: true,
+			// Nor before the lapse marks are (a session lapsed before a restart is never routed).
+			AwaitLapses: true,
+		},
+	)
 
 	return p, nil
 }
 
 // security is what serve's TLS, authorization and admin flags load.
 type security struct {
-	creds      []grpc.ServerOption // the gRPC port's credentials and the fencing API's authorization
+	// The gRPC port's credentials and the fencing API's authorization.
+	creds      []grpc.ServerOption
 	adminTLS   *server.ServerTLS
 	policy     *server.PolicyStore
 	adminToken *server.AdminToken
 }
 
-func loadSecurity(cfg *serveConfig, log *slog.Logger, meter metric.MeterProvider) (security, error) {
+func loadSecurity(
+	cfg *serveConfig,
+	log *slog.Logger,
+	meter metric.MeterProvider,
+) (security, error) {
 	var sec security
 	if cfg.tls.Enabled() {
 		st, err := server.NewServerTLS(cfg.tls, log)
@@ -285,22 +337,37 @@ func loadSecurity(cfg *serveConfig, log *slog.Logger, meter metric.MeterProvider
 		}
 	}
 	if authz := server.NewFencingAuthorizer(sec.policy, meter); authz != nil {
-		sec.creds = append(sec.creds, grpc.ChainUnaryInterceptor(authz.UnaryInterceptor()), grpc.ChainStreamInterceptor(authz.StreamInterceptor()))
+		sec.creds = append(
+			sec.creds,
+			grpc.ChainUnaryInterceptor(authz.UnaryInterceptor()),
+			grpc.ChainStreamInterceptor(authz.StreamInterceptor()),
+		)
 	}
 	return sec, nil
 }
 
 // newGRPCServer is the server of the xDS and fencing APIs.
 func newGRPCServer(creds []grpc.ServerOption, tel *lhotel.Telemetry) *grpc.Server {
-	return grpc.NewServer(append(creds,
+	return grpc.NewServer(append(
+		creds,
 		server.ServerOption(), // responses reference the cache's bytes (no copy per stream)
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(
+			keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true},
+		),
+		grpc.KeepaliveParams(
+			keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second},
+		),
 		// A dispatcher's trace continues into the fencing API; xDS streams
 		// (hours long) are traced per push instead.
 		grpc.StatsHandler(otelgrpc.NewServerHandler(
-			otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter),
-			otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return strings.HasPrefix(info.FullMethodName, "/leasehold.v1.") }),
+			otelgrpc.WithTracerProvider(tel.Tracer),
+			otelgrpc.WithMeterProvider(tel.Meter),
+			otelgrpc.WithFilter(
+				func(info *stats.RPCTagInfo) bool {
+					return strings.HasPrefix(info.FullMethodName,
+						"/leasehold.v1.")
+				},
+			),
 		)),
 	)...)
 }
@@ -327,11 +394,21 @@ func parseByteRate(s string) (int64, error) {
 		return -1, nil
 	}
 	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
-	units := map[string]int64{"": 1, "B": 1, "KB": 1000, "MB": 1000 * 1000, "KiB": 1 << 10, "MiB": 1 << 20}
+	units := map[string]int64{
+		"":    1,
+		"B":   1,
+		"KB":  1000,
+		"MB":  1000 * 1000,
+		"KiB": 1 << 10,
+		"MiB": 1 << 20,
+	}
 	unit, ok := units[s[len(num):]]
 	n, err := strconv.ParseInt(num, 10, 64)
 	if !ok || err != nil || n <= 0 || n > (1<<40)/unit {
-		return 0, fmt.Errorf("%q: want a positive size per second such as 512KiB, 4MiB or 8MB, or off", s)
+		return 0, fmt.Errorf(
+			"%q: want a positive size per second such as 512KiB, 4MiB or 8MB, or off",
+			s,
+		)
 	}
 	return n * unit, nil
 }

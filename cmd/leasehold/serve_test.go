@@ -15,15 +15,18 @@ import (
 func TestServePartsShareOneLifecycle(t *testing.T) {
 	boom := errors.New("boom")
 	for _, tc := range []struct {
-		name    string
-		first   func(context.Context) error // the part under test; the others wait for their context
-		stop    bool                        // serve stops the parts (they do not end on their own)
-		wantErr string                      // "" for none
+		name string
+		// The part under test; the others wait for their context.
+		first   func(context.Context) error
+		stop    bool   // serve stops the parts (they do not end on their own)
+		wantErr string // "" for none
 	}{
-		{"a failing part ends the others and is named", func(context.Context) error { return boom }, false, "first part: boom"},
+		{"a failing part ends the others and is named", func(context.Context) error { return boom },
+			false, "first part: boom"},
 		{"a part ending on its own is a failure", func(context.Context) error { return nil }, false,
 			"first part: ended before serve stopped"},
-		{"parts stopped by serve end without failure", func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, true, ""},
+		{"parts stopped by serve end without failure",
+			func(ctx context.Context) error { <-ctx.Done(); return ctx.Err() }, true, ""},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			runCtx, cancel := context.WithCancel(context.Background())

@@ -100,10 +100,8 @@ func Binary() (string, error) {
 				return p, nil
 			}
 			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				if b, _ := os.ReadFile(filepath.Join(dir, "go.mod")); bytes.HasPrefix(
-					b,
-					[]byte("module github.com/leasehold/leasehold\n"),
-				) {
+				b, _ := os.ReadFile(filepath.Join(dir, "go.mod"))
+				if bytes.HasPrefix(b, []byte("module github.com/leasehold/leasehold\n")) {
 					break // repository root reached
 				}
 			}
@@ -118,7 +116,8 @@ func Binary() (string, error) {
 		return p, nil
 	}
 	return "", errors.New(
-		"consul binary not found (bin/consul, $" + BinaryEnv + " or $PATH): run `make consul` to build it",
+		"consul binary not found (bin/consul, $" + BinaryEnv + " or $PATH): run `make consul` to " +
+			"build it",
 	)
 }
 
@@ -246,7 +245,9 @@ log_level = %q
   server = %d
 }
 %s
-`, a.Node, filepath.Join(a.dir, "data"), logLevel(), checkUpdates(o), a.Ports.HTTP, a.Ports.HTTPS, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+`, a.Node, filepath.Join(a.dir, "data"), logLevel(), checkUpdates(o),
+		a.Ports.HTTP, a.Ports.HTTPS, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN,
+		a.Ports.Server, o.ExtraHCL)
 	if t := o.TLS; t != nil {
 		hcl += fmt.Sprintf(`tls {
   defaults {

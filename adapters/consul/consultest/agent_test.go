@@ -71,7 +71,9 @@ func TestTwoDatacentersFederate(t *testing.T) {
 	if c1.DC != "dc1" || c2.DC != "dc2" {
 		t.Fatalf("client datacenters %q %q", c1.DC, c2.DC)
 	}
-	if err := c2.Client().Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "w2", Name: "work", Port: 9002}); err != nil {
+	err := c2.Client().Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "w2", Name: "work",
+		Port: 9002})
+	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)

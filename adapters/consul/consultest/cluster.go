@@ -110,7 +110,8 @@ func StartCluster(t testing.TB, servers, clients int) *Cluster {
 
 	var err error
 	for attempt := 0; attempt < 3; attempt++ { // a chosen port can be taken between probe and bind
-		if c.Servers, err = startServers(t, bin, filepath.Join(root, fmt.Sprintf("try%d", attempt)), prefix, servers); err == nil {
+		dir := filepath.Join(root, fmt.Sprintf("try%d", attempt))
+		if c.Servers, err = startServers(t, bin, dir, prefix, servers); err == nil {
 			break
 		}
 		t.Logf("consul cluster: servers did not start (attempt %d): %v", attempt+1, err)

@@ -19,7 +19,9 @@ func TestClusterElectsANewLeader(t *testing.T) {
 	old.Kill()
 	l := c.WaitLeader(t, 30*time.Second, old)
 	t.Logf("leader %s killed; %s elected in %s", old.Node, l.Node, time.Since(killed))
-	if _, err := c.Clients[0].Client().KV().Put(&api.KVPair{Key: "after-election", Value: []byte("x")}, nil); err != nil {
+	_, err := c.Clients[0].Client().KV().Put(&api.KVPair{Key: "after-election", Value: []byte("x")},
+		nil)
+	if err != nil {
 		t.Fatalf("write through the client agent after the election: %v", err)
 	}
 }

@@ -78,7 +78,8 @@ func TestFrozenRemoteDatacenter(t *testing.T) {
 		t.Fatal(err)
 	}
 	t.Logf(
-		"dc2's server frozen %s after the first dc2 read began (dc1's server's connection to dc2 is younger)",
+		"dc2's server frozen %s after the first dc2 read began (dc1's server's connection to dc2 "+
+			"is younger)",
 		frozen.Sub(firstTry).Round(time.Millisecond),
 	)
 
@@ -152,7 +153,8 @@ func TestFrozenRemoteDatacenter(t *testing.T) {
 		_, d, err := read("dc2", 0, 0)
 		if err == nil {
 			t.Logf(
-				"(d) dc2 readable again %s after Thaw (that read %s; %d failed before it, last: %v)",
+				"(d) dc2 readable again %s after Thaw (that read %s; %d failed before it, last: "+
+					"%v)",
 				time.Since(thawed).Round(time.Millisecond),
 				d,
 				failed,
