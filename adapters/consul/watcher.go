@@ -19,64 +19,83 @@ import (
 // non-passing checks (the fast path: its size and cost do not grow with the
 // number of healthy executors, so a lapse, a full executor or a recovery is
 // noticed in one small response).
+//
+// Its state is grouped by the concern that owns it, each group under its
+// own lock (or atomics), and no lock is held while an observation is sent:
+// what is decided under a lock is sent after it is released (the fast path
+// keeps its order with sendTurns).
 type Watcher struct {
 	cat catalog
 	cfg WatchConfig
 	log *slog.Logger
-	// runDone ends sends: Run's context, not a query's — what an answer
-	// carries must go out whatever becomes of the query's context.
+	// runDone ends sends: Run's context, not a query's, since what an
+	// answer carries must go out whatever becomes of the query's context.
 	runDone <-chan struct{}
 
-	slots   chan struct{} // per-task blocking query slots
-	waiting atomic.Int32  // task watchers queued for a slot
+	// Per-task query slots (watchloop.go): a task watch holds one while
+	// its blocking query is in flight; waiting counts those queued for one.
+	slots   chan struct{}
+	waiting atomic.Int32
 
+	// Contact state (contact.go), under contactMu: per watch its last
+	// answer and, while it fails, its first and last error; whether Consul
+	// counts as unreachable, and the failure as last reported.
 	contactMu      sync.Mutex
 	failing        bool
 	failingWatches map[string]bool
-	lastOK         map[string]time.Time // per watch: its last successful answer
-	failedAt       map[string]time.Time // per failing watch: its first error of the run
-	watchErr       map[string]error     // per failing watch: its last error
-	lastContact    atomic.Int64         // unix nanos of the last successful answer
-	// the failure as last reported, and its detail
-	problem       health.ContactProblem
-	problemDetail string
+	lastOK         map[string]time.Time // Per watch: its last successful answer.
+	failedAt       map[string]time.Time // Per failing watch: its first error of the run.
+	watchErr       map[string]error     // Per failing watch: its last error.
+	lastContact    atomic.Int64         // Unix nanos of the last successful answer.
+	problem        health.ContactProblem
+	problemDetail  string
 
+	// The non-passing checks and every node's serfHealth (fastpath.go),
+	// under fast.mu.
 	fast fastPath
 
-	// The task types listed last and the shortest lease each one's members
-	// declare (fastWait).
+	// The fast wait (fastwait.go), under leaseMu: the task types listed
+	// last and the shortest lease each one's members declare; a shortened
+	// wait is held until heldUntil (holdShort), and shorter is closed (and
+	// replaced) when the wait shortens.
 	leaseMu     sync.Mutex
 	listedTasks map[string]bool
 	taskLeases  map[string]time.Duration
-	heldWait    time.Duration // a shortened fast wait, held until heldUntil (holdShort)
+	heldWait    time.Duration
 	heldUntil   time.Time
-	shorter     chan struct{} // closed (and replaced) when the fast wait shortens
+	shorter     chan struct{}
 
-	// The last generation listing, for the task watches' read-backs.
+	// The last generation listing (watchgenerations.go), under keysMu, for
+	// the task watches' read-backs.
 	keysMu    sync.Mutex
 	keys      map[string]health.GenerationRecord
 	keysIndex uint64
 
+	// Metrics (watchmetrics.go) and the read budgets (budget.go; nil:
+	// unpaced): the task memberships', the generation keys' (their own, so
+	// another task type's debt never delays a STALE) and the refresh
+	// rounds' (their own, so fencing's calls never delay the watches' reads).
 	requests, errs, wakeups metric.Int64Counter
 	readBytes               metric.Int64Counter
 	budgetWait              metric.Float64Counter
-	budget                  *readBudget // task memberships; nil: unpaced
-	// Generation keys (their own: another task type's debt never delays a STALE).
-	genBudget *readBudget
-	// Refresh rounds (their own: fencing's calls never delay the watches' reads).
-	refreshBudget *readBudget
-	rounds        metric.Int64Counter
+	rounds                  metric.Int64Counter
+	budget                  *readBudget
+	genBudget               *readBudget
+	refreshBudget           *readBudget
 
 	// Refresh requests (refresh.go): each watch a round asks reads afresh
 	// beside its blocking query; once all have, one Refreshed observation
-	// follows.
+	// follows. freshSlot (capacity 1) is held by the fresh read in
+	// progress; reached is the highest index of any answer so far;
+	// refreshWake, under wakeMu, is closed and replaced by every round, so
+	// that pauses end.
 	refresh     refresher
-	refreshable []string // the watches a round may ask, of refreshable
+	refreshable []string // The watches a round may ask, of refreshable.
 	refreshC    map[string]chan uint64
-	freshSlot   chan struct{} // held by the fresh read in progress (capacity 1)
-	reached     atomic.Uint64 // the highest index of any answer so far
+	freshSlot   chan struct{}
+	reached     atomic.Uint64
 	wakeMu      sync.Mutex
-	refreshWake chan struct{} // closed and replaced by every round: pauses end
+	refreshWake chan struct{}
 }
 
 // Watches a refresh may read afresh: what can make a session STALE (the
