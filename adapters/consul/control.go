@@ -177,8 +177,7 @@ func (e *IdentityError) Error() string {
 	return fmt.Sprintf(
 		"who acts: the Consul token cannot be read (%v); with ACLs on, each operator acts with a "+
 			"token of their own (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE), whose description "+
-			"is "+
-			"recorded; --by is not taken for it",
+			"is recorded; --by is not taken for it",
 		e.Err,
 	)
 }

@@ -98,7 +98,7 @@ func (k *Control) AuditLog(ctx context.Context, limit int, before string) (Audit
 	for _, p := range pairs {
 		var e AuditEntry
 		if err := json.Unmarshal(p.Value, &e); err != nil {
-			// shown, not hidden: it still takes its place.
+			// Shown, not hidden: it still takes its place.
 			e = AuditEntry{Action: "unreadable", Detail: err.Error()}
 		}
 		e.ID = strings.TrimPrefix(p.Key, AuditPrefix)

@@ -308,9 +308,9 @@ func (w *Watcher) takeFast(
 	case cross:
 		*crossAt = idx
 	case idx < *crossAt:
-		// the other watch read this state afresh after this answer was
-		// read: read it again (an index below an own earlier answer is
-		// a Consul that restarted, and taken as it is)
+		// The other watch read this state afresh after this answer was
+		// read: read it again. (An index below an own earlier answer is a
+		// Consul that restarted, and is taken as it is.)
 		if states, idx, at, err = w.fastStates(ctx, state, 0, 0); err != nil {
 			return false, err
 		}
@@ -378,8 +378,8 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 		}
 	}
 	if len(back) > 3 {
-		// many nodes back at once (a partition healed): one listing
-		// rather than a read per node under the lock
+		// Many nodes are back at once (a partition healed): one listing
+		// rather than a read per node under the lock.
 		if checks, sidx, err := w.cat.SerfHealth(ctx, 0, 0); err == nil {
 			f.takeSerf(checks, sidx, w.receipt(sidx))
 			back = nil
@@ -388,8 +388,8 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 	for _, c := range back {
 		sc, err := w.cat.NodeSerf(ctx, c.Node)
 		if err != nil {
-			// keep saying the node failed (its sessions stay lapsed) until
-			// a listing says how it came back; lapses go out meanwhile
+			// Keep saying the node failed (its sessions stay lapsed) until
+			// a listing says how it came back; lapses go out meanwhile.
 			w.log.Warn("consul query failed; the node stays failed until serfHealth is listed",
 				"node", c.Node, "err", err)
 			f.serf[c.Node] = c

@@ -423,8 +423,7 @@ func TestRefreshNeverVouchesForAStaleSerfHealth(t *testing.T) {
 		t.Fatalf(
 			"%s after n1 failed at 101: the view is vouched current at %d (Refreshed), but its "+
 				"set (index %d) has n1's serfHealth %+v from before the failure: NodeFailed "+
-				"false, "+
-				"session s1 (lease check created at 40) is answered CURRENT",
+				"false, session s1 (lease check created at 40) is answered CURRENT",
 			time.Since(start).Round(time.Millisecond),
 			progress,
 			last.Index,
@@ -490,8 +489,7 @@ func TestNodeBackSeenByTheWarningWatchIsReadByNode(t *testing.T) {
 				t.Fatalf(
 					"n1 failed at 101 and came back at 102; the set at index %d carries its "+
 						"serfHealth %+v (the listing from before the failure): NodeFailed false "+
-						"for "+
-						"session s1, whose lease check was created at 40",
+						"for session s1, whose lease check was created at 40",
 					o.NonPassing.Index,
 					c,
 				)
@@ -578,8 +576,7 @@ func TestFailedCrossReadIsRetried(t *testing.T) {
 				t.Fatalf(
 					"a lapsed at 62 (it was full, lease warning, before); a set at index %d "+
 						"(checks %+v) has a in neither state: Join reads its lease as passing "+
-						"and a "+
-						"is routed",
+						"and a is routed",
 					o.NonPassing.Index,
 					o.NonPassing.Checks,
 				)

@@ -38,7 +38,7 @@ func (a apiCatalog) LapseMarks(
 	index uint64,
 	wait time.Duration,
 ) (api.KVPairs, uint64, error) {
-	// leasehold writes them too.
+	// The token must write them too: leasehold records the lapses.
 	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write")
 	if err != nil {
 		return nil, 0, err

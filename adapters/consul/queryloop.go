@@ -99,8 +99,8 @@ func (l queryLoop) run(
 			bo.reset()
 			interval := l.interval
 			if q.fresh() {
-				// after a fresh read (the first, or after an error) a slow
-				// pace would only delay what changed since
+				// After a fresh read (the first, or after an error) a slow
+				// pace would only delay what changed since.
 				interval = min(interval, l.freshInterval)
 			}
 			from := q.highest

@@ -987,8 +987,7 @@ func TestConcurrentFencingRequestsWithAMinIndexAnswerCurrent(t *testing.T) {
 			t.Fatalf(
 				"burst %d: %d of %d concurrent fencing requests for a CURRENT session on an "+
 					"idle, healthy Consul were not answered CURRENT (slowest %s): a Refresh kick "+
-					"was "+
-					"lost",
+					"was lost",
 				burst,
 				n,
 				perBurst,

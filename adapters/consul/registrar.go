@@ -231,7 +231,8 @@ func (r *Registrar) registerSession(
 			return nil, nil, time.Time{}, err
 		}
 		if failures++; failures == 1 || failures%20 == 0 {
-			// don't flood the log while e.g. a probe fails.
+			// The first failure and every twentieth: no flood of the log
+			// while, say, a probe fails.
 			log.Warn("registration failed; retrying", "err", err, "attempts", failures)
 		} else {
 			log.Debug("registration failed; retrying", "err", err, "attempts", failures)
@@ -466,9 +467,9 @@ func (r *Registrar) keepAlive(
 		case <-r.loadCh:
 			if health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) != r.sentStatus &&
 				k.lastErr == nil {
-				// full or free again: the status goes out now, not at the next
-				// heartbeat (at most every 100 ms: a load flapping at the
-				// capacity is not a write per task)
+				// Full or free again: the status goes out now, not at the next
+				// heartbeat (at most every 100 ms, so that a load flapping at the
+				// capacity is not a write per task).
 				k.next.Reset(max(0, 100*time.Millisecond-clock.Since(k.renewedAt)))
 			}
 		case <-fenceC:
@@ -766,12 +767,11 @@ func (r *Registrar) fenceCheck(
 			)
 		case mine && o.LeaseCreateIndex != 0:
 			if health.LeaseCheckRecreated(st.leaseCreated, o.LeaseCreateIndex) {
-				// leasehold's rule too: it answers the session LAPSED.
+				// It is leasehold's rule too: it answers the session LAPSED.
 				return LossNodeFailed, fmt.Errorf(
 					"the catalog lost this session's lease check and re-created it (created at "+
 						"%d, now at %d: its agent left and came back, or its node was reaped): "+
-						"the "+
-						"session counts as lapsed",
+						"the session counts as lapsed",
 					st.leaseCreated,
 					o.LeaseCreateIndex,
 				)

@@ -977,8 +977,7 @@ func TestFenceCheckActsOnADeadNewerRegistrationItsKeyDoesNotHold(t *testing.T) {
 	t.Fatalf(
 		"leasehold calls session mine (generation 5) STALE because of the dead registration at "+
 			"generation 6, but after %d leases the Registrar's fence check still sees nothing to "+
-			"do: "+
-			"the live executor is never routed again",
+			"do: the live executor is never routed again",
 		5,
 	)
 }

@@ -20,9 +20,9 @@ func (w *Watcher) blockingLoop(ctx context.Context, spec watchSpec, read readFun
 	var sizes, fresh *readSizes // of the query in flight, and of a refresh's fresh read in it
 	queryLoop{
 		clock: w.cfg.Clock, maxBackoff: w.cfg.MaxBackoff, kvListing: spec.kvListing,
-		// after a fresh read (the first, or after an error) the slow pace
+		// After a fresh read (the first, or after an error) the slow pace
 		// would only delay what changed since, e.g. the first task type
-		// registering just after leasehold started
+		// registering just after leasehold started.
 		interval: spec.minInterval, freshInterval: w.cfg.MinInterval * 4,
 		before: func(ctx context.Context) (time.Duration, bool) {
 			if spec.budget != nil && !w.awaitBudget(ctx, spec, kind) {

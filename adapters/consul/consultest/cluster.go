@@ -97,8 +97,8 @@ func StartCluster(t testing.TB, servers, clients int) *Cluster {
 	prefix := "lh-" + sanitize(t.Name())
 	c := &Cluster{}
 	t.Cleanup(func() {
-		// clients first, then servers; each group at once (no leave on
-		// SIGTERM, so this is quick)
+		// Clients first, then servers; each group at once (no leave on
+		// SIGTERM, so this is quick).
 		stopAll(c.Clients)
 		stopAll(c.Servers)
 		if t.Failed() || os.Getenv("LEASEHOLD_CONSUL_LOG") != "" {
