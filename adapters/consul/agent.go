@@ -1,5 +1,3 @@
-// Package consul is leasehold's only Consul code: the executor-side Registrar
-// (register, heartbeat, fence, drain) and, later, the discovery watcher.
 package consul
 
 import (
@@ -92,8 +90,14 @@ func (a *APIAgent) Deregister(ctx context.Context, serviceID string) error {
 	return nil
 }
 
-func (a *APIAgent) UpdateTTL(ctx context.Context, checkID string, status health.CheckStatus, output string) error {
-	err := a.c.Agent().UpdateTTLOpts(checkID, output, string(status), (&api.QueryOptions{}).WithContext(ctx))
+func (a *APIAgent) UpdateTTL(
+	ctx context.Context,
+	checkID string,
+	status health.CheckStatus,
+	output string,
+) error {
+	err := a.c.Agent().
+		UpdateTTLOpts(checkID, output, string(status), (&api.QueryOptions{}).WithContext(ctx))
 	switch {
 	case err == nil:
 		return nil
@@ -126,8 +130,13 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 	}
 	out := make([]RemoteSession, 0, len(entries))
 	for _, e := range entries {
-		rs := RemoteSession{Node: e.Node.Node, SessionID: e.Service.Meta[health.MetaSessionID], Status: health.StatusCritical}
-		if g, err := strconv.ParseUint(e.Service.Meta[health.MetaGeneration], 10, 64); err == nil && g <= health.MaxGeneration {
+		rs := RemoteSession{
+			Node:      e.Node.Node,
+			SessionID: e.Service.Meta[health.MetaSessionID],
+			Status:    health.StatusCritical,
+		}
+		if g, err := strconv.ParseUint(e.Service.Meta[health.MetaGeneration], 10, 64); err == nil &&
+			g <= health.MaxGeneration {
 			rs.Generation = g // garbage counts as none, as leasehold ignores it
 		}
 		if v, ok := e.Service.Meta[health.MetaReplaces]; ok {
@@ -158,10 +167,15 @@ func (a *APIAgent) Sessions(ctx context.Context, task, instanceID string) ([]Rem
 	return out, nil
 }
 
-func (a *APIAgent) NextGeneration(ctx context.Context, instanceID, sessionID string, floor uint64) (uint64, error) {
+func (a *APIAgent) NextGeneration(
+	ctx context.Context,
+	instanceID, sessionID string,
+	floor uint64,
+) (uint64, error) {
 	key := health.GenerationKey(instanceID)
 	kv := a.c.KV()
-	for attempt := 0; attempt < 16; attempt++ { // CAS loses only to a concurrent start of the same instance
+	for attempt := 0; attempt < 16; attempt++ {
+		// CAS loses only to a concurrent start of the same instance.
 		pair, _, err := kv.Get(key, (&api.QueryOptions{RequireConsistent: true}).WithContext(ctx))
 		if err != nil {
 			return 0, fmt.Errorf("read %s: %w", key, err)
@@ -178,10 +192,19 @@ func (a *APIAgent) NextGeneration(ctx context.Context, instanceID, sessionID str
 			return 0, fmt.Errorf("%s: generations exhausted (floor %d): reset the key", key, floor)
 		}
 		value := health.GenerationRecord{Generation: next, SessionID: sessionID}.Value()
-		ok, _, err := kv.CAS(&api.KVPair{Key: key, Value: []byte(value), ModifyIndex: index}, (&api.WriteOptions{}).WithContext(ctx))
+		ok, _, err := kv.CAS(
+			&api.KVPair{Key: key, Value: []byte(value), ModifyIndex: index},
+			(&api.WriteOptions{}).WithContext(ctx),
+		)
 		if err != nil {
 			if isStatus(err, 403) {
-				return 0, fmt.Errorf("check-and-set %s: %w: the executor's token needs key %q { policy = \"write\" } (examples/consul/executor-policy.hcl)", key, err, key)
+				return 0, fmt.Errorf(
+					"check-and-set %s: %w: the executor's token needs key %q { policy = "+
+						"\"write\" } (examples/consul/executor-policy.hcl)",
+					key,
+					err,
+					key,
+				)
 			}
 			return 0, fmt.Errorf("check-and-set %s: %w", key, err)
 		}
@@ -192,7 +215,10 @@ func (a *APIAgent) NextGeneration(ctx context.Context, instanceID, sessionID str
 	return 0, fmt.Errorf("check-and-set %s: too much contention", key)
 }
 
-func (a *APIAgent) Generation(ctx context.Context, instanceID string) (health.GenerationRecord, error) {
+func (a *APIAgent) Generation(
+	ctx context.Context,
+	instanceID string,
+) (health.GenerationRecord, error) {
 	key := health.GenerationKey(instanceID)
 	pair, _, err := a.c.KV().Get(key, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {

@@ -6,6 +6,7 @@ import (
 	"time"
 
 	"github.com/jonboulle/clockwork"
+	"go.opentelemetry.io/otel/metric"
 )
 
 // readBudget paces the reads whose answers grow with the fleet (task
@@ -28,7 +29,13 @@ type readBudget struct {
 }
 
 func newReadBudget(clock clockwork.Clock, rate, burst int64) *readBudget {
-	return &readBudget{clock: clock, rate: float64(rate), burst: float64(burst), tokens: float64(burst), at: clock.Now()}
+	return &readBudget{
+		clock:  clock,
+		rate:   float64(rate),
+		burst:  float64(burst),
+		tokens: float64(burst),
+		at:     clock.Now(),
+	}
 }
 
 func (b *readBudget) refill(now time.Time) {
@@ -84,4 +91,23 @@ func (b *readBudget) wait(ctx context.Context, wake <-chan struct{}) (time.Durat
 		case <-t.Chan():
 		}
 	}
+}
+
+// awaitBudget waits while the watch's read budget is in debt; a refresh
+// request (fencing) ends the wait of a watch it reads afresh. False when ctx
+// ended.
+func (w *Watcher) awaitBudget(
+	ctx context.Context,
+	spec watchSpec,
+	kind metric.MeasurementOption,
+) bool {
+	wake := w.refreshWakeOf(spec.name)
+	if kick := w.refreshC[spec.name]; len(kick) > 0 {
+		return ctx.Err() == nil // a refresh is pending: answer it now
+	}
+	waited, ok := spec.budget.wait(ctx, wake)
+	if waited > 0 {
+		w.budgetWait.Add(ctx, waited.Seconds(), kind)
+	}
+	return ok
 }

@@ -7,6 +7,7 @@ import (
 
 	"github.com/hashicorp/consul/api"
 	"github.com/jonboulle/clockwork"
+	"github.com/leasehold/leasehold/health"
 )
 
 func TestReadBudgetDebtAndRefill(t *testing.T) {
@@ -45,12 +46,34 @@ func TestReadBudgetDebtAndRefill(t *testing.T) {
 // coalesce into one read); the fast path does not wait; a refresh request
 // ends the generations watch's wait.
 func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, ReadRate: 1000, ReadBurst: 1000, SlowInterval: time.Hour})
+	h := startWatcher(
+		t,
+		WatchConfig{
+			MinInterval:  time.Millisecond,
+			ReadRate:     1000,
+			ReadBurst:    1000,
+			SlowInterval: time.Hour,
+		},
+	)
 	h.cat.call(t, "services")
 	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}}})
 	h.cat.call(t, "nodes")
-	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{catalogEntry("n1", "a", "s1", 7)}, bytes: 1000})
-	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}, bytes: 2000})
+	h.cat.push(
+		"nodes/work",
+		scripted{
+			index: 8,
+			nodes: []*api.CatalogService{catalogEntry("n1", "a", "s1", 7)},
+			bytes: 1000,
+		},
+	)
+	h.cat.push(
+		"health/work",
+		scripted{
+			index:   8,
+			entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")},
+			bytes:   2000,
+		},
+	)
 	for o := h.observe(); o.Members == nil; o = h.observe() {
 	}
 	// 3000 bytes read against a burst of 1000: 2 s of debt (charged just
@@ -59,7 +82,8 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("debt %s, want 2s", h.w.budget.delay())
 		}
-		time.Sleep(time.Millisecond) // polling a counter the watch goroutine sets; no event to wait on
+		// Polling a counter the watch goroutine sets; no event to wait on.
+		time.Sleep(time.Millisecond)
 	}
 	var mark int64 // calls up to it were made before the step under test
 	expectNo := func(method string) {
@@ -97,12 +121,14 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 		if time.Now().After(deadline) {
 			t.Fatalf("the generations read was not charged: debt %s", h.w.genBudget.delay())
 		}
-		time.Sleep(time.Millisecond) // polling a counter the watch goroutine sets; no event to wait on
+		// Polling a counter the watch goroutine sets; no event to wait on.
+		time.Sleep(time.Millisecond)
 	}
 	mark = h.cat.seq.Load()
 	expectNo("generations")
-	h.waiters = 1                    // every other watch is in a blocking query now
-	h.advance(10 * time.Millisecond) // past the generations watch's pause: now it waits for the budget
+	h.waiters = 1 // every other watch is in a blocking query now
+	// Past the generations watch's pause: now it waits for the budget.
+	h.advance(10 * time.Millisecond)
 	expectNo("generations")
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
@@ -114,6 +140,79 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 	}
 	// the blocking query it was about to make is ended by the refresh, which
 	// reads afresh (index 0)
-	for c := h.cat.call(t, "generations"); c.index != 0 || c.seq <= mark; c = h.cat.call(t, "generations") {
+	for c := h.cat.call(t, "generations"); c.index != 0 || c.seq <= mark; {
+		c = h.cat.call(t, "generations")
 	}
+}
+
+// TestGenerationRaiseNeverWaitsForAnotherTaskTypesDebt: the generation keys
+// have a read budget of their own. One task type's listing (40 MiB of JSON, a
+// large fleet's churn) puts the memberships' budget 8 s in debt at the default
+// 4 MiB/s; a new session's generation raised meanwhile (a few bytes) is still
+// read at once, so the session it replaces is fenced (STALE, out of the xDS
+// assignments) without waiting for that debt to be paid.
+func TestGenerationRaiseNeverWaitsForAnotherTaskTypesDebt(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	h.cat.push(
+		"generations",
+		scripted{
+			index: 3,
+			kv:    api.KVPairs{{Key: health.GenerationKeyPrefix + "a", Value: []byte("1")}},
+		},
+	)
+	for o := h.observe(); o.Generations == nil; o = h.observe() {
+	}
+	// a big task type's listing, read while the generations watch pauses
+	h.cat.call(t, "services")
+	h.cat.push(
+		"services",
+		scripted{index: 5, services: map[string][]string{"work": {"leasehold"}, "consul": nil}},
+	)
+	h.cat.call(t, "nodes")
+	h.cat.push(
+		"nodes/work",
+		scripted{
+			index: 8,
+			nodes: []*api.CatalogService{catalogEntry("n1", "b", "s1", 7)},
+			bytes: 40 << 20,
+		},
+	)
+	h.cat.push(
+		"health/work",
+		scripted{
+			index:   8,
+			entries: []*api.ServiceEntry{entry("work", "n1", "b", "s1", 1, "passing")},
+		},
+	)
+	for o := h.observe(); o.Members == nil; o = h.observe() {
+	}
+	for deadline := time.Now().Add(5 * time.Second); h.w.budget.delay() < 7*time.Second; {
+		if time.Now().After(deadline) {
+			t.Fatalf("debt %s", h.w.budget.delay())
+		}
+		time.Sleep(time.Millisecond) // polling a counter the task watch sets
+	}
+	// instance a restarts: generation 2 is raised before its new session registers
+	h.cat.push(
+		"generations",
+		scripted{
+			index: 9,
+			kv:    api.KVPairs{{Key: health.GenerationKeyPrefix + "a", Value: []byte("2")}},
+		},
+	)
+	for step := 0; step < 100; step++ { // 1 s of fake time in 10 ms steps
+		h.clock.Advance(10 * time.Millisecond)
+		select {
+		case o := <-h.out:
+			if o.Generations != nil && o.Generations.Keys["a"].Generation == 2 {
+				return
+			}
+		case <-time.After(5 * time.Millisecond):
+		}
+	}
+	t.Fatalf(
+		"a's generation 2 (a replaced session fenced) not read after 1 s: the generations watch "+
+			"waits for the %s debt of another task type's listing",
+		h.w.budget.delay().Round(time.Second),
+	)
 }

@@ -23,8 +23,9 @@ func TestConsulDefersOutputOnlyCheckChanges(t *testing.T) {
 	a.SettleSync()
 	c := a.Client()
 	const checkID = "ttl-probe"
-	if err := c.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "probe", Name: "probe", Port: 9000,
-		Check: &api.AgentServiceCheck{CheckID: checkID, TTL: "1m"}}); err != nil {
+	probe := &api.AgentServiceRegistration{ID: "probe", Name: "probe", Port: 9000,
+		Check: &api.AgentServiceCheck{CheckID: checkID, TTL: "1m"}}
+	if err := c.Agent().ServiceRegister(probe); err != nil {
 		t.Fatal(err)
 	}
 	if err := c.Agent().UpdateTTL(checkID, health.LoadOutput(1), api.HealthPassing); err != nil {
@@ -49,12 +50,20 @@ func TestConsulDefersOutputOnlyCheckChanges(t *testing.T) {
 	if got := local[checkID].Output; got != health.LoadOutput(3) {
 		t.Fatalf("agent's own view: output %q", got)
 	}
-	checks, meta, err := c.Health().Checks("probe", (&api.QueryOptions{WaitIndex: index, WaitTime: 3 * time.Second}).WithContext(ctx))
+	q := &api.QueryOptions{WaitIndex: index, WaitTime: 3 * time.Second}
+	checks, meta, err := c.Health().Checks("probe", q.WithContext(ctx))
 	if err != nil {
 		t.Fatal(err)
 	}
 	if meta.LastIndex != index || len(checks) != 1 || checks[0].Output != health.LoadOutput(1) {
-		t.Fatalf("an output-only change reached the catalog within 3 s (index %d → %d, %v): check_update_interval no longer defers it — README's load freshness can be revisited", index, meta.LastIndex, checks)
+		t.Fatalf(
+			"an output-only change reached the catalog within 3 s (index %d → %d, %v): "+
+				"check_update_interval no longer defers it — README's load freshness can be "+
+				"revisited",
+			index,
+			meta.LastIndex,
+			checks,
+		)
 	}
 
 	// A status change (full) reaches the catalog at once.
@@ -62,16 +71,31 @@ func TestConsulDefersOutputOnlyCheckChanges(t *testing.T) {
 		t.Fatal(err)
 	}
 	started := time.Now()
-	awaitCatalogCheck(t, ctx, c, checkID, index, func(hc *api.HealthCheck) bool { return hc.Status == api.HealthWarning })
+	awaitCatalogCheck(
+		t,
+		ctx,
+		c,
+		checkID,
+		index,
+		func(hc *api.HealthCheck) bool { return hc.Status == api.HealthWarning },
+	)
 	t.Logf("status change in the catalog after %v", time.Since(started))
 }
 
 // awaitCatalogCheck blocks on the catalog until the check satisfies ok;
 // returns the index it did at.
-func awaitCatalogCheck(t *testing.T, ctx context.Context, c *api.Client, checkID string, index uint64, ok func(*api.HealthCheck) bool) uint64 {
+func awaitCatalogCheck(
+	t *testing.T,
+	ctx context.Context,
+	c *api.Client,
+	checkID string,
+	index uint64,
+	ok func(*api.HealthCheck) bool,
+) uint64 {
 	t.Helper()
 	for {
-		checks, meta, err := c.Health().Checks("probe", (&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(ctx))
+		q := &api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}
+		checks, meta, err := c.Health().Checks("probe", q.WithContext(ctx))
 		if err != nil {
 			t.Fatalf("waiting for check %s in the catalog: %v", checkID, err)
 		}

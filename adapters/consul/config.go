@@ -95,8 +95,9 @@ func (c Config) Validate() error {
 	// Validate one registration per task with a placeholder session: the
 	// contract's rules are the single source of truth.
 	base := health.Registration{
-		InstanceID: c.InstanceID, SessionID: "validate", Generation: 1, Address: c.Address, Port: c.Port,
-		Version: c.Version, Capacity: c.Capacity, State: health.StateActive, Labels: c.Labels, LeaseTTL: c.Lease.TTL,
+		InstanceID: c.InstanceID, SessionID: "validate", Generation: 1,
+		Address: c.Address, Port: c.Port, Version: c.Version, Capacity: c.Capacity,
+		State: health.StateActive, Labels: c.Labels, LeaseTTL: c.Lease.TTL,
 	}
 	if len(c.Tasks) == 0 {
 		add(&health.FieldError{Field: "task", Reason: "at least one task type is required"})
@@ -119,7 +120,8 @@ func (c Config) Validate() error {
 		}
 		seen[task] = true
 	}
-	if fe := health.ValidateIP(c.Address); fe != nil { // dispatchers never route a host name: refuse up front
+	if fe := health.ValidateIP(c.Address); fe != nil {
+		// Dispatchers never route a host name: refuse up front.
 		add(fe)
 	}
 	if err := health.ValidateTag(c.Tag); err != nil {
@@ -137,8 +139,9 @@ func (c Config) hostPort() string { return net.JoinHostPort(c.Address, strconv.I
 
 func (c Config) registration(sess sessionKey, task string, state health.State) health.Registration {
 	return health.Registration{
-		InstanceID: c.InstanceID, SessionID: sess.id, Generation: sess.generation, Task: task, Address: c.Address, Port: c.Port,
-		Version: c.Version, Capacity: c.Capacity, State: state, Labels: c.Labels, Replaces: sess.replaces, LeaseTTL: c.Lease.TTL,
+		InstanceID: c.InstanceID, SessionID: sess.id, Generation: sess.generation, Task: task,
+		Address: c.Address, Port: c.Port, Version: c.Version, Capacity: c.Capacity, State: state,
+		Labels: c.Labels, Replaces: sess.replaces, LeaseTTL: c.Lease.TTL,
 	}
 }
 

@@ -67,7 +67,13 @@ func auditIDs(t *testing.T, c *api.Client) []string {
 }
 
 func testCordon(id, by string) health.Cordon {
-	return health.Cordon{ID: id, Instance: "exec-1", Reason: "disk failing", By: by, At: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
+	return health.Cordon{
+		ID:       id,
+		Instance: "exec-1",
+		Reason:   "disk failing",
+		By:       by,
+		At:       time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC),
+	}
 }
 
 func TestControlChangeAndAuditRecordCommitTogether(t *testing.T) {
@@ -97,12 +103,16 @@ func TestControlChangeAndAuditRecordCommitTogether(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(page.Entries) != 1 || page.Entries[0].Action != "cordon" || page.Entries[0].Actor != "alice" || page.Entries[0].Target != "c-1" || !page.Entries[0].At.Equal(start) {
+	if len(page.Entries) != 1 || page.Entries[0].Action != "cordon" ||
+		page.Entries[0].Actor != "alice" ||
+		page.Entries[0].Target != "c-1" ||
+		!page.Entries[0].At.Equal(start) {
 		t.Fatalf("audit after the cordon: %+v", page.Entries)
 	}
 
 	// neither: the same cordon id again loses its check-and-set
-	if err := k.Cordon(ctx, testCordon("c-1", "alice")); !errors.Is(err, ErrControl) || !strings.Contains(err.Error(), "exists already") {
+	if err := k.Cordon(ctx, testCordon("c-1", "alice")); !errors.Is(err, ErrControl) ||
+		!strings.Contains(err.Error(), "exists already") {
 		t.Fatalf("second cordon c-1: %v", err)
 	}
 	if ids := auditIDs(t, c); len(ids) != 1 {
@@ -114,18 +124,25 @@ func TestControlChangeAndAuditRecordCommitTogether(t *testing.T) {
 	changes := 0
 	k.beforeCommit = func(api.TxnOps) {
 		changes++ // a new value each time: Consul keeps the index of an unchanged one
-		v := fmt.Sprintf(`{"id":"c-1","instance_id":"exec-1","reason":"changed meanwhile (%d)","by":"carol"}`, changes)
-		if _, err := c.KV().Put(&api.KVPair{Key: CordonPrefix + "c-1", Value: []byte(v)}, nil); err != nil {
+		v := fmt.Sprintf(
+			`{"id":"c-1","instance_id":"exec-1","reason":"changed meanwhile (%d)","by":"carol"}`,
+			changes,
+		)
+		_, err := c.KV().Put(&api.KVPair{Key: CordonPrefix + "c-1", Value: []byte(v)}, nil)
+		if err != nil {
 			t.Error(err)
 		}
 	}
-	if err := k.Approve(ctx, "c-1", "bob"); !errors.Is(err, ErrControl) || !strings.Contains(err.Error(), "changed meanwhile") {
+	if err := k.Approve(ctx, "c-1", "bob"); !errors.Is(err, ErrControl) ||
+		!strings.Contains(err.Error(), "changed meanwhile") {
 		t.Fatalf("approve racing a change: %v", err)
 	}
-	if p := cordon("c-1"); p == nil || !strings.Contains(string(p.Value), "changed meanwhile") || strings.Contains(string(p.Value), "approved_by") {
+	if p := cordon("c-1"); p == nil || !strings.Contains(string(p.Value), "changed meanwhile") ||
+		strings.Contains(string(p.Value), "approved_by") {
 		t.Fatalf("cordon after the refused approval: %+v", p)
 	}
-	if err := k.Uncordon(ctx, "c-1", "bob", "fixed"); !errors.Is(err, ErrControl) || !strings.Contains(err.Error(), "changed meanwhile") {
+	if err := k.Uncordon(ctx, "c-1", "bob", "fixed"); !errors.Is(err, ErrControl) ||
+		!strings.Contains(err.Error(), "changed meanwhile") {
 		t.Fatalf("uncordon racing a change: %v", err)
 	}
 	if cordon("c-1") == nil {
@@ -142,11 +159,13 @@ func TestControlChangeAndAuditRecordCommitTogether(t *testing.T) {
 		if !strings.HasPrefix(rec.Key, AuditPrefix) {
 			t.Errorf("last operation %s is not the audit record", rec.Key)
 		}
-		if _, err := c.KV().Put(&api.KVPair{Key: rec.Key, Value: []byte("taken by the test")}, nil); err != nil {
+		_, err := c.KV().Put(&api.KVPair{Key: rec.Key, Value: []byte("taken by the test")}, nil)
+		if err != nil {
 			t.Error(err)
 		}
 	}
-	if err := k.SetRules(ctx, []byte(`{"safety_limit":0.25}`), "alice"); !errors.Is(err, ErrControl) || !strings.Contains(err.Error(), "audit record") {
+	err = k.SetRules(ctx, []byte(`{"safety_limit":0.25}`), "alice")
+	if !errors.Is(err, ErrControl) || !strings.Contains(err.Error(), "audit record") {
 		t.Fatalf("rules set whose record cannot be written: %v", err)
 	}
 	if raw, err := k.Rules(ctx); err != nil || raw != nil {
@@ -185,7 +204,15 @@ func TestControlChangeAndAuditRecordCommitTogether(t *testing.T) {
 		actions = append(actions, e.Actor+":"+e.Action)
 	}
 	// the two records whose keys the test took are there too, as unreadable ones
-	want := []string{"alice:cordon", ":unreadable", ":unreadable", "bob:approve", "alice:rules-set", "alice:rules-cleared", "bob:uncordon"}
+	want := []string{
+		"alice:cordon",
+		":unreadable",
+		":unreadable",
+		"bob:approve",
+		"alice:rules-set",
+		"alice:rules-cleared",
+		"bob:uncordon",
+	}
 	if !slices.Equal(actions, want) {
 		t.Fatalf("audit trail %v, want %v", actions, want)
 	}
@@ -311,7 +338,11 @@ func TestControlAuditPagesReturnEveryRecordOnce(t *testing.T) {
 		}
 		for i := 1; i < len(page.Entries); i++ {
 			if page.Entries[i-1].ID >= page.Entries[i].ID {
-				t.Fatalf("page not oldest first: %s then %s", page.Entries[i-1].ID, page.Entries[i].ID)
+				t.Fatalf(
+					"page not oldest first: %s then %s",
+					page.Entries[i-1].ID,
+					page.Entries[i].ID,
+				)
 			}
 		}
 		pages = append(pages, page.Entries)
@@ -355,7 +386,8 @@ func TestControlAuditPagesReturnEveryRecordOnce(t *testing.T) {
 	if _, err := k.AuditLog(ctx, 0, ""); err == nil || !strings.HasPrefix(err.Error(), "limit:") {
 		t.Fatalf("limit 0: %v", err)
 	}
-	if _, err := k.AuditLog(ctx, 5, "yesterday"); err == nil || !strings.HasPrefix(err.Error(), "before:") {
+	if _, err := k.AuditLog(ctx, 5, "yesterday"); err == nil ||
+		!strings.HasPrefix(err.Error(), "before:") {
 		t.Fatalf("before yesterday: %v", err)
 	}
 }
@@ -368,7 +400,8 @@ func TestControlRetentionValidated(t *testing.T) {
 		{AuditRetention{Keep: -1}, "keep"},
 		{AuditRetention{MaxAge: -time.Hour}, "max age"},
 	} {
-		if _, err := NewControl(nil, ControlOptions{Retention: tt.r}); err == nil || !strings.Contains(err.Error(), tt.want) {
+		if _, err := NewControl(nil, ControlOptions{Retention: tt.r}); err == nil ||
+			!strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%+v: %v, want an error naming %s", tt.r, err, tt.want)
 		}
 	}

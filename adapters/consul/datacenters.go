@@ -76,14 +76,30 @@ func Connections(maxConcurrent, datacenters int) int {
 	return slots + datacenters*(openQueries+1) + 2
 }
 
-// Run watches every datacenter until ctx ends.
-func (ws *Watchers) Run(ctx context.Context, out chan<- health.Observation) error {
-	var wg sync.WaitGroup
+// Run watches every datacenter until ctx ends, and returns ctx's error
+// then; a Watcher that fails (Watcher.Run) ends the others and Run returns
+// its error, naming its datacenter.
+func (ws *Watchers) Run(ctx context.Context) error {
+	wctx, cancel := context.WithCancel(ctx)
+	defer cancel()
+	var (
+		wg     sync.WaitGroup
+		once   sync.Once
+		failed error
+	)
 	for _, dc := range ws.order {
 		wg.Add(1)
-		go func(w *Watcher) { defer wg.Done(); w.Run(ctx, out) }(ws.byDC[dc])
+		go func(w *Watcher) {
+			defer wg.Done()
+			if err := w.Run(wctx); err != nil && wctx.Err() == nil {
+				once.Do(func() { failed = fmt.Errorf("datacenter %q: %w", dc, err); cancel() })
+			}
+		}(ws.byDC[dc])
 	}
 	wg.Wait()
+	if failed != nil {
+		return failed
+	}
 	return ctx.Err()
 }
 

@@ -61,7 +61,12 @@ func newFakeAgent() *fakeAgent {
 func (f *fakeAgent) Register(_ context.Context, reg *api.AgentServiceRegistration) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	c := call{op: "register", service: reg.ID, session: reg.Meta[health.MetaSessionID], state: reg.Meta[health.MetaState]}
+	c := call{
+		op:      "register",
+		service: reg.ID,
+		session: reg.Meta[health.MetaSessionID],
+		state:   reg.Meta[health.MetaState],
+	}
 	if f.regErr != nil {
 		if err := f.regErr(); err != nil {
 			c.err = err
@@ -95,7 +100,12 @@ func (f *fakeAgent) Deregister(_ context.Context, id string) error {
 	return nil
 }
 
-func (f *fakeAgent) UpdateTTL(_ context.Context, checkID string, status health.CheckStatus, output string) error {
+func (f *fakeAgent) UpdateTTL(
+	_ context.Context,
+	checkID string,
+	status health.CheckStatus,
+	output string,
+) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	_, sess, _, _ := health.ParseCheckID(checkID)
@@ -125,7 +135,13 @@ func (f *fakeAgent) LocalService(_ context.Context, id string) (*api.AgentServic
 	if reg == nil {
 		return nil, nil
 	}
-	return &api.AgentService{ID: reg.ID, Service: reg.Name, Meta: reg.Meta, Address: reg.Address, Port: reg.Port}, nil
+	return &api.AgentService{
+		ID:      reg.ID,
+		Service: reg.Name,
+		Meta:    reg.Meta,
+		Address: reg.Address,
+		Port:    reg.Port,
+	}, nil
 }
 
 func (f *fakeAgent) Sessions(_ context.Context, task, instanceID string) ([]RemoteSession, error) {
@@ -138,7 +154,17 @@ func (f *fakeAgent) Sessions(_ context.Context, task, instanceID string) ([]Remo
 			gen, _ := strconv.ParseUint(reg.Meta[health.MetaGeneration], 10, 64)
 			replaces, _ := health.ParseReplaces(sess, reg.Meta[health.MetaReplaces])
 			id := health.CheckID(instanceID, sess, task)
-			out = append(out, RemoteSession{Node: "local", SessionID: sess, Generation: gen, Status: f.checks[id], Replaces: replaces, LeaseCreateIndex: f.created[id]})
+			out = append(
+				out,
+				RemoteSession{
+					Node:             "local",
+					SessionID:        sess,
+					Generation:       gen,
+					Status:           f.checks[id],
+					Replaces:         replaces,
+					LeaseCreateIndex: f.created[id],
+				},
+			)
 		}
 	}
 	if f.sessionsRead != nil {
@@ -150,7 +176,11 @@ func (f *fakeAgent) Sessions(_ context.Context, task, instanceID string) ([]Remo
 	return append(out, f.others...), nil
 }
 
-func (f *fakeAgent) NextGeneration(_ context.Context, instanceID, sessionID string, floor uint64) (uint64, error) {
+func (f *fakeAgent) NextGeneration(
+	_ context.Context,
+	instanceID, sessionID string,
+	floor uint64,
+) (uint64, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
 	f.gens[instanceID] = max(f.gens[instanceID], floor) + 1
@@ -160,10 +190,16 @@ func (f *fakeAgent) NextGeneration(_ context.Context, instanceID, sessionID stri
 
 func (f *fakeAgent) NodeFailed(context.Context) (bool, error) { return false, nil }
 
-func (f *fakeAgent) Generation(_ context.Context, instanceID string) (health.GenerationRecord, error) {
+func (f *fakeAgent) Generation(
+	_ context.Context,
+	instanceID string,
+) (health.GenerationRecord, error) {
 	f.mu.Lock()
 	defer f.mu.Unlock()
-	return health.GenerationRecord{Generation: f.gens[instanceID], SessionID: f.keySessions[instanceID]}, nil
+	return health.GenerationRecord{
+		Generation: f.gens[instanceID],
+		SessionID:  f.keySessions[instanceID],
+	}, nil
 }
 
 // forget drops every registration, as a restarted agent without state does.

@@ -33,23 +33,35 @@ import (
 // every registration would wake it and make Consul scan the whole
 // datacenter: the largest share of Consul's CPU under churn, measured.)
 type fastPath struct {
-	mu        sync.Mutex // held while reading what a change calls for and sending: sets go out in order
+	// mu is held while an answer is taken and what it calls for is read,
+	// never while a set is sent: a set is decided under mu and sent after,
+	// in its turn (turns), so sets go out in the order they were decided
+	// and a full observation channel holds no goroutine that needs mu.
+	mu        sync.Mutex
+	turns     sendTurns
 	crit      []health.CheckState
 	warn      []health.CheckState
 	critIndex uint64 // the index of the newest critical read
 	warnIndex uint64
-	critAt    uint64 // the index the newest critical read is current at (its own, or a higher one that arrived before: refresh.go)
-	warnAt    uint64
-	serfAt    uint64 // the same, of the serfHealth listing
-	critCross uint64 // the index of the other watch's last fresh read of the critical checks, until an answer as new
+	// The index the newest critical read is current at (its own, or a higher one that arrived
+	// before: refresh.go).
+	critAt uint64
+	warnAt uint64
+	serfAt uint64 // the same, of the serfHealth listing
+	// The index of the other watch's last fresh read of the critical checks, until an answer as
+	// new.
+	critCross uint64
 	warnCross uint64
 	critRead  bool
 	warnRead  bool
 	serf      map[string]health.CheckState // node → its serfHealth
-	serfIndex uint64                       // the index of the serfHealth listing serf holds (0: none yet)
-	failing   map[string]bool              // fast watches whose last query failed
-	gap       bool                         // a fast watch failed since the last serfHealth listing: claim no newer index until one is read
-	gapIndex  uint64                       // the index last sent when the gap began
+	// The index of the serfHealth listing serf holds (0: none yet).
+	serfIndex uint64
+	failing   map[string]bool // fast watches whose last query failed
+	// A fast watch failed since the last serfHealth listing: claim no newer index until one is
+	// read.
+	gap      bool
+	gapIndex uint64 // the index last sent when the gap began
 	// A watch whose read of the other state failed after a change: its next
 	// answer reads the other state whatever it says, and until then what
 	// left its state stays in the set as it was (carry), so nothing is
@@ -90,9 +102,11 @@ func (f *fastPath) combined() []health.CheckState {
 	return out
 }
 
-// publish sends the combined set once both states have been read (called
+// publish decides what goes out once both states have been read (called
 // with f.mu held): the whole set when it changed, else progress to its index
-// (fencing's min_consul_index counts on it). The index is the critical
+// (fencing's min_consul_index counts on it). It returns what sends it, to be
+// called once f.mu is released: that waits for the turn taken here, so sets
+// go out in the order they were decided. The index is the critical
 // read's, but never above the serfHealth listing's: a node may have failed
 // and come back after the listing (serfHealth critical between two critical
 // reads, so neither saw it) and only a listing brings its new indexes, so the
@@ -100,15 +114,15 @@ func (f *fastPath) combined() []health.CheckState {
 // index moves on with the next listing (the serf watch wakes on any check
 // change, at its pace) or a refresh (which lists serfHealth afresh). Until
 // the first listing answers, a node's serfHealth comes from the membership
-// reads (Join's fallback) and the set vouches for nothing (index 0). In a gap (a fast query failed and
-// every serfHealth has not been listed since) lapses still go out at once,
-// but at the index sent before the gap: a node may have failed and come back
-// unseen, so nothing newer is vouched for (a fencing call asking for more
-// reads Consul afresh, serfHealth included).
-func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
+// reads (Join's fallback) and the set vouches for nothing (index 0). In a
+// gap (a fast query failed and every serfHealth has not been listed since)
+// lapses still go out at once, but at the index sent before the gap: a node
+// may have failed and come back unseen, so nothing newer is vouched for (a
+// fencing call asking for more reads Consul afresh, serfHealth included).
+func (w *Watcher) publish(ctx context.Context) (deliver func()) {
 	f := &w.fast
 	if !f.critRead || !f.warnRead {
-		return
+		return func() {}
 	}
 	// Never above the serfHealth listing: neither the set's index nor how
 	// far it is known current.
@@ -116,29 +130,51 @@ func (w *Watcher) publish(ctx context.Context, out chan<- health.Observation) {
 	if f.gap {
 		idx, at = min(idx, f.gapIndex), min(at, f.gapIndex)
 	}
+	warnAt, serfAt := f.warnAt, f.serfAt
 	// The set's own index is the critical read's (Join compares the checks'
 	// indexes with it); how far it is known current goes out as progress.
-	defer func() {
-		w.refresh.raise("warning", f.warnAt)
-		w.refresh.raise("serf", f.serfAt)
-	}()
+	var np *health.NonPassing // nil: the set is unchanged, progress only
 	set := f.combined()
 	if f.sent && reflect.DeepEqual(set, f.last) {
 		f.sentIndex = idx
-		w.sendProgress(ctx, out, npProgress, at, 0) // (none at 0: before the first listing)
-		return
+	} else {
+		f.last, f.sent, f.sentIndex = set, true, idx
+		np = &health.NonPassing{Index: idx, Checks: set}
 	}
-	f.last, f.sent, f.sentIndex = set, true, idx
-	w.send(ctx, out, health.Observation{NonPassing: &health.NonPassing{Index: idx, Checks: set}})
-	w.sendProgress(ctx, out, npProgress, at, idx)
+	turn := f.turns.take()
+	return func() {
+		defer turn.end()
+		if !turn.await(w.stopping(ctx)) {
+			return
+		}
+		if np != nil {
+			w.send(ctx, health.Observation{NonPassing: np})
+			w.sendProgress(ctx, npProgress, at, idx)
+		} else {
+			w.sendProgress(ctx, npProgress, at, 0) // (none at 0: before the first listing)
+		}
+		// Refreshes count on what made the watches current having gone out.
+		w.refresh.raise("warning", warnAt)
+		w.refresh.raise("serf", serfAt)
+	}
 }
 
 // fastStates reads checks in one state as sorted CheckStates, with the
 // read's index and the index it is current at (Watcher.receipt).
-func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wait time.Duration) ([]health.CheckState, uint64, uint64, error) {
-	checks, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
-		return w.cat.ChecksInState(ctx, w.cfg.Tag, state, index, wait)
-	})
+func (w *Watcher) fastStates(
+	ctx context.Context,
+	state string,
+	index uint64,
+	wait time.Duration,
+) ([]health.CheckState, uint64, uint64, error) {
+	checks, idx, err := cutShort(
+		w,
+		ctx,
+		wait,
+		func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
+			return w.cat.ChecksInState(ctx, w.cfg.Tag, state, index, wait)
+		},
+	)
 	if err != nil {
 		return nil, 0, 0, err
 	}
@@ -153,7 +189,7 @@ func (w *Watcher) fastStates(ctx context.Context, state string, index uint64, wa
 
 // watchNonPassing follows the critical checks (the watch named "non-passing")
 // or the warning ones ("warning").
-func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observation, state string) {
+func (w *Watcher) watchNonPassing(ctx context.Context, state string) {
 	f := &w.fast
 	name, pace := "non-passing", w.cfg.MinInterval
 	if state == api.HealthWarning {
@@ -164,12 +200,13 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 		// checks is soon enough for them.
 		name, pace = "warning", 10*w.cfg.MinInterval
 	}
-	handle := func(ctx context.Context, states []health.CheckState, idx, at uint64, err error) (uint64, error) {
+	handle := func(
+		ctx context.Context, states []health.CheckState, idx, at uint64, err error,
+	) (uint64, error) {
 		if errors.Is(err, context.Canceled) {
 			return 0, err // leasehold stops: no answer, no failure
 		}
 		f.mu.Lock()
-		defer f.mu.Unlock()
 		if err == nil {
 			err = w.applyFast(ctx, name, state, states, idx, at)
 		}
@@ -179,15 +216,22 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 				f.gap, f.gapIndex = true, f.sentIndex
 			}
 			f.sent = false // report the next answer whatever it is
+			f.mu.Unlock()
 			return 0, err
 		}
-		w.publish(ctx, out)
+		deliver := w.publish(ctx)
+		f.mu.Unlock()
+		deliver()
 		return idx, nil
 	}
-	w.blockingLoop(ctx, out, watchSpec{name: name, minInterval: pace}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
-		states, idx, at, err := w.fastStates(ctx, state, index, wait)
-		return idx, func() (uint64, error) { return handle(ctx, states, idx, at, err) }
-	})
+	w.blockingLoop(
+		ctx,
+		watchSpec{name: name, minInterval: pace},
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
+			states, idx, at, err := w.fastStates(ctx, state, index, wait)
+			return idx, func() (uint64, error) { return handle(ctx, states, idx, at, err) }
+		},
+	)
 }
 
 // applyFast takes one answer of the checks in state (called with f.mu held):
@@ -202,7 +246,12 @@ func (w *Watcher) watchNonPassing(ctx context.Context, out chan<- health.Observa
 //   - after a failed query, the set claims no newer index until every
 //     node's serfHealth has been listed again (a node may have failed and
 //     come back unseen); what it says still goes out at once.
-func (w *Watcher) applyFast(ctx context.Context, name, state string, states []health.CheckState, idx, at uint64) error {
+func (w *Watcher) applyFast(
+	ctx context.Context,
+	name, state string,
+	states []health.CheckState,
+	idx, at uint64,
+) error {
 	f := &w.fast
 	before := append(append(slices.Clone(f.crit), f.warn...), f.carry...)
 	mineBefore := slices.Clone(f.crit)
@@ -216,15 +265,20 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 	if err != nil {
 		return err
 	}
-	if (changed || f.crossPending[name]) && otherRead { // (until both were read once, no set goes out)
+	if (changed || f.crossPending[name]) && otherRead {
+		// (until both were read once, no set goes out).
 		w.readOtherState(ctx, name, state, mineBefore)
 	}
 	w.readNodesBack(ctx, before)
 	delete(f.failing, name)
 	if f.gap && len(f.failing) == 0 && len(f.crossPending) == 0 && f.critRead && f.warnRead {
 		checks, sidx, err := w.cat.SerfHealth(ctx, 0, 0)
-		if err != nil { // the set goes out, at the index before the gap; listed again at the next answer
-			w.log.Warn("consul query failed; the fast path vouches for nothing newer until serfHealth is listed", "err", err)
+		if err != nil {
+			// The set goes out, at the index before the gap; listed again at the next answer.
+			w.log.Warn(
+				"consul query failed; the fast path vouches for nothing newer until serfHealth "+
+					"is listed",
+				"err", err)
 			return nil
 		}
 		f.takeSerf(checks, sidx, w.receipt(sidx))
@@ -236,19 +290,27 @@ func (w *Watcher) applyFast(ctx context.Context, name, state string, states []he
 // takeFast stores a read of state's checks (at index idx, current at at);
 // cross: it is the other watch's fresh read. changed reports a set that
 // differs from the last one stored.
-func (w *Watcher) takeFast(ctx context.Context, state string, states []health.CheckState, idx, at uint64, cross bool) (changed bool, err error) {
+func (w *Watcher) takeFast(
+	ctx context.Context,
+	state string,
+	states []health.CheckState,
+	idx, at uint64,
+	cross bool,
+) (changed bool, err error) {
 	f := &w.fast
-	mine, read, index, current, crossAt := &f.crit, &f.critRead, &f.critIndex, &f.critAt, &f.critCross
+	mine, read, index, current := &f.crit, &f.critRead, &f.critIndex, &f.critAt
+	crossAt := &f.critCross
 	if state == api.HealthWarning {
-		mine, read, index, current, crossAt = &f.warn, &f.warnRead, &f.warnIndex, &f.warnAt, &f.warnCross
+		mine, read, index, current = &f.warn, &f.warnRead, &f.warnIndex, &f.warnAt
+		crossAt = &f.warnCross
 	}
 	switch {
 	case cross:
 		*crossAt = idx
 	case idx < *crossAt:
-		// the other watch read this state afresh after this answer was
-		// read: read it again (an index below an own earlier answer is
-		// a Consul that restarted, and taken as it is)
+		// The other watch read this state afresh after this answer was
+		// read: read it again. (An index below an own earlier answer is a
+		// Consul that restarted, and is taken as it is.)
 		if states, idx, at, err = w.fastStates(ctx, state, 0, 0); err != nil {
 			return false, err
 		}
@@ -265,7 +327,11 @@ func (w *Watcher) takeFast(ctx context.Context, state string, states []health.Ch
 // changed (a check moving from critical to warning leaves one and enters
 // the other). When that read fails, what left state is carried as it was
 // until the other is read.
-func (w *Watcher) readOtherState(ctx context.Context, name, state string, mineBefore []health.CheckState) {
+func (w *Watcher) readOtherState(
+	ctx context.Context,
+	name, state string,
+	mineBefore []health.CheckState,
+) {
 	f := &w.fast
 	other := api.HealthCritical
 	if state == api.HealthCritical {
@@ -292,7 +358,10 @@ func (w *Watcher) readOtherState(ctx context.Context, name, state string, mineBe
 	if !f.gap && !errors.Is(err, context.Canceled) { // leasehold stopping is no failure
 		f.gap, f.gapIndex = true, f.sentIndex
 	}
-	w.log.Warn("consul query failed; what left the "+state+" checks stays as it was until the "+other+" ones are read", "err", err)
+	w.log.Warn(
+		"consul query failed; what left the "+state+" checks stays as it was until the "+
+			other+" ones are read",
+		"err", err)
 }
 
 // readNodesBack reads the serfHealth of the nodes whose check left the
@@ -309,8 +378,8 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 		}
 	}
 	if len(back) > 3 {
-		// many nodes back at once (a partition healed): one listing
-		// rather than a read per node under the lock
+		// Many nodes are back at once (a partition healed): one listing
+		// rather than a read per node under the lock.
 		if checks, sidx, err := w.cat.SerfHealth(ctx, 0, 0); err == nil {
 			f.takeSerf(checks, sidx, w.receipt(sidx))
 			back = nil
@@ -319,9 +388,10 @@ func (w *Watcher) readNodesBack(ctx context.Context, before []health.CheckState)
 	for _, c := range back {
 		sc, err := w.cat.NodeSerf(ctx, c.Node)
 		if err != nil {
-			// keep saying the node failed (its sessions stay lapsed) until
-			// a listing says how it came back; lapses go out meanwhile
-			w.log.Warn("consul query failed; the node stays failed until serfHealth is listed", "node", c.Node, "err", err)
+			// Keep saying the node failed (its sessions stay lapsed) until
+			// a listing says how it came back; lapses go out meanwhile.
+			w.log.Warn("consul query failed; the node stays failed until serfHealth is listed",
+				"node", c.Node, "err", err)
 			f.serf[c.Node] = c
 			if !f.gap {
 				f.gap, f.gapIndex = true, f.sentIndex
@@ -347,7 +417,8 @@ func (f *fastPath) takeSerf(checks api.HealthChecks, index, at uint64) {
 		if !isSerf(s) {
 			continue
 		}
-		if old, ok := f.serf[s.Node]; ok && old.ModifyIndex > s.ModifyIndex && old.CreateIndex == s.CreateIndex {
+		if old, ok := f.serf[s.Node]; ok && old.ModifyIndex > s.ModifyIndex &&
+			old.CreateIndex == s.CreateIndex {
 			s = old
 		}
 		serf[s.Node] = s
@@ -356,24 +427,34 @@ func (f *fastPath) takeSerf(checks api.HealthChecks, index, at uint64) {
 }
 
 // watchSerf follows every node's serfHealth, paced by SlowInterval.
-func (w *Watcher) watchSerf(ctx context.Context, out chan<- health.Observation) {
+func (w *Watcher) watchSerf(ctx context.Context) {
 	f := &w.fast
-	w.blockingLoop(ctx, out, watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
-		checks, idx, err := cutShort(w, ctx, wait, func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
-			return w.cat.SerfHealth(ctx, index, wait)
-		})
-		at := w.receipt(idx)
-		return idx, func() (uint64, error) {
-			if err != nil {
-				return 0, err
+	w.blockingLoop(
+		ctx,
+		watchSpec{name: "serf", minInterval: max(w.cfg.MinInterval*4, w.cfg.SlowInterval)},
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
+			checks, idx, err := cutShort(
+				w,
+				ctx,
+				wait,
+				func(ctx context.Context, wait time.Duration) (api.HealthChecks, uint64, error) {
+					return w.cat.SerfHealth(ctx, index, wait)
+				},
+			)
+			at := w.receipt(idx)
+			return idx, func() (uint64, error) {
+				if err != nil {
+					return 0, err
+				}
+				f.mu.Lock()
+				f.takeSerf(checks, idx, at)
+				deliver := w.publish(ctx)
+				f.mu.Unlock()
+				deliver()
+				return idx, nil
 			}
-			f.mu.Lock()
-			defer f.mu.Unlock()
-			f.takeSerf(checks, idx, at)
-			w.publish(ctx, out)
-			return idx, nil
-		}
-	})
+		},
+	)
 }
 
 func containsCheck(cs []health.CheckState, c health.CheckState) bool {

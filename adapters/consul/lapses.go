@@ -33,8 +33,13 @@ type lapseCatalog interface {
 // LapseRecorder must: read alone would leave leasehold ready while every
 // lapse it records is refused, and a lapsed session routed again after a
 // restart.
-func (a apiCatalog) LapseMarks(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
-	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write") // leasehold writes them too
+func (a apiCatalog) LapseMarks(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.KVPairs, uint64, error) {
+	// The token must write them too: leasehold records the lapses.
+	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write")
 	if err != nil {
 		return nil, 0, err
 	}
@@ -55,17 +60,20 @@ const lapseWriteProbe = ".write-probe"
 // exist is only created at index 0). Consul checks the right first (403),
 // then fails the check-and-set.
 func canWriteKV(ctx context.Context, c *api.Client, dc, prefix string) error {
-	_, _, err := c.KV().CAS(&api.KVPair{Key: prefix + lapseWriteProbe, ModifyIndex: math.MaxUint64}, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
+	probe := &api.KVPair{Key: prefix + lapseWriteProbe, ModifyIndex: math.MaxUint64}
+	_, _, err := c.KV().CAS(probe, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
 	return aclNeeds("kv "+prefix+" (write)", []string{RightKeyPrefix(prefix, "write")}, nil, err)
 }
 
 // watchLapses follows the lapse marks (paced like the generation keys, and
 // charged to their budget: both grow with the fleet's history).
-func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation, cat lapseCatalog) {
+func (w *Watcher) watchLapses(ctx context.Context, cat lapseCatalog) {
 	var last []health.LapseMark
 	bad := map[string]bool{}
 	first := true
-	handle := func(ctx context.Context, pairs api.KVPairs, idx, at uint64, err error) (uint64, error) {
+	handle := func(
+		ctx context.Context, pairs api.KVPairs, idx, at uint64, err error,
+	) (uint64, error) {
 		if err != nil {
 			first = true
 			return 0, err
@@ -85,19 +93,28 @@ func (w *Watcher) watchLapses(ctx context.Context, out chan<- health.Observation
 		if !first && slices.EqualFunc(marks, last, func(a, b health.LapseMark) bool {
 			return a.InstanceID == b.InstanceID && a.SessionID == b.SessionID
 		}) {
-			w.sendProgress(ctx, out, "lapses", at, 0)
+			w.sendProgress(ctx, "lapses", at, 0)
 			return idx, nil
 		}
 		first, last = false, marks
-		w.send(ctx, out, health.Observation{Lapses: &health.LapseMarks{Index: idx, Marks: marks}})
-		w.sendProgress(ctx, out, "lapses", at, idx)
+		w.send(ctx, health.Observation{Lapses: &health.LapseMarks{Index: idx, Marks: marks}})
+		w.sendProgress(ctx, "lapses", at, idx)
 		return idx, nil
 	}
-	w.blockingLoop(ctx, out, watchSpec{name: "lapses", minInterval: w.cfg.MinInterval * 4, budget: w.genBudget, kvListing: true}, func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
-		pairs, idx, err := cat.LapseMarks(ctx, index, wait)
-		at := w.receipt(idx) // the index space of the checks: see refresh.go
-		return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
-	})
+	w.blockingLoop(
+		ctx,
+		watchSpec{
+			name:        "lapses",
+			minInterval: w.cfg.MinInterval * 4,
+			budget:      w.genBudget,
+			kvListing:   true,
+		},
+		func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
+			pairs, idx, err := cat.LapseMarks(ctx, index, wait)
+			at := w.receipt(idx) // the index space of the checks: see refresh.go
+			return idx, func() (uint64, error) { return handle(ctx, pairs, idx, at, err) }
+		},
+	)
 }
 
 // LapseRecorder writes lapse marks into Consul KV, in the datacenter of the
@@ -169,16 +186,34 @@ func NewLapseRecorder(client *api.Client, cfg LapseRecorderConfig) *LapseRecorde
 	if cfg.Meter == nil {
 		cfg.Meter = metricnoop.NewMeterProvider()
 	}
-	r := &LapseRecorder{kv: client, log: cfg.Logger.With("component", "lapse-recorder"), clock: cfg.Clock, retention: cfg.Retention, every: cfg.PruneEvery,
-		datacenters: cfg.Datacenters, dcOf: map[[2]string]string{}, pending: make(chan struct{}, 1), seen: map[[2]string]markSeen{}}
-	r.failed, _ = cfg.Meter.Meter("github.com/leasehold/leasehold/adapters/consul").Int64Counter("leasehold.lapse_marks.failed",
-		metric.WithDescription("writes of lapse marks to Consul KV that failed (retried); a lapse not recorded is final only in this replica's memory until it is"))
+	r := &LapseRecorder{
+		kv:          client,
+		log:         cfg.Logger.With("component", "lapse-recorder"),
+		clock:       cfg.Clock,
+		retention:   cfg.Retention,
+		every:       cfg.PruneEvery,
+		datacenters: cfg.Datacenters,
+		dcOf:        map[[2]string]string{},
+		pending:     make(chan struct{}, 1),
+		seen:        map[[2]string]markSeen{},
+	}
+	r.failed, _ = cfg.Meter.Meter("github.com/leasehold/leasehold/adapters/consul").
+		Int64Counter("leasehold.lapse_marks.failed",
+			metric.WithDescription("writes of lapse marks to Consul KV that failed (retried); a "+
+				"lapse not recorded is final only in this replica's memory until it is"),
+		)
 	return r
 }
 
 // Record queues a lapse mark for e's session.
 func (r *LapseRecorder) Record(e health.Executor) {
-	m := health.LapseMark{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, At: r.clock.Now().UTC().Truncate(time.Second), Tasks: []string{e.Task}}
+	m := health.LapseMark{
+		InstanceID: e.InstanceID,
+		SessionID:  e.SessionID,
+		Generation: e.Generation,
+		At:         r.clock.Now().UTC().Truncate(time.Second),
+		Tasks:      []string{e.Task},
+	}
 	r.mu.Lock()
 	r.queue = append(r.queue, m)
 	r.dcOf[[2]string{e.InstanceID, e.SessionID}] = e.Datacenter
@@ -189,14 +224,19 @@ func (r *LapseRecorder) Record(e health.Executor) {
 	}
 }
 
+// shutdownFlush bounds how long Run goes on writing queued marks once its
+// context ended. It is wall time on purpose, whatever the recorder's clock:
+// it bounds how long the process takes to stop.
+const shutdownFlush = 3 * time.Second
+
 // Run writes queued marks and prunes until ctx ends; then it writes what is
-// still queued for a few seconds more (a lapse seen just before a shutdown
-// is recorded too, if Consul answers).
-func (r *LapseRecorder) Run(ctx context.Context) {
+// still queued for shutdownFlush more (a lapse seen just before a shutdown
+// is recorded too, if Consul answers) and returns ctx's error.
+func (r *LapseRecorder) Run(ctx context.Context) error {
 	prune := r.clock.NewTicker(r.every)
 	defer prune.Stop()
 	defer func() {
-		fctx, cancel := context.WithTimeout(context.Background(), 3*time.Second)
+		fctx, cancel := context.WithTimeout(context.Background(), shutdownFlush)
 		defer cancel()
 		r.flush(fctx)
 	}()
@@ -208,14 +248,14 @@ func (r *LapseRecorder) Run(ctx context.Context) {
 		} else {
 			select {
 			case <-ctx.Done():
-				return
+				return ctx.Err()
 			case <-r.clock.After(bo.next()):
 			}
 			continue
 		}
 		select {
 		case <-ctx.Done():
-			return
+			return ctx.Err()
 		case <-r.pending:
 		case <-prune.Chan():
 			r.prune(ctx)
@@ -236,11 +276,15 @@ func (r *LapseRecorder) flush(ctx context.Context) bool {
 		r.mu.Unlock()
 		// Create only: a mark another replica wrote first stays as it is.
 		key := health.LapseMarkKey(m.InstanceID, m.SessionID)
-		_, _, err := r.kv.KV().CAS(&api.KVPair{Key: key, Value: m.Value(), ModifyIndex: 0}, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
+		mark := &api.KVPair{Key: key, Value: m.Value(), ModifyIndex: 0}
+		_, _, err := r.kv.KV().CAS(mark, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
 		if err != nil {
 			if ctx.Err() == nil {
 				r.failed.Add(ctx, 1)
-				r.log.Error("lapse mark not written; retrying (until it is, the lapse is final in this replica's memory only)", "key", key, "datacenter", dc, "err", err)
+				r.log.Error(
+					"lapse mark not written; retrying (until it is, the lapse is final in this "+
+						"replica's memory only)",
+					"key", key, "datacenter", dc, "err", err)
 			}
 			return false
 		}
@@ -290,9 +334,13 @@ func (r *LapseRecorder) Prune(ctx context.Context) error {
 		n     int
 	)
 	for _, dc := range r.datacenters {
-		pairs, _, err := r.kv.KV().List(health.LapseMarkPrefix, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
+		pairs, _, err := r.kv.KV().
+			List(health.LapseMarkPrefix, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
 		if err != nil {
-			errs = append(errs, fmt.Errorf("datacenter %q: list %s: %w", dc, health.LapseMarkPrefix, err))
+			errs = append(
+				errs,
+				fmt.Errorf("datacenter %q: list %s: %w", dc, health.LapseMarkPrefix, err),
+			)
 			continue
 		}
 		marks = append(marks, listed{dc, pairs})
@@ -329,7 +377,8 @@ func (r *LapseRecorder) Prune(ctx context.Context) error {
 			}
 			prev, ok := r.seen[sk]
 			if !ok || !prev.absent || prev.index != p.ModifyIndex || now.Before(prev.at) {
-				seen[sk] = markSeen{index: p.ModifyIndex, at: now, absent: true} // counting starts now
+				// Counting starts now.
+				seen[sk] = markSeen{index: p.ModifyIndex, at: now, absent: true}
 				continue
 			}
 			total := m.Unregistered() + now.Sub(prev.at)
@@ -349,8 +398,10 @@ func (r *LapseRecorder) Prune(ctx context.Context) error {
 				errs = append(errs, fmt.Errorf("datacenter %q: delete %s: %w", l.dc, p.Key, err))
 				seen[sk] = markSeen{index: p.ModifyIndex, at: prev.at, absent: true}
 			case ok:
-				r.log.Info("lapse mark pruned: its session has had no registration for the retention", "key", p.Key, "datacenter", l.dc,
-					"unregistered", total.Truncate(time.Second), "lapsed_at", m.At)
+				r.log.Info(
+					"lapse mark pruned: its session has had no registration for the retention",
+					"key", p.Key, "datacenter", l.dc, "unregistered", total.Truncate(time.Second),
+					"lapsed_at", m.At)
 			}
 		}
 	}
@@ -360,14 +411,21 @@ func (r *LapseRecorder) Prune(ctx context.Context) error {
 // setUnregistered sets mark p's unregistered time to d if p is unchanged,
 // and returns the mark's index after (0 when it was changed meanwhile or
 // the write failed: counting starts again at the next prune).
-func (r *LapseRecorder) setUnregistered(ctx context.Context, dc string, p *api.KVPair, d time.Duration) (uint64, error) {
+func (r *LapseRecorder) setUnregistered(
+	ctx context.Context,
+	dc string,
+	p *api.KVPair,
+	d time.Duration,
+) (uint64, error) {
 	v, err := health.WithUnregistered(p.Value, d)
 	if err != nil {
 		return 0, err
 	}
 	// A transaction, because it answers with the index the write gave the
 	// mark (a plain check-and-set does not): the next prune counts from it.
-	ops := api.TxnOps{{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.Key, Value: v, Index: p.ModifyIndex}}}
+	ops := api.TxnOps{
+		{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: p.Key, Value: v, Index: p.ModifyIndex}},
+	}
 	ok, resp, _, err := r.kv.Txn().Txn(ops, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
 	if err != nil {
 		return 0, fmt.Errorf("datacenter %q: update %s: %w", dc, p.Key, err)
@@ -396,7 +454,8 @@ func (r *LapseRecorder) registeredSessions(ctx context.Context) (map[[2]string]b
 				return nil, fmt.Errorf("datacenter %q: %w", dc, err)
 			}
 			for _, s := range regs {
-				inst, sess := s.ServiceMeta[health.MetaInstanceID], s.ServiceMeta[health.MetaSessionID]
+				inst := s.ServiceMeta[health.MetaInstanceID]
+				sess := s.ServiceMeta[health.MetaSessionID]
 				if inst != "" && sess != "" {
 					registered[[2]string{inst, sess}] = true
 				}

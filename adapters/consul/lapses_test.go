@@ -24,10 +24,21 @@ func registerSession(t *testing.T, c *api.Client, node, task, instance, session 
 		Address: "127.0.0.1", Port: 9400, Version: "1.0.0", Capacity: 1, State: health.StateActive}
 	_, err := c.Catalog().Register(&api.CatalogRegistration{
 		Node: node, Address: "127.0.0.1", SkipNodeUpdate: true,
-		Service: &api.AgentService{ID: health.ServiceID(instance, task), Service: task, Tags: []string{health.DefaultTag},
-			Address: "127.0.0.1", Port: 9400, Meta: reg.Meta()},
-		Check: &api.AgentCheck{Node: node, CheckID: health.CheckID(instance, session, task), Name: "lease",
-			ServiceID: health.ServiceID(instance, task), Status: api.HealthCritical},
+		Service: &api.AgentService{
+			ID:      health.ServiceID(instance, task),
+			Service: task,
+			Tags:    []string{health.DefaultTag},
+			Address: "127.0.0.1",
+			Port:    9400,
+			Meta:    reg.Meta(),
+		},
+		Check: &api.AgentCheck{
+			Node:      node,
+			CheckID:   health.CheckID(instance, session, task),
+			Name:      "lease",
+			ServiceID: health.ServiceID(instance, task),
+			Status:    api.HealthCritical,
+		},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -37,20 +48,34 @@ func registerSession(t *testing.T, c *api.Client, node, task, instance, session 
 // deregisterSession removes instance's registration for task from node.
 func deregisterSession(t *testing.T, c *api.Client, node, task, instance string) {
 	t.Helper()
-	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: node, ServiceID: health.ServiceID(instance, task)}, nil); err != nil {
+	_, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: node,
+		ServiceID: health.ServiceID(instance, task)}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 }
 
 // newPruner is a LapseRecorder on clock, as serve's (73 h).
 func newPruner(c *api.Client, clock clockwork.Clock, datacenters ...string) *LapseRecorder {
-	return NewLapseRecorder(c, LapseRecorderConfig{Retention: lapseRetention, Datacenters: datacenters, Clock: clock})
+	return NewLapseRecorder(
+		c,
+		LapseRecorderConfig{Retention: lapseRetention, Datacenters: datacenters, Clock: clock},
+	)
 }
 
 // recordLapse records x/s1's lapse (task work) with r and writes it.
 func recordLapse(t *testing.T, r *LapseRecorder) {
 	t.Helper()
-	r.Record(health.Executor{Registration: health.Registration{InstanceID: "x", SessionID: "s1", Generation: 1, Task: "work"}})
+	r.Record(
+		health.Executor{
+			Registration: health.Registration{
+				InstanceID: "x",
+				SessionID:  "s1",
+				Generation: 1,
+				Task:       "work",
+			},
+		},
+	)
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
 	if !r.flush(ctx) {
@@ -93,7 +118,13 @@ func wantMark(t *testing.T, c *api.Client, dc string, want time.Duration, when s
 		t.Fatalf("%s: x/s1's lapse mark pruned", when)
 	}
 	if m.Unregistered() != want {
-		t.Fatalf("%s: x/s1's mark %s counts %v unregistered, want %v", when, p.Value, m.Unregistered(), want)
+		t.Fatalf(
+			"%s: x/s1's mark %s counts %v unregistered, want %v",
+			when,
+			p.Value,
+			m.Unregistered(),
+			want,
+		)
 	}
 	return p
 }
@@ -181,7 +212,11 @@ func TestPruneCountsOnceWhateverTheReplicasAndTheirClocks(t *testing.T) {
 	c := a.Client()
 	registerSession(t, c, "node-a", "work", "x", "s1")
 	start := time.Now()
-	clockA, clockB := clockwork.NewFakeClockAt(start), clockwork.NewFakeClockAt(start.Add(10*time.Hour))
+	clockA, clockB := clockwork.NewFakeClockAt(
+		start,
+	), clockwork.NewFakeClockAt(
+		start.Add(10*time.Hour),
+	)
 	ra, rb := newPruner(c, clockA), newPruner(c, clockB)
 	recordLapse(t, ra)
 	deregisterSession(t, c, "node-a", "work", "x")
@@ -198,7 +233,13 @@ func TestPruneCountsOnceWhateverTheReplicasAndTheirClocks(t *testing.T) {
 		prune(t, first)
 		prune(t, second)
 		if h < 73 {
-			wantMark(t, c, "", time.Duration(h)*time.Hour, "unregistered for "+time.Duration(h*int(time.Hour)).String())
+			wantMark(
+				t,
+				c,
+				"",
+				time.Duration(h)*time.Hour,
+				"unregistered for "+time.Duration(h*int(time.Hour)).String(),
+			)
 			continue
 		}
 		wantNoMark(t, c, "", "unregistered for 73 h")
@@ -237,7 +278,8 @@ func TestPruneReadsMarksOfOlderVersions(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
 	old := `{"generation":4,"at":"2020-01-02T03:04:05Z","tasks":["work"],"future":"kept"}`
-	for key, v := range map[string]string{health.LapseMarkKey("x", "s1"): old, health.LapseMarkKey("y", "s1"): "not json"} {
+	for key, v := range map[string]string{health.LapseMarkKey("x", "s1"): old,
+		health.LapseMarkKey("y", "s1"): "not json"} {
 		if _, err := c.KV().Put(&api.KVPair{Key: key, Value: []byte(v)}, nil); err != nil {
 			t.Fatal(err)
 		}
@@ -249,7 +291,8 @@ func TestPruneReadsMarksOfOlderVersions(t *testing.T) {
 	clock.Advance(72 * time.Hour)
 	prune(t, r)
 	p := wantMark(t, c, "", 72*time.Hour, "72 h unregistered")
-	for _, field := range []string{`"generation":4`, `"at":"2020-01-02T03:04:05Z"`, `"tasks":["work"]`, `"future":"kept"`} {
+	for _, field := range []string{`"generation":4`, `"at":"2020-01-02T03:04:05Z"`,
+		`"tasks":["work"]`, `"future":"kept"`} {
 		if !strings.Contains(string(p.Value), field) {
 			t.Errorf("rewritten as %s: %s lost", p.Value, field)
 		}
@@ -257,7 +300,8 @@ func TestPruneReadsMarksOfOlderVersions(t *testing.T) {
 	clock.Advance(time.Hour)
 	prune(t, r)
 	wantNoMark(t, c, "", "73 h unregistered")
-	if q, _, err := c.KV().Get(health.LapseMarkKey("y", "s1"), nil); err != nil || q == nil || string(q.Value) != "not json" {
+	if q, _, err := c.KV().Get(health.LapseMarkKey("y", "s1"), nil); err != nil || q == nil ||
+		string(q.Value) != "not json" {
 		t.Fatalf("the unreadable mark: %v %v, want kept as it was", q, err)
 	}
 }
@@ -276,8 +320,16 @@ func TestPruneKeepsTheMarkWhileItsSessionIsRegisteredInAnotherDatacenter(t *test
 	registerSession(t, dc2.Client(), "node-b", "work", "x", "s1")
 	clock := clockwork.NewFakeClock()
 	r := newPruner(c, clock, "dc1", "dc2")
-	m := health.LapseMark{InstanceID: "x", SessionID: "s1", Generation: 1, At: clock.Now().UTC(), Tasks: []string{"work"}}
-	if _, err := c.KV().Put(&api.KVPair{Key: health.LapseMarkKey("x", "s1"), Value: m.Value()}, &api.WriteOptions{Datacenter: "dc1"}); err != nil {
+	m := health.LapseMark{
+		InstanceID: "x",
+		SessionID:  "s1",
+		Generation: 1,
+		At:         clock.Now().UTC(),
+		Tasks:      []string{"work"},
+	}
+	_, err := c.KV().Put(&api.KVPair{Key: health.LapseMarkKey("x", "s1"), Value: m.Value()},
+		&api.WriteOptions{Datacenter: "dc1"})
+	if err != nil {
 		t.Fatal(err)
 	}
 	prune(t, r)

@@ -51,9 +51,12 @@ func (m *taskMembership) diff(nodes []*api.CatalogService) (changed []memberKey,
 // sameEntry compares what a member is built from, field by field (no joined
 // keys: metadata values may hold any byte).
 func sameEntry(a, b *api.CatalogService) bool {
-	return a.Node == b.Node && a.ServiceID == b.ServiceID && a.CreateIndex == b.CreateIndex && a.ModifyIndex == b.ModifyIndex &&
-		a.Address == b.Address && a.ServiceAddress == b.ServiceAddress && a.ServicePort == b.ServicePort &&
-		slices.Equal(a.ServiceTags, b.ServiceTags) && maps.Equal(a.ServiceMeta, b.ServiceMeta)
+	return a.Node == b.Node && a.ServiceID == b.ServiceID &&
+		a.CreateIndex == b.CreateIndex && a.ModifyIndex == b.ModifyIndex &&
+		a.Address == b.Address && a.ServiceAddress == b.ServiceAddress &&
+		a.ServicePort == b.ServicePort &&
+		slices.Equal(a.ServiceTags, b.ServiceTags) &&
+		maps.Equal(a.ServiceMeta, b.ServiceMeta)
 }
 
 // pointReadable reports whether the changed entries are few enough, and
@@ -75,7 +78,8 @@ func plainID(s string) bool {
 		return false
 	}
 	for _, r := range s {
-		if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':') {
+		letter := r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z'
+		if !(letter || r >= '0' && r <= '9' || r == '-' || r == '_' || r == '.' || r == ':') {
 			return false
 		}
 	}
@@ -99,8 +103,17 @@ func serviceIDs(keys []memberKey) []string {
 // this catalog answer: one that registered after it is read on the next
 // catalog answer, which Consul sends at once; a changed one the read did not
 // find (it left meanwhile) is left out.
-func (m *taskMembership) apply(task string, nodes []*api.CatalogService, entries []*api.ServiceEntry, readAll bool, changed []memberKey) *taskMembership {
-	next := &taskMembership{entries: make(map[memberKey]*api.CatalogService, len(nodes)), members: make(map[memberKey]health.Member, len(nodes))}
+func (m *taskMembership) apply(
+	task string,
+	nodes []*api.CatalogService,
+	entries []*api.ServiceEntry,
+	readAll bool,
+	changed []memberKey,
+) *taskMembership {
+	next := &taskMembership{
+		entries: make(map[memberKey]*api.CatalogService, len(nodes)),
+		members: make(map[memberKey]health.Member, len(nodes)),
+	}
 	for _, n := range nodes {
 		next.entries[memberKey{n.Node, n.ServiceID}] = n
 	}

@@ -13,8 +13,24 @@ import (
 )
 
 func catalogEntry(node, instance, session string, modify uint64) *api.CatalogService {
-	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000, Version: "1.0.0", Capacity: 2, State: health.StateActive}
-	return &api.CatalogService{Node: node, ServiceID: health.ServiceID(instance, "work"), CreateIndex: modify, ModifyIndex: modify, ServiceMeta: reg.Meta()}
+	reg := health.Registration{
+		InstanceID: instance,
+		SessionID:  session,
+		Generation: 1,
+		Task:       "work",
+		Address:    "127.0.0.1",
+		Port:       9000,
+		Version:    "1.0.0",
+		Capacity:   2,
+		State:      health.StateActive,
+	}
+	return &api.CatalogService{
+		Node:        node,
+		ServiceID:   health.ServiceID(instance, "work"),
+		CreateIndex: modify,
+		ModifyIndex: modify,
+		ServiceMeta: reg.Meta(),
+	}
 }
 
 func memberIDs(ms []health.Member) []string {
@@ -27,15 +43,24 @@ func memberIDs(ms []health.Member) []string {
 
 func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 	a := catalogEntry("n1", "a", "s1", 7)
-	m := (&taskMembership{}).apply("work", []*api.CatalogService{a}, []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}, true, nil)
-	if changed, left := m.diff([]*api.CatalogService{catalogEntry("n1", "a", "s1", 7)}); len(changed) != 0 || left {
+	m := (&taskMembership{}).apply(
+		"work",
+		[]*api.CatalogService{a},
+		[]*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")},
+		true,
+		nil,
+	)
+	changed, left := m.diff([]*api.CatalogService{catalogEntry("n1", "a", "s1", 7)})
+	if len(changed) != 0 || left {
 		t.Fatalf("identical entries: changed %v left %v", changed, left)
 	}
 	// a restarted agent replays the same indexes with other content; metadata
 	// values that a joined key would confuse ("x|k=v" against two keys)
 	for name, mutate := range map[string]func(c *api.CatalogService){
-		"meta":         func(c *api.CatalogService) { c.ServiceMeta["session_id"] = "s2" },
-		"joined meta":  func(c *api.CatalogService) { c.ServiceMeta = map[string]string{"a": "x|b=y"} },
+		"meta": func(c *api.CatalogService) { c.ServiceMeta["session_id"] = "s2" },
+		"joined meta": func(c *api.CatalogService) {
+			c.ServiceMeta = map[string]string{"a": "x|b=y"}
+		},
 		"port":         func(c *api.CatalogService) { c.ServicePort++ },
 		"address":      func(c *api.CatalogService) { c.ServiceAddress = "127.0.0.2" },
 		"node address": func(c *api.CatalogService) { c.Address = "127.0.0.3" },
@@ -49,37 +74,71 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 			t.Errorf("%s change not seen", name)
 		}
 	}
-	joined := &taskMembership{entries: map[memberKey]*api.CatalogService{{"n1", "work:a"}: {Node: "n1", ServiceID: "work:a", ServiceMeta: map[string]string{"a": "x", "b": "y"}}},
-		members: map[memberKey]health.Member{{"n1", "work:a"}: {}}}
-	if changed, _ := joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a", ServiceMeta: map[string]string{"a": "x|b=y"}}}); len(changed) != 1 {
+	joined := &taskMembership{
+		entries: map[memberKey]*api.CatalogService{
+			{"n1", "work:a"}: {
+				Node:        "n1",
+				ServiceID:   "work:a",
+				ServiceMeta: map[string]string{"a": "x", "b": "y"},
+			},
+		},
+		members: map[memberKey]health.Member{{"n1", "work:a"}: {}},
+	}
+	joinedMeta := map[string]string{"a": "x|b=y"}
+	changed, _ = joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a",
+		ServiceMeta: joinedMeta}})
+	if len(changed) != 1 {
 		t.Error("metadata {a: x, b: y} → {a: \"x|b=y\"} not seen")
 	}
 	if _, left := m.diff(nil); !left {
 		t.Error("departure not seen")
 	}
 	// the same service id on another node is another member
-	if changed, left := m.diff([]*api.CatalogService{a, catalogEntry("n2", "a", "s2", 9)}); len(changed) != 1 || changed[0] != (memberKey{"n2", "work:a"}) || left {
+	changed, left = m.diff([]*api.CatalogService{a, catalogEntry("n2", "a", "s2", 9)})
+	if len(changed) != 1 || changed[0] != (memberKey{"n2", "work:a"}) || left {
 		t.Errorf("second node: changed %v left %v", changed, left)
 	}
 }
 
 func TestMembershipApplyKeepsOnlyWhatTheCatalogShows(t *testing.T) {
-	nodes := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s1", 7)}
-	full := []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing"), entry("work", "n1", "b", "s1", 1, "passing"), entry("work", "n1", "c", "s1", 1, "passing")}
+	nodes := []*api.CatalogService{
+		catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s1", 7),
+	}
+	full := []*api.ServiceEntry{
+		entry("work", "n1", "a", "s1", 1, "passing"),
+		entry("work", "n1", "b", "s1", 1, "passing"),
+		entry("work", "n1", "c", "s1", 1, "passing"),
+	}
 	m := (&taskMembership{}).apply("work", nodes, full, true, nil)
 	if got := memberIDs(m.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s1"}) {
-		t.Fatalf("full read: %v (c registered after the catalog answer: read with the next one)", got)
+		t.Fatalf(
+			"full read: %v (c registered after the catalog answer: read with the next one)",
+			got,
+		)
 	}
 	// b changes (new session) and the point read finds it; a is kept as read
-	nodes2 := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s2", 12)}
+	nodes2 := []*api.CatalogService{
+		catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s2", 12),
+	}
 	changed, _ := m.diff(nodes2)
-	m2 := m.apply("work", nodes2, []*api.ServiceEntry{entry("work", "n1", "b", "s2", 2, "passing")}, false, changed)
+	m2 := m.apply(
+		"work",
+		nodes2,
+		[]*api.ServiceEntry{entry("work", "n1", "b", "s2", 2, "passing")},
+		false,
+		changed,
+	)
 	if got := memberIDs(m2.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s2"}) {
 		t.Fatalf("point read: %v", got)
 	}
 	// b changed again but left before its point read: left out, and read
 	// again (as never read) if the catalog still shows it
-	nodes3 := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7), catalogEntry("n1", "b", "s3", 14)}
+	nodes3 := []*api.CatalogService{
+		catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s3", 14),
+	}
 	changed, _ = m2.diff(nodes3)
 	m3 := m2.apply("work", nodes3, nil, false, changed)
 	if got := memberIDs(m3.list()); !slices.Equal(got, []string{"n1/a/s1"}) {
@@ -110,7 +169,9 @@ func TestMembershipPointReadBounds(t *testing.T) {
 			t.Errorf("%q quoted into a filter", id)
 		}
 	}
-	if _, _, err := (apiCatalog{}).HealthService(context.Background(), "work", "leasehold", []string{`a" or Service.ID != "`}); err == nil {
+	injection := []string{`a" or Service.ID != "`}
+	_, _, err := (apiCatalog{}).HealthService(context.Background(), "work", "leasehold", injection)
+	if err == nil {
 		t.Error("an id that would rewrite the filter was sent")
 	}
 }
@@ -158,11 +219,15 @@ func TestWatcherRereadsOnlyChangedMembers(t *testing.T) {
 		t.Fatalf("re-read ids %v, want [work:x3]", c.ids)
 	}
 	got := memberIDs(members())
-	if len(got) != 7 || !slices.Contains(got, "n1/x3/s2") || slices.Contains(got, "n1/x5/s1") || !slices.Contains(got, "n1/x4/s1") {
+	if len(got) != 7 || !slices.Contains(got, "n1/x3/s2") || slices.Contains(got, "n1/x5/s1") ||
+		!slices.Contains(got, "n1/x4/s1") {
 		t.Fatalf("members after the change: %v", got)
 	}
 	// x6 leaves: the catalog answer alone says so
-	nodes3 := slices.DeleteFunc(slices.Clone(nodes2), func(c *api.CatalogService) bool { return c.ServiceID == "work:x6" })
+	nodes3 := slices.DeleteFunc(
+		slices.Clone(nodes2),
+		func(c *api.CatalogService) bool { return c.ServiceID == "work:x6" },
+	)
 	h.clock.Advance(time.Second)
 	h.cat.push("nodes/work", scripted{index: 13, nodes: nodes3})
 	if got := memberIDs(members()); len(got) != 6 || slices.Contains(got, "n1/x6/s1") {
@@ -178,5 +243,78 @@ func TestWatcherRereadsOnlyChangedMembers(t *testing.T) {
 		default:
 		}
 		break
+	}
+}
+
+// TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange: an operator
+// puts node n1 in maintenance (`consul maint -enable` adds the critical node
+// check _node_maintenance; no catalog entry changes). The non-passing set
+// carries the new check at once; once the task type changes (another
+// executor registers), Join of every member, the unchanged ones too, with
+// that set sees the node critical, so none stays routed.
+func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
+	h.cat.call(t, "services")
+	h.cat.push(
+		"services",
+		scripted{index: 5, services: map[string][]string{"work": {"leasehold"}, "consul": nil}},
+	)
+	h.cat.call(t, "nodes")
+	var nodes []*api.CatalogService
+	var entries []*api.ServiceEntry
+	for i, inst := range []string{"a", "c", "d", "e"} {
+		nodes = append(nodes, catalogEntry("n1", inst, "s1", uint64(7+i)))
+		entries = append(entries, entry("work", "n1", inst, "s1", 1, "passing"))
+	}
+	h.cat.push("nodes/work", scripted{index: 10, nodes: nodes})
+	h.cat.push("health/work", scripted{index: 10, entries: entries})
+	for o := h.observe(); o.Members == nil; o = h.observe() {
+	}
+	// n1 goes into maintenance at 11
+	maint := &api.HealthCheck{
+		Node:        "n1",
+		CheckID:     "_node_maintenance",
+		Status:      "critical",
+		CreateIndex: 11,
+		ModifyIndex: 11,
+	}
+	h.cat.push("nonpassing", scripted{index: 11, checks: api.HealthChecks{maint}})
+	var np *health.NonPassing
+	for np == nil {
+		np = h.observe().NonPassing
+	}
+	// churn: b registers at 12; Consul's health read now shows a with the
+	// maintenance check too
+	withMaint := func(e *api.ServiceEntry) *api.ServiceEntry {
+		c := *e
+		c.Checks = append(api.HealthChecks{maint}, e.Checks...)
+		return &c
+	}
+	nodes2 := append(append([]*api.CatalogService{}, nodes...), catalogEntry("n1", "b", "s1", 12))
+	var entries2 []*api.ServiceEntry
+	withB := append(append([]*api.ServiceEntry{}, entries...), entry("work", "n1", "b", "s1", 1,
+		"passing"))
+	for _, e := range withB {
+		entries2 = append(entries2, withMaint(e))
+	}
+	h.advance(10 * time.Millisecond)
+	h.cat.push("nodes/work", scripted{index: 12, nodes: nodes2})
+	h.cat.push("health/work", scripted{index: 12, entries: entries2})
+	var members []health.Member
+	for members == nil {
+		if o := h.observe(); o.Members != nil && len(o.Members.Members) == 5 {
+			members = o.Members.Members
+		}
+	}
+	set := health.NewNonPassingSet(*np)
+	for _, m := range members {
+		if e := health.Join(m, set); e.NodeChecks != health.StatusCritical {
+			t.Errorf(
+				"%s on n1 (in maintenance since 11): node checks %q after the task type was "+
+					"re-read at 12 — routed",
+				m.ServiceID,
+				e.NodeChecks,
+			)
+		}
 	}
 }

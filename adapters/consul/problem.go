@@ -47,11 +47,14 @@ func tlsProblem(err error) (string, bool) {
 	case errors.As(err, &invalid):
 		return invalid.Error(), true
 	case errors.As(err, &record):
-		return "not TLS on the other side (an HTTP port, or CONSUL_HTTP_SSL/https:// where Consul speaks plain HTTP): " + record.Msg, true
+		return "not TLS on the other side (an HTTP port, or CONSUL_HTTP_SSL/https:// where " +
+			"Consul speaks plain HTTP): " + record.Msg, true
 	case errors.As(err, &alert):
-		return "Consul refused the handshake: " + alert.Error() + " (a client certificate: CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY)", true
+		return "Consul refused the handshake: " + alert.Error() + " (a client certificate: " +
+			"CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY)", true
 	case strings.Contains(err.Error(), "server gave HTTP response to HTTPS client"):
-		return "Consul answers plain HTTP on this port: drop CONSUL_HTTP_SSL/https://, or use its HTTPS port", true
+		return "Consul answers plain HTTP on this port: drop CONSUL_HTTP_SSL/https://, or use " +
+			"its HTTPS port", true
 	}
 	return "", false
 }

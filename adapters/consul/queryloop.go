@@ -66,7 +66,10 @@ type queryLoop struct {
 	wake func() (<-chan struct{}, bool)
 }
 
-func (l queryLoop) run(ctx context.Context, query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) {
+func (l queryLoop) run(
+	ctx context.Context,
+	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error),
+) {
 	bo := newBackoff(100*time.Millisecond, l.maxBackoff)
 	q := queryIndex{kvListing: l.kvListing}
 	for ctx.Err() == nil {
@@ -96,8 +99,8 @@ func (l queryLoop) run(ctx context.Context, query func(ctx context.Context, inde
 			bo.reset()
 			interval := l.interval
 			if q.fresh() {
-				// after a fresh read (the first, or after an error) a slow
-				// pace would only delay what changed since
+				// After a fresh read (the first, or after an error) a slow
+				// pace would only delay what changed since.
 				interval = min(interval, l.freshInterval)
 			}
 			from := q.highest

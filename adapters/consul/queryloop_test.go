@@ -16,10 +16,14 @@ func TestQueryIndexRules(t *testing.T) {
 		steps []step
 	}{
 		{"grows", false, []step{{next: 5, waitOn: 5}, {next: 9, waitOn: 9}, {next: 9, waitOn: 9}}},
-		{"a failure reads afresh", false, []step{{next: 5, waitOn: 5}, {fail: true, waitOn: 0}, {next: 7, waitOn: 7}}},
-		{"an index gone back is lost state, read afresh", false, []step{{next: 50, waitOn: 50}, {next: 3, lost: true, waitOn: 0}, {next: 4, waitOn: 4}}},
-		{"after a failure too", false, []step{{next: 50, waitOn: 50}, {fail: true, waitOn: 0}, {next: 3, lost: true, waitOn: 3}}},
-		{"a KV listing's index goes back with tombstones", true, []step{{next: 50, waitOn: 50}, {next: 3, waitOn: 0}, {next: 4, waitOn: 4}, {next: 2, waitOn: 0}}},
+		{"a failure reads afresh", false, []step{{next: 5, waitOn: 5}, {fail: true, waitOn: 0},
+			{next: 7, waitOn: 7}}},
+		{"an index gone back is lost state, read afresh", false, []step{{next: 50, waitOn: 50},
+			{next: 3, lost: true, waitOn: 0}, {next: 4, waitOn: 4}}},
+		{"after a failure too", false, []step{{next: 50, waitOn: 50}, {fail: true, waitOn: 0},
+			{next: 3, lost: true, waitOn: 3}}},
+		{"a KV listing's index goes back with tombstones", true, []step{{next: 50, waitOn: 50},
+			{next: 3, waitOn: 0}, {next: 4, waitOn: 4}, {next: 2, waitOn: 0}}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			q := queryIndex{kvListing: tt.kv}

@@ -69,7 +69,10 @@ type refreshRound struct {
 const npProgress = "np"
 
 func (r *refresher) init(names []string) {
-	r.done, r.signal, r.at = map[string]uint64{}, make(chan struct{}, 1), map[string]*atomic.Uint64{}
+	r.done, r.signal, r.at = map[string]uint64{}, make(
+		chan struct{},
+		1,
+	), map[string]*atomic.Uint64{}
 	for _, n := range append([]string{npProgress}, names...) {
 		r.at[n] = new(atomic.Uint64)
 	}
@@ -146,7 +149,7 @@ func (w *Watcher) behind(least uint64) []string {
 }
 
 // runRefreshes runs the rounds, one at a time, until ctx ends.
-func (w *Watcher) runRefreshes(ctx context.Context, out chan<- health.Observation) {
+func (w *Watcher) runRefreshes(ctx context.Context) {
 	r := &w.refresh
 	for {
 		select {
@@ -162,7 +165,7 @@ func (w *Watcher) runRefreshes(ctx context.Context, out chan<- health.Observatio
 			if round == nil {
 				break
 			}
-			if !w.runRound(ctx, out, round) {
+			if !w.runRound(ctx, round) {
 				return
 			}
 		}
@@ -172,19 +175,23 @@ func (w *Watcher) runRefreshes(ctx context.Context, out chan<- health.Observatio
 // runRound asks the watches behind to read afresh (once the refreshes'
 // share of the read budget allows), waits for their answers and sends the
 // round's Refreshed marker; false when ctx ended.
-func (w *Watcher) runRound(ctx context.Context, out chan<- health.Observation, round *refreshRound) bool {
+func (w *Watcher) runRound(ctx context.Context, round *refreshRound) bool {
 	reads := w.behind(round.least)
 	if len(reads) > 0 && w.refreshBudget != nil {
 		waited, ok := w.refreshBudget.wait(ctx, nil)
 		if waited > 0 {
-			w.budgetWait.Add(ctx, waited.Seconds(), metric.WithAttributes(w.attrs(attribute.String("watch", "refresh"))...))
+			w.budgetWait.Add(
+				ctx,
+				waited.Seconds(),
+				metric.WithAttributes(w.attrs(attribute.String("watch", "refresh"))...),
+			)
 		}
 		if !ok {
 			return false
 		}
 		reads = w.behind(round.least) // answers that came during the wait count
 	}
-	reads = w.unwrittenKV(ctx, out, reads)
+	reads = w.unwrittenKV(ctx, reads)
 	if len(reads) > 0 {
 		round.reads, round.done = reads, make(chan struct{})
 		r := &w.refresh
@@ -217,7 +224,7 @@ func (w *Watcher) runRound(ctx context.Context, out chan<- health.Observation, r
 		}
 	}
 	seq := round.seq
-	return w.send(ctx, out, health.Observation{Refreshed: &seq})
+	return w.send(ctx, health.Observation{Refreshed: &seq})
 }
 
 // kvIndexCatalog can read the index of the datacenter's latest KV write
@@ -234,7 +241,7 @@ func isKVListing(name string) bool { return name == "generations" || name == "la
 // small read) is not above the index a listing's answer is current at,
 // and any write after that answer would be (Consul made it later). It
 // returns reads as they are when the catalog cannot tell.
-func (w *Watcher) unwrittenKV(ctx context.Context, out chan<- health.Observation, reads []string) []string {
+func (w *Watcher) unwrittenKV(ctx context.Context, reads []string) []string {
 	kc, ok := w.cat.(kvIndexCatalog)
 	if !ok || !slices.ContainsFunc(reads, isKVListing) {
 		return reads
@@ -245,7 +252,8 @@ func (w *Watcher) unwrittenKV(ctx context.Context, out chan<- health.Observation
 	w.requests.Add(ctx, 1, metric.WithAttributes(w.attrs(attribute.String("watch", "refresh"))...))
 	if err != nil || !ok {
 		if err != nil && ctx.Err() == nil {
-			w.log.Debug("the index of the latest KV write not read; the listings are read instead", "err", err)
+			w.log.Debug("the index of the latest KV write not read; the listings are read instead",
+				"err", err)
 		}
 		return reads
 	}
@@ -254,7 +262,7 @@ func (w *Watcher) unwrittenKV(ctx context.Context, out chan<- health.Observation
 		if !isKVListing(name) || idx > w.refresh.atOf(name) {
 			return false
 		}
-		w.sendProgress(ctx, out, name, at, 0)
+		w.sendProgress(ctx, name, at, 0)
 		return true
 	})
 }
@@ -282,12 +290,18 @@ func (w *Watcher) refreshed(name string, seq uint64) {
 // readFunc reads one answer of a watch — the Consul call, made in any
 // goroutine — and returns its index (0: the read failed) and what handles
 // the answer, called in the watch's goroutine.
-type readFunc func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error))
+type readFunc func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc)
+
+// handleFunc handles one answer of a watch and returns the index the watch
+// goes on from (0 with an error: the read or the answer failed).
+type handleFunc func() (uint64, error)
 
 // queryRead is the read of a watch no refresh reads afresh: query reads and
 // handles its answer at once, in the watch's goroutine.
-func queryRead(query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error)) readFunc {
-	return func(ctx context.Context, index uint64, wait time.Duration) (uint64, func() (uint64, error)) {
+func queryRead(
+	query func(ctx context.Context, index uint64, wait time.Duration) (uint64, error),
+) readFunc {
+	return func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {
 		next, err := query(ctx, index, wait)
 		return next, func() (uint64, error) { return next, err }
 	}
@@ -301,7 +315,13 @@ func queryRead(query func(ctx context.Context, index uint64, wait time.Duration)
 // Consul allows one client (429). A blocking answer no newer than a fresh
 // one handled meanwhile is dropped. fresh holds the sizes of the fresh reads
 // (nil: none), which the refreshes' budget is charged with.
-func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait time.Duration, read readFunc) (next uint64, fresh *readSizes, err error) {
+func (w *Watcher) runQuery(
+	ctx context.Context,
+	name string,
+	index uint64,
+	wait time.Duration,
+	read readFunc,
+) (next uint64, fresh *readSizes, err error) {
 	kick := w.refreshC[name]
 	if kick == nil {
 		_, handle := read(ctx, index, wait)
@@ -335,7 +355,7 @@ func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait 
 	}
 	type answer struct {
 		idx    uint64
-		handle func() (uint64, error)
+		handle handleFunc
 	}
 	blocking := make(chan answer, 1)
 	go func() {
@@ -368,14 +388,22 @@ func (w *Watcher) runQuery(ctx context.Context, name string, index uint64, wait 
 // puts the request back: the watch's next successful read (after its
 // back-off) answers it, so fencing waiting on it hears as soon as Consul
 // answers again.
-func (w *Watcher) freshRead(ctx context.Context, name string, kick chan uint64, seq uint64, read readFunc, beside bool) (uint64, *readSizes, error) {
+func (w *Watcher) freshRead(
+	ctx context.Context,
+	name string,
+	kick chan uint64,
+	seq uint64,
+	read readFunc,
+	beside bool,
+) (uint64, *readSizes, error) {
 	if beside {
 		select { // one at a time: the connection the agent's pool keeps for it (Connections)
 		case w.freshSlot <- struct{}{}:
 		case <-ctx.Done():
 			return 0, nil, ctx.Err()
 		}
-		defer func() { <-w.freshSlot }() // held while handling too: what it reads more (the other state's checks)
+		// Held while handling too: what it reads more (the other state's checks).
+		defer func() { <-w.freshSlot }()
 	}
 	fctx, sizes := withReadSizes(context.WithValue(ctx, refreshReadKey{}, true))
 	_, handle := read(fctx, 0, 0)
@@ -417,19 +445,25 @@ func (w *Watcher) receipt(idx uint64) uint64 {
 
 // noteReached raises the highest index any answer carried.
 func (w *Watcher) noteReached(idx uint64) {
-	for old := w.reached.Load(); idx > old && !w.reached.CompareAndSwap(old, idx); old = w.reached.Load() {
+	for old := w.reached.Load(); idx > old; old = w.reached.Load() {
+		if w.reached.CompareAndSwap(old, idx) {
+			return
+		}
 	}
 }
 
 // forgetIndexes drops every index known: Consul lost or restored its state,
-// and indexes of before say nothing of the new one.
-func (w *Watcher) forgetIndexes() {
+// and indexes of before say nothing of the new one. It returns the fast
+// path's next turn (sendTurns), taken with the indexes dropped, for what
+// says so: it goes out after every set decided before.
+func (w *Watcher) forgetIndexes() sendTurn {
 	w.reached.Store(0)
 	for _, a := range w.refresh.at {
 		a.Store(0)
 	}
 	f := &w.fast
 	f.mu.Lock()
+	defer f.mu.Unlock()
 	f.critAt, f.warnAt, f.serfAt = 0, 0, 0
-	f.mu.Unlock()
+	return f.turns.take()
 }

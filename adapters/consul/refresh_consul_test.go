@@ -44,7 +44,8 @@ func meterConsul(tb testing.TB, a *consultest.Agent) *meteredConsul {
 	tb.Helper()
 	u, _ := url.Parse("http://" + a.HTTPAddr())
 	rp := httputil.NewSingleHostReverseProxy(u)
-	rp.ErrorLog = log.New(io.Discard, "", 0) // a blocking query its client ended (a refresh's, a shutdown's)
+	// A blocking query its client ended (a refresh's, a shutdown's).
+	rp.ErrorLog = log.New(io.Discard, "", 0)
 	m := &meteredConsul{n: map[string]*readCount{}}
 	rp.ModifyResponse = func(resp *http.Response) error {
 		body, err := io.ReadAll(resp.Body)
@@ -143,24 +144,51 @@ func startBusyFleet(b *testing.B) *busyFleet {
 		inst := fmt.Sprintf("e%d", i)
 		node := fmt.Sprintf("node-%02d", i%busyNodes)
 		reg := health.Registration{InstanceID: inst, SessionID: "s1", Generation: 1, Task: "work",
-			Address: "127.0.0.1", Port: 9000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive}
-		_, err := c.Catalog().Register(&api.CatalogRegistration{Node: node, Address: "127.0.0.1", SkipNodeUpdate: true,
-			Service: &api.AgentService{ID: health.ServiceID(inst, "work"), Service: "work", Tags: []string{"leasehold"}, Address: "127.0.0.1", Port: 9000 + i, Meta: reg.Meta()},
-			Check:   &api.AgentCheck{Node: node, CheckID: health.CheckID(inst, "s1", "work"), Name: "lease", ServiceID: health.ServiceID(inst, "work"), Status: status, Output: "load=1"},
-		}, nil)
+			Address: "127.0.0.1", Port: 9000 + i, Version: "1.0.0", Capacity: 4,
+			State: health.StateActive}
+		_, err := c.Catalog().
+			Register(&api.CatalogRegistration{Node: node, Address: "127.0.0.1",
+				SkipNodeUpdate: true,
+				Service: &api.AgentService{
+					ID:      health.ServiceID(inst, "work"),
+					Service: "work",
+					Tags:    []string{"leasehold"},
+					Address: "127.0.0.1",
+					Port:    9000 + i,
+					Meta:    reg.Meta(),
+				},
+				Check: &api.AgentCheck{
+					Node:      node,
+					CheckID:   health.CheckID(inst, "s1", "work"),
+					Name:      "lease",
+					ServiceID: health.ServiceID(inst, "work"),
+					Status:    status,
+					Output:    "load=1",
+				},
+			}, nil)
 		return err
 	}
 	for i := range busyExecutors {
 		if err := register(i, api.HealthPassing); err != nil {
 			b.Fatal(err)
 		}
-		if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey(fmt.Sprintf("e%d", i)), Value: []byte("1")}, nil); err != nil {
+		_, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey(fmt.Sprintf("e%d", i)),
+			Value: []byte("1")}, nil)
+		if err != nil {
 			b.Fatal(err)
 		}
 	}
 	for i := range busyMarks {
-		m := health.LapseMark{InstanceID: fmt.Sprintf("e%d", i), SessionID: "s0", Generation: 1, At: time.Now().UTC().Truncate(time.Second), Tasks: []string{"work"}}
-		if _, err := c.KV().Put(&api.KVPair{Key: health.LapseMarkKey(m.InstanceID, m.SessionID), Value: m.Value()}, nil); err != nil {
+		m := health.LapseMark{
+			InstanceID: fmt.Sprintf("e%d", i),
+			SessionID:  "s0",
+			Generation: 1,
+			At:         time.Now().UTC().Truncate(time.Second),
+			Tasks:      []string{"work"},
+		}
+		_, err := c.KV().Put(&api.KVPair{Key: health.LapseMarkKey(m.InstanceID, m.SessionID),
+			Value: m.Value()}, nil)
+		if err != nil {
 			b.Fatal(err)
 		}
 	}
@@ -171,13 +199,13 @@ func startBusyFleet(b *testing.B) *busyFleet {
 		b.Fatal(err)
 	}
 	discard := slog.New(slog.NewTextHandler(io.Discard, nil))
-	w := NewWatcher(client, WatchConfig{Logger: discard})
-	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: discard, AwaitLapses: true})
 	obs, tee := make(chan health.Observation, 64), make(chan health.Observation, 64)
+	w := NewWatcher(client, WatchConfig{Logger: discard, Out: obs})
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: discard, AwaitLapses: true})
 	ctx, cancel := context.WithCancel(context.Background())
 	var wg sync.WaitGroup
 	wg.Add(4)
-	go func() { defer wg.Done(); w.Run(ctx, obs) }()
+	go func() { defer wg.Done(); w.Run(ctx) }()
 	go func() {
 		defer wg.Done()
 		for {
@@ -206,18 +234,25 @@ func startBusyFleet(b *testing.B) *busyFleet {
 			case <-ctx.Done():
 				return
 			case <-t.C:
-				register(1, []string{api.HealthWarning, api.HealthPassing}[i%2]) // a failure: one flip fewer
+				// A failure: one flip fewer.
+				register(1, []string{api.HealthWarning, api.HealthPassing}[i%2])
 			}
 		}
 	}()
 	b.Cleanup(func() { cancel(); wg.Wait() })
-	f.fencing = server.NewFencing(syncer, func(string) time.Time { return w.FreshAsOf() },
-		server.FencingOptions{Refresh: func(ctx context.Context, _ string, least uint64) (uint64, error) {
-			f.asked.Add(1)
-			return w.Refresh(ctx, least)
-		}})
+	f.fencing = server.NewFencing(
+		syncer,
+		func(string) time.Time { return w.FreshAsOf() },
+		server.FencingOptions{
+			Refresh: func(ctx context.Context, _ string, least uint64) (uint64, error) {
+				f.asked.Add(1)
+				return w.Refresh(ctx, least)
+			},
+		},
+	)
 	deadline := time.Now().Add(30 * time.Second)
-	for v := syncer.View(); !v.Synced || v.Sessions().Check("e0", "s1").State != health.SessionCurrent; v = syncer.View() {
+	for v := syncer.View(); !v.Synced || v.Sessions().Check("e0",
+		"s1").State != health.SessionCurrent; v = syncer.View() {
 		if time.Now().After(deadline) {
 			b.Fatal("the fleet was never read")
 		}
@@ -226,7 +261,8 @@ func startBusyFleet(b *testing.B) *busyFleet {
 		case <-time.After(time.Until(deadline)):
 		}
 	}
-	time.Sleep(time.Second) // every watch settles in its blocking query (a benchmark, not a test: nothing to wait on)
+	// Every watch settles in its blocking query (a benchmark, not a test: nothing to wait on).
+	time.Sleep(time.Second)
 	return f
 }
 
@@ -254,13 +290,21 @@ func (f *busyFleet) measure(b *testing.B, callers int, minIndex func(seen uint64
 			for ; next.Add(1) <= int64(b.N); <-pace.C {
 				ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 				t0 := time.Now()
-				r, err := f.fencing.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "e0", SessionId: "s1", MinConsulIndex: minIndex(seen.Load())})
+				r, err := f.fencing.CheckSession(
+					ctx,
+					&leaseholdv1.CheckSessionRequest{
+						InstanceId:     "e0",
+						SessionId:      "s1",
+						MinConsulIndex: minIndex(seen.Load()),
+					},
+				)
 				mine = append(mine, time.Since(t0))
 				cancel()
 				if err != nil || r.GetState() != leaseholdv1.SessionState_CURRENT {
 					unknown.Add(1)
 				}
-				for s := seen.Load(); r.ConsulIndex > s && !seen.CompareAndSwap(s, r.ConsulIndex); s = seen.Load() {
+				for s := seen.Load(); r.ConsulIndex > s && !seen.CompareAndSwap(s,
+					r.ConsulIndex); s = seen.Load() {
 				}
 			}
 			mu.Lock()

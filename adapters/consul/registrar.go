@@ -6,7 +6,6 @@ import (
 	"errors"
 	"fmt"
 	"log/slog"
-	"math/rand/v2"
 	"slices"
 	"strconv"
 	"sync"
@@ -126,7 +125,11 @@ func (r *Registrar) Run(ctx context.Context) error {
 			return err
 		}
 		sctx, span := r.sessionSpan(sess.key(), renewedAt)
-		_, reg := r.tracer.Start(sctx, "leasehold.executor.register", trace.WithTimestamp(renewedAt))
+		_, reg := r.tracer.Start(
+			sctx,
+			"leasehold.executor.register",
+			trace.WithTimestamp(renewedAt),
+		)
 		reg.End()
 		out := r.keepAlive(trace.ContextWithSpan(ctx, span), sess, renewedAt)
 		switch {
@@ -154,7 +157,8 @@ func (r *Registrar) Run(ctx context.Context) error {
 			out.drainDone <- out.drainErr
 		}
 		r.notifyLost(loss)
-		r.log.Warn("lease lost", "session_id", sess.ID, "reason", loss.Reason, "since_ack", loss.SinceAck, "superseded", loss.Superseded, "err", loss.Err)
+		r.log.Warn("lease lost", "session_id", sess.ID, "reason", loss.Reason,
+			"since_ack", loss.SinceAck, "superseded", loss.Superseded, "err", loss.Err)
 		switch {
 		case loss.Superseded:
 			r.deregisterOwn(sess.ID) // ours only: never a newer session's
@@ -208,7 +212,10 @@ var errDrainedIdle = errors.New("drained before registration")
 // registerSession registers every task under a fresh session id, retrying
 // with backoff (and only while the probe passes) until it succeeds. A
 // re-registration first makes sure no newer session of this instance exists.
-func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Session, context.CancelCauseFunc, time.Time, error) {
+func (r *Registrar) registerSession(
+	ctx context.Context,
+	reregister bool,
+) (*Session, context.CancelCauseFunc, time.Time, error) {
 	key := sessionKey{id: newSessionID()}
 	log := r.log.With("session_id", key.id)
 	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
@@ -223,7 +230,9 @@ func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Sess
 		if errors.Is(err, ErrSuperseded) {
 			return nil, nil, time.Time{}, err
 		}
-		if failures++; failures == 1 || failures%20 == 0 { // don't flood the log while e.g. a probe fails
+		if failures++; failures == 1 || failures%20 == 0 {
+			// The first failure and every twentieth: no flood of the log
+			// while, say, a probe fails.
 			log.Warn("registration failed; retrying", "err", err, "attempts", failures)
 		} else {
 			log.Debug("registration failed; retrying", "err", err, "attempts", failures)
@@ -240,7 +249,8 @@ func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Sess
 		case <-wait.Chan():
 		}
 	}
-	r.registered = []priorSession{{key.id, key.generation}} // and those it replaced, for the next session to name
+	// And those it replaced, for the next session to name.
+	r.registered = []priorSession{{key.id, key.generation}}
 	for _, old := range key.replaces {
 		r.registered = append(r.registered, priorSession{old, key.generation})
 	}
@@ -251,13 +261,19 @@ func (r *Registrar) registerSession(ctx context.Context, reregister bool) (*Sess
 	close(r.changed)
 	r.changed = make(chan struct{})
 	r.mu.Unlock()
-	log.Info("registered", "generation", key.generation, "tasks", r.cfg.Tasks, "address", r.cfg.hostPort(), "version", r.cfg.Version, "capacity", r.cfg.Capacity, "reregister", reregister, "replaces", key.replaces)
+	log.Info("registered", "generation", key.generation, "tasks", r.cfg.Tasks,
+		"address", r.cfg.hostPort(), "version", r.cfg.Version, "capacity", r.cfg.Capacity,
+		"reregister", reregister, "replaces", key.replaces)
 	return sess, cancel, sentAt, nil
 }
 
 // tryRegister makes one attempt and returns when its requests started: the
 // agent's TTL timers started no earlier.
-func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister bool) (time.Time, error) {
+func (r *Registrar) tryRegister(
+	ctx context.Context,
+	key *sessionKey,
+	reregister bool,
+) (time.Time, error) {
 	if err := r.probe(ctx); err != nil {
 		return time.Time{}, fmt.Errorf("probe: %w", err)
 	}
@@ -269,14 +285,17 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 		// A session registered while the servers hold our node failed is
 		// lapsed from its first moment: wait until the node is back.
 		if failed, err := r.agent.NodeFailed(ctx); err == nil && failed {
-			return time.Time{}, errors.New("this agent's node is failed (serfHealth critical): waiting for it to rejoin")
+			return time.Time{}, errors.New(
+				"this agent's node is failed (serfHealth critical): waiting for it to rejoin",
+			)
 		}
 	}
 	rctx, cancel := context.WithTimeout(ctx, r.cfg.Lease.TTL)
 	defer cancel()
 	if key.generation == 0 {
 		prior := r.priorSessions(rctx)
-		highest := r.ownGen // this process's own sessions are older too, whatever KV and the catalog still show
+		// This process's own sessions are older too, whatever KV and the catalog still show.
+		highest := r.ownGen
 		for _, p := range prior {
 			highest = max(highest, p.generation)
 		}
@@ -285,12 +304,18 @@ func (r *Registrar) tryRegister(ctx context.Context, key *sessionKey, reregister
 			return time.Time{}, fmt.Errorf("session generation: %w", err)
 		}
 		key.generation = gen
-		key.replaces = replacedSessions(append(prior, r.registered...), r.cfg.InstanceID, key.id, gen)
+		key.replaces = replacedSessions(
+			append(prior, r.registered...),
+			r.cfg.InstanceID,
+			key.id,
+			gen,
+		)
 		r.ownGen = max(r.ownGen, gen)
 	}
 	sentAt := r.cfg.Clock.Now()
 	for _, task := range r.cfg.Tasks {
-		if err := r.agent.Register(rctx, r.serviceRegistration(*key, task, health.StateActive)); err != nil {
+		reg := r.serviceRegistration(*key, task, health.StateActive)
+		if err := r.agent.Register(rctx, reg); err != nil {
 			return time.Time{}, err
 		}
 	}
@@ -333,7 +358,10 @@ func (r *Registrar) priorSessions(ctx context.Context) []priorSession {
 // concurrent start) or without a generation is not known to be older.
 func replacedSessions(prior []priorSession, instanceID, id string, gen uint64) []string {
 	prior = slices.Clone(prior)
-	slices.SortStableFunc(prior, func(a, b priorSession) int { return cmp.Compare(b.generation, a.generation) })
+	slices.SortStableFunc(
+		prior,
+		func(a, b priorSession) int { return cmp.Compare(b.generation, a.generation) },
+	)
 	var out []string
 	for _, p := range prior {
 		if len(out) == health.MaxReplaces {
@@ -350,7 +378,11 @@ func replacedSessions(prior []priorSession, instanceID, id string, gen uint64) [
 	return out
 }
 
-func (r *Registrar) serviceRegistration(sess sessionKey, task string, state health.State) *api.AgentServiceRegistration {
+func (r *Registrar) serviceRegistration(
+	sess sessionKey,
+	task string,
+	state health.State,
+) *api.AgentServiceRegistration {
 	reg := r.cfg.registration(sess, task, state)
 	sessionID := sess.id
 	load := r.cfg.Load()
@@ -392,10 +424,20 @@ type keepAliveResult struct {
 // ctx ends. The lease deadline is measured from the instant the last
 // acknowledged heartbeat was sent, on the monotonic clock, and checked before
 // every heartbeat: a lapsed session is never renewed back to passing.
-func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time.Time) keepAliveResult {
+func (r *Registrar) keepAlive(
+	ctx context.Context,
+	sess *Session,
+	renewedAt time.Time,
+) keepAliveResult {
 	clock, lease := r.cfg.Clock, r.cfg.Lease
-	k := &keeper{r: r, ctx: ctx, sess: sess, renewedAt: renewedAt, log: r.log.With("session_id", sess.ID),
-		bo: newBackoff(100*time.Millisecond, r.cfg.retryCap())}
+	k := &keeper{
+		r:         r,
+		ctx:       ctx,
+		sess:      sess,
+		renewedAt: renewedAt,
+		log:       r.log.With("session_id", sess.ID),
+		bo:        newBackoff(100*time.Millisecond, r.cfg.retryCap()),
+	}
 	k.next = clock.NewTimer(lease.Heartbeat - clock.Since(renewedAt))
 	defer k.next.Stop()
 	k.deadline = clock.NewTimer(lease.TTL - clock.Since(renewedAt))
@@ -423,10 +465,11 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 				return k.finishDrain()
 			}
 		case <-r.loadCh:
-			if health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) != r.sentStatus && k.lastErr == nil {
-				// full or free again: the status goes out now, not at the next
-				// heartbeat (at most every 100 ms: a load flapping at the
-				// capacity is not a write per task)
+			if health.HeartbeatStatus(r.cfg.Load(), r.cfg.Capacity) != r.sentStatus &&
+				k.lastErr == nil {
+				// Full or free again: the status goes out now, not at the next
+				// heartbeat (at most every 100 ms, so that a load flapping at the
+				// capacity is not a write per task).
 				k.next.Reset(max(0, 100*time.Millisecond-clock.Since(k.renewedAt)))
 			}
 		case <-fenceC:
@@ -438,7 +481,8 @@ func (r *Registrar) keepAlive(ctx context.Context, sess *Session, renewedAt time
 			if res, ended := k.heartbeat(); ended {
 				return res
 			}
-			if fenceC != nil && k.fence.leaseCreated == 0 && k.fence.early < earlyFenceChecks && k.lastErr == nil {
+			if fenceC != nil && k.fence.leaseCreated == 0 && k.fence.early < earlyFenceChecks &&
+				k.lastErr == nil {
 				// Until the fence check knows our lease check, it runs with
 				// the first heartbeats rather than a lease later: leasehold
 				// learns the check's CreateIndex when it is registered, and a
@@ -498,7 +542,11 @@ func (k *keeper) startDrain(req drainRequest) {
 		return
 	}
 	k.drain = &req
-	_, k.drainSpan = k.r.tracer.Start(k.ctx, "leasehold.executor.drain", trace.WithAttributes(attribute.Int("leasehold.in_flight", k.r.cfg.Load())))
+	_, k.drainSpan = k.r.tracer.Start(
+		k.ctx,
+		"leasehold.executor.drain",
+		trace.WithAttributes(attribute.Int("leasehold.in_flight", k.r.cfg.Load())),
+	)
 	k.log.Info("draining", "in_flight", k.r.cfg.Load())
 	k.drainPoll = k.r.cfg.Clock.NewTicker(min(100*time.Millisecond, k.r.cfg.Lease.Heartbeat))
 	k.drainPollC = k.drainPoll.Chan()
@@ -517,7 +565,11 @@ func (k *keeper) finishDrain() keepAliveResult {
 	defer k.drainSpan.End()
 	var err error
 	if load := k.r.cfg.Load(); load > 0 {
-		err = fmt.Errorf("drain: %d tasks still in flight when the deadline passed: %w", load, context.Cause(k.drain.ctx))
+		err = fmt.Errorf(
+			"drain: %d tasks still in flight when the deadline passed: %w",
+			load,
+			context.Cause(k.drain.ctx),
+		)
 	}
 	_, dereg := k.r.tracer.Start(k.ctx, "leasehold.executor.deregister")
 	k.r.deregisterOwn(k.sess.ID)
@@ -536,7 +588,8 @@ func (k *keeper) heartbeat() (res keepAliveResult, ended bool) {
 	}
 	if err := k.r.probe(k.ctx); err != nil {
 		k.lastErr = fmt.Errorf("probe: %w", err)
-		k.log.Warn("probe failed; heartbeat withheld", "err", err, "lease_left", lease.TTL-now.Sub(k.renewedAt))
+		k.log.Warn("probe failed; heartbeat withheld", "err", err,
+			"lease_left", lease.TTL-now.Sub(k.renewedAt))
 		k.next.Reset(min(lease.Heartbeat, lease.TTL-clock.Since(k.renewedAt)))
 		return res, false
 	}
@@ -560,7 +613,8 @@ func (k *keeper) heartbeat() (res keepAliveResult, ended bool) {
 	default: // transient: retry inside the lease; only the deadline ends it
 		k.lastErr = err
 		wait := k.bo.next()
-		k.log.Warn("heartbeat failed; retrying", "err", err, "retry_in", wait, "lease_left", lease.TTL-clock.Since(k.renewedAt))
+		k.log.Warn("heartbeat failed; retrying", "err", err, "retry_in", wait,
+			"lease_left", lease.TTL-clock.Since(k.renewedAt))
 		k.next.Reset(wait)
 	}
 	return res, false
@@ -569,7 +623,12 @@ func (k *keeper) heartbeat() (res keepAliveResult, ended bool) {
 // renew sends one heartbeat for every task. With markDrain it then
 // re-registers with state=draining; the heartbeat first proves the session is
 // still the agent's, so a replaced session is never registered back.
-func (r *Registrar) renew(ctx context.Context, sess sessionKey, renewedAt time.Time, markDrain bool) error {
+func (r *Registrar) renew(
+	ctx context.Context,
+	sess sessionKey,
+	renewedAt time.Time,
+	markDrain bool,
+) error {
 	sessionID := sess.id
 	left := r.cfg.Lease.TTL - r.cfg.Clock.Since(renewedAt)
 	rctx, cancel := context.WithTimeout(ctx, left)
@@ -577,7 +636,8 @@ func (r *Registrar) renew(ctx context.Context, sess sessionKey, renewedAt time.T
 	load := r.cfg.Load()
 	status, output := health.HeartbeatStatus(load, r.cfg.Capacity), health.LoadOutput(load)
 	for _, task := range r.cfg.Tasks {
-		if err := r.agent.UpdateTTL(rctx, health.CheckID(r.cfg.InstanceID, sessionID, task), status, output); err != nil {
+		checkID := health.CheckID(r.cfg.InstanceID, sessionID, task)
+		if err := r.agent.UpdateTTL(rctx, checkID, status, output); err != nil {
 			return err
 		}
 	}
@@ -586,7 +646,8 @@ func (r *Registrar) renew(ctx context.Context, sess sessionKey, renewedAt time.T
 		return nil
 	}
 	for _, task := range r.cfg.Tasks {
-		if err := r.agent.Register(rctx, r.serviceRegistration(sess, task, health.StateDraining)); err != nil {
+		reg := r.serviceRegistration(sess, task, health.StateDraining)
+		if err := r.agent.Register(rctx, reg); err != nil {
 			return err
 		}
 	}
@@ -610,12 +671,14 @@ func (r *Registrar) superseded(ctx context.Context) bool {
 		return false
 	}
 	newer := func(sessionID string, gen uint64) bool {
-		return !r.own[sessionID] && gen > r.ownGen && key.Judge(gen, sessionID) == health.KeyConfirms
+		return !r.own[sessionID] && gen > r.ownGen &&
+			key.Judge(gen, sessionID) == health.KeyConfirms
 	}
 	for _, task := range r.cfg.Tasks {
 		svc, err := r.agent.LocalService(qctx, health.ServiceID(r.cfg.InstanceID, task))
 		if err == nil && svc != nil {
-			if gen, err := strconv.ParseUint(svc.Meta[health.MetaGeneration], 10, 64); err == nil && newer(svc.Meta[health.MetaSessionID], gen) {
+			if gen, err := strconv.ParseUint(svc.Meta[health.MetaGeneration], 10, 64); err == nil &&
+				newer(svc.Meta[health.MetaSessionID], gen) {
 				return true
 			}
 		}
@@ -634,9 +697,10 @@ func (r *Registrar) superseded(ctx context.Context) bool {
 
 // fenceState is what the fence checks of one session remember.
 type fenceState struct {
-	aheadSince   time.Time // since when a generation above ours is taken (KV, or a dead registration)
-	leaseCreated uint64    // the catalog's CreateIndex of our lease check, as first seen
-	early        int       // fence checks run with heartbeats while leaseCreated is not known
+	// Since when a generation above ours is taken (KV, or a dead registration).
+	aheadSince   time.Time
+	leaseCreated uint64 // the catalog's CreateIndex of our lease check, as first seen
+	early        int    // fence checks run with heartbeats while leaseCreated is not known
 	// node is where this session's registration is (the node of its lease
 	// check created first, as first seen): a registration of its id on
 	// another node is a copy — anyone may read the id in the catalog — and
@@ -657,7 +721,11 @@ const earlyFenceChecks = 3
 // stayed unregistered for a whole lease (a process that crashed between
 // taking it and registering: leasehold calls our session STALE until we take
 // a newer one).
-func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceState) (LossReason, error) {
+func (r *Registrar) fenceCheck(
+	ctx context.Context,
+	sess *Session,
+	st *fenceState,
+) (LossReason, error) {
 	qctx, cancel := context.WithTimeout(ctx, min(r.cfg.Lease.Heartbeat, 5*time.Second))
 	defer cancel()
 	others, err := r.agent.Sessions(qctx, r.cfg.Tasks[0], r.cfg.InstanceID)
@@ -673,11 +741,17 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 	// key, or at its generation under another session, may be forged by
 	// another instance and neither supersedes nor overtakes this one.
 	confirmed := func(o RemoteSession) bool {
-		return !r.own[o.SessionID] && o.Generation > sess.Generation && key.Judge(o.Generation, o.SessionID) == health.KeyConfirms
+		return !r.own[o.SessionID] && o.Generation > sess.Generation &&
+			key.Judge(o.Generation, o.SessionID) == health.KeyConfirms
 	}
 	for _, o := range others {
 		if confirmed(o) && o.Status != health.StatusCritical {
-			return LossSuperseded, fmt.Errorf("session %s (generation %d) on node %s is newer", o.SessionID, o.Generation, o.Node)
+			return LossSuperseded, fmt.Errorf(
+				"session %s (generation %d) on node %s is newer",
+				o.SessionID,
+				o.Generation,
+				o.Node,
+			)
 		}
 	}
 	home := sessionHome(others, sess.ID, st)
@@ -686,11 +760,21 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 		mine := o.SessionID == sess.ID && (home == "" || o.Node == home)
 		switch {
 		case mine && o.NodeFailed:
-			return LossNodeFailed, fmt.Errorf("node %s failed (serfHealth critical) after this session registered: the session counts as lapsed", o.Node)
+			return LossNodeFailed, fmt.Errorf(
+				"node %s failed (serfHealth critical) after this session registered: the session "+
+					"counts as lapsed",
+				o.Node,
+			)
 		case mine && o.LeaseCreateIndex != 0:
-			if health.LeaseCheckRecreated(st.leaseCreated, o.LeaseCreateIndex) { // leasehold's rule too: it answers the session LAPSED
-				return LossNodeFailed, fmt.Errorf("the catalog lost this session's lease check and re-created it (created at %d, now at %d: its agent left and came back, or its node was reaped): the session counts as lapsed",
-					st.leaseCreated, o.LeaseCreateIndex)
+			if health.LeaseCheckRecreated(st.leaseCreated, o.LeaseCreateIndex) {
+				// It is leasehold's rule too: it answers the session LAPSED.
+				return LossNodeFailed, fmt.Errorf(
+					"the catalog lost this session's lease check and re-created it (created at "+
+						"%d, now at %d: its agent left and came back, or its node was reaped): "+
+						"the session counts as lapsed",
+					st.leaseCreated,
+					o.LeaseCreateIndex,
+				)
 			}
 			if st.leaseCreated == 0 {
 				st.leaseCreated = o.LeaseCreateIndex // the first seen, as leasehold keeps it
@@ -703,8 +787,13 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 		// Below our generation, or ours under another session: Consul's KV
 		// was restored or rewritten. leasehold no longer routes this session
 		// (unconfirmed); a new one takes a generation above every known one.
-		return LossOvertaken, fmt.Errorf("the generation key %s holds %q, which does not name this session (generation %d): leasehold calls it unconfirmed",
-			health.GenerationKey(r.cfg.InstanceID), key.Value(), sess.Generation)
+		return LossOvertaken, fmt.Errorf(
+			"the generation key %s holds %q, which does not name this session (generation %d): "+
+				"leasehold calls it unconfirmed",
+			health.GenerationKey(r.cfg.InstanceID),
+			key.Value(),
+			sess.Generation,
+		)
 	}
 	ahead = max(ahead, key.Generation)
 	gen := ahead
@@ -717,7 +806,13 @@ func (r *Registrar) fenceCheck(ctx context.Context, sess *Session, st *fenceStat
 		st.aheadSince = now
 	}
 	if now.Sub(st.aheadSince) >= r.cfg.Lease.TTL {
-		return LossOvertaken, fmt.Errorf("generation %d is above ours (%d) in Consul KV %s or a dead registration, and no live session has it after a lease: leasehold calls ours STALE", gen, sess.Generation, health.GenerationKey(r.cfg.InstanceID))
+		return LossOvertaken, fmt.Errorf(
+			"generation %d is above ours (%d) in Consul KV %s or a dead registration, and no "+
+				"live session has it after a lease: leasehold calls ours STALE",
+			gen,
+			sess.Generation,
+			health.GenerationKey(r.cfg.InstanceID),
+		)
 	}
 	return "", nil
 }
@@ -738,7 +833,8 @@ func sessionHome(others []RemoteSession, id string, st *fenceState) string {
 		if o.SessionID != id || o.LeaseCreateIndex == 0 {
 			continue
 		}
-		if first == nil || o.LeaseCreateIndex < first.LeaseCreateIndex || (o.LeaseCreateIndex == first.LeaseCreateIndex && o.Node < first.Node) {
+		if first == nil || o.LeaseCreateIndex < first.LeaseCreateIndex ||
+			(o.LeaseCreateIndex == first.LeaseCreateIndex && o.Node < first.Node) {
 			first = o
 		}
 	}
@@ -755,11 +851,13 @@ func (r *Registrar) deregisterOwn(sessionID string) {
 	defer cancel()
 	for _, task := range r.cfg.Tasks {
 		id := health.ServiceID(r.cfg.InstanceID, task)
-		if svc, err := r.agent.LocalService(ctx, id); err == nil && svc != nil && !r.own[svc.Meta[health.MetaSessionID]] {
+		if svc, err := r.agent.LocalService(ctx, id); err == nil && svc != nil &&
+			!r.own[svc.Meta[health.MetaSessionID]] {
 			continue
 		}
 		if err := r.agent.Deregister(ctx, id); err != nil {
-			r.log.Warn("deregister failed; the lease will lapse instead", "session_id", sessionID, "service_id", id, "err", err)
+			r.log.Warn("deregister failed; the lease will lapse instead", "session_id", sessionID,
+				"service_id", id, "err", err)
 		}
 	}
 }
@@ -769,21 +867,3 @@ func (r *Registrar) notifyLost(loss LeaseLoss) {
 		r.cfg.OnLeaseLost(loss)
 	}
 }
-
-// backoff is exponential with full jitter, capped.
-type backoff struct {
-	base, cap, cur time.Duration
-}
-
-func newBackoff(base, cap time.Duration) *backoff { return &backoff{base: base, cap: cap} }
-
-func (b *backoff) next() time.Duration {
-	if b.cur == 0 {
-		b.cur = b.base
-	} else {
-		b.cur = min(2*b.cur, b.cap)
-	}
-	return b.cur/2 + rand.N(b.cur/2+1)
-}
-
-func (b *backoff) reset() { b.cur = 0 }

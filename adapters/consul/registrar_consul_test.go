@@ -6,6 +6,7 @@ package consul
 import (
 	"context"
 	"errors"
+	"strconv"
 	"sync/atomic"
 	"testing"
 	"time"
@@ -16,7 +17,11 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-var shortLease = health.Lease{TTL: time.Second, Heartbeat: 250 * time.Millisecond, DeregisterAfter: time.Minute}
+var shortLease = health.Lease{
+	TTL:             time.Second,
+	Heartbeat:       250 * time.Millisecond,
+	DeregisterAfter: time.Minute,
+}
 
 type liveExecutor struct {
 	reg   *Registrar
@@ -28,7 +33,12 @@ type liveExecutor struct {
 	agent *consultest.Agent
 }
 
-func runLive(t *testing.T, a *consultest.Agent, instance string, mutate func(*Config)) *liveExecutor {
+func runLive(
+	t *testing.T,
+	a *consultest.Agent,
+	instance string,
+	mutate func(*Config),
+) *liveExecutor {
 	t.Helper()
 	e := &liveExecutor{done: make(chan error, 1), lost: make(chan LeaseLoss, 16), agent: a}
 	cfg := Config{
@@ -103,21 +113,39 @@ func entryOf(entries []*api.ServiceEntry, session string) (*api.ServiceEntry, *a
 	return nil, nil
 }
 
-func waitCheck(t *testing.T, c *api.Client, session, status string, timeout time.Duration) *api.ServiceEntry {
+func waitCheck(
+	t *testing.T,
+	c *api.Client,
+	session, status string,
+	timeout time.Duration,
+) *api.ServiceEntry {
 	t.Helper()
 	var found *api.ServiceEntry
-	consultest.WaitService(t, c, "transcode", timeout, "session "+session+" "+status, func(es []*api.ServiceEntry) bool {
-		e, ch := entryOf(es, session)
-		found = e
-		return ch != nil && ch.Status == status
-	})
+	consultest.WaitService(
+		t,
+		c,
+		"transcode",
+		timeout,
+		"session "+session+" "+status,
+		func(es []*api.ServiceEntry) bool {
+			e, ch := entryOf(es, session)
+			found = e
+			return ch != nil && ch.Status == status
+		},
+	)
 	return found
 }
 
 // stayPassing watches session's registration with blocking queries for the
 // whole of d and fails the moment it is not passing (or not as also wants),
 // or Consul cannot be asked: an error is never taken for the end of d.
-func stayPassing(t *testing.T, c *api.Client, session string, d time.Duration, also func(*api.ServiceEntry) bool) {
+func stayPassing(
+	t *testing.T,
+	c *api.Client,
+	session string,
+	d time.Duration,
+	also func(*api.ServiceEntry) bool,
+) {
 	t.Helper()
 	end := time.Now().Add(d)
 	var index uint64
@@ -128,13 +156,19 @@ func stayPassing(t *testing.T, c *api.Client, session string, d time.Duration, a
 		}
 		// Consul ends the wait itself (WaitTime) before the deadline: a
 		// cancelled request would be indistinguishable from a failing one.
-		es, meta, err := c.Health().Service("transcode", "", false, &api.QueryOptions{WaitIndex: index, WaitTime: left})
+		es, meta, err := c.Health().
+			Service("transcode", "", false, &api.QueryOptions{WaitIndex: index, WaitTime: left})
 		if err != nil {
 			t.Fatalf("watching session %s stay passing: %v", session, err)
 		}
 		e, ch := entryOf(es, session)
 		if ch == nil || ch.Status != api.HealthPassing || (also != nil && !also(e)) {
-			t.Fatalf("session %s not kept passing (%s before the end of the watch): %s", session, time.Until(end).Round(time.Millisecond), consultest.Describe(es))
+			t.Fatalf(
+				"session %s not kept passing (%s before the end of the watch): %s",
+				session,
+				time.Until(end).Round(time.Millisecond),
+				consultest.Describe(es),
+			)
 		}
 		if meta.LastIndex < index {
 			index = 0
@@ -152,13 +186,23 @@ func TestConsulRegisterHeartbeatAndLapse(t *testing.T) {
 	s := ex.session(t, nil)
 
 	e := waitCheck(t, c, s.ID, api.HealthPassing, 10*time.Second)
-	want := map[string]string{"instance_id": "exec-1", "session_id": s.ID, "version": "1.2.3", "capacity": "2", "state": "active", "label_zone": "eu-1"}
+	want := map[string]string{
+		"instance_id": "exec-1",
+		"session_id":  s.ID,
+		"version":     "1.2.3",
+		"capacity":    "2",
+		"state":       "active",
+		"label_zone":  "eu-1",
+	}
 	for k, v := range want {
 		if e.Service.Meta[k] != v {
 			t.Errorf("meta %s = %q, want %q (all: %v)", k, e.Service.Meta[k], v, e.Service.Meta)
 		}
 	}
-	if e.Service.ID != "transcode:exec-1" || e.Service.Address != "127.0.0.1" || e.Service.Port != 9100 || len(e.Service.Tags) != 1 || e.Service.Tags[0] != "leasehold" {
+	if e.Service.ID != "transcode:exec-1" || e.Service.Address != "127.0.0.1" ||
+		e.Service.Port != 9100 ||
+		len(e.Service.Tags) != 1 ||
+		e.Service.Tags[0] != "leasehold" {
 		t.Errorf("service = %+v", e.Service)
 	}
 	_, ch := entryOf([]*api.ServiceEntry{e}, s.ID)
@@ -174,7 +218,11 @@ func TestConsulRegisterHeartbeatAndLapse(t *testing.T) {
 	ex.fail.Store(true)
 	waitCheck(t, c, s.ID, api.HealthCritical, 5*time.Second)
 	if took := time.Since(stopped); took > shortLease.TTL+750*time.Millisecond {
-		t.Errorf("critical %s after heartbeats stopped, want ≤ lease (%s) + 750ms", took, shortLease.TTL)
+		t.Errorf(
+			"critical %s after heartbeats stopped, want ≤ lease (%s) + 750ms",
+			took,
+			shortLease.TTL,
+		)
 	}
 	if l := ex.loss(t); l.Reason != LossExpired || l.SessionID != s.ID {
 		t.Fatalf("loss = %+v", l)
@@ -182,10 +230,17 @@ func TestConsulRegisterHeartbeatAndLapse(t *testing.T) {
 	// Probe recovers: a new session, never the old one back to passing.
 	ex.fail.Store(false)
 	s2 := ex.session(t, s)
-	es := consultest.WaitService(t, c, "transcode", 10*time.Second, "new session passing", func(es []*api.ServiceEntry) bool {
-		_, ch := entryOf(es, s2.ID)
-		return ch != nil && ch.Status == api.HealthPassing
-	})
+	es := consultest.WaitService(
+		t,
+		c,
+		"transcode",
+		10*time.Second,
+		"new session passing",
+		func(es []*api.ServiceEntry) bool {
+			_, ch := entryOf(es, s2.ID)
+			return ch != nil && ch.Status == api.HealthPassing
+		},
+	)
 	if e, _ := entryOf(es, s.ID); e != nil {
 		t.Fatalf("old session still registered: %s", consultest.Describe(es))
 	}
@@ -295,12 +350,26 @@ func TestConsulDrain(t *testing.T) {
 	ex.load.Store(1) // a task in flight
 	drained := make(chan error, 1)
 	go func() { drained <- ex.reg.Drain(context.Background()) }()
-	consultest.WaitService(t, c, "transcode", 15*time.Second, "state=draining", func(es []*api.ServiceEntry) bool {
-		e, ch := entryOf(es, s.ID)
-		return e != nil && e.Service.Meta["state"] == "draining" && ch != nil && ch.Status == api.HealthPassing
-	})
+	consultest.WaitService(
+		t,
+		c,
+		"transcode",
+		15*time.Second,
+		"state=draining",
+		func(es []*api.ServiceEntry) bool {
+			e, ch := entryOf(es, s.ID)
+			return e != nil && e.Service.Meta["state"] == "draining" && ch != nil &&
+				ch.Status == api.HealthPassing
+		},
+	)
 	// In-flight work keeps the lease: two more leases pass, still registered, draining and passing.
-	stayPassing(t, c, s.ID, 2*shortLease.TTL, func(e *api.ServiceEntry) bool { return e.Service.Meta["state"] == "draining" })
+	stayPassing(
+		t,
+		c,
+		s.ID,
+		2*shortLease.TTL,
+		func(e *api.ServiceEntry) bool { return e.Service.Meta["state"] == "draining" },
+	)
 	select {
 	case err := <-drained:
 		t.Fatalf("drain returned with work in flight: %v", err)
@@ -315,7 +384,14 @@ func TestConsulDrain(t *testing.T) {
 	case <-time.After(10 * time.Second):
 		t.Fatal("drain did not finish")
 	}
-	consultest.WaitService(t, c, "transcode", 15*time.Second, "deregistered", func(es []*api.ServiceEntry) bool { return len(es) == 0 })
+	consultest.WaitService(
+		t,
+		c,
+		"transcode",
+		15*time.Second,
+		"deregistered",
+		func(es []*api.ServiceEntry) bool { return len(es) == 0 },
+	)
 	if !errors.Is(s.Err(), ErrDrained) {
 		t.Fatalf("session cause = %v", s.Err())
 	}
@@ -323,7 +399,17 @@ func TestConsulDrain(t *testing.T) {
 
 func TestConsulBadInputRegistersNothing(t *testing.T) {
 	a := consultest.Start(t)
-	_, err := NewRegistrar(NewAPIAgent(a.Client()), Config{InstanceID: "exec-1", Tasks: []string{"transcode"}, Address: "127.0.0.1", Port: 9100, Version: "1.2", Capacity: 2})
+	_, err := NewRegistrar(
+		NewAPIAgent(a.Client()),
+		Config{
+			InstanceID: "exec-1",
+			Tasks:      []string{"transcode"},
+			Address:    "127.0.0.1",
+			Port:       9100,
+			Version:    "1.2",
+			Capacity:   2,
+		},
+	)
 	if err == nil || !containsStr(health.Fields(err), "version") {
 		t.Fatalf("err = %v", err)
 	}
@@ -380,7 +466,11 @@ func TestConsulRestartAfterKVLossStillGetsHigherGeneration(t *testing.T) {
 	s1 := first.session(t, nil)
 	e := waitCheck(t, c, s1.ID, api.HealthPassing, 10*time.Second)
 	if e.Service.Meta[health.MetaGeneration] != "1" || s1.Generation != 1 {
-		t.Fatalf("generation meta = %q, session %d", e.Service.Meta[health.MetaGeneration], s1.Generation)
+		t.Fatalf(
+			"generation meta = %q, session %d",
+			e.Service.Meta[health.MetaGeneration],
+			s1.Generation,
+		)
 	}
 	// The KV entry is lost while the first process is still registered: a
 	// restarted process must still be newer than what the catalog holds.
@@ -394,5 +484,70 @@ func TestConsulRestartAfterKVLossStillGetsHigherGeneration(t *testing.T) {
 	}
 	if l := first.loss(t); !l.Superseded {
 		t.Fatalf("first process not superseded: %+v", l)
+	}
+}
+
+// registerGarbageGeneration registers, on the same agent under another service
+// id, a registration of instance victim whose generation is above 2^53:
+// garbage by the contract and for leasehold (ParseRegistration refuses it, so
+// it orders nothing: health.Executor.Orders is false). A buggy sidecar that
+// uses a nanosecond timestamp as its generation writes exactly such a value;
+// so can any token allowed to register the task's service. With passing, it
+// carries a passing lease check of its own.
+func registerGarbageGeneration(t *testing.T, c *api.Client, generation uint64, passing bool) {
+	t.Helper()
+	reg := &api.AgentServiceRegistration{
+		ID: "junk-victim", Name: "transcode", Tags: []string{health.DefaultTag},
+		Address: "127.0.0.1", Port: 9999,
+		Meta: map[string]string{
+			health.MetaInstanceID: "victim",
+			health.MetaSessionID:  "junk",
+			health.MetaGeneration: strconv.FormatUint(generation, 10),
+			health.MetaVersion:    "1.2.3",
+			health.MetaCapacity:   "1",
+			health.MetaState:      "active",
+		},
+	}
+	if passing {
+		reg.Checks = api.AgentServiceChecks{
+			{
+				CheckID: health.CheckID("victim", "junk", "transcode"),
+				Name:    "lease",
+				TTL:     "1h",
+				Status:  api.HealthPassing,
+			},
+		}
+	}
+	if err := c.Agent().ServiceRegister(reg); err != nil {
+		t.Fatal(err)
+	}
+	e, err := health.ParseRegistration("transcode", "127.0.0.1", 9999, reg.Meta)
+	if err == nil || (health.Executor{Registration: e, Err: err}).Orders() {
+		t.Fatalf("premise: leasehold takes generation %d as valid (err %v)", generation, err)
+	}
+}
+
+// TestConsulGarbageGenerationSupersedesNothing: a registration whose
+// generation is garbage, with a passing lease check of its own, does not make
+// the Registrar's fence check report LossSuperseded, nor Run return
+// ErrSuperseded: leasehold ignores that registration and keeps the executor's
+// session CURRENT, so the executor must not stop for it.
+func TestConsulGarbageGenerationSupersedesNothing(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	ex := runLive(t, a, "victim", nil)
+	ex.session(t, nil)
+	registerGarbageGeneration(t, c, health.MaxGeneration+1, true)
+	select {
+	case err := <-ex.done:
+		if errors.Is(err, ErrSuperseded) {
+			t.Fatalf(
+				"a registration with generation 2^53+1 (garbage for leasehold, which keeps the "+
+					"executor's session CURRENT) made Run return: %v",
+				err,
+			)
+		}
+		t.Fatalf("Run returned: %v", err)
+	case <-time.After(4 * shortLease.TTL):
 	}
 }

@@ -111,7 +111,12 @@ func TestConsulPausedProcessLosesLeaseAndComesBackFresh(t *testing.T) {
 	}
 	waitCheck(t, c, s1, api.HealthCritical, 5*time.Second)
 	lapse := time.Since(paused)
-	t.Logf("critical %s after SIGSTOP at %s (lease %s)", lapse, paused.Format("15:04:05.000"), shortLease.TTL)
+	t.Logf(
+		"critical %s after SIGSTOP at %s (lease %s)",
+		lapse,
+		paused.Format("15:04:05.000"),
+		shortLease.TTL,
+	)
 	if lapse > shortLease.TTL+750*time.Millisecond {
 		t.Errorf("lapse took %s, want ≤ lease + 750ms", lapse)
 	}
@@ -135,7 +140,8 @@ func TestConsulPausedProcessLosesLeaseAndComesBackFresh(t *testing.T) {
 		t.Fatal(err)
 	}
 	for _, e := range all {
-		if _, ch := entryOf([]*api.ServiceEntry{e}, s1); ch != nil && ch.Status == api.HealthPassing {
+		if _, ch := entryOf([]*api.ServiceEntry{e}, s1); ch != nil &&
+			ch.Status == api.HealthPassing {
 			t.Fatalf("old session back to passing: %s", consultest.Describe(all))
 		}
 	}

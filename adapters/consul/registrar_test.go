@@ -46,7 +46,13 @@ func start(t *testing.T, mutate func(*Config)) *harness {
 // startOn is start with an agent prepared before the Registrar runs.
 func startOn(t *testing.T, agent *fakeAgent, mutate func(*Config)) *harness {
 	t.Helper()
-	h := &harness{t: t, agent: agent, clock: clockwork.NewFakeClock(), lost: make(chan LeaseLoss, 16), done: make(chan error, 1)}
+	h := &harness{
+		t:     t,
+		agent: agent,
+		clock: clockwork.NewFakeClock(),
+		lost:  make(chan LeaseLoss, 16),
+		done:  make(chan error, 1),
+	}
 	cfg := baseConfig()
 	cfg.Clock = h.clock
 	cfg.Load = func() int { return int(h.load.Load()) }
@@ -125,15 +131,27 @@ func TestRegistersEveryTaskWithContractMeta(t *testing.T) {
 		if reg == nil {
 			t.Fatalf("%s not registered", task)
 		}
-		want := map[string]string{"instance_id": "exec-1", "session_id": s.ID, "generation": "1", "version": "1.4.2", "capacity": "2", "state": "active", "label_zone": "eu-1", "lease_ttl": testTTL.String()}
+		want := map[string]string{
+			"instance_id": "exec-1",
+			"session_id":  s.ID,
+			"generation":  "1",
+			"version":     "1.4.2",
+			"capacity":    "2",
+			"state":       "active",
+			"label_zone":  "eu-1",
+			"lease_ttl":   testTTL.String(),
+		}
 		if !reflect.DeepEqual(reg.Meta, want) {
 			t.Errorf("meta = %v, want %v", reg.Meta, want)
 		}
-		if reg.Name != task || reg.Address != "127.0.0.1" || reg.Port != 9000 || !reflect.DeepEqual(reg.Tags, []string{"leasehold"}) {
+		if reg.Name != task || reg.Address != "127.0.0.1" || reg.Port != 9000 ||
+			!reflect.DeepEqual(reg.Tags, []string{"leasehold"}) {
 			t.Errorf("registration = %+v", reg)
 		}
 		ch := reg.Checks[0]
-		if ch.CheckID != health.CheckID("exec-1", s.ID, task) || ch.TTL != "35s" || ch.DeregisterCriticalServiceAfter != "10m0s" || ch.Status != "passing" {
+		if ch.CheckID != health.CheckID("exec-1", s.ID, task) || ch.TTL != "35s" ||
+			ch.DeregisterCriticalServiceAfter != "10m0s" ||
+			ch.Status != "passing" {
 			t.Errorf("check = %+v", ch)
 		}
 		if out := h.agent.output(ch.CheckID); out != "load=0" { // set right after registering
@@ -226,11 +244,13 @@ func TestRefusedHeartbeatReregistersUnderFreshSession(t *testing.T) {
 	if s2.Generation <= s1.Generation {
 		t.Fatalf("generation %d not above the lost session's %d", s2.Generation, s1.Generation)
 	}
-	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"]; got != s2.ID {
+	if got := h.agent.service(health.ServiceID("exec-1",
+		"transcode")).Meta["session_id"]; got != s2.ID {
 		t.Fatalf("registered session = %s, want %s", got, s2.ID)
 	}
 	// The agent forgot s1: this process remembers it replaced it.
-	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta[health.MetaReplaces]; !strings.HasPrefix(got, s1.ID) || s2.Replaces[0] != s1.ID {
+	got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta[health.MetaReplaces]
+	if !strings.HasPrefix(got, s1.ID) || s2.Replaces[0] != s1.ID {
 		t.Fatalf("replaces meta %q, session %v: want %s", got, s2.Replaces, s1.ID)
 	}
 	var lle *LeaseLostError
@@ -247,7 +267,11 @@ func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
 	h.agent.takeKey("exec-1", "newer", 99)
 	other := baseConfig()
 	for _, task := range other.Tasks {
-		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration(sessionKey{id: "newer", generation: 99}, task, health.StateActive)
+		r := (&Registrar{cfg: other.withDefaults()}).serviceRegistration(
+			sessionKey{id: "newer", generation: 99},
+			task,
+			health.StateActive,
+		)
 		if err := h.agent.Register(context.Background(), r); err != nil {
 			t.Fatal(err)
 		}
@@ -266,7 +290,8 @@ func TestSupersededProcessStopsInsteadOfFighting(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Run went on after being superseded")
 	}
-	if got := h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"]; got != "newer" {
+	if got := h.agent.service(health.ServiceID("exec-1",
+		"transcode")).Meta["session_id"]; got != "newer" {
 		t.Fatalf("the newer registration was replaced: %s", got)
 	}
 	if s1.Err() == nil {
@@ -279,7 +304,9 @@ func TestSupersededOnAnotherNode(t *testing.T) {
 	s1 := h.session(nil)
 	h.agent.takeKey("exec-1", "newer", 2)
 	h.agent.mu.Lock()
-	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Generation: 2, Status: health.StatusPassing}}
+	h.agent.others = []RemoteSession{
+		{Node: "other", SessionID: "newer", Generation: 2, Status: health.StatusPassing},
+	}
 	h.agent.mu.Unlock()
 	h.advance(2, testTTL+time.Second) // paused past the lease
 	l := h.loss()
@@ -309,7 +336,8 @@ func TestPauseLongerThanLeaseNeverRenewsTheOldSession(t *testing.T) {
 		}
 		break
 	}
-	if s2.ID == s1.ID || h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"] != s2.ID {
+	if s2.ID == s1.ID ||
+		h.agent.service(health.ServiceID("exec-1", "transcode")).Meta["session_id"] != s2.ID {
 		t.Fatal("no fresh session registered")
 	}
 }
@@ -362,7 +390,8 @@ func TestDrainWaitsForInFlightWorkThenDeregisters(t *testing.T) {
 	case <-time.After(5 * time.Second):
 		t.Fatal("Drain did not return")
 	}
-	if h.agent.service(health.ServiceID("exec-1", "transcode")) != nil || h.agent.service(health.ServiceID("exec-1", "thumbnail")) != nil {
+	if h.agent.service(health.ServiceID("exec-1", "transcode")) != nil ||
+		h.agent.service(health.ServiceID("exec-1", "thumbnail")) != nil {
 		t.Fatal("still registered after drain")
 	}
 	if !errors.Is(s.Err(), ErrDrained) {
@@ -391,7 +420,8 @@ func TestDrainDeadlineDeregistersAnyway(t *testing.T) {
 	h.advance(3, 100*time.Millisecond)
 	select {
 	case err := <-drained:
-		if !errors.Is(err, context.Canceled) || !strings.Contains(err.Error(), "2 tasks still in flight") {
+		if !errors.Is(err, context.Canceled) ||
+			!strings.Contains(err.Error(), "2 tasks still in flight") {
 			t.Fatalf("Drain = %v", err)
 		}
 	case <-time.After(5 * time.Second):
@@ -446,8 +476,16 @@ func TestBadConfigNamesFieldAndRegistersNothing(t *testing.T) {
 		{"zero capacity", func(c *Config) { c.Capacity = 0 }, "capacity"},
 		{"negative capacity", func(c *Config) { c.Capacity = -1 }, "capacity"},
 		{"label key", func(c *Config) { c.Labels = map[string]string{"a b": "x"} }, "label_a b"},
-		{"label value too long", func(c *Config) { c.Labels = map[string]string{"k": strings.Repeat("v", 513)} }, "label_k"},
-		{"lease under 2x heartbeat", func(c *Config) { c.Lease = health.Lease{TTL: 15 * time.Second} }, "lease"},
+		{
+			"label value too long",
+			func(c *Config) { c.Labels = map[string]string{"k": strings.Repeat("v", 513)} },
+			"label_k",
+		},
+		{
+			"lease under 2x heartbeat",
+			func(c *Config) { c.Lease = health.Lease{TTL: 15 * time.Second} },
+			"lease",
+		},
 		{"address", func(c *Config) { c.Address = "" }, "address"},
 		{"unspecified address", func(c *Config) { c.Address = "0.0.0.0" }, "address"},
 		{"host name address", func(c *Config) { c.Address = "exec-7.internal" }, "address"},
@@ -491,7 +529,14 @@ func TestNewerSessionOnAnotherAgentIsNoticed(t *testing.T) {
 	s1 := h.session(nil)
 	h.agent.takeKey("exec-1", "newer", s1.Generation+1)
 	h.agent.mu.Lock()
-	h.agent.others = []RemoteSession{{Node: "other", SessionID: "newer", Generation: s1.Generation + 1, Status: health.StatusPassing}}
+	h.agent.others = []RemoteSession{
+		{
+			Node:       "other",
+			SessionID:  "newer",
+			Generation: s1.Generation + 1,
+			Status:     health.StatusPassing,
+		},
+	}
 	h.agent.mu.Unlock()
 	h.advance(3, 5*time.Second)
 	l := h.loss()
@@ -529,11 +574,15 @@ func TestLeaseCheckRecreatedSoonAfterRegistrationEndsTheSession(t *testing.T) {
 	case <-agent.sessionsRead: // the registration's own look at the catalog
 	default:
 	}
-	h.advance(3, health.DefaultHeartbeat) // the first heartbeat (timers: heartbeat, deadline, fence ticker)
+	// The first heartbeat (timers: heartbeat, deadline, fence ticker).
+	h.advance(3, health.DefaultHeartbeat)
 	select {
 	case <-agent.sessionsRead:
 	case <-time.After(5 * time.Second):
-		t.Fatal("the first heartbeat ran no fence check: the Registrar does not know its lease check before a lease passed")
+		t.Fatal(
+			"the first heartbeat ran no fence check: the Registrar does not know its lease check " +
+				"before a lease passed",
+		)
 	}
 	agent.mu.Lock()
 	agent.created[checkID] = 90 // the agent left and re-synced: the check is created anew
@@ -551,14 +600,17 @@ func TestLeaseCheckRecreatedSoonAfterRegistrationEndsTheSession(t *testing.T) {
 // new session instead of exiting.
 func TestOlderSessionElsewhereSupersedesNothing(t *testing.T) {
 	agent := newFakeAgent()
-	agent.gens["exec-1"] = 4 // the predecessor took 4; this process takes 5 (set before Run reads it)
+	// The predecessor took 4; this process takes 5 (set before Run reads it).
+	agent.gens["exec-1"] = 4
 	h := startOn(t, agent, func(*Config) {})
 	s1 := h.session(nil)
 	if s1.Generation != 5 {
 		t.Fatalf("generation %d, want 5", s1.Generation)
 	}
 	h.agent.mu.Lock()
-	h.agent.others = []RemoteSession{{Node: "other", SessionID: "crashed", Generation: 4, Status: health.StatusPassing}}
+	h.agent.others = []RemoteSession{
+		{Node: "other", SessionID: "crashed", Generation: 4, Status: health.StatusPassing},
+	}
 	h.agent.mu.Unlock()
 	h.advance(2, testTTL+time.Second) // paused past the lease
 	if l := h.loss(); l.Reason != LossExpired || l.Superseded {
@@ -576,7 +628,13 @@ func TestOlderSessionElsewhereSupersedesNothing(t *testing.T) {
 func TestNewSessionNamesThoseItReplaces(t *testing.T) {
 	agent := newFakeAgent()
 	agent.others = []RemoteSession{
-		{Node: "other", SessionID: "crashed", Generation: 4, Status: health.StatusCritical, Replaces: []string{"older", "oldest"}},
+		{
+			Node:       "other",
+			SessionID:  "crashed",
+			Generation: 4,
+			Status:     health.StatusCritical,
+			Replaces:   []string{"older", "oldest"},
+		},
 		{Node: "other", SessionID: "garbage", Generation: 0, Status: health.StatusPassing},
 		{Node: "other", SessionID: "ancient", Generation: 1, Status: health.StatusCritical},
 	}
@@ -586,7 +644,8 @@ func TestNewSessionNamesThoseItReplaces(t *testing.T) {
 		t.Fatalf("replaces %v, want %v", s1.Replaces, want)
 	}
 	for _, task := range baseConfig().Tasks {
-		if got := h.agent.service(health.ServiceID("exec-1", task)).Meta[health.MetaReplaces]; got != "crashed,older,oldest" {
+		if got := h.agent.service(health.ServiceID("exec-1",
+			task)).Meta[health.MetaReplaces]; got != "crashed,older,oldest" {
 			t.Fatalf("%s: replaces meta %q", task, got)
 		}
 	}
@@ -625,16 +684,41 @@ func TestFenceCheck(t *testing.T) {
 			t.Fatalf("fenceCheck = %q (%v), want %q", got, err, want)
 		}
 	}
-	mine := RemoteSession{Node: "n1", SessionID: "mine", Generation: 5, Status: health.StatusPassing}
+	mine := RemoteSession{
+		Node:       "n1",
+		SessionID:  "mine",
+		Generation: 5,
+		Status:     health.StatusPassing,
+	}
 
 	set([]RemoteSession{mine}, 5)
 	check("")
-	set([]RemoteSession{mine, {Node: "n2", SessionID: "older", Generation: 4, Status: health.StatusPassing}}, 5)
+	set(
+		[]RemoteSession{
+			mine,
+			{Node: "n2", SessionID: "older", Generation: 4, Status: health.StatusPassing},
+		},
+		5,
+	)
 	check("")
-	set([]RemoteSession{mine, {Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusPassing}}, 6)
+	set(
+		[]RemoteSession{
+			mine,
+			{Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusPassing},
+		},
+		6,
+	)
 	check(LossSuperseded)
-	set([]RemoteSession{mine, {Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusCritical}}, 6)
-	check("") // a dead newer session fences us too (leasehold calls us STALE): "overtaken", but only after a lease
+	set(
+		[]RemoteSession{
+			mine,
+			{Node: "n2", SessionID: "newer", Generation: 6, Status: health.StatusCritical},
+		},
+		6,
+	)
+	// A dead newer session fences us too (leasehold calls us STALE): "overtaken", but only after a
+	// lease.
+	check("")
 	failed := mine
 	failed.NodeFailed = true
 	set([]RemoteSession{failed}, 5)
@@ -671,7 +755,8 @@ func TestFenceCheck(t *testing.T) {
 		t.Fatalf("overtaken after half a lease: %q", got)
 	}
 	set([]RemoteSession{mine}, 5) // e.g. the key was restored: the count starts over
-	if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" || !st.aheadSince.IsZero() {
+	if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" ||
+		!st.aheadSince.IsZero() {
 		t.Fatalf("fenceCheck = %q, aheadSince %v", got, st.aheadSince)
 	}
 	set([]RemoteSession{mine}, 7)
@@ -733,8 +818,18 @@ func TestForgedNewerSessionSupersedesNothing(t *testing.T) {
 	s1 := h.session(nil)
 	h.agent.mu.Lock()
 	h.agent.others = []RemoteSession{
-		{Node: "evil", SessionID: "forged", Generation: s1.Generation + 1, Status: health.StatusPassing},
-		{Node: "evil", SessionID: "forged-dead", Generation: s1.Generation + 5, Status: health.StatusCritical},
+		{
+			Node:       "evil",
+			SessionID:  "forged",
+			Generation: s1.Generation + 1,
+			Status:     health.StatusPassing,
+		},
+		{
+			Node:       "evil",
+			SessionID:  "forged-dead",
+			Generation: s1.Generation + 5,
+			Status:     health.StatusCritical,
+		},
 	}
 	h.agent.mu.Unlock()
 	// Fence checks and heartbeats run for longer than a lease (a generation
@@ -783,10 +878,12 @@ func TestACopyOfOurSessionOnAnotherNodeEndsNothing(t *testing.T) {
 		copy func(s *Session) RemoteSession
 	}{
 		{"its own lease check", func(s *Session) RemoteSession {
-			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation, Status: health.StatusPassing, LeaseCreateIndex: 77}
+			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation,
+				Status: health.StatusPassing, LeaseCreateIndex: 77}
 		}},
 		{"its node failed", func(s *Session) RemoteSession {
-			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation, Status: health.StatusCritical, NodeFailed: true}
+			return RemoteSession{Node: "evil", SessionID: s.ID, Generation: s.Generation,
+				Status: health.StatusCritical, NodeFailed: true}
 		}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
@@ -794,7 +891,8 @@ func TestACopyOfOurSessionOnAnotherNodeEndsNothing(t *testing.T) {
 			h := startOn(t, agent, func(c *Config) { c.FenceCheck = 5 * time.Second })
 			s1 := h.session(nil)
 			agent.mu.Lock()
-			agent.created[health.CheckID("exec-1", s1.ID, "transcode")] = 40 // ours, synced to the catalog
+			// ours, synced to the catalog.
+			agent.created[health.CheckID("exec-1", s1.ID, "transcode")] = 40
 			agent.others = []RemoteSession{tc.copy(s1)}
 			agent.mu.Unlock()
 			for range 2 * int(testTTL/(5*time.Second)) {
@@ -809,5 +907,114 @@ func TestACopyOfOurSessionOnAnotherNodeEndsNothing(t *testing.T) {
 				t.Fatalf("session ended: %v", s1.Err())
 			}
 		})
+	}
+}
+
+// TestFenceCheckActsOnADeadNewerRegistrationItsKeyDoesNotHold: leasehold
+// fences a session when any registration of its instance carries a higher
+// generation, whatever its lease status (health.Fence). A dead newer
+// registration (a crashed process's, lingering critical until
+// DeregisterCriticalServiceAfter, or for ever when registered without it or
+// straight into the catalog) whose generation the KV key does not hold (the
+// operator deleted the keys, KV was restored from an older snapshot, a
+// registration was written without the check-and-set) therefore keeps the live
+// session STALE. The Registrar's fence check must notice it within a few
+// leases and move on (a newer generation of its own), or the live executor is
+// never routed again.
+func TestFenceCheckActsOnADeadNewerRegistrationItsKeyDoesNotHold(t *testing.T) {
+	// leasehold's side: the live session is STALE.
+	live := health.Executor{
+		Registration: health.Registration{
+			InstanceID: "exec-1",
+			SessionID:  "mine",
+			Generation: 5,
+			Task:       "work",
+		},
+		LeaseStatus: health.StatusPassing,
+		LeaseFound:  true,
+	}
+	dead := health.Executor{
+		Registration: health.Registration{
+			InstanceID: "exec-1",
+			SessionID:  "crashed",
+			Generation: 6,
+			Task:       "work",
+		},
+		LeaseStatus: health.StatusCritical,
+		LeaseFound:  true,
+	}
+	es := []health.Executor{live, dead}
+	health.Fence(es, nil) // no generation key
+	if !es[0].Fenced {
+		t.Fatal("premise: leasehold does not fence the live session")
+	}
+
+	// The Registrar's side: its fence check, lease after lease.
+	clock := clockwork.NewFakeClock()
+	agent := newFakeAgent()
+	cfg := baseConfig()
+	cfg.Clock = clock
+	r, err := NewRegistrar(agent, cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.own["mine"] = true
+	sess := &Session{ID: "mine", Generation: 5}
+	agent.mu.Lock()
+	agent.others = []RemoteSession{
+		{Node: "n1", SessionID: "mine", Generation: 5, Status: health.StatusPassing},
+		{Node: "n2", SessionID: "crashed", Generation: 6, Status: health.StatusCritical},
+	}
+	agent.gens["exec-1"] = 0 // the key is gone
+	agent.mu.Unlock()
+	var st fenceState
+	for range 5 {
+		if got, _ := r.fenceCheck(context.Background(), sess, &st); got != "" {
+			return // the Registrar moves on: fine
+		}
+		clock.Advance(r.cfg.Lease.TTL)
+	}
+	t.Fatalf(
+		"leasehold calls session mine (generation 5) STALE because of the dead registration at "+
+			"generation 6, but after %d leases the Registrar's fence check still sees nothing to "+
+			"do: the live executor is never routed again",
+		5,
+	)
+}
+
+// TestOwnPreviousGenerationIsAFloor: when the agent forgot this process's
+// registrations (restarted without state) and the generation key is gone too
+// (KV lost or deleted), the next session still gets a generation above the one
+// it replaces, and names it in its replaces meta: the process's own highest
+// generation is a floor, besides the KV and the catalog. A lower one would
+// make a leasehold that remembers the old session rank it above the new one
+// (UNKNOWN, not STALE), and the old registration, should it resurface, would
+// fence the live session.
+func TestOwnPreviousGenerationIsAFloor(t *testing.T) {
+	agent := newFakeAgent()
+	agent.gens["exec-1"] = 6 // earlier processes of the instance
+	h := startOn(t, agent, nil)
+	s1 := h.session(nil)
+	if s1.Generation != 7 {
+		t.Fatalf("premise: s1 generation %d", s1.Generation)
+	}
+	h.agent.forget() // agent restarted without state
+	h.agent.mu.Lock()
+	delete(h.agent.gens, "exec-1") // and the generation key is lost
+	h.agent.mu.Unlock()
+	h.advance(2, testHB)
+	if l := h.loss(); l.Reason != LossRefused {
+		t.Fatalf("loss %+v", l)
+	}
+	s2 := h.session(s1)
+	if s2.Generation <= s1.Generation {
+		t.Errorf(
+			"new session generation %d not above the replaced session's %d",
+			s2.Generation,
+			s1.Generation,
+		)
+	}
+	if len(s2.Replaces) == 0 || s2.Replaces[0] != s1.ID {
+		t.Errorf("new session replaces %v, want %s first", s2.Replaces, s1.ID)
 	}
 }

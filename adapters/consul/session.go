@@ -50,7 +50,12 @@ type LeaseLoss struct {
 type LeaseLostError struct{ Loss LeaseLoss }
 
 func (e *LeaseLostError) Error() string {
-	msg := fmt.Sprintf("lease of session %s lost (%s after %s without an acknowledged heartbeat)", e.Loss.SessionID, e.Loss.Reason, e.Loss.SinceAck.Round(time.Millisecond))
+	msg := fmt.Sprintf(
+		"lease of session %s lost (%s after %s without an acknowledged heartbeat)",
+		e.Loss.SessionID,
+		e.Loss.Reason,
+		e.Loss.SinceAck.Round(time.Millisecond),
+	)
 	if e.Loss.Superseded {
 		msg += "; superseded by a newer session of instance " + e.Loss.InstanceID
 	}

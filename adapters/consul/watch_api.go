@@ -20,21 +20,43 @@ import (
 // take the index to wait on and how long.
 type catalog interface {
 	// Services lists every service name with its tags.
-	Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error)
+	Services(
+		ctx context.Context,
+		index uint64,
+		wait time.Duration,
+	) (map[string][]string, uint64, error)
 	// ServiceNodes lists the registrations of task carrying tag (no checks).
-	ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error)
+	ServiceNodes(
+		ctx context.Context,
+		task, tag string,
+		index uint64,
+		wait time.Duration,
+	) ([]*api.CatalogService, uint64, error)
 	// HealthService reads the registrations of task carrying tag with all
 	// their checks, whatever their status (not blocking): those with one of
 	// ids (plain ids: letters, digits, '-', '_', '.', ':'), or every one when
 	// ids is nil.
-	HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error)
+	HealthService(
+		ctx context.Context,
+		task, tag string,
+		ids []string,
+	) ([]*api.ServiceEntry, uint64, error)
 	// ChecksInState lists the checks in state (critical or warning) of
 	// services carrying tag and of nodes. Consul wakes such a blocking query
 	// only when a check enters, leaves or changes in that state, and scans
 	// only those checks.
-	ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error)
+	ChecksInState(
+		ctx context.Context,
+		tag, state string,
+		index uint64,
+		wait time.Duration,
+	) (api.HealthChecks, uint64, error)
 	// SerfHealth lists every node's serfHealth check, whatever its status.
-	SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error)
+	SerfHealth(
+		ctx context.Context,
+		index uint64,
+		wait time.Duration,
+	) (api.HealthChecks, uint64, error)
 	// NodeSerf reads one node's serfHealth check (nil if it has none).
 	NodeSerf(ctx context.Context, node string) (*api.HealthCheck, error)
 	// Generations lists the session generation keys (health.GenerationKeyPrefix).
@@ -81,8 +103,15 @@ func (e *ACLError) Error() string {
 	if policy == "" {
 		policy = "leasehold-policy.hcl"
 	}
-	return fmt.Sprintf("%s: %v: %s: the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs %s (examples/consul/%s)",
-		e.Read, ErrACL, e.How, e.Right(), policy)
+	return fmt.Sprintf(
+		"%s: %v: %s: the Consul token (CONSUL_HTTP_TOKEN or CONSUL_HTTP_TOKEN_FILE) needs %s "+
+			"(examples/consul/%s)",
+		e.Read,
+		ErrACL,
+		e.How,
+		e.Right(),
+		policy,
+	)
 }
 
 // Is makes errors.Is(err, ErrACL) hold.
@@ -147,7 +176,12 @@ func aclNeeds(what string, rights []string, meta *api.QueryMeta, err error) erro
 // there are no keys or none the token may read, so then a read of the
 // prefix key itself asks (a key the token may not read is refused with 403
 // whether it exists or not).
-func listKV(ctx context.Context, c *api.Client, q *api.QueryOptions, prefix, need string) (api.KVPairs, *api.QueryMeta, error) {
+func listKV(
+	ctx context.Context,
+	c *api.Client,
+	q *api.QueryOptions,
+	prefix, need string,
+) (api.KVPairs, *api.QueryMeta, error) {
 	what, rights := "kv "+prefix, []string{RightKeyPrefix(prefix, need)}
 	pairs, meta, err := c.KV().List(prefix, q)
 	if err := aclNeeds(what, rights, meta, err); err != nil {
@@ -196,7 +230,12 @@ func (a apiCatalog) catalogRights(ctx context.Context) []string {
 
 // catalogCheck is aclCheck for a catalog or health read, naming the rights
 // missing as catalogRights finds them.
-func (a apiCatalog) catalogCheck(ctx context.Context, what string, meta *api.QueryMeta, err error) error {
+func (a apiCatalog) catalogCheck(
+	ctx context.Context,
+	what string,
+	meta *api.QueryMeta,
+	err error,
+) error {
 	err = aclCheck(what, meta, err)
 	var ae *ACLError
 	if errors.As(err, &ae) && ae.Rights[0] != unknownToken && ctx.Err() == nil {
@@ -205,7 +244,11 @@ func (a apiCatalog) catalogCheck(ctx context.Context, what string, meta *api.Que
 	return err
 }
 
-func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
+func (a apiCatalog) Services(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (map[string][]string, uint64, error) {
 	s, meta, err := a.c.Catalog().Services(a.query(ctx, index, wait))
 	// Filtered: some service cannot be read (node rights play no part).
 	if err := aclNeeds("catalog services", []string{RightServices}, meta, err); err != nil {
@@ -216,7 +259,11 @@ func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Durati
 	// servers' own "consul" service is always in the catalog, so when it is
 	// missing, or its nodes are, the token cannot read services or nodes.
 	if _, ok := s["consul"]; !ok {
-		return nil, 0, &ACLError{Read: "catalog services", How: `the catalog shows no "consul" service (filtered by ACLs)`, Rights: a.catalogRights(ctx)}
+		return nil, 0, &ACLError{
+			Read:   "catalog services",
+			How:    `the catalog shows no "consul" service (filtered by ACLs)`,
+			Rights: a.catalogRights(ctx),
+		}
 	}
 	if a.checked != nil && a.checked.Load() != meta.LastIndex {
 		servers, smeta, err := a.c.Catalog().Service("consul", "", a.query(ctx, 0, 0))
@@ -224,14 +271,23 @@ func (a apiCatalog) Services(ctx context.Context, index uint64, wait time.Durati
 			return nil, 0, err
 		}
 		if len(servers) == 0 {
-			return nil, 0, &ACLError{Read: "catalog service consul", How: "the Consul servers' nodes are not visible (filtered by ACLs)", Rights: []string{RightNodes}}
+			return nil, 0, &ACLError{
+				Read:   "catalog service consul",
+				How:    "the Consul servers' nodes are not visible (filtered by ACLs)",
+				Rights: []string{RightNodes},
+			}
 		}
 		a.checked.Store(meta.LastIndex)
 	}
 	return s, meta.LastIndex, nil
 }
 
-func (a apiCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
+func (a apiCatalog) ServiceNodes(
+	ctx context.Context,
+	task, tag string,
+	index uint64,
+	wait time.Duration,
+) ([]*api.CatalogService, uint64, error) {
 	s, meta, err := a.c.Catalog().Service(task, tag, a.query(ctx, index, wait))
 	if err := a.catalogCheck(ctx, "catalog service "+task, meta, err); err != nil {
 		return nil, 0, err
@@ -239,13 +295,21 @@ func (a apiCatalog) ServiceNodes(ctx context.Context, task, tag string, index ui
 	return s, meta.LastIndex, nil
 }
 
-func (a apiCatalog) HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error) {
+func (a apiCatalog) HealthService(
+	ctx context.Context,
+	task, tag string,
+	ids []string,
+) ([]*api.ServiceEntry, uint64, error) {
 	q := a.query(ctx, 0, 0)
 	if ids != nil {
 		var f strings.Builder
 		for i, id := range ids {
 			if !plainID(id) {
-				return nil, 0, fmt.Errorf("health service %s: service id %q cannot be filtered on", task, id)
+				return nil, 0, fmt.Errorf(
+					"health service %s: service id %q cannot be filtered on",
+					task,
+					id,
+				)
 			}
 			if i > 0 {
 				f.WriteString(" or ")
@@ -261,7 +325,12 @@ func (a apiCatalog) HealthService(ctx context.Context, task, tag string, ids []s
 	return s, meta.LastIndex, nil
 }
 
-func (a apiCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (a apiCatalog) ChecksInState(
+	ctx context.Context,
+	tag, state string,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	q := a.query(ctx, index, wait)
 	q.Filter = `ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == ""`
 	s, meta, err := a.c.Health().State(state, q)
@@ -271,11 +340,16 @@ func (a apiCatalog) ChecksInState(ctx context.Context, tag, state string, index 
 	return s, meta.LastIndex, nil
 }
 
-func (a apiCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (a apiCatalog) SerfHealth(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	q := a.query(ctx, index, wait)
 	q.Filter = `CheckID == "` + health.SerfHealthCheckID + `" and ServiceID == ""`
 	s, meta, err := a.c.Health().State(api.HealthAny, q)
-	if err := aclNeeds("serfHealth checks", []string{RightNodes}, meta, err); err != nil { // node checks: node rights only
+	if err := aclNeeds("serfHealth checks", []string{RightNodes}, meta, err); err != nil {
+		// Node checks: node rights only.
 		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
@@ -301,7 +375,8 @@ const kvIndexProbe = health.GenerationKeyPrefix + ".kv-index"
 // says nothing of the others').
 func (a apiCatalog) KVIndex(ctx context.Context) (uint64, bool, error) {
 	p, meta, err := a.c.KV().Get(kvIndexProbe, a.query(ctx, 0, 0))
-	if err := aclNeeds("kv "+health.GenerationKeyPrefix, []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}, meta, err); err != nil {
+	rights := []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}
+	if err := aclNeeds("kv "+health.GenerationKeyPrefix, rights, meta, err); err != nil {
 		return 0, false, err
 	}
 	if p != nil {
@@ -310,8 +385,18 @@ func (a apiCatalog) KVIndex(ctx context.Context) (uint64, bool, error) {
 	return meta.LastIndex, true, nil
 }
 
-func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
-	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.GenerationKeyPrefix, "read")
+func (a apiCatalog) Generations(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.KVPairs, uint64, error) {
+	pairs, meta, err := listKV(
+		ctx,
+		a.c,
+		a.query(ctx, index, wait),
+		health.GenerationKeyPrefix,
+		"read",
+	)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -321,7 +406,9 @@ func (a apiCatalog) Generations(ctx context.Context, index uint64, wait time.Dur
 func (a apiCatalog) GenerationKeys(ctx context.Context, instances []string) (api.KVPairs, error) {
 	// One read per key: Consul 1.13's transactions have no get-or-empty,
 	// and a get of a missing key fails the whole transaction.
-	what, rights := "kv "+health.GenerationKeyPrefix, []string{RightKeyPrefix(health.GenerationKeyPrefix, "read")}
+	what, rights := "kv "+health.GenerationKeyPrefix, []string{
+		RightKeyPrefix(health.GenerationKeyPrefix, "read"),
+	}
 	var out api.KVPairs
 	for _, inst := range instances {
 		pair, meta, err := a.c.KV().Get(health.GenerationKey(inst), a.query(ctx, 0, 0))

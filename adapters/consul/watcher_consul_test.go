@@ -28,11 +28,17 @@ type countingTransport struct {
 }
 
 func newCountingTransport() *countingTransport {
-	return &countingTransport{base: cleanhttp.DefaultPooledTransport(), bytes: map[string]int64{}, reqs: map[string]int{}, last: map[string]int64{}}
+	return &countingTransport{
+		base:  cleanhttp.DefaultPooledTransport(),
+		bytes: map[string]int64{},
+		reqs:  map[string]int{},
+		last:  map[string]int64{},
+	}
 }
 
 func pathKey(p string) string {
-	for _, prefix := range []string{"/v1/health/state/", "/v1/health/service/", "/v1/catalog/service/", "/v1/catalog/services"} {
+	for _, prefix := range []string{"/v1/health/state/", "/v1/health/service/",
+		"/v1/catalog/service/", "/v1/catalog/services"} {
 		if strings.HasPrefix(p, prefix) {
 			return prefix
 		}
@@ -87,11 +93,11 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := NewWatcher(client, WatchConfig{})
+	out := make(chan health.Observation, 64)
+	w := NewWatcher(client, WatchConfig{Out: out})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := make(chan health.Observation, 64)
-	go w.Run(ctx, out)
+	go w.Run(ctx)
 
 	// wait for the full membership
 	deadline := time.After(30 * time.Second)
@@ -143,12 +149,22 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 		}
 		after, afterBytes, _ := ct.snapshot("/v1/health/state/")
 		perWake := (afterBytes - beforeBytes) / int64(max(after-before, 1))
-		t.Logf("%-8s observed after %s; fast path: %d responses, %d bytes each", step.status, seen.Round(time.Millisecond), after-before, perWake)
+		t.Logf(
+			"%-8s observed after %s; fast path: %d responses, %d bytes each",
+			step.status,
+			seen.Round(time.Millisecond),
+			after-before,
+			perWake,
+		)
 		if perWake > 16<<10 {
 			t.Errorf("fast-path response of %d bytes grows with the fleet", perWake)
 		}
 		if perWake*20 > memBytes {
-			t.Errorf("fast path (%d B) not far cheaper than a membership read (%d B)", perWake, memBytes)
+			t.Errorf(
+				"fast path (%d B) not far cheaper than a membership read (%d B)",
+				perWake,
+				memBytes,
+			)
 		}
 	}
 	if reads, _, _ := ct.snapshot("/v1/health/service/"); reads != memReads {
@@ -161,13 +177,24 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 func registerMany(t *testing.T, reg *api.Client, n int) {
 	t.Helper()
 	for i := range n {
-		r := health.Registration{InstanceID: fmt.Sprintf("e%04d", i), SessionID: "s", Generation: 1, Task: "work",
-			Address: "127.0.0.1", Port: 10000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive,
-			Labels: map[string]string{"zone": "eu-1", "pool": "default"}}
+		r := health.Registration{
+			InstanceID: fmt.Sprintf("e%04d", i),
+			SessionID:  "s",
+			Generation: 1,
+			Task:       "work",
+			Address:    "127.0.0.1",
+			Port:       10000 + i,
+			Version:    "1.0.0",
+			Capacity:   4,
+			State:      health.StateActive,
+			Labels:     map[string]string{"zone": "eu-1", "pool": "default"},
+		}
 		err := reg.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
 			ID: health.ServiceID(r.InstanceID, "work"), Name: "work", Tags: []string{"leasehold"},
 			Address: r.Address, Port: r.Port, Meta: r.Meta(),
-			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, "s", "work"), TTL: "1h", Status: "passing"}},
+			Checks: api.AgentServiceChecks{
+				{CheckID: health.CheckID(r.InstanceID, "s", "work"), TTL: "1h", Status: "passing"},
+			},
 		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
 		if err != nil {
 			t.Fatal(err)
@@ -197,11 +224,11 @@ func TestConsulMembershipChangeReadsWhatChanged(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	w := NewWatcher(client, WatchConfig{})
+	out := make(chan health.Observation, 64)
+	w := NewWatcher(client, WatchConfig{Out: out})
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	out := make(chan health.Observation, 64)
-	go w.Run(ctx, out)
+	go w.Run(ctx)
 	members := func(what string, ok func([]health.Member) bool) {
 		t.Helper()
 		deadline := time.After(30 * time.Second)
@@ -227,33 +254,65 @@ func TestConsulMembershipChangeReadsWhatChanged(t *testing.T) {
 	members("the first read", func(ms []health.Member) bool { return len(ms) == n })
 	_, fullBytes, _ := ct.snapshot("/v1/health/service/")
 	_, catBytes, catLast := ct.snapshot("/v1/catalog/service/")
-	t.Logf("first read of %d members: health %d bytes on the wire, catalog listing %d", n, fullBytes, catLast)
+	t.Logf(
+		"first read of %d members: health %d bytes on the wire, catalog listing %d",
+		n,
+		fullBytes,
+		catLast,
+	)
 
 	// e0007 restarts under session s2
-	r := health.Registration{InstanceID: "e0007", SessionID: "s2", Generation: 2, Task: "work", Address: "127.0.0.1", Port: 10007, Version: "1.0.0", Capacity: 4, State: health.StateActive}
+	r := health.Registration{
+		InstanceID: "e0007",
+		SessionID:  "s2",
+		Generation: 2,
+		Task:       "work",
+		Address:    "127.0.0.1",
+		Port:       10007,
+		Version:    "1.0.0",
+		Capacity:   4,
+		State:      health.StateActive,
+	}
 	if err := reg.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
-		ID: health.ServiceID("e0007", "work"), Name: "work", Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
-		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("e0007", "s2", "work"), TTL: "1h", Status: "passing"}},
+		ID: health.ServiceID("e0007", "work"), Name: "work", Tags: []string{"leasehold"},
+		Address: r.Address, Port: r.Port, Meta: r.Meta(),
+		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("e0007", "s2", "work"), TTL: "1h",
+			Status: "passing"}},
 	}, api.ServiceRegisterOpts{ReplaceExistingChecks: true}); err != nil {
 		t.Fatal(err)
 	}
-	members("e0007's new session", func(ms []health.Member) bool { return len(ms) == n && session(ms, "e0007") == "s2" })
+	members(
+		"e0007's new session",
+		func(ms []health.Member) bool { return len(ms) == n && session(ms, "e0007") == "s2" },
+	)
 	_, afterBytes, _ := ct.snapshot("/v1/health/service/")
 	_, catAfter, _ := ct.snapshot("/v1/catalog/service/")
-	t.Logf("a new session: health %d bytes, catalog %d bytes on the wire", afterBytes-fullBytes, catAfter-catBytes)
+	t.Logf(
+		"a new session: health %d bytes, catalog %d bytes on the wire",
+		afterBytes-fullBytes,
+		catAfter-catBytes,
+	)
 	if d := afterBytes - fullBytes; d <= 0 || d > 8<<10 {
-		t.Errorf("a new session re-read %d bytes of members (want one registration's, ≤ 8 KiB)", d)
+		t.Errorf("a new session re-read %d bytes of members (want one registration's, ≤ 8 KiB)",
+			d)
 	}
 	// e0008 leaves: the catalog listing alone
 	if err := reg.Agent().ServiceDeregister(health.ServiceID("e0008", "work")); err != nil {
 		t.Fatal(err)
 	}
-	members("e0008's departure", func(ms []health.Member) bool { return len(ms) == n-1 && session(ms, "e0008") == "" })
+	members(
+		"e0008's departure",
+		func(ms []health.Member) bool { return len(ms) == n-1 && session(ms, "e0008") == "" },
+	)
 	if _, b, _ := ct.snapshot("/v1/health/service/"); b != afterBytes {
 		t.Errorf("a departure re-read %d bytes of members", b-afterBytes)
 	}
 	if catLast > 100<<10 { // ~1 MB of JSON
-		t.Errorf("the catalog listing of %d members is %d bytes on the wire: not compressed?", n, catLast)
+		t.Errorf(
+			"the catalog listing of %d members is %d bytes on the wire: not compressed?",
+			n,
+			catLast,
+		)
 	}
 }
 
@@ -264,7 +323,11 @@ type laggingListing struct {
 	answered atomic.Bool
 }
 
-func (l *laggingListing) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
+func (l *laggingListing) Generations(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.KVPairs, uint64, error) {
 	if l.answered.Swap(true) {
 		<-ctx.Done()
 		return nil, 0, ctx.Err()
@@ -279,8 +342,17 @@ func (l *laggingListing) Generations(ctx context.Context, index uint64, wait tim
 // new session at once — and the next session of the instance too.
 func TestConsulNewSessionsKeyComesWithItsMembership(t *testing.T) {
 	a := consultest.Start(t)
-	_, out := runWorld(t, &laggingListing{apiCatalog: apiCatalog{c: a.Client(), checked: new(atomic.Uint64)}}, WatchConfig{})
-	nextObs(t, out, "the one generation listing", func(o health.Observation) bool { return o.Generations != nil })
+	_, out := runWorld(
+		t,
+		&laggingListing{apiCatalog: apiCatalog{c: a.Client(), checked: new(atomic.Uint64)}},
+		WatchConfig{},
+	)
+	nextObs(
+		t,
+		out,
+		"the one generation listing",
+		func(o health.Observation) bool { return o.Generations != nil },
+	)
 	e := runLive(t, a, "exec-1", nil)
 	keyOf := func(s *Session) {
 		t.Helper()
@@ -297,7 +369,12 @@ func TestConsulNewSessionsKeyComesWithItsMembership(t *testing.T) {
 		})
 		k := o.Members.Keys["exec-1"]
 		if k.Generation != s.Generation || k.SessionID != s.ID || k.ModifyIndex == 0 {
-			t.Fatalf("the membership carries exec-1's key %+v, want generation %d of session %s", k, s.Generation, s.ID)
+			t.Fatalf(
+				"the membership carries exec-1's key %+v, want generation %d of session %s",
+				k,
+				s.Generation,
+				s.ID,
+			)
 		}
 	}
 	s1 := e.session(t, nil)

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"slices"
+	"strings"
 	"sync"
 	"sync/atomic"
 	"testing"
@@ -55,7 +56,11 @@ type fakeCatalog struct {
 }
 
 func newFakeCatalog() *fakeCatalog {
-	return &fakeCatalog{queues: map[string][]scripted{}, changed: make(chan struct{}), calls: make(chan callRec, 1000)}
+	return &fakeCatalog{
+		queues:  map[string][]scripted{},
+		changed: make(chan struct{}),
+		calls:   make(chan callRec, 1000),
+	}
 }
 
 func (f *fakeCatalog) record(c callRec) {
@@ -93,7 +98,11 @@ func (f *fakeCatalog) next(ctx context.Context, keys ...string) (scripted, error
 	}
 }
 
-func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Duration) (map[string][]string, uint64, error) {
+func (f *fakeCatalog) Services(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (map[string][]string, uint64, error) {
 	f.record(callRec{method: "services", index: index, wait: wait})
 	s, err := f.next(ctx, "services")
 	if err != nil {
@@ -102,7 +111,12 @@ func (f *fakeCatalog) Services(ctx context.Context, index uint64, wait time.Dura
 	return s.services, s.index, s.err
 }
 
-func (f *fakeCatalog) ServiceNodes(ctx context.Context, task, tag string, index uint64, wait time.Duration) ([]*api.CatalogService, uint64, error) {
+func (f *fakeCatalog) ServiceNodes(
+	ctx context.Context,
+	task, tag string,
+	index uint64,
+	wait time.Duration,
+) ([]*api.CatalogService, uint64, error) {
 	f.record(callRec{method: "nodes", task: task, index: index, wait: wait})
 	s, err := f.next(ctx, "nodes/"+task)
 	if err != nil {
@@ -114,7 +128,11 @@ func (f *fakeCatalog) ServiceNodes(ctx context.Context, task, tag string, index 
 	return s.nodes, s.index, s.err
 }
 
-func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids []string) ([]*api.ServiceEntry, uint64, error) {
+func (f *fakeCatalog) HealthService(
+	ctx context.Context,
+	task, tag string,
+	ids []string,
+) ([]*api.ServiceEntry, uint64, error) {
 	f.record(callRec{method: "health", task: task, ids: ids})
 	s, err := f.next(ctx, "health/"+task)
 	if err != nil {
@@ -140,7 +158,12 @@ func (f *fakeCatalog) HealthService(ctx context.Context, task, tag string, ids [
 // gets the last answer again, as Consul would); the warning checks from
 // "warning", answering an index-0 read at once (empty unless one is
 // queued), a blocking one when queued.
-func (f *fakeCatalog) ChecksInState(ctx context.Context, tag, state string, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (f *fakeCatalog) ChecksInState(
+	ctx context.Context,
+	tag, state string,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	key := "nonpassing"
 	if state == api.HealthWarning {
 		key = "warning"
@@ -183,7 +206,11 @@ func (f *fakeCatalog) ChecksInState(ctx context.Context, tag, state string, inde
 // Consul's listing of every check would: an index-0 query at once and a
 // blocking one once the checks passed its index (checkIndex), both with the
 // nodes last listed (none at first) at the checks' index.
-func (f *fakeCatalog) SerfHealth(ctx context.Context, index uint64, wait time.Duration) (api.HealthChecks, uint64, error) {
+func (f *fakeCatalog) SerfHealth(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.HealthChecks, uint64, error) {
 	f.record(callRec{method: "serf", index: index, wait: wait})
 	for {
 		f.mu.Lock()
@@ -231,7 +258,11 @@ func (f *fakeCatalog) NodeSerf(ctx context.Context, node string) (*api.HealthChe
 // Generations serves "generations"; a fresh (index-0) read takes what
 // "generations/fresh" holds first: a refresh's read beside the blocking
 // query, which waits on "generations".
-func (f *fakeCatalog) Generations(ctx context.Context, index uint64, wait time.Duration) (api.KVPairs, uint64, error) {
+func (f *fakeCatalog) Generations(
+	ctx context.Context,
+	index uint64,
+	wait time.Duration,
+) (api.KVPairs, uint64, error) {
 	f.record(callRec{method: "generations", index: index, wait: wait})
 	keys := []string{"generations"}
 	if index == 0 {
@@ -272,15 +303,20 @@ type watchHarness struct {
 }
 
 func startWatcher(t *testing.T, cfg WatchConfig, before ...func(*fakeCatalog)) *watchHarness {
-	h := &watchHarness{t: t, cat: newFakeCatalog(), clock: clockwork.NewFakeClock(), out: make(chan health.Observation, 100)}
+	h := &watchHarness{
+		t:     t,
+		cat:   newFakeCatalog(),
+		clock: clockwork.NewFakeClock(),
+		out:   make(chan health.Observation, 100),
+	}
 	for _, f := range before {
 		f(h.cat)
 	}
-	cfg.Clock = h.clock
+	cfg.Clock, cfg.Out = h.clock, h.out
 	h.w = newWatcher(h.cat, cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
-	go func() { h.w.Run(ctx, h.out); close(done) }()
+	go func() { h.w.Run(ctx); close(done) }()
 	t.Cleanup(func() {
 		cancel()
 		select {
@@ -365,7 +401,13 @@ func (h *watchHarness) advanceUntil(method string) callRec {
 func serfListedAhead(f *fakeCatalog) { f.push("serf", scripted{index: 1000}) }
 
 func crit(node, id string, idx uint64) *api.HealthCheck {
-	return &api.HealthCheck{Node: node, CheckID: id, ServiceID: "t:x", Status: "critical", ModifyIndex: idx}
+	return &api.HealthCheck{
+		Node:        node,
+		CheckID:     id,
+		ServiceID:   "t:x",
+		Status:      "critical",
+		ModifyIndex: idx,
+	}
 }
 
 func TestWatcherFastPathIndexRules(t *testing.T) {
@@ -382,7 +424,8 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 	}
 	cancel()
 	h.cat.push("nonpassing", scripted{index: 10, checks: api.HealthChecks{crit("n", "a", 9)}})
-	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 10 || len(o.NonPassing.Checks) != 1 {
+	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 10 ||
+		len(o.NonPassing.Checks) != 1 {
 		t.Fatalf("observation %+v", o)
 	}
 	c := h.stepUntil("nonpassing", 10*time.Millisecond) // past the pace between queries
@@ -399,7 +442,8 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 		t.Fatalf("third query index %d", c.index)
 	}
 	o := h.observe()
-	for o.Progress != nil && o.Progress.NonPassing < 12 { // the serf listing's progress at the earlier index
+	for o.Progress != nil && o.Progress.NonPassing < 12 {
+		// The serf listing's progress at the earlier index.
 		o = h.observe()
 	}
 	// (at 12 or above: an answer received after the serf listing at 1000
@@ -438,7 +482,11 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 }
 
 func TestWatcherBacksOffAndReportsContact(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour}, serfListedAhead)
+	h := startWatcher(
+		t,
+		WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour},
+		serfListedAhead,
+	)
 	h.waiters = 2
 	// the warning and serf watches answer their first queries at once and
 	// pause (4× MinInterval after a fresh read): end both pauses (they then
@@ -498,13 +546,35 @@ func catalogNode(node, id string, modify uint64) *api.CatalogService {
 }
 
 func entry(task, node, instance, session string, gen int, status string) *api.ServiceEntry {
-	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: uint64(gen), Task: task, Address: "127.0.0.1", Port: 9000, Version: "1.0.0", Capacity: 2, State: health.StateActive}
+	reg := health.Registration{
+		InstanceID: instance,
+		SessionID:  session,
+		Generation: uint64(gen),
+		Task:       task,
+		Address:    "127.0.0.1",
+		Port:       9000,
+		Version:    "1.0.0",
+		Capacity:   2,
+		State:      health.StateActive,
+	}
 	return &api.ServiceEntry{
-		Node:    &api.Node{Node: node, Address: "127.0.0.1"},
-		Service: &api.AgentService{ID: health.ServiceID(instance, task), Service: task, Address: "127.0.0.1", Port: 9000, Meta: reg.Meta()},
+		Node: &api.Node{Node: node, Address: "127.0.0.1"},
+		Service: &api.AgentService{
+			ID:      health.ServiceID(instance, task),
+			Service: task,
+			Address: "127.0.0.1",
+			Port:    9000,
+			Meta:    reg.Meta(),
+		},
 		Checks: api.HealthChecks{
 			{Node: node, CheckID: "serfHealth", Status: "passing"},
-			{Node: node, CheckID: health.CheckID(instance, session, task), ServiceID: health.ServiceID(instance, task), Status: status, Output: "load=1"},
+			{
+				Node:      node,
+				CheckID:   health.CheckID(instance, session, task),
+				ServiceID: health.ServiceID(instance, task),
+				Status:    status,
+				Output:    "load=1",
+			},
 		},
 	}
 }
@@ -512,12 +582,32 @@ func entry(task, node, instance, session string, gen int, status string) *api.Se
 func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond})
 	h.cat.call(t, "services")
-	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}, "web": {"other"}, "bad_name": {"leasehold"}, "consul": nil}})
+	h.cat.push(
+		"services",
+		scripted{
+			index: 5,
+			services: map[string][]string{
+				"work":     {"leasehold"},
+				"web":      {"other"},
+				"bad_name": {"leasehold"},
+				"consul":   nil,
+			},
+		},
+	)
 	if c := h.cat.call(t, "nodes"); c.task != "work" {
 		t.Fatalf("watching %q", c.task)
 	}
-	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}})
-	h.cat.push("health/work", scripted{index: 9, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}})
+	h.cat.push(
+		"nodes/work",
+		scripted{index: 8, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}},
+	)
+	h.cat.push(
+		"health/work",
+		scripted{
+			index:   9,
+			entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")},
+		},
+	)
 	o := h.observe()
 	if o.Tasks == nil || len(o.Tasks.Tasks) != 1 || o.Tasks.Tasks[0] != "work" {
 		t.Fatalf("task list %+v", o)
@@ -535,7 +625,10 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	if c := h.advanceUntil("nodes"); c.index != 8 {
 		t.Fatalf("next index %d", c.index)
 	}
-	h.cat.push("nodes/work", scripted{index: 11, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}})
+	h.cat.push(
+		"nodes/work",
+		scripted{index: 11, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 7)}},
+	)
 	h.advanceUntil("nodes")
 	select {
 	case c := <-h.cat.calls:
@@ -545,7 +638,10 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	default:
 	}
 	// bad metadata is reported, not dropped
-	h.cat.push("nodes/work", scripted{index: 12, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 12)}})
+	h.cat.push(
+		"nodes/work",
+		scripted{index: 12, nodes: []*api.CatalogService{catalogNode("n1", "work:a", 12)}},
+	)
 	bad := entry("work", "n1", "a", "s1", 1, "passing")
 	bad.Service.Meta["capacity"] = "abc"
 	h.cat.push("health/work", scripted{index: 12, entries: []*api.ServiceEntry{bad}})
@@ -569,7 +665,15 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 }
 
 func TestWatcherBoundsConcurrentTaskQueries(t *testing.T) {
-	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond, MaxConcurrent: 2, WaitTime: time.Minute, ContendedWait: 3 * time.Second})
+	h := startWatcher(
+		t,
+		WatchConfig{
+			MinInterval:   time.Millisecond,
+			MaxConcurrent: 2,
+			WaitTime:      time.Minute,
+			ContendedWait: 3 * time.Second,
+		},
+	)
 	h.cat.call(t, "services")
 	services := map[string][]string{}
 	for _, s := range []string{"t1", "t2", "t3", "t4", "t5"} {
@@ -619,15 +723,33 @@ func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
 	h.cat.push("services", scripted{index: 5, services: map[string][]string{"work": {"leasehold"}}})
 	h.cat.call(t, "nodes")
 	node := func(session string) *api.CatalogService {
-		return &api.CatalogService{Node: "n1", ServiceID: "work:a", ModifyIndex: 7, CreateIndex: 7, ServiceMeta: map[string]string{"session_id": session}}
+		return &api.CatalogService{
+			Node:        "n1",
+			ServiceID:   "work:a",
+			ModifyIndex: 7,
+			CreateIndex: 7,
+			ServiceMeta: map[string]string{"session_id": session},
+		}
 	}
 	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{node("s1")}})
-	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")}})
+	h.cat.push(
+		"health/work",
+		scripted{
+			index:   8,
+			entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")},
+		},
+	)
 	for o := h.observe(); o.Members == nil; o = h.observe() {
 	}
 	// a restarted agent replays the same indexes with a new session
 	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{node("s2")}})
-	h.cat.push("health/work", scripted{index: 8, entries: []*api.ServiceEntry{entry("work", "n1", "a", "s2", 1, "passing")}})
+	h.cat.push(
+		"health/work",
+		scripted{
+			index:   8,
+			entries: []*api.ServiceEntry{entry("work", "n1", "a", "s2", 1, "passing")},
+		},
+	)
 	// The task watch pauses on the fake clock between queries; the pause may
 	// start after any single Advance, so advance until the re-read arrives.
 	deadline := time.After(5 * time.Second)
@@ -651,22 +773,22 @@ func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
 
 func TestFreshAsOf(t *testing.T) {
 	clock := clockwork.NewFakeClock()
-	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock})
 	out := make(chan health.Observation, 16)
+	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, Out: out})
 	ctx := context.Background()
 	if !w.FreshAsOf().IsZero() {
 		t.Fatal("fresh before any answer")
 	}
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
-	w.contact(ctx, out, "warning", nil)
-	w.contact(ctx, out, "services", nil)
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
+	w.contact(ctx, "warning", nil)
+	w.contact(ctx, "services", nil)
 	if !w.FreshAsOf().IsZero() {
 		t.Fatal("fresh before the generation keys answered")
 	}
 	t0 := clock.Now()
-	w.contact(ctx, out, "generations", nil)
-	w.contact(ctx, out, "task work", nil)
+	w.contact(ctx, "generations", nil)
+	w.contact(ctx, "task work", nil)
 	if got := w.FreshAsOf(); !got.Equal(t0) {
 		t.Fatalf("FreshAsOf = %v, want %v", got, t0)
 	}
@@ -674,11 +796,11 @@ func TestFreshAsOf(t *testing.T) {
 	// and is idle in its blocking query: the view is as fresh as the fast ones.
 	clock.Advance(50 * time.Second)
 	t1 := clock.Now()
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
-	w.contact(ctx, out, "warning", nil)
-	w.contact(ctx, out, "services", nil)
-	w.contact(ctx, out, "generations", nil)
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
+	w.contact(ctx, "warning", nil)
+	w.contact(ctx, "services", nil)
+	w.contact(ctx, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t1) {
 		t.Fatalf("FreshAsOf = %v, want %v", got, t1)
 	}
@@ -686,33 +808,33 @@ func TestFreshAsOf(t *testing.T) {
 	// stays at that point through further errors.
 	clock.Advance(time.Second)
 	t2 := clock.Now()
-	w.contact(ctx, out, "task work", errors.New("boom"))
+	w.contact(ctx, "task work", errors.New("boom"))
 	clock.Advance(5 * time.Second)
-	w.contact(ctx, out, "task work", errors.New("boom"))
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
-	w.contact(ctx, out, "warning", nil)
-	w.contact(ctx, out, "services", nil)
-	w.contact(ctx, out, "generations", nil)
+	w.contact(ctx, "task work", errors.New("boom"))
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
+	w.contact(ctx, "warning", nil)
+	w.contact(ctx, "services", nil)
+	w.contact(ctx, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t2) {
 		t.Fatalf("FreshAsOf = %v, want the failing task's first error %v", got, t2)
 	}
 	clock.Advance(time.Minute)
-	w.contact(ctx, out, "non-passing", nil)
-	w.contact(ctx, out, "serf", nil)
-	w.contact(ctx, out, "warning", nil)
-	w.contact(ctx, out, "services", nil)
-	w.contact(ctx, out, "generations", nil)
+	w.contact(ctx, "non-passing", nil)
+	w.contact(ctx, "serf", nil)
+	w.contact(ctx, "warning", nil)
+	w.contact(ctx, "services", nil)
+	w.contact(ctx, "generations", nil)
 	if got := w.FreshAsOf(); !got.Equal(t2) {
 		t.Fatalf("FreshAsOf = %v, want the failing task's first error %v", got, t2)
 	}
-	w.contact(ctx, out, "task work", nil)
+	w.contact(ctx, "task work", nil)
 	if got := w.FreshAsOf(); !got.Equal(clock.Now()) {
 		t.Fatalf("FreshAsOf = %v after the task answered again, want now", got)
 	}
 	// A fast watch failing holds the view at its last answer.
 	clock.Advance(time.Second)
-	w.contact(ctx, out, "generations", errors.New("boom"))
+	w.contact(ctx, "generations", errors.New("boom"))
 	if got := w.FreshAsOf(); !got.Equal(clock.Now().Add(-time.Second)) {
 		t.Fatalf("FreshAsOf = %v with the generation watch failing", got)
 	}
@@ -734,14 +856,21 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 	if err != nil || seq != 1 {
 		t.Fatalf("Refresh = %d, %v", seq, err)
 	}
-	h.cat.push("generations/fresh", scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}})
+	h.cat.push(
+		"generations/fresh",
+		scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}},
+	)
 	var floor, checks bool
 	for o := h.observe(); o.Refreshed == nil; o = h.observe() {
 		floor = floor || (o.Generations != nil && o.Generations.Keys["x"].Generation == 2)
 		checks = checks || (o.Progress != nil && o.Progress.NonPassing >= 10)
 	}
 	if !floor || !checks {
-		t.Fatalf("Refreshed before the fresh answers: generation keys %v, non-passing checks %v", floor, checks)
+		t.Fatalf(
+			"Refreshed before the fresh answers: generation keys %v, non-passing checks %v",
+			floor,
+			checks,
+		)
 	}
 	fresh := map[string]bool{}
 	for more := true; more; {
@@ -761,7 +890,12 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 	}
 }
 
-func (f *fakeCatalog) GenerationKeys(context.Context, []string) (api.KVPairs, error) { return nil, nil }
+func (f *fakeCatalog) GenerationKeys(
+	context.Context,
+	[]string,
+) (api.KVPairs, error) {
+	return nil, nil
+}
 
 // TestFastWaitFollowsTheShortestLease: the watches that always answer wait
 // a third of the shortest lease declared (never under minFastWait), FastWait
@@ -781,17 +915,29 @@ func TestFastWaitFollowsTheShortestLease(t *testing.T) {
 		want time.Duration
 	}{
 		{"no task list yet", func() {}, time.Second},
-		{"a task listed, not read", func() { w.listTasks(map[string]bool{"a": true, "b": true}) }, time.Second},
+		{
+			"a task listed, not read",
+			func() { w.listTasks(map[string]bool{"a": true, "b": true}) },
+			time.Second,
+		},
 		{"one of two read", func() { w.readLeases("a", lease(0)) }, time.Second},
 		{"both read, no lease declared", func() { w.readLeases("b", nil) }, 10 * time.Second},
 		{"a 6 s lease", func() { w.readLeases("b", lease(6*time.Second)) }, 2 * time.Second},
 		{"a 150 ms lease", func() { w.readLeases("a", lease(150*time.Millisecond)) }, minFastWait},
 		// A shortened wait holds (holdShort): a short lease registered and
 		// deregistered again and again ends the queries in flight once.
-		{"its task type gone: the short wait holds", func() { w.listTasks(map[string]bool{"b": true}) }, minFastWait},
+		{
+			"its task type gone: the short wait holds",
+			func() { w.listTasks(map[string]bool{"b": true}) },
+			minFastWait,
+		},
 		{"the hold over", func() { clock.Advance(holdShort) }, 2 * time.Second},
 		{"no lease any more", func() { w.readLeases("b", nil) }, 10 * time.Second},
-		{"a lease again: shortened and held", func() { w.readLeases("b", lease(6*time.Second)) }, 2 * time.Second},
+		{
+			"a lease again: shortened and held",
+			func() { w.readLeases("b", lease(6*time.Second)) },
+			2 * time.Second,
+		},
 		{"gone again: the 2 s wait holds", func() { w.readLeases("b", nil) }, 2 * time.Second},
 	}
 	for _, st := range steps {
@@ -825,15 +971,20 @@ func TestAFastCallInFlightIsAskedAgainWhenALeaseShortensItsWait(t *testing.T) {
 	}
 	res := make(chan result, 1)
 	go func() {
-		_, idx, err := cutShort(w, context.Background(), w.fastWait(), func(ctx context.Context, wait time.Duration) (struct{}, uint64, error) {
-			waits <- wait
-			select {
-			case <-ctx.Done():
-				return struct{}{}, 0, ctx.Err()
-			case <-answer:
-				return struct{}{}, 7, nil
-			}
-		})
+		_, idx, err := cutShort(
+			w,
+			context.Background(),
+			w.fastWait(),
+			func(ctx context.Context, wait time.Duration) (struct{}, uint64, error) {
+				waits <- wait
+				select {
+				case <-ctx.Done():
+					return struct{}{}, 0, ctx.Err()
+				case <-answer:
+					return struct{}{}, 7, nil
+				}
+			},
+		)
 		res <- result{idx, err}
 	}()
 	next := func() time.Duration {
@@ -862,5 +1013,33 @@ func TestAFastCallInFlightIsAskedAgainWhenALeaseShortensItsWait(t *testing.T) {
 	close(answer)
 	if r := <-res; r.err != nil || r.idx != 7 {
 		t.Fatalf("cut short: %+v, want the second call's answer and no error", r)
+	}
+}
+
+// TestRunWithoutOutNamesTheField: a Watcher, the Watchers of several
+// datacenters and the control watch all fail at once, naming the missing
+// field, when the config gives them no channel for their observations.
+func TestRunWithoutOutNamesTheField(t *testing.T) {
+	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
+	defer cancel()
+	client, err := api.NewClient(api.DefaultConfig()) // never asked: nothing runs
+	if err != nil {
+		t.Fatal(err)
+	}
+	ws, err := NewWatchers(client, WatchConfig{}, []string{"dc1", "dc2"})
+	if err != nil {
+		t.Fatal(err)
+	}
+	for name, run := range map[string]func(context.Context) error{
+		"Watcher":      newWatcher(newFakeCatalog(), WatchConfig{}).Run,
+		"Watchers":     ws.Run,
+		"ControlWatch": NewControlWatch(client, WatchConfig{}).Run,
+	} {
+		if err := run(ctx); err == nil || !strings.Contains(err.Error(), "Out") {
+			t.Errorf("%s.Run without Out: %v, want an error naming Out", name, err)
+		}
+	}
+	if err := ws.Run(ctx); err == nil || !strings.Contains(err.Error(), `datacenter "dc`) {
+		t.Errorf("Watchers.Run without Out: %v, want the failing datacenter named", err)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"context"
 	"crypto/tls"
+	"errors"
 	"fmt"
 	"log/slog"
 	"net"
@@ -13,6 +14,7 @@ import (
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
 	"go.opentelemetry.io/otel/metric"
+	"golang.org/x/sync/errgroup"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/keepalive"
 	"google.golang.org/grpc/stats"
@@ -80,31 +82,58 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		return fmt.Errorf("--admin-addr: %w", err)
 	}
 
+	// Every long-running part runs in one group: the first to fail ends the
+	// others, and serve's error names it.
 	runCtx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	obs := make(chan health.Observation, 256)
-	done := make(chan struct{}, 2)
-	go func() { p.watcher.Run(runCtx, obs); done <- struct{}{} }()
-	go func() { p.syncer.Run(runCtx, obs); done <- struct{}{} }()
-	go consul.WatchControl(runCtx, p.client, obs, p.watchConfig(log.With("component", "control-watch")))
-	go p.lapses.Run(runCtx)
+	parts := newParts(runCtx)
+	obs := p.obs
+	parts.run("consul watches", p.watcher.Run)
+	parts.run("syncer", func(ctx context.Context) error { return p.syncer.Run(ctx, obs) })
+	parts.run(
+		"control watch",
+		consul.NewControlWatch(p.client, p.watchConfig(log.With("component", "control-watch"))).Run,
+	)
+	parts.run("lapse recorder", p.lapses.Run)
 	if cfg.rulesFile != "" {
-		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile, Raw: p.rulesRaw}}
-		go followRules(runCtx, cfg.rulesFile, obs, log)
+		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile,
+			Raw: p.rulesRaw}}
+		parts.run("rules file", func(ctx context.Context) error {
+			followRules(ctx, cfg.rulesFile, obs, log)
+			return ctx.Err()
+		})
 	}
 	if sec.policy != nil {
-		go sec.policy.Follow(runCtx, time.Second)
+		parts.run("authorization policy", func(ctx context.Context) error {
+			sec.policy.Follow(ctx, time.Second)
+			return ctx.Err()
+		})
 	}
 
 	g := newGRPCServer(sec.creds, tel)
-	xds := server.NewXDS(runCtx, p.syncer, log, server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: sec.policy})
+	xds := server.NewXDS(
+		parts.ctx,
+		p.syncer,
+		log,
+		server.XDSOptions{Tracer: tel.Tracer, Meter: tel.Meter, Policy: sec.policy},
+	)
 	xds.Register(g)
-	fencing := server.NewFencing(p.syncer, p.watcher.FreshAsOf, server.FencingOptions{StaleAfter: cfg.staleAfter, Refresh: p.watcher.Refresh, Meter: tel.Meter})
+	fencing := server.NewFencing(
+		p.syncer,
+		p.watcher.FreshAsOf,
+		server.FencingOptions{
+			StaleAfter: cfg.staleAfter,
+			Refresh:    p.watcher.Refresh,
+			Meter:      tel.Meter,
+		},
+	)
 	leaseholdv1.RegisterFencingServer(g, fencing)
-	go g.Serve(xdsLis)
+	parts.run("xDS and fencing server", func(context.Context) error { return g.Serve(xdsLis) })
 
 	adminHandler := server.AdminHandler(server.AdminConfig{
-		Ready: p.syncer, LastContact: p.watcher.LastContact, Syncer: p.syncer, XDS: xds, Fencing: fencing, Metrics: tel.MetricsHandler(),
+		Ready: p.syncer, LastContact: p.watcher.LastContact, Syncer: p.syncer, XDS: xds,
+		Fencing: fencing,
+		Metrics: tel.MetricsHandler(),
 	})
 	if sec.adminToken != nil || cfg.adminTLS.ClientCA != "" {
 		adminHandler = server.GuardAdmin(adminHandler, sec.adminToken, cfg.adminTLS.ClientCA != "")
@@ -113,21 +142,69 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		adminLis = tls.NewListener(adminLis, sec.adminTLS.Config())
 	}
 	admin := &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
-	go admin.Serve(adminLis)
+	parts.run("admin server", func(context.Context) error { return admin.Serve(adminLis) })
 
-	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(), "tag", cfg.tag, "traces_exported", tel.TracesExported,
-		"tls", cfg.tls.Cert != "", "mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "", "admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "", "admin_tls", cfg.adminTLS.Cert != "")
+	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(),
+		"tag", cfg.tag, "traces_exported", tel.TracesExported, "tls", cfg.tls.Cert != "",
+		"mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "",
+		"admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "",
+		"admin_tls", cfg.adminTLS.Cert != "")
 	if bound != nil {
 		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
 	}
-	<-ctx.Done()
+	select {
+	case <-ctx.Done():
+	case <-parts.ctx.Done(): // a part failed
+	}
 	log.Info("shutting down")
+	// The servers stop first, so no stream or fencing call outlives the
+	// syncer and the watches it reads.
+	parts.stopping()
 	stopServers(g, admin)
 	cancel()
-	<-done
-	<-done
-	return nil
+	return parts.wait()
 }
+
+// parts runs serve's long-running parts, each a Run(ctx) error, in one
+// errgroup. The first part to fail, or to end before serve stops them, ends
+// the others (their context ends), and wait returns its error, named.
+type parts struct {
+	g    *errgroup.Group
+	ctx  context.Context // the parts' context: ends when serve stops them or a part fails
+	stop chan struct{}   // closed when serve stops them: what ends after is no failure
+}
+
+func newParts(ctx context.Context) *parts {
+	g, gctx := errgroup.WithContext(ctx)
+	return &parts{g: g, ctx: gctx, stop: make(chan struct{})}
+}
+
+// run starts part name.
+func (ps *parts) run(name string, run func(context.Context) error) {
+	ps.g.Go(func() error {
+		err := run(ps.ctx)
+		select {
+		case <-ps.stop:
+			return nil // serve stops the parts: ending is what is asked
+		default:
+		}
+		if ps.ctx.Err() != nil {
+			return nil // another part failed first: its error is serve's
+		}
+		if err == nil {
+			err = errors.New("ended before serve stopped")
+		}
+		return fmt.Errorf("%s: %w", name, err)
+	})
+}
+
+// stopping says that the parts are being stopped: what ends from now on is
+// no failure. Call it before stopping the parts that ignore the context
+// (the servers).
+func (ps *parts) stopping() { close(ps.stop) }
+
+// wait waits for every part and returns the first failure (nil: none).
+func (ps *parts) wait() error { return ps.g.Wait() }
 
 // pipeline is what serve runs between Consul and the xDS cache: the
 // watches of every datacenter, the lapse recorder and the syncer.
@@ -136,8 +213,9 @@ type pipeline struct {
 	watcher    *consul.Watchers
 	lapses     *consul.LapseRecorder
 	syncer     *fleet.Syncer
-	watch      consul.WatchConfig // the watches' rules, the control watch's too
-	rulesRaw   []byte             // the --rules file, read at start
+	watch      consul.WatchConfig      // the watches' rules, the control watch's too
+	obs        chan health.Observation // the watches' observations: the syncer's input
+	rulesRaw   []byte                  // the --rules file, read at start
 	closeAudit func()
 }
 
@@ -149,9 +227,10 @@ func (p *pipeline) watchConfig(log *slog.Logger) consul.WatchConfig {
 }
 
 func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pipeline, error) {
-	p := &pipeline{}
+	p := &pipeline{obs: make(chan health.Observation, 256)}
 	var err error
-	if p.client, err = consul.NewClient(cfg.consulAddr, consul.Connections(cfg.consulMaxConns, len(cfg.datacenters))); err != nil {
+	conns := consul.Connections(cfg.consulMaxConns, len(cfg.datacenters))
+	if p.client, err = consul.NewClient(cfg.consulAddr, conns); err != nil {
 		return nil, err
 	}
 	// The watches that always answer must do so well inside the staleness
@@ -159,7 +238,15 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	fastWait := min(10*time.Second, cfg.staleAfter/3)
 	// (Shorter still under shorter leases: the watcher reads the lease_ttl
 	// of the registrations.)
-	p.watch = consul.WatchConfig{Tag: cfg.tag, MaxConcurrent: cfg.consulMaxConns, FastWait: fastWait, ReadRate: cfg.consulReadRate, Logger: log, Meter: tel.Meter}
+	p.watch = consul.WatchConfig{
+		Out:           p.obs,
+		Tag:           cfg.tag,
+		MaxConcurrent: cfg.consulMaxConns,
+		FastWait:      fastWait,
+		ReadRate:      cfg.consulReadRate,
+		Logger:        log,
+		Meter:         tel.Meter,
+	}
 	if p.watcher, err = consul.NewWatchers(p.client, p.watch, cfg.datacenters); err != nil {
 		return nil, fmt.Errorf("--datacenters: %w", err)
 	}
@@ -181,24 +268,50 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	// recorded in Consul KV (leasehold/lapsed/), which every replica reads,
 	// and kept while its session has a registration in any datacenter's
 	// catalog, and for the syncer's history after.
-	p.lapses = consul.NewLapseRecorder(p.client, consul.LapseRecorderConfig{Retention: fleet.DefaultHistoryRetention, Datacenters: cfg.datacenters, Logger: log, Meter: tel.Meter})
-	p.syncer = fleet.NewSyncer(fleet.SyncConfig{Logger: log, Tracer: tel.Tracer, Meter: tel.Meter, Audit: audit, LBPolicy: cfg.lbPolicy,
-		Datacenters: cfg.datacenters, DatacenterQuiet: 2*fastWait + time.Second, DatacenterLost: cfg.staleAfter, OnLapse: p.lapses.Record,
-		AwaitControl: true,  // serve runs consul.WatchControl: nothing is served before the cordons are read
-		AwaitLapses:  true}) // nor before the lapse marks are (a session lapsed before a restart is never routed)
+	p.lapses = consul.NewLapseRecorder(
+		p.client,
+		consul.LapseRecorderConfig{
+			Retention:   fleet.DefaultHistoryRetention,
+			Datacenters: cfg.datacenters,
+			Logger:      log,
+			Meter:       tel.Meter,
+		},
+	)
+	p.syncer = fleet.NewSyncer(
+		fleet.SyncConfig{
+			Logger:          log,
+			Tracer:          tel.Tracer,
+			Meter:           tel.Meter,
+			Audit:           audit,
+			LBPolicy:        cfg.lbPolicy,
+			Datacenters:     cfg.datacenters,
+			DatacenterQuiet: 2*fastWait + time.Second,
+			DatacenterLost:  cfg.staleAfter,
+			OnLapse:         p.lapses.Record,
+			// serve runs the control watch: nothing is served before the cordons are read.
+			AwaitControl: true,
+			// Nor before the lapse marks are (a session lapsed before a restart is never routed).
+			AwaitLapses: true,
+		},
+	)
 
 	return p, nil
 }
 
 // security is what serve's TLS, authorization and admin flags load.
 type security struct {
-	creds      []grpc.ServerOption // the gRPC port's credentials and the fencing API's authorization
+	// The gRPC port's credentials and the fencing API's authorization.
+	creds      []grpc.ServerOption
 	adminTLS   *server.ServerTLS
 	policy     *server.PolicyStore
 	adminToken *server.AdminToken
 }
 
-func loadSecurity(cfg *serveConfig, log *slog.Logger, meter metric.MeterProvider) (security, error) {
+func loadSecurity(
+	cfg *serveConfig,
+	log *slog.Logger,
+	meter metric.MeterProvider,
+) (security, error) {
 	var sec security
 	if cfg.tls.Enabled() {
 		st, err := server.NewServerTLS(cfg.tls, log)
@@ -224,22 +337,37 @@ func loadSecurity(cfg *serveConfig, log *slog.Logger, meter metric.MeterProvider
 		}
 	}
 	if authz := server.NewFencingAuthorizer(sec.policy, meter); authz != nil {
-		sec.creds = append(sec.creds, grpc.ChainUnaryInterceptor(authz.UnaryInterceptor()), grpc.ChainStreamInterceptor(authz.StreamInterceptor()))
+		sec.creds = append(
+			sec.creds,
+			grpc.ChainUnaryInterceptor(authz.UnaryInterceptor()),
+			grpc.ChainStreamInterceptor(authz.StreamInterceptor()),
+		)
 	}
 	return sec, nil
 }
 
 // newGRPCServer is the server of the xDS and fencing APIs.
 func newGRPCServer(creds []grpc.ServerOption, tel *lhotel.Telemetry) *grpc.Server {
-	return grpc.NewServer(append(creds,
+	return grpc.NewServer(append(
+		creds,
 		server.ServerOption(), // responses reference the cache's bytes (no copy per stream)
-		grpc.KeepaliveEnforcementPolicy(keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true}),
-		grpc.KeepaliveParams(keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second}),
+		grpc.KeepaliveEnforcementPolicy(
+			keepalive.EnforcementPolicy{MinTime: 10 * time.Second, PermitWithoutStream: true},
+		),
+		grpc.KeepaliveParams(
+			keepalive.ServerParameters{Time: 30 * time.Second, Timeout: 10 * time.Second},
+		),
 		// A dispatcher's trace continues into the fencing API; xDS streams
 		// (hours long) are traced per push instead.
 		grpc.StatsHandler(otelgrpc.NewServerHandler(
-			otelgrpc.WithTracerProvider(tel.Tracer), otelgrpc.WithMeterProvider(tel.Meter),
-			otelgrpc.WithFilter(func(info *stats.RPCTagInfo) bool { return strings.HasPrefix(info.FullMethodName, "/leasehold.v1.") }),
+			otelgrpc.WithTracerProvider(tel.Tracer),
+			otelgrpc.WithMeterProvider(tel.Meter),
+			otelgrpc.WithFilter(
+				func(info *stats.RPCTagInfo) bool {
+					return strings.HasPrefix(info.FullMethodName,
+						"/leasehold.v1.")
+				},
+			),
 		)),
 	)...)
 }
@@ -266,11 +394,21 @@ func parseByteRate(s string) (int64, error) {
 		return -1, nil
 	}
 	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
-	units := map[string]int64{"": 1, "B": 1, "KB": 1000, "MB": 1000 * 1000, "KiB": 1 << 10, "MiB": 1 << 20}
+	units := map[string]int64{
+		"":    1,
+		"B":   1,
+		"KB":  1000,
+		"MB":  1000 * 1000,
+		"KiB": 1 << 10,
+		"MiB": 1 << 20,
+	}
 	unit, ok := units[s[len(num):]]
 	n, err := strconv.ParseInt(num, 10, 64)
 	if !ok || err != nil || n <= 0 || n > (1<<40)/unit {
-		return 0, fmt.Errorf("%q: want a positive size per second such as 512KiB, 4MiB or 8MB, or off", s)
+		return 0, fmt.Errorf(
+			"%q: want a positive size per second such as 512KiB, 4MiB or 8MB, or off",
+			s,
+		)
 	}
 	return n * unit, nil
 }

@@ -100,7 +100,8 @@ func Binary() (string, error) {
 				return p, nil
 			}
 			if _, err := os.Stat(filepath.Join(dir, "go.mod")); err == nil {
-				if b, _ := os.ReadFile(filepath.Join(dir, "go.mod")); bytes.HasPrefix(b, []byte("module github.com/leasehold/leasehold\n")) {
+				b, _ := os.ReadFile(filepath.Join(dir, "go.mod"))
+				if bytes.HasPrefix(b, []byte("module github.com/leasehold/leasehold\n")) {
 					break // repository root reached
 				}
 			}
@@ -114,7 +115,10 @@ func Binary() (string, error) {
 	if p, err := exec.LookPath("consul"); err == nil {
 		return p, nil
 	}
-	return "", errors.New("consul binary not found (bin/consul, $" + BinaryEnv + " or $PATH): run `make consul` to build it")
+	return "", errors.New(
+		"consul binary not found (bin/consul, $" + BinaryEnv + " or $PATH): run `make consul` to " +
+			"build it",
+	)
 }
 
 // RequireBinary returns the consul binary or ends the test. A missing binary
@@ -200,7 +204,15 @@ func (a *Agent) configure(o Options) error {
 	if err != nil {
 		return err
 	}
-	a.Ports = Ports{HTTP: ports[0], DNS: ports[1], GRPC: ports[2], SerfLAN: ports[3], SerfWAN: ports[4], Server: ports[5], HTTPS: -1}
+	a.Ports = Ports{
+		HTTP:    ports[0],
+		DNS:     ports[1],
+		GRPC:    ports[2],
+		SerfLAN: ports[3],
+		SerfWAN: ports[4],
+		Server:  ports[5],
+		HTTPS:   -1,
+	}
 	if o.TLS != nil {
 		a.Ports.HTTPS = ports[6]
 	}
@@ -233,7 +245,9 @@ log_level = %q
   server = %d
 }
 %s
-`, a.Node, filepath.Join(a.dir, "data"), logLevel(), checkUpdates(o), a.Ports.HTTP, a.Ports.HTTPS, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN, a.Ports.Server, o.ExtraHCL)
+`, a.Node, filepath.Join(a.dir, "data"), logLevel(), checkUpdates(o),
+		a.Ports.HTTP, a.Ports.HTTPS, a.Ports.DNS, a.Ports.GRPC, a.Ports.SerfLAN, a.Ports.SerfWAN,
+		a.Ports.Server, o.ExtraHCL)
 	if t := o.TLS; t != nil {
 		hcl += fmt.Sprintf(`tls {
   defaults {
@@ -550,7 +564,14 @@ func WaitFor(t testing.TB, timeout time.Duration, what string, cond func() bool)
 
 // WaitService waits, with blocking queries (no polling), until cond holds for
 // the health entries of service name (all statuses), and returns them.
-func WaitService(t testing.TB, c *api.Client, name string, timeout time.Duration, what string, cond func([]*api.ServiceEntry) bool) []*api.ServiceEntry {
+func WaitService(
+	t testing.TB,
+	c *api.Client,
+	name string,
+	timeout time.Duration,
+	what string,
+	cond func([]*api.ServiceEntry) bool,
+) []*api.ServiceEntry {
 	t.Helper()
 	ctx, cancel := context.WithTimeout(context.Background(), timeout)
 	defer cancel()
@@ -572,7 +593,12 @@ func WaitService(t testing.TB, c *api.Client, name string, timeout time.Duration
 		}
 		select {
 		case <-ctx.Done():
-			t.Fatalf("timed out after %s waiting for %s; last entries: %s", timeout, what, Describe(last))
+			t.Fatalf(
+				"timed out after %s waiting for %s; last entries: %s",
+				timeout,
+				what,
+				Describe(last),
+			)
 			return nil
 		default:
 		}

@@ -60,26 +60,9 @@ func TestClientAgentJoins(t *testing.T) {
 	}
 }
 
-func TestClusterElectsANewLeader(t *testing.T) {
-	t0 := time.Now()
-	c := StartCluster(t, 3, 1)
-	t.Logf("3 servers and a client healthy in %s", time.Since(t0))
-	old := c.Leader()
-	if old == nil {
-		t.Fatal("no leader after StartCluster")
-	}
-	killed := time.Now()
-	old.Kill()
-	l := c.WaitLeader(t, 30*time.Second, old)
-	t.Logf("leader %s killed; %s elected in %s", old.Node, l.Node, time.Since(killed))
-	if _, err := c.Clients[0].Client().KV().Put(&api.KVPair{Key: "after-election", Value: []byte("x")}, nil); err != nil {
-		t.Fatalf("write through the client agent after the election: %v", err)
-	}
-}
-
 // Two dev servers in datacenters of their own federate over WAN on
 // loopback; a client agent of each; a registration in dc2 is read through
-// dc1's client agent with ?dc=dc2 (issue 17's setup).
+// dc1's client agent with ?dc=dc2, as serve --datacenters reads it.
 func TestTwoDatacentersFederate(t *testing.T) {
 	dc1 := Start(t, Options{Datacenter: "dc1"})
 	dc2 := Start(t, Options{Datacenter: "dc2", FederateWith: dc1})
@@ -88,12 +71,16 @@ func TestTwoDatacentersFederate(t *testing.T) {
 	if c1.DC != "dc1" || c2.DC != "dc2" {
 		t.Fatalf("client datacenters %q %q", c1.DC, c2.DC)
 	}
-	if err := c2.Client().Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "w2", Name: "work", Port: 9002}); err != nil {
+	err := c2.Client().Agent().ServiceRegister(&api.AgentServiceRegistration{ID: "w2", Name: "work",
+		Port: 9002})
+	if err != nil {
 		t.Fatal(err)
 	}
 	deadline := time.Now().Add(30 * time.Second)
 	for {
-		es, _, err := c1.Client().Health().Service("work", "", false, &api.QueryOptions{Datacenter: "dc2"})
+		es, _, err := c1.Client().
+			Health().
+			Service("work", "", false, &api.QueryOptions{Datacenter: "dc2"})
 		if err == nil && len(es) == 1 && es[0].Node.Datacenter == "dc2" {
 			break
 		}
@@ -102,7 +89,8 @@ func TestTwoDatacentersFederate(t *testing.T) {
 		}
 		time.Sleep(200 * time.Millisecond) // federation settles; no event to wait on
 	}
-	if es, _, err := c1.Client().Health().Service("work", "", false, nil); err != nil || len(es) != 0 {
+	if es, _, err := c1.Client().Health().Service("work", "", false, nil); err != nil ||
+		len(es) != 0 {
 		t.Fatalf("dc1 has its own catalog: %v %v", es, err)
 	}
 }

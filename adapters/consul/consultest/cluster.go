@@ -97,8 +97,8 @@ func StartCluster(t testing.TB, servers, clients int) *Cluster {
 	prefix := "lh-" + sanitize(t.Name())
 	c := &Cluster{}
 	t.Cleanup(func() {
-		// clients first, then servers; each group at once (no leave on
-		// SIGTERM, so this is quick)
+		// Clients first, then servers; each group at once (no leave on
+		// SIGTERM, so this is quick).
 		stopAll(c.Clients)
 		stopAll(c.Servers)
 		if t.Failed() || os.Getenv("LEASEHOLD_CONSUL_LOG") != "" {
@@ -110,7 +110,8 @@ func StartCluster(t testing.TB, servers, clients int) *Cluster {
 
 	var err error
 	for attempt := 0; attempt < 3; attempt++ { // a chosen port can be taken between probe and bind
-		if c.Servers, err = startServers(t, bin, filepath.Join(root, fmt.Sprintf("try%d", attempt)), prefix, servers); err == nil {
+		dir := filepath.Join(root, fmt.Sprintf("try%d", attempt))
+		if c.Servers, err = startServers(t, bin, dir, prefix, servers); err == nil {
 			break
 		}
 		t.Logf("consul cluster: servers did not start (attempt %d): %v", attempt+1, err)
@@ -137,7 +138,13 @@ func StartCluster(t testing.TB, servers, clients int) *Cluster {
 				if attempt > 0 { // a new node: the failed attempt may have joined
 					node += fmt.Sprintf("-%d", attempt)
 				}
-				a, err := newMember(t, bin, filepath.Join(root, fmt.Sprintf("client%d-%d", i, attempt)), node, false)
+				a, err := newMember(
+					t,
+					bin,
+					filepath.Join(root, fmt.Sprintf("client%d-%d", i, attempt)),
+					node,
+					false,
+				)
 				if err != nil {
 					errs[i] = err
 					return
@@ -165,7 +172,14 @@ func newMember(t testing.TB, bin, dir, node string, server bool) (*Agent, error)
 	if err := os.MkdirAll(dir, 0o700); err != nil {
 		return nil, err
 	}
-	return &Agent{t: t, bin: bin, dir: dir, Node: node, server: server, log: newTailBuffer(64 << 10)}, nil
+	return &Agent{
+		t:      t,
+		bin:    bin,
+		dir:    dir,
+		Node:   node,
+		server: server,
+		log:    newTailBuffer(64 << 10),
+	}, nil
 }
 
 // startServers starts n servers at once (none elects a leader before
@@ -180,12 +194,26 @@ func startServers(t testing.TB, bin, root, prefix string, n int) ([]*Agent, erro
 	agents := make([]*Agent, n)
 	for i := range n {
 		p := ports[6*i:]
-		a, err := newMember(t, bin, filepath.Join(root, fmt.Sprintf("server%d", i)), fmt.Sprintf("%s-s%d", prefix, i), true)
+		a, err := newMember(
+			t,
+			bin,
+			filepath.Join(root, fmt.Sprintf("server%d", i)),
+			fmt.Sprintf("%s-s%d", prefix, i),
+			true,
+		)
 		if err != nil {
 			return agents, err
 		}
 		agents[i] = a
-		agents[i].Ports = Ports{HTTP: p[0], DNS: p[1], GRPC: p[2], SerfLAN: p[3], SerfWAN: p[4], Server: p[5], HTTPS: -1}
+		agents[i].Ports = Ports{
+			HTTP:    p[0],
+			DNS:     p[1],
+			GRPC:    p[2],
+			SerfLAN: p[3],
+			SerfWAN: p[4],
+			Server:  p[5],
+			HTTPS:   -1,
+		}
 		m.join = append(m.join, p[3])
 	}
 	for _, a := range agents {
@@ -245,7 +273,10 @@ func (c *Cluster) leader() (*Agent, string) {
 		ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
 		l, err := c.poll(s).Status().LeaderWithQueryOptions((&api.QueryOptions{}).WithContext(ctx))
 		cancel()
-		views = append(views, fmt.Sprintf("%s (server port %d): leader %q %v", s.Node, s.Ports.Server, l, err))
+		views = append(
+			views,
+			fmt.Sprintf("%s (server port %d): leader %q %v", s.Node, s.Ports.Server, l, err),
+		)
 		if err != nil || l == "" || (leader != "" && l != leader) {
 			agreed = false
 		}
@@ -274,7 +305,11 @@ func (c *Cluster) WaitLeader(t testing.TB, timeout time.Duration, not *Agent) *A
 			return l
 		}
 		if time.Now().After(deadline) {
-			t.Fatalf("no raft leader that every running server agrees on after %s: %s", timeout, view)
+			t.Fatalf(
+				"no raft leader that every running server agrees on after %s: %s",
+				timeout,
+				view,
+			)
 		}
 		<-time.After(20 * time.Millisecond) // no blocking query for this
 	}
@@ -329,7 +364,8 @@ func (c *Cluster) WaitHealthy(t testing.TB, timeout time.Duration) {
 				last = a.Node + " not alive in gossip"
 				return false
 			}
-			if l, err := c.poll(a).Status().LeaderWithQueryOptions(q); err != nil || l != fmt.Sprintf("127.0.0.1:%d", leader.Ports.Server) {
+			if l, err := c.poll(a).Status().LeaderWithQueryOptions(q); err != nil ||
+				l != fmt.Sprintf("127.0.0.1:%d", leader.Ports.Server) {
 				last = fmt.Sprintf("%s sees leader %q (%v)", a.Node, l, err)
 				return false
 			}

@@ -77,7 +77,11 @@ func TestFrozenRemoteDatacenter(t *testing.T) {
 	if err := dc2.Freeze(); err != nil {
 		t.Fatal(err)
 	}
-	t.Logf("dc2's server frozen %s after the first dc2 read began (dc1's server's connection to dc2 is younger)", frozen.Sub(firstTry).Round(time.Millisecond))
+	t.Logf(
+		"dc2's server frozen %s after the first dc2 read began (dc1's server's connection to dc2 "+
+			"is younger)",
+		frozen.Sub(firstTry).Round(time.Millisecond),
+	)
 
 	// (c) dc1 reads, and dc1's view of dc2's server in WAN gossip, meanwhile.
 	stop := make(chan struct{})
@@ -119,14 +123,21 @@ func TestFrozenRemoteDatacenter(t *testing.T) {
 	t.Logf("(a) non-blocking dc2 read while frozen: %s, error: %v", d.Round(time.Millisecond), errA)
 	// (b) a blocking read of dc2 at its current index.
 	_, d, errB := read("dc2", index, 2*time.Second)
-	t.Logf("(b) blocking dc2 read (WaitTime 2s) while frozen: %s, error: %v", d.Round(time.Millisecond), errB)
+	t.Logf(
+		"(b) blocking dc2 read (WaitTime 2s) while frozen: %s, error: %v",
+		d.Round(time.Millisecond),
+		errB,
+	)
 
 	close(stop)
 	wg.Wait()
 	t.Logf("(c) dc1 reads while dc2 was frozen (%s): %d, %d failed, slowest %s (last error: %v)",
 		time.Since(frozen).Round(time.Millisecond), dc1Reads, dc1Errs, dc1Max, dc1Err)
 	if wanFailed > 0 {
-		t.Logf("dc1's WAN gossip saw dc2's server fail %s after the freeze", wanFailed.Round(time.Millisecond))
+		t.Logf(
+			"dc1's WAN gossip saw dc2's server fail %s after the freeze",
+			wanFailed.Round(time.Millisecond),
+		)
 	} else {
 		t.Logf("dc1's WAN gossip still saw dc2's server alive")
 	}
@@ -141,8 +152,14 @@ func TestFrozenRemoteDatacenter(t *testing.T) {
 	for {
 		_, d, err := read("dc2", 0, 0)
 		if err == nil {
-			t.Logf("(d) dc2 readable again %s after Thaw (that read %s; %d failed before it, last: %v)",
-				time.Since(thawed).Round(time.Millisecond), d, failed, lastErr)
+			t.Logf(
+				"(d) dc2 readable again %s after Thaw (that read %s; %d failed before it, last: "+
+					"%v)",
+				time.Since(thawed).Round(time.Millisecond),
+				d,
+				failed,
+				lastErr,
+			)
 			break
 		}
 		failed, lastErr = failed+1, err
@@ -154,10 +171,20 @@ func TestFrozenRemoteDatacenter(t *testing.T) {
 	}
 
 	if dc1Reads == 0 || dc1Errs > 0 || dc1Max > 5*time.Second {
-		t.Errorf("dc1 reads affected by dc2's freeze: %d reads, %d failed, slowest %s, %v", dc1Reads, dc1Errs, dc1Max, dc1Err)
+		t.Errorf(
+			"dc1 reads affected by dc2's freeze: %d reads, %d failed, slowest %s, %v",
+			dc1Reads,
+			dc1Errs,
+			dc1Max,
+			dc1Err,
+		)
 	}
 	if errA == nil || errB == nil {
-		t.Errorf("a dc2 read succeeded while dc2's only server was frozen: non-blocking %v, blocking %v", errA, errB)
+		t.Errorf(
+			"a dc2 read succeeded while dc2's only server was frozen: non-blocking %v, blocking %v",
+			errA,
+			errB,
+		)
 	}
 
 	// A frozen agent stops promptly (SIGTERM is held pending by a stopped

@@ -36,7 +36,8 @@ func ExamplePolicy(t testing.TB, file string) string {
 // `key_prefix "leasehold/control/"`); the test fails if there is none.
 func WithoutRule(t testing.TB, rules, header string) string {
 	t.Helper()
-	out := regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(header)+` \{[^}]*\}\n`).ReplaceAllString(rules, "")
+	out := regexp.MustCompile(`(?m)^`+regexp.QuoteMeta(header)+` \{[^}]*\}\n`).
+		ReplaceAllString(rules, "")
 	if out == rules {
 		t.Fatalf("no rule %s in:\n%s", header, rules)
 	}

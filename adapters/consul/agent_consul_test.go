@@ -23,7 +23,9 @@ func TestGenerationKeyAtMaxUint64IsGarbage(t *testing.T) {
 	c := a.Client()
 	e := runLive(t, a, "victim", nil)
 	s1 := e.session(t, nil)
-	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("victim"), Value: []byte(strconv.FormatUint(math.MaxUint64, 10))}, nil); err != nil {
+	maxUint64 := []byte(strconv.FormatUint(math.MaxUint64, 10))
+	_, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("victim"), Value: maxUint64}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
@@ -33,7 +35,12 @@ func TestGenerationKeyAtMaxUint64IsGarbage(t *testing.T) {
 	}
 	g, err := NewAPIAgent(c).NextGeneration(ctx, "victim", "s-next", s1.Generation)
 	if err != nil || g != s1.Generation+1 {
-		t.Fatalf("NextGeneration = %d, %v: want %d (above the registered floor)", g, err, s1.Generation+1)
+		t.Fatalf(
+			"NextGeneration = %d, %v: want %d (above the registered floor)",
+			g,
+			err,
+			s1.Generation+1,
+		)
 	}
 }
 
@@ -42,13 +49,18 @@ func TestGenerationKeyAtMaxUint64IsGarbage(t *testing.T) {
 func TestNextGenerationNeverOverflows(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
-	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte(strconv.FormatUint(math.MaxUint64, 10))}, nil); err != nil {
+	maxUint64 := []byte(strconv.FormatUint(math.MaxUint64, 10))
+	_, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: maxUint64}, nil)
+	if err != nil {
 		t.Fatal(err)
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	g, err := NewAPIAgent(c).NextGeneration(ctx, "x", "s1", 0)
 	if err == nil && g == 0 {
-		t.Fatalf("NextGeneration after %d = 0: a generation the contract calls invalid", uint64(math.MaxUint64))
+		t.Fatalf(
+			"NextGeneration after %d = 0: a generation the contract calls invalid",
+			uint64(math.MaxUint64),
+		)
 	}
 }

@@ -19,7 +19,8 @@ func TestSentControlSendsWhatChanged(t *testing.T) {
 		pairs api.KVPairs
 		want  want
 	}{
-		{api.KVPairs{rules}, want{true, false}},                   // the first listing: the rules (no cordon yet: nothing to send)
+		// The first listing: the rules (no cordon yet: nothing to send).
+		{api.KVPairs{rules}, want{true, false}},
 		{api.KVPairs{rules}, want{false, false}},                  // unchanged
 		{api.KVPairs{rules, cordon}, want{false, true}},           // a cordon
 		{api.KVPairs{cordon}, want{true, false}},                  // the rules key deleted
@@ -42,7 +43,13 @@ func TestSentControlSendsWhatChanged(t *testing.T) {
 			}
 		}
 		if got != step.want {
-			t.Errorf("step %d: sent rules %v, cordons %v; want %+v", i, got.rules, got.cordons, step.want)
+			t.Errorf(
+				"step %d: sent rules %v, cordons %v; want %+v",
+				i,
+				got.rules,
+				got.cordons,
+				step.want,
+			)
 		}
 	}
 }
