@@ -153,3 +153,29 @@ func TestJoinCountsSetChecksTheReadLacks(t *testing.T) {
 		}
 	}
 }
+
+// TestNodeFailureSeenWhenSerfHealthWasCreatedAfterTheLease: serfHealth may be
+// created after the session's lease check. When a node joins, its agent's
+// anti-entropy sync (node, services, checks) races the leader's
+// handleAliveMember, which creates serfHealth: the agent syncs as soon as it
+// learns a server, the leader registers serfHealth when the member-join
+// reaches it through gossip and its reconcile queue; the same after a node
+// re-registration. Once serfHealth exists it is only rewritten when its status
+// or output changes (Consul 1.13's state.ensureCheckTxn keeps ModifyIndex for
+// an identical check), so a ModifyIndex above its CreateIndex means the node
+// failed after the check was created, which is after the lease was. Join sees
+// such a failure also once it has healed, as the Registrar's fence check and a
+// replica started later must.
+func TestNodeFailureSeenWhenSerfHealthWasCreatedAfterTheLease(t *testing.T) {
+	l := lease(StatusPassing, "load=0", 20)
+	l.CreateIndex = 20 // the executor's session, synced by its agent
+	// The leader registered the node's serfHealth just after (passing, "Agent alive and
+	// reachable"); it turned critical at 50 (the node failed), passing again at 60 (it came
+	// back).
+	s := serf(StatusPassing, 60)
+	s.CreateIndex = 25
+	if e := Join(member(l, s), nil); !e.NodeFailed {
+		t.Fatalf("serfHealth created at 25 (passing), rewritten at 60, lease created at 20: " +
+			"the node failed after the session registered, but NodeFailed = false")
+	}
+}

@@ -218,3 +218,23 @@ func TestEveryObservableRuleObserveVsEnforce(t *testing.T) {
 		}
 	}
 }
+
+// TestParseRolloutRefusesTrailingContent: a rules document is one JSON object.
+// What follows it is not ignored: an operator who pasted two documents, or a
+// truncated edit, gets an error, not the first half silently applied.
+func TestParseRolloutRefusesTrailingContent(t *testing.T) {
+	for _, doc := range []string{
+		`{"load_balancing":{"default":"round_robin"}} {"load_balancing":{"default":"least_request"}}`,
+		`{"load_balancing":{"default":"round_robin"}}]`,
+		`{"load_balancing":{"default":"round_robin"}} garbage`,
+	} {
+		if _, err := ParseRollout([]byte(doc)); err == nil {
+			t.Errorf("%s: accepted", doc)
+		}
+	}
+	for _, doc := range []string{"{}\n", "  {\"load_balancing\":null}  \n\t"} {
+		if _, err := ParseRollout([]byte(doc)); err != nil {
+			t.Errorf("%q: %v", doc, err)
+		}
+	}
+}
