@@ -35,23 +35,27 @@ type SessionStatus struct {
 	LeaseTTL time.Duration
 }
 
+// SessionKey names one session: session ids are unique only per instance
+// (the contract), so a session is known by its instance id and its own.
+type SessionKey struct{ Instance, Session string }
+
 // SessionIndex answers session questions from one decided view of the fleet
 // (the same executors, fenced and joined, that the xDS resources come from).
 type SessionIndex struct {
-	sessions map[[2]string]SessionStatus
+	sessions map[SessionKey]SessionStatus
 	newest   map[string]SessionStatus // per instance: its newest present session
-	past     map[[2]string]PastSession
+	past     map[SessionKey]PastSession
 	// replacedBy: sessions a present registration names in its replaces
 	// meta, with the newest session naming each.
-	replacedBy map[[2]string]SessionStatus
+	replacedBy map[SessionKey]SessionStatus
 	// ordersOnly: the highest generation of sessions present only with bad
 	// metadata (not answered for, but their generation is known): a claim
 	// of replacing one is believed only from a namer above it.
-	ordersOnly map[[2]string]uint64
+	ordersOnly map[SessionKey]uint64
 	// excluded: sessions present only in registrations leasehold does not
 	// answer for (bad metadata, or not confirmed by their instance's
 	// generation key), with why: known, but UNKNOWN.
-	excluded map[[2]string]SessionStatus
+	excluded map[SessionKey]SessionStatus
 }
 
 // PastSession is a session seen before whose registrations are gone (it was
@@ -95,9 +99,9 @@ func ValidateSessionQuery(instanceID, sessionID string) error {
 // older than it: they answer STALE too, though this index never saw them
 // (after a restart, on a new replica).
 func IndexSessions(es []Executor, past []PastSession) SessionIndex {
-	ix := SessionIndex{sessions: map[[2]string]SessionStatus{}, newest: map[string]SessionStatus{}, past: map[[2]string]PastSession{}}
+	ix := SessionIndex{sessions: map[SessionKey]SessionStatus{}, newest: map[string]SessionStatus{}, past: map[SessionKey]PastSession{}}
 	for _, p := range past {
-		ix.past[[2]string{p.InstanceID, p.SessionID}] = p
+		ix.past[SessionKey{p.InstanceID, p.SessionID}] = p
 		for _, t := range p.Tasks { // a namer gone is still newer than what it named
 			ix.named(p.InstanceID, p.Replaces, SessionStatus{SessionID: p.SessionID, Generation: p.Generation}, t)
 		}
@@ -115,15 +119,15 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 					ix.newest[e.InstanceID] = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, State: SessionUnknown}
 				}
 				if ix.ordersOnly == nil {
-					ix.ordersOnly = map[[2]string]uint64{}
+					ix.ordersOnly = map[SessionKey]uint64{}
 				}
-				k := [2]string{e.InstanceID, e.SessionID}
+				k := SessionKey{e.InstanceID, e.SessionID}
 				ix.ordersOnly[k] = max(ix.ordersOnly[k], e.Generation)
 			}
 			continue
 		}
 		ix.named(e.InstanceID, e.Replaces, SessionStatus{SessionID: e.SessionID, Generation: e.Generation, Datacenter: e.Datacenter}, e.Task)
-		key := [2]string{e.InstanceID, e.SessionID}
+		key := SessionKey{e.InstanceID, e.SessionID}
 		st, seen := ix.sessions[key]
 		if !seen {
 			st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionCurrent, Generation: e.Generation, Version: e.Version, Datacenter: e.Datacenter, Detail: "newest session of its instance, lease valid"}
@@ -174,9 +178,9 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 // answers for exists (or its history says more: Check).
 func (ix *SessionIndex) exclude(e Executor, why string) {
 	if ix.excluded == nil {
-		ix.excluded = map[[2]string]SessionStatus{}
+		ix.excluded = map[SessionKey]SessionStatus{}
 	}
-	k := [2]string{e.InstanceID, e.SessionID}
+	k := SessionKey{e.InstanceID, e.SessionID}
 	st, ok := ix.excluded[k]
 	if !ok {
 		st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionUnknown, Detail: why, Datacenter: e.Datacenter}
@@ -192,9 +196,9 @@ func (ix *SessionIndex) exclude(e Executor, why string) {
 // sessions it replaced; the newest namer of each is kept.
 func (ix *SessionIndex) named(inst string, olds []string, namer SessionStatus, task string) {
 	for _, old := range olds {
-		k := [2]string{inst, old}
+		k := SessionKey{inst, old}
 		if ix.replacedBy == nil {
-			ix.replacedBy = map[[2]string]SessionStatus{}
+			ix.replacedBy = map[SessionKey]SessionStatus{}
 		}
 		n, ok := ix.replacedBy[k]
 		if !ok || namer.Generation > n.Generation {
@@ -224,7 +228,7 @@ func newerStatus(a, b SessionStatus) bool {
 
 // Check answers for one session; ids must be valid (ValidateSessionQuery).
 func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
-	key := [2]string{instanceID, sessionID}
+	key := SessionKey{instanceID, sessionID}
 	if st, ok := ix.sessions[key]; ok {
 		return st
 	}
