@@ -85,3 +85,86 @@ func BenchmarkGroupOf(b *testing.B) {
 		}
 	})
 }
+
+// nodeWith is a dispatcher's node with the given metadata (none when nil) and
+// locality region (none when empty).
+func nodeWith(meta map[string]any, region string) *corev3.Node {
+	n := &corev3.Node{Id: "d"}
+	if meta != nil {
+		s, err := structpb.NewStruct(meta)
+		if err != nil {
+			panic(err)
+		}
+		n.Metadata = s
+	}
+	if region != "" {
+		n.Locality = &corev3.Locality{Region: region, Zone: "z"}
+	}
+	return n
+}
+
+// TestLocalityRegionThatIsNoDatacenterIsIgnored: a node's locality.region is
+// its Consul datacenter only when it is a datacenter name. An Envoy started
+// with a region that is none (--locality-region "eu-west-1.prod",
+// "Frankfurt 1", a cloud region) keeps its stream and its group, also when
+// leasehold watches one datacenter and no --datacenters flag is in sight.
+func TestLocalityRegionThatIsNoDatacenterIsIgnored(t *testing.T) {
+	for _, region := range []string{"eu-west-1.prod", "Frankfurt 1", "aws:us-east-1"} {
+		if _, err := DispatcherOf(nodeWith(nil, region)); err != nil {
+			t.Errorf("locality.region %q: stream refused: %v", region, err)
+		}
+		if g := GroupOf(nodeWith(nil, region)); g == "invalid" {
+			t.Errorf("locality.region %q: group %q", region, g)
+		}
+	}
+}
+
+// TestDispatcherDatacenterIsCaseInsensitive: Consul's datacenter names are
+// lowercase; a dispatcher saying "DC2" (in its metadata or its region) runs in
+// dc2, so it is dc2's constraint set, given dc2's executors first (or
+// refused), not sent the failover order as a set of its own.
+func TestDispatcherDatacenterIsCaseInsensitive(t *testing.T) {
+	lower, err := DispatcherOf(nodeWith(map[string]any{"datacenter": "dc2"}, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*corev3.Node{nodeWith(map[string]any{"datacenter": "DC2"}, ""), nodeWith(nil, "DC2")} {
+		d, err := DispatcherOf(n)
+		if err != nil {
+			continue // refused: fine
+		}
+		if d.Key() != lower.Key() {
+			t.Errorf("a dispatcher in %q: key %q, not dc2's %q (its own executors are not its priority 0)", d.Datacenter, d.Key(), lower.Key())
+		}
+	}
+}
+
+// TestGroupMemoFollowsTheDatacenter: GroupOf (memoised) always equals the
+// group read afresh, whatever the datacenter metadata and locality region say,
+// valid or not, in any order of calls; distinct datacenters never share a
+// group, and the same datacenter said either way is one group.
+func TestGroupMemoFollowsTheDatacenter(t *testing.T) {
+	metas := []map[string]any{nil, {"datacenter": "dc2"}, {"datacenter": "dc3"}, {"datacenter": ""}, {"datacenter": 7.0},
+		{"datacenter": "dc2", "labels": map[string]any{"zone": "a"}}, {"datacenter": "x&tasks=y"}, {"labels": map[string]any{"datacenter": "dc2"}}}
+	regions := []string{"", "dc2", "dc3", "bad.region", "x&dc=dc2"}
+	seen := map[string]string{}
+	for round := range 2 {
+		for _, m := range metas {
+			for _, r := range regions {
+				n := nodeWith(m, r)
+				got, want := GroupOf(n), groupOf(n)
+				if got != want {
+					t.Fatalf("round %d meta %v region %q: GroupOf %q, afresh %q", round, m, r, got, want)
+				}
+				seen[want] = ""
+			}
+		}
+	}
+	// Distinct datacenters never share a group.
+	if GroupOf(nodeWith(nil, "dc2")) == GroupOf(nodeWith(nil, "dc3")) || GroupOf(nodeWith(nil, "dc2")) == GroupOf(nodeWith(nil, "")) {
+		t.Fatal("dispatchers of different datacenters share a group")
+	}
+	if GroupOf(nodeWith(map[string]any{"datacenter": "dc2"}, "")) != GroupOf(nodeWith(nil, "dc2")) {
+		t.Fatal("metadata datacenter dc2 and region dc2 are different groups")
+	}
+}
