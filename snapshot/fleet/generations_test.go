@@ -22,7 +22,7 @@ func (h *syncHarness) membersWithKeys(task string, keys map[string]health.Genera
 // sessionState is the settled view's answer for a session.
 func (h *syncHarness) sessionState(inst, sess string) health.SessionStatus {
 	h.t.Helper()
-	return h.attackSettle().Sessions().Check(inst, sess)
+	return h.settle().Sessions().Check(inst, sess)
 }
 
 // TestKeyReadBackConfirmsANewSessionAtOnce: a new session's key comes with
@@ -54,8 +54,8 @@ func TestKeyReadBackConfirmsANewSessionAtOnce(t *testing.T) {
 		if st := h.sessionState("a", "s1"); st.State != health.SessionStale || st.NewerSessionID != "s2" {
 			t.Fatalf("%s: a/s1 = %s newer %s (%s), want STALE newer s2", step, st.State, st.NewerSessionID, st.Detail)
 		}
-		if !h.attackRoutes("a", "s2") || h.attackRoutes("a", "s1") {
-			t.Fatalf("%s: s2 routed %v, s1 routed %v", step, h.attackRoutes("a", "s2"), h.attackRoutes("a", "s1"))
+		if !h.routesHealthy("a", "s2") || h.routesHealthy("a", "s1") {
+			t.Fatalf("%s: s2 routed %v, s1 routed %v", step, h.routesHealthy("a", "s2"), h.routesHealthy("a", "s1"))
 		}
 	}
 	expect("read back with the membership")
@@ -72,7 +72,7 @@ func TestKeyReadBackConfirmsANewSessionAtOnce(t *testing.T) {
 		t.Fatalf("a/s3 = %s (%s), want UNKNOWN: no key names it", st.State, st.Detail)
 	}
 	expect("a forged registration above the key")
-	if h.attackRoutes("a", "s3") {
+	if h.routesHealthy("a", "s3") {
 		t.Fatal("a/s3 routed")
 	}
 	// The key deleted: no key, unprotected — the highest generation wins.
@@ -114,13 +114,13 @@ func TestACopyOfASessionUnderALowerGenerationLapsesNothing(t *testing.T) {
 	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent {
 		t.Fatalf("a/s-real with a critical copy under generation 3 on another node = %s (%s), want CURRENT", st.State, st.Detail)
 	}
-	if !h.attackRoutes("a", "s-real") {
+	if !h.routesHealthy("a", "s-real") {
 		t.Fatal("a/s-real is not routed: a copy of its id on another node unrouted it")
 	}
 	// The copy gone, nothing of it stays.
 	h.members("work", real)
-	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent || !h.attackRoutes("a", "s-real") {
-		t.Fatalf("a/s-real after the copy went = %s (%s), routed %v", st.State, st.Detail, h.attackRoutes("a", "s-real"))
+	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent || !h.routesHealthy("a", "s-real") {
+		t.Fatalf("a/s-real after the copy went = %s (%s), routed %v", st.State, st.Detail, h.routesHealthy("a", "s-real"))
 	}
 }
 
@@ -146,7 +146,7 @@ func TestAKeyReadBackBeforeConsulsIndexWentBackDoesNotOutliveIt(t *testing.T) {
 	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
 	h.index = 0
 	h.keysAt(50, map[string]health.GenerationRecord{"a": {Generation: 3, SessionID: "s3", ModifyIndex: 45}})
-	h.index = max(h.index, 1001) // the view's index stays at its highest (attackSettle waits for it)
+	h.index = max(h.index, 1001) // the view's index stays at its highest (settle waits for it)
 	s3 := fleettest.Member("work", "a", "s3", 3, 9003, "1.0.0", health.StatusPassing, 46)
 	h.members("work", s3)
 	if st := h.sessionState("a", "s3"); st.State != health.SessionCurrent {

@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"testing"
+	"time"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -99,4 +100,32 @@ func TestLapseSeenAwaitsItsMarkInTheView(t *testing.T) {
 	if v := h.s.View(); v.LapseUnrecorded("a1", "s1") {
 		t.Fatal("a1/s1's mark was read back; the view still awaits it")
 	}
+}
+
+// TestNothingIsServedBeforeTheLapseMarksAreRead: a restarted leasehold (a
+// fresh Syncer) whose datacenters hold a lapse mark for a1/s1 (its check
+// passing again, the lapse drill's situation) must not route a1/s1. With
+// SyncConfig.AwaitLapses (which serve sets) the first read waits for every
+// datacenter's lapse marks too, so nothing is served meanwhile: otherwise
+// a1/s1 would be HEALTHY in the load assignment and its session CURRENT until
+// the marks arrive, and for ever with a token that cannot read
+// leasehold/lapsed/.
+func TestNothingIsServedBeforeTheLapseMarksAreRead(t *testing.T) {
+	h := mdcStartTuned(t, func(c *SyncConfig) { c.AwaitLapses = true })
+	d := mdcDispatcher(t, "")
+	h.subscribe(d)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	// The marks (written before the restart) are in KV but not read yet.
+	if got := h.load(d); got != "(none)" {
+		h.clock.Advance(100 * time.Millisecond)
+		h.settle()
+		if st := h.session("a1", "s1"); st.State == health.SessionCurrent {
+			t.Errorf("session a1/s1 answered CURRENT before the lapse marks were read (it lapsed before the restart)")
+		}
+		t.Fatalf("served %q before the lapse marks were read: a1/s1 (lapsed before the restart) may be routed", h.load(d))
+	}
+	marks := &health.LapseMarks{Index: h.next("dc1"), Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}
+	h.send("dc1", health.Observation{Lapses: marks})
+	h.expectVerdict(d, "a1", "s1", health.RouteNone, health.ReasonLapsed)
 }

@@ -86,8 +86,6 @@ func (h *syncHarness) quiet() {
 	}
 }
 
-// member builds a contract-conforming registration with its checks.
-
 func (h *syncHarness) tasks(tasks ...string) {
 	h.index++
 	h.obs <- health.Observation{Tasks: &health.TaskList{Index: h.index, Tasks: tasks}}
@@ -104,6 +102,55 @@ func (h *syncHarness) nonPassing(checks ...health.CheckState) {
 		checks[i].ModifyIndex = h.index
 	}
 	h.obs <- health.Observation{NonPassing: &health.NonPassing{Index: h.index, Checks: checks}}
+}
+
+// onNodeWithSerf is m registered on node (its checks too), its serfHealth
+// check with the given status and ModifyIndex.
+func onNodeWithSerf(m health.Member, node string, serf health.CheckStatus, serfIdx uint64) health.Member {
+	m.Node = node
+	checks := make([]health.CheckState, len(m.Checks))
+	copy(checks, m.Checks)
+	for i := range checks {
+		checks[i].Node = node
+		if checks[i].CheckID == health.SerfHealthCheckID {
+			checks[i].Status, checks[i].ModifyIndex = serf, serfIdx
+		}
+	}
+	m.Checks = checks
+	return m
+}
+
+// settle waits until Run has applied every observation sent so far, and is
+// the view it published.
+func (h *syncHarness) settle() *View {
+	h.t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		v := h.s.View()
+		if v.ConsulIndex >= h.index {
+			return v
+		}
+		select {
+		case <-v.Changed():
+		case <-h.pubs:
+		case <-deadline:
+			h.t.Fatalf("the view never reached index %d", h.index)
+		}
+	}
+}
+
+// routesHealthy reports whether the settled view routes inst/sess as
+// healthy to an unconstrained dispatcher.
+func (h *syncHarness) routesHealthy(inst, sess string) bool {
+	h.t.Helper()
+	v := h.settle()
+	d := dispatcher(h.t, "")
+	for i, vd := range v.DecideAll(d) {
+		if e := v.Executors()[i]; e.InstanceID == inst && e.SessionID == sess && vd.Route == health.RouteHealthy {
+			return true
+		}
+	}
+	return false
 }
 
 func endpointsOf(t *testing.T, snap *cache.Snapshot, task string) []string {

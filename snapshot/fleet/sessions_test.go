@@ -9,14 +9,14 @@ import (
 	"github.com/leasehold/leasehold/internal/fleettest"
 )
 
-// TestAttack20cNamedSessionForgottenWhenItsNamerGoes: a leasehold started
+// TestSessionNamedAsReplacedStaysStaleWhenItsNamerGoes: a leasehold started
 // after x was replaced answers x STALE because y's registration names it.
-// When y then drains and deregisters, x is answered UNKNOWN again: the
-// history remembers y (with its generation) but not what y named, so an
-// answer this leasehold gave (STALE: discard the results) is taken back.
-// A dispatcher holding x's results that asks again gets "never seen".
-func TestAttack20cNamedSessionForgottenWhenItsNamerGoes(t *testing.T) {
-	a := a3New(t, clockwork.NewFakeClock(), false, []health.Dispatcher{{}})
+// When y then drains and deregisters, x stays STALE: the history remembers
+// what y named along with y, so an answer this leasehold gave (STALE: discard
+// the results) is not taken back, and a dispatcher holding x's results that
+// asks again is not told "never seen".
+func TestSessionNamedAsReplacedStaysStaleWhenItsNamerGoes(t *testing.T) {
+	a := newDirectSyncer(t, clockwork.NewFakeClock(), false, []health.Dispatcher{{}})
 	y := fleettest.Member("a", "i", "y", 3, 9001, "1.0.0", health.StatusPassing, 20)
 	y.Replaces = []string{"x"}
 	a.batch(health.Observation{Tasks: &health.TaskList{Index: 10, Tasks: []string{"a"}}},
@@ -37,12 +37,12 @@ func TestAttack20cNamedSessionForgottenWhenItsNamerGoes(t *testing.T) {
 	}
 }
 
-// TestAttack20cReplacesOnlyChange: a registration whose replaces meta alone
-// changes (same session, re-registered) is indexed again, in the
+// TestReplacesOnlyChangeIsIndexedAgain: a registration whose replaces meta
+// alone changes (same session, re-registered) is indexed again, in the
 // incremental syncer as in the full one.
-func TestAttack20cReplacesOnlyChange(t *testing.T) {
+func TestReplacesOnlyChangeIsIndexedAgain(t *testing.T) {
 	for _, full := range []bool{false, true} {
-		a := a3New(t, clockwork.NewFakeClock(), full, []health.Dispatcher{{}})
+		a := newDirectSyncer(t, clockwork.NewFakeClock(), full, []health.Dispatcher{{}})
 		y := fleettest.Member("a", "i", "y", 3, 9001, "1.0.0", health.StatusPassing, 20)
 		a.batch(health.Observation{Tasks: &health.TaskList{Index: 10, Tasks: []string{"a"}}},
 			health.Observation{Generations: &health.Generations{Index: 11}},

@@ -2,9 +2,13 @@ package fleet
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +18,11 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/jonboulle/clockwork"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // Several datacenters (Datacenters ["dc1", "dc2"], dc1 leasehold's own),
@@ -1118,4 +1124,271 @@ func TestDCsATinyLeaseTTLDoesNotMakeAnAnsweringDatacenterLost(t *testing.T) {
 		h.send("dc2", h.heartbeat("dc2")...)
 	}
 	h.expectLoad(local, mdcBothFromDC1)
+}
+
+// TestDCsCommonSilenceIsNoPartition: every datacenter is watched through
+// leasehold's one local agent. When that agent is away for longer than a
+// lease (restarted, upgraded, its host overloaded), no datacenter answers:
+// fail static, as documented. When it is back, whichever datacenter's watches
+// answer first (the local one: no WAN round trip; its back-offs ran out
+// first) must not make the others Lost at once because their silence, which
+// began with its own, already exceeds the lease: nothing shows a partition.
+// Otherwise every dc2 executor would leave every assignment until dc2 answers
+// again (for a failed watch: once every one of its per-task watches has
+// answered, after its back-off), and dispatchers in dc2 would be failed over
+// to dc1 across the WAN meanwhile. A datacenter is Lost only after being
+// silent for the bound while another answers.
+func TestDCsCommonSilenceIsNoPartition(t *testing.T) {
+	h := mdcStart(t)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	local, inDC2 := mdcDispatcher(t, ""), mdcDispatcher(t, "dc2")
+	h.subscribe(local, inDC2)
+	h.tickUntil(2*mdcTick, []string{"dc1", "dc2"}, nil)
+	h.waitLoad(local, mdcBothFromDC1)
+	h.waitLoad(inDC2, mdcBothFromDC2)
+
+	// The local agent is away: nobody answers for longer than a lease.
+	h.clock.Advance(mdcLost + 2*mdcTick)
+	h.nudge()
+	h.waitReach("dc1", health.Unanswered)
+	h.waitReach("dc2", health.Unanswered)
+	h.expectLoad(local, mdcBothFromDC1) // fail static
+	h.expectLoad(inDC2, mdcBothFromDC2)
+
+	// The agent is back; dc1's watches answer first.
+	h.send("dc1", h.heartbeat("dc1")...)
+	h.waitReach("dc1", health.Reached)
+	if r := h.reach("dc2"); r == health.Lost {
+		t.Errorf("dc2 is %s the moment dc1 answered after a silence both shared (it was never silent while another answered)", r)
+	}
+	if got := h.load(inDC2); got != mdcBothFromDC2 {
+		t.Errorf("the dispatcher in dc2 is served %q (its own datacenter's executors gone) after a common silence, want %q", got, mdcBothFromDC2)
+	}
+}
+
+// TestDCsSessionInTwoDatacentersIsAnsweredFromTheWorst: a session registered
+// in two datacenters (one executor process registered with two agents, or two
+// task types through two agents) is answered from the worst of its
+// registrations: dc2 unanswered → UNKNOWN; a lapse seen in dc2 → LAPSED, and
+// its dc1 registration leaves the assignments too.
+func TestDCsSessionInTwoDatacentersIsAnsweredFromTheWorst(t *testing.T) {
+	x1 := mdcExec{"dc1", "x", "s1", 1, "n1"}
+	x2 := mdcExec{"dc2", "x", "s1", 1, "n1"}
+	h := mdcStart(t, x1, x2)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	h.tickUntil(mdcTick, []string{"dc1", "dc2"}, nil)
+	h.expectSession("x", "s1", health.SessionCurrent)
+
+	// dc2 goes quiet: the session is not vouched for.
+	h.tickUntil(mdcTick+mdcQuiet+mdcTick, []string{"dc1"}, nil)
+	h.waitReach("dc2", health.Unanswered)
+	h.expectSession("x", "s1", health.SessionUnknown)
+
+	// dc2 answers with the lease critical: LAPSED, both registrations out.
+	lease := health.CheckState{Node: "n1", CheckID: mdcLeaseOf(x2), ServiceID: health.ServiceID("x", mdcTask), Status: health.StatusCritical, CreateIndex: 1}
+	h.send("dc2", h.nonPassing("dc2", lease), health.Observation{Progress: &health.Progress{Generations: h.next("dc2")}}, h.tasks("dc2"))
+	h.waitReach("dc2", health.Reached)
+	h.expectSession("x", "s1", health.SessionLapsed)
+	h.expectVerdict(local, "x", "s1", health.RouteNone, health.ReasonLapsed)
+	for _, e := range h.s.View().Executors() {
+		if v := h.s.View().Decide(e, local); v.Route != health.RouteNone {
+			t.Fatalf("%s/%s in %s routed (%s) after its session lapsed in dc2", e.InstanceID, e.SessionID, e.Datacenter, v.Route)
+		}
+	}
+}
+
+// TestDCsMovedInstanceStaysFencedThroughReach: an instance that moved from
+// dc1 to dc2 (README: it keeps counting its generation) keeps its old session
+// in dc1 STALE and unrouted however dc2's reach goes (quiet, lost, back), as
+// long as its new registration or its generation key in dc2 was read.
+func TestDCsMovedInstanceStaysFencedThroughReach(t *testing.T) {
+	old := mdcExec{"dc1", "x", "s1", 3, "n1"}
+	moved := mdcExec{"dc2", "x", "s2", 4, "n1"}
+	h := mdcStart(t, old, moved)
+	h.send("dc1", h.tasks("dc1"), h.nonPassing("dc1"), h.generations("dc1", map[string]uint64{"x": 3}), h.members("dc1"))
+	h.send("dc2", h.tasks("dc2"), h.nonPassing("dc2"), h.generations("dc2", map[string]uint64{"x": 4}), h.members("dc2"))
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	check := func(step string) {
+		t.Helper()
+		if st := h.session("x", "s1"); st.State != health.SessionStale {
+			t.Fatalf("%s: x/s1 %s (%s), want STALE", step, st.State, st.Detail)
+		}
+		h.expectVerdict(local, "x", "s1", health.RouteNone, health.ReasonFenced)
+	}
+	check("read")
+	h.tickUntil(mdcQuiet+mdcTick, []string{"dc1"}, func() { check("dc2 quiet") })
+	h.waitReach("dc2", health.Unanswered)
+	h.tickUntil(mdcLost+2*mdcTick, []string{"dc1"}, func() { check("dc2 going") })
+	h.waitReach("dc2", health.Lost)
+	check("dc2 lost")
+	if st := h.session("x", "s2"); st.State == health.SessionCurrent {
+		t.Fatalf("x/s2 in a lost datacenter answered CURRENT")
+	}
+	h.send("dc2", h.heartbeat("dc2")...)
+	h.waitReach("dc2", health.Reached)
+	check("dc2 back")
+	h.expectSession("x", "s2", health.SessionCurrent)
+}
+
+// The digests of singleDCDigest as the build before several datacenters
+// (336dbe1) computed them with this same function: a fleet of one unnamed
+// datacenter must be served exactly what it was served then.
+const (
+	singleDCBytes    = "ba7c5091848d0e0012902aaade1a1b0c383524008806790321fcbba85b69dcaf"
+	singleDCVersions = "fa06b0fb38c963844daa66c7207edacf44ac617ce5116456a960af90ff3e12d6"
+)
+
+// TestDCsOneUnnamedDatacenterIsServedTheSameBytes: a fleet of one unnamed
+// datacenter without zone labels is served the same bytes as before several
+// datacenters existed: every load assignment (three constraint sets,
+// incremental builds) and every resource of a syncer's snapshot, before and
+// after a lapse.
+func TestDCsOneUnnamedDatacenterIsServedTheSameBytes(t *testing.T) {
+	if got, _ := singleDCDigest(t); got != singleDCBytes {
+		t.Fatalf("bytes digest %s, want %s", got, singleDCBytes)
+	}
+}
+
+// TestDCsOneUnnamedDatacenterKeepsItsVersions: the same fleet's load
+// assignments keep their content versions too (locality.go: "layout stays 0
+// for one locality without names: the content alone versions it"), so an
+// endpoint's digest must not hash a locality that has neither datacenter nor
+// zone. Otherwise every EDS version
+// of every single-datacenter deployment would change on upgrade, and during a
+// rolling upgrade replicas would disagree on the version of identical content
+// (one needless push of every assignment to every client that moves between
+// them).
+func TestDCsOneUnnamedDatacenterKeepsItsVersions(t *testing.T) {
+	if _, got := singleDCDigest(t); got != singleDCVersions {
+		t.Fatalf("versions digest %s, want %s (the bytes are the same)", got, singleDCVersions)
+	}
+}
+
+// singleDCDigest builds load assignments and a syncer's snapshots for a
+// fleet of one unnamed datacenter without zone labels, and digests every
+// byte and version of them.
+func singleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
+	t.Helper()
+	fleet := func() []health.Executor {
+		es := make([]health.Executor, 300)
+		for i := range es {
+			st := health.StateActive
+			if i%7 == 0 {
+				st = health.StateDraining
+			}
+			v := "1.4.2"
+			if i%5 == 0 {
+				v = "2.0.0"
+			}
+			es[i] = health.Executor{
+				Registration: health.Registration{
+					InstanceID: fmt.Sprintf("exec-%04d", i), SessionID: "s", Generation: 1, Task: "work",
+					Address: fmt.Sprintf("10.0.%d.%d", i/200, (i%200)/1+1-(i%19)/18), Port: 9000 + i%3, Version: v, Capacity: 8,
+					State: st, Labels: map[string]string{"rack": fmt.Sprintf("r%d", i%3)},
+				},
+				ServiceID: fmt.Sprintf("work:exec-%04d", i), Node: fmt.Sprintf("n%d", i%50), CreateIndex: uint64(100 + i),
+				LeaseStatus: health.StatusPassing, LeaseFound: i%17 != 0, NodeChecks: health.StatusPassing, Load: i % 8,
+			}
+			if i%11 == 0 {
+				es[i].LeaseStatus = health.StatusCritical
+			}
+			if i%13 == 0 {
+				es[i].Load = 8
+			}
+		}
+		return es
+	}
+	hb, hv := sha256.New(), sha256.New()
+	out := func(parts ...any) { fmt.Fprintln(hb, parts...) }
+	ver := func(parts ...any) { fmt.Fprintln(hv, parts...) }
+	d0, _ := health.NewDispatcher("", nil)
+	d1, _ := health.NewDispatcher(">=1.0.0, <2.0.0", map[string]string{"rack": "r1"})
+	d2 := d0.WithTasks([]string{"work"})
+	for _, d := range []health.Dispatcher{d0, d1, d2} {
+		es := fleet()
+		bl := &translator.Builder{}
+		for step := range 4 {
+			r := bl.BuildPrinted("work", es, nil, d)
+			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r.CLA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out(d.Key(), step, hex.EncodeToString(b), r.RemovesOrDrains)
+			ver(d.Key(), step, r.Version)
+			es[step*7+1].Load = (es[step*7+1].Load + 3) % 9
+			es[step*11+2].State = health.StateDraining
+			es = es[:len(es)-step]
+		}
+	}
+
+	// The syncer: one unnamed datacenter.
+	obs := make(chan health.Observation, 16)
+	pubs := make(chan *cache.Snapshot, 64)
+	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clockwork.NewFakeClock(),
+		OnPublish: func(_ string, snap *cache.Snapshot) { pubs <- snap }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx, obs); close(done) }()
+	defer func() { cancel(); <-done }()
+	var members []health.Member
+	for i, e := range fleet()[:40] {
+		e.LeaseStatus, e.LeaseFound, e.NodeChecks = "", false, ""
+		members = append(members, health.Member{Executor: e, Checks: []health.CheckState{
+			{Node: e.Node, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: 1},
+			{Node: e.Node, CheckID: health.CheckID(e.InstanceID, e.SessionID, "work"), ServiceID: e.ServiceID, Status: health.StatusPassing, Output: fmt.Sprintf("load=%d", i%8), CreateIndex: e.CreateIndex, ModifyIndex: e.CreateIndex},
+		}})
+	}
+	obs <- health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}}
+	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 2}}
+	obs <- health.Observation{Generations: &health.Generations{Index: 3, Keys: fleettest.Keys(map[string]uint64{"exec-0003": 2})}}
+	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 500, Members: members}}
+	for !s.View().Synced {
+		<-s.View().Changed()
+	}
+	s.Subscribe(d1)
+	snapOut := func(step string) {
+		snap, ok := s.Snapshot(d1.Key())
+		if !ok {
+			t.Fatalf("%s: no snapshot", step)
+		}
+		for _, url := range []string{resource.ClusterType, resource.EndpointType, resource.ListenerType, resource.RouteType} {
+			ver(step, url, snap.GetVersion(url))
+			res := snap.GetResources(url)
+			names := make([]string, 0, len(res))
+			for n := range res {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			for _, n := range names {
+				b, err := proto.MarshalOptions{Deterministic: true}.Marshal(res[n])
+				if err != nil {
+					t.Fatal(err)
+				}
+				out(step, n, hex.EncodeToString(b))
+			}
+		}
+	}
+	snapOut("subscribed")
+	lapse := members[4].Checks[1]
+	lapse.Status, lapse.ModifyIndex = health.StatusCritical, 600
+	before, _ := s.Snapshot(d1.Key())
+	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 600, Checks: []health.CheckState{lapse}}}
+	for {
+		snap, _ := s.Snapshot(d1.Key())
+		if snap.GetVersion(resource.EndpointType) != before.GetVersion(resource.EndpointType) {
+			break
+		}
+		select {
+		case <-pubs:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the lapse was not published")
+		}
+	}
+	snapOut("lapsed")
+	return hex.EncodeToString(hb.Sum(nil)), hex.EncodeToString(hv.Sum(nil))
 }
