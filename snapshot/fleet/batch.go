@@ -208,23 +208,6 @@ func (s *Syncer) replaceMemberships(tasks []fleetKey, instances map[string]struc
 	}
 }
 
-// markLapseMarks: lapse marks (recorded by any replica, before any restart)
-// that changed have the registrations of the sessions they name joined
-// again, now lapsed.
-func (s *Syncer) markLapseMarks(instances map[string]struct{}) {
-	if s.marksGen != s.marksJoinedGen {
-		for inst := range s.mergeMarks() {
-			instances[inst] = struct{}{}
-			for _, ts := range s.fleet {
-				for _, i := range ts.insts[inst] {
-					ts.mark(i)
-				}
-			}
-		}
-		s.marksJoinedGen = s.marksGen
-	}
-}
-
 // rememberChanges remembers the sessions and fingerprints what changed.
 func (s *Syncer) rememberChanges(tasks []fleetKey, r *batchResult) {
 	for _, task := range tasks {
@@ -351,7 +334,7 @@ func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct
 		}
 		for _, e := range group {
 			if e.Err == nil {
-				e.LapseSeen = e.Unconfirmed == "" && s.lapsed[[2]string{e.InstanceID, e.SessionID}]
+				e.LapseSeen = e.Unconfirmed == "" && s.lapsed[health.SessionKey{Instance: e.InstanceID, Session: e.SessionID}]
 			}
 		}
 	}
@@ -362,8 +345,8 @@ func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct
 // before a restart, or by another one: a lapse mark).
 func (s *Syncer) noteLapse(ctx context.Context, e *health.Executor, r *batchResult) {
 	// Session ids are only unique per instance by contract.
-	sk := [2]string{e.InstanceID, e.SessionID}
-	if _, marked := s.marked[sk]; !s.lapsed[sk] && (marked || s.lapsedBefore(*e)) {
+	sk := health.SessionKey{Instance: e.InstanceID, Session: e.SessionID}
+	if marked := s.marks.marked(sk); !s.lapsed[sk] && (marked || s.lapsedBefore(*e)) {
 		s.lapsed[sk] = true // it reappeared, or another replica (or this one before a restart) saw it lapse: once lapsed, always lapsed
 	}
 	// A re-created lease check ends the session as a lapse does (and is
@@ -427,7 +410,7 @@ func (s *Syncer) countPresence(ts *taskState, sign int, instances map[string]str
 		if e.Err != nil {
 			continue
 		}
-		sk := [2]string{e.InstanceID, e.SessionID}
+		sk := health.SessionKey{Instance: e.InstanceID, Session: e.SessionID}
 		if s.sessions[sk] += sign; s.sessions[sk] <= 0 {
 			delete(s.sessions, sk)
 			delete(s.lapsed, sk)

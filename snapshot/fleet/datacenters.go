@@ -123,55 +123,6 @@ func (d *dcState) heard() time.Time {
 	return h
 }
 
-// mergeMarks takes every datacenter's lapse marks in and returns the
-// instances whose marks changed.
-func (s *Syncer) mergeMarks() map[string]struct{} {
-	marked := map[[2]string]health.LapseMark{}
-	byInst := map[string][]health.LapseMark{}
-	for _, d := range s.dcs {
-		for _, m := range d.marks {
-			k := [2]string{m.InstanceID, m.SessionID}
-			if _, dup := marked[k]; !dup {
-				marked[k] = m
-				byInst[m.InstanceID] = append(byInst[m.InstanceID], m)
-			}
-		}
-	}
-	changed := map[string]struct{}{}
-	for k := range marked {
-		if _, ok := s.marked[k]; !ok {
-			changed[k[0]] = struct{}{}
-		}
-	}
-	for k := range s.marked {
-		if _, ok := marked[k]; !ok {
-			changed[k[0]] = struct{}{}
-		}
-	}
-	s.marked, s.markedBy = marked, byInst
-	for k := range s.unmarked {
-		if _, ok := marked[k]; ok {
-			delete(s.unmarked, k)
-			s.unmarkedView = nil
-		}
-	}
-	return changed
-}
-
-// awaitMark notes that session k's lapse is being recorded (OnLapse): its
-// answers wait for the mark to be read back (View.LapseUnrecorded), when
-// the marks are read at all.
-func (s *Syncer) awaitMark(k [2]string) {
-	if !s.cfg.AwaitLapses {
-		return
-	}
-	if s.unmarked == nil {
-		s.unmarked = map[[2]string]struct{}{}
-	}
-	s.unmarked[k] = struct{}{}
-	s.unmarkedView = nil
-}
-
 // dc is the state of datacenter name, created on first use.
 func (s *Syncer) dc(name string) *dcState {
 	d := s.dcs[name]
@@ -367,4 +318,16 @@ func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
 		}
 	}
 	return next
+}
+
+// consulIndex is the highest index of any answer from datacenter dc.
+func (s *Syncer) consulIndex(dc string) uint64 {
+	d := s.dc(dc)
+	index := max(d.np.Index(), d.genIndex, d.marksIndex)
+	for k, m := range s.members {
+		if k.dc == dc {
+			index = max(index, m.Index)
+		}
+	}
+	return index
 }

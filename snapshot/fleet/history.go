@@ -88,7 +88,7 @@ func (s *Syncer) remember(e *health.Executor) {
 	for len(h) > historyPerInstance {
 		drop := -1
 		for j := len(h) - 1; j >= 0; j-- {
-			if s.sessions[[2]string{e.InstanceID, h[j].SessionID}] > 0 {
+			if s.sessions[health.SessionKey{Instance: e.InstanceID, Session: h[j].SessionID}] > 0 {
 				continue
 			}
 			if !h[j].Lapsed {

@@ -86,7 +86,7 @@ func (s *Syncer) indexSessions(tasks []fleetKey, instances map[string]struct{}) 
 // remember (a restart, another replica's view), its lapse marks.
 func (s *Syncer) pastOf(inst string) []health.PastSession {
 	past := s.history.get(inst)
-	marks := s.markedBy[inst]
+	marks := s.marks.byInstance[inst]
 	if len(marks) == 0 {
 		return past
 	}

@@ -332,7 +332,8 @@ func TestSyncerForgetsGenerationsWhenConsulLosesItsState(t *testing.T) {
 	if got := endpointsOf(t, p.snap, "work"); len(got) != 1 {
 		t.Fatalf("new session fenced by a generation from before the state loss: %v", got)
 	}
-	if st := h.s.View().Sessions().Check("a", "new"); st.State != health.SessionCurrent {
+	// OnPublish runs before the view is published: wait for the view.
+	if st := h.settle().Sessions().Check("a", "new"); st.State != health.SessionCurrent {
 		t.Fatalf("new session %s", st.State)
 	}
 }

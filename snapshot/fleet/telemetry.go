@@ -2,32 +2,19 @@ package fleet
 
 import (
 	"context"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
-	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
-// Publication describes one snapshot set in the cache, for the xDS server's
-// push tracing and lapse-to-push latency.
-type Publication struct {
-	Group        string
-	Snapshot     *cache.Snapshot
-	Ctx          context.Context // carries the span of the cache update, if traced
-	LapsedAt     time.Time       // when Consul reported the earliest lapse this publication removes (zero: none)
-	RemovedTasks []string        // task types whose endpoints lost or drained one
-}
-
-// Notify registers f to be called (from Run; it must not block) for every
-// publication, just before the snapshot is set, so it hears of it before any
-// response the snapshot causes. Call before Run.
-func (s *Syncer) Notify(f func(Publication)) { s.listeners = append(s.listeners, f) }
-
+// syncTelemetry are the Syncer's instruments and tracer.
 type syncTelemetry struct {
 	groupCount atomic.Int64
 	tracer     trace.Tracer
@@ -126,14 +113,80 @@ func (s *Syncer) initTelemetry() {
 // the change span).
 type execDiff struct{ added, changed, removed int }
 
-// consulIndex is the highest index of any answer from datacenter dc.
-func (s *Syncer) consulIndex(dc string) uint64 {
-	d := s.dc(dc)
-	index := max(d.np.Index(), d.genIndex, d.marksIndex)
-	for k, m := range s.members {
-		if k.dc == dc {
-			index = max(index, m.Index)
+// changeTrace is the trace of one batch that matters (a task type changed or
+// a session lapsed): the root span covers the batch, its children the
+// eligibility decisions, the snapshot build and (publish) each cache update.
+// Its zero value traces nothing.
+type changeTrace struct {
+	tracer      trace.Tracer
+	root, build trace.Span
+}
+
+// traceChange starts the trace of batch r, whose decisions took from started
+// to decided; the context returned carries the root span, if any.
+func (s *Syncer) traceChange(ctx context.Context, r batchResult, started, decided time.Time) (context.Context, changeTrace) {
+	changed, lapses := r.changed, r.lapses
+	if len(changed) == 0 && len(lapses) == 0 {
+		return ctx, changeTrace{}
+	}
+	diff := r.diff
+	ctx, root := s.tracer.Start(ctx, "leasehold.consul_change", trace.WithTimestamp(s.batchStart),
+		trace.WithAttributes(
+			attribute.Int64("consul.index", int64(s.consulIndex(s.localDC()))),
+			attribute.StringSlice("leasehold.tasks_changed", changed),
+			attribute.Int("leasehold.instances.added", diff.added),
+			attribute.Int("leasehold.instances.changed", diff.changed),
+			attribute.Int("leasehold.instances.removed", diff.removed),
+			attribute.Int("leasehold.instances.lapsed", len(lapses)),
+		))
+	for _, e := range lapses {
+		root.AddEvent("lease lapsed", trace.WithAttributes(
+			attribute.String("leasehold.instance_id", e.InstanceID), attribute.String("leasehold.session_id", e.SessionID),
+			attribute.String("leasehold.task", e.Task)))
+	}
+	_, el := s.tracer.Start(ctx, "leasehold.eligibility", trace.WithTimestamp(started), trace.WithAttributes(attribute.Int("leasehold.executors", r.present)))
+	el.End(trace.WithTimestamp(decided))
+	return ctx, changeTrace{tracer: s.tracer, root: root}
+}
+
+// startBuild starts the snapshot build's span, a leaf: the rebuilds are not
+// traced one by one.
+func (t *changeTrace) startBuild(ctx context.Context, groups int, tasks []string) {
+	if t.root == nil {
+		return
+	}
+	_, t.build = t.tracer.Start(ctx, "leasehold.snapshot_build", trace.WithAttributes(attribute.Int("leasehold.groups", groups), attribute.StringSlice("leasehold.tasks", tasks)))
+}
+
+// built records how long the build took since the decisions and ends its
+// span.
+func (s *Syncer) built(ctx context.Context, t *changeTrace, decided time.Time) {
+	s.buildTime.Record(ctx, time.Since(decided).Seconds())
+	if t.build != nil {
+		t.build.End()
+	}
+}
+
+// end ends the batch's trace, once everything it decided is published.
+func (t *changeTrace) end() {
+	if t.root != nil {
+		t.root.End()
+	}
+}
+
+// explainBuild counts and logs what the rules in observe mode would have
+// excluded from a group's load assignment of task (routed all the same) and,
+// at debug level, logs every decision.
+func (s *Syncer) explainBuild(g *group, task string, execs []health.Executor, observed []translator.ObservedDecision) {
+	for _, o := range observed {
+		for _, x := range o.Exclusions {
+			s.wouldExclude.Add(context.Background(), 1, metric.WithAttributes(attribute.String("rule", string(x.Reason)), attribute.String("task", task)))
+			s.log.Info("rule in observe mode would exclude; routed", "rule", x.Reason, "detail", x.Detail, "instance_id", o.InstanceID, "session_id", o.SessionID, "task", task, "group", g.d.Key())
 		}
 	}
-	return index
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		for _, d := range translator.Decide(execs, g.d, s.observed(task, g.d)...) {
+			s.log.Debug("decision", "group", g.d.Key(), "task", task, "instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID, "route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
+		}
+	}
 }

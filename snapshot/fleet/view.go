@@ -30,7 +30,7 @@ type View struct {
 	NonPassingIndex, GenerationsIndex uint64
 	Local                             string // leasehold's own datacenter ("" with one, unnamed)
 	dcs                               map[string]DCIndexes
-	unmarked                          map[[2]string]struct{} // shared with the syncer: never written
+	unrecorded                        map[health.SessionKey]struct{} // shared with the syncer: never written
 
 	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
 	flatOnce sync.Once
@@ -96,7 +96,7 @@ func (v *View) Datacenters() []string {
 // — the index at which the lapse became final for every replica, which a
 // LAPSED answer carries.
 func (v *View) LapseUnrecorded(instanceID, sessionID string) bool {
-	_, ok := v.unmarked[[2]string{instanceID, sessionID}]
+	_, ok := v.unrecorded[health.SessionKey{Instance: instanceID, Session: sessionID}]
 	return ok
 }
 
@@ -140,11 +140,11 @@ func (s *Syncer) publishView() {
 		dcs[name] = DCIndexes{ConsulIndex: s.consulIndex(name), NonPassingIndex: d.np.Index(), GenerationsIndex: d.genIndex, LapsesIndex: d.marksIndex,
 			Refreshed: d.refreshed, Reach: d.reach, ReachDetail: d.reachDetail, ShortestLease: s.shortestLease(name)}
 	}
-	if s.unmarkedView == nil && len(s.unmarked) > 0 {
-		s.unmarkedView = maps.Clone(s.unmarked)
+	if s.marks.awaitedView == nil && len(s.marks.awaited) > 0 {
+		s.marks.awaitedView = maps.Clone(s.marks.awaited)
 	}
 	l := dcs[local]
-	v := &View{unmarked: s.unmarkedView, ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: l.Refreshed,
+	v := &View{unrecorded: s.marks.awaitedView, ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: l.Refreshed,
 		NonPassingIndex: l.NonPassingIndex, GenerationsIndex: l.GenerationsIndex, Local: local, dcs: dcs, changed: make(chan struct{})}
 	old := s.view.Swap(v)
 	close(old.changed)
