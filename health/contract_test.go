@@ -34,17 +34,23 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"ipv6 address", func(r *Registration) { r.Address = "::1" }, nil},
 		{"prerelease version", func(r *Registration) { r.Version = "2.0.0-rc.1" }, nil},
 		{"empty instance", func(r *Registration) { r.InstanceID = "" }, []string{"instance_id"}},
-		{"instance with slash", func(r *Registration) { r.InstanceID = "a/b" }, []string{"instance_id"}},
-		{"instance with colon", func(r *Registration) { r.InstanceID = "a:b" }, []string{"instance_id"}},
-		{"instance too long", func(r *Registration) { r.InstanceID = strings.Repeat("a", 129) }, []string{"instance_id"}},
+		{"instance with slash", func(r *Registration) { r.InstanceID = "a/b" },
+			[]string{"instance_id"}},
+		{"instance with colon", func(r *Registration) { r.InstanceID = "a:b" },
+			[]string{"instance_id"}},
+		{"instance too long", func(r *Registration) { r.InstanceID = strings.Repeat("a", 129) },
+			[]string{"instance_id"}},
 		{"empty session", func(r *Registration) { r.SessionID = "" }, []string{"session_id"}},
 		{"no generation", func(r *Registration) { r.Generation = 0 }, []string{"generation"}},
 		{"empty task", func(r *Registration) { r.Task = "" }, []string{"task"}},
 		{"task with underscore", func(r *Registration) { r.Task = "trans_code" }, []string{"task"}},
-		{"task too long", func(r *Registration) { r.Task = strings.Repeat("t", 64) }, []string{"task"}},
+		{"task too long", func(r *Registration) { r.Task = strings.Repeat("t", 64) },
+			[]string{"task"}},
 		{"empty address", func(r *Registration) { r.Address = "" }, []string{"address"}},
-		{"unspecified address", func(r *Registration) { r.Address = "0.0.0.0" }, []string{"address"}},
-		{"garbage address", func(r *Registration) { r.Address = "not a host!" }, []string{"address"}},
+		{"unspecified address", func(r *Registration) { r.Address = "0.0.0.0" },
+			[]string{"address"}},
+		{"garbage address", func(r *Registration) { r.Address = "not a host!" },
+			[]string{"address"}},
 		{"port zero", func(r *Registration) { r.Port = 0 }, []string{"port"}},
 		{"port too big", func(r *Registration) { r.Port = 70000 }, []string{"port"}},
 		{"bad semver", func(r *Registration) { r.Version = "1.2" }, []string{"version"}},
@@ -53,12 +59,19 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"zero capacity", func(r *Registration) { r.Capacity = 0 }, []string{"capacity"}},
 		{"negative capacity", func(r *Registration) { r.Capacity = -3 }, []string{"capacity"}},
 		{"bad state", func(r *Registration) { r.State = "gone" }, []string{"state"}},
-		{"label key with dot", func(r *Registration) { r.Labels = map[string]string{"a.b": "x"} }, []string{"label_a.b"}},
-		{"label key empty", func(r *Registration) { r.Labels = map[string]string{"": "x"} }, []string{"labels"}},
-		{"label key too long", func(r *Registration) { r.Labels = map[string]string{strings.Repeat("k", 123): "x"} }, []string{"label_" + strings.Repeat("k", 123)}},
-		{"label value too long", func(r *Registration) { r.Labels = map[string]string{"zone": long} }, []string{"label_zone"}},
+		{"label key with dot", func(r *Registration) { r.Labels = map[string]string{"a.b": "x"} },
+			[]string{"label_a.b"}},
+		{"label key empty", func(r *Registration) { r.Labels = map[string]string{"": "x"} },
+			[]string{"labels"}},
+		{"label key too long",
+			func(r *Registration) { r.Labels = map[string]string{strings.Repeat("k", 123): "x"} },
+			[]string{"label_" + strings.Repeat("k", 123)}},
+		{"label value too long",
+			func(r *Registration) { r.Labels = map[string]string{"zone": long} },
+			[]string{"label_zone"}},
 		{"too many labels", func(r *Registration) { r.Labels = many }, []string{"labels"}},
-		{"several at once", func(r *Registration) { r.InstanceID = ""; r.Capacity = 0 }, []string{"instance_id", "capacity"}},
+		{"several at once", func(r *Registration) { r.InstanceID = ""; r.Capacity = 0 },
+			[]string{"instance_id", "capacity"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -93,7 +106,8 @@ func TestMetaRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, r)
 	}
-	if meta["label_zone"] != "eu-1" || meta["capacity"] != "4" || meta["state"] != "active" || meta["generation"] != "3" {
+	if meta["label_zone"] != "eu-1" || meta["capacity"] != "4" || meta["state"] != "active" ||
+		meta["generation"] != "3" {
 		t.Fatalf("meta encoding: %v", meta)
 	}
 }
@@ -156,7 +170,8 @@ func TestReplacesMeta(t *testing.T) {
 		t.Fatalf("round trip: %v, %v", got.Replaces, err)
 	}
 	meta[MetaReplaces] = ""
-	if _, err := ParseRegistration(r.Task, r.Address, r.Port, meta); !reflect.DeepEqual(Fields(err), []string{MetaReplaces}) {
+	if _, err := ParseRegistration(r.Task, r.Address, r.Port, meta); !reflect.DeepEqual(Fields(err),
+		[]string{MetaReplaces}) {
 		t.Fatalf("empty replaces: %v", err)
 	}
 	if _, ok := validReg().Meta()[MetaReplaces]; ok {
@@ -165,7 +180,8 @@ func TestReplacesMeta(t *testing.T) {
 	long := strings.Repeat("s", maxIDLen)
 	r.Replaces = []string{long[:maxIDLen-1] + "1", long[:maxIDLen-1] + "2", long[:maxIDLen-1] + "3"}
 	if v := r.Meta()[MetaReplaces]; len(v) > consulMetaValueMaxLen || r.Validate() != nil {
-		t.Fatalf("%d of the longest ids take %d bytes (Consul allows %d): %v", MaxReplaces, len(v), consulMetaValueMaxLen, r.Validate())
+		t.Fatalf("%d of the longest ids take %d bytes (Consul allows %d): %v", MaxReplaces, len(v),
+			consulMetaValueMaxLen, r.Validate())
 	}
 }
 
@@ -198,7 +214,8 @@ func TestIDs(t *testing.T) {
 	if !ok || inst != "exec-1" || sess != "s1" || task != "transcode" {
 		t.Fatalf("ParseCheckID = %q %q %q %v", inst, sess, task, ok)
 	}
-	for _, bad := range []string{"serfHealth", "lease:a:b", "lease::s:t", "other:a:b:c", "lease:a:b:c:d"} {
+	for _, bad := range []string{"serfHealth", "lease:a:b", "lease::s:t", "other:a:b:c",
+		"lease:a:b:c:d"} {
 		if _, _, _, ok := ParseCheckID(bad); ok {
 			t.Errorf("ParseCheckID(%q) accepted", bad)
 		}
@@ -232,7 +249,8 @@ func TestLeaseTTLMeta(t *testing.T) {
 		t.Fatalf("parsed lease_ttl %s, %v", got.LeaseTTL, err)
 	}
 	delete(meta, MetaLeaseTTL)
-	if got, err := ParseRegistration(r.Task, r.Address, r.Port, meta); err != nil || got.LeaseTTL != 0 {
+	if got, err := ParseRegistration(r.Task, r.Address, r.Port, meta); err != nil ||
+		got.LeaseTTL != 0 {
 		t.Fatalf("absent lease_ttl read as %s, %v", got.LeaseTTL, err)
 	}
 	r.LeaseTTL = 48 * time.Hour
@@ -260,8 +278,8 @@ func TestFiftyEightLabelsWithoutReplacesStillRead(t *testing.T) {
 	}
 	got, err := ParseRegistration(r.Task, r.Address, r.Port, meta)
 	if err != nil {
-		t.Fatalf("a registration of %d labels without replaces (%d meta pairs, what Consul accepts) "+
-			"is refused: %v", len(r.Labels), len(meta), err)
+		t.Fatalf("a registration of %d labels without replaces (%d meta pairs, what Consul "+
+			"accepts) is refused: %v", len(r.Labels), len(meta), err)
 	}
 	if len(got.Labels) != len(r.Labels) {
 		t.Fatalf("labels %d", len(got.Labels))
@@ -277,7 +295,8 @@ func TestFiftyEightLabelsWithoutReplacesStillRead(t *testing.T) {
 	if !reflect.DeepEqual(Fields(r.Validate()), []string{"labels"}) {
 		t.Fatalf("Validate with 58 labels: %v", r.Validate())
 	}
-	if !reflect.DeepEqual(Fields(validateLabels(r.Labels, fixedMetaKeys).err()), []string{"labels"}) {
+	if !reflect.DeepEqual(Fields(validateLabels(r.Labels, fixedMetaKeys).err()),
+		[]string{"labels"}) {
 		t.Fatal("validateLabels with 58 labels accepted")
 	}
 	delete(r.Labels, "k00")

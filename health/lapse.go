@@ -54,7 +54,8 @@ func ParseLapseMark(key string, value []byte) (LapseMark, error) {
 	rest, ok := strings.CutPrefix(key, LapseMarkPrefix)
 	inst, sess, ok2 := strings.Cut(rest, "/")
 	if !ok || !ok2 {
-		return LapseMark{}, fmt.Errorf("lapse mark %q: want %s<instance_id>/<session_id>", key, LapseMarkPrefix)
+		return LapseMark{}, fmt.Errorf("lapse mark %q: want %s<instance_id>/<session_id>", key,
+			LapseMarkPrefix)
 	}
 	if err := ValidateSessionQuery(inst, sess); err != nil {
 		return LapseMark{}, fmt.Errorf("lapse mark %q: %w", key, err)

@@ -30,7 +30,8 @@ func TestRolloutLoadBalancing(t *testing.T) {
 	for _, tt := range []struct{ json, field string }{
 		{`{"load_balancing":{"default":"random"}}`, "load_balancing.default"},
 		{`{"load_balancing":{"tasks":{"batch":"maglev"}}}`, `load_balancing.tasks["batch"]`},
-		{`{"load_balancing":{"tasks":{"bad task":"round_robin"}}}`, `load_balancing.tasks["bad task"]`},
+		{`{"load_balancing":{"tasks":{"bad task":"round_robin"}}}`,
+			`load_balancing.tasks["bad task"]`},
 		{`{"load_balancing":{"policy":"round_robin"}}`, "policy"},
 	} {
 		_, err := ParseRollout([]byte(tt.json))
@@ -50,7 +51,8 @@ func TestHugeLoadBalancingMapIsRefusedNamingTheField(t *testing.T) {
 		if i > 0 {
 			b.WriteString(",")
 		}
-		name := "bad_" + strings.Repeat("x", 100) + string(rune('a'+i%26)) + "_" + strings.Repeat("y", i%7)
+		name := "bad_" + strings.Repeat("x",
+			100) + string(rune('a'+i%26)) + "_" + strings.Repeat("y", i%7)
 		b.WriteString(`"` + name + `":"round_robin"`)
 	}
 	b.WriteString(`}}}`)

@@ -17,17 +17,21 @@ func TestIndexSessions(t *testing.T) {
 	ix := IndexSessions([]Executor{
 		base("a", "s1", "t1", nil),
 		base("a", "s1", "t2", nil),
-		base("b", "old", "t1", func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "new", 7 }),
+		base("b", "old", "t1",
+			func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "new", 7 }),
 		base("b", "new", "t1", nil),
 		base("c", "s1", "t1", func(e *Executor) { e.LeaseStatus = StatusCritical }),
 		base("d", "s1", "t1", func(e *Executor) { e.LapseSeen = true }),
 		base("e", "s1", "t1", func(e *Executor) { e.State = StateDraining }),
-		base("f", "s1", "t1", func(e *Executor) { e.NodeFailed, e.NodeChecks = true, StatusCritical }),
-		base("f2", "s1", "t1", func(e *Executor) { e.NodeChecks = StatusCritical }), // a node check of the operator's: not routed, still current
+		base("f", "s1", "t1",
+			func(e *Executor) { e.NodeFailed, e.NodeChecks = true, StatusCritical }),
+		// A node check of the operator's: not routed, still current.
+		base("f2", "s1", "t1", func(e *Executor) { e.NodeChecks = StatusCritical }),
 		base("g", "s1", "t1", nil),
 		base("g", "s1", "t2", func(e *Executor) { e.LeaseStatus = StatusCritical }), // worst wins
 		base("h", "s1", "t1", func(e *Executor) { e.Err = errTest }),
-		base("i", "s1", "t1", func(e *Executor) { e.LeaseStatus = StatusWarning }), // full is still current
+		// Full is still current.
+		base("i", "s1", "t1", func(e *Executor) { e.LeaseStatus = StatusWarning }),
 		base("j", "s2", "t1", func(e *Executor) { e.Generation = 5 }),
 	}, []PastSession{
 		{InstanceID: "j", SessionID: "s1", Generation: 4}, // replaced on its agent
@@ -40,9 +44,11 @@ func TestIndexSessions(t *testing.T) {
 	}{
 		{"a", "s1", SessionCurrent}, {"b", "old", SessionStale}, {"b", "new", SessionCurrent},
 		{"c", "s1", SessionLapsed}, {"d", "s1", SessionLapsed}, {"e", "s1", SessionDraining},
-		{"f", "s1", SessionLapsed}, {"f2", "s1", SessionCurrent}, {"g", "s1", SessionLapsed}, {"h", "s1", SessionUnknown},
+		{"f", "s1", SessionLapsed}, {"f2", "s1", SessionCurrent}, {"g", "s1", SessionLapsed},
+		{"h", "s1", SessionUnknown},
 		{"i", "s1", SessionCurrent}, {"zz", "s1", SessionUnknown}, {"a", "other", SessionUnknown},
-		{"j", "s1", SessionStale}, {"j", "s2", SessionCurrent}, {"k", "s1", SessionLapsed}, {"l", "s1", SessionUnknown},
+		{"j", "s1", SessionStale}, {"j", "s2", SessionCurrent}, {"k", "s1", SessionLapsed},
+		{"l", "s1", SessionUnknown},
 	} {
 		got := ix.Check(tt.inst, tt.sess)
 		if got.State != tt.want || got.Detail == "" {
@@ -76,11 +82,14 @@ func TestSessionsNamedAsReplacedAreStale(t *testing.T) {
 	ix := IndexSessions([]Executor{
 		reg("a", "s3", 3, []string{"s2", "s1"}, nil),
 		reg("b", "s2", 2, []string{"s1"}, nil),
-		reg("b", "s5", 5, nil, func(e *Executor) { e.Task = "other" }), // newer than the one naming s1
+		// Newer than the one naming s1.
+		reg("b", "s5", 5, nil, func(e *Executor) { e.Task = "other" }),
 		reg("c", "s2", 2, []string{"s1"}, func(e *Executor) { e.Err = errTest }),
-		reg("d", "s2", 2, []string{"s1"}, func(e *Executor) { e.LeaseStatus = StatusCritical }), // a lapsed namer is still newer
+		// A lapsed namer is still newer.
+		reg("d", "s2", 2, []string{"s1"}, func(e *Executor) { e.LeaseStatus = StatusCritical }),
 	}, []PastSession{
-		{InstanceID: "a", SessionID: "s1", Generation: 9, Lapsed: true}, // remembered above its namer: the generation orders it (the namer broke the contract)
+		// Remembered above its namer: the generation orders it (the namer broke the contract).
+		{InstanceID: "a", SessionID: "s1", Generation: 9, Lapsed: true},
 		{InstanceID: "a", SessionID: "s0", Generation: 9, Lapsed: true},
 	})
 	for _, tt := range []struct {
@@ -88,22 +97,26 @@ func TestSessionsNamedAsReplacedAreStale(t *testing.T) {
 		want       SessionState
 		newer      string
 	}{
-		{"a", "s1", SessionLapsed, ""}, {"a", "s2", SessionStale, "s3"}, {"a", "s3", SessionCurrent, ""},
+		{"a", "s1", SessionLapsed, ""}, {"a", "s2", SessionStale, "s3"},
+		{"a", "s3", SessionCurrent, ""},
 		{"a", "s0", SessionLapsed, ""}, {"a", "s4", SessionUnknown, ""},
 		{"b", "s1", SessionStale, "s5"},
-		{"c", "s1", SessionUnknown, ""}, // a registration that breaks the contract vouches for nothing
+		// A registration that breaks the contract vouches for nothing.
+		{"c", "s1", SessionUnknown, ""},
 		{"d", "s1", SessionStale, "s2"},
 	} {
 		got := ix.Check(tt.inst, tt.sess)
 		if got.State != tt.want || got.NewerSessionID != tt.newer || got.Detail == "" {
-			t.Errorf("%s/%s = %s newer %q (%q), want %s newer %q", tt.inst, tt.sess, got.State, got.NewerSessionID, got.Detail, tt.want, tt.newer)
+			t.Errorf("%s/%s = %s newer %q (%q), want %s newer %q", tt.inst, tt.sess, got.State,
+				got.NewerSessionID, got.Detail, tt.want, tt.newer)
 		}
 	}
 }
 
 func TestValidateSessionQuery(t *testing.T) {
 	for _, tt := range []struct{ inst, sess, field string }{
-		{"", "s", "instance_id"}, {"a", "", "session_id"}, {strings.Repeat("x", 200), "s", "instance_id"}, {"a", "s/../x", "session_id"},
+		{"", "s", "instance_id"}, {"a", "", "session_id"},
+		{strings.Repeat("x", 200), "s", "instance_id"}, {"a", "s/../x", "session_id"},
 	} {
 		err := ValidateSessionQuery(tt.inst, tt.sess)
 		if f := Fields(err); len(f) != 1 || f[0] != tt.field {
@@ -139,7 +152,8 @@ func staleConsistent(t *testing.T, st SessionStatus) {
 	t.Helper()
 	if st.State == SessionStale && st.Generation != 0 && st.NewerGeneration <= st.Generation {
 		t.Errorf("%s/%s answered STALE (generation %d) with newer session %s of generation %d: %s",
-			st.InstanceID, st.SessionID, st.Generation, st.NewerSessionID, st.NewerGeneration, st.Detail)
+			st.InstanceID, st.SessionID, st.Generation, st.NewerSessionID, st.NewerGeneration,
+			st.Detail)
 	}
 }
 
@@ -179,7 +193,8 @@ func TestRememberedSessionNamedByAnOlderOneIsNotStale(t *testing.T) {
 	ix = IndexSessions([]Executor{namer("a", "y", 6, []string{"x"}, nil)},
 		[]PastSession{{InstanceID: "a", SessionID: "x", Generation: 5, Lapsed: true}})
 	if got := ix.Check("a", "x"); got.State != SessionStale || got.NewerSessionID != "y" {
-		t.Errorf("a/x named by a newer y = %s newer %q, want STALE newer y", got.State, got.NewerSessionID)
+		t.Errorf("a/x named by a newer y = %s newer %q, want STALE newer y", got.State,
+			got.NewerSessionID)
 	}
 }
 
@@ -205,11 +220,13 @@ func TestNewestSessionWithBadMetadataNamedByAnOlderOneIsNotStale(t *testing.T) {
 	}
 	// With a namer above it, the badly registered session is STALE.
 	ix = IndexSessions([]Executor{
-		namer("a", "x", 5, nil, func(e *Executor) { e.Err = FieldErrors{errTest}; e.Fenced = true }),
+		namer("a", "x", 5, nil,
+			func(e *Executor) { e.Err = FieldErrors{errTest}; e.Fenced = true }),
 		namer("a", "y", 7, []string{"x"}, nil),
 	}, nil)
 	if got := ix.Check("a", "x"); got.State != SessionStale || got.NewerSessionID != "y" {
-		t.Errorf("a/x named by a newer y = %s newer %q, want STALE newer y", got.State, got.NewerSessionID)
+		t.Errorf("a/x named by a newer y = %s newer %q, want STALE newer y", got.State,
+			got.NewerSessionID)
 	}
 }
 
@@ -233,7 +250,8 @@ func TestSessionStaleByNameHasItsNamersTasksAndDatacenter(t *testing.T) {
 		t.Fatalf("a/x = %s newer %q", got.State, got.NewerSessionID)
 	}
 	want := []string{"t1", "t2", "t3"}
-	if len(got.Tasks) != len(want) || got.Tasks[0] != "t1" || got.Tasks[1] != "t2" || got.Tasks[2] != "t3" {
+	if len(got.Tasks) != len(want) || got.Tasks[0] != "t1" || got.Tasks[1] != "t2" ||
+		got.Tasks[2] != "t3" {
 		t.Errorf("a/x tasks %v, want %v (the task types of its instance's sessions naming it)",
 			got.Tasks, want)
 	}
