@@ -47,10 +47,16 @@ func TestAddressNotIPIsExcluded(t *testing.T) {
 			exec(func(e *Executor) { e.Address = "exec-1.internal"; e.State = StateDraining }),
 			RouteNone, ReasonAddressNotIP},
 		{"host name beats lapsed",
-			exec(func(e *Executor) { e.Address = "exec-1.internal"; e.LeaseStatus = StatusCritical }),
+			exec(func(e *Executor) {
+				e.Address = "exec-1.internal"
+				e.LeaseStatus = StatusCritical
+			}),
 			RouteNone, ReasonAddressNotIP},
 		{"bad metadata beats host name",
-			exec(func(e *Executor) { e.Address = "exec-1.internal"; e.Err = errors.New("capacity: bad") }),
+			exec(func(e *Executor) {
+				e.Address = "exec-1.internal"
+				e.Err = errors.New("capacity: bad")
+			}),
 			RouteNone, ReasonBadMetadata},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -69,7 +75,8 @@ func TestAddressNotIPIsExcluded(t *testing.T) {
 	if err := r.Validate(); err != nil {
 		t.Fatalf("a host name breaks the contract's syntax: %v", err)
 	}
-	if _, err := ParseRollout([]byte(`{"modes":[{"rule":"address-not-ip","mode":"observe"}]}`)); err == nil {
+	doc := `{"modes":[{"rule":"address-not-ip","mode":"observe"}]}`
+	if _, err := ParseRollout([]byte(doc)); err == nil {
 		t.Fatal("address-not-ip accepted as an observable rule")
 	}
 }
@@ -111,7 +118,8 @@ func TestExcludeDuplicates(t *testing.T) {
 	at := func(inst, sess string, gen uint64, address string, port int,
 		mut func(*Executor)) Executor {
 		return exec(func(e *Executor) {
-			e.InstanceID, e.SessionID, e.Generation, e.Address, e.Port = inst, sess, gen, address, port
+			e.InstanceID, e.SessionID, e.Generation = inst, sess, gen
+			e.Address, e.Port = address, port
 			e.ServiceID = ServiceID(inst, e.Task)
 			if mut != nil {
 				mut(e)
@@ -194,11 +202,13 @@ func TestExcludeDuplicates(t *testing.T) {
 // routed, and the later claim is the duplicate.
 func TestALaterClaimOfAnExecutorsSocketDoesNotUnrouteIt(t *testing.T) {
 	victim := exec(func(e *Executor) {
-		e.InstanceID, e.SessionID, e.Address, e.Port, e.CreateIndex = "exec-2", "s2", "10.0.0.2", 9000, 10
+		e.InstanceID, e.SessionID, e.CreateIndex = "exec-2", "s2", 10
+		e.Address, e.Port = "10.0.0.2", 9000
 		e.ServiceID = ServiceID(e.InstanceID, e.Task)
 	})
 	claim := exec(func(e *Executor) {
-		e.InstanceID, e.SessionID, e.Address, e.Port, e.CreateIndex, e.State = "exec-1", "s1", "10.0.0.2", 9000, 50, StateDraining
+		e.InstanceID, e.SessionID, e.CreateIndex, e.State = "exec-1", "s1", 50, StateDraining
+		e.Address, e.Port = "10.0.0.2", 9000
 		e.ServiceID, e.Node = ServiceID(e.InstanceID, e.Task), "n9"
 	})
 	es := []Executor{victim, claim}

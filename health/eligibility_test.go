@@ -78,7 +78,11 @@ func TestEligibleEveryRuleAndReason(t *testing.T) {
 		{"node check warning", exec(func(e *Executor) { e.NodeChecks = StatusWarning }), any,
 			RouteNone, ReasonUnhealthy},
 		{"fenced",
-			exec(func(e *Executor) { e.Fenced = true; e.NewerSessionID = "s2"; e.NewerGeneration = 4 }),
+			exec(func(e *Executor) {
+				e.Fenced = true
+				e.NewerSessionID = "s2"
+				e.NewerGeneration = 4
+			}),
 			any, RouteNone, ReasonFenced},
 		{"version too old", exec(nil), v15, RouteNone, ReasonVersion},
 		{"version too new", exec(func(e *Executor) { e.Version = "2.0.0" }), v14, RouteNone,
@@ -155,7 +159,8 @@ func TestDispatcherKeyIsCanonical(t *testing.T) {
 
 func session(instance, session string, gen, create uint64, task string) Executor {
 	return exec(func(e *Executor) {
-		e.InstanceID, e.SessionID, e.Generation, e.CreateIndex, e.Task = instance, session, gen, create, task
+		e.InstanceID, e.SessionID, e.Task = instance, session, task
+		e.Generation, e.CreateIndex = gen, create
 	})
 }
 

@@ -71,7 +71,8 @@ func TestGenerationKeyJudges(t *testing.T) {
 // reg is a registration of instance a on a node, for the fencing tables.
 func reg(sess string, gen, create uint64, node string) Executor {
 	return exec(func(e *Executor) {
-		e.InstanceID, e.SessionID, e.Generation, e.CreateIndex, e.Node, e.Task = "a", sess, gen, create, node, "t"
+		e.InstanceID, e.SessionID, e.Generation = "a", sess, gen
+		e.CreateIndex, e.Node, e.Task = create, node, "t"
 	})
 }
 

@@ -153,7 +153,8 @@ func TestApplyCordonsSafetyLimitAndApproval(t *testing.T) {
 	}
 
 	// Approval: a version cordon waits for a second identity.
-	r, _ := ParseRollout([]byte(`{"approval":{"required":true,"max_executors":5},"safety_limit":1}`))
+	doc := `{"approval":{"required":true,"max_executors":5},"safety_limit":1}`
+	r, _ := ParseRollout([]byte(doc))
 	byVersion := Cordon{ID: "c3", VersionConstraint: "=2.0.0", Reason: "bug", By: "alice", At: at}
 	es = fleet()
 	if st := ApplyCordons(es, []Cordon{byVersion}, r); !st[0].Pending || st[0].Applied != 0 {
@@ -183,7 +184,9 @@ func TestAlwaysEnforcedRulesAreNeverObserved(t *testing.T) {
 	cases := map[Reason]func(*Executor){
 		ReasonBadMetadata: func(e *Executor) { e.Err = errors.New("bad") },
 		ReasonLapsed:      func(e *Executor) { e.LeaseStatus = StatusCritical },
-		ReasonFenced:      func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "s2", 2 },
+		ReasonFenced: func(e *Executor) {
+			e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "s2", 2
+		},
 	}
 	unvalidated := &Rollout{Modes: []ScopedMode{
 		{Rule: ReasonBadMetadata, Mode: ModeObserve}, {Rule: ReasonLapsed, Mode: ModeObserve},
