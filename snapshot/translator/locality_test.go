@@ -23,11 +23,15 @@ func dcExecutor(dc, zone, inst string, port int) health.Executor {
 	return e
 }
 
-// layoutOf spells a load assignment's localities: "p<priority>:<region>/<zone>×<endpoints>(w<weight>)".
+// layoutOf spells a load assignment's localities, each as
+// "p<priority>:<region>/<zone>×<endpoints>(w<weight>)".
 func layoutOf(b *Builder, es []health.Executor, d health.Dispatcher) []string {
 	var out []string
 	for _, l := range b.BuildPrinted("work", es, nil, d).CLA.GetEndpoints() {
-		out = append(out, fmt.Sprintf("p%d:%s/%s×%d(w%d)", l.GetPriority(), l.GetLocality().GetRegion(), l.GetLocality().GetZone(), len(l.GetLbEndpoints()), l.GetLoadBalancingWeight().GetValue()))
+		out = append(out,
+			fmt.Sprintf("p%d:%s/%s×%d(w%d)", l.GetPriority(), l.GetLocality().GetRegion(),
+				l.GetLocality().GetZone(), len(l.GetLbEndpoints()),
+				l.GetLoadBalancingWeight().GetValue()))
 	}
 	return out
 }
@@ -40,7 +44,8 @@ func TestLocalitiesByDatacenterPriority(t *testing.T) {
 	f := Failover{Local: "dc1", Order: []string{"dc1", "dc2", "dc3"}}
 	all := []health.Executor{
 		dcExecutor("dc1", "", "a1", 1), dcExecutor("dc1", "", "a2", 2),
-		dcExecutor("dc2", "z1", "b1", 3), dcExecutor("dc2", "z2", "b2", 4), dcExecutor("dc2", "z2", "b3", 5),
+		dcExecutor("dc2", "z1", "b1", 3), dcExecutor("dc2", "z2", "b2", 4),
+		dcExecutor("dc2", "z2", "b3", 5),
 		dcExecutor("dc3", "", "c1", 6),
 		dcExecutor("dc9", "", "x1", 7), // a datacenter not in the order: last
 	}
@@ -53,7 +58,10 @@ func TestLocalitiesByDatacenterPriority(t *testing.T) {
 		}
 		return out
 	}
-	in := func(dc string) health.Dispatcher { d, _ := health.NewDispatcher("", nil); return d.InDatacenter(dc) }
+	in := func(dc string) health.Dispatcher {
+		d, _ := health.NewDispatcher("", nil)
+		return d.InDatacenter(dc)
+	}
 	w := weight(all[0])
 	for _, c := range []struct {
 		name string
@@ -61,14 +69,26 @@ func TestLocalitiesByDatacenterPriority(t *testing.T) {
 		d    health.Dispatcher
 		want []string
 	}{
-		{"no datacenter named: leasehold's own first", all, in(""), []string{"p0:dc1/×2(w1)", fmt.Sprintf("p1:dc2/z1×1(w%d)", w), fmt.Sprintf("p1:dc2/z2×2(w%d)", 2*w), "p2:dc3/×1(w1)", "p3:dc9/×1(w1)"}},
-		{"in dc2", all, in("dc2"), []string{fmt.Sprintf("p0:dc2/z1×1(w%d)", w), fmt.Sprintf("p0:dc2/z2×2(w%d)", 2*w), "p1:dc1/×2(w1)", "p2:dc3/×1(w1)", "p3:dc9/×1(w1)"}},
-		{"in dc3", all, in("dc3"), []string{"p0:dc3/×1(w1)", "p1:dc1/×2(w1)", fmt.Sprintf("p2:dc2/z1×1(w%d)", w), fmt.Sprintf("p2:dc2/z2×2(w%d)", 2*w), "p3:dc9/×1(w1)"}},
-		{"in dc1, dc1 empty: dc2 moves up", without("dc1"), in("dc1"), []string{fmt.Sprintf("p0:dc2/z1×1(w%d)", w), fmt.Sprintf("p0:dc2/z2×2(w%d)", 2*w), "p1:dc3/×1(w1)", "p2:dc9/×1(w1)"}},
-		{"in dc2, dc2 empty", without("dc2"), in("dc2"), []string{"p0:dc1/×2(w1)", "p1:dc3/×1(w1)", "p2:dc9/×1(w1)"}},
-		{"in a datacenter not watched: the order", all, in("dc7"), []string{"p0:dc1/×2(w1)", fmt.Sprintf("p1:dc2/z1×1(w%d)", w), fmt.Sprintf("p1:dc2/z2×2(w%d)", 2*w), "p2:dc3/×1(w1)", "p3:dc9/×1(w1)"}},
+		{"no datacenter named: leasehold's own first", all, in(""),
+			[]string{"p0:dc1/×2(w1)", fmt.Sprintf("p1:dc2/z1×1(w%d)", w),
+				fmt.Sprintf("p1:dc2/z2×2(w%d)", 2*w), "p2:dc3/×1(w1)", "p3:dc9/×1(w1)"}},
+		{"in dc2", all, in("dc2"),
+			[]string{fmt.Sprintf("p0:dc2/z1×1(w%d)", w), fmt.Sprintf("p0:dc2/z2×2(w%d)", 2*w),
+				"p1:dc1/×2(w1)", "p2:dc3/×1(w1)", "p3:dc9/×1(w1)"}},
+		{"in dc3", all, in("dc3"),
+			[]string{"p0:dc3/×1(w1)", "p1:dc1/×2(w1)", fmt.Sprintf("p2:dc2/z1×1(w%d)", w),
+				fmt.Sprintf("p2:dc2/z2×2(w%d)", 2*w), "p3:dc9/×1(w1)"}},
+		{"in dc1, dc1 empty: dc2 moves up", without("dc1"), in("dc1"),
+			[]string{fmt.Sprintf("p0:dc2/z1×1(w%d)", w), fmt.Sprintf("p0:dc2/z2×2(w%d)", 2*w),
+				"p1:dc3/×1(w1)", "p2:dc9/×1(w1)"}},
+		{"in dc2, dc2 empty", without("dc2"), in("dc2"),
+			[]string{"p0:dc1/×2(w1)", "p1:dc3/×1(w1)", "p2:dc9/×1(w1)"}},
+		{"in a datacenter not watched: the order", all, in("dc7"),
+			[]string{"p0:dc1/×2(w1)", fmt.Sprintf("p1:dc2/z1×1(w%d)", w),
+				fmt.Sprintf("p1:dc2/z2×2(w%d)", 2*w), "p2:dc3/×1(w1)", "p3:dc9/×1(w1)"}},
 	} {
-		if err := (&Builder{Failover: f}).BuildPrinted("work", c.es, nil, c.d).CLA.ValidateAll(); err != nil {
+		if err := (&Builder{Failover: f}).BuildPrinted("work", c.es, nil,
+			c.d).CLA.ValidateAll(); err != nil {
 			t.Fatalf("%s: the load assignment fails Envoy's validation: %v", c.name, err)
 		}
 		got := layoutOf(&Builder{Failover: f}, c.es, c.d)
@@ -89,7 +109,8 @@ func TestDatacenterIsPartOfTheGroupAndVersion(t *testing.T) {
 		t.Fatalf("same key %q for dispatchers in different datacenters", d1.Key())
 	}
 	if d1.InDatacenter("dc1").Key() == d1.Key() {
-		t.Fatalf("naming leasehold's own datacenter and naming none share the key %q (a configuration change would move them)", d1.Key())
+		t.Fatalf("naming leasehold's own datacenter and naming none share the key %q (a "+
+			"configuration change would move them)", d1.Key())
 	}
 	v1 := (&Builder{Failover: f}).BuildPrinted("work", es, nil, d1).Version
 	v2 := (&Builder{Failover: f}).BuildPrinted("work", es, nil, d2).Version
@@ -120,7 +141,8 @@ func clientRejection(cla *endpointv3.ClusterLoadAssignment) string {
 		if l.GetLoadBalancingWeight().GetValue() == 0 {
 			return fmt.Sprintf("locality %v has weight 0 (grpc-go ignores it)", l.GetLocality())
 		}
-		id := l.GetLocality().GetRegion() + "\x00" + l.GetLocality().GetZone() + "\x00" + l.GetLocality().GetSubZone()
+		id := l.GetLocality().GetRegion() + "\x00" + l.GetLocality().GetZone() + "\x00" +
+			l.GetLocality().GetSubZone()
 		if localities[id] {
 			return fmt.Sprintf("duplicate locality %v", l.GetLocality())
 		}
@@ -166,7 +188,8 @@ func mutateAcrossDatacenters(r *rand.Rand, es *[]health.Executor, dcs []string) 
 			}
 		}
 		return
-	case 1: // the same instance registers in another datacenter (it moved), at a socket maybe in use there
+	// The same instance registers in another datacenter (it moved), at a socket maybe in use there.
+	case 1:
 		fleet := *es
 		n := fleet[r.IntN(len(fleet))]
 		n.Datacenter = dcs[r.IntN(len(dcs))]
@@ -219,11 +242,14 @@ func TestLocalitiesOfRandomFleetsAreAcceptedByClients(t *testing.T) {
 			}
 			got := bl.BuildPrinted("work", es, nil, d)
 			if why := clientRejection(got.CLA); why != "" {
-				t.Fatalf("dispatcher in %q, step %d: a client would reject the assignment: %s", ddc, step, why)
+				t.Fatalf("dispatcher in %q, step %d: a client would reject the assignment: %s", ddc,
+					step, why)
 			}
 			fresh := (&Builder{Failover: f}).BuildPrinted("work", es, nil, d)
-			if !bytes.Equal(marshal(t, got.CLA), marshal(t, fresh.CLA)) || got.Version != fresh.Version {
-				t.Fatalf("dispatcher in %q, step %d: incremental build differs from a fresh one", ddc, step)
+			if !bytes.Equal(marshal(t, got.CLA), marshal(t, fresh.CLA)) ||
+				got.Version != fresh.Version {
+				t.Fatalf("dispatcher in %q, step %d: incremental build differs from a fresh one",
+					ddc, step)
 			}
 			own := ddc
 			if own == "" {
@@ -250,17 +276,22 @@ func TestLocalitiesOfRandomFleetsAreAcceptedByClients(t *testing.T) {
 						hasOwn = hasOwn || l2.GetLocality().GetRegion() == own
 					}
 					if hasOwn {
-						t.Fatalf("dispatcher in %q, step %d: %s at priority 0 while %s has endpoints", ddc, step, l.GetLocality().GetRegion(), own)
+						t.Fatalf("dispatcher in %q, step %d: %s at priority 0 while %s has "+
+							"endpoints", ddc, step, l.GetLocality().GetRegion(), own)
 					}
 				}
 				for _, lb := range l.GetLbEndpoints() {
 					md := lb.GetMetadata().GetFilterMetadata()["leasehold"].GetFields()
-					key := md["instance_id"].GetStringValue() + "/" + md["session_id"].GetStringValue() + "@" + l.GetLocality().GetRegion()
+					key := md["instance_id"].GetStringValue() + "/" +
+						md["session_id"].GetStringValue() + "@" + l.GetLocality().GetRegion()
 					if lost[key] {
-						t.Fatalf("dispatcher in %q, step %d: %s of a lost datacenter is routed (%s)", ddc, step, key, lb.GetHealthStatus())
+						t.Fatalf("dispatcher in %q, step %d: %s of a lost datacenter is routed "+
+							"(%s)", ddc, step, key, lb.GetHealthStatus())
 					}
-					if lb.GetHealthStatus() != corev3.HealthStatus_HEALTHY && lb.GetHealthStatus() != corev3.HealthStatus_DRAINING {
-						t.Fatalf("dispatcher in %q, step %d: endpoint status %s", ddc, step, lb.GetHealthStatus())
+					if lb.GetHealthStatus() != corev3.HealthStatus_HEALTHY &&
+						lb.GetHealthStatus() != corev3.HealthStatus_DRAINING {
+						t.Fatalf("dispatcher in %q, step %d: endpoint status %s", ddc, step,
+							lb.GetHealthStatus())
 					}
 				}
 			}

@@ -23,10 +23,19 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 		return structpb.NewListValue(&structpb.ListValue{Values: vs})
 	}
 	values := map[string][]*structpb.Value{
-		"version_constraint":     {nil, str(""), str(">=1.0.0"), str(" >=1.0.0 "), str(">= banana"), structpb.NewNumberValue(1), structpb.NewNullValue()},
-		"labels":                 {nil, labels(), labels("zone", "eu-1"), labels("zone", "eu-1", "tier", "a"), labels("zone", "eu-1:2"), labels("zone:eu", "1"), labels("a.b", "x"), structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"zone": structpb.NewNumberValue(1)}}), str("zone=eu")},
-		NodeMetaGrantedTasks:     {nil, list(), list(str("work")), list(str("a"), str("b")), list(str("a,b")), list(structpb.NewNumberValue(1)), str("work")},
-		NodeMetaEndpointMetadata: {nil, str("full"), str("session"), str("none"), str("compact"), structpb.NewBoolValue(true)},
+		"version_constraint": {nil, str(""), str(">=1.0.0"), str(" >=1.0.0 "), str(">= banana"),
+			structpb.NewNumberValue(1), structpb.NewNullValue()},
+		"labels": {nil, labels(), labels("zone", "eu-1"),
+			labels("zone", "eu-1", "tier", "a"), labels("zone", "eu-1:2"), labels("zone:eu", "1"),
+			labels("a.b", "x"),
+			structpb.NewStructValue(&structpb.Struct{
+				Fields: map[string]*structpb.Value{"zone": structpb.NewNumberValue(1)},
+			}),
+			str("zone=eu")},
+		NodeMetaGrantedTasks: {nil, list(), list(str("work")), list(str("a"), str("b")),
+			list(str("a,b")), list(structpb.NewNumberValue(1)), str("work")},
+		NodeMetaEndpointMetadata: {nil, str("full"), str("session"), str("none"), str("compact"),
+			structpb.NewBoolValue(true)},
 	}
 	var nodes []*corev3.Node
 	for _, vc := range values["version_constraint"] {
@@ -34,12 +43,14 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 			for _, g := range values[NodeMetaGrantedTasks] {
 				for _, f := range values[NodeMetaEndpointMetadata] {
 					m := map[string]*structpb.Value{"owner": str("x")}
-					for k, v := range map[string]*structpb.Value{"version_constraint": vc, "labels": l, NodeMetaGrantedTasks: g, NodeMetaEndpointMetadata: f} {
+					for k, v := range map[string]*structpb.Value{"version_constraint": vc,
+						"labels": l, NodeMetaGrantedTasks: g, NodeMetaEndpointMetadata: f} {
 						if v != nil {
 							m[k] = v
 						}
 					}
-					nodes = append(nodes, &corev3.Node{Id: "d", Metadata: &structpb.Struct{Fields: m}})
+					nodes = append(nodes,
+						&corev3.Node{Id: "d", Metadata: &structpb.Struct{Fields: m}})
 				}
 			}
 		}
@@ -54,13 +65,17 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 			}
 			if key, ok := groupMemoKey(n); ok {
 				if g, seen := byKey[key]; seen && g != want {
-					t.Fatalf("%v: spelled as %q like a node of group %q, but its group is %q", n.GetMetadata(), key, g, want)
+					t.Fatalf("%v: spelled as %q like a node of group %q, but its group is %q",
+						n.GetMetadata(), key, g, want)
 				}
 				byKey[key] = want
 			}
 		}
 	}
-	huge := &corev3.Node{Id: "d", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"version_constraint": str(string(make([]byte, 1<<20)))}}}
+	megabyte := str(string(make([]byte, 1<<20)))
+	huge := &corev3.Node{Id: "d", Metadata: &structpb.Struct{
+		Fields: map[string]*structpb.Value{"version_constraint": megabyte},
+	}}
 	if _, ok := groupMemoKey(huge); ok {
 		t.Fatal("a megabyte of metadata would be kept in the memo")
 	}
@@ -70,7 +85,8 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 }
 
 func BenchmarkGroupOf(b *testing.B) {
-	st, _ := structpb.NewStruct(map[string]any{"version_constraint": ">=1.4.0, <2.0.0", "labels": map[string]any{"zone": "eu-1", "tier": "gold"}})
+	st, _ := structpb.NewStruct(map[string]any{"version_constraint": ">=1.4.0, <2.0.0",
+		"labels": map[string]any{"zone": "eu-1", "tier": "gold"}})
 	n := &corev3.Node{Id: "d", Metadata: st}
 	b.Run("fresh", func(b *testing.B) {
 		b.ReportAllocs()
@@ -128,13 +144,15 @@ func TestDispatcherDatacenterIsCaseInsensitive(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	for _, n := range []*corev3.Node{nodeWith(map[string]any{"datacenter": "DC2"}, ""), nodeWith(nil, "DC2")} {
+	for _, n := range []*corev3.Node{nodeWith(map[string]any{"datacenter": "DC2"}, ""),
+		nodeWith(nil, "DC2")} {
 		d, err := DispatcherOf(n)
 		if err != nil {
 			continue // refused: fine
 		}
 		if d.Key() != lower.Key() {
-			t.Errorf("a dispatcher in %q: key %q, not dc2's %q (its own executors are not its priority 0)", d.Datacenter, d.Key(), lower.Key())
+			t.Errorf("a dispatcher in %q: key %q, not dc2's %q (its own executors are not its "+
+				"priority 0)", d.Datacenter, d.Key(), lower.Key())
 		}
 	}
 }
@@ -144,8 +162,10 @@ func TestDispatcherDatacenterIsCaseInsensitive(t *testing.T) {
 // valid or not, in any order of calls; distinct datacenters never share a
 // group, and the same datacenter said either way is one group.
 func TestGroupMemoFollowsTheDatacenter(t *testing.T) {
-	metas := []map[string]any{nil, {"datacenter": "dc2"}, {"datacenter": "dc3"}, {"datacenter": ""}, {"datacenter": 7.0},
-		{"datacenter": "dc2", "labels": map[string]any{"zone": "a"}}, {"datacenter": "x&tasks=y"}, {"labels": map[string]any{"datacenter": "dc2"}}}
+	metas := []map[string]any{nil, {"datacenter": "dc2"}, {"datacenter": "dc3"}, {"datacenter": ""},
+		{"datacenter": 7.0},
+		{"datacenter": "dc2", "labels": map[string]any{"zone": "a"}}, {"datacenter": "x&tasks=y"},
+		{"labels": map[string]any{"datacenter": "dc2"}}}
 	regions := []string{"", "dc2", "dc3", "bad.region", "x&dc=dc2"}
 	seen := map[string]string{}
 	for round := range 2 {
@@ -154,14 +174,16 @@ func TestGroupMemoFollowsTheDatacenter(t *testing.T) {
 				n := nodeWith(m, r)
 				got, want := GroupOf(n), groupOf(n)
 				if got != want {
-					t.Fatalf("round %d meta %v region %q: GroupOf %q, afresh %q", round, m, r, got, want)
+					t.Fatalf("round %d meta %v region %q: GroupOf %q, afresh %q", round, m, r, got,
+						want)
 				}
 				seen[want] = ""
 			}
 		}
 	}
 	// Distinct datacenters never share a group.
-	if GroupOf(nodeWith(nil, "dc2")) == GroupOf(nodeWith(nil, "dc3")) || GroupOf(nodeWith(nil, "dc2")) == GroupOf(nodeWith(nil, "")) {
+	if GroupOf(nodeWith(nil, "dc2")) == GroupOf(nodeWith(nil, "dc3")) ||
+		GroupOf(nodeWith(nil, "dc2")) == GroupOf(nodeWith(nil, "")) {
 		t.Fatal("dispatchers of different datacenters share a group")
 	}
 	if GroupOf(nodeWith(map[string]any{"datacenter": "dc2"}, "")) != GroupOf(nodeWith(nil, "dc2")) {
