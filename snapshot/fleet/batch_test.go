@@ -43,7 +43,8 @@ type twinSyncer struct {
 	groups []health.Dispatcher
 }
 
-func startTwin(t *testing.T, clock clockwork.Clock, full bool, groups []health.Dispatcher) *twinSyncer {
+func startTwin(t *testing.T, clock clockwork.Clock, full bool,
+	groups []health.Dispatcher) *twinSyncer {
 	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clock})
 	s.fullBatches = full
 	tw := &twinSyncer{s: s, obs: make(chan health.Observation), groups: groups}
@@ -93,7 +94,8 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 	next := func() uint64 { index++; return index }
 	serf := map[string]health.CheckState{}
 	for _, n := range nodes {
-		serf[n] = health.CheckState{Node: n, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: 1}
+		serf[n] = health.CheckState{Node: n, CheckID: health.SerfHealthCheckID,
+			Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: 1}
 	}
 	members := map[string][]health.Member{}
 	randomMember := func(task string) health.Member {
@@ -101,8 +103,10 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 		gen := uint64(1 + r.IntN(4))
 		sess := fmt.Sprintf("s%d", gen+uint64(r.IntN(2))*10)
 		node := nodes[r.IntN(len(nodes))]
-		status := []health.CheckStatus{health.StatusPassing, health.StatusPassing, health.StatusWarning, health.StatusCritical}[r.IntN(4)]
-		m := fleettest.Member(task, inst, sess, gen, 9000+r.IntN(6), []string{"1.0.0", "1.2.0"}[r.IntN(2)], status, next())
+		status := []health.CheckStatus{health.StatusPassing, health.StatusPassing,
+			health.StatusWarning, health.StatusCritical}[r.IntN(4)]
+		m := fleettest.Member(task, inst, sess, gen, 9000+r.IntN(6),
+			[]string{"1.0.0", "1.2.0"}[r.IntN(2)], status, next())
 		m.Node, m.Checks[1].Node = node, node
 		m.Checks[0] = serf[node]
 		if r.IntN(2) == 0 {
@@ -112,7 +116,9 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 			m.Err = errors.New("capacity: not an integer")
 		}
 		if r.IntN(10) == 0 { // another check of the service
-			m.Checks = append(m.Checks, health.CheckState{Node: node, CheckID: "http:" + inst, ServiceID: m.ServiceID, Status: health.StatusWarning, ModifyIndex: index})
+			m.Checks = append(m.Checks,
+				health.CheckState{Node: node, CheckID: "http:" + inst, ServiceID: m.ServiceID,
+					Status: health.StatusWarning, ModifyIndex: index})
 		}
 		return m
 	}
@@ -123,7 +129,8 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 		for range 6 {
 			members[task] = append(members[task], randomMember(task))
 		}
-		send(health.Observation{Members: &health.TaskMembers{Task: task, Index: next(), Members: members[task]}})
+		send(health.Observation{Members: &health.TaskMembers{Task: task, Index: next(),
+			Members: members[task]}})
 	}
 
 	for step := range steps {
@@ -146,13 +153,15 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 				ms[i].Checks[0] = serf[ms[i].Node]
 			}
 			members[task] = ms
-			o.Members = &health.TaskMembers{Task: task, Index: next(), Members: ms, Gone: len(ms) == 0}
+			o.Members = &health.TaskMembers{Task: task, Index: next(), Members: ms,
+				Gone: len(ms) == 0}
 		case k < 14: // the non-passing set: leases, loads, nodes
 			np := health.NonPassing{Index: next()}
 			if r.IntN(4) == 0 {
 				n := nodes[r.IntN(len(nodes))]
 				c := serf[n]
-				c.Status = []health.CheckStatus{health.StatusPassing, health.StatusCritical}[r.IntN(2)]
+				c.Status = []health.CheckStatus{health.StatusPassing,
+					health.StatusCritical}[r.IntN(2)]
 				c.ModifyIndex = np.Index
 				serf[n] = c
 			}
@@ -165,8 +174,10 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 						continue
 					}
 					c := m.Checks[1]
-					c.Status = []health.CheckStatus{health.StatusWarning, health.StatusCritical, health.StatusWarning}[r.IntN(3)]
-					c.Output, c.ModifyIndex = fmt.Sprintf("load=%d", r.IntN(5)), np.Index-uint64(r.IntN(2))
+					c.Status = []health.CheckStatus{health.StatusWarning, health.StatusCritical,
+						health.StatusWarning}[r.IntN(3)]
+					c.Output, c.ModifyIndex = fmt.Sprintf("load=%d",
+						r.IntN(5)), np.Index-uint64(r.IntN(2))
 					np.Checks = append(np.Checks, c)
 				}
 			}
@@ -182,7 +193,9 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 		case k < 17:
 			raw := map[string][]byte{}
 			if r.IntN(2) == 0 {
-				raw["c1"] = fmt.Appendf(nil, `{"id":"c1","instance_id":"i%d","reason":"test","by":"op","at":"2026-12-01T00:00:00Z"}`, r.IntN(12))
+				raw["c1"] = fmt.Appendf(nil,
+					`{"id":"c1","instance_id":"i%d","reason":"test","by":"op","at":"2026-12-01T00:00:00Z"}`,
+					r.IntN(12))
 			}
 			o.Cordons = &health.CordonSet{Index: next(), Raw: raw}
 		case k < 18:
@@ -255,7 +268,8 @@ func sameDecisions(a, b *twinSyncer) error {
 		}
 		for _, typ := range []types.ResponseType{types.Endpoint, types.Cluster} {
 			if x, y := sa.Resources[typ].Version, sb.Resources[typ].Version; x != y {
-				return fmt.Errorf("group %s type %d: version %s, the full batch %s", d.Key(), typ, x, y)
+				return fmt.Errorf("group %s type %d: version %s, the full batch %s", d.Key(), typ,
+					x, y)
 			}
 		}
 	}
@@ -285,15 +299,20 @@ func TestBatchCountsWhatChanged(t *testing.T) {
 			t.Fatalf("%s: %+v, want %+v", name, got, w)
 		}
 	}
-	s.members[fleetKey{task: "work"}] = &health.TaskMembers{Task: "work", Index: 7, Members: []health.Member{a, b, c}}
+	s.members[fleetKey{task: "work"}] = &health.TaskMembers{Task: "work", Index: 7,
+		Members: []health.Member{a, b, c}}
 	check("first read", want{added: 3, tasks: []string{"work"}})
-	s.members[fleetKey{task: "work"}] = &health.TaskMembers{Task: "work", Index: 8, Members: []health.Member{a, b2, d}}
-	check("b changed, c left, d joined", want{added: 1, changed: 1, removed: 1, tasks: []string{"work"}})
+	s.members[fleetKey{task: "work"}] = &health.TaskMembers{Task: "work", Index: 8,
+		Members: []health.Member{a, b2, d}}
+	check("b changed, c left, d joined",
+		want{added: 1, changed: 1, removed: 1, tasks: []string{"work"}})
 	lapse := a.Checks[1]
 	lapse.Status, lapse.ModifyIndex = health.StatusCritical, 9
-	s.dc("").np = health.NewNonPassingSet(health.NonPassing{Index: 9, Checks: []health.CheckState{lapse}})
+	s.dc("").np = health.NewNonPassingSet(health.NonPassing{Index: 9,
+		Checks: []health.CheckState{lapse}})
 	check("a lapsed", want{changed: 1, lapses: 1, tasks: []string{"work"}})
-	s.dc("").np = health.NewNonPassingSet(health.NonPassing{Index: 10, Checks: []health.CheckState{lapse}})
+	s.dc("").np = health.NewNonPassingSet(health.NonPassing{Index: 10,
+		Checks: []health.CheckState{lapse}})
 	check("nothing new", want{})
 	delete(s.members, fleetKey{task: "work"})
 	check("the task went", want{removed: 3, tasks: []string{"work"}})
@@ -314,7 +333,8 @@ type directSyncer struct {
 
 // newDirectSyncer is a directSyncer serving groups (full: deciding every
 // registration on every batch).
-func newDirectSyncer(t *testing.T, clock clockwork.Clock, full bool, groups []health.Dispatcher) *directSyncer {
+func newDirectSyncer(t *testing.T, clock clockwork.Clock, full bool,
+	groups []health.Dispatcher) *directSyncer {
 	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clock})
 	s.fullBatches = full
 	ctx := context.Background()
@@ -363,7 +383,8 @@ type worldMember struct {
 	noLease  bool   // the lease check is missing
 	dupe     bool   // listed twice in one read
 	badHere  bool   // this registration alone carries bad metadata
-	genDelta uint64 // this registration carries another generation than its session's others (contract broken)
+	// This registration carries another generation than its session's others (contract broken).
+	genDelta uint64
 }
 
 // randomWorld is the truth the random observations are drawn from: task
@@ -402,7 +423,8 @@ func (w *randomWorld) newProc() *worldProc {
 	}
 	gen := uint64(1 + r.IntN(gens))
 	p := &worldProc{inst: inst, sess: fmt.Sprintf("s%d", gen+10*uint64(r.IntN(variants))), gen: gen,
-		version: []string{"1.0.0", "1.2.0", "2.0.0"}[r.IntN(3)], capacity: 1 + r.IntN(4), state: health.StateActive}
+		version: []string{"1.0.0", "1.2.0", "2.0.0"}[r.IntN(3)], capacity: 1 + r.IntN(4),
+		state: health.StateActive}
 	if r.IntN(8) == 0 {
 		p.state = health.StateDraining
 	}
@@ -411,7 +433,8 @@ func (w *randomWorld) newProc() *worldProc {
 	}
 	switch r.IntN(25) {
 	case 0: // orders (instance, session, generation valid), but not routed
-		p.err = health.FieldErrors{{Field: health.MetaCapacity, Value: "x", Reason: "not an integer"}}
+		p.err = health.FieldErrors{{Field: health.MetaCapacity, Value: "x",
+			Reason: "not an integer"}}
 	case 1: // cannot even be ordered
 		p.err = health.FieldErrors{{Field: health.MetaInstanceID, Value: "", Reason: "required"}}
 		p.inst = ""
@@ -434,26 +457,35 @@ func (w *randomWorld) pickProc() *worldProc {
 func (w *randomWorld) addMember(task string) {
 	r := w.r
 	p := w.pickProc()
-	m := &worldMember{task: task, proc: p, node: w.nodes[r.IntN(len(w.nodes))], port: 9000 + r.IntN(5), create: w.next(),
-		other: r.IntN(6) == 0, maint: r.IntN(8) == 0, noChecks: r.IntN(40) == 0, noLease: r.IntN(30) == 0, dupe: r.IntN(30) == 0,
+	m := &worldMember{task: task, proc: p, node: w.nodes[r.IntN(len(w.nodes))],
+		port: 9000 + r.IntN(5), create: w.next(),
+		other: r.IntN(6) == 0, maint: r.IntN(8) == 0, noChecks: r.IntN(40) == 0,
+		noLease: r.IntN(30) == 0, dupe: r.IntN(30) == 0,
 		badHere: r.IntN(30) == 0}
 	if r.IntN(30) == 0 {
 		m.genDelta = 1
 	}
 	leaseID := health.CheckID(p.inst, p.sess, task)
 	if _, ok := w.truth[checkRef{m.node, leaseID}]; !ok || r.IntN(2) == 0 {
-		st := []health.CheckStatus{health.StatusPassing, health.StatusPassing, health.StatusWarning, health.StatusCritical}[r.IntN(4)]
-		w.setCheck(health.CheckState{Node: m.node, CheckID: leaseID, ServiceID: health.ServiceID(p.inst, task), Status: st,
-			Output: "load=" + strconv.Itoa(r.IntN(4)), CreateIndex: m.create, ModifyIndex: m.create})
+		st := []health.CheckStatus{health.StatusPassing, health.StatusPassing, health.StatusWarning,
+			health.StatusCritical}[r.IntN(4)]
+		w.setCheck(health.CheckState{Node: m.node, CheckID: leaseID,
+			ServiceID: health.ServiceID(p.inst, task), Status: st,
+			Output: "load=" + strconv.Itoa(r.IntN(4)), CreateIndex: m.create,
+			ModifyIndex: m.create})
 	}
 	if m.other {
 		id := "http:" + p.inst + ":" + task
-		w.setCheck(health.CheckState{Node: m.node, CheckID: id, ServiceID: health.ServiceID(p.inst, task),
-			Status: []health.CheckStatus{health.StatusPassing, health.StatusWarning}[r.IntN(2)], CreateIndex: m.create, ModifyIndex: m.create})
+		w.setCheck(health.CheckState{Node: m.node, CheckID: id,
+			ServiceID: health.ServiceID(p.inst, task),
+			Status: []health.CheckStatus{health.StatusPassing,
+				health.StatusWarning}[r.IntN(2)],
+			CreateIndex: m.create, ModifyIndex: m.create})
 	}
 	if m.maint {
 		if _, ok := w.truth[checkRef{m.node, "_node_maintenance"}]; !ok {
-			w.setCheck(health.CheckState{Node: m.node, CheckID: "_node_maintenance", Status: health.StatusPassing, CreateIndex: m.create, ModifyIndex: m.create})
+			w.setCheck(health.CheckState{Node: m.node, CheckID: "_node_maintenance",
+				Status: health.StatusPassing, CreateIndex: m.create, ModifyIndex: m.create})
 		}
 	}
 	w.members[task] = append(w.members[task], m)
@@ -476,12 +508,17 @@ func (w *randomWorld) read(task string, stale bool) health.TaskMembers {
 	}
 	for _, m := range w.members[task] {
 		p := m.proc
-		reg := health.Registration{InstanceID: p.inst, SessionID: p.sess, Generation: p.gen, Task: task, Address: "10.0.0." + m.node[1:],
-			Port: m.port, Version: p.version, Capacity: p.capacity, State: p.state, Labels: p.labels}
+		reg := health.Registration{InstanceID: p.inst, SessionID: p.sess, Generation: p.gen,
+			Task: task, Address: "10.0.0." + m.node[1:],
+			Port: m.port, Version: p.version, Capacity: p.capacity, State: p.state,
+			Labels: p.labels}
 		reg.Generation += m.genDelta
-		hm := health.Member{Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(p.inst, task), Node: m.node, CreateIndex: m.create, Err: p.err}}
+		hm := health.Member{Executor: health.Executor{Registration: reg,
+			ServiceID: health.ServiceID(p.inst, task), Node: m.node, CreateIndex: m.create,
+			Err: p.err}}
 		if m.badHere && hm.Err == nil {
-			hm.Err = health.FieldErrors{{Field: health.MetaVersion, Value: "x", Reason: "not a semantic version"}}
+			hm.Err = health.FieldErrors{{Field: health.MetaVersion, Value: "x",
+				Reason: "not a semantic version"}}
 		}
 		if !m.noChecks {
 			if c, ok := get(m.node, health.SerfHealthCheckID); ok {
@@ -578,7 +615,8 @@ func (w *randomWorld) mutate() {
 		case c.CheckID == "_node_maintenance":
 			c.Status = []health.CheckStatus{health.StatusPassing, health.StatusCritical}[r.IntN(2)]
 		default:
-			c.Status = []health.CheckStatus{health.StatusPassing, health.StatusWarning, health.StatusCritical, "maintenance"}[r.IntN(4)]
+			c.Status = []health.CheckStatus{health.StatusPassing, health.StatusWarning,
+				health.StatusCritical, "maintenance"}[r.IntN(4)]
 			c.Output = "load=" + strconv.Itoa(r.IntN(5))
 			if r.IntN(3) == 0 {
 				c.Output = "TTL expired"
@@ -608,14 +646,18 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 			w.members[task] = slices.Delete(slices.Clone(w.members[task]), i, i+1)
 		case r.IntN(15) == 0:
 			w.members[task], w.gone[task] = nil, true
-			return health.Observation{Members: &health.TaskMembers{Task: task, Index: w.next(), Gone: true}}, true
+			return health.Observation{Members: &health.TaskMembers{Task: task, Index: w.next(),
+				Gone: true}}, true
 		case len(w.members[task]) > 0 && r.IntN(4) == 0: // a member moves to another node
 			i := r.IntN(len(w.members[task]))
 			m := *w.members[task][i]
 			m.node, m.create = w.nodes[r.IntN(len(w.nodes))], w.next()
 			p := m.proc
-			w.setCheck(health.CheckState{Node: m.node, CheckID: health.CheckID(p.inst, p.sess, m.task), ServiceID: health.ServiceID(p.inst, m.task),
-				Status: health.StatusPassing, Output: "load=0", CreateIndex: m.create, ModifyIndex: m.create})
+			w.setCheck(health.CheckState{Node: m.node,
+				CheckID:   health.CheckID(p.inst, p.sess, m.task),
+				ServiceID: health.ServiceID(p.inst, m.task),
+				Status:    health.StatusPassing, Output: "load=0", CreateIndex: m.create,
+				ModifyIndex: m.create})
 			w.members[task] = slices.Clone(w.members[task])
 			w.members[task][i] = &m
 		default:
@@ -629,7 +671,8 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 		o.Members = &tm
 	case k < 26:
 		w.mutate()
-		if r.IntN(4) == 0 { // the checks changed, the fast path has not answered yet: a read sees them first
+		// The checks changed, the fast path has not answered yet: a read sees them first.
+		if r.IntN(4) == 0 {
 			task := w.tasks[r.IntN(len(w.tasks))]
 			if !w.gone[task] && len(w.members[task]) > 0 {
 				tm := w.read(task, false)
@@ -661,12 +704,16 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 			default:
 				sel = `"version_constraint":"<2.0.0"`
 			}
-			raw[fmt.Sprintf("c%d", c)] = fmt.Appendf(nil, `{"id":"c%d",%s,"reason":"test","by":"op","at":"2026-12-01T00:00:0%dZ"}`, c, sel, r.IntN(3))
+			raw[fmt.Sprintf("c%d", c)] = fmt.Appendf(nil,
+				`{"id":"c%d",%s,"reason":"test","by":"op","at":"2026-12-01T00:00:0%dZ"}`, c, sel,
+				r.IntN(3))
 		}
 		o.Cordons = &health.CordonSet{Index: w.next(), Raw: raw}
 	case k < 35:
-		rule := []string{"version", "labels", "capacity", "draining", "unhealthy", "cordon"}[r.IntN(6)]
-		raw := fmt.Appendf(nil, `{"modes":[{"rule":%q,"mode":"observe"}],"safety_limit":%v}`, rule, []float64{0.25, 0.5, 1}[r.IntN(3)])
+		rule := []string{"version", "labels", "capacity", "draining", "unhealthy",
+			"cordon"}[r.IntN(6)]
+		raw := fmt.Appendf(nil, `{"modes":[{"rule":%q,"mode":"observe"}],"safety_limit":%v}`, rule,
+			[]float64{0.25, 0.5, 1}[r.IntN(3)])
 		switch r.IntN(4) {
 		case 0:
 			raw = nil
@@ -699,10 +746,14 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 // newRandomWorld is the world of seed (safety: clock advances stay far below
 // the history retention), its nodes alive.
 func newRandomWorld(seed uint64, safety bool) *randomWorld {
-	w := &randomWorld{r: rand.New(rand.NewPCG(seed, 3)), tasks: []string{"alpha", "beta", "gamma", "delta"}, nodes: []string{"n1", "n2", "n3", "n4", "n5"},
-		members: map[string][]*worldMember{}, gone: map[string]bool{}, truth: map[checkRef]health.CheckState{}, safety: safety}
+	w := &randomWorld{r: rand.New(rand.NewPCG(seed, 3)),
+		tasks:   []string{"alpha", "beta", "gamma", "delta"},
+		nodes:   []string{"n1", "n2", "n3", "n4", "n5"},
+		members: map[string][]*worldMember{}, gone: map[string]bool{},
+		truth: map[checkRef]health.CheckState{}, safety: safety}
 	for _, n := range w.nodes {
-		w.setCheck(health.CheckState{Node: n, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: 1})
+		w.setCheck(health.CheckState{Node: n, CheckID: health.SerfHealthCheckID,
+			Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: 1})
 	}
 	return w
 }
@@ -730,7 +781,9 @@ func worldSessions() []health.SessionKey {
 	for i := range 10 {
 		for g := range 8 {
 			for v := range 3 {
-				out = append(out, health.SessionKey{Instance: fmt.Sprintf("i%d", i), Session: fmt.Sprintf("s%d", g+10*v)})
+				out = append(out,
+					health.SessionKey{Instance: fmt.Sprintf("i%d", i),
+						Session: fmt.Sprintf("s%d", g+10*v)})
 			}
 		}
 	}
@@ -762,7 +815,8 @@ func sameState(inc, full *directSyncer, groups []health.Dispatcher) error {
 	}
 	whole := health.IndexSessions(ea, past)
 	for _, k := range worldSessions() {
-		x, y := va.Sessions().Check(k.Instance, k.Session), vb.Sessions().Check(k.Instance, k.Session)
+		x, y := va.Sessions().Check(k.Instance, k.Session), vb.Sessions().Check(k.Instance,
+			k.Session)
 		if !reflect.DeepEqual(x, y) {
 			return fmt.Errorf("session %s/%s: %+v, the full batch %+v", k.Instance, k.Session, x, y)
 		}
@@ -779,9 +833,11 @@ func sameState(inc, full *directSyncer, groups []health.Dispatcher) error {
 		if !okA {
 			continue
 		}
-		for _, typ := range []types.ResponseType{types.Endpoint, types.Cluster, types.Listener, types.Route} {
+		for _, typ := range []types.ResponseType{types.Endpoint, types.Cluster, types.Listener,
+			types.Route} {
 			if x, y := sa.Resources[typ].Version, sb.Resources[typ].Version; x != y {
-				return fmt.Errorf("group %s type %d: version %s, the full batch %s", d.Key(), typ, x, y)
+				return fmt.Errorf("group %s type %d: version %s, the full batch %s", d.Key(), typ,
+					x, y)
 			}
 		}
 	}
@@ -793,7 +849,8 @@ func sameState(inc, full *directSyncer, groups []health.Dispatcher) error {
 		"history":   {inc.s.history.m, full.s.history.m},
 		"lastSeen":  {inc.s.lastSeen, full.s.lastSeen},
 	} {
-		if !reflect.DeepEqual(pair[0], pair[1]) && !(reflect.ValueOf(pair[0]).Len() == 0 && reflect.ValueOf(pair[1]).Len() == 0) {
+		if !reflect.DeepEqual(pair[0], pair[1]) &&
+			!(reflect.ValueOf(pair[0]).Len() == 0 && reflect.ValueOf(pair[1]).Len() == 0) {
 			return fmt.Errorf("%s: %v, the full batch %v", name, pair[0], pair[1])
 		}
 	}
@@ -809,7 +866,8 @@ type frozenView struct {
 
 // freezeView copies what v shows.
 func freezeView(v *View) frozenView {
-	f := frozenView{v: v, execs: slices.Clone(v.Executors()), sessions: map[health.SessionKey]health.SessionStatus{}}
+	f := frozenView{v: v, execs: slices.Clone(v.Executors()),
+		sessions: map[health.SessionKey]health.SessionStatus{}}
 	for _, k := range worldSessions() {
 		f.sessions[k] = v.Sessions().Check(k.Instance, k.Session)
 	}
@@ -902,14 +960,20 @@ func runRandomWorld(t *testing.T, seed uint64, steps int, safety bool) {
 					if _, ok := lapsed[k]; !ok {
 						lapsed[k] = step
 					}
-				} else if at, ok := lapsed[k]; ok && (st.State == health.SessionCurrent || st.State == health.SessionDraining) {
-					t.Fatalf("seed %d step %d: session %v answered LAPSED at step %d, now %s (%s)\nbatch: %s", seed, step, k, at, st.State, st.Detail, describeBatch(obs))
+				} else if at, ok := lapsed[k]; ok &&
+					(st.State == health.SessionCurrent || st.State == health.SessionDraining) {
+					t.Fatalf("seed %d step %d: session %v answered LAPSED at step %d, now %s "+
+						"(%s)\nbatch: %s", seed, step, k, at, st.State, st.Detail,
+						describeBatch(obs))
 				}
 			}
 			vs := v.DecideAll(health.Dispatcher{})
 			for i, e := range v.Executors() {
-				if at, ok := lapsed[health.SessionKey{Instance: e.InstanceID, Session: e.SessionID}]; ok && vs[i].Route != health.RouteNone {
-					t.Fatalf("seed %d step %d: session %s/%s answered LAPSED at step %d is routed %s (%s)", seed, step, e.InstanceID, e.SessionID, at, vs[i].Route, vs[i].Detail)
+				if at, ok := lapsed[health.SessionKey{Instance: e.InstanceID,
+					Session: e.SessionID}]; ok && vs[i].Route != health.RouteNone {
+					t.Fatalf("seed %d step %d: session %s/%s answered LAPSED at step %d is "+
+						"routed %s (%s)", seed, step, e.InstanceID, e.SessionID, at, vs[i].Route,
+						vs[i].Detail)
 				}
 			}
 		}
@@ -922,9 +986,11 @@ func describeBatch(obs []health.Observation) string {
 	for _, o := range obs {
 		switch {
 		case o.Members != nil:
-			s += fmt.Sprintf("\n  members %s@%d gone=%v:", o.Members.Task, o.Members.Index, o.Members.Gone)
+			s += fmt.Sprintf("\n  members %s@%d gone=%v:", o.Members.Task, o.Members.Index,
+				o.Members.Gone)
 			for _, m := range o.Members.Members {
-				s += fmt.Sprintf("\n    %s/%s gen %d node %s create %d err=%v checks=%v", m.InstanceID, m.SessionID, m.Generation, m.Node, m.CreateIndex, m.Err, m.Checks)
+				s += fmt.Sprintf("\n    %s/%s gen %d node %s create %d err=%v checks=%v",
+					m.InstanceID, m.SessionID, m.Generation, m.Node, m.CreateIndex, m.Err, m.Checks)
 			}
 		case o.NonPassing != nil:
 			s += fmt.Sprintf("\n  non-passing@%d %v", o.NonPassing.Index, o.NonPassing.Checks)
@@ -975,7 +1041,8 @@ func worldSeeds(defaults ...uint64) []uint64 {
 // the two syncers disagree.
 func TestIncrementalEqualsFullInAWideRandomWorld(t *testing.T) {
 	for _, seed := range worldSeeds(24, 26) {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { runRandomWorld(t, seed, worldSteps(), false) })
+		t.Run(fmt.Sprint("seed=", seed),
+			func(t *testing.T) { runRandomWorld(t, seed, worldSteps(), false) })
 	}
 }
 
@@ -983,7 +1050,8 @@ func TestIncrementalEqualsFullInAWideRandomWorld(t *testing.T) {
 // history retention: a session once answered LAPSED never comes back.
 func TestLapseIsFinalInARandomWorld(t *testing.T) {
 	for _, seed := range worldSeeds(0) {
-		t.Run(fmt.Sprint("seed=", seed), func(t *testing.T) { runRandomWorld(t, 1000+seed, worldSteps(), true) })
+		t.Run(fmt.Sprint("seed=", seed),
+			func(t *testing.T) { runRandomWorld(t, 1000+seed, worldSteps(), true) })
 	}
 }
 
@@ -994,7 +1062,9 @@ func drainWorld(t *testing.T, clock *clockwork.FakeClock, w *randomWorld, as ...
 	t.Helper()
 	var obs []health.Observation
 	for _, task := range w.tasks {
-		obs = append(obs, health.Observation{Members: &health.TaskMembers{Task: task, Index: w.next(), Gone: true}})
+		obs = append(obs,
+			health.Observation{Members: &health.TaskMembers{Task: task, Index: w.next(),
+				Gone: true}})
 	}
 	obs = append(obs, health.Observation{Generations: &health.Generations{Index: w.next()}})
 	for _, a := range as {
@@ -1008,11 +1078,14 @@ func drainWorld(t *testing.T, clock *clockwork.FakeClock, w *randomWorld, as ...
 		for _, m := range s.sessionIx.shards {
 			shards += len(m)
 		}
-		sizes := map[string]int{"lapsed": len(s.lapsed), "sessions": len(s.sessions), "instances": len(s.instances), "history": s.history.len(),
-			"history.touched": len(s.history.touched), "lastSeen": len(s.lastSeen), "session index": shards, "fleet": len(s.fleet), "printOf": len(s.printOf)}
+		sizes := map[string]int{"lapsed": len(s.lapsed), "sessions": len(s.sessions),
+			"instances": len(s.instances), "history": s.history.len(),
+			"history.touched": len(s.history.touched), "lastSeen": len(s.lastSeen),
+			"session index": shards, "fleet": len(s.fleet), "printOf": len(s.printOf)}
 		for name, n := range sizes {
 			if n != 0 {
-				t.Errorf("full=%v: %s holds %d entries after everything went", s.fullBatches, name, n)
+				t.Errorf("full=%v: %s holds %d entries after everything went", s.fullBatches, name,
+					n)
 			}
 		}
 	}
@@ -1024,7 +1097,8 @@ func TestStateDrainsOnceTheFleetIsGone(t *testing.T) {
 	for seed := range uint64(4) {
 		groups := worldGroups(t)
 		clock := clockwork.NewFakeClock()
-		inc, full := newDirectSyncer(t, clock, false, groups), newDirectSyncer(t, clock, true, groups)
+		inc, full := newDirectSyncer(t, clock, false, groups), newDirectSyncer(t, clock, true,
+			groups)
 		w := newRandomWorld(2000+seed, true)
 		for range 400 {
 			o, _ := w.observation(clock)
@@ -1047,8 +1121,10 @@ func TestFirstNonPassingSetAtIndexZeroMovesTheIndex(t *testing.T) {
 	inc, full := newDirectSyncer(t, clock, false, groups), newDirectSyncer(t, clock, true, groups)
 	m := fleettest.Member("a", "x", "s1", 1, 9001, "1.0.0", health.StatusWarning, 0)
 	m.Checks[1].ModifyIndex = 0
-	for _, o := range []health.Observation{{Tasks: &health.TaskList{Index: 1, Tasks: []string{"a"}}}, {Generations: &health.Generations{Index: 1}},
-		{Members: &health.TaskMembers{Task: "a", Index: 1, Members: []health.Member{m}}}, {NonPassing: &health.NonPassing{Index: 0}}} {
+	for _, o := range []health.Observation{{Tasks: &health.TaskList{Index: 1,
+		Tasks: []string{"a"}}}, {Generations: &health.Generations{Index: 1}},
+		{Members: &health.TaskMembers{Task: "a", Index: 1, Members: []health.Member{m}}},
+		{NonPassing: &health.NonPassing{Index: 0}}} {
 		inc.batch(o)
 		full.batch(o)
 	}

@@ -23,7 +23,9 @@ func TestCordonLimitDoesNotCountALostDatacenter(t *testing.T) {
 	h.waitReach("dc2", health.Lost)
 	h.waitLoad(local, mdcOnlyDC1)
 
-	raw := map[string][]byte{"c1": []byte(`{"id":"c1","version_constraint":">=1.0.0, <2.0.0","reason":"bad build","by":"ops","at":"2026-01-01T00:00:00Z"}`)}
+	cordon := `{"id":"c1","version_constraint":">=1.0.0, <2.0.0","reason":"bad build",` +
+		`"by":"ops","at":"2026-01-01T00:00:00Z"}`
+	raw := map[string][]byte{"c1": []byte(cordon)}
 	h.send("", health.Observation{Cordons: &health.CordonSet{Index: 1, Raw: raw}})
 	routed := 0
 	for _, x := range h.ofDC("dc1") {
@@ -32,6 +34,7 @@ func TestCordonLimitDoesNotCountALostDatacenter(t *testing.T) {
 		}
 	}
 	if routed == 0 {
-		t.Fatalf("the cordon took every executor that takes new work (served %q); the safety limit counted dc2's lost executors as live", h.load(local))
+		t.Fatalf("the cordon took every executor that takes new work (served %q); the safety "+
+			"limit counted dc2's lost executors as live", h.load(local))
 	}
 }

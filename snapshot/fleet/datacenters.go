@@ -18,18 +18,23 @@ type fleetKey struct{ dc, task string }
 
 // dcState is what the syncer knows of one datacenter.
 type dcState struct {
+	// np is its non-passing set, npJoined the one the fleet state was last
+	// joined with (markNonPassing).
 	np, npJoined *health.NonPassingSet
 	haveNP       bool
 	haveGen      bool
-	tasks        []string                           // task types Consul lists; nil until first read
-	listed       map[string]health.GenerationRecord // per instance: its generation key in this datacenter's last listing
-	keyReads     map[string]health.GenerationRecord // per instance: its key read back by a task watch, newer than the listing
-	marks        []health.LapseMark                 // the lapse marks in this datacenter's KV
-	haveMarks    bool                               // they have been read
-	marksIndex   uint64                             // the index of their listing
-	genIndex     uint64
-	failing      bool      // some watch of it failed and has not answered since
-	failedAt     time.Time // when the failures began
+	tasks        []string // task types Consul lists; nil until first read
+	// Per instance: its generation key in this datacenter's last listing
+	// (listed), and its key read back by a task watch when newer than the
+	// listing (keyReads).
+	listed     map[string]health.GenerationRecord
+	keyReads   map[string]health.GenerationRecord
+	genIndex   uint64             // the index of the listing
+	marks      []health.LapseMark // the lapse marks in this datacenter's KV
+	haveMarks  bool               // they have been read
+	marksIndex uint64             // the index of their listing
+	failing    bool               // some watch of it failed and has not answered since
+	failedAt   time.Time          // when the failures began
 	// When each watch that answers at least every FastWait last did: the
 	// non-passing checks, the generation keys, the task list.
 	heardNP, heardGen, heardTasks time.Time
@@ -198,7 +203,8 @@ func (s *Syncer) quietAfter(name string) time.Duration {
 // silence every datacenter shared (leasehold's own agent away) is no
 // partition, so the bound counts from when another began answering again —
 // and Lost until it answers itself.
-func (s *Syncer) reachOf(name string, d *dcState, now, othersSince time.Time) (health.Reach, string) {
+func (s *Syncer) reachOf(name string, d *dcState,
+	now, othersSince time.Time) (health.Reach, string) {
 	since := s.silentSince(d)
 	at := since.UTC().Format(time.RFC3339)
 	switch {
@@ -209,7 +215,8 @@ func (s *Syncer) reachOf(name string, d *dcState, now, othersSince time.Time) (h
 		// snapshot last served without it stays.
 		return health.Lost, d.reachDetail
 	case !othersSince.IsZero() && now.Sub(later(since, othersSince)) > s.lostAfter(name):
-		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other datacenters answer: not routed until it answers", at, s.lostBound(name))
+		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other "+
+			"datacenters answer: not routed until it answers", at, s.lostBound(name))
 	default:
 		return health.Unanswered, fmt.Sprintf("no answer since %s", at)
 	}
@@ -231,7 +238,8 @@ func (s *Syncer) lostAfter(name string) time.Duration {
 func (s *Syncer) lostBound(name string) string {
 	if b := s.lostAfter(name); b != s.cfg.DatacenterLost {
 		if b != s.shortestLease(name) {
-			return b.String() + ", the shortest lease_ttl there (" + s.shortestLease(name).String() + ") raised to the least bound"
+			return b.String() + ", the shortest lease_ttl there (" +
+				s.shortestLease(name).String() + ") raised to the least bound"
 		}
 		return b.String() + ", the shortest lease_ttl there"
 	}
@@ -273,7 +281,8 @@ func (s *Syncer) othersAnsweringSince(d *dcState) time.Time {
 // registrations of those whose reach changed; it reports whether any did.
 func (s *Syncer) updateReach(now time.Time) (changed bool) {
 	if !s.cfg.multi() {
-		return false // one datacenter: Consul's reachability is readiness and the fencing bound, as ever
+		// One datacenter: Consul's reachability is readiness and the fencing bound, as ever.
+		return false
 	}
 	for name, d := range s.dcs {
 		ans := s.answering(name, d, now)
@@ -290,7 +299,8 @@ func (s *Syncer) updateReach(now time.Time) (changed bool) {
 		if r == d.reach {
 			continue
 		}
-		s.log.Warn("datacenter reach changed", "datacenter", name, "from", d.reach.String(), "to", r.String(), "detail", detail)
+		s.log.Warn("datacenter reach changed", "datacenter", name, "from", d.reach.String(),
+			"to", r.String(), "detail", detail)
 		changed = true
 		for k, ts := range s.fleet {
 			if k.dc == name {
@@ -310,7 +320,8 @@ func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
 	}
 	for name, d := range s.dcs {
 		since, lost := s.silentSince(d), s.lostAfter(name)
-		for _, at := range []time.Time{since.Add(s.quietAfter(name)), since.Add(lost), d.answeringSince.Add(lost)} {
+		for _, at := range []time.Time{since.Add(s.quietAfter(name)), since.Add(lost),
+			d.answeringSince.Add(lost)} {
 			at = at.Add(time.Millisecond) // past the bound, not on it
 			if at.After(now) && (next.IsZero() || at.Before(next)) {
 				next = at

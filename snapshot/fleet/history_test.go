@@ -38,7 +38,9 @@ func TestRecreatedLeaseCheckIsAFinalLapse(t *testing.T) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
 	h.nonPassing()
-	y1 := withLeaseCreated(fleettest.Member("work", "y", "y1", 1, 9101, "1.0.0", health.StatusPassing, 3), 3) // keeps the task type alive
+	// Keeps the task type alive.
+	y1 := withLeaseCreated(fleettest.Member("work", "y", "y1", 1, 9101, "1.0.0",
+		health.StatusPassing, 3), 3)
 	s1 := fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, 4)
 	z1 := fleettest.Member("work", "z", "z1", 1, 9201, "1.0.0", health.StatusPassing, 5)
 	h.members("work", y1, withLeaseCreated(s1, 40), withLeaseCreated(z1, 41))
@@ -47,20 +49,30 @@ func TestRecreatedLeaseCheckIsAFinalLapse(t *testing.T) {
 	}
 	h.members("work", y1, withLeaseCreated(z1, 41)) // x's agent left: s1's registration is gone
 	h.settle()
-	h.members("work", y1, withLeaseCreated(s1, 90), withLeaseCreated(z1, 41)) // re-synced: s1's check created anew
-	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionLapsed || h.routesHealthy("x", "s1") {
-		t.Fatalf("s1 back with its lease check re-created: %s (routed %v), want LAPSED, not routed", st.State, h.routesHealthy("x", "s1"))
+	// Re-synced: s1's check created anew.
+	h.members("work", y1, withLeaseCreated(s1, 90), withLeaseCreated(z1, 41))
+	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionLapsed ||
+		h.routesHealthy("x", "s1") {
+		t.Fatalf("s1 back with its lease check re-created: %s (routed %v), want LAPSED, not routed",
+			st.State, h.routesHealthy("x", "s1"))
 	}
-	if st := h.settle().Sessions().Check("z", "z1"); st.State != health.SessionCurrent || !h.routesHealthy("z", "z1") {
-		t.Fatalf("z1, its lease check the one first seen: %s (routed %v), want CURRENT and routed", st.State, h.routesHealthy("z", "z1"))
+	if st := h.settle().Sessions().Check("z", "z1"); st.State != health.SessionCurrent ||
+		!h.routesHealthy("z", "z1") {
+		t.Fatalf("z1, its lease check the one first seen: %s (routed %v), want CURRENT and routed",
+			st.State, h.routesHealthy("z", "z1"))
 	}
-	h.members("work", y1, withLeaseCreated(s1, 90), withLeaseCreated(z1, 77)) // z1's check re-created between two reads
-	if st := h.settle().Sessions().Check("z", "z1"); st.State != health.SessionLapsed || h.routesHealthy("z", "z1") {
-		t.Fatalf("z1 with its lease check re-created: %s (routed %v), want LAPSED, not routed", st.State, h.routesHealthy("z", "z1"))
+	// z1's check re-created between two reads.
+	h.members("work", y1, withLeaseCreated(s1, 90), withLeaseCreated(z1, 77))
+	if st := h.settle().Sessions().Check("z", "z1"); st.State != health.SessionLapsed ||
+		h.routesHealthy("z", "z1") {
+		t.Fatalf("z1 with its lease check re-created: %s (routed %v), want LAPSED, not routed",
+			st.State, h.routesHealthy("z", "z1"))
 	}
 	h.members("work", y1, withLeaseCreated(s1, 40)) // even the first check again: a lapse is final
-	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionLapsed || h.routesHealthy("x", "s1") {
-		t.Fatalf("s1 later: %s (routed %v), want LAPSED, not routed", st.State, h.routesHealthy("x", "s1"))
+	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionLapsed ||
+		h.routesHealthy("x", "s1") {
+		t.Fatalf("s1 later: %s (routed %v), want LAPSED, not routed", st.State,
+			h.routesHealthy("x", "s1"))
 	}
 }
 
@@ -72,7 +84,8 @@ func TestLeaseCheckSeenAgainIsNoLapse(t *testing.T) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
 	h.nonPassing()
-	s1 := withLeaseCreated(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, 4), 40)
+	s1 := withLeaseCreated(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0",
+		health.StatusPassing, 4), 40)
 	h.members("work", s1)
 	noLease := s1
 	noLease.Checks = s1.Checks[:1]
@@ -82,8 +95,10 @@ func TestLeaseCheckSeenAgainIsNoLapse(t *testing.T) {
 	warm.Checks = append([]health.CheckState(nil), s1.Checks...)
 	warm.Checks[1].ModifyIndex = 60 // heartbeats change the check, not its CreateIndex
 	h.members("work", warm)
-	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionCurrent || !h.routesHealthy("x", "s1") {
-		t.Fatalf("s1 with its first lease check: %s (routed %v), want CURRENT and routed", st.State, h.routesHealthy("x", "s1"))
+	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionCurrent ||
+		!h.routesHealthy("x", "s1") {
+		t.Fatalf("s1 with its first lease check: %s (routed %v), want CURRENT and routed", st.State,
+			h.routesHealthy("x", "s1"))
 	}
 }
 
@@ -96,15 +111,20 @@ func lapseByNodeFailureThenVanish(t *testing.T) (*syncHarness, health.Member) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
 	h.nonPassing()
-	y1 := onNodeWithSerf(fleettest.Member("work", "y", "y1", 1, 9101, "1.0.0", health.StatusPassing, 3), "node-y", health.StatusPassing, 1)
-	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, 4), "node-x", health.StatusPassing, 1)
+	y1 := onNodeWithSerf(fleettest.Member("work", "y", "y1", 1, 9101, "1.0.0", health.StatusPassing,
+		3), "node-y", health.StatusPassing, 1)
+	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing,
+		4), "node-x", health.StatusPassing, 1)
 	h.members("work", y1, s1)
 	if !h.routesHealthy("x", "s1") {
 		t.Fatal("s1 not routed at first")
 	}
-	h.nonPassing(health.CheckState{Node: "node-x", CheckID: health.SerfHealthCheckID, Status: health.StatusCritical, Output: "Agent not live or unreachable"})
-	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionLapsed || h.routesHealthy("x", "s1") {
-		t.Fatalf("node failed: s1 %s (routed %v), want LAPSED and not routed", st.State, h.routesHealthy("x", "s1"))
+	h.nonPassing(health.CheckState{Node: "node-x", CheckID: health.SerfHealthCheckID,
+		Status: health.StatusCritical, Output: "Agent not live or unreachable"})
+	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionLapsed ||
+		h.routesHealthy("x", "s1") {
+		t.Fatalf("node failed: s1 %s (routed %v), want LAPSED and not routed", st.State,
+			h.routesHealthy("x", "s1"))
 	}
 	h.members("work", y1) // node-x force-left / reaped: its registrations are gone
 	h.nonPassing()        // and so is its serfHealth check
@@ -132,11 +152,13 @@ func TestLapseOfANodeBackAfterHoursIsFinal(t *testing.T) {
 	h.nonPassing()                 // any change: the history is pruned
 	h.settle()                     // (not coalesced with the re-sync below)
 	// node-x is back, its agent re-syncs s1 (lease passing, serfHealth passing).
-	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, h.index+2), "node-x", health.StatusPassing, h.index+1)
+	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing,
+		h.index+2), "node-x", health.StatusPassing, h.index+1)
 	h.members("work", y1, s1)
 	st := h.settle().Sessions().Check("x", "s1")
 	if routed := h.routesHealthy("x", "s1"); routed || st.State == health.SessionCurrent {
-		t.Fatalf("a session seen on a failed node came back after %v: state %s, routed %v — a lapse must be final", 2*time.Hour, st.State, routed)
+		t.Fatalf("a session seen on a failed node came back after %v: state %s, routed %v — a "+
+			"lapse must be final", 2*time.Hour, st.State, routed)
 	}
 }
 
@@ -151,11 +173,13 @@ func TestLapseOfANodeBackAfterHoursIsFinal(t *testing.T) {
 func TestLapseSurvivesConsulsIndexGoingBack(t *testing.T) {
 	h, y1 := lapseByNodeFailureThenVanish(t)
 	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
-	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, h.index+2), "node-x", health.StatusPassing, h.index+1)
+	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing,
+		h.index+2), "node-x", health.StatusPassing, h.index+1)
 	h.members("work", y1, s1)
 	st := h.settle().Sessions().Check("x", "s1")
 	if routed := h.routesHealthy("x", "s1"); routed || st.State == health.SessionCurrent {
-		t.Fatalf("after an index reset, a session seen on a failed node came back: state %s, routed %v — a lapse must be final", st.State, routed)
+		t.Fatalf("after an index reset, a session seen on a failed node came back: state %s, "+
+			"routed %v — a lapse must be final", st.State, routed)
 	}
 }
 
@@ -166,7 +190,8 @@ func TestLapseRememberedWithinTheRetention(t *testing.T) {
 	h.clock.Advance(30 * time.Minute)
 	h.nonPassing()
 	h.settle()
-	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, h.index+2), "node-x", health.StatusPassing, h.index+1)
+	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing,
+		h.index+2), "node-x", health.StatusPassing, h.index+1)
 	h.members("work", y1, s1)
 	st := h.settle().Sessions().Check("x", "s1")
 	if routed := h.routesHealthy("x", "s1"); routed || st.State != health.SessionLapsed {
@@ -186,18 +211,22 @@ func TestLapseSurvivesChurnOfOtherInstances(t *testing.T) {
 	h.clock.Advance(time.Second)
 	churn := []health.Member{y1}
 	for i := range historyInstances + 1 {
-		churn = append(churn, fleettest.Member("work", "junk-"+strconv.Itoa(i), "j", 1, 20000+i%40000, "1.0.0", health.StatusPassing, h.index+1))
+		churn = append(churn,
+			fleettest.Member("work", "junk-"+strconv.Itoa(i), "j", 1, 20000+i%40000, "1.0.0",
+				health.StatusPassing, h.index+1))
 	}
 	h.members("work", churn...)
 	h.settle()
 	h.clock.Advance(time.Second)
 	h.members("work", y1)
 	h.settle()
-	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, h.index+2), "node-x", health.StatusPassing, h.index+1)
+	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing,
+		h.index+2), "node-x", health.StatusPassing, h.index+1)
 	h.members("work", y1, s1)
 	st := h.settle().Sessions().Check("x", "s1")
 	if routed := h.routesHealthy("x", "s1"); routed || st.State == health.SessionCurrent {
-		t.Fatalf("after %d other instances came and went, a session seen on a failed node came back: state %s, routed %v", historyInstances+1, st.State, routed)
+		t.Fatalf("after %d other instances came and went, a session seen on a failed node came "+
+			"back: state %s, routed %v", historyInstances+1, st.State, routed)
 	}
 }
 
@@ -214,11 +243,14 @@ func TestMissingLeaseIsNotAFinalLapse(t *testing.T) {
 	noLease := s1
 	noLease.Checks = s1.Checks[:1] // serfHealth only: the lease check was deregistered
 	h.members("work", noLease)
-	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionUnknown || h.routesHealthy("x", "s1") {
-		t.Fatalf("without its lease check s1 is %s, routed %v: want UNKNOWN, not routed", st.State, h.routesHealthy("x", "s1"))
+	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionUnknown ||
+		h.routesHealthy("x", "s1") {
+		t.Fatalf("without its lease check s1 is %s, routed %v: want UNKNOWN, not routed", st.State,
+			h.routesHealthy("x", "s1"))
 	}
 	h.members("work", s1) // the same session's check is back, passing
-	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionCurrent || !h.routesHealthy("x", "s1") {
+	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionCurrent ||
+		!h.routesHealthy("x", "s1") {
 		t.Fatalf("with its check back s1 is %s, routed %v", st.State, h.routesHealthy("x", "s1"))
 	}
 }
@@ -241,12 +273,14 @@ func TestLapseOfALowGenerationSessionIsRemembered(t *testing.T) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
 	h.nonPassing()
-	y1 := onNodeWithSerf(fleettest.Member("work", "y", "y1", 1, 9101, "1.0.0", health.StatusPassing, 3), "node-y", health.StatusPassing, 1)
+	y1 := onNodeWithSerf(fleettest.Member("work", "y", "y1", 1, 9101, "1.0.0", health.StatusPassing,
+		3), "node-y", health.StatusPassing, 1)
 	// Instance x restarted 8 times (generations 10..17), each
 	// session replaced by the next.
 	for g := uint64(10); g <= 17; g++ {
 		h.generations(map[string]uint64{"x": g, "y": 1})
-		s := onNodeWithSerf(fleettest.Member("work", "x", "old"+strconv.FormatUint(g, 10), g, 9001, "1.0.0", health.StatusPassing, h.index+1), "node-x", health.StatusPassing, 1)
+		s := onNodeWithSerf(fleettest.Member("work", "x", "old"+strconv.FormatUint(g, 10), g, 9001,
+			"1.0.0", health.StatusPassing, h.index+1), "node-x", health.StatusPassing, 1)
 		h.members("work", y1, s)
 		h.settle()
 	}
@@ -256,13 +290,15 @@ func TestLapseOfALowGenerationSessionIsRemembered(t *testing.T) {
 	// Consul loses its state (or the key is deleted): x starts again at generation 1.
 	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
 	h.generations(map[string]uint64{"x": 1, "y": 1})
-	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, h.index+1), "node-x", health.StatusPassing, 1)
+	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing,
+		h.index+1), "node-x", health.StatusPassing, 1)
 	h.members("work", y1, s1)
 	if !h.routesHealthy("x", "s1") {
 		t.Fatal("premise: s1 is routed")
 	}
 	// node-x fails: s1 is LAPSED, for ever.
-	h.nonPassing(health.CheckState{Node: "node-x", CheckID: health.SerfHealthCheckID, Status: health.StatusCritical, Output: "Agent not live or unreachable"})
+	h.nonPassing(health.CheckState{Node: "node-x", CheckID: health.SerfHealthCheckID,
+		Status: health.StatusCritical, Output: "Agent not live or unreachable"})
 	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionLapsed {
 		t.Fatalf("premise: s1 %s, want LAPSED", st.State)
 	}
@@ -271,13 +307,16 @@ func TestLapseOfALowGenerationSessionIsRemembered(t *testing.T) {
 	h.nonPassing()
 	gone := h.settle().Sessions().Check("x", "s1")
 	// node-x rejoins, its agent re-syncs s1 (lease passing, serfHealth passing).
-	back := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, h.index+2), "node-x", health.StatusPassing, h.index+1)
+	back := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0",
+		health.StatusPassing, h.index+2), "node-x", health.StatusPassing, h.index+1)
 	h.members("work", y1, back)
 	st := h.settle().Sessions().Check("x", "s1")
 	routed := h.routesHealthy("x", "s1")
 	if gone.State != health.SessionLapsed || st.State == health.SessionCurrent || routed {
-		t.Fatalf("s1 (generation 1) was seen LAPSED; with its registration gone it is answered %s (%s); back again it is %s and routed %v — "+
-			"the history held 8 sessions with higher generations from before, so s1 was never in it", gone.State, gone.Detail, st.State, routed)
+		t.Fatalf("s1 (generation 1) was seen LAPSED; with its registration gone it is answered "+
+			"%s (%s); back again it is %s and routed %v: the history held 8 sessions with "+
+			"higher generations from before, so s1 was never in it",
+			gone.State, gone.Detail, st.State, routed)
 	}
 }
 
@@ -310,11 +349,13 @@ func TestPresentLapsedSessionStaysInTheHistory(t *testing.T) {
 	}
 	y1 := on(fleettest.Member("a", "y", "y1", 1, 9101, "1.0.0", health.StatusPassing, 3), "node-y")
 	xCreate := next()
-	x := on(fleettest.Member("a", "x", "X", 10, 9001, "1.0.0", health.StatusPassing, xCreate), "node-a")
+	x := on(fleettest.Member("a", "x", "X", 10, 9001, "1.0.0", health.StatusPassing, xCreate),
+		"node-a")
 	both(health.Observation{Tasks: &health.TaskList{Index: next(), Tasks: []string{"a", "b"}}},
 		health.Observation{Generations: &health.Generations{Index: next()}},
 		health.Observation{NonPassing: &health.NonPassing{Index: next()}},
-		health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(), Members: []health.Member{y1, x}}},
+		health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(),
+			Members: []health.Member{y1, x}}},
 		health.Observation{Members: &health.TaskMembers{Task: "b", Index: next(), Gone: true}})
 	if st := inc.s.View().Sessions().Check("x", "X"); st.State != health.SessionCurrent {
 		t.Fatalf("premise: X %s", st.State)
@@ -322,31 +363,39 @@ func TestPresentLapsedSessionStaysInTheHistory(t *testing.T) {
 	// X's lease lapses.
 	lapse := x.Checks[1]
 	lapse.Status, lapse.ModifyIndex = health.StatusCritical, next()
-	both(health.Observation{NonPassing: &health.NonPassing{Index: index, Checks: []health.CheckState{lapse}}})
+	both(health.Observation{NonPassing: &health.NonPassing{Index: index,
+		Checks: []health.CheckState{lapse}}})
 	if st := inc.s.View().Sessions().Check("x", "X"); st.State != health.SessionLapsed {
 		t.Fatalf("premise: X %s, want LAPSED", st.State)
 	}
 	// 8 older sessions of x on node-b, lapsed.
 	var olds []health.Member
 	for g := uint64(1); g <= 8; g++ {
-		olds = append(olds, on(fleettest.Member("b", "x", fmt.Sprint("o", g), g, 9001+int(g), "1.0.0", health.StatusCritical, next()), "node-b"))
+		olds = append(olds,
+			on(fleettest.Member("b", "x", fmt.Sprint("o", g), g, 9001+int(g), "1.0.0",
+				health.StatusCritical, next()), "node-b"))
 	}
 	both(health.Observation{Members: &health.TaskMembers{Task: "b", Index: next(), Members: olds}})
 	// Anything else: a batch that does not concern x.
-	both(health.Observation{NonPassing: &health.NonPassing{Index: next(), Checks: []health.CheckState{lapse}}})
+	both(health.Observation{NonPassing: &health.NonPassing{Index: next(),
+		Checks: []health.CheckState{lapse}}})
 	// node-a is reaped: X's registration is gone; so are the old ones.
-	both(health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(), Members: []health.Member{y1}}},
+	both(health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(),
+		Members: []health.Member{y1}}},
 		health.Observation{Members: &health.TaskMembers{Task: "b", Index: next(), Gone: true}})
 	gone := inc.s.View().Sessions().Check("x", "X")
 	// node-a rejoins (a new serfHealth), its agent re-syncs X, lease passing.
-	back := onNodeWithSerf(fleettest.Member("a", "x", "X", 10, 9001, "1.0.0", health.StatusPassing, next()), "node-a", health.StatusPassing, next())
+	back := onNodeWithSerf(fleettest.Member("a", "x", "X", 10, 9001, "1.0.0", health.StatusPassing,
+		next()), "node-a", health.StatusPassing, next())
 	back.Checks[0].CreateIndex = index
 	both(health.Observation{NonPassing: &health.NonPassing{Index: next()}},
-		health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(), Members: []health.Member{y1, back}}})
+		health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(),
+			Members: []health.Member{y1, back}}})
 	routed := func(a *directSyncer) bool {
 		v := a.s.View()
 		for i, vd := range v.DecideAll(health.Dispatcher{}) {
-			if e := v.Executors()[i]; e.InstanceID == "x" && e.SessionID == "X" && vd.Route != health.RouteNone {
+			if e := v.Executors()[i]; e.InstanceID == "x" && e.SessionID == "X" &&
+				vd.Route != health.RouteNone {
 				return true
 			}
 		}
@@ -354,7 +403,8 @@ func TestPresentLapsedSessionStaysInTheHistory(t *testing.T) {
 	}
 	si, sf := inc.s.View().Sessions().Check("x", "X"), full.s.View().Sessions().Check("x", "X")
 	if gone.State != health.SessionLapsed || si.State != health.SessionLapsed || routed(inc) {
-		t.Fatalf("X was seen LAPSED while registered; gone it is answered %s (%s), back %s, routed %v (the full syncer: %s, routed %v)",
+		t.Fatalf("X was seen LAPSED while registered; gone it is answered %s (%s), back %s, "+
+			"routed %v (the full syncer: %s, routed %v)",
 			gone.State, gone.Detail, si.State, routed(inc), sf.State, routed(full))
 	}
 	if err := sameState(inc, full, groups); err != nil {
@@ -370,7 +420,8 @@ func TestChurnDoesNotGrowMemory(t *testing.T) {
 	if testing.Short() {
 		t.Skip("churns 20,000 sessions")
 	}
-	h := startSyncer(t, slog.New(slog.NewTextHandler(io.Discard, nil))) // 20,000 sessions' logs would dwarf the test
+	// 20,000 sessions' logs would dwarf the test.
+	h := startSyncer(t, slog.New(slog.NewTextHandler(io.Discard, nil)))
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
 	h.nonPassing()
@@ -419,7 +470,8 @@ func TestChurnDoesNotGrowMemory(t *testing.T) {
 			if n%10 == 0 {
 				lease = health.StatusCritical
 			}
-			m := fleettest.Member("work", fmt.Sprintf("inst-%d", n), fmt.Sprintf("s-%d", n), 1, 10000+i, "1.0.0", lease, h.index+1)
+			m := fleettest.Member("work", fmt.Sprintf("inst-%d", n), fmt.Sprintf("s-%d", n), 1,
+				10000+i, "1.0.0", lease, h.index+1)
 			if n%7 == 0 {
 				m.Err = errors.New("capacity: not an integer")
 			}
@@ -431,20 +483,25 @@ func TestChurnDoesNotGrowMemory(t *testing.T) {
 	}
 	h.members("work", steady) // every churned session is gone
 	history, _, _, _, _ := sizes()
-	if want := 1 + historyInstances; history != want { // 17,142 instances went, the 10,000 gone last are kept
-		t.Fatalf("history holds %d instances right after the churn, want %d: gone sessions must still be answered for a while", history, want)
+	// 17,142 instances went, the 10,000 gone last are kept.
+	if want := 1 + historyInstances; history != want {
+		t.Fatalf("history holds %d instances right after the churn, want %d: gone sessions must "+
+			"still be answered for a while", history, want)
 	}
-	if st := h.s.View().Sessions().Check("inst-19990", "s-19990"); st.State != health.SessionLapsed {
+	if st := h.s.View().Sessions().Check("inst-19990",
+		"s-19990"); st.State != health.SessionLapsed {
 		t.Fatalf("a lapsed session gone a moment ago answers %s, want LAPSED", st.State)
 	}
 	if history <= 1 {
-		t.Fatalf("history holds %d instances right after the churn: gone sessions must still be answered for a while", history)
+		t.Fatalf("history holds %d instances right after the churn: gone sessions must still be "+
+			"answered for a while", history)
 	}
 	h.clock.Advance(h.s.cfg.HistoryRetention + time.Minute)
 	h.members("work", steady)
 	history, lastSeen, lapsed, bad, prints := sizes()
 	if history > 1 || lastSeen > 1 || lapsed > 0 || bad > 0 || prints > 1 {
-		t.Fatalf("after the retention: history %d, lastSeen %d, lapsed %d, bad %d, registrations %d; want the one steady executor at most", history, lastSeen, lapsed, bad, prints)
+		t.Fatalf("after the retention: history %d, lastSeen %d, lapsed %d, bad %d, registrations "+
+			"%d; want the one steady executor at most", history, lastSeen, lapsed, bad, prints)
 	}
 	if after := heap(); after > before+4<<20 {
 		t.Fatalf("heap %d KiB after the churn, %d KiB before", after>>10, before>>10)

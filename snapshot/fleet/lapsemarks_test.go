@@ -22,7 +22,8 @@ func TestLapseMarksAreFinal(t *testing.T) {
 
 	marks := &health.LapseMarks{Index: h.next("dc1"), Marks: []health.LapseMark{
 		{InstanceID: "a1", SessionID: "s1", Generation: 1},
-		{InstanceID: "a2", SessionID: "s0", Generation: 1}, // a2's earlier session, gone before this replica started
+		// a2's earlier session, gone before this replica started.
+		{InstanceID: "a2", SessionID: "s0", Generation: 1},
 	}}
 	h.send("dc1", health.Observation{Lapses: marks})
 	h.expectSession("a1", "s1", health.SessionLapsed)
@@ -51,10 +52,13 @@ func TestLapseMarksIndexIsInTheViewAndProgress(t *testing.T) {
 	}
 	at := h.next("dc1") + 50 // the marks' listing, above every other answer of dc1
 	h.index["dc1"] = at
-	h.send("dc1", health.Observation{Lapses: &health.LapseMarks{Index: at, Marks: []health.LapseMark{{InstanceID: "a2", SessionID: "s0", Generation: 1}}}})
+	h.send("dc1",
+		health.Observation{Lapses: &health.LapseMarks{Index: at,
+			Marks: []health.LapseMark{{InstanceID: "a2", SessionID: "s0", Generation: 1}}}})
 	i, _ := h.s.View().Datacenter("dc1")
 	if i.LapsesIndex != at || i.ConsulIndex != at {
-		t.Fatalf("dc1's indexes %+v after the lapse marks' listing at %d: want it as LapsesIndex and ConsulIndex", i, at)
+		t.Fatalf("dc1's indexes %+v after the lapse marks' listing at %d: want it as LapsesIndex "+
+			"and ConsulIndex", i, at)
 	}
 	p := h.s.Progress("dc1")
 	if p.Lapses != at || p.Current() != min(p.NonPassing, p.Generations) {
@@ -88,15 +92,21 @@ func TestLapseSeenAwaitsItsMarkInTheView(t *testing.T) {
 	h.send("dc1", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1")}})
 	h.send("dc2", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc2")}})
 	a1 := h.execs[0]
-	h.send("dc1", h.nonPassing("dc1", health.CheckState{Node: a1.node, CheckID: mdcLeaseOf(a1), ServiceID: health.ServiceID(a1.inst, mdcTask), Status: health.StatusCritical}))
+	h.send("dc1",
+		h.nonPassing("dc1",
+			health.CheckState{Node: a1.node, CheckID: mdcLeaseOf(a1),
+				ServiceID: health.ServiceID(a1.inst, mdcTask), Status: health.StatusCritical}))
 	h.expectSession("a1", "s1", health.SessionLapsed)
 	if len(recorded) != 1 || !h.s.View().LapseUnrecorded("a1", "s1") {
-		t.Fatalf("a1/s1 lapsed: recorded %d, unrecorded in the view %v; want its mark awaited", len(recorded), h.s.View().LapseUnrecorded("a1", "s1"))
+		t.Fatalf("a1/s1 lapsed: recorded %d, unrecorded in the view %v; want its mark awaited",
+			len(recorded), h.s.View().LapseUnrecorded("a1", "s1"))
 	}
 	if h.s.View().LapseUnrecorded("a2", "s1") {
 		t.Fatal("a2/s1 never lapsed")
 	}
-	h.send("dc1", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1"), Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}})
+	h.send("dc1",
+		health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1"),
+			Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}})
 	if v := h.s.View(); v.LapseUnrecorded("a1", "s1") {
 		t.Fatal("a1/s1's mark was read back; the view still awaits it")
 	}
@@ -121,11 +131,14 @@ func TestNothingIsServedBeforeTheLapseMarksAreRead(t *testing.T) {
 		h.clock.Advance(100 * time.Millisecond)
 		h.settle()
 		if st := h.session("a1", "s1"); st.State == health.SessionCurrent {
-			t.Errorf("session a1/s1 answered CURRENT before the lapse marks were read (it lapsed before the restart)")
+			t.Errorf("session a1/s1 answered CURRENT before the lapse marks were read (it lapsed " +
+				"before the restart)")
 		}
-		t.Fatalf("served %q before the lapse marks were read: a1/s1 (lapsed before the restart) may be routed", h.load(d))
+		t.Fatalf("served %q before the lapse marks were read: a1/s1 (lapsed before the restart) "+
+			"may be routed", h.load(d))
 	}
-	marks := &health.LapseMarks{Index: h.next("dc1"), Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}
+	marks := &health.LapseMarks{Index: h.next("dc1"),
+		Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}
 	h.send("dc1", health.Observation{Lapses: marks})
 	h.expectVerdict(d, "a1", "s1", health.RouteNone, health.ReasonLapsed)
 }

@@ -26,11 +26,13 @@ import (
 // Publication describes one snapshot set in the cache, for the xDS server's
 // push tracing and lapse-to-push latency.
 type Publication struct {
-	Group        string
-	Snapshot     *cache.Snapshot
-	Ctx          context.Context // carries the span of the cache update, if traced
-	LapsedAt     time.Time       // when Consul reported the earliest lapse this publication removes (zero: none)
-	RemovedTasks []string        // task types whose endpoints lost or drained one
+	Group    string
+	Snapshot *cache.Snapshot
+	Ctx      context.Context // carries the span of the cache update, if traced
+	// LapsedAt is when Consul reported the earliest lapse this publication
+	// removes (zero: none).
+	LapsedAt     time.Time
+	RemovedTasks []string // task types whose endpoints lost or drained one
 }
 
 // Notify registers f to be called (from Run; it must not block) for every
@@ -45,7 +47,8 @@ func (s *Syncer) Notify(f func(Publication)) { s.listeners = append(s.listeners,
 func (s *Syncer) publishBatch(ctx context.Context, present int) {
 	if !s.synced && s.allRead() {
 		s.synced = true
-		s.log.Info("fleet read: serving", "tasks", len(taskNames(s.members)), "executors", present, "datacenters", len(s.dcs))
+		s.log.Info("fleet read: serving", "tasks", len(taskNames(s.members)), "executors", present,
+			"datacenters", len(s.dcs))
 		for key, g := range s.groups { // waiting dispatchers get their first snapshot
 			s.publish(ctx, key, g)
 		}
@@ -81,7 +84,8 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	tasks := taskNames(s.members)
 	res := map[types.ResponseType][]types.Resource{}
 	versions := map[string]map[string]string{ // type URL → name → content version
-		resource.ListenerType: {}, resource.RouteType: {}, resource.ClusterType: {}, resource.EndpointType: {},
+		resource.ListenerType: {}, resource.RouteType: {},
+		resource.ClusterType: {}, resource.EndpointType: {},
 	}
 	for _, task := range tasks {
 		if !g.d.AllowsTask(task) {
@@ -94,7 +98,8 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		res[types.Cluster] = append(res[types.Cluster], c)
 		versions[resource.ListenerType][task] = s.staticVersion(resource.ListenerType, task, l)
 		versions[resource.RouteType][task] = s.staticVersion(resource.RouteType, task, r)
-		versions[resource.ClusterType][task] = s.staticVersion(resource.ClusterType, task+"\x00"+string(lb), c)
+		versions[resource.ClusterType][task] = s.staticVersion(resource.ClusterType,
+			task+"\x00"+string(lb), c)
 		if cla := g.loads[task]; cla != nil {
 			res[types.Endpoint] = append(res[types.Endpoint], cla)
 			versions[resource.EndpointType][task] = g.claVersion[task]
@@ -105,7 +110,8 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	// while a delta client is connected (ConstructVersionMap keeps a map
 	// that is already set).
 	snap := &cache.Snapshot{VersionMap: versions}
-	for _, typ := range []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route} {
+	all := []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route}
+	for _, typ := range all {
 		url, _ := cache.GetResponseTypeURL(typ)
 		snap.Resources[typ] = cache.NewResources(xdscache.TypeVersion(versions[url]), res[typ])
 	}
@@ -118,10 +124,12 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	ctx, span := s.tracer.Start(ctx, "leasehold.cache_update", trace.WithAttributes(
 		attribute.String("leasehold.constraint_set", key),
 		attribute.String("xds.version.endpoints", snap.Resources[types.Endpoint].Version),
-		attribute.Int("xds.resources", len(res[types.Endpoint])+len(res[types.Listener])+len(res[types.Route])+len(res[types.Cluster])),
+		attribute.Int("xds.resources", len(res[types.Endpoint])+len(res[types.Listener])+
+			len(res[types.Route])+len(res[types.Cluster])),
 	))
 	// Listeners hear of the publication before any response it causes.
-	pub := Publication{Group: key, Snapshot: snap, Ctx: ctx, LapsedAt: g.lapsedAt, RemovedTasks: g.removedTasks}
+	pub := Publication{Group: key, Snapshot: snap, Ctx: ctx, LapsedAt: g.lapsedAt,
+		RemovedTasks: g.removedTasks}
 	for _, f := range s.listeners {
 		f(pub)
 	}
@@ -182,8 +190,12 @@ func consistentSet(res map[types.ResponseType][]types.Resource) error {
 func (s *Syncer) publishProgress() {
 	p := make(map[string]Progress, len(s.dcs))
 	for name, d := range s.dcs {
-		p[name] = Progress{NonPassing: max(d.progressNP, d.np.Index()), Generations: max(d.progressGen, d.genIndex),
-			Lapses: max(d.progressLapses, d.marksIndex), ReadsLapses: s.cfg.AwaitLapses}
+		p[name] = Progress{
+			NonPassing:  max(d.progressNP, d.np.Index()),
+			Generations: max(d.progressGen, d.genIndex),
+			Lapses:      max(d.progressLapses, d.marksIndex),
+			ReadsLapses: s.cfg.AwaitLapses,
+		}
 	}
 	s.progress.Store(&p)
 }

@@ -37,7 +37,9 @@ func TestFormsThroughTheCache(t *testing.T) {
 	d := dispatcher(t, "")
 	var members []health.Member
 	for i := range 30 {
-		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i), fmt.Sprintf("sess-%02d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
+		members = append(members,
+			fleettest.Member("work", fmt.Sprintf("e%02d", i), fmt.Sprintf("sess-%02d", i), 1,
+				9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
 	}
 	for _, h := range replicas {
 		h.s.Subscribe(d)
@@ -45,7 +47,8 @@ func TestFormsThroughTheCache(t *testing.T) {
 		h.members("work", members...)
 		h.nonPassing()
 	}
-	forms := []xdscache.EndpointMetadata{xdscache.MetadataFull, xdscache.MetadataSession, xdscache.MetadataNone}
+	forms := []xdscache.EndpointMetadata{xdscache.MetadataFull, xdscache.MetadataSession,
+		xdscache.MetadataNone}
 	var firstSession *endpointv3.LbEndpoint
 	for round := range 4 {
 		type answer struct {
@@ -59,15 +62,18 @@ func TestFormsThroughTheCache(t *testing.T) {
 			for _, f := range forms {
 				node := fleettest.Node(t, map[string]any{"endpoint_metadata": string(f)})
 				out := make(chan cache.Response, 1)
-				req := &cache.Request{TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}, Node: node}
-				cancel, err := h.s.Cache().CreateWatch(req, stream.NewSotwSubscription(req.ResourceNames, true), out)
+				req := &cache.Request{TypeUrl: resource.EndpointType,
+					ResourceNames: []string{"work"}, Node: node}
+				cancel, err := h.s.Cache().CreateWatch(req,
+					stream.NewSotwSubscription(req.ResourceNames, true), out)
 				if err != nil {
 					t.Fatal(err)
 				}
 				resp, err := (<-out).GetDiscoveryResponse()
 				cancel()
 				if err != nil || len(resp.Resources) != 1 {
-					t.Fatalf("round %d, %s: %v, %d resources", round, f, err, len(resp.GetResources()))
+					t.Fatalf("round %d, %s: %v, %d resources", round, f, err,
+						len(resp.GetResources()))
 				}
 				cla := &endpointv3.ClusterLoadAssignment{}
 				if err := resp.Resources[0].UnmarshalTo(cla); err != nil {
@@ -77,21 +83,28 @@ func TestFormsThroughTheCache(t *testing.T) {
 					t.Fatalf("round %d, %s: %d endpoints, want %d", round, f, n, len(members))
 				}
 				for _, lb := range cla.Endpoints[0].LbEndpoints {
-					fields := lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace].GetFields()
-					wantFields := map[xdscache.EndpointMetadata]int{xdscache.MetadataFull: 3, xdscache.MetadataSession: 1, xdscache.MetadataNone: 0}[f]
-					if len(fields) != wantFields || (f == xdscache.MetadataSession && fields["session_id"].GetStringValue() != "sess-"+lb.GetEndpoint().GetHostname()[1:]) {
+					md := lb.GetMetadata().GetFilterMetadata()
+					fields := md[translator.MetadataNamespace].GetFields()
+					wantFields := map[xdscache.EndpointMetadata]int{xdscache.MetadataFull: 3,
+						xdscache.MetadataSession: 1, xdscache.MetadataNone: 0}[f]
+					if len(fields) != wantFields ||
+						(f == xdscache.MetadataSession &&
+							fields["session_id"].GetStringValue() != "sess-"+
+								lb.GetEndpoint().GetHostname()[1:]) {
 						t.Fatalf("round %d, %s: endpoint metadata %v", round, f, lb.GetMetadata())
 					}
 				}
 				group := xdscache.GroupOf(node) // the form's group
 				snap, _ := h.s.Snapshot(group)
-				want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(snap.GetResources(resource.EndpointType)["work"])
+				derived := snap.GetResources(resource.EndpointType)["work"]
+				want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(derived)
 				if !bytes.Equal(resp.Resources[0].Value, want) {
-					t.Fatalf("round %d, %s: bytes differ from a marshal of the derived message", round, f)
+					t.Fatalf("round %d, %s: bytes differ from a marshal of the derived message",
+						round, f)
 				}
 				got[r][f] = answer{resp.VersionInfo, resp.Resources[0].Value}
 				if f == xdscache.MetadataSession && r == 0 {
-					lb := snap.GetResources(resource.EndpointType)["work"].(*endpointv3.ClusterLoadAssignment).Endpoints[0].LbEndpoints[0]
+					lb := derived.(*endpointv3.ClusterLoadAssignment).Endpoints[0].LbEndpoints[0]
 					if round == 0 {
 						firstSession = lb
 					} else if lb != firstSession {
@@ -106,7 +119,8 @@ func TestFormsThroughTheCache(t *testing.T) {
 				t.Fatalf("round %d, %s: replicas differ", round, f)
 			}
 		}
-		if got[0][xdscache.MetadataFull].version == got[0][xdscache.MetadataNone].version || got[0][xdscache.MetadataSession].version == got[0][xdscache.MetadataNone].version {
+		if got[0][xdscache.MetadataFull].version == got[0][xdscache.MetadataNone].version ||
+			got[0][xdscache.MetadataSession].version == got[0][xdscache.MetadataNone].version {
 			t.Fatalf("round %d: two forms share a version", round)
 		}
 		members = members[:len(members)-1] // a removal, published at once
@@ -122,13 +136,16 @@ func TestFormsForDeltaClients(t *testing.T) {
 	d := dispatcher(t, "")
 	h.s.Subscribe(d)
 	h.tasks("work")
-	h.members("work", fleettest.Member("work", "e1", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5))
+	h.members("work",
+		fleettest.Member("work", "e1", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5))
 	h.nonPassing()
 	h.publish()
 	node := fleettest.Node(t, map[string]any{"endpoint_metadata": "none"})
 	out := make(chan cache.DeltaResponse, 1)
-	req := &cache.DeltaRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{"work"}, Node: node}
-	cancel, err := h.s.Cache().CreateDeltaWatch(req, stream.NewDeltaSubscription(req.ResourceNamesSubscribe, nil, nil, false), out)
+	req := &cache.DeltaRequest{TypeUrl: resource.EndpointType,
+		ResourceNamesSubscribe: []string{"work"}, Node: node}
+	cancel, err := h.s.Cache().CreateDeltaWatch(req,
+		stream.NewDeltaSubscription(req.ResourceNamesSubscribe, nil, nil, false), out)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -143,7 +160,8 @@ func TestFormsForDeltaClients(t *testing.T) {
 	if err := resp.Resources[0].Resource.UnmarshalTo(cla); err != nil {
 		t.Fatal(err)
 	}
-	if lb := cla.Endpoints[0].LbEndpoints[0]; lb.Metadata != nil || lb.GetEndpoint().GetHostname() != "e1" {
+	if lb := cla.Endpoints[0].LbEndpoints[0]; lb.Metadata != nil ||
+		lb.GetEndpoint().GetHostname() != "e1" {
 		t.Fatalf("delta client got %v", lb)
 	}
 }
@@ -161,7 +179,9 @@ func TestSotwResponsesAreProtoMarshalBytes(t *testing.T) {
 	h.tasks("work")
 	var members []health.Member
 	for i := range 40 {
-		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i), "s1", 1, 9000+i, fmt.Sprintf("1.%d.0", i%10), health.StatusPassing, uint64(5+i)))
+		members = append(members,
+			fleettest.Member("work", fmt.Sprintf("e%02d", i), "s1", 1, 9000+i,
+				fmt.Sprintf("1.%d.0", i%10), health.StatusPassing, uint64(5+i)))
 	}
 	h.members("work", members...)
 	h.nonPassing()
@@ -175,8 +195,10 @@ func TestSotwResponsesAreProtoMarshalBytes(t *testing.T) {
 				t.Fatalf("round %d: no snapshot for %s", round, d.Key())
 			}
 			out := make(chan cache.Response, 1)
-			req := &cache.Request{TypeUrl: resource.EndpointType, ResourceNames: []string{"work"}, Node: &corev3.Node{Id: "d", Metadata: nodeMeta(t, d)}}
-			cancel, err := h.s.Cache().CreateWatch(req, stream.NewSotwSubscription(req.ResourceNames, true), out)
+			req := &cache.Request{TypeUrl: resource.EndpointType, ResourceNames: []string{"work"},
+				Node: &corev3.Node{Id: "d", Metadata: nodeMeta(t, d)}}
+			cancel, err := h.s.Cache().CreateWatch(req,
+				stream.NewSotwSubscription(req.ResourceNames, true), out)
 			if err != nil {
 				t.Fatal(err)
 			}
@@ -185,9 +207,11 @@ func TestSotwResponsesAreProtoMarshalBytes(t *testing.T) {
 			if err != nil || len(resp.Resources) != 1 {
 				t.Fatalf("round %d: %v, %d resources", round, err, len(resp.GetResources()))
 			}
-			want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(snap.GetResources(resource.EndpointType)["work"])
+			cla := snap.GetResources(resource.EndpointType)["work"]
+			want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(cla)
 			if !bytes.Equal(resp.Resources[0].Value, want) {
-				t.Fatalf("round %d, set %s: response bytes differ from proto.Marshal", round, d.Key())
+				t.Fatalf("round %d, set %s: response bytes differ from proto.Marshal", round,
+					d.Key())
 			}
 		}
 		members = members[:len(members)-1] // 1.9.0, 1.8.0, …: removed from both sets at once
@@ -220,12 +244,14 @@ func TestDeltaVersionsAreContentVersions(t *testing.T) {
 	h.nonPassing() // the fleet is read: one publish with both tasks
 	before := h.publish().snap
 	vm := before.VersionMap
-	for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType, resource.EndpointType} {
+	for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType,
+		resource.EndpointType} {
 		if len(vm[typ]) != 2 || vm[typ]["a"] == "" || vm[typ]["b"] == "" {
 			t.Fatalf("%s versions %v, want one per task", typ, vm[typ])
 		}
 	}
-	if err := before.ConstructVersionMap(); err != nil || fmt.Sprint(before.VersionMap) != fmt.Sprint(vm) {
+	if err := before.ConstructVersionMap(); err != nil ||
+		fmt.Sprint(before.VersionMap) != fmt.Sprint(vm) {
 		t.Fatalf("ConstructVersionMap replaced the content versions: %v", err)
 	}
 	h.members("a") // x leaves task a: a removal, published at once
@@ -233,7 +259,8 @@ func TestDeltaVersionsAreContentVersions(t *testing.T) {
 	if after[resource.EndpointType]["a"] == vm[resource.EndpointType]["a"] {
 		t.Fatal("task a's endpoints changed but kept their version")
 	}
-	if after[resource.EndpointType]["b"] != vm[resource.EndpointType]["b"] || after[resource.ClusterType]["a"] != vm[resource.ClusterType]["a"] {
+	if after[resource.EndpointType]["b"] != vm[resource.EndpointType]["b"] ||
+		after[resource.ClusterType]["a"] != vm[resource.ClusterType]["a"] {
 		t.Fatal("an unchanged resource got a new version: delta clients would be sent it again")
 	}
 }
@@ -245,7 +272,8 @@ func TestDeltaVersionsAreContentVersions(t *testing.T) {
 func BenchmarkDeltaVersionMap(b *testing.B) {
 	execs := make([]health.Executor, 1000)
 	for i := range execs {
-		execs[i] = health.Join(fleettest.Member("work", fmt.Sprintf("e%d", i), "s1", 1, 10000+i, "1.0.0", health.StatusPassing, 5), nil)
+		execs[i] = health.Join(fleettest.Member("work", fmt.Sprintf("e%d", i), "s1", 1, 10000+i,
+			"1.0.0", health.StatusPassing, 5), nil)
 	}
 	cla := (&translator.Builder{}).BuildPrinted("work", execs, nil, health.Dispatcher{}).CLA
 	for _, bc := range []struct {
@@ -273,8 +301,10 @@ func BenchmarkDeltaVersionMap(b *testing.B) {
 // startSyncerWithPolicy is startSyncer with a server default policy
 // (--lb-policy).
 func startSyncerWithPolicy(t *testing.T, lb health.LBPolicy) *syncHarness {
-	h := &syncHarness{t: t, clock: clockwork.NewFakeClock(), obs: make(chan health.Observation, 16), pubs: make(chan published, 64)}
-	h.s = NewSyncer(SyncConfig{Clock: h.clock, LBPolicy: lb, OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
+	h := &syncHarness{t: t, clock: clockwork.NewFakeClock(), obs: make(chan health.Observation, 16),
+		pubs: make(chan published, 64)}
+	h.s = NewSyncer(SyncConfig{Clock: h.clock, LBPolicy: lb,
+		OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()
@@ -289,8 +319,10 @@ func startSyncerWithPolicy(t *testing.T, lb health.LBPolicy) *syncHarness {
 func readWorkAndBatch(h *syncHarness, t *testing.T) published {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work", "batch")
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 3))
-	h.members("batch", fleettest.Member("batch", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 4))
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 3))
+	h.members("batch",
+		fleettest.Member("batch", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 4))
 	h.nonPassing()
 	return h.publish()
 }
@@ -318,11 +350,13 @@ func TestReplicasWithTheSamePolicyAgreeOnClusters(t *testing.T) {
 	p1 := readWorkAndBatch(byFlag, t)
 
 	byRules := startSyncerWithPolicy(t, "")
-	byRules.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:r", Raw: []byte(`{"load_balancing":{"default":"round_robin"}}`)}}
+	byRules.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:r",
+		Raw: []byte(`{"load_balancing":{"default":"round_robin"}}`)}}
 	p2 := readWorkAndBatch(byRules, t)
 
 	byTask := startSyncerWithPolicy(t, health.LBLeastRequest)
-	byTask.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:r", Raw: []byte(`{"load_balancing":{"tasks":{"work":"round_robin","batch":"round_robin"}}}`)}}
+	byTask.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:r",
+		Raw: []byte(`{"load_balancing":{"tasks":{"work":"round_robin","batch":"round_robin"}}}`)}}
 	p3 := readWorkAndBatch(byTask, t)
 
 	c1, c2, c3 := clusterBytes(t, p1.snap), clusterBytes(t, p2.snap), clusterBytes(t, p3.snap)
@@ -331,13 +365,16 @@ func TestReplicasWithTheSamePolicyAgreeOnClusters(t *testing.T) {
 			t.Errorf("%s: cluster bytes differ between replicas with the same policy", task)
 		}
 		for _, p := range []published{p2, p3} {
-			if a, b := p1.snap.VersionMap[resource.ClusterType][task], p.snap.VersionMap[resource.ClusterType][task]; a != b {
+			a, b := p1.snap.VersionMap[resource.ClusterType][task],
+				p.snap.VersionMap[resource.ClusterType][task]
+			if a != b {
 				t.Errorf("%s: cluster version %s vs %s", task, a, b)
 			}
 		}
 	}
 	for _, p := range []published{p2, p3} {
-		if a, b := p1.snap.Resources[types.Cluster].Version, p.snap.Resources[types.Cluster].Version; a != b {
+		a, b := p1.snap.Resources[types.Cluster].Version, p.snap.Resources[types.Cluster].Version
+		if a != b {
 			t.Errorf("cluster type version %s vs %s", a, b)
 		}
 	}
@@ -354,7 +391,8 @@ func TestPolicyChangeChangesOnlyItsClusterVersion(t *testing.T) {
 	vm0 := first.VersionMap[resource.ClusterType]
 
 	rules := func(raw string) {
-		h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x", Raw: []byte(raw)}}
+		h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x",
+			Raw: []byte(raw)}}
 	}
 	rules(`{"load_balancing":{"tasks":{"batch":"least_request"}}}`)
 	h.advanceWindow()
@@ -413,7 +451,8 @@ func TestStaticVersionIsPerPolicy(t *testing.T) {
 	s := NewSyncer(SyncConfig{})
 	for range 2 {
 		for _, p := range health.LBPolicies {
-			v := s.staticVersion(resource.ClusterType, "work\x00"+string(p), translator.Cluster("work", p))
+			v := s.staticVersion(resource.ClusterType, "work\x00"+string(p),
+				translator.Cluster("work", p))
 			if q, ok := seen[v]; ok && q != p {
 				t.Fatalf("%s and %s share cluster version %s", p, q, v)
 			}

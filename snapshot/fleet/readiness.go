@@ -74,7 +74,9 @@ func (s *Syncer) applyControlContact(c health.Contact) {
 		c.Detail = c.Err.Error()
 	}
 	s.rd.ctlFailure = &c
-	s.log.Warn(contactMessage(c.Problem)+" (operator controls: the rules and cordons last read stay in force)", "problem", c.Problem, "err", c.Err)
+	s.log.Warn(contactMessage(c.Problem)+
+		" (operator controls: the rules and cordons last read stay in force)",
+		"problem", c.Problem, "err", c.Err)
 }
 
 // controlOK: the operators' controls are read (when a control watch runs).
@@ -133,7 +135,9 @@ func (s *Syncer) readiness() Readiness {
 	// The kind that tells most (a missing right, a certificate problem,
 	// an unreachable Consul); every right missing anywhere, else the first
 	// failure's detail.
-	rank := map[health.ContactProblem]int{health.ProblemACL: 3, health.ProblemTLS: 2, health.ProblemUnreachable: 1}
+	rank := map[health.ContactProblem]int{
+		health.ProblemACL: 3, health.ProblemTLS: 2, health.ProblemUnreachable: 1,
+	}
 	top := failures[0].c.Problem
 	for _, f := range failures {
 		if rank[f.c.Problem] > rank[top] {
@@ -202,7 +206,8 @@ func (s *Syncer) pendingReads() string {
 				}
 			}
 			if n > 0 {
-				what = append(what, fmt.Sprintf("the members of %d of %d task types", n, len(d.tasks)))
+				what = append(what,
+					fmt.Sprintf("the members of %d of %d task types", n, len(d.tasks)))
 			}
 		}
 		if !d.haveNP {

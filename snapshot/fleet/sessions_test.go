@@ -22,18 +22,21 @@ func TestSessionNamedAsReplacedStaysStaleWhenItsNamerGoes(t *testing.T) {
 	a.batch(health.Observation{Tasks: &health.TaskList{Index: 10, Tasks: []string{"a"}}},
 		health.Observation{Generations: &health.Generations{Index: 11}},
 		health.Observation{NonPassing: &health.NonPassing{Index: 12}},
-		health.Observation{Members: &health.TaskMembers{Task: "a", Index: 20, Members: []health.Member{y}}})
+		health.Observation{Members: &health.TaskMembers{Task: "a", Index: 20,
+			Members: []health.Member{y}}})
 	if st := a.s.View().Sessions().Check("i", "x"); st.State != health.SessionStale {
 		t.Fatalf("premise: i/x %s (%s), want STALE", st.State, st.Detail)
 	}
 	// y drains: its registration goes, nothing replaces it.
-	a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 30, Members: []health.Member{}}})
+	a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 30,
+		Members: []health.Member{}}})
 	if st := a.s.View().Sessions().Check("i", "y"); st.State != health.SessionUnknown {
 		t.Fatalf("premise: i/y %s, want UNKNOWN (deregistered)", st.State)
 	}
 	st := a.s.View().Sessions().Check("i", "x")
 	if st.State != health.SessionStale {
-		t.Fatalf("i/x answered STALE while y named it, %s (%s) once y deregistered: what a remembered session named is forgotten", st.State, st.Detail)
+		t.Fatalf("i/x answered STALE while y named it, %s (%s) once y deregistered: what a "+
+			"remembered session named is forgotten", st.State, st.Detail)
 	}
 }
 
@@ -47,19 +50,23 @@ func TestReplacesOnlyChangeIsIndexedAgain(t *testing.T) {
 		a.batch(health.Observation{Tasks: &health.TaskList{Index: 10, Tasks: []string{"a"}}},
 			health.Observation{Generations: &health.Generations{Index: 11}},
 			health.Observation{NonPassing: &health.NonPassing{Index: 12}},
-			health.Observation{Members: &health.TaskMembers{Task: "a", Index: 20, Members: []health.Member{y}}})
+			health.Observation{Members: &health.TaskMembers{Task: "a", Index: 20,
+				Members: []health.Member{y}}})
 		if st := a.s.View().Sessions().Check("i", "x"); st.State != health.SessionUnknown {
 			t.Fatalf("premise: i/x %s", st.State)
 		}
 		y2 := y
 		y2.Replaces = []string{"x"}
-		a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 21, Members: []health.Member{y2}}})
-		if st := a.s.View().Sessions().Check("i", "x"); st.State != health.SessionStale || st.NewerSessionID != "y" {
+		a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 21,
+			Members: []health.Member{y2}}})
+		if st := a.s.View().Sessions().Check("i", "x"); st.State != health.SessionStale ||
+			st.NewerSessionID != "y" {
 			t.Fatalf("full=%v: i/x %s newer %q after y named it", full, st.State, st.NewerSessionID)
 		}
 		y3 := y
 		y3.Replaces = []string{"w"}
-		a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 22, Members: []health.Member{y3}}})
+		a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 22,
+			Members: []health.Member{y3}}})
 		if st := a.s.View().Sessions().Check("i", "w"); st.State != health.SessionStale {
 			t.Fatalf("full=%v: i/w %s after y named it", full, st.State)
 		}

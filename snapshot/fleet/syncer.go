@@ -153,43 +153,50 @@ type Syncer struct {
 	// publishes for them (publish.go, readiness.go, view.go). Everything
 	// after this group is owned by Run.
 	subs     chan subscription
-	stopped  chan struct{} // closed when Run returns
-	ready    atomic.Bool
+	stopped  chan struct{}                       // closed when Run returns
+	ready    atomic.Bool                         // readyWhy.Ready
 	readyWhy atomic.Pointer[Readiness]           // ready with its reason
 	view     atomic.Pointer[View]                // the latest decided state
-	progress atomic.Pointer[map[string]Progress] // per datacenter: how far its view is known current
+	progress atomic.Pointer[map[string]Progress] // per datacenter: how far its view is current
 
 	// Datacenters (datacenters.go).
 	dcs     map[string]*dcState // per datacenter
 	started time.Time           // a datacenter never heard from is silent since then
 	synced  bool                // the whole fleet has been read once
 
-	// The fleet state as last decided (batch.go).
-	members     map[fleetKey]*health.TaskMembers // per datacenter and task type: the last membership read
-	fleet       map[fleetKey]*taskState          // per datacenter and task type: the registrations as decided
-	printOf     map[fleetKey]taskPrint           // per datacenter and task type: its executors' print when last decided
-	fullBatches bool                             // tests: decide every registration on every batch
+	// The fleet state as last decided (batch.go), per datacenter and task
+	// type: the last membership read, the registrations as decided, and
+	// their executors' print when last decided.
+	members     map[fleetKey]*health.TaskMembers
+	fleet       map[fleetKey]*taskState
+	printOf     map[fleetKey]taskPrint
+	fullBatches bool // tests: decide every registration on every batch
 
-	// Generation keys (generations.go).
-	keys        map[string]health.GenerationRecord // per instance: its key, the newest of any datacenter
-	keysChanged map[string]struct{}                // instances whose key changed since the fleet state was fenced
+	// Generation keys (generations.go): per instance, its key (the newest of
+	// any datacenter), and the instances whose key changed since the fleet
+	// state was last fenced.
+	keys        map[string]health.GenerationRecord
+	keysChanged map[string]struct{}
 
 	// Lapse marks (lapsemarks.go).
 	marks lapseMarks
 
-	// Sessions and their history (batch.go, history.go, sessions.go).
-	lapsed    map[health.SessionKey]bool // sessions present seen with a critical lease or a failed node
-	sessions  map[health.SessionKey]int  // sessions present: their registrations with valid metadata
-	instances map[string]int             // instances present: their registrations with valid metadata
-	history   sessionHistory             // sessions seen, kept after their registrations are gone
-	sessionIx sessionIndex               // the fencing API's answers, per instance
-	lastSeen  map[string]time.Time       // per absent instance: when its last registration went
-	prunedAt  time.Time                  // when absent instances were last pruned from the history
+	// Sessions and their history (batch.go, history.go, sessions.go). The
+	// sessions and instances present count their registrations with valid
+	// metadata; lapsed holds the sessions present seen with a critical lease
+	// or a failed node.
+	lapsed    map[health.SessionKey]bool
+	sessions  map[health.SessionKey]int
+	instances map[string]int
+	history   sessionHistory       // sessions seen, kept after their registrations are gone
+	sessionIx sessionIndex         // the fencing API's answers, per instance
+	lastSeen  map[string]time.Time // per absent instance: when its last registration went
+	prunedAt  time.Time            // when absent instances were last pruned from the history
 
 	// Groups and publishing (recompute.go, publish.go).
 	groups         map[string]*group   // per constraint set with streams
-	flushAt        time.Time           // when the groups waiting to coalesce additions are published
-	staticVersions map[string]string   // listeners', routes' and clusters' versions by type URL and key
+	flushAt        time.Time           // when the groups coalescing additions are published
+	staticVersions map[string]string   // listeners', routes' and clusters' versions, by key
 	listeners      []func(Publication) // Notify's
 	batchStart     time.Time           // when Consul's answer behind the current batch arrived
 	batchLapse     time.Time           // batchStart, when the batch holds a new lapse
@@ -216,7 +223,7 @@ type group struct {
 	d          health.Dispatcher
 	refs       int                                          // streams of the set
 	loads      map[string]*endpointv3.ClusterLoadAssignment // per task type
-	claVersion map[string]string                            // content version of each load assignment
+	claVersion map[string]string                            // per task type: its load's version
 	builders   map[string]*translator.Builder               // per task type
 
 	// Since the last publish.
@@ -346,7 +353,8 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 			s.flushAt = time.Time{}
 			s.publishDirty(ctx, false)
 		}
-		if next := s.nextReachChange(s.cfg.Clock.Now()); !next.IsZero() && (reachC == nil || next.Before(reachAt)) {
+		if next := s.nextReachChange(s.cfg.Clock.Now()); !next.IsZero() &&
+			(reachC == nil || next.Before(reachAt)) {
 			if reach == nil {
 				reach = s.cfg.Clock.NewTimer(s.cfg.Clock.Until(next))
 			} else {
@@ -383,7 +391,8 @@ func (s *Syncer) apply(o health.Observation) bool {
 	d := s.dc(o.Datacenter)
 	d.answered(o, s.cfg.Clock.Now())
 	if p := o.Progress; p != nil {
-		d.progressNP, d.progressGen = max(d.progressNP, p.NonPassing), max(d.progressGen, p.Generations)
+		d.progressNP = max(d.progressNP, p.NonPassing)
+		d.progressGen = max(d.progressGen, p.Generations)
 		d.progressLapses = max(d.progressLapses, p.Lapses)
 		return false
 	}
@@ -404,7 +413,8 @@ func (s *Syncer) apply(o health.Observation) bool {
 	case o.Refreshed != nil:
 		d.refreshed = max(d.refreshed, *o.Refreshed)
 		// Read afresh once Consul was at RefreshedAtLeast: current there.
-		d.progressNP, d.progressGen = max(d.progressNP, o.RefreshedAtLeast), max(d.progressGen, o.RefreshedAtLeast)
+		d.progressNP = max(d.progressNP, o.RefreshedAtLeast)
+		d.progressGen = max(d.progressGen, o.RefreshedAtLeast)
 		d.progressLapses = max(d.progressLapses, o.RefreshedAtLeast)
 	case o.Lapses != nil:
 		d.marks, d.haveMarks, d.marksIndex = o.Lapses.Marks, true, o.Lapses.Index
@@ -415,9 +425,11 @@ func (s *Syncer) apply(o health.Observation) bool {
 		// Consul's past is gone: generations come again from its KV (the
 		// watch reads them anew). The session history stays: session ids are
 		// unique, and a lapse must stay final whatever Consul forgot.
-		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses seen before stay final", "datacenter", o.Datacenter)
+		s.log.Warn("Consul's index went backwards: session generations are read anew; lapses "+
+			"seen before stay final", "datacenter", o.Datacenter)
 		s.forgetKeyReads(d)
-		d.progressNP, d.progressGen, d.progressLapses = 0, 0, 0 // indexes of before are not comparable
+		// The indexes of before are not comparable with those to come.
+		d.progressNP, d.progressGen, d.progressLapses = 0, 0, 0
 	case o.Contact != nil:
 		if !o.Contact.OK && !d.failing {
 			d.failedAt = o.At
@@ -425,7 +437,8 @@ func (s *Syncer) apply(o health.Observation) bool {
 		d.failing = !o.Contact.OK
 		s.noteContact(o.Datacenter, *o.Contact)
 		if !o.Contact.OK {
-			s.log.Warn(contactMessage(o.Contact.Problem), "datacenter", o.Datacenter, "err", o.Contact.Err)
+			s.log.Warn(contactMessage(o.Contact.Problem), "datacenter", o.Datacenter,
+				"err", o.Contact.Err)
 		} else {
 			s.log.Info("consul reachable again", "datacenter", o.Datacenter)
 		}
@@ -451,7 +464,8 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 		g.refs++
 		return
 	}
-	g = &group{d: sub.d, refs: 1, loads: map[string]*endpointv3.ClusterLoadAssignment{}, claVersion: map[string]string{}, builders: map[string]*translator.Builder{}}
+	g = &group{d: sub.d, refs: 1, loads: map[string]*endpointv3.ClusterLoadAssignment{},
+		claVersion: map[string]string{}, builders: map[string]*translator.Builder{}}
 	s.groups[key] = g
 	for _, task := range taskNames(s.members) {
 		s.rebuild(g, task)

@@ -57,13 +57,15 @@ func TestViewsDoNotChangeWhileRunDecides(t *testing.T) {
 		}()
 	}
 	w := newRandomWorld(77, false)
-	for _, o := range []health.Observation{{Tasks: &health.TaskList{Index: w.next(), Tasks: w.tasks}}, {Generations: &health.Generations{Index: w.next()}}} {
+	for _, o := range []health.Observation{{Tasks: &health.TaskList{Index: w.next(),
+		Tasks: w.tasks}}, {Generations: &health.Generations{Index: w.next()}}} {
 		obs <- o
 	}
 	for range 3000 {
 		o, _ := w.observation(clock)
 		obs <- o
-		if w.r.IntN(50) == 0 { // a dispatcher with a new constraint set comes and goes between batches
+		// A dispatcher with a new constraint set comes and goes between batches.
+		if w.r.IntN(50) == 0 {
 			d, _ := health.NewDispatcher(fmt.Sprintf(">=1.%d.0", w.r.IntN(3)), nil)
 			s.Subscribe(d)
 			s.Unsubscribe(d)
