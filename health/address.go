@@ -12,11 +12,11 @@ import (
 // routing it would stop every later change of its task type — lapses
 // included — from reaching that client.
 const (
-	// ReasonAddressNotIP: the registration's address is a host name. Envoy
+	// ReasonAddressNotIP means the registration's address is a host name. Envoy
 	// takes only IP addresses in an EDS socket_address, and leasehold does
 	// not resolve names, so routing never depends on DNS answers.
 	ReasonAddressNotIP Reason = "address-not-ip"
-	// ReasonDuplicateAddress: another registration of the task routed to
+	// ReasonDuplicateAddress means another registration of the task routed to
 	// the same constraint set claims the same address:port, and grpc-go
 	// rejects a load assignment with two endpoints at one address. One of
 	// them is sent (Claim.Beats); the others are excluded with this reason.

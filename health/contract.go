@@ -1,5 +1,11 @@
-// Package health holds leasehold's domain: the executor registration contract,
-// the lease rules and eligibility. It is pure: no I/O, time is passed in.
+// Package health holds leasehold's domain: the executor registration contract
+// (contract.go), what the watches observe and how a registration joins its
+// checks (observation.go), the lease rules (lease.go), fencing by generation
+// (generation.go, eligibility.go), eligibility for a dispatcher's constraint
+// set (dispatcher.go, eligibility.go, address.go), the fencing API's answers
+// (session.go), the operators' rollout rules and cordons (rollout.go,
+// lbpolicy.go, cordon.go) and the lapse marks (lapse.go). It is pure: no I/O,
+// and time is passed in.
 package health
 
 import (

@@ -185,8 +185,8 @@ func ApplyCordons(es []Executor, cordons []Cordon, r *Rollout) []CordonStatus {
 	return out
 }
 
-// isLive: holds a valid lease, is its instance's newest session, and its
-// datacenter is not lost (its executors take no work, so they cannot stand
+// isLive reports whether e holds a valid lease, is its instance's newest
+// session, and its datacenter is not lost (its executors take no work, so they cannot stand
 // in for the ones a cordon takes out).
 func isLive(e *Executor) bool {
 	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, LeaseStatus: e.LeaseStatus,

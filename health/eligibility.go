@@ -28,7 +28,7 @@ type Executor struct {
 	LeaseStatus CheckStatus // the status of the session's lease check; "" when missing
 	LeaseFound  bool
 	NodeChecks  CheckStatus // worst node-level check (serfHealth, ...); "" = none
-	// NodeFailed: the node's serfHealth check is critical, i.e. Consul lost
+	// NodeFailed is set when the node's serfHealth check is critical: Consul lost
 	// contact with the executor's agent. Like a critical lease it ends the
 	// session for ever (the process may be alive on the far side of a
 	// partition while its tasks are dispatched again).
@@ -73,10 +73,10 @@ const (
 	ReasonNone        Reason = ""
 	ReasonBadMetadata Reason = "bad-metadata"
 	ReasonLapsed      Reason = "lapsed"
-	// ReasonUnconfirmed: the instance's generation key names another
+	// ReasonUnconfirmed means the instance's generation key names another
 	// session (or a lower generation): the registration may be forged.
 	ReasonUnconfirmed Reason = "generation-unconfirmed"
-	// ReasonNoLease: the registration has no lease check of its session.
+	// ReasonNoLease means the registration has no lease check of its session.
 	ReasonNoLease   Reason = "no-lease-check"
 	ReasonUnhealthy Reason = "unhealthy" // a non-lease check of the service or node is not passing
 	ReasonFenced    Reason = "fenced-by-newer-session"
@@ -85,7 +85,7 @@ const (
 	ReasonDraining  Reason = "draining"
 	ReasonFull      Reason = "full"
 	ReasonCordoned  Reason = "cordoned" // an operator's cordon: no new work (DRAINING)
-	// ReasonUnreachable: the executor's datacenter has not answered for
+	// ReasonUnreachable means the executor's datacenter has not answered for
 	// longer than a lease while others do.
 	ReasonUnreachable Reason = "datacenter-unreachable"
 )
@@ -94,13 +94,13 @@ const (
 type Reach uint8
 
 const (
-	// Reached: Consul in its datacenter answers.
+	// Reached means Consul in its datacenter answers.
 	Reached Reach = iota
-	// Unanswered: its datacenter does not answer now. The executor is
+	// Unanswered means its datacenter does not answer now. The executor is
 	// routed as last known (its lease rules hold); its session is
 	// answered UNKNOWN, since a lapse may be going unseen.
 	Unanswered
-	// Lost: its datacenter has not answered for longer than a lease while
+	// Lost means its datacenter has not answered for longer than a lease while
 	// other datacenters do (a WAN partition usually cuts dispatchers off
 	// from it too): no new work, until it answers itself. When no
 	// datacenter answers, none becomes Lost: the last known snapshot stays
@@ -124,7 +124,7 @@ type Verdict struct {
 	Route  Route
 	Reason Reason
 	Detail string // human explanation for explain views and logs
-	// Observed: rules in observe mode that would have excluded the
+	// Observed are the rules in observe mode that would have excluded the
 	// executor (it is routed as if they passed).
 	Observed []Exclusion
 }

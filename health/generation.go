@@ -70,14 +70,14 @@ func ParseGenerationRecord(v string) (GenerationRecord, error) {
 type Standing uint8
 
 const (
-	// KeyConfirms: the registration is the key's (generation, session) — or
-	// at the key's generation when the key does not name its session — or
+	// KeyConfirms means the registration is the key's (generation, session), or
+	// at the key's generation when the key does not name its session, or
 	// the instance has no key (unprotected: ordered among registrations).
 	KeyConfirms Standing = iota
-	// KeyIsNewer: the registration's generation is below the key's: an
+	// KeyIsNewer means the registration's generation is below the key's: an
 	// older session, fenced by the newer one the key names.
 	KeyIsNewer
-	// KeyDenies: the registration claims what the key does not hold — a
+	// KeyDenies means the registration claims what the key does not hold: a
 	// generation above the key's, the key's generation under another
 	// session, or the key's session under another generation (a session has
 	// one generation: a copy of its id, which anyone may read in the

@@ -13,9 +13,9 @@ import (
 type Mode string
 
 const (
-	// ModeEnforce: the rule excludes (the default).
+	// ModeEnforce means the rule excludes (the default).
 	ModeEnforce Mode = "enforce"
-	// ModeObserve: the verdict is still computed, explained and counted as
+	// ModeObserve means the verdict is still computed, explained and counted as
 	// "would have excluded", but the executor stays routed.
 	ModeObserve Mode = "observe"
 )
@@ -88,8 +88,8 @@ type SetSelector struct {
 
 // CordonApproval says which cordons need a second person's approval.
 type CordonApproval struct {
-	// Required: cordons of more than MaxExecutors executors, or of a whole
-	// version, stay pending until approved by someone other than their
+	// Required makes cordons of more than MaxExecutors executors, or of a
+	// whole version, stay pending until approved by someone other than their
 	// author.
 	Required     bool `json:"required"`
 	MaxExecutors int  `json:"max_executors"`

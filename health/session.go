@@ -45,14 +45,14 @@ type SessionIndex struct {
 	sessions map[SessionKey]SessionStatus
 	newest   map[string]SessionStatus // per instance: its newest present session
 	past     map[SessionKey]PastSession
-	// replacedBy: sessions a present registration names in its replaces
-	// meta, with the newest session naming each.
+	// replacedBy holds the sessions a present registration names in its
+	// replaces meta, with the newest session naming each.
 	replacedBy map[SessionKey]SessionStatus
-	// ordersOnly: the highest generation of sessions present only with bad
+	// ordersOnly holds the highest generation of sessions present only with bad
 	// metadata (not answered for, but their generation is known): a claim
 	// of replacing one is believed only from a namer above it.
 	ordersOnly map[SessionKey]uint64
-	// excluded: sessions present only in registrations leasehold does not
+	// excluded holds the sessions present only in registrations leasehold does not
 	// answer for (bad metadata, or not confirmed by their instance's
 	// generation key), with why: known, but UNKNOWN.
 	excluded map[SessionKey]SessionStatus

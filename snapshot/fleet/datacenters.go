@@ -44,8 +44,8 @@ type dcState struct {
 	progressLapses                uint64
 	reach                         health.Reach // as last applied to its executors
 	reachDetail                   string
-	// answering: every watch answered within DatacenterQuiet and none is
-	// failing (as of the last updateReach), without a break since
+	// answering is set while every watch answered within DatacenterQuiet and
+	// none is failing (as of the last updateReach), without a break since
 	// answeringSince.
 	answering      bool
 	answeringSince time.Time
@@ -63,7 +63,7 @@ type DCIndexes struct {
 	// Refreshed is the latest refresh request (Watcher.Refresh) whose fresh
 	// reads the view includes.
 	Refreshed uint64
-	// Reach: whether the datacenter answers (and Detail why not).
+	// Reach is whether the datacenter answers (and ReachDetail why not).
 	Reach       health.Reach
 	ReachDetail string
 	// ShortestLease is the shortest lease_ttl its registrations declare
@@ -77,8 +77,8 @@ type DCIndexes struct {
 // answered after another answer at a higher index (Consul made it later).
 type Progress struct {
 	NonPassing, Generations, Lapses uint64
-	// ReadsLapses: the lapse marks count (SyncConfig.AwaitLapses: they are
-	// read, and a lapse another replica saw is known only from them).
+	// ReadsLapses is set when the lapse marks count (SyncConfig.AwaitLapses:
+	// they are read, and a lapse another replica saw is known only from them).
 	ReadsLapses bool
 }
 
@@ -183,8 +183,8 @@ func (s *Syncer) silentSince(d *dcState) time.Time {
 	return s.started
 }
 
-// answering: every watch of the datacenter answered within DatacenterQuiet
-// and none is failing.
+// answering reports whether every watch of the datacenter answered within
+// DatacenterQuiet and none is failing.
 func (s *Syncer) answering(name string, d *dcState, now time.Time) bool {
 	return !d.failing && now.Sub(s.silentSince(d)) <= s.quietAfter(name)
 }

@@ -25,7 +25,7 @@ type Readiness struct {
 }
 
 const (
-	// ReasonFirstRead: the whole fleet (or the operators' controls) has
+	// ReasonFirstRead means the whole fleet (or the operators' controls) has
 	// not been read yet.
 	ReasonFirstRead = "first_read_pending"
 	// ControlSource names the watch of the operators' controls (rules and
@@ -79,7 +79,8 @@ func (s *Syncer) applyControlContact(c health.Contact) {
 		"problem", c.Problem, "err", c.Err)
 }
 
-// controlOK: the operators' controls are read (when a control watch runs).
+// controlOK reports whether the operators' controls are read (when a control
+// watch runs).
 func (s *Syncer) controlOK() bool {
 	return s.rd.ctlFailure == nil && (s.rd.ctlRead || !s.cfg.AwaitControl)
 }

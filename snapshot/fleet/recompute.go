@@ -74,7 +74,8 @@ func (s *Syncer) allRead() bool {
 	return len(s.dcs) > 0
 }
 
-// anyReachable: Consul answers in some datacenter (with one, in it).
+// anyReachable reports whether Consul answers in some datacenter (with one,
+// in it).
 func (s *Syncer) anyReachable() bool {
 	for _, d := range s.dcs {
 		if !d.failing {

@@ -79,12 +79,12 @@ type SyncConfig struct {
 	// executors leave the assignments while another datacenter answers
 	// (default health.DefaultLeaseTTL, a lease).
 	DatacenterQuiet, DatacenterLost time.Duration
-	// AwaitControl: a control watch feeds Run the operators' rules and
+	// AwaitControl says a control watch feeds Run the operators' rules and
 	// cordons (ControlContact): nothing is served before its first answer
 	// (so no executor an operator took out is routed after a start), and
 	// readiness needs it to read them.
 	AwaitControl bool
-	// AwaitLapses: each datacenter's watch reads the lapse marks
+	// AwaitLapses says each datacenter's watch reads the lapse marks
 	// (Observation.Lapses): nothing is served before every datacenter's
 	// first answer, so a session that lapsed before a restart (or that
 	// another replica saw lapse) is never routed meanwhile.

@@ -113,16 +113,16 @@ func (a *entry) less(b *entry) bool {
 type Result struct {
 	CLA     *endpointv3.ClusterLoadAssignment
 	Version string // content version: equal on every replica for equal inputs
-	// RemovesOrDrains: an endpoint of the previous build is gone, or no
+	// RemovesOrDrains is set when an endpoint of the previous build is gone, or no
 	// longer HEALTHY (the change must be published at once).
 	RemovesOrDrains bool
 	Decided         int // executors decided afresh (the rest were reused)
-	// Restarted: the Builder started afresh (first build, another
+	// Restarted is set when the Builder started afresh (first build, another
 	// constraint set or other rule modes), so RemovesOrDrains knows nothing
 	// of earlier builds: compare with RemovesOrDrainsBetween(prev, next) instead.
 	Restarted bool
-	// Observed: executors decided afresh that a rule in observe mode would
-	// have excluded (they are routed).
+	// Observed are the executors decided afresh that a rule in observe mode
+	// would have excluded (they are routed).
 	Observed []ObservedDecision
 }
 

@@ -31,13 +31,13 @@ const NodeMetaEndpointMetadata = "endpoint_metadata"
 type EndpointMetadata string
 
 const (
-	// MetadataFull: instance_id, session_id and version (the default).
+	// MetadataFull sends instance_id, session_id and version (the default).
 	MetadataFull EndpointMetadata = "full"
-	// MetadataSession: session_id only — what a dispatcher fences on; the
+	// MetadataSession sends session_id only, what a dispatcher fences on: the
 	// instance id is the endpoint's hostname, and the version satisfies
 	// the dispatcher's own constraint.
 	MetadataSession EndpointMetadata = "session"
-	// MetadataNone: no metadata (a gRPC client does not hand endpoint
+	// MetadataNone sends no metadata (a gRPC client does not hand endpoint
 	// metadata to the application; the executor's own answer can name its
 	// session, as the example dispatcher's does).
 	MetadataNone EndpointMetadata = "none"
