@@ -1,10 +1,8 @@
 package health
 
 import (
-	"errors"
 	"fmt"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -219,19 +217,6 @@ func TestIDs(t *testing.T) {
 		if _, _, _, ok := ParseCheckID(bad); ok {
 			t.Errorf("ParseCheckID(%q) accepted", bad)
 		}
-	}
-}
-
-func TestFieldErrorsUnwrap(t *testing.T) {
-	r := validReg()
-	r.Port = 0
-	err := r.Validate()
-	var fe *FieldError
-	if !errors.As(err, &fe) || fe.Field != "port" {
-		t.Fatalf("errors.As: %v", err)
-	}
-	if !slices.Equal(Fields(fe), []string{"port"}) {
-		t.Fatal("Fields of a single FieldError")
 	}
 }
 

@@ -1,6 +1,7 @@
 package health
 
 import (
+	"strings"
 	"testing"
 )
 
@@ -111,5 +112,39 @@ func TestRolloutScopeMatchesDelimiterSpellings(t *testing.T) {
 		if got := r.ModeOf(c.rule, "work", c.d); got != c.want {
 			t.Errorf("%s: %s under %q: %s, want %s", c.name, c.rule, c.d.Key(), got, c.want)
 		}
+	}
+}
+
+func TestNewDispatcherNamesTheField(t *testing.T) {
+	for _, tt := range []struct {
+		vc     string
+		labels map[string]string
+		field  string
+	}{
+		{">= banana", nil, "version_constraint"},
+		{"", map[string]string{"a.b": "x"}, "labels.a.b"},
+		{"", map[string]string{"": "x"}, "labels."},
+		{"", map[string]string{"k": strings.Repeat("v", 513)}, "labels.k"},
+	} {
+		_, err := NewDispatcher(tt.vc, tt.labels)
+		if got := Fields(err); len(got) != 1 || got[0] != tt.field {
+			t.Errorf("NewDispatcher(%q, %v) fields %v, want %s (%v)", tt.vc, tt.labels, got,
+				tt.field, err)
+		}
+	}
+}
+
+func TestDispatcherKeyIsCanonical(t *testing.T) {
+	a := mustDispatcher(t, ">=1.4.0,<2.0.0", map[string]string{"zone": "eu", "gpu": "yes"})
+	b := mustDispatcher(t, " >=1.4.0, <2.0.0 ", map[string]string{"gpu": "yes", "zone": "eu"})
+	c := mustDispatcher(t, ">=1.4.0", map[string]string{"gpu": "yes", "zone": "eu"})
+	if a.Key() != b.Key() {
+		t.Fatalf("equal sets, keys %q and %q", a.Key(), b.Key())
+	}
+	if a.Key() == c.Key() || mustDispatcher(t, "", nil).Key() == a.Key() {
+		t.Fatal("different sets share a key")
+	}
+	if (Dispatcher{}).Key() != mustDispatcher(t, "", nil).Key() {
+		t.Fatal("zero Dispatcher differs from the unconstrained set")
 	}
 }

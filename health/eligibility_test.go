@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 	"testing"
 )
 
@@ -120,40 +119,6 @@ func TestEligibleEveryRuleAndReason(t *testing.T) {
 				t.Fatal("ineligible verdict without detail")
 			}
 		})
-	}
-}
-
-func TestNewDispatcherNamesTheField(t *testing.T) {
-	for _, tt := range []struct {
-		vc     string
-		labels map[string]string
-		field  string
-	}{
-		{">= banana", nil, "version_constraint"},
-		{"", map[string]string{"a.b": "x"}, "labels.a.b"},
-		{"", map[string]string{"": "x"}, "labels."},
-		{"", map[string]string{"k": strings.Repeat("v", 513)}, "labels.k"},
-	} {
-		_, err := NewDispatcher(tt.vc, tt.labels)
-		if got := Fields(err); len(got) != 1 || got[0] != tt.field {
-			t.Errorf("NewDispatcher(%q, %v) fields %v, want %s (%v)", tt.vc, tt.labels, got,
-				tt.field, err)
-		}
-	}
-}
-
-func TestDispatcherKeyIsCanonical(t *testing.T) {
-	a := mustDispatcher(t, ">=1.4.0,<2.0.0", map[string]string{"zone": "eu", "gpu": "yes"})
-	b := mustDispatcher(t, " >=1.4.0, <2.0.0 ", map[string]string{"gpu": "yes", "zone": "eu"})
-	c := mustDispatcher(t, ">=1.4.0", map[string]string{"gpu": "yes", "zone": "eu"})
-	if a.Key() != b.Key() {
-		t.Fatalf("equal sets, keys %q and %q", a.Key(), b.Key())
-	}
-	if a.Key() == c.Key() || mustDispatcher(t, "", nil).Key() == a.Key() {
-		t.Fatal("different sets share a key")
-	}
-	if (Dispatcher{}).Key() != mustDispatcher(t, "", nil).Key() {
-		t.Fatal("zero Dispatcher differs from the unconstrained set")
 	}
 }
 
