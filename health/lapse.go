@@ -13,7 +13,8 @@ import (
 // lapse it sees in Consul KV, and every replica — also one started later,
 // or the same one after a restart — reads them back:
 //
-//	leasehold/lapsed/<instance_id>/<session_id> = {"generation": …, "at": …, "tasks": […], "unregistered_s": …}
+//	leasehold/lapsed/<instance_id>/<session_id> =
+//		{"generation": …, "at": …, "tasks": […], "unregistered_s": …}
 //
 // Ids are validated ids (letters, digits, '.', '_', '-'; never '/'), so the
 // key splits unambiguously. A mark is removed only once its session has had
