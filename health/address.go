@@ -12,11 +12,11 @@ import (
 // routing it would stop every later change of its task type — lapses
 // included — from reaching that client.
 const (
-	// ReasonAddressNotIP: the registration's address is a host name. Envoy
+	// ReasonAddressNotIP means the registration's address is a host name. Envoy
 	// takes only IP addresses in an EDS socket_address, and leasehold does
 	// not resolve names, so routing never depends on DNS answers.
 	ReasonAddressNotIP Reason = "address-not-ip"
-	// ReasonDuplicateAddress: another registration of the task routed to
+	// ReasonDuplicateAddress means another registration of the task routed to
 	// the same constraint set claims the same address:port, and grpc-go
 	// rejects a load assignment with two endpoints at one address. One of
 	// them is sent (Claim.Beats); the others are excluded with this reason.
@@ -30,7 +30,10 @@ func ValidateIP(v string) *FieldError {
 	if ValidateHost(v) != nil || net.ParseIP(v) != nil {
 		return nil
 	}
-	return fieldErr("address", v, "a host name, not an IP address: dispatchers take only IP addresses in EDS (Envoy rejects the whole assignment otherwise) and leasehold does not resolve names; register the executor's reachable IP")
+	return fieldErr("address", v,
+		"a host name, not an IP address: dispatchers take only IP addresses in EDS (Envoy "+
+			"rejects the whole assignment otherwise) and leasehold does not resolve names; "+
+			"register the executor's reachable IP")
 }
 
 // addressRule excludes registrations whose address is not an IP address;
@@ -71,7 +74,8 @@ type Claim struct {
 
 // ClaimOf is e's claim on its socket.
 func ClaimOf(e *Executor) Claim {
-	return Claim{InstanceID: e.InstanceID, SessionID: e.SessionID, Node: e.Node, ServiceID: e.ServiceID, Generation: e.Generation, CreateIndex: e.CreateIndex}
+	return Claim{InstanceID: e.InstanceID, SessionID: e.SessionID, Node: e.Node,
+		ServiceID: e.ServiceID, Generation: e.Generation, CreateIndex: e.CreateIndex}
 }
 
 // Beats reports whether c is kept over o. Of two instances, the one that
@@ -89,8 +93,10 @@ func (c Claim) Beats(o Claim) bool {
 		return c.CreateIndex < o.CreateIndex
 	case c.InstanceID != o.InstanceID:
 		return c.InstanceID < o.InstanceID
-	case c.Generation != o.Generation || c.CreateIndex != o.CreateIndex || c.SessionID != o.SessionID:
-		return newer(c.Generation, c.CreateIndex, c.SessionID, o.Generation, o.CreateIndex, o.SessionID)
+	case c.Generation != o.Generation || c.CreateIndex != o.CreateIndex ||
+		c.SessionID != o.SessionID:
+		return newer(c.Generation, c.CreateIndex, c.SessionID, o.Generation, o.CreateIndex,
+			o.SessionID)
 	case c.Node != o.Node:
 		return c.Node < o.Node
 	}
@@ -101,8 +107,11 @@ func (c Claim) Beats(o Claim) bool {
 // registration kept also claims.
 func DuplicateVerdict(e *Executor, kept Claim) Verdict {
 	return Verdict{Route: RouteNone, Reason: ReasonDuplicateAddress, Detail: fmt.Sprintf(
-		"%s is also claimed by %s (session %s, node %s), which is sent instead: one endpoint per address:port (grpc-go rejects duplicates); the first to claim it is kept (the lower CreateIndex, then the lower instance id), and of one instance its newest session",
-		net.JoinHostPort(e.Address, strconv.Itoa(e.Port)), kept.InstanceID, kept.SessionID, kept.Node)}
+		"%s is also claimed by %s (session %s, node %s), which is sent instead: one endpoint per "+
+			"address:port (grpc-go rejects duplicates); the first to claim it is kept (the lower "+
+			"CreateIndex, then the lower instance id), and of one instance its newest session",
+		net.JoinHostPort(e.Address, strconv.Itoa(e.Port)), kept.InstanceID, kept.SessionID,
+		kept.Node)}
 }
 
 // ExcludeDuplicates applies the duplicate-address rule to the verdicts

@@ -41,10 +41,23 @@ func TestAddressNotIPIsExcluded(t *testing.T) {
 	}{
 		{"IPv4", exec(nil), RouteHealthy, ReasonNone},
 		{"IPv6", exec(func(e *Executor) { e.Address = "2001:db8::7" }), RouteHealthy, ReasonNone},
-		{"host name", exec(func(e *Executor) { e.Address = "exec-1.internal" }), RouteNone, ReasonAddressNotIP},
-		{"host name, draining", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.State = StateDraining }), RouteNone, ReasonAddressNotIP},
-		{"host name beats lapsed", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.LeaseStatus = StatusCritical }), RouteNone, ReasonAddressNotIP},
-		{"bad metadata beats host name", exec(func(e *Executor) { e.Address = "exec-1.internal"; e.Err = errors.New("capacity: bad") }), RouteNone, ReasonBadMetadata},
+		{"host name", exec(func(e *Executor) { e.Address = "exec-1.internal" }), RouteNone,
+			ReasonAddressNotIP},
+		{"host name, draining",
+			exec(func(e *Executor) { e.Address = "exec-1.internal"; e.State = StateDraining }),
+			RouteNone, ReasonAddressNotIP},
+		{"host name beats lapsed",
+			exec(func(e *Executor) {
+				e.Address = "exec-1.internal"
+				e.LeaseStatus = StatusCritical
+			}),
+			RouteNone, ReasonAddressNotIP},
+		{"bad metadata beats host name",
+			exec(func(e *Executor) {
+				e.Address = "exec-1.internal"
+				e.Err = errors.New("capacity: bad")
+			}),
+			RouteNone, ReasonBadMetadata},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			v := Eligible(tt.e, any)
@@ -62,25 +75,32 @@ func TestAddressNotIPIsExcluded(t *testing.T) {
 	if err := r.Validate(); err != nil {
 		t.Fatalf("a host name breaks the contract's syntax: %v", err)
 	}
-	if _, err := ParseRollout([]byte(`{"modes":[{"rule":"address-not-ip","mode":"observe"}]}`)); err == nil {
+	doc := `{"modes":[{"rule":"address-not-ip","mode":"observe"}]}`
+	if _, err := ParseRollout([]byte(doc)); err == nil {
 		t.Fatal("address-not-ip accepted as an observable rule")
 	}
 }
 
 func TestClaimBeats(t *testing.T) {
 	c := func(inst, sess string, gen, create uint64, node, svc string) Claim {
-		return Claim{InstanceID: inst, SessionID: sess, Generation: gen, CreateIndex: create, Node: node, ServiceID: svc}
+		return Claim{InstanceID: inst, SessionID: sess, Generation: gen, CreateIndex: create,
+			Node: node, ServiceID: svc}
 	}
 	for _, tt := range []struct {
 		name string
 		a, b Claim // a beats b
 	}{
-		{"two instances: the first claim", c("b", "s9", 9, 1, "n", "x"), c("a", "s1", 1, 9, "n", "x")},
-		{"two instances claiming at once: lowest instance id", c("a", "s1", 1, 5, "n", "x"), c("b", "s9", 9, 5, "n", "x")},
-		{"one instance: newest generation", c("a", "new", 2, 1, "n", "x"), c("a", "old", 1, 9, "n", "x")},
-		{"same generation: create index", c("a", "s1", 2, 9, "n", "x"), c("a", "s2", 2, 1, "n", "x")},
+		{"two instances: the first claim", c("b", "s9", 9, 1, "n", "x"),
+			c("a", "s1", 1, 9, "n", "x")},
+		{"two instances claiming at once: lowest instance id", c("a", "s1", 1, 5, "n", "x"),
+			c("b", "s9", 9, 5, "n", "x")},
+		{"one instance: newest generation", c("a", "new", 2, 1, "n", "x"),
+			c("a", "old", 1, 9, "n", "x")},
+		{"same generation: create index", c("a", "s1", 2, 9, "n", "x"),
+			c("a", "s2", 2, 1, "n", "x")},
 		{"then session id", c("a", "s2", 2, 1, "n", "x"), c("a", "s1", 2, 1, "n", "x")},
-		{"one session on two nodes: lowest node", c("a", "s", 1, 1, "n1", "x"), c("a", "s", 1, 1, "n2", "x")},
+		{"one session on two nodes: lowest node", c("a", "s", 1, 1, "n1", "x"),
+			c("a", "s", 1, 1, "n2", "x")},
 		{"then service id", c("a", "s", 1, 1, "n", "t1:a"), c("a", "s", 1, 1, "n", "t2:a")},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -95,9 +115,11 @@ func TestClaimBeats(t *testing.T) {
 }
 
 func TestExcludeDuplicates(t *testing.T) {
-	at := func(inst, sess string, gen uint64, address string, port int, mut func(*Executor)) Executor {
+	at := func(inst, sess string, gen uint64, address string, port int,
+		mut func(*Executor)) Executor {
 		return exec(func(e *Executor) {
-			e.InstanceID, e.SessionID, e.Generation, e.Address, e.Port = inst, sess, gen, address, port
+			e.InstanceID, e.SessionID, e.Generation = inst, sess, gen
+			e.Address, e.Port = address, port
 			e.ServiceID = ServiceID(inst, e.Task)
 			if mut != nil {
 				mut(e)
@@ -112,23 +134,44 @@ func TestExcludeDuplicates(t *testing.T) {
 		d    Dispatcher
 		want []Reason // per executor
 	}{
-		{"distinct sockets", []Executor{at("a", "s", 1, "10.0.0.1", 9000, nil), at("b", "s", 1, "10.0.0.1", 9001, nil)}, any,
+		{"distinct sockets",
+			[]Executor{at("a", "s", 1, "10.0.0.1", 9000, nil),
+				at("b", "s", 1, "10.0.0.1", 9001, nil)}, any,
 			[]Reason{ReasonNone, ReasonNone}},
-		{"two instances, one socket: lowest instance id", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, nil)}, any,
+		{"two instances, one socket: lowest instance id",
+			[]Executor{at("b", "s", 1, "10.0.0.1", 9000, nil),
+				at("a", "s", 1, "10.0.0.1", 9000, nil)}, any,
 			[]Reason{ReasonDuplicateAddress, ReasonNone}},
-		{"one instance, two sessions (fencing observed): newest", []Executor{at("a", "new", 2, "10.0.0.1", 9000, nil), at("a", "old", 1, "10.0.0.1", 9000, nil)}, any,
+		{"one instance, two sessions (fencing observed): newest",
+			[]Executor{at("a", "new", 2, "10.0.0.1", 9000, nil),
+				at("a", "old", 1, "10.0.0.1", 9000, nil)}, any,
 			[]Reason{ReasonNone, ReasonDuplicateAddress}},
-		{"one IP spelled two ways", []Executor{at("b", "s", 1, "::ffff:10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, nil)}, any,
+		{"one IP spelled two ways",
+			[]Executor{at("b", "s", 1, "::ffff:10.0.0.1", 9000, nil),
+				at("a", "s", 1, "10.0.0.1", 9000, nil)}, any,
 			[]Reason{ReasonDuplicateAddress, ReasonNone}},
-		{"draining ones are sent too", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.State = StateDraining })}, any,
+		{"draining ones are sent too",
+			[]Executor{at("b", "s", 1, "10.0.0.1", 9000, nil),
+				at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.State = StateDraining })},
+			any,
 			[]Reason{ReasonDuplicateAddress, ReasonDraining}},
-		{"an excluded one claims nothing", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.LeaseStatus = StatusCritical })}, any,
+		{"an excluded one claims nothing",
+			[]Executor{at("b", "s", 1, "10.0.0.1", 9000, nil),
+				at("a", "s", 1, "10.0.0.1", 9000,
+					func(e *Executor) { e.LeaseStatus = StatusCritical })}, any,
 			[]Reason{ReasonNone, ReasonLapsed}},
-		{"per constraint set", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Version = "2.0.0" })}, v1,
+		{"per constraint set",
+			[]Executor{at("b", "s", 1, "10.0.0.1", 9000, nil),
+				at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Version = "2.0.0" })}, v1,
 			[]Reason{ReasonNone, ReasonVersion}},
-		{"per task type", []Executor{at("b", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Task = "other" })}, any,
+		{"per task type",
+			[]Executor{at("b", "s", 1, "10.0.0.1", 9000, nil),
+				at("a", "s", 1, "10.0.0.1", 9000, func(e *Executor) { e.Task = "other" })}, any,
 			[]Reason{ReasonNone, ReasonNone}},
-		{"three claimants", []Executor{at("c", "s", 1, "10.0.0.1", 9000, nil), at("a", "s", 1, "10.0.0.1", 9000, nil), at("b", "s", 1, "10.0.0.1", 9000, nil)}, any,
+		{"three claimants",
+			[]Executor{at("c", "s", 1, "10.0.0.1", 9000, nil),
+				at("a", "s", 1, "10.0.0.1", 9000, nil), at("b", "s", 1, "10.0.0.1", 9000, nil)},
+			any,
 			[]Reason{ReasonDuplicateAddress, ReasonNone, ReasonDuplicateAddress}},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
@@ -139,9 +182,11 @@ func TestExcludeDuplicates(t *testing.T) {
 			ExcludeDuplicates(tt.es, vs)
 			for i, v := range vs {
 				if v.Reason != tt.want[i] {
-					t.Fatalf("executor %d (%s/%s): %s (%s), want %s", i, tt.es[i].InstanceID, tt.es[i].SessionID, v.Reason, v.Detail, tt.want[i])
+					t.Fatalf("executor %d (%s/%s): %s (%s), want %s", i, tt.es[i].InstanceID,
+						tt.es[i].SessionID, v.Reason, v.Detail, tt.want[i])
 				}
-				if v.Reason == ReasonDuplicateAddress && (v.Route != RouteNone || !strings.Contains(v.Detail, "also claimed by")) {
+				if v.Reason == ReasonDuplicateAddress &&
+					(v.Route != RouteNone || !strings.Contains(v.Detail, "also claimed by")) {
 					t.Fatalf("duplicate verdict %+v", v)
 				}
 			}
@@ -157,11 +202,13 @@ func TestExcludeDuplicates(t *testing.T) {
 // routed, and the later claim is the duplicate.
 func TestALaterClaimOfAnExecutorsSocketDoesNotUnrouteIt(t *testing.T) {
 	victim := exec(func(e *Executor) {
-		e.InstanceID, e.SessionID, e.Address, e.Port, e.CreateIndex = "exec-2", "s2", "10.0.0.2", 9000, 10
+		e.InstanceID, e.SessionID, e.CreateIndex = "exec-2", "s2", 10
+		e.Address, e.Port = "10.0.0.2", 9000
 		e.ServiceID = ServiceID(e.InstanceID, e.Task)
 	})
 	claim := exec(func(e *Executor) {
-		e.InstanceID, e.SessionID, e.Address, e.Port, e.CreateIndex, e.State = "exec-1", "s1", "10.0.0.2", 9000, 50, StateDraining
+		e.InstanceID, e.SessionID, e.CreateIndex, e.State = "exec-1", "s1", 50, StateDraining
+		e.Address, e.Port = "10.0.0.2", 9000
 		e.ServiceID, e.Node = ServiceID(e.InstanceID, e.Task), "n9"
 	})
 	es := []Executor{victim, claim}
@@ -169,6 +216,7 @@ func TestALaterClaimOfAnExecutorsSocketDoesNotUnrouteIt(t *testing.T) {
 	vs := []Verdict{Eligible(es[0], d), Eligible(es[1], d)}
 	ExcludeDuplicates(es, vs)
 	if vs[0].Route != RouteHealthy {
-		t.Fatalf("exec-2 at its own socket: %s %s (%s), want routed: a later claim of its address took its work", vs[0].Route, vs[0].Reason, vs[0].Detail)
+		t.Fatalf("exec-2 at its own socket: %s %s (%s), want routed: a later claim of its "+
+			"address took its work", vs[0].Route, vs[0].Reason, vs[0].Detail)
 	}
 }

@@ -1,5 +1,11 @@
-// Package health holds leasehold's domain: the executor registration contract,
-// the lease rules and eligibility. It is pure: no I/O, time is passed in.
+// Package health holds leasehold's domain: the executor registration contract
+// (contract.go), what the watches observe and how a registration joins its
+// checks (observation.go), the lease rules (lease.go), fencing by generation
+// (generation.go, eligibility.go), eligibility for a dispatcher's constraint
+// set (dispatcher.go, eligibility.go, address.go), the fencing API's answers
+// (session.go), the operators' rollout rules and cordons (rollout.go,
+// lbpolicy.go, cordon.go) and the lapse marks (lapse.go). It is pure: no I/O,
+// and time is passed in.
 package health
 
 import (
@@ -136,7 +142,8 @@ func CheckID(instanceID, sessionID, task string) string {
 // ParseCheckID splits a lease check id; ok is false for any other check.
 func ParseCheckID(id string) (instanceID, sessionID, task string, ok bool) {
 	parts := strings.Split(id, ":")
-	if len(parts) != 4 || parts[0] != CheckIDPrefix || parts[1] == "" || parts[2] == "" || parts[3] == "" {
+	if len(parts) != 4 || parts[0] != CheckIDPrefix || parts[1] == "" || parts[2] == "" ||
+		parts[3] == "" {
 		return "", "", "", false
 	}
 	return parts[1], parts[2], parts[3], true
@@ -155,7 +162,11 @@ func (r Registration) validate(fixed int) error {
 	errs = append(errs, validateID(MetaInstanceID, r.InstanceID)...)
 	errs = append(errs, validateID(MetaSessionID, r.SessionID)...)
 	if r.Generation == 0 {
-		errs = append(errs, fieldErr(MetaGeneration, "0", "must be a positive integer (taken from Consul KV %s<instance_id> at session start)", GenerationKeyPrefix))
+		errs = append(errs,
+			fieldErr(MetaGeneration, "0",
+				"must be a positive integer (taken from Consul KV %s<instance_id> at session "+
+					"start)",
+				GenerationKeyPrefix))
 	}
 	if e := ValidateTask(r.Task); e != nil {
 		errs = append(errs, e)
@@ -170,15 +181,20 @@ func (r Registration) validate(fixed int) error {
 		errs = append(errs, ValidateVersion(r.Version))
 	}
 	if r.Capacity < 1 || r.Capacity > maxCapacity {
-		errs = append(errs, fieldErr(MetaCapacity, strconv.Itoa(r.Capacity), "must be a positive integer ≤ %d", maxCapacity))
+		errs = append(errs,
+			fieldErr(MetaCapacity, strconv.Itoa(r.Capacity), "must be a positive integer ≤ %d",
+				maxCapacity))
 	}
 	if r.State != StateActive && r.State != StateDraining {
-		errs = append(errs, fieldErr(MetaState, string(r.State), "must be %q or %q", StateActive, StateDraining))
+		errs = append(errs,
+			fieldErr(MetaState, string(r.State), "must be %q or %q", StateActive, StateDraining))
 	}
 	errs = append(errs, validateLabels(r.Labels, fixed)...)
 	errs = append(errs, r.validateReplaces()...)
 	if r.LeaseTTL < 0 || r.LeaseTTL > MaxLeaseTTL {
-		errs = append(errs, fieldErr(MetaLeaseTTL, r.LeaseTTL.String(), "must be a positive duration of at most %s", MaxLeaseTTL))
+		errs = append(errs,
+			fieldErr(MetaLeaseTTL, r.LeaseTTL.String(), "must be a positive duration of at most %s",
+				MaxLeaseTTL))
 	}
 	return errs.err()
 }
@@ -204,14 +220,16 @@ func ParseReplaces(sessionID, v string) ([]string, error) {
 func (r Registration) validateReplaces() FieldErrors {
 	v := strings.Join(r.Replaces, ",")
 	if len(r.Replaces) > MaxReplaces {
-		return FieldErrors{fieldErr(MetaReplaces, v, "names %d sessions, at most %d", len(r.Replaces), MaxReplaces)}
+		return FieldErrors{fieldErr(MetaReplaces, v, "names %d sessions, at most %d",
+			len(r.Replaces), MaxReplaces)}
 	}
 	for i, s := range r.Replaces {
 		if errs := validateID(MetaReplaces, s); errs != nil {
 			return errs
 		}
 		if s == r.SessionID {
-			return FieldErrors{fieldErr(MetaReplaces, v, "names the registration's own session %s", s)}
+			return FieldErrors{fieldErr(MetaReplaces, v, "names the registration's own session %s",
+				s)}
 		}
 		if slices.Contains(r.Replaces[:i], s) {
 			return FieldErrors{fieldErr(MetaReplaces, v, "names session %s twice", s)}
@@ -227,7 +245,8 @@ func validateID(field, v string) FieldErrors {
 	case len(v) > maxIDLen:
 		return FieldErrors{fieldErr(field, v, "longer than %d bytes", maxIDLen)}
 	case !idRE.MatchString(v):
-		return FieldErrors{fieldErr(field, v, "may contain only letters, digits, '.', '_' and '-', starting with a letter or digit")}
+		return FieldErrors{fieldErr(field, v,
+			"may contain only letters, digits, '.', '_' and '-', starting with a letter or digit")}
 	}
 	return nil
 }
@@ -272,7 +291,8 @@ func ValidateHost(v string) *FieldError {
 	}
 	if ip := net.ParseIP(v); ip != nil {
 		if ip.IsUnspecified() {
-			return fieldErr("address", v, "unspecified address cannot be dialled; use the executor's reachable IP")
+			return fieldErr("address", v,
+				"unspecified address cannot be dialled; use the executor's reachable IP")
 		}
 		return nil
 	}
@@ -306,7 +326,10 @@ func ValidateVersion(v string) *FieldError {
 func validateLabels(labels map[string]string, fixed int) FieldErrors {
 	var errs FieldErrors
 	if n := len(labels) + fixed; n > consulMetaMaxPairs {
-		errs = append(errs, fieldErr("labels", strconv.Itoa(len(labels)), "at most %d labels fit in Consul's %d meta pairs", consulMetaMaxPairs-fixed, consulMetaMaxPairs))
+		errs = append(errs,
+			fieldErr("labels", strconv.Itoa(len(labels)),
+				"at most %d labels fit in Consul's %d meta pairs", consulMetaMaxPairs-fixed,
+				consulMetaMaxPairs))
 	}
 	for _, k := range sortedKeys(labels) {
 		key := MetaLabelPrefix + k
@@ -314,11 +337,14 @@ func validateLabels(labels map[string]string, fixed int) FieldErrors {
 		case k == "":
 			errs = append(errs, fieldErr("labels", "", "label key must not be empty"))
 		case !metaKeyRE.MatchString(k):
-			errs = append(errs, fieldErr(key, k, "label key may contain only letters, digits, '-' and '_'"))
+			errs = append(errs,
+				fieldErr(key, k, "label key may contain only letters, digits, '-' and '_'"))
 		case len(key) > consulMetaKeyMaxLen:
-			errs = append(errs, fieldErr(key, k, "meta key longer than %d bytes", consulMetaKeyMaxLen))
+			errs = append(errs,
+				fieldErr(key, k, "meta key longer than %d bytes", consulMetaKeyMaxLen))
 		case len(labels[k]) > consulMetaValueMaxLen:
-			errs = append(errs, fieldErr(key, labels[k], "value longer than %d bytes", consulMetaValueMaxLen))
+			errs = append(errs,
+				fieldErr(key, labels[k], "value longer than %d bytes", consulMetaValueMaxLen))
 		}
 	}
 	return errs
@@ -327,8 +353,9 @@ func validateLabels(labels map[string]string, fixed int) FieldErrors {
 // fixedMetaKeys counts the contract's meta keys, the optional replaces and
 // lease_ttl included: Validate (what the Registrar and leasehold register
 // check) keeps room for them even when absent; a registration read from
-// Consul counts them only when present.
-const fixedMetaKeys = 8 // instance_id, session_id, generation, version, capacity, state, replaces, lease_ttl
+// Consul counts them only when present. They are instance_id, session_id,
+// generation, version, capacity, state, replaces and lease_ttl.
+const fixedMetaKeys = 8
 
 // optionalMetaKeys are the fixed keys a registration may leave out.
 var optionalMetaKeys = []string{MetaReplaces, MetaLeaseTTL}
@@ -357,7 +384,8 @@ func (r Registration) Meta() map[string]string {
 // ParseRegistration decodes a Consul service (name, address, port, meta) into a
 // Registration and validates it. Meta keys outside the contract are ignored, so
 // operators may add their own.
-func ParseRegistration(task, address string, port int, meta map[string]string) (Registration, error) {
+func ParseRegistration(task, address string, port int,
+	meta map[string]string) (Registration, error) {
 	r := Registration{
 		InstanceID: meta[MetaInstanceID],
 		SessionID:  meta[MetaSessionID],
@@ -382,7 +410,9 @@ func ParseRegistration(task, address string, port int, meta map[string]string) (
 	if v, ok := meta[MetaLeaseTTL]; ok {
 		d, err := time.ParseDuration(v)
 		if err != nil || d <= 0 || d > MaxLeaseTTL {
-			errs = append(errs, fieldErr(MetaLeaseTTL, v, "not a positive Go duration of at most %s (e.g. 35s)", MaxLeaseTTL))
+			errs = append(errs,
+				fieldErr(MetaLeaseTTL, v, "not a positive Go duration of at most %s (e.g. 35s)",
+					MaxLeaseTTL))
 		} else {
 			r.LeaseTTL = d
 		}
@@ -441,7 +471,8 @@ func sortedKeys(m map[string]string) []string {
 
 // String is for logs.
 func (r Registration) String() string {
-	return fmt.Sprintf("%s/%s@%s:%d session=%s v%s", r.Task, r.InstanceID, r.Address, r.Port, r.SessionID, r.Version)
+	return fmt.Sprintf("%s/%s@%s:%d session=%s v%s", r.Task, r.InstanceID, r.Address, r.Port,
+		r.SessionID, r.Version)
 }
 
 // ValidateTag checks the Consul tag that marks task types.

@@ -1,9 +1,8 @@
 package health
 
 import (
-	"errors"
+	"fmt"
 	"reflect"
-	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -33,17 +32,23 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"ipv6 address", func(r *Registration) { r.Address = "::1" }, nil},
 		{"prerelease version", func(r *Registration) { r.Version = "2.0.0-rc.1" }, nil},
 		{"empty instance", func(r *Registration) { r.InstanceID = "" }, []string{"instance_id"}},
-		{"instance with slash", func(r *Registration) { r.InstanceID = "a/b" }, []string{"instance_id"}},
-		{"instance with colon", func(r *Registration) { r.InstanceID = "a:b" }, []string{"instance_id"}},
-		{"instance too long", func(r *Registration) { r.InstanceID = strings.Repeat("a", 129) }, []string{"instance_id"}},
+		{"instance with slash", func(r *Registration) { r.InstanceID = "a/b" },
+			[]string{"instance_id"}},
+		{"instance with colon", func(r *Registration) { r.InstanceID = "a:b" },
+			[]string{"instance_id"}},
+		{"instance too long", func(r *Registration) { r.InstanceID = strings.Repeat("a", 129) },
+			[]string{"instance_id"}},
 		{"empty session", func(r *Registration) { r.SessionID = "" }, []string{"session_id"}},
 		{"no generation", func(r *Registration) { r.Generation = 0 }, []string{"generation"}},
 		{"empty task", func(r *Registration) { r.Task = "" }, []string{"task"}},
 		{"task with underscore", func(r *Registration) { r.Task = "trans_code" }, []string{"task"}},
-		{"task too long", func(r *Registration) { r.Task = strings.Repeat("t", 64) }, []string{"task"}},
+		{"task too long", func(r *Registration) { r.Task = strings.Repeat("t", 64) },
+			[]string{"task"}},
 		{"empty address", func(r *Registration) { r.Address = "" }, []string{"address"}},
-		{"unspecified address", func(r *Registration) { r.Address = "0.0.0.0" }, []string{"address"}},
-		{"garbage address", func(r *Registration) { r.Address = "not a host!" }, []string{"address"}},
+		{"unspecified address", func(r *Registration) { r.Address = "0.0.0.0" },
+			[]string{"address"}},
+		{"garbage address", func(r *Registration) { r.Address = "not a host!" },
+			[]string{"address"}},
 		{"port zero", func(r *Registration) { r.Port = 0 }, []string{"port"}},
 		{"port too big", func(r *Registration) { r.Port = 70000 }, []string{"port"}},
 		{"bad semver", func(r *Registration) { r.Version = "1.2" }, []string{"version"}},
@@ -52,12 +57,19 @@ func TestValidateNamesTheField(t *testing.T) {
 		{"zero capacity", func(r *Registration) { r.Capacity = 0 }, []string{"capacity"}},
 		{"negative capacity", func(r *Registration) { r.Capacity = -3 }, []string{"capacity"}},
 		{"bad state", func(r *Registration) { r.State = "gone" }, []string{"state"}},
-		{"label key with dot", func(r *Registration) { r.Labels = map[string]string{"a.b": "x"} }, []string{"label_a.b"}},
-		{"label key empty", func(r *Registration) { r.Labels = map[string]string{"": "x"} }, []string{"labels"}},
-		{"label key too long", func(r *Registration) { r.Labels = map[string]string{strings.Repeat("k", 123): "x"} }, []string{"label_" + strings.Repeat("k", 123)}},
-		{"label value too long", func(r *Registration) { r.Labels = map[string]string{"zone": long} }, []string{"label_zone"}},
+		{"label key with dot", func(r *Registration) { r.Labels = map[string]string{"a.b": "x"} },
+			[]string{"label_a.b"}},
+		{"label key empty", func(r *Registration) { r.Labels = map[string]string{"": "x"} },
+			[]string{"labels"}},
+		{"label key too long",
+			func(r *Registration) { r.Labels = map[string]string{strings.Repeat("k", 123): "x"} },
+			[]string{"label_" + strings.Repeat("k", 123)}},
+		{"label value too long",
+			func(r *Registration) { r.Labels = map[string]string{"zone": long} },
+			[]string{"label_zone"}},
 		{"too many labels", func(r *Registration) { r.Labels = many }, []string{"labels"}},
-		{"several at once", func(r *Registration) { r.InstanceID = ""; r.Capacity = 0 }, []string{"instance_id", "capacity"}},
+		{"several at once", func(r *Registration) { r.InstanceID = ""; r.Capacity = 0 },
+			[]string{"instance_id", "capacity"}},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -92,7 +104,8 @@ func TestMetaRoundTrip(t *testing.T) {
 	if !reflect.DeepEqual(got, r) {
 		t.Fatalf("round trip:\n got %+v\nwant %+v", got, r)
 	}
-	if meta["label_zone"] != "eu-1" || meta["capacity"] != "4" || meta["state"] != "active" || meta["generation"] != "3" {
+	if meta["label_zone"] != "eu-1" || meta["capacity"] != "4" || meta["state"] != "active" ||
+		meta["generation"] != "3" {
 		t.Fatalf("meta encoding: %v", meta)
 	}
 }
@@ -155,7 +168,8 @@ func TestReplacesMeta(t *testing.T) {
 		t.Fatalf("round trip: %v, %v", got.Replaces, err)
 	}
 	meta[MetaReplaces] = ""
-	if _, err := ParseRegistration(r.Task, r.Address, r.Port, meta); !reflect.DeepEqual(Fields(err), []string{MetaReplaces}) {
+	if _, err := ParseRegistration(r.Task, r.Address, r.Port, meta); !reflect.DeepEqual(Fields(err),
+		[]string{MetaReplaces}) {
 		t.Fatalf("empty replaces: %v", err)
 	}
 	if _, ok := validReg().Meta()[MetaReplaces]; ok {
@@ -164,7 +178,8 @@ func TestReplacesMeta(t *testing.T) {
 	long := strings.Repeat("s", maxIDLen)
 	r.Replaces = []string{long[:maxIDLen-1] + "1", long[:maxIDLen-1] + "2", long[:maxIDLen-1] + "3"}
 	if v := r.Meta()[MetaReplaces]; len(v) > consulMetaValueMaxLen || r.Validate() != nil {
-		t.Fatalf("%d of the longest ids take %d bytes (Consul allows %d): %v", MaxReplaces, len(v), consulMetaValueMaxLen, r.Validate())
+		t.Fatalf("%d of the longest ids take %d bytes (Consul allows %d): %v", MaxReplaces, len(v),
+			consulMetaValueMaxLen, r.Validate())
 	}
 }
 
@@ -197,23 +212,11 @@ func TestIDs(t *testing.T) {
 	if !ok || inst != "exec-1" || sess != "s1" || task != "transcode" {
 		t.Fatalf("ParseCheckID = %q %q %q %v", inst, sess, task, ok)
 	}
-	for _, bad := range []string{"serfHealth", "lease:a:b", "lease::s:t", "other:a:b:c", "lease:a:b:c:d"} {
+	for _, bad := range []string{"serfHealth", "lease:a:b", "lease::s:t", "other:a:b:c",
+		"lease:a:b:c:d"} {
 		if _, _, _, ok := ParseCheckID(bad); ok {
 			t.Errorf("ParseCheckID(%q) accepted", bad)
 		}
-	}
-}
-
-func TestFieldErrorsUnwrap(t *testing.T) {
-	r := validReg()
-	r.Port = 0
-	err := r.Validate()
-	var fe *FieldError
-	if !errors.As(err, &fe) || fe.Field != "port" {
-		t.Fatalf("errors.As: %v", err)
-	}
-	if !slices.Equal(Fields(fe), []string{"port"}) {
-		t.Fatal("Fields of a single FieldError")
 	}
 }
 
@@ -231,11 +234,62 @@ func TestLeaseTTLMeta(t *testing.T) {
 		t.Fatalf("parsed lease_ttl %s, %v", got.LeaseTTL, err)
 	}
 	delete(meta, MetaLeaseTTL)
-	if got, err := ParseRegistration(r.Task, r.Address, r.Port, meta); err != nil || got.LeaseTTL != 0 {
+	if got, err := ParseRegistration(r.Task, r.Address, r.Port, meta); err != nil ||
+		got.LeaseTTL != 0 {
 		t.Fatalf("absent lease_ttl read as %s, %v", got.LeaseTTL, err)
 	}
 	r.LeaseTTL = 48 * time.Hour
 	if !reflect.DeepEqual(Fields(r.Validate()), []string{MetaLeaseTTL}) {
 		t.Fatalf("Validate with a 48h lease_ttl: %v", r.Validate())
+	}
+}
+
+// TestFiftyEightLabelsWithoutReplacesStillRead: a registration without the
+// replaces key may carry 58 labels (6 contract keys + 58 fill Consul's 64 meta
+// pairs). Such a registration is already in Consul (it fits, or Consul would
+// have refused it), so reading it must not throw it out of routing as bad
+// metadata: the pair reserved for replaces only counts when replaces is there.
+// What an executor is told to write (Validate, the Registrar's configuration)
+// keeps room for replaces and lease_ttl: 56 labels.
+func TestFiftyEightLabelsWithoutReplacesStillRead(t *testing.T) {
+	r := validReg()
+	r.Labels = map[string]string{}
+	for i := range consulMetaMaxPairs - 6 {
+		r.Labels[fmt.Sprintf("k%02d", i)] = "v"
+	}
+	meta := r.Meta()
+	if len(meta) != consulMetaMaxPairs {
+		t.Fatalf("%d meta pairs", len(meta))
+	}
+	got, err := ParseRegistration(r.Task, r.Address, r.Port, meta)
+	if err != nil {
+		t.Fatalf("a registration of %d labels without replaces (%d meta pairs, what Consul "+
+			"accepts) is refused: %v", len(r.Labels), len(meta), err)
+	}
+	if len(got.Labels) != len(r.Labels) {
+		t.Fatalf("labels %d", len(got.Labels))
+	}
+	// With replaces it does not fit Consul: refused, naming the field.
+	meta[MetaReplaces] = "old"
+	_, err = ParseRegistration(r.Task, r.Address, r.Port, meta)
+	if !reflect.DeepEqual(Fields(err), []string{"labels"}) {
+		t.Fatalf("58 labels and replaces: %v", err)
+	}
+	// What executors are told to write keeps room for replaces and
+	// lease_ttl: 56.
+	if !reflect.DeepEqual(Fields(r.Validate()), []string{"labels"}) {
+		t.Fatalf("Validate with 58 labels: %v", r.Validate())
+	}
+	if !reflect.DeepEqual(Fields(validateLabels(r.Labels, fixedMetaKeys).err()),
+		[]string{"labels"}) {
+		t.Fatal("validateLabels with 58 labels accepted")
+	}
+	delete(r.Labels, "k00")
+	if !reflect.DeepEqual(Fields(r.Validate()), []string{"labels"}) {
+		t.Fatalf("Validate with 57 labels: %v", r.Validate())
+	}
+	delete(r.Labels, "k01")
+	if err := r.Validate(); err != nil {
+		t.Fatalf("Validate with 56 labels: %v", err)
 	}
 }

@@ -35,7 +35,8 @@ func (c *Cordon) Validate() error {
 		errs = append(errs, fmt.Errorf("id: %q: want a non-empty id without '/' or spaces", c.ID))
 	}
 	if c.Instance == "" && c.VersionConstraint == "" && c.Task == "" {
-		errs = append(errs, errors.New("selector: give an instance id, a version constraint and/or a task type"))
+		errs = append(errs,
+			errors.New("selector: give an instance id, a version constraint and/or a task type"))
 	}
 	if c.Instance != "" {
 		if err := ValidateInstanceID(c.Instance); err != nil {
@@ -162,7 +163,8 @@ func ApplyCordons(es []Executor, cordons []Cordon, r *Rollout) []CordonStatus {
 			out[k] = st
 			continue
 		}
-		slices.SortFunc(hits, func(a, b int) int { return strings.Compare(es[a].InstanceID, es[b].InstanceID) })
+		slices.SortFunc(hits,
+			func(a, b int) int { return strings.Compare(es[a].InstanceID, es[b].InstanceID) })
 		for _, i := range hits {
 			e := &es[i]
 			if e.CordonID != "" || !isLive(e) {
@@ -183,13 +185,17 @@ func ApplyCordons(es []Executor, cordons []Cordon, r *Rollout) []CordonStatus {
 	return out
 }
 
-// isLive: holds a valid lease, is its instance's newest session, and its
-// datacenter is not lost (its executors take no work, so they cannot stand
+// isLive reports whether e holds a valid lease, is its instance's newest
+// session, and its datacenter is not lost (its executors take no work, so they cannot stand
 // in for the ones a cordon takes out).
 func isLive(e *Executor) bool {
-	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, LeaseStatus: e.LeaseStatus, LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed, LapseSeen: e.LapseSeen, Fenced: e.Fenced, Unconfirmed: e.Unconfirmed, Reach: e.Reach, ReachDetail: e.ReachDetail}, Dispatcher{})
+	v := Eligible(Executor{Registration: e.Registration, Err: e.Err, LeaseStatus: e.LeaseStatus,
+		LeaseFound: e.LeaseFound, NodeChecks: e.NodeChecks, NodeFailed: e.NodeFailed,
+		LapseSeen: e.LapseSeen, Fenced: e.Fenced, Unconfirmed: e.Unconfirmed, Reach: e.Reach,
+		ReachDetail: e.ReachDetail}, Dispatcher{})
 	switch v.Reason {
-	case ReasonLapsed, ReasonNoLease, ReasonBadMetadata, ReasonFenced, ReasonUnconfirmed, ReasonUnreachable:
+	case ReasonLapsed, ReasonNoLease, ReasonBadMetadata, ReasonFenced, ReasonUnconfirmed,
+		ReasonUnreachable:
 		return false
 	}
 	return true

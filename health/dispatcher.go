@@ -31,7 +31,8 @@ func NormalizeDatacenter(dc string) string { return strings.ToLower(strings.Trim
 // lowercase letters, digits, '-' and '_'; field names it in the error.
 func ValidateDatacenter(field, dc string) error {
 	if !datacenterRE.MatchString(dc) {
-		return &FieldError{Field: field, Value: dc, Reason: "a Consul datacenter name: 1 to 64 lowercase letters, digits, '-' or '_'"}
+		return &FieldError{Field: field, Value: dc,
+			Reason: "a Consul datacenter name: 1 to 64 lowercase letters, digits, '-' or '_'"}
 	}
 	return nil
 }
@@ -65,7 +66,9 @@ func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatch
 	if d.VersionConstraint != "" {
 		c, err := semver.NewConstraint(d.VersionConstraint)
 		if err != nil {
-			errs = append(errs, fieldErr(NodeMetaVersionConstraint, d.VersionConstraint, "not a semver constraint: %v", err))
+			errs = append(errs,
+				fieldErr(NodeMetaVersionConstraint, d.VersionConstraint,
+					"not a semver constraint: %v", err))
 		}
 		d.constraint = c
 	}
@@ -74,11 +77,16 @@ func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatch
 	}
 	for _, k := range sortedKeys(labels) {
 		if k == "" || !metaKeyRE.MatchString(k) || len(MetaLabelPrefix+k) > consulMetaKeyMaxLen {
-			errs = append(errs, fieldErr(NodeMetaLabels+"."+k, k, "label key may contain only letters, digits, '-' and '_' (≤ %d bytes)", consulMetaKeyMaxLen-len(MetaLabelPrefix)))
+			errs = append(errs,
+				fieldErr(NodeMetaLabels+"."+k, k,
+					"label key may contain only letters, digits, '-' and '_' (≤ %d bytes)",
+					consulMetaKeyMaxLen-len(MetaLabelPrefix)))
 			continue
 		}
 		if len(labels[k]) > consulMetaValueMaxLen {
-			errs = append(errs, fieldErr(NodeMetaLabels+"."+k, labels[k], "value longer than %d bytes", consulMetaValueMaxLen))
+			errs = append(errs,
+				fieldErr(NodeMetaLabels+"."+k, labels[k], "value longer than %d bytes",
+					consulMetaValueMaxLen))
 			continue
 		}
 		d.Labels[k] = labels[k]
@@ -191,7 +199,8 @@ func escapeKeyField(b *strings.Builder, s, delims string) {
 	const hex = "0123456789ABCDEF"
 	for i := 0; i < len(s); {
 		r, n := utf8.DecodeRuneInString(s[i:])
-		if (r == utf8.RuneError && n == 1) || !unicode.IsGraphic(r) || r == '%' || (r < utf8.RuneSelf && strings.IndexByte(delims, byte(r)) >= 0) {
+		if (r == utf8.RuneError && n == 1) || !unicode.IsGraphic(r) || r == '%' ||
+			(r < utf8.RuneSelf && strings.IndexByte(delims, byte(r)) >= 0) {
 			for _, c := range []byte(s[i : i+n]) {
 				b.WriteByte('%')
 				b.WriteByte(hex[c>>4])

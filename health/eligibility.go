@@ -28,7 +28,7 @@ type Executor struct {
 	LeaseStatus CheckStatus // the status of the session's lease check; "" when missing
 	LeaseFound  bool
 	NodeChecks  CheckStatus // worst node-level check (serfHealth, ...); "" = none
-	// NodeFailed: the node's serfHealth check is critical, i.e. Consul lost
+	// NodeFailed is set when the node's serfHealth check is critical: Consul lost
 	// contact with the executor's agent. Like a critical lease it ends the
 	// session for ever (the process may be alive on the far side of a
 	// partition while its tasks are dispatched again).
@@ -60,9 +60,10 @@ type Executor struct {
 type Route string
 
 const (
-	RouteHealthy  Route = "HEALTHY"  // eligible for new work
-	RouteDraining Route = "DRAINING" // in-flight work finishes, no new work (Envoy DRAINING; gRPC skips)
-	RouteNone     Route = "NONE"     // not sent at all
+	RouteHealthy Route = "HEALTHY" // eligible for new work
+	// In-flight work finishes, no new work (Envoy DRAINING; gRPC skips).
+	RouteDraining Route = "DRAINING"
+	RouteNone     Route = "NONE" // not sent at all
 )
 
 // Reason names why an executor is not eligible for new work.
@@ -72,10 +73,10 @@ const (
 	ReasonNone        Reason = ""
 	ReasonBadMetadata Reason = "bad-metadata"
 	ReasonLapsed      Reason = "lapsed"
-	// ReasonUnconfirmed: the instance's generation key names another
+	// ReasonUnconfirmed means the instance's generation key names another
 	// session (or a lower generation): the registration may be forged.
 	ReasonUnconfirmed Reason = "generation-unconfirmed"
-	// ReasonNoLease: the registration has no lease check of its session.
+	// ReasonNoLease means the registration has no lease check of its session.
 	ReasonNoLease   Reason = "no-lease-check"
 	ReasonUnhealthy Reason = "unhealthy" // a non-lease check of the service or node is not passing
 	ReasonFenced    Reason = "fenced-by-newer-session"
@@ -84,7 +85,7 @@ const (
 	ReasonDraining  Reason = "draining"
 	ReasonFull      Reason = "full"
 	ReasonCordoned  Reason = "cordoned" // an operator's cordon: no new work (DRAINING)
-	// ReasonUnreachable: the executor's datacenter has not answered for
+	// ReasonUnreachable means the executor's datacenter has not answered for
 	// longer than a lease while others do.
 	ReasonUnreachable Reason = "datacenter-unreachable"
 )
@@ -93,13 +94,13 @@ const (
 type Reach uint8
 
 const (
-	// Reached: Consul in its datacenter answers.
+	// Reached means Consul in its datacenter answers.
 	Reached Reach = iota
-	// Unanswered: its datacenter does not answer now. The executor is
+	// Unanswered means its datacenter does not answer now. The executor is
 	// routed as last known (its lease rules hold); its session is
 	// answered UNKNOWN, since a lapse may be going unseen.
 	Unanswered
-	// Lost: its datacenter has not answered for longer than a lease while
+	// Lost means its datacenter has not answered for longer than a lease while
 	// other datacenters do (a WAN partition usually cuts dispatchers off
 	// from it too): no new work, until it answers itself. When no
 	// datacenter answers, none becomes Lost: the last known snapshot stays
@@ -123,7 +124,7 @@ type Verdict struct {
 	Route  Route
 	Reason Reason
 	Detail string // human explanation for explain views and logs
-	// Observed: rules in observe mode that would have excluded the
+	// Observed are the rules in observe mode that would have excluded the
 	// executor (it is routed as if they passed).
 	Observed []Exclusion
 }
@@ -188,16 +189,19 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 		}
 		switch {
 		case e.LapseSeen:
-			return lapsed("session " + e.SessionID + " was seen lapsed; a resumed process must register a new session")
+			return lapsed("session " + e.SessionID + " was seen lapsed; a resumed process must " +
+				"register a new session")
 		case !e.LeaseFound:
 			// Not "lapsed", which is final: a missing check is no proof
 			// the lease ended, and the session is answered UNKNOWN.
-			return Verdict{Route: RouteNone, Reason: ReasonNoLease, Detail: "no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task) +
-				" of this session: not routed, and the fencing API answers it UNKNOWN"}, true
+			return Verdict{Route: RouteNone, Reason: ReasonNoLease,
+				Detail: "no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task) +
+					" of this session: not routed, and the fencing API answers it UNKNOWN"}, true
 		case e.LeaseStatus == StatusCritical:
 			return lapsed("lease check critical")
 		case e.NodeFailed:
-			return lapsed("node " + e.Node + " failed (serfHealth critical): Consul lost contact with its agent")
+			return lapsed("node " + e.Node + " failed (serfHealth critical): Consul lost contact " +
+				"with its agent")
 		case e.LeaseStatus != StatusPassing && e.LeaseStatus != StatusWarning:
 			return lapsed(fmt.Sprintf("lease check status %q", e.LeaseStatus))
 		}
@@ -210,20 +214,27 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 		return Verdict{}, false
 	},
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if (e.NodeChecks != "" && e.NodeChecks != StatusPassing) || (e.Other != "" && e.Other != StatusPassing) {
-			return Verdict{Route: RouteNone, Reason: ReasonUnhealthy, Detail: fmt.Sprintf("node checks %q, other service checks %q", e.NodeChecks, e.Other)}, true
+		if (e.NodeChecks != "" && e.NodeChecks != StatusPassing) ||
+			(e.Other != "" && e.Other != StatusPassing) {
+			return Verdict{Route: RouteNone, Reason: ReasonUnhealthy,
+				Detail: fmt.Sprintf("node checks %q, other service checks %q", e.NodeChecks,
+					e.Other)}, true
 		}
 		return Verdict{}, false
 	},
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
 		if e.Fenced {
-			return Verdict{Route: RouteNone, Reason: ReasonFenced, Detail: fmt.Sprintf("session %s (generation %d) is newer", e.NewerSessionID, e.NewerGeneration)}, true
+			return Verdict{Route: RouteNone, Reason: ReasonFenced,
+				Detail: fmt.Sprintf("session %s (generation %d) is newer", e.NewerSessionID,
+					e.NewerGeneration)}, true
 		}
 		return Verdict{}, false
 	},
 	func(e *Executor, d Dispatcher) (Verdict, bool) {
 		if !d.versionOK(&e.Registration) {
-			return Verdict{Route: RouteNone, Reason: ReasonVersion, Detail: fmt.Sprintf("version %s does not satisfy %q", e.Version, d.VersionConstraint)}, true
+			return Verdict{Route: RouteNone, Reason: ReasonVersion,
+				Detail: fmt.Sprintf("version %s does not satisfy %q", e.Version,
+					d.VersionConstraint)}, true
 		}
 		return Verdict{}, false
 	},
@@ -234,25 +245,30 @@ var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
 		}
 		have, present := e.Labels[k]
 		if !present {
-			return Verdict{Route: RouteNone, Reason: ReasonLabels, Detail: fmt.Sprintf("label %s missing, want %q", k, d.Labels[k])}, true
+			return Verdict{Route: RouteNone, Reason: ReasonLabels,
+				Detail: fmt.Sprintf("label %s missing, want %q", k, d.Labels[k])}, true
 		}
-		return Verdict{Route: RouteNone, Reason: ReasonLabels, Detail: fmt.Sprintf("label %s=%q, want %q", k, have, d.Labels[k])}, true
+		return Verdict{Route: RouteNone, Reason: ReasonLabels,
+			Detail: fmt.Sprintf("label %s=%q, want %q", k, have, d.Labels[k])}, true
 	},
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
 		if e.CordonID != "" {
-			return Verdict{Route: RouteDraining, Reason: ReasonCordoned, Detail: "cordoned by an operator (" + e.CordonID + "): " + e.CordonReason}, true
+			return Verdict{Route: RouteDraining, Reason: ReasonCordoned,
+				Detail: "cordoned by an operator (" + e.CordonID + "): " + e.CordonReason}, true
 		}
 		return Verdict{}, false
 	},
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
 		if e.State == StateDraining {
-			return Verdict{Route: RouteDraining, Reason: ReasonDraining, Detail: "executor is draining: in-flight work finishes, no new work"}, true
+			return Verdict{Route: RouteDraining, Reason: ReasonDraining,
+				Detail: "executor is draining: in-flight work finishes, no new work"}, true
 		}
 		return Verdict{}, false
 	},
 	func(e *Executor, _ Dispatcher) (Verdict, bool) {
 		if e.LeaseStatus == StatusWarning {
-			return Verdict{Route: RouteNone, Reason: ReasonFull, Detail: fmt.Sprintf("full (load %d of capacity %d)", e.Load, e.Capacity)}, true
+			return Verdict{Route: RouteNone, Reason: ReasonFull,
+				Detail: fmt.Sprintf("full (load %d of capacity %d)", e.Load, e.Capacity)}, true
 		}
 		return Verdict{}, false
 	},
@@ -301,7 +317,8 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 	// under another one is a copy (KeyDenies says so of the named form).
 	atKey := map[string]bool{}
 	for _, e := range es {
-		if e.Orders() && key.Present() && e.Generation == key.Generation && key.Judge(e.Generation, e.SessionID) == KeyConfirms {
+		if e.Orders() && key.Present() && e.Generation == key.Generation &&
+			key.Judge(e.Generation, e.SessionID) == KeyConfirms {
 			atKey[e.SessionID] = true
 		}
 	}
@@ -313,7 +330,8 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 	for sess := range atKey {
 		at := GenerationRecord{Generation: key.Generation, SessionID: sess}
 		if key.SessionID != "" {
-			at.Datacenter = key.Datacenter // the key is that session's: it registers where it took it
+			// The key is that session's: it registers where it took it.
+			at.Datacenter = key.Datacenter
 		}
 		if h, ok := keyHome(es, at); ok {
 			homes[sess] = place(h)
@@ -325,7 +343,9 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 			continue
 		}
 		if atKey[e.SessionID] && e.Generation != key.Generation {
-			e.Unconfirmed = fmt.Sprintf("session %s is registered at generation %d, its instance's generation key's (%s = %q); a registration of its id under generation %d is not the session",
+			e.Unconfirmed = fmt.Sprintf("session %s is registered at generation %d, its "+
+				"instance's generation key's (%s = %q); a registration of its id under "+
+				"generation %d is not the session",
 				e.SessionID, key.Generation, GenerationKey(e.InstanceID), key.Value(), e.Generation)
 			continue
 		}
@@ -334,19 +354,25 @@ func FenceInstance(es []*Executor, key GenerationRecord) {
 			e.Unconfirmed = key.denial(e.InstanceID, e.Generation, e.SessionID)
 			continue
 		case KeyConfirms:
-			if home, homed := homes[e.SessionID]; homed && (e.Datacenter != home.dc || e.Node != home.node) {
+			if home, homed := homes[e.SessionID]; homed &&
+				(e.Datacenter != home.dc || e.Node != home.node) {
 				if home.node == "" {
-					e.Unconfirmed = fmt.Sprintf("session %s took its generation key in datacenter %s, where it registers; a copy on node %s%s is not trusted (a session is one process on one agent)",
+					e.Unconfirmed = fmt.Sprintf("session %s took its generation key in "+
+						"datacenter %s, where it registers; a copy on node %s%s is not trusted "+
+						"(a session is one process on one agent)",
 						e.SessionID, home.dc, e.Node, inDC(e.Datacenter))
 				} else {
-					e.Unconfirmed = fmt.Sprintf("session %s is registered on node %s%s first; a copy on node %s%s is not trusted (a session is one process on one agent)",
+					e.Unconfirmed = fmt.Sprintf("session %s is registered on node %s%s first; a "+
+						"copy on node %s%s is not trusted (a session is one process on one agent)",
 						e.SessionID, home.node, inDC(home.dc), e.Node, inDC(e.Datacenter))
 				}
 				continue
 			}
 		}
-		if !found || newer(e.Generation, e.CreateIndex, e.SessionID, best.gen, best.create, best.session) {
-			best.gen, best.session, best.create, found = e.Generation, e.SessionID, e.CreateIndex, true
+		if !found ||
+			newer(e.Generation, e.CreateIndex, e.SessionID, best.gen, best.create, best.session) {
+			best.gen, best.session, best.create = e.Generation, e.SessionID, e.CreateIndex
+			found = true
 		}
 	}
 	if key.Generation > best.gen {
@@ -388,7 +414,9 @@ func keyHome(es []*Executor, key GenerationRecord) (home struct{ dc, node string
 			elsewhere = true
 			continue
 		}
-		if !homed || e.CreateIndex < create || (e.CreateIndex == create && (e.Datacenter < home.dc || (e.Datacenter == home.dc && e.Node < home.node))) {
+		if !homed || e.CreateIndex < create ||
+			(e.CreateIndex == create &&
+				(e.Datacenter < home.dc || (e.Datacenter == home.dc && e.Node < home.node))) {
 			home.dc, home.node, create, homed = e.Datacenter, e.Node, e.CreateIndex, true
 		}
 	}

@@ -4,7 +4,6 @@ import (
 	"errors"
 	"fmt"
 	"reflect"
-	"strings"
 	"testing"
 )
 
@@ -47,31 +46,68 @@ func TestEligibleEveryRuleAndReason(t *testing.T) {
 		{"healthy", exec(nil), any, RouteHealthy, ReasonNone},
 		{"healthy in version range", exec(nil), v14, RouteHealthy, ReasonNone},
 		{"healthy with label selector", exec(nil), eu, RouteHealthy, ReasonNone},
-		{"bad metadata", exec(func(e *Executor) { e.Err = errors.New("capacity: not an integer") }), any, RouteNone, ReasonBadMetadata},
-		{"lease critical", exec(func(e *Executor) { e.LeaseStatus = StatusCritical }), any, RouteNone, ReasonLapsed},
-		{"lease check missing", exec(func(e *Executor) { e.LeaseFound = false; e.LeaseStatus = "" }), any, RouteNone, ReasonNoLease},
-		{"lease check missing, seen lapsed before", exec(func(e *Executor) { e.LeaseFound, e.LeaseStatus, e.LapseSeen = false, "", true }), any, RouteNone, ReasonLapsed},
-		{"unconfirmed by its generation key", exec(func(e *Executor) { e.Unconfirmed = "generation 9 is above its key" }), any, RouteNone, ReasonUnconfirmed},
-		{"unconfirmed beats lapsed", exec(func(e *Executor) { e.Unconfirmed, e.LeaseStatus = "forged", StatusCritical }), any, RouteNone, ReasonUnconfirmed},
-		{"lease unknown status", exec(func(e *Executor) { e.LeaseStatus = "maintenance" }), any, RouteNone, ReasonLapsed},
-		{"node failed (serfHealth critical)", exec(func(e *Executor) { e.NodeFailed = true; e.NodeChecks = StatusCritical }), any, RouteNone, ReasonLapsed},
-		{"another node check critical: unhealthy, not a lapse", exec(func(e *Executor) { e.NodeChecks = StatusCritical }), any, RouteNone, ReasonUnhealthy},
-		{"lapse observed, passing again", exec(func(e *Executor) { e.LapseSeen = true }), any, RouteNone, ReasonLapsed},
-		{"other service check failing", exec(func(e *Executor) { e.Other = StatusCritical }), any, RouteNone, ReasonUnhealthy},
-		{"node check warning", exec(func(e *Executor) { e.NodeChecks = StatusWarning }), any, RouteNone, ReasonUnhealthy},
-		{"fenced", exec(func(e *Executor) { e.Fenced = true; e.NewerSessionID = "s2"; e.NewerGeneration = 4 }), any, RouteNone, ReasonFenced},
+		{"bad metadata", exec(func(e *Executor) { e.Err = errors.New("capacity: not an integer") }),
+			any, RouteNone, ReasonBadMetadata},
+		{"lease critical", exec(func(e *Executor) { e.LeaseStatus = StatusCritical }), any,
+			RouteNone, ReasonLapsed},
+		{"lease check missing",
+			exec(func(e *Executor) { e.LeaseFound = false; e.LeaseStatus = "" }), any, RouteNone,
+			ReasonNoLease},
+		{"lease check missing, seen lapsed before",
+			exec(func(e *Executor) { e.LeaseFound, e.LeaseStatus, e.LapseSeen = false, "", true }),
+			any, RouteNone, ReasonLapsed},
+		{"unconfirmed by its generation key",
+			exec(func(e *Executor) { e.Unconfirmed = "generation 9 is above its key" }), any,
+			RouteNone, ReasonUnconfirmed},
+		{"unconfirmed beats lapsed",
+			exec(func(e *Executor) { e.Unconfirmed, e.LeaseStatus = "forged", StatusCritical }),
+			any, RouteNone, ReasonUnconfirmed},
+		{"lease unknown status", exec(func(e *Executor) { e.LeaseStatus = "maintenance" }), any,
+			RouteNone, ReasonLapsed},
+		{"node failed (serfHealth critical)",
+			exec(func(e *Executor) { e.NodeFailed = true; e.NodeChecks = StatusCritical }), any,
+			RouteNone, ReasonLapsed},
+		{"another node check critical: unhealthy, not a lapse",
+			exec(func(e *Executor) { e.NodeChecks = StatusCritical }), any, RouteNone,
+			ReasonUnhealthy},
+		{"lapse observed, passing again", exec(func(e *Executor) { e.LapseSeen = true }), any,
+			RouteNone, ReasonLapsed},
+		{"other service check failing", exec(func(e *Executor) { e.Other = StatusCritical }), any,
+			RouteNone, ReasonUnhealthy},
+		{"node check warning", exec(func(e *Executor) { e.NodeChecks = StatusWarning }), any,
+			RouteNone, ReasonUnhealthy},
+		{"fenced",
+			exec(func(e *Executor) {
+				e.Fenced = true
+				e.NewerSessionID = "s2"
+				e.NewerGeneration = 4
+			}),
+			any, RouteNone, ReasonFenced},
 		{"version too old", exec(nil), v15, RouteNone, ReasonVersion},
-		{"version too new", exec(func(e *Executor) { e.Version = "2.0.0" }), v14, RouteNone, ReasonVersion},
-		{"prerelease excluded by range", exec(func(e *Executor) { e.Version = "1.5.0-rc.1" }), v14, RouteNone, ReasonVersion},
+		{"version too new", exec(func(e *Executor) { e.Version = "2.0.0" }), v14, RouteNone,
+			ReasonVersion},
+		{"prerelease excluded by range", exec(func(e *Executor) { e.Version = "1.5.0-rc.1" }), v14,
+			RouteNone, ReasonVersion},
 		{"label mismatch", exec(nil), us, RouteNone, ReasonLabels},
 		{"label missing", exec(nil), gpu, RouteNone, ReasonLabels},
-		{"draining", exec(func(e *Executor) { e.State = StateDraining }), any, RouteDraining, ReasonDraining},
-		{"draining and full", exec(func(e *Executor) { e.State = StateDraining; e.LeaseStatus = StatusWarning }), any, RouteDraining, ReasonDraining},
-		{"draining but version excluded", exec(func(e *Executor) { e.State = StateDraining }), v15, RouteNone, ReasonVersion},
-		{"full", exec(func(e *Executor) { e.LeaseStatus = StatusWarning; e.Load = 4 }), any, RouteNone, ReasonFull},
-		{"lapsed beats draining", exec(func(e *Executor) { e.State = StateDraining; e.LeaseStatus = StatusCritical }), any, RouteNone, ReasonLapsed},
-		{"fenced beats full", exec(func(e *Executor) { e.Fenced = true; e.LeaseStatus = StatusWarning }), any, RouteNone, ReasonFenced},
-		{"unhealthy beats fenced", exec(func(e *Executor) { e.Fenced = true; e.Other = StatusWarning }), any, RouteNone, ReasonUnhealthy},
+		{"draining", exec(func(e *Executor) { e.State = StateDraining }), any, RouteDraining,
+			ReasonDraining},
+		{"draining and full",
+			exec(func(e *Executor) { e.State = StateDraining; e.LeaseStatus = StatusWarning }), any,
+			RouteDraining, ReasonDraining},
+		{"draining but version excluded", exec(func(e *Executor) { e.State = StateDraining }), v15,
+			RouteNone, ReasonVersion},
+		{"full", exec(func(e *Executor) { e.LeaseStatus = StatusWarning; e.Load = 4 }), any,
+			RouteNone, ReasonFull},
+		{"lapsed beats draining",
+			exec(func(e *Executor) { e.State = StateDraining; e.LeaseStatus = StatusCritical }),
+			any, RouteNone, ReasonLapsed},
+		{"fenced beats full",
+			exec(func(e *Executor) { e.Fenced = true; e.LeaseStatus = StatusWarning }), any,
+			RouteNone, ReasonFenced},
+		{"unhealthy beats fenced",
+			exec(func(e *Executor) { e.Fenced = true; e.Other = StatusWarning }), any, RouteNone,
+			ReasonUnhealthy},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {
@@ -86,42 +122,10 @@ func TestEligibleEveryRuleAndReason(t *testing.T) {
 	}
 }
 
-func TestNewDispatcherNamesTheField(t *testing.T) {
-	for _, tt := range []struct {
-		vc     string
-		labels map[string]string
-		field  string
-	}{
-		{">= banana", nil, "version_constraint"},
-		{"", map[string]string{"a.b": "x"}, "labels.a.b"},
-		{"", map[string]string{"": "x"}, "labels."},
-		{"", map[string]string{"k": strings.Repeat("v", 513)}, "labels.k"},
-	} {
-		_, err := NewDispatcher(tt.vc, tt.labels)
-		if got := Fields(err); len(got) != 1 || got[0] != tt.field {
-			t.Errorf("NewDispatcher(%q, %v) fields %v, want %s (%v)", tt.vc, tt.labels, got, tt.field, err)
-		}
-	}
-}
-
-func TestDispatcherKeyIsCanonical(t *testing.T) {
-	a := mustDispatcher(t, ">=1.4.0,<2.0.0", map[string]string{"zone": "eu", "gpu": "yes"})
-	b := mustDispatcher(t, " >=1.4.0, <2.0.0 ", map[string]string{"gpu": "yes", "zone": "eu"})
-	c := mustDispatcher(t, ">=1.4.0", map[string]string{"gpu": "yes", "zone": "eu"})
-	if a.Key() != b.Key() {
-		t.Fatalf("equal sets, keys %q and %q", a.Key(), b.Key())
-	}
-	if a.Key() == c.Key() || mustDispatcher(t, "", nil).Key() == a.Key() {
-		t.Fatal("different sets share a key")
-	}
-	if (Dispatcher{}).Key() != mustDispatcher(t, "", nil).Key() {
-		t.Fatal("zero Dispatcher differs from the unconstrained set")
-	}
-}
-
 func session(instance, session string, gen, create uint64, task string) Executor {
 	return exec(func(e *Executor) {
-		e.InstanceID, e.SessionID, e.Generation, e.CreateIndex, e.Task = instance, session, gen, create, task
+		e.InstanceID, e.SessionID, e.Task = instance, session, task
+		e.Generation, e.CreateIndex = gen, create
 	})
 }
 
@@ -142,27 +146,42 @@ func TestFence(t *testing.T) {
 		keys map[string]GenerationRecord
 		want []string
 	}{
-		{"one session, two tasks", []Executor{session("a", "s1", 1, 10, "t1"), session("a", "s1", 1, 11, "t2")}, nil, nil},
-		{"newer generation wins", []Executor{session("a", "s1", 1, 10, "t"), session("a", "s2", 2, 5, "t")}, nil, []string{"a/s1/t"}},
-		{"not by create index: re-synced old registration", []Executor{session("a", "old", 3, 900, "t"), session("a", "new", 4, 100, "t")}, nil, []string{"a/old/t"}},
-		{"instances are independent", []Executor{session("a", "s1", 1, 1, "t"), session("b", "s9", 9, 2, "t")}, nil, nil},
-		{"floor: newest session gone", []Executor{session("a", "s1", 1, 1, "t")}, map[string]GenerationRecord{"a": {Generation: 2}}, []string{"a/s1/t"}},
-		{"floor equal to present session", []Executor{session("a", "s2", 2, 1, "t")}, map[string]GenerationRecord{"a": {Generation: 2}}, nil},
-		{"tie broken by create index", []Executor{session("a", "x", 5, 7, "t"), session("a", "y", 5, 8, "t")}, nil, []string{"a/x/t"}},
+		{"one session, two tasks",
+			[]Executor{session("a", "s1", 1, 10, "t1"), session("a", "s1", 1, 11, "t2")}, nil, nil},
+		{"newer generation wins",
+			[]Executor{session("a", "s1", 1, 10, "t"), session("a", "s2", 2, 5, "t")}, nil,
+			[]string{"a/s1/t"}},
+		{"not by create index: re-synced old registration",
+			[]Executor{session("a", "old", 3, 900, "t"), session("a", "new", 4, 100, "t")}, nil,
+			[]string{"a/old/t"}},
+		{"instances are independent",
+			[]Executor{session("a", "s1", 1, 1, "t"), session("b", "s9", 9, 2, "t")}, nil, nil},
+		{"floor: newest session gone", []Executor{session("a", "s1", 1, 1, "t")},
+			map[string]GenerationRecord{"a": {Generation: 2}}, []string{"a/s1/t"}},
+		{"floor equal to present session", []Executor{session("a", "s2", 2, 1, "t")},
+			map[string]GenerationRecord{"a": {Generation: 2}}, nil},
+		{"tie broken by create index",
+			[]Executor{session("a", "x", 5, 7, "t"), session("a", "y", 5, 8, "t")}, nil,
+			[]string{"a/x/t"}},
 		{"bad metadata ignored", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
 			e.InstanceID = "a"
 			e.SessionID = "junk"
 			e.Generation = 99
 			e.Err = errors.New("bad")
 		})}, nil, nil},
-		{"a newer generation with bad metadata elsewhere still fences", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
-			e.InstanceID, e.SessionID, e.Generation, e.Task = "a", "s2", 2, "t"
-			e.Err = fmt.Errorf("registration x: %w", FieldErrors{{Field: MetaCapacity, Value: "lots", Reason: "not an integer"}})
-		})}, nil, []string{"a/s1/t"}},
-		{"bad generation takes no part", []Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
-			e.InstanceID, e.SessionID, e.Generation, e.Task = "a", "s2", 1, "t" // ParseRegistration puts 1 for garbage
-			e.Err = FieldErrors{{Field: MetaGeneration, Value: "x", Reason: "not a positive integer"}}
-		})}, nil, nil},
+		{"a newer generation with bad metadata elsewhere still fences",
+			[]Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
+				e.InstanceID, e.SessionID, e.Generation, e.Task = "a", "s2", 2, "t"
+				e.Err = fmt.Errorf("registration x: %w",
+					FieldErrors{{Field: MetaCapacity, Value: "lots", Reason: "not an integer"}})
+			})}, nil, []string{"a/s1/t"}},
+		{"bad generation takes no part",
+			[]Executor{session("a", "s1", 1, 1, "t"), exec(func(e *Executor) {
+				// ParseRegistration puts 1 for garbage.
+				e.InstanceID, e.SessionID, e.Generation, e.Task = "a", "s2", 1, "t"
+				e.Err = FieldErrors{{Field: MetaGeneration, Value: "x",
+					Reason: "not a positive integer"}}
+			})}, nil, nil},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

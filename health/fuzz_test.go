@@ -16,13 +16,16 @@ import (
 // FuzzParseRegistration: whatever Consul hands over, parsing never panics,
 // and whatever it accepts is valid and survives a round trip through meta.
 func FuzzParseRegistration(f *testing.F) {
-	f.Add("transcode", "10.0.0.1", 9000, "exec-1", "s1", "3", "1.4.2", "4", "active", "zone", "eu-1")
+	f.Add("transcode", "10.0.0.1", 9000, "exec-1", "s1", "3", "1.4.2", "4", "active", "zone",
+		"eu-1")
 	f.Add("t", "::1", 1, "a", "b", "1", "0.0.1-rc.1+build", "1", "draining", "", "")
 	f.Add("bad task", "0.0.0.0", 0, "", "", "x", "latest", "-1", "gone", "a.b", "x")
-	f.Fuzz(func(t *testing.T, task, address string, port int, inst, sess, gen, version, capacity, state, labelKey, labelValue string) {
+	f.Fuzz(func(t *testing.T, task, address string, port int,
+		inst, sess, gen, version, capacity, state, labelKey, labelValue string) {
 		meta := map[string]string{
 			MetaInstanceID: inst, MetaSessionID: sess, MetaGeneration: gen, MetaVersion: version,
-			MetaCapacity: capacity, MetaState: state, MetaLabelPrefix + labelKey: labelValue, "owner": "x",
+			MetaCapacity: capacity, MetaState: state, MetaLabelPrefix + labelKey: labelValue,
+			"owner": "x",
 		}
 		r, err := ParseRegistration(task, address, port, meta)
 		if err != nil {
@@ -38,7 +41,8 @@ func FuzzParseRegistration(f *testing.F) {
 		if err != nil || !reflect.DeepEqual(back, r) {
 			t.Fatalf("round trip: %+v vs %+v (%v)", back, r, err)
 		}
-		if strconv.Itoa(r.Capacity) != capacity && capacity != "+"+strconv.Itoa(r.Capacity) && capacity != "0"+strconv.Itoa(r.Capacity) {
+		if strconv.Itoa(r.Capacity) != capacity && capacity != "+"+strconv.Itoa(r.Capacity) &&
+			capacity != "0"+strconv.Itoa(r.Capacity) {
 			// Atoi accepts a sign and leading zeros; anything else must match
 			if n, _ := strconv.Atoi(capacity); n != r.Capacity {
 				t.Fatalf("capacity %q parsed as %d", capacity, r.Capacity)
@@ -67,7 +71,9 @@ func FuzzNewDispatcher(f *testing.F) {
 		if d.Key() != d2.Key() {
 			t.Fatal("key not stable")
 		}
-		e := Executor{Registration: Registration{InstanceID: "a", SessionID: "s", Generation: 1, Task: "t", Address: "10.0.0.1", Port: 1, Version: version, Capacity: 1, State: StateActive, Labels: labels},
+		e := Executor{Registration: Registration{InstanceID: "a", SessionID: "s", Generation: 1,
+			Task: "t", Address: "10.0.0.1", Port: 1, Version: version, Capacity: 1,
+			State: StateActive, Labels: labels},
 			LeaseStatus: StatusPassing, LeaseFound: true}
 		v := Eligible(e, d)
 		if v.Route == RouteHealthy && version != "" && d.constraint != nil && e.SemVer() == nil {
@@ -83,10 +89,12 @@ func FuzzNewDispatcher(f *testing.F) {
 // set with other constraints.
 func FuzzDispatcherKey(f *testing.F) {
 	f.Add("", "zone", "a;zz=y", "", "", false, "", "", "zone", "a", "zz", "y", false, "")
-	f.Add(">=1.0.0 || >=3.0.0", "pool", "gpu|cpu", "", "", true, "work\ntranscode", ">=1.0.0", "pool", "gpu", "", "", false, "")
+	f.Add(">=1.0.0 || >=3.0.0", "pool", "gpu|cpu", "", "", true, "work\ntranscode", ">=1.0.0",
+		"pool", "gpu", "", "", false, "")
 	f.Add("", "zone", "a&tasks=work", "", "", false, "", "", "zone", "a", "", "", true, "work")
 	f.Add("<2.0.0", "", "", "", "", true, "", "<2.0.0", "", "", "", "", true, "\n")
-	f.Fuzz(func(t *testing.T, c1, k1, v1, k1b, v1b string, g1 bool, t1 string, c2, k2, v2, k2b, v2b string, g2 bool, t2 string) {
+	f.Fuzz(func(t *testing.T, c1, k1, v1, k1b, v1b string, g1 bool, t1 string,
+		c2, k2, v2, k2b, v2b string, g2 bool, t2 string) {
 		d1, ok1 := fuzzDispatcher(c1, k1, v1, k1b, v1b, g1, t1)
 		d2, ok2 := fuzzDispatcher(c2, k2, v2, k2b, v2b, g2, t2)
 		for _, d := range []struct {
@@ -102,22 +110,26 @@ func FuzzDispatcherKey(f *testing.F) {
 			return
 		}
 		sameSet := constraintOf(d1) == constraintOf(d2) && maps.Equal(d1.Labels, d2.Labels)
-		same := sameSet && (d1.Tasks == nil) == (d2.Tasks == nil) && slices.Equal(d1.Tasks, d2.Tasks)
+		same := sameSet && (d1.Tasks == nil) == (d2.Tasks == nil) &&
+			slices.Equal(d1.Tasks, d2.Tasks)
 		if (d1.Key() == d2.Key()) != same {
 			t.Fatalf("keys %q and %q; same constraints and grant: %v", d1.Key(), d2.Key(), same)
 		}
 		if (d1.baseKey() == d2.baseKey()) != sameSet {
-			t.Fatalf("base keys %q and %q; same constraints: %v", d1.baseKey(), d2.baseKey(), sameSet)
+			t.Fatalf("base keys %q and %q; same constraints: %v", d1.baseKey(), d2.baseKey(),
+				sameSet)
 		}
 		if r := scopedTo(t, d1); sameSet != (r.ModeOf(ReasonVersion, "work", d2) == ModeObserve) {
-			t.Fatalf("a scope built from %q applies to %q: %v; same constraints: %v", d1.Key(), d2.Key(), !sameSet, sameSet)
+			t.Fatalf("a scope built from %q applies to %q: %v; same constraints: %v", d1.Key(),
+				d2.Key(), !sameSet, sameSet)
 		}
 	})
 }
 
 // fuzzDispatcher builds a Dispatcher from fuzz input: up to two labels (an
 // empty key: none) and, when granted, the tasks split at newlines.
-func fuzzDispatcher(constraint, k1, v1, k2, v2 string, granted bool, tasks string) (Dispatcher, bool) {
+func fuzzDispatcher(constraint, k1, v1, k2, v2 string, granted bool,
+	tasks string) (Dispatcher, bool) {
 	labels := map[string]string{}
 	if k1 != "" {
 		labels[k1] = v1
@@ -152,7 +164,8 @@ func constraintOf(d Dispatcher) string {
 func checkKeyDecodes(t *testing.T, d Dispatcher) {
 	t.Helper()
 	key := d.Key()
-	if !strings.HasPrefix(key, d.baseKey()) || !utf8.ValidString(key) || strings.ContainsFunc(key, func(r rune) bool { return !unicode.IsGraphic(r) }) {
+	if !strings.HasPrefix(key, d.baseKey()) || !utf8.ValidString(key) ||
+		strings.ContainsFunc(key, func(r rune) bool { return !unicode.IsGraphic(r) }) {
 		t.Fatalf("key %q: base %q is not its prefix, or it does not print", key, d.baseKey())
 	}
 	unescape := func(s string) string {
@@ -212,7 +225,8 @@ func checkKeyDecodes(t *testing.T, d Dispatcher) {
 // named by d's own fields, as an operator would write it.
 func scopedTo(t *testing.T, d Dispatcher) *Rollout {
 	t.Helper()
-	r := &Rollout{Modes: []ScopedMode{{Rule: "version", Mode: ModeObserve, ConstraintSet: &SetSelector{VersionConstraint: d.VersionConstraint, Labels: d.Labels}}}}
+	r := &Rollout{Modes: []ScopedMode{{Rule: "version", Mode: ModeObserve,
+		ConstraintSet: &SetSelector{VersionConstraint: d.VersionConstraint, Labels: d.Labels}}}}
 	if err := r.validate(); err != nil {
 		t.Fatalf("a scope from the fields of %q refused: %v", d.Key(), err)
 	}
@@ -225,13 +239,17 @@ func checkOwnScope(t *testing.T, d Dispatcher) {
 	t.Helper()
 	for _, task := range append([]string{"work"}, d.Tasks...) {
 		if m := scopedTo(t, d).ModeOf(ReasonVersion, task, d); m != ModeObserve {
-			t.Fatalf("a scope from its own fields does not apply to %q (task %q): %s", d.Key(), task, m)
+			t.Fatalf("a scope from its own fields does not apply to %q (task %q): %s", d.Key(),
+				task, m)
 		}
 	}
-	if !utf8.ValidString(d.VersionConstraint) || slices.ContainsFunc(slices.Collect(maps.Values(d.Labels)), func(v string) bool { return !utf8.ValidString(v) }) {
+	if !utf8.ValidString(d.VersionConstraint) ||
+		slices.ContainsFunc(slices.Collect(maps.Values(d.Labels)),
+			func(v string) bool { return !utf8.ValidString(v) }) {
 		return // JSON would replace the invalid bytes
 	}
-	raw, err := json.Marshal(Rollout{Modes: []ScopedMode{{Rule: "version", Mode: ModeObserve, ConstraintSet: &SetSelector{VersionConstraint: d.VersionConstraint, Labels: d.Labels}}}})
+	raw, err := json.Marshal(Rollout{Modes: []ScopedMode{{Rule: "version", Mode: ModeObserve,
+		ConstraintSet: &SetSelector{VersionConstraint: d.VersionConstraint, Labels: d.Labels}}}})
 	if err != nil {
 		t.Fatal(err)
 	}

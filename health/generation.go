@@ -52,13 +52,16 @@ func ParseGenerationRecord(v string) (GenerationRecord, error) {
 	gs, sess, named := strings.Cut(v, "/")
 	g, err := strconv.ParseUint(gs, 10, 64)
 	if err != nil || !GenerationKeyValid(g) {
-		return GenerationRecord{}, fieldErr("generation key", v, "want <generation>/<session_id> (or a bare <generation>) with a positive integer generation below 2^53")
+		return GenerationRecord{}, fieldErr("generation key", v,
+			"want <generation>/<session_id> (or a bare <generation>) with a positive integer "+
+				"generation below 2^53")
 	}
 	if !named {
 		return GenerationRecord{Generation: g}, nil
 	}
 	if errs := validateID(MetaSessionID, sess); errs != nil {
-		return GenerationRecord{}, fieldErr("generation key", v, "the session after '/' is invalid: %s", errs[0].Reason)
+		return GenerationRecord{}, fieldErr("generation key", v,
+			"the session after '/' is invalid: %s", errs[0].Reason)
 	}
 	return GenerationRecord{Generation: g, SessionID: sess}, nil
 }
@@ -67,14 +70,14 @@ func ParseGenerationRecord(v string) (GenerationRecord, error) {
 type Standing uint8
 
 const (
-	// KeyConfirms: the registration is the key's (generation, session) — or
-	// at the key's generation when the key does not name its session — or
+	// KeyConfirms means the registration is the key's (generation, session), or
+	// at the key's generation when the key does not name its session, or
 	// the instance has no key (unprotected: ordered among registrations).
 	KeyConfirms Standing = iota
-	// KeyIsNewer: the registration's generation is below the key's: an
+	// KeyIsNewer means the registration's generation is below the key's: an
 	// older session, fenced by the newer one the key names.
 	KeyIsNewer
-	// KeyDenies: the registration claims what the key does not hold — a
+	// KeyDenies means the registration claims what the key does not hold: a
 	// generation above the key's, the key's generation under another
 	// session, or the key's session under another generation (a session has
 	// one generation: a copy of its id, which anyone may read in the
@@ -106,13 +109,17 @@ func (k GenerationRecord) Judge(generation uint64, sessionID string) Standing {
 // registration (Judge answered KeyDenies).
 func (k GenerationRecord) denial(inst string, generation uint64, sessionID string) string {
 	if sessionID == k.SessionID {
-		return fmt.Sprintf("session %s has generation %d in its generation key (%s = %q), not %d: a registration of its id under another generation is not the session",
+		return fmt.Sprintf("session %s has generation %d in its generation key (%s = %q), not "+
+			"%d: a registration of its id under another generation is not the session",
 			sessionID, k.Generation, GenerationKey(inst), k.Value(), generation)
 	}
 	if generation > k.Generation {
-		return fmt.Sprintf("generation %d of session %s is above its generation key (%s = %q): only a session that took the key is trusted, and a session start writes it before registering",
+		return fmt.Sprintf("generation %d of session %s is above its generation key (%s = %q): "+
+			"only a session that took the key is trusted, and a session start writes it before "+
+			"registering",
 			generation, sessionID, GenerationKey(inst), k.Value())
 	}
-	return fmt.Sprintf("generation %d belongs to session %s in its generation key (%s = %q), not to session %s",
+	return fmt.Sprintf("generation %d belongs to session %s in its generation key (%s = %q), not "+
+		"to session %s",
 		generation, k.SessionID, GenerationKey(inst), k.Value(), sessionID)
 }

@@ -13,8 +13,10 @@ func TestParseGenerationRecord(t *testing.T) {
 		ok    bool
 	}{
 		{"7/s-1", GenerationRecord{Generation: 7, SessionID: "s-1"}, true},
-		{"7", GenerationRecord{Generation: 7}, true}, // the bare form, written before keys named their session
-		{"9007199254740991/a", GenerationRecord{Generation: MaxGeneration - 1, SessionID: "a"}, true},
+		// The bare form, written before keys named their session.
+		{"7", GenerationRecord{Generation: 7}, true},
+		{"9007199254740991/a", GenerationRecord{Generation: MaxGeneration - 1, SessionID: "a"},
+			true},
 		{"0/s", GenerationRecord{}, false},
 		{"9007199254740992/s", GenerationRecord{}, false}, // 2^53: garbage, as in a registration
 		{"7/", GenerationRecord{}, false},
@@ -26,10 +28,12 @@ func TestParseGenerationRecord(t *testing.T) {
 	} {
 		got, err := ParseGenerationRecord(tt.value)
 		if (err == nil) != tt.ok || got != tt.want {
-			t.Errorf("ParseGenerationRecord(%q) = %+v, %v; want %+v (ok %v)", tt.value, got, err, tt.want, tt.ok)
+			t.Errorf("ParseGenerationRecord(%q) = %+v, %v; want %+v (ok %v)", tt.value, got, err,
+				tt.want, tt.ok)
 		}
 		if err != nil && !strings.Contains(err.Error(), "generation key") {
-			t.Errorf("ParseGenerationRecord(%q): error %q does not name the generation key", tt.value, err)
+			t.Errorf("ParseGenerationRecord(%q): error %q does not name the generation key",
+				tt.value, err)
 		}
 		if err == nil && got.Value() != tt.value {
 			t.Errorf("Value() = %q, want %q (round trip)", got.Value(), tt.value)
@@ -67,7 +71,8 @@ func TestGenerationKeyJudges(t *testing.T) {
 // reg is a registration of instance a on a node, for the fencing tables.
 func reg(sess string, gen, create uint64, node string) Executor {
 	return exec(func(e *Executor) {
-		e.InstanceID, e.SessionID, e.Generation, e.CreateIndex, e.Node, e.Task = "a", sess, gen, create, node, "t"
+		e.InstanceID, e.SessionID, e.Generation = "a", sess, gen
+		e.CreateIndex, e.Node, e.Task = create, node, "t"
 	})
 }
 
@@ -116,16 +121,21 @@ func TestFenceByGenerationKey(t *testing.T) {
 		{"a copy of the key's session under a lower generation, listed first", key,
 			[]Executor{reg("real", 3, 5, "evil"), reg("real", 5, 10, "n1")},
 			[]outcome{{"real", false, "", true}, {"real", false, "", false}}},
-		{"a copy in another datacenter is not the session, whatever its CreateIndex", GenerationRecord{Generation: 5, SessionID: "real", Datacenter: "dc2"},
-			[]Executor{regIn("dc2", reg("real", 5, 5000, "n1")), regIn("dc1", reg("real", 5, 10, "evil"))},
+		{"a copy in another datacenter is not the session, whatever its CreateIndex",
+			GenerationRecord{Generation: 5, SessionID: "real", Datacenter: "dc2"},
+			[]Executor{regIn("dc2", reg("real", 5, 5000, "n1")),
+				regIn("dc1", reg("real", 5, 10, "evil"))},
 			[]outcome{{"real", false, "", false}, {"real", false, "", true}}},
-		{"only a copy, in another datacenter than the key's", GenerationRecord{Generation: 5, SessionID: "real", Datacenter: "dc2"},
+		{"only a copy, in another datacenter than the key's",
+			GenerationRecord{Generation: 5, SessionID: "real", Datacenter: "dc2"},
 			[]Executor{regIn("dc1", reg("real", 5, 10, "evil"))},
 			[]outcome{{"real", false, "", true}}},
-		{"bare key: a copy of its session under a lower generation is not the session", GenerationRecord{Generation: 5},
+		{"bare key: a copy of its session under a lower generation is not the session",
+			GenerationRecord{Generation: 5},
 			[]Executor{reg("s5", 5, 10, "n1"), reg("s5", 3, 30, "evil")},
 			[]outcome{{"s5", false, "", false}, {"s5", false, "", true}}},
-		{"bare key: a copy of its session on another node is not the session", GenerationRecord{Generation: 5},
+		{"bare key: a copy of its session on another node is not the session",
+			GenerationRecord{Generation: 5},
 			[]Executor{reg("s5", 5, 10, "n1"), reg("s5", 5, 30, "evil")},
 			[]outcome{{"s5", false, "", false}, {"s5", false, "", true}}},
 		{"bare key: a forged higher generation fences nothing", GenerationRecord{Generation: 5},
@@ -145,10 +155,12 @@ func TestFenceByGenerationKey(t *testing.T) {
 				e := tt.es[i]
 				got := outcome{e.SessionID, e.Fenced, e.NewerSessionID, e.Unconfirmed != ""}
 				if got != w {
-					t.Errorf("%s on %s: %+v (%s), want %+v", e.SessionID, e.Node, got, e.Unconfirmed, w)
+					t.Errorf("%s on %s: %+v (%s), want %+v", e.SessionID, e.Node, got,
+						e.Unconfirmed, w)
 				}
 				if v := Eligible(e, Dispatcher{}); w.unconfirmed && v.Reason != ReasonUnconfirmed {
-					t.Errorf("%s on %s: verdict %s, want %s", e.SessionID, e.Node, v.Reason, ReasonUnconfirmed)
+					t.Errorf("%s on %s: verdict %s, want %s", e.SessionID, e.Node, v.Reason,
+						ReasonUnconfirmed)
 				}
 			}
 		})
@@ -168,7 +180,8 @@ func TestUnconfirmedSessionsAreUnknownAndNameNothing(t *testing.T) {
 	Fence(es, map[string]GenerationRecord{"a": key})
 	ix := IndexSessions(es, nil)
 	if st := ix.Check("a", "real"); st.State != SessionCurrent {
-		t.Fatalf("a/real = %s (%s), want CURRENT: an unconfirmed registration fenced it", st.State, st.Detail)
+		t.Fatalf("a/real = %s (%s), want CURRENT: an unconfirmed registration fenced it", st.State,
+			st.Detail)
 	}
 	st := ix.Check("a", "forged")
 	if st.State != SessionUnknown || !strings.Contains(st.Detail, "generation key") {
@@ -192,10 +205,12 @@ func TestACopyOfTheKeysSessionUnderALowerGenerationChangesNothing(t *testing.T) 
 	es := []Executor{real, copied}
 	Fence(es, map[string]GenerationRecord{"a": key})
 	if es[1].Unconfirmed == "" {
-		t.Fatalf("the copy at generation 3 is confirmed (fenced %v by %s): it shares the session's id, so its verdicts are the session's", es[1].Fenced, es[1].NewerSessionID)
+		t.Fatalf("the copy at generation 3 is confirmed (fenced %v by %s): it shares the "+
+			"session's id, so its verdicts are the session's", es[1].Fenced, es[1].NewerSessionID)
 	}
 	if st := IndexSessions(es, nil).Check("a", "real"); st.State != SessionCurrent {
-		t.Fatalf("a/real = %s (%s), want CURRENT: a copy under a lower generation changed the live session's answer", st.State, st.Detail)
+		t.Fatalf("a/real = %s (%s), want CURRENT: a copy under a lower generation changed the "+
+			"live session's answer", st.State, st.Detail)
 	}
 }
 
@@ -204,8 +219,10 @@ func TestBadMetadataSessionIsKnownAndExcluded(t *testing.T) {
 	bad.Err = FieldErrors{{Field: MetaCapacity, Value: "lots", Reason: "not an integer"}}
 	ix := IndexSessions([]Executor{bad}, nil)
 	st := ix.Check("a", "s1")
-	if st.State != SessionUnknown || !strings.Contains(st.Detail, "bad metadata") || !strings.Contains(st.Detail, "capacity") {
-		t.Fatalf("a/s1 = %s (%s), want UNKNOWN saying it is registered with bad metadata (capacity)", st.State, st.Detail)
+	if st.State != SessionUnknown || !strings.Contains(st.Detail, "bad metadata") ||
+		!strings.Contains(st.Detail, "capacity") {
+		t.Fatalf("a/s1 = %s (%s), want UNKNOWN saying it is registered with bad metadata "+
+			"(capacity)", st.State, st.Detail)
 	}
 	if never := ix.Check("a", "s2"); !strings.Contains(never.Detail, "never seen") {
 		t.Fatalf("a/s2 = %s", never.Detail)
@@ -240,7 +257,9 @@ func TestACopyOfAReplacedSessionAboveTheKeyKeepsItStale(t *testing.T) {
 	if es[1].Unconfirmed == "" {
 		t.Fatal("the copy above the key is confirmed")
 	}
-	if st := IndexSessions(es, past).Check("a", "s1"); st.State != SessionStale || st.NewerSessionID != "s2" {
-		t.Fatalf("a/s1 with a copy above the key = %s newer %q (%s), want STALE newer s2: the copy hid what leasehold knows of s1", st.State, st.NewerSessionID, st.Detail)
+	if st := IndexSessions(es, past).Check("a", "s1"); st.State != SessionStale ||
+		st.NewerSessionID != "s2" {
+		t.Fatalf("a/s1 with a copy above the key = %s newer %q (%s), want STALE newer s2: the "+
+			"copy hid what leasehold knows of s1", st.State, st.NewerSessionID, st.Detail)
 	}
 }

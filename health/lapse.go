@@ -13,7 +13,8 @@ import (
 // lapse it sees in Consul KV, and every replica — also one started later,
 // or the same one after a restart — reads them back:
 //
-//	leasehold/lapsed/<instance_id>/<session_id> = {"generation": …, "at": …, "tasks": […], "unregistered_s": …}
+//	leasehold/lapsed/<instance_id>/<session_id> =
+//		{"generation": …, "at": …, "tasks": […], "unregistered_s": …}
 //
 // Ids are validated ids (letters, digits, '.', '_', '-'; never '/'), so the
 // key splits unambiguously. A mark is removed only once its session has had
@@ -54,7 +55,8 @@ func ParseLapseMark(key string, value []byte) (LapseMark, error) {
 	rest, ok := strings.CutPrefix(key, LapseMarkPrefix)
 	inst, sess, ok2 := strings.Cut(rest, "/")
 	if !ok || !ok2 {
-		return LapseMark{}, fmt.Errorf("lapse mark %q: want %s<instance_id>/<session_id>", key, LapseMarkPrefix)
+		return LapseMark{}, fmt.Errorf("lapse mark %q: want %s<instance_id>/<session_id>", key,
+			LapseMarkPrefix)
 	}
 	if err := ValidateSessionQuery(inst, sess); err != nil {
 		return LapseMark{}, fmt.Errorf("lapse mark %q: %w", key, err)

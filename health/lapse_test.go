@@ -14,8 +14,11 @@ func TestParseLapseMarkReadsTheUnregisteredTime(t *testing.T) {
 		value string
 		want  time.Duration
 	}{
-		{"an older version's mark", `{"generation":3,"at":"2024-01-02T03:04:05Z","tasks":["work"]}`, 0},
-		{"counted", `{"generation":3,"at":"2024-01-02T03:04:05Z","tasks":["work"],"unregistered_s":7200}`, 2 * time.Hour},
+		{"an older version's mark", `{"generation":3,"at":"2024-01-02T03:04:05Z","tasks":["work"]}`,
+			0},
+		{"counted",
+			`{"generation":3,"at":"2024-01-02T03:04:05Z","tasks":["work"],"unregistered_s":7200}`,
+			2 * time.Hour},
 		{"negative (edited by hand)", `{"generation":3,"unregistered_s":-5}`, 0},
 		{"unreadable", `not json`, 0},
 	} {
@@ -42,10 +45,13 @@ func TestWithUnregisteredKeepsTheRestOfTheMark(t *testing.T) {
 		d     time.Duration
 		want  string
 	}{
-		{"set", old, 90*time.Minute + 999*time.Millisecond, `{"at":"2024-01-02T03:04:05Z","future":{"a":1},"generation":3,"tasks":["work","batch"],"unregistered_s":5400}`},
-		{"replaced", `{"generation":3,"unregistered_s":10}`, time.Hour, `{"generation":3,"unregistered_s":3600}`},
+		{"set", old, 90*time.Minute + 999*time.Millisecond,
+			`{"at":"2024-01-02T03:04:05Z","future":{"a":1},"generation":3,"tasks":["work","batch"],"unregistered_s":5400}`},
+		{"replaced", `{"generation":3,"unregistered_s":10}`, time.Hour,
+			`{"generation":3,"unregistered_s":3600}`},
 		{"zero removes it", `{"generation":3,"unregistered_s":10}`, 0, `{"generation":3}`},
-		{"under a second removes it", `{"generation":3,"unregistered_s":10}`, 999 * time.Millisecond, `{"generation":3}`},
+		{"under a second removes it", `{"generation":3,"unregistered_s":10}`,
+			999 * time.Millisecond, `{"generation":3}`},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			got, err := WithUnregistered([]byte(tc.value), tc.d)
@@ -56,8 +62,10 @@ func TestWithUnregisteredKeepsTheRestOfTheMark(t *testing.T) {
 				t.Fatalf("got %s, want %s", got, tc.want)
 			}
 			var m LapseMark
-			if err := json.Unmarshal(got, &m); err != nil || m.Unregistered() != tc.d.Truncate(time.Second) {
-				t.Fatalf("reads back as %v (%v), want %v", m.Unregistered(), err, tc.d.Truncate(time.Second))
+			if err := json.Unmarshal(got, &m); err != nil ||
+				m.Unregistered() != tc.d.Truncate(time.Second) {
+				t.Fatalf("reads back as %v (%v), want %v", m.Unregistered(), err,
+					tc.d.Truncate(time.Second))
 			}
 		})
 	}

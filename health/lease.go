@@ -67,10 +67,14 @@ func (l Lease) Validate() error {
 	if l.TTL <= 0 {
 		errs = append(errs, fieldErr("lease", l.TTL.String(), "must be positive"))
 	} else if l.Heartbeat > 0 && l.TTL < 2*l.Heartbeat {
-		errs = append(errs, fieldErr("lease", l.TTL.String(), "must be at least 2× the heartbeat interval (%s)", l.Heartbeat))
+		errs = append(errs,
+			fieldErr("lease", l.TTL.String(), "must be at least 2× the heartbeat interval (%s)",
+				l.Heartbeat))
 	}
 	if l.DeregisterAfter < MinDeregisterAfter {
-		errs = append(errs, fieldErr("deregister_after", l.DeregisterAfter.String(), "must be at least %s (Consul's minimum)", MinDeregisterAfter))
+		errs = append(errs,
+			fieldErr("deregister_after", l.DeregisterAfter.String(),
+				"must be at least %s (Consul's minimum)", MinDeregisterAfter))
 	}
 	return errs.err()
 }

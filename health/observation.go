@@ -164,7 +164,8 @@ func (s *NonPassingSet) current(c CheckState) CheckState {
 // check's output.
 func Join(m Member, np *NonPassingSet) Executor {
 	e := m.Executor
-	e.LeaseStatus, e.LeaseFound, e.NodeChecks, e.Other, e.NodeFailed, e.LeaseCreateIndex = "", false, "", "", false, 0
+	e.LeaseStatus, e.LeaseFound, e.NodeChecks, e.Other = "", false, "", ""
+	e.NodeFailed, e.LeaseCreateIndex = false, 0
 	if e.Err != nil {
 		return e
 	}
@@ -202,7 +203,8 @@ func Join(m Member, np *NonPassingSet) Executor {
 			e.LeaseStatus, e.LeaseFound = c.Status, true
 			if n, ok := ParseLoad(c.Output); ok {
 				e.Load = n
-			} else if n, ok := ParseLoad(read.Output); ok { // e.g. "TTL expired": keep the last load
+			} else if n, ok := ParseLoad(read.Output); ok {
+				// The check's output is not a load (e.g. "TTL expired"): keep the last one.
 				e.Load = n
 			}
 		default:
@@ -282,8 +284,9 @@ type ContactProblem string
 
 const (
 	ProblemUnreachable ContactProblem = "consul_unreachable" // no answer, or an error answer
-	ProblemACL         ContactProblem = "acl"                // refused or filtered by Consul's ACLs: a right is missing
-	ProblemTLS         ContactProblem = "tls"                // the TLS handshake with Consul failed (certificate)
+	// Refused or filtered by Consul's ACLs: a right is missing.
+	ProblemACL ContactProblem = "acl"
+	ProblemTLS ContactProblem = "tls" // the TLS handshake with Consul failed (certificate)
 )
 
 // TaskList is the set of task types at Index (services carrying the tag).

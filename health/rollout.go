@@ -13,9 +13,9 @@ import (
 type Mode string
 
 const (
-	// ModeEnforce: the rule excludes (the default).
+	// ModeEnforce means the rule excludes (the default).
 	ModeEnforce Mode = "enforce"
-	// ModeObserve: the verdict is still computed, explained and counted as
+	// ModeObserve means the verdict is still computed, explained and counted as
 	// "would have excluded", but the executor stays routed.
 	ModeObserve Mode = "observe"
 )
@@ -26,12 +26,14 @@ const (
 // read cannot be addressed at all, and a fenced session is one whose results
 // the fencing API refuses (STALE) — routing new work to any of them loses
 // it, which no staged rollout can make safe.
-var ObservableRules = []Reason{ReasonUnhealthy, ReasonVersion, ReasonLabels, ReasonDraining, ReasonFull, ReasonCordoned}
+var ObservableRules = []Reason{ReasonUnhealthy, ReasonVersion, ReasonLabels, ReasonDraining,
+	ReasonFull, ReasonCordoned}
 
 // ruleNames are the names a configuration uses for rules (the reason
 // strings are accepted too).
 var ruleNames = map[string]Reason{
-	"unhealthy": ReasonUnhealthy, "fencing": ReasonFenced, "version": ReasonVersion, "labels": ReasonLabels,
+	"unhealthy": ReasonUnhealthy, "fencing": ReasonFenced, "version": ReasonVersion,
+	"labels":   ReasonLabels,
 	"draining": ReasonDraining, "capacity": ReasonFull, "cordon": ReasonCordoned,
 	"lease": ReasonLapsed, "metadata": ReasonBadMetadata,
 }
@@ -40,11 +42,14 @@ var ruleNames = map[string]Reason{
 // naming one is refused in observe mode and changes nothing in enforce mode
 // (so a configuration staging fencing in enforce mode parses).
 var alwaysEnforced = map[Reason]string{
-	ReasonLapsed:      "is always enforced: an executor without a valid lease may be paused or gone",
-	ReasonBadMetadata: "is always enforced: an executor whose metadata cannot be read cannot be addressed",
-	ReasonFenced:      "cannot be observed: the fencing API calls a fenced session STALE and refuses its results, so it must never receive new work",
-	ReasonUnconfirmed: "is always enforced: a registration its instance's generation key does not confirm may be forged by another instance",
-	ReasonNoLease:     "is always enforced: without a lease check nothing says the executor is alive",
+	ReasonLapsed: "is always enforced: an executor without a valid lease may be paused or gone",
+	ReasonBadMetadata: "is always enforced: an executor whose metadata cannot be read cannot be " +
+		"addressed",
+	ReasonFenced: "cannot be observed: the fencing API calls a fenced session STALE and " +
+		"refuses its results, so it must never receive new work",
+	ReasonUnconfirmed: "is always enforced: a registration its instance's generation key does " +
+		"not confirm may be forged by another instance",
+	ReasonNoLease: "is always enforced: without a lease check nothing says the executor is alive",
 }
 
 // observableNames lists the configuration names of ObservableRules, for
@@ -83,8 +88,8 @@ type SetSelector struct {
 
 // CordonApproval says which cordons need a second person's approval.
 type CordonApproval struct {
-	// Required: cordons of more than MaxExecutors executors, or of a whole
-	// version, stay pending until approved by someone other than their
+	// Required makes cordons of more than MaxExecutors executors, or of a
+	// whole version, stay pending until approved by someone other than their
 	// author.
 	Required     bool `json:"required"`
 	MaxExecutors int  `json:"max_executors"`
@@ -143,7 +148,8 @@ func (r *Rollout) validate() error {
 				errs = append(errs, fmt.Errorf("%s.rule: %q %s", at, asked, why))
 			}
 		} else if !slices.Contains(ObservableRules, m.Rule) {
-			errs = append(errs, fmt.Errorf("%s.rule: %q: want one of %s", at, asked, observableNames()))
+			errs = append(errs,
+				fmt.Errorf("%s.rule: %q: want one of %s", at, asked, observableNames()))
 		}
 		if m.Mode != ModeEnforce && m.Mode != ModeObserve {
 			errs = append(errs, fmt.Errorf("%s.mode: %q: want enforce or observe", at, m.Mode))
@@ -169,10 +175,12 @@ func (r *Rollout) validate() error {
 		seen[sc] = i
 	}
 	if r.SafetyLimit < 0 || r.SafetyLimit > 1 {
-		errs = append(errs, fmt.Errorf("safety_limit: %v: want a fraction in (0, 1]", r.SafetyLimit))
+		errs = append(errs,
+			fmt.Errorf("safety_limit: %v: want a fraction in (0, 1]", r.SafetyLimit))
 	}
 	if r.Approval.MaxExecutors < 0 {
-		errs = append(errs, fmt.Errorf("approval.max_executors: %d: want >= 0", r.Approval.MaxExecutors))
+		errs = append(errs,
+			fmt.Errorf("approval.max_executors: %d: want >= 0", r.Approval.MaxExecutors))
 	}
 	if err := r.LoadBalancing.validate(); err != nil {
 		errs = append(errs, err)

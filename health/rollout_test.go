@@ -5,25 +5,36 @@ import (
 	"slices"
 	"strings"
 	"testing"
-	"time"
 )
 
 func TestParseRolloutNamesTheField(t *testing.T) {
 	for _, c := range []struct{ in, want string }{
-		{`{"modes":[{"rule":"lease","mode":"observe"}]}`, "modes[0].rule: \"lease\" is always enforced"},
-		{`{"modes":[{"rule":"lapsed","mode":"observe"}]}`, "modes[0].rule: \"lapsed\" is always enforced"},
-		{`{"modes":[{"rule":"version","mode":"observe"},{"rule":"unhealthy","mode":"observe"},{"rule":"fencing","mode":"observe"}]}`, "modes[2].rule: \"fencing\" cannot be observed: the fencing API calls a fenced session STALE"},
-		{`{"modes":[{"rule":"fenced-by-newer-session","mode":"observe","tasks":["work"]}]}`, "modes[0].rule: \"fenced-by-newer-session\" cannot be observed"},
-		{`{"modes":[{"rule":"fencing","mode":"enforce"},{"rule":"lease","mode":"enforce"}]}`, ""}, // what applies anyway
-		{`{"modes":[{"rule":"speed","mode":"observe"}]}`, "modes[0].rule: \"speed\": want one of capacity, cordon, draining, labels, unhealthy, version"},
+		{`{"modes":[{"rule":"lease","mode":"observe"}]}`,
+			"modes[0].rule: \"lease\" is always enforced"},
+		{`{"modes":[{"rule":"lapsed","mode":"observe"}]}`,
+			"modes[0].rule: \"lapsed\" is always enforced"},
+		{`{"modes":[{"rule":"version","mode":"observe"},{"rule":"unhealthy","mode":"observe"},{"rule":"fencing","mode":"observe"}]}`,
+			"modes[2].rule: \"fencing\" cannot be observed: the fencing API calls a fenced " +
+				"session STALE"},
+		{`{"modes":[{"rule":"fenced-by-newer-session","mode":"observe","tasks":["work"]}]}`,
+			"modes[0].rule: \"fenced-by-newer-session\" cannot be observed"},
+		// What applies anyway.
+		{`{"modes":[{"rule":"fencing","mode":"enforce"},{"rule":"lease","mode":"enforce"}]}`, ""},
+		{`{"modes":[{"rule":"speed","mode":"observe"}]}`,
+			"modes[0].rule: \"speed\": want one of capacity, cordon, draining, labels, " +
+				"unhealthy, version"},
 		{`{"modes":[{"rule":"version","mode":"maybe"}]}`, "modes[0].mode"},
-		{`{"modes":[{"rule":"version","mode":"observe","tasks":["bad task"]}]}`, "modes[0].tasks[0]"},
-		{`{"modes":[{"rule":"version","mode":"observe","constraint_set":{"version_constraint":"not a version"}}]}`, "modes[0].constraint_set"},
-		{`{"modes":[{"rule":"capacity","mode":"observe"},{"rule":"full","mode":"enforce"}]}`, "modes[1]"},
+		{`{"modes":[{"rule":"version","mode":"observe","tasks":["bad task"]}]}`,
+			"modes[0].tasks[0]"},
+		{`{"modes":[{"rule":"version","mode":"observe","constraint_set":{"version_constraint":"not a version"}}]}`,
+			"modes[0].constraint_set"},
+		{`{"modes":[{"rule":"capacity","mode":"observe"},{"rule":"full","mode":"enforce"}]}`,
+			"modes[1]"},
 		{`{"safety_limit":1.5}`, "safety_limit"},
 		{`{"approval":{"required":true,"max_executors":-1}}`, "approval.max_executors"},
 		{`{"mode":[]}`, "unknown field"},
-		{`{"modes":[{"rule":"version","mode":"observe","tasks":["work"]}],"safety_limit":0.3,"approval":{"required":true,"max_executors":2}}`, ""},
+		{`{"modes":[{"rule":"version","mode":"observe","tasks":["work"]}],"safety_limit":0.3,"approval":{"required":true,"max_executors":2}}`,
+			""},
 	} {
 		_, err := ParseRollout([]byte(c.in))
 		switch {
@@ -67,7 +78,8 @@ func TestModeOfMostSpecificWins(t *testing.T) {
 		}
 	}
 	var none *Rollout
-	if none.ModeOf(ReasonVersion, "work", Dispatcher{}) != ModeEnforce || none.Limit() != DefaultSafetyLimit {
+	if none.ModeOf(ReasonVersion, "work", Dispatcher{}) != ModeEnforce ||
+		none.Limit() != DefaultSafetyLimit {
 		t.Error("no rollout: every rule enforced, default safety limit")
 	}
 }
@@ -95,65 +107,11 @@ func TestEligibleObserving(t *testing.T) {
 }
 
 func live(id, version string) Executor {
-	return Executor{Registration: Registration{InstanceID: id, SessionID: "s-" + id, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9000, Version: version, Capacity: 4, State: StateActive},
-		ServiceID: "work:" + id, Node: "n1", LeaseStatus: StatusPassing, LeaseFound: true, NodeChecks: StatusPassing}
-}
-
-func TestApplyCordonsSafetyLimitAndApproval(t *testing.T) {
-	at := time.Date(2026, 1, 1, 0, 0, 0, 0, time.UTC)
-	fleet := func() []Executor {
-		es := []Executor{live("e1", "1.0.0"), live("e2", "1.0.0"), live("e3", "2.0.0"), live("e4", "2.0.0"), live("e5", "1.0.0")}
-		es[4].LeaseStatus = StatusCritical // lapsed: neither counted nor limited
-		return es
-	}
-	one := Cordon{ID: "c1", Instance: "e1", Reason: "disk", By: "alice", At: at}
-	all := Cordon{ID: "c2", Task: "work", Reason: "bad rollout", By: "alice", At: at.Add(time.Minute)}
-
-	es := fleet()
-	st := ApplyCordons(es, []Cordon{one, all}, nil)
-	// 4 live, limit 0.5: two cordoned at most, the earlier cordon first.
-	if es[0].CordonID != "c1" || st[0].Applied != 1 {
-		t.Fatalf("c1 not applied: %+v", st[0])
-	}
-	if st[1].Applied != 1 || st[1].Held != 2 {
-		t.Fatalf("c2: want 1 applied and 2 held by the limit, got %+v", st[1])
-	}
-	cordoned := 0
-	for _, e := range es {
-		if e.CordonID != "" {
-			cordoned++
-		}
-		if e.InstanceID == "e5" && (e.CordonID != "" || e.CordonHeld != "") {
-			t.Error("a lapsed executor was counted by the safety limit")
-		}
-	}
-	if cordoned != 2 {
-		t.Fatalf("%d executors cordoned, limit allows 2", cordoned)
-	}
-	if v := Eligible(es[0], Dispatcher{}); v.Route != RouteDraining || v.Reason != ReasonCordoned {
-		t.Errorf("a cordoned executor: %+v, want DRAINING cordoned", v)
-	}
-
-	// Approval: a version cordon waits for a second identity.
-	r, _ := ParseRollout([]byte(`{"approval":{"required":true,"max_executors":5},"safety_limit":1}`))
-	byVersion := Cordon{ID: "c3", VersionConstraint: "=2.0.0", Reason: "bug", By: "alice", At: at}
-	es = fleet()
-	if st := ApplyCordons(es, []Cordon{byVersion}, r); !st[0].Pending || st[0].Applied != 0 {
-		t.Fatalf("version cordon without approval: %+v", st[0])
-	}
-	self := byVersion
-	self.ApprovedBy = "alice"
-	if st := ApplyCordons(es, []Cordon{self}, r); !st[0].Pending {
-		t.Fatal("approved by its own author: must stay pending")
-	}
-	ok := byVersion
-	ok.ApprovedBy = "bob"
-	if st := ApplyCordons(es, []Cordon{ok}, r); st[0].Pending || st[0].Applied != 2 {
-		t.Fatalf("approved by bob: %+v", st[0])
-	}
-	if err := (&Cordon{ID: "x", Reason: "", By: ""}).Validate(); err == nil || !strings.Contains(err.Error(), "selector") || !strings.Contains(err.Error(), "reason") {
-		t.Errorf("invalid cordon: %v", err)
-	}
+	return Executor{Registration: Registration{InstanceID: id, SessionID: "s-" + id, Generation: 1,
+		Task: "work", Address: "127.0.0.1", Port: 9000, Version: version, Capacity: 4,
+		State: StateActive},
+		ServiceID: "work:" + id, Node: "n1", LeaseStatus: StatusPassing, LeaseFound: true,
+		NodeChecks: StatusPassing}
 }
 
 // Lapsed, bad metadata and fencing exclude even when asked to be observed
@@ -164,10 +122,13 @@ func TestAlwaysEnforcedRulesAreNeverObserved(t *testing.T) {
 	cases := map[Reason]func(*Executor){
 		ReasonBadMetadata: func(e *Executor) { e.Err = errors.New("bad") },
 		ReasonLapsed:      func(e *Executor) { e.LeaseStatus = StatusCritical },
-		ReasonFenced:      func(e *Executor) { e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "s2", 2 },
+		ReasonFenced: func(e *Executor) {
+			e.Fenced, e.NewerSessionID, e.NewerGeneration = true, "s2", 2
+		},
 	}
 	unvalidated := &Rollout{Modes: []ScopedMode{
-		{Rule: ReasonBadMetadata, Mode: ModeObserve}, {Rule: ReasonLapsed, Mode: ModeObserve}, {Rule: ReasonFenced, Mode: ModeObserve},
+		{Rule: ReasonBadMetadata, Mode: ModeObserve}, {Rule: ReasonLapsed, Mode: ModeObserve},
+		{Rule: ReasonFenced, Mode: ModeObserve},
 	}}
 	for rule, mutate := range cases {
 		if slices.Contains(ObservableRules, rule) {
@@ -179,7 +140,8 @@ func TestAlwaysEnforcedRulesAreNeverObserved(t *testing.T) {
 		if v := EligibleObserving(e, d, all); v.Reason != rule || v.Route != RouteNone {
 			t.Errorf("%s asked to be observed: %+v, want excluded", rule, v)
 		}
-		if v := EligibleObserving(e, d, unvalidated.Observed("work", d)); v.Reason != rule || v.Route != RouteNone {
+		if v := EligibleObserving(e, d, unvalidated.Observed("work", d)); v.Reason != rule ||
+			v.Route != RouteNone {
 			t.Errorf("%s in an unvalidated rollout: %+v, want excluded", rule, v)
 		}
 	}
@@ -213,8 +175,29 @@ func TestEveryObservableRuleObserveVsEnforce(t *testing.T) {
 			t.Errorf("%s enforced: %+v", rule, enforced)
 		}
 		observed := EligibleObserving(e, d, []Reason{rule})
-		if observed.Route != RouteHealthy || len(observed.Observed) != 1 || observed.Observed[0].Reason != rule || observed.Observed[0].Detail == "" {
+		if observed.Route != RouteHealthy || len(observed.Observed) != 1 ||
+			observed.Observed[0].Reason != rule || observed.Observed[0].Detail == "" {
 			t.Errorf("%s observed: %+v", rule, observed)
+		}
+	}
+}
+
+// TestParseRolloutRefusesTrailingContent: a rules document is one JSON object.
+// What follows it is not ignored: an operator who pasted two documents, or a
+// truncated edit, gets an error, not the first half silently applied.
+func TestParseRolloutRefusesTrailingContent(t *testing.T) {
+	for _, doc := range []string{
+		`{"load_balancing":{"default":"round_robin"}} {"load_balancing":{"default":"least_request"}}`,
+		`{"load_balancing":{"default":"round_robin"}}]`,
+		`{"load_balancing":{"default":"round_robin"}} garbage`,
+	} {
+		if _, err := ParseRollout([]byte(doc)); err == nil {
+			t.Errorf("%s: accepted", doc)
+		}
+	}
+	for _, doc := range []string{"{}\n", "  {\"load_balancing\":null}  \n\t"} {
+		if _, err := ParseRollout([]byte(doc)); err != nil {
+			t.Errorf("%q: %v", doc, err)
 		}
 	}
 }

@@ -35,23 +35,27 @@ type SessionStatus struct {
 	LeaseTTL time.Duration
 }
 
+// SessionKey names one session: session ids are unique only per instance
+// (the contract), so a session is known by its instance id and its own.
+type SessionKey struct{ Instance, Session string }
+
 // SessionIndex answers session questions from one decided view of the fleet
 // (the same executors, fenced and joined, that the xDS resources come from).
 type SessionIndex struct {
-	sessions map[[2]string]SessionStatus
+	sessions map[SessionKey]SessionStatus
 	newest   map[string]SessionStatus // per instance: its newest present session
-	past     map[[2]string]PastSession
-	// replacedBy: sessions a present registration names in its replaces
-	// meta, with the newest session naming each.
-	replacedBy map[[2]string]SessionStatus
-	// ordersOnly: the highest generation of sessions present only with bad
+	past     map[SessionKey]PastSession
+	// replacedBy holds the sessions a present registration names in its
+	// replaces meta, with the newest session naming each.
+	replacedBy map[SessionKey]SessionStatus
+	// ordersOnly holds the highest generation of sessions present only with bad
 	// metadata (not answered for, but their generation is known): a claim
 	// of replacing one is believed only from a namer above it.
-	ordersOnly map[[2]string]uint64
-	// excluded: sessions present only in registrations leasehold does not
+	ordersOnly map[SessionKey]uint64
+	// excluded holds the sessions present only in registrations leasehold does not
 	// answer for (bad metadata, or not confirmed by their instance's
 	// generation key), with why: known, but UNKNOWN.
-	excluded map[[2]string]SessionStatus
+	excluded map[SessionKey]SessionStatus
 }
 
 // PastSession is a session seen before whose registrations are gone (it was
@@ -95,38 +99,49 @@ func ValidateSessionQuery(instanceID, sessionID string) error {
 // older than it: they answer STALE too, though this index never saw them
 // (after a restart, on a new replica).
 func IndexSessions(es []Executor, past []PastSession) SessionIndex {
-	ix := SessionIndex{sessions: map[[2]string]SessionStatus{}, newest: map[string]SessionStatus{}, past: map[[2]string]PastSession{}}
+	ix := SessionIndex{sessions: map[SessionKey]SessionStatus{}, newest: map[string]SessionStatus{},
+		past: map[SessionKey]PastSession{}}
 	for _, p := range past {
-		ix.past[[2]string{p.InstanceID, p.SessionID}] = p
+		ix.past[SessionKey{p.InstanceID, p.SessionID}] = p
 		for _, t := range p.Tasks { // a namer gone is still newer than what it named
-			ix.named(p.InstanceID, p.Replaces, SessionStatus{SessionID: p.SessionID, Generation: p.Generation}, t)
+			ix.named(p.InstanceID, p.Replaces,
+				SessionStatus{SessionID: p.SessionID, Generation: p.Generation}, t)
 		}
 	}
-	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionUnknown: 2, SessionLapsed: 3, SessionStale: 4}
+	rank := map[SessionState]int{SessionCurrent: 0, SessionDraining: 1, SessionUnknown: 2,
+		SessionLapsed: 3, SessionStale: 4}
 	for _, e := range es {
 		if e.Unconfirmed != "" {
-			ix.exclude(e, "not confirmed by its instance's generation key: not vouched for, it fences and replaces nothing; "+e.Unconfirmed)
+			ix.exclude(e,
+				"not confirmed by its instance's generation key: not vouched for, it fences and "+
+					"replaces nothing; "+e.Unconfirmed)
 			continue
 		}
 		if e.Err != nil {
-			ix.exclude(e, "registered with bad metadata: excluded from routing, not vouched for: "+e.Err.Error())
+			ix.exclude(e, "registered with bad metadata: excluded from routing, not vouched for: "+
+				e.Err.Error())
 			if e.Orders() { // not answered for, but a newer generation still fences older ones
 				if n, ok := ix.newest[e.InstanceID]; !ok || e.Generation > n.Generation {
-					ix.newest[e.InstanceID] = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, State: SessionUnknown}
+					ix.newest[e.InstanceID] = SessionStatus{InstanceID: e.InstanceID,
+						SessionID: e.SessionID, Generation: e.Generation, State: SessionUnknown}
 				}
 				if ix.ordersOnly == nil {
-					ix.ordersOnly = map[[2]string]uint64{}
+					ix.ordersOnly = map[SessionKey]uint64{}
 				}
-				k := [2]string{e.InstanceID, e.SessionID}
+				k := SessionKey{e.InstanceID, e.SessionID}
 				ix.ordersOnly[k] = max(ix.ordersOnly[k], e.Generation)
 			}
 			continue
 		}
-		ix.named(e.InstanceID, e.Replaces, SessionStatus{SessionID: e.SessionID, Generation: e.Generation, Datacenter: e.Datacenter}, e.Task)
-		key := [2]string{e.InstanceID, e.SessionID}
+		ix.named(e.InstanceID, e.Replaces,
+			SessionStatus{SessionID: e.SessionID, Generation: e.Generation,
+				Datacenter: e.Datacenter}, e.Task)
+		key := SessionKey{e.InstanceID, e.SessionID}
 		st, seen := ix.sessions[key]
 		if !seen {
-			st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionCurrent, Generation: e.Generation, Version: e.Version, Datacenter: e.Datacenter, Detail: "newest session of its instance, lease valid"}
+			st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID,
+				State: SessionCurrent, Generation: e.Generation, Version: e.Version,
+				Datacenter: e.Datacenter, Detail: "newest session of its instance, lease valid"}
 		}
 		st.Tasks = append(st.Tasks, e.Task)
 		if e.LeaseTTL > 0 && (st.LeaseTTL == 0 || e.LeaseTTL < st.LeaseTTL) {
@@ -135,7 +150,8 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		state, detail := SessionCurrent, ""
 		switch {
 		case e.Fenced:
-			state, detail = SessionStale, fmt.Sprintf("session %s (generation %d) of this instance is newer", e.NewerSessionID, e.NewerGeneration)
+			state, detail = SessionStale, fmt.Sprintf("session %s (generation %d) of this "+
+				"instance is newer", e.NewerSessionID, e.NewerGeneration)
 			st.NewerSessionID, st.NewerGeneration = e.NewerSessionID, e.NewerGeneration
 		case e.LapseSeen || e.LeaseStatus == StatusCritical || e.NodeFailed:
 			state, detail = SessionLapsed, "lease lapsed (or its node failed) on task "+e.Task
@@ -146,7 +162,8 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		case !e.LeaseFound:
 			// Not LAPSED, which is final: a missing check is no proof the
 			// lease ended (and only a broken contract brings it back).
-			state, detail = SessionUnknown, "its lease check on task "+e.Task+" is missing: not routed (no-lease-check), not vouched for"
+			state, detail = SessionUnknown, "its lease check on task "+e.Task+" is missing: not "+
+				"routed (no-lease-check), not vouched for"
 		case e.State == StateDraining:
 			state, detail = SessionDraining, "executor is draining"
 		}
@@ -174,12 +191,13 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 // answers for exists (or its history says more: Check).
 func (ix *SessionIndex) exclude(e Executor, why string) {
 	if ix.excluded == nil {
-		ix.excluded = map[[2]string]SessionStatus{}
+		ix.excluded = map[SessionKey]SessionStatus{}
 	}
-	k := [2]string{e.InstanceID, e.SessionID}
+	k := SessionKey{e.InstanceID, e.SessionID}
 	st, ok := ix.excluded[k]
 	if !ok {
-		st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionUnknown, Detail: why, Datacenter: e.Datacenter}
+		st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID, State: SessionUnknown,
+			Detail: why, Datacenter: e.Datacenter}
 	}
 	if !slices.Contains(st.Tasks, e.Task) && ValidateTask(e.Task) == nil {
 		st.Tasks = append(st.Tasks, e.Task)
@@ -192,13 +210,14 @@ func (ix *SessionIndex) exclude(e Executor, why string) {
 // sessions it replaced; the newest namer of each is kept.
 func (ix *SessionIndex) named(inst string, olds []string, namer SessionStatus, task string) {
 	for _, old := range olds {
-		k := [2]string{inst, old}
+		k := SessionKey{inst, old}
 		if ix.replacedBy == nil {
-			ix.replacedBy = map[[2]string]SessionStatus{}
+			ix.replacedBy = map[SessionKey]SessionStatus{}
 		}
 		n, ok := ix.replacedBy[k]
 		if !ok || namer.Generation > n.Generation {
-			n.SessionID, n.Generation, n.Datacenter = namer.SessionID, namer.Generation, namer.Datacenter
+			n.SessionID, n.Generation = namer.SessionID, namer.Generation
+			n.Datacenter = namer.Datacenter
 		}
 		// Its task types, as far as known: those of the sessions of its
 		// instance naming it (the fencing API grants by task type).
@@ -224,7 +243,7 @@ func newerStatus(a, b SessionStatus) bool {
 
 // Check answers for one session; ids must be valid (ValidateSessionQuery).
 func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
-	key := [2]string{instanceID, sessionID}
+	key := SessionKey{instanceID, sessionID}
 	if st, ok := ix.sessions[key]; ok {
 		return st
 	}
@@ -241,7 +260,8 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 		p, seen := ix.past[key]
 		switch n, has := ix.newest[instanceID]; {
 		case seen && p.Lapsed:
-			x.State, x.Detail = SessionLapsed, "lease lapsed (seen before); "+x.Detail // once lapsed, always lapsed
+			// Once lapsed, always lapsed.
+			x.State, x.Detail = SessionLapsed, "lease lapsed (seen before); "+x.Detail
 			return x
 		case seen && has && n.Generation > p.Generation:
 			// Seen before and replaced since: a registration of its id that
@@ -252,12 +272,16 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 		}
 	}
 	if p, ok := ix.past[key]; ok {
-		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID, Generation: p.Generation, Tasks: p.Tasks, Version: p.Version}
+		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID, Generation: p.Generation,
+			Tasks: p.Tasks, Version: p.Version}
 		switch n, has := ix.newest[instanceID]; {
 		case has && n.Generation > p.Generation:
-			st.State, st.NewerSessionID, st.NewerGeneration = SessionStale, n.SessionID, n.Generation
-			st.Detail = fmt.Sprintf("replaced by session %s (generation %d)", n.SessionID, n.Generation)
-		case named && by.Generation > p.Generation: // a namer not above it breaks the contract: the generation wins
+			st.State = SessionStale
+			st.NewerSessionID, st.NewerGeneration = n.SessionID, n.Generation
+			st.Detail = fmt.Sprintf("replaced by session %s (generation %d)", n.SessionID,
+				n.Generation)
+		// A namer not above it breaks the contract: the generation wins.
+		case named && by.Generation > p.Generation:
 			ix.replacedState(&st, by)
 		case p.Lapsed:
 			st.State, st.Detail = SessionLapsed, "lease lapsed; its registration is gone"
@@ -271,7 +295,8 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 		ix.replacedState(&st, by)
 		return st
 	}
-	return SessionStatus{InstanceID: instanceID, SessionID: sessionID, State: SessionUnknown, Detail: "no registration of this session is known (never seen, or deregistered)"}
+	return SessionStatus{InstanceID: instanceID, SessionID: sessionID, State: SessionUnknown,
+		Detail: "no registration of this session is known (never seen, or deregistered)"}
 }
 
 // replacedState answers STALE for a session that by, a present (or
@@ -289,5 +314,6 @@ func (ix SessionIndex) replacedState(st *SessionStatus, by SessionStatus) {
 	if st.Datacenter == "" {
 		st.Datacenter = by.Datacenter
 	}
-	st.Detail = fmt.Sprintf("replaced: session %s (generation %d) of this instance names it in its registration", by.SessionID, by.Generation)
+	st.Detail = fmt.Sprintf("replaced: session %s (generation %d) of this instance names it in "+
+		"its registration", by.SessionID, by.Generation)
 }

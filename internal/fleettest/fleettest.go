@@ -60,7 +60,8 @@ func ProtoGolden(t *testing.T, name string, m proto.Message) {
 // GoldenFleet is the fleet of the golden files: every kind of executor
 // the translator decides about, fenced.
 func GoldenFleet() []health.Executor {
-	mk := func(inst, sess string, gen uint64, port int, mut func(*health.Executor)) health.Executor {
+	mk := func(inst, sess string, gen uint64, port int,
+		mut func(*health.Executor)) health.Executor {
 		e := health.Executor{
 			Registration: health.Registration{
 				InstanceID: inst, SessionID: sess, Generation: gen, Task: "transcode",
@@ -68,7 +69,8 @@ func GoldenFleet() []health.Executor {
 				State: health.StateActive, Labels: map[string]string{"zone": "eu-1"},
 			},
 			ServiceID: health.ServiceID(inst, "transcode"), Node: "node-a",
-			LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing, Load: 1,
+			LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
+			Load: 1,
 		}
 		if mut != nil {
 			mut(&e)
@@ -78,14 +80,19 @@ func GoldenFleet() []health.Executor {
 	es := []health.Executor{
 		mk("exec-healthy", "s1", 1, 9001, nil),
 		mk("exec-idle", "s1", 1, 9002, func(e *health.Executor) { e.Load = 0; e.Capacity = 500 }),
-		mk("exec-full", "s1", 1, 9003, func(e *health.Executor) { e.LeaseStatus = health.StatusWarning; e.Load = 4 }),
-		mk("exec-draining", "s1", 1, 9004, func(e *health.Executor) { e.State = health.StateDraining; e.Load = 3 }),
-		mk("exec-lapsed", "s1", 1, 9005, func(e *health.Executor) { e.LeaseStatus = health.StatusCritical }),
+		mk("exec-full", "s1", 1, 9003,
+			func(e *health.Executor) { e.LeaseStatus = health.StatusWarning; e.Load = 4 }),
+		mk("exec-draining", "s1", 1, 9004,
+			func(e *health.Executor) { e.State = health.StateDraining; e.Load = 3 }),
+		mk("exec-lapsed", "s1", 1, 9005,
+			func(e *health.Executor) { e.LeaseStatus = health.StatusCritical }),
 		mk("exec-restarted", "old", 1, 9006, nil),
 		mk("exec-restarted", "new", 2, 9007, func(e *health.Executor) { e.Node = "node-b" }),
 		mk("exec-v2", "s1", 1, 9008, func(e *health.Executor) { e.Version = "2.0.0" }),
-		mk("exec-us", "s1", 1, 9009, func(e *health.Executor) { e.Labels = map[string]string{"zone": "us-1"} }),
-		mk("exec-bad", "s1", 1, 9010, func(e *health.Executor) { e.Err = errors.New("capacity \"abc\": not an integer") }),
+		mk("exec-us", "s1", 1, 9009,
+			func(e *health.Executor) { e.Labels = map[string]string{"zone": "us-1"} }),
+		mk("exec-bad", "s1", 1, 9010,
+			func(e *health.Executor) { e.Err = errors.New("capacity \"abc\": not an integer") }),
 		// A host name: Envoy would reject the whole assignment over it.
 		mk("exec-dns", "s1", 1, 9011, func(e *health.Executor) { e.Address = "exec-dns.internal" }),
 		// Two instances claiming one socket at once (equal CreateIndex): the
@@ -104,12 +111,13 @@ func Executors(n int) []health.Executor {
 	for i := range es {
 		es[i] = health.Executor{
 			Registration: health.Registration{
-				InstanceID: fmt.Sprintf("exec-%06d", i), SessionID: "s", Generation: 1, Task: "work",
-				Address: "10.0.0.1", Port: 10000 + i%50000, Version: "1.4.2", Capacity: 8,
-				State: health.StateActive, Labels: map[string]string{"zone": "eu-1"},
+				InstanceID: fmt.Sprintf("exec-%06d", i), SessionID: "s", Generation: 1,
+				Task: "work", Address: "10.0.0.1", Port: 10000 + i%50000, Version: "1.4.2",
+				Capacity: 8, State: health.StateActive, Labels: map[string]string{"zone": "eu-1"},
 			},
 			ServiceID: fmt.Sprintf("work:exec-%06d", i), Node: fmt.Sprintf("n%d", i%100),
-			LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing, Load: i % 8,
+			LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing,
+			Load: i % 8,
 		}
 		es[i].Registration = parsed(es[i].Registration)
 	}
@@ -128,13 +136,19 @@ func parsed(r health.Registration) health.Registration {
 // Member is one registration of task as a watch reports it: on node n1,
 // its serfHealth passing, its lease check in state lease, its check's
 // ModifyIndex and CreateIndex idx.
-func Member(task, inst, sess string, gen uint64, port int, version string, lease health.CheckStatus, idx uint64) health.Member {
-	reg := parsed(health.Registration{InstanceID: inst, SessionID: sess, Generation: gen, Task: task, Address: "127.0.0.1", Port: port, Version: version, Capacity: 4, State: health.StateActive})
+func Member(task, inst, sess string, gen uint64, port int, version string, lease health.CheckStatus,
+	idx uint64) health.Member {
+	reg := parsed(health.Registration{InstanceID: inst, SessionID: sess, Generation: gen,
+		Task: task, Address: "127.0.0.1", Port: port, Version: version, Capacity: 4,
+		State: health.StateActive})
 	return health.Member{
-		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(inst, task), Node: "n1", CreateIndex: idx},
+		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(inst, task),
+			Node: "n1", CreateIndex: idx},
 		Checks: []health.CheckState{
 			{Node: "n1", CheckID: "serfHealth", Status: health.StatusPassing, ModifyIndex: 1},
-			{Node: "n1", CheckID: health.CheckID(inst, sess, task), ServiceID: health.ServiceID(inst, task), Status: lease, Output: "load=1", ModifyIndex: idx},
+			{Node: "n1", CheckID: health.CheckID(inst, sess, task),
+				ServiceID: health.ServiceID(inst, task), Status: lease, Output: "load=1",
+				ModifyIndex: idx},
 		},
 	}
 }

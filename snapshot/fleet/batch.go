@@ -24,22 +24,29 @@ type checkRef struct{ node, id string }
 
 // taskState is one task type's registrations as Consul listed them, decided.
 type taskState struct {
-	tm       *health.TaskMembers
-	execs    []health.Executor // aligned with tm.Members; Views share it: copied before a change (own)
-	prints   []uint64          // executorPrint of execs
-	print    taskPrint
-	checks   map[checkRef][]int32 // members by the checks of their read (service and node checks)
-	insts    map[string][]int32   // members by instance id
-	nodes    map[string][]int32   // members by node
-	services map[checkRef][]int32 // members by checkRef{node, service id}
+	tm *health.TaskMembers
+	// execs are the members decided, aligned with tm.Members. Views share
+	// them: a batch copies them before a change (own).
+	execs  []health.Executor
+	prints []uint64 // executorPrint of execs
+	print  taskPrint
+	// The members by the checks of their read (service and node checks), by
+	// instance id, by node, and by checkRef{node, service id}.
+	checks   map[checkRef][]int32
+	insts    map[string][]int32
+	nodes    map[string][]int32
+	services map[checkRef][]int32
 	// Members whose read saw a check non-passing: their join follows the
 	// non-passing set's index even when the set has no entry for it.
 	nonPassing []int32
 	// shortestLease is the shortest lease_ttl its registrations declare
 	// (0: none does).
 	shortestLease time.Duration
-	bad           map[string]string // bad registrations (service id@node) and their error, logged once
-	was           map[string]uint64 // a fresh read's predecessor: prints by registration (for the change span)
+	// bad are the bad registrations (service id@node) and their errors,
+	// logged once; was are a fresh read's predecessor's prints by
+	// registration (for the change span).
+	bad map[string]string
+	was map[string]uint64
 
 	// Per batch.
 	owned   bool // execs is this batch's copy
@@ -51,10 +58,17 @@ type taskState struct {
 
 func newTaskState(tm *health.TaskMembers) *taskState {
 	n := len(tm.Members)
-	ts := &taskState{tm: tm, execs: make([]health.Executor, n), prints: make([]uint64, n),
-		checks: make(map[checkRef][]int32, 2*n), insts: make(map[string][]int32, n), bad: map[string]string{},
-		nodes: map[string][]int32{}, services: make(map[checkRef][]int32, n),
-		owned: true, all: true, fresh: true, touched: true}
+	ts := &taskState{
+		tm:       tm,
+		execs:    make([]health.Executor, n),
+		prints:   make([]uint64, n),
+		checks:   make(map[checkRef][]int32, 2*n),
+		insts:    make(map[string][]int32, n),
+		nodes:    map[string][]int32{},
+		services: make(map[checkRef][]int32, n),
+		bad:      map[string]string{},
+		owned:    true, all: true, fresh: true, touched: true,
+	}
 	for i := range tm.Members {
 		m := &tm.Members[i]
 		np := false
@@ -66,7 +80,8 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 		if np {
 			ts.nonPassing = append(ts.nonPassing, int32(i))
 		}
-		if l := m.LeaseTTL; l > 0 && m.Err == nil && (ts.shortestLease == 0 || l < ts.shortestLease) {
+		if l := m.LeaseTTL; l > 0 && m.Err == nil &&
+			(ts.shortestLease == 0 || l < ts.shortestLease) {
 			ts.shortestLease = l
 		}
 		ts.insts[m.InstanceID] = append(ts.insts[m.InstanceID], int32(i))
@@ -175,7 +190,8 @@ func (s *Syncer) decideChanges(ctx context.Context) batchResult {
 // replaceMemberships gives each task whose membership was read anew a new
 // state, and drops the tasks gone; the instances whose sessions came or
 // went are to be fenced again.
-func (s *Syncer) replaceMemberships(tasks []fleetKey, instances map[string]struct{}, r *batchResult) {
+func (s *Syncer) replaceMemberships(tasks []fleetKey, instances map[string]struct{},
+	r *batchResult) {
 	var replaced []*taskState // old states
 	for _, task := range tasks {
 		tm := s.members[task]
@@ -203,25 +219,9 @@ func (s *Syncer) replaceMemberships(tasks []fleetKey, instances map[string]struc
 			r.diff.removed += len(old.execs)
 		}
 	}
-	for _, old := range replaced { // after counting the new reads: a session still listed stays present
+	// After counting the new reads: a session still listed stays present.
+	for _, old := range replaced {
 		s.countPresence(old, -1, instances)
-	}
-}
-
-// markLapseMarks: lapse marks (recorded by any replica, before any restart)
-// that changed have the registrations of the sessions they name joined
-// again, now lapsed.
-func (s *Syncer) markLapseMarks(instances map[string]struct{}) {
-	if s.marksGen != s.marksJoinedGen {
-		for inst := range s.mergeMarks() {
-			instances[inst] = struct{}{}
-			for _, ts := range s.fleet {
-				for _, i := range ts.insts[inst] {
-					ts.mark(i)
-				}
-			}
-		}
-		s.marksJoinedGen = s.marksGen
 	}
 }
 
@@ -288,7 +288,8 @@ func (s *Syncer) markNonPassing(name string, d *dcState) {
 
 // joinMarked joins the marked registrations of one datacenter's task state
 // with that datacenter's non-passing set and reach, and notes lapses.
-func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, instances map[string]struct{}, r *batchResult) {
+func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState,
+	instances map[string]struct{}, r *batchResult) {
 	d := s.dc(dc)
 	{
 		ts.own()
@@ -311,7 +312,8 @@ func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, insta
 					bad[key] = e.Err.Error()
 					if ts.bad[key] != e.Err.Error() {
 						s.badMeta.Add(ctx, 1)
-						s.log.Warn("bad registration metadata: excluded", "service_id", e.ServiceID, "node", e.Node, "err", e.Err)
+						s.log.Warn("bad registration metadata: excluded", "service_id", e.ServiceID,
+							"node", e.Node, "err", e.Err)
 					}
 				}
 				return
@@ -328,7 +330,8 @@ func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState, insta
 // in the others of the session at once. Fencing comes first so that a
 // registration its instance's generation key does not confirm (a copy of a
 // session, or a forged one) never makes a session lapsed.
-func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct{}, r *batchResult) {
+func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct{},
+	r *batchResult) {
 	var group []*health.Executor
 	for inst := range instances {
 		group = group[:0]
@@ -351,7 +354,8 @@ func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct
 		}
 		for _, e := range group {
 			if e.Err == nil {
-				e.LapseSeen = e.Unconfirmed == "" && s.lapsed[[2]string{e.InstanceID, e.SessionID}]
+				e.LapseSeen = e.Unconfirmed == "" &&
+					s.lapsed[health.SessionKey{Instance: e.InstanceID, Session: e.SessionID}]
 			}
 		}
 	}
@@ -362,18 +366,23 @@ func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct
 // before a restart, or by another one: a lapse mark).
 func (s *Syncer) noteLapse(ctx context.Context, e *health.Executor, r *batchResult) {
 	// Session ids are only unique per instance by contract.
-	sk := [2]string{e.InstanceID, e.SessionID}
-	if _, marked := s.marked[sk]; !s.lapsed[sk] && (marked || s.lapsedBefore(*e)) {
-		s.lapsed[sk] = true // it reappeared, or another replica (or this one before a restart) saw it lapse: once lapsed, always lapsed
+	sk := health.SessionKey{Instance: e.InstanceID, Session: e.SessionID}
+	if marked := s.marks.marked(sk); !s.lapsed[sk] && (marked || s.lapsedBefore(*e)) {
+		// It reappeared, or another replica (or this one before a restart)
+		// saw it lapse: once lapsed, always lapsed.
+		s.lapsed[sk] = true
 	}
 	// A re-created lease check ends the session as a lapse does (and is
 	// recorded as one: replicas started later learn it from the lapse
 	// marks, as they cannot from Consul).
-	if recreated := !s.lapsed[sk] && s.leaseCheckRecreated(e); (e.LeaseStatus == health.StatusCritical || e.NodeFailed || recreated) && !s.lapsed[sk] {
+	recreated := !s.lapsed[sk] && s.leaseCheckRecreated(e)
+	ended := e.LeaseStatus == health.StatusCritical || e.NodeFailed || recreated
+	if ended && !s.lapsed[sk] {
 		s.lapsed[sk] = true
 		r.lapses = append(r.lapses, *e)
 		s.lapseCount.Add(ctx, 1, metric.WithAttributes(attribute.String("task", e.Task)))
-		s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID, "task", e.Task, "node_failed", e.NodeFailed, "lease_check_recreated", recreated)
+		s.log.Info("lease lapsed", "instance_id", e.InstanceID, "session_id", e.SessionID,
+			"task", e.Task, "node_failed", e.NodeFailed, "lease_check_recreated", recreated)
 	}
 }
 
@@ -427,7 +436,7 @@ func (s *Syncer) countPresence(ts *taskState, sign int, instances map[string]str
 		if e.Err != nil {
 			continue
 		}
-		sk := [2]string{e.InstanceID, e.SessionID}
+		sk := health.SessionKey{Instance: e.InstanceID, Session: e.SessionID}
 		if s.sessions[sk] += sign; s.sessions[sk] <= 0 {
 			delete(s.sessions, sk)
 			delete(s.lapsed, sk)

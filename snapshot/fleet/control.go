@@ -82,13 +82,15 @@ func (s *Syncer) applyRules(src *health.RulesSource) {
 			if msg != c.rolloutErr {
 				c.rolloutErr = msg
 				s.rulesRejected.Add(context.Background(), 1)
-				s.log.Error("rollout configuration refused: the previous one stays in force", "source", from, "err", err)
+				s.log.Error("rollout configuration refused: the previous one stays in force",
+					"source", from, "err", err)
 				s.audit(AuditEvent{Action: "config-rejected", Source: from, Error: err.Error()})
 			}
 			return
 		}
 	}
-	c.rollout, c.rolloutRaw, c.rolloutFrom, c.rolloutErr, c.dirty, c.clusters = r, raw, from, "", true, true
+	c.rollout, c.rolloutRaw, c.rolloutFrom, c.rolloutErr = r, raw, from, ""
+	c.dirty, c.clusters = true, true
 	detail, _ := json.Marshal(r)
 	s.log.Info("rollout configuration applied", "source", from, "config", string(detail))
 	s.audit(AuditEvent{Action: "config-applied", Source: from, Detail: string(detail)})
@@ -141,13 +143,16 @@ func (s *Syncer) auditCordons(old, cur []health.Cordon) {
 		delete(was, cd.ID)
 		switch {
 		case !existed:
-			s.audit(AuditEvent{Actor: cd.By, Action: "cordon-applied", Source: "consul-kv", Detail: cd.ID + " " + cd.Selector() + ": " + cd.Reason})
+			s.audit(AuditEvent{Actor: cd.By, Action: "cordon-applied", Source: "consul-kv",
+				Detail: cd.ID + " " + cd.Selector() + ": " + cd.Reason})
 		case prev.ApprovedBy == "" && cd.ApprovedBy != "":
-			s.audit(AuditEvent{Actor: cd.ApprovedBy, Action: "cordon-approved", Source: "consul-kv", Detail: cd.ID + " " + cd.Selector()})
+			s.audit(AuditEvent{Actor: cd.ApprovedBy, Action: "cordon-approved", Source: "consul-kv",
+				Detail: cd.ID + " " + cd.Selector()})
 		}
 	}
 	for id, cd := range was {
-		s.audit(AuditEvent{Actor: "operator", Action: "cordon-removed", Source: "consul-kv", Detail: id + " " + cd.Selector()})
+		s.audit(AuditEvent{Actor: "operator", Action: "cordon-removed", Source: "consul-kv",
+			Detail: id + " " + cd.Selector()})
 	}
 }
 
@@ -156,7 +161,8 @@ func (s *Syncer) auditCordons(old, cur []health.Cordon) {
 func (s *Syncer) applyControl() {
 	c := &s.ctl
 	if len(c.cordons) == 0 && c.held == 0 {
-		c.cordonStatus = nil // the executors were joined afresh when the last cordon went: no cordon fields set
+		// The executors were joined afresh when the last cordon went: no cordon fields set.
+		c.cordonStatus = nil
 		return
 	}
 	// Cordons count matches and live executors per task type across the
@@ -179,7 +185,8 @@ func (s *Syncer) applyControl() {
 	}
 	if held != c.held {
 		if held > 0 {
-			s.log.Warn("safety limit: cordons would take out more than the allowed fraction of a task's executors; the rest stay routed",
+			s.log.Warn("safety limit: cordons would take out more than the allowed fraction of a "+
+				"task's executors; the rest stay routed",
 				"held", held, "limit", c.rollout.Limit())
 		} else {
 			s.log.Info("safety limit: no cordon held any more")
@@ -210,5 +217,6 @@ func (s *Syncer) audit(e AuditEvent) {
 
 func (s *Syncer) controlState() *ControlState {
 	c := &s.ctl
-	return &ControlState{Rollout: c.rollout, RolloutSource: c.rolloutFrom, RolloutError: c.rolloutErr, Cordons: c.cordonStatus, CordonErrors: c.cordonErrs}
+	return &ControlState{Rollout: c.rollout, RolloutSource: c.rolloutFrom,
+		RolloutError: c.rolloutErr, Cordons: c.cordonStatus, CordonErrors: c.cordonErrs}
 }

@@ -18,18 +18,23 @@ type fleetKey struct{ dc, task string }
 
 // dcState is what the syncer knows of one datacenter.
 type dcState struct {
+	// np is its non-passing set, npJoined the one the fleet state was last
+	// joined with (markNonPassing).
 	np, npJoined *health.NonPassingSet
 	haveNP       bool
 	haveGen      bool
-	tasks        []string                           // task types Consul lists; nil until first read
-	listed       map[string]health.GenerationRecord // per instance: its generation key in this datacenter's last listing
-	keyReads     map[string]health.GenerationRecord // per instance: its key read back by a task watch, newer than the listing
-	marks        []health.LapseMark                 // the lapse marks in this datacenter's KV
-	haveMarks    bool                               // they have been read
-	marksIndex   uint64                             // the index of their listing
-	genIndex     uint64
-	failing      bool      // some watch of it failed and has not answered since
-	failedAt     time.Time // when the failures began
+	tasks        []string // task types Consul lists; nil until first read
+	// Per instance: its generation key in this datacenter's last listing
+	// (listed), and its key read back by a task watch when newer than the
+	// listing (keyReads).
+	listed     map[string]health.GenerationRecord
+	keyReads   map[string]health.GenerationRecord
+	genIndex   uint64             // the index of the listing
+	marks      []health.LapseMark // the lapse marks in this datacenter's KV
+	haveMarks  bool               // they have been read
+	marksIndex uint64             // the index of their listing
+	failing    bool               // some watch of it failed and has not answered since
+	failedAt   time.Time          // when the failures began
 	// When each watch that answers at least every FastWait last did: the
 	// non-passing checks, the generation keys, the task list.
 	heardNP, heardGen, heardTasks time.Time
@@ -39,8 +44,8 @@ type dcState struct {
 	progressLapses                uint64
 	reach                         health.Reach // as last applied to its executors
 	reachDetail                   string
-	// answering: every watch answered within DatacenterQuiet and none is
-	// failing (as of the last updateReach), without a break since
+	// answering is set while every watch answered within DatacenterQuiet and
+	// none is failing (as of the last updateReach), without a break since
 	// answeringSince.
 	answering      bool
 	answeringSince time.Time
@@ -58,7 +63,7 @@ type DCIndexes struct {
 	// Refreshed is the latest refresh request (Watcher.Refresh) whose fresh
 	// reads the view includes.
 	Refreshed uint64
-	// Reach: whether the datacenter answers (and Detail why not).
+	// Reach is whether the datacenter answers (and ReachDetail why not).
 	Reach       health.Reach
 	ReachDetail string
 	// ShortestLease is the shortest lease_ttl its registrations declare
@@ -72,8 +77,8 @@ type DCIndexes struct {
 // answered after another answer at a higher index (Consul made it later).
 type Progress struct {
 	NonPassing, Generations, Lapses uint64
-	// ReadsLapses: the lapse marks count (SyncConfig.AwaitLapses: they are
-	// read, and a lapse another replica saw is known only from them).
+	// ReadsLapses is set when the lapse marks count (SyncConfig.AwaitLapses:
+	// they are read, and a lapse another replica saw is known only from them).
 	ReadsLapses bool
 }
 
@@ -121,55 +126,6 @@ func (d *dcState) heard() time.Time {
 		h = d.heardTasks
 	}
 	return h
-}
-
-// mergeMarks takes every datacenter's lapse marks in and returns the
-// instances whose marks changed.
-func (s *Syncer) mergeMarks() map[string]struct{} {
-	marked := map[[2]string]health.LapseMark{}
-	byInst := map[string][]health.LapseMark{}
-	for _, d := range s.dcs {
-		for _, m := range d.marks {
-			k := [2]string{m.InstanceID, m.SessionID}
-			if _, dup := marked[k]; !dup {
-				marked[k] = m
-				byInst[m.InstanceID] = append(byInst[m.InstanceID], m)
-			}
-		}
-	}
-	changed := map[string]struct{}{}
-	for k := range marked {
-		if _, ok := s.marked[k]; !ok {
-			changed[k[0]] = struct{}{}
-		}
-	}
-	for k := range s.marked {
-		if _, ok := marked[k]; !ok {
-			changed[k[0]] = struct{}{}
-		}
-	}
-	s.marked, s.markedBy = marked, byInst
-	for k := range s.unmarked {
-		if _, ok := marked[k]; ok {
-			delete(s.unmarked, k)
-			s.unmarkedView = nil
-		}
-	}
-	return changed
-}
-
-// awaitMark notes that session k's lapse is being recorded (OnLapse): its
-// answers wait for the mark to be read back (View.LapseUnrecorded), when
-// the marks are read at all.
-func (s *Syncer) awaitMark(k [2]string) {
-	if !s.cfg.AwaitLapses {
-		return
-	}
-	if s.unmarked == nil {
-		s.unmarked = map[[2]string]struct{}{}
-	}
-	s.unmarked[k] = struct{}{}
-	s.unmarkedView = nil
 }
 
 // dc is the state of datacenter name, created on first use.
@@ -227,8 +183,8 @@ func (s *Syncer) silentSince(d *dcState) time.Time {
 	return s.started
 }
 
-// answering: every watch of the datacenter answered within DatacenterQuiet
-// and none is failing.
+// answering reports whether every watch of the datacenter answered within
+// DatacenterQuiet and none is failing.
 func (s *Syncer) answering(name string, d *dcState, now time.Time) bool {
 	return !d.failing && now.Sub(s.silentSince(d)) <= s.quietAfter(name)
 }
@@ -247,7 +203,8 @@ func (s *Syncer) quietAfter(name string) time.Duration {
 // silence every datacenter shared (leasehold's own agent away) is no
 // partition, so the bound counts from when another began answering again —
 // and Lost until it answers itself.
-func (s *Syncer) reachOf(name string, d *dcState, now, othersSince time.Time) (health.Reach, string) {
+func (s *Syncer) reachOf(name string, d *dcState,
+	now, othersSince time.Time) (health.Reach, string) {
 	since := s.silentSince(d)
 	at := since.UTC().Format(time.RFC3339)
 	switch {
@@ -258,7 +215,8 @@ func (s *Syncer) reachOf(name string, d *dcState, now, othersSince time.Time) (h
 		// snapshot last served without it stays.
 		return health.Lost, d.reachDetail
 	case !othersSince.IsZero() && now.Sub(later(since, othersSince)) > s.lostAfter(name):
-		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other datacenters answer: not routed until it answers", at, s.lostBound(name))
+		return health.Lost, fmt.Sprintf("no answer since %s (longer than %s) while other "+
+			"datacenters answer: not routed until it answers", at, s.lostBound(name))
 	default:
 		return health.Unanswered, fmt.Sprintf("no answer since %s", at)
 	}
@@ -280,7 +238,8 @@ func (s *Syncer) lostAfter(name string) time.Duration {
 func (s *Syncer) lostBound(name string) string {
 	if b := s.lostAfter(name); b != s.cfg.DatacenterLost {
 		if b != s.shortestLease(name) {
-			return b.String() + ", the shortest lease_ttl there (" + s.shortestLease(name).String() + ") raised to the least bound"
+			return b.String() + ", the shortest lease_ttl there (" +
+				s.shortestLease(name).String() + ") raised to the least bound"
 		}
 		return b.String() + ", the shortest lease_ttl there"
 	}
@@ -322,7 +281,8 @@ func (s *Syncer) othersAnsweringSince(d *dcState) time.Time {
 // registrations of those whose reach changed; it reports whether any did.
 func (s *Syncer) updateReach(now time.Time) (changed bool) {
 	if !s.cfg.multi() {
-		return false // one datacenter: Consul's reachability is readiness and the fencing bound, as ever
+		// One datacenter: Consul's reachability is readiness and the fencing bound, as ever.
+		return false
 	}
 	for name, d := range s.dcs {
 		ans := s.answering(name, d, now)
@@ -339,7 +299,8 @@ func (s *Syncer) updateReach(now time.Time) (changed bool) {
 		if r == d.reach {
 			continue
 		}
-		s.log.Warn("datacenter reach changed", "datacenter", name, "from", d.reach.String(), "to", r.String(), "detail", detail)
+		s.log.Warn("datacenter reach changed", "datacenter", name, "from", d.reach.String(),
+			"to", r.String(), "detail", detail)
 		changed = true
 		for k, ts := range s.fleet {
 			if k.dc == name {
@@ -359,7 +320,8 @@ func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
 	}
 	for name, d := range s.dcs {
 		since, lost := s.silentSince(d), s.lostAfter(name)
-		for _, at := range []time.Time{since.Add(s.quietAfter(name)), since.Add(lost), d.answeringSince.Add(lost)} {
+		for _, at := range []time.Time{since.Add(s.quietAfter(name)), since.Add(lost),
+			d.answeringSince.Add(lost)} {
 			at = at.Add(time.Millisecond) // past the bound, not on it
 			if at.After(now) && (next.IsZero() || at.Before(next)) {
 				next = at
@@ -367,4 +329,16 @@ func (s *Syncer) nextReachChange(now time.Time) (next time.Time) {
 		}
 	}
 	return next
+}
+
+// consulIndex is the highest index of any answer from datacenter dc.
+func (s *Syncer) consulIndex(dc string) uint64 {
+	d := s.dc(dc)
+	index := max(d.np.Index(), d.genIndex, d.marksIndex)
+	for k, m := range s.members {
+		if k.dc == dc {
+			index = max(index, m.Index)
+		}
+	}
+	return index
 }

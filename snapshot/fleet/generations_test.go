@@ -14,15 +14,17 @@ func (h *syncHarness) keysAt(index uint64, keys map[string]health.GenerationReco
 }
 
 // membersWithKeys sends a membership carrying the keys its watch read back.
-func (h *syncHarness) membersWithKeys(task string, keys map[string]health.GenerationRecord, ms ...health.Member) {
+func (h *syncHarness) membersWithKeys(task string, keys map[string]health.GenerationRecord,
+	ms ...health.Member) {
 	h.index++
-	h.obs <- health.Observation{Members: &health.TaskMembers{Task: task, Index: h.index, Members: ms, Keys: keys}}
+	h.obs <- health.Observation{Members: &health.TaskMembers{Task: task, Index: h.index,
+		Members: ms, Keys: keys}}
 }
 
 // sessionState is the settled view's answer for a session.
 func (h *syncHarness) sessionState(inst, sess string) health.SessionStatus {
 	h.t.Helper()
-	return h.attackSettle().Sessions().Check(inst, sess)
+	return h.settle().Sessions().Check(inst, sess)
 }
 
 // TestKeyReadBackConfirmsANewSessionAtOnce: a new session's key comes with
@@ -51,15 +53,19 @@ func TestKeyReadBackConfirmsANewSessionAtOnce(t *testing.T) {
 		if st := h.sessionState("a", "s2"); st.State != health.SessionCurrent {
 			t.Fatalf("%s: a/s2 = %s (%s), want CURRENT", step, st.State, st.Detail)
 		}
-		if st := h.sessionState("a", "s1"); st.State != health.SessionStale || st.NewerSessionID != "s2" {
-			t.Fatalf("%s: a/s1 = %s newer %s (%s), want STALE newer s2", step, st.State, st.NewerSessionID, st.Detail)
+		if st := h.sessionState("a", "s1"); st.State != health.SessionStale ||
+			st.NewerSessionID != "s2" {
+			t.Fatalf("%s: a/s1 = %s newer %s (%s), want STALE newer s2", step, st.State,
+				st.NewerSessionID, st.Detail)
 		}
-		if !h.attackRoutes("a", "s2") || h.attackRoutes("a", "s1") {
-			t.Fatalf("%s: s2 routed %v, s1 routed %v", step, h.attackRoutes("a", "s2"), h.attackRoutes("a", "s1"))
+		if !h.routesHealthy("a", "s2") || h.routesHealthy("a", "s1") {
+			t.Fatalf("%s: s2 routed %v, s1 routed %v", step, h.routesHealthy("a", "s2"),
+				h.routesHealthy("a", "s1"))
 		}
 	}
 	expect("read back with the membership")
-	h.keysAt(15, map[string]health.GenerationRecord{"a": k1}) // a listing read before s2 took the key
+	// A listing read before s2 took the key.
+	h.keysAt(15, map[string]health.GenerationRecord{"a": k1})
 	expect("after a listing older than the read-back")
 	h.keysAt(25, map[string]health.GenerationRecord{"a": k2})
 	expect("after a listing holding the key")
@@ -72,13 +78,14 @@ func TestKeyReadBackConfirmsANewSessionAtOnce(t *testing.T) {
 		t.Fatalf("a/s3 = %s (%s), want UNKNOWN: no key names it", st.State, st.Detail)
 	}
 	expect("a forged registration above the key")
-	if h.attackRoutes("a", "s3") {
+	if h.routesHealthy("a", "s3") {
 		t.Fatal("a/s3 routed")
 	}
 	// The key deleted: no key, unprotected — the highest generation wins.
 	h.keysAt(40, nil)
 	if st := h.sessionState("a", "s3"); st.State != health.SessionCurrent {
-		t.Fatalf("a/s3 after the key was deleted = %s (%s), want CURRENT (no key: ordered among registrations)", st.State, st.Detail)
+		t.Fatalf("a/s3 after the key was deleted = %s (%s), want CURRENT (no key: ordered among "+
+			"registrations)", st.State, st.Detail)
 	}
 }
 
@@ -102,25 +109,32 @@ func TestACopyOfASessionUnderALowerGenerationLapsesNothing(t *testing.T) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
 	h.nonPassing()
-	h.keysAt(10, map[string]health.GenerationRecord{"a": {Generation: 5, SessionID: "s-real", ModifyIndex: 10}})
+	h.keysAt(10,
+		map[string]health.GenerationRecord{"a": {Generation: 5, SessionID: "s-real",
+			ModifyIndex: 10}})
 	real := fleettest.Member("work", "a", "s-real", 5, 9001, "1.0.0", health.StatusPassing, 11)
 	h.members("work", real)
 	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent {
 		t.Fatalf("a/s-real = %s (%s)", st.State, st.Detail)
 	}
-	copied := onNode(fleettest.Member("work", "a", "s-real", 3, 9002, "1.0.0", health.StatusCritical, 12), "evil")
+	copied := onNode(fleettest.Member("work", "a", "s-real", 3, 9002, "1.0.0",
+		health.StatusCritical, 12), "evil")
 	h.members("work", real, copied)
-	h.nonPassing(health.CheckState{Node: "evil", CheckID: health.CheckID("a", "s-real", "work"), ServiceID: "work:a", Status: health.StatusCritical})
+	h.nonPassing(health.CheckState{Node: "evil", CheckID: health.CheckID("a", "s-real", "work"),
+		ServiceID: "work:a", Status: health.StatusCritical})
 	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent {
-		t.Fatalf("a/s-real with a critical copy under generation 3 on another node = %s (%s), want CURRENT", st.State, st.Detail)
+		t.Fatalf("a/s-real with a critical copy under generation 3 on another node = %s (%s), "+
+			"want CURRENT", st.State, st.Detail)
 	}
-	if !h.attackRoutes("a", "s-real") {
+	if !h.routesHealthy("a", "s-real") {
 		t.Fatal("a/s-real is not routed: a copy of its id on another node unrouted it")
 	}
 	// The copy gone, nothing of it stays.
 	h.members("work", real)
-	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent || !h.attackRoutes("a", "s-real") {
-		t.Fatalf("a/s-real after the copy went = %s (%s), routed %v", st.State, st.Detail, h.attackRoutes("a", "s-real"))
+	if st := h.sessionState("a", "s-real"); st.State != health.SessionCurrent ||
+		!h.routesHealthy("a", "s-real") {
+		t.Fatalf("a/s-real after the copy went = %s (%s), routed %v", st.State, st.Detail,
+			h.routesHealthy("a", "s-real"))
 	}
 }
 
@@ -135,9 +149,12 @@ func TestAKeyReadBackBeforeConsulsIndexWentBackDoesNotOutliveIt(t *testing.T) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
 	h.nonPassing()
-	h.keysAt(900, map[string]health.GenerationRecord{"a": {Generation: 1, SessionID: "s1", ModifyIndex: 900}})
+	h.keysAt(900,
+		map[string]health.GenerationRecord{"a": {Generation: 1, SessionID: "s1", ModifyIndex: 900}})
 	s2 := fleettest.Member("work", "a", "s2", 2, 9002, "1.0.0", health.StatusPassing, 1001)
-	h.membersWithKeys("work", map[string]health.GenerationRecord{"a": {Generation: 2, SessionID: "s2", ModifyIndex: 1000}}, s2)
+	h.membersWithKeys("work",
+		map[string]health.GenerationRecord{"a": {Generation: 2, SessionID: "s2",
+			ModifyIndex: 1000}}, s2)
 	if st := h.sessionState("a", "s2"); st.State != health.SessionCurrent {
 		t.Fatalf("a/s2 = %s (%s)", st.State, st.Detail)
 	}
@@ -145,11 +162,13 @@ func TestAKeyReadBackBeforeConsulsIndexWentBackDoesNotOutliveIt(t *testing.T) {
 	// took generation 3 (at index 45).
 	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
 	h.index = 0
-	h.keysAt(50, map[string]health.GenerationRecord{"a": {Generation: 3, SessionID: "s3", ModifyIndex: 45}})
-	h.index = max(h.index, 1001) // the view's index stays at its highest (attackSettle waits for it)
+	h.keysAt(50,
+		map[string]health.GenerationRecord{"a": {Generation: 3, SessionID: "s3", ModifyIndex: 45}})
+	h.index = max(h.index, 1001) // the view's index stays at its highest (settle waits for it)
 	s3 := fleettest.Member("work", "a", "s3", 3, 9003, "1.0.0", health.StatusPassing, 46)
 	h.members("work", s3)
 	if st := h.sessionState("a", "s3"); st.State != health.SessionCurrent {
-		t.Fatalf("a/s3 after Consul's index went back = %s (%s), want CURRENT: a read-back from before the restore overrides the restored key", st.State, st.Detail)
+		t.Fatalf("a/s3 after Consul's index went back = %s (%s), want CURRENT: a read-back from "+
+			"before the restore overrides the restored key", st.State, st.Detail)
 	}
 }

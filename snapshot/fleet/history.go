@@ -54,7 +54,9 @@ func (h *sessionHistory) drain(f func(inst string)) {
 // gone, the fencing API still answers STALE or LAPSED for it.
 func (s *Syncer) remember(e *health.Executor) {
 	if e.Err != nil || e.Unconfirmed != "" {
-		return // not a session leasehold answers for: it must neither name others replaced nor crowd real ones out
+		// Not a session leasehold answers for: it must neither name others
+		// replaced nor crowd real ones out.
+		return
 	}
 	h := s.history.get(e.InstanceID)
 	i := 0
@@ -62,11 +64,16 @@ func (s *Syncer) remember(e *health.Executor) {
 		i++
 	}
 	lapsed := e.LapseSeen || e.LeaseStatus == health.StatusCritical || e.NodeFailed
-	if i < len(h) && (h[i].Lapsed || !lapsed) && slices.Contains(h[i].Tasks, e.Task) && (e.LeaseCreateIndex == 0 || firstLeaseCheck(h[i], e) != 0) {
+	if i < len(h) && (h[i].Lapsed || !lapsed) && slices.Contains(h[i].Tasks, e.Task) &&
+		(e.LeaseCreateIndex == 0 || firstLeaseCheck(h[i], e) != 0) {
 		return // nothing new about this session: the common case
 	}
-	if i == len(h) { // newest seen first, whatever its generation (they restart after Consul loses its KV)
-		h = append([]health.PastSession{{InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Version: e.Version, Replaces: e.Replaces}}, h...)
+	// A session not remembered yet goes first: the newest seen first, whatever
+	// its generation (generations start low again after Consul loses its KV).
+	if i == len(h) {
+		first := health.PastSession{InstanceID: e.InstanceID, SessionID: e.SessionID,
+			Generation: e.Generation, Version: e.Version, Replaces: e.Replaces}
+		h = append([]health.PastSession{first}, h...)
 		i = 0
 	}
 	p := &h[i]
@@ -78,8 +85,11 @@ func (s *Syncer) remember(e *health.Executor) {
 		sort.Strings(tasks)
 		p.Tasks = tasks
 	}
-	if e.LeaseCreateIndex != 0 && firstLeaseCheck(*p, e) == 0 { // the first seen is kept: LeaseCheckRecreated compares with it
-		p.LeaseChecks = append(slices.Clone(p.LeaseChecks), health.LeaseCheck{Datacenter: e.Datacenter, Node: e.Node, Task: e.Task, CreateIndex: e.LeaseCreateIndex})
+	// The first seen is kept: LeaseCheckRecreated compares with it.
+	if e.LeaseCreateIndex != 0 && firstLeaseCheck(*p, e) == 0 {
+		c := health.LeaseCheck{Datacenter: e.Datacenter, Node: e.Node, Task: e.Task,
+			CreateIndex: e.LeaseCreateIndex}
+		p.LeaseChecks = append(slices.Clone(p.LeaseChecks), c)
 	}
 	// Forget the session seen longest ago, a lapsed one last, and never one
 	// still registered: its lapse lives on only here once its registrations
@@ -88,7 +98,7 @@ func (s *Syncer) remember(e *health.Executor) {
 	for len(h) > historyPerInstance {
 		drop := -1
 		for j := len(h) - 1; j >= 0; j-- {
-			if s.sessions[[2]string{e.InstanceID, h[j].SessionID}] > 0 {
+			if s.sessions[health.SessionKey{Instance: e.InstanceID, Session: h[j].SessionID}] > 0 {
 				continue
 			}
 			if !h[j].Lapsed {
@@ -124,7 +134,8 @@ func (s *Syncer) pruneHistory(now time.Time, present int) {
 	var absent []gone
 	for inst, h := range s.history.m {
 		if s.instances[inst] == 0 {
-			absent = append(absent, gone{inst, s.lastSeen[inst], slices.ContainsFunc(h, func(p health.PastSession) bool { return p.Lapsed })})
+			lapsed := slices.ContainsFunc(h, func(p health.PastSession) bool { return p.Lapsed })
+			absent = append(absent, gone{inst, s.lastSeen[inst], lapsed})
 		}
 	}
 	sort.Slice(absent, func(i, j int) bool {

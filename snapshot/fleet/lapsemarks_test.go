@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"testing"
+	"time"
 
 	"github.com/leasehold/leasehold/health"
 )
@@ -21,7 +22,8 @@ func TestLapseMarksAreFinal(t *testing.T) {
 
 	marks := &health.LapseMarks{Index: h.next("dc1"), Marks: []health.LapseMark{
 		{InstanceID: "a1", SessionID: "s1", Generation: 1},
-		{InstanceID: "a2", SessionID: "s0", Generation: 1}, // a2's earlier session, gone before this replica started
+		// a2's earlier session, gone before this replica started.
+		{InstanceID: "a2", SessionID: "s0", Generation: 1},
 	}}
 	h.send("dc1", health.Observation{Lapses: marks})
 	h.expectSession("a1", "s1", health.SessionLapsed)
@@ -50,10 +52,13 @@ func TestLapseMarksIndexIsInTheViewAndProgress(t *testing.T) {
 	}
 	at := h.next("dc1") + 50 // the marks' listing, above every other answer of dc1
 	h.index["dc1"] = at
-	h.send("dc1", health.Observation{Lapses: &health.LapseMarks{Index: at, Marks: []health.LapseMark{{InstanceID: "a2", SessionID: "s0", Generation: 1}}}})
+	h.send("dc1",
+		health.Observation{Lapses: &health.LapseMarks{Index: at,
+			Marks: []health.LapseMark{{InstanceID: "a2", SessionID: "s0", Generation: 1}}}})
 	i, _ := h.s.View().Datacenter("dc1")
 	if i.LapsesIndex != at || i.ConsulIndex != at {
-		t.Fatalf("dc1's indexes %+v after the lapse marks' listing at %d: want it as LapsesIndex and ConsulIndex", i, at)
+		t.Fatalf("dc1's indexes %+v after the lapse marks' listing at %d: want it as LapsesIndex "+
+			"and ConsulIndex", i, at)
 	}
 	p := h.s.Progress("dc1")
 	if p.Lapses != at || p.Current() != min(p.NonPassing, p.Generations) {
@@ -87,16 +92,53 @@ func TestLapseSeenAwaitsItsMarkInTheView(t *testing.T) {
 	h.send("dc1", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1")}})
 	h.send("dc2", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc2")}})
 	a1 := h.execs[0]
-	h.send("dc1", h.nonPassing("dc1", health.CheckState{Node: a1.node, CheckID: mdcLeaseOf(a1), ServiceID: health.ServiceID(a1.inst, mdcTask), Status: health.StatusCritical}))
+	h.send("dc1",
+		h.nonPassing("dc1",
+			health.CheckState{Node: a1.node, CheckID: mdcLeaseOf(a1),
+				ServiceID: health.ServiceID(a1.inst, mdcTask), Status: health.StatusCritical}))
 	h.expectSession("a1", "s1", health.SessionLapsed)
 	if len(recorded) != 1 || !h.s.View().LapseUnrecorded("a1", "s1") {
-		t.Fatalf("a1/s1 lapsed: recorded %d, unrecorded in the view %v; want its mark awaited", len(recorded), h.s.View().LapseUnrecorded("a1", "s1"))
+		t.Fatalf("a1/s1 lapsed: recorded %d, unrecorded in the view %v; want its mark awaited",
+			len(recorded), h.s.View().LapseUnrecorded("a1", "s1"))
 	}
 	if h.s.View().LapseUnrecorded("a2", "s1") {
 		t.Fatal("a2/s1 never lapsed")
 	}
-	h.send("dc1", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1"), Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}})
+	h.send("dc1",
+		health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1"),
+			Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}})
 	if v := h.s.View(); v.LapseUnrecorded("a1", "s1") {
 		t.Fatal("a1/s1's mark was read back; the view still awaits it")
 	}
+}
+
+// TestNothingIsServedBeforeTheLapseMarksAreRead: a restarted leasehold (a
+// fresh Syncer) whose datacenters hold a lapse mark for a1/s1 (its check
+// passing again, the lapse drill's situation) must not route a1/s1. With
+// SyncConfig.AwaitLapses (which serve sets) the first read waits for every
+// datacenter's lapse marks too, so nothing is served meanwhile: otherwise
+// a1/s1 would be HEALTHY in the load assignment and its session CURRENT until
+// the marks arrive, and for ever with a token that cannot read
+// leasehold/lapsed/.
+func TestNothingIsServedBeforeTheLapseMarksAreRead(t *testing.T) {
+	h := mdcStartTuned(t, func(c *SyncConfig) { c.AwaitLapses = true })
+	d := mdcDispatcher(t, "")
+	h.subscribe(d)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	// The marks (written before the restart) are in KV but not read yet.
+	if got := h.load(d); got != "(none)" {
+		h.clock.Advance(100 * time.Millisecond)
+		h.settle()
+		if st := h.session("a1", "s1"); st.State == health.SessionCurrent {
+			t.Errorf("session a1/s1 answered CURRENT before the lapse marks were read (it lapsed " +
+				"before the restart)")
+		}
+		t.Fatalf("served %q before the lapse marks were read: a1/s1 (lapsed before the restart) "+
+			"may be routed", h.load(d))
+	}
+	marks := &health.LapseMarks{Index: h.next("dc1"),
+		Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}
+	h.send("dc1", health.Observation{Lapses: marks})
+	h.expectVerdict(d, "a1", "s1", health.RouteNone, health.ReasonLapsed)
 }

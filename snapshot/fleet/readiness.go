@@ -25,7 +25,7 @@ type Readiness struct {
 }
 
 const (
-	// ReasonFirstRead: the whole fleet (or the operators' controls) has
+	// ReasonFirstRead means the whole fleet (or the operators' controls) has
 	// not been read yet.
 	ReasonFirstRead = "first_read_pending"
 	// ControlSource names the watch of the operators' controls (rules and
@@ -74,10 +74,13 @@ func (s *Syncer) applyControlContact(c health.Contact) {
 		c.Detail = c.Err.Error()
 	}
 	s.rd.ctlFailure = &c
-	s.log.Warn(contactMessage(c.Problem)+" (operator controls: the rules and cordons last read stay in force)", "problem", c.Problem, "err", c.Err)
+	s.log.Warn(contactMessage(c.Problem)+
+		" (operator controls: the rules and cordons last read stay in force)",
+		"problem", c.Problem, "err", c.Err)
 }
 
-// controlOK: the operators' controls are read (when a control watch runs).
+// controlOK reports whether the operators' controls are read (when a control
+// watch runs).
 func (s *Syncer) controlOK() bool {
 	return s.rd.ctlFailure == nil && (s.rd.ctlRead || !s.cfg.AwaitControl)
 }
@@ -133,7 +136,9 @@ func (s *Syncer) readiness() Readiness {
 	// The kind that tells most (a missing right, a certificate problem,
 	// an unreachable Consul); every right missing anywhere, else the first
 	// failure's detail.
-	rank := map[health.ContactProblem]int{health.ProblemACL: 3, health.ProblemTLS: 2, health.ProblemUnreachable: 1}
+	rank := map[health.ContactProblem]int{
+		health.ProblemACL: 3, health.ProblemTLS: 2, health.ProblemUnreachable: 1,
+	}
 	top := failures[0].c.Problem
 	for _, f := range failures {
 		if rank[f.c.Problem] > rank[top] {
@@ -202,7 +207,8 @@ func (s *Syncer) pendingReads() string {
 				}
 			}
 			if n > 0 {
-				what = append(what, fmt.Sprintf("the members of %d of %d task types", n, len(d.tasks)))
+				what = append(what,
+					fmt.Sprintf("the members of %d of %d task types", n, len(d.tasks)))
 			}
 		}
 		if !d.haveNP {

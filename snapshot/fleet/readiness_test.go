@@ -37,7 +37,9 @@ func awaitReadiness(t *testing.T, s *Syncer, what string, cond func(Readiness) b
 }
 
 func reason(want, detail string) func(Readiness) bool {
-	return func(r Readiness) bool { return !r.Ready && r.Reason == want && strings.Contains(r.Detail, detail) }
+	return func(r Readiness) bool {
+		return !r.Ready && r.Reason == want && strings.Contains(r.Detail, detail)
+	}
 }
 
 // /readyz's reason: the first read pending (and what it waits for, the
@@ -46,7 +48,8 @@ func reason(want, detail string) func(Readiness) bool {
 // that tells most first. Nothing is served before the controls are read.
 func TestReadinessNamesItsReason(t *testing.T) {
 	pubs := make(chan string, 16)
-	s := NewSyncer(SyncConfig{AwaitControl: true, Clock: clockwork.NewFakeClock(), Logger: slog.New(slog.NewTextHandler(testLog{t}, nil)),
+	s := NewSyncer(SyncConfig{AwaitControl: true, Clock: clockwork.NewFakeClock(),
+		Logger:    slog.New(slog.NewTextHandler(testLog{t}, nil)),
 		OnPublish: func(g string, _ *cache.Snapshot) { pubs <- g }})
 	obs := make(chan health.Observation, 16)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -60,8 +63,11 @@ func TestReadinessNamesItsReason(t *testing.T) {
 	go s.Subscribe(dispatcher(t, ""))
 	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
 	obs <- health.Observation{Tasks: &health.TaskList{Index: 2, Tasks: []string{"work"}}}
-	awaitReadiness(t, s, "members pending", reason(ReasonFirstRead, "the members of 1 of 1 task types, the non-passing checks"))
-	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 3, Members: []health.Member{fleettest.Member("work", "e1", "s1", 1, 9001, "1.0.0", health.StatusPassing, 3)}}}
+	awaitReadiness(t, s, "members pending",
+		reason(ReasonFirstRead, "the members of 1 of 1 task types, the non-passing checks"))
+	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 3,
+		Members: []health.Member{fleettest.Member("work", "e1", "s1", 1, 9001, "1.0.0",
+			health.StatusPassing, 3)}}}
 	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 3}}
 	awaitReadiness(t, s, "the controls pending", reason(ReasonFirstRead, "operators' controls"))
 	select {
@@ -71,7 +77,8 @@ func TestReadinessNamesItsReason(t *testing.T) {
 	}
 
 	right := `key_prefix "leasehold/control/" { policy = "read" }`
-	obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("filtered"), Problem: health.ProblemACL, Detail: right}}
+	obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("filtered"),
+		Problem: health.ProblemACL, Detail: right}}
 	r := awaitReadiness(t, s, "the control read refused", reason(string(health.ProblemACL), right))
 	if r.Source != ControlSource {
 		t.Errorf("source %q, want %q", r.Source, ControlSource)
@@ -89,11 +96,14 @@ func TestReadinessNamesItsReason(t *testing.T) {
 	// The control watch fails, unreachable, and then a datacenter's
 	// certificate problem (applied in this order): the certificate problem
 	// tells more.
-	obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("connection refused"), Problem: health.ProblemUnreachable}}
-	obs <- health.Observation{Contact: &health.Contact{Err: errors.New("tls: x509"), Problem: health.ProblemTLS, Detail: "x509: certificate signed by unknown authority"}}
+	obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("connection refused"),
+		Problem: health.ProblemUnreachable}}
+	obs <- health.Observation{Contact: &health.Contact{Err: errors.New("tls: x509"),
+		Problem: health.ProblemTLS, Detail: "x509: certificate signed by unknown authority"}}
 	awaitReadiness(t, s, "TLS", reason(string(health.ProblemTLS), "unknown authority"))
 	obs <- health.Observation{Contact: &health.Contact{OK: true}}
-	r = awaitReadiness(t, s, "the controls unreachable", reason(string(health.ProblemUnreachable), "connection refused"))
+	r = awaitReadiness(t, s, "the controls unreachable",
+		reason(string(health.ProblemUnreachable), "connection refused"))
 	if r.Source != ControlSource {
 		t.Errorf("source %q, want %q", r.Source, ControlSource)
 	}
@@ -105,8 +115,10 @@ func TestReadinessNamesItsReason(t *testing.T) {
 // alone, and a datacenter's failure before the first read is the reason.
 func TestReadinessWithoutControlWatch(t *testing.T) {
 	h := startSyncer(t)
-	h.obs <- health.Observation{Contact: &health.Contact{Err: errors.New("dial tcp: connection refused")}}
-	awaitReadiness(t, h.s, "unreachable before the first read", reason(string(health.ProblemUnreachable), "connection refused"))
+	h.obs <- health.Observation{Contact: &health.Contact{Err: errors.New("dial tcp: connection " +
+		"refused")}}
+	awaitReadiness(t, h.s, "unreachable before the first read",
+		reason(string(health.ProblemUnreachable), "connection refused"))
 	h.obs <- health.Observation{Contact: &health.Contact{OK: true}}
 	h.tasks()
 	h.nonPassing()
@@ -116,11 +128,16 @@ func TestReadinessWithoutControlWatch(t *testing.T) {
 // Every right missing anywhere is named once, with whose reads lack them.
 func TestReadinessNamesEveryMissingRight(t *testing.T) {
 	h := startSyncer(t)
-	gen, ctl, svc := `key_prefix "leasehold/generation/" { policy = "read" }`, `key_prefix "leasehold/control/" { policy = "read" }`, `service_prefix "" { policy = "read" }`
-	h.obs <- health.Observation{Contact: &health.Contact{Err: errors.New("acl"), Problem: health.ProblemACL, Detail: svc + " and " + gen}}
-	h.obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("acl"), Problem: health.ProblemACL, Detail: ctl}}
+	gen := `key_prefix "leasehold/generation/" { policy = "read" }`
+	ctl := `key_prefix "leasehold/control/" { policy = "read" }`
+	svc := `service_prefix "" { policy = "read" }`
+	h.obs <- health.Observation{Contact: &health.Contact{Err: errors.New("acl"),
+		Problem: health.ProblemACL, Detail: svc + " and " + gen}}
+	h.obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("acl"),
+		Problem: health.ProblemACL, Detail: ctl}}
 	r := awaitReadiness(t, h.s, "both", reason(string(health.ProblemACL), ctl))
-	if want := ctl + " and " + gen + " and " + svc; r.Detail != want || r.Source != ControlSource+", fleet" {
+	if want := ctl + " and " + gen + " and " + svc; r.Detail != want ||
+		r.Source != ControlSource+", fleet" {
 		t.Fatalf("%+v, want detail %q from both", r, want)
 	}
 }

@@ -68,7 +68,8 @@ func (x *sessionIndex) view() Sessions {
 func (s *Syncer) indexSessions(tasks []fleetKey, instances map[string]struct{}) {
 	s.history.drain(func(inst string) { instances[inst] = struct{}{} })
 	for inst := range instances {
-		var regs []health.Executor // in View order: by task type and datacenter, then as Consul listed them
+		// In View order: by task type and datacenter, then as Consul listed them.
+		var regs []health.Executor
 		for _, task := range tasks {
 			ts := s.fleet[task]
 			if ts == nil {
@@ -86,16 +87,18 @@ func (s *Syncer) indexSessions(tasks []fleetKey, instances map[string]struct{}) 
 // remember (a restart, another replica's view), its lapse marks.
 func (s *Syncer) pastOf(inst string) []health.PastSession {
 	past := s.history.get(inst)
-	marks := s.markedBy[inst]
+	marks := s.marks.byInstance[inst]
 	if len(marks) == 0 {
 		return past
 	}
 	out := slices.Clone(past)
 	for _, m := range marks {
-		if i := slices.IndexFunc(out, func(p health.PastSession) bool { return p.SessionID == m.SessionID }); i >= 0 {
+		same := func(p health.PastSession) bool { return p.SessionID == m.SessionID }
+		if i := slices.IndexFunc(out, same); i >= 0 {
 			out[i].Lapsed = true
 		} else {
-			out = append(out, health.PastSession{InstanceID: inst, SessionID: m.SessionID, Generation: m.Generation, Lapsed: true, Tasks: m.Tasks})
+			out = append(out, health.PastSession{InstanceID: inst, SessionID: m.SessionID,
+				Generation: m.Generation, Lapsed: true, Tasks: m.Tasks})
 		}
 	}
 	return out

@@ -18,7 +18,8 @@ func benchSyncFleet(n, tasks, nodes int) map[string][]health.Member {
 	for i := range n {
 		task, node := fmt.Sprintf("task-%d", i%tasks), fmt.Sprintf("node-%d", i%nodes)
 		inst, sess := fmt.Sprintf("w-%05d", i), fmt.Sprintf("s-%05d", i)
-		m := fleettest.Member(task, inst, sess, 1, 10000+i, "1.0.0", health.StatusPassing, uint64(i+10))
+		m := fleettest.Member(task, inst, sess, 1, 10000+i, "1.0.0", health.StatusPassing,
+			uint64(i+10))
 		m.Node, m.Checks[0].Node, m.Checks[1].Node = node, node, node
 		m.Address = fmt.Sprintf("10.%d.%d.%d", i>>16&255, i>>8&255, i&255)
 		out[task] = append(out[task], m)
@@ -28,7 +29,8 @@ func benchSyncFleet(n, tasks, nodes int) map[string][]health.Member {
 
 // benchSyncer is a running Syncer holding the fleet, with the unconstrained
 // constraint set and one version constraint subscribed.
-func benchSyncer(b *testing.B, fleet map[string][]health.Member) (*Syncer, chan health.Observation) {
+func benchSyncer(b *testing.B,
+	fleet map[string][]health.Member) (*Syncer, chan health.Observation) {
 	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
 	obs := make(chan health.Observation)
 	ctx, cancel := context.WithCancel(context.Background())
@@ -43,7 +45,8 @@ func benchSyncer(b *testing.B, fleet map[string][]health.Member) (*Syncer, chan 
 	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 1}}
 	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
 	for _, t := range tasks {
-		obs <- health.Observation{Members: &health.TaskMembers{Task: t, Index: 2, Members: fleet[t]}}
+		obs <- health.Observation{Members: &health.TaskMembers{Task: t, Index: 2,
+			Members: fleet[t]}}
 	}
 	s.Subscribe(health.Dispatcher{})
 	d, err := health.NewDispatcher(">=1.0.0", nil)
@@ -86,7 +89,8 @@ func BenchmarkSyncerChange(b *testing.B) {
 			var lapsed []health.CheckState
 			b.ResetTimer()
 			for i := range b.N {
-				if i > 0 && i%len(victims) == 0 { // every victim lapsed: start again with a fresh fleet
+				// Every victim lapsed: start again with a fresh fleet.
+				if i > 0 && i%len(victims) == 0 {
 					b.StopTimer()
 					s, obs = benchSyncer(b, fleet)
 					lapsed = nil

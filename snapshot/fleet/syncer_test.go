@@ -36,12 +36,14 @@ type syncHarness struct {
 }
 
 func startSyncer(t *testing.T, logger ...*slog.Logger) *syncHarness {
-	h := &syncHarness{t: t, clock: clockwork.NewFakeClock(), obs: make(chan health.Observation, 16), pubs: make(chan published, 64)}
+	h := &syncHarness{t: t, clock: clockwork.NewFakeClock(), obs: make(chan health.Observation, 16),
+		pubs: make(chan published, 64)}
 	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if len(logger) > 0 {
 		log = logger[0]
 	}
-	h.s = NewSyncer(SyncConfig{Logger: log, Clock: h.clock, OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
+	h.s = NewSyncer(SyncConfig{Logger: log, Clock: h.clock,
+		OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()
@@ -52,7 +54,8 @@ func startSyncer(t *testing.T, logger ...*slog.Logger) *syncHarness {
 
 func (h *syncHarness) generations(floor map[string]uint64) {
 	h.index++
-	h.obs <- health.Observation{Generations: &health.Generations{Index: h.index, Keys: fleettest.Keys(floor)}}
+	h.obs <- health.Observation{Generations: &health.Generations{Index: h.index,
+		Keys: fleettest.Keys(floor)}}
 }
 
 func (h *syncHarness) publish() published {
@@ -86,8 +89,6 @@ func (h *syncHarness) quiet() {
 	}
 }
 
-// member builds a contract-conforming registration with its checks.
-
 func (h *syncHarness) tasks(tasks ...string) {
 	h.index++
 	h.obs <- health.Observation{Tasks: &health.TaskList{Index: h.index, Tasks: tasks}}
@@ -95,7 +96,8 @@ func (h *syncHarness) tasks(tasks ...string) {
 
 func (h *syncHarness) members(task string, ms ...health.Member) {
 	h.index++
-	h.obs <- health.Observation{Members: &health.TaskMembers{Task: task, Index: h.index, Members: ms}}
+	h.obs <- health.Observation{Members: &health.TaskMembers{Task: task, Index: h.index,
+		Members: ms}}
 }
 
 func (h *syncHarness) nonPassing(checks ...health.CheckState) {
@@ -104,6 +106,57 @@ func (h *syncHarness) nonPassing(checks ...health.CheckState) {
 		checks[i].ModifyIndex = h.index
 	}
 	h.obs <- health.Observation{NonPassing: &health.NonPassing{Index: h.index, Checks: checks}}
+}
+
+// onNodeWithSerf is m registered on node (its checks too), its serfHealth
+// check with the given status and ModifyIndex.
+func onNodeWithSerf(m health.Member, node string, serf health.CheckStatus,
+	serfIdx uint64) health.Member {
+	m.Node = node
+	checks := make([]health.CheckState, len(m.Checks))
+	copy(checks, m.Checks)
+	for i := range checks {
+		checks[i].Node = node
+		if checks[i].CheckID == health.SerfHealthCheckID {
+			checks[i].Status, checks[i].ModifyIndex = serf, serfIdx
+		}
+	}
+	m.Checks = checks
+	return m
+}
+
+// settle waits until Run has applied every observation sent so far, and is
+// the view it published.
+func (h *syncHarness) settle() *View {
+	h.t.Helper()
+	deadline := time.After(5 * time.Second)
+	for {
+		v := h.s.View()
+		if v.ConsulIndex >= h.index {
+			return v
+		}
+		select {
+		case <-v.Changed():
+		case <-h.pubs:
+		case <-deadline:
+			h.t.Fatalf("the view never reached index %d", h.index)
+		}
+	}
+}
+
+// routesHealthy reports whether the settled view routes inst/sess as
+// healthy to an unconstrained dispatcher.
+func (h *syncHarness) routesHealthy(inst, sess string) bool {
+	h.t.Helper()
+	v := h.settle()
+	d := dispatcher(h.t, "")
+	for i, vd := range v.DecideAll(d) {
+		if e := v.Executors()[i]; e.InstanceID == inst && e.SessionID == sess &&
+			vd.Route == health.RouteHealthy {
+			return true
+		}
+	}
+	return false
 }
 
 func endpointsOf(t *testing.T, snap *cache.Snapshot, task string) []string {
@@ -135,13 +188,16 @@ func TestSyncerRemovalsAreImmediateAdditionsCoalesced(t *testing.T) {
 	h.tasks("work")
 	h.nonPassing()
 	h.quiet()
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5))
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5))
 	p := h.publish()
 	if got := endpointsOf(t, p.snap, "work"); len(got) != 1 || got[0] != "a:HEALTHY" {
 		t.Fatalf("endpoints %v", got)
 	}
 	// an addition waits for the coalescing window
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5), fleettest.Member("work", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 6))
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5),
+		fleettest.Member("work", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 6))
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
 	if err := h.clock.BlockUntilContext(ctx, 1); err != nil {
@@ -153,13 +209,16 @@ func TestSyncerRemovalsAreImmediateAdditionsCoalesced(t *testing.T) {
 		t.Fatalf("after the window: %v", got)
 	}
 	// a lapse is published at once, without the clock moving
-	h.nonPassing(health.CheckState{Node: "n1", CheckID: health.CheckID("a", "s1", "work"), ServiceID: "work:a", Status: health.StatusCritical})
+	h.nonPassing(health.CheckState{Node: "n1", CheckID: health.CheckID("a", "s1", "work"),
+		ServiceID: "work:a", Status: health.StatusCritical})
 	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 1 || got[0] != "b:HEALTHY" {
 		t.Fatalf("after the lapse: %v", got)
 	}
 	// passing again: the lapsed session stays out
 	h.nonPassing()
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 50), fleettest.Member("work", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 6))
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 50),
+		fleettest.Member("work", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 6))
 	h.clock.Advance(time.Second)
 	select {
 	case p := <-h.pubs:
@@ -177,8 +236,11 @@ func TestSyncerGroupsByConstraintSetAndIsolatesTasks(t *testing.T) {
 	h := startSyncer(t)
 	h.tasks("work", "other")
 	h.nonPassing()
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5), fleettest.Member("work", "v2", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
-	h.members("other", fleettest.Member("other", "o", "s1", 1, 9100, "1.0.0", health.StatusPassing, 7))
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5),
+		fleettest.Member("work", "v2", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
+	h.members("other",
+		fleettest.Member("other", "o", "s1", 1, 9100, "1.0.0", health.StatusPassing, 7))
 	any, v1 := dispatcher(t, ""), dispatcher(t, "<2.0.0")
 	h.s.Subscribe(any)
 	h.s.Subscribe(any) // a second stream of the same set shares the group
@@ -194,17 +256,21 @@ func TestSyncerGroupsByConstraintSetAndIsolatesTasks(t *testing.T) {
 	if got := endpointsOf(t, snaps[v1.Key()], "work"); len(got) != 1 || got[0] != "a:HEALTHY" {
 		t.Fatalf("<2.0.0: %v", got)
 	}
-	otherVersion := translator.Version(snaps[any.Key()].GetResources(resource.EndpointType)["other"])
+	otherOf := func(snap *cache.Snapshot) string {
+		return translator.Version(snap.GetResources(resource.EndpointType)["other"])
+	}
+	otherVersion := otherOf(snaps[any.Key()])
 	// draining "a" of task work: urgent for both groups; task other untouched
 	drained := fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 8)
 	drained.State = health.StateDraining
-	h.members("work", drained, fleettest.Member("work", "v2", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
+	h.members("work", drained,
+		fleettest.Member("work", "v2", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
 	for range 2 {
 		p := h.publish()
 		if got := endpointsOf(t, p.snap, "work"); got[0] != "a:DRAINING" {
 			t.Fatalf("%s: %v", p.group, got)
 		}
-		if p.group == any.Key() && translator.Version(p.snap.GetResources(resource.EndpointType)["other"]) != otherVersion {
+		if p.group == any.Key() && otherOf(p.snap) != otherVersion {
 			t.Fatal("task other changed")
 		}
 	}
@@ -212,7 +278,8 @@ func TestSyncerGroupsByConstraintSetAndIsolatesTasks(t *testing.T) {
 	h.s.Unsubscribe(any)
 	h.s.Unsubscribe(any)
 	h.s.Subscribe(v1) // processed after the unsubscribes
-	h.members("work", fleettest.Member("work", "v2", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
+	h.members("work",
+		fleettest.Member("work", "v2", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
 	p := h.publish()
 	if p.group != v1.Key() {
 		t.Fatalf("published dropped group %q", p.group)
@@ -225,13 +292,17 @@ func TestSyncerGroupsByConstraintSetAndIsolatesTasks(t *testing.T) {
 func TestSyncerReplicasAgreeOnVersions(t *testing.T) {
 	feed := func(h *syncHarness) *cache.Snapshot {
 		h.tasks("work")
-		h.nonPassing(health.CheckState{Node: "n1", CheckID: health.CheckID("b", "s1", "work"), ServiceID: "work:b", Status: health.StatusWarning, Output: "load=4"})
-		h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5), fleettest.Member("work", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 6))
+		h.nonPassing(health.CheckState{Node: "n1", CheckID: health.CheckID("b", "s1", "work"),
+			ServiceID: "work:b", Status: health.StatusWarning, Output: "load=4"})
+		h.members("work",
+			fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5),
+			fleettest.Member("work", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 6))
 		h.s.Subscribe(dispatcher(t, ">=1.0.0"))
 		return h.publish().snap
 	}
 	s1, s2 := feed(startSyncer(t)), feed(startSyncer(t))
-	for _, typ := range []string{resource.ClusterType, resource.EndpointType, resource.ListenerType, resource.RouteType} {
+	for _, typ := range []string{resource.ClusterType, resource.EndpointType, resource.ListenerType,
+		resource.RouteType} {
 		if s1.GetVersion(typ) != s2.GetVersion(typ) || s1.GetVersion(typ) == "" {
 			t.Fatalf("%s versions %q and %q", typ, s1.GetVersion(typ), s2.GetVersion(typ))
 		}
@@ -245,7 +316,8 @@ func TestSyncerBadMetadataExcludesOnlyThatRegistration(t *testing.T) {
 	h.nonPassing()
 	bad := fleettest.Member("work", "x", "s1", 1, 9009, "1.0.0", health.StatusPassing, 9)
 	bad.Err = &health.FieldError{Field: "capacity", Value: "abc", Reason: "not an integer"}
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5), bad)
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5), bad)
 	h.s.Subscribe(dispatcher(t, ""))
 	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 1 || got[0] != "a:HEALTHY" {
 		t.Fatalf("endpoints %v", got)
@@ -256,13 +328,15 @@ func TestSyncerTaskGoneRemovesItsResources(t *testing.T) {
 	h := startSyncer(t)
 	h.tasks("work")
 	h.nonPassing()
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5))
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5))
 	h.s.Subscribe(dispatcher(t, ""))
 	h.publish()
 	h.tasks()
 	h.obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Gone: true}}
 	p := h.publish()
-	if len(p.snap.GetResources(resource.ListenerType)) != 0 || len(p.snap.GetResources(resource.EndpointType)) != 0 {
+	if len(p.snap.GetResources(resource.ListenerType)) != 0 ||
+		len(p.snap.GetResources(resource.EndpointType)) != 0 {
 		t.Fatal("gone task still served")
 	}
 }
@@ -275,17 +349,20 @@ func TestSyncerForgetsGenerationsWhenConsulLosesItsState(t *testing.T) {
 	h := startSyncer(t)
 	h.tasks("work")
 	h.nonPassing()
-	h.members("work", fleettest.Member("work", "a", "old", 3, 9001, "1.0.0", health.StatusPassing, 5))
+	h.members("work",
+		fleettest.Member("work", "a", "old", 3, 9001, "1.0.0", health.StatusPassing, 5))
 	h.s.Subscribe(dispatcher(t, ""))
 	h.publish()
 	// Consul restarts empty: the executor re-registers, its KV generation starts over
 	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
-	h.members("work", fleettest.Member("work", "a", "new", 1, 9001, "1.0.0", health.StatusPassing, 2))
+	h.members("work",
+		fleettest.Member("work", "a", "new", 1, 9001, "1.0.0", health.StatusPassing, 2))
 	p := h.publish() // a new session at the same address is pushed at once: no coalescing window
 	if got := endpointsOf(t, p.snap, "work"); len(got) != 1 {
 		t.Fatalf("new session fenced by a generation from before the state loss: %v", got)
 	}
-	if st := h.s.View().Sessions().Check("a", "new"); st.State != health.SessionCurrent {
+	// OnPublish runs before the view is published: wait for the view.
+	if st := h.settle().Sessions().Check("a", "new"); st.State != health.SessionCurrent {
 		t.Fatalf("new session %s", st.State)
 	}
 }
@@ -299,19 +376,23 @@ func TestSyncerRuleModesObserveThenEnforce(t *testing.T) {
 	h.s.Subscribe(d)
 	h.tasks("work")
 	h.nonPassing()
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5), fleettest.Member("work", "b", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5),
+		fleettest.Member("work", "b", "s1", 1, 9002, "2.0.0", health.StatusPassing, 6))
 	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 1 {
 		t.Fatalf("enforced by default: %v", got)
 	}
 	rules := func(raw string) {
-		h.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:test", Raw: []byte(raw)}}
+		h.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:test",
+			Raw: []byte(raw)}}
 	}
 	rules(`{"modes":[{"rule":"version","mode":"observe"}]}`)
 	h.advanceWindow() // an addition: coalesced
 	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 2 {
 		t.Fatalf("version observed: %v", got)
 	}
-	if v := h.s.View().Decide(h.s.View().Executors()[1], d); v.Route != health.RouteHealthy || len(v.Observed) != 1 {
+	if v := h.s.View().Decide(h.s.View().Executors()[1], d); v.Route != health.RouteHealthy ||
+		len(v.Observed) != 1 {
 		t.Fatalf("the view's verdict under observe: %+v", v)
 	}
 	rules(`{"modes":[{"rule":"lease","mode":"observe"}]}`) // invalid: refused
@@ -322,7 +403,9 @@ func TestSyncerRuleModesObserveThenEnforce(t *testing.T) {
 	}
 	// The snapshot is set (OnPublish) before the view follows it: wait for it.
 	deadline := time.After(5 * time.Second)
-	for v := h.s.View(); v.Control.RolloutSource != "file:test" || v.Control.Rollout.ModeOf(health.ReasonVersion, "work", d) != health.ModeEnforce; v = h.s.View() {
+	for v := h.s.View(); v.Control.RolloutSource != "file:test" ||
+		v.Control.Rollout.ModeOf(health.ReasonVersion, "work",
+			d) != health.ModeEnforce; v = h.s.View() {
 		select {
 		case <-v.Changed():
 		case <-deadline:
@@ -338,13 +421,15 @@ func TestSyncerLoadBalancingPolicyFromRules(t *testing.T) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
 	h.nonPassing()
-	h.members("work", fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 3))
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 3))
 	policyOf := func(p published) string {
 		t.Helper()
 		for _, r := range p.snap.Resources[types.Cluster].Items {
 			c := r.Resource.(*clusterv3.Cluster)
-			return c.GetLoadBalancingPolicy().GetPolicies()[0].GetTypedExtensionConfig().GetTypedConfig().GetTypeUrl() +
-				" " + string(mustJSON(t, c.GetLoadBalancingPolicy()))
+			first := c.GetLoadBalancingPolicy().GetPolicies()[0].GetTypedExtensionConfig()
+			return first.GetTypedConfig().GetTypeUrl() + " " +
+				string(mustJSON(t, c.GetLoadBalancingPolicy()))
 		}
 		t.Fatal("no cluster")
 		return ""
@@ -353,12 +438,15 @@ func TestSyncerLoadBalancingPolicyFromRules(t *testing.T) {
 	if !strings.Contains(first, "ClientSideWeightedRoundRobin") {
 		t.Fatalf("default policy: %s", first)
 	}
-	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x", Raw: []byte(`{"load_balancing":{"tasks":{"work":"least_request"}}}`)}}
+	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x",
+		Raw: []byte(`{"load_balancing":{"tasks":{"work":"least_request"}}}`)}}
 	h.advanceWindow()
-	if got := policyOf(h.publish()); !strings.Contains(got, "LeastRequest") || strings.Contains(got, "ClientSideWeightedRoundRobin") {
+	if got := policyOf(h.publish()); !strings.Contains(got, "LeastRequest") ||
+		strings.Contains(got, "ClientSideWeightedRoundRobin") {
 		t.Fatalf("after the rules: %s", got)
 	}
-	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x", Raw: []byte(`{"load_balancing":{"tasks":{"work":"fastest"}}}`)}}
+	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x",
+		Raw: []byte(`{"load_balancing":{"tasks":{"work":"fastest"}}}`)}}
 	deadline := time.After(5 * time.Second)
 	for v := h.s.View(); v.Control.RolloutError == ""; v = h.s.View() { // until Run refused it
 		select {
@@ -368,7 +456,8 @@ func TestSyncerLoadBalancingPolicyFromRules(t *testing.T) {
 		}
 	}
 	h.quiet()
-	if st := h.s.View().Control; !strings.Contains(st.RolloutError, `load_balancing.tasks["work"]`) {
+	if st := h.s.View().Control; !strings.Contains(st.RolloutError,
+		`load_balancing.tasks["work"]`) {
 		t.Fatalf("invalid rules: error %q", st.RolloutError)
 	}
 }

@@ -2,32 +2,19 @@ package fleet
 
 import (
 	"context"
+	"log/slog"
 	"sync/atomic"
 	"time"
 
-	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
-// Publication describes one snapshot set in the cache, for the xDS server's
-// push tracing and lapse-to-push latency.
-type Publication struct {
-	Group        string
-	Snapshot     *cache.Snapshot
-	Ctx          context.Context // carries the span of the cache update, if traced
-	LapsedAt     time.Time       // when Consul reported the earliest lapse this publication removes (zero: none)
-	RemovedTasks []string        // task types whose endpoints lost or drained one
-}
-
-// Notify registers f to be called (from Run; it must not block) for every
-// publication, just before the snapshot is set, so it hears of it before any
-// response the snapshot causes. Call before Run.
-func (s *Syncer) Notify(f func(Publication)) { s.listeners = append(s.listeners, f) }
-
+// syncTelemetry are the Syncer's instruments and tracer.
 type syncTelemetry struct {
 	groupCount atomic.Int64
 	tracer     trace.Tracer
@@ -44,10 +31,17 @@ type syncTelemetry struct {
 func (s *Syncer) initTelemetry() {
 	s.tracer = s.cfg.Tracer.Tracer("github.com/leasehold/leasehold/snapshot/fleet")
 	m := s.cfg.Meter.Meter("github.com/leasehold/leasehold/snapshot/fleet")
-	s.lapseCount, _ = m.Int64Counter("leasehold.lease.lapses", metric.WithDescription("lease lapses observed (a session's lease check turned critical), by task"))
-	s.wouldExclude, _ = m.Int64Counter("leasehold.rules.would_exclude", metric.WithDescription("decisions where a rule in observe mode would have excluded a routed executor, by rule and task (once per change)"))
-	s.rulesRejected, _ = m.Int64Counter("leasehold.rules.config_rejected", metric.WithDescription("rollout configurations refused as invalid (the previous one stays in force)"))
-	m.Int64ObservableGauge("leasehold.cordons.held", metric.WithDescription("executors a cordon selects that the safety limit keeps routed"),
+	s.lapseCount, _ = m.Int64Counter("leasehold.lease.lapses",
+		metric.WithDescription("lease lapses observed (a session's lease check turned critical), "+
+			"by task"))
+	s.wouldExclude, _ = m.Int64Counter("leasehold.rules.would_exclude",
+		metric.WithDescription("decisions where a rule in observe mode would have excluded a "+
+			"routed executor, by rule and task (once per change)"))
+	s.rulesRejected, _ = m.Int64Counter("leasehold.rules.config_rejected",
+		metric.WithDescription("rollout configurations refused as invalid (the previous one "+
+			"stays in force)"))
+	m.Int64ObservableGauge("leasehold.cordons.held",
+		metric.WithDescription("executors a cordon selects that the safety limit keeps routed"),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
 			if c := s.View().Control; c != nil {
 				n := 0
@@ -58,11 +52,16 @@ func (s *Syncer) initTelemetry() {
 			}
 			return nil
 		}))
-	s.badMeta, _ = m.Int64Counter("leasehold.registrations.bad_metadata", metric.WithDescription("registrations excluded for metadata that breaks the contract (counted once per change)"))
+	s.badMeta, _ = m.Int64Counter("leasehold.registrations.bad_metadata",
+		metric.WithDescription("registrations excluded for metadata that breaks the contract "+
+			"(counted once per change)"))
 	s.buildTime, _ = m.Float64Histogram("leasehold.snapshot.build.duration", metric.WithUnit("s"),
-		metric.WithDescription("time to rebuild the resources of the changed task types for every constraint set"),
+		metric.WithDescription("time to rebuild the resources of the changed task types for "+
+			"every constraint set"),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1))
-	m.Int64ObservableGauge("leasehold.executors", metric.WithDescription("registrations by task, state and verdict for an unconstrained dispatcher"),
+	m.Int64ObservableGauge("leasehold.executors",
+		metric.WithDescription("registrations by task, state and verdict for an unconstrained "+
+			"dispatcher"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			v := s.View()
 			type key struct{ task, state, verdict string }
@@ -81,11 +80,15 @@ func (s *Syncer) initTelemetry() {
 				counts[key{e.Task, state, reason}]++
 			}
 			for k, n := range counts {
-				o.Observe(n, metric.WithAttributes(attribute.String("task", k.task), attribute.String("state", k.state), attribute.String("verdict", k.verdict)))
+				o.Observe(n,
+					metric.WithAttributes(attribute.String("task", k.task),
+						attribute.String("state", k.state), attribute.String("verdict", k.verdict)))
 			}
 			return nil
 		}))
-	m.Int64ObservableGauge("leasehold.capacity", metric.WithDescription("capacity of executors holding a valid lease, by task: kind=total or in_use (their load)"),
+	m.Int64ObservableGauge("leasehold.capacity",
+		metric.WithDescription("capacity of executors holding a valid lease, by task: kind=total "+
+			"or in_use (their load)"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			total, used := map[string]int64{}, map[string]int64{}
 			for _, e := range s.View().Executors() {
@@ -99,23 +102,32 @@ func (s *Syncer) initTelemetry() {
 				}
 			}
 			for task := range total {
-				o.Observe(total[task], metric.WithAttributes(attribute.String("task", task), attribute.String("kind", "total")))
-				o.Observe(used[task], metric.WithAttributes(attribute.String("task", task), attribute.String("kind", "in_use")))
+				o.Observe(total[task],
+					metric.WithAttributes(attribute.String("task", task),
+						attribute.String("kind", "total")))
+				o.Observe(used[task],
+					metric.WithAttributes(attribute.String("task", task),
+						attribute.String("kind", "in_use")))
 			}
 			return nil
 		}))
-	m.Int64ObservableGauge("leasehold.datacenter.reach", metric.WithDescription("per watched datacenter (with several): 0 reached, 1 unanswered (its sessions are answered UNKNOWN), 2 lost (not answered for longer than the staleness bound while another datacenter answers: its executors are not routed)"),
+	m.Int64ObservableGauge("leasehold.datacenter.reach",
+		metric.WithDescription("per watched datacenter (with several): 0 reached, 1 unanswered "+
+			"(its sessions are answered UNKNOWN), 2 lost (not answered for longer than the "+
+			"staleness bound while another datacenter answers: its executors are not routed)"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			v := s.View()
 			if dcs := v.Datacenters(); len(dcs) > 1 {
 				for _, dc := range dcs {
 					i, _ := v.Datacenter(dc)
-					o.Observe(int64(i.Reach), metric.WithAttributes(attribute.String("datacenter", dc)))
+					o.Observe(int64(i.Reach),
+						metric.WithAttributes(attribute.String("datacenter", dc)))
 				}
 			}
 			return nil
 		}))
-	m.Int64ObservableGauge("leasehold.constraint_sets", metric.WithDescription("distinct dispatcher constraint sets with open streams"),
+	m.Int64ObservableGauge("leasehold.constraint_sets",
+		metric.WithDescription("distinct dispatcher constraint sets with open streams"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			o.Observe(s.groupCount.Load())
 			return nil
@@ -126,14 +138,92 @@ func (s *Syncer) initTelemetry() {
 // the change span).
 type execDiff struct{ added, changed, removed int }
 
-// consulIndex is the highest index of any answer from datacenter dc.
-func (s *Syncer) consulIndex(dc string) uint64 {
-	d := s.dc(dc)
-	index := max(d.np.Index(), d.genIndex, d.marksIndex)
-	for k, m := range s.members {
-		if k.dc == dc {
-			index = max(index, m.Index)
+// changeTrace is the trace of one batch that matters (a task type changed or
+// a session lapsed): the root span covers the batch, its children the
+// eligibility decisions, the snapshot build and (publish) each cache update.
+// Its zero value traces nothing.
+type changeTrace struct {
+	tracer      trace.Tracer
+	root, build trace.Span
+}
+
+// traceChange starts the trace of batch r, whose decisions took from started
+// to decided; the context returned carries the root span, if any.
+func (s *Syncer) traceChange(ctx context.Context, r batchResult,
+	started, decided time.Time) (context.Context, changeTrace) {
+	changed, lapses := r.changed, r.lapses
+	if len(changed) == 0 && len(lapses) == 0 {
+		return ctx, changeTrace{}
+	}
+	diff := r.diff
+	ctx, root := s.tracer.Start(ctx, "leasehold.consul_change", trace.WithTimestamp(s.batchStart),
+		trace.WithAttributes(
+			attribute.Int64("consul.index", int64(s.consulIndex(s.localDC()))),
+			attribute.StringSlice("leasehold.tasks_changed", changed),
+			attribute.Int("leasehold.instances.added", diff.added),
+			attribute.Int("leasehold.instances.changed", diff.changed),
+			attribute.Int("leasehold.instances.removed", diff.removed),
+			attribute.Int("leasehold.instances.lapsed", len(lapses)),
+		))
+	for _, e := range lapses {
+		root.AddEvent("lease lapsed", trace.WithAttributes(
+			attribute.String("leasehold.instance_id", e.InstanceID),
+			attribute.String("leasehold.session_id", e.SessionID),
+			attribute.String("leasehold.task", e.Task)))
+	}
+	_, el := s.tracer.Start(ctx, "leasehold.eligibility", trace.WithTimestamp(started),
+		trace.WithAttributes(attribute.Int("leasehold.executors", r.present)))
+	el.End(trace.WithTimestamp(decided))
+	return ctx, changeTrace{tracer: s.tracer, root: root}
+}
+
+// startBuild starts the snapshot build's span, a leaf: the rebuilds are not
+// traced one by one.
+func (t *changeTrace) startBuild(ctx context.Context, groups int, tasks []string) {
+	if t.root == nil {
+		return
+	}
+	_, t.build = t.tracer.Start(ctx, "leasehold.snapshot_build",
+		trace.WithAttributes(attribute.Int("leasehold.groups", groups),
+			attribute.StringSlice("leasehold.tasks", tasks)))
+}
+
+// built records how long the build took since the decisions and ends its
+// span.
+func (s *Syncer) built(ctx context.Context, t *changeTrace, decided time.Time) {
+	s.buildTime.Record(ctx, time.Since(decided).Seconds())
+	if t.build != nil {
+		t.build.End()
+	}
+}
+
+// end ends the batch's trace, once everything it decided is published.
+func (t *changeTrace) end() {
+	if t.root != nil {
+		t.root.End()
+	}
+}
+
+// explainBuild counts and logs what the rules in observe mode would have
+// excluded from a group's load assignment of task (routed all the same) and,
+// at debug level, logs every decision.
+func (s *Syncer) explainBuild(g *group, task string, execs []health.Executor,
+	observed []translator.ObservedDecision) {
+	for _, o := range observed {
+		for _, x := range o.Exclusions {
+			s.wouldExclude.Add(context.Background(), 1,
+				metric.WithAttributes(attribute.String("rule", string(x.Reason)),
+					attribute.String("task", task)))
+			s.log.Info("rule in observe mode would exclude; routed", "rule", x.Reason,
+				"detail", x.Detail, "instance_id", o.InstanceID, "session_id", o.SessionID,
+				"task", task, "group", g.d.Key())
 		}
 	}
-	return index
+	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		for _, d := range translator.Decide(execs, g.d, s.observed(task, g.d)...) {
+			s.log.Debug("decision", "group", g.d.Key(), "task", task,
+				"instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID,
+				"route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
+		}
+	}
 }

@@ -30,7 +30,9 @@ type View struct {
 	NonPassingIndex, GenerationsIndex uint64
 	Local                             string // leasehold's own datacenter ("" with one, unnamed)
 	dcs                               map[string]DCIndexes
-	unmarked                          map[[2]string]struct{} // shared with the syncer: never written
+	// The lapses this replica saw whose marks it has not read back
+	// (LapseUnrecorded); shared with the syncer: never written.
+	unrecorded map[health.SessionKey]struct{}
 
 	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
 	flatOnce sync.Once
@@ -75,7 +77,8 @@ func (v *View) Executors() []health.Executor {
 func (v *View) Datacenter(dc string) (DCIndexes, bool) {
 	i, ok := v.dcs[dc]
 	if !ok && dc == v.Local && v.dcs == nil { // a view not made by a syncer
-		return DCIndexes{ConsulIndex: v.ConsulIndex, NonPassingIndex: v.NonPassingIndex, GenerationsIndex: v.GenerationsIndex, Refreshed: v.Refreshed}, true
+		return DCIndexes{ConsulIndex: v.ConsulIndex, NonPassingIndex: v.NonPassingIndex,
+			GenerationsIndex: v.GenerationsIndex, Refreshed: v.Refreshed}, true
 	}
 	return i, ok
 }
@@ -96,7 +99,7 @@ func (v *View) Datacenters() []string {
 // — the index at which the lapse became final for every replica, which a
 // LAPSED answer carries.
 func (v *View) LapseUnrecorded(instanceID, sessionID string) bool {
-	_, ok := v.unmarked[[2]string{instanceID, sessionID}]
+	_, ok := v.unrecorded[health.SessionKey{Instance: instanceID, Session: sessionID}]
 	return ok
 }
 
@@ -110,7 +113,8 @@ func (v *View) Changed() <-chan struct{} { return v.changed }
 func (s *Syncer) View() *View { return s.view.Load() }
 
 func emptyView() *View {
-	return &View{Groups: []health.Dispatcher{{}}, Control: &ControlState{}, changed: make(chan struct{})}
+	return &View{Groups: []health.Dispatcher{{}}, Control: &ControlState{},
+		changed: make(chan struct{})}
 }
 
 // publishView replaces the view; called by Run only.
@@ -137,15 +141,36 @@ func (s *Syncer) publishView() {
 	}
 	dcs := make(map[string]DCIndexes, len(s.dcs))
 	for name, d := range s.dcs {
-		dcs[name] = DCIndexes{ConsulIndex: s.consulIndex(name), NonPassingIndex: d.np.Index(), GenerationsIndex: d.genIndex, LapsesIndex: d.marksIndex,
-			Refreshed: d.refreshed, Reach: d.reach, ReachDetail: d.reachDetail, ShortestLease: s.shortestLease(name)}
+		dcs[name] = DCIndexes{
+			ConsulIndex:      s.consulIndex(name),
+			NonPassingIndex:  d.np.Index(),
+			GenerationsIndex: d.genIndex,
+			LapsesIndex:      d.marksIndex,
+			Refreshed:        d.refreshed,
+			Reach:            d.reach,
+			ReachDetail:      d.reachDetail,
+			ShortestLease:    s.shortestLease(name),
+		}
 	}
-	if s.unmarkedView == nil && len(s.unmarked) > 0 {
-		s.unmarkedView = maps.Clone(s.unmarked)
+	if s.marks.awaitedView == nil && len(s.marks.awaited) > 0 {
+		s.marks.awaitedView = maps.Clone(s.marks.awaited)
 	}
 	l := dcs[local]
-	v := &View{unmarked: s.unmarkedView, ConsulIndex: index, byTask: byTask, Groups: groups, sessions: s.sessionIx.view(), Synced: s.synced, Control: s.controlState(), Refreshed: l.Refreshed,
-		NonPassingIndex: l.NonPassingIndex, GenerationsIndex: l.GenerationsIndex, Local: local, dcs: dcs, changed: make(chan struct{})}
+	v := &View{
+		ConsulIndex:      index,
+		Groups:           groups,
+		Synced:           s.synced,
+		Control:          s.controlState(),
+		Refreshed:        l.Refreshed,
+		NonPassingIndex:  l.NonPassingIndex,
+		GenerationsIndex: l.GenerationsIndex,
+		Local:            local,
+		dcs:              dcs,
+		unrecorded:       s.marks.awaitedView,
+		byTask:           byTask,
+		sessions:         s.sessionIx.view(),
+		changed:          make(chan struct{}),
+	}
 	old := s.view.Swap(v)
 	close(old.changed)
 }

@@ -19,7 +19,8 @@ func BenchmarkEndpoints(b *testing.B) {
 			for b.Loop() {
 				_, _ = endpointsVersioned("work", es, d)
 			}
-			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n), "ns/endpoint")
+			b.ReportMetric(float64(b.Elapsed().Nanoseconds())/float64(b.N)/float64(n),
+				"ns/endpoint")
 		})
 	}
 }

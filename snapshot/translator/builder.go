@@ -113,16 +113,16 @@ func (a *entry) less(b *entry) bool {
 type Result struct {
 	CLA     *endpointv3.ClusterLoadAssignment
 	Version string // content version: equal on every replica for equal inputs
-	// RemovesOrDrains: an endpoint of the previous build is gone, or no
+	// RemovesOrDrains is set when an endpoint of the previous build is gone, or no
 	// longer HEALTHY (the change must be published at once).
 	RemovesOrDrains bool
 	Decided         int // executors decided afresh (the rest were reused)
-	// Restarted: the Builder started afresh (first build, another
+	// Restarted is set when the Builder started afresh (first build, another
 	// constraint set or other rule modes), so RemovesOrDrains knows nothing
 	// of earlier builds: compare with RemovesOrDrainsBetween(prev, next) instead.
 	Restarted bool
-	// Observed: executors decided afresh that a rule in observe mode would
-	// have excluded (they are routed).
+	// Observed are the executors decided afresh that a rule in observe mode
+	// would have excluded (they are routed).
 	Observed []ObservedDecision
 }
 
@@ -133,7 +133,8 @@ type ObservedDecision struct {
 }
 
 // Build is endpointsVersioned, with reuse.
-func (bl *Builder) Build(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+func (bl *Builder) Build(task string, executors []health.Executor,
+	d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
 	r := bl.BuildPrinted(task, executors, nil, d)
 	return r.CLA, r.Version
 }
@@ -141,7 +142,8 @@ func (bl *Builder) Build(task string, executors []health.Executor, d health.Disp
 // BuildPrinted builds with the executors' fingerprints already computed
 // (prints[i] is ExecutorPrint(&executors[i]); nil: computed here).
 // Rules listed in observe are in observe mode (see health.EligibleObserving).
-func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64, d health.Dispatcher, observe ...health.Reason) Result {
+func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64,
+	d health.Dispatcher, observe ...health.Reason) Result {
 	restarted := bl.restartFor(d, observe)
 	bl.gen++
 	b := build{gen: bl.gen}
@@ -150,7 +152,8 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	bl.settleSockets(&b)
 	removes := b.sendChanges()
 	cla, version := bl.assemble(task, &b, d)
-	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(b.fresh), Observed: b.observed, Restarted: restarted}
+	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(b.fresh),
+		Observed: b.observed, Restarted: restarted}
 }
 
 // build is what the steps of one BuildPrinted hand each other.
@@ -169,17 +172,20 @@ type build struct {
 // restartFor starts afresh when the constraint set, the rule modes or the
 // failover order changed: remembered verdicts are then worthless.
 func (bl *Builder) restartFor(d health.Dispatcher, observe []health.Reason) bool {
-	if bl.started && bl.d.Key() == d.Key() && slices.Equal(bl.observe, observe) && bl.failover.equal(bl.Failover) {
+	if bl.started && bl.d.Key() == d.Key() && slices.Equal(bl.observe, observe) &&
+		bl.failover.equal(bl.Failover) {
 		return false
 	}
 	f := bl.Failover
-	*bl = Builder{Failover: f, failover: f, d: d, observe: slices.Clone(observe), started: true, entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
+	*bl = Builder{Failover: f, failover: f, d: d, observe: slices.Clone(observe), started: true,
+		entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
 	return true
 }
 
 // decide finds each executor's entry by fingerprint, deciding and encoding
 // only those not seen before, and forgets the entries no executor has now.
-func (bl *Builder) decide(b *build, executors []health.Executor, prints []uint64, d health.Dispatcher) {
+func (bl *Builder) decide(b *build, executors []health.Executor, prints []uint64,
+	d health.Dispatcher) {
 	b.all = make([]*entry, 0, len(executors))
 	var buf []byte
 	for i := range executors {
@@ -204,7 +210,9 @@ func (bl *Builder) decide(b *build, executors []health.Executor, prints []uint64
 			bl.entries[p] = en
 			v := health.EligibleObserving(*e, d, bl.observe)
 			if len(v.Observed) > 0 {
-				b.observed = append(b.observed, ObservedDecision{InstanceID: e.InstanceID, SessionID: e.SessionID, Exclusions: v.Observed})
+				b.observed = append(b.observed,
+					ObservedDecision{InstanceID: e.InstanceID, SessionID: e.SessionID,
+						Exclusions: v.Observed})
 			}
 			if bl.route(en, e, v.Route, &buf) {
 				b.fresh = append(b.fresh, en)
@@ -236,12 +244,14 @@ func (bl *Builder) route(en *entry, e *health.Executor, r health.Route, buf *[]b
 	en.e = e
 	*buf = endpointContent((*buf)[:0], e, en.status)
 	zone := e.Labels[ZoneLabel]
-	if e.Datacenter != "" || zone != "" { // its locality (none: one unnamed locality, the content alone)
+	// Its locality (none: one unnamed locality, the content alone).
+	if e.Datacenter != "" || zone != "" {
 		*buf = append(append(append(append(*buf, 0), e.Datacenter...), 0), zone...)
 	}
 	en.loc = bl.localityOf(e.Datacenter, zone)
 	en.digest = fnv64a(*buf)
-	en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID, port: e.Port}
+	en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID,
+		port: e.Port}
 	en.sock, en.claim = health.SocketOf(e.Address, e.Port), health.ClaimOf(e)
 	return true
 }
@@ -349,7 +359,8 @@ func (b *build) sendChanges() bool {
 		}
 		for _, en := range dropped {
 			st, ok := now[en.key] // an endpoint that moved to another zone is no removal
-			if !ok || (en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
+			if !ok ||
+				(en.status == corev3.HealthStatus_HEALTHY && st != corev3.HealthStatus_HEALTHY) {
 				removes = true
 				break
 			}
@@ -367,14 +378,17 @@ func (b *build) sendChanges() bool {
 // assemble makes the load assignment and its content version, which hashes
 // the task and, order-independently, the content digest of each endpoint
 // (the order is a function of the contents) and the localities' layout.
-func (bl *Builder) assemble(task string, b *build, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+func (bl *Builder) assemble(task string, b *build,
+	d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
 	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
 	var sum, xor uint64
 	n := len(b.sorted) - len(b.losers)
 	if n > 0 {
 		var layout uint64
-		cla.Endpoints, layout, sum, xor = assembleLocalities(b.sorted, n, bl.localities, bl.Failover, d.Datacenter)
-		xor ^= layout // the localities' priorities and weights (they follow the dispatcher's datacenter)
+		cla.Endpoints, layout, sum, xor = assembleLocalities(b.sorted, n, bl.localities,
+			bl.Failover, d.Datacenter)
+		// The localities' priorities and weights (they follow the dispatcher's datacenter).
+		xor ^= layout
 	}
 	var vb [8 + 8 + 8 + 8]byte
 	binary.LittleEndian.PutUint64(vb[0:], fnv64a([]byte("cla\x00"+task)))
@@ -464,7 +478,9 @@ func RemovesOrDrainsBetween(prev, next *endpointv3.ClusterLoadAssignment) bool {
 	for _, loc := range prev.GetEndpoints() {
 		for _, lb := range loc.GetLbEndpoints() {
 			now, kept := status[endpointKey(lb)]
-			if !kept || (lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY && now != corev3.HealthStatus_HEALTHY) {
+			if !kept ||
+				(lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY &&
+					now != corev3.HealthStatus_HEALTHY) {
 				return true
 			}
 		}
@@ -475,6 +491,8 @@ func RemovesOrDrainsBetween(prev, next *endpointv3.ClusterLoadAssignment) bool {
 // endpointKey identifies an endpoint across load assignments.
 func endpointKey(lb *endpointv3.LbEndpoint) string {
 	sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-	session := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue()
-	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + strconv.FormatUint(uint64(sa.GetPortValue()), 10) + "|" + session
+	md := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()
+	session := md["session_id"].GetStringValue()
+	port := strconv.FormatUint(uint64(sa.GetPortValue()), 10)
+	return lb.GetEndpoint().GetHostname() + "|" + sa.GetAddress() + "|" + port + "|" + session
 }

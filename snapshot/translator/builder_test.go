@@ -27,7 +27,8 @@ func TestBuilderIncrementalEqualsFresh(t *testing.T) {
 		labels     map[string]string
 		datacenter string
 	}{
-		{"", nil, ""}, {">=1.2.0", nil, ""}, {"", map[string]string{"zone": "a"}, ""}, {"", nil, "dc2"},
+		{"", nil, ""}, {">=1.2.0", nil, ""}, {"", map[string]string{"zone": "a"}, ""},
+		{"", nil, "dc2"},
 	} {
 		d, err := health.NewDispatcher(dc.version, dc.labels)
 		if err != nil {
@@ -52,19 +53,23 @@ func TestBuilderIncrementalEqualsFresh(t *testing.T) {
 			got := bl.BuildPrinted("work", es, nil, d)
 			want := (&Builder{Failover: failover}).BuildPrinted("work", es, nil, d)
 			if !bytes.Equal(marshal(t, got.CLA), marshal(t, want.CLA)) {
-				t.Fatalf("%s step %d: incremental load assignment differs from a fresh build", d.Key(), step)
+				t.Fatalf("%s step %d: incremental load assignment differs from a fresh build",
+					d.Key(), step)
 			}
 			if err := sendsWhatDecideRoutes(got.CLA, es, d); err != nil {
 				t.Fatalf("%s step %d: %v", d.Key(), step, err)
 			}
 			if got.Version != want.Version {
-				t.Fatalf("%s step %d: version %s, fresh %s", d.Key(), step, got.Version, want.Version)
+				t.Fatalf("%s step %d: version %s, fresh %s", d.Key(), step, got.Version,
+					want.Version)
 			}
 			if ref := RemovesOrDrainsBetween(prev.CLA, got.CLA); got.RemovesOrDrains != ref {
-				t.Fatalf("%s step %d: RemovesOrDrains %v, comparing the assignments says %v", d.Key(), step, got.RemovesOrDrains, ref)
+				t.Fatalf("%s step %d: RemovesOrDrains %v, comparing the assignments says %v",
+					d.Key(), step, got.RemovesOrDrains, ref)
 			}
 			if got.Decided > 8*4 {
-				t.Fatalf("step %d: decided %d executors afresh for at most 4 changes", step, got.Decided)
+				t.Fatalf("step %d: decided %d executors afresh for at most 4 changes", step,
+					got.Decided)
 			}
 			prev = got
 		}
@@ -83,12 +88,14 @@ func mutate(r *rand.Rand, es *[]health.Executor) {
 	case 12: // every executor of a datacenter leaves at once (failover)
 		if e.Datacenter != "" {
 			dc := e.Datacenter
-			*es = slices.DeleteFunc(fleet, func(x health.Executor) bool { return x.Datacenter == dc })
+			*es = slices.DeleteFunc(fleet,
+				func(x health.Executor) bool { return x.Datacenter == dc })
 		}
 	case 0:
 		e.Load = r.IntN(10)
 	case 1:
-		e.LeaseStatus = []health.CheckStatus{health.StatusPassing, health.StatusCritical, health.StatusWarning}[r.IntN(3)]
+		e.LeaseStatus = []health.CheckStatus{health.StatusPassing, health.StatusCritical,
+			health.StatusWarning}[r.IntN(3)]
 	case 2:
 		e.State = []health.State{health.StateActive, health.StateDraining}[r.IntN(2)]
 	case 3:
@@ -135,7 +142,8 @@ func marshal(t *testing.T, m proto.Message) []byte {
 
 // sendsWhatDecideRoutes checks a load assignment against Decide: exactly the
 // executors Decide routes are sent, and no socket twice.
-func sendsWhatDecideRoutes(cla *endpointv3.ClusterLoadAssignment, es []health.Executor, d health.Dispatcher) error {
+func sendsWhatDecideRoutes(cla *endpointv3.ClusterLoadAssignment, es []health.Executor,
+	d health.Dispatcher) error {
 	want := map[string]bool{}
 	for _, dec := range Decide(es, d) {
 		if dec.Verdict.Route != health.RouteNone {
@@ -153,12 +161,15 @@ func sendsWhatDecideRoutes(cla *endpointv3.ClusterLoadAssignment, es []health.Ex
 				return fmt.Errorf("two endpoints at %s:%d", sa.GetAddress(), sa.GetPortValue())
 			}
 			sockets[s] = true
-			session := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue()
-			got[fmt.Sprintf("%s|%s|%s|%d", lb.GetEndpoint().GetHostname(), session, sa.GetAddress(), sa.GetPortValue())] = true
+			md := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()
+			session := md["session_id"].GetStringValue()
+			got[fmt.Sprintf("%s|%s|%s|%d", lb.GetEndpoint().GetHostname(), session, sa.GetAddress(),
+				sa.GetPortValue())] = true
 		}
 	}
 	if !maps.Equal(got, want) {
-		return fmt.Errorf("sent %v, Decide routes %v", slices.Sorted(maps.Keys(got)), slices.Sorted(maps.Keys(want)))
+		return fmt.Errorf("sent %v, Decide routes %v", slices.Sorted(maps.Keys(got)),
+			slices.Sorted(maps.Keys(want)))
 	}
 	return nil
 }
@@ -170,10 +181,12 @@ func TestBuilderDuplicateSocket(t *testing.T) {
 	d, _ := health.NewDispatcher("", nil)
 	es := fleettest.Executors(3)
 	twin := es[1]
-	twin.InstanceID, twin.ServiceID = "exec-000000a", "work:exec-000000a" // sorts after exec-000000, before exec-000001
+	// Sorts after exec-000000, before exec-000001.
+	twin.InstanceID, twin.ServiceID = "exec-000000a", "work:exec-000000a"
 	es = append(es, twin)
 	oldSession := es[2]
-	oldSession.SessionID, oldSession.Generation = "old", 0 // the same instance's older session, fencing observed
+	// The same instance's older session, fencing observed.
+	oldSession.SessionID, oldSession.Generation = "old", 0
 	es = append(es, oldSession)
 	bl := &Builder{}
 	r := bl.BuildPrinted("work", es, nil, d)
@@ -183,23 +196,28 @@ func TestBuilderDuplicateSocket(t *testing.T) {
 	sent := func(cla *endpointv3.ClusterLoadAssignment) []string {
 		var out []string
 		for _, lb := range cla.GetEndpoints()[0].GetLbEndpoints() {
-			out = append(out, lb.GetEndpoint().GetHostname()+"/"+lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()["session_id"].GetStringValue())
+			md := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()
+			out = append(out, lb.GetEndpoint().GetHostname()+"/"+md["session_id"].GetStringValue())
 		}
 		return out
 	}
-	if got := sent(r.CLA); !slices.Equal(got, []string{"exec-000000/s", "exec-000000a/s", "exec-000002/s"}) {
-		t.Fatalf("sent %v: want the lowest instance id at exec-000001's socket and the newest session at exec-000002's", got)
+	if got := sent(r.CLA); !slices.Equal(got,
+		[]string{"exec-000000/s", "exec-000000a/s", "exec-000002/s"}) {
+		t.Fatalf("sent %v: want the lowest instance id at exec-000001's socket and the newest "+
+			"session at exec-000002's", got)
 	}
 	for _, dec := range Decide(es, d) {
 		lost := dec.Executor.InstanceID == "exec-000001" || dec.Executor.SessionID == "old"
 		if lost != (dec.Verdict.Reason == health.ReasonDuplicateAddress) {
-			t.Fatalf("%s/%s: %s (%s)", dec.Executor.InstanceID, dec.Executor.SessionID, dec.Verdict.Reason, dec.Verdict.Detail)
+			t.Fatalf("%s/%s: %s (%s)", dec.Executor.InstanceID, dec.Executor.SessionID,
+				dec.Verdict.Reason, dec.Verdict.Detail)
 		}
 	}
 	// The winner lapses: the other claimant is sent at that socket instead.
 	es[3].LeaseStatus = health.StatusCritical
 	r2 := bl.BuildPrinted("work", es, nil, d)
-	if got := sent(r2.CLA); !slices.Equal(got, []string{"exec-000000/s", "exec-000001/s", "exec-000002/s"}) {
+	if got := sent(r2.CLA); !slices.Equal(got,
+		[]string{"exec-000000/s", "exec-000001/s", "exec-000002/s"}) {
 		t.Fatalf("after the winner lapsed: %v", got)
 	}
 	if !r2.RemovesOrDrains || r2.RemovesOrDrains != RemovesOrDrainsBetween(r.CLA, r2.CLA) {
@@ -211,7 +229,8 @@ func TestBuilderDuplicateSocket(t *testing.T) {
 	}
 	// Reversed input: the same bytes.
 	slices.Reverse(es)
-	if rev := (&Builder{}).BuildPrinted("work", es, nil, d); rev.Version != r2.Version || !bytes.Equal(marshal(t, rev.CLA), marshal(t, r2.CLA)) {
+	if rev := (&Builder{}).BuildPrinted("work", es, nil, d); rev.Version != r2.Version ||
+		!bytes.Equal(marshal(t, rev.CLA), marshal(t, r2.CLA)) {
 		t.Fatal("input order changed the output")
 	}
 }

@@ -31,19 +31,26 @@ type endpointBatch struct {
 
 func newEndpointBatch(n int) *endpointBatch {
 	return &endpointBatch{
-		lbs: make([]endpointv3.LbEndpoint, n), hostIDs: make([]endpointv3.LbEndpoint_Endpoint, n),
-		eps: make([]endpointv3.Endpoint, n), addrs: make([]corev3.Address, n),
-		sockets: make([]corev3.Address_SocketAddress, n), sas: make([]corev3.SocketAddress, n),
-		ports: make([]corev3.SocketAddress_PortValue, n), weights: make([]wrapperspb.UInt32Value, n),
-		mds: make([]corev3.Metadata, n), structs: make([]structpb.Struct, n),
-		values: make([]structpb.Value, 3*n), strs: make([]structpb.Value_StringValue, 3*n),
+		lbs:     make([]endpointv3.LbEndpoint, n),
+		hostIDs: make([]endpointv3.LbEndpoint_Endpoint, n),
+		eps:     make([]endpointv3.Endpoint, n),
+		addrs:   make([]corev3.Address, n),
+		sockets: make([]corev3.Address_SocketAddress, n),
+		sas:     make([]corev3.SocketAddress, n),
+		ports:   make([]corev3.SocketAddress_PortValue, n),
+		weights: make([]wrapperspb.UInt32Value, n),
+		mds:     make([]corev3.Metadata, n),
+		structs: make([]structpb.Struct, n),
+		values:  make([]structpb.Value, 3*n),
+		strs:    make([]structpb.Value_StringValue, 3*n),
 	}
 }
 
 // lbEndpoint is the endpoint of e: its address, the instance id as
 // hostname, weight from spare capacity, and instance, session and version as
 // metadata (what a dispatcher reports and fences on).
-func (b *endpointBatch) lbEndpoint(e *health.Executor, status corev3.HealthStatus) *endpointv3.LbEndpoint {
+func (b *endpointBatch) lbEndpoint(e *health.Executor,
+	status corev3.HealthStatus) *endpointv3.LbEndpoint {
 	i := b.i
 	b.i++
 	str := func(k int, s string) *structpb.Value {

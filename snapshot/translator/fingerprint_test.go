@@ -13,7 +13,8 @@ import (
 // version or labels.
 func healthyExecutor() health.Executor {
 	return health.Executor{
-		Registration: health.Registration{InstanceID: "i", SessionID: "s", Generation: 1, Task: "work", Address: "10.0.0.1",
+		Registration: health.Registration{InstanceID: "i", SessionID: "s", Generation: 1,
+			Task: "work", Address: "10.0.0.1",
 			Port: 9000, Version: "1.0.0", Capacity: 4, State: health.StateActive},
 		ServiceID: "work:i", Node: "n", LeaseFound: true, LeaseStatus: health.StatusPassing,
 	}
@@ -49,14 +50,18 @@ func TestExecutorPrintFieldBoundaries(t *testing.T) {
 	}{
 		{"node and datacenter", func(e *health.Executor) { e.Node, e.Datacenter = "n\x00dc", "" },
 			func(e *health.Executor) { e.Node, e.Datacenter = "n", "dc\x00" }},
-		{"cordon id and reason", func(e *health.Executor) { e.CordonID, e.CordonReason = "c1\x00why", "" },
+		{"cordon id and reason",
+			func(e *health.Executor) { e.CordonID, e.CordonReason = "c1\x00why", "" },
 			func(e *health.Executor) { e.CordonID, e.CordonReason = "c1", "why\x00" }},
-		{"cordon reason and held", func(e *health.Executor) { e.CordonReason, e.CordonHeld = "r\x00", "" },
+		{"cordon reason and held",
+			func(e *health.Executor) { e.CordonReason, e.CordonHeld = "r\x00", "" },
 			func(e *health.Executor) { e.CordonReason, e.CordonHeld = "r", "\x00" }},
 		{"replaces and error", func(e *health.Executor) { e.Replaces = []string{"x\x00"} },
 			func(e *health.Executor) { e.Replaces, e.Err = []string{"x"}, errors.New("") }},
 		{"error absent or empty", func(e *health.Executor) { e.Err = errors.New("") },
-			func(e *health.Executor) { e.LeaseFound, e.LeaseStatus = false, "\x01"+health.StatusPassing }},
+			func(e *health.Executor) {
+				e.LeaseFound, e.LeaseStatus = false, "\x01"+health.StatusPassing
+			}},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			a, b := healthyExecutor(), healthyExecutor()
@@ -106,7 +111,8 @@ func TestExecutorPrintCoversEveryField(t *testing.T) {
 			case f.Type() == reflect.TypeFor[error]():
 				f.Set(reflect.ValueOf(errors.New("bad")))
 			default:
-				t.Errorf("%s (%s): no way to change it here; give it a line in appendPrint and a case here", name, f.Type())
+				t.Errorf("%s (%s): no way to change it here; give it a line in appendPrint and a "+
+					"case here", name, f.Type())
 				continue
 			}
 			if ExecutorPrint(&base) == basePrint {

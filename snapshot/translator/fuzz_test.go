@@ -30,20 +30,31 @@ func FuzzTranslate(f *testing.F) {
 			return
 		}
 		rng := rand.New(rand.NewPCG(seed, uint64(n)))
-		statuses := []health.CheckStatus{health.StatusPassing, health.StatusWarning, health.StatusCritical, "", "maintenance"}
+		statuses := []health.CheckStatus{health.StatusPassing, health.StatusWarning,
+			health.StatusCritical, "", "maintenance"}
 		versions := []string{"1.0.0", "1.5.2", "2.0.0", "0.9.0-rc.1", "garbage"}
 		var es []health.Executor
-		addresses := []string{"10.0.0.0", "10.0.0.1", "::ffff:10.0.0.1", "10.0.0.3", "exec.internal"}
+		addresses := []string{"10.0.0.0", "10.0.0.1", "::ffff:10.0.0.1", "10.0.0.3",
+			"exec.internal"}
 		for i := range int(n) {
 			e := health.Executor{
 				Registration: health.Registration{
-					InstanceID: fmt.Sprintf("i%d", rng.IntN(8)), SessionID: fmt.Sprintf("s%d", rng.IntN(3)), Generation: uint64(rng.IntN(4) + 1),
-					Task: "work", Address: addresses[rng.IntN(len(addresses))], Port: 9000 + i%4 + rng.IntN(2), Version: versions[rng.IntN(len(versions))],
-					Capacity: rng.IntN(300), State: []health.State{health.StateActive, health.StateDraining}[rng.IntN(2)],
+					InstanceID: fmt.Sprintf("i%d", rng.IntN(8)),
+					SessionID:  fmt.Sprintf("s%d", rng.IntN(3)),
+					Generation: uint64(rng.IntN(4) + 1),
+					Task:       "work",
+					Address:    addresses[rng.IntN(len(addresses))],
+					Port:       9000 + i%4 + rng.IntN(2),
+					Version:    versions[rng.IntN(len(versions))],
+					Capacity:   rng.IntN(300),
+					State: []health.State{health.StateActive,
+						health.StateDraining}[rng.IntN(2)],
 				},
-				ServiceID: fmt.Sprintf("work:i%d-%d", i, rng.IntN(3)), Node: fmt.Sprintf("n%d", rng.IntN(3)),
+				ServiceID:   fmt.Sprintf("work:i%d-%d", i, rng.IntN(3)),
+				Node:        fmt.Sprintf("n%d", rng.IntN(3)),
 				LeaseStatus: statuses[rng.IntN(len(statuses))], LeaseFound: rng.IntN(5) > 0,
-				NodeChecks: statuses[rng.IntN(3)], Load: rng.IntN(400), LapseSeen: rng.IntN(10) == 0,
+				NodeChecks: statuses[rng.IntN(3)], Load: rng.IntN(400),
+				LapseSeen: rng.IntN(10) == 0,
 			}
 			if rng.IntN(10) == 0 {
 				e.Err = fmt.Errorf("bad metadata")
@@ -52,7 +63,10 @@ func FuzzTranslate(f *testing.F) {
 		}
 		health.Fence(es, nil)
 		cla, version := endpointsVersioned("work", es, d)
-		if err := Consistent([]*listenerv3.Listener{Listener("work")}, []*routev3.RouteConfiguration{Route("work")}, []*clusterv3.Cluster{Cluster("work", health.DefaultLBPolicy)}, []*endpointv3.ClusterLoadAssignment{cla}); err != nil {
+		if err := Consistent([]*listenerv3.Listener{Listener("work")},
+			[]*routev3.RouteConfiguration{Route("work")},
+			[]*clusterv3.Cluster{Cluster("work", health.DefaultLBPolicy)},
+			[]*endpointv3.ClusterLoadAssignment{cla}); err != nil {
 			t.Fatal(err)
 		}
 		routable := map[string]bool{}
@@ -67,7 +81,8 @@ func FuzzTranslate(f *testing.F) {
 			}
 			for _, lb := range loc.GetLbEndpoints() {
 				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
-				key := fmt.Sprintf("%s|%s|%d", lb.GetEndpoint().GetHostname(), sa.GetAddress(), sa.GetPortValue())
+				key := fmt.Sprintf("%s|%s|%d", lb.GetEndpoint().GetHostname(), sa.GetAddress(),
+					sa.GetPortValue())
 				if !routable[key] {
 					t.Fatalf("endpoint %s is not eligible", key)
 				}
@@ -81,7 +96,8 @@ func FuzzTranslate(f *testing.F) {
 		}
 		for _, loc := range cla.GetEndpoints() {
 			for _, lb := range loc.GetLbEndpoints() {
-				if a := lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress(); net.ParseIP(a) == nil {
+				a := lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
+				if net.ParseIP(a) == nil {
 					t.Fatalf("endpoint address %q is not an IP address", a)
 				}
 			}
@@ -115,7 +131,8 @@ func FuzzExecutorPrint(f *testing.F) {
 		}
 		for _, d := range fuzzDispatchers(a, b) {
 			if va, vb := health.Eligible(a, d), health.Eligible(b, d); !reflect.DeepEqual(va, vb) {
-				t.Fatalf("executors sharing a print are decided differently for %s: %+v vs %+v", d.Key(), va, vb)
+				t.Fatalf("executors sharing a print are decided differently for %s: %+v vs %+v",
+					d.Key(), va, vb)
 			}
 		}
 	})

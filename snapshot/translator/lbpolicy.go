@@ -44,20 +44,24 @@ func loadBalancingPolicy(p health.LBPolicy) *clusterv3.LoadBalancingPolicy {
 	case health.LBRoundRobin:
 		pick = rr
 	case health.LBLeastRequest:
-		pick = policy("envoy.load_balancing_policies.least_request", &leastrequestv3.LeastRequest{ChoiceCount: wrapperspb.UInt32(2)})
+		pick = policy("envoy.load_balancing_policies.least_request",
+			&leastrequestv3.LeastRequest{ChoiceCount: wrapperspb.UInt32(2)})
 	default:
-		pick = policy("envoy.load_balancing_policies.client_side_weighted_round_robin", &cswrrv3.ClientSideWeightedRoundRobin{
-			BlackoutPeriod:         durationpb.New(wrrBlackoutPeriod),
-			WeightUpdatePeriod:     durationpb.New(wrrWeightUpdate),
-			WeightExpirationPeriod: durationpb.New(wrrWeightExpiration),
-		})
+		pick = policy("envoy.load_balancing_policies.client_side_weighted_round_robin",
+			&cswrrv3.ClientSideWeightedRoundRobin{
+				BlackoutPeriod:         durationpb.New(wrrBlackoutPeriod),
+				WeightUpdatePeriod:     durationpb.New(wrrWeightUpdate),
+				WeightExpirationPeriod: durationpb.New(wrrWeightExpiration),
+			})
 	}
 	inner := []*clusterv3.LoadBalancingPolicy_Policy{pick}
 	if pick != rr {
 		inner = append(inner, rr)
 	}
 	outer := []*clusterv3.LoadBalancingPolicy_Policy{
-		policy("envoy.load_balancing_policies.wrr_locality", &wrrlocalityv3.WrrLocality{EndpointPickingPolicy: &clusterv3.LoadBalancingPolicy{Policies: inner}}),
+		policy("envoy.load_balancing_policies.wrr_locality", &wrrlocalityv3.WrrLocality{
+			EndpointPickingPolicy: &clusterv3.LoadBalancingPolicy{Policies: inner},
+		}),
 	}
 	return &clusterv3.LoadBalancingPolicy{Policies: append(outer, inner...)}
 }
@@ -67,5 +71,7 @@ func policy(name string, m proto.Message) *clusterv3.LoadBalancingPolicy_Policy 
 	if err != nil {
 		panic(err) // a fixed, valid message
 	}
-	return &clusterv3.LoadBalancingPolicy_Policy{TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: name, TypedConfig: a}}
+	return &clusterv3.LoadBalancingPolicy_Policy{
+		TypedExtensionConfig: &corev3.TypedExtensionConfig{Name: name, TypedConfig: a},
+	}
 }

@@ -46,7 +46,10 @@ func (f Failover) rank(dispatcherDC, dc string) int {
 	return r
 }
 
-func (f Failover) equal(g Failover) bool { return f.Local == g.Local && slices.Equal(f.Order, g.Order) }
+func (f Failover) equal(g Failover) bool {
+	return f.Local == g.Local &&
+		slices.Equal(f.Order, g.Order)
+}
 
 // locality is one (datacenter, zone) of a build, its endpoints in order.
 type locality struct {
@@ -61,9 +64,11 @@ type locality struct {
 // with a digest of the layout (each locality's place, priority and weight)
 // and the order-independent sums of the endpoints' digests (sum, xor), for
 // the content version (one pass over the endpoints).
-func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover, dispatcherDC string) (_ []*endpointv3.LocalityLbEndpoints, layout, sum, xor uint64) {
+func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover,
+	dispatcherDC string) (_ []*endpointv3.LocalityLbEndpoints, layout, sum, xor uint64) {
 	var locs []*locality
-	all := make([]*endpointv3.LbEndpoint, 0, n) // one array: each locality's endpoints are a part of it
+	// One array: each locality's endpoints are a part of it.
+	all := make([]*endpointv3.LbEndpoint, 0, n)
 	start := 0
 	for _, en := range sorted {
 		if en.lost {
@@ -75,7 +80,8 @@ func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover
 				start = len(all)
 			}
 			name := names[en.loc]
-			locs = append(locs, &locality{id: en.loc, localityName: name, rank: f.rank(dispatcherDC, name.dc)})
+			locs = append(locs,
+				&locality{id: en.loc, localityName: name, rank: f.rank(dispatcherDC, name.dc)})
 		}
 		all = append(all, en.lb)
 		m := mix64(en.digest)
@@ -85,7 +91,8 @@ func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover
 	if len(locs) > 0 {
 		locs[len(locs)-1].lbs = all[start:len(all):len(all)]
 	}
-	slices.SortFunc(locs, func(a, b *locality) int { // by priority, then by name: the same on every replica
+	// By priority, then by name: the same on every replica.
+	slices.SortFunc(locs, func(a, b *locality) int {
 		if a.rank != b.rank {
 			return a.rank - b.rank
 		}
@@ -101,7 +108,8 @@ func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover
 		if i > 0 && (l.rank != locs[i-1].rank || l.dc != locs[i-1].dc) {
 			priority++
 		}
-		out[i] = &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: l.dc, Zone: l.zone}, LbEndpoints: l.lbs, Priority: priority}
+		out[i] = &endpointv3.LocalityLbEndpoints{Locality: &corev3.Locality{Region: l.dc,
+			Zone: l.zone}, LbEndpoints: l.lbs, Priority: priority}
 		perPriority[priority]++
 	}
 	// layout stays 0 for one locality without names: the content alone versions it
@@ -114,7 +122,8 @@ func assembleLocalities(sorted []*entry, n int, names []localityName, f Failover
 		if perPriority[l.Priority] > 1 {
 			var sum uint64
 			for _, lb := range l.LbEndpoints {
-				if lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY { // draining ones take no new work
+				// Draining ones take no new work.
+				if lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY {
 					sum += uint64(lb.GetLoadBalancingWeight().GetValue())
 				}
 			}

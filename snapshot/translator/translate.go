@@ -95,9 +95,10 @@ func Cluster(task string, lb health.LBPolicy) *clusterv3.Cluster {
 			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": proto,
 		},
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
-		EdsClusterConfig:     &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource(), ServiceName: task},
-		LoadBalancingPolicy:  loadBalancingPolicy(lb),
-		ConnectTimeout:       durationpb.New(time.Second),
+		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource(),
+			ServiceName: task},
+		LoadBalancingPolicy: loadBalancingPolicy(lb),
+		ConnectTimeout:      durationpb.New(time.Second),
 	}
 }
 
@@ -141,7 +142,8 @@ func Decide(executors []health.Executor, d health.Dispatcher, observe ...health.
 // the load assignment: eligible executors HEALTHY, draining ones DRAINING,
 // weights from capacity. Executors must all serve task; the output is
 // sorted, so equal inputs give byte-identical resources.
-func Endpoints(task string, executors []health.Executor, d health.Dispatcher) *endpointv3.ClusterLoadAssignment {
+func Endpoints(task string, executors []health.Executor,
+	d health.Dispatcher) *endpointv3.ClusterLoadAssignment {
 	cla, _ := endpointsVersioned(task, executors, d)
 	return cla
 }
@@ -150,7 +152,8 @@ func Endpoints(task string, executors []health.Executor, d health.Dispatcher) *e
 // computed from the decided inputs rather than by marshalling: the load
 // assignment is a pure function of them, so equal inputs give equal versions
 // on every replica, at a fraction of the cost.
-func endpointsVersioned(task string, executors []health.Executor, d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
+func endpointsVersioned(task string, executors []health.Executor,
+	d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
 	return (&Builder{}).Build(task, executors, d)
 }
 
@@ -169,7 +172,8 @@ func weight(e health.Executor) uint32 {
 func Version(m proto.Message) string {
 	b, err := proto.MarshalOptions{Deterministic: true}.Marshal(m)
 	if err != nil {
-		panic(fmt.Sprintf("marshal %T: %v", m, err)) // only invalid UTF-8 fails, and names are validated
+		// Only invalid UTF-8 fails, and names are validated.
+		panic(fmt.Sprintf("marshal %T: %v", m, err))
 	}
 	sum := sha256.Sum256(b)
 	return hex.EncodeToString(sum[:8])
@@ -178,7 +182,8 @@ func Version(m proto.Message) string {
 // Consistent checks that the resources of a set of tasks reference each
 // other: every listener's route, every route's cluster and every cluster's
 // endpoints exist.
-func Consistent(listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration, clusters []*clusterv3.Cluster, loads []*endpointv3.ClusterLoadAssignment) error {
+func Consistent(listeners []*listenerv3.Listener, routes []*routev3.RouteConfiguration,
+	clusters []*clusterv3.Cluster, loads []*endpointv3.ClusterLoadAssignment) error {
 	names := func(n int, name func(int) string) map[string]bool {
 		m := make(map[string]bool, n)
 		for i := range n {

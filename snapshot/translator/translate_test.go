@@ -28,12 +28,15 @@ func TestTranslateGolden(t *testing.T) {
 		fleettest.ProtoGolden(t, "cluster-"+string(p)+".json", Cluster("transcode", p))
 	}
 	for name, d := range map[string]health.Dispatcher{"any": any, "strict": strict} {
-		cla, decisions := Endpoints("transcode", fleettest.GoldenFleet(), d), Decide(fleettest.GoldenFleet(), d)
+		cla, decisions := Endpoints("transcode", fleettest.GoldenFleet(),
+			d), Decide(fleettest.GoldenFleet(), d)
 		fleettest.ProtoGolden(t, "endpoints-"+name+".json", cla)
 		type row struct{ Instance, Session, Route, Reason string }
 		var rows []row
 		for _, dec := range decisions {
-			rows = append(rows, row{dec.Executor.InstanceID, dec.Executor.SessionID, string(dec.Verdict.Route), string(dec.Verdict.Reason)})
+			rows = append(rows,
+				row{dec.Executor.InstanceID, dec.Executor.SessionID, string(dec.Verdict.Route),
+					string(dec.Verdict.Reason)})
 		}
 		b, _ := json.MarshalIndent(rows, "", "  ")
 		fleettest.Golden(t, "decisions-"+name+".json", append(b, '\n'))
@@ -87,9 +90,11 @@ func TestWeightClamp(t *testing.T) {
 		capacity, load int
 		want           uint32
 	}{
-		{4, 1, 4}, {4, 4, 4}, {4, 9, 4}, {500, 0, 128}, {128, 0, 128}, {1, 0, 1}, {0, 0, 1}, // the load never counts
+		// The load never counts.
+		{4, 1, 4}, {4, 4, 4}, {4, 9, 4}, {500, 0, 128}, {128, 0, 128}, {1, 0, 1}, {0, 0, 1},
 	} {
-		e := health.Executor{Registration: health.Registration{Capacity: tt.capacity}, Load: tt.load}
+		e := health.Executor{Registration: health.Registration{Capacity: tt.capacity},
+			Load: tt.load}
 		if got := weight(e); got != tt.want {
 			t.Errorf("weight(cap %d, load %d) = %d, want %d", tt.capacity, tt.load, got, tt.want)
 		}
@@ -99,7 +104,10 @@ func TestWeightClamp(t *testing.T) {
 func TestConsistent(t *testing.T) {
 	any, _ := health.NewDispatcher("", nil)
 	cla := Endpoints("t", nil, any)
-	ok := Consistent([]*listenerv3.Listener{Listener("t")}, []*routev3.RouteConfiguration{Route("t")}, []*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy)}, []*endpointv3.ClusterLoadAssignment{cla})
+	ok := Consistent([]*listenerv3.Listener{Listener("t")},
+		[]*routev3.RouteConfiguration{Route("t")},
+		[]*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy)},
+		[]*endpointv3.ClusterLoadAssignment{cla})
 	if ok != nil {
 		t.Fatal(ok)
 	}
@@ -109,7 +117,8 @@ func TestConsistent(t *testing.T) {
 	if err := Consistent(nil, []*routev3.RouteConfiguration{Route("t")}, nil, nil); err == nil {
 		t.Fatal("missing cluster not detected")
 	}
-	if err := Consistent(nil, nil, []*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy)}, nil); err == nil {
+	if err := Consistent(nil, nil, []*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy)},
+		nil); err == nil {
 		t.Fatal("missing endpoints not detected")
 	}
 }

@@ -67,14 +67,16 @@ type groupSnapshot struct {
 	versions map[string]map[string]string
 }
 
-func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
+func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription,
+	out chan cache.Response) (func(), error) {
 	if err := c.useForm(context.Background(), req.GetNode()); err != nil {
 		return nil, err
 	}
 	return c.sotw.CreateWatch(req, sub, out)
 }
 
-func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription, out chan cache.DeltaResponse) (func(), error) {
+func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription,
+	out chan cache.DeltaResponse) (func(), error) {
 	if err := c.useForm(context.Background(), req.GetNode()); err != nil {
 		return nil, err
 	}
@@ -120,7 +122,8 @@ func (c *Cache) useForm(ctx context.Context, node *corev3.Node) error {
 
 // Set publishes a group's snapshot, and the forms derived from it;
 // versions holds each resource's content version by type URL and name.
-func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot, versions map[string]map[string]string) error {
+func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot,
+	versions map[string]map[string]string) error {
 	c.forms.mu.Lock()
 	defer c.forms.mu.Unlock()
 	if err := c.delta.SetSnapshot(ctx, group, snap); err != nil {

@@ -54,7 +54,8 @@ func TestCLAEncoderMatchesProtoMarshal(t *testing.T) {
 		}
 		want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(cla)
 		if !bytes.Equal(got, want) {
-			t.Fatalf("round %d: encoder bytes differ from proto.Marshal (%d vs %d bytes)", round, len(got), len(want))
+			t.Fatalf("round %d: encoder bytes differ from proto.Marshal (%d vs %d bytes)", round,
+				len(got), len(want))
 		}
 		if round > 0 && before > 0 && len(enc.prev) == 0 {
 			t.Fatalf("round %d: nothing kept for the next version", round)
@@ -89,20 +90,28 @@ func TestCLAEncoderReusesUnchangedEndpoints(t *testing.T) {
 
 // Fields the Builder never sets are written where proto.Marshal writes them.
 func TestCLAEncoderOtherShapes(t *testing.T) {
-	md, _ := structpb.NewStruct(map[string]any{"b": "x", "a": map[string]any{"z": 1.0, "y": []any{"q", true}}})
+	md, _ := structpb.NewStruct(map[string]any{"b": "x",
+		"a": map[string]any{"z": 1.0, "y": []any{"q", true}}})
 	lb := func(host string, port uint32) *endpointv3.LbEndpoint {
+		socket := &corev3.SocketAddress{
+			Address:       "10.0.0.1",
+			PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port},
+		}
+		address := &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: socket}}
 		return &endpointv3.LbEndpoint{
 			HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
 				Hostname: host,
-				Address: &corev3.Address{Address: &corev3.Address_SocketAddress{SocketAddress: &corev3.SocketAddress{
-					Address: "10.0.0.1", PortSpecifier: &corev3.SocketAddress_PortValue{PortValue: port}}}},
+				Address:  address,
 			}},
-			HealthStatus:        corev3.HealthStatus_HEALTHY,
-			Metadata:            &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"m": md, "a": md}},
+			HealthStatus: corev3.HealthStatus_HEALTHY,
+			Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"m": md,
+				"a": md}},
 			LoadBalancingWeight: wrapperspb.UInt32(port % 7),
 		}
 	}
-	named := &endpointv3.LbEndpoint{HostIdentifier: &endpointv3.LbEndpoint_EndpointName{EndpointName: "n"}}
+	named := &endpointv3.LbEndpoint{
+		HostIdentifier: &endpointv3.LbEndpoint_EndpointName{EndpointName: "n"},
+	}
 	cases := map[string]*endpointv3.ClusterLoadAssignment{
 		"empty":       {},
 		"name only":   {ClusterName: "work"},
@@ -110,12 +119,20 @@ func TestCLAEncoderOtherShapes(t *testing.T) {
 		"everything": {
 			ClusterName: "work",
 			Endpoints: []*endpointv3.LocalityLbEndpoints{
-				{Locality: &corev3.Locality{Region: "r", Zone: "z"}, Metadata: &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{"l": md}},
-					LbEndpoints: []*endpointv3.LbEndpoint{lb("a", 1), named, lb("b", 2)}, LoadBalancingWeight: wrapperspb.UInt32(3), Priority: 1, Proximity: wrapperspb.UInt32(2)},
+				{Locality: &corev3.Locality{Region: "r", Zone: "z"},
+					Metadata: &corev3.Metadata{
+						FilterMetadata: map[string]*structpb.Struct{"l": md},
+					},
+					LbEndpoints:         []*endpointv3.LbEndpoint{lb("a", 1), named, lb("b", 2)},
+					LoadBalancingWeight: wrapperspb.UInt32(3), Priority: 1,
+					Proximity: wrapperspb.UInt32(2)},
 				{LbEndpoints: []*endpointv3.LbEndpoint{lb("c", 3)}, Priority: 2},
 			},
-			Policy:         &endpointv3.ClusterLoadAssignment_Policy{OverprovisioningFactor: wrapperspb.UInt32(140), WeightedPriorityHealth: true},
-			NamedEndpoints: map[string]*endpointv3.Endpoint{"y": {Hostname: "y"}, "x": {Hostname: "x"}},
+			Policy: &endpointv3.ClusterLoadAssignment_Policy{
+				OverprovisioningFactor: wrapperspb.UInt32(140), WeightedPriorityHealth: true,
+			},
+			NamedEndpoints: map[string]*endpointv3.Endpoint{"y": {Hostname: "y"},
+				"x": {Hostname: "x"}},
 		},
 	}
 	for name, cla := range cases {
@@ -127,13 +144,17 @@ func TestCLAEncoderOtherShapes(t *testing.T) {
 			}
 			want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(cla)
 			if !bytes.Equal(got, want) {
-				t.Fatalf("%s: encoder bytes differ from proto.Marshal:\n got %x\nwant %x", name, got, want)
+				t.Fatalf("%s: encoder bytes differ from proto.Marshal:\n got %x\nwant %x", name,
+					got, want)
 			}
 		}
 	}
 	// Unknown fields: marshalled whole.
-	withUnknown := &endpointv3.ClusterLoadAssignment{ClusterName: "work", Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{lb("a", 1)}}}}
-	withUnknown.Endpoints[0].ProtoReflect().SetUnknown([]byte{0xf8, 0x3e, 0x01}) // field 999, varint 1
+	withUnknown := &endpointv3.ClusterLoadAssignment{ClusterName: "work",
+		Endpoints: []*endpointv3.LocalityLbEndpoints{{LbEndpoints: []*endpointv3.LbEndpoint{lb("a",
+			1)}}}}
+	// Field 999, varint 1.
+	withUnknown.Endpoints[0].ProtoReflect().SetUnknown([]byte{0xf8, 0x3e, 0x01})
 	var enc claEncoder
 	got, err := enc.marshal(withUnknown)
 	want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(withUnknown)

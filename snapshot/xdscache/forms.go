@@ -31,13 +31,13 @@ const NodeMetaEndpointMetadata = "endpoint_metadata"
 type EndpointMetadata string
 
 const (
-	// MetadataFull: instance_id, session_id and version (the default).
+	// MetadataFull sends instance_id, session_id and version (the default).
 	MetadataFull EndpointMetadata = "full"
-	// MetadataSession: session_id only — what a dispatcher fences on; the
+	// MetadataSession sends session_id only, what a dispatcher fences on: the
 	// instance id is the endpoint's hostname, and the version satisfies
 	// the dispatcher's own constraint.
 	MetadataSession EndpointMetadata = "session"
-	// MetadataNone: no metadata (a gRPC client does not hand endpoint
+	// MetadataNone sends no metadata (a gRPC client does not hand endpoint
 	// metadata to the application; the executor's own answer can name its
 	// session, as the example dispatcher's does).
 	MetadataNone EndpointMetadata = "none"
@@ -57,7 +57,8 @@ func EndpointMetadataOf(node *corev3.Node) (EndpointMetadata, error) {
 			return f, nil
 		}
 	}
-	fe := &health.FieldError{Field: "node.metadata." + NodeMetaEndpointMetadata, Reason: `must be one of "full", "session", "none"`}
+	fe := &health.FieldError{Field: "node.metadata." + NodeMetaEndpointMetadata,
+		Reason: `must be one of "full", "session", "none"`}
 	if isStr {
 		fe.Value = truncate(s.StringValue, 64)
 	}
@@ -106,7 +107,8 @@ type formState struct {
 // load assignments whose endpoints carry the form's metadata, versioned
 // "<content version>-<form>" (so a form's bytes never share a version with
 // another's, and every replica derives the same).
-func (fs *formState) derive(snap *cache.Snapshot, versions map[string]map[string]string) (*cache.Snapshot, map[string]map[string]string) {
+func (fs *formState) derive(snap *cache.Snapshot,
+	versions map[string]map[string]string) (*cache.Snapshot, map[string]map[string]string) {
 	out := make(map[string]map[string]string, len(versions))
 	for typeURL, vs := range versions {
 		out[typeURL] = vs
@@ -139,7 +141,8 @@ func (fs *formState) derive(snap *cache.Snapshot, versions map[string]map[string
 
 // cla is a copy of cla whose endpoints carry the form's metadata; every
 // other field is shared.
-func (fs *formState) cla(cla *endpointv3.ClusterLoadAssignment, next map[*endpointv3.LbEndpoint]*endpointv3.LbEndpoint) *endpointv3.ClusterLoadAssignment {
+func (fs *formState) cla(cla *endpointv3.ClusterLoadAssignment,
+	next map[*endpointv3.LbEndpoint]*endpointv3.LbEndpoint) *endpointv3.ClusterLoadAssignment {
 	out := shallowWithout(cla, claEndpointsField).(*endpointv3.ClusterLoadAssignment)
 	out.Endpoints = make([]*endpointv3.LocalityLbEndpoints, len(cla.Endpoints))
 	for i, loc := range cla.Endpoints {
@@ -167,7 +170,8 @@ func (fs *formState) lb(lb *endpointv3.LbEndpoint) *endpointv3.LbEndpoint {
 	if fs.form != MetadataSession {
 		return out
 	}
-	if sess, ok := lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace].GetFields()["session_id"]; ok {
+	md := lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace].GetFields()
+	if sess, ok := md["session_id"]; ok {
 		out.Metadata = &corev3.Metadata{FilterMetadata: map[string]*structpb.Struct{
 			translator.MetadataNamespace: {Fields: map[string]*structpb.Value{"session_id": sess}},
 		}}

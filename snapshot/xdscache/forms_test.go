@@ -56,7 +56,8 @@ func TestFormsGolden(t *testing.T) {
 	for _, f := range []EndpointMetadata{MetadataSession, MetadataNone} {
 		fs := &formState{form: f}
 		ds, dv := fs.derive(snap, versions)
-		got := ds.GetResources(resource.EndpointType)["transcode"].(*endpointv3.ClusterLoadAssignment)
+		res := ds.GetResources(resource.EndpointType)
+		got := res["transcode"].(*endpointv3.ClusterLoadAssignment)
 		if err := got.ValidateAll(); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
@@ -66,7 +67,8 @@ func TestFormsGolden(t *testing.T) {
 		}
 		want := proto.Clone(cla).(*endpointv3.ClusterLoadAssignment)
 		if len(want.Endpoints) < 2 {
-			t.Fatal("the golden fleet has one locality: localities other than the first are not exercised")
+			t.Fatal("the golden fleet has one locality: localities other than the first are not " +
+				"exercised")
 		}
 		for _, loc := range want.Endpoints {
 			for _, lb := range loc.LbEndpoints {
@@ -74,8 +76,10 @@ func TestFormsGolden(t *testing.T) {
 				case MetadataNone:
 					lb.Metadata = nil
 				case MetadataSession:
-					delete(lb.Metadata.FilterMetadata[translator.MetadataNamespace].Fields, "instance_id")
-					delete(lb.Metadata.FilterMetadata[translator.MetadataNamespace].Fields, "version")
+					delete(lb.Metadata.FilterMetadata[translator.MetadataNamespace].Fields,
+						"instance_id")
+					delete(lb.Metadata.FilterMetadata[translator.MetadataNamespace].Fields,
+						"version")
 				}
 			}
 		}

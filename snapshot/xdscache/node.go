@@ -41,7 +41,8 @@ func StampGrant(node *corev3.Node, tasks []string) {
 	if node.Metadata.Fields == nil {
 		node.Metadata.Fields = map[string]*structpb.Value{}
 	}
-	node.Metadata.Fields[NodeMetaGrantedTasks] = structpb.NewListValue(&structpb.ListValue{Values: vals})
+	granted := structpb.NewListValue(&structpb.ListValue{Values: vals})
+	node.Metadata.Fields[NodeMetaGrantedTasks] = granted
 }
 
 // DispatcherOf reads a dispatcher's constraint set from its xDS node
@@ -54,7 +55,9 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	if v, ok := fields[health.NodeMetaVersionConstraint]; ok {
 		s, isStr := v.GetKind().(*structpb.Value_StringValue)
 		if !isStr {
-			return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." + health.NodeMetaVersionConstraint, Reason: "must be a string such as \">=1.4.0, <2.0.0\""}
+			return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." +
+				health.NodeMetaVersionConstraint,
+				Reason: "must be a string such as \">=1.4.0, <2.0.0\""}
 		}
 		vc = s.StringValue
 	}
@@ -62,13 +65,17 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	if v, ok := fields[health.NodeMetaLabels]; ok {
 		st, isStruct := v.GetKind().(*structpb.Value_StructValue)
 		if !isStruct {
-			return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." + health.NodeMetaLabels, Reason: "must be a map of label key to string value"}
+			return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." +
+				health.NodeMetaLabels,
+				Reason: "must be a map of label key to string value"}
 		}
 		labels = make(map[string]string, len(st.StructValue.GetFields()))
 		for k, lv := range st.StructValue.GetFields() {
 			s, isStr := lv.GetKind().(*structpb.Value_StringValue)
 			if !isStr {
-				return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." + health.NodeMetaLabels + "." + k, Reason: "label value must be a string"}
+				return health.Dispatcher{}, &health.FieldError{Field: "node.metadata." +
+					health.NodeMetaLabels + "." + k,
+					Reason: "label value must be a string"}
 			}
 			labels[k] = s.StringValue
 		}
@@ -117,7 +124,8 @@ func datacenterOf(node *corev3.Node) (string, error) {
 	}
 	s, isStr := v.GetKind().(*structpb.Value_StringValue)
 	if !isStr {
-		return "", &health.FieldError{Field: field, Reason: "must be a string naming a Consul datacenter"}
+		return "", &health.FieldError{Field: field,
+			Reason: "must be a string naming a Consul datacenter"}
 	}
 	dc := health.NormalizeDatacenter(s.StringValue)
 	if err := health.ValidateDatacenter(field, dc); err != nil {
@@ -193,7 +201,8 @@ func (c *memo) store(key, group string) {
 
 // groupKeys are the node metadata keys GroupOf reads (and the locality
 // region, spelled after them).
-var groupKeys = [...]string{health.NodeMetaVersionConstraint, health.NodeMetaLabels, NodeMetaGrantedTasks, NodeMetaEndpointMetadata, health.NodeMetaDatacenter}
+var groupKeys = [...]string{health.NodeMetaVersionConstraint, health.NodeMetaLabels,
+	NodeMetaGrantedTasks, NodeMetaEndpointMetadata, health.NodeMetaDatacenter}
 
 // groupMemoKey spells out the values GroupOf reads, each length-prefixed;
 // false for a value of a kind it does not spell (GroupOf then reads it

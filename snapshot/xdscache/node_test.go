@@ -23,10 +23,19 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 		return structpb.NewListValue(&structpb.ListValue{Values: vs})
 	}
 	values := map[string][]*structpb.Value{
-		"version_constraint":     {nil, str(""), str(">=1.0.0"), str(" >=1.0.0 "), str(">= banana"), structpb.NewNumberValue(1), structpb.NewNullValue()},
-		"labels":                 {nil, labels(), labels("zone", "eu-1"), labels("zone", "eu-1", "tier", "a"), labels("zone", "eu-1:2"), labels("zone:eu", "1"), labels("a.b", "x"), structpb.NewStructValue(&structpb.Struct{Fields: map[string]*structpb.Value{"zone": structpb.NewNumberValue(1)}}), str("zone=eu")},
-		NodeMetaGrantedTasks:     {nil, list(), list(str("work")), list(str("a"), str("b")), list(str("a,b")), list(structpb.NewNumberValue(1)), str("work")},
-		NodeMetaEndpointMetadata: {nil, str("full"), str("session"), str("none"), str("compact"), structpb.NewBoolValue(true)},
+		"version_constraint": {nil, str(""), str(">=1.0.0"), str(" >=1.0.0 "), str(">= banana"),
+			structpb.NewNumberValue(1), structpb.NewNullValue()},
+		"labels": {nil, labels(), labels("zone", "eu-1"),
+			labels("zone", "eu-1", "tier", "a"), labels("zone", "eu-1:2"), labels("zone:eu", "1"),
+			labels("a.b", "x"),
+			structpb.NewStructValue(&structpb.Struct{
+				Fields: map[string]*structpb.Value{"zone": structpb.NewNumberValue(1)},
+			}),
+			str("zone=eu")},
+		NodeMetaGrantedTasks: {nil, list(), list(str("work")), list(str("a"), str("b")),
+			list(str("a,b")), list(structpb.NewNumberValue(1)), str("work")},
+		NodeMetaEndpointMetadata: {nil, str("full"), str("session"), str("none"), str("compact"),
+			structpb.NewBoolValue(true)},
 	}
 	var nodes []*corev3.Node
 	for _, vc := range values["version_constraint"] {
@@ -34,12 +43,14 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 			for _, g := range values[NodeMetaGrantedTasks] {
 				for _, f := range values[NodeMetaEndpointMetadata] {
 					m := map[string]*structpb.Value{"owner": str("x")}
-					for k, v := range map[string]*structpb.Value{"version_constraint": vc, "labels": l, NodeMetaGrantedTasks: g, NodeMetaEndpointMetadata: f} {
+					for k, v := range map[string]*structpb.Value{"version_constraint": vc,
+						"labels": l, NodeMetaGrantedTasks: g, NodeMetaEndpointMetadata: f} {
 						if v != nil {
 							m[k] = v
 						}
 					}
-					nodes = append(nodes, &corev3.Node{Id: "d", Metadata: &structpb.Struct{Fields: m}})
+					nodes = append(nodes,
+						&corev3.Node{Id: "d", Metadata: &structpb.Struct{Fields: m}})
 				}
 			}
 		}
@@ -54,13 +65,17 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 			}
 			if key, ok := groupMemoKey(n); ok {
 				if g, seen := byKey[key]; seen && g != want {
-					t.Fatalf("%v: spelled as %q like a node of group %q, but its group is %q", n.GetMetadata(), key, g, want)
+					t.Fatalf("%v: spelled as %q like a node of group %q, but its group is %q",
+						n.GetMetadata(), key, g, want)
 				}
 				byKey[key] = want
 			}
 		}
 	}
-	huge := &corev3.Node{Id: "d", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{"version_constraint": str(string(make([]byte, 1<<20)))}}}
+	megabyte := str(string(make([]byte, 1<<20)))
+	huge := &corev3.Node{Id: "d", Metadata: &structpb.Struct{
+		Fields: map[string]*structpb.Value{"version_constraint": megabyte},
+	}}
 	if _, ok := groupMemoKey(huge); ok {
 		t.Fatal("a megabyte of metadata would be kept in the memo")
 	}
@@ -70,7 +85,8 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 }
 
 func BenchmarkGroupOf(b *testing.B) {
-	st, _ := structpb.NewStruct(map[string]any{"version_constraint": ">=1.4.0, <2.0.0", "labels": map[string]any{"zone": "eu-1", "tier": "gold"}})
+	st, _ := structpb.NewStruct(map[string]any{"version_constraint": ">=1.4.0, <2.0.0",
+		"labels": map[string]any{"zone": "eu-1", "tier": "gold"}})
 	n := &corev3.Node{Id: "d", Metadata: st}
 	b.Run("fresh", func(b *testing.B) {
 		b.ReportAllocs()
@@ -84,4 +100,93 @@ func BenchmarkGroupOf(b *testing.B) {
 			GroupOf(n)
 		}
 	})
+}
+
+// nodeWith is a dispatcher's node with the given metadata (none when nil) and
+// locality region (none when empty).
+func nodeWith(meta map[string]any, region string) *corev3.Node {
+	n := &corev3.Node{Id: "d"}
+	if meta != nil {
+		s, err := structpb.NewStruct(meta)
+		if err != nil {
+			panic(err)
+		}
+		n.Metadata = s
+	}
+	if region != "" {
+		n.Locality = &corev3.Locality{Region: region, Zone: "z"}
+	}
+	return n
+}
+
+// TestLocalityRegionThatIsNoDatacenterIsIgnored: a node's locality.region is
+// its Consul datacenter only when it is a datacenter name. An Envoy started
+// with a region that is none (--locality-region "eu-west-1.prod",
+// "Frankfurt 1", a cloud region) keeps its stream and its group, also when
+// leasehold watches one datacenter and no --datacenters flag is in sight.
+func TestLocalityRegionThatIsNoDatacenterIsIgnored(t *testing.T) {
+	for _, region := range []string{"eu-west-1.prod", "Frankfurt 1", "aws:us-east-1"} {
+		if _, err := DispatcherOf(nodeWith(nil, region)); err != nil {
+			t.Errorf("locality.region %q: stream refused: %v", region, err)
+		}
+		if g := GroupOf(nodeWith(nil, region)); g == "invalid" {
+			t.Errorf("locality.region %q: group %q", region, g)
+		}
+	}
+}
+
+// TestDispatcherDatacenterIsCaseInsensitive: Consul's datacenter names are
+// lowercase; a dispatcher saying "DC2" (in its metadata or its region) runs in
+// dc2, so it is dc2's constraint set, given dc2's executors first (or
+// refused), not sent the failover order as a set of its own.
+func TestDispatcherDatacenterIsCaseInsensitive(t *testing.T) {
+	lower, err := DispatcherOf(nodeWith(map[string]any{"datacenter": "dc2"}, ""))
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, n := range []*corev3.Node{nodeWith(map[string]any{"datacenter": "DC2"}, ""),
+		nodeWith(nil, "DC2")} {
+		d, err := DispatcherOf(n)
+		if err != nil {
+			continue // refused: fine
+		}
+		if d.Key() != lower.Key() {
+			t.Errorf("a dispatcher in %q: key %q, not dc2's %q (its own executors are not its "+
+				"priority 0)", d.Datacenter, d.Key(), lower.Key())
+		}
+	}
+}
+
+// TestGroupMemoFollowsTheDatacenter: GroupOf (memoised) always equals the
+// group read afresh, whatever the datacenter metadata and locality region say,
+// valid or not, in any order of calls; distinct datacenters never share a
+// group, and the same datacenter said either way is one group.
+func TestGroupMemoFollowsTheDatacenter(t *testing.T) {
+	metas := []map[string]any{nil, {"datacenter": "dc2"}, {"datacenter": "dc3"}, {"datacenter": ""},
+		{"datacenter": 7.0},
+		{"datacenter": "dc2", "labels": map[string]any{"zone": "a"}}, {"datacenter": "x&tasks=y"},
+		{"labels": map[string]any{"datacenter": "dc2"}}}
+	regions := []string{"", "dc2", "dc3", "bad.region", "x&dc=dc2"}
+	seen := map[string]string{}
+	for round := range 2 {
+		for _, m := range metas {
+			for _, r := range regions {
+				n := nodeWith(m, r)
+				got, want := GroupOf(n), groupOf(n)
+				if got != want {
+					t.Fatalf("round %d meta %v region %q: GroupOf %q, afresh %q", round, m, r, got,
+						want)
+				}
+				seen[want] = ""
+			}
+		}
+	}
+	// Distinct datacenters never share a group.
+	if GroupOf(nodeWith(nil, "dc2")) == GroupOf(nodeWith(nil, "dc3")) ||
+		GroupOf(nodeWith(nil, "dc2")) == GroupOf(nodeWith(nil, "")) {
+		t.Fatal("dispatchers of different datacenters share a group")
+	}
+	if GroupOf(nodeWith(map[string]any{"datacenter": "dc2"}, "")) != GroupOf(nodeWith(nil, "dc2")) {
+		t.Fatal("metadata datacenter dc2 and region dc2 are different groups")
+	}
 }

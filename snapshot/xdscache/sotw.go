@@ -66,7 +66,8 @@ func (st *groupState) marshalled(typeURL, name, version string, r proto.Message)
 		return nil // validated protos always marshal
 	}
 	// What anypb.MarshalFrom writes, without marshalling again.
-	a := &anypb.Any{TypeUrl: anyURLPrefix + string(r.ProtoReflect().Descriptor().FullName()), Value: b}
+	a := &anypb.Any{TypeUrl: anyURLPrefix + string(r.ProtoReflect().Descriptor().FullName()),
+		Value: b}
 	st.anys.byKey[key] = a
 	return a
 }
@@ -97,10 +98,16 @@ func (w sotwWatch) deliver(resp cache.Response) {
 }
 
 func newSotwCache(groupOf func(*corev3.Node) string) *sotwCache {
-	return &sotwCache{groupOf: groupOf, snaps: map[string]*groupState{}, watches: map[string]map[int64]sotwWatch{}, anys: anyMemo{byKey: map[string]*anypb.Any{}, encoders: map[string]*claEncoder{}}}
+	return &sotwCache{
+		groupOf: groupOf,
+		snaps:   map[string]*groupState{},
+		watches: map[string]map[int64]sotwWatch{},
+		anys:    anyMemo{byKey: map[string]*anypb.Any{}, encoders: map[string]*claEncoder{}},
+	}
 }
 
-func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription, out chan cache.Response) (func(), error) {
+func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription,
+	out chan cache.Response) (func(), error) {
 	group := c.groupOf(req.GetNode())
 	w := sotwWatch{req: req, sub: sub, out: out, done: make(chan struct{})}
 	var once sync.Once
@@ -259,5 +266,6 @@ func (st *groupState) respond(req *cache.Request, sub cache.Subscription) cache.
 			out.Resources = append(out.Resources, a)
 		}
 	}
-	return &cache.PassthroughResponse{Request: req, DiscoveryResponse: out, ReturnedResources: returned}
+	return &cache.PassthroughResponse{Request: req, DiscoveryResponse: out,
+		ReturnedResources: returned}
 }

@@ -2,9 +2,13 @@ package fleet
 
 import (
 	"context"
+	"crypto/sha256"
+	"encoding/hex"
 	"fmt"
+	"io"
 	"log/slog"
 	"slices"
+	"sort"
 	"strings"
 	"testing"
 	"time"
@@ -14,9 +18,11 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/jonboulle/clockwork"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // Several datacenters (Datacenters ["dc1", "dc2"], dc1 leasehold's own),
@@ -91,7 +97,8 @@ func mdcStartTuned(t *testing.T, tune func(*SyncConfig), execs ...mdcExec) *mdcH
 		h.index[dc] = b + 100 // above the registrations' CreateIndex
 	}
 	var err error
-	if h.barrier, err = health.NewDispatcher("", map[string]string{"barrier": "never-subscribed"}); err != nil {
+	if h.barrier, err = health.NewDispatcher("",
+		map[string]string{"barrier": "never-subscribed"}); err != nil {
 		t.Fatal(err)
 	}
 	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelInfo}))
@@ -158,14 +165,18 @@ func (h *mdcHarness) at() time.Duration { return h.clock.Since(h.start) }
 func (h *mdcHarness) member(x mdcExec) health.Member {
 	n := slices.Index(h.execs, x)
 	create := mdcBase[x.dc] + 10 + uint64(n)
-	reg := health.Registration{InstanceID: x.inst, SessionID: x.sess, Generation: x.gen, Task: mdcTask,
+	reg := health.Registration{InstanceID: x.inst, SessionID: x.sess, Generation: x.gen,
+		Task:    mdcTask,
 		Address: fmt.Sprintf("10.%s.0.%d", strings.TrimPrefix(x.dc, "dc"), 1+n), Port: 9000,
 		Version: "1.0.0", Capacity: 4, State: health.StateActive}
 	return health.Member{
-		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(x.inst, mdcTask), Node: x.node, CreateIndex: create},
+		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(x.inst, mdcTask),
+			Node: x.node, CreateIndex: create},
 		Checks: []health.CheckState{
-			{Node: x.node, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: mdcSerfModify[x.dc]},
-			{Node: x.node, CheckID: mdcLeaseOf(x), ServiceID: health.ServiceID(x.inst, mdcTask), Status: health.StatusPassing,
+			{Node: x.node, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing,
+				CreateIndex: 1, ModifyIndex: mdcSerfModify[x.dc]},
+			{Node: x.node, CheckID: mdcLeaseOf(x), ServiceID: health.ServiceID(x.inst, mdcTask),
+				Status: health.StatusPassing,
 				Output: "load=1", CreateIndex: create, ModifyIndex: create},
 		},
 	}
@@ -186,7 +197,8 @@ func (h *mdcHarness) members(dc string) health.Observation {
 			ms = append(ms, h.member(x))
 		}
 	}
-	return health.Observation{Members: &health.TaskMembers{Task: mdcTask, Index: h.next(dc), Members: ms}}
+	return health.Observation{Members: &health.TaskMembers{Task: mdcTask, Index: h.next(dc),
+		Members: ms}}
 }
 
 // nonPassing is dc's set: every node's serfHealth (passing, as the watch
@@ -199,17 +211,23 @@ func (h *mdcHarness) nonPassing(dc string, checks ...health.CheckState) health.O
 	}
 	var set []health.CheckState
 	for _, x := range h.execs {
-		has := func(c health.CheckState) bool { return c.Node == x.node && c.CheckID == health.SerfHealthCheckID }
+		has := func(c health.CheckState) bool {
+			return c.Node == x.node && c.CheckID == health.SerfHealthCheckID
+		}
 		if x.dc != dc || slices.ContainsFunc(set, has) || slices.ContainsFunc(checks, has) {
 			continue
 		}
-		set = append(set, health.CheckState{Node: x.node, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: mdcSerfModify[dc]})
+		set = append(set,
+			health.CheckState{Node: x.node, CheckID: health.SerfHealthCheckID,
+				Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: mdcSerfModify[dc]})
 	}
-	return health.Observation{NonPassing: &health.NonPassing{Index: index, Checks: append(set, checks...)}}
+	return health.Observation{NonPassing: &health.NonPassing{Index: index,
+		Checks: append(set, checks...)}}
 }
 
 func (h *mdcHarness) generations(dc string, floor map[string]uint64) health.Observation {
-	return health.Observation{Generations: &health.Generations{Index: h.next(dc), Keys: fleettest.Keys(floor)}}
+	return health.Observation{Generations: &health.Generations{Index: h.next(dc),
+		Keys: fleettest.Keys(floor)}}
 }
 
 // heartbeat is one answer of each of dc's watches that answer at least
@@ -305,7 +323,8 @@ func (h *mdcHarness) reach(dc string) health.Reach {
 
 func (h *mdcHarness) waitReach(dc string, want health.Reach) {
 	h.t.Helper()
-	h.waitView(fmt.Sprintf("%s %s", dc, want), func(v *View) bool { i, _ := v.Datacenter(dc); return i.Reach == want })
+	h.waitView(fmt.Sprintf("%s %s", dc, want),
+		func(v *View) bool { i, _ := v.Datacenter(dc); return i.Reach == want })
 }
 
 // load renders the load assignment of task "work" in d's group as
@@ -330,7 +349,9 @@ func (h *mdcHarness) load(d health.Dispatcher) string {
 			}
 			hosts = append(hosts, host)
 		}
-		locs = append(locs, fmt.Sprintf("%d:%s[%s]", l.GetPriority(), l.GetLocality().GetRegion(), strings.Join(hosts, " ")))
+		locs = append(locs,
+			fmt.Sprintf("%d:%s[%s]", l.GetPriority(), l.GetLocality().GetRegion(),
+				strings.Join(hosts, " ")))
 	}
 	return strings.Join(locs, " ")
 }
@@ -371,11 +392,13 @@ func (h *mdcHarness) session(inst, sess string) health.SessionStatus {
 	return h.s.View().Sessions().Check(inst, sess)
 }
 
-func (h *mdcHarness) expectSession(inst, sess string, want health.SessionState) health.SessionStatus {
+func (h *mdcHarness) expectSession(inst, sess string,
+	want health.SessionState) health.SessionStatus {
 	h.t.Helper()
 	st := h.session(inst, sess)
 	if st.State != want {
-		h.t.Fatalf("at %s: session %s/%s is %s (%s), want %s", h.at(), inst, sess, st.State, st.Detail, want)
+		h.t.Fatalf("at %s: session %s/%s is %s (%s), want %s", h.at(), inst, sess, st.State,
+			st.Detail, want)
 	}
 	return st
 }
@@ -394,10 +417,12 @@ func (h *mdcHarness) verdict(d health.Dispatcher, inst, sess string) health.Verd
 	return health.Verdict{}
 }
 
-func (h *mdcHarness) expectVerdict(d health.Dispatcher, inst, sess string, route health.Route, reason health.Reason) {
+func (h *mdcHarness) expectVerdict(d health.Dispatcher, inst, sess string, route health.Route,
+	reason health.Reason) {
 	h.t.Helper()
 	if v := h.verdict(d, inst, sess); v.Route != route || v.Reason != reason {
-		h.t.Fatalf("at %s: %s/%s: %s %q (%s), want %s %q", h.at(), inst, sess, v.Route, v.Reason, v.Detail, route, reason)
+		h.t.Fatalf("at %s: %s/%s: %s %q (%s), want %s %q", h.at(), inst, sess, v.Route, v.Reason,
+			v.Detail, route, reason)
 	}
 }
 
@@ -448,7 +473,8 @@ func TestDCsSyncWaitsForEveryDatacenterRead(t *testing.T) {
 					}
 				}
 				if v := h.s.View(); v.Synced || h.s.Ready() {
-					t.Fatalf("synced %v, ready %v with %s's %s unread", v.Synced, h.s.Ready(), missingDC, missing)
+					t.Fatalf("synced %v, ready %v with %s's %s unread", v.Synced, h.s.Ready(),
+						missingDC, missing)
 				}
 				h.expectLoad(d, "(none)")
 				select {
@@ -491,7 +517,8 @@ func TestDCsSyncWithoutALostDatacenter(t *testing.T) {
 			// Up to DatacenterLost (included) dc2 is only unanswered: not synced.
 			h.tickUntil(mdcLost, []string{"dc1"}, func() {
 				if v := h.s.View(); v.Synced || h.s.Ready() {
-					t.Fatalf("at %s: synced %v, ready %v while dc2 is not lost", h.at(), v.Synced, h.s.Ready())
+					t.Fatalf("at %s: synced %v, ready %v while dc2 is not lost", h.at(), v.Synced,
+						h.s.Ready())
 				}
 				if r := h.reach("dc2"); h.at() > mdcQuiet && r != health.Unanswered {
 					t.Fatalf("at %s: dc2 %s, want unanswered", h.at(), r)
@@ -530,7 +557,8 @@ func TestDCsFailoverPriorities(t *testing.T) {
 	h.readAll("dc2")
 	local, d1, d2 := mdcDispatcher(t, ""), mdcDispatcher(t, "dc1"), mdcDispatcher(t, "dc2")
 	h.subscribe(local, d1, d2)
-	if keys := []string{local.Key(), d1.Key(), d2.Key()}; keys[0] == keys[1] || keys[1] == keys[2] || keys[0] == keys[2] {
+	if keys := []string{local.Key(), d1.Key(), d2.Key()}; keys[0] == keys[1] ||
+		keys[1] == keys[2] || keys[0] == keys[2] {
 		t.Fatalf("group keys not distinct: %q", keys)
 	}
 	for _, tc := range []struct {
@@ -558,13 +586,17 @@ func TestDCsFailoverPriorities(t *testing.T) {
 // non-passing set concerns that datacenter's n1 only.
 func TestDCsNodeNamesCollide(t *testing.T) {
 	serf := func(node string) health.CheckState {
-		return health.CheckState{Node: node, CheckID: health.SerfHealthCheckID, Status: health.StatusCritical}
+		return health.CheckState{Node: node, CheckID: health.SerfHealthCheckID,
+			Status: health.StatusCritical}
 	}
 	lease := func(x mdcExec) health.CheckState {
-		return health.CheckState{Node: x.node, CheckID: mdcLeaseOf(x), ServiceID: health.ServiceID(x.inst, mdcTask), Status: health.StatusCritical, CreateIndex: 1}
+		return health.CheckState{Node: x.node, CheckID: mdcLeaseOf(x),
+			ServiceID: health.ServiceID(x.inst, mdcTask), Status: health.StatusCritical,
+			CreateIndex: 1}
 	}
 	maint := func(node string) health.CheckState {
-		return health.CheckState{Node: node, CheckID: "_node_maintenance", Status: health.StatusCritical}
+		return health.CheckState{Node: node, CheckID: "_node_maintenance",
+			Status: health.StatusCritical}
 	}
 	a1, b1 := mdcFleet[0], mdcFleet[2]
 	for _, tc := range []struct {
@@ -577,11 +609,16 @@ func TestDCsNodeNamesCollide(t *testing.T) {
 		load, load2   string // then served to a dispatcher in dc1, in dc2
 		finalAfterAll bool   // the session stays out once its checks pass again
 	}{
-		{"lease critical in dc1", "dc1", lease(a1), a1, b1, health.SessionLapsed, health.ReasonLapsed, "0:dc1[a2] 1:dc2[b1 b2]", "0:dc2[b1 b2] 1:dc1[a2]", true},
-		{"lease critical in dc2", "dc2", lease(b1), b1, a1, health.SessionLapsed, health.ReasonLapsed, "0:dc1[a1 a2] 1:dc2[b2]", "0:dc2[b2] 1:dc1[a1 a2]", true},
-		{"serfHealth critical in dc2", "dc2", serf("n1"), b1, a1, health.SessionLapsed, health.ReasonLapsed, "0:dc1[a1 a2] 1:dc2[b2]", "0:dc2[b2] 1:dc1[a1 a2]", true},
-		{"serfHealth critical in dc1", "dc1", serf("n1"), a1, b1, health.SessionLapsed, health.ReasonLapsed, "0:dc1[a2] 1:dc2[b1 b2]", "0:dc2[b1 b2] 1:dc1[a2]", true},
-		{"maintenance on n1 in dc2", "dc2", maint("n1"), b1, a1, health.SessionCurrent, health.ReasonUnhealthy, "0:dc1[a1 a2] 1:dc2[b2]", "0:dc2[b2] 1:dc1[a1 a2]", false},
+		{"lease critical in dc1", "dc1", lease(a1), a1, b1, health.SessionLapsed,
+			health.ReasonLapsed, "0:dc1[a2] 1:dc2[b1 b2]", "0:dc2[b1 b2] 1:dc1[a2]", true},
+		{"lease critical in dc2", "dc2", lease(b1), b1, a1, health.SessionLapsed,
+			health.ReasonLapsed, "0:dc1[a1 a2] 1:dc2[b2]", "0:dc2[b2] 1:dc1[a1 a2]", true},
+		{"serfHealth critical in dc2", "dc2", serf("n1"), b1, a1, health.SessionLapsed,
+			health.ReasonLapsed, "0:dc1[a1 a2] 1:dc2[b2]", "0:dc2[b2] 1:dc1[a1 a2]", true},
+		{"serfHealth critical in dc1", "dc1", serf("n1"), a1, b1, health.SessionLapsed,
+			health.ReasonLapsed, "0:dc1[a2] 1:dc2[b1 b2]", "0:dc2[b1 b2] 1:dc1[a2]", true},
+		{"maintenance on n1 in dc2", "dc2", maint("n1"), b1, a1, health.SessionCurrent,
+			health.ReasonUnhealthy, "0:dc1[a1 a2] 1:dc2[b2]", "0:dc2[b2] 1:dc1[a1 a2]", false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
 			h := mdcStart(t)
@@ -599,7 +636,8 @@ func TestDCsNodeNamesCollide(t *testing.T) {
 			h.expectSession(tc.hit.inst, tc.hit.sess, tc.state)
 			h.expectVerdict(d1, tc.hit.inst, tc.hit.sess, health.RouteNone, tc.reason)
 			h.expectSession(tc.spared.inst, tc.spared.sess, health.SessionCurrent)
-			h.expectVerdict(d1, tc.spared.inst, tc.spared.sess, health.RouteHealthy, health.ReasonNone)
+			h.expectVerdict(d1, tc.spared.inst, tc.spared.sess, health.RouteHealthy,
+				health.ReasonNone)
 			h.expectLoad(d1, tc.load)
 			h.expectLoad(d2, tc.load2)
 
@@ -665,7 +703,8 @@ func TestDCsReachQuietThenLost(t *testing.T) {
 				h.expectSession(x.inst, x.sess, health.SessionCurrent)
 				h.expectVerdict(local, x.inst, x.sess, health.RouteHealthy, health.ReasonNone)
 			case health.Unanswered:
-				if st := h.expectSession(x.inst, x.sess, health.SessionUnknown); !strings.Contains(st.Detail, "dc2") {
+				if st := h.expectSession(x.inst, x.sess,
+					health.SessionUnknown); !strings.Contains(st.Detail, "dc2") {
 					t.Fatalf("detail %q does not name dc2", st.Detail)
 				}
 				h.expectVerdict(local, x.inst, x.sess, health.RouteHealthy, health.ReasonNone)
@@ -826,7 +865,8 @@ func TestDCsFencingAcrossDatacenters(t *testing.T) {
 	}{
 		{
 			name: "newer in dc2", gen1: 3, gen2: 4,
-			registered: want{health.SessionStale, health.SessionCurrent, "s2", 4, "0:dc2[x]", "0:dc2[x]"},
+			registered: want{health.SessionStale, health.SessionCurrent, "s2", 4, "0:dc2[x]",
+				"0:dc2[x]"},
 			floors: []dcKey{
 				{"dc2", 5}, // a key only in dc2's KV fences both
 				{"dc1", 2}, // a lower key read later does not lower the floor
@@ -842,10 +882,12 @@ func TestDCsFencingAcrossDatacenters(t *testing.T) {
 		},
 		{
 			name: "newer in dc1", gen1: 4, gen2: 3,
-			registered: want{health.SessionCurrent, health.SessionStale, "s1", 4, "0:dc1[x]", "0:dc1[x]"},
-			floors:     []dcKey{{"dc2", 4}, {"dc1", 3}},
+			registered: want{health.SessionCurrent, health.SessionStale, "s1", 4, "0:dc1[x]",
+				"0:dc1[x]"},
+			floors: []dcKey{{"dc2", 4}, {"dc1", 3}},
 			afterEachFloor: []want{
-				{health.SessionCurrent, health.SessionStale, "s1", 4, "0:dc1[x]", "0:dc1[x]"}, // equal to s1's: s1 stays newest
+				// Equal to s1's: s1 stays newest.
+				{health.SessionCurrent, health.SessionStale, "s1", 4, "0:dc1[x]", "0:dc1[x]"},
 				{health.SessionCurrent, health.SessionStale, "s1", 4, "0:dc1[x]", "0:dc1[x]"},
 			},
 		},
@@ -866,16 +908,20 @@ func TestDCsFencingAcrossDatacenters(t *testing.T) {
 				}{{s1, w.s1}, {s2, w.s2}} {
 					st := h.session(c.x.inst, c.x.sess)
 					if st.State != c.state {
-						t.Fatalf("%s: %s/%s is %s (%s), want %s", step, c.x.inst, c.x.sess, st.State, st.Detail, c.state)
+						t.Fatalf("%s: %s/%s is %s (%s), want %s", step, c.x.inst, c.x.sess,
+							st.State, st.Detail, c.state)
 					}
 					if st.Datacenter != c.x.dc {
-						t.Fatalf("%s: %s/%s answered in datacenter %q", step, c.x.inst, c.x.sess, st.Datacenter)
+						t.Fatalf("%s: %s/%s answered in datacenter %q", step, c.x.inst, c.x.sess,
+							st.Datacenter)
 					}
 					if c.state == health.SessionStale {
 						if st.NewerSessionID != w.newer || st.NewerGeneration != w.newerGen {
-							t.Fatalf("%s: %s/%s newer %s/%d, want %s/%d", step, c.x.inst, c.x.sess, st.NewerSessionID, st.NewerGeneration, w.newer, w.newerGen)
+							t.Fatalf("%s: %s/%s newer %s/%d, want %s/%d", step, c.x.inst, c.x.sess,
+								st.NewerSessionID, st.NewerGeneration, w.newer, w.newerGen)
 						}
-						h.expectVerdict(d1, c.x.inst, c.x.sess, health.RouteNone, health.ReasonFenced)
+						h.expectVerdict(d1, c.x.inst, c.x.sess, health.RouteNone,
+							health.ReasonFenced)
 					}
 				}
 				h.waitLoad(d1, w.load1)
@@ -903,7 +949,8 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 	for _, dc := range []string{"dc1", "dc2"} {
 		np, gen := h.nonPassing(dc), h.generations(dc, nil)
 		h.send(dc, h.tasks(dc), np, gen, h.members(dc))
-		read[dc] = DCIndexes{ConsulIndex: h.index[dc], NonPassingIndex: np.NonPassing.Index, GenerationsIndex: gen.Generations.Index}
+		read[dc] = DCIndexes{ConsulIndex: h.index[dc], NonPassingIndex: np.NonPassing.Index,
+			GenerationsIndex: gen.Generations.Index}
 	}
 	expect := func(step string) {
 		t.Helper()
@@ -914,13 +961,17 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 				t.Fatalf("%s: %s not in the view", step, dc)
 			}
 			w := read[dc]
-			if got.ConsulIndex != w.ConsulIndex || got.NonPassingIndex != w.NonPassingIndex || got.GenerationsIndex != w.GenerationsIndex || got.Refreshed != w.Refreshed {
+			if got.ConsulIndex != w.ConsulIndex || got.NonPassingIndex != w.NonPassingIndex ||
+				got.GenerationsIndex != w.GenerationsIndex || got.Refreshed != w.Refreshed {
 				t.Fatalf("%s: %s has %+v, want %+v", step, dc, got, w)
 			}
 		}
 		l := read["dc1"]
-		if v.Local != "dc1" || v.ConsulIndex != l.ConsulIndex || v.NonPassingIndex != l.NonPassingIndex || v.GenerationsIndex != l.GenerationsIndex || v.Refreshed != l.Refreshed {
-			t.Fatalf("%s: the view's own indexes (local %q: consul %d, non-passing %d, generations %d, refreshed %d) are not dc1's %+v",
+		if v.Local != "dc1" || v.ConsulIndex != l.ConsulIndex ||
+			v.NonPassingIndex != l.NonPassingIndex || v.GenerationsIndex != l.GenerationsIndex ||
+			v.Refreshed != l.Refreshed {
+			t.Fatalf("%s: the view's own indexes (local %q: consul %d, non-passing %d, "+
+				"generations %d, refreshed %d) are not dc1's %+v",
 				step, v.Local, v.ConsulIndex, v.NonPassingIndex, v.GenerationsIndex, v.Refreshed, l)
 		}
 		if _, ok := v.Datacenter("dc3"); ok {
@@ -1068,7 +1119,8 @@ func TestDCsACopyOfASessionInAnotherDatacenterIsNotTheSession(t *testing.T) {
 	h.readAll("dc1")
 	h.readAll("dc2")
 	h.send("dc2", health.Observation{Generations: &health.Generations{Index: h.next("dc2"),
-		Keys: map[string]health.GenerationRecord{"x": {Generation: 5, SessionID: "s-real", ModifyIndex: mdcBase["dc2"] + 5}}}})
+		Keys: map[string]health.GenerationRecord{"x": {Generation: 5, SessionID: "s-real",
+			ModifyIndex: mdcBase["dc2"] + 5}}}})
 	if h.member(copied).CreateIndex >= h.member(real).CreateIndex {
 		t.Fatal("the copy must have the lower CreateIndex (dc1's indexes are lower)")
 	}
@@ -1082,12 +1134,14 @@ func TestDCsACopyOfASessionInAnotherDatacenterIsNotTheSession(t *testing.T) {
 			want = health.ReasonUnconfirmed
 		}
 		if vd.Reason != want {
-			t.Fatalf("x/s-real in %s on %s: %s %q (%s), want %q", e.Datacenter, e.Node, vd.Route, vd.Reason, vd.Detail, want)
+			t.Fatalf("x/s-real in %s on %s: %s %q (%s), want %q", e.Datacenter, e.Node, vd.Route,
+				vd.Reason, vd.Detail, want)
 		}
 	}
 	st := h.expectSession("x", "s-real", health.SessionCurrent)
 	if st.Datacenter != "dc2" {
-		t.Fatalf("x/s-real answered in %q, want dc2 (where its key and registration are)", st.Datacenter)
+		t.Fatalf("x/s-real answered in %q, want dc2 (where its key and registration are)",
+			st.Datacenter)
 	}
 	h.waitLoad(local, "0:dc2[x]")
 }
@@ -1118,4 +1172,291 @@ func TestDCsATinyLeaseTTLDoesNotMakeAnAnsweringDatacenterLost(t *testing.T) {
 		h.send("dc2", h.heartbeat("dc2")...)
 	}
 	h.expectLoad(local, mdcBothFromDC1)
+}
+
+// TestDCsCommonSilenceIsNoPartition: every datacenter is watched through
+// leasehold's one local agent. When that agent is away for longer than a
+// lease (restarted, upgraded, its host overloaded), no datacenter answers:
+// fail static, as documented. When it is back, whichever datacenter's watches
+// answer first (the local one: no WAN round trip; its back-offs ran out
+// first) must not make the others Lost at once because their silence, which
+// began with its own, already exceeds the lease: nothing shows a partition.
+// Otherwise every dc2 executor would leave every assignment until dc2 answers
+// again (for a failed watch: once every one of its per-task watches has
+// answered, after its back-off), and dispatchers in dc2 would be failed over
+// to dc1 across the WAN meanwhile. A datacenter is Lost only after being
+// silent for the bound while another answers.
+func TestDCsCommonSilenceIsNoPartition(t *testing.T) {
+	h := mdcStart(t)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	local, inDC2 := mdcDispatcher(t, ""), mdcDispatcher(t, "dc2")
+	h.subscribe(local, inDC2)
+	h.tickUntil(2*mdcTick, []string{"dc1", "dc2"}, nil)
+	h.waitLoad(local, mdcBothFromDC1)
+	h.waitLoad(inDC2, mdcBothFromDC2)
+
+	// The local agent is away: nobody answers for longer than a lease.
+	h.clock.Advance(mdcLost + 2*mdcTick)
+	h.nudge()
+	h.waitReach("dc1", health.Unanswered)
+	h.waitReach("dc2", health.Unanswered)
+	h.expectLoad(local, mdcBothFromDC1) // fail static
+	h.expectLoad(inDC2, mdcBothFromDC2)
+
+	// The agent is back; dc1's watches answer first.
+	h.send("dc1", h.heartbeat("dc1")...)
+	h.waitReach("dc1", health.Reached)
+	if r := h.reach("dc2"); r == health.Lost {
+		t.Errorf("dc2 is %s the moment dc1 answered after a silence both shared (it was never "+
+			"silent while another answered)", r)
+	}
+	if got := h.load(inDC2); got != mdcBothFromDC2 {
+		t.Errorf("the dispatcher in dc2 is served %q (its own datacenter's executors gone) after "+
+			"a common silence, want %q", got, mdcBothFromDC2)
+	}
+}
+
+// TestDCsSessionInTwoDatacentersIsAnsweredFromTheWorst: a session registered
+// in two datacenters (one executor process registered with two agents, or two
+// task types through two agents) is answered from the worst of its
+// registrations: dc2 unanswered → UNKNOWN; a lapse seen in dc2 → LAPSED, and
+// its dc1 registration leaves the assignments too.
+func TestDCsSessionInTwoDatacentersIsAnsweredFromTheWorst(t *testing.T) {
+	x1 := mdcExec{"dc1", "x", "s1", 1, "n1"}
+	x2 := mdcExec{"dc2", "x", "s1", 1, "n1"}
+	h := mdcStart(t, x1, x2)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	h.tickUntil(mdcTick, []string{"dc1", "dc2"}, nil)
+	h.expectSession("x", "s1", health.SessionCurrent)
+
+	// dc2 goes quiet: the session is not vouched for.
+	h.tickUntil(mdcTick+mdcQuiet+mdcTick, []string{"dc1"}, nil)
+	h.waitReach("dc2", health.Unanswered)
+	h.expectSession("x", "s1", health.SessionUnknown)
+
+	// dc2 answers with the lease critical: LAPSED, both registrations out.
+	lease := health.CheckState{Node: "n1", CheckID: mdcLeaseOf(x2),
+		ServiceID: health.ServiceID("x", mdcTask), Status: health.StatusCritical, CreateIndex: 1}
+	h.send("dc2", h.nonPassing("dc2", lease),
+		health.Observation{Progress: &health.Progress{Generations: h.next("dc2")}}, h.tasks("dc2"))
+	h.waitReach("dc2", health.Reached)
+	h.expectSession("x", "s1", health.SessionLapsed)
+	h.expectVerdict(local, "x", "s1", health.RouteNone, health.ReasonLapsed)
+	for _, e := range h.s.View().Executors() {
+		if v := h.s.View().Decide(e, local); v.Route != health.RouteNone {
+			t.Fatalf("%s/%s in %s routed (%s) after its session lapsed in dc2", e.InstanceID,
+				e.SessionID, e.Datacenter, v.Route)
+		}
+	}
+}
+
+// TestDCsMovedInstanceStaysFencedThroughReach: an instance that moved from
+// dc1 to dc2 (README: it keeps counting its generation) keeps its old session
+// in dc1 STALE and unrouted however dc2's reach goes (quiet, lost, back), as
+// long as its new registration or its generation key in dc2 was read.
+func TestDCsMovedInstanceStaysFencedThroughReach(t *testing.T) {
+	old := mdcExec{"dc1", "x", "s1", 3, "n1"}
+	moved := mdcExec{"dc2", "x", "s2", 4, "n1"}
+	h := mdcStart(t, old, moved)
+	h.send("dc1", h.tasks("dc1"), h.nonPassing("dc1"),
+		h.generations("dc1", map[string]uint64{"x": 3}), h.members("dc1"))
+	h.send("dc2", h.tasks("dc2"), h.nonPassing("dc2"),
+		h.generations("dc2", map[string]uint64{"x": 4}), h.members("dc2"))
+	local := mdcDispatcher(t, "")
+	h.subscribe(local)
+	check := func(step string) {
+		t.Helper()
+		if st := h.session("x", "s1"); st.State != health.SessionStale {
+			t.Fatalf("%s: x/s1 %s (%s), want STALE", step, st.State, st.Detail)
+		}
+		h.expectVerdict(local, "x", "s1", health.RouteNone, health.ReasonFenced)
+	}
+	check("read")
+	h.tickUntil(mdcQuiet+mdcTick, []string{"dc1"}, func() { check("dc2 quiet") })
+	h.waitReach("dc2", health.Unanswered)
+	h.tickUntil(mdcLost+2*mdcTick, []string{"dc1"}, func() { check("dc2 going") })
+	h.waitReach("dc2", health.Lost)
+	check("dc2 lost")
+	if st := h.session("x", "s2"); st.State == health.SessionCurrent {
+		t.Fatalf("x/s2 in a lost datacenter answered CURRENT")
+	}
+	h.send("dc2", h.heartbeat("dc2")...)
+	h.waitReach("dc2", health.Reached)
+	check("dc2 back")
+	h.expectSession("x", "s2", health.SessionCurrent)
+}
+
+// The digests of singleDCDigest as the build before several datacenters
+// (336dbe1) computed them with this same function: a fleet of one unnamed
+// datacenter must be served exactly what it was served then.
+const (
+	singleDCBytes    = "ba7c5091848d0e0012902aaade1a1b0c383524008806790321fcbba85b69dcaf"
+	singleDCVersions = "fa06b0fb38c963844daa66c7207edacf44ac617ce5116456a960af90ff3e12d6"
+)
+
+// TestDCsOneUnnamedDatacenterIsServedTheSameBytes: a fleet of one unnamed
+// datacenter without zone labels is served the same bytes as before several
+// datacenters existed: every load assignment (three constraint sets,
+// incremental builds) and every resource of a syncer's snapshot, before and
+// after a lapse.
+func TestDCsOneUnnamedDatacenterIsServedTheSameBytes(t *testing.T) {
+	if got, _ := singleDCDigest(t); got != singleDCBytes {
+		t.Fatalf("bytes digest %s, want %s", got, singleDCBytes)
+	}
+}
+
+// TestDCsOneUnnamedDatacenterKeepsItsVersions: the same fleet's load
+// assignments keep their content versions too (locality.go: "layout stays 0
+// for one locality without names: the content alone versions it"), so an
+// endpoint's digest must not hash a locality that has neither datacenter nor
+// zone. Otherwise every EDS version
+// of every single-datacenter deployment would change on upgrade, and during a
+// rolling upgrade replicas would disagree on the version of identical content
+// (one needless push of every assignment to every client that moves between
+// them).
+func TestDCsOneUnnamedDatacenterKeepsItsVersions(t *testing.T) {
+	if _, got := singleDCDigest(t); got != singleDCVersions {
+		t.Fatalf("versions digest %s, want %s (the bytes are the same)", got, singleDCVersions)
+	}
+}
+
+// singleDCDigest builds load assignments and a syncer's snapshots for a
+// fleet of one unnamed datacenter without zone labels, and digests every
+// byte and version of them.
+func singleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
+	t.Helper()
+	fleet := func() []health.Executor {
+		es := make([]health.Executor, 300)
+		for i := range es {
+			st := health.StateActive
+			if i%7 == 0 {
+				st = health.StateDraining
+			}
+			v := "1.4.2"
+			if i%5 == 0 {
+				v = "2.0.0"
+			}
+			es[i] = health.Executor{
+				Registration: health.Registration{
+					InstanceID: fmt.Sprintf("exec-%04d", i), SessionID: "s", Generation: 1,
+					Task:    "work",
+					Address: fmt.Sprintf("10.0.%d.%d", i/200, (i%200)/1+1-(i%19)/18),
+					Port:    9000 + i%3, Version: v, Capacity: 8,
+					State: st, Labels: map[string]string{"rack": fmt.Sprintf("r%d", i%3)},
+				},
+				ServiceID: fmt.Sprintf("work:exec-%04d", i), Node: fmt.Sprintf("n%d", i%50),
+				CreateIndex: uint64(100 + i),
+				LeaseStatus: health.StatusPassing, LeaseFound: i%17 != 0,
+				NodeChecks: health.StatusPassing, Load: i % 8,
+			}
+			if i%11 == 0 {
+				es[i].LeaseStatus = health.StatusCritical
+			}
+			if i%13 == 0 {
+				es[i].Load = 8
+			}
+		}
+		return es
+	}
+	hb, hv := sha256.New(), sha256.New()
+	out := func(parts ...any) { fmt.Fprintln(hb, parts...) }
+	ver := func(parts ...any) { fmt.Fprintln(hv, parts...) }
+	d0, _ := health.NewDispatcher("", nil)
+	d1, _ := health.NewDispatcher(">=1.0.0, <2.0.0", map[string]string{"rack": "r1"})
+	d2 := d0.WithTasks([]string{"work"})
+	for _, d := range []health.Dispatcher{d0, d1, d2} {
+		es := fleet()
+		bl := &translator.Builder{}
+		for step := range 4 {
+			r := bl.BuildPrinted("work", es, nil, d)
+			b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r.CLA)
+			if err != nil {
+				t.Fatal(err)
+			}
+			out(d.Key(), step, hex.EncodeToString(b), r.RemovesOrDrains)
+			ver(d.Key(), step, r.Version)
+			es[step*7+1].Load = (es[step*7+1].Load + 3) % 9
+			es[step*11+2].State = health.StateDraining
+			es = es[:len(es)-step]
+		}
+	}
+
+	// The syncer: one unnamed datacenter.
+	obs := make(chan health.Observation, 16)
+	pubs := make(chan *cache.Snapshot, 64)
+	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		Clock:     clockwork.NewFakeClock(),
+		OnPublish: func(_ string, snap *cache.Snapshot) { pubs <- snap }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx, obs); close(done) }()
+	defer func() { cancel(); <-done }()
+	var members []health.Member
+	for i, e := range fleet()[:40] {
+		e.LeaseStatus, e.LeaseFound, e.NodeChecks = "", false, ""
+		members = append(members, health.Member{Executor: e, Checks: []health.CheckState{
+			{Node: e.Node, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing,
+				CreateIndex: 1, ModifyIndex: 1},
+			{Node: e.Node, CheckID: health.CheckID(e.InstanceID, e.SessionID, "work"),
+				ServiceID: e.ServiceID, Status: health.StatusPassing,
+				Output: fmt.Sprintf("load=%d", i%8), CreateIndex: e.CreateIndex,
+				ModifyIndex: e.CreateIndex},
+		}})
+	}
+	obs <- health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}}
+	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 2}}
+	obs <- health.Observation{Generations: &health.Generations{Index: 3,
+		Keys: fleettest.Keys(map[string]uint64{"exec-0003": 2})}}
+	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 500,
+		Members: members}}
+	for !s.View().Synced {
+		<-s.View().Changed()
+	}
+	s.Subscribe(d1)
+	snapOut := func(step string) {
+		snap, ok := s.Snapshot(d1.Key())
+		if !ok {
+			t.Fatalf("%s: no snapshot", step)
+		}
+		for _, url := range []string{resource.ClusterType, resource.EndpointType,
+			resource.ListenerType, resource.RouteType} {
+			ver(step, url, snap.GetVersion(url))
+			res := snap.GetResources(url)
+			names := make([]string, 0, len(res))
+			for n := range res {
+				names = append(names, n)
+			}
+			sort.Strings(names)
+			for _, n := range names {
+				b, err := proto.MarshalOptions{Deterministic: true}.Marshal(res[n])
+				if err != nil {
+					t.Fatal(err)
+				}
+				out(step, n, hex.EncodeToString(b))
+			}
+		}
+	}
+	snapOut("subscribed")
+	lapse := members[4].Checks[1]
+	lapse.Status, lapse.ModifyIndex = health.StatusCritical, 600
+	before, _ := s.Snapshot(d1.Key())
+	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 600,
+		Checks: []health.CheckState{lapse}}}
+	for {
+		snap, _ := s.Snapshot(d1.Key())
+		if snap.GetVersion(resource.EndpointType) != before.GetVersion(resource.EndpointType) {
+			break
+		}
+		select {
+		case <-pubs:
+		case <-time.After(5 * time.Second):
+			t.Fatal("the lapse was not published")
+		}
+	}
+	snapOut("lapsed")
+	return hex.EncodeToString(hb.Sum(nil)), hex.EncodeToString(hv.Sum(nil))
 }

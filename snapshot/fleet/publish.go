@@ -1,0 +1,211 @@
+package fleet
+
+import (
+	"context"
+	"time"
+
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.opentelemetry.io/otel/attribute"
+	"go.opentelemetry.io/otel/trace"
+	"google.golang.org/protobuf/proto"
+
+	"github.com/leasehold/leasehold/snapshot/translator"
+	"github.com/leasehold/leasehold/snapshot/xdscache"
+)
+
+// Publishing: what Run decided is made visible to the xDS cache (one snapshot
+// per group), to the listeners of publications, and to the other goroutines
+// (the View, readiness, Progress).
+
+// Publication describes one snapshot set in the cache, for the xDS server's
+// push tracing and lapse-to-push latency.
+type Publication struct {
+	Group    string
+	Snapshot *cache.Snapshot
+	Ctx      context.Context // carries the span of the cache update, if traced
+	// LapsedAt is when Consul reported the earliest lapse this publication
+	// removes (zero: none).
+	LapsedAt     time.Time
+	RemovedTasks []string // task types whose endpoints lost or drained one
+}
+
+// Notify registers f to be called (from Run; it must not block) for every
+// publication, just before the snapshot is set, so it hears of it before any
+// response the snapshot causes. Call before Run.
+func (s *Syncer) Notify(f func(Publication)) { s.listeners = append(s.listeners, f) }
+
+// publishBatch publishes what a batch decided: once the whole fleet has been
+// read, every group's first snapshot; then readiness, the urgent groups (the
+// others are scheduled: publishDirty) and, after the removals are in the
+// cache, the view.
+func (s *Syncer) publishBatch(ctx context.Context, present int) {
+	if !s.synced && s.allRead() {
+		s.synced = true
+		s.log.Info("fleet read: serving", "tasks", len(taskNames(s.members)), "executors", present,
+			"datacenters", len(s.dcs))
+		for key, g := range s.groups { // waiting dispatchers get their first snapshot
+			s.publish(ctx, key, g)
+		}
+	}
+	s.storeReadiness()
+	s.publishDirty(ctx, true)
+	s.publishView() // after the removals are in the cache
+}
+
+// publishDirty publishes urgent groups now and schedules the rest.
+func (s *Syncer) publishDirty(ctx context.Context, onlyUrgent bool) {
+	if !s.synced {
+		return // nothing is served before the fleet has been read once
+	}
+	for key, g := range s.groups {
+		if !g.dirty {
+			continue
+		}
+		if onlyUrgent && !g.urgent {
+			at := s.cfg.Clock.Now().Add(s.cfg.AddDelay)
+			if s.flushAt.IsZero() || at.Before(s.flushAt) {
+				s.flushAt = at
+			}
+			continue
+		}
+		s.publish(ctx, key, g)
+	}
+}
+
+// publish builds the group's snapshot (listener, route and cluster per task,
+// its load assignments) with content-hash versions per type.
+func (s *Syncer) publish(ctx context.Context, key string, g *group) {
+	tasks := taskNames(s.members)
+	res := map[types.ResponseType][]types.Resource{}
+	versions := map[string]map[string]string{ // type URL → name → content version
+		resource.ListenerType: {}, resource.RouteType: {},
+		resource.ClusterType: {}, resource.EndpointType: {},
+	}
+	for _, task := range tasks {
+		if !g.d.AllowsTask(task) {
+			continue // not granted: as if it did not exist (same versions too)
+		}
+		lb := s.ctl.rollout.LBPolicyOf(task, s.cfg.LBPolicy)
+		l, r, c := translator.Listener(task), translator.Route(task), translator.Cluster(task, lb)
+		res[types.Listener] = append(res[types.Listener], l)
+		res[types.Route] = append(res[types.Route], r)
+		res[types.Cluster] = append(res[types.Cluster], c)
+		versions[resource.ListenerType][task] = s.staticVersion(resource.ListenerType, task, l)
+		versions[resource.RouteType][task] = s.staticVersion(resource.RouteType, task, r)
+		versions[resource.ClusterType][task] = s.staticVersion(resource.ClusterType,
+			task+"\x00"+string(lb), c)
+		if cla := g.loads[task]; cla != nil {
+			res[types.Endpoint] = append(res[types.Endpoint], cla)
+			versions[resource.EndpointType][task] = g.claVersion[task]
+		}
+	}
+	// The delta cache takes our per-resource content versions instead of
+	// marshalling and hashing every resource of the group on every change
+	// while a delta client is connected (ConstructVersionMap keeps a map
+	// that is already set).
+	snap := &cache.Snapshot{VersionMap: versions}
+	all := []types.ResponseType{types.Cluster, types.Endpoint, types.Listener, types.Route}
+	for _, typ := range all {
+		url, _ := cache.GetResponseTypeURL(typ)
+		snap.Resources[typ] = cache.NewResources(xdscache.TypeVersion(versions[url]), res[typ])
+	}
+	// go-control-plane's own Snapshot.Consistent does not follow API
+	// listeners to their routes; ours does.
+	if err := consistentSet(res); err != nil {
+		s.log.Error("inconsistent snapshot not published", "group", key, "err", err)
+		return
+	}
+	ctx, span := s.tracer.Start(ctx, "leasehold.cache_update", trace.WithAttributes(
+		attribute.String("leasehold.constraint_set", key),
+		attribute.String("xds.version.endpoints", snap.Resources[types.Endpoint].Version),
+		attribute.Int("xds.resources", len(res[types.Endpoint])+len(res[types.Listener])+
+			len(res[types.Route])+len(res[types.Cluster])),
+	))
+	// Listeners hear of the publication before any response it causes.
+	pub := Publication{Group: key, Snapshot: snap, Ctx: ctx, LapsedAt: g.lapsedAt,
+		RemovedTasks: g.removedTasks}
+	for _, f := range s.listeners {
+		f(pub)
+	}
+	err := s.cache.Set(ctx, key, snap, versions)
+	span.End()
+	if err != nil {
+		s.log.Error("set snapshot", "group", key, "err", err)
+		return
+	}
+	g.dirty, g.urgent, g.lapsedAt, g.removedTasks = false, false, time.Time{}, nil
+	if s.cfg.OnPublish != nil {
+		s.cfg.OnPublish(key, snap)
+	}
+}
+
+// staticVersion is translator.Version of a listener, route or cluster,
+// computed once per key (which names everything its content depends on: a
+// cluster's load-balancing policy too).
+func (s *Syncer) staticVersion(typeURL, key string, m proto.Message) string {
+	k := typeURL + "/" + key
+	if v, ok := s.staticVersions[k]; ok {
+		return v
+	}
+	v := translator.Version(m)
+	if s.staticVersions == nil {
+		s.staticVersions = map[string]string{}
+	}
+	s.staticVersions[k] = v
+	return v
+}
+
+func consistentSet(res map[types.ResponseType][]types.Resource) error {
+	var (
+		ls []*listenerv3.Listener
+		rs []*routev3.RouteConfiguration
+		cs []*clusterv3.Cluster
+		es []*endpointv3.ClusterLoadAssignment
+	)
+	for _, r := range res[types.Listener] {
+		ls = append(ls, r.(*listenerv3.Listener))
+	}
+	for _, r := range res[types.Route] {
+		rs = append(rs, r.(*routev3.RouteConfiguration))
+	}
+	for _, r := range res[types.Cluster] {
+		cs = append(cs, r.(*clusterv3.Cluster))
+	}
+	for _, r := range res[types.Endpoint] {
+		es = append(es, r.(*endpointv3.ClusterLoadAssignment))
+	}
+	return translator.Consistent(ls, rs, cs, es)
+}
+
+// publishProgress makes the indexes at which each datacenter's non-passing
+// checks, generation keys and lapse marks are known current visible to
+// Progress; called after the batch's view is published, so a reader that
+// sees an index then loads a view that includes everything up to it.
+func (s *Syncer) publishProgress() {
+	p := make(map[string]Progress, len(s.dcs))
+	for name, d := range s.dcs {
+		p[name] = Progress{
+			NonPassing:  max(d.progressNP, d.np.Index()),
+			Generations: max(d.progressGen, d.genIndex),
+			Lapses:      max(d.progressLapses, d.marksIndex),
+			ReadsLapses: s.cfg.AwaitLapses,
+		}
+	}
+	s.progress.Store(&p)
+}
+
+// Progress is how far the latest view of datacenter dc ("" with one,
+// unnamed) is known current (it may be ahead of the view's own indexes: a
+// watch answered again with the same content). Safe from any goroutine.
+func (s *Syncer) Progress(dc string) Progress {
+	if p := s.progress.Load(); p != nil {
+		return (*p)[dc]
+	}
+	return Progress{ReadsLapses: s.cfg.AwaitLapses}
+}

@@ -1,0 +1,482 @@
+package fleet
+
+import (
+	"bytes"
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"strings"
+	"testing"
+	"time"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
+	"github.com/jonboulle/clockwork"
+	"google.golang.org/protobuf/proto"
+	"google.golang.org/protobuf/types/known/structpb"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
+	"github.com/leasehold/leasehold/snapshot/translator"
+	"github.com/leasehold/leasehold/snapshot/xdscache"
+)
+
+// Dispatchers of one constraint set in three forms: each gets its form's
+// bytes (a deterministic marshal of the derived message) with its own
+// versions, change after change; endpoint messages an unchanged executor
+// kept are derived once; a second replica sends the same bytes and
+// versions.
+func TestFormsThroughTheCache(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	replicas := []*syncHarness{startSyncer(t, quiet), startSyncer(t, quiet)}
+	d := dispatcher(t, "")
+	var members []health.Member
+	for i := range 30 {
+		members = append(members,
+			fleettest.Member("work", fmt.Sprintf("e%02d", i), fmt.Sprintf("sess-%02d", i), 1,
+				9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
+	}
+	for _, h := range replicas {
+		h.s.Subscribe(d)
+		h.tasks("work")
+		h.members("work", members...)
+		h.nonPassing()
+	}
+	forms := []xdscache.EndpointMetadata{xdscache.MetadataFull, xdscache.MetadataSession,
+		xdscache.MetadataNone}
+	var firstSession *endpointv3.LbEndpoint
+	for round := range 4 {
+		type answer struct {
+			version string
+			bytes   []byte
+		}
+		got := make([]map[xdscache.EndpointMetadata]answer, len(replicas))
+		for r, h := range replicas {
+			h.publish()
+			got[r] = map[xdscache.EndpointMetadata]answer{}
+			for _, f := range forms {
+				node := fleettest.Node(t, map[string]any{"endpoint_metadata": string(f)})
+				out := make(chan cache.Response, 1)
+				req := &cache.Request{TypeUrl: resource.EndpointType,
+					ResourceNames: []string{"work"}, Node: node}
+				cancel, err := h.s.Cache().CreateWatch(req,
+					stream.NewSotwSubscription(req.ResourceNames, true), out)
+				if err != nil {
+					t.Fatal(err)
+				}
+				resp, err := (<-out).GetDiscoveryResponse()
+				cancel()
+				if err != nil || len(resp.Resources) != 1 {
+					t.Fatalf("round %d, %s: %v, %d resources", round, f, err,
+						len(resp.GetResources()))
+				}
+				cla := &endpointv3.ClusterLoadAssignment{}
+				if err := resp.Resources[0].UnmarshalTo(cla); err != nil {
+					t.Fatal(err)
+				}
+				if n := len(cla.Endpoints[0].LbEndpoints); n != len(members) {
+					t.Fatalf("round %d, %s: %d endpoints, want %d", round, f, n, len(members))
+				}
+				for _, lb := range cla.Endpoints[0].LbEndpoints {
+					md := lb.GetMetadata().GetFilterMetadata()
+					fields := md[translator.MetadataNamespace].GetFields()
+					wantFields := map[xdscache.EndpointMetadata]int{xdscache.MetadataFull: 3,
+						xdscache.MetadataSession: 1, xdscache.MetadataNone: 0}[f]
+					if len(fields) != wantFields ||
+						(f == xdscache.MetadataSession &&
+							fields["session_id"].GetStringValue() != "sess-"+
+								lb.GetEndpoint().GetHostname()[1:]) {
+						t.Fatalf("round %d, %s: endpoint metadata %v", round, f, lb.GetMetadata())
+					}
+				}
+				group := xdscache.GroupOf(node) // the form's group
+				snap, _ := h.s.Snapshot(group)
+				derived := snap.GetResources(resource.EndpointType)["work"]
+				want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(derived)
+				if !bytes.Equal(resp.Resources[0].Value, want) {
+					t.Fatalf("round %d, %s: bytes differ from a marshal of the derived message",
+						round, f)
+				}
+				got[r][f] = answer{resp.VersionInfo, resp.Resources[0].Value}
+				if f == xdscache.MetadataSession && r == 0 {
+					lb := derived.(*endpointv3.ClusterLoadAssignment).Endpoints[0].LbEndpoints[0]
+					if round == 0 {
+						firstSession = lb
+					} else if lb != firstSession {
+						t.Fatalf("round %d: an unchanged endpoint was derived again", round)
+					}
+				}
+			}
+		}
+		for _, f := range forms {
+			a, b := got[0][f], got[1][f]
+			if a.version != b.version || !bytes.Equal(a.bytes, b.bytes) {
+				t.Fatalf("round %d, %s: replicas differ", round, f)
+			}
+		}
+		if got[0][xdscache.MetadataFull].version == got[0][xdscache.MetadataNone].version ||
+			got[0][xdscache.MetadataSession].version == got[0][xdscache.MetadataNone].version {
+			t.Fatalf("round %d: two forms share a version", round)
+		}
+		members = members[:len(members)-1] // a removal, published at once
+		for _, h := range replicas {
+			h.members("work", members...)
+		}
+	}
+}
+
+// A delta client asking for a form gets that form.
+func TestFormsForDeltaClients(t *testing.T) {
+	h := startSyncer(t, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	d := dispatcher(t, "")
+	h.s.Subscribe(d)
+	h.tasks("work")
+	h.members("work",
+		fleettest.Member("work", "e1", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5))
+	h.nonPassing()
+	h.publish()
+	node := fleettest.Node(t, map[string]any{"endpoint_metadata": "none"})
+	out := make(chan cache.DeltaResponse, 1)
+	req := &cache.DeltaRequest{TypeUrl: resource.EndpointType,
+		ResourceNamesSubscribe: []string{"work"}, Node: node}
+	cancel, err := h.s.Cache().CreateDeltaWatch(req,
+		stream.NewDeltaSubscription(req.ResourceNamesSubscribe, nil, nil, false), out)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if cancel != nil { // nil when answered at once
+		defer cancel()
+	}
+	resp, err := (<-out).GetDeltaDiscoveryResponse()
+	if err != nil || len(resp.Resources) != 1 {
+		t.Fatalf("%v, %d resources", err, len(resp.GetResources()))
+	}
+	cla := &endpointv3.ClusterLoadAssignment{}
+	if err := resp.Resources[0].Resource.UnmarshalTo(cla); err != nil {
+		t.Fatal(err)
+	}
+	if lb := cla.Endpoints[0].LbEndpoints[0]; lb.Metadata != nil ||
+		lb.GetEndpoint().GetHostname() != "e1" {
+		t.Fatalf("delta client got %v", lb)
+	}
+}
+
+// Through the cache: every state-of-the-world response carries, for each
+// load assignment, exactly a deterministic proto.Marshal of the snapshot's
+// message, change after change, for two constraint sets at once (each with
+// its own encoder: their Builders hold different endpoint messages).
+func TestSotwResponsesAreProtoMarshalBytes(t *testing.T) {
+	h := startSyncer(t, slog.New(slog.NewTextHandler(io.Discard, nil)))
+	sets := []health.Dispatcher{dispatcher(t, ""), dispatcher(t, ">=1.5.0")}
+	for _, d := range sets {
+		h.s.Subscribe(d)
+	}
+	h.tasks("work")
+	var members []health.Member
+	for i := range 40 {
+		members = append(members,
+			fleettest.Member("work", fmt.Sprintf("e%02d", i), "s1", 1, 9000+i,
+				fmt.Sprintf("1.%d.0", i%10), health.StatusPassing, uint64(5+i)))
+	}
+	h.members("work", members...)
+	h.nonPassing()
+	for round := range 6 {
+		for range sets {
+			h.publish()
+		}
+		for _, d := range sets {
+			snap, ok := h.s.Snapshot(d.Key())
+			if !ok {
+				t.Fatalf("round %d: no snapshot for %s", round, d.Key())
+			}
+			out := make(chan cache.Response, 1)
+			req := &cache.Request{TypeUrl: resource.EndpointType, ResourceNames: []string{"work"},
+				Node: &corev3.Node{Id: "d", Metadata: nodeMeta(t, d)}}
+			cancel, err := h.s.Cache().CreateWatch(req,
+				stream.NewSotwSubscription(req.ResourceNames, true), out)
+			if err != nil {
+				t.Fatal(err)
+			}
+			resp, err := (<-out).GetDiscoveryResponse()
+			cancel()
+			if err != nil || len(resp.Resources) != 1 {
+				t.Fatalf("round %d: %v, %d resources", round, err, len(resp.GetResources()))
+			}
+			cla := snap.GetResources(resource.EndpointType)["work"]
+			want, _ := proto.MarshalOptions{Deterministic: true}.Marshal(cla)
+			if !bytes.Equal(resp.Resources[0].Value, want) {
+				t.Fatalf("round %d, set %s: response bytes differ from proto.Marshal", round,
+					d.Key())
+			}
+		}
+		members = members[:len(members)-1] // 1.9.0, 1.8.0, …: removed from both sets at once
+		h.members("work", members...)
+	}
+}
+
+func nodeMeta(t *testing.T, d health.Dispatcher) *structpb.Struct {
+	m := map[string]any{}
+	if d.VersionConstraint != "" {
+		m[health.NodeMetaVersionConstraint] = d.VersionConstraint
+	}
+	st, err := structpb.NewStruct(m)
+	if err != nil {
+		t.Fatal(err)
+	}
+	return st
+}
+
+// The delta cache's per-resource versions are the translator's content
+// versions, set with the snapshot: a change alters the version of the
+// resources it changed and of no other, and go-control-plane never has to
+// marshal and hash the group to find out.
+func TestDeltaVersionsAreContentVersions(t *testing.T) {
+	h := startSyncer(t)
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("a", "b")
+	h.members("a", fleettest.Member("a", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5))
+	h.members("b", fleettest.Member("b", "y", "s1", 1, 9002, "1.0.0", health.StatusPassing, 6))
+	h.nonPassing() // the fleet is read: one publish with both tasks
+	before := h.publish().snap
+	vm := before.VersionMap
+	for _, typ := range []string{resource.ListenerType, resource.RouteType, resource.ClusterType,
+		resource.EndpointType} {
+		if len(vm[typ]) != 2 || vm[typ]["a"] == "" || vm[typ]["b"] == "" {
+			t.Fatalf("%s versions %v, want one per task", typ, vm[typ])
+		}
+	}
+	if err := before.ConstructVersionMap(); err != nil ||
+		fmt.Sprint(before.VersionMap) != fmt.Sprint(vm) {
+		t.Fatalf("ConstructVersionMap replaced the content versions: %v", err)
+	}
+	h.members("a") // x leaves task a: a removal, published at once
+	after := h.publish().snap.VersionMap
+	if after[resource.EndpointType]["a"] == vm[resource.EndpointType]["a"] {
+		t.Fatal("task a's endpoints changed but kept their version")
+	}
+	if after[resource.EndpointType]["b"] != vm[resource.EndpointType]["b"] ||
+		after[resource.ClusterType]["a"] != vm[resource.ClusterType]["a"] {
+		t.Fatal("an unchanged resource got a new version: delta clients would be sent it again")
+	}
+}
+
+// BenchmarkDeltaVersionMap is what a change cost go-control-plane per
+// group while a delta client was connected (marshal and hash every
+// resource: here one load assignment of 1,000 endpoints), against the
+// versions set with the snapshot.
+func BenchmarkDeltaVersionMap(b *testing.B) {
+	execs := make([]health.Executor, 1000)
+	for i := range execs {
+		execs[i] = health.Join(fleettest.Member("work", fmt.Sprintf("e%d", i), "s1", 1, 10000+i,
+			"1.0.0", health.StatusPassing, 5), nil)
+	}
+	cla := (&translator.Builder{}).BuildPrinted("work", execs, nil, health.Dispatcher{}).CLA
+	for _, bc := range []struct {
+		name     string
+		versions func() map[string]map[string]string
+	}{
+		{"hash every resource", func() map[string]map[string]string { return nil }},
+		{"content versions set", func() map[string]map[string]string {
+			return map[string]map[string]string{resource.EndpointType: {"work": "v1"}}
+		}},
+	} {
+		b.Run(bc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			for range b.N {
+				s := &cache.Snapshot{VersionMap: bc.versions()}
+				s.Resources[types.Endpoint] = cache.NewResources("v", []types.Resource{cla})
+				if err := s.ConstructVersionMap(); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// startSyncerWithPolicy is startSyncer with a server default policy
+// (--lb-policy).
+func startSyncerWithPolicy(t *testing.T, lb health.LBPolicy) *syncHarness {
+	h := &syncHarness{t: t, clock: clockwork.NewFakeClock(), obs: make(chan health.Observation, 16),
+		pubs: make(chan published, 64)}
+	h.s = NewSyncer(SyncConfig{Clock: h.clock, LBPolicy: lb,
+		OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { h.s.Run(ctx, h.obs); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+	h.obs <- health.Observation{Generations: &health.Generations{}}
+	return h
+}
+
+// readWorkAndBatch subscribes an unconstrained dispatcher and reads a fleet of
+// two task types, work and batch, one executor each; it is the publication
+// that follows.
+func readWorkAndBatch(h *syncHarness, t *testing.T) published {
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work", "batch")
+	h.members("work",
+		fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 3))
+	h.members("batch",
+		fleettest.Member("batch", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 4))
+	h.nonPassing()
+	return h.publish()
+}
+
+// clusterBytes are the deterministic bytes of each cluster of snap, by name.
+func clusterBytes(t *testing.T, snap *cache.Snapshot) map[string][]byte {
+	t.Helper()
+	out := map[string][]byte{}
+	for name, r := range snap.GetResources(resource.ClusterType) {
+		b, err := proto.MarshalOptions{Deterministic: true}.Marshal(r)
+		if err != nil {
+			t.Fatal(err)
+		}
+		out[name] = b
+	}
+	return out
+}
+
+// TestReplicasWithTheSamePolicyAgreeOnClusters: replicas whose effective
+// policies agree (one by --lb-policy, another by the rules' default, a third
+// by per-task choices) serve the same cluster bytes and versions: a client
+// failing over is answered with what it has.
+func TestReplicasWithTheSamePolicyAgreeOnClusters(t *testing.T) {
+	byFlag := startSyncerWithPolicy(t, health.LBRoundRobin)
+	p1 := readWorkAndBatch(byFlag, t)
+
+	byRules := startSyncerWithPolicy(t, "")
+	byRules.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:r",
+		Raw: []byte(`{"load_balancing":{"default":"round_robin"}}`)}}
+	p2 := readWorkAndBatch(byRules, t)
+
+	byTask := startSyncerWithPolicy(t, health.LBLeastRequest)
+	byTask.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:r",
+		Raw: []byte(`{"load_balancing":{"tasks":{"work":"round_robin","batch":"round_robin"}}}`)}}
+	p3 := readWorkAndBatch(byTask, t)
+
+	c1, c2, c3 := clusterBytes(t, p1.snap), clusterBytes(t, p2.snap), clusterBytes(t, p3.snap)
+	for _, task := range []string{"work", "batch"} {
+		if !bytes.Equal(c1[task], c2[task]) || !bytes.Equal(c1[task], c3[task]) {
+			t.Errorf("%s: cluster bytes differ between replicas with the same policy", task)
+		}
+		for _, p := range []published{p2, p3} {
+			a, b := p1.snap.VersionMap[resource.ClusterType][task],
+				p.snap.VersionMap[resource.ClusterType][task]
+			if a != b {
+				t.Errorf("%s: cluster version %s vs %s", task, a, b)
+			}
+		}
+	}
+	for _, p := range []published{p2, p3} {
+		a, b := p1.snap.Resources[types.Cluster].Version, p.snap.Resources[types.Cluster].Version
+		if a != b {
+			t.Errorf("cluster type version %s vs %s", a, b)
+		}
+	}
+}
+
+// TestPolicyChangeChangesOnlyItsClusterVersion: a rules change of one task's
+// policy changes that task's cluster version only, an unrelated rules change
+// none, and going back restores the first versions exactly (the memo is keyed
+// by policy). An invalid document changes nothing and is refused naming the
+// field.
+func TestPolicyChangeChangesOnlyItsClusterVersion(t *testing.T) {
+	h := startSyncerWithPolicy(t, "")
+	first := readWorkAndBatch(h, t).snap
+	vm0 := first.VersionMap[resource.ClusterType]
+
+	rules := func(raw string) {
+		h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x",
+			Raw: []byte(raw)}}
+	}
+	rules(`{"load_balancing":{"tasks":{"batch":"least_request"}}}`)
+	h.advanceWindow()
+	vm1 := h.publish().snap.VersionMap[resource.ClusterType]
+	if vm1["batch"] == vm0["batch"] {
+		t.Fatal("batch's policy changed but its cluster kept its version")
+	}
+	if vm1["work"] != vm0["work"] {
+		t.Fatal("work's policy did not change but its cluster got a new version")
+	}
+
+	rules(`{"load_balancing":{"tasks":{"batch":"least_request"}},"safety_limit":0.9}`)
+	h.advanceWindow()
+	vm2 := h.publish().snap.VersionMap[resource.ClusterType]
+	if vm2["batch"] != vm1["batch"] || vm2["work"] != vm1["work"] {
+		t.Fatalf("an unrelated rules change changed cluster versions: %v → %v", vm1, vm2)
+	}
+
+	rules(`{}`)
+	h.advanceWindow()
+	vm3 := h.publish().snap.VersionMap[resource.ClusterType]
+	if vm3["batch"] != vm0["batch"] || vm3["work"] != vm0["work"] {
+		t.Fatalf("back to the default: versions %v, want the first %v", vm3, vm0)
+	}
+
+	// An invalid document changes nothing, the previous stays.
+	prevErr := ""
+	for _, tt := range []struct{ doc, field string }{
+		{`{"load_balancing":{"tasks":{"batch":null}}}`, `load_balancing.tasks["batch"]`},
+		{`{"load_balancing":{"tasks":{"batch":"Round_Robin"}}}`, `load_balancing.tasks["batch"]`},
+		{`{"load_balancing":{"tasks":{"":"round_robin"}}}`, `load_balancing.tasks[""]`},
+		{`{"load_balancing":{"tasks":{"batch":["round_robin"]}}}`, "load_balancing.tasks"},
+		{`{"load_balancing":{"default":"round_robin","default_policy":"x"}}`, "default_policy"},
+		{`{"load_balancing":"round_robin"}`, "load_balancing"},
+		{`{"load_balancing":{"default":7}}`, "load_balancing.default"},
+	} {
+		rules(tt.doc)
+		// The view shows the refusal once Run has taken the document (each
+		// document's error differs from the one before).
+		got := awaitRolloutError(h, prevErr)
+		if got == prevErr {
+			t.Errorf("%s: accepted (error still %q)", tt.doc, got)
+		} else if !strings.Contains(got, tt.field) {
+			t.Errorf("%s: error %q does not name %s", tt.doc, got, tt.field)
+		}
+		prevErr = got
+	}
+	h.quiet()
+}
+
+// TestStaticVersionIsPerPolicy: every policy gives a distinct cluster
+// version, and the same policy the same version however often it is asked
+// for.
+func TestStaticVersionIsPerPolicy(t *testing.T) {
+	seen := map[string]health.LBPolicy{}
+	s := NewSyncer(SyncConfig{})
+	for range 2 {
+		for _, p := range health.LBPolicies {
+			v := s.staticVersion(resource.ClusterType, "work\x00"+string(p),
+				translator.Cluster("work", p))
+			if q, ok := seen[v]; ok && q != p {
+				t.Fatalf("%s and %s share cluster version %s", p, q, v)
+			}
+			seen[v] = p
+			if want := translator.Version(translator.Cluster("work", p)); v != want {
+				t.Fatalf("%s: memoised version %s, content version %s", p, v, want)
+			}
+		}
+	}
+}
+
+// awaitRolloutError is the rollout error of the first view whose error is
+// not prev, or prev when none comes within 5 seconds.
+func awaitRolloutError(h *syncHarness, prev string) string {
+	deadline := time.After(5 * time.Second)
+	for {
+		v := h.s.View()
+		if got := v.Control.RolloutError; got != prev {
+			return got
+		}
+		select {
+		case <-v.Changed():
+		case <-deadline:
+			return prev
+		}
+	}
+}

@@ -1,0 +1,163 @@
+package fleet
+
+import (
+	"context"
+	"time"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/translator"
+)
+
+// The recomputation of one batch: the fleet state brought up to date
+// (batch.go), then every group's load assignments rebuilt for the task types
+// that changed. Publishing what it decided is publish.go's; tracing it,
+// telemetry.go's.
+
+// recompute brings the fleet state and every group up to the observations
+// applied since the last batch, then publishes: it joins, fences and decides
+// (decideChanges), records the lapses seen, rebuilds only the task types whose
+// executors changed and publishes only changed load assignments. A batch that
+// changes something is traced (telemetry.go).
+func (s *Syncer) recompute(ctx context.Context) {
+	started := time.Now()
+	r := s.decideChanges(ctx)
+	s.recordLapses(r.lapses)
+	decided := time.Now()
+	ctx, tr := s.traceChange(ctx, r, started, decided)
+	if len(r.lapses) > 0 {
+		s.batchLapse = s.batchStart
+	}
+	tr.startBuild(ctx, len(s.groups), r.changed)
+	s.rebuildGroups(r.changed)
+	s.built(ctx, &tr, decided)
+	s.publishBatch(ctx, r.present)
+	s.batchLapse = time.Time{}
+	tr.end()
+}
+
+// rebuildGroups rebuilds the changed task types' load assignments in every
+// group; after a rules change every group's clusters are published again (the
+// load-balancing policies may have changed).
+func (s *Syncer) rebuildGroups(changed []string) {
+	for _, g := range s.groups {
+		for _, task := range changed {
+			s.rebuild(g, task)
+		}
+		if s.ctl.clusters {
+			g.dirty = true
+		}
+	}
+	s.ctl.clusters = false
+}
+
+// allRead reports whether the whole fleet has been read once: in every
+// datacenter the task list, every task's members, the non-passing checks and
+// the generation keys — or the datacenter is lost (others answer, it has not
+// for a lease: serving does not wait for it).
+func (s *Syncer) allRead() bool {
+	if s.cfg.AwaitControl && !s.rd.ctlRead {
+		return false // and the operators' controls
+	}
+	for name, d := range s.dcs {
+		if d.reach == health.Lost {
+			continue
+		}
+		if !d.haveNP || !d.haveGen || d.tasks == nil || (s.cfg.AwaitLapses && !d.haveMarks) {
+			return false
+		}
+		for _, task := range d.tasks {
+			if _, ok := s.members[fleetKey{name, task}]; !ok {
+				return false
+			}
+		}
+	}
+	return len(s.dcs) > 0
+}
+
+// anyReachable reports whether Consul answers in some datacenter (with one,
+// in it).
+func (s *Syncer) anyReachable() bool {
+	for _, d := range s.dcs {
+		if !d.failing {
+			return true
+		}
+	}
+	return false
+}
+
+// taskExecutors are task's registrations in every datacenter, in
+// datacenter order, with their prints (nil, nil: the task is nowhere).
+func (s *Syncer) taskExecutors(task string) ([]health.Executor, []uint64) {
+	if len(s.dcs) == 1 { // the common case: no names to sort, no copy
+		for name := range s.dcs {
+			if ts := s.fleet[fleetKey{name, task}]; ts != nil {
+				return ts.execs, ts.prints
+			}
+		}
+		return nil, nil
+	}
+	var one *taskState
+	n, parts := 0, 0
+	for _, name := range s.dcNames() {
+		if ts := s.fleet[fleetKey{name, task}]; ts != nil {
+			one, n, parts = ts, n+len(ts.execs), parts+1
+		}
+	}
+	switch parts {
+	case 0:
+		return nil, nil
+	case 1:
+		return one.execs, one.prints // the common case: no copy
+	}
+	execs, prints := make([]health.Executor, 0, n), make([]uint64, 0, n)
+	for _, name := range s.dcNames() {
+		if ts := s.fleet[fleetKey{name, task}]; ts != nil {
+			execs, prints = append(execs, ts.execs...), append(prints, ts.prints...)
+		}
+	}
+	return execs, prints
+}
+
+// rebuild recomputes one task's load assignment for a group and marks the
+// group dirty (urgent when an endpoint was removed or started draining).
+func (s *Syncer) rebuild(g *group, task string) {
+	old := g.loads[task]
+	execs, prints := s.taskExecutors(task)
+	if execs == nil {
+		delete(g.builders, task)
+		if old != nil {
+			delete(g.loads, task)
+			delete(g.claVersion, task)
+			g.dirty, g.urgent = true, true
+		}
+		return
+	}
+	if !g.d.AllowsTask(task) {
+		return // never published to this group
+	}
+	b := g.builders[task]
+	if b == nil {
+		b = &translator.Builder{Failover: s.cfg.failover()}
+		g.builders[task] = b
+	}
+	r := b.BuildPrinted(task, execs, prints, g.d, s.observed(task, g.d)...)
+	cla, version := r.CLA, r.Version
+	s.explainBuild(g, task, execs, r.Observed)
+	if old != nil && g.claVersion[task] == version {
+		return // same content
+	}
+	g.loads[task] = cla
+	g.claVersion[task] = version
+	g.dirty = true
+	removes := r.RemovesOrDrains
+	if r.Restarted { // e.g. a rule went from observe to enforce: compare whole
+		removes = translator.RemovesOrDrainsBetween(old, cla)
+	}
+	if old != nil && removes {
+		g.urgent = true
+		g.removedTasks = append(g.removedTasks, task)
+		if !s.batchLapse.IsZero() && (g.lapsedAt.IsZero() || s.batchLapse.Before(g.lapsedAt)) {
+			g.lapsedAt = s.batchLapse
+		}
+	}
+}

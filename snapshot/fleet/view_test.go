@@ -1,0 +1,84 @@
+package fleet
+
+import (
+	"context"
+	"fmt"
+	"io"
+	"log/slog"
+	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
+
+	"github.com/leasehold/leasehold/health"
+)
+
+// TestViewsDoNotChangeWhileRunDecides: Views are read by other goroutines (the
+// fencing API, explain, metrics) while Run decides the next batches; run with
+// -race. Each reader also checks that a View it holds never changes.
+func TestViewsDoNotChangeWhileRunDecides(t *testing.T) {
+	groups := worldGroups(t)
+	clock := clockwork.NewFakeClock()
+	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clock})
+	obs := make(chan health.Observation, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx, obs); close(done) }()
+	defer func() { cancel(); <-done }()
+	for _, d := range groups {
+		s.Subscribe(d)
+	}
+	stop := make(chan struct{})
+	errs := make(chan error, 4)
+	readers := make(chan struct{}, 4)
+	for range 4 {
+		go func() {
+			defer func() { readers <- struct{}{} }()
+			for {
+				select {
+				case <-stop:
+					return
+				default:
+				}
+				v := s.View()
+				f := freezeView(v)
+				for _, d := range v.Groups {
+					v.DecideAll(d)
+				}
+				for _, g := range groups {
+					s.Snapshot(g.Key())
+				}
+				<-time.After(time.Millisecond)
+				if err := f.changed(); err != nil {
+					errs <- err
+					return
+				}
+			}
+		}()
+	}
+	w := newRandomWorld(77, false)
+	for _, o := range []health.Observation{{Tasks: &health.TaskList{Index: w.next(),
+		Tasks: w.tasks}}, {Generations: &health.Generations{Index: w.next()}}} {
+		obs <- o
+	}
+	for range 3000 {
+		o, _ := w.observation(clock)
+		obs <- o
+		// A dispatcher with a new constraint set comes and goes between batches.
+		if w.r.IntN(50) == 0 {
+			d, _ := health.NewDispatcher(fmt.Sprintf(">=1.%d.0", w.r.IntN(3)), nil)
+			s.Subscribe(d)
+			s.Unsubscribe(d)
+		}
+	}
+	s.Subscribe(groups[0]) // a round trip: everything sent is applied
+	close(stop)
+	for range 4 {
+		<-readers
+	}
+	select {
+	case err := <-errs:
+		t.Fatal(err)
+	default:
+	}
+}
