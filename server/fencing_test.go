@@ -1091,7 +1091,7 @@ func TestCheckSessionReadsAfreshEveryDatacenterBehind(t *testing.T) {
 	}
 }
 
-// An instance's sessions are fenced across datacenters (README: "the newest
+// An instance's sessions are fenced across datacenters (docs/failure-semantics.md: "the newest
 // session wins wherever it registered"; an instance that moves keeps
 // counting its generation), while an answer's consul_index (the
 // min_consul_index a dispatcher sends to any replica next) is only the

@@ -58,7 +58,7 @@ func TestConsulDefersOutputOnlyCheckChanges(t *testing.T) {
 	if meta.LastIndex != index || len(checks) != 1 || checks[0].Output != health.LoadOutput(1) {
 		t.Fatalf(
 			"an output-only change reached the catalog within 3 s (index %d → %d, %v): "+
-				"check_update_interval no longer defers it — README's load freshness can be "+
+				"check_update_interval no longer defers it — docs/contract.md's load freshness can be "+
 				"revisited",
 			index,
 			meta.LastIndex,

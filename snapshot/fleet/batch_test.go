@@ -415,7 +415,7 @@ func (w *randomWorld) newProc() *worldProc {
 	r := w.r
 	inst := fmt.Sprintf("i%d", r.IntN(8))
 	// At most 8 sessions per instance when checking that lapses are final:
-	// the history remembers 8 per instance (README), a lapsed one forgotten
+	// the history remembers 8 per instance (docs/failure-semantics.md), a lapsed one forgotten
 	// only after 8 newer lapsed ones.
 	gens, variants := 6, 3
 	if w.safety {

@@ -1255,7 +1255,7 @@ func TestDCsSessionInTwoDatacentersIsAnsweredFromTheWorst(t *testing.T) {
 }
 
 // TestDCsMovedInstanceStaysFencedThroughReach: an instance that moved from
-// dc1 to dc2 (README: it keeps counting its generation) keeps its old session
+// dc1 to dc2 (docs/failure-semantics.md: it keeps counting its generation) keeps its old session
 // in dc1 STALE and unrouted however dc2's reach goes (quiet, lost, back), as
 // long as its new registration or its generation key in dc2 was read.
 func TestDCsMovedInstanceStaysFencedThroughReach(t *testing.T) {

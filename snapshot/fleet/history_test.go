@@ -134,7 +134,7 @@ func lapseByNodeFailureThenVanish(t *testing.T) (*syncHarness, health.Member) {
 	return h, y1
 }
 
-// TestLapseOfANodeBackAfterHoursIsFinal: README promises a session seen
+// TestLapseOfANodeBackAfterHoursIsFinal: docs/failure-semantics.md promises a session seen
 // lapsed or on a failed node "is never routed again, even if its check turns
 // passing or its node comes back, also when its registration disappears and
 // is re-synced". The memory of that lapse lives in the history once the
@@ -260,7 +260,7 @@ func TestMissingLeaseIsNotAFinalLapse(t *testing.T) {
 // kept when Consul's index goes back (a lapse must stay final whatever Consul
 // forgot). After Consul lost its state the generations start again low: the
 // KV key is gone and, once the instance's old registrations are gone too, the
-// next session takes generation 1 (README: "Deleting the keys fences nothing
+// next session takes generation 1 (docs/contract.md: "Deleting the keys fences nothing
 // for ever"; the same without any index going back when an operator deletes
 // the key while the instance is down). The instance's history still holds 8
 // older sessions with higher generations; the new session must not be cut
