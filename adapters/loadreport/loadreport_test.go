@@ -232,7 +232,7 @@ func TestConcurrentReportsStayConsistent(t *testing.T) {
 }
 
 // The out-of-band report is what `leasehold register` reads at each probe to
-// turn the lease full or free. README tells an executor to install
+// turn the lease full or free. docs/design.md tells an executor to install
 // ServerOption, call Report in each handler (as it returns), Done, and
 // Register — not Run. Tasks that start do not call Report, so an executor
 // that fills up with long tasks and never runs Run reports, out of band,
