@@ -295,35 +295,117 @@ type TaskList struct {
 	Tasks []string
 }
 
-// Observation is one report of the Consul watch; exactly one of its
-// pointer fields is set. At is when Consul's answer arrived.
+// Observation is one report of the Consul watch: when Consul's answer
+// arrived (At), the datacenter it came from, and what it says (Data, one of
+// the kinds below). The state owner handles each kind in a type switch.
 type Observation struct {
 	At time.Time
 	// Datacenter is the Consul datacenter the answer came from ("" with
-	// one, unnamed; Rules and Cordons belong to none).
-	Datacenter  string
-	Tasks       *TaskList
-	Members     *TaskMembers
-	NonPassing  *NonPassing
-	Contact     *Contact
-	Rules       *RulesSource
-	Cordons     *CordonSet
-	Generations *Generations
-	Lapses      *LapseMarks
-	// Refreshed: every observation of a fresh read made for refresh request
-	// Seq (Watcher.Refresh) has been sent before this one; those reads were
-	// made after Consul's index reached RefreshedAtLeast (the highest index
-	// the requesters had seen), so the non-passing checks and generation
-	// keys are current at that index.
-	Refreshed        *uint64
-	RefreshedAtLeast uint64
-	// Progress: the non-passing checks or the generation keys answered again
-	// at a higher index with the same content as their last observation.
-	Progress *Progress
-	// ControlContact: whether the watch of the operators' controls (Rules
-	// and Cordons) reads them; OK after each first answer of a run (its
-	// Rules and Cordons, if any, were sent before it).
-	ControlContact *Contact
+	// one, unnamed; rules, cordons and the control watch's contact belong
+	// to none).
+	Datacenter string
+	Data       ObservationData
+}
+
+// ObservationData is what one observation says. It is sealed: its kinds
+// are *TaskList, *TaskMembers, *NonPassing, *Contact, *RulesSource,
+// *CordonSet, *Generations, *LapseMarks, *Refreshed, *Progress and
+// *ControlContact.
+type ObservationData interface{ observation() }
+
+func (*TaskList) observation()       {}
+func (*TaskMembers) observation()    {}
+func (*NonPassing) observation()     {}
+func (*Contact) observation()        {}
+func (*RulesSource) observation()    {}
+func (*CordonSet) observation()      {}
+func (*Generations) observation()    {}
+func (*LapseMarks) observation()     {}
+func (*Refreshed) observation()      {}
+func (*Progress) observation()       {}
+func (*ControlContact) observation() {}
+
+// Refreshed says every observation of a fresh read made for refresh request
+// Seq (Watcher.Refresh) has been sent before it; those reads were made after
+// Consul's index reached AtLeast (the highest index the requesters had
+// seen), so the non-passing checks and generation keys are current at that
+// index.
+type Refreshed struct {
+	Seq, AtLeast uint64
+}
+
+// ControlContact says whether the watch of the operators' controls (rules
+// and cordons) reads them: OK after each first answer of a run (its rules
+// and cordons, if any, were sent before it).
+type ControlContact Contact
+
+// The kinds of an observation, for readers that want one: nil when the
+// observation is of another kind.
+
+// Tasks is the observation's TaskList, or nil.
+func (o Observation) Tasks() *TaskList {
+	v, _ := o.Data.(*TaskList)
+	return v
+}
+
+// Members is the observation's TaskMembers, or nil.
+func (o Observation) Members() *TaskMembers {
+	v, _ := o.Data.(*TaskMembers)
+	return v
+}
+
+// NonPassing is the observation's NonPassing, or nil.
+func (o Observation) NonPassing() *NonPassing {
+	v, _ := o.Data.(*NonPassing)
+	return v
+}
+
+// Contact is the observation's Contact, or nil.
+func (o Observation) Contact() *Contact {
+	v, _ := o.Data.(*Contact)
+	return v
+}
+
+// Rules is the observation's RulesSource, or nil.
+func (o Observation) Rules() *RulesSource {
+	v, _ := o.Data.(*RulesSource)
+	return v
+}
+
+// Cordons is the observation's CordonSet, or nil.
+func (o Observation) Cordons() *CordonSet {
+	v, _ := o.Data.(*CordonSet)
+	return v
+}
+
+// Generations is the observation's Generations, or nil.
+func (o Observation) Generations() *Generations {
+	v, _ := o.Data.(*Generations)
+	return v
+}
+
+// Lapses is the observation's LapseMarks, or nil.
+func (o Observation) Lapses() *LapseMarks {
+	v, _ := o.Data.(*LapseMarks)
+	return v
+}
+
+// Refreshed is the observation's Refreshed, or nil.
+func (o Observation) Refreshed() *Refreshed {
+	v, _ := o.Data.(*Refreshed)
+	return v
+}
+
+// Progress is the observation's Progress, or nil.
+func (o Observation) Progress() *Progress {
+	v, _ := o.Data.(*Progress)
+	return v
+}
+
+// ControlContact is the observation's ControlContact, or nil.
+func (o Observation) ControlContact() *ControlContact {
+	v, _ := o.Data.(*ControlContact)
+	return v
 }
 
 // Progress says a watch's content, unchanged, is current at a higher index.

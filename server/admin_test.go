@@ -118,11 +118,11 @@ func TestReadyzIgnoresATinyLeaseTTL(t *testing.T) {
 	x := member("work", "x", 9001, "1.0.0")
 	x.LeaseTTL = time.Millisecond
 	s := syncedReplica(t,
-		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
-		health.Observation{NonPassing: &health.NonPassing{Index: 2}},
-		health.Observation{Generations: &health.Generations{Index: 3}},
+		health.Observation{Data: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
+		health.Observation{Data: &health.NonPassing{Index: 2}},
+		health.Observation{Data: &health.Generations{Index: 3}},
 		health.Observation{
-			Members: &health.TaskMembers{
+			Data: &health.TaskMembers{
 				Task:    "work",
 				Index:   11,
 				Members: []health.Member{x, member("work", "y", 9002, "1.0.0")},

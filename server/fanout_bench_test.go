@@ -132,16 +132,16 @@ func startFanOutServer(b *testing.B, n int) *fanOutServer {
 		m.Checks[1].CheckID = health.CheckID(m.InstanceID, m.SessionID, "work")
 		s.members = append(s.members, m)
 	}
-	s.obs <- health.Observation{Tasks: &health.TaskList{Tasks: []string{"work"}}}
-	s.obs <- health.Observation{NonPassing: &health.NonPassing{Index: 2}}
-	s.obs <- health.Observation{Generations: &health.Generations{Index: 2}}
+	s.obs <- health.Observation{Data: &health.TaskList{Tasks: []string{"work"}}}
+	s.obs <- health.Observation{Data: &health.NonPassing{Index: 2}}
+	s.obs <- health.Observation{Data: &health.Generations{Index: 2}}
 	s.send()
 	return s
 }
 
 func (s *fanOutServer) send() {
 	s.idx++
-	s.obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: s.idx,
+	s.obs <- health.Observation{Data: &health.TaskMembers{Task: "work", Index: s.idx,
 		Members: append([]health.Member(nil), s.members...)}}
 }
 

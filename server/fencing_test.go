@@ -25,16 +25,16 @@ import (
 // Consul index 11.
 func fencingSyncer(t *testing.T) (*fleet.Syncer, chan health.Observation) {
 	return syncedReplicaWithFeed(t,
-		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
-		health.Observation{NonPassing: &health.NonPassing{Index: 2}},
+		health.Observation{Data: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
+		health.Observation{Data: &health.NonPassing{Index: 2}},
 		health.Observation{
-			Generations: &health.Generations{
+			Data: &health.Generations{
 				Index: 3,
 				Keys:  fleettest.Keys(map[string]uint64{"x": 1}),
 			},
 		},
 		health.Observation{
-			Members: &health.TaskMembers{
+			Data: &health.TaskMembers{
 				Task:    "work",
 				Index:   11,
 				Members: []health.Member{member("work", "x", 9001, "1.0.0")},
@@ -66,9 +66,9 @@ func TestMinConsulIndexReadsAfresh(t *testing.T) {
 		FencingOptions{Refresh: func(context.Context, string, uint64) (uint64, error) {
 			seq := uint64(refreshes.Add(1))
 			go func() { // the watcher's fresh reads, then its marker
-				obs <- health.Observation{Generations: &health.Generations{Index: 40,
+				obs <- health.Observation{Data: &health.Generations{Index: 40,
 					Keys: fleettest.Keys(map[string]uint64{"x": 2})}}
-				obs <- health.Observation{Refreshed: &seq}
+				obs <- health.Observation{Data: &health.Refreshed{Seq: seq}}
 			}()
 			return seq, nil
 		}},
@@ -118,13 +118,13 @@ func TestMinConsulIndexWaitsForTheView(t *testing.T) {
 	f := NewFencing(s, nowAt)
 	go func() {
 		time.Sleep(50 * time.Millisecond) // the change arrives while the request waits
-		obs <- health.Observation{NonPassing: &health.NonPassing{Index: 60,
+		obs <- health.Observation{Data: &health.NonPassing{Index: 60,
 			Checks: []health.CheckState{
 				{Node: "n1", CheckID: health.CheckID("x", "s-x", "work"),
 					ServiceID: health.ServiceID("x", "work"), Status: health.StatusCritical,
 					ModifyIndex: 60},
 			}}}
-		obs <- health.Observation{Generations: &health.Generations{Index: 60,
+		obs <- health.Observation{Data: &health.Generations{Index: 60,
 			Keys: fleettest.Keys(map[string]uint64{"x": 1})}}
 	}()
 	if r := checkX(t, f, 60, 5*time.Second); r.State != leaseholdv1.SessionState_LAPSED ||
@@ -181,11 +181,11 @@ func leaseSyncer(t *testing.T) *fleet.Syncer {
 	x := member("work", "x", 9001, "1.0.0")
 	x.LeaseTTL = 6 * time.Second
 	s := syncedReplica(t,
-		health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
-		health.Observation{NonPassing: &health.NonPassing{Index: 2}},
-		health.Observation{Generations: &health.Generations{Index: 3}},
+		health.Observation{Data: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
+		health.Observation{Data: &health.NonPassing{Index: 2}},
+		health.Observation{Data: &health.Generations{Index: 3}},
 		health.Observation{
-			Members: &health.TaskMembers{
+			Data: &health.TaskMembers{
 				Task:    "work",
 				Index:   11,
 				Members: []health.Member{x, member("work", "y", 9002, "1.0.0")},
@@ -250,12 +250,12 @@ func markingSyncer(t *testing.T,
 	go func() { s.Run(ctx, ch); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
 	for _, o := range []health.Observation{
-		{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
-		{NonPassing: &health.NonPassing{Index: 2}},
-		{Generations: &health.Generations{Index: 3,
+		{Data: &health.TaskList{Index: 1, Tasks: []string{"work"}}},
+		{Data: &health.NonPassing{Index: 2}},
+		{Data: &health.Generations{Index: 3,
 			Keys: fleettest.Keys(map[string]uint64{"x": 1})}},
-		{Lapses: &health.LapseMarks{Index: 4}},
-		{Members: &health.TaskMembers{Task: "work", Index: 11,
+		{Data: &health.LapseMarks{Index: 4}},
+		{Data: &health.TaskMembers{Task: "work", Index: 11,
 			Members: []health.Member{member("work", "x", 9001, "1.0.0")}}},
 	} {
 		ch <- o
@@ -287,8 +287,8 @@ func waitView(t *testing.T, s *fleet.Syncer, what string, ok func(*fleet.View) b
 // not CURRENT from its checks, which say the lease passes again.
 func TestMinConsulIndexHoldsTheLapseMarksToo(t *testing.T) {
 	s, obs := markingSyncer(t, nil)
-	obs <- health.Observation{Progress: &health.Progress{NonPassing: 200}}
-	obs <- health.Observation{Progress: &health.Progress{Generations: 200}}
+	obs <- health.Observation{Data: &health.Progress{NonPassing: 200}}
+	obs <- health.Observation{Data: &health.Progress{Generations: 200}}
 	deadline := time.After(5 * time.Second)
 	for p := s.Progress(""); p.NonPassing < 200 || p.Generations < 200; p = s.Progress("") {
 		select {
@@ -303,9 +303,9 @@ func TestMinConsulIndexHoldsTheLapseMarksToo(t *testing.T) {
 			asked.Store(least)
 			seq := uint64(1)
 			go func() { // the watcher's fresh read of the lapse marks, then its marker
-				obs <- health.Observation{Lapses: &health.LapseMarks{Index: 150,
+				obs <- health.Observation{Data: &health.LapseMarks{Index: 150,
 					Marks: []health.LapseMark{{InstanceID: "x", SessionID: "s-x", Generation: 1}}}}
-				obs <- health.Observation{Refreshed: &seq}
+				obs <- health.Observation{Data: &health.Refreshed{Seq: seq}}
 			}()
 			return seq, nil
 		}},
@@ -327,7 +327,7 @@ func TestMinConsulIndexHoldsTheLapseMarksToo(t *testing.T) {
 func TestLapsedAnswerCarriesItsMarksIndex(t *testing.T) {
 	lapsed := make(chan health.Executor, 4)
 	s, obs := markingSyncer(t, func(e health.Executor) { lapsed <- e })
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 60, Checks: []health.CheckState{
+	obs <- health.Observation{Data: &health.NonPassing{Index: 60, Checks: []health.CheckState{
 		{Node: "n1", CheckID: health.CheckID("x", "s-x", "work"),
 			ServiceID: health.ServiceID("x", "work"), Status: health.StatusCritical,
 			ModifyIndex: 60},
@@ -360,7 +360,7 @@ func TestLapsedAnswerCarriesItsMarksIndex(t *testing.T) {
 			r.State, r.ConsulIndex)
 	case <-time.After(50 * time.Millisecond): // absence check only
 	}
-	obs <- health.Observation{Lapses: &health.LapseMarks{Index: 70,
+	obs <- health.Observation{Data: &health.LapseMarks{Index: 70,
 		Marks: []health.LapseMark{{InstanceID: "x", SessionID: "s-x", Generation: 1}}}}
 	select {
 	case r := <-answer:
@@ -376,7 +376,7 @@ func TestLapsedAnswerCarriesItsMarksIndex(t *testing.T) {
 // comes anyway shortly before the caller's deadline, saying so.
 func TestLapsedAnswerWithoutItsMarkComesBeforeTheDeadline(t *testing.T) {
 	s, obs := markingSyncer(t, func(health.Executor) {})
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 60, Checks: []health.CheckState{
+	obs <- health.Observation{Data: &health.NonPassing{Index: 60, Checks: []health.CheckState{
 		{Node: "n1", CheckID: health.CheckID("x", "s-x", "work"),
 			ServiceID: health.ServiceID("x", "work"), Status: health.StatusCritical,
 			ModifyIndex: 60},
@@ -461,12 +461,12 @@ func syncedReplicaWithFeed(t *testing.T,
 	var want uint64
 	for _, o := range obs {
 		switch {
-		case o.NonPassing != nil:
-			want = max(want, o.NonPassing.Index)
-		case o.Generations != nil:
-			want = max(want, o.Generations.Index)
-		case o.Members != nil:
-			want = max(want, o.Members.Index)
+		case o.NonPassing() != nil:
+			want = max(want, o.NonPassing().Index)
+		case o.Generations() != nil:
+			want = max(want, o.Generations().Index)
+		case o.Members() != nil:
+			want = max(want, o.Members().Index)
 		}
 		ch <- o
 	}
@@ -503,20 +503,20 @@ func syncedReplicaWithFeed(t *testing.T,
 // generation and task queries' answers for 88 and 90 are still in flight (or
 // waiting out MinInterval): its view's index is 120 ≥ 90.
 func TestMinConsulIndexIsReachedByEveryWatchNotTheFurthest(t *testing.T) {
-	tasks := health.Observation{Tasks: &health.TaskList{Index: 40, Tasks: []string{"work"}}}
+	tasks := health.Observation{Data: &health.TaskList{Index: 40, Tasks: []string{"work"}}}
 	y1 := sessionMember("work", "y", "y1", 1, "node-a", 9101, health.StatusPassing, 40)
 	s1 := sessionMember("work", "x", "s1", 1, "node-a", 9001, health.StatusPassing, 40)
 	s2 := sessionMember("work", "x", "s2", 2, "node-b", 9002, health.StatusPassing, 90)
 
-	a := syncedReplica(t, tasks, health.Observation{NonPassing: &health.NonPassing{Index: 85}},
+	a := syncedReplica(t, tasks, health.Observation{Data: &health.NonPassing{Index: 85}},
 		health.Observation{
-			Generations: &health.Generations{
+			Data: &health.Generations{
 				Index: 88,
 				Keys:  fleettest.Keys(map[string]uint64{"x": 2, "y": 1}),
 			},
 		},
 		health.Observation{
-			Members: &health.TaskMembers{
+			Data: &health.TaskMembers{
 				Task:    "work",
 				Index:   90,
 				Members: []health.Member{y1, s1, s2},
@@ -525,15 +525,15 @@ func TestMinConsulIndexIsReachedByEveryWatchNotTheFurthest(t *testing.T) {
 	)
 	b := syncedReplica(t, tasks,
 		health.Observation{
-			Generations: &health.Generations{
+			Data: &health.Generations{
 				Index: 40,
 				Keys:  fleettest.Keys(map[string]uint64{"x": 1, "y": 1}),
 			},
 		},
 		health.Observation{
-			Members: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{y1, s1}},
+			Data: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{y1, s1}},
 		},
-		health.Observation{NonPassing: &health.NonPassing{Index: 120, Checks: []health.CheckState{
+		health.Observation{Data: &health.NonPassing{Index: 120, Checks: []health.CheckState{
 			{
 				Node:        "node-a",
 				CheckID:     health.CheckID("y", "y1", "work"),
@@ -579,10 +579,10 @@ func TestMinConsulIndexIsReachedByEveryWatchNotTheFurthest(t *testing.T) {
 // it must not answer CURRENT for min_consul_index 100.
 func TestLapsedAtAnIndexIsNotCurrentWhereTheChecksAreBehindIt(t *testing.T) {
 	tasks := health.Observation{
-		Tasks: &health.TaskList{Index: 40, Tasks: []string{"other", "work"}},
+		Data: &health.TaskList{Index: 40, Tasks: []string{"other", "work"}},
 	}
 	gens := health.Observation{
-		Generations: &health.Generations{
+		Data: &health.Generations{
 			Index: 40,
 			Keys:  fleettest.Keys(map[string]uint64{"x": 1, "o": 1}),
 		},
@@ -594,12 +594,12 @@ func TestLapsedAtAnIndexIsNotCurrentWhereTheChecksAreBehindIt(t *testing.T) {
 
 	a := syncedReplica(t, tasks, gens,
 		health.Observation{
-			Members: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{s1}},
+			Data: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{s1}},
 		},
 		health.Observation{
-			Members: &health.TaskMembers{Task: "other", Index: 40, Members: []health.Member{o1}},
+			Data: &health.TaskMembers{Task: "other", Index: 40, Members: []health.Member{o1}},
 		},
-		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+		health.Observation{Data: &health.NonPassing{Index: 100, Checks: []health.CheckState{
 			{
 				Node:        "node-a",
 				CheckID:     health.CheckID("x", "s1", "work"),
@@ -612,11 +612,11 @@ func TestLapsedAtAnIndexIsNotCurrentWhereTheChecksAreBehindIt(t *testing.T) {
 	)
 	b := syncedReplica(t, tasks, gens,
 		health.Observation{
-			Members: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{s1}},
+			Data: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{s1}},
 		},
-		health.Observation{NonPassing: &health.NonPassing{Index: 95}},
+		health.Observation{Data: &health.NonPassing{Index: 95}},
 		health.Observation{
-			Members: &health.TaskMembers{Task: "other", Index: 130, Members: []health.Member{o1b}},
+			Data: &health.TaskMembers{Task: "other", Index: 130, Members: []health.Member{o1b}},
 		},
 	)
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -679,9 +679,9 @@ func withIndexes(m health.Member, leaseCreated, serfCreated, serfModified uint64
 // dispatcher that acted on C's answer asks B with min_consul_index = C's
 // consul_index: B is behind, reads afresh, and must not answer CURRENT.
 func TestRefreshSeesAHealedNodeFailureInSerfHealthsIndexes(t *testing.T) {
-	tasks := health.Observation{Tasks: &health.TaskList{Index: 40, Tasks: []string{"work"}}}
+	tasks := health.Observation{Data: &health.TaskList{Index: 40, Tasks: []string{"work"}}}
 	gens := health.Observation{
-		Generations: &health.Generations{
+		Data: &health.Generations{
 			Index: 39,
 			Keys:  fleettest.Keys(map[string]uint64{"x": 1}),
 		},
@@ -692,16 +692,16 @@ func TestRefreshSeesAHealedNodeFailureInSerfHealthsIndexes(t *testing.T) {
 		sessionMember("work", "x", "s1", 1, "node-a", 9001, health.StatusPassing, 40), 40, 5, 60)
 
 	c := syncedReplica(t, tasks, gens,
-		health.Observation{NonPassing: &health.NonPassing{Index: 70}},
+		health.Observation{Data: &health.NonPassing{Index: 70}},
 		health.Observation{
-			Members: &health.TaskMembers{Task: "work", Index: 70, Members: []health.Member{after}},
+			Data: &health.TaskMembers{Task: "work", Index: 70, Members: []health.Member{after}},
 		},
 	)
 	b, bObs := syncedReplicaWithFeed(t, tasks, gens,
 		health.Observation{
-			Members: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{before}},
+			Data: &health.TaskMembers{Task: "work", Index: 40, Members: []health.Member{before}},
 		},
-		health.Observation{NonPassing: &health.NonPassing{Index: 45}},
+		health.Observation{Data: &health.NonPassing{Index: 45}},
 	)
 
 	ctx, cancel := context.WithTimeout(context.Background(), 2*time.Second)
@@ -724,14 +724,14 @@ func TestRefreshSeesAHealedNodeFailureInSerfHealthsIndexes(t *testing.T) {
 			seq := uint64(refreshes.Add(1))
 			go func() {
 				// The fast path carries every node's serfHealth with its indexes.
-				bObs <- health.Observation{NonPassing: &health.NonPassing{Index: 80,
+				bObs <- health.Observation{Data: &health.NonPassing{Index: 80,
 					Checks: []health.CheckState{
 						{Node: "node-a", CheckID: health.SerfHealthCheckID,
 							Status: health.StatusPassing, CreateIndex: 5, ModifyIndex: 60},
 					}}}
-				bObs <- health.Observation{Generations: &health.Generations{Index: 39,
+				bObs <- health.Observation{Data: &health.Generations{Index: 39,
 					Keys: fleettest.Keys(map[string]uint64{"x": 1})}}
-				bObs <- health.Observation{Refreshed: &seq}
+				bObs <- health.Observation{Data: &health.Refreshed{Seq: seq}}
 			}()
 			return seq, nil
 		}},
@@ -829,15 +829,15 @@ func (r dcRead) observations() []health.Observation {
 		)
 	}
 	return []health.Observation{
-		{Datacenter: r.dc, Tasks: &health.TaskList{Index: r.tasks, Tasks: []string{"work"}}},
-		{Datacenter: r.dc, NonPassing: &health.NonPassing{Index: r.np, Checks: serf}},
+		{Datacenter: r.dc, Data: &health.TaskList{Index: r.tasks, Tasks: []string{"work"}}},
+		{Datacenter: r.dc, Data: &health.NonPassing{Index: r.np, Checks: serf}},
 		{
-			Datacenter:  r.dc,
-			Generations: &health.Generations{Index: r.gen, Keys: fleettest.Keys(r.floor)},
+			Datacenter: r.dc,
+			Data:       &health.Generations{Index: r.gen, Keys: fleettest.Keys(r.floor)},
 		},
 		{
 			Datacenter: r.dc,
-			Members:    &health.TaskMembers{Task: "work", Index: r.membersAt, Members: r.members},
+			Data:       &health.TaskMembers{Task: "work", Index: r.membersAt, Members: r.members},
 		},
 	}
 }
@@ -954,13 +954,13 @@ var (
 	// x/s-x as B's members watch reads it next (at 5100: registered, passing).
 	xRegisteredInDC2 = health.Observation{
 		Datacenter: "dc2",
-		Members: &health.TaskMembers{Task: "work", Index: 5100,
+		Data: &health.TaskMembers{Task: "work", Index: 5100,
 			Members: []health.Member{dcMember("x", "s-x", 1, "m1", 9002, 5090)}},
 	}
 	// x/s-x's lease critical at 5150 (what replica A saw).
 	xLapsedInDC2 = health.Observation{
 		Datacenter: "dc2",
-		NonPassing: &health.NonPassing{Index: 5150, Checks: []health.CheckState{
+		Data: &health.NonPassing{Index: 5150, Checks: []health.CheckState{
 			{
 				Node:        "m1",
 				CheckID:     health.SerfHealthCheckID,
@@ -1075,7 +1075,7 @@ func TestCheckSessionReadsAfreshEveryDatacenterBehind(t *testing.T) {
 				obs <- xRegisteredInDC2
 				obs <- xLapsedInDC2
 			}
-			obs <- health.Observation{Datacenter: dc, Refreshed: &s, RefreshedAtLeast: atLeast}
+			obs <- health.Observation{Datacenter: dc, Data: &health.Refreshed{Seq: s, AtLeast: atLeast}}
 			return s, nil
 		}},
 	)

@@ -70,9 +70,9 @@ func startObservedXDS(t *testing.T) *observedXDS {
 	go g.Serve(lis)
 	o.addr = lis.Addr().String()
 	t.Cleanup(func() { g.Stop(); cancel(); <-done })
-	o.send(health.Observation{Tasks: &health.TaskList{Tasks: []string{"other", "work"}}})
-	o.send(health.Observation{NonPassing: &health.NonPassing{Index: 2}})
-	o.send(health.Observation{Generations: &health.Generations{Index: 2}})
+	o.send(health.Observation{Data: &health.TaskList{Tasks: []string{"other", "work"}}})
+	o.send(health.Observation{Data: &health.NonPassing{Index: 2}})
+	o.send(health.Observation{Data: &health.Generations{Index: 2}})
 	o.members("work", member("work", "a", 9001, "1.0.0"), member("work", "b", 9002, "2.0.0"))
 	o.members("other", member("other", "o", 9100, "1.0.0"))
 	return o
@@ -81,7 +81,7 @@ func startObservedXDS(t *testing.T) *observedXDS {
 // lapse makes b's lease critical: a removal from task work.
 func (f *fixture) lapseB() {
 	f.send(
-		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+		health.Observation{Data: &health.NonPassing{Index: 100, Checks: []health.CheckState{
 			{
 				Node:        "n1",
 				CheckID:     health.CheckID("b", "s-b", "work"),

@@ -108,9 +108,9 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 	go g.Serve(lis)
 	f.addr = lis.Addr().String()
 	t.Cleanup(func() { g.Stop(); cancel(); <-done })
-	f.send(health.Observation{Tasks: &health.TaskList{Tasks: []string{"other", "work"}}})
-	f.send(health.Observation{NonPassing: &health.NonPassing{Index: 2}})
-	f.send(health.Observation{Generations: &health.Generations{Index: 2}})
+	f.send(health.Observation{Data: &health.TaskList{Tasks: []string{"other", "work"}}})
+	f.send(health.Observation{Data: &health.NonPassing{Index: 2}})
+	f.send(health.Observation{Data: &health.Generations{Index: 2}})
 	f.members("work", member("work", "a", 9001, "1.0.0"), member("work", "b", 9002, "2.0.0"))
 	f.members("other", member("other", "o", 9100, "1.0.0"))
 	return f
@@ -122,7 +122,7 @@ func (f *fixture) members(task string, ms ...health.Member) {
 	f.idx++
 	f.send(
 		health.Observation{
-			Members: &health.TaskMembers{Task: task, Index: 10 + f.idx, Members: ms},
+			Data: &health.TaskMembers{Task: task, Index: 10 + f.idx, Members: ms},
 		},
 	)
 }
@@ -269,7 +269,7 @@ func TestADSPushesRemovalAndReplicasAgree(t *testing.T) {
 	a.ACK(ra, "work")
 	// b's endpoint lapses: pushed to the open stream
 	f.send(
-		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+		health.Observation{Data: &health.NonPassing{Index: 100, Checks: []health.CheckState{
 			{
 				Node:        "n1",
 				CheckID:     health.CheckID("b", "s-b", "work"),
@@ -306,7 +306,7 @@ func TestDeltaXDS(t *testing.T) {
 	f.members("other", member("other", "o", 9100, "1.0.0"), member("other", "o2", 9101, "1.0.0"))
 	// then a change of work is
 	f.send(
-		health.Observation{NonPassing: &health.NonPassing{Index: 100, Checks: []health.CheckState{
+		health.Observation{Data: &health.NonPassing{Index: 100, Checks: []health.CheckState{
 			{
 				Node:        "n1",
 				CheckID:     health.CheckID("a", "s-a", "work"),
@@ -350,7 +350,7 @@ func TestSotwSendsOnlyChangedTaskTypes(t *testing.T) {
 	}
 	// listeners did not change: nothing is sent on the LDS stream; a full-state
 	// type is resent whole only when one of its resources changes
-	f.send(health.Observation{Tasks: &health.TaskList{Tasks: []string{"other", "work", "new"}}})
+	f.send(health.Observation{Data: &health.TaskList{Tasks: []string{"other", "work", "new"}}})
 	f.members("new", member("new", "n", 9200, "1.0.0"))
 	l.ACK(lr, "work", "other", "new")
 	lr2 := l.Next()

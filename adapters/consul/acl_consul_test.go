@@ -263,16 +263,16 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 	for !sawGen || !sawCtl {
 		select {
 		case o := <-out:
-			if o.Cordons != nil {
-				t.Fatalf("the control watch sent cordons it may not read: %v", o.Cordons.Raw)
+			if o.Cordons() != nil {
+				t.Fatalf("the control watch sent cordons it may not read: %v", o.Cordons().Raw)
 			}
-			if ct := o.Contact; ct != nil && !ct.OK {
+			if ct := o.Contact(); ct != nil && !ct.OK {
 				if ct.Problem != health.ProblemACL || ct.Detail != gen {
 					t.Fatalf("watcher contact %+v, want ACL naming %s", *ct, gen)
 				}
 				sawGen = true
 			}
-			if ct := o.ControlContact; ct != nil {
+			if ct := o.ControlContact(); ct != nil {
 				if ct.OK || ct.Problem != health.ProblemACL || ct.Detail != ctl {
 					t.Fatalf("control contact %+v, want ACL naming %s", *ct, ctl)
 				}
@@ -294,14 +294,14 @@ func TestConsulACLWatchesReportTheMissingRight(t *testing.T) {
 		select {
 		case o := <-out:
 			switch {
-			case o.Cordons != nil:
-				cordons = len(o.Cordons.Raw) == 1
-			case o.ControlContact != nil && o.ControlContact.OK:
+			case o.Cordons() != nil:
+				cordons = len(o.Cordons().Raw) == 1
+			case o.ControlContact() != nil && o.ControlContact().OK:
 				if !cordons {
 					t.Fatal("the control watch said OK before sending the cordons it read")
 				}
 				ctlOK = true
-			case o.Contact != nil && o.Contact.OK:
+			case o.Contact() != nil && o.Contact().OK:
 				contactOK = true
 			}
 		case <-ctx.Done():

@@ -74,7 +74,7 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 			bytes:   2000,
 		},
 	)
-	for o := h.observe(); o.Members == nil; o = h.observe() {
+	for o := h.observe(); o.Members() == nil; o = h.observe() {
 	}
 	// 3000 bytes read against a burst of 1000: 2 s of debt (charged just
 	// after the observation goes out)
@@ -103,7 +103,7 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 	expectNo("nodes")
 	// the fast path is not paced
 	h.cat.push("nonpassing", scripted{index: 9})
-	for o := h.observe(); o.NonPassing == nil; o = h.observe() {
+	for o := h.observe(); o.NonPassing() == nil; o = h.observe() {
 	}
 	h.clock.Advance(1900 * time.Millisecond)
 	expectNo("nodes")
@@ -114,7 +114,7 @@ func TestWatcherReadBudgetPacesMembershipReads(t *testing.T) {
 	// generations: in debt too (its own budget), but a refresh (fencing) is
 	// answered at once
 	h.cat.push("generations", scripted{index: 3, bytes: 5000}) // answers its first query
-	for o := h.observe(); o.Generations == nil; o = h.observe() {
+	for o := h.observe(); o.Generations() == nil; o = h.observe() {
 	}
 	// the observation goes out before the watch charges the read
 	for deadline := time.Now().Add(5 * time.Second); h.w.genBudget.delay() < 4*time.Second; {
@@ -160,7 +160,7 @@ func TestGenerationRaiseNeverWaitsForAnotherTaskTypesDebt(t *testing.T) {
 			kv:    api.KVPairs{{Key: health.GenerationKeyPrefix + "a", Value: []byte("1")}},
 		},
 	)
-	for o := h.observe(); o.Generations == nil; o = h.observe() {
+	for o := h.observe(); o.Generations() == nil; o = h.observe() {
 	}
 	// a big task type's listing, read while the generations watch pauses
 	h.cat.call(t, "services")
@@ -184,7 +184,7 @@ func TestGenerationRaiseNeverWaitsForAnotherTaskTypesDebt(t *testing.T) {
 			entries: []*api.ServiceEntry{entry("work", "n1", "b", "s1", 1, "passing")},
 		},
 	)
-	for o := h.observe(); o.Members == nil; o = h.observe() {
+	for o := h.observe(); o.Members() == nil; o = h.observe() {
 	}
 	for deadline := time.Now().Add(5 * time.Second); h.w.budget.delay() < 7*time.Second; {
 		if time.Now().After(deadline) {
@@ -204,7 +204,7 @@ func TestGenerationRaiseNeverWaitsForAnotherTaskTypesDebt(t *testing.T) {
 		h.clock.Advance(10 * time.Millisecond)
 		select {
 		case o := <-h.out:
-			if o.Generations != nil && o.Generations.Keys["a"].Generation == 2 {
+			if o.Generations() != nil && o.Generations().Keys["a"].Generation == 2 {
 				return
 			}
 		case <-time.After(5 * time.Millisecond):

@@ -108,7 +108,7 @@ func (w *Watcher) contact(ctx context.Context, name string, err error) {
 	}
 	w.contactMu.Unlock()
 	if c != nil {
-		w.send(ctx, health.Observation{Contact: c})
+		w.send(ctx, health.Observation{Data: c})
 	}
 }
 

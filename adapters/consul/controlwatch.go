@@ -66,7 +66,7 @@ func (cw *ControlWatch) Run(ctx context.Context) error {
 			if answered || failedAs.Problem != prob ||
 				(prob != health.ProblemUnreachable && failedAs.Detail != detail) {
 				failedAs = health.Contact{Err: err, Problem: prob, Detail: detail}
-				if send(ctx, health.Observation{ControlContact: &failedAs}) != nil {
+				if send(ctx, health.Observation{Data: (*health.ControlContact)(&failedAs)}) != nil {
 					return false
 				}
 			}
@@ -89,7 +89,7 @@ func (cw *ControlWatch) Run(ctx context.Context) error {
 		}
 		if !answered {
 			answered, failedAs = true, health.Contact{}
-			ok := health.Observation{ControlContact: &health.Contact{OK: true}}
+			ok := health.Observation{Data: &health.ControlContact{OK: true}}
 			if err := send(ctx, ok); err != nil {
 				return 0, err
 			}
@@ -128,7 +128,7 @@ func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observa
 		out = append(
 			out,
 			health.Observation{
-				Rules: &health.RulesSource{Source: "consul-kv:" + RulesKey, Raw: rules},
+				Data: &health.RulesSource{Source: "consul-kv:" + RulesKey, Raw: rules},
 			},
 		)
 	}
@@ -136,7 +136,7 @@ func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observa
 		st.cordons = fp
 		out = append(
 			out,
-			health.Observation{Cordons: &health.CordonSet{Index: index, Raw: cordons}},
+			health.Observation{Data: &health.CordonSet{Index: index, Raw: cordons}},
 		)
 	}
 	return out

@@ -30,15 +30,15 @@ func TestSentControlSendsWhatChanged(t *testing.T) {
 		var got want
 		for _, o := range st.changes(step.pairs, uint64(10+i)) {
 			switch {
-			case o.Rules != nil:
+			case o.Rules() != nil:
 				got.rules = true
-				if o.Rules.Source != "consul-kv:"+RulesKey {
-					t.Errorf("step %d: rules source %q", i, o.Rules.Source)
+				if o.Rules().Source != "consul-kv:"+RulesKey {
+					t.Errorf("step %d: rules source %q", i, o.Rules().Source)
 				}
-			case o.Cordons != nil:
+			case o.Cordons() != nil:
 				got.cordons = true
-				if o.Cordons.Index != uint64(10+i) {
-					t.Errorf("step %d: cordons at index %d", i, o.Cordons.Index)
+				if o.Cordons().Index != uint64(10+i) {
+					t.Errorf("step %d: cordons at index %d", i, o.Cordons().Index)
 				}
 			}
 		}

@@ -148,7 +148,7 @@ func (w *Watcher) publish(ctx context.Context) (deliver func()) {
 			return
 		}
 		if np != nil {
-			w.send(ctx, health.Observation{NonPassing: np})
+			w.send(ctx, health.Observation{Data: np})
 			w.sendProgress(ctx, npProgress, at, idx)
 		} else {
 			w.sendProgress(ctx, npProgress, at, 0) // (none at 0: before the first listing)

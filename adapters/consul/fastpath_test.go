@@ -23,7 +23,7 @@ func serfCheck(node, status string, create, modify uint64) *api.HealthCheck {
 }
 
 func serfIn(o health.Observation, node string) (health.CheckState, bool) {
-	for _, c := range o.NonPassing.Checks {
+	for _, c := range o.NonPassing().Checks {
 		if c.Node == node && c.CheckID == health.SerfHealthCheckID {
 			return c, true
 		}
@@ -55,8 +55,8 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 	}
 	select {
 	case o := <-h.out:
-		if o.NonPassing != nil {
-			t.Fatalf("a set was sent before the critical checks were read: %+v", o.NonPassing)
+		if o.NonPassing() != nil {
+			t.Fatalf("a set was sent before the critical checks were read: %+v", o.NonPassing())
 		}
 	case <-time.After(50 * time.Millisecond): // absence check only
 	}
@@ -66,10 +66,10 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 		scripted{index: 12, checks: api.HealthChecks{serfCheck("n2", "critical", 4, 12)}},
 	)
 	var o health.Observation
-	for o = h.observe(); o.NonPassing == nil || len(o.NonPassing.Checks) < 2; o = h.observe() {
+	for o = h.observe(); o.NonPassing() == nil || len(o.NonPassing().Checks) < 2; o = h.observe() {
 	}
 	if c, ok := serfIn(o, "n1"); !ok || c.Status != "passing" {
-		t.Fatalf("n1's serfHealth missing: %+v", o.NonPassing.Checks)
+		t.Fatalf("n1's serfHealth missing: %+v", o.NonPassing().Checks)
 	}
 	if c, ok := serfIn(o, "n2"); !ok || c.Status != "critical" || c.ModifyIndex != 12 {
 		t.Fatalf("n2's serfHealth %+v, want critical at 12 (newer than the listing)", c)
@@ -96,7 +96,7 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 		}
 		break
 	}
-	for o = h.observe(); o.NonPassing == nil; o = h.observe() {
+	for o = h.observe(); o.NonPassing() == nil; o = h.observe() {
 	}
 	if c, ok := serfIn(o, "n2"); !ok || c.Status != "passing" || c.ModifyIndex != 15 {
 		t.Fatalf("n2 back: serfHealth %+v, want passing at 15 (not the listing's 4)", c)
@@ -104,10 +104,10 @@ func TestFastPathCombinesSerfAndReadsANodeBack(t *testing.T) {
 	// n1's serfHealth is known from the listing (at 10, or later if the
 	// listing answered again since): the set vouches for no index past it,
 	// nor past the non-passing read's 15.
-	if o.NonPassing.Index < 10 || o.NonPassing.Index > 15 {
+	if o.NonPassing().Index < 10 || o.NonPassing().Index > 15 {
 		t.Fatalf(
 			"set index %d, want the listing's (10 or later), at most the non-passing read's 15",
-			o.NonPassing.Index,
+			o.NonPassing().Index,
 		)
 	}
 }
@@ -136,12 +136,12 @@ func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
 		WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour},
 	)
 	last := nextObs(t, out, "a set with n1's serfHealth", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		_, ok := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
+		_, ok := checkIn(o.NonPassing(), "n1", health.SerfHealthCheckID)
 		return ok
-	}).NonPassing
+	}).NonPassing()
 	failed, back := *serf, *serf
 	failed.Status = "critical"
 	world.set(&failed, &back) // 101 critical, 102 passing again: no critical read sees it
@@ -160,13 +160,13 @@ func TestFastPathVouchesForSerfHealthOnlyUpToItsListing(t *testing.T) {
 		case <-deadline:
 			t.Fatal("the lapse at 103 never went out")
 		}
-		if o.Progress != nil {
-			vouched = max(vouched, o.Progress.NonPassing)
+		if o.Progress() != nil {
+			vouched = max(vouched, o.Progress().NonPassing)
 		}
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			continue
 		}
-		last, vouched = o.NonPassing, max(vouched, o.NonPassing.Index)
+		last, vouched = o.NonPassing(), max(vouched, o.NonPassing().Index)
 		if _, ok := checkIn(last, "n2", lapse.CheckID); ok {
 			break
 		}
@@ -253,8 +253,8 @@ func TestFastPathSetWaitingForTheChannelHoldsNoLock(t *testing.T) {
 	for deadline := time.After(5 * time.Second); ; {
 		select {
 		case o := <-out:
-			sawSet = sawSet || o.NonPassing != nil
-			if o.Refreshed != nil && *o.Refreshed >= r.seq {
+			sawSet = sawSet || o.NonPassing() != nil
+			if o.Refreshed() != nil && o.Refreshed().Seq >= r.seq {
 				if !sawSet {
 					t.Fatal("the refresh's marker went out before the set decided before it")
 				}
@@ -304,10 +304,10 @@ func TestStaleCriticalAnswerNeverUndoesALapse(t *testing.T) {
 	world.set(leaseCheck("warning")) // index 60
 	_, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond})
 	nextObs(t, out, "first set with a warning", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work"))
+		c, ok := checkIn(o.NonPassing(), "n1", health.CheckID("a", "s1", "work"))
 		return ok && c.Status == health.StatusWarning
 	})
 
@@ -322,28 +322,28 @@ func TestStaleCriticalAnswerNeverUndoesALapse(t *testing.T) {
 	}
 	world.set(leaseCheck("critical")) // 62: a lapses
 	lapse := nextObs(t, out, "a's lapse at 62", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work"))
+		c, ok := checkIn(o.NonPassing(), "n1", health.CheckID("a", "s1", "work"))
 		return ok && c.Status == health.StatusCritical
 	})
-	t.Logf("lapse published at index %d", lapse.NonPassing.Index)
+	t.Logf("lapse published at index %d", lapse.NonPassing().Index)
 	close(release)
 
 	for quiet := time.After(300 * time.Millisecond); ; {
 		select {
 		case o := <-out:
-			if o.NonPassing == nil {
+			if o.NonPassing() == nil {
 				continue
 			}
-			np := o.NonPassing
+			np := o.NonPassing()
 			e := health.Join(memberA(), health.NewNonPassingSet(*np))
-			if np.Index < lapse.NonPassing.Index || e.LeaseStatus != health.StatusCritical {
+			if np.Index < lapse.NonPassing().Index || e.LeaseStatus != health.StatusCritical {
 				t.Fatalf(
 					"after the lapse went out at index %d, a set at index %d says a's lease is "+
 						"%q (checks %+v): a stale critical answer replaced a fresher read",
-					lapse.NonPassing.Index,
+					lapse.NonPassing().Index,
 					np.Index,
 					e.LeaseStatus,
 					np.Checks,
@@ -377,10 +377,10 @@ func TestRefreshNeverVouchesForAStaleSerfHealth(t *testing.T) {
 	// Default SlowInterval: 1 s.
 	w, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond})
 	first := nextObs(t, out, "a set with n1's serfHealth", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		_, ok := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
+		_, ok := checkIn(o.NonPassing(), "n1", health.SerfHealthCheckID)
 		return ok
 	})
 	start := time.Now()
@@ -388,7 +388,7 @@ func TestRefreshNeverVouchesForAStaleSerfHealth(t *testing.T) {
 	failed.Status = "critical"
 	world.set(&failed, &back) // 101 critical, 102 passing again
 
-	last := first.NonPassing
+	last := first.NonPassing()
 	var progress uint64
 	seq, err := w.Refresh(context.Background(), 102)
 	if err != nil {
@@ -402,15 +402,15 @@ func TestRefreshNeverVouchesForAStaleSerfHealth(t *testing.T) {
 			t.Fatal("no Refreshed marker")
 		}
 		switch {
-		case o.NonPassing != nil:
-			last = o.NonPassing
-			progress = max(progress, o.NonPassing.Index)
-		case o.Progress != nil:
-			progress = max(progress, o.Progress.NonPassing)
-		case o.Refreshed != nil && *o.Refreshed >= seq:
-			progress = max(progress, o.RefreshedAtLeast)
+		case o.NonPassing() != nil:
+			last = o.NonPassing()
+			progress = max(progress, o.NonPassing().Index)
+		case o.Progress() != nil:
+			progress = max(progress, o.Progress().NonPassing)
+		case o.Refreshed() != nil && o.Refreshed().Seq >= seq:
+			progress = max(progress, o.Refreshed().AtLeast)
 		}
-		if o.Refreshed != nil && *o.Refreshed >= seq {
+		if o.Refreshed() != nil && o.Refreshed().Seq >= seq {
 			break
 		}
 	}
@@ -453,20 +453,20 @@ func TestNodeBackSeenByTheWarningWatchIsReadByNode(t *testing.T) {
 	world.set(leaseCheck("passing")) // 100
 	_, out := runWorld(t, world, WatchConfig{MinInterval: time.Millisecond})
 	nextObs(t, out, "a set with n1's serfHealth", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		_, ok := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
+		_, ok := checkIn(o.NonPassing(), "n1", health.SerfHealthCheckID)
 		return ok
 	})
 	failed := *serf
 	failed.Status = "critical"
 	world.set(&failed) // 101
 	nextObs(t, out, "n1 failed", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		c, _ := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
+		c, _ := checkIn(o.NonPassing(), "n1", health.SerfHealthCheckID)
 		return c.Status == health.StatusCritical
 	})
 	held, release := world.holdNextCritical()
@@ -481,16 +481,16 @@ func TestNodeBackSeenByTheWarningWatchIsReadByNode(t *testing.T) {
 	for quiet := time.After(300 * time.Millisecond); ; {
 		select {
 		case o := <-out:
-			if o.NonPassing == nil {
+			if o.NonPassing() == nil {
 				continue
 			}
-			c, _ := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
-			if e := health.Join(memberA(), health.NewNonPassingSet(*o.NonPassing)); !e.NodeFailed {
+			c, _ := checkIn(o.NonPassing(), "n1", health.SerfHealthCheckID)
+			if e := health.Join(memberA(), health.NewNonPassingSet(*o.NonPassing())); !e.NodeFailed {
 				t.Fatalf(
 					"n1 failed at 101 and came back at 102; the set at index %d carries its "+
 						"serfHealth %+v (the listing from before the failure): NodeFailed false "+
 						"for session s1, whose lease check was created at 40",
-					o.NonPassing.Index,
+					o.NonPassing().Index,
 					c,
 				)
 			}
@@ -542,10 +542,10 @@ func TestFailedCrossReadIsRetried(t *testing.T) {
 		WatchConfig{MinInterval: time.Millisecond, MaxBackoff: 200 * time.Millisecond},
 	)
 	nextObs(t, out, "first set with a warning", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work"))
+		c, ok := checkIn(o.NonPassing(), "n1", health.CheckID("a", "s1", "work"))
 		return ok && c.Status == health.StatusWarning
 	})
 	time.Sleep(50 * time.Millisecond) // both watches back in their blocking queries
@@ -568,17 +568,17 @@ func TestFailedCrossReadIsRetried(t *testing.T) {
 	for quiet := time.After(1500 * time.Millisecond); ; {
 		select {
 		case o := <-out:
-			if o.NonPassing == nil {
+			if o.NonPassing() == nil {
 				continue
 			}
-			e := health.Join(memberA(), health.NewNonPassingSet(*o.NonPassing))
+			e := health.Join(memberA(), health.NewNonPassingSet(*o.NonPassing()))
 			if e.LeaseStatus == health.StatusPassing {
 				t.Fatalf(
 					"a lapsed at 62 (it was full, lease warning, before); a set at index %d "+
 						"(checks %+v) has a in neither state: Join reads its lease as passing "+
 						"and a is routed",
-					o.NonPassing.Index,
-					o.NonPassing.Checks,
+					o.NonPassing().Index,
+					o.NonPassing().Checks,
 				)
 			}
 		case <-quiet:
@@ -608,7 +608,7 @@ func TestWarningWatchFailureDoesNotWithholdALapse(t *testing.T) {
 	world.set(leaseCheck("passing")) // 100
 	fw := newFaulty(world)
 	_, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond})
-	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing() != nil })
 	time.Sleep(50 * time.Millisecond)
 	fw.mu.Lock()
 	fw.failAll[api.HealthWarning] = true
@@ -621,10 +621,10 @@ func TestWarningWatchFailureDoesNotWithholdALapse(t *testing.T) {
 	for deadline := time.After(3 * time.Second); ; {
 		select {
 		case o := <-out:
-			if o.NonPassing == nil {
+			if o.NonPassing() == nil {
 				continue
 			}
-			if c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work")); ok &&
+			if c, ok := checkIn(o.NonPassing(), "n1", health.CheckID("a", "s1", "work")); ok &&
 				c.Status == health.StatusCritical {
 				t.Logf("lapse published after %v", time.Since(start))
 				return
@@ -671,7 +671,7 @@ func TestNodesBackDoNotDelayALapse(t *testing.T) {
 	world.set(leaseCheck("passing"))
 	fw := newFaulty(world)
 	_, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond})
-	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing() != nil })
 	var failed []*api.HealthCheck
 	for _, s := range serfs {
 		c := *s
@@ -680,10 +680,10 @@ func TestNodesBackDoNotDelayALapse(t *testing.T) {
 	}
 	world.set(failed...)
 	nextObs(t, out, "the nodes failed", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		c, _ := checkIn(o.NonPassing, failed[0].Node, health.SerfHealthCheckID)
+		c, _ := checkIn(o.NonPassing(), failed[0].Node, health.SerfHealthCheckID)
 		return c.Status == health.StatusCritical
 	})
 	time.Sleep(50 * time.Millisecond)
@@ -695,10 +695,10 @@ func TestNodesBackDoNotDelayALapse(t *testing.T) {
 	start := time.Now()
 	world.set(leaseCheck("critical")) // a lapses
 	o := nextObs(t, out, "a's lapse", func(o health.Observation) bool {
-		if o.NonPassing == nil {
+		if o.NonPassing() == nil {
 			return false
 		}
-		c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work"))
+		c, ok := checkIn(o.NonPassing(), "n1", health.CheckID("a", "s1", "work"))
 		return ok && c.Status == health.StatusCritical
 	})
 	took := time.Since(start)
@@ -709,7 +709,7 @@ func TestNodesBackDoNotDelayALapse(t *testing.T) {
 				"by-node reads under the fast path's lock (set index %d)",
 			took.Round(time.Millisecond),
 			fw.nodeCalls.Load(),
-			o.NonPassing.Index,
+			o.NonPassing().Index,
 		)
 	}
 }
@@ -749,8 +749,8 @@ func TestFastPathGapStillCarriesLapses(t *testing.T) {
 		for {
 			select {
 			case o := <-h.out:
-				if o.NonPassing != nil {
-					return o.NonPassing
+				if o.NonPassing() != nil {
+					return o.NonPassing()
 				}
 			case <-deadline:
 				t.Fatalf("no set: %s", what)
@@ -765,10 +765,10 @@ func TestFastPathGapStillCarriesLapses(t *testing.T) {
 		select {
 		case o := <-h.out:
 			switch {
-			case o.NonPassing != nil:
-				vouched = o.NonPassing.Index
-			case o.Progress != nil:
-				vouched = max(vouched, o.Progress.NonPassing)
+			case o.NonPassing() != nil:
+				vouched = o.NonPassing().Index
+			case o.Progress() != nil:
+				vouched = max(vouched, o.Progress().NonPassing)
 			}
 			if vouched > 10 {
 				t.Fatalf("the first set vouches for %d, want 10", vouched)
@@ -812,8 +812,8 @@ func TestFastPathGapStillCarriesLapses(t *testing.T) {
 	for {
 		select {
 		case o := <-h.out:
-			if o.Progress != nil && o.Progress.NonPassing >= 21 ||
-				o.NonPassing != nil && o.NonPassing.Index >= 21 {
+			if o.Progress() != nil && o.Progress().NonPassing >= 21 ||
+				o.NonPassing() != nil && o.NonPassing().Index >= 21 {
 				return
 			}
 		case <-deadline:

@@ -97,7 +97,7 @@ func (w *Watcher) watchLapses(ctx context.Context, cat lapseCatalog) {
 			return idx, nil
 		}
 		first, last = false, marks
-		w.send(ctx, health.Observation{Lapses: &health.LapseMarks{Index: idx, Marks: marks}})
+		w.send(ctx, health.Observation{Data: &health.LapseMarks{Index: idx, Marks: marks}})
 		w.sendProgress(ctx, "lapses", at, idx)
 		return idx, nil
 	}

@@ -198,8 +198,8 @@ func TestWatcherRereadsOnlyChangedMembers(t *testing.T) {
 	}
 	members := func() []health.Member {
 		for {
-			if o := h.observe(); o.Members != nil {
-				return o.Members.Members
+			if o := h.observe(); o.Members() != nil {
+				return o.Members().Members
 			}
 		}
 	}
@@ -268,7 +268,7 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 	}
 	h.cat.push("nodes/work", scripted{index: 10, nodes: nodes})
 	h.cat.push("health/work", scripted{index: 10, entries: entries})
-	for o := h.observe(); o.Members == nil; o = h.observe() {
+	for o := h.observe(); o.Members() == nil; o = h.observe() {
 	}
 	// n1 goes into maintenance at 11
 	maint := &api.HealthCheck{
@@ -281,7 +281,7 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 	h.cat.push("nonpassing", scripted{index: 11, checks: api.HealthChecks{maint}})
 	var np *health.NonPassing
 	for np == nil {
-		np = h.observe().NonPassing
+		np = h.observe().NonPassing()
 	}
 	// churn: b registers at 12; Consul's health read now shows a with the
 	// maintenance check too
@@ -302,8 +302,8 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 	h.cat.push("health/work", scripted{index: 12, entries: entries2})
 	var members []health.Member
 	for members == nil {
-		if o := h.observe(); o.Members != nil && len(o.Members.Members) == 5 {
-			members = o.Members.Members
+		if o := h.observe(); o.Members() != nil && len(o.Members().Members) == 5 {
+			members = o.Members().Members
 		}
 	}
 	set := health.NewNonPassingSet(*np)

@@ -60,7 +60,7 @@ func TestWatcherReportsAFailureAgainWhenItsKindChanges(t *testing.T) {
 		t.Helper()
 		select {
 		case o := <-out:
-			return o.Contact
+			return o.Contact()
 		default:
 			return nil
 		}

@@ -223,8 +223,7 @@ func (w *Watcher) runRound(ctx context.Context, round *refreshRound) bool {
 			return false
 		}
 	}
-	seq := round.seq
-	return w.send(ctx, health.Observation{Refreshed: &seq})
+	return w.send(ctx, health.Observation{Data: &health.Refreshed{Seq: round.seq}})
 }
 
 // kvIndexCatalog can read the index of the datacenter's latest KV write

@@ -211,7 +211,7 @@ func startBusyFleet(b *testing.B) *busyFleet {
 		for {
 			select {
 			case o := <-obs:
-				if o.Refreshed != nil {
+				if o.Refreshed() != nil {
 					f.refreshes.Add(1)
 				}
 				select {

@@ -243,7 +243,7 @@ func settledKVWorldOf(
 		out,
 		"the first set, generation keys and lapse marks",
 		func(o health.Observation) bool {
-			gens, lapses = gens || o.Generations != nil, lapses || o.Lapses != nil
+			gens, lapses = gens || o.Generations() != nil, lapses || o.Lapses() != nil
 			return gens && lapses
 		},
 	)
@@ -255,11 +255,11 @@ func settledKVWorldOf(
 		out,
 		"the set at 106, with a's lease in state warning and n1's serfHealth",
 		func(o health.Observation) bool {
-			if o.NonPassing == nil {
+			if o.NonPassing() == nil {
 				return false
 			}
-			c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work"))
-			_, listed := checkIn(o.NonPassing, "n1", health.SerfHealthCheckID)
+			c, ok := checkIn(o.NonPassing(), "n1", health.CheckID("a", "s1", "work"))
+			_, listed := checkIn(o.NonPassing(), "n1", health.SerfHealthCheckID)
 			// the warning watch's answer (and its read of the critical checks)
 			// is in, and the serfHealth listing's
 			return ok && c.ModifyIndex == 106 && c.Status == health.StatusWarning && listed
@@ -295,7 +295,7 @@ func refreshOf(
 	var got []health.Observation
 	nextObs(t, out, "the refresh's marker", func(o health.Observation) bool {
 		got = append(got, o)
-		return o.Refreshed != nil && *o.Refreshed >= seq
+		return o.Refreshed() != nil && o.Refreshed().Seq >= seq
 	})
 	return got
 }
@@ -338,8 +338,8 @@ func TestRefreshReadsOnlyTheWatchesBehind(t *testing.T) {
 	}
 	var gen, lapses uint64
 	for _, o := range got {
-		if o.Progress != nil {
-			gen, lapses = max(gen, o.Progress.Generations), max(lapses, o.Progress.Lapses)
+		if o.Progress() != nil {
+			gen, lapses = max(gen, o.Progress().Generations), max(lapses, o.Progress().Lapses)
 		}
 	}
 	if gen < 106 || lapses < 106 {
@@ -366,8 +366,8 @@ func TestGenerationAnswerAfterAChecksAnswerIsCurrentAtItsIndex(t *testing.T) {
 		out,
 		"the generation keys and lapse marks current at 106",
 		func(o health.Observation) bool {
-			if o.Progress != nil {
-				gen, lapses = max(gen, o.Progress.Generations), max(lapses, o.Progress.Lapses)
+			if o.Progress() != nil {
+				gen, lapses = max(gen, o.Progress().Generations), max(lapses, o.Progress().Lapses)
 			}
 			return gen >= 106 && lapses >= 106
 		},
@@ -417,7 +417,7 @@ func TestRefreshRoundsOneAtATime(t *testing.T) {
 		out,
 		"the marker of the shared round",
 		func(o health.Observation) bool {
-			return o.Refreshed != nil && *o.Refreshed >= last.Load()
+			return o.Refreshed() != nil && o.Refreshed().Seq >= last.Load()
 		},
 	)
 	after := world.freshReads()
@@ -448,8 +448,8 @@ func TestRefreshReadsTheLapseMarksWhenBehind(t *testing.T) {
 	m := world.put(health.LapseMarkKey("a", "s0"), `{"generation":1}`)
 	got := refreshOf(t, w, out, m)
 	for _, o := range got {
-		if o.Lapses != nil {
-			for _, mark := range o.Lapses.Marks {
+		if o.Lapses() != nil {
+			for _, mark := range o.Lapses().Marks {
 				if mark.InstanceID == "a" && mark.SessionID == "s0" {
 					return
 				}
@@ -483,10 +483,10 @@ func TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget(t *testing.T) {
 	)
 	// the generation keys at 3, then the critical checks at 5
 	h.cat.push("generations", scripted{index: 3})
-	for o := h.observe(); o.Generations == nil; o = h.observe() {
+	for o := h.observe(); o.Generations() == nil; o = h.observe() {
 	}
 	h.cat.push("nonpassing", scripted{index: 5})
-	for o := h.observe(); o.NonPassing == nil; o = h.observe() {
+	for o := h.observe(); o.NonPassing() == nil; o = h.observe() {
 	}
 	// (the set is vouched for only up to its serfHealth listing, here below
 	// 5: round 1 may read the checks afresh too, at no cost in the fake)
@@ -498,7 +498,7 @@ func TestRefreshRoundsHaveTheirOwnShareOfTheReadBudget(t *testing.T) {
 	}
 	refreshed := func(seq uint64) {
 		t.Helper()
-		for o := h.observe(); o.Refreshed == nil || *o.Refreshed < seq; o = h.observe() {
+		for o := h.observe(); o.Refreshed() == nil || o.Refreshed().Seq < seq; o = h.observe() {
 		}
 	}
 
@@ -631,8 +631,8 @@ func TestRefreshAsksWhetherAKVWriteFollowedBeforeReadingTheListings(t *testing.T
 	}
 	var gen, lapses uint64
 	for _, o := range got {
-		if o.Progress != nil {
-			gen, lapses = max(gen, o.Progress.Generations), max(lapses, o.Progress.Lapses)
+		if o.Progress() != nil {
+			gen, lapses = max(gen, o.Progress().Generations), max(lapses, o.Progress().Lapses)
 		}
 	}
 	if gen < 106 || lapses < 106 {
@@ -843,9 +843,9 @@ func TestConcurrentRefreshesEachGetTheirMarker(t *testing.T) {
 	markerChanged := make(chan struct{}, 1)
 	go func() {
 		for o := range out {
-			if o.Refreshed != nil {
+			if o.Refreshed() != nil {
 				mu.Lock()
-				marker = max(marker, *o.Refreshed)
+				marker = max(marker, o.Refreshed().Seq)
 				mu.Unlock()
 				select {
 				case markerChanged <- struct{}{}:
@@ -1020,7 +1020,7 @@ func TestRefreshListsEveryNodeSerfHealthOnce(t *testing.T) {
 	world.set(leaseCheck("passing"))
 	fw := newFaulty(world)
 	w, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
-	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing() != nil })
 	time.Sleep(100 * time.Millisecond)
 	const n = 5
 	before := fw.serfCalls.Load()
@@ -1030,7 +1030,7 @@ func TestRefreshListsEveryNodeSerfHealthOnce(t *testing.T) {
 			t,
 			out,
 			"refreshed",
-			func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq },
+			func(o health.Observation) bool { return o.Refreshed() != nil && o.Refreshed().Seq >= seq },
 		)
 	}
 	per := float64(fw.serfCalls.Load()-before) / n
@@ -1070,7 +1070,7 @@ func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
 			MaxBackoff:   50 * time.Millisecond,
 		},
 	)
-	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing() != nil })
 	fw.mu.Lock()
 	fw.failFresh[api.HealthCritical] = 1
 	fw.mu.Unlock()
@@ -1079,7 +1079,7 @@ func TestRefreshWhoseFreshReadFailsIsAnsweredByTheNextRead(t *testing.T) {
 		t,
 		out,
 		"refreshed after the failed fresh read",
-		func(o health.Observation) bool { return o.Refreshed != nil && *o.Refreshed >= seq },
+		func(o health.Observation) bool { return o.Refreshed() != nil && o.Refreshed().Seq >= seq },
 	)
 	fw.mu.Lock()
 	defer fw.mu.Unlock()
@@ -1147,7 +1147,7 @@ func TestRefreshDuringAnAnswerLosesNothing(t *testing.T) {
 	cat := &refreshOnAnswer{worldCatalog: world, fresh: make(chan struct{}, 1)}
 	w, out := runWorld(t, cat, WatchConfig{MinInterval: time.Millisecond, SlowInterval: time.Hour})
 	cat.w = w // read only once armed (below): the atomic orders it
-	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing != nil })
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing() != nil })
 	for i := range 20 {
 		status := []string{"critical", "passing"}[i%2]
 		cat.armed.Store(true)
@@ -1157,10 +1157,10 @@ func TestRefreshDuringAnAnswerLosesNothing(t *testing.T) {
 			out,
 			fmt.Sprintf("round %d: a's lease %s", i, status),
 			func(o health.Observation) bool {
-				if o.NonPassing == nil {
+				if o.NonPassing() == nil {
 					return false
 				}
-				c, ok := checkIn(o.NonPassing, "n1", health.CheckID("a", "s1", "work"))
+				c, ok := checkIn(o.NonPassing(), "n1", health.CheckID("a", "s1", "work"))
 				return (status == "critical") == (ok && c.Status == health.StatusCritical)
 			},
 		)

@@ -205,7 +205,7 @@ func (w *Watcher) sendProgress(ctx context.Context, name string, at, sent uint64
 		default:
 			p.NonPassing = at
 		}
-		w.send(ctx, health.Observation{Progress: &p})
+		w.send(ctx, health.Observation{Data: &p})
 	}
 	w.refresh.raise(name, at)
 }

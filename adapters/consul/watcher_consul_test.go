@@ -104,8 +104,8 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 	for members := 0; members < n; {
 		select {
 		case o := <-out:
-			if o.Members != nil {
-				members = len(o.Members.Members)
+			if o.Members() != nil {
+				members = len(o.Members().Members)
 			}
 		case <-deadline:
 			t.Fatal("membership of 1,000 never observed")
@@ -131,11 +131,11 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 		for seen == 0 {
 			select {
 			case o := <-out:
-				if o.NonPassing == nil {
+				if o.NonPassing() == nil {
 					continue
 				}
 				got := ""
-				for _, c := range o.NonPassing.Checks {
+				for _, c := range o.NonPassing().Checks {
 					if c.CheckID == victim {
 						got = string(c.Status)
 					}
@@ -235,7 +235,7 @@ func TestConsulMembershipChangeReadsWhatChanged(t *testing.T) {
 		for {
 			select {
 			case o := <-out:
-				if o.Members != nil && ok(o.Members.Members) {
+				if o.Members() != nil && ok(o.Members().Members) {
 					return
 				}
 			case <-deadline:
@@ -351,23 +351,23 @@ func TestConsulNewSessionsKeyComesWithItsMembership(t *testing.T) {
 		t,
 		out,
 		"the one generation listing",
-		func(o health.Observation) bool { return o.Generations != nil },
+		func(o health.Observation) bool { return o.Generations() != nil },
 	)
 	e := runLive(t, a, "exec-1", nil)
 	keyOf := func(s *Session) {
 		t.Helper()
 		o := nextObs(t, out, "the membership with session "+s.ID, func(o health.Observation) bool {
-			if o.Members == nil {
+			if o.Members() == nil {
 				return false
 			}
-			for _, m := range o.Members.Members {
+			for _, m := range o.Members().Members {
 				if m.InstanceID == "exec-1" && m.SessionID == s.ID {
 					return true
 				}
 			}
 			return false
 		})
-		k := o.Members.Keys["exec-1"]
+		k := o.Members().Keys["exec-1"]
 		if k.Generation != s.Generation || k.SessionID != s.ID || k.ModifyIndex == 0 {
 			t.Fatalf(
 				"the membership carries exec-1's key %+v, want generation %d of session %s",

@@ -424,8 +424,8 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 	}
 	cancel()
 	h.cat.push("nonpassing", scripted{index: 10, checks: api.HealthChecks{crit("n", "a", 9)}})
-	if o := h.observe(); o.NonPassing == nil || o.NonPassing.Index != 10 ||
-		len(o.NonPassing.Checks) != 1 {
+	if o := h.observe(); o.NonPassing() == nil || o.NonPassing().Index != 10 ||
+		len(o.NonPassing().Checks) != 1 {
 		t.Fatalf("observation %+v", o)
 	}
 	c := h.stepUntil("nonpassing", 10*time.Millisecond) // past the pace between queries
@@ -442,20 +442,20 @@ func TestWatcherFastPathIndexRules(t *testing.T) {
 		t.Fatalf("third query index %d", c.index)
 	}
 	o := h.observe()
-	for o.Progress != nil && o.Progress.NonPassing < 12 {
+	for o.Progress() != nil && o.Progress().NonPassing < 12 {
 		// The serf listing's progress at the earlier index.
 		o = h.observe()
 	}
 	// (at 12 or above: an answer received after the serf listing at 1000
 	// is current at 1000 too, refresh.go's receipt)
-	if o.Progress == nil || o.Progress.NonPassing < 12 || o.NonPassing != nil {
+	if o.Progress() == nil || o.Progress().NonPassing < 12 || o.NonPassing() != nil {
 		t.Fatalf("identical body produced %+v, want only progress to 12 or more", o)
 	}
 	// index went backwards (Consul restarted): reset to 0
 	h.cat.push("nonpassing", scripted{index: 3})
-	for o = h.observe(); o.Progress != nil; o = h.observe() { // the serf listing's
+	for o = h.observe(); o.Progress() != nil; o = h.observe() { // the serf listing's
 	}
-	if o.NonPassing == nil || len(o.NonPassing.Checks) != 0 {
+	if o.NonPassing() == nil || len(o.NonPassing().Checks) != 0 {
 		t.Fatalf("observation %+v", o)
 	}
 	if c := h.stepUntil("nonpassing", 10*time.Millisecond); c.index != 0 {
@@ -497,7 +497,7 @@ func TestWatcherBacksOffAndReportsContact(t *testing.T) {
 	h.cat.call(t, "nonpassing")
 	h.cat.push("nonpassing", scripted{err: errors.New("connection refused")})
 	o := h.observe()
-	if o.Contact == nil || o.Contact.OK {
+	if o.Contact() == nil || o.Contact().OK {
 		// the services loop may report first; either way one failure report
 		t.Fatalf("want a contact failure, got %+v", o)
 	}
@@ -517,12 +517,12 @@ func TestWatcherBacksOffAndReportsContact(t *testing.T) {
 	for !(seenOK && seenObs) {
 		o := h.observe()
 		switch {
-		case o.Contact != nil && o.Contact.OK:
+		case o.Contact() != nil && o.Contact().OK:
 			seenOK = true
-		case o.NonPassing != nil:
+		case o.NonPassing() != nil:
 			seenObs = true
-		case o.Contact != nil:
-			t.Fatalf("second failure report: %+v", o.Contact)
+		case o.Contact() != nil:
+			t.Fatalf("second failure report: %+v", o.Contact())
 		}
 	}
 	if h.w.LastContact().IsZero() {
@@ -609,14 +609,14 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 		},
 	)
 	o := h.observe()
-	if o.Tasks == nil || len(o.Tasks.Tasks) != 1 || o.Tasks.Tasks[0] != "work" {
+	if o.Tasks() == nil || len(o.Tasks().Tasks) != 1 || o.Tasks().Tasks[0] != "work" {
 		t.Fatalf("task list %+v", o)
 	}
 	o = h.observe()
-	if o.Members == nil || o.Members.Task != "work" || len(o.Members.Members) != 1 {
+	if o.Members() == nil || o.Members().Task != "work" || len(o.Members().Members) != 1 {
 		t.Fatalf("members %+v", o)
 	}
-	m := o.Members.Members[0]
+	m := o.Members().Members[0]
 	if m.Err != nil || m.InstanceID != "a" || m.SessionID != "s1" || len(m.Checks) != 2 {
 		t.Fatalf("member %+v", m)
 	}
@@ -645,22 +645,22 @@ func TestWatcherMembershipFollowsCatalogAndDropsGoneTasks(t *testing.T) {
 	bad := entry("work", "n1", "a", "s1", 1, "passing")
 	bad.Service.Meta["capacity"] = "abc"
 	h.cat.push("health/work", scripted{index: 12, entries: []*api.ServiceEntry{bad}})
-	for o = h.observe(); o.Members == nil; o = h.observe() { // the query is in flight already
+	for o = h.observe(); o.Members() == nil; o = h.observe() { // the query is in flight already
 	}
-	if o.Members.Members[0].Err == nil {
-		t.Fatalf("bad metadata not reported: %+v", o.Members)
+	if o.Members().Members[0].Err == nil {
+		t.Fatalf("bad metadata not reported: %+v", o.Members())
 	}
 	// the task's service disappears: Gone, and its watch stops
 	h.clock.Advance(time.Second)
 	h.cat.push("services", scripted{index: 20, services: map[string][]string{"web": {"other"}}})
 	for {
 		o = h.observe()
-		if o.Members != nil && o.Members.Gone {
+		if o.Members() != nil && o.Members().Gone {
 			break
 		}
 	}
-	if o.Members.Task != "work" {
-		t.Fatalf("gone %+v", o.Members)
+	if o.Members().Task != "work" {
+		t.Fatalf("gone %+v", o.Members())
 	}
 }
 
@@ -739,7 +739,7 @@ func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
 			entries: []*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing")},
 		},
 	)
-	for o := h.observe(); o.Members == nil; o = h.observe() {
+	for o := h.observe(); o.Members() == nil; o = h.observe() {
 	}
 	// a restarted agent replays the same indexes with a new session
 	h.cat.push("nodes/work", scripted{index: 8, nodes: []*api.CatalogService{node("s2")}})
@@ -757,11 +757,11 @@ func TestWatcherRereadsWhenContentChangesAtTheSameIndex(t *testing.T) {
 		h.clock.Advance(time.Second)
 		select {
 		case o := <-h.out:
-			if o.Members == nil {
+			if o.Members() == nil {
 				continue
 			}
-			if o.Members.Members[0].SessionID != "s2" {
-				t.Fatalf("members not re-read: %+v", o.Members.Members[0])
+			if o.Members().Members[0].SessionID != "s2" {
+				t.Fatalf("members not re-read: %+v", o.Members().Members[0])
 			}
 			return
 		case <-time.After(10 * time.Millisecond): // then advance again
@@ -849,7 +849,7 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 	h.cat.push("generations", scripted{index: 5})
 	for np, gen := false, false; !np || !gen; {
 		o := h.observe()
-		np, gen = np || o.NonPassing != nil, gen || o.Generations != nil
+		np, gen = np || o.NonPassing() != nil, gen || o.Generations() != nil
 	}
 	mark := h.cat.seq.Load()
 	seq, err := h.w.Refresh(context.Background(), everything)
@@ -861,9 +861,9 @@ func TestWatcherRefreshReadsAfresh(t *testing.T) {
 		scripted{index: 40, kv: api.KVPairs{{Key: "leasehold/generation/x", Value: []byte("2")}}},
 	)
 	var floor, checks bool
-	for o := h.observe(); o.Refreshed == nil; o = h.observe() {
-		floor = floor || (o.Generations != nil && o.Generations.Keys["x"].Generation == 2)
-		checks = checks || (o.Progress != nil && o.Progress.NonPassing >= 10)
+	for o := h.observe(); o.Refreshed() == nil; o = h.observe() {
+		floor = floor || (o.Generations() != nil && o.Generations().Keys["x"].Generation == 2)
+		checks = checks || (o.Progress() != nil && o.Progress().NonPassing >= 10)
 	}
 	if !floor || !checks {
 		t.Fatalf(

@@ -50,7 +50,7 @@ func (w *Watcher) watchGenerations(ctx context.Context) {
 			return idx, nil
 		}
 		first, last = false, keys
-		w.send(ctx, health.Observation{Generations: &health.Generations{Index: idx, Keys: keys}})
+		w.send(ctx, health.Observation{Data: &health.Generations{Index: idx, Keys: keys}})
 		// Current at at: it holds every key written before a registration up to at.
 		w.listedKeys(keys, at)
 		w.sendProgress(ctx, "generations", at, idx)

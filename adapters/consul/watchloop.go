@@ -72,7 +72,7 @@ func (w *Watcher) blockingLoop(ctx context.Context, spec watchSpec, read readFun
 			if turn.await(w.stopping(ctx)) {
 				w.send(
 					ctx,
-					health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}},
+					health.Observation{Data: &health.Contact{OK: true, IndexWentBack: true}},
 				)
 			}
 		},

@@ -59,7 +59,7 @@ func (w *Watcher) watchServices(ctx context.Context) {
 			}
 			sort.Strings(list)
 			w.listTasks(want)
-			if !w.send(ctx, health.Observation{Tasks: &health.TaskList{Index: idx, Tasks: list}}) {
+			if !w.send(ctx, health.Observation{Data: &health.TaskList{Index: idx, Tasks: list}}) {
 				return idx, nil
 			}
 			for task, r := range tasks {
@@ -72,7 +72,7 @@ func (w *Watcher) watchServices(ctx context.Context) {
 					w.send(
 						ctx,
 						health.Observation{
-							Members: &health.TaskMembers{Task: task, Index: idx, Gone: true},
+							Data: &health.TaskMembers{Task: task, Index: idx, Gone: true},
 						},
 					)
 				}
@@ -137,7 +137,7 @@ func (w *Watcher) watchTask(ctx context.Context, task string) {
 			w.send(
 				ctx,
 				health.Observation{
-					Members: &health.TaskMembers{
+					Data: &health.TaskMembers{
 						Task:    task,
 						Index:   max(idx, hidx),
 						Members: members,

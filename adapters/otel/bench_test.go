@@ -23,12 +23,12 @@ func benchChanges(b *testing.B, tp trace.TracerProvider) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.Run(ctx, obs)
-	obs <- health.Observation{Tasks: &health.TaskList{Tasks: []string{"work"}}}
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 1}}
-	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
+	obs <- health.Observation{Data: &health.TaskList{Tasks: []string{"work"}}}
+	obs <- health.Observation{Data: &health.NonPassing{Index: 1}}
+	obs <- health.Observation{Data: &health.Generations{Index: 1}}
 	s.Subscribe(health.Dispatcher{})
 	members := fleetOf(1, 1000, false)
-	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 2, Members: members}}
+	obs <- health.Observation{Data: &health.TaskMembers{Task: "work", Index: 2, Members: members}}
 	victim := members[500].Checks[1]
 	b.ResetTimer()
 	for i := range b.N {
@@ -39,7 +39,7 @@ func benchChanges(b *testing.B, tp trace.TracerProvider) {
 			np.Checks = []health.CheckState{c}
 		}
 		v := s.View()
-		obs <- health.Observation{NonPassing: &np}
+		obs <- health.Observation{Data: &np}
 		<-v.Changed()
 	}
 }

@@ -62,9 +62,9 @@ func TestMetricSeriesStayBounded(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	go s.Run(ctx, obs)
-	obs <- health.Observation{Tasks: &health.TaskList{Tasks: []string{"work"}}}
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 1}}
-	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
+	obs <- health.Observation{Data: &health.TaskList{Tasks: []string{"work"}}}
+	obs <- health.Observation{Data: &health.NonPassing{Index: 1}}
+	obs <- health.Observation{Data: &health.Generations{Index: 1}}
 	s.Subscribe(health.Dispatcher{})
 	wait := func(n int, index uint64) {
 		deadline := time.After(10 * time.Second)
@@ -78,11 +78,11 @@ func TestMetricSeriesStayBounded(t *testing.T) {
 	}
 	var counts []int
 	for gen := 1; gen <= 3; gen++ {
-		obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: uint64(gen * 100000), Members: fleetOf(gen, 1000, gen > 1)}}
+		obs <- health.Observation{Data: &health.TaskMembers{Task: "work", Index: uint64(gen * 100000), Members: fleetOf(gen, 1000, gen > 1)}}
 		wait(1000, uint64(gen*100000))
 		counts = append(counts, series(t, tel))
 	}
-	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 999999, Members: nil}}
+	obs <- health.Observation{Data: &health.TaskMembers{Task: "work", Index: 999999, Members: nil}}
 	wait(0, 999999)
 	counts = append(counts, series(t, tel))
 	t.Logf("series after each wave of 1,000 executors: %v", counts)

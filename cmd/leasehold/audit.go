@@ -71,7 +71,7 @@ func followRules(ctx context.Context, path string, obs chan<- health.Observation
 			raw = []byte("not readable: " + err.Error()) // refused by the syncer, and audited there
 		}
 		select {
-		case obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + path, Raw: raw}}:
+		case obs <- health.Observation{Data: &health.RulesSource{Source: "file:" + path, Raw: raw}}:
 		case <-ctx.Done():
 			return
 		}

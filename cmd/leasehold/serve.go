@@ -96,7 +96,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	)
 	parts.run("lapse recorder", p.lapses.Run)
 	if cfg.rulesFile != "" {
-		obs <- health.Observation{Rules: &health.RulesSource{Source: "file:" + cfg.rulesFile,
+		obs <- health.Observation{Data: &health.RulesSource{Source: "file:" + cfg.rulesFile,
 			Raw: p.rulesRaw}}
 		parts.run("rules file", func(ctx context.Context) error {
 			followRules(ctx, cfg.rulesFile, obs, log)

@@ -122,14 +122,14 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 		}
 		return m
 	}
-	send(health.Observation{Tasks: &health.TaskList{Index: next(), Tasks: tasks}})
-	send(health.Observation{Generations: &health.Generations{Index: next()}})
-	send(health.Observation{NonPassing: &health.NonPassing{Index: next()}})
+	send(health.Observation{Data: &health.TaskList{Index: next(), Tasks: tasks}})
+	send(health.Observation{Data: &health.Generations{Index: next()}})
+	send(health.Observation{Data: &health.NonPassing{Index: next()}})
 	for _, task := range tasks {
 		for range 6 {
 			members[task] = append(members[task], randomMember(task))
 		}
-		send(health.Observation{Members: &health.TaskMembers{Task: task, Index: next(),
+		send(health.Observation{Data: &health.TaskMembers{Task: task, Index: next(),
 			Members: members[task]}})
 	}
 
@@ -153,7 +153,7 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 				ms[i].Checks[0] = serf[ms[i].Node]
 			}
 			members[task] = ms
-			o.Members = &health.TaskMembers{Task: task, Index: next(), Members: ms,
+			o.Data = &health.TaskMembers{Task: task, Index: next(), Members: ms,
 				Gone: len(ms) == 0}
 		case k < 14: // the non-passing set: leases, loads, nodes
 			np := health.NonPassing{Index: next()}
@@ -181,7 +181,7 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 					np.Checks = append(np.Checks, c)
 				}
 			}
-			o.NonPassing = &np
+			o.Data = &np
 		case k < 16:
 			floor := map[string]uint64{}
 			for i := range 12 {
@@ -189,7 +189,7 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 					floor[fmt.Sprintf("i%d", i)] = uint64(1 + r.IntN(5))
 				}
 			}
-			o.Generations = &health.Generations{Index: next(), Keys: fleettest.Keys(floor)}
+			o.Data = &health.Generations{Index: next(), Keys: fleettest.Keys(floor)}
 		case k < 17:
 			raw := map[string][]byte{}
 			if r.IntN(2) == 0 {
@@ -197,20 +197,20 @@ func incrementalEqualsFull(t *testing.T, seed uint64, steps int) {
 					`{"id":"c1","instance_id":"i%d","reason":"test","by":"op","at":"2026-12-01T00:00:00Z"}`,
 					r.IntN(12))
 			}
-			o.Cordons = &health.CordonSet{Index: next(), Raw: raw}
+			o.Data = &health.CordonSet{Index: next(), Raw: raw}
 		case k < 18:
 			raw := []byte(`{"modes":[{"rule":"capacity","mode":"observe"}]}`)
 			if r.IntN(2) == 0 {
 				raw = nil
 			}
-			o.Rules = &health.RulesSource{Source: "consul-kv:leasehold/control/rules", Raw: raw}
+			o.Data = &health.RulesSource{Source: "consul-kv:leasehold/control/rules", Raw: raw}
 		case k < 19:
-			o.Contact = &health.Contact{OK: true, IndexWentBack: true}
+			o.Data = &health.Contact{OK: true, IndexWentBack: true}
 		default:
 			clock.Advance(time.Duration(r.IntN(12*60)) * time.Minute)
-			o.NonPassing = &health.NonPassing{Index: next(), Checks: nil}
+			o.Data = &health.NonPassing{Index: next(), Checks: nil}
 			for _, n := range nodes {
-				o.NonPassing.Checks = append(o.NonPassing.Checks, serf[n])
+				o.NonPassing().Checks = append(o.NonPassing().Checks, serf[n])
 			}
 		}
 		send(o)
@@ -646,7 +646,7 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 			w.members[task] = slices.Delete(slices.Clone(w.members[task]), i, i+1)
 		case r.IntN(15) == 0:
 			w.members[task], w.gone[task] = nil, true
-			return health.Observation{Members: &health.TaskMembers{Task: task, Index: w.next(),
+			return health.Observation{Data: &health.TaskMembers{Task: task, Index: w.next(),
 				Gone: true}}, true
 		case len(w.members[task]) > 0 && r.IntN(4) == 0: // a member moves to another node
 			i := r.IntN(len(w.members[task]))
@@ -668,7 +668,7 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 			tm.Gone = true
 			w.gone[task] = true
 		}
-		o.Members = &tm
+		o.Data = &tm
 	case k < 26:
 		w.mutate()
 		// The checks changed, the fast path has not answered yet: a read sees them first.
@@ -676,11 +676,11 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 			task := w.tasks[r.IntN(len(w.tasks))]
 			if !w.gone[task] && len(w.members[task]) > 0 {
 				tm := w.read(task, false)
-				return health.Observation{Members: &tm}, true
+				return health.Observation{Data: &tm}, true
 			}
 		}
 		np := w.nonPassing()
-		o.NonPassing = &np
+		o.Data = &np
 	case k < 29:
 		floor := map[string]uint64{}
 		for i := range 10 { // i8, i9: never registered
@@ -688,7 +688,7 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 				floor[fmt.Sprintf("i%d", i)] = uint64(1 + r.IntN(7))
 			}
 		}
-		o.Generations = &health.Generations{Index: w.next(), Keys: fleettest.Keys(floor)}
+		o.Data = &health.Generations{Index: w.next(), Keys: fleettest.Keys(floor)}
 	case k < 32:
 		raw := map[string][]byte{}
 		for c := range 3 {
@@ -708,7 +708,7 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 				`{"id":"c%d",%s,"reason":"test","by":"op","at":"2026-12-01T00:00:0%dZ"}`, c, sel,
 				r.IntN(3))
 		}
-		o.Cordons = &health.CordonSet{Index: w.next(), Raw: raw}
+		o.Data = &health.CordonSet{Index: w.next(), Raw: raw}
 	case k < 35:
 		rule := []string{"version", "labels", "capacity", "draining", "unhealthy",
 			"cordon"}[r.IntN(6)]
@@ -724,13 +724,13 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 		if r.IntN(2) == 0 {
 			src = "file:/rules.json"
 		}
-		o.Rules = &health.RulesSource{Source: src, Raw: raw}
+		o.Data = &health.RulesSource{Source: src, Raw: raw}
 	case k < 36:
-		o.Contact = &health.Contact{OK: true, IndexWentBack: true}
+		o.Data = &health.Contact{OK: true, IndexWentBack: true}
 	case k < 37:
-		o.Contact = &health.Contact{OK: r.IntN(2) == 0}
+		o.Data = &health.Contact{OK: r.IntN(2) == 0}
 	case k < 38:
-		return health.Observation{Progress: &health.Progress{NonPassing: w.index}}, true
+		return health.Observation{Data: &health.Progress{NonPassing: w.index}}, true
 	default:
 		if w.safety {
 			clock.Advance(time.Duration(r.IntN(30)) * time.Minute)
@@ -738,7 +738,7 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 			clock.Advance(time.Duration(r.IntN(30)) * time.Hour)
 		}
 		np := w.nonPassing()
-		o.NonPassing = &np
+		o.Data = &np
 	}
 	return o, true
 }
@@ -905,17 +905,17 @@ func runRandomWorld(t *testing.T, seed uint64, steps int, safety bool) {
 	w.t = t
 	// Start: tasks, generations, non-passing, every task's read.
 	start := []health.Observation{
-		{Tasks: &health.TaskList{Index: w.next(), Tasks: w.tasks}},
-		{Generations: &health.Generations{Index: w.next()}},
+		{Data: &health.TaskList{Index: w.next(), Tasks: w.tasks}},
+		{Data: &health.Generations{Index: w.next()}},
 	}
 	np := w.nonPassing()
-	start = append(start, health.Observation{NonPassing: &np})
+	start = append(start, health.Observation{Data: &np})
 	for _, task := range w.tasks {
 		for range 4 {
 			w.addMember(task)
 		}
 		tm := w.read(task, false)
-		start = append(start, health.Observation{Members: &tm})
+		start = append(start, health.Observation{Data: &tm})
 	}
 	inc.batch(start...)
 	full.batch(start...)
@@ -985,24 +985,24 @@ func describeBatch(obs []health.Observation) string {
 	s := ""
 	for _, o := range obs {
 		switch {
-		case o.Members != nil:
-			s += fmt.Sprintf("\n  members %s@%d gone=%v:", o.Members.Task, o.Members.Index,
-				o.Members.Gone)
-			for _, m := range o.Members.Members {
+		case o.Members() != nil:
+			s += fmt.Sprintf("\n  members %s@%d gone=%v:", o.Members().Task, o.Members().Index,
+				o.Members().Gone)
+			for _, m := range o.Members().Members {
 				s += fmt.Sprintf("\n    %s/%s gen %d node %s create %d err=%v checks=%v",
 					m.InstanceID, m.SessionID, m.Generation, m.Node, m.CreateIndex, m.Err, m.Checks)
 			}
-		case o.NonPassing != nil:
-			s += fmt.Sprintf("\n  non-passing@%d %v", o.NonPassing.Index, o.NonPassing.Checks)
-		case o.Generations != nil:
-			s += fmt.Sprintf("\n  generations@%d %v", o.Generations.Index, o.Generations.Keys)
-		case o.Cordons != nil:
-			s += fmt.Sprintf("\n  cordons %d", len(o.Cordons.Raw))
-		case o.Rules != nil:
-			s += fmt.Sprintf("\n  rules %s %s", o.Rules.Source, o.Rules.Raw)
-		case o.Contact != nil:
-			s += fmt.Sprintf("\n  contact %+v", *o.Contact)
-		case o.Progress != nil:
+		case o.NonPassing() != nil:
+			s += fmt.Sprintf("\n  non-passing@%d %v", o.NonPassing().Index, o.NonPassing().Checks)
+		case o.Generations() != nil:
+			s += fmt.Sprintf("\n  generations@%d %v", o.Generations().Index, o.Generations().Keys)
+		case o.Cordons() != nil:
+			s += fmt.Sprintf("\n  cordons %d", len(o.Cordons().Raw))
+		case o.Rules() != nil:
+			s += fmt.Sprintf("\n  rules %s %s", o.Rules().Source, o.Rules().Raw)
+		case o.Contact() != nil:
+			s += fmt.Sprintf("\n  contact %+v", *o.Contact())
+		case o.Progress() != nil:
 			s += "\n  progress"
 		}
 	}
@@ -1063,16 +1063,16 @@ func drainWorld(t *testing.T, clock *clockwork.FakeClock, w *randomWorld, as ...
 	var obs []health.Observation
 	for _, task := range w.tasks {
 		obs = append(obs,
-			health.Observation{Members: &health.TaskMembers{Task: task, Index: w.next(),
+			health.Observation{Data: &health.TaskMembers{Task: task, Index: w.next(),
 				Gone: true}})
 	}
-	obs = append(obs, health.Observation{Generations: &health.Generations{Index: w.next()}})
+	obs = append(obs, health.Observation{Data: &health.Generations{Index: w.next()}})
 	for _, a := range as {
 		a.batch(obs...)
 	}
 	clock.Advance(DefaultHistoryRetention + time.Hour)
 	for _, a := range as {
-		a.batch(health.Observation{NonPassing: &health.NonPassing{Index: w.next()}})
+		a.batch(health.Observation{Data: &health.NonPassing{Index: w.next()}})
 		s := a.s
 		shards := 0
 		for _, m := range s.sessionIx.shards {
@@ -1121,10 +1121,10 @@ func TestFirstNonPassingSetAtIndexZeroMovesTheIndex(t *testing.T) {
 	inc, full := newDirectSyncer(t, clock, false, groups), newDirectSyncer(t, clock, true, groups)
 	m := fleettest.Member("a", "x", "s1", 1, 9001, "1.0.0", health.StatusWarning, 0)
 	m.Checks[1].ModifyIndex = 0
-	for _, o := range []health.Observation{{Tasks: &health.TaskList{Index: 1,
-		Tasks: []string{"a"}}}, {Generations: &health.Generations{Index: 1}},
-		{Members: &health.TaskMembers{Task: "a", Index: 1, Members: []health.Member{m}}},
-		{NonPassing: &health.NonPassing{Index: 0}}} {
+	for _, o := range []health.Observation{{Data: &health.TaskList{Index: 1,
+		Tasks: []string{"a"}}}, {Data: &health.Generations{Index: 1}},
+		{Data: &health.TaskMembers{Task: "a", Index: 1, Members: []health.Member{m}}},
+		{Data: &health.NonPassing{Index: 0}}} {
 		inc.batch(o)
 		full.batch(o)
 	}

@@ -26,7 +26,7 @@ func TestCordonLimitDoesNotCountALostDatacenter(t *testing.T) {
 	cordon := `{"id":"c1","version_constraint":">=1.0.0, <2.0.0","reason":"bad build",` +
 		`"by":"ops","at":"2026-01-01T00:00:00Z"}`
 	raw := map[string][]byte{"c1": []byte(cordon)}
-	h.send("", health.Observation{Cordons: &health.CordonSet{Index: 1, Raw: raw}})
+	h.send("", health.Observation{Data: &health.CordonSet{Index: 1, Raw: raw}})
 	routed := 0
 	for _, x := range h.ofDC("dc1") {
 		if h.verdict(local, x.inst, x.sess).Route == health.RouteHealthy {

@@ -98,14 +98,20 @@ func (d *dcState) answered(o health.Observation, now time.Time) {
 	if at.IsZero() {
 		at = now
 	}
-	switch {
-	case o.NonPassing != nil || (o.Progress != nil && o.Progress.NonPassing > 0):
+	switch x := o.Data.(type) {
+	case *health.NonPassing:
 		d.heardNP = at
-	case o.Generations != nil || (o.Progress != nil && o.Progress.Generations > 0):
+	case *health.Generations:
 		d.heardGen = at
-	case o.Tasks != nil:
+	case *health.Progress:
+		if x.NonPassing > 0 {
+			d.heardNP = at
+		} else if x.Generations > 0 {
+			d.heardGen = at
+		}
+	case *health.TaskList:
 		d.heardTasks = at
-	case o.Refreshed != nil: // fresh reads of the checks and the keys
+	case *health.Refreshed: // fresh reads of the checks and the keys
 		d.heardNP, d.heardGen = at, at
 	}
 }

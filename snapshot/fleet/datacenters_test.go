@@ -155,7 +155,7 @@ func (h *mdcHarness) send(dc string, obs ...health.Observation) {
 // (an unchanged, empty cordon set: leasehold's own configuration).
 func (h *mdcHarness) nudge() {
 	h.t.Helper()
-	h.send("", health.Observation{Cordons: &health.CordonSet{}})
+	h.send("", health.Observation{Data: &health.CordonSet{}})
 }
 
 func (h *mdcHarness) next(dc string) uint64 { h.index[dc]++; return h.index[dc] }
@@ -187,7 +187,7 @@ func mdcLeaseOf(x mdcExec) string { return health.CheckID(x.inst, x.sess, mdcTas
 // Observations of one datacenter.
 
 func (h *mdcHarness) tasks(dc string) health.Observation {
-	return health.Observation{Tasks: &health.TaskList{Index: h.next(dc), Tasks: []string{mdcTask}}}
+	return health.Observation{Data: &health.TaskList{Index: h.next(dc), Tasks: []string{mdcTask}}}
 }
 
 func (h *mdcHarness) members(dc string) health.Observation {
@@ -197,7 +197,7 @@ func (h *mdcHarness) members(dc string) health.Observation {
 			ms = append(ms, h.member(x))
 		}
 	}
-	return health.Observation{Members: &health.TaskMembers{Task: mdcTask, Index: h.next(dc),
+	return health.Observation{Data: &health.TaskMembers{Task: mdcTask, Index: h.next(dc),
 		Members: ms}}
 }
 
@@ -221,12 +221,12 @@ func (h *mdcHarness) nonPassing(dc string, checks ...health.CheckState) health.O
 			health.CheckState{Node: x.node, CheckID: health.SerfHealthCheckID,
 				Status: health.StatusPassing, CreateIndex: 1, ModifyIndex: mdcSerfModify[dc]})
 	}
-	return health.Observation{NonPassing: &health.NonPassing{Index: index,
+	return health.Observation{Data: &health.NonPassing{Index: index,
 		Checks: append(set, checks...)}}
 }
 
 func (h *mdcHarness) generations(dc string, floor map[string]uint64) health.Observation {
-	return health.Observation{Generations: &health.Generations{Index: h.next(dc),
+	return health.Observation{Data: &health.Generations{Index: h.next(dc),
 		Keys: fleettest.Keys(floor)}}
 }
 
@@ -236,16 +236,16 @@ func (h *mdcHarness) generations(dc string, floor map[string]uint64) health.Obse
 // only as much as the least recent of them.)
 func (h *mdcHarness) heartbeat(dc string) []health.Observation {
 	return []health.Observation{
-		{Progress: &health.Progress{NonPassing: h.next(dc)}},
-		{Progress: &health.Progress{Generations: h.next(dc)}},
+		{Data: &health.Progress{NonPassing: h.next(dc)}},
+		{Data: &health.Progress{Generations: h.next(dc)}},
 		h.tasks(dc),
 	}
 }
 
 func mdcContact(ok bool) health.Observation {
-	o := health.Observation{Contact: &health.Contact{OK: ok}}
+	o := health.Observation{Data: &health.Contact{OK: ok}}
 	if !ok {
-		o.Contact.Err = fmt.Errorf("no answer")
+		o.Contact().Err = fmt.Errorf("no answer")
 	}
 	return o
 }
@@ -949,8 +949,8 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 	for _, dc := range []string{"dc1", "dc2"} {
 		np, gen := h.nonPassing(dc), h.generations(dc, nil)
 		h.send(dc, h.tasks(dc), np, gen, h.members(dc))
-		read[dc] = DCIndexes{ConsulIndex: h.index[dc], NonPassingIndex: np.NonPassing.Index,
-			GenerationsIndex: gen.Generations.Index}
+		read[dc] = DCIndexes{ConsulIndex: h.index[dc], NonPassingIndex: np.NonPassing().Index,
+			GenerationsIndex: gen.Generations().Index}
 	}
 	expect := func(step string) {
 		t.Helper()
@@ -1000,7 +1000,7 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 
 	// A refresh answered in dc2 (current at 5300 there) moves dc2 only.
 	seq := uint64(7)
-	h.send("dc2", health.Observation{Refreshed: &seq, RefreshedAtLeast: 5300})
+	h.send("dc2", health.Observation{Data: &health.Refreshed{Seq: seq, AtLeast: 5300}})
 	r := read["dc2"]
 	r.Refreshed = 7
 	read["dc2"] = r
@@ -1010,7 +1010,7 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 
 	// One answered in dc1 moves dc1 only, and not below dc2's.
 	seq1 := uint64(3)
-	h.send("dc1", health.Observation{Refreshed: &seq1, RefreshedAtLeast: 250})
+	h.send("dc1", health.Observation{Data: &health.Refreshed{Seq: seq1, AtLeast: 250}})
 	r = read["dc1"]
 	r.Refreshed = 3
 	read["dc1"] = r
@@ -1019,10 +1019,10 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 	expectProgress("dc1 refreshed")
 
 	// Progress of one watch of one datacenter.
-	h.send("dc1", health.Observation{Progress: &health.Progress{NonPassing: 260}})
+	h.send("dc1", health.Observation{Data: &health.Progress{NonPassing: 260}})
 	progress["dc1"] = [2]uint64{260, 250}
 	expectProgress("dc1 non-passing progress")
-	h.send("dc2", health.Observation{Progress: &health.Progress{Generations: 5400}})
+	h.send("dc2", health.Observation{Data: &health.Progress{Generations: 5400}})
 	progress["dc2"] = [2]uint64{5300, 5400}
 	expectProgress("dc2 generations progress")
 
@@ -1030,7 +1030,7 @@ func TestDCsIndexesPerDatacenter(t *testing.T) {
 	np := h.nonPassing("dc2")
 	h.send("dc2", np)
 	r = read["dc2"]
-	r.NonPassingIndex, r.ConsulIndex = np.NonPassing.Index, max(r.ConsulIndex, np.NonPassing.Index)
+	r.NonPassingIndex, r.ConsulIndex = np.NonPassing().Index, max(r.ConsulIndex, np.NonPassing().Index)
 	read["dc2"] = r
 	expect("dc2 non-passing")
 	expectProgress("dc2 non-passing") // 5300 is above the set's index
@@ -1076,8 +1076,8 @@ func TestDCsShortLeasesMakeASilentDatacenterLostSooner(t *testing.T) {
 	h.readAll("dc1")
 	h.readAll("dc2")
 	m := h.members("dc2")
-	for i := range m.Members.Members {
-		m.Members.Members[i].LeaseTTL = lease
+	for i := range m.Members().Members {
+		m.Members().Members[i].LeaseTTL = lease
 	}
 	h.send("dc2", m)
 	local := mdcDispatcher(t, "")
@@ -1118,7 +1118,7 @@ func TestDCsACopyOfASessionInAnotherDatacenterIsNotTheSession(t *testing.T) {
 	h := mdcStart(t, real, copied)
 	h.readAll("dc1")
 	h.readAll("dc2")
-	h.send("dc2", health.Observation{Generations: &health.Generations{Index: h.next("dc2"),
+	h.send("dc2", health.Observation{Data: &health.Generations{Index: h.next("dc2"),
 		Keys: map[string]health.GenerationRecord{"x": {Generation: 5, SessionID: "s-real",
 			ModifyIndex: mdcBase["dc2"] + 5}}}})
 	if h.member(copied).CreateIndex >= h.member(real).CreateIndex {
@@ -1157,7 +1157,7 @@ func TestDCsATinyLeaseTTLDoesNotMakeAnAnsweringDatacenterLost(t *testing.T) {
 	h.readAll("dc1")
 	h.readAll("dc2")
 	m := h.members("dc2")
-	m.Members.Members[0].LeaseTTL = time.Millisecond
+	m.Members().Members[0].LeaseTTL = time.Millisecond
 	h.send("dc2", m)
 	local := mdcDispatcher(t, "")
 	h.subscribe(local)
@@ -1242,7 +1242,7 @@ func TestDCsSessionInTwoDatacentersIsAnsweredFromTheWorst(t *testing.T) {
 	lease := health.CheckState{Node: "n1", CheckID: mdcLeaseOf(x2),
 		ServiceID: health.ServiceID("x", mdcTask), Status: health.StatusCritical, CreateIndex: 1}
 	h.send("dc2", h.nonPassing("dc2", lease),
-		health.Observation{Progress: &health.Progress{Generations: h.next("dc2")}}, h.tasks("dc2"))
+		health.Observation{Data: &health.Progress{Generations: h.next("dc2")}}, h.tasks("dc2"))
 	h.waitReach("dc2", health.Reached)
 	h.expectSession("x", "s1", health.SessionLapsed)
 	h.expectVerdict(local, "x", "s1", health.RouteNone, health.ReasonLapsed)
@@ -1407,11 +1407,11 @@ func singleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
 				ModifyIndex: e.CreateIndex},
 		}})
 	}
-	obs <- health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: []string{"work"}}}
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 2}}
-	obs <- health.Observation{Generations: &health.Generations{Index: 3,
+	obs <- health.Observation{Data: &health.TaskList{Index: 1, Tasks: []string{"work"}}}
+	obs <- health.Observation{Data: &health.NonPassing{Index: 2}}
+	obs <- health.Observation{Data: &health.Generations{Index: 3,
 		Keys: fleettest.Keys(map[string]uint64{"exec-0003": 2})}}
-	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 500,
+	obs <- health.Observation{Data: &health.TaskMembers{Task: "work", Index: 500,
 		Members: members}}
 	for !s.View().Synced {
 		<-s.View().Changed()
@@ -1444,7 +1444,7 @@ func singleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
 	lapse := members[4].Checks[1]
 	lapse.Status, lapse.ModifyIndex = health.StatusCritical, 600
 	before, _ := s.Snapshot(d1.Key())
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 600,
+	obs <- health.Observation{Data: &health.NonPassing{Index: 600,
 		Checks: []health.CheckState{lapse}}}
 	for {
 		snap, _ := s.Snapshot(d1.Key())

@@ -10,14 +10,14 @@ import (
 // keysAt sends a generation listing at index.
 func (h *syncHarness) keysAt(index uint64, keys map[string]health.GenerationRecord) {
 	h.index = max(h.index, index)
-	h.obs <- health.Observation{Generations: &health.Generations{Index: index, Keys: keys}}
+	h.obs <- health.Observation{Data: &health.Generations{Index: index, Keys: keys}}
 }
 
 // membersWithKeys sends a membership carrying the keys its watch read back.
 func (h *syncHarness) membersWithKeys(task string, keys map[string]health.GenerationRecord,
 	ms ...health.Member) {
 	h.index++
-	h.obs <- health.Observation{Members: &health.TaskMembers{Task: task, Index: h.index,
+	h.obs <- health.Observation{Data: &health.TaskMembers{Task: task, Index: h.index,
 		Members: ms, Keys: keys}}
 }
 
@@ -160,7 +160,7 @@ func TestAKeyReadBackBeforeConsulsIndexWentBackDoesNotOutliveIt(t *testing.T) {
 	}
 	// Consul restored: its index goes back; s2 found its key gone and s3
 	// took generation 3 (at index 45).
-	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
+	h.obs <- health.Observation{Data: &health.Contact{OK: true, IndexWentBack: true}}
 	h.index = 0
 	h.keysAt(50,
 		map[string]health.GenerationRecord{"a": {Generation: 3, SessionID: "s3", ModifyIndex: 45}})

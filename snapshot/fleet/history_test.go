@@ -172,7 +172,7 @@ func TestLapseOfANodeBackAfterHoursIsFinal(t *testing.T) {
 // the lapse of a session whose registration is momentarily gone stays final.
 func TestLapseSurvivesConsulsIndexGoingBack(t *testing.T) {
 	h, y1 := lapseByNodeFailureThenVanish(t)
-	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
+	h.obs <- health.Observation{Data: &health.Contact{OK: true, IndexWentBack: true}}
 	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing,
 		h.index+2), "node-x", health.StatusPassing, h.index+1)
 	h.members("work", y1, s1)
@@ -288,7 +288,7 @@ func TestLapseOfALowGenerationSessionIsRemembered(t *testing.T) {
 	h.settle()
 
 	// Consul loses its state (or the key is deleted): x starts again at generation 1.
-	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
+	h.obs <- health.Observation{Data: &health.Contact{OK: true, IndexWentBack: true}}
 	h.generations(map[string]uint64{"x": 1, "y": 1})
 	s1 := onNodeWithSerf(fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing,
 		h.index+1), "node-x", health.StatusPassing, 1)
@@ -351,19 +351,19 @@ func TestPresentLapsedSessionStaysInTheHistory(t *testing.T) {
 	xCreate := next()
 	x := on(fleettest.Member("a", "x", "X", 10, 9001, "1.0.0", health.StatusPassing, xCreate),
 		"node-a")
-	both(health.Observation{Tasks: &health.TaskList{Index: next(), Tasks: []string{"a", "b"}}},
-		health.Observation{Generations: &health.Generations{Index: next()}},
-		health.Observation{NonPassing: &health.NonPassing{Index: next()}},
-		health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(),
+	both(health.Observation{Data: &health.TaskList{Index: next(), Tasks: []string{"a", "b"}}},
+		health.Observation{Data: &health.Generations{Index: next()}},
+		health.Observation{Data: &health.NonPassing{Index: next()}},
+		health.Observation{Data: &health.TaskMembers{Task: "a", Index: next(),
 			Members: []health.Member{y1, x}}},
-		health.Observation{Members: &health.TaskMembers{Task: "b", Index: next(), Gone: true}})
+		health.Observation{Data: &health.TaskMembers{Task: "b", Index: next(), Gone: true}})
 	if st := inc.s.View().Sessions().Check("x", "X"); st.State != health.SessionCurrent {
 		t.Fatalf("premise: X %s", st.State)
 	}
 	// X's lease lapses.
 	lapse := x.Checks[1]
 	lapse.Status, lapse.ModifyIndex = health.StatusCritical, next()
-	both(health.Observation{NonPassing: &health.NonPassing{Index: index,
+	both(health.Observation{Data: &health.NonPassing{Index: index,
 		Checks: []health.CheckState{lapse}}})
 	if st := inc.s.View().Sessions().Check("x", "X"); st.State != health.SessionLapsed {
 		t.Fatalf("premise: X %s, want LAPSED", st.State)
@@ -375,21 +375,21 @@ func TestPresentLapsedSessionStaysInTheHistory(t *testing.T) {
 			on(fleettest.Member("b", "x", fmt.Sprint("o", g), g, 9001+int(g), "1.0.0",
 				health.StatusCritical, next()), "node-b"))
 	}
-	both(health.Observation{Members: &health.TaskMembers{Task: "b", Index: next(), Members: olds}})
+	both(health.Observation{Data: &health.TaskMembers{Task: "b", Index: next(), Members: olds}})
 	// Anything else: a batch that does not concern x.
-	both(health.Observation{NonPassing: &health.NonPassing{Index: next(),
+	both(health.Observation{Data: &health.NonPassing{Index: next(),
 		Checks: []health.CheckState{lapse}}})
 	// node-a is reaped: X's registration is gone; so are the old ones.
-	both(health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(),
+	both(health.Observation{Data: &health.TaskMembers{Task: "a", Index: next(),
 		Members: []health.Member{y1}}},
-		health.Observation{Members: &health.TaskMembers{Task: "b", Index: next(), Gone: true}})
+		health.Observation{Data: &health.TaskMembers{Task: "b", Index: next(), Gone: true}})
 	gone := inc.s.View().Sessions().Check("x", "X")
 	// node-a rejoins (a new serfHealth), its agent re-syncs X, lease passing.
 	back := onNodeWithSerf(fleettest.Member("a", "x", "X", 10, 9001, "1.0.0", health.StatusPassing,
 		next()), "node-a", health.StatusPassing, next())
 	back.Checks[0].CreateIndex = index
-	both(health.Observation{NonPassing: &health.NonPassing{Index: next()}},
-		health.Observation{Members: &health.TaskMembers{Task: "a", Index: next(),
+	both(health.Observation{Data: &health.NonPassing{Index: next()}},
+		health.Observation{Data: &health.TaskMembers{Task: "a", Index: next(),
 			Members: []health.Member{y1, back}}})
 	routed := func(a *directSyncer) bool {
 		v := a.s.View()

@@ -25,7 +25,7 @@ func TestLapseMarksAreFinal(t *testing.T) {
 		// a2's earlier session, gone before this replica started.
 		{InstanceID: "a2", SessionID: "s0", Generation: 1},
 	}}
-	h.send("dc1", health.Observation{Lapses: marks})
+	h.send("dc1", health.Observation{Data: marks})
 	h.expectSession("a1", "s1", health.SessionLapsed)
 	h.expectVerdict(local, "a1", "s1", health.RouteNone, health.ReasonLapsed)
 	h.expectSession("a2", "s0", health.SessionLapsed)
@@ -34,7 +34,7 @@ func TestLapseMarksAreFinal(t *testing.T) {
 	h.expectSession("b1", "s1", health.SessionCurrent) // nor another datacenter's
 
 	// The mark pruned: still lapsed (a lapse is final while the session is present).
-	h.send("dc1", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1")}})
+	h.send("dc1", health.Observation{Data: &health.LapseMarks{Index: h.next("dc1")}})
 	h.expectSession("a1", "s1", health.SessionLapsed)
 	h.expectVerdict(local, "a1", "s1", health.RouteNone, health.ReasonLapsed)
 }
@@ -53,7 +53,7 @@ func TestLapseMarksIndexIsInTheViewAndProgress(t *testing.T) {
 	at := h.next("dc1") + 50 // the marks' listing, above every other answer of dc1
 	h.index["dc1"] = at
 	h.send("dc1",
-		health.Observation{Lapses: &health.LapseMarks{Index: at,
+		health.Observation{Data: &health.LapseMarks{Index: at,
 			Marks: []health.LapseMark{{InstanceID: "a2", SessionID: "s0", Generation: 1}}}})
 	i, _ := h.s.View().Datacenter("dc1")
 	if i.LapsesIndex != at || i.ConsulIndex != at {
@@ -64,7 +64,7 @@ func TestLapseMarksIndexIsInTheViewAndProgress(t *testing.T) {
 	if p.Lapses != at || p.Current() != min(p.NonPassing, p.Generations) {
 		t.Fatalf("Progress %+v after the marks at %d", p, at)
 	}
-	h.send("dc1", health.Observation{Progress: &health.Progress{Lapses: at + 7}})
+	h.send("dc1", health.Observation{Data: &health.Progress{Lapses: at + 7}})
 	if p := h.s.Progress("dc1"); p.Lapses != at+7 {
 		t.Fatalf("Progress %+v after the marks' progress to %d", p, at+7)
 	}
@@ -89,8 +89,8 @@ func TestLapseSeenAwaitsItsMarkInTheView(t *testing.T) {
 	})
 	h.readAll("dc1")
 	h.readAll("dc2")
-	h.send("dc1", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1")}})
-	h.send("dc2", health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc2")}})
+	h.send("dc1", health.Observation{Data: &health.LapseMarks{Index: h.next("dc1")}})
+	h.send("dc2", health.Observation{Data: &health.LapseMarks{Index: h.next("dc2")}})
 	a1 := h.execs[0]
 	h.send("dc1",
 		h.nonPassing("dc1",
@@ -105,7 +105,7 @@ func TestLapseSeenAwaitsItsMarkInTheView(t *testing.T) {
 		t.Fatal("a2/s1 never lapsed")
 	}
 	h.send("dc1",
-		health.Observation{Lapses: &health.LapseMarks{Index: h.next("dc1"),
+		health.Observation{Data: &health.LapseMarks{Index: h.next("dc1"),
 			Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}})
 	if v := h.s.View(); v.LapseUnrecorded("a1", "s1") {
 		t.Fatal("a1/s1's mark was read back; the view still awaits it")
@@ -139,6 +139,6 @@ func TestNothingIsServedBeforeTheLapseMarksAreRead(t *testing.T) {
 	}
 	marks := &health.LapseMarks{Index: h.next("dc1"),
 		Marks: []health.LapseMark{{InstanceID: "a1", SessionID: "s1", Generation: 1}}}
-	h.send("dc1", health.Observation{Lapses: marks})
+	h.send("dc1", health.Observation{Data: marks})
 	h.expectVerdict(d, "a1", "s1", health.RouteNone, health.ReasonLapsed)
 }

@@ -309,7 +309,7 @@ func startSyncerWithPolicy(t *testing.T, lb health.LBPolicy) *syncHarness {
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	h.obs <- health.Observation{Generations: &health.Generations{}}
+	h.obs <- health.Observation{Data: &health.Generations{}}
 	return h
 }
 
@@ -350,12 +350,12 @@ func TestReplicasWithTheSamePolicyAgreeOnClusters(t *testing.T) {
 	p1 := readWorkAndBatch(byFlag, t)
 
 	byRules := startSyncerWithPolicy(t, "")
-	byRules.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:r",
+	byRules.obs <- health.Observation{Data: &health.RulesSource{Source: "file:r",
 		Raw: []byte(`{"load_balancing":{"default":"round_robin"}}`)}}
 	p2 := readWorkAndBatch(byRules, t)
 
 	byTask := startSyncerWithPolicy(t, health.LBLeastRequest)
-	byTask.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:r",
+	byTask.obs <- health.Observation{Data: &health.RulesSource{Source: "file:r",
 		Raw: []byte(`{"load_balancing":{"tasks":{"work":"round_robin","batch":"round_robin"}}}`)}}
 	p3 := readWorkAndBatch(byTask, t)
 
@@ -391,7 +391,7 @@ func TestPolicyChangeChangesOnlyItsClusterVersion(t *testing.T) {
 	vm0 := first.VersionMap[resource.ClusterType]
 
 	rules := func(raw string) {
-		h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x",
+		h.obs <- health.Observation{Data: &health.RulesSource{Source: "consul-kv:x",
 			Raw: []byte(raw)}}
 	}
 	rules(`{"load_balancing":{"tasks":{"batch":"least_request"}}}`)

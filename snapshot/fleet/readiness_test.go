@@ -61,14 +61,14 @@ func TestReadinessNamesItsReason(t *testing.T) {
 		t.Fatalf("before any answer: %+v", r)
 	}
 	go s.Subscribe(dispatcher(t, ""))
-	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
-	obs <- health.Observation{Tasks: &health.TaskList{Index: 2, Tasks: []string{"work"}}}
+	obs <- health.Observation{Data: &health.Generations{Index: 1}}
+	obs <- health.Observation{Data: &health.TaskList{Index: 2, Tasks: []string{"work"}}}
 	awaitReadiness(t, s, "members pending",
 		reason(ReasonFirstRead, "the members of 1 of 1 task types, the non-passing checks"))
-	obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Index: 3,
+	obs <- health.Observation{Data: &health.TaskMembers{Task: "work", Index: 3,
 		Members: []health.Member{fleettest.Member("work", "e1", "s1", 1, 9001, "1.0.0",
 			health.StatusPassing, 3)}}}
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 3}}
+	obs <- health.Observation{Data: &health.NonPassing{Index: 3}}
 	awaitReadiness(t, s, "the controls pending", reason(ReasonFirstRead, "operators' controls"))
 	select {
 	case g := <-pubs:
@@ -77,15 +77,15 @@ func TestReadinessNamesItsReason(t *testing.T) {
 	}
 
 	right := `key_prefix "leasehold/control/" { policy = "read" }`
-	obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("filtered"),
+	obs <- health.Observation{Data: &health.ControlContact{Err: errors.New("filtered"),
 		Problem: health.ProblemACL, Detail: right}}
 	r := awaitReadiness(t, s, "the control read refused", reason(string(health.ProblemACL), right))
 	if r.Source != ControlSource {
 		t.Errorf("source %q, want %q", r.Source, ControlSource)
 	}
 
-	obs <- health.Observation{Cordons: &health.CordonSet{Index: 4, Raw: map[string][]byte{}}}
-	obs <- health.Observation{ControlContact: &health.Contact{OK: true}}
+	obs <- health.Observation{Data: &health.CordonSet{Index: 4, Raw: map[string][]byte{}}}
+	obs <- health.Observation{Data: &health.ControlContact{OK: true}}
 	awaitReadiness(t, s, "ready", func(r Readiness) bool { return r.Ready && r.Reason == "" })
 	select {
 	case <-pubs:
@@ -96,18 +96,18 @@ func TestReadinessNamesItsReason(t *testing.T) {
 	// The control watch fails, unreachable, and then a datacenter's
 	// certificate problem (applied in this order): the certificate problem
 	// tells more.
-	obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("connection refused"),
+	obs <- health.Observation{Data: &health.ControlContact{Err: errors.New("connection refused"),
 		Problem: health.ProblemUnreachable}}
-	obs <- health.Observation{Contact: &health.Contact{Err: errors.New("tls: x509"),
+	obs <- health.Observation{Data: &health.Contact{Err: errors.New("tls: x509"),
 		Problem: health.ProblemTLS, Detail: "x509: certificate signed by unknown authority"}}
 	awaitReadiness(t, s, "TLS", reason(string(health.ProblemTLS), "unknown authority"))
-	obs <- health.Observation{Contact: &health.Contact{OK: true}}
+	obs <- health.Observation{Data: &health.Contact{OK: true}}
 	r = awaitReadiness(t, s, "the controls unreachable",
 		reason(string(health.ProblemUnreachable), "connection refused"))
 	if r.Source != ControlSource {
 		t.Errorf("source %q, want %q", r.Source, ControlSource)
 	}
-	obs <- health.Observation{ControlContact: &health.Contact{OK: true}}
+	obs <- health.Observation{Data: &health.ControlContact{OK: true}}
 	awaitReadiness(t, s, "ready again", func(r Readiness) bool { return r.Ready })
 }
 
@@ -115,11 +115,11 @@ func TestReadinessNamesItsReason(t *testing.T) {
 // alone, and a datacenter's failure before the first read is the reason.
 func TestReadinessWithoutControlWatch(t *testing.T) {
 	h := startSyncer(t)
-	h.obs <- health.Observation{Contact: &health.Contact{Err: errors.New("dial tcp: connection " +
+	h.obs <- health.Observation{Data: &health.Contact{Err: errors.New("dial tcp: connection " +
 		"refused")}}
 	awaitReadiness(t, h.s, "unreachable before the first read",
 		reason(string(health.ProblemUnreachable), "connection refused"))
-	h.obs <- health.Observation{Contact: &health.Contact{OK: true}}
+	h.obs <- health.Observation{Data: &health.Contact{OK: true}}
 	h.tasks()
 	h.nonPassing()
 	awaitReadiness(t, h.s, "ready", func(r Readiness) bool { return r.Ready })
@@ -131,9 +131,9 @@ func TestReadinessNamesEveryMissingRight(t *testing.T) {
 	gen := `key_prefix "leasehold/generation/" { policy = "read" }`
 	ctl := `key_prefix "leasehold/control/" { policy = "read" }`
 	svc := `service_prefix "" { policy = "read" }`
-	h.obs <- health.Observation{Contact: &health.Contact{Err: errors.New("acl"),
+	h.obs <- health.Observation{Data: &health.Contact{Err: errors.New("acl"),
 		Problem: health.ProblemACL, Detail: svc + " and " + gen}}
-	h.obs <- health.Observation{ControlContact: &health.Contact{Err: errors.New("acl"),
+	h.obs <- health.Observation{Data: &health.ControlContact{Err: errors.New("acl"),
 		Problem: health.ProblemACL, Detail: ctl}}
 	r := awaitReadiness(t, h.s, "both", reason(string(health.ProblemACL), ctl))
 	if want := ctl + " and " + gen + " and " + svc; r.Detail != want ||

@@ -19,16 +19,16 @@ func TestSessionNamedAsReplacedStaysStaleWhenItsNamerGoes(t *testing.T) {
 	a := newDirectSyncer(t, clockwork.NewFakeClock(), false, []health.Dispatcher{{}})
 	y := fleettest.Member("a", "i", "y", 3, 9001, "1.0.0", health.StatusPassing, 20)
 	y.Replaces = []string{"x"}
-	a.batch(health.Observation{Tasks: &health.TaskList{Index: 10, Tasks: []string{"a"}}},
-		health.Observation{Generations: &health.Generations{Index: 11}},
-		health.Observation{NonPassing: &health.NonPassing{Index: 12}},
-		health.Observation{Members: &health.TaskMembers{Task: "a", Index: 20,
+	a.batch(health.Observation{Data: &health.TaskList{Index: 10, Tasks: []string{"a"}}},
+		health.Observation{Data: &health.Generations{Index: 11}},
+		health.Observation{Data: &health.NonPassing{Index: 12}},
+		health.Observation{Data: &health.TaskMembers{Task: "a", Index: 20,
 			Members: []health.Member{y}}})
 	if st := a.s.View().Sessions().Check("i", "x"); st.State != health.SessionStale {
 		t.Fatalf("premise: i/x %s (%s), want STALE", st.State, st.Detail)
 	}
 	// y drains: its registration goes, nothing replaces it.
-	a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 30,
+	a.batch(health.Observation{Data: &health.TaskMembers{Task: "a", Index: 30,
 		Members: []health.Member{}}})
 	if st := a.s.View().Sessions().Check("i", "y"); st.State != health.SessionUnknown {
 		t.Fatalf("premise: i/y %s, want UNKNOWN (deregistered)", st.State)
@@ -47,17 +47,17 @@ func TestReplacesOnlyChangeIsIndexedAgain(t *testing.T) {
 	for _, full := range []bool{false, true} {
 		a := newDirectSyncer(t, clockwork.NewFakeClock(), full, []health.Dispatcher{{}})
 		y := fleettest.Member("a", "i", "y", 3, 9001, "1.0.0", health.StatusPassing, 20)
-		a.batch(health.Observation{Tasks: &health.TaskList{Index: 10, Tasks: []string{"a"}}},
-			health.Observation{Generations: &health.Generations{Index: 11}},
-			health.Observation{NonPassing: &health.NonPassing{Index: 12}},
-			health.Observation{Members: &health.TaskMembers{Task: "a", Index: 20,
+		a.batch(health.Observation{Data: &health.TaskList{Index: 10, Tasks: []string{"a"}}},
+			health.Observation{Data: &health.Generations{Index: 11}},
+			health.Observation{Data: &health.NonPassing{Index: 12}},
+			health.Observation{Data: &health.TaskMembers{Task: "a", Index: 20,
 				Members: []health.Member{y}}})
 		if st := a.s.View().Sessions().Check("i", "x"); st.State != health.SessionUnknown {
 			t.Fatalf("premise: i/x %s", st.State)
 		}
 		y2 := y
 		y2.Replaces = []string{"x"}
-		a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 21,
+		a.batch(health.Observation{Data: &health.TaskMembers{Task: "a", Index: 21,
 			Members: []health.Member{y2}}})
 		if st := a.s.View().Sessions().Check("i", "x"); st.State != health.SessionStale ||
 			st.NewerSessionID != "y" {
@@ -65,7 +65,7 @@ func TestReplacesOnlyChangeIsIndexedAgain(t *testing.T) {
 		}
 		y3 := y
 		y3.Replaces = []string{"w"}
-		a.batch(health.Observation{Members: &health.TaskMembers{Task: "a", Index: 22,
+		a.batch(health.Observation{Data: &health.TaskMembers{Task: "a", Index: 22,
 			Members: []health.Member{y3}}})
 		if st := a.s.View().Sessions().Check("i", "w"); st.State != health.SessionStale {
 			t.Fatalf("full=%v: i/w %s after y named it", full, st.State)

@@ -377,51 +377,61 @@ func (s *Syncer) Run(ctx context.Context, obs <-chan health.Observation) error {
 // apply takes one observation in; it reports whether it may change a
 // decision (everything but Progress).
 func (s *Syncer) apply(o health.Observation) bool {
-	switch { // leasehold's own configuration: no datacenter's answer
-	case o.Rules != nil:
-		s.applyRules(o.Rules)
+	switch x := o.Data.(type) { // leasehold's own configuration: no datacenter's answer
+	case *health.RulesSource:
+		s.applyRules(x)
 		return true
-	case o.Cordons != nil:
-		s.applyCordons(o.Cordons)
+	case *health.CordonSet:
+		s.applyCordons(x)
 		return true
-	case o.ControlContact != nil:
-		s.applyControlContact(*o.ControlContact)
+	case *health.ControlContact:
+		s.applyControlContact(health.Contact(*x))
 		return true
+	case nil:
+		s.log.Error("an observation without data: ignored", "datacenter", o.Datacenter)
+		return false
 	}
 	d := s.dc(o.Datacenter)
 	d.answered(o, s.cfg.Clock.Now())
-	if p := o.Progress; p != nil {
-		d.progressNP = max(d.progressNP, p.NonPassing)
-		d.progressGen = max(d.progressGen, p.Generations)
-		d.progressLapses = max(d.progressLapses, p.Lapses)
+	switch x := o.Data.(type) {
+	case *health.Progress:
+		d.progressNP = max(d.progressNP, x.NonPassing)
+		d.progressGen = max(d.progressGen, x.Generations)
+		d.progressLapses = max(d.progressLapses, x.Lapses)
 		return false
-	}
-	switch {
-	case o.Tasks != nil:
-		d.tasks = append([]string{}, o.Tasks.Tasks...)
-	case o.Members != nil:
-		k := fleetKey{o.Datacenter, o.Members.Task}
-		if o.Members.Gone {
+	case *health.TaskList:
+		d.tasks = append([]string{}, x.Tasks...)
+	case *health.TaskMembers:
+		k := fleetKey{o.Datacenter, x.Task}
+		if x.Gone {
 			delete(s.members, k)
 		} else {
-			s.members[k] = o.Members
-			s.applyKeyReads(d, o.Members.Keys)
+			s.members[k] = x
+			s.applyKeyReads(d, x.Keys)
 		}
-	case o.NonPassing != nil:
-		d.np = health.NewNonPassingSet(*o.NonPassing)
+	case *health.NonPassing:
+		d.np = health.NewNonPassingSet(*x)
 		d.haveNP = true
-	case o.Refreshed != nil:
-		d.refreshed = max(d.refreshed, *o.Refreshed)
-		// Read afresh once Consul was at RefreshedAtLeast: current there.
-		d.progressNP = max(d.progressNP, o.RefreshedAtLeast)
-		d.progressGen = max(d.progressGen, o.RefreshedAtLeast)
-		d.progressLapses = max(d.progressLapses, o.RefreshedAtLeast)
-	case o.Lapses != nil:
-		d.marks, d.haveMarks, d.marksIndex = o.Lapses.Marks, true, o.Lapses.Index
+	case *health.Refreshed:
+		d.refreshed = max(d.refreshed, x.Seq)
+		// Read afresh once Consul was at AtLeast: current there.
+		d.progressNP = max(d.progressNP, x.AtLeast)
+		d.progressGen = max(d.progressGen, x.AtLeast)
+		d.progressLapses = max(d.progressLapses, x.AtLeast)
+	case *health.LapseMarks:
+		d.marks, d.haveMarks, d.marksIndex = x.Marks, true, x.Index
 		s.marks.gen++
-	case o.Generations != nil:
-		s.applyListing(d, o.Generations)
-	case o.Contact != nil && o.Contact.IndexWentBack:
+	case *health.Generations:
+		s.applyListing(d, x)
+	case *health.Contact:
+		s.applyContact(o, d, x)
+	}
+	return true
+}
+
+// applyContact takes a datacenter watch's contact report in.
+func (s *Syncer) applyContact(o health.Observation, d *dcState, c *health.Contact) {
+	if c.IndexWentBack {
 		// Consul's past is gone: generations come again from its KV (the
 		// watch reads them anew). The session history stays: session ids are
 		// unique, and a lapse must stay final whatever Consul forgot.
@@ -430,20 +440,18 @@ func (s *Syncer) apply(o health.Observation) bool {
 		s.forgetKeyReads(d)
 		// The indexes of before are not comparable with those to come.
 		d.progressNP, d.progressGen, d.progressLapses = 0, 0, 0
-	case o.Contact != nil:
-		if !o.Contact.OK && !d.failing {
-			d.failedAt = o.At
-		}
-		d.failing = !o.Contact.OK
-		s.noteContact(o.Datacenter, *o.Contact)
-		if !o.Contact.OK {
-			s.log.Warn(contactMessage(o.Contact.Problem), "datacenter", o.Datacenter,
-				"err", o.Contact.Err)
-		} else {
-			s.log.Info("consul reachable again", "datacenter", o.Datacenter)
-		}
+		return
 	}
-	return true
+	if !c.OK && !d.failing {
+		d.failedAt = o.At
+	}
+	d.failing = !c.OK
+	s.noteContact(o.Datacenter, *c)
+	if !c.OK {
+		s.log.Warn(contactMessage(c.Problem), "datacenter", o.Datacenter, "err", c.Err)
+	} else {
+		s.log.Info("consul reachable again", "datacenter", o.Datacenter)
+	}
 }
 
 func (s *Syncer) subscribe(ctx context.Context, sub subscription) {

@@ -41,11 +41,11 @@ func benchSyncer(b *testing.B,
 	for t := range fleet {
 		tasks = append(tasks, t)
 	}
-	obs <- health.Observation{Tasks: &health.TaskList{Index: 1, Tasks: tasks}}
-	obs <- health.Observation{NonPassing: &health.NonPassing{Index: 1}}
-	obs <- health.Observation{Generations: &health.Generations{Index: 1}}
+	obs <- health.Observation{Data: &health.TaskList{Index: 1, Tasks: tasks}}
+	obs <- health.Observation{Data: &health.NonPassing{Index: 1}}
+	obs <- health.Observation{Data: &health.Generations{Index: 1}}
 	for _, t := range tasks {
-		obs <- health.Observation{Members: &health.TaskMembers{Task: t, Index: 2,
+		obs <- health.Observation{Data: &health.TaskMembers{Task: t, Index: 2,
 			Members: fleet[t]}}
 	}
 	s.Subscribe(health.Dispatcher{})
@@ -80,7 +80,7 @@ func BenchmarkSyncerChange(b *testing.B) {
 					np.Checks = []health.CheckState{c}
 				}
 				v := s.View()
-				obs <- health.Observation{NonPassing: &np}
+				obs <- health.Observation{Data: &np}
 				<-v.Changed()
 			}
 		})
@@ -102,7 +102,7 @@ func BenchmarkSyncerChange(b *testing.B) {
 				lapsed = append(lapsed, c)
 				np.Checks = lapsed
 				v := s.View()
-				obs <- health.Observation{NonPassing: &np}
+				obs <- health.Observation{Data: &np}
 				<-v.Changed()
 			}
 		})

@@ -48,13 +48,13 @@ func startSyncer(t *testing.T, logger ...*slog.Logger) *syncHarness {
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()
 	t.Cleanup(func() { cancel(); <-done })
-	h.obs <- health.Observation{Generations: &health.Generations{}} // no generation keys
+	h.obs <- health.Observation{Data: &health.Generations{}} // no generation keys
 	return h
 }
 
 func (h *syncHarness) generations(floor map[string]uint64) {
 	h.index++
-	h.obs <- health.Observation{Generations: &health.Generations{Index: h.index,
+	h.obs <- health.Observation{Data: &health.Generations{Index: h.index,
 		Keys: fleettest.Keys(floor)}}
 }
 
@@ -91,12 +91,12 @@ func (h *syncHarness) quiet() {
 
 func (h *syncHarness) tasks(tasks ...string) {
 	h.index++
-	h.obs <- health.Observation{Tasks: &health.TaskList{Index: h.index, Tasks: tasks}}
+	h.obs <- health.Observation{Data: &health.TaskList{Index: h.index, Tasks: tasks}}
 }
 
 func (h *syncHarness) members(task string, ms ...health.Member) {
 	h.index++
-	h.obs <- health.Observation{Members: &health.TaskMembers{Task: task, Index: h.index,
+	h.obs <- health.Observation{Data: &health.TaskMembers{Task: task, Index: h.index,
 		Members: ms}}
 }
 
@@ -105,7 +105,7 @@ func (h *syncHarness) nonPassing(checks ...health.CheckState) {
 	for i := range checks {
 		checks[i].ModifyIndex = h.index
 	}
-	h.obs <- health.Observation{NonPassing: &health.NonPassing{Index: h.index, Checks: checks}}
+	h.obs <- health.Observation{Data: &health.NonPassing{Index: h.index, Checks: checks}}
 }
 
 // onNodeWithSerf is m registered on node (its checks too), its serfHealth
@@ -333,7 +333,7 @@ func TestSyncerTaskGoneRemovesItsResources(t *testing.T) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.publish()
 	h.tasks()
-	h.obs <- health.Observation{Members: &health.TaskMembers{Task: "work", Gone: true}}
+	h.obs <- health.Observation{Data: &health.TaskMembers{Task: "work", Gone: true}}
 	p := h.publish()
 	if len(p.snap.GetResources(resource.ListenerType)) != 0 ||
 		len(p.snap.GetResources(resource.EndpointType)) != 0 {
@@ -354,7 +354,7 @@ func TestSyncerForgetsGenerationsWhenConsulLosesItsState(t *testing.T) {
 	h.s.Subscribe(dispatcher(t, ""))
 	h.publish()
 	// Consul restarts empty: the executor re-registers, its KV generation starts over
-	h.obs <- health.Observation{Contact: &health.Contact{OK: true, IndexWentBack: true}}
+	h.obs <- health.Observation{Data: &health.Contact{OK: true, IndexWentBack: true}}
 	h.members("work",
 		fleettest.Member("work", "a", "new", 1, 9001, "1.0.0", health.StatusPassing, 2))
 	p := h.publish() // a new session at the same address is pushed at once: no coalescing window
@@ -383,7 +383,7 @@ func TestSyncerRuleModesObserveThenEnforce(t *testing.T) {
 		t.Fatalf("enforced by default: %v", got)
 	}
 	rules := func(raw string) {
-		h.obs <- health.Observation{Rules: &health.RulesSource{Source: "file:test",
+		h.obs <- health.Observation{Data: &health.RulesSource{Source: "file:test",
 			Raw: []byte(raw)}}
 	}
 	rules(`{"modes":[{"rule":"version","mode":"observe"}]}`)
@@ -438,14 +438,14 @@ func TestSyncerLoadBalancingPolicyFromRules(t *testing.T) {
 	if !strings.Contains(first, "ClientSideWeightedRoundRobin") {
 		t.Fatalf("default policy: %s", first)
 	}
-	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x",
+	h.obs <- health.Observation{Data: &health.RulesSource{Source: "consul-kv:x",
 		Raw: []byte(`{"load_balancing":{"tasks":{"work":"least_request"}}}`)}}
 	h.advanceWindow()
 	if got := policyOf(h.publish()); !strings.Contains(got, "LeastRequest") ||
 		strings.Contains(got, "ClientSideWeightedRoundRobin") {
 		t.Fatalf("after the rules: %s", got)
 	}
-	h.obs <- health.Observation{Rules: &health.RulesSource{Source: "consul-kv:x",
+	h.obs <- health.Observation{Data: &health.RulesSource{Source: "consul-kv:x",
 		Raw: []byte(`{"load_balancing":{"tasks":{"work":"fastest"}}}`)}}
 	deadline := time.After(5 * time.Second)
 	for v := h.s.View(); v.Control.RolloutError == ""; v = h.s.View() { // until Run refused it

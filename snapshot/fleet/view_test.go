@@ -57,8 +57,8 @@ func TestViewsDoNotChangeWhileRunDecides(t *testing.T) {
 		}()
 	}
 	w := newRandomWorld(77, false)
-	for _, o := range []health.Observation{{Tasks: &health.TaskList{Index: w.next(),
-		Tasks: w.tasks}}, {Generations: &health.Generations{Index: w.next()}}} {
+	for _, o := range []health.Observation{{Data: &health.TaskList{Index: w.next(),
+		Tasks: w.tasks}}, {Data: &health.Generations{Index: w.next()}}} {
 		obs <- o
 	}
 	for range 3000 {
