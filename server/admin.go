@@ -44,7 +44,9 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 	mux.HandleFunc("GET /healthz", func(w http.ResponseWriter, r *http.Request) {
 		w.Write([]byte("ok\n"))
 	})
-	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) { serveReadyz(w, cfg) })
+	mux.HandleFunc("GET /readyz", func(w http.ResponseWriter, r *http.Request) {
+		serveReadyz(w, cfg)
+	})
 	if cfg.Fencing != nil {
 		mux.Handle("GET /v1/session", cfg.Fencing)
 	}
@@ -81,12 +83,14 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 		mux.HandleFunc("GET /debug/snapshot", func(w http.ResponseWriter, r *http.Request) {
 			node := r.URL.Query().Get("node")
 			if node == "" {
-				writeJSON(w, http.StatusBadRequest, map[string]string{"error": "node: required (an xDS node id)"})
+				writeJSON(w, http.StatusBadRequest,
+					map[string]string{"error": "node: required (an xDS node id)"})
 				return
 			}
 			body, ok := nodeSnapshot(cfg.XDS, cfg.Syncer, node)
 			if !ok {
-				writeJSON(w, http.StatusNotFound, map[string]string{"error": "node " + node + ": no open stream"})
+				writeJSON(w, http.StatusNotFound,
+					map[string]string{"error": "node " + node + ": no open stream"})
 				return
 			}
 			writeJSON(w, http.StatusOK, body)
@@ -99,29 +103,31 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 // longer than the staleness bound.
 const ReasonConsulSilent = "consul_silent"
 
-// serveReadyz answers /readyz: 200 when ready, else 503 with the reason
-// (first_read_pending, consul_unreachable, acl, tls, consul_silent), its
-// detail and source;
-// Consul's last contact and each datacenter's reach either way.
+// serveReadyz answers /readyz with 200 when ready, or else with 503, the
+// reason (first_read_pending, consul_unreachable, acl, tls, consul_silent),
+// its detail and its source. Either way it reports Consul's last contact and
+// each datacenter's reach.
 func serveReadyz(w http.ResponseWriter, cfg AdminConfig) {
 	ready := cfg.Ready.Ready()
 	body := map[string]any{"ready": ready}
 	if rr, ok := cfg.Ready.(readinessReason); ok {
-		// One load: ready and its reason agree.
+		// One load, so that ready and its reason agree.
 		why := rr.Readiness()
 		ready = why.Ready
 		body["ready"] = ready
 		if !ready {
 			body["reason"] = why.Reason // first_read_pending, consul_unreachable, acl, tls
-			body["detail"] = why.Detail // what is pending, the error, the missing rights, the certificate problem
+			// The detail names what is pending, the error, the missing rights or
+			// the certificate problem.
+			body["detail"] = why.Detail
 			if why.Source != "" {
 				body["source"] = why.Source // a datacenter, or the operator controls
 			}
 		}
 	}
 	if ready && cfg.Fencing != nil && cfg.Syncer != nil {
-		// Consul silent (hung, frozen) past the staleness bound: no answer
-		// leasehold gives can be vouched for, although no query failed.
+		// While Consul is silent (hung or frozen) past the staleness bound, no
+		// answer leasehold gives can be vouched for, although no query failed.
 		if silent, detail, _ := cfg.Fencing.Silence(cfg.Syncer.View()); silent {
 			ready = false
 			body["ready"], body["reason"], body["detail"] = false, ReasonConsulSilent, detail
@@ -158,15 +164,22 @@ type ExplainExecutors struct {
 	Executors      []ExplainExecutor `json:"executors"`
 }
 
-// ConstraintSet is one dispatcher constraint set.
+// ConstraintSet is one dispatcher constraint set. Datacenter is the
+// dispatchers' datacenter, whose executors they get at priority 0.
 type ConstraintSet struct {
 	Key               string            `json:"key"`
 	VersionConstraint string            `json:"version_constraint,omitempty"`
 	Labels            map[string]string `json:"labels,omitempty"`
-	Datacenter        string            `json:"datacenter,omitempty"` // the dispatchers' datacenter (priority 0)
+	Datacenter        string            `json:"datacenter,omitempty"`
 }
 
 // ExplainExecutor is one registration and its verdict per constraint set.
+//
+// Reach is set (unanswered or lost) when its datacenter does not answer.
+// Replaces are the older sessions its registration names as replaced.
+// LapseObserved is health.Executor.LapseSeen under its older wire name,
+// which stays. Cordon is the cordon taking it out of routing; CordonHeld is a
+// cordon that the safety limit did not apply.
 type ExplainExecutor struct {
 	InstanceID     string            `json:"instance_id"`
 	SessionID      string            `json:"session_id"`
@@ -174,7 +187,7 @@ type ExplainExecutor struct {
 	Task           string            `json:"task"`
 	Node           string            `json:"node"`
 	Datacenter     string            `json:"datacenter,omitempty"`
-	Reach          string            `json:"datacenter_reach,omitempty"` // unanswered or lost: its datacenter does not answer
+	Reach          string            `json:"datacenter_reach,omitempty"`
 	ServiceID      string            `json:"service_id"`
 	Address        string            `json:"address"`
 	Port           int               `json:"port"`
@@ -183,16 +196,16 @@ type ExplainExecutor struct {
 	Load           int               `json:"load"`
 	State          string            `json:"state"`
 	Labels         map[string]string `json:"labels,omitempty"`
-	Replaces       []string          `json:"replaces,omitempty"` // older sessions its registration names as replaced
+	Replaces       []string          `json:"replaces,omitempty"`
 	LeaseCheck     string            `json:"lease_check"`
 	NodeChecks     string            `json:"node_checks"`
 	OtherChecks    string            `json:"other_checks,omitempty"`
-	LapseObserved  bool              `json:"lapse_observed,omitempty"` // health.Executor.LapseSeen (the wire name stays)
+	LapseObserved  bool              `json:"lapse_observed,omitempty"`
 	NewerSessionID string            `json:"newer_session_id,omitempty"`
 	CreateIndex    uint64            `json:"create_index"`
 	MetadataError  string            `json:"metadata_error,omitempty"`
-	Cordon         string            `json:"cordon,omitempty"`      // the cordon taking it out of routing
-	CordonHeld     string            `json:"cordon_held,omitempty"` // a cordon the safety limit did not apply
+	Cordon         string            `json:"cordon,omitempty"`
+	CordonHeld     string            `json:"cordon_held,omitempty"`
 	Verdicts       []ExplainVerdict  `json:"verdicts"`
 }
 
@@ -202,18 +215,21 @@ type ExplainVerdict struct {
 	Route         string `json:"route"`
 	Reason        string `json:"reason,omitempty"`
 	Detail        string `json:"detail,omitempty"`
-	// WouldExclude: rules in observe mode that would have excluded it.
+	// WouldExclude are the rules in observe mode that would have excluded it.
 	WouldExclude []health.Exclusion `json:"would_exclude,omitempty"`
 }
 
 // DatacenterReach is one watched datacenter as /readyz reports it.
 type DatacenterReach struct {
-	Reach       string `json:"reach"` // reached, unanswered (its sessions are UNKNOWN) or lost (its executors are not routed)
+	// Reach is reached, unanswered (its sessions are answered UNKNOWN) or lost
+	// (its executors are not routed).
+	Reach       string `json:"reach"`
 	Detail      string `json:"detail,omitempty"`
 	ConsulIndex uint64 `json:"consul_index"`
 }
 
-// datacenterReach is every watched datacenter's reach (nil with one).
+// datacenterReach is every watched datacenter's reach, or nil when only one
+// is watched.
 func datacenterReach(v *fleet.View) map[string]DatacenterReach {
 	dcs := v.Datacenters()
 	if len(dcs) < 2 {
@@ -222,7 +238,8 @@ func datacenterReach(v *fleet.View) map[string]DatacenterReach {
 	out := make(map[string]DatacenterReach, len(dcs))
 	for _, dc := range dcs {
 		i, _ := v.Datacenter(dc)
-		out[dc] = DatacenterReach{Reach: i.Reach.String(), Detail: i.ReachDetail, ConsulIndex: i.ConsulIndex}
+		out[dc] = DatacenterReach{Reach: i.Reach.String(), Detail: i.ReachDetail,
+			ConsulIndex: i.ConsulIndex}
 	}
 	return out
 }
@@ -231,7 +248,8 @@ func explainExecutors(v *fleet.View, task string) ExplainExecutors {
 	out := ExplainExecutors{ConsulIndex: v.ConsulIndex, Executors: []ExplainExecutor{}}
 	verdicts := make([][]health.Verdict, len(v.Groups))
 	for i, d := range v.Groups {
-		out.ConstraintSets = append(out.ConstraintSets, ConstraintSet{Key: d.Key(), VersionConstraint: d.VersionConstraint, Labels: d.Labels, Datacenter: d.Datacenter})
+		out.ConstraintSets = append(out.ConstraintSets, ConstraintSet{Key: d.Key(),
+			VersionConstraint: d.VersionConstraint, Labels: d.Labels, Datacenter: d.Datacenter})
 		verdicts[i] = v.DecideAll(d)
 	}
 	for ei, e := range v.Executors() {
@@ -239,11 +257,13 @@ func explainExecutors(v *fleet.View, task string) ExplainExecutors {
 			continue
 		}
 		x := ExplainExecutor{
-			InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation, Task: e.Task, Node: e.Node,
-			ServiceID: e.ServiceID, Address: e.Address, Port: e.Port, Version: e.Version, Capacity: e.Capacity,
-			Load: e.Load, State: string(e.State), Labels: e.Labels, LeaseCheck: string(e.LeaseStatus), NodeChecks: string(e.NodeChecks),
-			OtherChecks: string(e.Other), LapseObserved: e.LapseSeen, NewerSessionID: e.NewerSessionID, CreateIndex: e.CreateIndex,
-			Replaces: e.Replaces,
+			InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation,
+			Task: e.Task, Node: e.Node, ServiceID: e.ServiceID, Address: e.Address,
+			Port: e.Port, Version: e.Version, Capacity: e.Capacity, Load: e.Load,
+			State: string(e.State), Labels: e.Labels, LeaseCheck: string(e.LeaseStatus),
+			NodeChecks: string(e.NodeChecks), OtherChecks: string(e.Other),
+			LapseObserved: e.LapseSeen, NewerSessionID: e.NewerSessionID,
+			CreateIndex: e.CreateIndex, Replaces: e.Replaces,
 		}
 		if !e.LeaseFound && e.Err == nil {
 			x.LeaseCheck = "missing"
@@ -258,7 +278,9 @@ func explainExecutors(v *fleet.View, task string) ExplainExecutors {
 		}
 		for gi, d := range v.Groups {
 			verdict := verdicts[gi][ei]
-			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(), Route: string(verdict.Route), Reason: string(verdict.Reason), Detail: verdict.Detail, WouldExclude: verdict.Observed})
+			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(),
+				Route: string(verdict.Route), Reason: string(verdict.Reason),
+				Detail: verdict.Detail, WouldExclude: verdict.Observed})
 		}
 		out.Executors = append(out.Executors, x)
 	}

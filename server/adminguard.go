@@ -32,14 +32,15 @@ func NewAdminToken(path string) (*AdminToken, error) {
 }
 
 func (t *AdminToken) current() ([]byte, error) {
-	// Read on every guarded request (rare, and the file is tiny): a rotation
-	// applies at once, whatever the file system's timestamp granularity.
+	// The file is read on every guarded request (those are rare and the file is
+	// tiny), so a rotation applies at once, whatever the file system's
+	// timestamp granularity.
 	t.mu.Lock()
 	defer t.mu.Unlock()
 	b, err := os.ReadFile(t.path)
 	if err != nil {
 		if t.token != nil {
-			return t.token, nil // a rotation in progress: keep the old token
+			return t.token, nil // a rotation may be in progress, so the old token stays
 		}
 		return nil, fmt.Errorf("--admin-token-file: %w", err)
 	}
@@ -63,28 +64,32 @@ func (t *AdminToken) valid(r *http.Request) bool {
 	return err == nil && ok && subtle.ConstantTimeCompare([]byte(got), want) == 1
 }
 
-// GuardAdmin wraps h: guarded paths need a valid bearer token (token set)
-// or, with clientCerts, a client certificate the admin port's TLS verified.
+// GuardAdmin wraps h so that guarded paths need a valid bearer token (when
+// token is set) or, with clientCerts, a client certificate that the admin
+// port's TLS verified.
 func GuardAdmin(h http.Handler, token *AdminToken, clientCerts bool) http.Handler {
 	return http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		if !guardedPath(r.URL.Path) || token.valid(r) || (clientCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0) {
+		if !guardedPath(r.URL.Path) || token.valid(r) ||
+			(clientCerts && r.TLS != nil && len(r.TLS.VerifiedChains) > 0) {
 			h.ServeHTTP(w, r)
 			return
 		}
 		var how []string
 		if token != nil {
-			how = append(how, "Authorization: Bearer <the token in leasehold serve's --admin-token-file>")
+			how = append(how,
+				"Authorization: Bearer <the token in leasehold serve's --admin-token-file>")
 			w.Header().Set("WWW-Authenticate", `Bearer realm="leasehold admin"`)
 		}
 		if clientCerts {
 			how = append(how, "a client certificate signed by --admin-client-ca")
 		}
-		writeJSON(w, http.StatusUnauthorized, map[string]string{"error": "this endpoint needs " + strings.Join(how, " or ")})
+		writeJSON(w, http.StatusUnauthorized,
+			map[string]string{"error": "this endpoint needs " + strings.Join(how, " or ")})
 	})
 }
 
-// guardedPath: what reveals executors, sessions or dispatchers. Health,
-// readiness and metrics (no ids in any label) stay open for probes.
+// guardedPath reports whether p reveals executors, sessions or dispatchers.
+// Health, readiness and metrics (no ids in any label) stay open for probes.
 func guardedPath(p string) bool {
 	return strings.HasPrefix(p, "/debug/") || strings.HasPrefix(p, "/v1/")
 }

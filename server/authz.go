@@ -23,7 +23,7 @@ type streamAuth struct {
 }
 
 // openStream decides, when a stream opens, whether its client identity has
-// a grant (only with a policy).
+// a grant. Without a policy every stream is let through.
 func (x *XDS) openStream(ctx context.Context, id int64) error {
 	if x.policy == nil {
 		return nil
@@ -33,8 +33,10 @@ func (x *XDS) openStream(ctx context.Context, id int64) error {
 	g, ok := x.policy.Grant(ident)
 	if !ok {
 		x.denied.Add(ctx, 1, metric.WithAttributes(attribute.String("api", "xds")))
-		x.log.Warn("dispatcher refused: no grant for its identity", "identity", ident.String(), "stream", id)
-		return status.Errorf(codes.PermissionDenied, "no authorization grant for client identity %s", ident)
+		x.log.Warn("dispatcher refused: no grant for its identity", "identity", ident.String(),
+			"stream", id)
+		return status.Errorf(codes.PermissionDenied,
+			"no authorization grant for client identity %s", ident)
 	}
 	x.mu.Lock()
 	x.auth[id] = &streamAuth{id: ident, grant: g, version: version, denied: map[string]bool{}}
@@ -60,7 +62,8 @@ func (x *XDS) authorize(id int64, node *corev3.Node, typeURL string, names []str
 	if v := x.policy.Version(); v != a.version {
 		g, ok := x.policy.Grant(a.id)
 		if !ok || !g.equal(a.grant) {
-			x.log.Info("authorization policy changed for a connected dispatcher: ending its stream", "identity", a.id.String(), "stream", id)
+			x.log.Info("authorization policy changed for a connected dispatcher: ending its stream",
+				"identity", a.id.String(), "stream", id)
 			return status.Error(codes.Unavailable, "authorization policy changed: reconnect")
 		}
 		a.version = v
@@ -69,8 +72,10 @@ func (x *XDS) authorize(id int64, node *corev3.Node, typeURL string, names []str
 	for _, n := range names {
 		if !a.grant.AllowsTask(n) && !a.denied[n] {
 			a.denied[n] = true
-			x.denied.Add(context.Background(), 1, metric.WithAttributes(attribute.String("api", "xds")))
-			x.log.Info("subscription outside the dispatcher's grant: nothing is sent for it", "identity", a.id.String(), "stream", id, "type_url", typeURL, "name", n)
+			x.denied.Add(context.Background(), 1,
+				metric.WithAttributes(attribute.String("api", "xds")))
+			x.log.Info("subscription outside the dispatcher's grant: nothing is sent for it",
+				"identity", a.id.String(), "stream", id, "type_url", typeURL, "name", n)
 		}
 	}
 	return nil
@@ -96,8 +101,9 @@ func NewFencingAuthorizer(p *PolicyStore, m metric.MeterProvider) *FencingAuthor
 		return nil
 	}
 	a := &FencingAuthorizer{policy: p}
-	a.denied, _ = m.Meter("github.com/leasehold/leasehold/server").Int64Counter("leasehold.authz.denied",
-		metric.WithDescription("requests refused by the authorization policy, by API (xds, fencing)"))
+	a.denied, _ = m.Meter("github.com/leasehold/leasehold/server").Int64Counter(
+		"leasehold.authz.denied", metric.WithDescription(
+			"requests refused by the authorization policy, by API (xds, fencing)"))
 	return a
 }
 
@@ -119,14 +125,17 @@ func (a *FencingAuthorizer) check(ctx context.Context, method string) (context.C
 	g, ok := a.policy.Grant(ident)
 	if !ok || !g.AllowsCall(call) {
 		a.denied.Add(ctx, 1, metric.WithAttributes(attribute.String("api", "fencing")))
-		return ctx, status.Errorf(codes.PermissionDenied, "client identity %s is not granted %s", ident, call)
+		return ctx, status.Errorf(codes.PermissionDenied,
+			"client identity %s is not granted %s", ident, call)
 	}
 	return context.WithValue(ctx, grantKey{}, g), nil
 }
 
 // UnaryInterceptor checks unary fencing calls.
 func (a *FencingAuthorizer) UnaryInterceptor() grpc.UnaryServerInterceptor {
-	return func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	return func(
+		ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler,
+	) (any, error) {
 		ctx, err := a.check(ctx, info.FullMethod)
 		if err != nil {
 			return nil, err
@@ -137,7 +146,9 @@ func (a *FencingAuthorizer) UnaryInterceptor() grpc.UnaryServerInterceptor {
 
 // StreamInterceptor checks streaming fencing calls.
 func (a *FencingAuthorizer) StreamInterceptor() grpc.StreamServerInterceptor {
-	return func(srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler) error {
+	return func(
+		srv any, ss grpc.ServerStream, info *grpc.StreamServerInfo, h grpc.StreamHandler,
+	) error {
 		ctx, err := a.check(ss.Context(), info.FullMethod)
 		if err != nil {
 			return err

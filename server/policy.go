@@ -45,8 +45,8 @@ type Grant struct {
 // AllTasks reports whether the grant covers every task type.
 func (g Grant) AllTasks() bool { return slices.Contains(g.Tasks, "*") }
 
-// TaskList is the granted task types for health.Dispatcher.WithTasks: nil
-// for all.
+// TaskList is the granted task types as health.Dispatcher.WithTasks takes
+// them, nil when every task type is granted.
 func (g Grant) TaskList() []string {
 	if g.AllTasks() {
 		return nil
@@ -55,7 +55,9 @@ func (g Grant) TaskList() []string {
 }
 
 // AllowsTask reports whether task is granted.
-func (g Grant) AllowsTask(task string) bool { return g.AllTasks() || slices.Contains(g.Tasks, task) }
+func (g Grant) AllowsTask(task string) bool {
+	return g.AllTasks() || slices.Contains(g.Tasks, task)
+}
 
 // AllowsCall reports whether a fencing call is granted.
 func (g Grant) AllowsCall(call string) bool {
@@ -63,12 +65,13 @@ func (g Grant) AllowsCall(call string) bool {
 }
 
 func (g Grant) equal(o Grant) bool {
-	return g.Identity == o.Identity && slices.Equal(g.Tasks, o.Tasks) && slices.Equal(g.Fencing, o.Fencing)
+	return g.Identity == o.Identity && slices.Equal(g.Tasks, o.Tasks) &&
+		slices.Equal(g.Fencing, o.Fencing)
 }
 
 // ParsePolicy reads and validates a policy; errors name the field
-// (dispatchers[1].tasks[0]). Unknown fields are errors too: a misspelt key
-// must not silently grant or deny.
+// (dispatchers[1].tasks[0]). Unknown fields are errors too, because a
+// misspelt key must not silently grant or deny.
 func ParsePolicy(b []byte) (*Policy, error) {
 	var p Policy
 	dec := yaml.NewDecoder(bytes.NewReader(b)) // YAML is a superset of JSON
@@ -81,9 +84,11 @@ func ParsePolicy(b []byte) (*Policy, error) {
 	for i, g := range p.Dispatchers {
 		at := fmt.Sprintf("dispatchers[%d]", i)
 		if g.Identity == "" {
-			errs = append(errs, fmt.Errorf("%s.identity: required (a certificate URI or DNS SAN)", at))
+			errs = append(errs,
+				fmt.Errorf("%s.identity: required (a certificate URI or DNS SAN)", at))
 		} else if j, dup := seen[g.Identity]; dup {
-			errs = append(errs, fmt.Errorf("%s.identity: %q already granted in dispatchers[%d]", at, g.Identity, j))
+			errs = append(errs, fmt.Errorf("%s.identity: %q already granted in dispatchers[%d]",
+				at, g.Identity, j))
 		}
 		seen[g.Identity] = i
 		for k, t := range g.Tasks {
@@ -96,7 +101,8 @@ func ParsePolicy(b []byte) (*Policy, error) {
 		}
 		for k, c := range g.Fencing {
 			if c != "*" && c != CallCheckSession && c != CallWatchSession {
-				errs = append(errs, fmt.Errorf("%s.fencing[%d]: %q: want %s, %s or *", at, k, c, CallCheckSession, CallWatchSession))
+				errs = append(errs, fmt.Errorf("%s.fencing[%d]: %q: want %s, %s or *",
+					at, k, c, CallCheckSession, CallWatchSession))
 			}
 		}
 		slices.Sort(p.Dispatchers[i].Tasks)
@@ -120,9 +126,9 @@ func (p *Policy) grantOf(id Identity) (Grant, bool) {
 	return Grant{}, false
 }
 
-// PolicyStore holds the policy in force and follows its file: a valid new
-// version replaces it at once; an invalid one is refused (logged) and the
-// previous stays in force.
+// PolicyStore holds the policy in force and follows its file. A valid new
+// version replaces it at once; an invalid one is refused (and logged), and
+// the previous one stays in force.
 type PolicyStore struct {
 	path    string
 	log     *slog.Logger
@@ -173,8 +179,8 @@ func (s *PolicyStore) Follow(ctx context.Context, interval time.Duration) {
 }
 
 func (s *PolicyStore) reload() {
-	// Small file, read every time: a same-size rewrite within one clock
-	// tick leaves the file's times unchanged.
+	// The file is small, so it is read and compared every time: a same-size
+	// rewrite within one clock tick would leave the file's times unchanged.
 	b, err := os.ReadFile(s.path)
 	if err == nil && string(b) == s.stamp {
 		return
@@ -187,7 +193,8 @@ func (s *PolicyStore) reload() {
 		p, err = ParsePolicy(b)
 	}
 	if err != nil {
-		s.log.Error("authorization policy changed but is invalid: the previous policy stays in force", "path", s.path, "err", err)
+		s.log.Error("authorization policy changed but is invalid: "+
+			"the previous policy stays in force", "path", s.path, "err", err)
 		return
 	}
 	s.cur.Store(p)
@@ -195,8 +202,8 @@ func (s *PolicyStore) reload() {
 	s.log.Info("authorization policy reloaded", "path", s.path, "grants", len(p.Dispatchers))
 }
 
-// fileStamp identifies a file's version: inode (a rename-into-place is a
-// new one), size, modification and change times.
+// fileStamp identifies a file's version by its inode (a rename into place
+// makes a new one), its size and its modification and change times.
 func fileStamp(path string) string {
 	st, err := os.Stat(path)
 	if err != nil {

@@ -27,9 +27,9 @@ type xdsTelemetry struct {
 	lapseLost   metric.Int64Counter
 	denied      metric.Int64Counter
 	latest      map[string]context.Context          // group → context of its latest cache update
-	typeAttrs   map[string]metric.MeasurementOption // x.mu held
+	typeAttrs   map[string]metric.MeasurementOption // guarded by x.mu
 	lapses      []*pendingLapse
-	nacksSeen   map[string]bool // type URL + version of NACKs logged (x.mu held)
+	nacksSeen   map[string]bool // type URL and version of each NACK logged, guarded by x.mu
 	nackOrder   []string        // nacksSeen's keys, oldest first
 }
 
@@ -43,7 +43,8 @@ type pendingLapse struct {
 	waiting       map[int64]bool
 }
 
-var latencyBuckets = metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1, 2.5, 5, 10)
+var latencyBuckets = metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
+	0.1, 0.25, 0.5, 1, 2.5, 5, 10)
 
 func (x *XDS) initTelemetry(o XDSOptions) {
 	if o.Tracer == nil {
@@ -56,14 +57,22 @@ func (x *XDS) initTelemetry(o XDSOptions) {
 	x.latest = map[string]context.Context{}
 	x.typeAttrs = map[string]metric.MeasurementOption{}
 	m := o.Meter.Meter("github.com/leasehold/leasehold/server")
-	x.pushTime, _ = m.Float64Histogram("leasehold.xds.push.duration", metric.WithUnit("s"), latencyBuckets,
-		metric.WithDescription("from a response sent to a dispatcher until its ACK or NACK, by type URL"))
-	x.nacks, _ = m.Int64Counter("leasehold.xds.nacks", metric.WithDescription("responses rejected by dispatchers, by type URL and reason (duplicate, address, weight, validation, decode, unspecified, other)"))
-	x.lapseToPush, _ = m.Float64Histogram("leasehold.lapse_to_push.duration", metric.WithUnit("s"), latencyBuckets,
-		metric.WithDescription("from Consul reporting a lease lapse until the last affected dispatcher ACKed endpoints without it"))
-	x.denied, _ = m.Int64Counter("leasehold.authz.denied", metric.WithDescription("requests refused by the authorization policy, by API (xds, fencing)"))
-	x.lapseLost, _ = m.Int64Counter("leasehold.lapse_to_push.expired", metric.WithDescription("lapses whose removal was not ACKed by every affected dispatcher within a minute"))
-	m.Int64ObservableGauge("leasehold.dispatchers", metric.WithDescription("open xDS streams of dispatchers, by mode (sotw, delta)"),
+	x.pushTime, _ = m.Float64Histogram("leasehold.xds.push.duration", metric.WithUnit("s"),
+		latencyBuckets, metric.WithDescription(
+			"from a response sent to a dispatcher until its ACK or NACK, by type URL"))
+	x.nacks, _ = m.Int64Counter("leasehold.xds.nacks",
+		metric.WithDescription("responses rejected by dispatchers, by type URL and reason "+
+			"(duplicate, address, weight, validation, decode, unspecified, other)"))
+	x.lapseToPush, _ = m.Float64Histogram("leasehold.lapse_to_push.duration", metric.WithUnit("s"),
+		latencyBuckets, metric.WithDescription("from Consul reporting a lease lapse "+
+			"until the last affected dispatcher ACKed endpoints without it"))
+	x.denied, _ = m.Int64Counter("leasehold.authz.denied", metric.WithDescription(
+		"requests refused by the authorization policy, by API (xds, fencing)"))
+	x.lapseLost, _ = m.Int64Counter("leasehold.lapse_to_push.expired",
+		metric.WithDescription("lapses whose removal was not ACKed by every affected dispatcher "+
+			"within a minute"))
+	m.Int64ObservableGauge("leasehold.dispatchers",
+		metric.WithDescription("open xDS streams of dispatchers, by mode (sotw, delta)"),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
 			counts := map[string]int64{"sotw": 0, "delta": 0}
 			for _, s := range x.Dispatchers() {
@@ -130,9 +139,12 @@ func (x *XDS) startPush(info *StreamInfo, t *TypeInfo, typeURL, version string) 
 }
 
 // answered records an ACK or NACK of the latest response; x.mu is held.
-func (x *XDS) answered(t *TypeInfo, typeURL string, now time.Time, nack bool, reason, detail string) {
-	// One attribute set per type URL, built once: building it per ACK was
-	// ~10% of the server's CPU with 10,000 streams (a profile), under x.mu.
+func (x *XDS) answered(
+	t *TypeInfo, typeURL string, now time.Time, nack bool, reason, detail string,
+) {
+	// One attribute set per type URL is built once, because building it per
+	// ACK took ~10% of the server's CPU with 10,000 streams (as a profile
+	// showed), under x.mu.
 	attrs, ok := x.typeAttrs[typeURL]
 	if !ok {
 		attrs = metric.WithAttributeSet(attribute.NewSet(attribute.String("type_url", typeURL)))
@@ -141,13 +153,16 @@ func (x *XDS) answered(t *TypeInfo, typeURL string, now time.Time, nack bool, re
 		}
 	}
 	x.pushTime.Record(context.Background(), now.Sub(t.SentAt).Seconds(), attrs)
-	if nack { // rare: the attribute set is built each time
-		x.nacks.Add(context.Background(), 1, metric.WithAttributes(attribute.String("type_url", typeURL), attribute.String("reason", reason)))
+	if nack { // NACKs are rare, so their attribute set is built each time
+		x.nacks.Add(context.Background(), 1,
+			metric.WithAttributes(attribute.String("type_url", typeURL),
+				attribute.String("reason", reason)))
 	}
 	if t.push != nil {
 		if nack {
 			t.push.SetStatus(codes.Error, detail)
-			t.push.AddEvent("NACK", trace.WithAttributes(attribute.String("xds.error_detail", detail)))
+			t.push.AddEvent("NACK",
+				trace.WithAttributes(attribute.String("xds.error_detail", detail)))
 		} else {
 			t.push.AddEvent("ACK")
 		}

@@ -20,14 +20,15 @@ import (
 // and verified against it (mTLS).
 type TLSFiles struct {
 	Cert, Key, ClientCA string
-	// ClientCertOptional: a client certificate is verified when given but
-	// not required (the admin port: probes stay open, guarded paths check
-	// it).
+	// ClientCertOptional has a client certificate verified when given but
+	// not required. The admin port uses it, so that probes stay open while
+	// guarded paths check the certificate.
 	ClientCertOptional bool
-	// HTTP: serve HTTP/1.1 (and h2) rather than gRPC's h2 only.
+	// HTTP has the listener serve HTTP/1.1 (and h2) rather than gRPC's h2
+	// only.
 	HTTP bool
-	// Flags is the flags' prefix for errors: "--tls" (default) or
-	// "--admin-tls" (then the CA is --admin-client-ca).
+	// Flags is the flags' prefix for errors: "--tls" (the default) or
+	// "--admin-tls", whose CA flag is --admin-client-ca.
 	Flags string
 }
 
@@ -46,15 +47,16 @@ func (f TLSFiles) flag(name string) string {
 func (f TLSFiles) Enabled() bool { return f.Cert != "" || f.Key != "" || f.ClientCA != "" }
 
 // ServerTLS serves certificates that are re-read from disk when their files
-// change (rotation without restart): every handshake checks the files'
-// modification time and size, cheaply, and a pair that fails to load (a
-// rotation written half-way) keeps the previous one in force.
+// change, so certificates rotate without a restart. Every handshake checks
+// the files' stamps (fileStamp: inode, size, modification and change times),
+// which is cheap, and a pair that fails to load (a rotation written half-way)
+// keeps the previous one in force.
 type ServerTLS struct {
 	files TLSFiles
 	log   *slog.Logger
 
 	mu      sync.Mutex
-	stamp   string // modification times and sizes of the files last loaded
+	stamp   string // the fileStamp of each file last loaded
 	cfg     *tls.Config
 	loadErr error
 }
@@ -62,7 +64,8 @@ type ServerTLS struct {
 // NewServerTLS loads the files once; an error names the flag at fault.
 func NewServerTLS(files TLSFiles, log *slog.Logger) (*ServerTLS, error) {
 	if files.Cert == "" || files.Key == "" {
-		return nil, fmt.Errorf("%s and %s: both required for TLS (%s needs them too)", files.flag("cert"), files.flag("key"), files.flag("client-ca"))
+		return nil, fmt.Errorf("%s and %s: both required for TLS (%s needs them too)",
+			files.flag("cert"), files.flag("key"), files.flag("client-ca"))
 	}
 	s := &ServerTLS{files: files, log: log}
 	cfg, stamp, err := s.load()
@@ -107,13 +110,15 @@ func (s *ServerTLS) current() *tls.Config {
 	cfg, loaded, err := s.load()
 	if err != nil {
 		if s.loadErr == nil || s.loadErr.Error() != err.Error() {
-			s.log.Warn("TLS files changed but do not load: keeping the previous certificates", "err", err)
+			s.log.Warn("TLS files changed but do not load: keeping the previous certificates",
+				"err", err)
 		}
 		s.loadErr = err
 		return s.cfg
 	}
 	s.cfg, s.stamp, s.loadErr = cfg, loaded, nil
-	s.log.Info("TLS certificates reloaded", "cert", s.files.Cert, "not_after", cfg.Certificates[0].Leaf.NotAfter)
+	s.log.Info("TLS certificates reloaded", "cert", s.files.Cert,
+		"not_after", cfg.Certificates[0].Leaf.NotAfter)
 	return s.cfg
 }
 
@@ -139,7 +144,8 @@ func (s *ServerTLS) load() (*tls.Config, string, error) {
 			return nil, "", fmt.Errorf("%s: %w", s.files.flag("cert"), err)
 		}
 	}
-	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: s.protos(), Certificates: []tls.Certificate{pair}}
+	cfg := &tls.Config{MinVersion: tls.VersionTLS12, NextProtos: s.protos(),
+		Certificates: []tls.Certificate{pair}}
 	if s.files.ClientCA != "" {
 		pem, err := os.ReadFile(s.files.ClientCA)
 		if err != nil {
@@ -147,7 +153,8 @@ func (s *ServerTLS) load() (*tls.Config, string, error) {
 		}
 		pool := x509.NewCertPool()
 		if !pool.AppendCertsFromPEM(pem) {
-			return nil, "", fmt.Errorf("%s %s: no PEM certificate in it", s.files.flag("client-ca"), s.files.ClientCA)
+			return nil, "", fmt.Errorf("%s %s: no PEM certificate in it",
+				s.files.flag("client-ca"), s.files.ClientCA)
 		}
 		cfg.ClientCAs, cfg.ClientAuth = pool, tls.RequireAndVerifyClientCert
 		if s.files.ClientCertOptional {

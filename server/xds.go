@@ -1,6 +1,3 @@
-// Package server serves leasehold's xDS (state-of-the-world and delta, over
-// ADS and the per-type services) from the syncer's cache, validates
-// dispatchers' node metadata and serves the admin HTTP endpoints.
 package server
 
 import (
@@ -48,7 +45,7 @@ type XDS struct {
 
 	mu      sync.Mutex
 	streams map[int64]*StreamInfo // streams that announced a valid node
-	policy  *PolicyStore          // nil: no authorization
+	policy  *PolicyStore          // nil without an authorization policy
 	auth    map[int64]*streamAuth
 	xdsTelemetry
 }
@@ -66,12 +63,12 @@ type StreamInfo struct {
 	AgeSec           float64              `json:"age_seconds"`
 	Types            map[string]*TypeInfo `json:"types"`
 	dispatch         health.Dispatcher
-	node             *corev3.Node // the node of the latest request (x.mu held)
+	node             *corev3.Node // the node of the latest request, guarded by x.mu
 }
 
 // TypeInfo is the state of one resource type on a stream.
 type TypeInfo struct {
-	Subscribed []string  `json:"subscribed"` // empty: wildcard
+	Subscribed []string  `json:"subscribed"` // empty for a wildcard subscription
 	LastSent   string    `json:"last_sent_version,omitempty"`
 	SentAt     time.Time `json:"last_sent_at,omitzero"`
 	LastAcked  string    `json:"last_acked_version,omitempty"`
@@ -91,11 +88,11 @@ type Nack struct {
 	At      time.Time `json:"at"`
 }
 
-// NackReason sorts a NACK's error detail into a fixed set — what a metric
-// label may carry whatever a client writes: duplicate (grpc-go: two
-// endpoints at one address), address (Envoy: a name or malformed IP in a
-// socket_address), weight, validation, decode, unspecified (no message),
-// other.
+// NackReason sorts a NACK's error detail into a fixed set of reasons, so that
+// a metric label stays bounded whatever a client writes. The reasons are
+// duplicate (grpc-go refusing two endpoints at one address), address (Envoy
+// refusing a name or a malformed IP in a socket_address), weight,
+// validation, decode, unspecified (no message) and other.
 func NackReason(detail string) string {
 	d := strings.ToLower(detail)
 	switch {
@@ -103,7 +100,8 @@ func NackReason(detail string) string {
 		return "unspecified"
 	case strings.Contains(d, "duplicate"):
 		return "duplicate"
-	case strings.Contains(d, "ip address") || strings.Contains(d, "socket_address") || strings.Contains(d, "socketaddress"):
+	case strings.Contains(d, "ip address") || strings.Contains(d, "socket_address") ||
+		strings.Contains(d, "socketaddress"):
 		return "address"
 	case strings.Contains(d, "weight"):
 		return "weight"
@@ -131,7 +129,8 @@ func NewXDS(ctx context.Context, syncer *fleet.Syncer, log *slog.Logger, opts ..
 	if len(opts) > 0 {
 		o = opts[0]
 	}
-	x := &XDS{subs: syncer, log: log.With("component", "xds"), streams: map[int64]*StreamInfo{}, policy: o.Policy, auth: map[int64]*streamAuth{}}
+	x := &XDS{subs: syncer, log: log.With("component", "xds"), streams: map[int64]*StreamInfo{},
+		policy: o.Policy, auth: map[int64]*streamAuth{}}
 	x.initTelemetry(o)
 	syncer.Notify(x.onPublish)
 	x.srv = xdsserver.NewServer(ctx, syncer.Cache(), x.callbacks())
@@ -149,10 +148,15 @@ func (x *XDS) Register(g *grpc.Server) {
 
 func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 	return xdsserver.CallbackFuncs{
-		StreamOpenFunc:      func(ctx context.Context, id int64, _ string) error { return x.openStream(ctx, id) },
-		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error { return x.openStream(ctx, id) },
+		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+			return x.openStream(ctx, id)
+		},
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
+			return x.openStream(ctx, id)
+		},
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
-			if err := x.authorize(id, req.GetNode(), req.GetTypeUrl(), req.GetResourceNames()); err != nil {
+			if err := x.authorize(id, req.GetNode(), req.GetTypeUrl(),
+				req.GetResourceNames()); err != nil {
 				return err
 			}
 			info, err := x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "sotw")
@@ -164,14 +168,19 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			t := info.typeInfo(req.GetTypeUrl())
 			t.Subscribed = append([]string(nil), req.GetResourceNames()...)
 			sort.Strings(t.Subscribed)
-			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(), req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
+			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(),
+				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
 		},
-		StreamResponseFunc: func(_ context.Context, id int64, _ *discovery.DiscoveryRequest, resp *discovery.DiscoveryResponse) {
+		StreamResponseFunc: func(
+			_ context.Context, id int64, _ *discovery.DiscoveryRequest,
+			resp *discovery.DiscoveryResponse,
+		) {
 			x.sent(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce())
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			if err := x.authorize(id, req.GetNode(), req.GetTypeUrl(), req.GetResourceNamesSubscribe()); err != nil {
+			if err := x.authorize(id, req.GetNode(), req.GetTypeUrl(),
+				req.GetResourceNamesSubscribe()); err != nil {
 				return err
 			}
 			info, err := x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "delta")
@@ -195,10 +204,13 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 				t.Subscribed = append(t.Subscribed, n)
 			}
 			sort.Strings(t.Subscribed)
-			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), t.LastSent, req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
+			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), t.LastSent,
+				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
 		},
-		StreamDeltaResponseFunc: func(id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse) {
+		StreamDeltaResponseFunc: func(
+			id int64, _ *discovery.DeltaDiscoveryRequest, resp *discovery.DeltaDiscoveryResponse,
+		) {
 			var parts []string
 			for _, r := range resp.GetResources() {
 				parts = append(parts, r.GetName()+"@"+r.GetVersion())
@@ -214,7 +226,8 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			} else if g, ok := x.policy.Grant(PeerIdentity(ctx)); ok {
 				xdscache.StampGrant(req.GetNode(), g.TaskList())
 			} else {
-				return status.Errorf(codes.PermissionDenied, "no authorization grant for client identity %s", PeerIdentity(ctx))
+				return status.Errorf(codes.PermissionDenied,
+					"no authorization grant for client identity %s", PeerIdentity(ctx))
 			}
 			if _, err := xdscache.DispatcherOf(req.GetNode()); err != nil {
 				return status.Error(codes.InvalidArgument, err.Error())
@@ -234,7 +247,9 @@ func (i *StreamInfo) typeInfo(typeURL string) *TypeInfo {
 }
 
 // ackOrNack records what a request says of the previous response.
-func (x *XDS) ackOrNack(t *TypeInfo, typeURL, nonce, version, detail string, nack bool, info *StreamInfo) {
+func (x *XDS) ackOrNack(
+	t *TypeInfo, typeURL, nonce, version, detail string, nack bool, info *StreamInfo,
+) {
 	if nonce == "" || nonce != t.sentNonce {
 		return // first request, or about an older response
 	}
@@ -250,8 +265,11 @@ func (x *XDS) ackOrNack(t *TypeInfo, typeURL, nonce, version, detail string, nac
 		// Every stream of a constraint set gets the same version: one line
 		// per version, not one per dispatcher.
 		if x.firstNack(typeURL, t.LastSent) {
-			x.log.Warn("dispatcher rejected a response (NACK); further NACKs of this version are counted, not logged",
-				"node_id", info.NodeID, "stream", info.Stream, "group", info.Group, "type_url", typeURL, "version", t.LastSent, "reason", reason, "error_detail", detail)
+			x.log.Warn("dispatcher rejected a response (NACK); "+
+				"further NACKs of this version are counted, not logged",
+				"node_id", info.NodeID, "stream", info.Stream, "group", info.Group,
+				"type_url", typeURL, "version", t.LastSent, "reason", reason,
+				"error_detail", detail)
 		}
 		return
 	}
@@ -284,7 +302,8 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 	}
 	x.mu.Unlock()
 	if known {
-		// nil: a delta request without a node (the stream's stands).
+		// A delta request may come without a node (nil); the stream's node
+		// then stands.
 		if node != nil && node != last {
 			if err := x.sameNode(info, last, node); err != nil {
 				return nil, err
@@ -300,14 +319,17 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 		x.log.Warn("dispatcher refused: invalid node metadata", "node_id", node.GetId(), "err", err)
 		return nil, status.Error(codes.InvalidArgument, err.Error())
 	}
-	form, _ := xdscache.EndpointMetadataOf(node) // valid: DispatcherOf checked it
+	form, _ := xdscache.EndpointMetadataOf(node) // DispatcherOf has validated it
 	x.subs.Subscribe(d)
-	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode, EndpointMetadata: string(form), Opened: time.Now(), Types: map[string]*TypeInfo{}, dispatch: d, node: node}
+	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode,
+		EndpointMetadata: string(form), Opened: time.Now(), Types: map[string]*TypeInfo{},
+		dispatch: d, node: node}
 	x.mu.Lock()
 	x.streams[id] = info
 	n := len(x.streams)
 	x.mu.Unlock()
-	x.log.Info("dispatcher stream", "node_id", node.GetId(), "stream", id, "mode", mode, "type_url", typeURL, "group", d.Key(), "streams", n)
+	x.log.Info("dispatcher stream", "node_id", node.GetId(), "stream", id, "mode", mode,
+		"type_url", typeURL, "group", d.Key(), "streams", n)
 	return info, nil
 }
 
@@ -325,21 +347,27 @@ func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
 	}
 	refuse := func(field, format string, args ...any) error {
 		msg := field + ": " + fmt.Sprintf(format, args...)
-		x.log.Warn("dispatcher stream ended: node changed on a later request", "node_id", info.NodeID, "stream", info.Stream, "field", field, "err", msg)
+		x.log.Warn("dispatcher stream ended: node changed on a later request",
+			"node_id", info.NodeID, "stream", info.Stream, "field", field, "err", msg)
 		return status.Error(codes.InvalidArgument, msg)
 	}
 	if node.GetId() != info.NodeID {
-		return refuse("node.id", "changed from %q to %q on a later request of the stream; a stream serves one node: open a new one", info.NodeID, node.GetId())
+		return refuse("node.id",
+			"changed from %q to %q on a later request of the stream; a stream serves one node: "+
+				"open a new one", info.NodeID, node.GetId())
 	}
 	d, err := xdscache.DispatcherOf(node)
 	if err != nil {
-		x.log.Warn("dispatcher stream ended: invalid node metadata on a later request", "node_id", info.NodeID, "stream", info.Stream, "err", err)
+		x.log.Warn("dispatcher stream ended: invalid node metadata on a later request",
+			"node_id", info.NodeID, "stream", info.Stream, "err", err)
 		return status.Error(codes.InvalidArgument, err.Error())
 	}
 	if form, _ := xdscache.EndpointMetadataOf(node); string(form) != info.EndpointMetadata {
 		// The stream's watches are in its first form's cache group.
 		field := "node.metadata." + xdscache.NodeMetaEndpointMetadata
-		return refuse(field, "changed from %q to %q on a later request of the stream; a stream keeps the endpoint metadata of its first request: open a new stream", info.EndpointMetadata, form)
+		return refuse(field,
+			"changed from %q to %q on a later request of the stream; a stream keeps the endpoint "+
+				"metadata of its first request: open a new stream", info.EndpointMetadata, form)
 	}
 	if d.Key() == info.Group {
 		return nil // other metadata changed, not the constraint set
@@ -351,12 +379,15 @@ func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
 	case !maps.Equal(d.Labels, info.dispatch.Labels):
 		field += "." + health.NodeMetaLabels
 	}
-	return refuse(field, "the constraint set changed on a later request of the stream (from %q to %q); a stream keeps the constraint set of its first request: open a new stream", info.Group, d.Key())
+	return refuse(field,
+		"the constraint set changed on a later request of the stream (from %q to %q); a stream "+
+			"keeps the constraint set of its first request: open a new stream", info.Group, d.Key())
 }
 
 // dispatchKeys are the node metadata keys that decide what a stream is
 // sent: its constraint set, its grant and its endpoint metadata.
-var dispatchKeys = []string{health.NodeMetaVersionConstraint, health.NodeMetaLabels, xdscache.NodeMetaGrantedTasks, xdscache.NodeMetaEndpointMetadata}
+var dispatchKeys = []string{health.NodeMetaVersionConstraint, health.NodeMetaLabels,
+	xdscache.NodeMetaGrantedTasks, xdscache.NodeMetaEndpointMetadata}
 
 // sameDispatch reports whether two nodes have the same id and the same
 // values under dispatchKeys, so the stream goes on as it is. It compares

@@ -30,17 +30,30 @@ import (
 // streams' endpoints are compared with a direct Consul read.
 
 var (
-	churnMode     = flag.Bool("churn", false, "measure fleet churn instead of the lapse phases: --executors register over --agents agents, restart under new sessions and deregister, without leasehold and then with it watching")
-	churnCanaries = flag.Int("churn-canaries", 40, "with --churn: executors on the short --lease heartbeated every --heartbeat throughout; a third of them stop during the steps with leasehold (lapse → stop)")
-	consulProfile = flag.String("consul-profile", "", "with --churn: write a 10 s CPU profile of the Consul server taken during the restart step with leasehold to this file")
-	churnFirst    = flag.String("churn-first", "without", "with --churn and one run: which pass runs first, without or with (leasehold)")
-	churnRuns     = flag.Int("churn-runs", 3, "with --churn: runs, each on fresh agents, alternating which pass goes first")
+	churnMode = flag.Bool("churn", false,
+		"measure fleet churn instead of the lapse phases: --executors register over "+
+			"--agents agents, restart under new sessions and deregister, without "+
+			"leasehold and then with it watching")
+	churnCanaries = flag.Int("churn-canaries", 40,
+		"with --churn: executors on the short --lease heartbeated every --heartbeat throughout; "+
+			"a third of them stop during the steps with leasehold (lapse → stop)")
+	consulProfile = flag.String("consul-profile", "",
+		"with --churn: write a 10 s CPU profile of the Consul server taken during the restart "+
+			"step with leasehold to this file")
+	churnFirst = flag.String("churn-first", "without",
+		"with --churn and one run: which pass runs first, without or with (leasehold)")
+	churnRuns = flag.Int("churn-runs", 3,
+		"with --churn: runs, each on fresh agents, alternating which pass goes first")
 )
 
 const churnVictimEvery = 2 * time.Second
 
+// churnStep is one measured step of a pass. lapses are, for the canaries
+// stopped during the step, lease expiry → last stream without it; consulParts
+// are Consul's part of them, lease expiry → the harness's own blocking query
+// sees the check critical.
 type churnStep struct {
-	pass, step    string // pass: without | with; step: register | restart | deregister
+	pass, step    string // pass is without or with; step is register, restart or deregister
 	d             time.Duration
 	changes       int
 	consulCPU     time.Duration // server + clients
@@ -48,10 +61,10 @@ type churnStep struct {
 	requests      map[string]float64 // leasehold's Consul requests by watch kind
 	wire, json    map[string]float64 // leasehold's read bytes by watch kind
 	budgetWait    map[string]float64 // seconds waited for the read budget, by watch kind
-	lapses        []time.Duration    // canaries stopped during the step: lease expiry → last stream without it
-	consulParts   []time.Duration    // of which Consul's: lease expiry → the harness's own blocking query sees the check critical
+	lapses        []time.Duration
+	consulParts   []time.Duration
 	falseLapses   int64
-	viewConverged time.Duration // step end → every stream equals a direct Consul read (-1: never)
+	viewConverged time.Duration // step end → all streams equal a direct Consul read; -1 if never
 }
 
 type churner struct {
@@ -103,15 +116,23 @@ func runChurn() error {
 	if *write == "" {
 		return nil
 	}
-	return writeSection(*write, churnStart, churnEnd, "## Fleet churn (leasehold-bench --churn)", out)
+	return writeSection(*write, churnStart, churnEnd,
+		"## Fleet churn (leasehold-bench --churn)", out)
 }
 
 // churnSummary is, per step, each run's ratio with/without and their median.
 func churnSummary(runs []*churner) string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "%d runs of `leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d --lease %s --heartbeat %s`, %s, %d cores; passes alternate which goes first.\n\n",
-		len(runs), *executors, max(1, *tasks), *agents, *churnCanaries, *lease, *heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
-	b.WriteString("| step | time with ÷ without, each run | median | leasehold's reads per change (wire / JSON), median | false lapses (all runs) | lapse → stop (all runs) | of which Consul: expiry → its catalog shows it critical |\n|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b,
+		"%d runs of `leasehold-bench --churn --executors %d --tasks %d --agents %d "+
+			"--churn-canaries %d --lease %s --heartbeat %s`, %s, %d cores; passes "+
+			"alternate which goes first.\n\n",
+		len(runs), *executors, max(1, *tasks), *agents, *churnCanaries, *lease,
+		*heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
+	b.WriteString("| step | time with ÷ without, each run | median | leasehold's reads per " +
+		"change (wire / JSON), median | false lapses (all runs) | lapse → stop (all " +
+		"runs) | of which Consul: expiry → its catalog shows it critical " +
+		"|\n|---|---|---|---|---|---|---|\n")
 	for _, step := range []string{"register", "restart", "deregister"} {
 		var ratios, wire, json []float64
 		var falses int64
@@ -129,7 +150,9 @@ func churnSummary(runs []*churner) string {
 		for _, r := range ratios {
 			each = append(each, fmt.Sprintf("%.2f×", r))
 		}
-		fmt.Fprintf(&b, "| %s %d | %s | %.2f× | %.1f KB / %.1f KB | %d | %s | %s |\n", step, *executors, strings.Join(each, ", "), median(ratios), median(wire), median(json), falses, dist(lapses), dist(consul))
+		fmt.Fprintf(&b, "| %s %d | %s | %.2f× | %.1f KB / %.1f KB | %d | %s | %s |\n",
+			step, *executors, strings.Join(each, ", "), median(ratios), median(wire),
+			median(json), falses, dist(lapses), dist(consul))
 	}
 	b.WriteString("\n")
 	return b.String()
@@ -168,14 +191,17 @@ func churnOnce(first string) (*churner, error) {
 	}
 	n := *churnCanaries
 	c := &churner{b: b, critSeen: map[int]time.Time{}}
-	c.f = newFleet(b.clients, n+*executors, taskNames(*tasks), *bulkLease, func(i int) bool { return i < n })
+	c.f = newFleet(b.clients, n+*executors, taskNames(*tasks), *bulkLease, func(i int) bool {
+		return i < n
+	})
 	c.canaries, c.bulk = span(0, n), span(n, n+*executors)
 	for k, i := range c.canaries {
 		if k%3 == 0 {
 			c.victims = append(c.victims, i)
 		}
 	}
-	logf("churn: %d executors over %d task types and %d agents; %d canaries on lease %s (heartbeat %s); the rest on lease %s",
+	logf("churn: %d executors over %d task types and %d agents; %d canaries on lease %s "+
+		"(heartbeat %s); the rest on lease %s",
 		*executors, len(c.f.tasks), len(b.clients), n, *lease, *heartbeat, *bulkLease)
 	if err := c.f.registerEach(c.canaries, 1); err != nil {
 		return nil, err
@@ -241,7 +267,7 @@ func (c *churner) pass(with bool) error {
 			go c.profileConsul(*consulProfile)
 		}
 		if with && step.name == "restart" {
-			b.profile(10 * time.Second) // --profile: leasehold serve's
+			b.profile(10 * time.Second) // leasehold serve's profile, with --profile
 		}
 		err := step.do()
 		s.d = time.Since(start)
@@ -257,16 +283,23 @@ func (c *churner) pass(with bool) error {
 		s.falseLapses = c.false_.Load() - falseBefore
 		s.consulCPU = after.consul - before.consul
 		s.leaseholdCPU = after.leasehold - before.leasehold
-		s.requests, s.wire, s.json, s.budgetWait = diffMap(after.requests, before.requests), diffMap(after.wire, before.wire), diffMap(after.json, before.json), diffMap(after.wait, before.wait)
+		s.requests, s.wire, s.json, s.budgetWait = diffMap(after.requests, before.requests),
+			diffMap(after.wire, before.wire), diffMap(after.json, before.json),
+			diffMap(after.wait, before.wait)
 		c.steps = append(c.steps, s)
-		logf("churn %s leasehold: %s of %d in %s (false lapses %d, view converged after %s, lapse → stop %s; of which Consul %s)", name, step.name, s.changes, r(s.d), s.falseLapses, r(s.viewConverged), dist(s.lapses), dist(s.consulParts))
+		logf("churn %s leasehold: %s of %d in %s (false lapses %d, view converged after %s, "+
+			"lapse → stop %s; of which Consul %s)", name, step.name, s.changes, r(s.d),
+			s.falseLapses, r(s.viewConverged), dist(s.lapses), dist(s.consulParts))
 	}
 	return nil
 }
 
 // stopVictims stops the next canary every churnVictimEvery until done and
 // measures each one's lapse → stop.
-func (c *churner) stopVictims(done <-chan struct{}, ds *dispatcherSet, wg *sync.WaitGroup, mu *sync.Mutex, out, consul *[]time.Duration) {
+func (c *churner) stopVictims(
+	done <-chan struct{}, ds *dispatcherSet, wg *sync.WaitGroup,
+	mu *sync.Mutex, out, consul *[]time.Duration,
+) {
 	t := time.NewTicker(churnVictimEvery)
 	defer t.Stop()
 	for {
@@ -306,14 +339,17 @@ func (c *churner) stopVictims(done <-chan struct{}, ds *dispatcherSet, wg *sync.
 
 // converge waits until every stream holds exactly the executors a direct
 // Consul read shows passing for its task type, and returns how long that
-// took (-1: not within timeout).
+// took, or -1 if not within timeout.
 func (c *churner) converge(ds *dispatcherSet, timeout time.Duration) time.Duration {
 	start := time.Now()
 	for time.Since(start) < timeout {
 		truth, err := c.passing()
 		if err == nil {
-			if ds.awaitAll(func(task string, set map[string]bool) bool { return equalSets(set, truth[task]) }, 2*time.Second) == nil {
-				// the truth may have moved while the streams caught up: read again
+			if ds.awaitAll(func(task string, set map[string]bool) bool {
+				return equalSets(set, truth[task])
+			}, 2*time.Second) == nil {
+				// The truth may have moved while the streams caught up, so it is
+				// read again.
 				if again, err := c.passing(); err == nil && equalTruth(again, truth) {
 					return time.Since(start)
 				}
@@ -375,7 +411,8 @@ func (c *churner) watchFalseLapses(ctx context.Context) {
 	seen := map[string]uint64{}
 	var index uint64
 	for ctx.Err() == nil {
-		checks, meta, err := c.b.clients[0].Health().State(api.HealthCritical, (&api.QueryOptions{WaitIndex: index, WaitTime: 10 * time.Second}).WithContext(ctx))
+		checks, meta, err := c.b.clients[0].Health().State(api.HealthCritical,
+			(&api.QueryOptions{WaitIndex: index, WaitTime: 10 * time.Second}).WithContext(ctx))
 		if err != nil {
 			time.Sleep(time.Second) // back-off of a harness read, not a wait for a result
 			index = 0
@@ -392,7 +429,8 @@ func (c *churner) watchFalseLapses(ctx context.Context) {
 				}
 				c.critMu.Unlock()
 			}
-			if !ok || !known || c.f.stopped[i].Load() || !c.f.registered[i].Load() || session != c.f.sessionOf(i) || seen[ch.CheckID] == ch.ModifyIndex {
+			if !ok || !known || c.f.stopped[i].Load() || !c.f.registered[i].Load() ||
+				session != c.f.sessionOf(i) || seen[ch.CheckID] == ch.ModifyIndex {
 				continue
 			}
 			seen[ch.CheckID] = ch.ModifyIndex
@@ -415,8 +453,10 @@ func (c *churner) reading() churnReading {
 		rd.requests, _ = s.metricBy("leasehold_consul_requests_total", "watch")
 		rd.wait, _ = s.metricBy("leasehold_consul_read_budget_wait_seconds_total", "watch")
 		if text, err := s.metricsText(); err == nil {
-			rd.wire = samplesWhere(text, "leasehold_consul_read_bytes_total", "watch", `encoding="wire"`)
-			rd.json = samplesWhere(text, "leasehold_consul_read_bytes_total", "watch", `encoding="json"`)
+			rd.wire = samplesWhere(text, "leasehold_consul_read_bytes_total",
+				"watch", `encoding="wire"`)
+			rd.json = samplesWhere(text, "leasehold_consul_read_bytes_total",
+				"watch", `encoding="json"`)
 		}
 	}
 	return rd
@@ -463,17 +503,22 @@ func (f *fleet) registerEach(ids []int, gen uint64) error {
 		i := ids[k]
 		task := f.taskOf(i)
 		client := f.agents[agentOf(i, len(f.agents))]
-		if _, err := client.KV().Put(&api.KVPair{Key: health.GenerationKey(f.ids[i]), Value: []byte(strconv.FormatUint(gen, 10))}, nil); err != nil {
+		if _, err := client.KV().Put(&api.KVPair{Key: health.GenerationKey(f.ids[i]),
+			Value: []byte(strconv.FormatUint(gen, 10))}, nil); err != nil {
 			return fmt.Errorf("generation of %s: %w", f.ids[i], err)
 		}
 		session := fmt.Sprintf("s%d", gen)
-		reg := health.Registration{InstanceID: f.ids[i], SessionID: session, Generation: gen, Task: task,
-			Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8, State: health.StateActive}
+		reg := health.Registration{InstanceID: f.ids[i], SessionID: session, Generation: gen,
+			Task: task, Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8,
+			State: health.StateActive}
 		sent := time.Now()
 		err := client.Agent().ServiceRegisterOpts(&api.AgentServiceRegistration{
-			ID: health.ServiceID(reg.InstanceID, task), Name: task, Tags: []string{health.DefaultTag},
-			Address: reg.Address, Port: reg.Port, Meta: reg.Meta(),
-			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(reg.InstanceID, session, task), TTL: f.leaseOf(i).String(), Status: "passing", DeregisterCriticalServiceAfter: "10m"}},
+			ID: health.ServiceID(reg.InstanceID, task), Name: task,
+			Tags: []string{health.DefaultTag}, Address: reg.Address, Port: reg.Port,
+			Meta: reg.Meta(),
+			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(reg.InstanceID, session, task),
+				TTL: f.leaseOf(i).String(), Status: "passing",
+				DeregisterCriticalServiceAfter: "10m"}},
 		}, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
 		if err != nil {
 			return fmt.Errorf("register %s: %w", reg.InstanceID, err)
@@ -494,7 +539,8 @@ func (f *fleet) deregisterEach(ids []int) error {
 		defer f.done.Add(1)
 		i := ids[k]
 		f.registered[i].Store(false)
-		if err := f.agent(i).ServiceDeregister(health.ServiceID(f.ids[i], f.taskOf(i))); err != nil {
+		if err := f.agent(i).ServiceDeregister(
+			health.ServiceID(f.ids[i], f.taskOf(i))); err != nil {
 			return fmt.Errorf("deregister %s: %w", f.ids[i], err)
 		}
 		return nil
@@ -503,9 +549,15 @@ func (f *fleet) deregisterEach(ids []int) error {
 
 func (c *churner) markdown() string {
 	var b strings.Builder
-	fmt.Fprintf(&b, "\n`leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d --lease %s --heartbeat %s --churn-first %s` (load average %s at its end)\n\n",
-		*executors, len(c.f.tasks), len(c.b.clients), *churnCanaries, *lease, *heartbeat, c.first, loadAverage())
-	b.WriteString("| step | without leasehold | with leasehold | ratio | Consul CPU without / with | leasehold CPU | leasehold read per change (wire / JSON) | by watch (JSON per change) | budget wait | requests | false lapses | lapse → stop | view = Consul after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
+	fmt.Fprintf(&b,
+		"\n`leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d "+
+			"--lease %s --heartbeat %s --churn-first %s` (load average %s at its end)\n\n",
+		*executors, len(c.f.tasks), len(c.b.clients), *churnCanaries,
+		*lease, *heartbeat, c.first, loadAverage())
+	b.WriteString("| step | without leasehold | with leasehold | ratio | Consul CPU without / " +
+		"with | leasehold CPU | leasehold read per change (wire / JSON) | by watch (JSON " +
+		"per change) | budget wait | requests | false lapses | lapse → stop | view = " +
+		"Consul after |\n|---|---|---|---|---|---|---|---|---|---|---|---|---|\n")
 	for _, step := range []string{"register", "restart", "deregister"} {
 		var wo, wi churnStep
 		for _, s := range c.steps {
@@ -518,15 +570,21 @@ func (c *churner) markdown() string {
 		per := func(m map[string]float64) float64 { return sum(m) / float64(max(wi.changes, 1)) }
 		var by []string
 		for _, k := range slices.Sorted(maps.Keys(wi.json)) {
-			by = append(by, fmt.Sprintf("%s %.1f KB", k, wi.json[k]/float64(max(wi.changes, 1))/1000))
+			by = append(by,
+				fmt.Sprintf("%s %.1f KB", k, wi.json[k]/float64(max(wi.changes, 1))/1000))
 		}
 		var reqs []string
 		for _, k := range slices.Sorted(maps.Keys(wi.requests)) {
 			reqs = append(reqs, fmt.Sprintf("%s %.0f", k, wi.requests[k]))
 		}
-		fmt.Fprintf(&b, "| %s %d | %s | %s | %.2f× | %s / %s | %s | %.1f KB / %.1f KB | %s | %.1f s | %s | %d / %d | %s | %s |\n",
-			step, wi.changes, r(wo.d), r(wi.d), float64(wi.d)/float64(max(wo.d, 1)), r(wo.consulCPU), r(wi.consulCPU), r(wi.leaseholdCPU),
-			per(wi.wire)/1000, per(wi.json)/1000, strings.Join(by, ", "), sum(wi.budgetWait), strings.Join(reqs, ", "), wo.falseLapses, wi.falseLapses, dist(wi.lapses), r(wi.viewConverged))
+		fmt.Fprintf(&b,
+			"| %s %d | %s | %s | %.2f× | %s / %s | %s | %.1f KB / %.1f KB | %s | %.1f s "+
+				"| %s | %d / %d | %s | %s |\n",
+			step, wi.changes, r(wo.d), r(wi.d), float64(wi.d)/float64(max(wo.d, 1)),
+			r(wo.consulCPU), r(wi.consulCPU), r(wi.leaseholdCPU),
+			per(wi.wire)/1000, per(wi.json)/1000, strings.Join(by, ", "), sum(wi.budgetWait),
+			strings.Join(reqs, ", "), wo.falseLapses, wi.falseLapses, dist(wi.lapses),
+			r(wi.viewConverged))
 	}
 	return b.String()
 }

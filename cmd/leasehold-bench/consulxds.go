@@ -45,12 +45,15 @@ func (b *bench) consulLapses() error {
 	expiries := b.fleet.lapseAll(victims)
 	for k, i := range victims {
 		port := uint32(sidecarPort(i))
-		if err := c.await(func(p map[uint32]bool) bool { return !p[port] }, 4**lease+30*time.Second); err != nil {
+		if err := c.await(func(p map[uint32]bool) bool {
+			return !p[port]
+		}, 4**lease+30*time.Second); err != nil {
 			return fmt.Errorf("lapse %d through Consul's xDS: %w", k, err)
 		}
 		b.res.consulLapse = append(b.res.consulLapse, c.goneAt(port).Sub(expiries[k]))
 	}
-	logf("%d lapses through Consul's own xDS (its own phase): %s", len(victims), dist(b.res.consulLapse))
+	logf("%d lapses through Consul's own xDS (its own phase): %s",
+		len(victims), dist(b.res.consulLapse))
 	return nil
 }
 
@@ -77,7 +80,9 @@ func (b *bench) followConsul() (*consulEDS, error) {
 		c.mu.Lock()
 		got := len(c.ports)
 		c.mu.Unlock()
-		return nil, fmt.Errorf("the EDS of Consul never offered the live fleet (%d offered, %d live): %w", got, len(live), err)
+		return nil, fmt.Errorf(
+			"the EDS of Consul never offered the live fleet (%d offered, %d live): %w",
+			got, len(live), err)
 	}
 	logf("Consul's own xDS offers all %d live executors' sidecars", len(live))
 	return c, nil
@@ -85,7 +90,7 @@ func (b *bench) followConsul() (*consulEDS, error) {
 
 const dispatcherService = "bench-dispatcher"
 
-// sidecarPort is where executor i's sidecar would listen (nothing does: the
+// sidecarPort is where executor i's sidecar would listen (nothing does; the
 // endpoint is only an address in Consul's EDS).
 func sidecarPort(i int) int { return 40000 + i }
 
@@ -117,11 +122,13 @@ func registerDispatcherProxy(c *api.Client, tasks []string) error {
 }
 
 // consulEDS follows Consul's own EDS for the upstreams, as the dispatcher's
-// sidecar would, ACKing every response.
+// sidecar would, ACKing every response. It keeps the ports per load
+// assignment because a delta response carries only the assignments that
+// changed.
 type consulEDS struct {
 	mu     sync.Mutex
 	ports  map[uint32]bool            // sidecar ports currently offered, over every upstream
-	byRes  map[string]map[uint32]bool // per load assignment: a delta response carries only those that changed
+	byRes  map[string]map[uint32]bool // the ports per load assignment
 	gone   map[uint32]time.Time
 	notify chan struct{}
 }
@@ -137,10 +144,12 @@ func followConsulEDS(ctx context.Context, grpcAddr string, tasks []string) (*con
 	}
 	node := &corev3.Node{Id: dispatcherService + "-sidecar-proxy", Cluster: dispatcherService}
 	// Clusters first (wildcard), to learn the upstream cluster's name.
-	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node, TypeUrl: resource.ClusterType}); err != nil {
+	if err := s.Send(&discovery.DeltaDiscoveryRequest{Node: node,
+		TypeUrl: resource.ClusterType}); err != nil {
 		return nil, err
 	}
-	c := &consulEDS{ports: map[uint32]bool{}, byRes: map[string]map[uint32]bool{}, gone: map[uint32]time.Time{}, notify: make(chan struct{}, 1)}
+	c := &consulEDS{ports: map[uint32]bool{}, byRes: map[string]map[uint32]bool{},
+		gone: map[uint32]time.Time{}, notify: make(chan struct{}, 1)}
 	ready := make(chan error, 1)
 	go func() {
 		subscribed := map[string]bool{}
@@ -154,14 +163,16 @@ func followConsulEDS(ctx context.Context, grpcAddr string, tasks []string) (*con
 				return
 			}
 			at := time.Now()
-			s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.TypeUrl, ResponseNonce: r.Nonce}) // ACK
+			// ACK the response.
+			s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: r.TypeUrl, ResponseNonce: r.Nonce})
 			switch r.TypeUrl {
 			case resource.ClusterType:
 				for _, res := range r.Resources {
 					for _, t := range tasks {
 						if strings.HasPrefix(res.Name, t+".") && !subscribed[res.Name] {
 							subscribed[res.Name] = true
-							s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNamesSubscribe: []string{res.Name}})
+							s.Send(&discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType,
+								ResourceNamesSubscribe: []string{res.Name}})
 						}
 					}
 				}
@@ -253,11 +264,12 @@ func sidecarPorts(b []byte, ports map[uint32]bool) {
 						if num != 1 {
 							return
 						}
-						fields(v, func(protowire.Number, []byte) {}, func(num protowire.Number, x uint64) {
-							if num == 3 {
-								port = uint32(x)
-							}
-						})
+						fields(v, func(protowire.Number, []byte) {},
+							func(num protowire.Number, x uint64) {
+								if num == 3 {
+									port = uint32(x)
+								}
+							})
 					})
 				})
 			}, func(num protowire.Number, x uint64) {

@@ -34,7 +34,7 @@ import (
 // bystanderService is the flapping services' name.
 const bystanderService = "bystander"
 
-// bystanderTTL outlasts any run: only the flaps change the checks.
+// bystanderTTL outlasts any run, so that only the flaps change the checks.
 const bystanderTTL = time.Hour
 
 // flapWarmup lets the flapping reach its rate before the window opens.
@@ -74,7 +74,8 @@ func (f *flapper) registerAll() error {
 	return parallel(f.n, registerWorkers(len(f.agents)), func(k int) error {
 		err := f.agent(k).ServiceRegister(&api.AgentServiceRegistration{
 			ID: bystanderID(k), Name: bystanderService, Address: "127.0.0.1", Port: 8080,
-			Check: &api.AgentServiceCheck{CheckID: bystanderCheck(k), Name: "flapping", TTL: bystanderTTL.String(), Status: "passing"},
+			Check: &api.AgentServiceCheck{CheckID: bystanderCheck(k),
+				Name: "flapping", TTL: bystanderTTL.String(), Status: "passing"},
 		})
 		if err != nil {
 			return fmt.Errorf("register %s: %w", bystanderID(k), err)
@@ -99,7 +100,8 @@ func (f *flapper) run(ctx context.Context) {
 			defer wg.Done()
 			for q := range work[w] {
 				k := q % f.n
-				if err := f.agent(k).UpdateTTL(bystanderCheck(k), "flap", flapStatus(q/f.n)); err != nil {
+				if err := f.agent(k).UpdateTTL(bystanderCheck(k),
+					"flap", flapStatus(q/f.n)); err != nil {
 					f.failed.Add(1)
 				} else {
 					f.ok.Add(1)
@@ -136,13 +138,15 @@ func (f *flapper) run(ctx context.Context) {
 
 // fastPathFilter is leasehold's fast-path filter (adapters/consul,
 // apiCatalog.NonPassing), for the harness's own reads of the same query.
-var fastPathFilter = `(Status != "passing" and (ServiceTags contains ` + strconv.Quote(health.DefaultTag) + ` or ServiceID == "")) or CheckID == "serfHealth"`
+var fastPathFilter = `(Status != "passing" and (ServiceTags contains ` +
+	strconv.Quote(health.DefaultTag) + ` or ServiceID == "")) or CheckID == "serfHealth"`
 
-// fastPathRead reads the fast path's query as leasehold does (not
-// blocking) a few times: the answer's size and the median time, which is
+// fastPathRead reads the fast path's query a few times as leasehold does
+// (not blocking) and returns the answer's size and the median time, which is
 // mostly the server filtering the whole checks table.
 func (b *bench) fastPathRead() (bytes int, took time.Duration) {
-	u := "http://" + b.agent.HTTPAddr() + "/v1/health/state/any?filter=" + url.QueryEscape(fastPathFilter)
+	u := "http://" + b.agent.HTTPAddr() +
+		"/v1/health/state/any?filter=" + url.QueryEscape(fastPathFilter)
 	var times []time.Duration
 	for range 5 {
 		start := time.Now()
@@ -222,9 +226,11 @@ func (b *bench) busyLapses() error {
 	ctx, cancel := context.WithCancel(b.ctx)
 	flapped := make(chan struct{})
 	go func() { defer close(flapped); b.flap.run(ctx) }()
-	logf("%d services flapping at %g changes/s; %d checks in the datacenter", res.services, res.rate, res.checks)
+	logf("%d services flapping at %g changes/s; %d checks in the datacenter",
+		res.services, res.rate, res.checks)
 	time.Sleep(flapWarmup) // the window opens at the steady rate
-	before, ok, failed, skipped := b.usage(), b.flap.ok.Load(), b.flap.failed.Load(), b.flap.skipped.Load()
+	before, ok, failed, skipped := b.usage(), b.flap.ok.Load(),
+		b.flap.failed.Load(), b.flap.skipped.Load()
 	victims := span(2*b.n, 3*b.n)
 	expiries := b.fleet.lapseAll(victims)
 	res.lapse, res.err = b.fleet.lapseLatencies(b.ds, victims, expiries)
@@ -239,8 +245,11 @@ func (b *bench) busyLapses() error {
 	if res.err != nil {
 		logf("lapses while flapping did not all reach the streams: %v", res.err)
 	}
-	logf("lapse → stop while %d services flap (%.0f changes/s done): %s (quiet: %s)", res.services, res.achieved, dist(res.lapse), dist(b.res.lapse))
-	logf("Consul server CPU %.0f%% → %.0f%% of a core; leasehold wakeups/s %s", res.quiet.share(res.quiet.server), res.busy.share(res.busy.server), rates(res.quiet, res.busy, res.quiet.wakeups, res.busy.wakeups))
+	logf("lapse → stop while %d services flap (%.0f changes/s done): %s (quiet: %s)",
+		res.services, res.achieved, dist(res.lapse), dist(b.res.lapse))
+	logf("Consul server CPU %.0f%% → %.0f%% of a core; leasehold wakeups/s %s",
+		res.quiet.share(res.quiet.server), res.busy.share(res.busy.server),
+		rates(res.quiet, res.busy, res.quiet.wakeups, res.busy.wakeups))
 	return nil
 }
 
@@ -258,7 +267,8 @@ func rates(quiet, busy window, q, f map[string]float64) string {
 	slices.Sort(kinds)
 	var parts []string
 	for _, k := range kinds {
-		parts = append(parts, fmt.Sprintf("%s %.2f → %.2f", k, quiet.perSecond(q[k]), busy.perSecond(f[k])))
+		parts = append(parts, fmt.Sprintf("%s %.2f → %.2f",
+			k, quiet.perSecond(q[k]), busy.perSecond(f[k])))
 	}
 	return strings.Join(parts, ", ")
 }
@@ -269,33 +279,70 @@ func (br *busyResults) rows(b *strings.Builder, res results) {
 	if br.err != nil {
 		lapses += fmt.Sprintf(" — not all: %v", br.err)
 	}
-	fmt.Fprintf(b, "| busy datacenter: %d other services (`%s`: no leasehold tag, no meta) on the same agents, TTL checks flipping passing → warning → passing → critical; changes/s asked → accepted by the agents (failed, given up) | %g → %.1f/s (%d, %d); %d checks in the datacenter (%.1f MB as JSON) | |\n",
-		br.services, bystanderService, br.rate, br.achieved, br.failed, br.skipped, br.checks, float64(br.bytes)/(1<<20))
-	fmt.Fprintf(b, "| lapse → stop while they flap, %d lapses (quiet: the first row, the same registrations with nothing flapping) | %s | as quiet |\n", len(br.lapse), lapses)
-	fmt.Fprintf(b, "| of which Consul while they flap: lease expiry → the harness's per-task query has the lease critical (quiet: in the rows above) | %s | |\n", dist(br.consulPart))
-	fmt.Fprintf(b, "| the lapsed executors' last heartbeat round trip while they flap | %s | |\n", dist(br.lastBeat))
-	fmt.Fprintf(b, "| lapse → stop, flapping ÷ quiet | %s | ≈ 1× |\n", ratios(br.lapse, res.lapse))
-	fmt.Fprintf(b, "| windows: quiet = leasehold's lapse phase, flapping = this phase's lapses, alone = as long flapping again after `leasehold serve` stopped | %s, %s, %s | |\n",
-		q.d.Round(100*time.Millisecond), f.d.Round(100*time.Millisecond), a.d.Round(100*time.Millisecond))
-	fmt.Fprintf(b, "| Consul dev server CPU, %% of one core: quiet → flapping → alone (the rest of flapping's is serving leasehold's wakes) | %.1f%% → %.1f%% → %.1f%% | |\n", q.share(q.server), f.share(f.server), a.share(a.server))
+	fmt.Fprintf(b,
+		"| busy datacenter: %d other services (`%s`: no leasehold tag, no meta) on the same "+
+			"agents, TTL checks flipping passing → warning → passing → critical; "+
+			"changes/s asked → accepted by the agents (failed, given up) | %g → %.1f/s "+
+			"(%d, %d); %d checks in the datacenter (%.1f MB as JSON) | |\n",
+		br.services, bystanderService, br.rate, br.achieved, br.failed,
+		br.skipped, br.checks, float64(br.bytes)/(1<<20))
+	fmt.Fprintf(b,
+		"| lapse → stop while they flap, %d lapses (quiet: the first row, the same "+
+			"registrations with nothing flapping) | %s | as quiet |\n", len(br.lapse), lapses)
+	fmt.Fprintf(b,
+		"| of which Consul while they flap: lease expiry → the harness's per-task query has "+
+			"the lease critical (quiet: in the rows above) | %s | |\n", dist(br.consulPart))
+	fmt.Fprintf(b, "| the lapsed executors' last heartbeat round trip while they flap | %s | |\n",
+		dist(br.lastBeat))
+	fmt.Fprintf(b, "| lapse → stop, flapping ÷ quiet | %s | ≈ 1× |\n",
+		ratios(br.lapse, res.lapse))
+	fmt.Fprintf(b,
+		"| windows: quiet = leasehold's lapse phase, flapping = this phase's lapses, alone = as "+
+			"long flapping again after `leasehold serve` stopped | %s, %s, %s | |\n",
+		q.d.Round(100*time.Millisecond), f.d.Round(100*time.Millisecond),
+		a.d.Round(100*time.Millisecond))
+	fmt.Fprintf(b,
+		"| Consul dev server CPU, %% of one core: quiet → flapping → alone (the rest of "+
+			"flapping's is serving leasehold's wakes) | %.1f%% → %.1f%% → %.1f%% | |\n",
+		q.share(q.server), f.share(f.server), a.share(a.server))
 	if *agents > 1 {
-		fmt.Fprintf(b, "| Consul client agents' CPU (%d agents together), %% of one core: quiet → flapping → alone | %.1f%% → %.1f%% → %.1f%% | |\n", *agents-1, q.share(q.clients), f.share(f.clients), a.share(a.clients))
+		fmt.Fprintf(b,
+			"| Consul client agents' CPU (%d agents together), %% of one core: quiet → "+
+				"flapping → alone | %.1f%% → %.1f%% → %.1f%% | |\n", *agents-1,
+			q.share(q.clients), f.share(f.clients), a.share(a.clients))
 	}
-	fmt.Fprintf(b, "| `leasehold serve` CPU, %% of one core: quiet → flapping | %.1f%% → %.1f%% | |\n", q.share(q.leasehold), f.share(f.leasehold))
-	fmt.Fprintf(b, "| leasehold's blocking queries that woke (`leasehold_consul_wakeups_total`), per second by watch: quiet → flapping | %s | |\n", rates(q, f, q.wakeups, f.wakeups))
-	fmt.Fprintf(b, "| leasehold's Consul requests (`leasehold_consul_requests_total`), per second by watch: quiet → flapping | %s | |\n", rates(q, f, q.requests, f.requests))
-	fmt.Fprintf(b, "| the fast path's answer (`/v1/health/state/any` + filter): size; one read's time (the server filtering every check), quiet → flapping | %.1f KB; %s → %s | |\n",
+	fmt.Fprintf(b,
+		"| `leasehold serve` CPU, %% of one core: quiet → flapping | %.1f%% → %.1f%% | |\n",
+		q.share(q.leasehold), f.share(f.leasehold))
+	fmt.Fprintf(b,
+		"| leasehold's blocking queries that woke (`leasehold_consul_wakeups_total`), per second "+
+			"by watch: quiet → flapping | %s | |\n", rates(q, f, q.wakeups, f.wakeups))
+	fmt.Fprintf(b,
+		"| leasehold's Consul requests (`leasehold_consul_requests_total`), per second by watch: "+
+			"quiet → flapping | %s | |\n", rates(q, f, q.requests, f.requests))
+	fmt.Fprintf(b,
+		"| the fast path's answer (`/v1/health/state/any` + filter): size; one read's time (the "+
+			"server filtering every check), quiet → flapping | %.1f KB; %s → %s | |\n",
 		float64(f.fastPathBytes)/1024, r(q.fastPathTime), r(f.fastPathTime))
-	fmt.Fprintf(b, "| what the fast path costs while flapping: answers × size | %.0f KB/s, %.0f filter passes over %d checks a second | |\n",
-		f.perSecond(f.wakeups["non-passing"])*float64(f.fastPathBytes)/1024, f.perSecond(f.requests["non-passing"]), br.checks)
-	fmt.Fprintf(b, "| the alternative, probed by the harness: one `/v1/health/service/<task>?filter=%s` blocking query per task type (%d, per-task index): wakes/s, all together, quiet → flapping; bytes per answer while flapping | %.2f → %.2f; %.1f KB | no wake from other services |\n",
-		probeFilter, res.tasks, q.perSecond(float64(q.probeWakes)), f.perSecond(float64(f.probeWakes)), float64(f.probeBytes)/float64(max(1, f.probeAnswers))/1024)
+	fmt.Fprintf(b,
+		"| what the fast path costs while flapping: answers × size | %.0f KB/s, %.0f filter "+
+			"passes over %d checks a second | |\n",
+		f.perSecond(f.wakeups["non-passing"])*float64(f.fastPathBytes)/1024,
+		f.perSecond(f.requests["non-passing"]), br.checks)
+	fmt.Fprintf(b,
+		"| the alternative, probed by the harness: one `/v1/health/service/<task>?filter=%s` "+
+			"blocking query per task type (%d, per-task index): wakes/s, all together, quiet "+
+			"→ flapping; bytes per answer while flapping | %.2f → %.2f; %.1f KB | no "+
+			"wake from other services |\n",
+		probeFilter, res.tasks, q.perSecond(float64(q.probeWakes)),
+		f.perSecond(float64(f.probeWakes)),
+		float64(f.probeBytes)/float64(max(1, f.probeAnswers))/1024)
 }
 
-// flapAlone flaps as long as the busy window again with leasehold and its
-// streams stopped: what the flapping costs Consul by itself, so that the
-// rest of the busy window's Consul CPU is what serving leasehold's wakes
-// costs.
+// flapAlone flaps again, as long as the busy window, with leasehold and its
+// streams stopped. That measures what the flapping costs Consul by itself,
+// so that the rest of the busy window's Consul CPU is what serving
+// leasehold's wakes costs.
 func (b *bench) flapAlone() error {
 	br := b.res.busy
 	if br == nil {
@@ -310,8 +357,11 @@ func (b *bench) flapAlone() error {
 	after := b.consulCPU()
 	cancel()
 	<-flapped
-	br.alone = window{d: after.at.Sub(before.at), server: after.server - before.server, clients: after.clients - before.clients}
-	logf("flapping with leasehold stopped: Consul server CPU %.0f%% of a core (%.0f%% with leasehold watching)", br.alone.share(br.alone.server), br.busy.share(br.busy.server))
+	br.alone = window{d: after.at.Sub(before.at),
+		server: after.server - before.server, clients: after.clients - before.clients}
+	logf("flapping with leasehold stopped: Consul server CPU %.0f%% of a core "+
+		"(%.0f%% with leasehold watching)",
+		br.alone.share(br.alone.server), br.busy.share(br.busy.server))
 	return nil
 }
 

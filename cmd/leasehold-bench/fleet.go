@@ -29,18 +29,22 @@ type fleet struct {
 	bulkLease  time.Duration
 	session    string
 	lastAck    []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
-	lastRTT    []atomic.Int64 // its round trip, in nanoseconds: the agent reset the TTL somewhere within it
+	lastRTT    []atomic.Int64 // its round trip in nanoseconds, within which the agent reset the TTL
 	stopped    []atomic.Bool
 	registered []atomic.Bool
-	gens       []atomic.Uint64 // per executor: its session's generation once --churn restarted it (0: session)
+	gens       []atomic.Uint64 // the generation once --churn restarted it; 0 while on f.session
 	done       atomic.Int64    // registrations answered so far
 }
 
 // newFleet is n executors over tasks; short(i) says whether executor i holds
 // a short lease (every executor does when bulkLease is 0).
-func newFleet(agents []*api.Client, n int, tasks []string, bulkLease time.Duration, short func(i int) bool) *fleet {
-	f := &fleet{agents: agents, tasks: tasks, bulkLease: bulkLease, session: "bench", short: make([]bool, n),
-		lastAck: make([]atomic.Int64, n), lastRTT: make([]atomic.Int64, n), stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n), gens: make([]atomic.Uint64, n)}
+func newFleet(
+	agents []*api.Client, n int, tasks []string, bulkLease time.Duration, short func(i int) bool,
+) *fleet {
+	f := &fleet{agents: agents, tasks: tasks, bulkLease: bulkLease, session: "bench",
+		short: make([]bool, n), lastAck: make([]atomic.Int64, n), lastRTT: make([]atomic.Int64, n),
+		stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n),
+		gens: make([]atomic.Uint64, n)}
 	for i := range n {
 		f.ids = append(f.ids, fmt.Sprintf("x%05d", i))
 		f.short[i] = bulkLease <= 0 || short(i)
@@ -97,36 +101,41 @@ func (f *fleet) registerAll() error {
 	return parallel(len(f.ids), registerWorkers(len(f.agents)), func(i int) error {
 		defer f.done.Add(1)
 		task := f.taskOf(i)
-		r := health.Registration{InstanceID: f.ids[i], SessionID: f.session, Generation: 1, Task: task,
-			Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8, State: health.StateActive}
+		r := health.Registration{InstanceID: f.ids[i], SessionID: f.session, Generation: 1,
+			Task: task, Address: "127.0.0.1", Port: 20000 + i, Version: "1.0.0", Capacity: 8,
+			State: health.StateActive}
 		sent := time.Now()
 		reg := &api.AgentServiceRegistration{
 			ID: health.ServiceID(r.InstanceID, task), Name: task, Tags: []string{health.DefaultTag},
 			Address: r.Address, Port: r.Port, Meta: r.Meta(),
-			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, f.session, task), TTL: f.leaseOf(i).String(), Status: "passing", DeregisterCriticalServiceAfter: "10m"}},
+			Checks: api.AgentServiceChecks{{CheckID: health.CheckID(r.InstanceID, f.session, task),
+				TTL: f.leaseOf(i).String(), Status: "passing",
+				DeregisterCriticalServiceAfter: "10m"}},
 		}
 		if *compare {
 			reg.Connect = connectFor(reg.ID, i)
 		}
-		err := f.agent(i).ServiceRegisterOpts(reg, api.ServiceRegisterOpts{ReplaceExistingChecks: true})
+		err := f.agent(i).ServiceRegisterOpts(reg,
+			api.ServiceRegisterOpts{ReplaceExistingChecks: true})
 		f.lastAck[i].Store(sent.UnixNano())
 		f.registered[i].Store(err == nil)
 		if err != nil {
 			return fmt.Errorf("register %s: %w", reg.ID, err)
 		}
 		if !f.short[i] {
-			// The first heartbeat writes the load into the check's output, a
-			// catalog write (every later one repeats it and is not): now,
-			// before leasehold starts, not trickling through the phases.
+			// The first heartbeat writes the load into the check's output,
+			// which is a catalog write (every later one repeats it and is
+			// not). It is sent now, before leasehold starts, rather than
+			// trickling through the phases.
 			f.beat(i)
 		}
 		return nil
 	})
 }
 
-// registerWorkers is how many registrations are in flight at once: each is a
-// Raft write the agent forwards, so concurrency batches them; 8 per agent,
-// within the 64 connections each agent's client allows.
+// registerWorkers is how many registrations are in flight at once: 8 per
+// agent, within the 64 connections each agent's client allows. Each is a
+// Raft write the agent forwards, so concurrency batches them.
 func registerWorkers(agents int) int { return min(64, max(16, 8*agents)) }
 
 // heartbeatAll keeps every lease alive until ctx ends: the short ones in
@@ -202,7 +211,8 @@ func (f *fleet) beat(i int) {
 		return
 	}
 	sent := time.Now()
-	if err := f.agent(i).UpdateTTL(health.CheckID(f.ids[i], f.sessionOf(i), f.taskOf(i)), "load=1", "pass"); err == nil && !f.stopped[i].Load() {
+	if err := f.agent(i).UpdateTTL(health.CheckID(f.ids[i], f.sessionOf(i), f.taskOf(i)),
+		"load=1", "pass"); err == nil && !f.stopped[i].Load() {
 		f.lastAck[i].Store(sent.UnixNano())
 		f.lastRTT[i].Store(int64(time.Since(sent)))
 	}

@@ -56,7 +56,9 @@ type floorPlan struct {
 // planFloor keeps, of the responses received since base, those that removed
 // an endpoint (what the lapses and fan-outs measured), marshalled as
 // leasehold's codec writes them: a deterministic proto.Marshal.
-func planFloor(base *discovery.DiscoveryResponse, since []*discovery.DiscoveryResponse) (floorPlan, error) {
+func planFloor(
+	base *discovery.DiscoveryResponse, since []*discovery.DiscoveryResponse,
+) (floorPlan, error) {
 	if base == nil {
 		return floorPlan{}, errors.New("floor: no response captured before the lapses")
 	}
@@ -119,20 +121,25 @@ func (b *bench) floor() error {
 	defer p.stop()
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
-	// Stream 0's task type's share of the streams: what each of leasehold's
-	// pushes went to (all of them with one task type).
+	// The floor serves stream 0's task type's share of the streams, which is
+	// what each of leasehold's pushes went to (all of them with one task
+	// type).
 	b.res.floorStreams = (*dispatchers + len(b.fleet.tasks) - 1) / len(b.fleet.tasks)
 	ds, err := startDispatchers(ctx, p.addr, b.res.floorStreams, b.fleet.tasks[:1])
 	if err != nil {
 		return err
 	}
-	if err := ds.awaitAll(func(_ string, set map[string]bool) bool { return len(set) == plan.base }, 60*time.Second); err != nil {
+	if err := ds.awaitAll(func(_ string, set map[string]bool) bool {
+		return len(set) == plan.base
+	}, 60*time.Second); err != nil {
 		return fmt.Errorf("floor: streams never had the starting state: %w", err)
 	}
 	if b.res.floor, err = plan.replay(p, ds); err != nil {
 		return err
 	}
-	logf("floor: %d of leasehold's responses (removing %d endpoints) replayed by a bare ADS server to %d streams: %s", len(b.res.floor), plan.gone, b.res.floorStreams, dist(b.res.floor))
+	logf("floor: %d of leasehold's responses (removing %d endpoints) replayed by a bare "+
+		"ADS server to %d streams: %s", len(b.res.floor),
+		plan.gone, b.res.floorStreams, dist(b.res.floor))
 	return nil
 }
 
@@ -145,7 +152,9 @@ func (plan floorPlan) replay(p *floorProc, ds *dispatcherSet) ([]time.Duration, 
 		if err != nil {
 			return nil, fmt.Errorf("floor push %d: %w", k, err)
 		}
-		if err := ds.awaitAll(func(_ string, set map[string]bool) bool { return !set[host] }, 30*time.Second); err != nil {
+		if err := ds.awaitAll(func(_ string, set map[string]bool) bool {
+			return !set[host]
+		}, 30*time.Second); err != nil {
 			return nil, fmt.Errorf("floor push %d: %w", k, err)
 		}
 		lat = append(lat, ds.goneFromAll(host).Sub(at))
@@ -221,7 +230,7 @@ func (p *floorProc) push() (time.Time, error) {
 
 func (p *floorProc) stop() {
 	if p.cmd != nil && p.cmd.Process != nil {
-		p.in.Close() // its end of input: it stops
+		p.in.Close() // closing its input stops it
 		done := make(chan struct{})
 		go func() { p.cmd.Wait(); close(done) }()
 		select {
@@ -326,7 +335,8 @@ func (f *floorServer) register(g *grpc.Server) {
 		ServiceName: discovery.AggregatedDiscoveryService_ServiceDesc.ServiceName,
 		HandlerType: (*any)(nil),
 		Streams: []grpc.StreamDesc{{
-			StreamName: "StreamAggregatedResources", Handler: f.stream, ServerStreams: true, ClientStreams: true,
+			StreamName: "StreamAggregatedResources", Handler: f.stream,
+			ServerStreams: true, ClientStreams: true,
 		}},
 	}, f)
 }
@@ -342,7 +352,7 @@ func (f *floorServer) push() time.Time {
 	f.current++
 	at := time.Now()
 	for _, ch := range f.streams {
-		ch <- f.frames[f.current] // never blocks: room for every frame
+		ch <- f.frames[f.current] // never blocks, as the channel has room for every frame
 	}
 	return at
 }
@@ -353,7 +363,7 @@ func (f *floorServer) stream(_ any, ss grpc.ServerStream) error {
 	ch <- f.frames[f.current]
 	f.streams = append(f.streams, ch)
 	f.mu.Unlock()
-	go func() { // ACKs: read and dropped
+	go func() { // ACKs are read and dropped
 		for ss.RecvMsg(nil) == nil {
 		}
 	}()

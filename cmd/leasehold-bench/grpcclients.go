@@ -40,7 +40,7 @@ func runGRPCChild(target string) int {
 		return 2
 	}
 	defer conn.Close()
-	conn.Connect() // resolve now: LDS → RDS → CDS → EDS, with no RPC needed
+	conn.Connect() // resolve now (LDS → RDS → CDS → EDS), with no RPC needed
 	status, err := csds.NewClientStatusDiscoveryServer()
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -49,8 +49,13 @@ func runGRPCChild(target string) int {
 	enc := json.NewEncoder(os.Stdout)
 	last := ""
 	stdin := make(chan struct{})
-	go func() { bufio.NewReader(os.Stdin).ReadString('\n'); close(stdin) }() // the parent closes stdin to stop us
-	tick := time.NewTicker(20 * time.Millisecond)                            // the resolution of its lapse → stop; lighter on the shared cores
+	go func() { // the parent closes stdin to stop us
+		bufio.NewReader(os.Stdin).ReadString('\n')
+		close(stdin)
+	}()
+	// A tick is the resolution of its lapse → stop, and no finer, to be lighter
+	// on the shared cores.
+	tick := time.NewTicker(20 * time.Millisecond)
 	defer tick.Stop()
 	for {
 		select {
@@ -58,7 +63,8 @@ func runGRPCChild(target string) int {
 			return 0
 		case <-tick.C:
 		}
-		resp, err := status.FetchClientStatus(context.Background(), &v3statuspb.ClientStatusRequest{})
+		resp, err := status.FetchClientStatus(context.Background(),
+			&v3statuspb.ClientStatusRequest{})
 		if err != nil {
 			continue
 		}
@@ -85,8 +91,8 @@ func runGRPCChild(target string) int {
 type grpcClients struct {
 	mu      sync.Mutex
 	notify  chan struct{}
-	tasks   []string          // per child: the task type it dials
-	current []map[string]bool // per child: hosts its EDS holds
+	tasks   []string          // the task type each child dials
+	current []map[string]bool // the hosts each child's EDS holds
 	goneAt  []map[string]time.Time
 	procs   []*exec.Cmd
 	stdins  []interface{ Close() error }
@@ -99,10 +105,13 @@ func startGRPCClients(xdsAddr string, n int, tasks []string) (*grpcClients, erro
 		return nil, err
 	}
 	for i := range n {
-		boot := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],"node":{"id":"bench-grpc-%d"}}`, xdsAddr, i)
+		boot := fmt.Sprintf(`{"xds_servers":[{"server_uri":%q,`+
+			`"channel_creds":[{"type":"insecure"}],"server_features":["xds_v3"]}],`+
+			`"node":{"id":"bench-grpc-%d"}}`, xdsAddr, i)
 		cmd := exec.Command(self)
 		task := tasks[i%len(tasks)]
-		cmd.Env = append(os.Environ(), grpcChildEnv+"=xds:///"+task, "GRPC_XDS_BOOTSTRAP_CONFIG="+boot)
+		cmd.Env = append(os.Environ(), grpcChildEnv+"=xds:///"+task,
+			"GRPC_XDS_BOOTSTRAP_CONFIG="+boot)
 		cmd.Stderr = os.Stderr
 		in, err := cmd.StdinPipe()
 		if err != nil {
@@ -115,7 +124,8 @@ func startGRPCClients(xdsAddr string, n int, tasks []string) (*grpcClients, erro
 		if err := cmd.Start(); err != nil {
 			return nil, err
 		}
-		g.procs, g.stdins, g.tasks = append(g.procs, cmd), append(g.stdins, in), append(g.tasks, task)
+		g.procs, g.stdins, g.tasks = append(g.procs, cmd),
+			append(g.stdins, in), append(g.tasks, task)
 		g.current = append(g.current, map[string]bool{})
 		g.goneAt = append(g.goneAt, map[string]time.Time{})
 		go func(i int) {
@@ -150,7 +160,9 @@ func startGRPCClients(xdsAddr string, n int, tasks []string) (*grpcClients, erro
 
 // awaitAll waits until cond holds for every child's hosts (given the task
 // type it dials).
-func (g *grpcClients) awaitAll(cond func(task string, set map[string]bool) bool, timeout time.Duration) error {
+func (g *grpcClients) awaitAll(
+	cond func(task string, set map[string]bool) bool, timeout time.Duration,
+) error {
 	return awaitNotified(&g.mu, g.notify, timeout, func() bool {
 		for i, c := range g.current {
 			if !cond(g.tasks[i], c) {

@@ -1,13 +1,21 @@
 // Command leasehold-bench measures leasehold on loopback with real parts: a
 // Consul dev agent (and client agents), real registrations with TTL checks
 // heartbeated by the harness (fleet.go), `leasehold serve` as a separate
-// process, and lightweight ADS dispatchers that ACK like real clients. After
-// leasehold's phase it replays leasehold's own responses from a bare ADS
-// server to as many streams (the floor, floor.go), with --flapping measures
-// lapses while unrelated services' checks flap (flapping.go; usage.go reads
-// CPU and leasehold's Consul queries), then measures as many lapses through
-// Consul's own xDS (consulxds.go); phases.go runs the phases. It writes its
-// results into BENCHMARKS.md between the bench:start and bench:end markers.
+// process, lightweight ADS dispatchers that ACK like real clients, and a few
+// real grpc-go dispatchers, child processes that check that the light ones
+// measure what a real dispatcher sees (grpcclients.go). After leasehold's
+// phase it replays leasehold's own responses from a bare ADS server to as
+// many streams (the floor, floor.go); with --flapping it measures lapses
+// while unrelated services' checks flap (flapping.go; usage.go reads CPU and
+// leasehold's Consul queries); then it measures as many lapses through
+// Consul's own xDS (consulxds.go). With --consul-probe (or --flapping) a
+// blocking query of the harness's own splits each lapse into Consul's part
+// and leasehold's (probe.go). phases.go runs the phases. With --churn it
+// measures fleet churn instead (churn.go).
+//
+// It writes its results into --write (BENCHMARKS.md) between the bench:start
+// and bench:end markers, and the churn results between churn:start and
+// churn:end.
 package main
 
 import (
@@ -38,23 +46,49 @@ import (
 
 var (
 	leaseholdBin = flag.String("leasehold", "bin/leasehold", "leasehold binary")
-	executors    = flag.Int("executors", 500, "registered executors, spread evenly over --tasks task types")
-	dispatchers  = flag.Int("dispatchers", 100, "ADS dispatcher streams, spread evenly over --tasks task types")
-	tasks        = flag.Int("tasks", 1, "task types the executors and streams are spread over (1: task type \"work\"; more: work-0, work-1, …)")
-	lapses       = flag.Int("lapses", 50, "lapses to measure (in leasehold's phase, and as many in Consul's xDS phase)")
-	fanouts      = flag.Int("fanouts", 10, "single changes to measure fan-out with")
-	lease        = flag.Duration("lease", 10*time.Second, "executor lease (TTL); with --bulk-lease, only of the executors the run lapses or deregisters")
-	heartbeat    = flag.Duration("heartbeat", 3*time.Second, "heartbeat interval of the --lease executors")
-	bulkLease    = flag.Duration("bulk-lease", 0, "lease of every executor the run never lapses nor deregisters, heartbeated a third of it apart at an even pace (0: they hold --lease too); e.g. 10m for 10,000 executors, whose short leases would saturate 2 cores")
-	flapping     = flag.Int("flapping", 0, "a busy datacenter: register this many other services (not leasehold's) whose TTL checks flap, and measure lapse → stop, Consul and leasehold while they flap against the same without (0: no such phase)")
-	flapRate     = flag.Float64("flap-rate", 100, "with --flapping: check status changes per second, over all flapping services")
-	consulProbe  = flag.Bool("consul-probe", false, "follow every task type's non-passing executors with a blocking query of the harness's own (/v1/health/service/<task>, always on with --flapping), to split lapse → stop into Consul's part and leasehold's")
-	idle         = flag.Duration("idle", 20*time.Second, "idle period over which Consul load is measured")
-	write        = flag.String("write", "BENCHMARKS.md", "file to write the results into (empty: stdout only)")
-	profile      = flag.String("profile", "", "write a CPU profile of leasehold serve during the lapses to this file")
-	compare      = flag.Bool("consul-xds", true, "also measure as many lapses through Consul's own xDS (Connect sidecars), in a phase after leasehold's")
-	agents       = flag.Int("agents", 1, "Consul agents holding the executors (the dev server plus client agents joined to it): one agent on 2 cores cannot keep ~10,000 TTL checks")
-	grpcN        = flag.Int("grpc-clients", 3, "real grpc-go xds:/// dispatchers (child processes) measured next to the light ones")
+	executors    = flag.Int("executors", 500,
+		"registered executors, spread evenly over --tasks task types")
+	dispatchers = flag.Int("dispatchers", 100,
+		"ADS dispatcher streams, spread evenly over --tasks task types")
+	tasks = flag.Int("tasks", 1,
+		"task types the executors and streams are spread over (1: task type "+
+			"\"work\"; more: work-0, work-1, …)")
+	lapses = flag.Int("lapses", 50,
+		"lapses to measure (in leasehold's phase, and as many in Consul's xDS phase)")
+	fanouts = flag.Int("fanouts", 10, "single changes to measure fan-out with")
+	lease   = flag.Duration("lease", 10*time.Second,
+		"executor lease (TTL); with --bulk-lease, only of the executors "+
+			"the run lapses or deregisters")
+	heartbeat = flag.Duration("heartbeat", 3*time.Second,
+		"heartbeat interval of the --lease executors")
+	bulkLease = flag.Duration("bulk-lease", 0,
+		"lease of every executor the run never lapses nor deregisters, heartbeated a third of it "+
+			"apart at an even pace (0: they hold --lease too); e.g. 10m for 10,000 executors, "+
+			"whose short leases would saturate 2 cores")
+	flapping = flag.Int("flapping", 0,
+		"a busy datacenter: register this many other services (not leasehold's) whose TTL checks "+
+			"flap, and measure lapse → stop, Consul and leasehold while they flap against "+
+			"the same without (0: no such phase)")
+	flapRate = flag.Float64("flap-rate", 100,
+		"with --flapping: check status changes per second, over all flapping services")
+	consulProbe = flag.Bool("consul-probe", false,
+		"follow every task type's non-passing executors with a blocking query of the harness's "+
+			"own (/v1/health/service/<task>, always on with --flapping), to split lapse → "+
+			"stop into Consul's part and leasehold's")
+	idle = flag.Duration("idle", 20*time.Second,
+		"idle period over which Consul load is measured")
+	write = flag.String("write", "BENCHMARKS.md",
+		"file to write the results into (empty: stdout only)")
+	profile = flag.String("profile", "",
+		"write a CPU profile of leasehold serve during the lapses to this file")
+	compare = flag.Bool("consul-xds", true,
+		"also measure as many lapses through Consul's own xDS (Connect sidecars), "+
+			"in a phase after leasehold's")
+	agents = flag.Int("agents", 1,
+		"Consul agents holding the executors (the dev server plus client agents joined to it): "+
+			"one agent on 2 cores cannot keep ~10,000 TTL checks")
+	grpcN = flag.Int("grpc-clients", 3,
+		"real grpc-go xds:/// dispatchers (child processes) measured next to the light ones")
 )
 
 func main() {
@@ -104,7 +138,8 @@ func startServe(consulAddr string) (*served, error) {
 	if err != nil {
 		return nil, err
 	}
-	cmd := exec.Command(*leaseholdBin, "serve", "--consul-addr", consulAddr, "--xds-addr", xds, "--admin-addr", admin, "--log-level", "warn")
+	cmd := exec.Command(*leaseholdBin, "serve", "--consul-addr", consulAddr,
+		"--xds-addr", xds, "--admin-addr", admin, "--log-level", "warn")
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (make bench builds it): %w", *leaseholdBin, err)
@@ -231,8 +266,12 @@ type dispatcherSet struct {
 	capturing bool
 }
 
-func startDispatchers(ctx context.Context, addr string, m int, tasks []string) (*dispatcherSet, error) {
-	ds := &dispatcherSet{tasks: make([]string, m), sets: make([]map[string]bool, m), changed: make([]time.Time, m), gone: make([]map[string]time.Time, m), notify: make(chan struct{}, 1)}
+func startDispatchers(
+	ctx context.Context, addr string, m int, tasks []string,
+) (*dispatcherSet, error) {
+	ds := &dispatcherSet{tasks: make([]string, m), sets: make([]map[string]bool, m),
+		changed: make([]time.Time, m), gone: make([]map[string]time.Time, m),
+		notify: make(chan struct{}, 1)}
 	for i := range ds.gone {
 		ds.gone[i] = map[string]time.Time{}
 		ds.tasks[i] = tasks[i%len(tasks)]
@@ -242,7 +281,8 @@ func startDispatchers(ctx context.Context, addr string, m int, tasks []string) (
 	for i := range m {
 		if i%perConn == 0 {
 			var err error
-			conn, err = grpc.NewClient(addr, grpc.WithTransportCredentials(insecure.NewCredentials()))
+			conn, err = grpc.NewClient(addr,
+				grpc.WithTransportCredentials(insecure.NewCredentials()))
 			if err != nil {
 				return nil, err
 			}
@@ -251,7 +291,8 @@ func startDispatchers(ctx context.Context, addr string, m int, tasks []string) (
 		if err != nil {
 			return nil, err
 		}
-		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("bench-%d", i)}, TypeUrl: resource.EndpointType, ResourceNames: []string{ds.tasks[i]}}
+		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("bench-%d", i)},
+			TypeUrl: resource.EndpointType, ResourceNames: []string{ds.tasks[i]}}
 		if err := s.Send(req); err != nil {
 			return nil, err
 		}
@@ -260,15 +301,18 @@ func startDispatchers(ctx context.Context, addr string, m int, tasks []string) (
 	return ds, nil
 }
 
-func (ds *dispatcherSet) client(i int, s discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient, req *discovery.DiscoveryRequest) {
+func (ds *dispatcherSet) client(
+	i int, s discovery.AggregatedDiscoveryService_StreamAggregatedResourcesClient,
+	req *discovery.DiscoveryRequest,
+) {
 	for {
 		r, err := s.Recv()
 		if err != nil {
 			return
 		}
 		at := time.Now()
-		// ACK first, as a lightweight client would: the latency measured is
-		// leasehold's, not this harness's parsing.
+		// ACK first, as a lightweight client would, so that the latency
+		// measured is leasehold's, not this harness's parsing.
 		req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
 		s.Send(req)
 		set := map[string]bool{}
@@ -313,7 +357,9 @@ func (ds *dispatcherSet) startCapture() {
 
 // stopCapture returns the response client 0 held when the capture started
 // and every one it received since.
-func (ds *dispatcherSet) stopCapture() (base *discovery.DiscoveryResponse, since []*discovery.DiscoveryResponse) {
+func (ds *dispatcherSet) stopCapture() (
+	base *discovery.DiscoveryResponse, since []*discovery.DiscoveryResponse,
+) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	ds.capturing = false
@@ -322,7 +368,9 @@ func (ds *dispatcherSet) stopCapture() (base *discovery.DiscoveryResponse, since
 
 // awaitAll waits until every client's latest set satisfies cond (given the
 // task type the client follows).
-func (ds *dispatcherSet) awaitAll(cond func(task string, set map[string]bool) bool, timeout time.Duration) error {
+func (ds *dispatcherSet) awaitAll(
+	cond func(task string, set map[string]bool) bool, timeout time.Duration,
+) error {
 	return awaitNotified(&ds.mu, ds.notify, timeout, func() bool {
 		for i, s := range ds.sets {
 			if s == nil || !cond(ds.tasks[i], s) {
@@ -359,7 +407,9 @@ func (ds *dispatcherSet) shortfall(want map[string]int) string {
 // holds or timeout passes; also every 50 ms, since waiters running at once
 // share notify's one pending signal (the times measured are stamped by the
 // clients, not by the waiters).
-func awaitNotified(mu *sync.Mutex, notify <-chan struct{}, timeout time.Duration, check func() bool) error {
+func awaitNotified(
+	mu *sync.Mutex, notify <-chan struct{}, timeout time.Duration, check func() bool,
+) error {
 	deadline := time.After(timeout)
 	recheck := time.NewTicker(50 * time.Millisecond)
 	defer recheck.Stop()
@@ -392,18 +442,23 @@ func (ds *dispatcherSet) goneFromAll(host string) time.Time {
 	return last
 }
 
+// results is what a run measured, for BENCHMARKS.md's table. registering is
+// how long registering the fleet (and the flapping services) took, before
+// leasehold started; consulPart is, per lapse, lease expiry → the harness's
+// per-task query saw it critical (--consul-probe); floor is, per push of the
+// floor's replay of leasehold's responses, push → last stream.
 type results struct {
 	executors, dispatchers int
 	tasks                  int
 	lease, heartbeat       time.Duration
 	bulkLease              time.Duration
-	shortLeases            int           // executors holding --lease
-	registering            time.Duration // registering the fleet (and the flapping services), before leasehold starts
+	shortLeases            int // executors holding --lease
+	registering            time.Duration
 	lapse, fanout          []time.Duration
-	consulPart             []time.Duration // lease expiry → the harness's per-task query saw it critical (--consul-probe)
+	consulPart             []time.Duration
 	lastBeat               []time.Duration // round trip of each victim's last heartbeat
 	loadStart              string          // the machine's load average when the run began
-	floor                  []time.Duration // push → last stream, the floor's replay of leasehold's responses
+	floor                  []time.Duration
 	floorStreams           int
 	busy                   *busyResults // with --flapping
 	consulLapse            []time.Duration
@@ -431,7 +486,8 @@ func dist(ds []time.Duration) string {
 	if len(ds) == 0 {
 		return "-"
 	}
-	return fmt.Sprintf("min %s, p50 %s, p99 %s, max %s", r(quantile(ds, 0)), r(quantile(ds, 0.5)), r(quantile(ds, 0.99)), r(quantile(ds, 1)))
+	return fmt.Sprintf("min %s, p50 %s, p99 %s, max %s", r(quantile(ds, 0)),
+		r(quantile(ds, 0.5)), r(quantile(ds, 0.99)), r(quantile(ds, 1)))
 }
 
 func mean(ds []time.Duration) time.Duration {
@@ -447,7 +503,9 @@ func ratios(a, b []time.Duration) string {
 	if len(a) == 0 || len(b) == 0 {
 		return "-"
 	}
-	x := func(p float64) float64 { return float64(quantile(a, p)) / float64(max(quantile(b, p), 1)) }
+	x := func(p float64) float64 {
+		return float64(quantile(a, p)) / float64(max(quantile(b, p), 1))
+	}
 	return fmt.Sprintf("p50 %.1f×, p99 %.1f×", x(0.5), x(0.99))
 }
 
@@ -464,8 +522,10 @@ func (res results) markdown() string {
 	if len(res.consulLapse) > 0 {
 		phases += ", then Consul's own xDS"
 	}
-	fmt.Fprintf(&b, "Run: %s, %s, %s, %d cores, load average %s at the start, %s at the end. Phases: %s.\n\n",
-		res.invocation(), time.Now().UTC().Format("2006-01-02"), runtime.Version(), runtime.NumCPU(), res.loadStart, loadAverage(), phases)
+	fmt.Fprintf(&b,
+		"Run: %s, %s, %s, %d cores, load average %s at the start, %s at the end. Phases: %s.\n\n",
+		res.invocation(), time.Now().UTC().Format("2006-01-02"), runtime.Version(),
+		runtime.NumCPU(), res.loadStart, loadAverage(), phases)
 	b.WriteString("| figure | measured | target |\n|---|---|---|\n")
 	res.latencyRows(&b)
 	if res.busy != nil {
@@ -478,8 +538,10 @@ func (res results) markdown() string {
 // invocation is the command line of the run: `make bench`'s unless
 // --tasks, --bulk-lease or --flapping were used.
 func (res results) invocation() string {
-	cmd := fmt.Sprintf("leasehold-bench --executors %d --agents %d --dispatchers %d --grpc-clients %d --lapses %d --fanouts %d --lease %s --heartbeat %s",
-		res.executors, *agents, res.dispatchers, res.grpcN, len(res.lapse), len(res.fanout), res.lease, res.heartbeat)
+	cmd := fmt.Sprintf("leasehold-bench --executors %d --agents %d --dispatchers %d "+
+		"--grpc-clients %d --lapses %d --fanouts %d --lease %s --heartbeat %s",
+		res.executors, *agents, res.dispatchers, res.grpcN,
+		len(res.lapse), len(res.fanout), res.lease, res.heartbeat)
 	extended := false
 	if res.tasks > 1 {
 		cmd, extended = cmd+fmt.Sprintf(" --tasks %d", res.tasks), true
@@ -488,7 +550,8 @@ func (res results) invocation() string {
 		cmd, extended = cmd+" --bulk-lease "+res.bulkLease.String(), true
 	}
 	if res.busy != nil {
-		cmd, extended = cmd+fmt.Sprintf(" --flapping %d --flap-rate %g", res.busy.services, res.busy.rate), true
+		cmd, extended = cmd+fmt.Sprintf(" --flapping %d --flap-rate %g",
+			res.busy.services, res.busy.rate), true
 	}
 	if *consulProbe && res.busy == nil {
 		cmd, extended = cmd+" --consul-probe", true
@@ -507,7 +570,8 @@ func (res results) streamsOf() string {
 	if res.tasks <= 1 {
 		return fmt.Sprintf("%d streams", res.dispatchers)
 	}
-	return fmt.Sprintf("the ~%d streams of its task type (%d streams over %d task types)", res.dispatchers/res.tasks, res.dispatchers, res.tasks)
+	return fmt.Sprintf("the ~%d streams of its task type (%d streams over %d task types)",
+		res.dispatchers/res.tasks, res.dispatchers, res.tasks)
 }
 
 func plural(n int, one, many string) string {
@@ -518,31 +582,57 @@ func plural(n int, one, many string) string {
 }
 
 func (res results) latencyRows(b *strings.Builder) {
-	fmt.Fprintf(b, "| lapse → stop (lease expiry → last of %s has endpoints without it), %d lapses at %d executors | %s | p99 ≤ 50 ms at 10,000 executors and 1,000 streams |\n",
+	fmt.Fprintf(b,
+		"| lapse → stop (lease expiry → last of %s has endpoints without it), %d lapses at "+
+			"%d executors | %s | p99 ≤ 50 ms at 10,000 executors and 1,000 streams |\n",
 		res.streamsOf(), len(res.lapse), res.executors, dist(res.lapse))
 	if len(res.grpcLapse) > 0 {
-		fmt.Fprintf(b, "| the same lapses at %d real grpc-go `xds:///` dispatchers (EDS in their xDS client, read via CSDS; %d lapses of the task types they dial) | %s | as the light clients |\n", res.grpcN, len(res.grpcLapse), dist(res.grpcLapse))
+		fmt.Fprintf(b,
+			"| the same lapses at %d real grpc-go `xds:///` dispatchers (EDS in their "+
+				"xDS client, read via CSDS; %d lapses of the task types they dial) | "+
+				"%s | as the light clients |\n", res.grpcN, len(res.grpcLapse), dist(res.grpcLapse))
 	}
 	inside := r(res.inLeasehold).String()
 	if len(res.floor) > 0 {
 		fm := mean(res.floor)
-		inside += fmt.Sprintf(" — the floor's mean %s, %.1f×", r(fm), float64(res.inLeasehold)/float64(max(fm, 1)))
+		inside += fmt.Sprintf(" — the floor's mean %s, %.1f×",
+			r(fm), float64(res.inLeasehold)/float64(max(fm, 1)))
 	}
 	if len(res.consulPart) > 0 {
-		fmt.Fprintf(b, "| of which Consul: lease expiry → a blocking query of the harness's own (`/v1/health/service/<task>`, per-task index) has the lease critical | %s | |\n", dist(res.consulPart))
-		fmt.Fprintf(b, "| the lapsed executors' last heartbeat round trip (expiry counts from its sending; the agent reset the TTL within it) | %s | |\n", dist(res.lastBeat))
+		fmt.Fprintf(b,
+			"| of which Consul: lease expiry → a blocking query of the harness's own "+
+				"(`/v1/health/service/<task>`, per-task index) has the lease critical | %s | |\n",
+			dist(res.consulPart))
+		fmt.Fprintf(b,
+			"| the lapsed executors' last heartbeat round trip (expiry counts from its sending; "+
+				"the agent reset the TTL within it) | %s | |\n", dist(res.lastBeat))
 	}
-	fmt.Fprintf(b, "| of which inside leasehold: Consul reporting the lapse → last ACK (mean, `leasehold_lapse_to_push_duration_seconds`) | %s | |\n", inside)
-	fmt.Fprintf(b, "| fan-out: one removal until all of %s have it | %s | 1k streams ≤ 50 ms |\n", res.streamsOf(), dist(res.fanout))
+	fmt.Fprintf(b,
+		"| of which inside leasehold: Consul reporting the lapse → last ACK (mean, "+
+			"`leasehold_lapse_to_push_duration_seconds`) | %s | |\n", inside)
+	fmt.Fprintf(b, "| fan-out: one removal until all of %s have it | %s | 1k streams ≤ 50 ms |\n",
+		res.streamsOf(), dist(res.fanout))
 	if len(res.floor) > 0 {
-		fmt.Fprintf(b, "| floor: the %d responses stream 0 got for those lapses and fan-outs, byte-identical, pushed by a bare ADS server (pre-marshalled, no Consul, no decisions) to %d light streams with the same client code: push → last stream has it | %s | |\n",
+		fmt.Fprintf(b,
+			"| floor: the %d responses stream 0 got for those lapses and fan-outs, "+
+				"byte-identical, pushed by a bare ADS server (pre-marshalled, no Consul, "+
+				"no decisions) to %d light streams with the same client code: push → "+
+				"last stream has it | %s | |\n",
 			len(res.floor), res.floorStreams, dist(res.floor))
-		fmt.Fprintf(b, "| lapse → stop ÷ floor (leasehold's includes Consul noticing the lapse) | %s | ≤ 1.5× |\n", ratios(res.lapse, res.floor))
-		fmt.Fprintf(b, "| fan-out ÷ floor (leasehold's includes the deregistration) | %s | ≤ 1.5× |\n", ratios(res.fanout, res.floor))
+		fmt.Fprintf(b,
+			"| lapse → stop ÷ floor (leasehold's includes Consul noticing "+
+				"the lapse) | %s | ≤ 1.5× |\n", ratios(res.lapse, res.floor))
+		fmt.Fprintf(b,
+			"| fan-out ÷ floor (leasehold's includes the deregistration) | %s | ≤ 1.5× |\n",
+			ratios(res.fanout, res.floor))
 	}
 	if len(res.consulLapse) > 0 {
-		fmt.Fprintf(b, "| %d other lapses of the same fleet through Consul's own xDS, in a phase of their own (leasehold stopped; Connect sidecars; delta ADS client on Consul's gRPC port) | %s | |\n", len(res.consulLapse), dist(res.consulLapse))
-		fmt.Fprintf(b, "| Consul's own xDS ÷ leasehold's lapse → stop | %s | ≥ 10× |\n", ratios(res.consulLapse, res.lapse))
+		fmt.Fprintf(b,
+			"| %d other lapses of the same fleet through Consul's own xDS, in a phase of "+
+				"their own (leasehold stopped; Connect sidecars; delta ADS client on "+
+				"Consul's gRPC port) | %s | |\n", len(res.consulLapse), dist(res.consulLapse))
+		fmt.Fprintf(b, "| Consul's own xDS ÷ leasehold's lapse → stop | %s | ≥ 10× |\n",
+			ratios(res.consulLapse, res.lapse))
 	}
 }
 
@@ -553,7 +643,8 @@ func (res results) fleetText() string {
 		t += fmt.Sprintf(" (%d task types)", res.tasks)
 	}
 	if res.bulkLease > 0 {
-		t += fmt.Sprintf(", %d of them (those lapsed or deregistered) on a %s lease heartbeated every %s, the rest on a %s lease heartbeated every %s at an even pace",
+		t += fmt.Sprintf(", %d of them (those lapsed or deregistered) on a %s lease heartbeated "+
+			"every %s, the rest on a %s lease heartbeated every %s at an even pace",
 			res.shortLeases, res.lease, res.heartbeat, res.bulkLease, res.bulkLease/3)
 	} else {
 		t += fmt.Sprintf(" on a %s lease heartbeated every %s", res.lease, res.heartbeat)
@@ -566,16 +657,28 @@ func (res results) fleetText() string {
 
 func (res results) costRows(b *strings.Builder) {
 	streams := res.dispatchers + res.grpcN // the grpc-go dispatchers hold a stream each too
-	fmt.Fprintf(b, "| registering the fleet before `leasehold serve` starts: %s over %d Consul %s | %s | |\n",
+	fmt.Fprintf(b,
+		"| registering the fleet before `leasehold serve` starts: %s over %d Consul %s | %s | |\n",
 		res.fleetText(), *agents, plural(*agents, "agent", "agents"), r(res.registering))
 	perStream := float64(res.rssStreams-res.rssIdle) / float64(streams)
-	fmt.Fprintf(b, "| RSS of `leasehold serve`: %d executors, no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream; ≤ 100 MB total at 1,000 streams + 10,000 executors |\n",
+	fmt.Fprintf(b,
+		"| RSS of `leasehold serve`: %d executors, no streams → %d streams | %s → %s "+
+			"(%.1f KB per stream) | ≤ 48 KB per stream; ≤ 100 MB total at 1,000 "+
+			"streams + 10,000 executors |\n",
 		res.executors, streams, kb(res.rssIdle), kb(res.rssStreams), perStream)
-	fmt.Fprintf(b, "| Go heap after GC: no streams → %d streams | %s → %s (%.1f KB per stream) | ≤ 48 KB per stream |\n",
-		streams, kb(res.heapIdle), kb(res.heapStreams), float64(res.heapStreams-res.heapIdle)/float64(streams))
-	fmt.Fprintf(b, "| server CPU per stream per update (fan-out phase, user+system) | %s | |\n", res.cpuPerStream)
-	fmt.Fprintf(b, "| Consul requests at idle (%d task %s) | %.2f/s | ≤ services/300 + 1 req/s |\n", res.tasks, plural(res.tasks, "type", "types"), res.idleRate)
-	fmt.Fprintf(b, "| Consul requests per changed service (a deregistration) | %.1f | exactly 1 |\n", res.reqPerChange)
+	fmt.Fprintf(b,
+		"| Go heap after GC: no streams → %d streams | %s → %s (%.1f KB per "+
+			"stream) | ≤ 48 KB per stream |\n",
+		streams, kb(res.heapIdle), kb(res.heapStreams),
+		float64(res.heapStreams-res.heapIdle)/float64(streams))
+	fmt.Fprintf(b, "| server CPU per stream per update (fan-out phase, user+system) | %s | |\n",
+		res.cpuPerStream)
+	fmt.Fprintf(b,
+		"| Consul requests at idle (%d task %s) | %.2f/s | ≤ services/300 + 1 req/s |\n",
+		res.tasks, plural(res.tasks, "type", "types"), res.idleRate)
+	fmt.Fprintf(b,
+		"| Consul requests per changed service (a deregistration) | %.1f | exactly 1 |\n",
+		res.reqPerChange)
 }
 
 const startMarker, endMarker = "<!-- bench:start -->", "<!-- bench:end -->"
@@ -606,8 +709,8 @@ func writeSection(path, start, end, heading, table string) error {
 
 // healthyHosts adds the hostnames of the HEALTHY endpoints of a serialized
 // ClusterLoadAssignment to set, scanning the wire format for just those two
-// fields: a full unmarshal per response per stream would make the harness,
-// not leasehold, the bottleneck on 2 cores.
+// fields, because a full unmarshal per response per stream would make the
+// harness, not leasehold, the bottleneck on 2 cores.
 func healthyHosts(b []byte, set map[string]bool) {
 	fields(b, func(num protowire.Number, v []byte) { // ClusterLoadAssignment
 		if num != 2 { // endpoints
@@ -618,7 +721,9 @@ func healthyHosts(b []byte, set map[string]bool) {
 				return
 			}
 			var host string
-			healthy := true                                  // HEALTHY is 1; an absent status is UNKNOWN (0), treated as routable
+			// HEALTHY is 1; an absent status is UNKNOWN (0), which is treated as
+			// routable.
+			healthy := true
 			fields(v, func(num protowire.Number, v []byte) { // LbEndpoint
 				if num == 1 { // endpoint
 					fields(v, func(num protowire.Number, v []byte) {
@@ -641,7 +746,9 @@ func healthyHosts(b []byte, set map[string]bool) {
 
 // fields calls bytesFn for each length-delimited field and varintFn (if
 // given) for each varint field of a message.
-func fields(b []byte, bytesFn func(protowire.Number, []byte), varintFn ...func(protowire.Number, uint64)) {
+func fields(
+	b []byte, bytesFn func(protowire.Number, []byte), varintFn ...func(protowire.Number, uint64),
+) {
 	for len(b) > 0 {
 		num, typ, n := protowire.ConsumeTag(b)
 		if n < 0 {

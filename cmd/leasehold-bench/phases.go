@@ -30,9 +30,9 @@ const lapseSpacing = 200 * time.Millisecond
 //	Consul:    other lapses of the same fleet through Consul's own xDS,
 //	           leasehold and its dispatchers stopped
 //
-// Victims: leasehold's lapses are executors [0, n), Consul's [n, 2n), the
-// busy phase's [2n, 3n), the fan-out's the last --fanouts; only they hold a
-// short lease when --bulk-lease is set.
+// The victims of leasehold's lapses are executors [0, n), Consul's [n, 2n),
+// the busy phase's [2n, 3n) and the fan-out's the last --fanouts; only they
+// hold a short lease when --bulk-lease is set.
 type bench struct {
 	ctx      context.Context
 	agent    *consultest.Agent
@@ -55,8 +55,10 @@ func run() error {
 	ctx, cancel := context.WithCancel(context.Background())
 	b := &bench{ctx: ctx, n: lapsesPerPhase()}
 	defer b.close()
-	defer cancel() // first: heartbeats and streams end before the processes do
-	b.res = results{executors: *executors, dispatchers: *dispatchers, tasks: max(1, *tasks), lease: *lease, heartbeat: *heartbeat, bulkLease: *bulkLease, grpcN: *grpcN, loadStart: loadAverage()}
+	defer cancel() // runs first, so heartbeats and streams end before the processes do
+	b.res = results{executors: *executors, dispatchers: *dispatchers, tasks: max(1, *tasks),
+		lease: *lease, heartbeat: *heartbeat, bulkLease: *bulkLease, grpcN: *grpcN,
+		loadStart: loadAverage()}
 	if err := checkFlags(); err != nil {
 		return err
 	}
@@ -89,9 +91,11 @@ func checkFlags() error {
 	case *tasks < 1:
 		return fmt.Errorf("--tasks %d: want at least 1", *tasks)
 	case *executors < *tasks || *dispatchers < *tasks:
-		return fmt.Errorf("--executors %d and --dispatchers %d: want at least one per task type (--tasks %d)", *executors, *dispatchers, *tasks)
+		return fmt.Errorf("--executors %d and --dispatchers %d: want at least "+
+			"one per task type (--tasks %d)", *executors, *dispatchers, *tasks)
 	case *bulkLease > 0 && *bulkLease < 3**heartbeat:
-		return fmt.Errorf("--bulk-lease %s: want a long lease, at least 3 × --heartbeat", *bulkLease)
+		return fmt.Errorf("--bulk-lease %s: want a long lease, at least 3 × --heartbeat",
+			*bulkLease)
 	case *flapping > 0 && *flapRate <= 0:
 		return fmt.Errorf("--flap-rate %g: want a positive rate", *flapRate)
 	}
@@ -120,7 +124,9 @@ func (b *bench) startConsul() error {
 	if err != nil {
 		return err
 	}
-	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench", ExtraHCL: `limits { http_max_conns_per_client = 1000 }` + "\nenable_debug = true\n" + gossipHCL()})
+	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench",
+		ExtraHCL: `limits { http_max_conns_per_client = 1000 }` + "\nenable_debug = true\n" +
+			gossipHCL()})
 	if agent != nil {
 		b.onClose(agent.Close)
 	}
@@ -152,13 +158,16 @@ func gossipHCL() string {
 	if *agents <= 1 {
 		return "" // no gossip between agents to tune
 	}
-	return "\ngossip_lan {\n  probe_interval = \"5s\"\n  probe_timeout = \"3s\"\n  suspicion_mult = 8\n}\n"
+	return "\ngossip_lan {\n  probe_interval = \"5s\"\n  probe_timeout = " +
+		"\"3s\"\n  suspicion_mult = 8\n}\n"
 }
 
 // startClientAgents joins --agents - 1 client agents to the dev server.
 func (b *bench) startClientAgents(bin string) error {
 	for i := 1; i < *agents; i++ {
-		ca, err := consultest.Launch(bin, consultest.Options{NodeName: fmt.Sprintf("bench-client-%d", i), JoinClientOf: b.agent, ExtraHCL: gossipHCL()})
+		ca, err := consultest.Launch(bin, consultest.Options{
+			NodeName: fmt.Sprintf("bench-client-%d", i), JoinClientOf: b.agent,
+			ExtraHCL: gossipHCL()})
 		if ca != nil {
 			b.onClose(ca.Close)
 		}
@@ -186,22 +195,28 @@ func (b *bench) registerFleet() error {
 	b.fleet = newFleet(b.clients, *executors, taskNames(*tasks), *bulkLease, b.shortLease)
 	b.res.shortLeases = b.fleet.shortCount()
 	if *bulkLease > 0 {
-		logf("registering %d executors over %d task types: %d on lease %s (heartbeat %s), the rest on lease %s (heartbeats spread over %s)",
-			*executors, len(b.fleet.tasks), b.res.shortLeases, *lease, *heartbeat, *bulkLease, *bulkLease/3)
+		logf("registering %d executors over %d task types: %d on lease %s (heartbeat %s), the "+
+			"rest on lease %s (heartbeats spread over %s)",
+			*executors, len(b.fleet.tasks), b.res.shortLeases,
+			*lease, *heartbeat, *bulkLease, *bulkLease/3)
 	} else {
-		logf("registering %d executors over %d task types (lease %s, heartbeat %s)", *executors, len(b.fleet.tasks), *lease, *heartbeat)
+		logf("registering %d executors over %d task types (lease %s, heartbeat %s)",
+			*executors, len(b.fleet.tasks), *lease, *heartbeat)
 	}
 	start := time.Now()
 	done := make(chan struct{})
 	defer close(done)
 	go b.fleet.progress(done, 15*time.Second)
-	go b.fleet.heartbeatAll(b.ctx) // from the start: registering a large fleet takes longer than a lease
+	// Heartbeats run from the start, because registering a large fleet takes
+	// longer than a lease.
+	go b.fleet.heartbeatAll(b.ctx)
 	if err := b.fleet.registerAll(); err != nil {
 		return err
 	}
 	if *flapping > 0 {
 		b.flap = newFlapper(b.clients, *flapping, *flapRate)
-		logf("registering %d flapping services (%q, no leasehold tag or meta)", *flapping, bystanderService)
+		logf("registering %d flapping services (%q, no leasehold tag or meta)",
+			*flapping, bystanderService)
 		if err := b.flap.registerAll(); err != nil {
 			return err
 		}
@@ -218,7 +233,8 @@ func (b *bench) startLeasehold() error {
 	}
 	b.srv = srv
 	b.onClose(func() { b.stopLeasehold() })
-	logf("leasehold serve pid %d ready (admin %s); RSS %s", srv.cmd.Process.Pid, srv.admin, kb(srv.rss()))
+	logf("leasehold serve pid %d ready (admin %s); RSS %s",
+		srv.cmd.Process.Pid, srv.admin, kb(srv.rss()))
 	b.res.rssIdle, b.res.heapIdle = srv.rss(), srv.heap()
 	return nil
 }
@@ -235,7 +251,8 @@ func (b *bench) connectDispatchers() error {
 	b.ds = ds
 	perTask := b.fleet.perTask()
 	holdsFleet := func(task string, set map[string]bool) bool { return len(set) == perTask[task] }
-	if err := ds.awaitAll(holdsFleet, 60*time.Second+time.Duration(*executors)*10*time.Millisecond); err != nil {
+	if err := ds.awaitAll(holdsFleet,
+		60*time.Second+time.Duration(*executors)*10*time.Millisecond); err != nil {
 		return fmt.Errorf("dispatchers never saw the fleet (%s): %w", ds.shortfall(perTask), err)
 	}
 	if *grpcN > 0 {
@@ -248,7 +265,8 @@ func (b *bench) connectDispatchers() error {
 		logf("%d grpc-go xds:/// dispatchers hold the whole fleet", *grpcN)
 	}
 	b.res.rssStreams, b.res.heapStreams = b.srv.rss(), b.srv.heap()
-	logf("%d dispatcher streams connected; RSS %s, Go heap %s (idle: %s)", *dispatchers, kb(b.res.rssStreams), kb(b.res.heapStreams), kb(b.res.heapIdle))
+	logf("%d dispatcher streams connected; RSS %s, Go heap %s (idle: %s)",
+		*dispatchers, kb(b.res.rssStreams), kb(b.res.heapStreams), kb(b.res.heapIdle))
 	return nil
 }
 
@@ -274,18 +292,22 @@ func (b *bench) leaseholdLapses() error {
 		if b.res.grpcLapse, err = b.fleet.lapseLatencies(b.gc, victims, expiries); err != nil {
 			return fmt.Errorf("at the grpc-go dispatchers: %w", err)
 		}
-		logf("the same lapses at %d grpc-go dispatchers (their xDS client's EDS, via CSDS): %s", *grpcN, dist(b.res.grpcLapse))
+		logf("the same lapses at %d grpc-go dispatchers (their xDS client's EDS, via CSDS): %s",
+			*grpcN, dist(b.res.grpcLapse))
 	}
 	<-profiled
 	logf("lapse → stop over %d lapses: %s", len(b.res.lapse), dist(b.res.lapse))
 	b.res.lastBeat = b.fleet.heartbeatRTTs(victims)
-	logf("the victims' last heartbeat round trips (the expiry instant's uncertainty): %s", dist(b.res.lastBeat))
+	logf("the victims' last heartbeat round trips (the expiry instant's uncertainty): %s",
+		dist(b.res.lastBeat))
 	if len(b.res.consulPart) > 0 {
-		logf("of which lease expiry → the harness's per-task query sees it critical: %s", dist(b.res.consulPart))
+		logf("of which lease expiry → the harness's per-task query sees it critical: %s",
+			dist(b.res.consulPart))
 	}
 	var count float64
 	b.res.inLeasehold, count = b.srv.lapseToPushMean()
-	logf("of which from Consul reporting the lapse to the last ACK (leasehold's own histogram): mean %s over %.0f", r(b.res.inLeasehold), count)
+	logf("of which from Consul reporting the lapse to the last ACK (leasehold's own "+
+		"histogram): mean %s over %.0f", r(b.res.inLeasehold), count)
 	return nil
 }
 
@@ -299,7 +321,8 @@ func (b *bench) profile(d time.Duration) <-chan struct{} {
 	}
 	go func() {
 		defer close(done)
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d", b.srv.admin, int(d.Seconds())+1))
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d",
+			b.srv.admin, int(d.Seconds())+1))
 		if err != nil {
 			logf("profile: %v", err)
 			return
@@ -329,7 +352,9 @@ func (b *bench) fanOut() error {
 	b.res.cpuPerStream = (b.srv.cpu() - cpuBefore) / time.Duration(max(1, *fanouts**dispatchers))
 	reqAfter, _ := b.srv.consulRequests()
 	b.res.reqPerChange = (reqAfter - reqBefore) / float64(max(1, *fanouts))
-	logf("fan-out to %d streams over %d changes: %s; server CPU per stream per update %s; Consul requests per change %.1f", *dispatchers, len(b.res.fanout), dist(b.res.fanout), b.res.cpuPerStream, b.res.reqPerChange)
+	logf("fan-out to %d streams over %d changes: %s; server CPU per stream per update %s; "+
+		"Consul requests per change %.1f", *dispatchers, len(b.res.fanout),
+		dist(b.res.fanout), b.res.cpuPerStream, b.res.reqPerChange)
 	return nil
 }
 
@@ -339,10 +364,13 @@ func (b *bench) deregister(i int) (time.Duration, error) {
 	victim := b.fleet.ids[i]
 	b.fleet.stopHeartbeat(i)
 	start := time.Now()
-	if err := b.fleet.agent(i).ServiceDeregister(health.ServiceID(victim, b.fleet.taskOf(i))); err != nil {
+	if err := b.fleet.agent(i).ServiceDeregister(
+		health.ServiceID(victim, b.fleet.taskOf(i))); err != nil {
 		return 0, err
 	}
-	if err := b.ds.awaitAll(func(_ string, set map[string]bool) bool { return !set[victim] }, 30*time.Second); err != nil {
+	if err := b.ds.awaitAll(func(_ string, set map[string]bool) bool {
+		return !set[victim]
+	}, 30*time.Second); err != nil {
 		return 0, err
 	}
 	return b.ds.goneFromAll(victim).Sub(start), nil
@@ -420,11 +448,15 @@ func (f *fleet) lapseAll(victims []int) []time.Time {
 // and returns, per victim, lease expiry → the last one without it (none for
 // a victim no dispatcher of w follows: a grpc-go child per task type is not
 // given).
-func (f *fleet) lapseLatencies(w hostWatcher, victims []int, expiries []time.Time) ([]time.Duration, error) {
+func (f *fleet) lapseLatencies(
+	w hostWatcher, victims []int, expiries []time.Time,
+) ([]time.Duration, error) {
 	var lat []time.Duration
 	for k, i := range victims {
 		victim := f.ids[i]
-		if err := w.awaitAll(func(_ string, set map[string]bool) bool { return !set[victim] }, 4**lease+30*time.Second); err != nil {
+		if err := w.awaitAll(func(_ string, set map[string]bool) bool {
+			return !set[victim]
+		}, 4**lease+30*time.Second); err != nil {
 			return lat, fmt.Errorf("lapse %d (%s): %w", k, victim, err)
 		}
 		if gone := w.goneFromAll(victim); !gone.IsZero() {

@@ -24,7 +24,7 @@ import (
 type taskProbe struct {
 	wakes, answers, bytes atomic.Int64
 	mu                    sync.Mutex
-	critical              map[string]time.Time // instance → when its lease was first seen critical
+	critical              map[string]time.Time // instance → when its lease first showed critical
 	stop                  context.CancelFunc
 	wg                    sync.WaitGroup
 }
@@ -45,7 +45,8 @@ func (b *bench) startProbe() error {
 	ctx, cancel := context.WithCancel(b.ctx)
 	p := &taskProbe{critical: map[string]time.Time{}, stop: cancel}
 	for _, task := range b.fleet.tasks {
-		base := "http://" + b.agent.HTTPAddr() + "/v1/health/service/" + task + "?wait=10s&filter=" + url.QueryEscape(probeFilter)
+		base := "http://" + b.agent.HTTPAddr() + "/v1/health/service/" + task +
+			"?wait=10s&filter=" + url.QueryEscape(probeFilter)
 		if _, _, err := get(ctx, base); err != nil { // the filter is Consul's to accept
 			cancel()
 			return fmt.Errorf("per-task probe: %w", err)

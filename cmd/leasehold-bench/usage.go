@@ -156,7 +156,8 @@ func (b *bench) usage() usage {
 	u.wakeups, _ = b.srv.metricBy("leasehold_consul_wakeups_total", "watch")
 	u.requests, _ = b.srv.metricBy("leasehold_consul_requests_total", "watch")
 	if b.probe != nil {
-		u.probeWakes, u.probeBytes, u.probeAnswers = b.probe.wakes.Load(), b.probe.bytes.Load(), b.probe.answers.Load()
+		u.probeWakes, u.probeBytes, u.probeAnswers = b.probe.wakes.Load(),
+			b.probe.bytes.Load(), b.probe.answers.Load()
 	}
 	return u
 }
@@ -173,9 +174,11 @@ func (b *bench) closeWindow(before usage) window {
 
 // since is the window from an earlier reading to this one.
 func (u usage) since(prev usage) window {
-	w := window{d: u.at.Sub(prev.at), server: u.server - prev.server, clients: u.clients - prev.clients, leasehold: u.leasehold - prev.leasehold,
+	w := window{d: u.at.Sub(prev.at), server: u.server - prev.server,
+		clients: u.clients - prev.clients, leasehold: u.leasehold - prev.leasehold,
 		wakeups: map[string]float64{}, requests: map[string]float64{},
-		probeWakes: u.probeWakes - prev.probeWakes, probeBytes: u.probeBytes - prev.probeBytes, probeAnswers: u.probeAnswers - prev.probeAnswers}
+		probeWakes: u.probeWakes - prev.probeWakes, probeBytes: u.probeBytes - prev.probeBytes,
+		probeAnswers: u.probeAnswers - prev.probeAnswers}
 	for k, v := range u.wakeups {
 		w.wakeups[k] = v - prev.wakeups[k]
 	}

@@ -28,7 +28,8 @@ func policyToken(t *testing.T, root *api.Client, policy, rules, who string) stri
 // tokenOf is a new token holding policy p, described as who.
 func tokenOf(t *testing.T, root *api.Client, p *api.ACLPolicy, who string) string {
 	t.Helper()
-	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Description: who, Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{Description: who,
+		Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -53,12 +54,17 @@ func readyzBody(t *testing.T, admin string) (int, map[string]any) {
 // rule, whether there is a cordon to miss or not.
 func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 	consultest.RequireBinary(t)
-	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000000b1"})
+	a := consultest.Start(t,
+		consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000000b1"})
 	root := a.Client()
-	lhRules, opRules := consultest.ExamplePolicy(t, "leasehold-policy.hcl"), consultest.ExamplePolicy(t, "operator-policy.hcl")
+	lhRules, opRules := consultest.ExamplePolicy(t, "leasehold-policy.hcl"),
+		consultest.ExamplePolicy(t, "operator-policy.hcl")
 	lhTok := policyToken(t, root, "leasehold", lhRules, "leasehold serve")
-	noCtlTok := policyToken(t, root, "leasehold-no-control", consultest.WithoutRule(t, lhRules, `key_prefix "leasehold/control/"`), "leasehold serve, no control read")
-	op, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "leasehold-operator", Rules: opRules}, nil)
+	noCtlTok := policyToken(t, root, "leasehold-no-control",
+		consultest.WithoutRule(t, lhRules, `key_prefix "leasehold/control/"`),
+		"leasehold serve, no control read")
+	op, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "leasehold-operator",
+		Rules: opRules}, nil)
 	if err != nil {
 		t.Fatalf("the operator policy: %v", err)
 	}
@@ -78,7 +84,9 @@ func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 		t.Helper()
 		consultest.WaitFor(t, 20*time.Second, what, func() bool {
 			code, body := readyzBody(t, admin)
-			return code == 503 && body["reason"] == "acl" && strings.Contains(body["detail"].(string), ctlRight) && body["source"] == "operator controls"
+			return code == 503 && body["reason"] == "acl" &&
+				strings.Contains(body["detail"].(string), ctlRight) &&
+				body["source"] == "operator controls"
 		})
 	}
 	t.Setenv("CONSUL_HTTP_TOKEN", noCtlTok)
@@ -92,13 +100,16 @@ func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 	fc := fencingClient(t, l.xds)
 	awaitState(t, fc, "exec-1", e1.reg.Session().ID, leaseholdv1.SessionState_CURRENT)
 	awaitState(t, fc, "exec-2", e2.reg.Session().ID, leaseholdv1.SessionState_CURRENT)
-	consultest.WaitFor(t, 10*time.Second, "/readyz 200 with the example policy", func() bool { return readyzStatus(l.admin) == 200 })
+	consultest.WaitFor(t, 10*time.Second, "/readyz 200 with the example policy", func() bool {
+		return readyzStatus(l.admin) == 200
+	})
 
 	// The operators, each with a token of the example policy.
 	t.Setenv("CONSUL_HTTP_TOKEN", alice)
 	t.Setenv("USER", "mallory") // ignored: with ACLs the token says who acts
 	rules := filepath.Join(t.TempDir(), "rules.yaml")
-	if err := os.WriteFile(rules, []byte("approval: {required: true, max_executors: 0}\n"), 0o600); err != nil {
+	if err := os.WriteFile(rules,
+		[]byte("approval: {required: true, max_executors: 0}\n"), 0o600); err != nil {
 		t.Fatal(err)
 	}
 	cli(t, 0, "rules", "set", rules)
@@ -109,7 +120,8 @@ func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 		r := control(t, l.admin).Rollout
 		return r != nil && r.Approval.Required
 	})
-	out := cli(t, 0, "cordon", "--instance", "exec-1", "--reason", "disk failing", "--admin-addr", l.admin)
+	out := cli(t, 0, "cordon", "--instance", "exec-1",
+		"--reason", "disk failing", "--admin-addr", l.admin)
 	t.Logf("leasehold cordon:\n%s", out)
 	id := strings.Fields(out)[0]
 	id = strings.TrimSuffix(id, ":")
@@ -119,11 +131,13 @@ func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 	if v := verdict(t, l.admin, "exec-1", "v="); v.Route != "HEALTHY" {
 		t.Fatalf("a cordon pending approval took effect: %+v", v)
 	}
-	if code, _, stderr := runCLI("approve", id); code != 1 || !strings.Contains(stderr, "different identity") {
+	if code, _, stderr := runCLI("approve", id); code != 1 ||
+		!strings.Contains(stderr, "different identity") {
 		t.Fatalf("alice approved her own cordon: exit %d %s", code, stderr)
 	}
 	t.Setenv("CONSUL_HTTP_TOKEN", bob)
-	if out := cli(t, 0, "approve", id, "--admin-addr", l.admin); !strings.Contains(out, "token:bob") {
+	if out := cli(t, 0, "approve", id,
+		"--admin-addr", l.admin); !strings.Contains(out, "token:bob") {
 		t.Fatalf("approve: %s", out)
 	}
 	consultest.WaitFor(t, 10*time.Second, "exec-1 cordoned", func() bool {
@@ -133,10 +147,12 @@ func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 	if v := verdict(t, l.admin, "exec-2", "v="); v.Route != "HEALTHY" {
 		t.Errorf("exec-2: %+v, want routed", v)
 	}
-	if out := cli(t, 0, "explain", "--admin-addr", l.admin, "--instance", "exec-1"); !strings.Contains(out, "cordoned") {
+	if out := cli(t, 0, "explain", "--admin-addr", l.admin,
+		"--instance", "exec-1"); !strings.Contains(out, "cordoned") {
 		t.Errorf("explain does not show the cordon:\n%s", out)
 	}
-	if out := cli(t, 0, "cordon", "--list", "--admin-addr", l.admin); !strings.Contains(out, id) || !strings.Contains(out, "applied 1/1") {
+	if out := cli(t, 0, "cordon", "--list", "--admin-addr", l.admin); !strings.Contains(out, id) ||
+		!strings.Contains(out, "applied 1/1") {
 		t.Errorf("cordon --list:\n%s", out)
 	}
 	// The replica without the control read now misses a cordon: still
@@ -144,7 +160,9 @@ func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 	unreadyNamesRight(noCtl.admin, "/readyz naming the control read, a cordon stored")
 
 	cli(t, 0, "uncordon", id, "--reason", "disk replaced")
-	consultest.WaitFor(t, 10*time.Second, "exec-1 routed again", func() bool { return verdict(t, l.admin, "exec-1", "v=").Route == "HEALTHY" })
+	consultest.WaitFor(t, 10*time.Second, "exec-1 routed again", func() bool {
+		return verdict(t, l.admin, "exec-1", "v=").Route == "HEALTHY"
+	})
 	cli(t, 0, "rules", "clear")
 
 	// The audit trail names the tokens' owners, whatever $USER says.
@@ -156,7 +174,8 @@ func TestExampleACLPoliciesApplyACordon(t *testing.T) {
 		}
 		actions[e.Action] = e.Actor
 	}
-	for action, who := range map[string]string{"rules-set": "alice", "cordon": "alice", "approve": "bob", "uncordon": "bob", "rules-cleared": "bob"} {
+	for action, who := range map[string]string{"rules-set": "alice", "cordon": "alice",
+		"approve": "bob", "uncordon": "bob", "rules-cleared": "bob"} {
 		if !strings.HasPrefix(actions[action], "token:"+who+" (") {
 			t.Errorf("audit %s by %q, want token:%s", action, actions[action], who)
 		}

@@ -41,8 +41,10 @@ func openAudit(path string, tp trace.TracerProvider) (func(fleet.AuditEvent), fu
 		enc.Encode(e)
 		mu.Unlock()
 		_, span := tracer.Start(context.Background(), "leasehold.audit")
-		span.AddEvent(e.Action, trace.WithAttributes(attribute.String("leasehold.audit.actor", e.Actor),
-			attribute.String("leasehold.audit.source", e.Source), attribute.String("leasehold.audit.error", e.Error)))
+		span.AddEvent(e.Action, trace.WithAttributes(
+			attribute.String("leasehold.audit.actor", e.Actor),
+			attribute.String("leasehold.audit.source", e.Source),
+			attribute.String("leasehold.audit.error", e.Error)))
 		span.End()
 	}, closeFn, nil
 }
@@ -50,7 +52,9 @@ func openAudit(path string, tp trace.TracerProvider) (func(fleet.AuditEvent), fu
 // followRules re-reads the rules file when it changes (checked every
 // second) and hands it to the syncer, which validates it: an invalid version
 // is refused there and the previous one stays in force.
-func followRules(ctx context.Context, path string, obs chan<- health.Observation, log *slog.Logger) {
+func followRules(
+	ctx context.Context, path string, obs chan<- health.Observation, log *slog.Logger,
+) {
 	stamp, _ := os.ReadFile(path)
 	t := time.NewTicker(time.Second)
 	defer t.Stop()
@@ -60,14 +64,15 @@ func followRules(ctx context.Context, path string, obs chan<- health.Observation
 			return
 		case <-t.C:
 		}
-		now, _ := os.ReadFile(path) // small: compared whole, once a second
+		now, _ := os.ReadFile(path) // the file is small, so it is compared whole, once a second
 		if string(now) == string(stamp) {
 			continue
 		}
 		stamp = now
 		raw, err := rulesYAMLToJSON(path)
 		if err != nil {
-			log.Error("rules file changed but cannot be read: the previous rules stay in force", "path", path, "err", err)
+			log.Error("rules file changed but cannot be read: the previous rules stay in force",
+				"path", path, "err", err)
 			raw = []byte("not readable: " + err.Error()) // refused by the syncer, and audited there
 		}
 		select {

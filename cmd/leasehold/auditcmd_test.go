@@ -30,15 +30,18 @@ func TestAuditFlagsNameTheFlag(t *testing.T) {
 		{[]string{"audit", "--limit", "0"}, "--limit"},
 		{[]string{"audit", "--before", "yesterday"}, "--before"},
 		{[]string{"audit", "--before", "20250102T030405.000000000Z-zzzzzz"}, "--before"},
-		{[]string{"cordon", "--audit-keep", "0", "--instance", "e1", "--reason", "r", "--by", "a"}, "--audit-keep"},
+		{[]string{"cordon", "--audit-keep", "0", "--instance", "e1", "--reason", "r", "--by", "a"},
+			"--audit-keep"},
 		{[]string{"uncordon", "--audit-max-age", "0s", "--by", "a", "c-1"}, "--audit-max-age"},
 		{[]string{"approve", "--audit-max-age", "-2d", "--by", "a", "c-1"}, "--audit-max-age"},
-		{[]string{"rules", "--audit-max-age", "5x", "clear"}, "-audit-max-age"}, // the flag package's own message
+		// The flag package's own message names the flag with a single dash.
+		{[]string{"rules", "--audit-max-age", "5x", "clear"}, "-audit-max-age"},
 		{[]string{"rules", "--audit-keep", "-3", "clear"}, "--audit-keep"},
 	} {
 		code, _, stderr := runCLI(tt.args...)
 		if code != 2 || !strings.Contains(stderr, tt.flag) {
-			t.Errorf("leasehold %s: exit %d, want 2 and an error naming %s:\n%s", strings.Join(tt.args, " "), code, tt.flag, stderr)
+			t.Errorf("leasehold %s: exit %d, want 2 and an error naming %s:\n%s",
+				strings.Join(tt.args, " "), code, tt.flag, stderr)
 		}
 	}
 }
@@ -66,7 +69,8 @@ func TestAuditCommandPagesAndPrunes(t *testing.T) {
 		var page []string
 		for _, line := range strings.Split(strings.TrimSpace(stdout), "\n") {
 			var e consul.AuditEntry
-			if err := json.Unmarshal([]byte(line), &e); err != nil || e.ID == "" || e.Action != "rules-cleared" {
+			if err := json.Unmarshal([]byte(line), &e); err != nil ||
+				e.ID == "" || e.Action != "rules-cleared" {
 				t.Fatalf("audit line %q: %+v %v", line, e, err)
 			}
 			page = append(page, e.ID)
@@ -85,7 +89,8 @@ func TestAuditCommandPagesAndPrunes(t *testing.T) {
 		t.Fatalf("paged ids %v, want 7 distinct in order", ids)
 	}
 	// the table shows the id too
-	if out := cli(t, 0, "audit", "--limit", "1"); !strings.Contains(out, ids[6]) || !strings.Contains(out, "ID") {
+	if out := cli(t, 0, "audit", "--limit", "1"); !strings.Contains(out, ids[6]) ||
+		!strings.Contains(out, "ID") {
 		t.Errorf("audit table lacks the id column:\n%s", out)
 	}
 
@@ -96,7 +101,8 @@ func TestAuditCommandPagesAndPrunes(t *testing.T) {
 		t.Fatalf("audit: exit %d\n%s", code, stderr)
 	}
 	lines := strings.Split(strings.TrimSpace(stdout), "\n")
-	if len(lines) != 2 || !strings.Contains(lines[0], ids[6]) || !strings.Contains(lines[1], `"actor":"bob"`) {
+	if len(lines) != 2 || !strings.Contains(lines[0], ids[6]) ||
+		!strings.Contains(lines[1], `"actor":"bob"`) {
 		t.Fatalf("after --audit-keep 2 the trail is:\n%s", stdout)
 	}
 }

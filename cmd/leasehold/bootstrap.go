@@ -46,7 +46,7 @@ type bootstrapLocality struct {
 
 // bootstrapTLS are the dispatcher's TLS files for the xDS channel (gRFC A65
 // "tls" channel credentials, read by grpc-go's file watcher, so rotated
-// files are picked up). All empty: plaintext.
+// files are picked up). With all of them empty the channel is plaintext.
 type bootstrapTLS struct {
 	CA, Cert, Key string
 }
@@ -57,10 +57,12 @@ func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
 	}
 	var errs []string
 	if (b.Cert == "") != (b.Key == "") {
-		errs = append(errs, "invalid --tls-cert/--tls-key: give both (a client certificate for mTLS) or neither")
+		errs = append(errs,
+			"invalid --tls-cert/--tls-key: give both (a client certificate for mTLS) or neither")
 	}
 	cfg := map[string]any{"refresh_interval": "60s"}
-	for _, f := range []struct{ flag, path, key string }{{"--tls-ca", b.CA, "ca_certificate_file"}, {"--tls-cert", b.Cert, "certificate_file"}, {"--tls-key", b.Key, "private_key_file"}} {
+	for _, f := range []struct{ flag, path, key string }{{"--tls-ca", b.CA, "ca_certificate_file"},
+		{"--tls-cert", b.Cert, "certificate_file"}, {"--tls-key", b.Key, "private_key_file"}} {
 		if f.path == "" {
 			continue
 		}
@@ -78,10 +80,13 @@ func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
 }
 
 // buildBootstrap builds a bootstrap for a dispatcher with the given
-// constraints, endpoint metadata ("": full) and datacenter ("": leasehold's
-// own), validated as leasehold will validate them; errors name the xDS
-// address as xdsFlag (with the variable it came from).
-func buildBootstrap(xdsFlag, xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata, datacenter string, tf bootstrapTLS) ([]byte, error) {
+// constraints, endpoint metadata (empty for full) and datacenter (empty for
+// leasehold's own), validated as leasehold will validate them; errors name
+// the xDS address as xdsFlag (with the variable it came from).
+func buildBootstrap(
+	xdsFlag, xdsAddr, nodeID, versionConstraint string, labels map[string]string,
+	endpointMetadata, datacenter string, tf bootstrapTLS,
+) ([]byte, error) {
 	var errs []string
 	creds, cerrs := tf.channelCreds()
 	errs = append(errs, cerrs...)
@@ -89,7 +94,8 @@ func buildBootstrap(xdsFlag, xdsAddr, nodeID, versionConstraint string, labels m
 		errs = append(errs, err.Error())
 	}
 	if strings.TrimSpace(nodeID) == "" {
-		errs = append(errs, "invalid --node-id: required (names the dispatcher in leasehold's /debug views)")
+		errs = append(errs,
+			"invalid --node-id: required (names the dispatcher in leasehold's /debug views)")
 	}
 	if _, err := health.NewDispatcher(versionConstraint, labels); err != nil {
 		for _, f := range health.Fields(err) {
@@ -104,13 +110,17 @@ func buildBootstrap(xdsFlag, xdsAddr, nodeID, versionConstraint string, labels m
 	if datacenter != "" {
 		datacenter = health.NormalizeDatacenter(datacenter)
 		if err := health.ValidateDatacenter("--datacenter", datacenter); err != nil {
-			errs = append(errs, fmt.Sprintf("invalid --datacenter %q: a Consul datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", datacenter))
+			errs = append(errs,
+				fmt.Sprintf("invalid --datacenter %q: a Consul datacenter name is 1 to 64 "+
+					"letters (lowercase), digits, '-' or '_'", datacenter))
 		}
 	}
 	switch xdscache.EndpointMetadata(endpointMetadata) {
 	case "", xdscache.MetadataFull, xdscache.MetadataSession, xdscache.MetadataNone:
 	default:
-		errs = append(errs, fmt.Sprintf("invalid --endpoint-metadata %q: must be full, session or none", endpointMetadata))
+		errs = append(errs,
+			fmt.Sprintf("invalid --endpoint-metadata %q: must be full, session or none",
+				endpointMetadata))
 	}
 	if len(errs) > 0 {
 		return nil, errors.New(strings.Join(errs, "\n"))
@@ -157,8 +167,12 @@ func xdsDialAddr(flag, addr string) error {
 	// netip also reads an address with a zone ([::%lo]), and one mapped
 	// from IPv4 (::ffff:0.0.0.0) is unspecified once unmapped.
 	ipa, ipErr := netip.ParseAddr(strings.Trim(host, "[]"))
-	if ip := net.ParseIP(strings.Trim(host, "[]")); host == "" || (ip != nil && ip.IsUnspecified()) || (ipErr == nil && ipa.WithZone("").Unmap().IsUnspecified()) {
-		return fmt.Errorf("invalid %s %q: an unspecified host is a listen address (where leasehold serve listens), not one a dispatcher can dial: give leasehold's reachable address, e.g. --xds-addr 10.0.0.5:18000", flag, addr)
+	if ip := net.ParseIP(strings.Trim(host, "[]")); host == "" ||
+		(ip != nil && ip.IsUnspecified()) ||
+		(ipErr == nil && ipa.WithZone("").Unmap().IsUnspecified()) {
+		return fmt.Errorf("invalid %s %q: an unspecified host is a listen address (where "+
+			"leasehold serve listens), not one a dispatcher can dial: give leasehold's "+
+			"reachable address, e.g. --xds-addr 10.0.0.5:18000", flag, addr)
 	}
 	return nil
 }
@@ -170,15 +184,17 @@ func newBootstrapCmd() *cobra.Command {
 		tf                                                         bootstrapTLS
 	)
 	cmd := &cobra.Command{
-		Use:   "bootstrap --node-id ID [flags]",
-		Short: "print an xDS bootstrap for a gRPC dispatcher (GRPC_XDS_BOOTSTRAP, GRPC_XDS_BOOTSTRAP_CONFIG)",
+		Use: "bootstrap --node-id ID [flags]",
+		Short: "print an xDS bootstrap for a gRPC dispatcher " +
+			"(GRPC_XDS_BOOTSTRAP, GRPC_XDS_BOOTSTRAP_CONFIG)",
 		Long: `Print (or write with --out) a gRPC xDS bootstrap (gRFC A27) pointing at
 leasehold, with the dispatcher's constraints as node metadata, checked as
 leasehold will check them. grpc-go reads it from GRPC_XDS_BOOTSTRAP (a file)
 or GRPC_XDS_BOOTSTRAP_CONFIG (the JSON) when the process starts.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			b, err := buildBootstrap(flagRef(cmd.Flags(), "xds-addr"), xdsAddr, nodeID, constraint, labels, endpointMeta, datacenter, tf)
+			b, err := buildBootstrap(flagRef(cmd.Flags(), "xds-addr"), xdsAddr,
+				nodeID, constraint, labels, endpointMeta, datacenter, tf)
 			if err != nil {
 				return usagef("%v", err)
 			}
@@ -195,16 +211,29 @@ or GRPC_XDS_BOOTSTRAP_CONFIG (the JSON) when the process starts.`,
 	}
 	fs := cmd.Flags()
 	fs.SortFlags = false
-	fs.StringVar(&nodeID, "node-id", "", "the dispatcher's xDS node id (required; names it in leasehold's /debug views and explain)")
-	fs.StringVar(&xdsAddr, "xds-addr", "127.0.0.1:18000", "leasehold's xDS address as dispatchers dial it (an unspecified host such as 0.0.0.0 is refused)")
+	fs.StringVar(&nodeID, "node-id", "",
+		"the dispatcher's xDS node id (required; names it in leasehold's /debug views and explain)")
+	fs.StringVar(&xdsAddr, "xds-addr", "127.0.0.1:18000",
+		"leasehold's xDS address as dispatchers dial it (an unspecified "+
+			"host such as 0.0.0.0 is refused)")
 	bindEnv(fs, "xds-addr", "LEASEHOLD_XDS_ADDR") // the variable leasehold serve listens on
-	fs.StringVar(&constraint, "version-constraint", "", "semver constraint executors must satisfy, e.g. \">=1.4.0, <2.0.0\"")
+	fs.StringVar(&constraint, "version-constraint", "",
+		"semver constraint executors must satisfy, e.g. \">=1.4.0, <2.0.0\"")
 	fs.Var(labels, "label", "label key=value executors must carry (repeatable)")
-	fs.StringVar(&endpointMeta, "endpoint-metadata", "", "what endpoints carry under filter_metadata.leasehold: full (instance_id, session_id, version; the default), session (session_id only) or none; less is fewer bytes per push")
-	fs.StringVar(&datacenter, "datacenter", "", "the Consul datacenter the dispatcher runs in: its executors get priority 0, the other watched datacenters follow in leasehold's --datacenters order (default: leasehold's own)")
-	tlsClientFlags(fs, &tf.CA, &tf.Cert, &tf.Key, "the xDS channel", "its URI/DNS SAN is the identity leasehold's --authz-policy grants")
-	fs.StringVar(&out, "out", "", "write to this file instead of standard output (then: GRPC_XDS_BOOTSTRAP=<file>)")
-	completeWords(cmd, "endpoint-metadata", string(xdscache.MetadataFull), string(xdscache.MetadataSession), string(xdscache.MetadataNone))
+	fs.StringVar(&endpointMeta, "endpoint-metadata", "",
+		"what endpoints carry under filter_metadata.leasehold: full (instance_id, "+
+			"session_id, version; the default), session (session_id only) or none; "+
+			"less is fewer bytes per push")
+	fs.StringVar(&datacenter, "datacenter", "",
+		"the Consul datacenter the dispatcher runs in: its executors get priority 0, "+
+			"the other watched datacenters follow in leasehold's --datacenters "+
+			"order (default: leasehold's own)")
+	tlsClientFlags(fs, &tf.CA, &tf.Cert, &tf.Key, "the xDS channel",
+		"its URI/DNS SAN is the identity leasehold's --authz-policy grants")
+	fs.StringVar(&out, "out", "",
+		"write to this file instead of standard output (then: GRPC_XDS_BOOTSTRAP=<file>)")
+	completeWords(cmd, "endpoint-metadata", string(xdscache.MetadataFull),
+		string(xdscache.MetadataSession), string(xdscache.MetadataNone))
 	filenameFlags(cmd, "tls-ca", "tls-cert", "tls-key", "out")
 	return cmd
 }

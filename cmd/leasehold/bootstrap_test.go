@@ -79,7 +79,8 @@ func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
 		{"0.0.0.0:18000", []string{"--xds-addr", "10.0.0.5:18000"}, ""},
 		{"10.0.0.5:18000", nil, ""},
 		{"leasehold.internal:18000", nil, ""},
-		{"10.0.0.5:18000", []string{"--xds-addr", "0.0.0.0:18000"}, `invalid --xds-addr "0.0.0.0:18000"`},
+		{"10.0.0.5:18000", []string{"--xds-addr", "0.0.0.0:18000"},
+			`invalid --xds-addr "0.0.0.0:18000"`},
 		{"10.0.0.5:18000", []string{"--xds-addr", "10.0.0.5:0"}, "invalid --xds-addr"},
 	} {
 		t.Setenv("LEASEHOLD_XDS_ADDR", c.env)

@@ -13,7 +13,7 @@ import (
 
 // Every command's flags follow the same rules, kept here: a flag may read
 // environment variables (the first one set applies when the flag is not
-// given: a flag overrides its variable), an old spelling may stay as a
+// given, so a flag overrides its variable), an old spelling may stay as a
 // hidden alias that prints a deprecation note, and errors name the flag —
 // and the variable when the value came from one.
 
@@ -56,7 +56,8 @@ func applyEnv(fs *pflag.FlagSet) error {
 				continue
 			}
 			if err := f.Value.Set(val); err != nil {
-				errs = append(errs, fmt.Sprintf("invalid --%s (from $%s) %q: %v", f.Name, v, val, err))
+				errs = append(errs,
+					fmt.Sprintf("invalid --%s (from $%s) %q: %v", f.Name, v, val, err))
 			}
 			f.Changed = true
 			if f.Annotations == nil {
@@ -90,7 +91,8 @@ func alias(fs *pflag.FlagSet, old, name string) {
 	if f == nil {
 		panic("alias: no flag --" + name)
 	}
-	fs.AddFlag(&pflag.Flag{Name: old, Usage: "deprecated: use --" + name, Value: f.Value, DefValue: f.DefValue, NoOptDefVal: f.NoOptDefVal, Hidden: true,
+	fs.AddFlag(&pflag.Flag{Name: old, Usage: "deprecated: use --" + name, Value: f.Value,
+		DefValue: f.DefValue, NoOptDefVal: f.NoOptDefVal, Hidden: true,
 		Annotations: map[string][]string{"leasehold/alias": {name}}})
 }
 
@@ -109,11 +111,13 @@ func applyAliases(fs *pflag.FlagSet, notes io.Writer) error {
 		}
 		nf := fs.Lookup(to[0])
 		if nf.Changed {
-			errs = append(errs, fmt.Sprintf("--%s and --%s are the same flag: give --%s only", f.Name, nf.Name, nf.Name))
+			errs = append(errs, fmt.Sprintf("--%s and --%s are the same flag: give --%s only",
+				f.Name, nf.Name, nf.Name))
 			return
 		}
-		nf.Changed = true // the value is shared: no variable may override it
-		fmt.Fprintf(notes, "note: --%s is deprecated and will be removed: use --%s\n", f.Name, nf.Name)
+		nf.Changed = true // the value is shared, so no variable may override it
+		fmt.Fprintf(notes, "note: --%s is deprecated and will be removed: use --%s\n",
+			f.Name, nf.Name)
 	})
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "\n"))
@@ -153,20 +157,23 @@ func emptyOK(fs *pflag.FlagSet, name string) {
 }
 
 // refuseEmpty refuses a flag given on the command line with an empty value
-// (--instance "$INST" with INST unset, --flag=): read as the flag's default,
-// it would do something else than asked (a cordon of a whole task type, a
-// bootstrap without its constraint, a serve without its policy). Run before
-// the environment applies: an empty variable is not a flag given.
+// (--instance "$INST" with INST unset, --flag=). Read as the flag's default,
+// such a value would do something other than asked (a cordon of a whole task
+// type, a bootstrap without its constraint, a serve without its policy). It
+// runs before the environment applies, because an empty variable is not a
+// flag given.
 func refuseEmpty(fs *pflag.FlagSet) error {
 	var errs []string
 	fs.VisitAll(func(f *pflag.Flag) {
-		if !f.Changed || f.Value.String() != "" || len(f.Annotations[annotationEmptyOK]) > 0 || len(f.Annotations["leasehold/ignored"]) > 0 {
+		if !f.Changed || f.Value.String() != "" || len(f.Annotations[annotationEmptyOK]) > 0 ||
+			len(f.Annotations["leasehold/ignored"]) > 0 {
 			return
 		}
 		if len(f.Annotations[annotationFromEnv]) > 0 {
 			return // set from a variable earlier (finishFlags runs once; defensive)
 		}
-		errs = append(errs, fmt.Sprintf("invalid --%s: given with an empty value (leave it out for its default)", f.Name))
+		errs = append(errs, fmt.Sprintf(
+			"invalid --%s: given with an empty value (leave it out for its default)", f.Name))
 	})
 	if len(errs) > 0 {
 		return errors.New(strings.Join(errs, "\n"))
@@ -179,7 +186,7 @@ func refuseEmpty(fs *pflag.FlagSet) error {
 type exitError struct {
 	code  int
 	err   error
-	quiet bool // already said (logged): print nothing more
+	quiet bool // the reason is already told (logged), so nothing more is printed
 }
 
 func (e *exitError) Error() string { return e.err.Error() }
@@ -204,7 +211,8 @@ func usagef(format string, a ...any) error {
 // noArgs refuses positional arguments.
 func noArgs(cmd *cobra.Command, args []string) error {
 	if len(args) > 0 {
-		return usagef("unexpected argument %q: %s takes no arguments (flags start with --)", args[0], cmd.CommandPath())
+		return usagef("unexpected argument %q: %s takes no arguments (flags start with --)",
+			args[0], cmd.CommandPath())
 	}
 	return nil
 }
@@ -214,7 +222,8 @@ func exactArgs(names ...string) cobra.PositionalArgs {
 	return func(cmd *cobra.Command, args []string) error {
 		switch {
 		case len(args) < len(names):
-			return usagef("missing %s: usage: %s", strings.Join(names[len(args):], " "), cmd.UseLine())
+			return usagef("missing %s: usage: %s",
+				strings.Join(names[len(args):], " "), cmd.UseLine())
 		case len(args) > len(names):
 			return usagef("unexpected argument %q: usage: %s", args[len(names)], cmd.UseLine())
 		}
@@ -224,7 +233,8 @@ func exactArgs(names ...string) cobra.PositionalArgs {
 
 // completeWords completes a flag from a fixed list of values.
 func completeWords(cmd *cobra.Command, flag string, words ...string) {
-	if err := cmd.RegisterFlagCompletionFunc(flag, cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp)); err != nil {
+	if err := cmd.RegisterFlagCompletionFunc(flag,
+		cobra.FixedCompletions(words, cobra.ShellCompDirectiveNoFileComp)); err != nil {
 		panic(err)
 	}
 }

@@ -240,8 +240,10 @@ func TestDeprecatedSpellings(t *testing.T) {
 	for _, c := range []struct{ cmd, old, now string }{
 		{"register", "consul", "consul-addr"}, {"register", "tag", "service-tag"},
 		{"cordon", "consul", "consul-addr"}, {"cordon", "version", "version-constraint"},
-		{"uncordon", "consul", "consul-addr"}, {"approve", "consul", "consul-addr"}, {"audit", "consul", "consul-addr"},
-		{"explain", "admin-ca", "tls-ca"}, {"explain", "admin-cert", "tls-cert"}, {"explain", "admin-key", "tls-key"},
+		{"uncordon", "consul", "consul-addr"}, {"approve", "consul", "consul-addr"},
+		{"audit", "consul", "consul-addr"},
+		{"explain", "admin-ca", "tls-ca"}, {"explain", "admin-cert", "tls-cert"},
+		{"explain", "admin-key", "tls-key"},
 		{"cordon", "admin-ca", "tls-ca"}, {"serve", "consul", "consul-addr"},
 	} {
 		cmd, _, err := root.Find([]string{c.cmd})
@@ -316,9 +318,11 @@ func TestEmptyFlagValueRefusedNamingTheFlag(t *testing.T) {
 	}{
 		{[]string{"cordon", "--instance", "", "--task", "work", "--reason", "disk"}, "--instance"},
 		{[]string{"cordon", "--instance=", "--reason", "disk", "--task", "work"}, "--instance"},
-		{[]string{"cordon", "--version-constraint", "", "--task", "work", "--reason", "leak"}, "--version-constraint"},
+		{[]string{"cordon", "--version-constraint", "", "--task", "work", "--reason", "leak"},
+			"--version-constraint"},
 		{[]string{"cordon", "--version", "", "--task", "work", "--reason", "leak"}, "--version"},
-		{[]string{"bootstrap", "--node-id", "d1", "--version-constraint", ""}, "--version-constraint"},
+		{[]string{"bootstrap", "--node-id", "d1", "--version-constraint", ""},
+			"--version-constraint"},
 		{[]string{"bootstrap", "--node-id", "d1", "--tls-ca="}, "--tls-ca"},
 		{[]string{"bootstrap", "--node-id", "d1", "--out", ""}, "--out"},
 		{[]string{"explain", "--admin-token-file", ""}, "--admin-token-file"},
@@ -334,7 +338,8 @@ func TestEmptyFlagValueRefusedNamingTheFlag(t *testing.T) {
 	}
 	for _, args := range [][]string{
 		{"--rules", ""},
-		{"--authz-policy=", "--tls-cert", "c.pem", "--tls-key", "k.pem", "--tls-client-ca", "ca.pem"},
+		{"--authz-policy=", "--tls-cert", "c.pem",
+			"--tls-key", "k.pem", "--tls-client-ca", "ca.pem"},
 		{"--admin-token-file", "", "--admin-addr", "127.0.0.1:19000"},
 	} {
 		if _, err := parseServeFlags(args, io.Discard); err == nil ||

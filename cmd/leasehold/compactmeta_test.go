@@ -26,7 +26,8 @@ func TestGRPCDispatchersWithCompactEndpointMetadata(t *testing.T) {
 	}
 	var ds []*dispatcher
 	for _, form := range []string{"session", "none"} {
-		d := startDispatcher(t, addrs.xds, "dispatcher-"+form, map[string]any{"endpoint_metadata": form})
+		d := startDispatcher(t, addrs.xds, "dispatcher-"+form,
+			map[string]any{"endpoint_metadata": form})
 		d.await(t, start, 20*time.Second, form+": calls spread over e1 and e2", both)
 		ds = append(ds, d)
 	}
@@ -48,7 +49,8 @@ func TestGRPCDispatchersWithCompactEndpointMetadata(t *testing.T) {
 	lapsed := awaitCheck(t, c, "e1", api.HealthCritical)
 	margin := lapsed.Add(300 * time.Millisecond)
 	for _, d := range ds {
-		d.await(t, time.Now().Add(time.Second), 10*time.Second, "calls after the lapse", func(cs []callResult) bool { return len(cs) > 50 })
+		d.await(t, time.Now().Add(time.Second), 10*time.Second, "calls after the lapse",
+			func(cs []callResult) bool { return len(cs) > 50 })
 		if n := servedBy(d.since(margin))["e1"]; n > 0 {
 			t.Fatalf("%d calls reached e1 more than 300ms after its lease lapsed", n)
 		}

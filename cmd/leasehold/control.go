@@ -27,7 +27,8 @@ import (
 // controlFlags are the flags every operator command shares.
 type controlFlags struct {
 	consulAddr, by string
-	// audit retention: only the commands that write a record take the flags
+	// The audit retention; only the commands that write a record take its
+	// flags.
 	auditKeep   int
 	auditMaxAge ageValue
 }
@@ -42,10 +43,16 @@ func (c *controlFlags) register(fs *pflag.FlagSet) {
 // registerWriter adds the flags of the commands that write (a change and
 // its audit record): who acts, and the audit retention they prune to.
 func (c *controlFlags) registerWriter(fs *pflag.FlagSet) {
-	fs.StringVar(&c.by, "by", "", "who acts, for the audit trail (used when Consul ACLs are off; with ACLs the token's identity is used)")
+	fs.StringVar(&c.by, "by", "",
+		"who acts, for the audit trail (used when Consul ACLs are off; with ACLs "+
+			"the token's identity is used)")
 	bindEnv(fs, "by", "USER")
-	fs.IntVar(&c.auditKeep, "audit-keep", consul.DefaultAuditKeep, "audit records kept in Consul KV: after writing its record this command deletes older ones beyond this count")
-	fs.Var(&c.auditMaxAge, "audit-max-age", "audit records older than this are deleted after this command writes its record (days such as 90d, or a duration such as 720h)")
+	fs.IntVar(&c.auditKeep, "audit-keep", consul.DefaultAuditKeep,
+		"audit records kept in Consul KV: after writing its record this command deletes "+
+			"older ones beyond this count")
+	fs.Var(&c.auditMaxAge, "audit-max-age",
+		"audit records older than this are deleted after this command writes its record (days "+
+			"such as 90d, or a duration such as 720h)")
 }
 
 // validate checks the flags, naming the bad one.
@@ -79,7 +86,9 @@ func (c *controlFlags) control(stderr io.Writer) (*consul.Control, error) {
 }
 
 // open connects for a write and says who acts.
-func (c *controlFlags) open(ctx context.Context, stderr io.Writer) (*consul.Control, string, error) {
+func (c *controlFlags) open(
+	ctx context.Context, stderr io.Writer,
+) (*consul.Control, string, error) {
 	k, err := c.control(stderr)
 	if err != nil {
 		return nil, "", err
@@ -110,7 +119,8 @@ func (a *ageValue) Set(v string) error {
 		if err != nil {
 			return fmt.Errorf("want days (e.g. 90d) or a duration (e.g. 720h): %w", err)
 		}
-		if maxDays := int64(math.MaxInt64 / int64(24*time.Hour)); days > maxDays || days < -maxDays {
+		if maxDays := int64(math.MaxInt64 / int64(24*time.Hour)); days > maxDays ||
+			days < -maxDays {
 			return fmt.Errorf("%s: at most %dd", v, maxDays) // more would wrap round to a short age
 		}
 		*a = ageValue(time.Duration(days) * 24 * time.Hour)
@@ -135,7 +145,7 @@ type cordonView struct {
 	addr     string
 	byID     map[string]health.CordonStatus
 	limit    float64
-	err      error  // no answer: the state is unknown here
+	err      error  // set when no replica answered, so the state is unknown here
 	notReady string // why the replica is not ready, when what was waited for did not come
 	asked    bool
 	approval health.CordonApproval
@@ -143,7 +153,10 @@ type cordonView struct {
 
 // cordonView asks the replica at --admin-addr, until ready accepts the
 // answer or wait has passed (then the last answer stands).
-func (a *adminFlags) cordonView(ctx context.Context, fs *pflag.FlagSet, wait time.Duration, ready func(map[string]health.CordonStatus) bool) cordonView {
+func (a *adminFlags) cordonView(
+	ctx context.Context, fs *pflag.FlagSet, wait time.Duration,
+	ready func(map[string]health.CordonStatus) bool,
+) cordonView {
 	v := cordonView{addr: a.addr, asked: true}
 	var f explainFlags
 	if errs := a.explainFlags(fs, &f); len(errs) > 0 {
@@ -184,15 +197,16 @@ func (a *adminFlags) cordonView(ctx context.Context, fs *pflag.FlagSet, wait tim
 	}
 }
 
-// notReady is why the replica says it is not ready ("" when it is, or
-// does not say): a replica that cannot read the operators' controls never
-// sees a cordon, and its /readyz names the missing right.
+// notReady is why the replica says it is not ready ("" when it is, or does
+// not say). It matters because a replica that cannot read the operators'
+// controls never sees a cordon, and its /readyz names the missing right.
 func notReady(ctx context.Context, f explainFlags) string {
 	var rz struct {
 		Ready                  bool
 		Reason, Detail, Source string
 	}
-	if status, err := getJSONStatus(ctx, f, "/readyz", &rz); err != nil || status == http.StatusOK || rz.Ready {
+	if status, err := getJSONStatus(ctx, f, "/readyz", &rz); err != nil ||
+		status == http.StatusOK || rz.Ready {
 		return ""
 	}
 	why := rz.Reason + ": " + rz.Detail
@@ -204,7 +218,10 @@ func notReady(ctx context.Context, f explainFlags) string {
 
 // unknown says why the state is not known here.
 func (v cordonView) unknown() string {
-	return fmt.Sprintf("not known here: whether a cordon is applied, pending approval or held by the safety limit is decided by each leasehold serve replica from the fleet it sees, and no replica answered at --admin-addr %s (%v); ask one with --admin-addr, or see `leasehold explain`", v.addr, v.err)
+	return fmt.Sprintf("not known here: whether a cordon is applied, pending approval or held "+
+		"by the safety limit is decided by each leasehold serve replica from the fleet "+
+		"it sees, and no replica answered at --admin-addr %s (%v); ask one with "+
+		"--admin-addr, or see `leasehold explain`", v.addr, v.err)
 }
 
 // long describes cordon id's state in a sentence.
@@ -214,27 +231,38 @@ func (v cordonView) long(id string) string {
 	}
 	st, ok := v.byID[id]
 	if !ok && v.notReady != "" {
-		return fmt.Sprintf("not seen by the replica at %s, which is not ready: %s (its /readyz)", v.addr, v.notReady)
+		return fmt.Sprintf("not seen by the replica at %s, which is not ready: %s (its /readyz)",
+			v.addr, v.notReady)
 	}
 	if !ok {
-		return fmt.Sprintf("not yet seen by the replica at %s (is it watching the same Consul?)", v.addr)
+		return fmt.Sprintf("not yet seen by the replica at %s (is it watching the same Consul?)",
+			v.addr)
 	}
 	where := " (as the replica at " + v.addr + " sees it)"
 	switch {
 	case st.Pending:
-		return fmt.Sprintf("pending approval: it selects %d executor(s) and the rules require a second person's approval (a version cordon always, or more than %d executors): a different identity runs `leasehold approve %s`%s", st.Matched, v.approval.MaxExecutors, id, where)
+		return fmt.Sprintf("pending approval: it selects %d executor(s) and the rules require a "+
+			"second person's approval (a version cordon always, or more than %d "+
+			"executors): a different identity runs `leasehold approve %s`%s",
+			st.Matched, v.approval.MaxExecutors, id, where)
 	case st.Held > 0:
 		out := ""
 		if n := st.Matched - st.Applied - st.Held; n > 0 {
 			out = fmt.Sprintf(", %d out of routing already (lapsed, fenced or cordoned earlier)", n)
 		}
-		return fmt.Sprintf("held by the safety limit: %d of the %d executor(s) it selects stay routed, %d applied%s; at most floor(%g × live executors) of a task type are cordoned at once, rounded down, so a task type with a single live executor can never be cordoned%s", st.Held, st.Matched, st.Applied, out, v.limit, where)
+		return fmt.Sprintf("held by the safety limit: %d of the %d executor(s) it selects "+
+			"stay routed, %d applied%s; at most floor(%g × live executors) of a task "+
+			"type are cordoned at once, rounded down, so a task type with a single "+
+			"live executor can never be cordoned%s", st.Held,
+			st.Matched, st.Applied, out, v.limit, where)
 	case st.Applied > 0:
-		return fmt.Sprintf("applied: %d executor(s) get no new work (DRAINING)%s", st.Applied, where)
+		return fmt.Sprintf("applied: %d executor(s) get no new work (DRAINING)%s",
+			st.Applied, where)
 	case st.Matched == 0:
 		return "in force, but it selects no executor now" + where
 	default:
-		return fmt.Sprintf("in force; the %d executor(s) it selects are out of routing already (lapsed, fenced, or cordoned by an earlier cordon)%s", st.Matched, where)
+		return fmt.Sprintf("in force; the %d executor(s) it selects are out of routing already "+
+			"(lapsed, fenced, or cordoned by an earlier cordon)%s", st.Matched, where)
 	}
 }
 
@@ -261,7 +289,8 @@ func (v cordonView) short(id string) string {
 }
 
 // stateWait is how long cordon and approve wait for the replica to apply
-// what they wrote (it follows Consul KV with a blocking query: milliseconds).
+// what they wrote; it follows Consul KV with a blocking query, so this takes
+// milliseconds.
 const stateWait = 3 * time.Second
 
 func newCordonCmd() *cobra.Command {
@@ -272,7 +301,8 @@ func newCordonCmd() *cobra.Command {
 		list bool
 	)
 	cmd := &cobra.Command{
-		Use:   "cordon (--instance ID | --version-constraint C | --task T)... --reason R | cordon --list",
+		Use: "cordon (--instance ID | --version-constraint C | --task " +
+			"T)... --reason R | cordon --list",
 		Short: "stop new work to executors (by instance, version, task), for every replica",
 		Long: `Store a cordon in Consul KV: every leasehold replica then sends the executors it
 selects as DRAINING (no new work; in-flight work finishes). The given selectors
@@ -281,7 +311,8 @@ applied, pending approval (a second person runs leasehold approve), or held by
 the safety limit. --list shows every cordon with its state.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
-			ctx, fs, stdout, stderr := cmd.Context(), cmd.Flags(), cmd.OutOrStdout(), cmd.ErrOrStderr()
+			ctx, fs, stdout, stderr := cmd.Context(), cmd.Flags(), cmd.OutOrStdout(),
+				cmd.ErrOrStderr()
 			if list {
 				return listCordons(ctx, &cf, &af, fs, stdout, stderr)
 			}
@@ -302,8 +333,12 @@ the safety limit. --list shows every cordon with its state.`,
 			if err := k.Cordon(ctx, c); err != nil {
 				return failed(err)
 			}
-			fmt.Fprintf(stdout, "%s: cordon of %s stored in Consul KV by %s\n", c.ID, c.Selector(), who)
-			view := af.cordonView(ctx, fs, stateWait, func(m map[string]health.CordonStatus) bool { _, ok := m[c.ID]; return ok })
+			fmt.Fprintf(stdout, "%s: cordon of %s stored in Consul KV by %s\n",
+				c.ID, c.Selector(), who)
+			view := af.cordonView(ctx, fs, stateWait, func(m map[string]health.CordonStatus) bool {
+				_, ok := m[c.ID]
+				return ok
+			})
 			fmt.Fprintf(stdout, "state: %s\n", view.long(c.ID))
 			return nil
 		},
@@ -311,10 +346,14 @@ the safety limit. --list shows every cordon with its state.`,
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.StringVar(&c.Instance, "instance", "", "cordon this executor instance")
-	fs.StringVar(&c.VersionConstraint, "version-constraint", "", "cordon executors whose version satisfies this semver constraint, e.g. \"=1.4.2\" or \"<1.5.0\"")
+	fs.StringVar(&c.VersionConstraint, "version-constraint", "",
+		"cordon executors whose version satisfies this semver constraint, "+
+			"e.g. \"=1.4.2\" or \"<1.5.0\"")
 	alias(fs, "version", "version-constraint")
-	fs.StringVar(&c.Task, "task", "", "cordon executors of this task type (with the others: only those)")
-	fs.StringVar(&c.Reason, "reason", "", "why (required; shown by explain and kept in the audit trail)")
+	fs.StringVar(&c.Task, "task", "",
+		"cordon executors of this task type (with the others: only those)")
+	fs.StringVar(&c.Reason, "reason", "",
+		"why (required; shown by explain and kept in the audit trail)")
 	fs.BoolVar(&list, "list", false, "list the cordons and their state instead (needs no --by)")
 	cf.register(fs)
 	cf.registerWriter(fs)
@@ -324,7 +363,10 @@ the safety limit. --list shows every cordon with its state.`,
 }
 
 // listCordons prints every cordon with its state as a replica sees it.
-func listCordons(ctx context.Context, cf *controlFlags, af *adminFlags, fs *pflag.FlagSet, stdout, stderr io.Writer) error {
+func listCordons(
+	ctx context.Context, cf *controlFlags, af *adminFlags,
+	fs *pflag.FlagSet, stdout, stderr io.Writer,
+) error {
 	for _, n := range []string{"instance", "version-constraint", "task", "reason"} {
 		if fs.Changed(n) {
 			return usagef("--list shows every cordon: it takes no --%s", n)
@@ -342,13 +384,16 @@ func listCordons(ctx context.Context, cf *controlFlags, af *adminFlags, fs *pfla
 	tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 	fmt.Fprintln(tw, "ID\tSELECTS\tSTATE\tBY\tAT\tAPPROVED BY\tREASON")
 	for _, c := range cs {
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Selector(), view.short(c.ID), c.By, c.At.Format(time.RFC3339), dash(c.ApprovedBy), c.Reason)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", c.ID, c.Selector(),
+			view.short(c.ID), c.By, c.At.Format(time.RFC3339), dash(c.ApprovedBy), c.Reason)
 	}
 	tw.Flush()
 	if view.err != nil {
 		fmt.Fprintf(stderr, "STATE %s\n", view.unknown())
 	} else if len(cs) > 0 {
-		fmt.Fprintf(stderr, "STATE as the replica at %s sees it (held: kept routed by the safety limit, at most floor(%g × live executors) of a task type cordoned)\n", view.addr, view.limit)
+		fmt.Fprintf(stderr,
+			"STATE as the replica at %s sees it (held: kept routed by the safety limit, at most "+
+				"floor(%g × live executors) of a task type cordoned)\n", view.addr, view.limit)
 	}
 	for key, err := range bad {
 		fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
@@ -359,7 +404,8 @@ func listCordons(ctx context.Context, cf *controlFlags, af *adminFlags, fs *pfla
 // cordonFlagNames renames a cordon's fields in err to the flags that set
 // them.
 func cordonFlagNames(err error) string {
-	r := strings.NewReplacer("instance_id:", "--instance:", "version_constraint:", "--version-constraint:", "task:", "--task:", "reason:", "--reason:",
+	r := strings.NewReplacer("instance_id:", "--instance:",
+		"version_constraint:", "--version-constraint:", "task:", "--task:", "reason:", "--reason:",
 		"selector:", "selector (--instance, --version-constraint, --task):")
 	return r.Replace(err.Error())
 }
@@ -425,7 +471,9 @@ func newApproveCmd() *cobra.Command {
 				return failed(err)
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s: approved by %s\n", id, who)
-			view := af.cordonView(ctx, fs, stateWait, func(m map[string]health.CordonStatus) bool { return m[id].Cordon.ApprovedBy != "" })
+			view := af.cordonView(ctx, fs, stateWait, func(m map[string]health.CordonStatus) bool {
+				return m[id].Cordon.ApprovedBy != ""
+			})
 			fmt.Fprintf(cmd.OutOrStdout(), "state: %s\n", view.long(id))
 			return nil
 		},
@@ -442,7 +490,9 @@ func newApproveCmd() *cobra.Command {
 
 // completeCordonIDs completes a cordon id from Consul KV.
 func completeCordonIDs(cf *controlFlags) cobra.CompletionFunc {
-	return func(cmd *cobra.Command, args []string, toComplete string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	return func(
+		cmd *cobra.Command, args []string, toComplete string,
+	) ([]cobra.Completion, cobra.ShellCompDirective) {
 		if len(args) > 0 {
 			return nil, cobra.ShellCompDirectiveNoFileComp
 		}
@@ -469,8 +519,9 @@ func completeCordonIDs(cf *controlFlags) cobra.CompletionFunc {
 
 func newRulesCmd() *cobra.Command {
 	cmd := &cobra.Command{
-		Use:   "rules (set FILE | show | clear)",
-		Short: "store the rollout rules (enforce/observe modes, safety limit, approvals) in Consul KV",
+		Use: "rules (set FILE | show | clear)",
+		Short: "store the rollout rules (enforce/observe modes, safety " +
+			"limit, approvals) in Consul KV",
 		Long: `The rollout rules every replica applies, in Consul KV ` + consul.RulesKey + ` (they
 override each replica's --rules file): set stores a YAML or JSON file after
 validating it, show prints what is stored, clear removes it.`,
@@ -503,13 +554,17 @@ func newRulesSetCmd() *cobra.Command {
 			if err := k.SetRules(cmd.Context(), raw, who); err != nil {
 				return failed(err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "rules stored in Consul KV %s by %s: every replica applies them\n", consul.RulesKey, who)
+			fmt.Fprintf(cmd.OutOrStdout(),
+				"rules stored in Consul KV %s by %s: every replica applies them\n",
+				consul.RulesKey, who)
 			return nil
 		},
 	}
 	setFlags.register(set.Flags())
 	setFlags.registerWriter(set.Flags())
-	set.ValidArgsFunction = func(*cobra.Command, []string, string) ([]cobra.Completion, cobra.ShellCompDirective) {
+	set.ValidArgsFunction = func(
+		*cobra.Command, []string, string,
+	) ([]cobra.Completion, cobra.ShellCompDirective) {
 		return []cobra.Completion{"yaml", "yml", "json"}, cobra.ShellCompDirectiveFilterFileExt
 	}
 	return set
@@ -531,7 +586,9 @@ func newRulesShowCmd() *cobra.Command {
 				return failed(err)
 			}
 			if raw == nil {
-				fmt.Fprintf(cmd.OutOrStdout(), "no rules in Consul KV %s: each replica's --rules file (or the defaults: every rule enforced, safety limit 0.5) applies\n", consul.RulesKey)
+				fmt.Fprintf(cmd.OutOrStdout(),
+					"no rules in Consul KV %s: each replica's --rules file (or the defaults: "+
+						"every rule enforced, safety limit 0.5) applies\n", consul.RulesKey)
 				return nil
 			}
 			fmt.Fprintf(cmd.OutOrStdout(), "%s\n", raw)
@@ -546,9 +603,10 @@ func newRulesShowCmd() *cobra.Command {
 func newRulesClearCmd() *cobra.Command {
 	var clearFlags controlFlags
 	clear := &cobra.Command{
-		Use:   "clear",
-		Short: "remove the rules from Consul KV (each replica's --rules file, or the defaults, apply)",
-		Args:  noArgs,
+		Use: "clear",
+		Short: "remove the rules from Consul KV (each replica's --rules " +
+			"file, or the defaults, apply)",
+		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			k, who, err := clearFlags.open(cmd.Context(), cmd.ErrOrStderr())
 			if err != nil {
@@ -557,7 +615,9 @@ func newRulesClearCmd() *cobra.Command {
 			if err := k.ClearRules(cmd.Context(), who); err != nil {
 				return failed(err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "rules removed from Consul KV by %s: each replica's --rules file (or the defaults) applies\n", who)
+			fmt.Fprintf(cmd.OutOrStdout(),
+				"rules removed from Consul KV by %s: each replica's --rules "+
+					"file (or the defaults) applies\n", who)
 			return nil
 		},
 	}
@@ -642,12 +702,14 @@ the next (older) page's --before is printed on standard error.`,
 				tw := tabwriter.NewWriter(stdout, 0, 0, 2, ' ', 0)
 				fmt.Fprintln(tw, "ID\tAT\tACTOR\tACTION\tTARGET\tDETAIL")
 				for _, e := range page.Entries {
-					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.At.Format(time.RFC3339), e.Actor, e.Action, dash(e.Target), strings.ReplaceAll(e.Detail, "\n", " "))
+					fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\n", e.ID, e.At.Format(time.RFC3339),
+						e.Actor, e.Action, dash(e.Target), strings.ReplaceAll(e.Detail, "\n", " "))
 				}
 				tw.Flush()
 			}
 			if page.Older != "" {
-				fmt.Fprintf(stderr, "older records: leasehold audit --limit %d --before %s\n", limit, page.Older)
+				fmt.Fprintf(stderr, "older records: leasehold audit --limit %d --before %s\n",
+					limit, page.Older)
 			}
 			return nil
 		},
@@ -655,7 +717,9 @@ the next (older) page's --before is printed on standard error.`,
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.IntVar(&limit, "limit", 50, "records per page: the most recent ones before --before")
-	fs.StringVar(&before, "before", "", "show the records older than this record id (the ID column; printed after each page as the next page's --before)")
+	fs.StringVar(&before, "before", "",
+		"show the records older than this record id (the ID column; printed after each page "+
+			"as the next page's --before)")
 	fs.BoolVar(&asJSON, "json", false, "one JSON object per line")
 	cf.register(fs)
 	ignoredFlag(fs, "by", "a read needs no --by")

@@ -30,7 +30,9 @@ func TestCordonStateNamesAnUnreadyReplica(t *testing.T) {
 		{"ready", http.StatusOK, `{"ready":true}`, "not yet seen by the replica", "not ready"},
 	} {
 		t.Run(tt.name, func(t *testing.T) {
-			srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+			srv := httptest.NewServer(http.HandlerFunc(func(
+				w http.ResponseWriter, r *http.Request,
+			) {
 				switch r.URL.Path {
 				case "/debug/config":
 					w.Write([]byte(`{}`))
@@ -45,10 +47,12 @@ func TestCordonStateNamesAnUnreadyReplica(t *testing.T) {
 			var af adminFlags
 			fs := pflag.NewFlagSet("cordon", pflag.ContinueOnError)
 			af.register(fs, "test")
-			if err := fs.Parse([]string{"--admin-addr", strings.TrimPrefix(srv.URL, "http://")}); err != nil {
+			if err := fs.Parse([]string{"--admin-addr",
+				strings.TrimPrefix(srv.URL, "http://")}); err != nil {
 				t.Fatal(err)
 			}
-			v := af.cordonView(context.Background(), fs, 0, func(map[string]health.CordonStatus) bool { return false })
+			v := af.cordonView(context.Background(), fs, 0,
+				func(map[string]health.CordonStatus) bool { return false })
 			got := v.long("c-1a2b3c4d")
 			if !strings.Contains(got, tt.want) || strings.Contains(got, tt.notWant) {
 				t.Fatalf("state %q, want %q", got, tt.want)

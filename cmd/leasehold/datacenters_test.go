@@ -66,7 +66,9 @@ func TestTwoDatacentersFailover(t *testing.T) {
 	d1.await(t, start, 20*time.Second, "dc1's dispatcher on a1 and a2", only("a1", "a2"))
 	d2.await(t, start, 20*time.Second, "dc2's dispatcher on b1 and b2", only("b1", "b2"))
 	settled := time.Now()
-	d1.await(t, settled, 10*time.Second, "200 more calls", func(cs []callResult) bool { return len(cs) >= 200 })
+	d1.await(t, settled, 10*time.Second, "200 more calls", func(cs []callResult) bool {
+		return len(cs) >= 200
+	})
 	for _, c := range d1.since(settled) {
 		if c.Err != "" || strings.HasPrefix(c.Instance, "b") {
 			t.Fatalf("dc1's dispatcher, dc1 healthy: call %+v (want a1 or a2 only)", c)
@@ -89,24 +91,31 @@ func TestTwoDatacentersFailover(t *testing.T) {
 	d1.await(t, margin, 10*time.Second, "dc1's dispatcher on b1 and b2", only("b1", "b2"))
 	for _, c := range d1.since(margin) {
 		if strings.HasPrefix(c.Instance, "a") {
-			t.Fatalf("a call reached %s more than 300ms after the last dc1 lease lapsed: call %+v, lapsed %s margin %s", c.Instance, c, lapsed.Format("15:04:05.000"), margin.Format("15:04:05.000"))
+			t.Fatalf("a call reached %s more than 300ms after the last dc1 lease lapsed: "+
+				"call %+v, lapsed %s margin %s", c.Instance, c,
+				lapsed.Format("15:04:05.000"), margin.Format("15:04:05.000"))
 		}
 	}
 	failedOver := time.Now()
-	d1.await(t, failedOver, 10*time.Second, "100 calls after failover", func(cs []callResult) bool { return len(cs) >= 100 })
+	d1.await(t, failedOver, 10*time.Second, "100 calls after failover", func(cs []callResult) bool {
+		return len(cs) >= 100
+	})
 	for _, c := range d1.since(failedOver) {
 		if c.Err != "" {
 			t.Fatalf("dc1's dispatcher failed a call after failing over: %s", c.Err)
 		}
 	}
-	t.Logf("failover: first call to dc2 %v after dc1's last lapse", firstCallAfter(d1, lapsed, "b").Sub(lapsed).Round(time.Millisecond))
+	t.Logf("failover: first call to dc2 %v after dc1's last lapse",
+		firstCallAfter(d1, lapsed, "b").Sub(lapsed).Round(time.Millisecond))
 
 	// Back: dc1's executors register new sessions.
 	a1b, a2b := startExecutor(t, c1, "a1", "1.0.0"), startExecutor(t, c1, "a2", "1.0.0")
 	back := time.Now()
 	d1.await(t, back, 15*time.Second, "dc1's dispatcher back on a1 and a2", only("a1", "a2"))
 	returned := time.Now()
-	d1.await(t, returned, 10*time.Second, "100 calls after return", func(cs []callResult) bool { return len(cs) >= 100 })
+	d1.await(t, returned, 10*time.Second, "100 calls after return", func(cs []callResult) bool {
+		return len(cs) >= 100
+	})
 	for _, c := range d1.since(returned.Add(100 * time.Millisecond)) {
 		if c.Err != "" || strings.HasPrefix(c.Instance, "b") {
 			t.Fatalf("dc1's dispatcher after dc1's return: call %+v (want a1 or a2 only)", c)
@@ -121,15 +130,18 @@ func TestTwoDatacentersFailover(t *testing.T) {
 	t.Cleanup(func() { dc2.Thaw() })
 	awaitState(t, fc, "b1", b1.reg.Session().ID, leaseholdv1.SessionState_UNKNOWN)
 	unknownAfter := time.Since(frozen)
-	d2.await(t, frozen, staleAfter+20*time.Second, "dc2's dispatcher failed over to a1 and a2", only("a1", "a2"))
+	d2.await(t, frozen, staleAfter+20*time.Second,
+		"dc2's dispatcher failed over to a1 and a2", only("a1", "a2"))
 	lostAfter := time.Since(frozen)
 	// dc2 is heard from as much as its least recent always-answering watch:
 	// up to one watch wait (plus Consul's jitter of 1/16 and the pacing)
 	// before the freeze.
 	if early := lostBound - fastWait - fastWait/8 - 500*time.Millisecond; lostAfter < early {
-		t.Fatalf("dc2's executors left the assignment %v after the freeze: before the bound %v counted from dc2's last answer", lostAfter, lostBound)
+		t.Fatalf("dc2's executors left the assignment %v after the freeze: before the bound %v "+
+			"counted from dc2's last answer", lostAfter, lostBound)
 	}
-	t.Logf("partition: dc2's sessions UNKNOWN after %v, its executors unrouted after ≤ %v", unknownAfter.Round(time.Millisecond), lostAfter.Round(time.Millisecond))
+	t.Logf("partition: dc2's sessions UNKNOWN after %v, its executors unrouted after ≤ %v",
+		unknownAfter.Round(time.Millisecond), lostAfter.Round(time.Millisecond))
 	for _, c := range d1.since(frozen) {
 		if c.Err != "" || strings.HasPrefix(c.Instance, "b") {
 			t.Fatalf("dc1's dispatcher disturbed by dc2's partition: call %+v", c)

@@ -93,7 +93,9 @@ type dispatcher struct {
 	more  chan struct{}
 }
 
-func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any, tlsFiles ...bootstrapTLS) *dispatcher {
+func startDispatcher(
+	t *testing.T, xdsAddr, nodeID string, meta map[string]any, tlsFiles ...bootstrapTLS,
+) *dispatcher {
 	t.Helper()
 	// the dispatcher's bootstrap comes from `leasehold bootstrap`
 	var vc string
@@ -112,7 +114,8 @@ func startDispatcher(t *testing.T, xdsAddr, nodeID string, meta map[string]any, 
 	if err != nil {
 		t.Fatal(err)
 	}
-	child := testproc.Start(t, nodeID, dispatcherEnv+"=xds:///work", "GRPC_XDS_BOOTSTRAP_CONFIG="+string(bootstrap))
+	child := testproc.Start(t, nodeID, dispatcherEnv+"=xds:///work",
+		"GRPC_XDS_BOOTSTRAP_CONFIG="+string(bootstrap))
 	d := &dispatcher{more: make(chan struct{}, 1)}
 	go func() {
 		for line := range child.Lines {
@@ -145,14 +148,17 @@ func (d *dispatcher) since(t time.Time) []callResult {
 }
 
 // await waits until cond holds for the calls made since t.
-func (d *dispatcher) await(t *testing.T, since time.Time, timeout time.Duration, what string, cond func([]callResult) bool) {
+func (d *dispatcher) await(
+	t *testing.T, since time.Time, timeout time.Duration, what string, cond func([]callResult) bool,
+) {
 	t.Helper()
 	deadline := time.After(timeout)
 	for !cond(d.since(since)) {
 		select {
 		case <-d.more:
 		case <-deadline:
-			t.Fatalf("dispatcher: %s not seen within %s (last calls: %v)", what, timeout, tail(d.since(since), 5))
+			t.Fatalf("dispatcher: %s not seen within %s (last calls: %v)",
+				what, timeout, tail(d.since(since), 5))
 		}
 	}
 }
@@ -190,14 +196,18 @@ type e2eExecutor struct {
 
 const orcaCapacity = 4
 
-func startExecutor(t *testing.T, a *consultest.Agent, instance, version string, labels ...string) *e2eExecutor {
+func startExecutor(
+	t *testing.T, a *consultest.Agent, instance, version string, labels ...string,
+) *e2eExecutor {
 	t.Helper()
 	return startExecutorVia(t, consul.NewAPIAgent(a.Client()), instance, version, labels...)
 }
 
 // startExecutorVia is startExecutor through agent (a token of its own, a
 // wrapper that observes the Registrar's calls).
-func startExecutorVia(t *testing.T, agent consul.Agent, instance, version string, labels ...string) *e2eExecutor {
+func startExecutorVia(
+	t *testing.T, agent consul.Agent, instance, version string, labels ...string,
+) *e2eExecutor {
 	t.Helper()
 	e := &e2eExecutor{instance: instance}
 	e.reported.Store(1)
@@ -212,7 +222,9 @@ func startExecutorVia(t *testing.T, agent consul.Agent, instance, version string
 	}
 	// Chained after the ORCA option: its interceptor puts the per-call
 	// recorder in the context this one reports into.
-	g := grpc.NewServer(load.ServerOption(), grpc.ChainUnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	g := grpc.NewServer(load.ServerOption(), grpc.ChainUnaryInterceptor(func(
+		ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler,
+	) (any, error) {
 		sess := ""
 		if s := e.reg.Session(); s != nil {
 			sess = s.ID
@@ -225,12 +237,14 @@ func startExecutorVia(t *testing.T, agent consul.Agent, instance, version string
 	healthpb.RegisterHealthServer(g, grpchealth.NewServer())
 	go g.Serve(lis)
 	reg, err := consul.NewRegistrar(agent, consul.Config{
-		InstanceID: instance, Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
+		InstanceID: instance, Tasks: []string{"work"},
+		Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
 		Version: version, Capacity: 2, Labels: labelMap(labels),
 		// 2 s: short for the drills, long enough that a loaded CI machine
 		// (race detector, packages in parallel) never loses a lease by accident.
-		Lease: health.Lease{TTL: 2 * time.Second, Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute},
-		Load:  func() int { return int(e.load.Load()) },
+		Lease: health.Lease{TTL: 2 * time.Second,
+			Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute},
+		Load: func() int { return int(e.load.Load()) },
 		Probe: func(context.Context) error {
 			if e.silent.Load() {
 				return fmt.Errorf("silenced")
@@ -282,19 +296,21 @@ func labelMap(pairs []string) map[string]string {
 // awaitCheck waits (blocking queries) until instance's lease check has status.
 func awaitCheck(t *testing.T, c *api.Client, instance, status string) time.Time {
 	t.Helper()
-	consultest.WaitService(t, c, "work", 10*time.Second, instance+" "+status, func(es []*api.ServiceEntry) bool {
-		for _, e := range es {
-			if e.Service.Meta[health.MetaInstanceID] != instance {
-				continue
-			}
-			for _, ch := range e.Checks {
-				if _, s, _, ok := health.ParseCheckID(ch.CheckID); ok && s == e.Service.Meta[health.MetaSessionID] && ch.Status == status {
-					return true
+	consultest.WaitService(t, c, "work", 10*time.Second, instance+" "+status,
+		func(es []*api.ServiceEntry) bool {
+			for _, e := range es {
+				if e.Service.Meta[health.MetaInstanceID] != instance {
+					continue
+				}
+				for _, ch := range e.Checks {
+					if _, s, _, ok := health.ParseCheckID(ch.CheckID); ok &&
+						s == e.Service.Meta[health.MetaSessionID] && ch.Status == status {
+						return true
+					}
 				}
 			}
-		}
-		return false
-	})
+			return false
+		})
 	return time.Now()
 }
 
@@ -323,7 +339,8 @@ func TestServeEndToEnd(t *testing.T) {
 
 	start := time.Now()
 	anyD := startDispatcher(t, addrs.xds, "dispatcher-any", map[string]any{})
-	v1 := startDispatcher(t, addrs.xds, "dispatcher-v1", map[string]any{"version_constraint": "<2.0.0"})
+	v1 := startDispatcher(t, addrs.xds, "dispatcher-v1",
+		map[string]any{"version_constraint": "<2.0.0"})
 	all4 := func(cs []callResult) bool {
 		m := servedBy(cs)
 		return m["e1"] > 0 && m["e2"] > 0 && m["e3"] > 0 && m["e4"] > 0
@@ -342,40 +359,50 @@ func TestServeEndToEnd(t *testing.T) {
 	lapsed := awaitCheck(t, c, "e1", api.HealthCritical)
 	margin := lapsed.Add(300 * time.Millisecond)
 	after := time.Now().Add(time.Second)
-	anyD.await(t, after, 10*time.Second, "calls after the lapse", func(cs []callResult) bool { return len(cs) > 50 })
+	anyD.await(t, after, 10*time.Second, "calls after the lapse", func(cs []callResult) bool {
+		return len(cs) > 50
+	})
 	for _, d := range []*dispatcher{anyD, v1} {
 		if n := servedBy(d.since(margin))["e1"]; n > 0 {
 			t.Fatalf("%d calls reached e1 more than 300ms after its lease lapsed", n)
 		}
 	}
-	t.Logf("lapse: last call to e1 %v before Consul reported critical+300ms", lastCallTo(anyD, "e1").Sub(margin))
+	t.Logf("lapse: last call to e1 %v before Consul reported critical+300ms",
+		lastCallTo(anyD, "e1").Sub(margin))
 
 	// Full: e2 reports load = capacity → warning → no calls; then free again.
 	e2.load.Store(2)
 	full := awaitCheck(t, c, "e2", api.HealthWarning)
 	check := time.Now().Add(time.Second)
-	anyD.await(t, check, 10*time.Second, "calls while e2 is full", func(cs []callResult) bool { return len(cs) > 50 })
+	anyD.await(t, check, 10*time.Second, "calls while e2 is full", func(cs []callResult) bool {
+		return len(cs) > 50
+	})
 	if n := servedBy(anyD.since(full.Add(300 * time.Millisecond)))["e2"]; n > 0 {
 		t.Fatalf("%d calls reached e2 while full", n)
 	}
 	e2.load.Store(0)
 	freed := awaitCheck(t, c, "e2", api.HealthPassing)
-	anyD.await(t, freed, 10*time.Second, "calls to e2 again", func(cs []callResult) bool { return servedBy(cs)["e2"] > 0 })
+	anyD.await(t, freed, 10*time.Second, "calls to e2 again", func(cs []callResult) bool {
+		return servedBy(cs)["e2"] > 0
+	})
 
 	// Draining: e3 gets no new calls.
 	drained := make(chan error, 1)
 	e3.load.Store(1)
 	go func() { drained <- e3.reg.Drain(context.Background()) }()
-	consultest.WaitService(t, c, "work", 10*time.Second, "e3 draining", func(es []*api.ServiceEntry) bool {
-		for _, e := range es {
-			if e.Service.Meta[health.MetaInstanceID] == "e3" && e.Service.Meta[health.MetaState] == "draining" {
-				return true
+	consultest.WaitService(t, c, "work", 10*time.Second, "e3 draining",
+		func(es []*api.ServiceEntry) bool {
+			for _, e := range es {
+				if e.Service.Meta[health.MetaInstanceID] == "e3" &&
+					e.Service.Meta[health.MetaState] == "draining" {
+					return true
+				}
 			}
-		}
-		return false
-	})
+			return false
+		})
 	marked := time.Now()
-	anyD.await(t, marked.Add(time.Second), 10*time.Second, "calls after draining", func(cs []callResult) bool { return len(cs) > 50 })
+	anyD.await(t, marked.Add(time.Second), 10*time.Second, "calls after draining",
+		func(cs []callResult) bool { return len(cs) > 50 })
 	if n := servedBy(anyD.since(marked.Add(300 * time.Millisecond)))["e3"]; n > 0 {
 		t.Fatalf("%d calls reached draining e3", n)
 	}
@@ -388,16 +415,18 @@ func TestServeEndToEnd(t *testing.T) {
 	old := e2.reg.Session()
 	e2b := startExecutor(t, a, "e2", "1.0.0")
 	newer := e2b.reg.Session()
-	anyD.await(t, time.Now(), 10*time.Second, "calls to the new e2 session", func(cs []callResult) bool {
-		for _, c := range cs {
-			if c.Instance == "e2" && c.Session == newer.ID {
-				return true
+	anyD.await(t, time.Now(), 10*time.Second, "calls to the new e2 session",
+		func(cs []callResult) bool {
+			for _, c := range cs {
+				if c.Instance == "e2" && c.Session == newer.ID {
+					return true
+				}
 			}
-		}
-		return false
-	})
+			return false
+		})
 	fencedAt := time.Now()
-	anyD.await(t, fencedAt.Add(time.Second), 10*time.Second, "calls after fencing", func(cs []callResult) bool { return len(cs) > 50 })
+	anyD.await(t, fencedAt.Add(time.Second), 10*time.Second,
+		"calls after fencing", func(cs []callResult) bool { return len(cs) > 50 })
 	for _, c := range anyD.since(fencedAt.Add(300 * time.Millisecond)) {
 		if c.Instance == "e2" && c.Session == old.ID {
 			t.Fatalf("call served by the fenced session %s", old.ID)

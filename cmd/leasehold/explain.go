@@ -39,11 +39,14 @@ type adminFlags struct {
 }
 
 func (a *adminFlags) register(fs *pflag.FlagSet, what string) {
-	fs.StringVar(&a.addr, "admin-addr", "127.0.0.1:19000", "admin address of leasehold serve ("+what+")")
+	fs.StringVar(&a.addr, "admin-addr", "127.0.0.1:19000",
+		"admin address of leasehold serve ("+what+")")
 	bindEnv(fs, "admin-addr", "LEASEHOLD_ADMIN_ADDR")
-	fs.StringVar(&a.tokenFile, "admin-token-file", "", "file with the admin port's bearer token (leasehold serve --admin-token-file)")
+	fs.StringVar(&a.tokenFile, "admin-token-file", "",
+		"file with the admin port's bearer token (leasehold serve --admin-token-file)")
 	bindEnv(fs, "admin-token-file", "LEASEHOLD_ADMIN_TOKEN_FILE")
-	tlsClientFlags(fs, &a.ca, &a.cert, &a.key, "the admin port (leasehold serve --admin-tls-cert)", "signed by its --admin-client-ca")
+	tlsClientFlags(fs, &a.ca, &a.cert, &a.key,
+		"the admin port (leasehold serve --admin-tls-cert)", "signed by its --admin-client-ca")
 	alias(fs, "admin-ca", "tls-ca")
 	alias(fs, "admin-cert", "tls-cert")
 	alias(fs, "admin-key", "tls-key")
@@ -54,9 +57,10 @@ func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 	var errs []string
 	f.admin = a.addr
 	// An unspecified host (serve's LEASEHOLD_ADMIN_ADDR may be 0.0.0.0:19000)
-	// dials this machine, where such a replica listens: accepted.
+	// dials this machine, where such a replica listens, so it is accepted.
 	if _, _, err := net.SplitHostPort(a.addr); err != nil {
-		errs = append(errs, fmt.Sprintf("invalid %s: want HOST:PORT: %v", flagRef(fs, "admin-addr"), err))
+		errs = append(errs, fmt.Sprintf("invalid %s: want HOST:PORT: %v",
+			flagRef(fs, "admin-addr"), err))
 	}
 	if a.tokenFile != "" {
 		if b, err := os.ReadFile(a.tokenFile); err != nil {
@@ -116,8 +120,10 @@ dispatcher's (--dispatcher) or one executor's (--instance).`,
 	fs := cmd.Flags()
 	fs.SortFlags = false
 	fs.StringVar(&f.task, "task", "", "only this task type")
-	fs.StringVar(&f.dispatcher, "dispatcher", "", "xDS node id: which executors does it route to, and why not the others")
-	fs.StringVar(&f.instance, "instance", "", "one executor instance: every registration and every verdict")
+	fs.StringVar(&f.dispatcher, "dispatcher", "",
+		"xDS node id: which executors does it route to, and why not the others")
+	fs.StringVar(&f.instance, "instance", "",
+		"one executor instance: every registration and every verdict")
 	a.register(fs, "where to ask")
 	filenameFlags(cmd, "admin-token-file", "tls-ca", "tls-cert", "tls-key")
 	return cmd
@@ -138,7 +144,8 @@ func getJSON(ctx context.Context, f explainFlags, path string, v any) error {
 		return err
 	}
 	if status != http.StatusOK {
-		return fmt.Errorf("%s: %d %s: %s", path, status, http.StatusText(status), strings.TrimSpace(string(b[:min(len(b), 4096)])))
+		return fmt.Errorf("%s: %d %s: %s", path, status, http.StatusText(status),
+			strings.TrimSpace(string(b[:min(len(b), 4096)])))
 	}
 	return json.Unmarshal(b, v)
 }
@@ -265,9 +272,11 @@ func short(s string) string {
 
 func load(e server.ExplainExecutor) string { return fmt.Sprintf("%d/%d", e.Load, e.Capacity) }
 
-// overview: every executor with its verdict for every constraint set in use.
+// overview prints every executor with its verdict for every constraint set
+// in use.
 func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
-	fmt.Fprintf(p.w, "Consul index %d; %d executors; %d dispatcher streams\n", ex.ConsulIndex, len(ex.Executors), len(ds))
+	fmt.Fprintf(p.w, "Consul index %d; %d executors; %d dispatcher streams\n",
+		ex.ConsulIndex, len(ex.Executors), len(ds))
 	for i, cs := range ex.ConstraintSets {
 		var nodes []string
 		for _, d := range ds {
@@ -285,15 +294,18 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 	}
 	fmt.Fprintln(p.w)
 	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
-	head := []string{"TASK", "INSTANCE", "SESSION", "GEN", "VERSION", "STATE", "LOAD", "LEASE", "NODE"}
+	head := []string{"TASK", "INSTANCE", "SESSION", "GEN",
+		"VERSION", "STATE", "LOAD", "LEASE", "NODE"}
 	for i := range ex.ConstraintSets {
 		head = append(head, fmt.Sprintf("[%d]", i))
 	}
 	fmt.Fprintln(tw, strings.Join(head, "\t"))
 	for _, e := range ex.Executors {
-		row := []string{e.Task, e.InstanceID, short(e.SessionID), fmt.Sprint(e.Generation), e.Version, e.State, load(e), e.LeaseCheck, e.NodeChecks}
+		row := []string{e.Task, e.InstanceID, short(e.SessionID), fmt.Sprint(e.Generation),
+			e.Version, e.State, load(e), e.LeaseCheck, e.NodeChecks}
 		if e.MetadataError != "" {
-			row = []string{e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)), "-", orDash(e.Version), orDash(e.State), "-", "-", e.NodeChecks}
+			row = []string{e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)),
+				"-", orDash(e.Version), orDash(e.State), "-", "-", e.NodeChecks}
 		}
 		for _, v := range e.Verdicts {
 			row = append(row, p.route(v))
@@ -303,7 +315,8 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 	tw.Flush()
 }
 
-// dispatcher: which executors one node routes to, and why not the others.
+// dispatcher prints which executors one node routes to, and why not the
+// others.
 func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, node string) error {
 	var stream *server.StreamInfo
 	for i := range ds {
@@ -313,7 +326,8 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 		}
 	}
 	if stream == nil {
-		return fmt.Errorf("--dispatcher %q: no connected xDS node with this id (see /debug/dispatchers)", node)
+		return fmt.Errorf("--dispatcher %q: no connected xDS node with "+
+			"this id (see /debug/dispatchers)", node)
 	}
 	idx := -1
 	for i, cs := range ex.ConstraintSets {
@@ -336,10 +350,12 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 		v := e.Verdicts[idx]
 		why := v.Detail
 		if v.Route == "HEALTHY" {
-			why = fmt.Sprintf("weight %d (capacity; current load over ORCA)", min(max(e.Capacity, 1), 128))
+			why = fmt.Sprintf("weight %d (capacity; current load over ORCA)",
+				min(max(e.Capacity, 1), 128))
 		}
 		why += observedText(v)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.route(v), e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)), orDash(e.Version), load(e), why)
+		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.route(v), e.Task,
+			orDash(e.InstanceID), short(orDash(e.SessionID)), orDash(e.Version), load(e), why)
 	}
 	tw.Flush()
 	for _, l := range nackLines([]server.StreamInfo{*stream}, node) {
@@ -348,8 +364,8 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 	return nil
 }
 
-// nackLines describe the last NACK of every stream and type, sorted (node
-// set: that node's, without repeating its id).
+// nackLines describe the last NACK of every stream and type, sorted. With
+// node set they are only that node's, without repeating its id.
 func nackLines(ds []server.StreamInfo, node string) []string {
 	var out []string
 	for _, d := range ds {
@@ -372,14 +388,16 @@ func nackLines(ds []server.StreamInfo, node string) []string {
 			if t.LastAcked != "" && t.AckedAt.After(n.At) {
 				after = "a later version " + t.LastAcked + " was ACKed"
 			}
-			out = append(out, fmt.Sprintf("%slast NACK of %s (version %s, reason %s, %d on this stream; %s): %s",
-				who, typ[strings.LastIndex(typ, ".")+1:], n.Version, orDash(n.Reason), max(t.Nacks, 1), after, n.Detail))
+			out = append(out,
+				fmt.Sprintf("%slast NACK of %s (version %s, reason %s, %d on this stream; %s): %s",
+					who, typ[strings.LastIndex(typ, ".")+1:], n.Version,
+					orDash(n.Reason), max(t.Nacks, 1), after, n.Detail))
 		}
 	}
 	return out
 }
 
-// instance: every registration of one instance, with every verdict.
+// instance prints every registration of one instance, with every verdict.
 func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 	found := false
 	for _, e := range ex.Executors {
@@ -387,13 +405,15 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 			continue
 		}
 		found = true
-		fmt.Fprintf(p.w, "%s on task %s (service %s, node %s)\n", instance, e.Task, e.ServiceID, e.Node)
+		fmt.Fprintf(p.w, "%s on task %s (service %s, node %s)\n",
+			instance, e.Task, e.ServiceID, e.Node)
 		tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
 		for _, kv := range [][2]string{
 			{"session", fmt.Sprintf("%s (generation %d)", e.SessionID, e.Generation)},
 			{"address", fmt.Sprintf("%s:%d", e.Address, e.Port)},
 			{"version", e.Version}, {"state", e.State}, {"load", load(e)},
-			{"lease check", e.LeaseCheck}, {"node checks", e.NodeChecks}, {"other checks", orDash(e.OtherChecks)},
+			{"lease check", e.LeaseCheck}, {"node checks", e.NodeChecks},
+			{"other checks", orDash(e.OtherChecks)},
 			{"labels", labelsText(e.Labels)},
 		} {
 			fmt.Fprintf(tw, "  %s:\t%s\n", kv[0], kv[1])
@@ -411,7 +431,8 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 			fmt.Fprintf(tw, "  metadata error:\t%s\n", e.MetadataError)
 		}
 		if e.CordonHeld != "" {
-			fmt.Fprintf(tw, "  cordon held:\t%s selects it, but the safety limit keeps it routed\n", e.CordonHeld)
+			fmt.Fprintf(tw, "  cordon held:\t%s selects it, but the safety limit keeps it routed\n",
+				e.CordonHeld)
 		}
 		tw.Flush()
 		for i, v := range e.Verdicts {
@@ -496,5 +517,6 @@ func adminHTTPS(caFile, certFile, keyFile string) (*http.Client, error) {
 		}
 		cfg.Certificates = []tls.Certificate{pair}
 	}
-	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg}, Timeout: 10 * time.Second}, nil
+	return &http.Client{Transport: &http.Transport{TLSClientConfig: cfg},
+		Timeout: 10 * time.Second}, nil
 }

@@ -18,7 +18,8 @@ var update = flag.Bool("update", false, "rewrite golden files")
 func cannedAdmin(t *testing.T) string {
 	t.Helper()
 	mux := http.NewServeMux()
-	for path, file := range map[string]string{"/debug/executors": "explain-executors.json", "/debug/dispatchers": "explain-dispatchers.json"} {
+	for path, file := range map[string]string{"/debug/executors": "explain-executors.json",
+		"/debug/dispatchers": "explain-dispatchers.json"} {
 		b, err := os.ReadFile(filepath.Join("testdata", file))
 		if err != nil {
 			t.Fatal(err)
@@ -42,7 +43,8 @@ func TestExplainGolden(t *testing.T) {
 	} {
 		t.Run(tt.name, func(t *testing.T) {
 			var out, errOut bytes.Buffer
-			if code := runExplain(context.Background(), append([]string{"--admin-addr", addr}, tt.args...), &out, &errOut); code != 0 {
+			if code := runExplain(context.Background(),
+				append([]string{"--admin-addr", addr}, tt.args...), &out, &errOut); code != 0 {
 				t.Fatalf("exit %d: %s", code, errOut.String())
 			}
 			path := filepath.Join("testdata", tt.name)
@@ -77,13 +79,16 @@ func TestExplainErrors(t *testing.T) {
 		{[]string{"--task", "bad task"}, 2, "invalid --task"},
 	} {
 		var out bytes.Buffer
-		code := runExplain(context.Background(), append([]string{"--admin-addr", addr}, tt.args...), &out, &out)
+		code := runExplain(context.Background(),
+			append([]string{"--admin-addr", addr}, tt.args...), &out, &out)
 		if code != tt.code || !strings.Contains(out.String(), tt.want) {
-			t.Errorf("%v: exit %d, output %q; want %d and %q", tt.args, code, out.String(), tt.code, tt.want)
+			t.Errorf("%v: exit %d, output %q; want %d and %q",
+				tt.args, code, out.String(), tt.code, tt.want)
 		}
 	}
 	var out bytes.Buffer
-	if code := runExplain(context.Background(), []string{"--admin-addr", "127.0.0.1:1"}, &out, &out); code != 1 || !strings.Contains(out.String(), "admin API") {
+	if code := runExplain(context.Background(), []string{"--admin-addr", "127.0.0.1:1"},
+		&out, &out); code != 1 || !strings.Contains(out.String(), "admin API") {
 		t.Errorf("unreachable admin: %d %q", code, out.String())
 	}
 }

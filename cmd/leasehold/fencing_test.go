@@ -140,7 +140,8 @@ func TestFencingAndExplain(t *testing.T) {
 	}
 	// bad input names the field
 	for _, bad := range []struct{ inst, sess, field string }{
-		{"", "x", "instance_id"}, {"e1", "", "session_id"}, {strings.Repeat("x", 300), "s", "instance_id"}, {"e1", "a b", "session_id"},
+		{"", "x", "instance_id"}, {"e1", "", "session_id"},
+		{strings.Repeat("x", 300), "s", "instance_id"}, {"e1", "a b", "session_id"},
 	} {
 		_, err := fc.CheckSession(ctx,
 			&leaseholdv1.CheckSessionRequest{InstanceId: bad.inst, SessionId: bad.sess})

@@ -24,16 +24,20 @@ import (
 // catalogSession registers, straight into the catalog (no agent behind it,
 // so nothing ever changes by itself), one session of instance on node with
 // its lease check passing.
-func catalogSession(t *testing.T, c *api.Client, node, instance, session string, generation uint64, port int) {
+func catalogSession(
+	t *testing.T, c *api.Client, node, instance, session string, generation uint64, port int,
+) {
 	t.Helper()
-	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: generation, Task: "work",
-		Address: "127.0.0.1", Port: port, Version: "1.0.0", Capacity: 4, State: health.StateActive}
+	reg := health.Registration{InstanceID: instance, SessionID: session, Generation: generation,
+		Task: "work", Address: "127.0.0.1", Port: port, Version: "1.0.0", Capacity: 4,
+		State: health.StateActive}
 	_, err := c.Catalog().Register(&api.CatalogRegistration{
 		Node: node, Address: "127.0.0.1", SkipNodeUpdate: true,
-		Service: &api.AgentService{ID: health.ServiceID(instance, "work"), Service: "work", Tags: []string{"leasehold"},
-			Address: "127.0.0.1", Port: port, Meta: reg.Meta()},
-		Check: &api.AgentCheck{Node: node, CheckID: health.CheckID(instance, session, "work"), Name: "lease",
-			ServiceID: health.ServiceID(instance, "work"), Status: api.HealthPassing},
+		Service: &api.AgentService{ID: health.ServiceID(instance, "work"), Service: "work",
+			Tags: []string{"leasehold"}, Address: "127.0.0.1", Port: port, Meta: reg.Meta()},
+		Check: &api.AgentCheck{Node: node, CheckID: health.CheckID(instance, session, "work"),
+			Name: "lease", ServiceID: health.ServiceID(instance, "work"),
+			Status: api.HealthPassing},
 	}, nil)
 	if err != nil {
 		t.Fatal(err)
@@ -49,7 +53,8 @@ func catalogSession(t *testing.T, c *api.Client, node, instance, session string,
 func TestGenerationsOrderTheSameOnEveryReplica(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
-	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("6")}, nil); err != nil {
+	if _, err := c.KV().Put(&api.KVPair{Key: health.GenerationKey("x"), Value: []byte("6")},
+		nil); err != nil {
 		t.Fatal(err)
 	}
 	catalogSession(t, c, "node-five", "x", "s5", 5, 9005)
@@ -61,7 +66,8 @@ func TestGenerationsOrderTheSameOnEveryReplica(t *testing.T) {
 	awaitState(t, fc, "x", "s5", leaseholdv1.SessionState_STALE)
 	awaitState(t, fc, "x", "s6", leaseholdv1.SessionState_CURRENT)
 
-	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: "node-six", ServiceID: health.ServiceID("x", "work")}, nil); err != nil {
+	if _, err := c.Catalog().Deregister(&api.CatalogDeregistration{Node: "node-six",
+		ServiceID: health.ServiceID("x", "work")}, nil); err != nil {
 		t.Fatal(err)
 	}
 	awaitGone := openEDS(t, first.xds)
@@ -110,7 +116,9 @@ func TestLiveExecutorSurvivesDeletedGenerationKeys(t *testing.T) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer cancel()
-	r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID, MinConsulIndex: meta.LastIndex})
+	r, err := fc.CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID,
+			MinConsulIndex: meta.LastIndex})
 	if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
 		t.Fatalf("after the key was deleted: %v, %v", r, err)
 	}
@@ -130,7 +138,9 @@ func TestLiveExecutorSurvivesDeletedGenerationKeys(t *testing.T) {
 
 // runRegistrar runs a Registrar through the agent client until the test
 // ends and returns it with its first session.
-func runRegistrar(t *testing.T, client *api.Client, cfg consul.Config) (*consul.Registrar, *consul.Session) {
+func runRegistrar(
+	t *testing.T, client *api.Client, cfg consul.Config,
+) (*consul.Registrar, *consul.Session) {
 	t.Helper()
 	reg, err := consul.NewRegistrar(consul.NewAPIAgent(client), cfg)
 	if err != nil {
@@ -162,10 +172,11 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 	}
 	t.Cleanup(func() { lis.Close() })
 	reg, s1 := runRegistrar(t, node.Client(), consul.Config{
-		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
-		Version: "1.0.0", Capacity: 2,
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1",
+		Port: lis.Addr().(*net.TCPAddr).Port, Version: "1.0.0", Capacity: 2,
 		// A lease far longer than the freeze: only the node failure ends it.
-		Lease:      health.Lease{TTL: 45 * time.Second, Heartbeat: time.Second, DeregisterAfter: time.Minute},
+		Lease: health.Lease{TTL: 45 * time.Second,
+			Heartbeat: time.Second, DeregisterAfter: time.Minute},
 		FenceCheck: 500 * time.Millisecond,
 		Load:       func() int { return 0 },
 		Logger:     slog.New(slog.NewTextHandler(testWriter{t, "x"}, nil)),
@@ -190,12 +201,16 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 		}
 		return ""
 	}
-	consultest.WaitFor(t, 30*time.Second, "the frozen node declared failed", func() bool { return serf() == api.HealthCritical })
+	consultest.WaitFor(t, 30*time.Second, "the frozen node declared failed", func() bool {
+		return serf() == api.HealthCritical
+	})
 	lapsed := awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_LAPSED)
 	for eps := next(); eps.has("x", s1.ID); eps = next() {
 	}
 	node.Thaw()
-	consultest.WaitFor(t, 30*time.Second, "the node alive again", func() bool { return serf() == api.HealthPassing })
+	consultest.WaitFor(t, 30*time.Second, "the node alive again", func() bool {
+		return serf() == api.HealthPassing
+	})
 
 	// From here on the old session must never be CURRENT or routed again,
 	// whatever its check says; the Registrar takes a new session.
@@ -216,8 +231,10 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 	if eps := edsEndpoints(t, addrs.xds); eps.has("x", s1.ID) {
 		t.Fatalf("the lapsed session is routed again: %v", eps)
 	}
-	r, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID})
-	if err != nil || (r.State != leaseholdv1.SessionState_LAPSED && r.State != leaseholdv1.SessionState_STALE) {
+	r, err := fc.CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID})
+	if err != nil || (r.State != leaseholdv1.SessionState_LAPSED &&
+		r.State != leaseholdv1.SessionState_STALE) {
 		t.Fatalf("old session answered %v (%v) after its node came back; was %v", r, err, lapsed)
 	}
 }
@@ -235,7 +252,8 @@ func TestNodeFailureIsAFinalLapse(t *testing.T) {
 // lapse mark the first one recorded).
 func TestRecreatedLeaseCheckEndsTheSession(t *testing.T) {
 	server := consultest.Start(t)
-	node := consultest.Start(t, consultest.Options{NodeName: "lh-recreated-client", JoinClientOf: server})
+	node := consultest.Start(t,
+		consultest.Options{NodeName: "lh-recreated-client", JoinClientOf: server})
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		t.Fatal(err)
@@ -248,10 +266,11 @@ func TestRecreatedLeaseCheckEndsTheSession(t *testing.T) {
 	}
 	lost := make(chan consul.LeaseLoss, 4)
 	reg, s1 := runRegistrar(t, pc, consul.Config{
-		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
-		Version: "1.0.0", Capacity: 2,
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1",
+		Port: lis.Addr().(*net.TCPAddr).Port, Version: "1.0.0", Capacity: 2,
 		// A lease far longer than the restart: only the re-created check ends it.
-		Lease:       health.Lease{TTL: 45 * time.Second, Heartbeat: time.Second, DeregisterAfter: time.Minute},
+		Lease: health.Lease{TTL: 45 * time.Second,
+			Heartbeat: time.Second, DeregisterAfter: time.Minute},
 		FenceCheck:  200 * time.Millisecond,
 		Load:        func() int { return 0 },
 		OnLeaseLost: func(l consul.LeaseLoss) { lost <- l },
@@ -266,7 +285,9 @@ func TestRecreatedLeaseCheckEndsTheSession(t *testing.T) {
 	// Two fence checks after leasehold saw the check (the second began after
 	// the first ended): the Registrar knows the check too.
 	seen := proxy.healthReads.Load()
-	consultest.WaitFor(t, 10*time.Second, "two fence checks", func() bool { return proxy.healthReads.Load() >= seen+2 })
+	consultest.WaitFor(t, 10*time.Second, "two fence checks", func() bool {
+		return proxy.healthReads.Load() >= seen+2
+	})
 
 	proxy.cut.Store(true) // the fence check cannot tell until it is restored
 	lease := func() uint64 {
@@ -283,7 +304,10 @@ func TestRecreatedLeaseCheckEndsTheSession(t *testing.T) {
 	}
 	first := lease()
 	node.RestartKeepingState()
-	consultest.WaitFor(t, 30*time.Second, "the lease check re-synced", func() bool { l := lease(); return l != 0 && l != first })
+	consultest.WaitFor(t, 30*time.Second, "the lease check re-synced", func() bool {
+		l := lease()
+		return l != 0 && l != first
+	})
 	awaitState(t, fc, "x", s1.ID, leaseholdv1.SessionState_LAPSED)
 	for eps := next(); eps.has("x", s1.ID); eps = next() {
 	}
@@ -304,7 +328,8 @@ func TestRecreatedLeaseCheckEndsTheSession(t *testing.T) {
 			t.Fatalf("loss %+v, want %s of %s", l, consul.LossNodeFailed, s1.ID)
 		}
 	case <-time.After(15 * time.Second):
-		t.Fatal("the Registrar kept the session whose lease check was re-created: leasehold answers it LAPSED for ever")
+		t.Fatal("the Registrar kept the session whose lease check was re-created: " +
+			"leasehold answers it LAPSED for ever")
 	}
 	wctx, wcancel := context.WithTimeout(context.Background(), 15*time.Second)
 	defer wcancel()
@@ -317,8 +342,11 @@ func TestRecreatedLeaseCheckEndsTheSession(t *testing.T) {
 			t.Fatalf("the session whose lease check was re-created is routed again: %v", eps)
 		}
 	}
-	if r, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID}); err != nil || (r.State != leaseholdv1.SessionState_LAPSED && r.State != leaseholdv1.SessionState_STALE) {
-		t.Fatalf("old session answered %v (%v), want LAPSED (or STALE: replaced by %s)", r, err, s2.ID)
+	if r, err := fc.CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID}); err != nil ||
+		(r.State != leaseholdv1.SessionState_LAPSED && r.State != leaseholdv1.SessionState_STALE) {
+		t.Fatalf("old session answered %v (%v), want LAPSED (or STALE: replaced by %s)",
+			r, err, s2.ID)
 	}
 }
 
@@ -333,7 +361,9 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	a := consultest.Start(t)
 	c := a.Client()
 	catalogSession(t, c, "node-a", "x", "s1", 1, 9001)
-	addrs := startServeTo(t, a, testWriter{t, "serve"}, func(cfg *serveConfig) { cfg.staleAfter = 3 * time.Second })
+	addrs := startServeTo(t, a, testWriter{t, "serve"}, func(cfg *serveConfig) {
+		cfg.staleAfter = 3 * time.Second
+	})
 	fc := fencingClient(t, addrs.xds)
 	current := awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_CURRENT)
 
@@ -341,11 +371,15 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	// afresh and answer from that read.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: current.ConsulIndex + 1_000_000})
+	r, err := fc.CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1",
+			MinConsulIndex: current.ConsulIndex + 1_000_000})
 	if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
 		t.Fatalf("beyond the view: %v, %v", r, err)
 	}
-	r, err = fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: current.ConsulIndex})
+	r, err = fc.CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1",
+			MinConsulIndex: current.ConsulIndex})
 	if err != nil || r.State != leaseholdv1.SessionState_CURRENT {
 		t.Fatalf("at the view's own index: %v, %v", r, err)
 	}
@@ -364,7 +398,8 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	}
 	// Consul hung past the staleness bound: no query failed, none answered;
 	// leasehold is not ready, and says how long Consul has been silent.
-	if code, body := readyzBody(t, addrs.admin); code != 503 || body["reason"] != "consul_silent" || !strings.Contains(body["detail"].(string), "has not answered for") {
+	if code, body := readyzBody(t, addrs.admin); code != 503 || body["reason"] != "consul_silent" ||
+		!strings.Contains(body["detail"].(string), "has not answered for") {
 		t.Fatalf("/readyz while Consul is frozen: %d %v, want 503 consul_silent", code, body)
 	}
 	var body map[string]any
@@ -372,19 +407,25 @@ func TestFencingUnknownWhileConsulIsSilent(t *testing.T) {
 	if body["state"] != "UNKNOWN" {
 		t.Fatalf("/v1/session while stale: %v", body)
 	}
-	if code := getBody(t, "http://"+addrs.admin+"/v1/session?instance_id=x&session_id=s1&min_consul_index=-1", &body); code != 400 || !strings.Contains(body["error"].(string), "min_consul_index") {
+	if code := getBody(t,
+		"http://"+addrs.admin+"/v1/session?instance_id=x&session_id=s1&min_consul_index=-1",
+		&body); code != 400 || !strings.Contains(body["error"].(string), "min_consul_index") {
 		t.Fatalf("bad min_consul_index: %d %v", code, body)
 	}
 	// Consul silent: the fresh read cannot happen; UNKNOWN before the deadline.
 	ctx2, cancel2 := context.WithTimeout(context.Background(), time.Second)
 	defer cancel2()
-	r, err = fc.CheckSession(ctx2, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1", MinConsulIndex: current.ConsulIndex + 1_000_000})
+	r, err = fc.CheckSession(ctx2,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s1",
+			MinConsulIndex: current.ConsulIndex + 1_000_000})
 	if err != nil || r.State != leaseholdv1.SessionState_UNKNOWN {
 		t.Fatalf("beyond the view with Consul silent: %v, %v", r, err)
 	}
 	a.Thaw()
 	awaitState(t, fc, "x", "s1", leaseholdv1.SessionState_CURRENT)
-	consultest.WaitFor(t, 10*time.Second, "/readyz 200 once Consul answers again", func() bool { return readyzStatus(addrs.admin) == 200 })
+	consultest.WaitFor(t, 10*time.Second, "/readyz 200 once Consul answers again", func() bool {
+		return readyzStatus(addrs.admin) == 200
+	})
 	answers := scrape(t, addrs.admin)
 	if f := answers["leasehold_fencing_answers_total"]; f == nil || sum(f) == 0 {
 		t.Fatalf("no leasehold_fencing_answers_total in /metrics")
@@ -410,7 +451,8 @@ func TestFencingVouchesOnlyWithinTheLease(t *testing.T) {
 	// Quiet but answering: several leases long, the session stays CURRENT.
 	ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
 	defer cancel()
-	w, err := fc.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s.ID})
+	w, err := fc.WatchSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s.ID})
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -449,7 +491,9 @@ func TestAShortLeaseJoiningAQuietFleetKeepsLeaseholdReady(t *testing.T) {
 	a := consultest.Start(t)
 	catalogSession(t, a.Client(), "hand-node", "by-hand", "s-hand", 1, 9301)
 	addrs := startServe(t, a)
-	consultest.WaitFor(t, 15*time.Second, "leasehold ready", func() bool { return readyzStatus(addrs.admin) == 200 })
+	consultest.WaitFor(t, 15*time.Second, "leasehold ready", func() bool {
+		return readyzStatus(addrs.admin) == 200
+	})
 	// Past the first reads' 1 s waits: the fast watches wait 10 s now.
 	quiet := time.Now()
 	consultest.WaitFor(t, 5*time.Second, "2 s of a quiet, ready leasehold", func() bool {
@@ -462,7 +506,8 @@ func TestAShortLeaseJoiningAQuietFleetKeepsLeaseholdReady(t *testing.T) {
 	awaitState(t, fc, "x", s.ID, leaseholdv1.SessionState_CURRENT)
 	ctx, cancel := context.WithTimeout(context.Background(), 12*time.Second)
 	defer cancel()
-	w, err := fc.WatchSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s.ID})
+	w, err := fc.WatchSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s.ID})
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -13,12 +13,16 @@ import (
 // newBootstrap builds a bootstrap for a dispatcher with the given
 // constraints, endpoint metadata ("": the default, full) and datacenter
 // ("": leasehold's own), validated as leasehold will validate them.
-func newBootstrap(xdsAddr, nodeID, versionConstraint string, labels map[string]string, endpointMetadata, datacenter string, tlsFiles ...bootstrapTLS) ([]byte, error) {
+func newBootstrap(
+	xdsAddr, nodeID, versionConstraint string, labels map[string]string,
+	endpointMetadata, datacenter string, tlsFiles ...bootstrapTLS,
+) ([]byte, error) {
 	var tf bootstrapTLS
 	if len(tlsFiles) > 0 {
 		tf = tlsFiles[0]
 	}
-	return buildBootstrap("--xds-addr", xdsAddr, nodeID, versionConstraint, labels, endpointMetadata, datacenter, tf)
+	return buildBootstrap("--xds-addr", xdsAddr, nodeID,
+		versionConstraint, labels, endpointMetadata, datacenter, tf)
 }
 
 // runExplain runs leasehold explain with args.
@@ -43,7 +47,8 @@ func parseServeFlags(args []string, stderr io.Writer) (*serveConfig, error) {
 		return nil, err
 	}
 	if fs.NArg() > 0 {
-		return nil, fmt.Errorf("unexpected argument %q: leasehold serve takes no arguments", fs.Arg(0))
+		return nil, fmt.Errorf("unexpected argument %q: leasehold serve takes no arguments",
+			fs.Arg(0))
 	}
 	if err := finishFlags(fs, stderr); err != nil {
 		return nil, err

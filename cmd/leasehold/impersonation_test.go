@@ -24,7 +24,9 @@ type keyReads struct {
 	reads chan struct{}
 }
 
-func (k keyReads) Generation(ctx context.Context, instanceID string) (health.GenerationRecord, error) {
+func (k keyReads) Generation(
+	ctx context.Context, instanceID string,
+) (health.GenerationRecord, error) {
 	rec, err := k.Agent.Generation(ctx, instanceID)
 	select {
 	case k.reads <- struct{}{}:
@@ -48,12 +50,16 @@ func tokenClient(t *testing.T, a *consultest.Agent, token string) *api.Client {
 // session and generation as given, with a passing lease check.
 func forge(t *testing.T, c *api.Client, serviceID, session string, gen uint64, port int) {
 	t.Helper()
-	r := health.Registration{InstanceID: "exec-1", SessionID: session, Generation: gen, Task: "work", Address: "127.0.0.1", Port: port,
+	r := health.Registration{InstanceID: "exec-1", SessionID: session,
+		Generation: gen, Task: "work", Address: "127.0.0.1", Port: port,
 		Version: "1.0.0", Capacity: 2, State: health.StateActive}
-	err := c.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: serviceID, Name: "work", Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
-		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("exec-1", session, "work"), TTL: "1h", Status: api.HealthPassing}}})
+	err := c.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: serviceID, Name: "work",
+		Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
+		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("exec-1", session, "work"),
+			TTL: "1h", Status: api.HealthPassing}}})
 	if err != nil {
-		t.Fatalf("the forged registration %s was refused: %v (the executor policy lets any instance register the task type)", serviceID, err)
+		t.Fatalf("the forged registration %s was refused: %v (the executor policy lets any "+
+			"instance register the task type)", serviceID, err)
 	}
 }
 
@@ -67,15 +73,18 @@ func forge(t *testing.T, c *api.Client, serviceID, session string, gen uint64, p
 // (generation-unconfirmed) nor vouched for (UNKNOWN).
 func TestAnotherInstanceCannotFenceAnExecutor(t *testing.T) {
 	consultest.RequireBinary(t)
-	a := consultest.Start(t, consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000000c7"})
+	a := consultest.Start(t,
+		consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000000c7"})
 	root := a.Client()
 	execRules := consultest.ExamplePolicy(t, "executor-policy.hcl")
 	if !strings.Contains(execRules, `key "leasehold/generation/exec-1"`) {
 		t.Fatalf("the example executor policy has no per-instance key rule:\n%s", execRules)
 	}
 	tok1 := policyToken(t, root, "exec-1", execRules, "executor exec-1")
-	tok2 := policyToken(t, root, "exec-2", strings.ReplaceAll(execRules, "exec-1", "exec-2"), "executor exec-2")
-	lhTok := policyToken(t, root, "leasehold", consultest.ExamplePolicy(t, "leasehold-policy.hcl"), "leasehold serve")
+	tok2 := policyToken(t, root, "exec-2",
+		strings.ReplaceAll(execRules, "exec-1", "exec-2"), "executor exec-2")
+	lhTok := policyToken(t, root, "leasehold",
+		consultest.ExamplePolicy(t, "leasehold-policy.hcl"), "leasehold serve")
 	c1, c2 := tokenClient(t, a, tok1), tokenClient(t, a, tok2)
 
 	reads := keyReads{Agent: consul.NewAPIAgent(c1), reads: make(chan struct{}, 1)}
@@ -92,10 +101,12 @@ func TestAnotherInstanceCannotFenceAnExecutor(t *testing.T) {
 
 	// exec-1's key names its session; exec-2 may not write it.
 	pair, _, err := root.KV().Get(health.GenerationKey("exec-1"), nil)
-	if err != nil || pair == nil || string(pair.Value) != strconv.FormatUint(s1.Generation, 10)+"/"+s1.ID {
+	if err != nil || pair == nil ||
+		string(pair.Value) != strconv.FormatUint(s1.Generation, 10)+"/"+s1.ID {
 		t.Fatalf("exec-1's generation key = %v, %v: want %d/%s", pair, err, s1.Generation, s1.ID)
 	}
-	_, err = c2.KV().Put(&api.KVPair{Key: health.GenerationKey("exec-1"), Value: []byte("999/forged-hi")}, nil)
+	_, err = c2.KV().Put(&api.KVPair{Key: health.GenerationKey("exec-1"),
+		Value: []byte("999/forged-hi")}, nil)
 	var se api.StatusError
 	if !errors.As(err, &se) || se.Code != 403 {
 		t.Fatalf("exec-2's token wrote exec-1's generation key: %v", err)
@@ -105,21 +116,26 @@ func TestAnotherInstanceCannotFenceAnExecutor(t *testing.T) {
 	forge(t, c2, "work:exec-1-eq", "forged-eq", s1.Generation, 2)
 	for _, sess := range []string{"forged-hi", "forged-eq"} {
 		consultest.WaitFor(t, 10*time.Second, sess+" seen and unconfirmed", func() bool {
-			return verdictOf(t, l.admin, "exec-1", sess, "v=").Reason == string(health.ReasonUnconfirmed)
+			return verdictOf(t, l.admin, "exec-1", sess,
+				"v=").Reason == string(health.ReasonUnconfirmed)
 		})
-		st, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "exec-1", SessionId: sess})
-		if err != nil || st.State != leaseholdv1.SessionState_UNKNOWN || !strings.Contains(st.Detail, "generation key") {
+		st, err := fc.CheckSession(context.Background(),
+			&leaseholdv1.CheckSessionRequest{InstanceId: "exec-1", SessionId: sess})
+		if err != nil || st.State != leaseholdv1.SessionState_UNKNOWN ||
+			!strings.Contains(st.Detail, "generation key") {
 			t.Fatalf("exec-1/%s = %v, %v: want UNKNOWN naming the generation key", sess, st, err)
 		}
 	}
 	if v := verdictOf(t, l.admin, "exec-1", s1.ID, "v="); v.Route != "HEALTHY" {
 		t.Fatalf("exec-1's own session: %+v, want routed", v)
 	}
-	st, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "exec-1", SessionId: s1.ID})
+	st, err := fc.CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "exec-1", SessionId: s1.ID})
 	if err != nil || st.State != leaseholdv1.SessionState_CURRENT {
 		t.Fatalf("exec-1/%s = %v, %v: want CURRENT", s1.ID, st, err)
 	}
-	if out := cli(t, 0, "explain", "--admin-addr", l.admin, "--instance", "exec-1"); !strings.Contains(out, string(health.ReasonUnconfirmed)) {
+	if out := cli(t, 0, "explain", "--admin-addr", l.admin,
+		"--instance", "exec-1"); !strings.Contains(out, string(health.ReasonUnconfirmed)) {
 		t.Errorf("explain does not show the forgeries unconfirmed:\n%s", out)
 	}
 
@@ -167,21 +183,27 @@ func TestACopyOfAnExecutorsSessionOnAnotherAgentChangesNothing(t *testing.T) {
 	consultest.RequireBinary(t)
 	const mgmt = "7c1b0c1e-0000-4000-8000-0000000000c8"
 	a := consultest.Start(t, consultest.Options{ACLManagementToken: mgmt})
-	b := consultest.Start(t, consultest.Options{NodeName: "intruder", JoinClientOf: a, ACLManagementToken: mgmt})
+	b := consultest.Start(t, consultest.Options{NodeName: "intruder",
+		JoinClientOf: a, ACLManagementToken: mgmt})
 	root := a.Client()
 	execRules := consultest.ExamplePolicy(t, "executor-policy.hcl")
 	tok1 := policyToken(t, root, "exec-1", execRules, "executor exec-1")
-	tok2 := policyToken(t, root, "exec-2", strings.ReplaceAll(execRules, "exec-1", "exec-2"), "executor exec-2")
-	lhTok := policyToken(t, root, "leasehold", consultest.ExamplePolicy(t, "leasehold-policy.hcl"), "leasehold serve")
+	tok2 := policyToken(t, root, "exec-2",
+		strings.ReplaceAll(execRules, "exec-1", "exec-2"), "executor exec-2")
+	lhTok := policyToken(t, root, "leasehold",
+		consultest.ExamplePolicy(t, "leasehold-policy.hcl"), "leasehold serve")
 	// exec-1 ran before: its next session takes generation 4.
-	if _, err := root.KV().Put(&api.KVPair{Key: health.GenerationKey("exec-1"), Value: []byte("3")}, nil); err != nil {
+	if _, err := root.KV().Put(&api.KVPair{Key: health.GenerationKey("exec-1"), Value: []byte("3")},
+		nil); err != nil {
 		t.Fatal(err)
 	}
-	reads := keyReads{Agent: consul.NewAPIAgent(tokenClient(t, a, tok1)), reads: make(chan struct{}, 1)}
+	reads := keyReads{Agent: consul.NewAPIAgent(tokenClient(t, a, tok1)),
+		reads: make(chan struct{}, 1)}
 	e1 := startExecutorVia(t, reads, "exec-1", "1.0.0")
 	s1 := e1.reg.Session()
 	if s1.Generation < 2 {
-		t.Fatalf("exec-1's session took generation %d: want one with a lower one below it", s1.Generation)
+		t.Fatalf("exec-1's session took generation %d: want one with a lower one below it",
+			s1.Generation)
 	}
 	t.Setenv("CONSUL_HTTP_ADDR", a.HTTPAddr())
 	t.Setenv("CONSUL_HTTP_TOKEN", lhTok)
@@ -193,20 +215,25 @@ func TestACopyOfAnExecutorsSessionOnAnotherAgentChangesNothing(t *testing.T) {
 	// exec-2's token, through the intruder's agent: a copy of exec-1's
 	// session under generation 1, its lease check critical.
 	c2 := tokenClient(t, b, tok2)
-	r := health.Registration{InstanceID: "exec-1", SessionID: s1.ID, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 1,
+	r := health.Registration{InstanceID: "exec-1", SessionID: s1.ID,
+		Generation: 1, Task: "work", Address: "127.0.0.1", Port: 1,
 		Version: "1.0.0", Capacity: 2, State: health.StateActive}
-	if err := c2.Agent().ServiceRegister(&api.AgentServiceRegistration{ID: health.ServiceID("exec-1", "work"), Name: "work", Tags: []string{"leasehold"}, Address: r.Address, Port: r.Port, Meta: r.Meta(),
-		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("exec-1", s1.ID, "work"), TTL: "1h", Status: api.HealthCritical}}}); err != nil {
+	if err := c2.Agent().ServiceRegister(&api.AgentServiceRegistration{
+		ID: health.ServiceID("exec-1", "work"), Name: "work", Tags: []string{"leasehold"},
+		Address: r.Address, Port: r.Port, Meta: r.Meta(),
+		Checks: api.AgentServiceChecks{{CheckID: health.CheckID("exec-1", s1.ID, "work"),
+			TTL: "1h", Status: api.HealthCritical}}}); err != nil {
 		t.Fatalf("the copy was refused: %v", err)
 	}
-	consultest.WaitService(t, root, "work", 10*time.Second, "the copy in the catalog", func(es []*api.ServiceEntry) bool {
-		for _, e := range es {
-			if e.Node.Node == "intruder" && e.Service.Meta[health.MetaSessionID] == s1.ID {
-				return true
+	consultest.WaitService(t, root, "work", 10*time.Second, "the copy in the catalog",
+		func(es []*api.ServiceEntry) bool {
+			for _, e := range es {
+				if e.Node.Node == "intruder" && e.Service.Meta[health.MetaSessionID] == s1.ID {
+					return true
+				}
 			}
-		}
-		return false
-	})
+			return false
+		})
 	// exec-1's Registrar checks the catalog once per lease: three checks.
 	for range 3 {
 		select {
@@ -216,14 +243,18 @@ func TestACopyOfAnExecutorsSessionOnAnotherAgentChangesNothing(t *testing.T) {
 		}
 	}
 	if got := e1.reg.Session(); got == nil || got.ID != s1.ID || got.Err() != nil {
-		t.Fatalf("exec-1's session %s ended (now %v): a copy of it on another agent ended it", s1.ID, got)
+		t.Fatalf("exec-1's session %s ended (now %v): a copy of it on another agent ended it",
+			s1.ID, got)
 	}
-	st, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "exec-1", SessionId: s1.ID})
+	st, err := fc.CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "exec-1", SessionId: s1.ID})
 	if err != nil || st.State != leaseholdv1.SessionState_CURRENT {
 		t.Fatalf("exec-1/%s = %v, %v: want CURRENT", s1.ID, st, err)
 	}
-	if pair, _, err := root.KV().Get(health.LapseMarkKey("exec-1", s1.ID), nil); err != nil || pair != nil {
-		t.Fatalf("a lapse of exec-1/%s was recorded (%v, %v): the copy's critical lease is not the session's", s1.ID, pair, err)
+	if pair, _, err := root.KV().Get(health.LapseMarkKey("exec-1", s1.ID), nil); err != nil ||
+		pair != nil {
+		t.Fatalf("a lapse of exec-1/%s was recorded (%v, %v): the copy's "+
+			"critical lease is not the session's", s1.ID, pair, err)
 	}
 	var ex server.ExplainExecutors
 	getBody(t, "http://"+l.admin+"/debug/executors", &ex)
@@ -236,8 +267,10 @@ func TestACopyOfAnExecutorsSessionOnAnotherAgentChangesNothing(t *testing.T) {
 				continue
 			}
 			copied := e.Node == "intruder"
-			if copied && v.Reason != string(health.ReasonUnconfirmed) || !copied && v.Route != "HEALTHY" {
-				t.Fatalf("exec-1/%s on %s: %+v, want the copy %s and the session routed", e.SessionID, e.Node, v, health.ReasonUnconfirmed)
+			if copied && v.Reason != string(health.ReasonUnconfirmed) ||
+				!copied && v.Route != "HEALTHY" {
+				t.Fatalf("exec-1/%s on %s: %+v, want the copy %s and the session routed",
+					e.SessionID, e.Node, v, health.ReasonUnconfirmed)
 			}
 		}
 	}

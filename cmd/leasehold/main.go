@@ -4,7 +4,7 @@
 //	leasehold serve ...      the discovery server: Consul watch → eligibility → xDS
 //	leasehold bootstrap ...  xDS bootstrap for a gRPC dispatcher
 //	leasehold explain ...    why executors do or do not receive work
-//	leasehold register ...   sidecar: register a non-Go executor and heartbeat while its probe passes
+//	leasehold register ...   sidecar: register a non-Go executor, heartbeat while its probe passes
 //	leasehold cordon|uncordon|approve|rules|audit ...   operator controls in Consul KV
 //	leasehold version, leasehold completion bash|zsh|fish|powershell
 //

@@ -40,7 +40,9 @@ func runExecutorChild(spec string) int {
 		return 2
 	}
 	var reg *consul.Registrar
-	g := grpc.NewServer(grpc.UnaryInterceptor(func(ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler) (any, error) {
+	g := grpc.NewServer(grpc.UnaryInterceptor(func(
+		ctx context.Context, req any, info *grpc.UnaryServerInfo, h grpc.UnaryHandler,
+	) (any, error) {
 		sess := ""
 		if s := reg.Session(); s != nil {
 			sess = s.ID
@@ -57,10 +59,15 @@ func runExecutorChild(spec string) int {
 	}
 	enc := json.NewEncoder(os.Stdout)
 	reg, err = consul.NewRegistrar(consul.NewAPIAgent(client), consul.Config{
-		InstanceID: instance, Tasks: []string{"work"}, Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
-		Version: "1.0.0", Capacity: 2, Lease: health.Lease{TTL: time.Second, Heartbeat: 250 * time.Millisecond, DeregisterAfter: time.Minute},
-		OnLeaseLost: func(l consul.LeaseLoss) { enc.Encode(executorEvent{Event: "lost", Session: l.SessionID}) },
-		Logger:      slog.New(slog.NewTextHandler(os.Stderr, nil)),
+		InstanceID: instance, Tasks: []string{"work"},
+		Address: "127.0.0.1", Port: lis.Addr().(*net.TCPAddr).Port,
+		Version: "1.0.0", Capacity: 2,
+		Lease: health.Lease{TTL: time.Second,
+			Heartbeat: 250 * time.Millisecond, DeregisterAfter: time.Minute},
+		OnLeaseLost: func(l consul.LeaseLoss) {
+			enc.Encode(executorEvent{Event: "lost", Session: l.SessionID})
+		},
+		Logger: slog.New(slog.NewTextHandler(os.Stderr, nil)),
 	})
 	if err != nil {
 		fmt.Fprintln(os.Stderr, err)
@@ -130,7 +137,8 @@ func TestGCPauseDrill(t *testing.T) {
 	}
 	// removed within lease + margin: calls keep succeeding, on "steady" only
 	removedBy := frozen.Add(time.Second + time.Second)
-	d.await(t, removedBy.Add(time.Second), 15*time.Second, "calls after the removal", func(cs []callResult) bool { return servedBy(cs)["steady"] > 20 })
+	d.await(t, removedBy.Add(time.Second), 15*time.Second, "calls after the removal",
+		func(cs []callResult) bool { return servedBy(cs)["steady"] > 20 })
 	for _, c := range d.since(removedBy) {
 		if c.Err != "" {
 			t.Fatalf("call failed after the frozen executor should have been removed: %s", c.Err)

@@ -44,11 +44,13 @@ func newProber(raw string) (prober, error) {
 	}
 	switch u.Scheme {
 	case "grpc":
-		conn, err := grpc.NewClient(u.Host, grpc.WithTransportCredentials(insecure.NewCredentials()))
+		conn, err := grpc.NewClient(u.Host,
+			grpc.WithTransportCredentials(insecure.NewCredentials()))
 		if err != nil {
 			return nil, fmt.Errorf("%q: %w", raw, err)
 		}
-		p := &grpcProber{conn: conn, client: healthpb.NewHealthClient(conn), service: strings.TrimPrefix(u.Path, "/")}
+		p := &grpcProber{conn: conn, client: healthpb.NewHealthClient(conn),
+			service: strings.TrimPrefix(u.Path, "/")}
 		p.inFlight.Store(-1)
 		return p, nil
 	case "http", "https":
@@ -63,9 +65,9 @@ type grpcProber struct {
 	client  healthpb.HealthClient
 	service string
 
-	// From the executor's own ORCA report, read at each probe: the tasks it
-	// has in flight (-1: it reports none), and the probes in a row that got
-	// no report.
+	// The tasks in flight (-1 when it reports none) and the number of probes
+	// in a row that got no report, from the executor's own ORCA report read
+	// at each probe.
 	inFlight atomic.Int64
 	misses   atomic.Int32
 }
@@ -98,8 +100,8 @@ func (p *grpcProber) Probe(ctx context.Context) error {
 	case p.misses.Add(1) > maxORCAMisses:
 		p.inFlight.Store(-1)
 	default:
-		// No answer this time: an overloaded executor is slow to answer,
-		// so its last load stands for a few probes rather than "free".
+		// There was no answer this time. An overloaded executor is slow to
+		// answer, so its last load stands for a few probes rather than "free".
 	}
 	return nil
 }
@@ -108,18 +110,21 @@ func (p *grpcProber) Probe(ctx context.Context) error {
 // before the last one reported stops counting.
 const maxORCAMisses = 3
 
-// maxORCALoad bounds a reported load: a float beyond int64's range converts
-// to an implementation-defined integer (negative on amd64, "no report").
+// maxORCALoad bounds a reported load, because a float beyond int64's range
+// converts to an implementation-defined integer (negative on amd64, which
+// would read as "no report").
 const maxORCALoad = 1 << 30
 
-// readORCA is the executor's tasks in flight from the first report of its
-// out-of-band ORCA service (sent at once when the stream opens; grpc-go sends
-// the next only 30 s later, so a stream per probe keeps it current): the
-// in_flight metric, else utilization × capacity; -1 when its report has none.
+// readORCA is the executor's tasks in flight, read from the first report of
+// its out-of-band ORCA service: the in_flight metric, or else utilization ×
+// capacity, and -1 when its report has neither. The first report is sent at
+// once when the stream opens, while grpc-go sends the next only 30 s later,
+// so a stream per probe keeps the load current.
 func (p *grpcProber) readORCA(ctx context.Context) (int64, error) {
 	ctx, cancel := context.WithCancel(ctx)
 	defer cancel()
-	stream, err := v3orcaservicepb.NewOpenRcaServiceClient(p.conn).StreamCoreMetrics(ctx, &v3orcaservicepb.OrcaLoadReportRequest{})
+	stream, err := v3orcaservicepb.NewOpenRcaServiceClient(p.conn).StreamCoreMetrics(ctx,
+		&v3orcaservicepb.OrcaLoadReportRequest{})
 	if err != nil {
 		return -1, err
 	}
@@ -130,7 +135,8 @@ func (p *grpcProber) readORCA(ctx context.Context) (int64, error) {
 	if n, ok := rep.GetNamedMetrics()[loadreport.MetricInFlight]; ok && n >= 0 {
 		return int64(min(n, maxORCALoad)), nil
 	}
-	if c, ok := rep.GetNamedMetrics()[loadreport.MetricCapacity]; ok && rep.GetApplicationUtilization() > 0 {
+	if c, ok := rep.GetNamedMetrics()[loadreport.MetricCapacity]; ok &&
+		rep.GetApplicationUtilization() > 0 {
 		if n := rep.GetApplicationUtilization() * c; n >= 0 { // not NaN, not negative
 			return int64(min(n, maxORCALoad) + 0.5), nil
 		}
@@ -196,7 +202,8 @@ func (l *loadReader) poll(ctx context.Context, every time.Duration, log *slog.Lo
 		if n, err := l.read(ctx, every); err == nil {
 			l.load.Store(int64(n))
 		} else if ctx.Err() == nil {
-			log.Warn("load not read; keeping the last value", "url", l.url, "load", l.Load(), "err", err)
+			log.Warn("load not read; keeping the last value", "url", l.url,
+				"load", l.Load(), "err", err)
 		}
 		select {
 		case <-ctx.Done():

@@ -112,12 +112,17 @@ func orcaExecutor(t *testing.T, orca *scriptedORCA) string {
 // (math.MinInt64 on amd64), which the prober must not take for "no report".
 func TestORCAHugeLoadIsFull(t *testing.T) {
 	for name, rep := range map[string]*v3orcapb.OrcaLoadReport{
-		"in_flight 1e300":           {NamedMetrics: map[string]float64{loadreport.MetricInFlight: 1e300}},
-		"in_flight +Inf":            {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Inf(1)}},
-		"in_flight 2^63":            {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Ldexp(1, 63)}},
-		"utilization 1e300 × cap 2": {ApplicationUtilization: 1e300, NamedMetrics: map[string]float64{loadreport.MetricCapacity: 2}},
-		"utilization 1 × cap 1e300": {ApplicationUtilization: 1, NamedMetrics: map[string]float64{loadreport.MetricCapacity: 1e300}},
-		"utilization +Inf × cap 2":  {ApplicationUtilization: math.Inf(1), NamedMetrics: map[string]float64{loadreport.MetricCapacity: 2}},
+		"in_flight 1e300": {NamedMetrics: map[string]float64{loadreport.MetricInFlight: 1e300}},
+		"in_flight +Inf": {
+			NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Inf(1)}},
+		"in_flight 2^63": {
+			NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Ldexp(1, 63)}},
+		"utilization 1e300 × cap 2": {ApplicationUtilization: 1e300,
+			NamedMetrics: map[string]float64{loadreport.MetricCapacity: 2}},
+		"utilization 1 × cap 1e300": {ApplicationUtilization: 1,
+			NamedMetrics: map[string]float64{loadreport.MetricCapacity: 1e300}},
+		"utilization +Inf × cap 2": {ApplicationUtilization: math.Inf(1),
+			NamedMetrics: map[string]float64{loadreport.MetricCapacity: 2}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			n, ok := probeLoad(t, orcaProber(t, &scriptedORCA{rep: rep}))
@@ -129,9 +134,11 @@ func TestORCAHugeLoadIsFull(t *testing.T) {
 	}
 	// Nonsense that is not a load stays "no report".
 	for name, rep := range map[string]*v3orcapb.OrcaLoadReport{
-		"in_flight NaN":  {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.NaN()}},
-		"in_flight -Inf": {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Inf(-1)}},
-		"negative cap":   {ApplicationUtilization: 0.5, NamedMetrics: map[string]float64{loadreport.MetricCapacity: -4}},
+		"in_flight NaN": {NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.NaN()}},
+		"in_flight -Inf": {
+			NamedMetrics: map[string]float64{loadreport.MetricInFlight: math.Inf(-1)}},
+		"negative cap": {ApplicationUtilization: 0.5,
+			NamedMetrics: map[string]float64{loadreport.MetricCapacity: -4}},
 	} {
 		t.Run(name, func(t *testing.T) {
 			if n, ok := probeLoad(t, orcaProber(t, &scriptedORCA{rep: rep})); ok || n != 0 {
@@ -168,10 +175,8 @@ func TestHangingORCAKeepsTheLease(t *testing.T) {
 		}
 		if got := e.Service.Meta[health.MetaSessionID]; got != sess ||
 			ch.Status != api.HealthPassing {
-			t.Fatalf(
-				"a hanging ORCA stream cost a healthy executor its lease: session %s → %s, check "+
-					"%s",
-				sess, got, ch.Status)
+			t.Fatalf("a hanging ORCA stream cost a healthy executor its lease: "+
+				"session %s → %s, check %s", sess, got, ch.Status)
 		}
 		time.Sleep(100 * time.Millisecond)
 	}

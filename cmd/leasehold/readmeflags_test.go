@@ -157,11 +157,13 @@ func flagTables(file, doc string) (rows []flagRow, covered map[string]bool, prob
 			r.env = strings.Join(envs, ",")
 			def := strings.TrimSpace(cs[cols["default"]])
 			switch {
-			case strings.HasPrefix(def, "none"), strings.HasPrefix(def, "off"), strings.HasPrefix(def, "required"):
+			case strings.HasPrefix(def, "none"), strings.HasPrefix(def, "off"),
+				strings.HasPrefix(def, "required"):
 			default:
 				s := codeSpan.FindStringSubmatch(def)
 				if s == nil {
-					bad("%d: --%s: the default cell starts with neither a `value` nor none/off/required: %q", i+1, r.flag, def)
+					bad("%d: --%s: the default cell starts with neither a "+
+						"`value` nor none/off/required: %q", i+1, r.flag, def)
 					continue
 				}
 				r.def = s[1]
@@ -172,7 +174,8 @@ func flagTables(file, doc string) (rows []flagRow, covered map[string]bool, prob
 					for _, name := range strings.Split(c, ",") {
 						name = strings.TrimSpace(name)
 						if !slices.Contains(all, name) {
-							bad("%d: --%s names command %q, not one of the table's %v", i+1, r.flag, name, all)
+							bad("%d: --%s names command %q, not one of the table's %v",
+								i+1, r.flag, name, all)
 						}
 						r.commands = append(r.commands, name)
 					}
@@ -261,7 +264,8 @@ func checkFlagTables(t *testing.T, guides map[string]string) []string {
 		}
 		for i, line := range strings.Split(text, "\n") {
 			if flagsMarker.MatchString(strings.TrimSpace(line)) {
-				bad("%s:%d: a flag table outside %s, which the check reads", file, i+1, flagTablesDoc)
+				bad("%s:%d: a flag table outside %s, which the check reads",
+					file, i+1, flagTablesDoc)
 			}
 		}
 	}
@@ -274,7 +278,8 @@ func checkFlagTables(t *testing.T, guides map[string]string) []string {
 				documented[c] = map[string]flagRow{}
 			}
 			if prev, dup := documented[c][r.flag]; dup {
-				bad("%s:%d: --%s of leasehold %s is documented twice (also line %d)", flagTablesDoc, r.line, r.flag, c, prev.line)
+				bad("%s:%d: --%s of leasehold %s is documented twice (also line %d)",
+					flagTablesDoc, r.line, r.flag, c, prev.line)
 			}
 			documented[c][r.flag] = r
 		}
@@ -288,7 +293,8 @@ func checkFlagTables(t *testing.T, guides map[string]string) []string {
 			continue
 		}
 		if !covered[name] {
-			bad("%s has no flag table for leasehold %s (a <!-- flags: %s --> marker before its table)", flagTablesDoc, name, name)
+			bad("%s has no flag table for leasehold %s (a <!-- flags: %s "+
+				"--> marker before its table)", flagTablesDoc, name, name)
 			continue
 		}
 		names := make([]string, 0, len(flags))
@@ -300,19 +306,23 @@ func checkFlagTables(t *testing.T, guides map[string]string) []string {
 			f := flags[n]
 			r, ok := documented[name][n]
 			if !ok {
-				bad("%s: leasehold %s --%s is not in its flag table (env %v, default %q)", flagTablesDoc, name, n, f.env, f.def)
+				bad("%s: leasehold %s --%s is not in its flag table (env %v, default %q)",
+					flagTablesDoc, name, n, f.env, f.def)
 				continue
 			}
 			if env := strings.Join(f.env, ","); r.env != env {
-				bad("%s:%d: leasehold %s --%s: env %q, help says %q", flagTablesDoc, r.line, name, n, r.env, env)
+				bad("%s:%d: leasehold %s --%s: env %q, help says %q",
+					flagTablesDoc, r.line, name, n, r.env, env)
 			}
 			if !sameDefault(r.def, f.def) {
-				bad("%s:%d: leasehold %s --%s: default %q, help says %q", flagTablesDoc, r.line, name, n, r.def, f.def)
+				bad("%s:%d: leasehold %s --%s: default %q, help says %q",
+					flagTablesDoc, r.line, name, n, r.def, f.def)
 			}
 		}
 		for n, r := range documented[name] {
 			if _, ok := flags[n]; !ok {
-				bad("%s:%d: leasehold %s has no flag --%s (a stale row)", flagTablesDoc, r.line, name, n)
+				bad("%s:%d: leasehold %s has no flag --%s (a stale row)",
+					flagTablesDoc, r.line, name, n)
 			}
 		}
 	}
@@ -331,10 +341,15 @@ func TestReadmeFlagCheckCatchesDrift(t *testing.T) {
 	all := guides(t)
 	doc := all[flagTablesDoc]
 	for _, tt := range []struct{ name, old, new, want string }{
-		{"missing row", "| `--xds-addr` | `LEASEHOLD_XDS_ADDR` | `127.0.0.1:18000` (gRPC", "| `--xds-adr` | `LEASEHOLD_XDS_ADDR` | `127.0.0.1:18000` (gRPC", "leasehold serve --xds-addr is not in its flag table"},
-		{"stale row", "| `--metrics-addr` |", "| `--metrics-address` |", "has no flag --metrics-address"},
-		{"wrong env", "| `--consul-max-conns` | `LEASEHOLD_CONSUL_MAX_CONNS` |", "| `--consul-max-conns` | `LEASEHOLD_MAX_CONNS` |", "--consul-max-conns: env"},
-		{"wrong default", "| `--limit` | audit | | `50` |", "| `--limit` | audit | | `20` |", "--limit: default \"20\""},
+		{"missing row", "| `--xds-addr` | `LEASEHOLD_XDS_ADDR` | `127.0.0.1:18000` (gRPC",
+			"| `--xds-adr` | `LEASEHOLD_XDS_ADDR` | `127.0.0.1:18000` (gRPC",
+			"leasehold serve --xds-addr is not in its flag table"},
+		{"stale row", "| `--metrics-addr` |", "| `--metrics-address` |",
+			"has no flag --metrics-address"},
+		{"wrong env", "| `--consul-max-conns` | `LEASEHOLD_CONSUL_MAX_CONNS` |",
+			"| `--consul-max-conns` | `LEASEHOLD_MAX_CONNS` |", "--consul-max-conns: env"},
+		{"wrong default", "| `--limit` | audit | | `50` |",
+			"| `--limit` | audit | | `20` |", "--limit: default \"20\""},
 		{"no table", "<!-- flags: explain -->", "", "no flag table for leasehold explain"},
 	} {
 		if strings.Count(doc, tt.old) != 1 {
@@ -357,7 +372,8 @@ func TestReadmeFlagCheckCatchesDrift(t *testing.T) {
 
 	gone := maps.Clone(all)
 	delete(gone, flagTablesDoc)
-	if p := strings.Join(checkFlagTables(t, gone), "\n"); !strings.Contains(p, flagTablesDoc+" is missing") {
+	if p := strings.Join(checkFlagTables(t, gone),
+		"\n"); !strings.Contains(p, flagTablesDoc+" is missing") {
 		t.Errorf("without %s: want a problem saying it is missing, got:\n%s", flagTablesDoc, p)
 	}
 }

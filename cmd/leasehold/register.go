@@ -59,25 +59,39 @@ func (c *registerCLI) register(fs *pflag.FlagSet) {
 	c.labels = flagx.Labels{}
 	rf := &c.rf
 	fs.SortFlags = false
-	fs.StringVar(&rf.cfg.InstanceID, "instance", "", "stable instance id of the executor (required)")
+	fs.StringVar(&rf.cfg.InstanceID, "instance", "",
+		"stable instance id of the executor (required)")
 	fs.Var(&c.tasks, "task", "task type(s) served, comma-separated or repeated (required)")
-	fs.StringVar(&c.address, "address", "", "HOST:PORT where dispatchers reach the executor: an IP address (required)")
-	fs.StringVar(&rf.cfg.Version, "version", "", "semantic version of the executor, e.g. 1.4.2 (required)")
-	fs.IntVar(&c.capacity, "capacity", 0, "concurrent tasks the executor accepts, a positive integer (required)")
+	fs.StringVar(&c.address, "address", "",
+		"HOST:PORT where dispatchers reach the executor: an IP address (required)")
+	fs.StringVar(&rf.cfg.Version, "version", "",
+		"semantic version of the executor, e.g. 1.4.2 (required)")
+	fs.IntVar(&c.capacity, "capacity", 0,
+		"concurrent tasks the executor accepts, a positive integer (required)")
 	fs.Var(c.labels, "label", "label key=value (repeatable)")
-	fs.StringVar(&rf.probe, "probe", "", "grpc://HOST:PORT[/service] (gRPC health check) or http(s)://HOST:PORT/path (2xx): heartbeats are sent only while it passes (required)")
-	fs.StringVar(&rf.loadURL, "load-url", "", "http(s) URL answering the current load: a plain integer or JSON {\"load\": N} (default: a gRPC --probe's executor's own ORCA report, if it sends one)")
-	fs.DurationVar(&rf.cfg.Lease.TTL, "lease", health.DefaultLeaseTTL, "lease: no acknowledged heartbeat for this long ends the session")
-	fs.DurationVar(&rf.cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat, "heartbeat interval (at most half the lease)")
-	fs.DurationVar(&rf.cfg.Lease.DeregisterAfter, "deregister-after", health.DefaultDeregisterAfter, "Consul removes a registration critical for this long (at least 1m)")
-	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 5*time.Minute, "on SIGTERM or SIGINT, how long to wait for in-flight work before deregistering")
-	fs.StringVar(&rf.cfg.Tag, "service-tag", health.DefaultTag, "Consul tag that marks task types (as leasehold serve --service-tag)")
+	fs.StringVar(&rf.probe, "probe", "",
+		"grpc://HOST:PORT[/service] (gRPC health check) or http(s)://HOST:PORT/path (2xx): "+
+			"heartbeats are sent only while it passes (required)")
+	fs.StringVar(&rf.loadURL, "load-url", "",
+		"http(s) URL answering the current load: a plain integer or JSON {\"load\": N} (default: "+
+			"a gRPC --probe's executor's own ORCA report, if it sends one)")
+	fs.DurationVar(&rf.cfg.Lease.TTL, "lease", health.DefaultLeaseTTL,
+		"lease: no acknowledged heartbeat for this long ends the session")
+	fs.DurationVar(&rf.cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat,
+		"heartbeat interval (at most half the lease)")
+	fs.DurationVar(&rf.cfg.Lease.DeregisterAfter, "deregister-after", health.DefaultDeregisterAfter,
+		"Consul removes a registration critical for this long (at least 1m)")
+	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 5*time.Minute,
+		"on SIGTERM or SIGINT, how long to wait for in-flight work before deregistering")
+	fs.StringVar(&rf.cfg.Tag, "service-tag", health.DefaultTag,
+		"Consul tag that marks task types (as leasehold serve --service-tag)")
 	bindEnv(fs, "service-tag", "LEASEHOLD_SERVICE_TAG")
 	alias(fs, "tag", "service-tag")
 	consulAddrFlag(fs, &rf.consulAddr)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
-	fs.StringVar(&rf.metricsAddr, "metrics-addr", "", "HOST:PORT to serve Prometheus /metrics on (off when empty); traces go where OTEL_* says")
-	emptyOK(fs, "metrics-addr") // off
+	fs.StringVar(&rf.metricsAddr, "metrics-addr", "",
+		"HOST:PORT to serve Prometheus /metrics on (off when empty); traces go where OTEL_* says")
+	emptyOK(fs, "metrics-addr") // an empty value turns it off
 }
 
 // flags validates the flags; errors name each bad flag.
@@ -119,7 +133,9 @@ func (c *registerCLI) flags() (*registerFlags, error) {
 		addErr("--drain-timeout", "must be positive")
 	}
 	if rf.probe == "" {
-		addErr("--probe", "required: a heartbeat must prove the executor is alive (grpc://HOST:PORT or http://HOST:PORT/path)")
+		addErr("--probe",
+			"required: a heartbeat must prove the executor is alive "+
+				"(grpc://HOST:PORT or http://HOST:PORT/path)")
 	} else if _, err := newProber(rf.probe); err != nil {
 		addErr("--probe", err.Error())
 	}
@@ -174,8 +190,10 @@ func consulClient(addr string) (*api.Client, error) {
 func newRegisterCmd() *cobra.Command {
 	var c registerCLI
 	cmd := &cobra.Command{
-		Use:   "register --instance ID --task T --address HOST:PORT --version V --capacity N --probe URL [flags]",
-		Short: "register an executor through the local Consul agent and keep its lease alive while a probe of the executor passes (sidecar)",
+		Use: "register --instance ID --task T --address HOST:PORT --version V " +
+			"--capacity N --probe URL [flags]",
+		Short: "register an executor through the local Consul agent and keep its lease alive " +
+			"while a probe of the executor passes (sidecar)",
 		Long: `The sidecar of an executor not written in Go: it registers the executor with the
 local Consul agent under the registration contract and heartbeats its lease
 while --probe passes. SIGTERM or SIGINT drains: state=draining, wait for the
@@ -200,9 +218,9 @@ load to reach 0 (up to --drain-timeout), deregister, exit (0 when drained).`,
 	return cmd
 }
 
-// sidecar is the sidecar: register, heartbeat while the probe passes,
-// drain on ctx's end (SIGTERM), then exit with a code (errors told on
-// stderr).
+// sidecar runs the sidecar: it registers, heartbeats while the probe passes,
+// drains when ctx ends (SIGTERM) and then returns the exit code, having told
+// any error on stderr.
 func sidecar(ctx context.Context, rf *registerFlags, stderr io.Writer) int {
 	log := slog.New(slog.NewTextHandler(stderr, &slog.HandlerOptions{Level: rf.logLevel}))
 	client, err := consulClient(rf.consulAddr)
@@ -214,7 +232,8 @@ func sidecar(ctx context.Context, rf *registerFlags, stderr io.Writer) int {
 	defer prober.Close()
 	rf.cfg.Probe = prober.Probe
 	rf.cfg.Logger = log
-	tel, err := lhotel.Setup(context.Background(), lhotel.Config{ServiceName: "leasehold-register", ServiceVersion: version})
+	tel, err := lhotel.Setup(context.Background(),
+		lhotel.Config{ServiceName: "leasehold-register", ServiceVersion: version})
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold register: %v\n", err)
 		return 2
@@ -246,7 +265,8 @@ func sidecar(ctx context.Context, rf *registerFlags, stderr io.Writer) int {
 		rf.cfg.Load = lr.Load
 	} else if gp, ok := prober.(*grpcProber); ok {
 		// A gRPC executor reporting ORCA (adapters/loadreport) tells its
-		// load itself: read at each probe, it turns the lease full or free.
+		// load itself; read at each probe, the load turns the lease full or
+		// free.
 		rf.cfg.Load = func() int { n, _ := gp.Load(); return n }
 	}
 	reg, err := consul.NewRegistrar(consul.NewAPIAgent(client), rf.cfg)

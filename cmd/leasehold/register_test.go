@@ -88,7 +88,8 @@ func sidecarArgs(a *consultest.Agent, probe string, extra ...string) []string {
 func leaseCheck(es []*api.ServiceEntry) (*api.ServiceEntry, *api.HealthCheck) {
 	for _, e := range es {
 		for _, c := range e.Checks {
-			if _, s, _, ok := health.ParseCheckID(c.CheckID); ok && s == e.Service.Meta[health.MetaSessionID] {
+			if _, s, _, ok := health.ParseCheckID(c.CheckID); ok &&
+				s == e.Service.Meta[health.MetaSessionID] {
 				return e, c
 			}
 		}
@@ -96,12 +97,16 @@ func leaseCheck(es []*api.ServiceEntry) (*api.ServiceEntry, *api.HealthCheck) {
 	return nil, nil
 }
 
-func waitStatus(t *testing.T, c *api.Client, task, status string, notSession string) *api.ServiceEntry {
+func waitStatus(
+	t *testing.T, c *api.Client, task, status string, notSession string,
+) *api.ServiceEntry {
 	t.Helper()
-	es := consultest.WaitService(t, c, task, 15*time.Second, task+" "+status, func(es []*api.ServiceEntry) bool {
-		e, ch := leaseCheck(es)
-		return ch != nil && ch.Status == status && e.Service.Meta[health.MetaSessionID] != notSession
-	})
+	es := consultest.WaitService(t, c, task, 15*time.Second, task+" "+status,
+		func(es []*api.ServiceEntry) bool {
+			e, ch := leaseCheck(es)
+			return ch != nil && ch.Status == status &&
+				e.Service.Meta[health.MetaSessionID] != notSession
+		})
 	e, _ := leaseCheck(es)
 	return e
 }
@@ -135,7 +140,8 @@ func TestSidecarHTTPProbeGatesHeartbeats(t *testing.T) {
 
 	e := waitStatus(t, c, "transcode", api.HealthPassing, "")
 	s1 := e.Service.Meta[health.MetaSessionID]
-	for k, v := range map[string]string{"instance_id": "py-1", "version": "2.0.1", "capacity": "2", "state": "active", "label_zone": "eu-1", "label_lang": "python"} {
+	for k, v := range map[string]string{"instance_id": "py-1", "version": "2.0.1",
+		"capacity": "2", "state": "active", "label_zone": "eu-1", "label_lang": "python"} {
 		if e.Service.Meta[k] != v {
 			t.Errorf("meta %s = %q, want %q", k, e.Service.Meta[k], v)
 		}
@@ -220,7 +226,8 @@ func TestSidecarSIGTERMDrainsThenDeregisters(t *testing.T) {
 	c := a.Client()
 	ex := newFakeExecutor(t)
 	ex.load.Store(1) // a task in flight
-	args, _ := json.Marshal(sidecarArgs(a, ex.srv.URL+"/healthz", "--load-url", ex.srv.URL+"/load", "--drain-timeout", "30s"))
+	args, _ := json.Marshal(sidecarArgs(a, ex.srv.URL+"/healthz",
+		"--load-url", ex.srv.URL+"/load", "--drain-timeout", "30s"))
 	cmd := exec.Command(os.Args[0], "-test.run=^$")
 	cmd.Env = append(os.Environ(), mainArgsEnv+"="+string(args))
 	out := &syncBuffer{}
@@ -240,10 +247,12 @@ func TestSidecarSIGTERMDrainsThenDeregisters(t *testing.T) {
 	if err := cmd.Process.Signal(syscall.SIGTERM); err != nil {
 		t.Fatal(err)
 	}
-	consultest.WaitService(t, c, "transcode", 10*time.Second, "draining", func(es []*api.ServiceEntry) bool {
-		e, ch := leaseCheck(es)
-		return e != nil && e.Service.Meta[health.MetaState] == "draining" && ch.Status == api.HealthPassing
-	})
+	consultest.WaitService(t, c, "transcode", 10*time.Second, "draining",
+		func(es []*api.ServiceEntry) bool {
+			e, ch := leaseCheck(es)
+			return e != nil && e.Service.Meta[health.MetaState] == "draining" &&
+				ch.Status == api.HealthPassing
+		})
 	select {
 	case err := <-exited:
 		t.Fatalf("exited with work in flight: %v", err)
@@ -340,7 +349,8 @@ func TestParseLoad(t *testing.T) {
 		in   string
 		want int
 		ok   bool
-	}{{"3", 3, true}, {" 0\n", 0, true}, {`{"load": 7}`, 7, true}, {`{"load": -1}`, 0, false}, {"-2", 0, false}, {"lots", 0, false}, {`{"busy": 1}`, 0, false}} {
+	}{{"3", 3, true}, {" 0\n", 0, true}, {`{"load": 7}`, 7, true}, {`{"load": -1}`, 0, false},
+		{"-2", 0, false}, {"lots", 0, false}, {`{"busy": 1}`, 0, false}} {
 		n, err := parseLoad([]byte(tt.in))
 		if (err == nil) != tt.ok || n != tt.want {
 			t.Errorf("parseLoad(%q) = %d, %v", tt.in, n, err)
@@ -350,7 +360,8 @@ func TestParseLoad(t *testing.T) {
 
 func TestUnknownCommand(t *testing.T) {
 	var out bytes.Buffer
-	if code := run([]string{"frobnicate"}, &out, &out); code != 2 || !strings.Contains(out.String(), "unknown command") {
+	if code := run([]string{"frobnicate"}, &out, &out); code != 2 ||
+		!strings.Contains(out.String(), "unknown command") {
 		t.Fatalf("exit %d: %s", code, out.String())
 	}
 	if code := run(nil, &out, &out); code != 2 {

@@ -23,8 +23,10 @@ func (crashingAgent) Deregister(context.Context, string) error { return nil }
 func runProcess(t *testing.T, agent consul.Agent, name string) (*consul.Session, func()) {
 	t.Helper()
 	reg, err := consul.NewRegistrar(agent, consul.Config{
-		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1", Port: 9301, Version: "1.0.0", Capacity: 2,
-		Lease:  health.Lease{TTL: 2 * time.Second, Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute},
+		InstanceID: "x", Tasks: []string{"work"}, Address: "127.0.0.1",
+		Port: 9301, Version: "1.0.0", Capacity: 2,
+		Lease: health.Lease{TTL: 2 * time.Second,
+			Heartbeat: 500 * time.Millisecond, DeregisterAfter: time.Minute},
 		Logger: slog.New(slog.NewTextHandler(testWriter{t, name}, nil)),
 	})
 	if err != nil {
@@ -66,13 +68,16 @@ func TestReplacedSessionIsStaleAcrossRestarts(t *testing.T) {
 		fc := fencingClient(t, l.xds)
 		awaitState(t, fc, "x", s2.ID, leaseholdv1.SessionState_CURRENT)
 		ctx, cancel := context.WithTimeout(context.Background(), 5*time.Second)
-		r, err := fc.CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID})
+		r, err := fc.CheckSession(ctx,
+			&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: s1.ID})
 		cancel()
 		if err != nil {
 			t.Fatal(err)
 		}
-		if r.State != leaseholdv1.SessionState_STALE || r.NewerSessionId != s2.ID || r.NewerGeneration != s2.Generation {
-			t.Fatalf("%s: x/s1 = %s newer %s/%d (%s), want STALE newer %s/%d", name, r.State, r.NewerSessionId, r.NewerGeneration, r.Detail, s2.ID, s2.Generation)
+		if r.State != leaseholdv1.SessionState_STALE ||
+			r.NewerSessionId != s2.ID || r.NewerGeneration != s2.Generation {
+			t.Fatalf("%s: x/s1 = %s newer %s/%d (%s), want STALE newer %s/%d", name, r.State,
+				r.NewerSessionId, r.NewerGeneration, r.Detail, s2.ID, s2.Generation)
 		}
 		t.Logf("%s: x/s1 %s (%s)", name, r.State, r.Detail)
 	}

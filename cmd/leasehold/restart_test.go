@@ -23,8 +23,12 @@ func TestServeRestartKeepsCallsFlowing(t *testing.T) {
 		ctx, cancel := context.WithCancel(context.Background())
 		bound := make(chan listening, 1)
 		served := make(chan error, 1)
-		cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: xdsAddr, adminAddr: adminAddr, tag: "leasehold", consulMaxConns: 8}
-		go func() { served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound) }()
+		cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: xdsAddr,
+			adminAddr: adminAddr, tag: "leasehold", consulMaxConns: 8}
+		go func() {
+			served <- serve(ctx, cfg,
+				slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound)
+		}()
 		select {
 		case l := <-bound:
 			return l, cancel, served
@@ -37,17 +41,21 @@ func TestServeRestartKeepsCallsFlowing(t *testing.T) {
 	before := edsVersions(t, first.xds)
 	d := startDispatcher(t, first.xds, "dispatcher", map[string]any{})
 	start := time.Now()
-	d.await(t, start, 20*time.Second, "calls to e1 and e2", func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
+	d.await(t, start, 20*time.Second, "calls to e1 and e2", func(cs []callResult) bool {
+		m := servedBy(cs)
+		return m["e1"] > 0 && m["e2"] > 0
+	})
 
 	stop() // leasehold goes away
 	if err := <-served; err != nil {
 		t.Fatal(err)
 	}
 	down := time.Now()
-	d.await(t, down.Add(time.Second), 10*time.Second, "calls while leasehold is down", func(cs []callResult) bool {
-		m := servedBy(cs)
-		return m["e1"] > 5 && m["e2"] > 5
-	})
+	d.await(t, down.Add(time.Second), 10*time.Second, "calls while leasehold is down",
+		func(cs []callResult) bool {
+			m := servedBy(cs)
+			return m["e1"] > 5 && m["e2"] > 5
+		})
 	for _, c := range d.since(down) {
 		if c.Err != "" {
 			t.Fatalf("call failed while leasehold was down: %s", c.Err)
@@ -58,7 +66,8 @@ func TestServeRestartKeepsCallsFlowing(t *testing.T) {
 	t.Cleanup(func() { stop2(); <-served2 })
 	after := edsVersions(t, second.xds)
 	if after != before {
-		t.Fatalf("versions after restart %q differ from before %q for the same state", after, before)
+		t.Fatalf("versions after restart %q differ from before %q for the same state",
+			after, before)
 	}
 	// the dispatcher reconnects to the restarted server
 	deadline := time.Now().Add(30 * time.Second)
@@ -80,7 +89,10 @@ func TestServeRestartKeepsCallsFlowing(t *testing.T) {
 		<-time.After(100 * time.Millisecond) // /debug has no watch API
 	}
 	up := time.Now()
-	d.await(t, up, 15*time.Second, "calls after the restart", func(cs []callResult) bool { m := servedBy(cs); return m["e1"] > 0 && m["e2"] > 0 })
+	d.await(t, up, 15*time.Second, "calls after the restart", func(cs []callResult) bool {
+		m := servedBy(cs)
+		return m["e1"] > 0 && m["e2"] > 0
+	})
 	for _, c := range d.since(down) {
 		if c.Err != "" {
 			t.Fatalf("call failed across the restart: %s", c.Err)

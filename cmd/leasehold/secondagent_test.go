@@ -25,7 +25,10 @@ func TestSecondAgentDrills(t *testing.T) {
 	addrs := startServe(t, server)
 	fc := fencingClient(t, addrs.xds)
 	d := startDispatcher(t, addrs.xds, "dispatcher", map[string]any{})
-	d.await(t, time.Now(), 20*time.Second, "calls to x and y", func(cs []callResult) bool { m := servedBy(cs); return m["x"] > 0 && m["y"] > 0 })
+	d.await(t, time.Now(), 20*time.Second, "calls to x and y", func(cs []callResult) bool {
+		m := servedBy(cs)
+		return m["x"] > 0 && m["y"] > 0
+	})
 
 	oldSession := old.reg.Session()
 	newer := startExecutor(t, node2, "x", "1.0.0") // the same instance, another agent
@@ -35,7 +38,8 @@ func TestSecondAgentDrills(t *testing.T) {
 	}
 	stale := awaitState(t, fc, "x", oldSession.ID, leaseholdv1.SessionState_STALE)
 	if stale.NewerGeneration < newSession.Generation || stale.NewerSessionId == oldSession.ID {
-		t.Fatalf("stale answer %v, want a successor at generation ≥ %d", stale, newSession.Generation)
+		t.Fatalf("stale answer %v, want a successor at generation ≥ %d",
+			stale, newSession.Generation)
 	}
 	fenced := time.Now()
 	// Both sessions of x are registered (one per agent): the old one is
@@ -60,14 +64,15 @@ func TestSecondAgentDrills(t *testing.T) {
 	if !errors.Is(oldSession.Err(), consul.ErrLeaseLost) {
 		t.Fatalf("old session cause %v", oldSession.Err())
 	}
-	d.await(t, fenced.Add(300*time.Millisecond), 10*time.Second, "calls to the new x", func(cs []callResult) bool {
-		for _, c := range cs {
-			if c.Instance == "x" && c.Session == newSession.ID {
-				return true
+	d.await(t, fenced.Add(300*time.Millisecond), 10*time.Second, "calls to the new x",
+		func(cs []callResult) bool {
+			for _, c := range cs {
+				if c.Instance == "x" && c.Session == newSession.ID {
+					return true
+				}
 			}
-		}
-		return false
-	})
+			return false
+		})
 	for _, c := range d.since(fenced.Add(300 * time.Millisecond)) {
 		if c.Instance == "x" && c.Session == oldSession.ID {
 			t.Fatalf("call served by the fenced session")
@@ -76,20 +81,24 @@ func TestSecondAgentDrills(t *testing.T) {
 
 	// node two dies: its executor goes when serfHealth turns critical
 	node2.Kill()
-	consultest.WaitService(t, server.Client(), "work", 60*time.Second, "node-two's executor failing", func(es []*api.ServiceEntry) bool {
-		for _, e := range es {
-			if e.Node.Node == "node-two" && e.Checks.AggregatedStatus() == api.HealthCritical {
-				return true
+	consultest.WaitService(t, server.Client(), "work", 60*time.Second,
+		"node-two's executor failing", func(es []*api.ServiceEntry) bool {
+			for _, e := range es {
+				if e.Node.Node == "node-two" && e.Checks.AggregatedStatus() == api.HealthCritical {
+					return true
+				}
 			}
-		}
-		return false
-	})
+			return false
+		})
 	critical := time.Now()
-	d.await(t, critical.Add(time.Second), 10*time.Second, "calls after node two died", func(cs []callResult) bool { return servedBy(cs)["y"] > 20 })
+	d.await(t, critical.Add(time.Second), 10*time.Second, "calls after node two died",
+		func(cs []callResult) bool { return servedBy(cs)["y"] > 20 })
 	if n := servedBy(d.since(critical.Add(300 * time.Millisecond)))["x"]; n > 0 {
 		t.Fatalf("%d calls reached the executor of a dead node", n)
 	}
-	if r, err := fc.CheckSession(context.Background(), &leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: newSession.ID}); err != nil || r.State != leaseholdv1.SessionState_LAPSED {
+	if r, err := fc.CheckSession(context.Background(),
+		&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: newSession.ID}); err != nil ||
+		r.State != leaseholdv1.SessionState_LAPSED {
 		t.Fatalf("session on the dead node: %v %v", r, err)
 	}
 }

@@ -28,7 +28,10 @@ const defaultConsulAddr = "127.0.0.1:8500"
 // from LEASEHOLD_CONSUL_ADDR, then CONSUL_HTTP_ADDR: the one spelling of
 // the Consul agent's address in every command.
 func consulAddrFlag(fs *pflag.FlagSet, dst *string) {
-	fs.StringVar(dst, "consul-addr", defaultConsulAddr, "Consul agent HTTP address (http://, https:// or unix://; token and TLS from the standard CONSUL_HTTP_TOKEN, CONSUL_CACERT, CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, ...)")
+	fs.StringVar(dst, "consul-addr", defaultConsulAddr,
+		"Consul agent HTTP address (http://, https:// or unix://; token and TLS "+
+			"from the standard CONSUL_HTTP_TOKEN, CONSUL_CACERT, "+
+			"CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, ...)")
 	bindEnv(fs, "consul-addr", "LEASEHOLD_CONSUL_ADDR", "CONSUL_HTTP_ADDR")
 	alias(fs, "consul", "consul-addr")
 }
@@ -49,9 +52,11 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.SortFlags = false
 	env := func(name, v string) { bindEnv(fs, name, v) }
 	consulAddrFlag(fs, &cfg.consulAddr)
-	fs.StringVar(&cfg.xdsAddr, "xds-addr", "127.0.0.1:18000", "gRPC listen address for xDS and the fencing API")
+	fs.StringVar(&cfg.xdsAddr, "xds-addr", "127.0.0.1:18000",
+		"gRPC listen address for xDS and the fencing API")
 	env("xds-addr", "LEASEHOLD_XDS_ADDR")
-	fs.StringVar(&cfg.adminAddr, "admin-addr", "127.0.0.1:19000", "HTTP listen address of the admin port: /healthz, /readyz, /metrics, /debug/*, /v1/session")
+	fs.StringVar(&cfg.adminAddr, "admin-addr", "127.0.0.1:19000",
+		"HTTP listen address of the admin port: /healthz, /readyz, /metrics, /debug/*, /v1/session")
 	env("admin-addr", "LEASEHOLD_ADMIN_ADDR")
 	fs.StringVar(&f.tag, "service-tag", health.DefaultTag, "Consul tag marking task types")
 	env("service-tag", "LEASEHOLD_SERVICE_TAG")
@@ -59,36 +64,65 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	env("log-format", "LEASEHOLD_LOG_FORMAT")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
 	env("log-level", "LEASEHOLD_LOG_LEVEL")
-	fs.IntVar(&f.maxConns, "consul-max-conns", 32, "most concurrent per-task blocking queries, 1 to 190, shared out between the datacenters (each datacenter's fleet-wide watches hold 7 connections more, leasehold 2 more); Consul refuses more than 200 connections per client IP")
+	fs.IntVar(&f.maxConns, "consul-max-conns", 32,
+		"most concurrent per-task blocking queries, 1 to 190, shared out between the datacenters "+
+			"(each datacenter's fleet-wide watches hold 7 connections more, leasehold 2 more); "+
+			"Consul refuses more than 200 connections per client IP")
 	env("consul-max-conns", "LEASEHOLD_CONSUL_MAX_CONNS")
-	fs.StringVar(&f.readRate, "consul-read-rate", "4MiB", "JSON per second the listings that grow with the fleet (task members, generation keys) may read from Consul, all together, per datacenter (e.g. 512KiB, 4MiB, 8MB; off: unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce")
+	fs.StringVar(&f.readRate, "consul-read-rate", "4MiB",
+		"JSON per second the listings that grow with the fleet (task members, generation keys) "+
+			"may read from Consul, all together, per datacenter (e.g. 512KiB, 4MiB, 8MB; off: "+
+			"unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce")
 	env("consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE")
-	fs.StringVar(&f.dcs, "datacenters", "", "Consul datacenters to watch through the agent, comma-separated in failover order, leasehold's own first (the datacenter of dispatchers that name none); a dispatcher's own datacenter gets priority 0, the others follow in this order (default: the agent's own only)")
+	fs.StringVar(&f.dcs, "datacenters", "",
+		"Consul datacenters to watch through the agent, comma-separated in failover order, "+
+			"leasehold's own first (the datacenter of dispatchers that name none); a "+
+			"dispatcher's own datacenter gets priority 0, the others follow in this order "+
+			"(default: the agent's own only)")
 	env("datacenters", "LEASEHOLD_DATACENTERS")
-	emptyOK(fs, "datacenters") // none: the agent's own datacenter only
-	fs.StringVar(&f.lbPolicy, "lb-policy", string(health.DefaultLBPolicy), "load-balancing policy of every task type the rules' load_balancing does not choose one for: weighted_round_robin (ORCA load reports; round_robin for clients without it), round_robin or least_request")
+	emptyOK(fs, "datacenters") // an empty value means the agent's own datacenter only
+	fs.StringVar(&f.lbPolicy, "lb-policy", string(health.DefaultLBPolicy),
+		"load-balancing policy of every task type the rules' load_balancing does not choose one "+
+			"for: weighted_round_robin (ORCA load reports; round_robin for clients without "+
+			"it), round_robin or least_request")
 	env("lb-policy", "LEASEHOLD_LB_POLICY")
-	fs.DurationVar(&f.staleAfter, "fencing-stale-after", health.DefaultLeaseTTL, "once leasehold's view of Consul is older than this (at least 3s), or than a session's own lease_ttl when shorter, the fencing API answers UNKNOWN (routing keeps the last known snapshot)")
+	fs.DurationVar(&f.staleAfter, "fencing-stale-after", health.DefaultLeaseTTL,
+		"once leasehold's view of Consul is older than this (at least 3s), or than a "+
+			"session's own lease_ttl when shorter, the fencing API answers UNKNOWN "+
+			"(routing keeps the last known snapshot)")
 	env("fencing-stale-after", "LEASEHOLD_FENCING_STALE_AFTER")
-	fs.StringVar(&cfg.tls.Cert, "tls-cert", "", "PEM certificate of the gRPC port (xDS and fencing); re-read when the file changes")
+	fs.StringVar(&cfg.tls.Cert, "tls-cert", "",
+		"PEM certificate of the gRPC port (xDS and fencing); re-read when the file changes")
 	env("tls-cert", "LEASEHOLD_TLS_CERT")
 	fs.StringVar(&cfg.tls.Key, "tls-key", "", "PEM private key of --tls-cert")
 	env("tls-key", "LEASEHOLD_TLS_KEY")
-	fs.StringVar(&cfg.tls.ClientCA, "tls-client-ca", "", "PEM CA bundle: client certificates are then required and verified (mTLS)")
+	fs.StringVar(&cfg.tls.ClientCA, "tls-client-ca", "",
+		"PEM CA bundle: client certificates are then required and verified (mTLS)")
 	env("tls-client-ca", "LEASEHOLD_TLS_CLIENT_CA")
-	fs.StringVar(&cfg.authzPolicy, "authz-policy", "", "YAML/JSON file granting client identities (certificate URI/DNS SANs) task types and fencing calls; needs --tls-client-ca; followed live")
+	fs.StringVar(&cfg.authzPolicy, "authz-policy", "",
+		"YAML/JSON file granting client identities (certificate URI/DNS SANs) task types and "+
+			"fencing calls; needs --tls-client-ca; followed live")
 	env("authz-policy", "LEASEHOLD_AUTHZ_POLICY")
-	fs.StringVar(&cfg.adminTokenFile, "admin-token-file", "", "file holding a bearer token that /debug/* and /v1/* on the admin port then require (re-read when it changes); required when --admin-addr is not loopback")
+	fs.StringVar(&cfg.adminTokenFile, "admin-token-file", "",
+		"file holding a bearer token that /debug/* and /v1/* on the admin port then require "+
+			"(re-read when it changes); required when --admin-addr is not loopback")
 	env("admin-token-file", "LEASEHOLD_ADMIN_TOKEN_FILE")
-	fs.StringVar(&cfg.adminTLS.Cert, "admin-tls-cert", "", "PEM certificate: serve the admin port over HTTPS (re-read when it changes)")
+	fs.StringVar(&cfg.adminTLS.Cert, "admin-tls-cert", "",
+		"PEM certificate: serve the admin port over HTTPS (re-read when it changes)")
 	env("admin-tls-cert", "LEASEHOLD_ADMIN_TLS_CERT")
 	fs.StringVar(&cfg.adminTLS.Key, "admin-tls-key", "", "PEM private key of --admin-tls-cert")
 	env("admin-tls-key", "LEASEHOLD_ADMIN_TLS_KEY")
-	fs.StringVar(&cfg.adminTLS.ClientCA, "admin-client-ca", "", "PEM CA: a client certificate it signed opens /debug/* and /v1/* (like the token); probes need none")
+	fs.StringVar(&cfg.adminTLS.ClientCA, "admin-client-ca", "",
+		"PEM CA: a client certificate it signed opens /debug/* and /v1/* (like "+
+			"the token); probes need none")
 	env("admin-client-ca", "LEASEHOLD_ADMIN_CLIENT_CA")
-	fs.StringVar(&cfg.rulesFile, "rules", "", "rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals, load balancing per task type); followed live; Consul KV "+consul.RulesKey+" overrides it")
+	fs.StringVar(&cfg.rulesFile, "rules", "",
+		"rollout rules file (YAML or JSON: enforce/observe modes, safety limit, approvals, load "+
+			"balancing per task type); followed live; Consul KV "+consul.RulesKey+" overrides it")
 	env("rules", "LEASEHOLD_RULES")
-	fs.StringVar(&cfg.auditLog, "audit-log", "-", "where configuration changes this replica applies or refuses are written, one JSON object per line (- : standard output)")
+	fs.StringVar(&cfg.auditLog, "audit-log", "-",
+		"where configuration changes this replica applies or refuses are written, one JSON "+
+			"object per line (- : standard output)")
 	env("audit-log", "LEASEHOLD_AUDIT_LOG")
 }
 
@@ -97,8 +131,11 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 func (f *serveFlags) config() (*serveConfig, error) {
 	cfg := f.cfg
 	var errs []string
-	bad := func(flag, msg string) { errs = append(errs, fmt.Sprintf("invalid %s: %s", flagRef(f.fs, flag), msg)) }
-	for _, a := range []struct{ flag, v string }{{"xds-addr", cfg.xdsAddr}, {"admin-addr", cfg.adminAddr}} {
+	bad := func(flag, msg string) {
+		errs = append(errs, fmt.Sprintf("invalid %s: %s", flagRef(f.fs, flag), msg))
+	}
+	for _, a := range []struct{ flag, v string }{{"xds-addr", cfg.xdsAddr},
+		{"admin-addr", cfg.adminAddr}} {
 		if _, port, err := net.SplitHostPort(a.v); err != nil {
 			bad(a.flag, fmt.Sprintf("want HOST:PORT: %v", err))
 		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
@@ -127,8 +164,12 @@ func (f *serveFlags) config() (*serveConfig, error) {
 		cfg.consulReadRate = n
 	}
 	cfg.datacenters = parseDatacenters(f.dcs, bad)
-	if n := consul.Connections(cfg.consulMaxConns, len(cfg.datacenters)); cfg.consulMaxConns > 0 && n > 200 {
-		bad("consul-max-conns", fmt.Sprintf("%d with %d datacenters holds up to %d connections to the agent, which refuses more than 200 from one address: lower it", cfg.consulMaxConns, max(len(cfg.datacenters), 1), n))
+	if n := consul.Connections(cfg.consulMaxConns, len(cfg.datacenters)); cfg.consulMaxConns > 0 &&
+		n > 200 {
+		bad("consul-max-conns",
+			fmt.Sprintf("%d with %d datacenters holds up to %d connections to the agent, which "+
+				"refuses more than 200 from one address: lower it",
+				cfg.consulMaxConns, max(len(cfg.datacenters), 1), n))
 	}
 	if p, err := health.ParseLBPolicy("--lb-policy", f.lbPolicy); err != nil {
 		bad("lb-policy", err.Error())
@@ -136,7 +177,9 @@ func (f *serveFlags) config() (*serveConfig, error) {
 		cfg.lbPolicy = p
 	}
 	if f.staleAfter < health.MinStaleBound {
-		bad("fencing-stale-after", fmt.Sprintf("%s: want a duration of at least %s, e.g. 35s", f.staleAfter, health.MinStaleBound))
+		bad("fencing-stale-after",
+			fmt.Sprintf("%s: want a duration of at least %s, e.g. 35s",
+				f.staleAfter, health.MinStaleBound))
 	} else {
 		cfg.staleAfter = f.staleAfter
 	}
@@ -158,7 +201,9 @@ func parseDatacenters(list string, bad func(flag, msg string)) []string {
 	for _, dc := range strings.Split(list, ",") {
 		dc = health.NormalizeDatacenter(dc) // Consul spells datacenters in lowercase
 		if err := health.ValidateDatacenter("datacenters", dc); err != nil {
-			bad("datacenters", fmt.Sprintf("%q: a datacenter name is 1 to 64 letters (lowercase), digits, '-' or '_'", dc))
+			bad("datacenters",
+				fmt.Sprintf("%q: a datacenter name is 1 to 64 letters "+
+					"(lowercase), digits, '-' or '_'", dc))
 			continue
 		}
 		if seen[dc] {
@@ -181,7 +226,8 @@ func checkSecurity(cfg *serveConfig, bad func(flag, msg string)) {
 		bad("tls-client-ca", "needs --tls-cert and --tls-key")
 	}
 	if cfg.authzPolicy != "" && cfg.tls.ClientCA == "" {
-		bad("authz-policy", "identities come from verified client certificates: needs --tls-client-ca")
+		bad("authz-policy",
+			"identities come from verified client certificates: needs --tls-client-ca")
 	}
 	if (cfg.adminTLS.Cert == "") != (cfg.adminTLS.Key == "") {
 		bad("admin-tls-cert", "--admin-tls-cert and --admin-tls-key go together")
@@ -189,9 +235,13 @@ func checkSecurity(cfg *serveConfig, bad func(flag, msg string)) {
 	if cfg.adminTLS.ClientCA != "" && cfg.adminTLS.Cert == "" {
 		bad("admin-client-ca", "needs --admin-tls-cert and --admin-tls-key")
 	}
-	cfg.adminTLS.ClientCertOptional, cfg.adminTLS.HTTP, cfg.adminTLS.Flags = true, true, "--admin-tls"
-	if cfg.adminTokenFile == "" && cfg.adminTLS.ClientCA == "" && !server.IsLoopback(cfg.adminAddr) {
-		bad("admin-addr", fmt.Sprintf("%s is not a loopback address: set --admin-token-file or --admin-client-ca to guard /debug/* and /v1/*", cfg.adminAddr))
+	cfg.adminTLS.ClientCertOptional, cfg.adminTLS.HTTP, cfg.adminTLS.Flags =
+		true, true, "--admin-tls"
+	if cfg.adminTokenFile == "" && cfg.adminTLS.ClientCA == "" &&
+		!server.IsLoopback(cfg.adminAddr) {
+		bad("admin-addr",
+			fmt.Sprintf("%s is not a loopback address: set --admin-token-file or "+
+				"--admin-client-ca to guard /debug/* and /v1/*", cfg.adminAddr))
 	}
 }
 
@@ -215,7 +265,7 @@ world and delta), with the fencing API on the same port and an admin port for
 			log := newLogger(cmd.ErrOrStderr(), cfg.logFormat, cfg.logLevel)
 			if err := serve(ctx, cfg, log, nil); err != nil {
 				log.Error("serve", "err", err)
-				return quiet(1) // logged
+				return quiet(1) // already logged
 			}
 			return nil
 		},
@@ -223,8 +273,10 @@ world and delta), with the fencing API on the same port and an admin port for
 	f.register(cmd.Flags())
 	completeWords(cmd, "log-format", "text", "json")
 	completeWords(cmd, "log-level", "debug", "info", "warn", "error")
-	completeWords(cmd, "lb-policy", string(health.LBWeightedRoundRobin), string(health.LBRoundRobin), string(health.LBLeastRequest))
-	filenameFlags(cmd, "tls-cert", "tls-key", "tls-client-ca", "authz-policy", "admin-token-file", "admin-tls-cert", "admin-tls-key", "admin-client-ca", "rules", "audit-log")
+	completeWords(cmd, "lb-policy", string(health.LBWeightedRoundRobin),
+		string(health.LBRoundRobin), string(health.LBLeastRequest))
+	filenameFlags(cmd, "tls-cert", "tls-key", "tls-client-ca", "authz-policy", "admin-token-file",
+		"admin-tls-cert", "admin-tls-key", "admin-client-ca", "rules", "audit-log")
 	return cmd
 }
 

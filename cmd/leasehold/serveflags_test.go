@@ -17,8 +17,10 @@ func TestServeSecurityFlags(t *testing.T) {
 		{[]string{"--admin-addr", "0.0.0.0:19000", "--admin-token-file", "/tmp/t"}, ""},
 		{[]string{"--tls-cert", "c.pem"}, "--tls-cert"},
 		{[]string{"--tls-client-ca", "ca.pem"}, "--tls-client-ca"},
-		{[]string{"--authz-policy", "p.yaml", "--tls-cert", "c", "--tls-key", "k"}, "--authz-policy"},
-		{[]string{"--authz-policy", "p.yaml", "--tls-cert", "c", "--tls-key", "k", "--tls-client-ca", "ca"}, ""},
+		{[]string{"--authz-policy", "p.yaml", "--tls-cert", "c", "--tls-key", "k"},
+			"--authz-policy"},
+		{[]string{"--authz-policy", "p.yaml", "--tls-cert", "c",
+			"--tls-key", "k", "--tls-client-ca", "ca"}, ""},
 	} {
 		_, err := parseServeFlags(c.args, io.Discard)
 		switch {
@@ -35,8 +37,10 @@ func TestServeConsulReadRate(t *testing.T) {
 		v    string
 		want int64 // 0: refused naming the flag
 	}{
-		{"4MiB", 4 << 20}, {"512KiB", 512 << 10}, {"8MB", 8e6}, {"1000", 1000}, {"2000B", 2000}, {"off", -1},
-		{"", 0}, {"0", 0}, {"-1MiB", 0}, {"4 MiB", 0}, {"4mib", 0}, {"MiB", 0}, {"99999999999999MiB", 0}, {"1.5MiB", 0},
+		{"4MiB", 4 << 20}, {"512KiB", 512 << 10}, {"8MB", 8e6},
+		{"1000", 1000}, {"2000B", 2000}, {"off", -1},
+		{"", 0}, {"0", 0}, {"-1MiB", 0}, {"4 MiB", 0}, {"4mib", 0},
+		{"MiB", 0}, {"99999999999999MiB", 0}, {"1.5MiB", 0},
 	} {
 		cfg, err := parseServeFlags([]string{"--consul-read-rate", c.v}, io.Discard)
 		switch {
@@ -61,7 +65,8 @@ func TestDatacentersFlag(t *testing.T) {
 		{" dc1 , dc2 ", []string{"dc1", "dc2"}},
 		{"dc1,,dc2", nil}, {",dc1", nil}, {"dc1,", nil}, {" ", nil}, {",", nil},
 		{"dc1,dc1", nil}, {"dc1, dc1", nil},
-		{"dc.1", nil}, {"dc 1", nil}, {"dc1;dc2", nil}, {"dc1/x", nil}, {strings.Repeat("d", 65), nil},
+		{"dc.1", nil}, {"dc 1", nil}, {"dc1;dc2", nil},
+		{"dc1/x", nil}, {strings.Repeat("d", 65), nil},
 		{"dc_1,dc-2", []string{"dc_1", "dc-2"}},
 	} {
 		cfg, err := parseServeFlags([]string{"--datacenters", c.v}, io.Discard)

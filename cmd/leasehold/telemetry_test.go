@@ -30,7 +30,9 @@ type otlpReceiver struct {
 	more  chan struct{}
 }
 
-func (r *otlpReceiver) Export(_ context.Context, req *coltrace.ExportTraceServiceRequest) (*coltrace.ExportTraceServiceResponse, error) {
+func (r *otlpReceiver) Export(
+	_ context.Context, req *coltrace.ExportTraceServiceRequest,
+) (*coltrace.ExportTraceServiceResponse, error) {
 	r.mu.Lock()
 	for _, rs := range req.GetResourceSpans() {
 		for _, ss := range rs.GetScopeSpans() {
@@ -59,7 +61,9 @@ func startOTLPReceiver(t *testing.T) (*otlpReceiver, string) {
 }
 
 // await waits for spans matching cond.
-func (r *otlpReceiver) await(t *testing.T, what string, cond func([]*tracepb.Span) bool) []*tracepb.Span {
+func (r *otlpReceiver) await(
+	t *testing.T, what string, cond func([]*tracepb.Span) bool,
+) []*tracepb.Span {
 	t.Helper()
 	deadline := time.After(20 * time.Second)
 	for {
@@ -133,12 +137,15 @@ func TestTelemetryOfALapse(t *testing.T) {
 	// The gauges come from the decided view, published just after the
 	// cache update the dispatcher saw: scrape until they are there.
 	names := []string{
-		"leasehold_executors", "leasehold_capacity", "leasehold_constraint_sets", "leasehold_dispatchers",
-		"leasehold_consul_requests_total", "leasehold_consul_wakeups_total", "leasehold_consul_contact_age_seconds",
+		"leasehold_executors", "leasehold_capacity",
+		"leasehold_constraint_sets", "leasehold_dispatchers",
+		"leasehold_consul_requests_total", "leasehold_consul_wakeups_total",
+		"leasehold_consul_contact_age_seconds",
 		"leasehold_snapshot_build_duration_seconds",
 	}
 	before := scrape(t, addrs.admin)
-	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); before = scrape(t, addrs.admin) {
+	for deadline := time.Now().Add(5 * time.Second); time.Now().Before(deadline); before = scrape(t,
+		addrs.admin) {
 		missing := false
 		for _, name := range names {
 			missing = missing || before[name] == nil
@@ -174,7 +181,8 @@ func TestTelemetryOfALapse(t *testing.T) {
 				continue
 			}
 			for _, s := range spans {
-				if s.Name == "leasehold.xds_push" && id(s.ParentSpanId) == id(update.SpanId) && hasEvent(s, "ACK") {
+				if s.Name == "leasehold.xds_push" &&
+					id(s.ParentSpanId) == id(update.SpanId) && hasEvent(s, "ACK") {
 					return true
 				}
 			}
@@ -193,7 +201,8 @@ func TestTelemetryOfALapse(t *testing.T) {
 			children[s.Name] = true
 		}
 	}
-	for _, want := range []string{"leasehold.eligibility", "leasehold.snapshot_build", "leasehold.cache_update"} {
+	for _, want := range []string{"leasehold.eligibility",
+		"leasehold.snapshot_build", "leasehold.cache_update"} {
 		if !children[want] {
 			t.Errorf("root span lacks child %s (children %v)", want, children)
 		}
@@ -218,7 +227,8 @@ func TestTelemetryOfALapse(t *testing.T) {
 		t.Errorf("lapses counter did not move: %v", after["leasehold_lease_lapses_total"])
 	}
 	deadline := time.Now().Add(10 * time.Second)
-	for sum(after["leasehold_lapse_to_push_duration_seconds"]) < 1 || sum(after["leasehold_xds_push_duration_seconds"]) < 1 {
+	for sum(after["leasehold_lapse_to_push_duration_seconds"]) < 1 ||
+		sum(after["leasehold_xds_push_duration_seconds"]) < 1 {
 		if time.Now().After(deadline) {
 			t.Fatalf("lapse-to-push or push-duration histogram empty")
 		}
@@ -240,8 +250,10 @@ func TestTelemetryOfALapse(t *testing.T) {
 
 	// a dispatcher's trace continues into the fencing API
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
-	ctx := metadata.AppendToOutgoingContext(context.Background(), "traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
-	if _, err := fencingClient(t, addrs.xds).CheckSession(ctx, &leaseholdv1.CheckSessionRequest{InstanceId: "e2", SessionId: "x"}); err != nil {
+	ctx := metadata.AppendToOutgoingContext(context.Background(),
+		"traceparent", "00-"+traceID+"-00f067aa0ba902b7-01")
+	if _, err := fencingClient(t, addrs.xds).CheckSession(ctx,
+		&leaseholdv1.CheckSessionRequest{InstanceId: "e2", SessionId: "x"}); err != nil {
 		t.Fatal(err)
 	}
 	recv.await(t, "fencing span in the dispatcher's trace", func(spans []*tracepb.Span) bool {

@@ -2,11 +2,14 @@
 // free loopback ports, `leasehold serve`, three example gRPC executors (two
 // of version 1.x, one 2.x) and the example dispatcher constrained to 1.x,
 // which dials xds:///work through leasehold and confirms each result through
-// the Fencing API. It then freezes an executor past its lease (SIGSTOP, as a
-// long GC pause would), resumes it, and drains another, printing a timeline
-// and `leasehold explain` at each step. It exits non-zero if any step does not
-// turn out as designed; every process it started is stopped on exit or
-// Ctrl-C.
+// the Fencing API. It then makes an executor busy with other work (its load
+// reports lower its share of new tasks), freezes one past its lease
+// (SIGSTOP, as a long GC pause would), resumes it, and drains another,
+// printing a timeline and `leasehold explain` at each step. With
+// --datacenters it plays the two-datacenter story instead (datacenters.go):
+// failover to another datacenter, failback, and a partition reported. It
+// exits non-zero if any step does not turn out as designed; every process it
+// started is stopped on exit or Ctrl-C.
 package main
 
 import (
@@ -37,10 +40,13 @@ var (
 	executorBin   = flag.String("executor", "bin/executor", "example executor binary")
 	dispatcherBin = flag.String("dispatcher", "bin/dispatcher", "example dispatcher binary")
 	lease         = flag.Duration("lease", 3*time.Second, "executor lease (production default 35s)")
-	heartbeat     = flag.Duration("heartbeat", time.Second, "executor heartbeat (production default 10s)")
-	rate          = flag.Float64("rate", 6, "tasks per second the dispatcher starts")
-	keep          = flag.Bool("keep", false, "after the story, keep everything running until Ctrl-C (prints the URLs to look at)")
-	logDir        = flag.String("logs", "", "folder for the processes' logs (default: a new temporary folder)")
+	heartbeat     = flag.Duration("heartbeat", time.Second,
+		"executor heartbeat (production default 10s)")
+	rate = flag.Float64("rate", 6, "tasks per second the dispatcher starts")
+	keep = flag.Bool("keep", false,
+		"after the story, keep everything running until Ctrl-C (prints the URLs to look at)")
+	logDir = flag.String("logs", "",
+		"folder for the processes' logs (default: a new temporary folder)")
 )
 
 const (
@@ -111,7 +117,8 @@ func (d *demo) cleanup() {
 	}
 }
 
-// say prints a timeline line: seconds since the demo started.
+// say prints a timeline line, stamped with the seconds since the demo
+// started.
 func (d *demo) say(format string, args ...any) {
 	fmt.Printf("%7.1fs  %s\n", time.Since(d.start).Seconds(), fmt.Sprintf(format, args...))
 }
@@ -200,18 +207,25 @@ func (d *demo) setUp(ctx context.Context) (execs map[string]*proc, constraint st
 	d.say("Consul 1.13.9 dev agent on %s", d.agent.HTTPAddr())
 
 	d.xdsAddr, d.admin = freeAddr(), freeAddr()
-	if _, _, err := d.spawn("leasehold", false, *leaseholdBin, "serve", "--consul-addr", d.agent.HTTPAddr(), "--xds-addr", d.xdsAddr, "--admin-addr", d.admin); err != nil {
+	if _, _, err := d.spawn("leasehold", false, *leaseholdBin, "serve",
+		"--consul-addr", d.agent.HTTPAddr(), "--xds-addr", d.xdsAddr,
+		"--admin-addr", d.admin); err != nil {
 		return nil, "", err
 	}
-	if err := d.await(ctx, 20*time.Second, "leasehold serve ready", func() bool { return httpOK("http://" + d.admin + "/readyz") }); err != nil {
+	if err := d.await(ctx, 20*time.Second, "leasehold serve ready", func() bool {
+		return httpOK("http://" + d.admin + "/readyz")
+	}); err != nil {
 		return nil, "", err
 	}
 	d.say("leasehold serve: xDS on %s, admin on http://%s", d.xdsAddr, d.admin)
 
 	execs = map[string]*proc{}
-	for _, e := range []struct{ id, version string }{{"exec-1", "1.4.0"}, {"exec-2", "1.5.0"}, {"exec-3", "2.0.0"}} {
-		p, _, err := d.spawn(e.id, false, *executorBin, "--instance", e.id, "--task", task, "--version", e.version,
-			"--capacity", "8", "--lease", lease.String(), "--heartbeat", heartbeat.String(), "--consul", d.agent.HTTPAddr(), "--drain-timeout", "30s")
+	for _, e := range []struct{ id, version string }{{"exec-1", "1.4.0"},
+		{"exec-2", "1.5.0"}, {"exec-3", "2.0.0"}} {
+		p, _, err := d.spawn(e.id, false, *executorBin,
+			"--instance", e.id, "--task", task, "--version", e.version,
+			"--capacity", "8", "--lease", lease.String(), "--heartbeat", heartbeat.String(),
+			"--consul", d.agent.HTTPAddr(), "--drain-timeout", "30s")
 		if err != nil {
 			return nil, "", err
 		}
@@ -221,21 +235,26 @@ func (d *demo) setUp(ctx context.Context) (execs map[string]*proc, constraint st
 
 	boot := filepath.Join(d.logs, "bootstrap.json")
 	constraint = ">=1.0.0, <2.0.0"
-	if out, err := exec.Command(*leaseholdBin, "bootstrap", "--xds-addr", d.xdsAddr, "--node-id", dispatcher, "--version-constraint", constraint, "--out", boot).CombinedOutput(); err != nil {
+	if out, err := exec.Command(*leaseholdBin, "bootstrap", "--xds-addr", d.xdsAddr,
+		"--node-id", dispatcher, "--version-constraint", constraint,
+		"--out", boot).CombinedOutput(); err != nil {
 		return nil, "", fmt.Errorf("leasehold bootstrap: %v: %s", err, out)
 	}
-	_, out, err := d.spawn("dispatcher", true, *dispatcherBin, "--bootstrap", boot, "--task", task, "--json",
+	_, out, err := d.spawn("dispatcher", true, *dispatcherBin,
+		"--bootstrap", boot, "--task", task, "--json",
 		"--rate", fmt.Sprint(*rate), "--work", "800ms", "--timeout", "20s")
 	if err != nil {
 		return nil, "", err
 	}
 	go d.outcomes.read(out, d)
-	d.say("dispatcher %s started: xds:///%s, version constraint %q (bootstrap: %s)", dispatcher, task, constraint, boot)
+	d.say("dispatcher %s started: xds:///%s, version constraint %q (bootstrap: %s)",
+		dispatcher, task, constraint, boot)
 
 	return execs, constraint, nil
 }
 
-// spreadScene: traffic spreads over the two 1.x executors; 2.x never gets any.
+// spreadScene shows traffic spreading over the two 1.x executors while 2.x
+// never gets any.
 func (d *demo) spreadScene(ctx context.Context, constraint string) error {
 	d.step("1. traffic spreads over the two 1.x executors; exec-3 (2.0.0) gets none")
 	if err := d.await(ctx, 30*time.Second, "confirmed results from exec-1 and exec-2", func() bool {
@@ -245,7 +264,8 @@ func (d *demo) spreadScene(ctx context.Context, constraint string) error {
 		return err
 	}
 	if c := d.outcomes.confirmedBy(time.Time{}); c["exec-3"] > 0 {
-		return fmt.Errorf("exec-3 (2.0.0) served %d tasks of a dispatcher constrained to %q", c["exec-3"], constraint)
+		return fmt.Errorf("exec-3 (2.0.0) served %d tasks of a dispatcher constrained to %q",
+			c["exec-3"], constraint)
 	}
 	d.say("confirmed so far: %s", d.outcomes.summary(time.Time{}))
 	d.explain("--dispatcher", dispatcher)
@@ -261,24 +281,28 @@ type frozen struct {
 	at, settled time.Time
 }
 
-// freezeScene: a frozen executor's lease lapses; routing to it stops within
-// the lease, and the dispatcher goes on with the other one.
+// freezeScene freezes an executor: its lease lapses, routing to it stops
+// within the lease, and the dispatcher goes on with the other one.
 func (d *demo) freezeScene(ctx context.Context, p *proc) (frozen, error) {
 	d.step("2. exec-2 is frozen (SIGSTOP, like a long GC pause) for two leases")
 	old2 := d.outcomes.lastSession("exec-2")
 	frozenAt := time.Now()
 	p.signal(syscall.SIGSTOP)
-	d.say("exec-2 frozen (session %s); its lease lapses at most %s after its last heartbeat", short(old2), *lease)
-	if err := d.await(ctx, *lease+5*time.Second, "leasehold reporting exec-2's session LAPSED", func() bool {
-		return d.sessionState("exec-2", old2) == "LAPSED"
-	}); err != nil {
+	d.say("exec-2 frozen (session %s); its lease lapses at most %s after its last heartbeat",
+		short(old2), *lease)
+	if err := d.await(ctx, *lease+5*time.Second,
+		"leasehold reporting exec-2's session LAPSED", func() bool {
+			return d.sessionState("exec-2", old2) == "LAPSED"
+		}); err != nil {
 		return frozen{}, err
 	}
-	d.say("leasehold: session %s of exec-2 is LAPSED (%.1fs after the freeze); its endpoint is gone from every snapshot", short(old2), time.Since(frozenAt).Seconds())
-	settled := time.Now().Add(500 * time.Millisecond) // dispatchers ACK the push
-	if err := d.await(ctx, 10*time.Second, "tasks started after the lapse confirmed on exec-1", func() bool {
-		return d.outcomes.confirmedBy(settled)["exec-1"] >= 5
-	}); err != nil {
+	d.say("leasehold: session %s of exec-2 is LAPSED (%.1fs after the freeze); its "+
+		"endpoint is gone from every snapshot", short(old2), time.Since(frozenAt).Seconds())
+	settled := time.Now().Add(500 * time.Millisecond) // time for the dispatchers to ACK the push
+	if err := d.await(ctx, 10*time.Second,
+		"tasks started after the lapse confirmed on exec-1", func() bool {
+			return d.outcomes.confirmedBy(settled)["exec-1"] >= 5
+		}); err != nil {
 		return frozen{}, err
 	}
 	d.say("the dispatcher keeps working: %s since the lapse", d.outcomes.summary(settled))
@@ -293,7 +317,8 @@ func (d *demo) freezeScene(ctx context.Context, p *proc) (frozen, error) {
 	return frozen{session: old2, at: frozenAt, settled: settled}, nil
 }
 
-// resumeScene: resumed, the old session is refused; it returns under a new one.
+// resumeScene resumes the frozen executor: its old session is refused, and
+// it returns under a new one.
 func (d *demo) resumeScene(ctx context.Context, p *proc, fz frozen) error {
 	old2, frozenAt, settled := fz.session, fz.at, fz.settled
 	d.step("3. exec-2 resumes (SIGCONT): its old session is refused, it comes back under a new one")
@@ -306,25 +331,28 @@ func (d *demo) resumeScene(ctx context.Context, p *proc, fz frozen) error {
 	}); err != nil {
 		return err
 	}
-	d.say("exec-2 confirmed again under session %s (old session %s: %s)", short(new2), short(old2), d.sessionState("exec-2", old2))
+	d.say("exec-2 confirmed again under session %s (old session %s: %s)",
+		short(new2), short(old2), d.sessionState("exec-2", old2))
 	byResult := map[string]int{}
 	for _, o := range d.outcomes.ofSession(old2, frozenAt) {
 		byResult[o.Result]++
 	}
-	d.say("tasks the frozen process had accepted: %d refused by the fencing check, %d aborted by the executor itself (its lease was lost), %d confirmed",
+	d.say("tasks the frozen process had accepted: %d refused by the fencing check, %d aborted by "+
+		"the executor itself (its lease was lost), %d confirmed",
 		byResult["refused"], byResult["failed"], byResult["confirmed"])
 	if n := d.outcomes.confirmedOfSessionAfter(old2, frozenAt.Add(*lease)); n > 0 {
 		return fmt.Errorf("%d results of exec-2's lapsed session were confirmed", n)
 	}
 	if late := d.outcomes.startedOnAfter("exec-2", old2, settled); late > 0 {
-		return fmt.Errorf("%d tasks were sent to exec-2's lapsed session after the lapse reached the dispatcher", late)
+		return fmt.Errorf("%d tasks were sent to exec-2's lapsed session after the "+
+			"lapse reached the dispatcher", late)
 	}
 	d.explain("--instance", "exec-2")
 
 	return nil
 }
 
-// drainScene: a draining executor takes no new tasks, finishes those in
+// drainScene drains an executor, which takes no new tasks, finishes those in
 // flight, then leaves.
 func (d *demo) drainScene(ctx context.Context, p *proc) error {
 	d.step("4. exec-1 drains (SIGTERM): no new tasks, in-flight tasks finish, then it deregisters")
@@ -347,24 +375,29 @@ func (d *demo) drainScene(ctx context.Context, p *proc) error {
 		return err
 	}
 	var fin map[string]int
-	if err := d.await(ctx, 5*time.Second, fmt.Sprintf("the dispatcher's results of the %d tasks in flight on exec-1", n), func() bool {
-		fin = d.outcomes.finishedAfter(session1, drain)
-		return fin["confirmed"]+fin["refused"]+fin["failed"] >= n
-	}); err != nil {
+	if err := d.await(ctx, 5*time.Second,
+		fmt.Sprintf("the dispatcher's results of the %d tasks in flight on exec-1", n),
+		func() bool {
+			fin = d.outcomes.finishedAfter(session1, drain)
+			return fin["confirmed"]+fin["refused"]+fin["failed"] >= n
+		}); err != nil {
 		return err
 	}
-	d.say("%d tasks were in flight on exec-1 at SIGTERM: %d finished and were confirmed, %d otherwise", n, fin["confirmed"], n-fin["confirmed"])
+	d.say("%d tasks were in flight on exec-1 at SIGTERM: %d finished and "+
+		"were confirmed, %d otherwise", n, fin["confirmed"], n-fin["confirmed"])
 	if fin["confirmed"] != n {
 		return fmt.Errorf("a draining executor must finish what it accepted: %v", fin)
 	}
 	after := time.Now().Add(time.Second)
-	if err := d.await(ctx, 15*time.Second, "tasks confirmed on exec-2 after the drain", func() bool {
-		return d.outcomes.confirmedBy(after)["exec-2"] >= 5
-	}); err != nil {
+	if err := d.await(ctx, 15*time.Second,
+		"tasks confirmed on exec-2 after the drain", func() bool {
+			return d.outcomes.confirmedBy(after)["exec-2"] >= 5
+		}); err != nil {
 		return err
 	}
 	if late := d.outcomes.startedOnAfter("exec-1", "", drain.Add(time.Second)); late > 0 {
-		return fmt.Errorf("%d tasks were sent to exec-1 more than 1s after it started draining", late)
+		return fmt.Errorf("%d tasks were sent to exec-1 more than 1s after it started draining",
+			late)
 	}
 	d.say("after the drain: %s", d.outcomes.summary(after))
 	d.explain()
@@ -376,9 +409,16 @@ func (d *demo) drainScene(ctx context.Context, p *proc) error {
 func (d *demo) summary(ctx context.Context) error {
 	d.step("summary")
 	d.say("all tasks: %s", d.outcomes.summary(time.Time{}))
-	d.say("exec-3 (2.0.0) served %d tasks: the dispatcher's version constraint excluded it throughout", d.outcomes.confirmedBy(time.Time{})["exec-3"])
+	d.say("exec-3 (2.0.0) served %d tasks: the dispatcher's version "+
+		"constraint excluded it throughout", d.outcomes.confirmedBy(time.Time{})["exec-3"])
 	if *keep {
-		fmt.Printf("\nstill running (Ctrl-C to stop):\n  explain:      %s explain --admin-addr %s\n  executors:    http://%s/debug/executors\n  dispatchers:  http://%s/debug/dispatchers\n  metrics:      http://%s/metrics\n  Consul UI:    http://%s/ui\n  logs:         %s\n",
+		fmt.Printf("\nstill running (Ctrl-C to stop):\n"+
+			"  explain:      %s explain --admin-addr %s\n"+
+			"  executors:    http://%s/debug/executors\n"+
+			"  dispatchers:  http://%s/debug/dispatchers\n"+
+			"  metrics:      http://%s/metrics\n"+
+			"  Consul UI:    http://%s/ui\n"+
+			"  logs:         %s\n",
 			*leaseholdBin, d.admin, d.admin, d.admin, d.admin, d.agent.HTTPAddr(), d.logs)
 		<-ctx.Done()
 	}
@@ -389,7 +429,8 @@ func (d *demo) summary(ctx context.Context) error {
 // (SIGUSR1) and waits for its share of new tasks to drop under weighted
 // round robin, then frees it again.
 func (d *demo) busyScene(ctx context.Context, p *proc) error {
-	d.step("1b. exec-1 gets busy with other work: its load reports (ORCA, in every result) show it, and its share of new tasks drops")
+	d.step("1b. exec-1 gets busy with other work: its load reports (ORCA, in every result) show " +
+		"it, and its share of new tasks drops")
 	share := func(since time.Time) (float64, int) {
 		c := d.outcomes.confirmedBy(since)
 		n := c["exec-1"] + c["exec-2"]
@@ -411,12 +452,13 @@ func (d *demo) busyScene(ctx context.Context, p *proc) error {
 		if got = sh; sh < 0.35 {
 			return true
 		}
-		window = time.Now() // not yet: a fresh window
+		window = time.Now() // not yet, so a fresh window starts
 		return false
 	}); err != nil {
 		return err
 	}
-	d.say("exec-1's share of new tasks: %.0f%% before, %.0f%% while busy (%.1fs after it got busy); nothing went through Consul", 100*before, 100*got, time.Since(busy).Seconds())
+	d.say("exec-1's share of new tasks: %.0f%% before, %.0f%% while busy (%.1fs after it got "+
+		"busy); nothing went through Consul", 100*before, 100*got, time.Since(busy).Seconds())
 	p.signal(syscall.SIGUSR1)
 	d.say("exec-1 is free again")
 	return nil
@@ -424,7 +466,9 @@ func (d *demo) busyScene(ctx context.Context, p *proc) error {
 
 // await polls cond until it holds, saying what it waits for when it takes
 // more than a second.
-func (d *demo) await(ctx context.Context, timeout time.Duration, what string, cond func() bool) error {
+func (d *demo) await(
+	ctx context.Context, timeout time.Duration, what string, cond func() bool,
+) error {
 	deadline := time.Now().Add(timeout)
 	told := false
 	for !cond() {
@@ -460,7 +504,8 @@ func (d *demo) explain(args ...string) {
 
 // sessionState asks leasehold's fencing API (JSON on the admin port).
 func (d *demo) sessionState(instance, session string) string {
-	resp, err := http.Get("http://" + d.admin + "/v1/session?instance_id=" + instance + "&session_id=" + session)
+	resp, err := http.Get("http://" + d.admin +
+		"/v1/session?instance_id=" + instance + "&session_id=" + session)
 	if err != nil {
 		return ""
 	}
@@ -559,7 +604,8 @@ func (os *outcomes) lastSessionSince(instance string, t time.Time) string {
 	os.mu.Lock()
 	defer os.mu.Unlock()
 	for i := len(os.all) - 1; i >= 0; i-- {
-		if o := os.all[i]; o.Instance == instance && o.Result == "confirmed" && o.started().After(t) {
+		if o := os.all[i]; o.Instance == instance &&
+			o.Result == "confirmed" && o.started().After(t) {
 			return o.Session
 		}
 	}
@@ -597,7 +643,8 @@ func (os *outcomes) startedOnAfter(instance, session string, t time.Time) int {
 	defer os.mu.Unlock()
 	n := 0
 	for _, o := range os.all {
-		if o.Instance == instance && (session == "" || o.Session == session) && o.started().After(t) {
+		if o.Instance == instance &&
+			(session == "" || o.Session == session) && o.started().After(t) {
 			n++
 		}
 	}
@@ -611,7 +658,8 @@ func (os *outcomes) finishedAfter(session string, t time.Time) map[string]int {
 	defer os.mu.Unlock()
 	c := map[string]int{}
 	for _, o := range os.all {
-		if (o.Session == session || strings.Contains(o.Error, session)) && o.started().Before(t) && o.At.After(t) {
+		if (o.Session == session || strings.Contains(o.Error, session)) &&
+			o.started().Before(t) && o.At.After(t) {
 			c[o.Result]++
 		}
 	}

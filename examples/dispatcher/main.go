@@ -7,7 +7,8 @@
 // Its constraints (version, labels) travel in the xDS bootstrap's node
 // metadata, written by `leasehold bootstrap`:
 //
-//	leasehold bootstrap --xds-addr 127.0.0.1:18000 --node-id d1 --version-constraint '>=1.0.0, <2.0.0' > d1.json
+//	leasehold bootstrap --xds-addr 127.0.0.1:18000 --node-id d1 \
+//	    --version-constraint '>=1.0.0, <2.0.0' > d1.json
 //	dispatcher --bootstrap d1.json --task work
 //
 // grpc-go reads its bootstrap once, when the process starts; --bootstrap
@@ -61,15 +62,24 @@ type options struct {
 func main() {
 	var o options
 	flag.StringVar(&o.task, "task", "work", "task type: the dispatcher dials xds:///<task>")
-	flag.StringVar(&o.bootstrap, "bootstrap", "", "gRPC xDS bootstrap file (from `leasehold bootstrap`; default $"+bootstrapEnv+")")
-	flag.StringVar(&o.leasehold, "leasehold", "", "leasehold's gRPC address for the Fencing API (default: the bootstrap's xDS server)")
-	flag.Float64Var(&o.rate, "rate", 5, "tasks started per second (open loop: a slow executor does not slow the rate)")
-	flag.DurationVar(&o.work, "work", 300*time.Millisecond, "how long each task's simulated work takes")
+	flag.StringVar(&o.bootstrap, "bootstrap", "",
+		"gRPC xDS bootstrap file (from `leasehold bootstrap`; default $"+bootstrapEnv+")")
+	flag.StringVar(&o.leasehold, "leasehold", "",
+		"leasehold's gRPC address for the Fencing API (default: the bootstrap's xDS server)")
+	flag.Float64Var(&o.rate, "rate", 5,
+		"tasks started per second (open loop: a slow executor does not slow the rate)")
+	flag.DurationVar(&o.work, "work", 300*time.Millisecond,
+		"how long each task's simulated work takes")
 	flag.IntVar(&o.count, "count", 0, "stop after this many tasks (0: until SIGINT/SIGTERM)")
 	flag.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of one task")
-	flag.IntVar(&o.maxInFlight, "max-in-flight", 100, "tasks in flight at most; beyond, a tick is skipped and counted")
-	flag.BoolVar(&o.failFast, "fail-fast", false, "fail a task at once while no executor is routable (default: it waits, up to --timeout, for one)")
-	flag.IntVar(&o.retries, "retries", 3, "a task refused before it started (executor full, draining or without a lease) is sent again up to this many times")
+	flag.IntVar(&o.maxInFlight, "max-in-flight", 100,
+		"tasks in flight at most; beyond, a tick is skipped and counted")
+	flag.BoolVar(&o.failFast, "fail-fast", false,
+		"fail a task at once while no executor is routable (default: it "+
+			"waits, up to --timeout, for one)")
+	flag.IntVar(&o.retries, "retries", 3,
+		"a task refused before it started (executor full, draining or without a lease) is "+
+			"sent again up to this many times")
 	flag.BoolVar(&o.jsonOut, "json", false, "print one JSON object per task instead of a table row")
 	flag.Parse()
 	if err := o.validate(); err != nil {
@@ -110,8 +120,11 @@ func (o *options) validate() error {
 	if o.maxInFlight <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --max-in-flight %d: want > 0", o.maxInFlight))
 	}
-	if o.bootstrap == "" && os.Getenv(bootstrapEnv) == "" && os.Getenv("GRPC_XDS_BOOTSTRAP_CONFIG") == "" {
-		errs = append(errs, fmt.Errorf("--bootstrap: required (or set $%s): write one with `leasehold bootstrap`", bootstrapEnv))
+	if o.bootstrap == "" && os.Getenv(bootstrapEnv) == "" &&
+		os.Getenv("GRPC_XDS_BOOTSTRAP_CONFIG") == "" {
+		errs = append(errs,
+			fmt.Errorf("--bootstrap: required (or set $%s): write one with `leasehold bootstrap`",
+				bootstrapEnv))
 	}
 	return errors.Join(errs...)
 }
@@ -176,7 +189,8 @@ func xdsServer() (string, credentials.TransportCredentials, error) {
 		}
 	}
 	if c.Cert != "" {
-		// Re-read on every handshake: rotated files are picked up.
+		// The files are re-read on every handshake, so rotated ones are
+		// picked up.
 		cfg.GetClientCertificate = func(*tls.CertificateRequestInfo) (*tls.Certificate, error) {
 			pair, err := tls.LoadX509KeyPair(c.Cert, c.Key)
 			return &pair, err
@@ -192,10 +206,10 @@ type Outcome struct {
 	Instance string    `json:"instance_id,omitempty"`
 	Session  string    `json:"session_id,omitempty"`
 	Version  string    `json:"version,omitempty"`
-	// confirmed: the session was CURRENT when the result came back;
-	// refused: it was not (state says why) and the result is discarded;
-	// failed: the task did not complete (error says why);
-	// skipped: too many tasks in flight at the tick.
+	// Result is confirmed when the session was CURRENT (or DRAINING) when
+	// the result came back; refused when it was not (State says why) and the
+	// result is discarded; failed when the task did not complete (Error says
+	// why); skipped when too many tasks were in flight at the tick.
 	Result  string        `json:"result"`
 	State   string        `json:"session_state,omitempty"`
 	Error   string        `json:"error,omitempty"`
@@ -211,7 +225,8 @@ func run(ctx context.Context, o options) error {
 	if fencingAddr == "" {
 		fencingAddr = xdsAddr
 	}
-	conn, err := grpc.NewClient("xds:///"+o.task, grpc.WithTransportCredentials(insecure.NewCredentials()))
+	conn, err := grpc.NewClient("xds:///"+o.task,
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
 	if err != nil {
 		return fmt.Errorf("dial xds:///%s: %w", o.task, err)
 	}
@@ -251,10 +266,12 @@ func run(ctx context.Context, o options) error {
 		if oc.Error != "" {
 			detail = oc.Error
 		}
-		fmt.Printf("%s  %-8s %-10s %-40s %s\n", oc.At.Format("15:04:05.000"), oc.TaskID, oc.Result, who, detail)
+		fmt.Printf("%s  %-8s %-10s %-40s %s\n",
+			oc.At.Format("15:04:05.000"), oc.TaskID, oc.Result, who, detail)
 	}
 	if !o.jsonOut {
-		fmt.Printf("dispatching %g tasks/s to xds:///%s; results confirmed through leasehold's Fencing API at %s\n", o.rate, o.task, fencingAddr)
+		fmt.Printf("dispatching %g tasks/s to xds:///%s; results confirmed through "+
+			"leasehold's Fencing API at %s\n", o.rate, o.task, fencingAddr)
 	}
 	tick := time.NewTicker(time.Duration(float64(time.Second) / o.rate))
 	defer tick.Stop()
@@ -267,7 +284,8 @@ loop:
 		}
 		id := fmt.Sprintf("t%d", n)
 		if inFlight.Load() >= int64(o.maxInFlight) {
-			report(Outcome{At: time.Now(), TaskID: id, Result: "skipped", Error: "too many tasks in flight"})
+			report(Outcome{At: time.Now(), TaskID: id,
+				Result: "skipped", Error: "too many tasks in flight"})
 			continue
 		}
 		inFlight.Add(1)
@@ -284,44 +302,58 @@ loop:
 }
 
 // seenIndex is the highest consul_index of any fencing answer this
-// dispatcher acted on: passed back as min_consul_index, so an answer from
-// another (or a restarted) leasehold replica is never older than one already
-// seen — STALE here is never followed by CURRENT there.
+// dispatcher acted on. It is passed back as min_consul_index, so an answer
+// from another (or a restarted) leasehold replica is never older than one
+// already seen: STALE here is never followed by CURRENT there.
 var seenIndex atomic.Uint64
 
 // dispatch runs one task and confirms its result only if the session that
-// produced it is still CURRENT (or DRAINING: finishing accepted work): a result from a session that lapsed or was
-// replaced meanwhile may race with the same work done again elsewhere.
-func dispatch(ctx context.Context, work workpb.WorkClient, fencing leaseholdv1.FencingClient, id string, o options) Outcome {
+// produced it is still CURRENT (or DRAINING, finishing accepted work),
+// because a result from a session that lapsed or was replaced meanwhile may
+// race with the same work done again elsewhere.
+func dispatch(
+	ctx context.Context, work workpb.WorkClient,
+	fencing leaseholdv1.FencingClient, id string, o options,
+) Outcome {
 	start := time.Now()
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.timeout)
 	defer cancel()
 	var res *workpb.RunResult
 	var err error
 	for attempt := 0; ; attempt++ {
-		res, err = work.Run(tctx, &workpb.RunRequest{TaskId: id, DurationMs: uint32(o.work.Milliseconds())}, grpc.WaitForReady(!o.failFast))
-		// Full, or no current lease / draining: the executor did not accept
-		// the task, so trying another one is safe. Anything else (a deadline,
-		// ABORTED) may have run: not retried.
+		res, err = work.Run(tctx,
+			&workpb.RunRequest{TaskId: id, DurationMs: uint32(o.work.Milliseconds())},
+			grpc.WaitForReady(!o.failFast))
+		// Full, or without a current lease, or draining: the executor did not
+		// accept the task, so trying another one is safe. Anything else (a
+		// deadline, ABORTED) may have run, so it is not retried.
 		c := status.Code(err)
-		if (c != codes.ResourceExhausted && c != codes.Unavailable) || attempt >= o.retries || tctx.Err() != nil {
+		if (c != codes.ResourceExhausted && c != codes.Unavailable) ||
+			attempt >= o.retries || tctx.Err() != nil {
 			break
 		}
 		time.Sleep(time.Duration(attempt+1) * 20 * time.Millisecond)
 	}
 	if err != nil {
 		st := status.Convert(err)
-		return Outcome{At: time.Now(), TaskID: id, Result: "failed", Error: st.Code().String() + ": " + st.Message(), Latency: time.Since(start)}
+		return Outcome{At: time.Now(), TaskID: id, Result: "failed",
+			Error: st.Code().String() + ": " + st.Message(), Latency: time.Since(start)}
 	}
-	oc := Outcome{TaskID: id, Instance: res.GetInstanceId(), Session: res.GetSessionId(), Version: res.GetVersion()}
-	chk, err := fencing.CheckSession(tctx, &leaseholdv1.CheckSessionRequest{InstanceId: res.GetInstanceId(), SessionId: res.GetSessionId(), MinConsulIndex: seenIndex.Load()})
+	oc := Outcome{TaskID: id, Instance: res.GetInstanceId(),
+		Session: res.GetSessionId(), Version: res.GetVersion()}
+	chk, err := fencing.CheckSession(tctx, &leaseholdv1.CheckSessionRequest{
+		InstanceId: res.GetInstanceId(), SessionId: res.GetSessionId(),
+		MinConsulIndex: seenIndex.Load()})
 	oc.At, oc.Latency = time.Now(), time.Since(start)
-	for seen := seenIndex.Load(); err == nil && chk.GetConsulIndex() > seen && !seenIndex.CompareAndSwap(seen, chk.GetConsulIndex()); seen = seenIndex.Load() {
+	for seen := seenIndex.Load(); err == nil && chk.GetConsulIndex() > seen &&
+		!seenIndex.CompareAndSwap(seen, chk.GetConsulIndex()); seen = seenIndex.Load() {
 	}
 	switch {
 	case err != nil:
-		oc.Result, oc.Error = "refused", "fencing check failed, not confirmed: "+status.Convert(err).Message()
-	case chk.GetState() == leaseholdv1.SessionState_CURRENT, chk.GetState() == leaseholdv1.SessionState_DRAINING:
+		oc.Result, oc.Error = "refused", "fencing check failed, not confirmed: "+
+			status.Convert(err).Message()
+	case chk.GetState() == leaseholdv1.SessionState_CURRENT,
+		chk.GetState() == leaseholdv1.SessionState_DRAINING:
 		// A draining session is still its instance's newest with a valid
 		// lease: it takes no new work, but what it accepted stands.
 		oc.Result, oc.State = "confirmed", chk.GetState().String()
@@ -333,7 +365,8 @@ func dispatch(ctx context.Context, work workpb.WorkClient, fencing leaseholdv1.F
 
 func summary(counts, byExec map[string]int, jsonOut bool) {
 	if jsonOut {
-		json.NewEncoder(os.Stdout).Encode(map[string]any{"summary": counts, "confirmed_by_executor": byExec})
+		json.NewEncoder(os.Stdout).Encode(map[string]any{"summary": counts,
+			"confirmed_by_executor": byExec})
 		return
 	}
 	var keys []string
@@ -341,7 +374,8 @@ func summary(counts, byExec map[string]int, jsonOut bool) {
 		keys = append(keys, k)
 	}
 	sort.Strings(keys)
-	fmt.Printf("\nconfirmed %d, refused %d, failed %d, skipped %d\n", counts["confirmed"], counts["refused"], counts["failed"], counts["skipped"])
+	fmt.Printf("\nconfirmed %d, refused %d, failed %d, skipped %d\n",
+		counts["confirmed"], counts["refused"], counts["failed"], counts["skipped"])
 	for _, k := range keys {
 		fmt.Printf("  %-40s %d\n", k, byExec[k])
 	}

@@ -58,14 +58,18 @@ func parseFlags() options {
 	)
 	flag.StringVar(&cfg.InstanceID, "instance", "", "stable instance id (required)")
 	flag.Var(&tasks, "task", "task type(s), comma-separated or repeated (required)")
-	flag.StringVar(&o.listen, "listen", "127.0.0.1:0", "gRPC listen address; the registered address is the one bound")
+	flag.StringVar(&o.listen, "listen", "127.0.0.1:0",
+		"gRPC listen address; the registered address is the one bound")
 	flag.StringVar(&cfg.Version, "version", "1.0.0", "semantic version")
 	flag.IntVar(&cfg.Capacity, "capacity", 2, "concurrent tasks")
 	flag.Var(labels, "label", "label key=value (repeatable)")
 	flag.DurationVar(&cfg.Lease.TTL, "lease", health.DefaultLeaseTTL, "lease")
-	flag.DurationVar(&cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat, "heartbeat interval")
-	flag.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute, "on SIGTERM, how long to wait for in-flight tasks")
-	flag.StringVar(&o.consulAddr, "consul", "", "Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500)")
+	flag.DurationVar(&cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat,
+		"heartbeat interval")
+	flag.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute,
+		"on SIGTERM, how long to wait for in-flight tasks")
+	flag.StringVar(&o.consulAddr, "consul", "",
+		"Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500)")
 	flag.Parse()
 	cfg.Tasks, cfg.Labels = tasks, labels
 	return o
@@ -88,7 +92,8 @@ func run() error {
 	var draining atomic.Bool
 	cfg.Load = func() int { return int(inFlight.Load()) }
 	cfg.OnLeaseLost = func(l consul.LeaseLoss) {
-		log.Warn("lease lost: tasks claimed under the session are abandoned", "session_id", l.SessionID, "reason", l.Reason, "superseded", l.Superseded)
+		log.Warn("lease lost: tasks claimed under the session are abandoned",
+			"session_id", l.SessionID, "reason", l.Reason, "superseded", l.Superseded)
 	}
 
 	acfg := api.DefaultConfig()
@@ -105,9 +110,11 @@ func run() error {
 	}
 
 	// Load reports (ORCA) go straight to each dispatcher in every result's
-	// trailer: weighted round robin weighs this executor by them.
+	// trailer, and weighted round robin weighs this executor by them.
 	other := busyOnSIGUSR1(cfg.Capacity, log)
-	load, err := loadreport.New(cfg.Capacity, func() int { return int(inFlight.Load() + other.Load()) })
+	load, err := loadreport.New(cfg.Capacity, func() int {
+		return int(inFlight.Load() + other.Load())
+	})
 	if err != nil {
 		return fmt.Errorf("--capacity: %w", err)
 	}
@@ -116,7 +123,8 @@ func run() error {
 		return err
 	}
 	go load.Run(context.Background(), time.Second)
-	workpb.RegisterWorkServer(srv, &work{reg: reg, cfg: cfg, inFlight: &inFlight, draining: &draining, load: load, log: log})
+	workpb.RegisterWorkServer(srv,
+		&work{reg: reg, cfg: cfg, inFlight: &inFlight, draining: &draining, load: load, log: log})
 	hs := grpchealth.NewServer()
 	healthpb.RegisterHealthServer(srv, hs)
 	go srv.Serve(lis)
@@ -149,9 +157,9 @@ func run() error {
 	return nil
 }
 
-// busyOnSIGUSR1 counts the slots taken by other work: SIGUSR1 toggles
-// between none and half the capacity, which only the load reports show
-// (the demo's way to make one executor busier).
+// busyOnSIGUSR1 counts the slots taken by other work. SIGUSR1 toggles it
+// between none and half the capacity, which only the load reports show; it
+// is the demo's way to make one executor busier.
 func busyOnSIGUSR1(capacity int, log *slog.Logger) *atomic.Int64 {
 	var other atomic.Int64
 	usr1 := make(chan os.Signal, 1)
@@ -200,27 +208,30 @@ func (w *work) Run(ctx context.Context, req *workpb.RunRequest) (*workpb.RunResu
 	if w.draining.Load() {
 		return nil, status.Error(codes.Unavailable, "draining: no new tasks")
 	}
-	defer w.load.Report(ctx) // last: the trailer carries the load as the task ends
+	defer w.load.Report(ctx) // runs last, so the trailer carries the load as the task ends
 	if n := w.inFlight.Add(1); n > int64(w.cfg.Capacity) {
 		w.inFlight.Add(-1)
 		return nil, status.Error(codes.ResourceExhausted, "full")
 	}
-	w.reg.LoadChanged() // full now? the Registrar says so at once
+	w.reg.LoadChanged() // if it is full now, the Registrar says so at once
 	defer w.load.Done()
 	defer w.reg.LoadChanged() // free again
 	defer w.inFlight.Add(-1)
 	select { // the work, abandoned if the session ends under it
 	case <-time.After(time.Duration(req.GetDurationMs()) * time.Millisecond):
 	case <-s.Done():
-		return nil, status.Errorf(codes.Aborted, "session %s ended under task %s: %v", s.ID, req.GetTaskId(), s.Err())
+		return nil, status.Errorf(codes.Aborted,
+			"session %s ended under task %s: %v", s.ID, req.GetTaskId(), s.Err())
 	case <-ctx.Done():
 		return nil, status.FromContextError(ctx.Err()).Err()
 	}
 	if s.Err() != nil { // the lease was lost as the task finished
-		return nil, status.Errorf(codes.Aborted, "session %s ended as task %s finished: %v", s.ID, req.GetTaskId(), s.Err())
+		return nil, status.Errorf(codes.Aborted,
+			"session %s ended as task %s finished: %v", s.ID, req.GetTaskId(), s.Err())
 	}
 	return &workpb.RunResult{
-		TaskId: req.GetTaskId(), InstanceId: w.cfg.InstanceID, SessionId: s.ID, Version: w.cfg.Version,
+		TaskId: req.GetTaskId(), InstanceId: w.cfg.InstanceID,
+		SessionId: s.ID, Version: w.cfg.Version,
 		Load: uint32(max(w.inFlight.Load()-1, 0)),
 	}, nil
 }

@@ -146,10 +146,9 @@ func (c *Client) Next() *discovery.DiscoveryResponse {
 // ACK goes first so that a test that waits on each never waits on the
 // client. requested is when the request that r answers was sent (taken just
 // before sending, so never later), received when r arrived (before its
-// ACK). The returned channel gets the error that
-// ended the stream, once each has returned for the last time. Follow is for
-// a client that only watches: the test must not send or receive on the
-// stream itself meanwhile.
+// ACK). The returned channel gets the error that ended the stream, once each
+// has returned for the last time. Follow is for a client that only watches:
+// the test must not send or receive on the stream itself meanwhile.
 func (c *Client) Follow(typeURL string, names []string,
 	each func(r *discovery.DiscoveryResponse, requested, received time.Time)) <-chan error {
 	ended := make(chan error, 1)

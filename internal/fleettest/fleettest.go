@@ -163,8 +163,8 @@ func Node(t testing.TB, meta map[string]any) *corev3.Node {
 	return &corev3.Node{Id: "d", Metadata: st}
 }
 
-// Keys are generation keys in the bare form ("<generation>": no session
-// named) for the instances of gens, as a generation listing reports them.
+// Keys are generation keys in the bare form ("<generation>", naming no
+// session) for the instances of gens, as a generation listing reports them.
 func Keys(gens map[string]uint64) map[string]health.GenerationRecord {
 	out := make(map[string]health.GenerationRecord, len(gens))
 	for inst, g := range gens {

@@ -35,26 +35,31 @@ func NewCA(t testing.TB, name string) *CA {
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial.Add(1)), Subject: pkix.Name{CommonName: name},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour),
-		IsCA: true, BasicConstraintsValid: true, KeyUsage: x509.KeyUsageCertSign}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial.Add(1)),
+		Subject: pkix.Name{CommonName: name}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), IsCA: true, BasicConstraintsValid: true,
+		KeyUsage: x509.KeyUsageCertSign}
 	der, err := x509.CreateCertificate(rand.Reader, tmpl, tmpl, &key.PublicKey, key)
 	if err != nil {
 		t.Fatal(err)
 	}
 	c, _ := x509.ParseCertificate(der)
-	return &CA{cert: c, key: key, PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
+	return &CA{cert: c, key: key,
+		PEM: pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der})}
 }
 
 // Issue returns PEM certificate and key for a leaf with the given SANs.
-func (ca *CA) Issue(t testing.TB, server bool, uris []string, dns ...string) (certPEM, keyPEM []byte) {
+func (ca *CA) Issue(
+	t testing.TB, server bool, uris []string, dns ...string,
+) (certPEM, keyPEM []byte) {
 	key, err := ecdsa.GenerateKey(elliptic.P256(), rand.Reader)
 	if err != nil {
 		t.Fatal(err)
 	}
-	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial.Add(1)), Subject: pkix.Name{CommonName: "leaf"},
-		NotBefore: time.Now().Add(-time.Hour), NotAfter: time.Now().Add(time.Hour), DNSNames: dns,
-		KeyUsage: x509.KeyUsageDigitalSignature, ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
+	tmpl := &x509.Certificate{SerialNumber: big.NewInt(serial.Add(1)),
+		Subject: pkix.Name{CommonName: "leaf"}, NotBefore: time.Now().Add(-time.Hour),
+		NotAfter: time.Now().Add(time.Hour), DNSNames: dns, KeyUsage: x509.KeyUsageDigitalSignature,
+		ExtKeyUsage: []x509.ExtKeyUsage{x509.ExtKeyUsageClientAuth}}
 	if server {
 		tmpl.ExtKeyUsage = []x509.ExtKeyUsage{x509.ExtKeyUsageServerAuth}
 		tmpl.IPAddresses = []net.IP{net.ParseIP("127.0.0.1")}
@@ -68,10 +73,13 @@ func (ca *CA) Issue(t testing.TB, server bool, uris []string, dns ...string) (ce
 		t.Fatal(err)
 	}
 	kb, _ := x509.MarshalECPrivateKey(key)
-	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}), pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
+	return pem.EncodeToMemory(&pem.Block{Type: "CERTIFICATE", Bytes: der}),
+		pem.EncodeToMemory(&pem.Block{Type: "EC PRIVATE KEY", Bytes: kb})
 }
 
-func (ca *CA) ClientCreds(t testing.TB, serverCA *CA, uris ...string) credentials.TransportCredentials {
+func (ca *CA) ClientCreds(
+	t testing.TB, serverCA *CA, uris ...string,
+) credentials.TransportCredentials {
 	c, k := ca.Issue(t, false, uris)
 	pair, err := tls.X509KeyPair(c, k)
 	if err != nil {
