@@ -12,6 +12,7 @@ import (
 	"syscall"
 	"time"
 
+	"github.com/jonboulle/clockwork"
 	"go.yaml.in/yaml/v3"
 
 	"github.com/leasehold/leasehold/health"
@@ -136,11 +137,12 @@ type PolicyStore struct {
 	stamp   string
 	version atomic.Int64 // bumped on every accepted change
 	changed chan struct{}
+	clock   clockwork.Clock // what Run's re-reads are paced by (the real clock)
 }
 
 // LoadPolicy reads the policy file; errors name the flag and the field.
 func LoadPolicy(path string, log *slog.Logger) (*PolicyStore, error) {
-	s := &PolicyStore{path: path, log: log, changed: make(chan struct{}, 1)}
+	s := &PolicyStore{path: path, log: log, changed: make(chan struct{}, 1), clock: clockwork.NewRealClock()}
 	b, err := os.ReadFile(path)
 	if err != nil {
 		return nil, fmt.Errorf("--authz-policy: %w", err)
@@ -160,19 +162,16 @@ func (s *PolicyStore) Grant(id Identity) (Grant, bool) { return s.cur.Load().gra
 // Version counts accepted policy changes.
 func (s *PolicyStore) Version() int64 { return s.version.Load() }
 
-// Follow re-reads the file when it changes, every interval (default 1 s),
-// until ctx ends.
-func (s *PolicyStore) Follow(ctx context.Context, interval time.Duration) {
-	if interval <= 0 {
-		interval = time.Second
-	}
-	t := time.NewTicker(interval)
+// Run re-reads the file when it changes, every second on the store's clock,
+// until ctx ends, and returns ctx's error.
+func (s *PolicyStore) Run(ctx context.Context) error {
+	t := s.clock.NewTicker(time.Second)
 	defer t.Stop()
 	for {
 		select {
 		case <-ctx.Done():
-			return
-		case <-t.C:
+			return ctx.Err()
+		case <-t.Chan():
 			s.reload()
 		}
 	}

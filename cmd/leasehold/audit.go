@@ -5,15 +5,12 @@ import (
 	"encoding/json"
 	"fmt"
 	"io"
-	"log/slog"
 	"os"
 	"sync"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/trace"
 
-	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
@@ -47,38 +44,4 @@ func openAudit(path string, tp trace.TracerProvider) (func(fleet.AuditEvent), fu
 			attribute.String("leasehold.audit.error", e.Error)))
 		span.End()
 	}, closeFn, nil
-}
-
-// followRules re-reads the rules file when it changes (checked every
-// second) and hands it to the syncer, which validates it: an invalid version
-// is refused there and the previous one stays in force.
-func followRules(
-	ctx context.Context, path string, obs chan<- health.Observation, log *slog.Logger,
-) {
-	stamp, _ := os.ReadFile(path)
-	t := time.NewTicker(time.Second)
-	defer t.Stop()
-	for {
-		select {
-		case <-ctx.Done():
-			return
-		case <-t.C:
-		}
-		now, _ := os.ReadFile(path) // the file is small, so it is compared whole, once a second
-		if string(now) == string(stamp) {
-			continue
-		}
-		stamp = now
-		raw, err := rulesYAMLToJSON(path)
-		if err != nil {
-			log.Error("rules file changed but cannot be read: the previous rules stay in force",
-				"path", path, "err", err)
-			raw = []byte("not readable: " + err.Error()) // refused by the syncer, and audited there
-		}
-		select {
-		case obs <- health.Observation{Data: &health.RulesSource{Source: "file:" + path, Raw: raw}}:
-		case <-ctx.Done():
-			return
-		}
-	}
 }

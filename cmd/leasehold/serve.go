@@ -98,16 +98,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	if cfg.rulesFile != "" {
 		obs <- health.Observation{Data: &health.RulesSource{Source: "file:" + cfg.rulesFile,
 			Raw: p.rulesRaw}}
-		parts.run("rules file", func(ctx context.Context) error {
-			followRules(ctx, cfg.rulesFile, obs, log)
-			return ctx.Err()
-		})
+		parts.run("rules file", rulesFile{path: cfg.rulesFile, obs: obs, log: log}.Run)
 	}
 	if sec.policy != nil {
-		parts.run("authorization policy", func(ctx context.Context) error {
-			sec.policy.Follow(ctx, time.Second)
-			return ctx.Err()
-		})
+		parts.run("authorization policy", sec.policy.Run)
 	}
 
 	g := newGRPCServer(sec.creds, tel)
