@@ -7,6 +7,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"log/slog"
 	"net/http"
 	"os"
 	"strings"
@@ -34,6 +35,9 @@ import (
 type Config struct {
 	ServiceName    string // default "leasehold"
 	ServiceVersion string // default "dev"
+	// Logger receives OpenTelemetry's own errors (a failed export, mostly);
+	// default slog.Default().
+	Logger *slog.Logger
 }
 
 // Telemetry holds the providers leasehold's components take.
@@ -41,6 +45,7 @@ type Telemetry struct {
 	Tracer    trace.TracerProvider
 	Meter     metric.MeterProvider
 	registry  *prometheus.Registry
+	zeros     *zeros // the empty histogram series /metrics shows (zero.go)
 	shutdowns []func(context.Context) error
 	// TracesExported is true when an OTLP trace exporter is configured.
 	TracesExported bool
@@ -51,7 +56,11 @@ type Telemetry struct {
 // OTEL_EXPORTER_OTLP_[TRACES_]ENDPOINT is set and OTEL_TRACES_EXPORTER is not
 // "none"; otherwise a no-op provider, so nothing is recorded or slowed.
 // Sampling follows OTEL_TRACES_SAMPLER. Metrics: a Prometheus registry for
-// /metrics always, plus OTLP export under the same rules for metrics.
+// /metrics always, plus OTLP export under the same rules for metrics; the
+// histograms of Meter can be shown empty before their first measurement
+// (zero.go). OpenTelemetry's own errors become warnings of cfg.Logger, once a
+// minute per error, with a hint when the endpoint speaks the other OTLP
+// protocol.
 func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	if cfg.ServiceName == "" {
 		cfg.ServiceName = "leasehold"
@@ -59,6 +68,10 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	if cfg.ServiceVersion == "" {
 		cfg.ServiceVersion = "dev"
 	}
+	if cfg.Logger == nil {
+		cfg.Logger = slog.Default()
+	}
+	setErrorHandler(cfg.Logger)
 	res, err := resource.New(ctx,
 		resource.WithAttributes(semconv.ServiceName(cfg.ServiceName), semconv.ServiceVersion(cfg.ServiceVersion)),
 		resource.WithHost(),
@@ -67,7 +80,8 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 	if err != nil && !errors.Is(err, resource.ErrPartialResource) {
 		return nil, fmt.Errorf("otel resource: %w", err)
 	}
-	t := &Telemetry{Tracer: tracenoop.NewTracerProvider(), registry: prometheus.NewRegistry()}
+	t := &Telemetry{Tracer: tracenoop.NewTracerProvider(), registry: prometheus.NewRegistry(),
+		zeros: &zeros{}}
 
 	if exporting("TRACES") {
 		var exp sdktrace.SpanExporter
@@ -103,7 +117,7 @@ func Setup(ctx context.Context, cfg Config) (*Telemetry, error) {
 		opts = append(opts, sdkmetric.WithReader(sdkmetric.NewPeriodicReader(exp)))
 	}
 	mp := sdkmetric.NewMeterProvider(opts...)
-	t.Meter = mp
+	t.Meter = zeroMeterProvider{MeterProvider: mp, z: t.zeros}
 	t.shutdowns = append(t.shutdowns, mp.Shutdown)
 	return t, nil
 }
@@ -127,9 +141,11 @@ func protocol(signal string) string {
 	return "http/protobuf"
 }
 
-// MetricsHandler serves the Prometheus text format.
+// MetricsHandler serves the Prometheus text format: what OpenTelemetry
+// exports, and the histograms shown empty until their first measurement
+// (zero.go).
 func (t *Telemetry) MetricsHandler() http.Handler {
-	return promhttp.HandlerFor(t.registry, promhttp.HandlerOpts{})
+	return promhttp.HandlerFor(zeroGatherer{reg: t.registry, z: t.zeros}, promhttp.HandlerOpts{})
 }
 
 // Shutdown flushes and stops exporters.

@@ -233,7 +233,8 @@ func sidecar(ctx context.Context, rf *registerFlags, stderr io.Writer) int {
 	rf.cfg.Probe = prober.Probe
 	rf.cfg.Logger = log
 	tel, err := lhotel.Setup(context.Background(),
-		lhotel.Config{ServiceName: "leasehold-register", ServiceVersion: version})
+		lhotel.Config{ServiceName: "leasehold-register", ServiceVersion: version,
+			Logger: log})
 	if err != nil {
 		fmt.Fprintf(stderr, "leasehold register: %v\n", err)
 		return 2

@@ -54,7 +54,8 @@ type listening struct{ xds, admin string }
 
 // serve runs the pipeline — Consul watch → syncer → xDS — until ctx ends.
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<- listening) error {
-	tel, err := lhotel.Setup(ctx, lhotel.Config{ServiceName: "leasehold", ServiceVersion: version})
+	tel, err := lhotel.Setup(ctx,
+		lhotel.Config{ServiceName: "leasehold", ServiceVersion: version, Logger: log})
 	if err != nil {
 		return err
 	}
