@@ -38,6 +38,22 @@ var ruleNames = map[string]Reason{
 	"lease": ReasonLapsed, "metadata": ReasonBadMetadata,
 }
 
+// RuleName is the name a configuration gives rule (version, labels,
+// capacity, …), which metrics use too, so that an operator reads the words of
+// the rules file; a reason no rule has is its own string.
+func RuleName(rule Reason) string {
+	best := ""
+	for n, r := range ruleNames {
+		if r == rule && (best == "" || n < best) {
+			best = n
+		}
+	}
+	if best == "" {
+		return string(rule)
+	}
+	return best
+}
+
 // alwaysEnforced says why a known rule cannot be observed; a mode entry
 // naming one is refused in observe mode and changes nothing in enforce mode
 // (so a configuration staging fencing in enforce mode parses).

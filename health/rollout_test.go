@@ -201,3 +201,19 @@ func TestParseRolloutRefusesTrailingContent(t *testing.T) {
 		}
 	}
 }
+
+// A metric's rule label is the word the rules file uses, and every rule a
+// rollout may observe has one that parses back to it.
+func TestRuleNameIsTheRulesFilesWord(t *testing.T) {
+	want := map[Reason]string{ReasonVersion: "version", ReasonLabels: "labels",
+		ReasonFull: "capacity", ReasonCordoned: "cordon", ReasonUnhealthy: "unhealthy",
+		ReasonDraining: "draining"}
+	for _, rule := range ObservableRules {
+		if got := RuleName(rule); got != want[rule] || ruleNames[got] != rule {
+			t.Errorf("RuleName(%s) = %q, want %q", rule, got, want[rule])
+		}
+	}
+	if got := RuleName("no-such-reason"); got != "no-such-reason" {
+		t.Errorf("RuleName of an unknown reason = %q", got)
+	}
+}

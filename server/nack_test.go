@@ -5,6 +5,7 @@ import (
 	"context"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"sync"
 	"testing"
@@ -202,8 +203,8 @@ func TestNackReasonIsBounded(t *testing.T) {
 		"unexpected resource type: \"x\"":       "decode",
 		"something else entirely, session 7f3a": "other",
 	} {
-		if got := NackReason(detail); got != want {
-			t.Errorf("NackReason(%q) = %q, want %q", detail, got, want)
+		if got := NackReason(detail); got != want || !slices.Contains(NackReasons, got) {
+			t.Errorf("NackReason(%q) = %q, want %q (one of NackReasons)", detail, got, want)
 		}
 	}
 }

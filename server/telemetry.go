@@ -71,6 +71,7 @@ func (x *XDS) initTelemetry(o XDSOptions) {
 	x.lapseLost, _ = m.Int64Counter("leasehold.lapse_to_push.expired",
 		metric.WithDescription("lapses whose removal was not ACKed by every affected dispatcher "+
 			"within a minute"))
+	x.zeroSeries()
 	m.Int64ObservableGauge("leasehold.dispatchers",
 		metric.WithDescription("open xDS streams of dispatchers, by mode (sotw, delta)"),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
@@ -83,6 +84,46 @@ func (x *XDS) initTelemetry(o XDSOptions) {
 			}
 			return nil
 		}))
+}
+
+// servedTypes are the type URLs leasehold serves, the known values of the
+// type_url label.
+var servedTypes = []string{resource.ListenerType, resource.RouteType, resource.ClusterType,
+	resource.EndpointType}
+
+// NackReasons are the values NackReason returns, the known values of the
+// reason label.
+var NackReasons = []string{"duplicate", "address", "weight", "validation", "decode",
+	"unspecified", "other"}
+
+// zeroer is what the histograms of leasehold's telemetry (adapters/otel)
+// implement: a series shown empty before its first measurement. An
+// interface of its own, because server imports no adapter.
+type zeroer interface{ Zero(attrs ...attribute.KeyValue) }
+
+func zero(h metric.Float64Histogram, attrs ...attribute.KeyValue) {
+	if z, ok := h.(zeroer); ok {
+		z.Zero(attrs...)
+	}
+}
+
+// zeroSeries exports every series with known labels at 0 from the start, so
+// that an alert on NACKs or slow pushes answers 0 rather than "no data"
+// until the first event.
+func (x *XDS) zeroSeries() {
+	ctx := context.Background()
+	for _, u := range servedTypes {
+		zero(x.pushTime, attribute.String("type_url", u))
+		for _, r := range NackReasons {
+			x.nacks.Add(ctx, 0, metric.WithAttributes(attribute.String("type_url", u),
+				attribute.String("reason", r)))
+		}
+	}
+	zero(x.lapseToPush)
+	x.lapseLost.Add(ctx, 0)
+	for _, api := range []string{"xds", "fencing"} {
+		x.denied.Add(ctx, 0, metric.WithAttributes(attribute.String("api", api)))
+	}
 }
 
 // onPublish runs on the syncer's goroutine after a snapshot is set.

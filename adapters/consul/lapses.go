@@ -202,6 +202,7 @@ func NewLapseRecorder(client *api.Client, cfg LapseRecorderConfig) *LapseRecorde
 			metric.WithDescription("writes of lapse marks to Consul KV that failed (retried); a "+
 				"lapse not recorded is final only in this replica's memory until it is"),
 		)
+	r.failed.Add(context.Background(), 0) // exported before the first failure
 	return r
 }
 

@@ -17,6 +17,11 @@ import (
 func (w *Watcher) blockingLoop(ctx context.Context, spec watchSpec, read readFunc) {
 	name := spec.name
 	kind := metric.WithAttributes(w.attrs(attribute.String("watch", watchKind(name)))...)
+	// Every counter of this watch is exported from its start, so that a rate
+	// of errors answers 0 rather than "no data" until the first one.
+	w.requests.Add(ctx, 0, kind)
+	w.errs.Add(ctx, 0, kind)
+	w.wakeups.Add(ctx, 0, kind)
 	var sizes, fresh *readSizes // of the query in flight, and of a refresh's fresh read in it
 	queryLoop{
 		clock: w.cfg.Clock, maxBackoff: w.cfg.MaxBackoff, kvListing: spec.kvListing,

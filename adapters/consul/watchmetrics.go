@@ -89,6 +89,7 @@ func (w *Watcher) initMetrics(provider metric.MeterProvider) {
 				"view had not reached",
 		),
 	)
+	w.rounds.Add(context.Background(), 0, w.dcAttrs()) // exported before the first round
 	m.Float64ObservableGauge(
 		"leasehold.consul.contact_age",
 		metric.WithUnit("s"),

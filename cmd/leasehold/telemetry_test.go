@@ -5,6 +5,8 @@ import (
 	"encoding/hex"
 	"net"
 	"net/http"
+	"os"
+	"regexp"
 	"strings"
 	"sync"
 	"testing"
@@ -273,4 +275,72 @@ func hasEvent(s *tracepb.Span, name string) bool {
 		}
 	}
 	return false
+}
+
+// documentedMetrics are the families of docs/metrics.md's table, a row's
+// `_suffix` shorthand spelled out, split into serve's and the sidecar's
+// (leasehold_executor_*).
+func documentedMetrics(t *testing.T) (serve, sidecar []string) {
+	t.Helper()
+	doc, err := os.ReadFile("../../docs/metrics.md")
+	if err != nil {
+		t.Fatal(err)
+	}
+	name := regexp.MustCompile("`(leasehold_[a-z_]+|_[a-z_]+)`")
+	for _, line := range strings.Split(string(doc), "\n") {
+		if !strings.HasPrefix(line, "| `leasehold_") {
+			continue
+		}
+		first := strings.SplitN(line, "|", 3)[1]
+		base := ""
+		for _, m := range name.FindAllStringSubmatch(first, -1) {
+			n := m[1]
+			if strings.HasPrefix(n, "_") { // `_errors_total` after `leasehold_consul_requests_total`
+				n = strings.TrimSuffix(strings.TrimSuffix(base, "_total"), "_requests") + n
+			} else {
+				base = n
+			}
+			if strings.HasPrefix(n, "leasehold_executor_") {
+				sidecar = append(sidecar, n)
+			} else {
+				serve = append(serve, n)
+			}
+		}
+	}
+	if len(serve) < 20 || len(sidecar) < 4 {
+		t.Fatalf("docs/metrics.md: read %d serve and %d sidecar families", len(serve), len(sidecar))
+	}
+	return serve, sidecar
+}
+
+// Every family docs/metrics.md lists is on serve's /metrics before any
+// event (no lapse, NACK, rule, cordon, refusal or failed write yet), with its
+// known label values at 0: an alert on one answers 0, not "no data".
+func TestEveryDocumentedFamilyIsExportedFromTheStart(t *testing.T) {
+	families, _ := documentedMetrics(t)
+	a := consultest.Start(t)
+	a.SettleSync()
+	startExecutor(t, a, "e1", "1.0.0")
+	addrs := startServe(t, a)
+	var got map[string]*dto.MetricFamily
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		got = scrape(t, addrs.admin)
+		if got["leasehold_executors"] != nil || time.Now().After(deadline) {
+			break // the first view is decided
+		}
+		<-time.After(50 * time.Millisecond) // /metrics has no watch API
+	}
+	for _, name := range families {
+		if got[name] == nil {
+			t.Errorf("%s is not exported before its first event", name)
+		}
+	}
+	lapses := got["leasehold_lease_lapses_total"].String()
+	if !strings.Contains(lapses, `value:"work"`) {
+		t.Errorf("lapses of the known task work are not at 0: %s", lapses)
+	}
+	rules := got["leasehold_rules_would_exclude_total"].String()
+	if !strings.Contains(rules, `value:"version"`) || strings.Contains(rules, "incompatible") {
+		t.Errorf("rule labels are not the rules' names (version, labels, …): %s", rules)
+	}
 }

@@ -27,6 +27,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 	if len(r.lapses) > 0 {
 		s.batchLapse = s.batchStart
 	}
+	s.zeroTasks(r.changed)
 	tr.startBuild(ctx, len(s.groups), r.changed)
 	s.rebuildGroups(r.changed)
 	s.built(ctx, &tr, decided)

@@ -24,7 +24,15 @@ type syncTelemetry struct {
 	wouldExclude  metric.Int64Counter
 	rulesRejected metric.Int64Counter
 	buildTime     metric.Float64Histogram
+	// zeroed are the task types whose series are exported at 0 (zeroTasks);
+	// the Syncer's goroutine only.
+	zeroed map[string]bool
 }
+
+// zeroer is what the histograms of leasehold's telemetry (adapters/otel)
+// implement: a series shown empty before its first measurement. An
+// interface of its own, because fleet imports no adapter.
+type zeroer interface{ Zero(attrs ...attribute.KeyValue) }
 
 // initTelemetry creates the instruments. Gauges are computed from the latest
 // View when scraped, so the hot path pays nothing for them.
@@ -43,13 +51,13 @@ func (s *Syncer) initTelemetry() {
 	m.Int64ObservableGauge("leasehold.cordons.held",
 		metric.WithDescription("executors a cordon selects that the safety limit keeps routed"),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			n := 0 // without controls read yet nothing is held
 			if c := s.View().Control; c != nil {
-				n := 0
 				for _, st := range c.Cordons {
 					n += st.Held
 				}
-				obs.Observe(int64(n))
 			}
+			obs.Observe(int64(n))
 			return nil
 		}))
 	s.badMeta, _ = m.Int64Counter("leasehold.registrations.bad_metadata",
@@ -59,6 +67,13 @@ func (s *Syncer) initTelemetry() {
 		metric.WithDescription("time to rebuild the resources of the changed task types for "+
 			"every constraint set"),
 		metric.WithExplicitBucketBoundaries(0.0001, 0.0005, 0.001, 0.005, 0.01, 0.05, 0.1, 0.5, 1))
+	// The counters without labels are exported at 0 from the start, so that
+	// an alert on them answers 0 rather than "no data" until the first event.
+	s.rulesRejected.Add(context.Background(), 0)
+	s.badMeta.Add(context.Background(), 0)
+	if z, ok := s.buildTime.(zeroer); ok {
+		z.Zero()
+	}
 	m.Int64ObservableGauge("leasehold.executors",
 		metric.WithDescription("registrations by task, state and verdict for an unconstrained "+
 			"dispatcher"),
@@ -117,7 +132,9 @@ func (s *Syncer) initTelemetry() {
 			"staleness bound while another datacenter answers: its executors are not routed)"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			v := s.View()
-			if dcs := v.Datacenters(); len(dcs) > 1 {
+			// One datacenter too, so that the family is there from the start
+			// whatever --datacenters says: it is reached while it answers.
+			if dcs := v.Datacenters(); len(dcs) > 0 {
 				for _, dc := range dcs {
 					i, _ := v.Datacenter(dc)
 					o.Observe(int64(i.Reach),
@@ -132,6 +149,27 @@ func (s *Syncer) initTelemetry() {
 			o.Observe(s.groupCount.Load())
 			return nil
 		}))
+}
+
+// zeroTasks exports the task-labelled counters of task types not seen before
+// at 0, for every rule a rollout may observe: an alert on lapses of a task
+// type answers 0, not "no data", until its first lapse.
+func (s *Syncer) zeroTasks(tasks []string) {
+	for _, task := range tasks {
+		if s.zeroed[task] {
+			continue
+		}
+		if s.zeroed == nil {
+			s.zeroed = map[string]bool{}
+		}
+		s.zeroed[task] = true
+		ctx, t := context.Background(), attribute.String("task", task)
+		s.lapseCount.Add(ctx, 0, metric.WithAttributes(t))
+		for _, rule := range health.ObservableRules {
+			s.wouldExclude.Add(ctx, 0, metric.WithAttributes(
+				attribute.String("rule", health.RuleName(rule)), t))
+		}
+	}
 }
 
 // execDiff counts registrations added, changed and removed by a batch (for
@@ -212,7 +250,7 @@ func (s *Syncer) explainBuild(g *group, task string, execs []health.Executor,
 	for _, o := range observed {
 		for _, x := range o.Exclusions {
 			s.wouldExclude.Add(context.Background(), 1,
-				metric.WithAttributes(attribute.String("rule", string(x.Reason)),
+				metric.WithAttributes(attribute.String("rule", health.RuleName(x.Reason)),
 					attribute.String("task", task)))
 			s.log.Info("rule in observe mode would exclude; routed", "rule", x.Reason,
 				"detail", x.Detail, "instance_id", o.InstanceID, "session_id", o.SessionID,
