@@ -99,7 +99,9 @@ var NackReasons = []string{"duplicate", "address", "weight", "validation", "deco
 // zeroer is what the histograms of leasehold's telemetry (adapters/otel)
 // implement: a series shown empty before its first measurement. An
 // interface of its own, because server imports no adapter.
-type zeroer interface{ Zero(attrs ...attribute.KeyValue) }
+type zeroer interface {
+	Zero(attrs ...attribute.KeyValue)
+}
 
 func zero(h metric.Float64Histogram, attrs ...attribute.KeyValue) {
 	if z, ok := h.(zeroer); ok {

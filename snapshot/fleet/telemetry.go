@@ -32,7 +32,9 @@ type syncTelemetry struct {
 // zeroer is what the histograms of leasehold's telemetry (adapters/otel)
 // implement: a series shown empty before its first measurement. An
 // interface of its own, because fleet imports no adapter.
-type zeroer interface{ Zero(attrs ...attribute.KeyValue) }
+type zeroer interface {
+	Zero(attrs ...attribute.KeyValue)
+}
 
 // initTelemetry creates the instruments. Gauges are computed from the latest
 // View when scraped, so the hot path pays nothing for them.
