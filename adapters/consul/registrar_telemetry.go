@@ -61,6 +61,16 @@ func (r *Registrar) initTelemetry() {
 		"leasehold.executor.lease.losses",
 		metric.WithDescription("sessions whose lease was lost, by reason (refused, expired)"),
 	)
+	// Exported at 0 from the start, so that an alert on failed heartbeats or
+	// lost leases answers 0 rather than "no data" until the first one.
+	ctx := context.Background()
+	r.hbFailures.Add(ctx, 0)
+	for _, reason := range LossReasons {
+		r.leaseLosses.Add(ctx, 0, metric.WithAttributes(attribute.String("reason", string(reason))))
+	}
+	if z, ok := r.heartbeat.(interface{ Zero(...attribute.KeyValue) }); ok {
+		z.Zero() // adapters/otel shows it empty until the first heartbeat
+	}
 	m.Int64ObservableGauge("leasehold.executor.load", metric.WithDescription("work in flight"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
 			o.Observe(int64(r.cfg.Load()))

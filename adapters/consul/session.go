@@ -33,6 +33,11 @@ const (
 	LossOvertaken LossReason = "overtaken"
 )
 
+// LossReasons are every LossReason, the known values of the lease-loss
+// metric's reason label.
+var LossReasons = []LossReason{LossRefused, LossExpired, LossSuperseded, LossNodeFailed,
+	LossOvertaken}
+
 // LeaseLoss describes the end of one session's lease.
 type LeaseLoss struct {
 	InstanceID string
