@@ -121,12 +121,24 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		s.log.Error("inconsistent snapshot not published", "group", key, "err", err)
 		return
 	}
-	ctx, span := s.tracer.Start(ctx, "leasehold.cache_update", trace.WithAttributes(
-		attribute.String("leasehold.constraint_set", key),
-		attribute.String("xds.version.endpoints", snap.Resources[types.Endpoint].Version),
-		attribute.Int("xds.resources", len(res[types.Endpoint])+len(res[types.Listener])+
-			len(res[types.Route])+len(res[types.Cluster])),
-	))
+	// Linked to every change it carries but its parent: a publication
+	// coalesced later (an addition, a drain) is a trace of its own, and
+	// "why did my new executor take 6 s to be routed" is followed from the
+	// change to it through the link.
+	parent := trace.SpanContextFromContext(ctx)
+	var links []trace.Link
+	for _, c := range g.changes {
+		if !c.Equal(parent) {
+			links = append(links, trace.Link{SpanContext: c})
+		}
+	}
+	ctx, span := s.tracer.Start(ctx, "leasehold.cache_update", trace.WithLinks(links...),
+		trace.WithAttributes(
+			attribute.String("leasehold.constraint_set", key),
+			attribute.String("xds.version.endpoints", snap.Resources[types.Endpoint].Version),
+			attribute.Int("xds.resources", len(res[types.Endpoint])+len(res[types.Listener])+
+				len(res[types.Route])+len(res[types.Cluster])),
+		))
 	// Listeners hear of the publication before any response it causes.
 	pub := Publication{Group: key, Snapshot: snap, Ctx: ctx, LapsedAt: g.lapsedAt,
 		RemovedTasks: g.removedTasks}
@@ -140,6 +152,7 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		return
 	}
 	g.dirty, g.urgent, g.lapsedAt, g.removedTasks = false, false, time.Time{}, nil
+	g.changes = g.changes[:0]
 	if s.cfg.OnPublish != nil {
 		s.cfg.OnPublish(key, snap)
 	}

@@ -17,6 +17,9 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	"github.com/jonboulle/clockwork"
+	sdktrace "go.opentelemetry.io/otel/sdk/trace"
+	"go.opentelemetry.io/otel/sdk/trace/tracetest"
+	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
@@ -478,5 +481,99 @@ func awaitRolloutError(h *syncHarness, prev string) string {
 		case <-deadline:
 			return prev
 		}
+	}
+}
+
+// A publication coalesced after the changes it carries (two additions in one
+// window) is a trace of its own linked to each change's consul_change span;
+// one published at once (a lapse) is the change's child, with no link.
+func TestCoalescedPublicationLinksToEveryChangeItCarries(t *testing.T) {
+	spans := endedSpans{tracetest.NewSpanRecorder(), make(chan struct{}, 1)}
+	tp := sdktrace.NewTracerProvider(sdktrace.WithSpanProcessor(spans))
+	h := startSyncerWith(t, func(c *SyncConfig) { c.Tracer = tp },
+		slog.New(slog.NewTextHandler(io.Discard, nil)))
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work")
+	h.nonPassing()
+	a := fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 5)
+	b := fleettest.Member("work", "b", "s1", 1, 9002, "1.0.0", health.StatusPassing, 6)
+	c := fleettest.Member("work", "c", "s1", 1, 9003, "1.0.0", health.StatusPassing, 7)
+	h.members("work", a)
+	h.publish()
+	h.members("work", a, b) // an addition: waits for the window
+	h.settle()
+	h.members("work", a, b, c) // another, in the same window
+	h.settle()
+	h.quiet()
+	h.advanceWindow()
+	if got := endpointsOf(t, h.publish().snap, "work"); len(got) != 3 {
+		t.Fatalf("after the window: %v", got)
+	}
+	ended := spans.Ended()
+	var changes []trace.SpanContext
+	var update sdktrace.ReadOnlySpan
+	for _, s := range ended {
+		switch s.Name() {
+		case "leasehold.consul_change":
+			changes = append(changes, s.SpanContext())
+		case "leasehold.cache_update":
+			update = s // the last one: the coalesced publication
+		}
+	}
+	if len(changes) < 3 || update == nil {
+		t.Fatalf("spans: %d changes, cache update %v", len(changes), update)
+	}
+	linked := map[trace.SpanID]bool{}
+	for _, l := range update.Links() {
+		linked[l.SpanContext.SpanID()] = true
+	}
+	for _, ch := range changes[len(changes)-2:] { // the two additions
+		if !linked[ch.SpanID()] {
+			t.Errorf("the coalesced cache update does not link to change %s (links %v)",
+				ch.SpanID(), update.Links())
+		}
+	}
+	if update.Parent().IsValid() && len(update.Links()) == 0 {
+		t.Errorf("coalesced update: parent %v, no links", update.Parent())
+	}
+
+	// A lapse is published at once: the cache update is its change's child.
+	h.nonPassing(health.CheckState{Node: "n1", CheckID: health.CheckID("a", "s1", "work"),
+		ServiceID: "work:a", Status: health.StatusCritical})
+	h.publish()
+	var last sdktrace.ReadOnlySpan // the lapse's change, ended once its publication is
+	for deadline := time.After(5 * time.Second); ; {
+		ended = spans.Ended()
+		if last = ended[len(ended)-1]; last.Name() == "leasehold.consul_change" {
+			break
+		}
+		select {
+		case <-spans.more:
+		case <-deadline:
+			t.Fatalf("the lapse's change span never ended; last %s", last.Name())
+		}
+	}
+	for _, s := range ended {
+		if s.Name() == "leasehold.cache_update" {
+			update = s
+		}
+	}
+	if update.Parent().SpanID() != last.SpanContext().SpanID() || len(update.Links()) != 0 {
+		t.Errorf("the lapse's cache update: parent %v, links %v; want the change %v, none",
+			update.Parent().SpanID(), update.Links(), last.SpanContext().SpanID())
+	}
+}
+
+// endedSpans records spans and says when one ended.
+type endedSpans struct {
+	*tracetest.SpanRecorder
+	more chan struct{}
+}
+
+func (e endedSpans) OnEnd(s sdktrace.ReadOnlySpan) {
+	e.SpanRecorder.OnEnd(s)
+	select {
+	case e.more <- struct{}{}:
+	default:
 	}
 }

@@ -4,6 +4,8 @@ import (
 	"context"
 	"time"
 
+	"go.opentelemetry.io/otel/trace"
+
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/translator"
 )
@@ -24,6 +26,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 	s.recordLapses(r.lapses)
 	decided := time.Now()
 	ctx, tr := s.traceChange(ctx, r, started, decided)
+	s.batchChange = trace.SpanContextFromContext(ctx) // invalid when not traced
 	if len(r.lapses) > 0 {
 		s.batchLapse = s.batchStart
 	}
@@ -32,7 +35,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 	s.rebuildGroups(r.changed)
 	s.built(ctx, &tr, decided)
 	s.publishBatch(ctx, r.present)
-	s.batchLapse = time.Time{}
+	s.batchLapse, s.batchChange = time.Time{}, trace.SpanContext{}
 	tr.end()
 }
 
@@ -45,7 +48,7 @@ func (s *Syncer) rebuildGroups(changed []string) {
 			s.rebuild(g, task)
 		}
 		if s.ctl.clusters {
-			g.dirty = true
+			s.markDirty(g)
 		}
 	}
 	s.ctl.clusters = false
@@ -119,6 +122,24 @@ func (s *Syncer) taskExecutors(task string) ([]health.Executor, []uint64) {
 	return execs, prints
 }
 
+// changesCarried bounds the changes one publication links to (OpenTelemetry's
+// default span limit is 128 links): a flood of them is one span, not a
+// growing list.
+const changesCarried = 64
+
+// markDirty marks g changed by the current batch and remembers the batch's
+// consul_change span, so that a publication coalesced later links to every
+// change it carries (publish).
+func (s *Syncer) markDirty(g *group) {
+	g.dirty = true
+	c := s.batchChange
+	if !c.IsValid() || len(g.changes) >= changesCarried ||
+		(len(g.changes) > 0 && g.changes[len(g.changes)-1].Equal(c)) {
+		return
+	}
+	g.changes = append(g.changes, c)
+}
+
 // rebuild recomputes one task's load assignment for a group and marks the
 // group dirty (urgent when an endpoint was removed or started draining).
 func (s *Syncer) rebuild(g *group, task string) {
@@ -129,7 +150,8 @@ func (s *Syncer) rebuild(g *group, task string) {
 		if old != nil {
 			delete(g.loads, task)
 			delete(g.claVersion, task)
-			g.dirty, g.urgent = true, true
+			s.markDirty(g)
+			g.urgent = true
 		}
 		return
 	}
@@ -149,7 +171,7 @@ func (s *Syncer) rebuild(g *group, task string) {
 	}
 	g.loads[task] = cla
 	g.claVersion[task] = version
-	g.dirty = true
+	s.markDirty(g)
 	removes := r.RemovesOrDrains
 	if r.Restarted { // e.g. a rule went from observe to enforce: compare whole
 		removes = translator.RemovesOrDrainsBetween(old, cla)

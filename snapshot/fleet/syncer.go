@@ -200,6 +200,7 @@ type Syncer struct {
 	listeners      []func(Publication) // Notify's
 	batchStart     time.Time           // when Consul's answer behind the current batch arrived
 	batchLapse     time.Time           // batchStart, when the batch holds a new lapse
+	batchChange    trace.SpanContext   // the current batch's consul_change span, if traced
 
 	// The operators' controls and what readiness knows of the reads'
 	// failures (control.go, readiness.go).
@@ -231,6 +232,8 @@ type group struct {
 	urgent       bool      // an endpoint was removed or started draining: publish at once
 	removedTasks []string  // tasks whose endpoints lost or drained one
 	lapsedAt     time.Time // when Consul reported the earliest lapse behind them
+	// The consul_change spans of the batches that changed it (markDirty).
+	changes []trace.SpanContext
 }
 
 // NewSyncer returns a Syncer with an empty cache. Dispatchers' nodes are
