@@ -3,6 +3,7 @@ package consul
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"slices"
 	"strings"
 	"sync"
@@ -1041,5 +1042,50 @@ func TestRunWithoutOutNamesTheField(t *testing.T) {
 	}
 	if err := ws.Run(ctx); err == nil || !strings.Contains(err.Error(), `datacenter "dc`) {
 		t.Errorf("Watchers.Run without Out: %v, want the failing datacenter named", err)
+	}
+}
+
+// lockedBuffer is a log sink safe for the watches' goroutines.
+type lockedBuffer struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *lockedBuffer) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *lockedBuffer) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// A badly named service tagged for leasehold is warned of once when it
+// appears, not at every answer of the services watch; once gone and back, it
+// is warned of again.
+func TestWatcherWarnsOfABadServiceNameOncePerChange(t *testing.T) {
+	var logs lockedBuffer
+	h := startWatcher(t, WatchConfig{MinInterval: time.Millisecond,
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	withBad := map[string][]string{"bad_name": {"leasehold"}}
+	answers := []map[string][]string{withBad, withBad, withBad, {}, withBad}
+	warnings := func() int { return strings.Count(logs.String(), "invalid name") }
+	want := []int{1, 1, 1, 1, 2}
+	for i, services := range answers {
+		if i == 0 {
+			h.cat.call(t, "services")
+		} else {
+			h.advanceUntil("services")
+		}
+		h.cat.push("services", scripted{index: uint64(10 + i), services: services})
+		if o := h.observe(); o.Tasks() == nil {
+			t.Fatalf("answer %d: %+v, want a task list", i, o)
+		}
+		if got := warnings(); got != want[i] {
+			t.Fatalf("after answer %d: %d warnings, want %d:\n%s", i, got, want[i], logs.String())
+		}
 	}
 }

@@ -18,6 +18,9 @@ func (w *Watcher) watchServices(ctx context.Context) {
 		done   chan struct{}
 	}
 	tasks := map[string]running{}
+	// The badly named services of the last answer: each is warned of once
+	// when it appears (again), not at every answer (every 10 s or so).
+	badNames := map[string]bool{}
 	defer func() {
 		for _, r := range tasks {
 			r.cancel()
@@ -39,13 +42,16 @@ func (w *Watcher) watchServices(ctx context.Context) {
 			if err != nil {
 				return 0, err
 			}
-			want := map[string]bool{}
+			want, bad := map[string]bool{}, map[string]bool{}
 			for name, tags := range services {
 				for _, t := range tags {
 					if t == w.cfg.Tag {
 						if err := health.ValidateTask(name); err != nil {
-							w.log.Warn("service tagged for leasehold has an invalid name; ignored",
-								"service", name, "err", err)
+							if !badNames[name] {
+								w.log.Warn("service tagged for leasehold has an invalid name; "+
+									"ignored", "service", name, "err", err)
+							}
+							bad[name] = true
 							break
 						}
 						want[name] = true
@@ -58,6 +64,7 @@ func (w *Watcher) watchServices(ctx context.Context) {
 				list = append(list, task)
 			}
 			sort.Strings(list)
+			badNames = bad
 			w.listTasks(want)
 			if !w.send(ctx, health.Observation{Data: &health.TaskList{Index: idx, Tasks: list}}) {
 				return idx, nil
