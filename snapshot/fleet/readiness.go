@@ -74,7 +74,7 @@ func (s *Syncer) applyControlContact(c health.Contact) {
 		c.Detail = c.Err.Error()
 	}
 	s.rd.ctlFailure = &c
-	s.log.Warn(contactMessage(c.Problem)+
+	s.log.Warn(contactMessage(c.Problem, s.synced)+
 		" (operator controls: the rules and cordons last read stay in force)",
 		"problem", c.Problem, "err", c.Err)
 }
@@ -85,15 +85,20 @@ func (s *Syncer) controlOK() bool {
 	return s.rd.ctlFailure == nil && (s.rd.ctlRead || !s.cfg.AwaitControl)
 }
 
-// contactMessage is the log message of a failed read.
-func contactMessage(p health.ContactProblem) string {
+// contactMessage is the log message of a failed read; served says whether a
+// snapshot was served yet (before, there is no last known one to serve).
+func contactMessage(p health.ContactProblem, served bool) string {
+	what, then := "consul unreachable: ", "serving the last known snapshot"
 	switch p {
 	case health.ProblemACL:
-		return "consul ACL: a right is missing; serving the last known snapshot"
+		what = "consul ACL: a right is missing; "
 	case health.ProblemTLS:
-		return "consul TLS handshake failed; serving the last known snapshot"
+		what = "consul TLS handshake failed; "
 	}
-	return "consul unreachable: serving the last known snapshot"
+	if !served {
+		then = "nothing served yet (the fleet is not read)"
+	}
+	return what + then
 }
 
 // storeReadiness decides readiness (the whole fleet read once, Consul

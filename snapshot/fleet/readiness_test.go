@@ -5,6 +5,7 @@ import (
 	"errors"
 	"log/slog"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 
@@ -139,5 +140,58 @@ func TestReadinessNamesEveryMissingRight(t *testing.T) {
 	if want := ctl + " and " + gen + " and " + svc; r.Detail != want ||
 		r.Source != ControlSource+", fleet" {
 		t.Fatalf("%+v, want detail %q from both", r, want)
+	}
+}
+
+// logSink is a log buffer safe for the syncer's goroutine.
+type logSink struct {
+	mu sync.Mutex
+	b  strings.Builder
+}
+
+func (l *logSink) Write(p []byte) (int, error) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.Write(p)
+}
+
+func (l *logSink) String() string {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.b.String()
+}
+
+// "serving the last known snapshot" is said only once a snapshot was served:
+// Consul failing before the fleet was first read says nothing is served yet.
+func TestUnreachableSaysServingOnlyOnceSomethingWasServed(t *testing.T) {
+	var logs logSink
+	s := NewSyncer(SyncConfig{Clock: clockwork.NewFakeClock(),
+		Logger: slog.New(slog.NewTextHandler(&logs, nil))})
+	obs := make(chan health.Observation, 16)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan struct{})
+	go func() { s.Run(ctx, obs); close(done) }()
+	t.Cleanup(func() { cancel(); <-done })
+
+	refused := health.Contact{Err: errors.New("connection refused"),
+		Problem: health.ProblemUnreachable}
+	obs <- health.Observation{Data: &refused}
+	awaitReadiness(t, s, "unreachable first", reason(string(health.ProblemUnreachable), ""))
+	if out := logs.String(); strings.Contains(out, "serving the last known snapshot") ||
+		!strings.Contains(out, "consul unreachable: nothing served yet") {
+		t.Fatalf("before anything was served:\n%s", out)
+	}
+	obs <- health.Observation{Data: &health.Contact{OK: true}}
+	obs <- health.Observation{Data: &health.Generations{Index: 1}}
+	obs <- health.Observation{Data: &health.TaskList{Index: 2, Tasks: []string{"work"}}}
+	obs <- health.Observation{Data: &health.TaskMembers{Task: "work", Index: 3,
+		Members: []health.Member{fleettest.Member("work", "e1", "s1", 1, 9001, "1.0.0",
+			health.StatusPassing, 3)}}}
+	obs <- health.Observation{Data: &health.NonPassing{Index: 3}}
+	awaitReadiness(t, s, "ready", func(r Readiness) bool { return r.Ready })
+	obs <- health.Observation{Data: &refused}
+	awaitReadiness(t, s, "unreachable after", reason(string(health.ProblemUnreachable), ""))
+	if out := logs.String(); !strings.Contains(out, "consul unreachable: serving the last known") {
+		t.Fatalf("once served:\n%s", out)
 	}
 }

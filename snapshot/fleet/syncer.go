@@ -451,7 +451,7 @@ func (s *Syncer) applyContact(o health.Observation, d *dcState, c *health.Contac
 	d.failing = !c.OK
 	s.noteContact(o.Datacenter, *c)
 	if !c.OK {
-		s.log.Warn(contactMessage(c.Problem), "datacenter", o.Datacenter, "err", c.Err)
+		s.log.Warn(contactMessage(c.Problem, s.synced), "datacenter", o.Datacenter, "err", c.Err)
 	} else {
 		s.log.Info("consul reachable again", "datacenter", o.Datacenter)
 	}
