@@ -298,7 +298,31 @@ loop:
 	}
 	wg.Wait()
 	summary(counts, byExec, o.jsonOut)
-	return nil
+	return outcomeError(counts, o.task)
+}
+
+// outcomeError is run's error when tasks failed or their results were
+// refused, so that the exit status says so (a script running the dispatcher
+// sees it), pointing at the command that says why.
+func outcomeError(counts map[string]int, task string) error {
+	failed, refused := counts["failed"], counts["refused"]
+	if failed == 0 && refused == 0 {
+		return nil
+	}
+	return fmt.Errorf("%d tasks failed and %d results were refused: `leasehold explain "+
+		"--task %s` says which executors are routed and why not the others", failed, refused,
+		task)
+}
+
+// failureHint points a failed task's error at leasehold explain when the
+// failure is about routing (no executor, none with room, none in time),
+// which explain answers.
+func failureHint(c codes.Code, task string) string {
+	switch c {
+	case codes.Unavailable, codes.ResourceExhausted, codes.DeadlineExceeded:
+		return " (`leasehold explain --task " + task + "` says why no executor took it)"
+	}
+	return ""
 }
 
 // seenIndex is the highest consul_index of any fencing answer this
@@ -337,7 +361,8 @@ func dispatch(
 	if err != nil {
 		st := status.Convert(err)
 		return Outcome{At: time.Now(), TaskID: id, Result: "failed",
-			Error: st.Code().String() + ": " + st.Message(), Latency: time.Since(start)}
+			Error:   st.Code().String() + ": " + st.Message() + failureHint(st.Code(), o.task),
+			Latency: time.Since(start)}
 	}
 	oc := Outcome{TaskID: id, Instance: res.GetInstanceId(),
 		Session: res.GetSessionId(), Version: res.GetVersion()}

@@ -4,6 +4,8 @@ import (
 	"strings"
 	"testing"
 	"time"
+
+	"google.golang.org/grpc/codes"
 )
 
 // Bad flags are refused naming each flag; good ones pass.
@@ -23,5 +25,26 @@ func TestOptionsValidate(t *testing.T) {
 		if !strings.Contains(err.Error(), f) {
 			t.Errorf("error does not name %s: %v", f, err)
 		}
+	}
+}
+
+// Failed tasks or refused results end the run in an error (exit status 1)
+// that points at leasehold explain; a run where every task was confirmed
+// ends without one.
+func TestFailedTasksEndInAnErrorPointingAtExplain(t *testing.T) {
+	if err := outcomeError(map[string]int{"confirmed": 5, "skipped": 1}, "work"); err != nil {
+		t.Fatalf("every task confirmed: %v", err)
+	}
+	for _, counts := range []map[string]int{{"confirmed": 3, "failed": 2}, {"refused": 1}} {
+		err := outcomeError(counts, "work")
+		if err == nil || !strings.Contains(err.Error(), "leasehold explain --task work") {
+			t.Errorf("%v: error %v, want one pointing at leasehold explain", counts, err)
+		}
+	}
+	if h := failureHint(codes.Unavailable, "work"); !strings.Contains(h, "leasehold explain") {
+		t.Errorf("no executor routable: hint %q", h)
+	}
+	if h := failureHint(codes.InvalidArgument, "work"); h != "" {
+		t.Errorf("a bad request is not about routing: hint %q", h)
 	}
 }
