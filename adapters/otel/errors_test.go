@@ -77,7 +77,8 @@ func TestOTLPHTTPToAGRPCEndpointSaysSo(t *testing.T) {
 func TestOTelErrorsRepeatedAreLoggedOnceAMinute(t *testing.T) {
 	var logs syncBuffer
 	now := time.Unix(1000, 0)
-	h := &errorLog{log: slog.New(slog.NewTextHandler(&logs, nil)), now: func() time.Time { return now },
+	h := &errorLog{log: slog.New(slog.NewTextHandler(&logs, nil)),
+		now:  func() time.Time { return now },
 		last: map[string]time.Time{}, repeated: map[string]int{}}
 	boom := errors.New("traces export: connection refused")
 	h.handle(boom)
@@ -90,7 +91,8 @@ func TestOTelErrorsRepeatedAreLoggedOnceAMinute(t *testing.T) {
 	now = now.Add(31 * time.Second)
 	h.handle(boom)
 	out := logs.String()
-	if n := strings.Count(out, "connection refused"); n != 2 || !strings.Contains(out, "repeated=2") {
+	n := strings.Count(out, "connection refused")
+	if n != 2 || !strings.Contains(out, "repeated=2") {
 		t.Fatalf("after a minute: want a second line with repeated=2:\n%s", out)
 	}
 	h.handle(errors.New("another"))
