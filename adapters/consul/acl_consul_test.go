@@ -506,3 +506,28 @@ func TestConsulOperatorReadsNoticeACLs(t *testing.T) {
 		}
 	}
 }
+
+// A registration Consul's ACLs refuse (the executor's token may write the
+// service "work", not "other") ends Run with a *PermissionError naming the
+// right, after a bounded retry, instead of retrying for ever.
+func TestConsulRegistrationRefusedEndsWithAPermissionError(t *testing.T) {
+	consultest.RequireBinary(t)
+	a := consultest.Start(t,
+		consultest.Options{ACLManagementToken: "7c1b0c1e-0000-4000-8000-0000000020b5"})
+	c := clientWith(t, a, "exec-1", consultest.ExamplePolicy(t, "executor-policy.hcl"))
+	reg, err := NewRegistrar(NewAPIAgent(c), Config{
+		InstanceID: "exec-1", Tasks: []string{"other"}, Address: "127.0.0.1", Port: 9001,
+		Version: "1.0.0", Capacity: 1,
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	err = reg.Run(ctx)
+	var perr *PermissionError
+	if !errors.As(err, &perr) || ctx.Err() != nil ||
+		!strings.Contains(err.Error(), `service "other" { policy = "write" }`) {
+		t.Fatalf("Run: %v, want a *PermissionError naming the write on service other", err)
+	}
+}

@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"net/http"
 	"strconv"
+	"strings"
 
 	"github.com/hashicorp/consul/api"
 
@@ -64,6 +65,42 @@ type RemoteSession struct {
 // the check: the session was replaced or the agent forgot it.
 var ErrUnknownCheck = errors.New("agent does not know the lease check")
 
+// ErrPermission: Consul's ACLs refuse the executor a write its registration
+// needs (403). Waiting does not grant a right, so the Registrar stops after
+// a few attempts (a token just created may take a moment to reach the agent)
+// instead of retrying for ever. Errors of it are *PermissionError.
+var ErrPermission = errors.New("permission denied by Consul's ACLs")
+
+// PermissionError is ErrPermission for one write, with the right it needs.
+type PermissionError struct {
+	Op    string // what was refused, e.g. "register service work:exec-1"
+	Right string // the Consul policy rule the token lacks
+	Err   error  // Consul's answer
+}
+
+func (e *PermissionError) Error() string {
+	return fmt.Sprintf("%s: %v: the executor's token (CONSUL_HTTP_TOKEN or "+
+		"CONSUL_HTTP_TOKEN_FILE) needs %s (examples/consul/executor-policy.hcl): %v",
+		e.Op, ErrPermission, e.Right, e.Err)
+}
+
+// Is makes errors.Is(err, ErrPermission) hold.
+func (e *PermissionError) Is(target error) bool { return target == ErrPermission }
+
+func (e *PermissionError) Unwrap() error { return e.Err }
+
+// permissionError is err as a *PermissionError when Consul answered 403,
+// else nil; right is what the write needs.
+func permissionError(err error, op, right string) error {
+	if !isStatus(err, http.StatusForbidden) {
+		return nil
+	}
+	if strings.Contains(err.Error(), "ACL not found") {
+		right = unknownToken
+	}
+	return &PermissionError{Op: op, Right: right, Err: err}
+}
+
 // APIAgent is the Agent over Consul's HTTP API.
 type APIAgent struct {
 	c *api.Client
@@ -77,7 +114,12 @@ func NewAPIAgent(c *api.Client) *APIAgent { return &APIAgent{c: c} }
 func (a *APIAgent) Register(ctx context.Context, reg *api.AgentServiceRegistration) error {
 	opts := api.ServiceRegisterOpts{ReplaceExistingChecks: true}.WithContext(ctx)
 	if err := a.c.Agent().ServiceRegisterOpts(reg, opts); err != nil {
-		return fmt.Errorf("register service %s: %w", reg.ID, err)
+		op := "register service " + reg.ID
+		if perr := permissionError(err, op,
+			fmt.Sprintf("service %q { policy = \"write\" }", reg.Name)); perr != nil {
+			return perr
+		}
+		return fmt.Errorf("%s: %w", op, err)
 	}
 	return nil
 }
@@ -197,14 +239,9 @@ func (a *APIAgent) NextGeneration(
 			(&api.WriteOptions{}).WithContext(ctx),
 		)
 		if err != nil {
-			if isStatus(err, 403) {
-				return 0, fmt.Errorf(
-					"check-and-set %s: %w: the executor's token needs key %q { policy = "+
-						"\"write\" } (examples/consul/executor-policy.hcl)",
-					key,
-					err,
-					key,
-				)
+			if perr := permissionError(err, "check-and-set "+key,
+				fmt.Sprintf("key %q { policy = \"write\" }", key)); perr != nil {
+				return 0, perr
 			}
 			return 0, fmt.Errorf("check-and-set %s: %w", key, err)
 		}

@@ -33,6 +33,7 @@ type fakeAgent struct {
 	others      []RemoteSession // sessions on other nodes
 	ttlErr      func(checkID string) error
 	regErr      func() error
+	deregErr    func(serviceID string) error
 	gens        map[string]uint64 // KV generation per instance
 	keySessions map[string]string // the session each generation key names
 	calls       chan call
@@ -90,6 +91,12 @@ func (f *fakeAgent) Register(_ context.Context, reg *api.AgentServiceRegistratio
 func (f *fakeAgent) Deregister(_ context.Context, id string) error {
 	f.mu.Lock()
 	defer f.mu.Unlock()
+	if f.deregErr != nil {
+		if err := f.deregErr(id); err != nil {
+			f.calls <- call{op: "deregister", service: id, err: err}
+			return err
+		}
+	}
 	if old := f.services[id]; old != nil {
 		for _, ch := range old.Checks {
 			delete(f.checks, ch.CheckID)

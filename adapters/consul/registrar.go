@@ -105,8 +105,9 @@ func (r *Registrar) Done() <-chan struct{} { return r.exited }
 
 // Run registers, heartbeats and re-registers after a lost lease until ctx ends
 // (then it deregisters), Drain completes (returns nil), a newer session of
-// this instance supersedes it (ErrSuperseded) or, with NoReregister, the lease
-// is lost (*LeaseLostError).
+// this instance supersedes it (ErrSuperseded), Consul's ACLs refuse the
+// registration permissionAttempts times in a row (*PermissionError) or, with
+// NoReregister, the lease is lost (*LeaseLostError).
 func (r *Registrar) Run(ctx context.Context) error {
 	if !r.running.CompareAndSwap(false, true) {
 		return errors.New("registrar: Run called twice")
@@ -209,6 +210,11 @@ func (r *Registrar) Drain(ctx context.Context) error {
 
 var errDrainedIdle = errors.New("drained before registration")
 
+// permissionAttempts bounds the registrations Consul's ACLs refuse in a row
+// before Run gives up with the *PermissionError: a token just created may
+// take a moment to reach the agent, but no amount of waiting grants a right.
+const permissionAttempts = 3
+
 // registerSession registers every task under a fresh session id, retrying
 // with backoff (and only while the probe passes) until it succeeds. A
 // re-registration first makes sure no newer session of this instance exists.
@@ -220,7 +226,7 @@ func (r *Registrar) registerSession(
 	log := r.log.With("session_id", key.id)
 	bo := newBackoff(100*time.Millisecond, r.cfg.retryCap())
 	var sentAt time.Time
-	failures := 0
+	failures, denied := 0, 0 // denied: consecutive refusals by Consul's ACLs
 	for {
 		var err error
 		sentAt, err = r.tryRegister(ctx, &key, reregister)
@@ -230,7 +236,17 @@ func (r *Registrar) registerSession(
 		if errors.Is(err, ErrSuperseded) {
 			return nil, nil, time.Time{}, err
 		}
-		if failures++; failures == 1 || failures%20 == 0 {
+		if !errors.Is(err, ErrPermission) {
+			denied = 0
+		} else if denied++; denied >= permissionAttempts {
+			log.Error("registration refused by Consul's ACLs: giving up", "err", err,
+				"attempts", denied)
+			return nil, nil, time.Time{}, err
+		}
+		if denied > 0 {
+			log.Warn("registration refused by Consul's ACLs; retrying in case the token is "+
+				"new", "err", err, "attempts", denied, "of", permissionAttempts)
+		} else if failures++; failures == 1 || failures%20 == 0 {
 			// The first failure and every twentieth: no flood of the log
 			// while, say, a probe fails.
 			log.Warn("registration failed; retrying", "err", err, "attempts", failures)
@@ -572,10 +588,25 @@ func (k *keeper) finishDrain() keepAliveResult {
 		)
 	}
 	_, dereg := k.r.tracer.Start(k.ctx, "leasehold.executor.deregister")
-	k.r.deregisterOwn(k.sess.ID)
+	derr := k.r.deregisterOwn(k.sess.ID)
+	if derr != nil {
+		dereg.SetStatus(codes.Error, derr.Error())
+	}
 	dereg.End()
-	k.log.Info("drained and deregistered", "err", err)
-	return keepAliveResult{drained: true, drainDone: k.drain.done, drainErr: err}
+	switch {
+	case err == nil && derr == nil:
+		k.log.Info("drained and deregistered")
+	case derr == nil:
+		k.log.Warn("deregistered with tasks still in flight", "err", err)
+	default:
+		// Said as it is: a registration the agent kept stays, draining (no
+		// new work), until its lease lapses.
+		derr = fmt.Errorf("drain: deregister: %w", derr)
+		k.log.Warn("not deregistered: the registration lapses with its lease instead",
+			"drained", err == nil, "err", errors.Join(err, derr))
+	}
+	return keepAliveResult{drained: true, drainDone: k.drain.done,
+		drainErr: errors.Join(err, derr)}
 }
 
 // heartbeat renews the session unless its lease is over (a paused process)
@@ -845,8 +876,10 @@ func sessionHome(others []RemoteSession, id string, st *fenceState) string {
 }
 
 // deregisterOwn removes this session's registrations, but never one that a
-// newer session of the same instance has already put in its place.
-func (r *Registrar) deregisterOwn(sessionID string) {
+// newer session of the same instance has already put in its place; the
+// error is of those the agent did not remove.
+func (r *Registrar) deregisterOwn(sessionID string) error {
+	var errs []error
 	ctx, cancel := context.WithTimeout(context.Background(), min(r.cfg.Lease.TTL, 5*time.Second))
 	defer cancel()
 	for _, task := range r.cfg.Tasks {
@@ -858,8 +891,10 @@ func (r *Registrar) deregisterOwn(sessionID string) {
 		if err := r.agent.Deregister(ctx, id); err != nil {
 			r.log.Warn("deregister failed; the lease will lapse instead", "session_id", sessionID,
 				"service_id", id, "err", err)
+			errs = append(errs, err)
 		}
 	}
+	return errors.Join(errs...)
 }
 
 func (r *Registrar) notifyLost(loss LeaseLoss) {

@@ -3,12 +3,14 @@ package consul
 import (
 	"context"
 	"errors"
+	"log/slog"
 	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
 	"time"
 
+	"github.com/hashicorp/consul/api"
 	"github.com/jonboulle/clockwork"
 
 	"github.com/leasehold/leasehold/health"
@@ -1016,5 +1018,98 @@ func TestOwnPreviousGenerationIsAFloor(t *testing.T) {
 	}
 	if len(s2.Replaces) == 0 || s2.Replaces[0] != s1.ID {
 		t.Errorf("new session replaces %v, want %s first", s2.Replaces, s1.ID)
+	}
+}
+
+// A registration Consul's ACLs refuse (403) ends Run after a bounded retry
+// with a *PermissionError naming the right, instead of retrying for ever.
+func TestRegistrationRefusedByACLsEndsWithAPermissionError(t *testing.T) {
+	agent := newFakeAgent()
+	agent.regErr = func() error {
+		return permissionError(api.StatusError{Code: 403, Body: "Permission denied"},
+			"register service transcode:exec-1", `service "transcode" { policy = "write" }`)
+	}
+	h := startOn(t, agent, nil)
+	var err error
+	for attempts := 1; err == nil; attempts++ {
+		select {
+		case err = <-h.done:
+		case c := <-agent.calls:
+			if c.op != "register" {
+				continue
+			}
+			if attempts > permissionAttempts {
+				t.Fatalf("registration attempt %d after %d refusals", attempts, permissionAttempts)
+			}
+			if attempts < permissionAttempts {
+				h.advance(1, time.Minute) // the back-off before the next attempt
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatal("Run did not end after the refusals")
+		}
+	}
+	h.done <- err // for the cleanup, which waits for Run to have ended
+	var perr *PermissionError
+	if !errors.Is(err, ErrPermission) || !errors.As(err, &perr) ||
+		!strings.Contains(err.Error(), `service "transcode" { policy = "write" }`) {
+		t.Fatalf("Run: %v, want a *PermissionError naming the right", err)
+	}
+}
+
+// Other registration failures are still retried: a refusal among them
+// counts only in a row.
+func TestPermissionErrorOnlyFromA403(t *testing.T) {
+	if err := permissionError(api.StatusError{Code: 500, Body: "boom"}, "op", "r"); err != nil {
+		t.Fatalf("a 500 is no permission error: %v", err)
+	}
+	err := permissionError(api.StatusError{Code: 403, Body: "ACL not found"}, "op", "r")
+	if !errors.Is(err, ErrPermission) || !strings.Contains(err.Error(), "token Consul knows") {
+		t.Fatalf("an unknown token: %v", err)
+	}
+}
+
+// "drained and deregistered" is said only when both happened: a
+// deregistration the agent refuses makes Drain return its error, and the log
+// says the registration lapses with its lease instead.
+func TestDrainSaysDeregisteredOnlyWhenItWas(t *testing.T) {
+	for _, tc := range []struct {
+		name    string
+		refuse  bool
+		wantLog string
+	}{
+		{"deregistered", false, "drained and deregistered"},
+		{"refused", true, "not deregistered"},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			var logs lockedBuffer
+			agent := newFakeAgent()
+			h := startOn(t, agent, func(c *Config) {
+				c.Logger = slog.New(slog.NewTextHandler(&logs, nil))
+			})
+			h.session(nil)
+			if tc.refuse {
+				agent.mu.Lock()
+				agent.deregErr = func(string) error { return errors.New("agent unreachable") }
+				agent.mu.Unlock()
+			}
+			drained := make(chan error, 1)
+			go func() { drained <- h.reg.Drain(context.Background()) }()
+			h.advance(3, 100*time.Millisecond)
+			var err error
+			select {
+			case err = <-drained:
+			case <-time.After(5 * time.Second):
+				t.Fatal("Drain did not return")
+			}
+			if tc.refuse != (err != nil) ||
+				(tc.refuse && !strings.Contains(err.Error(), "agent unreachable")) {
+				t.Fatalf("Drain = %v, want an error: %v", err, tc.refuse)
+			}
+			out := logs.String()
+			if !strings.Contains(out, tc.wantLog) ||
+				(tc.refuse && strings.Contains(out, "drained and deregistered")) {
+				t.Fatalf("log, want %q:\n%s", tc.wantLog, out)
+			}
+		})
 	}
 }
