@@ -2,7 +2,7 @@
 // (examples/workpb) that registers itself through the local Consul agent with
 // consul.Registrar, runs each task under the session it was accepted in,
 // reports full / not full through its lease and its load to dispatchers over
-// ORCA (adapters/loadreport), and drains on SIGTERM: no new tasks,
+// ORCA (adapters/loadreport), and drains on SIGTERM or SIGINT: no new tasks,
 // in-flight ones finish, then it deregisters and exits.
 //
 // It also serves the standard gRPC health service.
@@ -67,7 +67,7 @@ func parseFlags() options {
 	flag.DurationVar(&cfg.Lease.Heartbeat, "heartbeat", health.DefaultHeartbeat,
 		"heartbeat interval")
 	flag.DurationVar(&o.drainTimeout, "drain-timeout", time.Minute,
-		"on SIGTERM, how long to wait for in-flight tasks")
+		"on SIGTERM or SIGINT, how long to wait for in-flight tasks")
 	flag.StringVar(&o.consulAddr, "consul", "",
 		"Consul agent HTTP address (default $CONSUL_HTTP_ADDR or 127.0.0.1:8500)")
 	flag.Parse()
@@ -135,14 +135,16 @@ func run() error {
 	runErr := make(chan error, 1)
 	go func() { runErr <- reg.Run(runCtx) }()
 
-	sig, stop := signal.NotifyContext(context.Background(), syscall.SIGTERM, syscall.SIGINT)
-	defer stop()
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, syscall.SIGTERM, syscall.SIGINT)
+	defer signal.Stop(sigs)
+	var sig os.Signal
 	select {
 	case err := <-runErr:
 		return fmt.Errorf("registration ended: %w", err)
-	case <-sig.Done():
+	case sig = <-sigs:
 	}
-	log.Info("SIGTERM: draining", "in_flight", inFlight.Load())
+	log.Info(signalName(sig)+": draining", "in_flight", inFlight.Load())
 	draining.Store(true)
 	hs.Shutdown() // health NOT_SERVING
 	dctx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
@@ -155,6 +157,17 @@ func run() error {
 	}
 	log.Info("drained and deregistered")
 	return nil
+}
+
+// signalName is how a person writes sig (SIGINT, SIGTERM).
+func signalName(sig os.Signal) string {
+	switch sig {
+	case syscall.SIGINT:
+		return "SIGINT"
+	case syscall.SIGTERM:
+		return "SIGTERM"
+	}
+	return sig.String()
 }
 
 // busyOnSIGUSR1 counts the slots taken by other work. SIGUSR1 toggles it
