@@ -36,23 +36,14 @@ type syncHarness struct {
 }
 
 func startSyncer(t *testing.T, logger ...*slog.Logger) *syncHarness {
-	return startSyncerWith(t, nil, logger...)
-}
-
-// startSyncerWith is startSyncer with tune applied to the configuration.
-func startSyncerWith(t *testing.T, tune func(*SyncConfig), logger ...*slog.Logger) *syncHarness {
 	h := &syncHarness{t: t, clock: clockwork.NewFakeClock(), obs: make(chan health.Observation, 16),
 		pubs: make(chan published, 64)}
 	log := slog.New(slog.NewTextHandler(testLog{t}, &slog.HandlerOptions{Level: slog.LevelDebug}))
 	if len(logger) > 0 {
 		log = logger[0]
 	}
-	cfg := SyncConfig{Logger: log, Clock: h.clock,
-		OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }}
-	if tune != nil {
-		tune(&cfg)
-	}
-	h.s = NewSyncer(cfg)
+	h.s = NewSyncer(SyncConfig{Logger: log, Clock: h.clock,
+		OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()
