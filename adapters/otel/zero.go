@@ -93,7 +93,7 @@ func (h zeroHistogram) Zero(attrs ...attribute.KeyValue) {
 	set := make([]*dto.LabelPair, 0, len(attrs))
 	for _, kv := range attrs {
 		set = append(set, &dto.LabelPair{Name: proto.String(string(kv.Key)),
-			Value: proto.String(kv.Value.Emit())})
+			Value: proto.String(kv.Value.String())})
 	}
 	sort.Slice(set, func(i, j int) bool { return set[i].GetName() < set[j].GetName() })
 	h.z.mu.Lock()
