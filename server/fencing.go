@@ -88,6 +88,13 @@ func NewFencing(views Views, freshAsOf func(dc string) time.Time, opts ...Fencin
 	f.answers, _ = m.Int64Counter("leasehold.fencing.answers",
 		metric.WithDescription("fencing answers given, by state (CURRENT, STALE, LAPSED, "+
 			"DRAINING, UNKNOWN)"))
+	for _, st := range []leaseholdv1.SessionState{leaseholdv1.SessionState_CURRENT,
+		leaseholdv1.SessionState_STALE, leaseholdv1.SessionState_LAPSED,
+		leaseholdv1.SessionState_DRAINING, leaseholdv1.SessionState_UNKNOWN} {
+		// Exported at 0 from the start: an alert on STALE answers says 0, not "no data".
+		f.answers.Add(context.Background(), 0,
+			metric.WithAttributes(attribute.String("state", st.String())))
+	}
 	m.Float64ObservableGauge("leasehold.fencing.view_age", metric.WithUnit("s"),
 		metric.WithDescription("age of the view of Consul the fencing API answers from (-1 "+
 			"before the first full read); answers are UNKNOWN past --fencing-stale-after"),

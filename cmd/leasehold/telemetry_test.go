@@ -335,6 +335,15 @@ func TestEveryDocumentedFamilyIsExportedFromTheStart(t *testing.T) {
 			t.Errorf("%s is not exported before its first event", name)
 		}
 	}
+	documented := map[string]bool{}
+	for _, name := range families {
+		documented[name] = true
+	}
+	for name := range got {
+		if strings.HasPrefix(name, "leasehold_") && !documented[name] {
+			t.Errorf("%s is exported but not in docs/metrics.md", name)
+		}
+	}
 	lapses := got["leasehold_lease_lapses_total"].String()
 	if !strings.Contains(lapses, `value:"work"`) {
 		t.Errorf("lapses of the known task work are not at 0: %s", lapses)
