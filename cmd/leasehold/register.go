@@ -290,10 +290,14 @@ func sidecar(ctx context.Context, rf *registerFlags, stderr io.Writer) int {
 	derr := reg.Drain(dctx)
 	cancelRun()
 	<-reg.Done()
-	if derr != nil && !errors.Is(derr, consul.ErrStopped) {
+	// The Registrar itself logs "drained and deregistered" when both
+	// happened; this only says what else did.
+	switch {
+	case errors.Is(derr, consul.ErrStopped):
+		log.Info("the registration had already ended: nothing to drain")
+	case derr != nil:
 		log.Warn("drain incomplete", "err", derr)
 		return 1
 	}
-	log.Info("drained and deregistered")
 	return 0
 }
