@@ -477,3 +477,46 @@ func TestCordonsAndApprovalsCannotSurprise(t *testing.T) {
 		t.Errorf("the removal's audit record does not name who removed it: %s", removed)
 	}
 }
+
+// serve --require-acl-approvals counts only approvals Consul attributed: with
+// ACLs off an `approve --by` is only a name, so the cordon stays pending and
+// approve prints why; the same approval applies on a replica without the
+// flag.
+func TestRequireACLApprovalsRefusesAnUnattributedApproval(t *testing.T) {
+	a := consultest.Start(t)
+	t.Setenv("CONSUL_HTTP_ADDR", a.HTTPAddr())
+	strict := startServeTo(t, a, testWriter{t, "strict"},
+		func(c *serveConfig) { c.requireACLApprovals = true })
+	lax := startServe(t, a)
+	startExecutor(t, a, "e1", "1.0.0")
+	startExecutor(t, a, "e2", "1.0.0")
+	admins := []string{strict.admin, lax.admin}
+	awaitAll(t, admins, "e2 seen", func(ad string) bool {
+		return verdict(t, ad, "e2", "v=").Route == "HEALTHY"
+	})
+	rules := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(rules, []byte("approval: {required: true, max_executors: 0}\n"),
+		0o600); err != nil {
+		t.Fatal(err)
+	}
+	cli(t, 0, "rules", "--by", "alice", "set", rules)
+	out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "disk", "--by", "alice",
+		"--admin-addr", strict.admin)
+	id := strings.TrimSuffix(strings.Fields(out)[0], ":")
+	out = cli(t, 0, "approve", id, "--by", "bob", "--admin-addr", strict.admin)
+	if !strings.Contains(out, "state: pending approval") || !strings.Contains(out,
+		`the one it carries does not count: approved by "bob", a name given with --by that `+
+			"Consul cannot attribute") {
+		t.Errorf("approve on a --require-acl-approvals replica does not say it is refused:\n%s",
+			out)
+	}
+	if !control(t, strict.admin).RequireACLApprovals {
+		t.Error("/debug/config does not say the replica requires ACL approvals")
+	}
+	awaitAll(t, []string{lax.admin}, "the approval applied without the flag", func(ad string) bool {
+		return verdict(t, ad, "e1", "v=").Route == "DRAINING"
+	})
+	if v := verdict(t, strict.admin, "e1", "v="); v.Route != "HEALTHY" {
+		t.Fatalf("an unattributed approval counted on the strict replica: %+v", v)
+	}
+}
