@@ -46,8 +46,9 @@ func (c *controlFlags) register(fs *pflag.FlagSet) {
 // its audit record): who acts, and the audit retention they prune to.
 func (c *controlFlags) registerWriter(fs *pflag.FlagSet) {
 	fs.StringVar(&c.by, "by", "",
-		"who acts, for the audit trail (used when Consul ACLs are off; with ACLs "+
-			"the token's identity is used)")
+		"who acts, for the audit trail: a name anyone can type, used when Consul ACLs are off "+
+			"(with ACLs the token's identity is used); with neither it nor $USER, this "+
+			"process's user@host")
 	bindEnv(fs, "by", "USER")
 	fs.IntVar(&c.auditKeep, "audit-keep", consul.DefaultAuditKeep,
 		"audit records kept in Consul KV: after writing its record this command deletes "+
