@@ -105,6 +105,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	if sec.policy != nil {
 		parts.run("authorization policy", sec.policy.Run)
 	}
+	parts.run("systemd notifications", systemdNotify{readiness: p.syncer.Readiness, log: log}.Run)
 
 	g := newGRPCServer(sec.creds, tel)
 	xds := server.NewXDS(
