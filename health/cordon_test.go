@@ -49,7 +49,8 @@ func TestApplyCordonsSafetyLimitAndApproval(t *testing.T) {
 	r, _ := ParseRollout([]byte(doc))
 	byVersion := Cordon{ID: "c3", VersionConstraint: "=2.0.0", Reason: "bug", By: "alice", At: at}
 	es = fleet()
-	if st := ApplyCordons(es, []Cordon{byVersion}, r, CordonOptions{}); !st[0].Pending || st[0].Applied != 0 {
+	if st := ApplyCordons(es, []Cordon{byVersion}, r, CordonOptions{}); !st[0].Pending ||
+		st[0].Applied != 0 {
 		t.Fatalf("version cordon without approval: %+v", st[0])
 	}
 	self := byVersion
@@ -59,7 +60,8 @@ func TestApplyCordonsSafetyLimitAndApproval(t *testing.T) {
 	}
 	ok := byVersion
 	ok.ApprovedBy = "bob"
-	if st := ApplyCordons(es, []Cordon{ok}, r, CordonOptions{}); st[0].Pending || st[0].Applied != 2 {
+	if st := ApplyCordons(es, []Cordon{ok}, r, CordonOptions{}); st[0].Pending ||
+		st[0].Applied != 2 {
 		t.Fatalf("approved by bob: %+v", st[0])
 	}
 	if err := (&Cordon{ID: "x", Reason: "", By: ""}).Validate(); err == nil ||

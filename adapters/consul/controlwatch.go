@@ -138,7 +138,9 @@ func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observa
 		st.cordons = fp
 		out = append(
 			out,
-			health.Observation{Data: &health.CordonSet{Index: index, Raw: cordons, Removed: removed}},
+			health.Observation{
+				Data: &health.CordonSet{Index: index, Raw: cordons, Removed: removed},
+			},
 		)
 	}
 	return out

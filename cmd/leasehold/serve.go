@@ -48,7 +48,9 @@ type serveConfig struct {
 	adminTLS            server.TLSFiles
 	staleAfter          time.Duration
 	lbPolicy            health.LBPolicy
-	datacenters         []string // in failover order, leasehold's own first; nil: the agent's own only
+	// datacenters are in failover order, leasehold's own first; nil: the
+	// agent's own only.
+	datacenters []string
 }
 
 // listening reports where serve listens (for tests using port 0).
