@@ -43,11 +43,15 @@ type serveConfig struct {
 	adminTokenFile string
 	rulesFile      string
 	auditLog       string
-	adminTLS       server.TLSFiles
-	staleAfter     time.Duration
-	lbPolicy       health.LBPolicy
-	shardSize      int      // endpoints per shard; 0: never shard
-	datacenters    []string // in failover order, leasehold's own first; nil: the agent's own only
+	// requireACLApprovals counts only cordon approvals Consul attributed.
+	requireACLApprovals bool
+	adminTLS            server.TLSFiles
+	staleAfter          time.Duration
+	lbPolicy            health.LBPolicy
+	shardSize           int // endpoints per shard; 0: never shard
+	// datacenters are in failover order, leasehold's own first; nil: the
+	// agent's own only.
+	datacenters []string
 }
 
 // listening reports where serve listens (for tests using port 0).
@@ -247,7 +251,7 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	if p.watcher, err = consul.NewWatchers(p.client, p.watch, cfg.datacenters); err != nil {
 		return nil, fmt.Errorf("--datacenters: %w", err)
 	}
-	audit, closeAudit, err := openAudit(cfg.auditLog, tel.Tracer)
+	audit, closeAudit, err := openAudit(cfg.auditLog, log, tel.Tracer)
 	if err != nil {
 		return nil, err
 	}
@@ -289,7 +293,8 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 			// serve runs the control watch: nothing is served before the cordons are read.
 			AwaitControl: true,
 			// Nor before the lapse marks are (a session lapsed before a restart is never routed).
-			AwaitLapses: true,
+			AwaitLapses:         true,
+			RequireACLApprovals: cfg.requireACLApprovals,
 		},
 	)
 

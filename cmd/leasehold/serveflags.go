@@ -127,9 +127,13 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 			"balancing per task type); followed live; Consul KV "+consul.RulesKey+" overrides it")
 	env("rules", "LEASEHOLD_RULES")
 	fs.StringVar(&cfg.auditLog, "audit-log", "-",
-		"where configuration changes this replica applies or refuses are written, one JSON "+
-			"object per line (- : standard output)")
+		"file the configuration changes this replica applies or refuses are appended to, one "+
+			"JSON object per line (- : as log records on the log stream, standard error)")
 	env("audit-log", "LEASEHOLD_AUDIT_LOG")
+	fs.BoolVar(&cfg.requireACLApprovals, "require-acl-approvals", false,
+		"count a cordon's approval only when Consul attributed it: cordon and approval made "+
+			"with two different ACL tokens (an approve --by name proves nothing)")
+	env("require-acl-approvals", "LEASEHOLD_REQUIRE_ACL_APPROVALS")
 }
 
 // config validates the flags into a serveConfig; errors name each bad flag
