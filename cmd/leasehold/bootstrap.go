@@ -159,7 +159,26 @@ func buildBootstrap(
 // host is not unspecified (0.0.0.0, ::, empty), which is where leasehold
 // serve listens — $LEASEHOLD_XDS_ADDR may well be one — not an address a
 // dispatcher on another machine reaches.
+//
+// A gRPC dns target names several replicas behind one name:
+// dns:///NAME:PORT (the system's resolver) or dns://DNS-SERVER/NAME:PORT (a
+// resolver of its own, such as a Consul agent's DNS port). gRPC's xDS
+// client re-resolves it when its stream breaks and moves to another of the
+// name's addresses: replicas behind one name are failed over between.
 func xdsDialAddr(flag, addr string) error {
+	if rest, ok := strings.CutPrefix(addr, "dns://"); ok {
+		authority, target, ok := strings.Cut(rest, "/")
+		if !ok || target == "" {
+			return fmt.Errorf("invalid %s %q: a dns target is dns:///NAME:PORT or "+
+				"dns://DNS-SERVER/NAME:PORT", flag, addr)
+		}
+		if _, _, err := net.SplitHostPort(authority); authority != "" && err != nil &&
+			net.ParseIP(authority) == nil {
+			return fmt.Errorf("invalid %s %q: the DNS server %q: want HOST:PORT or an IP "+
+				"address (port 53)", flag, addr, authority)
+		}
+		addr = target
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
 		return fmt.Errorf("invalid %s: want HOST:PORT: %v", flag, err)

@@ -145,3 +145,22 @@ func TestBootstrapWeightedClustersFalse(t *testing.T) {
 		}
 	}
 }
+
+// --xds-addr takes a gRPC dns target naming several replicas, checked as
+// strictly as HOST:PORT.
+func TestBootstrapTakesADNSTargetOfReplicas(t *testing.T) {
+	for _, ok := range []string{"dns:///leasehold.example:18000",
+		"dns://127.0.0.1:8600/leasehold-xds.service.consul:18000",
+		"dns://10.0.0.2/leasehold.example:18000"} {
+		if err := xdsDialAddr("--xds-addr", ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"dns://leasehold.example:18000", "dns:///leasehold.example",
+		"dns:///0.0.0.0:18000", "dns://not a server/x:1", "dns:///x:99999"} {
+		if err := xdsDialAddr("--xds-addr", bad); err == nil ||
+			!strings.Contains(err.Error(), "--xds-addr") {
+			t.Errorf("%s: %v, want an error naming --xds-addr", bad, err)
+		}
+	}
+}
