@@ -65,7 +65,8 @@ func TestBootstrapCommand(t *testing.T) {
 
 // bootstrap's dial address: LEASEHOLD_XDS_ADDR is where serve listens, so
 // an unspecified host there (or in the flag) is refused, naming where it
-// came from; the flag overrides the variable.
+// came from; the flag overrides the variable, and an empty variable is
+// unset.
 func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
 	for _, c := range []struct {
 		env  string
@@ -75,7 +76,7 @@ func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
 		{"0.0.0.0:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
 		{"[::]:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
 		{":18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{"", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"", nil, ""}, // an empty variable counts as unset: the default applies
 		{"0.0.0.0:18000", []string{"--xds-addr", "10.0.0.5:18000"}, ""},
 		{"10.0.0.5:18000", nil, ""},
 		{"leasehold.internal:18000", nil, ""},

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -150,7 +151,9 @@ func TestHelpAndVersion(t *testing.T) {
 		!strings.Contains(stderr, "completion") {
 		t.Errorf("no command: exit %d, %q", code, stderr)
 	}
-	if code, stdout, _ := runCLI("version"); code != 0 || stdout != "leasehold "+version+"\n" {
+	b := readBuild()
+	if code, stdout, _ := runCLI("version"); code != 0 || stdout != fmt.Sprintf(
+		"leasehold %s (revision %s, %s)\n", b.Version, b.Revision, b.GoVersion) {
 		t.Errorf("version: exit %d, %q", code, stdout)
 	}
 	for _, shell := range []string{"bash", "zsh", "fish", "powershell"} {
