@@ -130,8 +130,8 @@ func TestReadsNeedNoBy(t *testing.T) {
 	}
 }
 
-// Help exits 0 on standard output for every command; no command at all is
-// a usage error.
+// Help exits 0 on standard output for every command; no command at all, and
+// help or completion for something that does not exist, is a usage error.
 func TestHelpAndVersion(t *testing.T) {
 	for _, path := range append(commandPaths(), []string{}) {
 		for _, h := range [][]string{{"--help"}, {"-h"}} {
@@ -160,6 +160,24 @@ func TestHelpAndVersion(t *testing.T) {
 		if code, stdout, stderr := runCLI("completion", shell); code != 0 ||
 			!strings.Contains(stdout, "leasehold") {
 			t.Errorf("completion %s: exit %d, %d bytes, %q", shell, code, len(stdout), stderr)
+		}
+	}
+	// What help and completion do not know is a usage error, as for every
+	// other command: a script (or a shell's rc file) must not take it for
+	// success.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"completion", "tcsh"}, `no completion for shell "tcsh": the shells are bash`},
+		{[]string{"completion"}, "name a shell: bash, zsh, fish, powershell"},
+		{[]string{"help", "nosuch"}, `no command "nosuch"`},
+		{[]string{"help", "cordon", "nosuch"}, `no command "cordon nosuch"`},
+	} {
+		if code, stdout, stderr := runCLI(c.args...); code != 2 || stdout != "" ||
+			!strings.Contains(stderr, c.want) {
+			t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q; want 2 saying %q",
+				strings.Join(c.args, " "), code, stdout, stderr, c.want)
 		}
 	}
 	// Flag values complete too.

@@ -23,6 +23,7 @@ import (
 	"os"
 	"runtime"
 	"runtime/debug"
+	"strings"
 
 	"github.com/spf13/cobra"
 )
@@ -112,6 +113,7 @@ func execute(ctx context.Context, args []string, stdout, stderr io.Writer) int {
 		return 2
 	}
 	root.SetArgs(args)
+	strictHelpAndCompletion(root)
 	cmd, err := root.ExecuteContextC(ctx)
 	if err == nil {
 		return 0
@@ -165,6 +167,45 @@ operators cordons, rollout rules and an audit trail in Consul KV.`,
 		newVersionCmd(),
 	)
 	return root
+}
+
+// completionShells are the shells `leasehold completion` writes scripts for
+// (cobra's).
+var completionShells = []string{"bash", "zsh", "fish", "powershell"}
+
+// strictHelpAndCompletion makes cobra's own help and completion commands
+// refuse what they do not know as every other command does (exit 2, saying
+// what they take): as cobra leaves them, `leasehold help nosuch` and
+// `leasehold completion tcsh` print help and exit 0, and a script checking
+// the status (or a shell's rc file sourcing the output) takes that for
+// success.
+func strictHelpAndCompletion(root *cobra.Command) {
+	root.InitDefaultHelpCmd()
+	root.InitDefaultCompletionCmd()
+	for _, c := range root.Commands() {
+		switch c.Name() {
+		case "help":
+			show := c.Run
+			c.RunE = func(c *cobra.Command, args []string) error {
+				if found, rest, err := c.Root().Find(args); err != nil || found == nil ||
+					len(rest) > 0 {
+					return usagef("no command %q: the commands are listed by "+
+						"'leasehold --help'", strings.Join(args, " "))
+				}
+				show(c, args)
+				return nil
+			}
+		case "completion":
+			c.Args = cobra.ArbitraryArgs // refused below, in words naming the shells
+			c.RunE = func(c *cobra.Command, args []string) error {
+				want := strings.Join(completionShells, ", ")
+				if len(args) == 0 {
+					return usagef("name a shell: %s", want)
+				}
+				return usagef("no completion for shell %q: the shells are %s", args[0], want)
+			}
+		}
+	}
 }
 
 func newVersionCmd() *cobra.Command {
