@@ -266,6 +266,7 @@ func TestDeprecatedSpellings(t *testing.T) {
 		{"explain", "admin-ca", "tls-ca"}, {"explain", "admin-cert", "tls-cert"},
 		{"explain", "admin-key", "tls-key"},
 		{"cordon", "admin-ca", "tls-ca"}, {"serve", "consul", "consul-addr"},
+		{"serve", "tag", "service-tag"},
 	} {
 		cmd, _, err := root.Find([]string{c.cmd})
 		if err != nil {

@@ -83,10 +83,8 @@ func (c *registerCLI) register(fs *pflag.FlagSet) {
 		"Consul removes a registration critical for this long (at least 1m)")
 	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 5*time.Minute,
 		"on SIGTERM or SIGINT, how long to wait for in-flight work before deregistering")
-	fs.StringVar(&rf.cfg.Tag, "service-tag", health.DefaultTag,
+	serviceTagFlag(fs, &rf.cfg.Tag,
 		"Consul tag that marks task types (as leasehold serve --service-tag)")
-	bindEnv(fs, "service-tag", "LEASEHOLD_SERVICE_TAG")
-	alias(fs, "tag", "service-tag")
 	consulAddrFlag(fs, &rf.consulAddr)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&rf.metricsAddr, "metrics-addr", "",
