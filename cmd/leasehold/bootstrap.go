@@ -98,14 +98,20 @@ func buildBootstrap(
 			"invalid --node-id: required (names the dispatcher in leasehold's /debug views)")
 	}
 	if _, err := health.NewDispatcher(versionConstraint, labels); err != nil {
-		for _, f := range health.Fields(err) {
-			flag := "--label"
-			if f == health.NodeMetaVersionConstraint {
-				flag = "--version-constraint"
-			}
-			errs = append(errs, fmt.Sprintf("invalid %s (%s)", flag, f))
+		// One line per mistake, under the flag that made it.
+		var fes health.FieldErrors
+		if !errors.As(err, &fes) {
+			fes = nil
+			errs = append(errs, err.Error())
 		}
-		errs = append(errs, err.Error())
+		for _, fe := range fes {
+			if fe.Field == health.NodeMetaVersionConstraint {
+				errs = append(errs,
+					fmt.Sprintf("invalid --version-constraint %q: %s", fe.Value, fe.Reason))
+			} else {
+				errs = append(errs, fmt.Sprintf("invalid --label: %v", fe))
+			}
+		}
 	}
 	if datacenter != "" {
 		datacenter = health.NormalizeDatacenter(datacenter)

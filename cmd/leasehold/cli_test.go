@@ -379,3 +379,23 @@ func TestEmptyFlagValueRefusedNamingTheFlag(t *testing.T) {
 		t.Errorf("serve with LEASEHOLD_RULES empty: %v", err)
 	}
 }
+
+// A bad --version-constraint is one line naming the flag and saying what to
+// write, in bootstrap and cordon alike: not the library's "improper
+// constraint" after a line that repeats it.
+func TestBadVersionConstraintIsOneClearLine(t *testing.T) {
+	t.Setenv("USER", "alice")
+	for _, args := range [][]string{
+		{"bootstrap", "--node-id", "d1", "--version-constraint", "foo"},
+		{"cordon", "--version-constraint", "foo", "--reason", "r", "--consul-addr", "127.0.0.1:1"},
+	} {
+		code, _, stderr := runCLI(args...)
+		first, _, _ := strings.Cut(stderr, "\n")
+		if code != 2 || !strings.Contains(first, `--version-constraint`) ||
+			!strings.Contains(first, `"foo": not a version constraint: write`) ||
+			strings.Contains(stderr, "improper") ||
+			strings.Count(stderr, "\n") != 2 { // the error, then "Run … --help"
+			t.Errorf("leasehold %s: exit %d, %q", strings.Join(args, " "), code, stderr)
+		}
+	}
+}
