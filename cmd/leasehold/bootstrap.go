@@ -8,7 +8,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -165,10 +164,15 @@ func buildBootstrap(
 func xdsDialAddr(flag, addr string) error {
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("invalid %s: want HOST:PORT: %v", flag, err)
+		// Said in flagx's words (what to write), not Go's ("too many colons").
+		_, _, err = flagx.HostPort(addr, 1)
+		if err == nil || strings.Contains(addr, "://") {
+			err = errors.New("a dispatcher dials HOST:PORT (gRPC), no scheme")
+		}
+		return fmt.Errorf("invalid %s %q: %v", flag, addr, err)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("invalid %s: port %q: want 1..65535", flag, port)
+	if err := flagx.CheckPort(port, 1); err != nil {
+		return fmt.Errorf("invalid %s %q: %v", flag, addr, err)
 	}
 	// netip also reads an address with a zone ([::%lo]), and one mapped
 	// from IPv4 (::ffff:0.0.0.0) is unspecified once unmapped.

@@ -119,12 +119,16 @@ func (c *registerCLI) flags() (*registerFlags, error) {
 		addErr("--capacity", "required (a positive integer)")
 	}
 	rf.cfg.Capacity = c.capacity
-	if err := rf.logLevel.UnmarshalText([]byte(c.logLevel)); err != nil {
-		addErr("--log-level", err.Error())
+	if l, err := parseLogLevel(c.logLevel); err != nil {
+		addErr("--log-level", fmt.Sprintf("%q: %v", c.logLevel, err))
+	} else {
+		rf.logLevel = l
 	}
 	if rf.metricsAddr != "" {
-		if _, _, err := net.SplitHostPort(rf.metricsAddr); err != nil {
-			addErr("--metrics-addr", fmt.Sprintf("want HOST:PORT: %v", err))
+		if _, hp, err := flagx.HostPort(rf.metricsAddr, 0); err != nil {
+			addErr("--metrics-addr", fmt.Sprintf("%q: %v", rf.metricsAddr, err))
+		} else {
+			rf.metricsAddr = hp // the URL form, as serve's --admin-addr takes it
 		}
 	}
 	if rf.drainTimeout <= 0 {

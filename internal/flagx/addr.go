@@ -35,7 +35,7 @@ func HostPort(v string, minPort int) (scheme, hostport string, err error) {
 	if err != nil {
 		return "", "", hostPortProblem(rest, err)
 	}
-	if err := checkPort(port, minPort); err != nil {
+	if err := CheckPort(port, minPort); err != nil {
 		return "", "", err
 	}
 	return scheme, net.JoinHostPort(host, port), nil
@@ -60,7 +60,7 @@ func hostPortProblem(v string, err error) error {
 }
 
 // checkPort checks a port number: within minPort..65535.
-func checkPort(port string, minPort int) error {
+func CheckPort(port string, minPort int) error {
 	n, err := strconv.Atoi(port)
 	if err != nil {
 		return fmt.Errorf("port %q is not a number", port)
@@ -111,7 +111,7 @@ func ConsulAddr(v string) error {
 	if host == "" {
 		return errors.New("no host: write HOST:PORT, e.g. 127.0.0.1:8500")
 	}
-	return checkPort(port, 1)
+	return CheckPort(port, 1)
 }
 
 // Checked is a string flag whose values must pass a check when they are
