@@ -399,3 +399,74 @@ func TestBadVersionConstraintIsOneClearLine(t *testing.T) {
 		}
 	}
 }
+
+// envVarsOf lists the variables every flag of the command at path reads.
+func envVarsOf(t *testing.T, path []string) []string {
+	t.Helper()
+	cmd, _, err := newRootCmd().Find(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vars []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) { vars = append(vars, envOf(f)...) })
+	return vars
+}
+
+// An empty variable counts as unset, for every command and every variable:
+// systemd units (Environment=LEASEHOLD_X=) and templates produce empty
+// variables all the time, and "" taken as a value refused most flags
+// (LEASEHOLD_XDS_ADDR= bootstrap: "missing port"; LEASEHOLD_LOG_LEVEL= serve).
+func TestEmptyVariablesCountAsUnset(t *testing.T) {
+	for _, path := range commandPaths() {
+		cmd, _, err := newRootCmd().Find(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range envVarsOf(t, path) {
+			t.Setenv(v, "")
+		}
+		if err := applyEnv(cmd.Flags()); err != nil {
+			t.Errorf("leasehold %s with its variables empty: %v", strings.Join(path, " "), err)
+		}
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Changed || f.Annotations[annotationFromEnv] != nil {
+				t.Errorf("leasehold %s --%s set from an empty variable",
+					strings.Join(path, " "), f.Name)
+			}
+		})
+	}
+
+	// serve: the configuration is the one without the variables.
+	serveVars := envVarsOf(t, []string{"serve"})
+	for _, v := range serveVars {
+		unsetenv(t, v)
+	}
+	want, err := parseServeFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range serveVars {
+		t.Setenv(v, "")
+	}
+	got, err := parseServeFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatalf("serve with %d variables empty: %v", len(serveVars), err)
+	}
+	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+		t.Errorf("serve with its variables empty:\n%+v\nwant\n%+v", got, want)
+	}
+
+	// bootstrap: the same bootstrap as without them.
+	bootVars := envVarsOf(t, []string{"bootstrap"})
+	for _, v := range bootVars {
+		unsetenv(t, v)
+	}
+	_, wantOut, _ := runCLI("bootstrap", "--node-id", "d1")
+	for _, v := range bootVars {
+		t.Setenv(v, "")
+	}
+	if code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1"); code != 0 ||
+		stdout != wantOut {
+		t.Errorf("bootstrap with %v empty: exit %d, %q, %s", bootVars, code, stdout, stderr)
+	}
+}
