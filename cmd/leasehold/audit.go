@@ -32,6 +32,7 @@ func openAudit(path string, tp trace.TracerProvider) (func(fleet.AuditEvent), fu
 	}
 	var mu sync.Mutex
 	enc := json.NewEncoder(w)
+	enc.SetEscapeHTML(false) // a cordon of <2.0.0 reads <2.0.0, not \u003c2.0.0
 	tracer := tp.Tracer("github.com/leasehold/leasehold/audit")
 	return func(e fleet.AuditEvent) {
 		mu.Lock()

@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -154,7 +155,16 @@ func buildBootstrap(
 		meta[health.NodeMetaDatacenter] = datacenter
 		b.Node.Locality = &bootstrapLocality{Region: datacenter}
 	}
-	return json.MarshalIndent(b, "", "  ")
+	// A person reads (and edits) the bootstrap: its constraint <2.0.0 is
+	// written so, not as \u003c2.0.0 (json.Marshal's escaping for HTML).
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(b); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // xdsDialAddr checks the address dispatchers will dial: HOST:PORT whose

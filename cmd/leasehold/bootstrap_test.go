@@ -120,3 +120,15 @@ func TestBootstrapRefusesUnspecifiedTargetsAndZones(t *testing.T) {
 		}
 	}
 }
+
+// A bootstrap is read and edited by people: its constraint and labels are
+// written as given (<2.0.0), not escaped for HTML (\u003c2.0.0).
+func TestBootstrapIsNotHTMLEscaped(t *testing.T) {
+	code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1",
+		"--version-constraint", "<2.0.0, >=1.0.0", "--label", "team=a&b")
+	if code != 0 || !strings.Contains(stdout, `"version_constraint": "<2.0.0, >=1.0.0"`) ||
+		!strings.Contains(stdout, `"team": "a&b"`) || strings.Contains(stdout, `\u00`) ||
+		!strings.HasSuffix(stdout, "}\n") || strings.HasSuffix(stdout, "\n\n") {
+		t.Fatalf("exit %d: %s%s", code, stdout, stderr)
+	}
+}

@@ -702,6 +702,7 @@ the next (older) page's --before is printed on standard error.`,
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
+				enc.SetEscapeHTML(false) // <2.0.0 stays readable, not \u003c2.0.0
 				for _, e := range page.Entries {
 					if err := enc.Encode(e); err != nil {
 						return failed(err)
