@@ -10,10 +10,14 @@ import (
 
 // BuildInfo exports leasehold_build_info{version, revision, go_version} = 1
 // on mp, the usual Prometheus way of telling which build runs where (a
-// query joins it to any other series by instance).
-func BuildInfo(mp metric.MeterProvider, version, revision string) error {
+// query joins it to any other series by instance). goVersion is the
+// toolchain's that built the binary ("" for this one's runtime.Version).
+func BuildInfo(mp metric.MeterProvider, version, revision, goVersion string) error {
+	if goVersion == "" {
+		goVersion = runtime.Version()
+	}
 	attrs := metric.WithAttributes(attribute.String("version", version),
-		attribute.String("revision", revision), attribute.String("go_version", runtime.Version()))
+		attribute.String("revision", revision), attribute.String("go_version", goVersion))
 	_, err := mp.Meter("github.com/leasehold/leasehold").Int64ObservableGauge(
 		"leasehold.build_info",
 		metric.WithDescription("the running build: its version, VCS revision and Go version"),

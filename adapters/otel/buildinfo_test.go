@@ -16,7 +16,7 @@ func TestBuildInfoMetric(t *testing.T) {
 		t.Fatal(err)
 	}
 	defer tel.Shutdown(context.Background())
-	if err := BuildInfo(tel.Meter, "v1.2.3", "0123abcd"); err != nil {
+	if err := BuildInfo(tel.Meter, "v1.2.3", "0123abcd", ""); err != nil {
 		t.Fatal(err)
 	}
 	rec := httptest.NewRecorder()

@@ -84,7 +84,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		defer cancel()
 		tel.Shutdown(sctx)
 	}()
-	if err := lhotel.BuildInfo(tel.Meter, build.Version, build.Revision); err != nil {
+	if err := lhotel.BuildInfo(tel.Meter, build.Version, build.Revision, build.GoVersion); err != nil {
 		return err
 	}
 	p, err := newPipeline(cfg, log, tel)
