@@ -88,7 +88,8 @@ func (c *registerCLI) register(fs *pflag.FlagSet) {
 	consulAddrFlag(fs, &rf.consulAddr)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&rf.metricsAddr, "metrics-addr", "",
-		"HOST:PORT to serve Prometheus /metrics on (off when empty); traces go where OTEL_* says")
+		"HOST:PORT (or http://HOST:PORT) to serve Prometheus /metrics on (off when empty); "+
+			"traces go where OTEL_* says")
 	emptyOK(fs, "metrics-addr") // an empty value turns it off
 }
 
@@ -125,8 +126,11 @@ func (c *registerCLI) flags() (*registerFlags, error) {
 		rf.logLevel = l
 	}
 	if rf.metricsAddr != "" {
-		if _, hp, err := flagx.HostPort(rf.metricsAddr, 0); err != nil {
+		if scheme, hp, err := flagx.HostPort(rf.metricsAddr, 0); err != nil {
 			addErr("--metrics-addr", fmt.Sprintf("%q: %v", rf.metricsAddr, err))
+		} else if scheme == "https" {
+			addErr("--metrics-addr", fmt.Sprintf("%q: /metrics is served over plain HTTP: "+
+				"write HOST:PORT or http://HOST:PORT", rf.metricsAddr))
 		} else {
 			rf.metricsAddr = hp // the URL form, as serve's --admin-addr takes it
 		}

@@ -326,6 +326,12 @@ func TestSidecarBadFlagsNameTheFlag(t *testing.T) {
 		{"probe without port", set("--probe", "http://127.0.0.1/healthz"), "--probe"},
 		{"load url", append(append([]string(nil), ok...), "--load-url", "ftp://x"), "--load-url"},
 		{"duration garbage", set("--heartbeat", "soon"), "-heartbeat"},
+		{"log level", set("--log-level", "verbose"),
+			`invalid --log-level: "verbose": not a level: want debug, info, warn or error`},
+		{"metrics without port", set("--metrics-addr", "127.0.0.1"),
+			`invalid --metrics-addr: "127.0.0.1": no port: write HOST:PORT`},
+		{"metrics over https", set("--metrics-addr", "https://127.0.0.1:0"),
+			"/metrics is served over plain HTTP"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

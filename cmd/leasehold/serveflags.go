@@ -68,7 +68,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 		"gRPC listen address for xDS and the fencing API")
 	env("xds-addr", "LEASEHOLD_XDS_ADDR")
 	fs.StringVar(&cfg.adminAddr, "admin-addr", "127.0.0.1:19000",
-		"HTTP listen address of the admin port: /healthz, /readyz, /metrics, /debug/*, /v1/session")
+		"HTTP listen address of the admin port, HOST:PORT or http(s)://HOST:PORT: "+
+			"/healthz, /readyz, /metrics, /debug/*, /v1/session")
 	env("admin-addr", "LEASEHOLD_ADMIN_ADDR")
 	serviceTagFlag(fs, &f.tag, "Consul tag marking task types")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
