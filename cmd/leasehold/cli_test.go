@@ -470,3 +470,31 @@ func TestEmptyVariablesCountAsUnset(t *testing.T) {
 		t.Errorf("bootstrap with %v empty: exit %d, %q, %s", bootVars, code, stdout, stderr)
 	}
 }
+
+// The commands asking a replica (explain, cordon, approve) take its admin
+// address as serve does: HOST:PORT or a URL ending at the port; https://
+// without TLS flags verifies against the system's CAs.
+func TestAdminAddrOfAReplica(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	for _, c := range []struct {
+		addr, admin string
+		https       bool
+		want        string // "" = accepted
+	}{
+		{"127.0.0.1:19000", "127.0.0.1:19000", false, ""},
+		{"0.0.0.0:19000", "0.0.0.0:19000", false, ""},
+		{"http://127.0.0.1:19100", "127.0.0.1:19100", false, ""},
+		{"https://127.0.0.1:19100/", "127.0.0.1:19100", true, ""},
+		{"127.0.0.1", "", false, `invalid --admin-addr "127.0.0.1": no port: write HOST:PORT`},
+		{"ftp://127.0.0.1:1", "", false, "ftp:// is not a scheme this address takes"},
+	} {
+		var f explainFlags
+		errs := (&adminFlags{addr: c.addr}).explainFlags(fs, &f)
+		switch {
+		case c.want == "" && (len(errs) > 0 || f.admin != c.admin || (f.client != nil) != c.https):
+			t.Errorf("%s: %v, admin %q, https %v", c.addr, errs, f.admin, f.client != nil)
+		case c.want != "" && (len(errs) != 1 || !strings.Contains(errs[0], c.want)):
+			t.Errorf("%s: %v, want %q", c.addr, errs, c.want)
+		}
+	}
+}
