@@ -110,7 +110,13 @@ func (c *registerCLI) flags() (*registerFlags, error) {
 	if c.address == "" {
 		addErr("--address", "required (HOST:PORT)")
 	} else if host, port, err := net.SplitHostPort(c.address); err != nil {
-		addErr("--address", fmt.Sprintf("want HOST:PORT: %v", err))
+		// What to write, not Go's "too many colons in address".
+		if _, _, ferr := flagx.HostPort(c.address, 1); ferr != nil {
+			err = ferr
+		} else {
+			err = errors.New("the executor's address is HOST:PORT, no scheme")
+		}
+		addErr("--address", fmt.Sprintf("%q: %v", c.address, err))
 	} else if p, err := strconv.Atoi(port); err != nil {
 		addErr("--address", fmt.Sprintf("port %q is not a number", port))
 	} else {
