@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // fleet is the simulated executors: real registrations, real TTL checks.
@@ -73,6 +74,16 @@ func (f *fleet) perTask() map[string]int {
 	m := map[string]int{}
 	for i := range f.ids {
 		m[f.taskOf(i)]++
+	}
+	return m
+}
+
+// shards is how many shards leasehold (at --shard-size) splits each task
+// type into: what the light streams subscribe to.
+func (f *fleet) shards() map[string]int {
+	m := map[string]int{}
+	for task, n := range f.perTask() {
+		m[task] = translator.ShardCount(n, *shardSize)
 	}
 	return m
 }
