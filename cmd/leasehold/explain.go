@@ -61,7 +61,8 @@ func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 	// so is the URL form serve's --admin-addr takes (http://HOST:PORT).
 	scheme, hp, err := flagx.HostPort(a.addr, 1)
 	if err != nil {
-		errs = append(errs, fmt.Sprintf("invalid %s %q: %v", flagRef(fs, "admin-addr"), a.addr, err))
+		errs = append(errs,
+			fmt.Sprintf("invalid %s %q: %v", flagRef(fs, "admin-addr"), a.addr, err))
 	} else {
 		f.admin = hp
 	}

@@ -57,7 +57,9 @@ type serveConfig struct {
 // startupError is a problem with serve's configuration found before
 // anything ran (a file missing or invalid): a usage error, exit 2, as a bad
 // flag is. err names the flag.
-func startupError(err error) error { return &exitError{code: 2, err: fmt.Errorf("invalid %w", err)} }
+func startupError(err error) error {
+	return &exitError{code: 2, err: fmt.Errorf("invalid %w", err)}
+}
 
 // listenError names the flag of an address serve cannot listen on, and
 // says why in an operator's words when the port is taken.
@@ -85,7 +87,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		defer cancel()
 		tel.Shutdown(sctx)
 	}()
-	if err := lhotel.BuildInfo(tel.Meter, build.Version, build.Revision, build.GoVersion); err != nil {
+	err = lhotel.BuildInfo(tel.Meter, build.Version, build.Revision, build.GoVersion)
+	if err != nil {
 		return err
 	}
 	p, err := newPipeline(cfg, log, tel)
