@@ -377,7 +377,7 @@ the safety limit. --list shows every cordon with its state.`,
 			c.ID, c.At = consul.NewCordonID(), time.Now().UTC()
 			c.By = "-" // checked below, once the identity is known
 			if err := c.Validate(); err != nil {
-				return usagef("invalid cordon:\n%v", cordonFlagNames(err))
+				return usagef("invalid cordon:%s", oneOrLines(cordonFlagNames(err)))
 			}
 			k, who, err := cf.openAs(ctx, stderr)
 			if err != nil {
@@ -492,6 +492,15 @@ func listCordons(
 		fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
 	}
 	return nil
+}
+
+// oneOrLines puts one problem on the line it follows and several on lines
+// of their own.
+func oneOrLines(msg string) string {
+	if strings.Contains(msg, "\n") {
+		return "\n" + msg
+	}
+	return " " + msg
 }
 
 // cordonFlagNames renames a cordon's fields in err to the flags that set
@@ -789,6 +798,7 @@ the next (older) page's --before is printed on standard error.`,
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
+				enc.SetEscapeHTML(false) // <2.0.0 stays readable, not \u003c2.0.0
 				for _, e := range page.Entries {
 					if err := enc.Encode(e); err != nil {
 						return failed(err)
