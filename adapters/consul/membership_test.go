@@ -84,7 +84,8 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 				ServiceMeta: map[string]string{"a": "x", "b": "y"},
 			}),
 		},
-		members: map[memberKey]health.Member{{"n1", "work:a"}: {}},
+		sorted: []health.Member{{}},
+		at:     map[memberKey]int32{{"n1", "work:a"}: 0},
 	}
 	joinedMeta := map[string]string{"a": "x|b=y"}
 	changed, _ = joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a",
@@ -386,4 +387,27 @@ func heapAfterGC() uint64 {
 	var m runtime.MemStats
 	runtime.ReadMemStats(&m)
 	return m.HeapAlloc
+}
+
+// The list a watch sent is the syncer's from then on: the next answer builds
+// a new one and leaves it as it was.
+func TestMembershipListSentIsNeverWritten(t *testing.T) {
+	nodes := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s1", 7)}
+	m := (&taskMembership{}).apply("work", nodes,
+		[]*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing"),
+			entry("work", "n1", "b", "s1", 1, "passing")}, true, nil)
+	sent := m.list()
+	before := memberIDs(sent)
+	nodes2 := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s2", 8)}
+	changed, _ := m.diff(nodes2)
+	m2 := m.apply("work", nodes2,
+		[]*api.ServiceEntry{entry("work", "n1", "b", "s2", 2, "passing")}, false, changed)
+	if got := memberIDs(sent); !slices.Equal(got, before) {
+		t.Fatalf("the list sent became %v, was %v", got, before)
+	}
+	if got := memberIDs(m2.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s2"}) {
+		t.Fatalf("next list %v", got)
+	}
 }
