@@ -1,0 +1,126 @@
+package main
+
+import (
+	"context"
+	"encoding/json"
+	"errors"
+	"fmt"
+	"io"
+	"net/http"
+	"strings"
+	"time"
+)
+
+// The admin client: every command that asks a replica's admin port (explain,
+// dispatchers, cordon's view of the cordons) goes through adminGet, so that
+// each says in a sentence what went wrong — the wrong port, a missing token —
+// rather than quoting the HTTP client or the answer's raw JSON.
+
+func getJSON(ctx context.Context, f explainFlags, path string, v any) error {
+	status, b, err := adminGet(ctx, f, path)
+	if err != nil {
+		return err
+	}
+	if status != http.StatusOK {
+		return adminStatusError(f, path, status, b)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return fmt.Errorf("admin API at %s: %s: the answer is not leasehold's JSON (is it "+
+			"leasehold serve's --admin-addr?): %w", f.admin, path, err)
+	}
+	return nil
+}
+
+// getJSONStatus is getJSON for a path whose every status carries a JSON
+// body (/readyz answers 503 with its reason).
+func getJSONStatus(ctx context.Context, f explainFlags, path string, v any) (int, error) {
+	status, b, err := adminGet(ctx, f, path)
+	if err != nil {
+		return 0, err
+	}
+	if status == http.StatusUnauthorized || status == http.StatusForbidden {
+		return 0, adminStatusError(f, path, status, b)
+	}
+	if err := json.Unmarshal(b, v); err != nil {
+		return 0, fmt.Errorf("%s: %d %s: %w", path, status, http.StatusText(status), err)
+	}
+	return status, nil
+}
+
+// adminGet reads path from the replica's admin port.
+func adminGet(ctx context.Context, f explainFlags, path string) (int, []byte, error) {
+	base := f.admin
+	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
+	defer cancel()
+	scheme, client := "http://", http.DefaultClient
+	if f.client != nil {
+		scheme, client = "https://", f.client
+	}
+	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+base+path, nil)
+	if err != nil {
+		return 0, nil, err
+	}
+	if f.token != "" {
+		req.Header.Set("Authorization", "Bearer "+f.token)
+	}
+	resp, err := client.Do(req)
+	if err != nil {
+		return 0, nil, adminDialError(base, err)
+	}
+	defer resp.Body.Close()
+	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
+	if err != nil {
+		return 0, nil, fmt.Errorf("admin API at %s: %s: %w", base, path, err)
+	}
+	return resp.StatusCode, b, nil
+}
+
+// errGRPCPort is the wrong port most easily given: leasehold's own xDS port.
+var errGRPCPort = errors.New("that is leasehold's gRPC (xDS and fencing) port, not its " +
+	"admin port: give leasehold serve's --admin-addr (default 127.0.0.1:19000)")
+
+// adminDialError says why the admin port could not be read. A gRPC server
+// answers an HTTP/1 request with an HTTP/2 SETTINGS frame, which net/http
+// quotes as a malformed response starting "\x00\x00\x06\x04"; over TLS it
+// refuses a client that does not offer HTTP/2 before any byte is read.
+func adminDialError(addr string, err error) error {
+	msg := err.Error()
+	if strings.Contains(msg, `malformed HTTP response "\x00\x00`) ||
+		strings.Contains(msg, "no application protocol") {
+		return fmt.Errorf("admin API at %s: %w", addr, errGRPCPort)
+	}
+	return fmt.Errorf("admin API at %s: %w", addr, err)
+}
+
+// adminStatusError turns an answer other than 200 into a sentence: what the
+// admin port wants for 401 and 403, its own error text (not its JSON) else.
+func adminStatusError(f explainFlags, path string, status int, body []byte) error {
+	var e struct {
+		Error string `json:"error"`
+	}
+	text := strings.TrimSpace(string(body[:min(len(body), 4096)]))
+	if json.Unmarshal(body, &e) == nil && e.Error != "" {
+		text = e.Error
+	}
+	code := fmt.Sprintf("%d %s", status, http.StatusText(status))
+	switch {
+	case status == http.StatusUnauthorized && f.token == "":
+		why := fmt.Sprintf("admin API at %s needs credentials (%s): give --admin-token-file "+
+			"(or LEASEHOLD_ADMIN_TOKEN_FILE), a file holding the token of leasehold serve's "+
+			"--admin-token-file", f.admin, code)
+		if strings.Contains(text, "client certificate") {
+			why += ", or --tls-cert and --tls-key: a client certificate signed by its " +
+				"--admin-client-ca"
+		}
+		return errors.New(why)
+	case status == http.StatusUnauthorized:
+		return fmt.Errorf("admin API at %s did not accept the token in --admin-token-file (%s): "+
+			"it must be the token in leasehold serve's --admin-token-file", f.admin, code)
+	case status == http.StatusForbidden:
+		return fmt.Errorf("admin API at %s refused %s (%s): %s", f.admin, path, code, text)
+	case status == http.StatusNotFound && !strings.HasPrefix(text, "no such"):
+		return fmt.Errorf("admin API at %s has no %s (%s): is it leasehold serve's --admin-addr?",
+			f.admin, path, code)
+	}
+	return fmt.Errorf("admin API at %s: %s: %s: %s", f.admin, path, code, text)
+}

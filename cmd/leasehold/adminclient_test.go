@@ -1,0 +1,87 @@
+package main
+
+import (
+	"bytes"
+	"context"
+	"net"
+	"net/http"
+	"net/http/httptest"
+	"os"
+	"path/filepath"
+	"strings"
+	"testing"
+
+	"google.golang.org/grpc"
+
+	"github.com/leasehold/leasehold/server"
+)
+
+// adminCommands are the commands that read the admin port, each with the
+// arguments it needs besides --admin-addr.
+var adminCommands = [][]string{{"explain"}, {"dispatchers"}}
+
+// Pointed at a gRPC port (leasehold's xDS port), every admin command says so
+// instead of quoting the HTTP/2 frame net/http took for a malformed answer.
+func TestAdminCommandsSayTheyReachedTheGRPCPort(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	for _, cmd := range adminCommands {
+		code, stdout, stderr := runCLI(append(cmd, "--admin-addr", lis.Addr().String())...)
+		if code != 1 || !strings.Contains(stderr, "leasehold's gRPC (xDS and fencing) port") ||
+			strings.Contains(stderr, `\x00`) {
+			t.Errorf("%v at the gRPC port: exit %d, stdout %q, stderr %q", cmd, code, stdout, stderr)
+		}
+	}
+}
+
+// A guarded admin port's 401 is a sentence naming the flag and the variable
+// that carry the token, not the answer's JSON; a wrong token is told apart.
+func TestAdminCommandsExplainAMissingOrWrongToken(t *testing.T) {
+	dir := t.TempDir()
+	good, bad := filepath.Join(dir, "good"), filepath.Join(dir, "bad")
+	os.WriteFile(good, []byte("s3cret-s3cret-s3cret-s3cret-s3cret\n"), 0o600)
+	os.WriteFile(bad, []byte("wrong-wrong-wrong-wrong-wrong-wrong\n"), 0o600)
+	tok, err := server.NewAdminToken(good)
+	if err != nil {
+		t.Fatal(err)
+	}
+	h := server.GuardAdmin(http.NotFoundHandler(), tok, false)
+	srv := httptest.NewServer(h)
+	t.Cleanup(srv.Close)
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	for _, cmd := range adminCommands {
+		code, _, stderr := runCLI(append(cmd, "--admin-addr", addr)...)
+		if code != 1 || !strings.Contains(stderr, "--admin-token-file") ||
+			!strings.Contains(stderr, "LEASEHOLD_ADMIN_TOKEN_FILE") ||
+			strings.Contains(stderr, `{"error"`) {
+			t.Errorf("%v without a token: exit %d, stderr %q", cmd, code, stderr)
+		}
+		code, _, stderr = runCLI(append(cmd, "--admin-addr", addr, "--admin-token-file", bad)...)
+		if code != 1 || !strings.Contains(stderr, "did not accept the token") ||
+			strings.Contains(stderr, `{"error"`) {
+			t.Errorf("%v with a wrong token: exit %d, stderr %q", cmd, code, stderr)
+		}
+	}
+}
+
+// Errors the admin port answers with (400 on a bad question) are its
+// sentence, not its JSON.
+func TestAdminErrorBodiesAreSentences(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.WriteHeader(http.StatusBadRequest)
+		w.Write([]byte(`{"error":"task \"x y\": bad"}`))
+	}))
+	t.Cleanup(srv.Close)
+	var out bytes.Buffer
+	code := runExplain(context.Background(),
+		[]string{"--admin-addr", strings.TrimPrefix(srv.URL, "http://")}, &out, &out)
+	if code != 1 || !strings.Contains(out.String(), `task "x y": bad`) ||
+		strings.Contains(out.String(), `{"error"`) {
+		t.Errorf("exit %d, output %q", code, out.String())
+	}
+}
