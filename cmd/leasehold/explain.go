@@ -32,9 +32,9 @@ type explainFlags struct {
 	versionConstraint, datacenter string
 	labels                        flagx.Labels
 	asked                         bool
-	token                             string       // bearer token for a guarded admin port
-	client                            *http.Client // HTTPS with --tls-ca/--tls-cert/--tls-key
-	color                             bool
+	token                         string       // bearer token for a guarded admin port
+	client                        *http.Client // HTTPS with --tls-ca/--tls-cert/--tls-key
+	color                         bool
 }
 
 // adminFlags reach a leasehold replica's admin port: its address, its
