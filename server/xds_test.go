@@ -38,6 +38,7 @@ type fixture struct {
 	idx   uint64
 	creds credentials.TransportCredentials // dial's; nil: plaintext
 	xds   *XDS
+	sync  *fleet.Syncer
 }
 
 // secureOpts turn the fixture's server into a TLS one with a policy.
@@ -99,6 +100,7 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 	}
 	g := grpc.NewServer(opts...)
 	f.xds = NewXDS(ctx, syncer, log, XDSOptions{Policy: so.policy})
+	f.sync = syncer
 	f.xds.Register(g)
 	leaseholdv1.RegisterFencingServer(g, NewFencing(syncer, nowAt))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
