@@ -321,6 +321,9 @@ func short(s string) string {
 // load is the executor's load of its capacity: "?" for the load when none
 // has reached Consul yet (a replica older than load_reported says nothing).
 func (p printer) load(e server.ExplainExecutor) string {
+	if e.MetadataError != "" {
+		return "-"
+	}
 	if !e.LoadReported && p.loadMaxAge > 0 {
 		return fmt.Sprintf("?/%d", e.Capacity)
 	}

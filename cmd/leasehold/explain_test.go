@@ -3,13 +3,19 @@ package main
 import (
 	"bytes"
 	"context"
+	"encoding/json"
 	"flag"
 	"net/http"
 	"net/http/httptest"
+	"net/url"
 	"os"
 	"path/filepath"
+	"regexp"
 	"strings"
 	"testing"
+	"time"
+
+	"github.com/leasehold/leasehold/server"
 )
 
 var update = flag.Bool("update", false, "rewrite golden files")
@@ -73,8 +79,13 @@ func TestExplainErrors(t *testing.T) {
 		code int
 		want string
 	}{
-		{[]string{"--dispatcher", "nobody"}, 1, "--dispatcher \"nobody\""},
-		{[]string{"--instance", "missing"}, 1, "--instance \"missing\""},
+		{[]string{"--dispatcher", "nobody"}, 1, "--dispatcher \"nobody\": no such dispatcher"},
+		{[]string{"--instance", "missing"}, 1, "--instance \"missing\": no such instance"},
+		{[]string{"--task", "missing"}, 1, "--task \"missing\": no such task type"},
+		{[]string{"--version-constraint", ">= banana"}, 2, "invalid --version-constraint"},
+		{[]string{"--label", "bad key=a"}, 2, "invalid --label"},
+		{[]string{"--datacenter", "no such dc!"}, 2, "invalid --datacenter"},
+		{[]string{"--label", "zone=a", "--dispatcher", "d"}, 2, "invalid --dispatcher"},
 		{[]string{"--instance", "a/b"}, 2, "invalid --instance"},
 		{[]string{"--task", "bad task"}, 2, "invalid --task"},
 	} {
@@ -90,5 +101,97 @@ func TestExplainErrors(t *testing.T) {
 	if code := runExplain(context.Background(), []string{"--admin-addr", "127.0.0.1:1"},
 		&out, &out); code != 1 || !strings.Contains(out.String(), "admin API") {
 		t.Errorf("unreachable admin: %d %q", code, out.String())
+	}
+}
+
+// With colour on (a terminal), every column still starts where it does
+// without: widths count what the terminal shows, not the escapes.
+func TestExplainColumnsAlignWithColour(t *testing.T) {
+	ex, ds := cannedAnswers(t)
+	ansi := regexp.MustCompile("\x1b\\[[0-9;]*m")
+	for name, print := range map[string]func(p printer){
+		"overview":   func(p printer) { p.overview(ex, ds) },
+		"dispatcher": func(p printer) { p.dispatcher(ex, ds, "eu-strict") },
+	} {
+		var plain, colour bytes.Buffer
+		print(printer{w: &plain, loadMaxAge: time.Minute})
+		print(printer{w: &colour, color: true, loadMaxAge: time.Minute})
+		if !bytes.Contains(colour.Bytes(), []byte("\x1b[32m")) {
+			t.Fatalf("%s: no colour written", name)
+		}
+		if got := ansi.ReplaceAllString(colour.String(), ""); got != plain.String() {
+			t.Errorf("%s: coloured columns differ from plain ones:\n%s\nwant\n%s",
+				name, got, plain.String())
+		}
+	}
+}
+
+// cannedAnswers are the recorded /debug answers, decoded.
+func cannedAnswers(t *testing.T) (server.ExplainExecutors, []server.StreamInfo) {
+	t.Helper()
+	var ex server.ExplainExecutors
+	var ds struct{ Dispatchers []server.StreamInfo }
+	for file, v := range map[string]any{"explain-executors.json": &ex,
+		"explain-dispatchers.json": &ds} {
+		b, err := os.ReadFile(filepath.Join("testdata", file))
+		if err != nil {
+			t.Fatal(err)
+		}
+		if err := json.Unmarshal(b, v); err != nil {
+			t.Fatal(err)
+		}
+	}
+	return ex, ds.Dispatchers
+}
+
+// explain --version-constraint/--label asks the replica about that
+// constraint set and prints what a dispatcher with it would get, and why
+// not each executor, saying that none with it is connected.
+func TestExplainAnswersForADispatcherNotConnected(t *testing.T) {
+	ex, ds := cannedAnswers(t)
+	asked := server.ConstraintSet{Key: "v=<2.0.0;zone=us-1", VersionConstraint: "<2.0.0",
+		Labels: map[string]string{"zone": "us-1"}, Hypothetical: true}
+	ex.ConstraintSets = append(ex.ConstraintSets, asked)
+	idx := len(ex.ConstraintSets) - 1
+	ex.Asked = &idx
+	for i := range ex.Executors {
+		v := server.ExplainVerdict{ConstraintSet: asked.Key, Route: "NONE",
+			Reason: "label-mismatch", Detail: "label zone, want \"us-1\""}
+		if ex.Executors[i].InstanceID == "e3" {
+			v = server.ExplainVerdict{ConstraintSet: asked.Key, Route: "HEALTHY"}
+		}
+		ex.Executors[i].Verdicts = append(ex.Executors[i].Verdicts, v)
+	}
+	var query url.Values
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/executors", func(w http.ResponseWriter, r *http.Request) {
+		query = r.URL.Query()
+		json.NewEncoder(w).Encode(ex)
+	})
+	mux.HandleFunc("/debug/dispatchers", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(map[string]any{"dispatchers": ds})
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	code, out, stderr := runCLI("explain", "--admin-addr", strings.TrimPrefix(srv.URL, "http://"),
+		"--version-constraint", "<2.0.0", "--label", "zone=us-1")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if query.Get("version_constraint") != "<2.0.0" || query.Get("label") != "zone=us-1" {
+		t.Errorf("asked %v", query)
+	}
+	for _, want := range []string{
+		"a dispatcher with version <2.0.0, zone=us-1: no dispatcher with it is connected; " +
+			"one would get",
+		"HEALTHY ", "e3",
+		"no: label-mismatch", `label zone, want "us-1"`,
+	} {
+		if !strings.Contains(out, want) {
+			t.Errorf("no %q in:\n%s", want, out)
+		}
+	}
+	if strings.Index(out, "e3") > strings.Index(out, "e1") {
+		t.Errorf("the routed executor is not listed first:\n%s", out)
 	}
 }
