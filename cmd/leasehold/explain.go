@@ -32,6 +32,7 @@ type explainFlags struct {
 	versionConstraint, datacenter string
 	labels                        flagx.Labels
 	asked                         bool
+	orca                          bool         // read the current load from the executors
 	token                         string       // bearer token for a guarded admin port
 	client                        *http.Client // HTTPS with --tls-ca/--tls-cert/--tls-key
 	color                         bool
@@ -137,6 +138,9 @@ dispatcher's (--dispatcher) or one executor's (--instance).`,
 			"each executor (with --label, --datacenter)")
 	fs.Var(f.labels, "label", "with --version-constraint: a label key=value the dispatcher "+
 		"asks for (repeatable; alone, the question too)")
+	fs.BoolVar(&f.orca, "orca", false,
+		"read each executor's current load from its own ORCA report (gRPC executors "+
+			"reporting it: adapters/loadreport) rather than the lease check's older output")
 	fs.StringVar(&f.datacenter, "datacenter", "",
 		"with --version-constraint: the dispatcher's datacenter (default: leasehold's own)")
 	a.register(fs, "where to ask")
@@ -234,7 +238,20 @@ func explain(ctx context.Context, f explainFlags, w io.Writer) error {
 			f.admin)
 	}
 	p := printer{w: w, color: f.color,
-		loadMaxAge: time.Duration(ex.LoadMaxAgeSeconds * float64(time.Second))}
+		loadMaxAge: time.Duration(ex.LoadMaxAgeSeconds * float64(time.Second)),
+		askedORCA:  f.orca}
+	if f.orca {
+		shown := ex.Executors
+		if f.instance != "" {
+			shown = nil
+			for _, e := range ex.Executors {
+				if e.InstanceID == f.instance {
+					shown = append(shown, e)
+				}
+			}
+		}
+		p.orca = orcaLoads(ctx, shown)
+	}
 	switch {
 	case f.instance != "":
 		return p.instance(ex, f.instance)
@@ -268,7 +285,9 @@ func listOr(xs []string, none string) string {
 type printer struct {
 	w          io.Writer
 	color      bool
-	loadMaxAge time.Duration // how old LOAD can be; 0 from a replica that does not say
+	loadMaxAge time.Duration  // how old LOAD can be; 0 from a replica that does not say
+	orca       map[string]int // by orcaKey: tasks in flight the executor reported now
+	askedORCA  bool           // --orca was given
 }
 
 func (p printer) route(v server.ExplainVerdict) string {
@@ -324,6 +343,9 @@ func (p printer) load(e server.ExplainExecutor) string {
 	if e.MetadataError != "" {
 		return "-"
 	}
+	if n, ok := p.orca[orcaKey(e)]; ok {
+		return fmt.Sprintf("%d/%d orca", n, e.Capacity)
+	}
 	if !e.LoadReported && p.loadMaxAge > 0 {
 		return fmt.Sprintf("?/%d", e.Capacity)
 	}
@@ -332,6 +354,9 @@ func (p printer) load(e server.ExplainExecutor) string {
 
 // loadLong is load with where it comes from and how old it can be.
 func (p printer) loadLong(e server.ExplainExecutor) string {
+	if n, ok := p.orca[orcaKey(e)]; ok {
+		return fmt.Sprintf("%d/%d (the executor's own ORCA report, read now)", n, e.Capacity)
+	}
 	switch {
 	case p.loadMaxAge <= 0:
 		return p.load(e)
@@ -346,9 +371,14 @@ func (p printer) loadNote() {
 	if p.loadMaxAge <= 0 {
 		return
 	}
+	orca := "--orca reads it from executors that report it"
+	if p.askedORCA {
+		orca = "orca = the executor's own report, read now"
+	}
 	fmt.Fprintf(p.w, "\nLOAD: tasks in flight/capacity from the lease check's output, which "+
 		"Consul syncs every\ncheck_update_interval: up to %s old (? = none reported yet). "+
-		"Dispatchers weigh by\nthe current load, sent to them over ORCA.\n", p.loadMaxAge)
+		"Dispatchers weigh by\nthe current load, sent to them over ORCA (%s).\n",
+		p.loadMaxAge, orca)
 }
 
 // overview prints every executor with its verdict for every constraint set

@@ -5,6 +5,7 @@ import (
 	"context"
 	"encoding/json"
 	"flag"
+	"net"
 	"net/http"
 	"net/http/httptest"
 	"net/url"
@@ -15,6 +16,9 @@ import (
 	"testing"
 	"time"
 
+	"google.golang.org/grpc"
+
+	"github.com/leasehold/leasehold/adapters/loadreport"
 	"github.com/leasehold/leasehold/server"
 )
 
@@ -193,5 +197,68 @@ func TestExplainAnswersForADispatcherNotConnected(t *testing.T) {
 	}
 	if strings.Index(out, "e3") > strings.Index(out, "e1") {
 		t.Errorf("the routed executor is not listed first:\n%s", out)
+	}
+}
+
+// explain --orca shows the load an executor reports over ORCA now, marked
+// as such, and for an executor that answers none the lease check's figure
+// with how old it can be.
+func TestExplainReadsTheCurrentLoadOverORCA(t *testing.T) {
+	rep, err := loadreport.New(4, func() int { return 2 })
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	if err := rep.Register(g); err != nil {
+		t.Fatal(err)
+	}
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	closed, err := net.Listen("tcp", "127.0.0.1:0") // a port nothing answers on
+	if err != nil {
+		t.Fatal(err)
+	}
+	closedPort := closed.Addr().(*net.TCPAddr).Port
+	closed.Close()
+
+	ex, ds := cannedAnswers(t)
+	for i := range ex.Executors {
+		e := &ex.Executors[i]
+		e.Address, e.Port = "127.0.0.1", closedPort
+		if e.InstanceID == "e1" {
+			e.Port = lis.Addr().(*net.TCPAddr).Port
+		}
+	}
+	mux := http.NewServeMux()
+	mux.HandleFunc("/debug/executors", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(ex)
+	})
+	mux.HandleFunc("/debug/dispatchers", func(w http.ResponseWriter, r *http.Request) {
+		json.NewEncoder(w).Encode(map[string]any{"dispatchers": ds})
+	})
+	srv := httptest.NewServer(mux)
+	t.Cleanup(srv.Close)
+	addr := strings.TrimPrefix(srv.URL, "http://")
+
+	code, out, stderr := runCLI("explain", "--admin-addr", addr, "--orca")
+	if code != 0 {
+		t.Fatalf("exit %d: %s", code, stderr)
+	}
+	if !regexp.MustCompile(`(?m)^work +e1 .* 2/4 orca `).MatchString(out) ||
+		!regexp.MustCompile(`(?m)^work +e3 .* 2/2 +warning`).MatchString(out) ||
+		!strings.Contains(out, "up to 7m30s old") {
+		t.Errorf("overview with --orca:\n%s", out)
+	}
+	code, out, stderr = runCLI("explain", "--admin-addr", addr, "--orca", "--instance", "e1")
+	if code != 0 || !strings.Contains(out, "2/4 (the executor's own ORCA report, read now)") {
+		t.Errorf("--instance e1 --orca: exit %d %s\n%s", code, stderr, out)
+	}
+	code, out, _ = runCLI("explain", "--admin-addr", addr, "--instance", "e3")
+	if code != 0 || !strings.Contains(out, "2/2 (the lease check's output: up to 7m30s old)") {
+		t.Errorf("--instance e3: exit %d\n%s", code, out)
 	}
 }
