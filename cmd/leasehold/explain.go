@@ -96,7 +96,9 @@ func newExplainCmd() *cobra.Command {
 		Short: "show which executors each dispatcher routes to, and why not the others",
 		Long: `Ask a leasehold replica (its admin port) which executors each constraint set in
 use routes to, with the reason for every one it does not: all of them, one
-dispatcher's (--dispatcher) or one executor's (--instance).`,
+dispatcher's (--dispatcher) or one executor's (--instance). With
+--version-constraint, --label or --datacenter: what a dispatcher with that
+constraint set would get, whether or not one is connected.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			errs := a.explainFlags(cmd.Flags(), &f)
