@@ -5,6 +5,7 @@ go 1.26.7
 require (
 	github.com/Masterminds/semver/v3 v3.5.0
 	github.com/cncf/xds/go v0.0.0-20260202195803-dba9d589def2
+	github.com/coreos/go-systemd/v22 v22.7.0
 	github.com/envoyproxy/go-control-plane v0.14.0
 	github.com/envoyproxy/go-control-plane/envoy v1.40.0
 	github.com/hashicorp/consul/api v1.34.5

@@ -51,6 +51,11 @@ type Dispatcher struct {
 	// leasehold's own agent). Part of the key: dispatchers of different
 	// datacenters get different priorities, so they never share a snapshot.
 	Datacenter string
+	// SingleCluster says the dispatchers cannot take a route over weighted
+	// clusters (their bootstrap metadata says weighted_clusters: false): a
+	// task type is sent to them as one cluster however large it is. Part of
+	// the key, as they get other resources.
+	SingleCluster bool
 
 	constraint *semver.Constraints
 	base       string   // key of the constraints alone: what rollout scopes name
@@ -96,7 +101,7 @@ func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatch
 	}
 	d.labelKeys = sortedKeys(d.Labels)
 	d.base = d.computeBase()
-	d.key = d.base + d.dcKey() + d.grantKey()
+	d.key = d.base + d.dcKey() + d.grantKey() + d.clustersKey()
 	return d, nil
 }
 
@@ -104,7 +109,7 @@ func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatch
 // sets have equal keys, different sets different ones. It is the snapshot
 // group id and is shown in logs and explain, so it stays readable:
 //
-//	v=<constraint>;<label>=<value>...[&dc=<datacenter>][&tasks=<task>,<task>...]
+//	v=<constraint>;<label>=<value>...[&dc=<dc>][&tasks=<task>,...][&clusters=one]
 //
 // with the constraint's normalised spelling, labels sorted by key, and the
 // bytes of a field that would delimit it percent-escaped (escapeKeyField):
@@ -113,7 +118,8 @@ func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatch
 // the value, each ',' a task.
 func (d Dispatcher) Key() string {
 	if d.key == "" {
-		return d.computeBase() + d.dcKey() + d.grantKey() // a Dispatcher not built by NewDispatcher
+		// A Dispatcher not built by NewDispatcher.
+		return d.computeBase() + d.dcKey() + d.grantKey() + d.clustersKey()
 	}
 	return d.key
 }
@@ -133,7 +139,7 @@ func (d Dispatcher) dcKey() string {
 func (d Dispatcher) InDatacenter(dc string) Dispatcher {
 	d.Datacenter = dc
 	d.base = d.computeBase()
-	d.key = d.base + d.dcKey() + d.grantKey()
+	d.key = d.base + d.dcKey() + d.grantKey() + d.clustersKey()
 	return d
 }
 
@@ -213,6 +219,22 @@ func escapeKeyField(b *strings.Builder, s, delims string) {
 	}
 }
 
+// InSingleCluster is d for dispatchers that cannot take weighted clusters.
+func (d Dispatcher) InSingleCluster() Dispatcher {
+	d.SingleCluster = true
+	d.base = d.computeBase()
+	d.key = d.base + d.dcKey() + d.grantKey() + d.clustersKey()
+	return d
+}
+
+// clustersKey is the key's part for SingleCluster: "" or "&clusters=one".
+func (d Dispatcher) clustersKey() string {
+	if d.SingleCluster {
+		return "&clusters=one"
+	}
+	return ""
+}
+
 // WithTasks is d restricted to the given task types (nil: all).
 func (d Dispatcher) WithTasks(tasks []string) Dispatcher {
 	if tasks == nil {
@@ -224,7 +246,7 @@ func (d Dispatcher) WithTasks(tasks []string) Dispatcher {
 		}
 	}
 	d.base = d.computeBase()
-	d.key = d.base + d.dcKey() + d.grantKey()
+	d.key = d.base + d.dcKey() + d.grantKey() + d.clustersKey()
 	return d
 }
 

@@ -5,6 +5,7 @@ import (
 	"strings"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/leasehold/leasehold/snapshot/translator"
 	"github.com/leasehold/leasehold/snapshot/xdscache"
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -72,7 +73,7 @@ func (x *XDS) authorize(
 	}
 	xdscache.StampGrant(node, a.grant.TaskList())
 	for _, n := range names {
-		if !a.grant.AllowsTask(n) && !a.denied[n] {
+		if !a.grant.AllowsTask(translator.TaskOf(n)) && !a.denied[n] {
 			a.denied[n] = true
 			x.denied.Add(context.Background(), 1,
 				metric.WithAttributes(attribute.String("api", "xds")))

@@ -477,7 +477,9 @@ func (f *Fencing) WatchSession(
 		timer.Reset(wake + time.Millisecond)
 		select {
 		case <-ctx.Done():
-			return nil
+			// The caller's deadline or cancellation, said as such: a clean
+			// end would read as the server closing a watch it still owed.
+			return status.FromContextError(ctx.Err()).Err()
 		case <-v.Changed():
 		case <-timer.Chan():
 		}

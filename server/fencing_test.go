@@ -13,7 +13,9 @@ import (
 
 	"github.com/jonboulle/clockwork"
 	"google.golang.org/grpc"
+	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/metadata"
+	"google.golang.org/grpc/status"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
@@ -1161,5 +1163,24 @@ func TestStaleFromAnotherDatacenterStaysStaleAtItsIndex(t *testing.T) {
 			"replica B: x/s1 CURRENT with min_consul_index %d from replica A's STALE answer "+
 				"(refreshes asked: %v): %v",
 			ra.GetConsulIndex(), refreshed, rb)
+	}
+}
+
+// A watch the caller gave a deadline ends with DeadlineExceeded, not a
+// clean end of stream: a clean end says the server closed a watch it still
+// owed, and a client whose own deadline had not fired yet could not tell.
+func TestWatchSessionEndsWithTheCallersDeadline(t *testing.T) {
+	s, _ := fencingSyncer(t)
+	f := NewFencing(s, nowAt)
+	ctx, cancel := context.WithTimeout(context.Background(), 100*time.Millisecond)
+	defer cancel()
+	stream := &recordingStream{ctx: ctx, got: make(chan struct{}, 1)}
+	err := f.WatchSession(&leaseholdv1.CheckSessionRequest{InstanceId: "x", SessionId: "s-x"},
+		stream)
+	if status.Code(err) != codes.DeadlineExceeded {
+		t.Fatalf("WatchSession past the caller's deadline returned %v, want DeadlineExceeded", err)
+	}
+	if len(stream.answers()) == 0 {
+		t.Fatalf("the watch ended without its first answer")
 	}
 }

@@ -13,6 +13,7 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/leasehold/leasehold/snapshot/fleet"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // lapseWait is how long a lapse waits for every affected stream's ACK before
@@ -111,7 +112,7 @@ func (x *XDS) onPublish(p fleet.Publication) {
 			continue
 		}
 		for _, name := range t.Subscribed {
-			if removed[name] {
+			if removed[translator.TaskOf(name)] { // a shard's name, or its task's
 				pl.waiting[id] = true
 				break
 			}

@@ -80,12 +80,12 @@ func (b bootstrapTLS) channelCreds() ([]map[string]any, []string) {
 }
 
 // buildBootstrap builds a bootstrap for a dispatcher with the given
-// constraints, endpoint metadata (empty for full) and datacenter (empty for
-// leasehold's own), validated as leasehold will validate them; errors name
+// constraints, endpoint metadata (empty for full), datacenter (empty for
+// leasehold's own) and whether it takes weighted clusters, validated as leasehold will validate them; errors name
 // the xDS address as xdsFlag (with the variable it came from).
 func buildBootstrap(
 	xdsFlag, xdsAddr, nodeID, versionConstraint string, labels map[string]string,
-	endpointMetadata, datacenter string, tf bootstrapTLS,
+	endpointMetadata, datacenter string, weighted bool, tf bootstrapTLS,
 ) ([]byte, error) {
 	var errs []string
 	creds, cerrs := tf.channelCreds()
@@ -145,6 +145,9 @@ func buildBootstrap(
 		}},
 		Node: bootstrapNode{ID: nodeID, Metadata: meta},
 	}
+	if !weighted { // the default is true: said only when false
+		meta[xdscache.NodeMetaWeightedClusters] = false
+	}
 	if datacenter != "" {
 		meta[health.NodeMetaDatacenter] = datacenter
 		b.Node.Locality = &bootstrapLocality{Region: datacenter}
@@ -180,6 +183,7 @@ func xdsDialAddr(flag, addr string) error {
 func newBootstrapCmd() *cobra.Command {
 	var (
 		xdsAddr, nodeID, constraint, out, endpointMeta, datacenter string
+		weighted                                                   bool
 		labels                                                     = flagx.Labels{}
 		tf                                                         bootstrapTLS
 	)
@@ -194,7 +198,7 @@ or GRPC_XDS_BOOTSTRAP_CONFIG (the JSON) when the process starts.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			b, err := buildBootstrap(flagRef(cmd.Flags(), "xds-addr"), xdsAddr,
-				nodeID, constraint, labels, endpointMeta, datacenter, tf)
+				nodeID, constraint, labels, endpointMeta, datacenter, weighted, tf)
 			if err != nil {
 				return usagef("%v", err)
 			}
@@ -228,6 +232,9 @@ or GRPC_XDS_BOOTSTRAP_CONFIG (the JSON) when the process starts.`,
 		"the Consul datacenter the dispatcher runs in: its executors get priority 0, "+
 			"the other watched datacenters follow in leasehold's --datacenters "+
 			"order (default: leasehold's own)")
+	fs.BoolVar(&weighted, "weighted-clusters", true,
+		"the dispatcher takes a route over weighted clusters (gRFC A28: grpc-go, Envoy); "+
+			"false: each task type comes as one cluster, never split into shards")
 	tlsClientFlags(fs, &tf.CA, &tf.Cert, &tf.Key, "the xDS channel",
 		"its URI/DNS SAN is the identity leasehold's --authz-policy grants")
 	fs.StringVar(&out, "out", "",

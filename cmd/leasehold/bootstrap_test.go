@@ -119,3 +119,29 @@ func TestBootstrapRefusesUnspecifiedTargetsAndZones(t *testing.T) {
 		}
 	}
 }
+
+// --weighted-clusters=false writes the node metadata leasehold reads as a
+// dispatcher that takes each task type as one cluster; the default writes
+// nothing.
+func TestBootstrapWeightedClustersFalse(t *testing.T) {
+	for _, tt := range []struct {
+		args []string
+		want any // the metadata value; nil: absent
+	}{
+		{nil, nil},
+		{[]string{"--weighted-clusters=false"}, false},
+	} {
+		var out, errOut bytes.Buffer
+		if code := run(append([]string{"bootstrap", "--node-id", "d1"}, tt.args...), &out,
+			&errOut); code != 0 {
+			t.Fatalf("%v: exit %d: %s", tt.args, code, errOut.String())
+		}
+		var b bootstrapConfig
+		if err := json.Unmarshal(out.Bytes(), &b); err != nil {
+			t.Fatal(err)
+		}
+		if got := b.Node.Metadata["weighted_clusters"]; got != tt.want {
+			t.Fatalf("%v: weighted_clusters = %v, want %v", tt.args, got, tt.want)
+		}
+	}
+}

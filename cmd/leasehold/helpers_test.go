@@ -22,7 +22,7 @@ func newBootstrap(
 		tf = tlsFiles[0]
 	}
 	return buildBootstrap("--xds-addr", xdsAddr, nodeID,
-		versionConstraint, labels, endpointMetadata, datacenter, tf)
+		versionConstraint, labels, endpointMetadata, datacenter, true, tf)
 }
 
 // runExplain runs leasehold explain with args.

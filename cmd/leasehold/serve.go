@@ -46,6 +46,7 @@ type serveConfig struct {
 	adminTLS       server.TLSFiles
 	staleAfter     time.Duration
 	lbPolicy       health.LBPolicy
+	shardSize      int      // endpoints per shard; 0: never shard
 	datacenters    []string // in failover order, leasehold's own first; nil: the agent's own only
 }
 
@@ -103,6 +104,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	if sec.policy != nil {
 		parts.run("authorization policy", sec.policy.Run)
 	}
+	parts.run("systemd notifications", systemdNotify{readiness: p.syncer.Readiness, log: log}.Run)
 
 	g := newGRPCServer(sec.creds, tel)
 	xds := server.NewXDS(
@@ -278,6 +280,7 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 			Meter:           tel.Meter,
 			Audit:           audit,
 			LBPolicy:        cfg.lbPolicy,
+			ShardSize:       syncShardSize(cfg.shardSize),
 			Datacenters:     cfg.datacenters,
 			DatacenterQuiet: 2*fastWait + time.Second,
 			DatacenterLost:  cfg.staleAfter,
@@ -405,4 +408,13 @@ func parseByteRate(s string) (int64, error) {
 		)
 	}
 	return n * unit, nil
+}
+
+// syncShardSize is --shard-size as fleet.SyncConfig takes it, where 0 means
+// the default and a negative size never shards.
+func syncShardSize(flag int) int {
+	if flag == 0 {
+		return -1
+	}
+	return flag
 }

@@ -18,6 +18,7 @@ import (
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/server"
+	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
 // defaultConsulAddr is the Consul agent every command talks to when neither
@@ -86,6 +87,11 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 			"for: weighted_round_robin (ORCA load reports; round_robin for clients without "+
 			"it), round_robin or least_request")
 	env("lb-policy", "LEASEHOLD_LB_POLICY")
+	fs.IntVar(&cfg.shardSize, "shard-size", fleet.DefaultShardSize,
+		"most endpoints in one cluster: a task type with more registrations is split into "+
+			"shards of at most this many, behind one route weighing them (dispatchers whose "+
+			"bootstrap says weighted_clusters: false keep one cluster); 0: never shard")
+	env("shard-size", "LEASEHOLD_SHARD_SIZE")
 	fs.DurationVar(&f.staleAfter, "fencing-stale-after", health.DefaultLeaseTTL,
 		"once leasehold's view of Consul is older than this (at least 3s), or than a "+
 			"session's own lease_ttl when shorter, the fencing API answers UNKNOWN "+
@@ -170,6 +176,10 @@ func (f *serveFlags) config() (*serveConfig, error) {
 			fmt.Sprintf("%d with %d datacenters holds up to %d connections to the agent, which "+
 				"refuses more than 200 from one address: lower it",
 				cfg.consulMaxConns, max(len(cfg.datacenters), 1), n))
+	}
+	if cfg.shardSize < 0 {
+		bad("shard-size", fmt.Sprintf("%d: want a number of endpoints (0: never shard)",
+			cfg.shardSize))
 	}
 	if p, err := health.ParseLBPolicy("--lb-policy", f.lbPolicy); err != nil {
 		bad("lb-policy", err.Error())

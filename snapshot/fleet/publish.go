@@ -2,6 +2,7 @@ package fleet
 
 import (
 	"context"
+	"slices"
 	"time"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
@@ -92,17 +93,25 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 			continue // not granted: as if it did not exist (same versions too)
 		}
 		lb := s.ctl.rollout.LBPolicyOf(task, s.cfg.LBPolicy)
-		l, r, c := translator.Listener(task), translator.Route(task), translator.Cluster(task, lb)
+		l := translator.Listener(task)
 		res[types.Listener] = append(res[types.Listener], l)
-		res[types.Route] = append(res[types.Route], r)
-		res[types.Cluster] = append(res[types.Cluster], c)
 		versions[resource.ListenerType][task] = s.staticVersion(resource.ListenerType, task, l)
-		versions[resource.RouteType][task] = s.staticVersion(resource.RouteType, task, r)
-		versions[resource.ClusterType][task] = s.staticVersion(resource.ClusterType,
-			task+"\x00"+string(lb), c)
-		if cla := g.loads[task]; cla != nil {
-			res[types.Endpoint] = append(res[types.Endpoint], cla)
-			versions[resource.EndpointType][task] = g.claVersion[task]
+		shards := g.loads[task]
+		r, rv := s.routeOf(g, task, shards)
+		res[types.Route] = append(res[types.Route], r)
+		versions[resource.RouteType][task] = rv
+		if len(shards) == 0 { // not read yet: the task's cluster, no endpoints
+			shards = []translator.Shard{{Name: task}}
+		}
+		for _, sh := range shards {
+			c := translator.Cluster(sh.Name, lb)
+			res[types.Cluster] = append(res[types.Cluster], c)
+			versions[resource.ClusterType][sh.Name] = s.staticVersion(resource.ClusterType,
+				sh.Name+"\x00"+string(lb), c)
+			if sh.CLA != nil {
+				res[types.Endpoint] = append(res[types.Endpoint], sh.CLA)
+				versions[resource.EndpointType][sh.Name] = sh.Version
+			}
 		}
 	}
 	// The delta cache takes our per-resource content versions instead of
@@ -143,6 +152,37 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	if s.cfg.OnPublish != nil {
 		s.cfg.OnPublish(key, snap)
 	}
+}
+
+// shardedRoute is a sharded task's route for one group, kept while its
+// shards' weights stay the same.
+type shardedRoute struct {
+	weights []uint32
+	route   *routev3.RouteConfiguration
+	version string
+}
+
+// routeOf is task's route for group g and its content version: the static
+// route to the task's cluster, or, when the task is sharded, the route
+// weighing its shards (rebuilt only when a weight changed).
+func (s *Syncer) routeOf(g *group, task string,
+	shards []translator.Shard) (*routev3.RouteConfiguration, string) {
+	if len(shards) <= 1 {
+		delete(g.routes, task)
+		r := translator.Route(task)
+		return r, s.staticVersion(resource.RouteType, task, r)
+	}
+	weights := make([]uint32, len(shards))
+	for i, sh := range shards {
+		weights[i] = translator.ShardWeight(sh.Capacity)
+	}
+	if sr, ok := g.routes[task]; ok && slices.Equal(sr.weights, weights) {
+		return sr.route, sr.version
+	}
+	r := translator.ShardedRoute(task, weights)
+	sr := shardedRoute{weights: weights, route: r, version: translator.Version(r)}
+	g.routes[task] = sr
+	return sr.route, sr.version
 }
 
 // staticVersion is translator.Version of a listener, route or cluster,

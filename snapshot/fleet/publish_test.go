@@ -12,6 +12,7 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
@@ -301,10 +302,16 @@ func BenchmarkDeltaVersionMap(b *testing.B) {
 // startSyncerWithPolicy is startSyncer with a server default policy
 // (--lb-policy).
 func startSyncerWithPolicy(t *testing.T, lb health.LBPolicy) *syncHarness {
+	return startSyncerWith(t, SyncConfig{LBPolicy: lb})
+}
+
+// startSyncerWith starts a Syncer configured by cfg on the harness's clock.
+func startSyncerWith(t *testing.T, cfg SyncConfig) *syncHarness {
 	h := &syncHarness{t: t, clock: clockwork.NewFakeClock(), obs: make(chan health.Observation, 16),
 		pubs: make(chan published, 64)}
-	h.s = NewSyncer(SyncConfig{Clock: h.clock, LBPolicy: lb,
-		OnPublish: func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }})
+	cfg.Clock = h.clock
+	cfg.OnPublish = func(g string, snap *cache.Snapshot) { h.pubs <- published{g, snap} }
+	h.s = NewSyncer(cfg)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan struct{})
 	go func() { h.s.Run(ctx, h.obs); close(done) }()
@@ -478,5 +485,98 @@ func awaitRolloutError(h *syncHarness, prev string) string {
 		case <-deadline:
 			return prev
 		}
+	}
+}
+
+// A task type past ShardSize registrations is published as shards: one
+// route weighing them, a cluster and a load assignment per shard, the
+// resources consistent and the same on two replicas. A lapse is published at
+// once and changes its shard's load assignment alone. Dispatchers that said
+// weighted_clusters: false get the task as one cluster.
+func TestShardedTaskIsPublishedAsShardsAndALapseAsItsShard(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	replicas := []*syncHarness{startSyncerWith(t, SyncConfig{ShardSize: 10, Logger: quiet}),
+		startSyncerWith(t, SyncConfig{ShardSize: 10, Logger: quiet})}
+	d, single := dispatcher(t, ""), dispatcher(t, "").InSingleCluster()
+	var members []health.Member
+	for i := range 35 {
+		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i),
+			fmt.Sprintf("s%02d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
+	}
+	snaps := make([]map[string]*cache.Snapshot, len(replicas))
+	for r, h := range replicas {
+		h.s.Subscribe(d)
+		h.s.Subscribe(single)
+		h.tasks("work")
+		h.members("work", members...)
+		h.nonPassing()
+		snaps[r] = map[string]*cache.Snapshot{}
+		for range 2 {
+			p := h.publish()
+			snaps[r][p.group] = p.snap
+		}
+	}
+	snap := snaps[0][d.Key()]
+	if snap == nil || snaps[0][single.Key()] == nil {
+		t.Fatalf("published groups %v: want %s and %s", snaps[0], d.Key(), single.Key())
+	}
+	loads := snap.GetResources(resource.EndpointType)
+	clusters := snap.GetResources(resource.ClusterType)
+	if len(loads) != 4 || len(clusters) != 4 {
+		t.Fatalf("35 registrations in shards of 10: %d load assignments, %d clusters; want 4",
+			len(loads), len(clusters))
+	}
+	route := snap.GetResources(resource.RouteType)["work"].(*routev3.RouteConfiguration)
+	names := translator.RouteClusters(route.GetVirtualHosts()[0].GetRoutes()[0])
+	total := 0
+	for i, n := range names {
+		if n != translator.ShardName("work", i, 4) || clusters[n] == nil || loads[n] == nil {
+			t.Fatalf("route sends to %v: shard %d is not a published cluster", names, i)
+		}
+		total += len(endpointsOf(t, snap, n))
+	}
+	if total != 35 {
+		t.Fatalf("%d endpoints across the shards, want 35", total)
+	}
+	for _, typ := range []string{resource.EndpointType, resource.ClusterType,
+		resource.RouteType} {
+		for g := range snaps[0] {
+			if a, b := snaps[0][g].GetVersion(typ), snaps[1][g].GetVersion(typ); a != b {
+				t.Fatalf("%s of %s: version %s on one replica, %s on the other", typ, g, a, b)
+			}
+		}
+	}
+	if one := snaps[0][single.Key()].GetResources(resource.EndpointType); len(one) != 1 ||
+		len(endpointsOf(t, snaps[0][single.Key()], "work")) != 35 {
+		t.Fatalf("weighted_clusters: false got %d load assignments, want work alone", len(one))
+	}
+
+	// e07 lapses: published at once, its shard alone changed.
+	h := replicas[0]
+	h.index = 100 // past the members' own check indexes
+	h.nonPassing(health.CheckState{Node: "n1", CheckID: health.CheckID("e07", "s07", "work"),
+		ServiceID: "work:e07", Status: health.StatusCritical})
+	after := map[string]*cache.Snapshot{}
+	for range 2 {
+		p := h.publish()
+		after[p.group] = p.snap
+	}
+	lapsed := translator.ShardName("work", translator.ShardOf("e07", 4), 4)
+	versions := func(s *cache.Snapshot) map[string]string {
+		return s.VersionMap[resource.EndpointType]
+	}
+	for name, v := range versions(after[d.Key()]) {
+		changed := v != versions(snap)[name]
+		if changed != (name == lapsed) {
+			t.Fatalf("after a lapse in %s, %s changed: %v", lapsed, name, changed)
+		}
+	}
+	for _, e := range endpointsOf(t, after[d.Key()], lapsed) {
+		if strings.HasPrefix(e, "e07:") {
+			t.Fatalf("lapsed e07 still in %s", lapsed)
+		}
+	}
+	if got := endpointsOf(t, after[single.Key()], "work"); len(got) != 34 {
+		t.Fatalf("the single-cluster group after the lapse: %d endpoints, want 34", len(got))
 	}
 }

@@ -2,7 +2,10 @@ package fleet
 
 import (
 	"context"
+	"slices"
 	"time"
+
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/translator"
@@ -118,8 +121,9 @@ func (s *Syncer) taskExecutors(task string) ([]health.Executor, []uint64) {
 	return execs, prints
 }
 
-// rebuild recomputes one task's load assignment for a group and marks the
-// group dirty (urgent when an endpoint was removed or started draining).
+// rebuild recomputes one task's load assignments (one per shard) for a group
+// and marks the group dirty (urgent when an endpoint was removed or started
+// draining).
 func (s *Syncer) rebuild(g *group, task string) {
 	old := g.loads[task]
 	execs, prints := s.taskExecutors(task)
@@ -127,7 +131,7 @@ func (s *Syncer) rebuild(g *group, task string) {
 		delete(g.builders, task)
 		if old != nil {
 			delete(g.loads, task)
-			delete(g.claVersion, task)
+			delete(g.routes, task)
 			g.dirty, g.urgent = true, true
 		}
 		return
@@ -140,18 +144,17 @@ func (s *Syncer) rebuild(g *group, task string) {
 		b = &translator.Builder{Failover: s.cfg.failover()}
 		g.builders[task] = b
 	}
+	b.Shards = s.shardCount(g.d, len(execs))
 	r := b.BuildPrinted(task, execs, prints, g.d, s.observed(task, g.d)...)
-	cla, version := r.CLA, r.Version
 	s.explainBuild(g, task, execs, r.Observed)
-	if old != nil && g.claVersion[task] == version {
+	if old != nil && sameShards(old, r.Shards) {
 		return // same content
 	}
-	g.loads[task] = cla
-	g.claVersion[task] = version
+	g.loads[task] = r.Shards
 	g.dirty = true
 	removes := r.RemovesOrDrains
 	if r.Restarted { // e.g. a rule went from observe to enforce: compare whole
-		removes = translator.RemovesOrDrainsBetween(old, cla)
+		removes = translator.RemovesOrDrainsAcross(loadsOf(old), loadsOf(r.Shards))
 	}
 	if old != nil && removes {
 		g.urgent = true
@@ -160,4 +163,30 @@ func (s *Syncer) rebuild(g *group, task string) {
 			g.lapsedAt = s.batchLapse
 		}
 	}
+}
+
+// shardCount is how many shards a task of n registrations has for
+// dispatchers of constraint set d: the same for every set, except one that
+// cannot take weighted clusters.
+func (s *Syncer) shardCount(d health.Dispatcher, n int) int {
+	if d.SingleCluster {
+		return 1
+	}
+	return translator.ShardCount(n, s.cfg.ShardSize)
+}
+
+// sameShards reports whether two builds' shards have the same names and
+// contents.
+func sameShards(a, b []translator.Shard) bool {
+	return slices.EqualFunc(a, b, func(x, y translator.Shard) bool {
+		return x.Name == y.Name && x.Version == y.Version
+	})
+}
+
+func loadsOf(shards []translator.Shard) []*endpointv3.ClusterLoadAssignment {
+	out := make([]*endpointv3.ClusterLoadAssignment, len(shards))
+	for i, sh := range shards {
+		out[i] = sh.CLA
+	}
+	return out
 }

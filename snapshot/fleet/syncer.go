@@ -26,7 +26,6 @@ import (
 	"sync/atomic"
 	"time"
 
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/metric"
@@ -84,6 +83,12 @@ type SyncConfig struct {
 	// (so no executor an operator took out is routed after a start), and
 	// readiness needs it to read them.
 	AwaitControl bool
+	// ShardSize is the most endpoints a task type's load assignment holds
+	// before the task is split into shards, each a cluster of its own behind
+	// one weighted route (translator.ShardCount; default DefaultShardSize;
+	// negative: never). Dispatchers that cannot take weighted clusters
+	// (health.Dispatcher.SingleCluster) keep one cluster.
+	ShardSize int
 	// AwaitLapses says each datacenter's watch reads the lapse marks
 	// (Observation.Lapses): nothing is served before every datacenter's
 	// first answer, so a session that lapsed before a restart (or that
@@ -109,7 +114,14 @@ func (c SyncConfig) failover() translator.Failover {
 // a failed node's registrations cannot come back after leasehold forgot them.
 const DefaultHistoryRetention = 73 * time.Hour
 
+// DefaultShardSize is SyncConfig.ShardSize's default (measured: BENCHMARKS.md,
+// "Sharded task types").
+const DefaultShardSize = 1000
+
 func (c SyncConfig) withDefaults() SyncConfig {
+	if c.ShardSize == 0 {
+		c.ShardSize = DefaultShardSize
+	}
 	if c.AddDelay <= 0 {
 		c.AddDelay = 50 * time.Millisecond
 	}
@@ -220,11 +232,11 @@ type subscription struct {
 // group is one constraint set with streams: its load assignments per task
 // type, and what its next publication must say.
 type group struct {
-	d          health.Dispatcher
-	refs       int                                          // streams of the set
-	loads      map[string]*endpointv3.ClusterLoadAssignment // per task type
-	claVersion map[string]string                            // per task type: its load's version
-	builders   map[string]*translator.Builder               // per task type
+	d        health.Dispatcher
+	refs     int                            // streams of the set
+	loads    map[string][]translator.Shard  // per task type: its shards' load assignments
+	routes   map[string]shardedRoute        // per sharded task type: its route
+	builders map[string]*translator.Builder // per task type
 
 	// Since the last publish.
 	dirty        bool      // something changed
@@ -472,8 +484,8 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 		g.refs++
 		return
 	}
-	g = &group{d: sub.d, refs: 1, loads: map[string]*endpointv3.ClusterLoadAssignment{},
-		claVersion: map[string]string{}, builders: map[string]*translator.Builder{}}
+	g = &group{d: sub.d, refs: 1, loads: map[string][]translator.Shard{},
+		routes: map[string]shardedRoute{}, builders: map[string]*translator.Builder{}}
 	s.groups[key] = g
 	for _, task := range taskNames(s.members) {
 		s.rebuild(g, task)

@@ -29,8 +29,14 @@ import (
 type Builder struct {
 	// Failover orders the datacenters' localities (set before the first
 	// build; the zero value: one datacenter).
-	Failover  Failover
+	Failover Failover
+	// Shards is how many shards the task's load assignments are split into
+	// (ShardCount; 0 or 1: one, named after the task). Set before a build; a
+	// change starts the Builder afresh, since executors move between shards.
+	Shards    int
 	failover  Failover // as of the last start
+	shards    int      // as of the last start: at least 1
+	prev      []Shard  // the previous build's shards
 	d         health.Dispatcher
 	observe   []health.Reason // rules in observe mode
 	started   bool
@@ -74,6 +80,7 @@ type entry struct {
 	digest uint64 // FNV-1a of the endpoint's whole content
 	key    endpointSortKey
 	loc    int32  // its locality (Builder.localities)
+	shard  int32  // its shard (ShardOf its instance id)
 	gen    uint64 // last build that saw it
 	print  uint64 // its key in Builder.entries
 	sock   health.Socket
@@ -124,6 +131,21 @@ type Result struct {
 	// Observed are the executors decided afresh that a rule in observe mode
 	// would have excluded (they are routed).
 	Observed []ObservedDecision
+	// Shards are the build's load assignments, one per shard in order: one,
+	// named after the task, when it is not sharded (then CLA and Version are
+	// its own). A shard whose content did not change is the previous
+	// build's, message and all.
+	Shards []Shard
+}
+
+// Shard is one shard's load assignment.
+type Shard struct {
+	Name    string // ShardName: the cluster's and the load assignment's
+	CLA     *endpointv3.ClusterLoadAssignment
+	Version string // content version: equal on every replica for equal inputs
+	// Capacity is the sum of its HEALTHY endpoints' weights at priority 0:
+	// what its route weight follows (ShardWeight).
+	Capacity uint64
 }
 
 // ObservedDecision is an executor routed despite rules in observe mode.
@@ -151,9 +173,18 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	bl.order(&b)
 	bl.settleSockets(&b)
 	removes := b.sendChanges()
-	cla, version := bl.assemble(task, &b, d)
-	return Result{CLA: cla, Version: version, RemovesOrDrains: removes, Decided: len(b.fresh),
-		Observed: b.observed, Restarted: restarted}
+	r := Result{RemovesOrDrains: removes, Decided: len(b.fresh), Observed: b.observed,
+		Restarted: restarted}
+	if bl.shards == 1 {
+		cla, version := bl.assemble(task, b.sorted, len(b.sorted)-len(b.losers), d)
+		r.CLA, r.Version = cla, version
+		r.Shards = []Shard{{Name: task, CLA: cla, Version: version, Capacity: capacityOf(cla)}}
+	} else {
+		r.Shards = bl.assembleShards(task, &b, d, restarted)
+		r.Version = shardsVersion(r.Shards)
+	}
+	bl.prev = r.Shards
+	return r
 }
 
 // build is what the steps of one BuildPrinted hand each other.
@@ -172,12 +203,14 @@ type build struct {
 // restartFor starts afresh when the constraint set, the rule modes or the
 // failover order changed: remembered verdicts are then worthless.
 func (bl *Builder) restartFor(d health.Dispatcher, observe []health.Reason) bool {
+	shards := max(bl.Shards, 1)
 	if bl.started && bl.d.Key() == d.Key() && slices.Equal(bl.observe, observe) &&
-		bl.failover.equal(bl.Failover) {
+		bl.failover.equal(bl.Failover) && bl.shards == shards {
 		return false
 	}
 	f := bl.Failover
-	*bl = Builder{Failover: f, failover: f, d: d, observe: slices.Clone(observe), started: true,
+	*bl = Builder{Failover: f, failover: f, Shards: bl.Shards, shards: shards, d: d,
+		observe: slices.Clone(observe), started: true,
 		entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
 	return true
 }
@@ -249,6 +282,7 @@ func (bl *Builder) route(en *entry, e *health.Executor, r health.Route, buf *[]b
 		*buf = append(append(append(append(*buf, 0), e.Datacenter...), 0), zone...)
 	}
 	en.loc = bl.localityOf(e.Datacenter, zone)
+	en.shard = int32(ShardOf(e.InstanceID, bl.shards))
 	en.digest = fnv64a(*buf)
 	en.key = endpointSortKey{instance: e.InstanceID, address: e.Address, session: e.SessionID,
 		port: e.Port}
@@ -375,23 +409,23 @@ func (b *build) sendChanges() bool {
 	return removes
 }
 
-// assemble makes the load assignment and its content version, which hashes
-// the task and, order-independently, the content digest of each endpoint
-// (the order is a function of the contents) and the localities' layout.
-func (bl *Builder) assemble(task string, b *build,
+// assemble makes the load assignment named name of sorted (n of them sent,
+// the others lost their socket) and its content version, which hashes the
+// name and, order-independently, the content digest of each endpoint (the
+// order is a function of the contents) and the localities' layout.
+func (bl *Builder) assemble(name string, sorted []*entry, n int,
 	d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: task}
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
 	var sum, xor uint64
-	n := len(b.sorted) - len(b.losers)
 	if n > 0 {
 		var layout uint64
-		cla.Endpoints, layout, sum, xor = assembleLocalities(b.sorted, n, bl.localities,
+		cla.Endpoints, layout, sum, xor = assembleLocalities(sorted, n, bl.localities,
 			bl.Failover, d.Datacenter)
 		// The localities' priorities and weights (they follow the dispatcher's datacenter).
 		xor ^= layout
 	}
 	var vb [8 + 8 + 8 + 8]byte
-	binary.LittleEndian.PutUint64(vb[0:], fnv64a([]byte("cla\x00"+task)))
+	binary.LittleEndian.PutUint64(vb[0:], fnv64a([]byte("cla\x00"+name)))
 	binary.LittleEndian.PutUint64(vb[8:], uint64(n))
 	binary.LittleEndian.PutUint64(vb[16:], sum)
 	binary.LittleEndian.PutUint64(vb[24:], xor)
@@ -469,19 +503,30 @@ func mix64(x uint64) uint64 {
 // endpoint (instance, address, port) of prev is missing from next, or was
 // HEALTHY and no longer is.
 func RemovesOrDrainsBetween(prev, next *endpointv3.ClusterLoadAssignment) bool {
+	return RemovesOrDrainsAcross([]*endpointv3.ClusterLoadAssignment{prev},
+		[]*endpointv3.ClusterLoadAssignment{next})
+}
+
+// RemovesOrDrainsAcross is RemovesOrDrainsBetween over a task's shards: an
+// endpoint that moved to another shard is no removal.
+func RemovesOrDrainsAcross(prev, next []*endpointv3.ClusterLoadAssignment) bool {
 	status := map[string]corev3.HealthStatus{}
-	for _, loc := range next.GetEndpoints() {
-		for _, lb := range loc.GetLbEndpoints() {
-			status[endpointKey(lb)] = lb.GetHealthStatus()
+	for _, cla := range next {
+		for _, loc := range cla.GetEndpoints() {
+			for _, lb := range loc.GetLbEndpoints() {
+				status[endpointKey(lb)] = lb.GetHealthStatus()
+			}
 		}
 	}
-	for _, loc := range prev.GetEndpoints() {
-		for _, lb := range loc.GetLbEndpoints() {
-			now, kept := status[endpointKey(lb)]
-			if !kept ||
-				(lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY &&
-					now != corev3.HealthStatus_HEALTHY) {
-				return true
+	for _, cla := range prev {
+		for _, loc := range cla.GetEndpoints() {
+			for _, lb := range loc.GetLbEndpoints() {
+				now, kept := status[endpointKey(lb)]
+				if !kept ||
+					(lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY &&
+						now != corev3.HealthStatus_HEALTHY) {
+					return true
+				}
 			}
 		}
 	}

@@ -76,11 +76,12 @@ func Route(task string) *routev3.RouteConfiguration {
 	}
 }
 
-// Cluster is the EDS (over ADS) cluster of task, balanced by policy lb
-// (loadBalancingPolicy). Envoy forwards
+// Cluster is the EDS (over ADS) cluster name (a task type's, or one of its
+// shards': ShardName), balanced by policy lb (loadBalancingPolicy); its load
+// assignment has the same name. Envoy forwards
 // to the executors in the protocol its client spoke (HTTP/2 for gRPC work
 // services, HTTP/1.1 otherwise); gRPC clients ignore the option.
-func Cluster(task string, lb health.LBPolicy) *clusterv3.Cluster {
+func Cluster(name string, lb health.LBPolicy) *clusterv3.Cluster {
 	proto, _ := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_UseDownstreamProtocolConfig{
 			UseDownstreamProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_UseDownstreamHttpConfig{
@@ -90,13 +91,13 @@ func Cluster(task string, lb health.LBPolicy) *clusterv3.Cluster {
 		},
 	})
 	return &clusterv3.Cluster{
-		Name: task,
+		Name: name,
 		TypedExtensionProtocolOptions: map[string]*anypb.Any{
 			"envoy.extensions.upstreams.http.v3.HttpProtocolOptions": proto,
 		},
 		ClusterDiscoveryType: &clusterv3.Cluster_Type{Type: clusterv3.Cluster_EDS},
 		EdsClusterConfig: &clusterv3.Cluster_EdsClusterConfig{EdsConfig: adsSource(),
-			ServiceName: task},
+			ServiceName: name},
 		LoadBalancingPolicy: loadBalancingPolicy(lb),
 		ConnectTimeout:      durationpb.New(time.Second),
 	}
@@ -206,8 +207,10 @@ func Consistent(listeners []*listenerv3.Listener, routes []*routev3.RouteConfigu
 	for _, r := range routes {
 		for _, vh := range r.GetVirtualHosts() {
 			for _, rt := range vh.GetRoutes() {
-				if c := rt.GetRoute().GetCluster(); !clusterNames[c] {
-					return fmt.Errorf("route %s references missing cluster %q", r.GetName(), c)
+				for _, c := range RouteClusters(rt) {
+					if !clusterNames[c] {
+						return fmt.Errorf("route %s references missing cluster %q", r.GetName(), c)
+					}
 				}
 			}
 		}

@@ -92,6 +92,17 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	if _, err := EndpointMetadataOf(node); err != nil {
 		return health.Dispatcher{}, err
 	}
+	if v, ok := fields[NodeMetaWeightedClusters]; ok {
+		b, isBool := v.GetKind().(*structpb.Value_BoolValue)
+		if !isBool {
+			return health.Dispatcher{}, &health.FieldError{
+				Field:  "node.metadata." + NodeMetaWeightedClusters,
+				Reason: "must be true or false (a JSON boolean)"}
+		}
+		if !b.BoolValue {
+			d = d.InSingleCluster()
+		}
+	}
 	if v, ok := fields[NodeMetaGrantedTasks]; ok {
 		var tasks []string
 		for _, t := range v.GetListValue().GetValues() {
@@ -104,6 +115,12 @@ func DispatcherOf(node *corev3.Node) (health.Dispatcher, error) {
 	}
 	return d, nil
 }
+
+// NodeMetaWeightedClusters is the node metadata key with which a dispatcher
+// says whether it takes a route over weighted clusters (gRFC A28; default
+// true). false: large task types are sent to it as one cluster each, not
+// split into shards (translator.ShardCount).
+const NodeMetaWeightedClusters = "weighted_clusters"
 
 // datacenterOf is the datacenter a node says it runs in: node metadata
 // "datacenter" (what leasehold bootstrap --datacenter writes; invalid:
@@ -202,7 +219,8 @@ func (c *memo) store(key, group string) {
 // groupKeys are the node metadata keys GroupOf reads (and the locality
 // region, spelled after them).
 var groupKeys = [...]string{health.NodeMetaVersionConstraint, health.NodeMetaLabels,
-	NodeMetaGrantedTasks, NodeMetaEndpointMetadata, health.NodeMetaDatacenter}
+	NodeMetaGrantedTasks, NodeMetaEndpointMetadata, health.NodeMetaDatacenter,
+	NodeMetaWeightedClusters}
 
 // groupMemoKey spells out the values GroupOf reads, each length-prefixed;
 // false for a value of a kind it does not spell (GroupOf then reads it
@@ -226,6 +244,9 @@ func groupMemoKey(node *corev3.Node) (string, bool) {
 		case *structpb.Value_StringValue:
 			b = append(b, 's')
 			str(x.StringValue)
+		case *structpb.Value_BoolValue:
+			b = append(b, 'b')
+			b = strconv.AppendBool(b, x.BoolValue)
 		case *structpb.Value_StructValue:
 			m := x.StructValue.GetFields()
 			keys := make([]string, 0, len(m))

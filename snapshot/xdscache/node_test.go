@@ -1,6 +1,7 @@
 package xdscache
 
 import (
+	"strings"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -36,6 +37,8 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 			list(str("a,b")), list(structpb.NewNumberValue(1)), str("work")},
 		NodeMetaEndpointMetadata: {nil, str("full"), str("session"), str("none"), str("compact"),
 			structpb.NewBoolValue(true)},
+		NodeMetaWeightedClusters: {nil, structpb.NewBoolValue(true), structpb.NewBoolValue(false),
+			str("false"), structpb.NewNumberValue(0)},
 	}
 	var nodes []*corev3.Node
 	for _, vc := range values["version_constraint"] {
@@ -188,5 +191,37 @@ func TestGroupMemoFollowsTheDatacenter(t *testing.T) {
 	}
 	if GroupOf(nodeWith(map[string]any{"datacenter": "dc2"}, "")) != GroupOf(nodeWith(nil, "dc2")) {
 		t.Fatal("metadata datacenter dc2 and region dc2 are different groups")
+	}
+}
+
+// weighted_clusters: false makes a dispatcher a constraint set of its own
+// that takes each task type as one cluster; true or absent changes nothing;
+// anything but a boolean is refused naming the field.
+func TestWeightedClustersMetadata(t *testing.T) {
+	node := func(v *structpb.Value) *corev3.Node {
+		n := &corev3.Node{Id: "d", Metadata: &structpb.Struct{Fields: map[string]*structpb.Value{}}}
+		if v != nil {
+			n.Metadata.Fields[NodeMetaWeightedClusters] = v
+		}
+		return n
+	}
+	plain, err := DispatcherOf(node(nil))
+	if err != nil || plain.SingleCluster {
+		t.Fatalf("no weighted_clusters: %v, %v", plain, err)
+	}
+	if d, err := DispatcherOf(node(structpb.NewBoolValue(true))); err != nil ||
+		d.Key() != plain.Key() {
+		t.Fatalf("weighted_clusters: true is the default: %v, %v", d.Key(), err)
+	}
+	single, err := DispatcherOf(node(structpb.NewBoolValue(false)))
+	if err != nil || !single.SingleCluster || single.Key() == plain.Key() {
+		t.Fatalf("weighted_clusters: false: %+v, %v (key %q)", single, err, single.Key())
+	}
+	if GroupOf(node(structpb.NewBoolValue(false))) == GroupOf(node(nil)) {
+		t.Fatal("a single-cluster dispatcher shares the group of one that takes shards")
+	}
+	_, err = DispatcherOf(node(structpb.NewStringValue("false")))
+	if err == nil || !strings.Contains(err.Error(), "node.metadata."+NodeMetaWeightedClusters) {
+		t.Fatalf("weighted_clusters: \"false\" (a string): %v, want an error naming the field", err)
 	}
 }
