@@ -278,7 +278,8 @@ func TestExplainAnswersForADispatcherNotConnected(t *testing.T) {
 	getAdmin(t, h, "/debug/executors?version_constraint="+url.QueryEscape("<2.0.0"), &ex)
 	if ex.Asked == nil || ex.ConstraintSets[*ex.Asked].Hypothetical ||
 		ex.ConstraintSets[*ex.Asked].VersionConstraint != "<2.0.0" ||
-		slices.ContainsFunc(ex.ConstraintSets, func(c ConstraintSet) bool { return c.Hypothetical }) {
+		slices.ContainsFunc(ex.ConstraintSets,
+			func(c ConstraintSet) bool { return c.Hypothetical }) {
 		t.Fatalf("set in use asked again: asked %v of %+v", ex.Asked, ex.ConstraintSets)
 	}
 

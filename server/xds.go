@@ -249,7 +249,8 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 				parts = append(parts, r.GetName()+"@"+r.GetVersion())
 			}
 			sort.Strings(parts)
-			x.sent(streamKey(id, true), resp.GetTypeUrl(), strings.Join(parts, ","), resp.GetNonce())
+			x.sent(streamKey(id, true), resp.GetTypeUrl(), strings.Join(parts, ","),
+				resp.GetNonce())
 		},
 		StreamClosedFunc:      func(id int64, _ *corev3.Node) { x.onClosed(streamKey(id, false)) },
 		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { x.onClosed(streamKey(id, true)) },

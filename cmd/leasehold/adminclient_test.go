@@ -34,7 +34,8 @@ func TestAdminCommandsSayTheyReachedTheGRPCPort(t *testing.T) {
 		code, stdout, stderr := runCLI(append(cmd, "--admin-addr", lis.Addr().String())...)
 		if code != 1 || !strings.Contains(stderr, "leasehold's gRPC (xDS and fencing) port") ||
 			strings.Contains(stderr, `\x00`) {
-			t.Errorf("%v at the gRPC port: exit %d, stdout %q, stderr %q", cmd, code, stdout, stderr)
+			t.Errorf("%v at the gRPC port: exit %d, stdout %q, stderr %q",
+				cmd, code, stdout, stderr)
 		}
 	}
 }
