@@ -92,9 +92,24 @@ func adminDialError(addr string, err error) error {
 	return fmt.Errorf("admin API at %s: %w", addr, err)
 }
 
+// adminRefused is an admin port's 401 or 403: it answered, and would not
+// tell without the right credentials.
+type adminRefused struct{ err error }
+
+func (e *adminRefused) Error() string { return e.err.Error() }
+func (e *adminRefused) Unwrap() error { return e.err }
+
 // adminStatusError turns an answer other than 200 into a sentence: what the
 // admin port wants for 401 and 403, its own error text (not its JSON) else.
 func adminStatusError(f explainFlags, path string, status int, body []byte) error {
+	err := adminStatusText(f, path, status, body)
+	if status == http.StatusUnauthorized || status == http.StatusForbidden {
+		return &adminRefused{err}
+	}
+	return err
+}
+
+func adminStatusText(f explainFlags, path string, status int, body []byte) error {
 	var e struct {
 		Error string `json:"error"`
 	}

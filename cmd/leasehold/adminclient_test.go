@@ -86,3 +86,17 @@ func TestAdminErrorBodiesAreSentences(t *testing.T) {
 		t.Errorf("exit %d, output %q", code, out.String())
 	}
 }
+
+// cordon, uncordon and approve read the cordons' state through the same
+// client: a replica refusing them for want of a token is not reported as
+// one that did not answer.
+func TestCordonViewOfARefusingReplicaNamesTheToken(t *testing.T) {
+	f := explainFlags{admin: "127.0.0.1:19000"}
+	err := adminStatusError(f, "/debug/config", http.StatusUnauthorized,
+		[]byte(`{"error": "this endpoint needs Authorization: Bearer <token>"}`))
+	got := cordonView{addr: f.admin, err: err}.unknown()
+	if strings.Contains(got, "no replica answered") || !strings.Contains(got, "would not tell") ||
+		!strings.Contains(got, "--admin-token-file") {
+		t.Errorf("state of a cordon: %s", got)
+	}
+}
