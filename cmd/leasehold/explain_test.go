@@ -16,8 +16,12 @@ import (
 	"testing"
 	"time"
 
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	"google.golang.org/protobuf/types/known/structpb"
 
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
 	"github.com/leasehold/leasehold/adapters/loadreport"
 	"github.com/leasehold/leasehold/server"
 )
@@ -260,5 +264,76 @@ func TestExplainReadsTheCurrentLoadOverORCA(t *testing.T) {
 	code, out, _ = runCLI("explain", "--admin-addr", addr, "--instance", "e3")
 	if code != 0 || !strings.Contains(out, "2/2 (the lease check's output: up to 7m30s old)") {
 		t.Errorf("--instance e3: exit %d\n%s", code, out)
+	}
+}
+
+// On a live replica: explain answers for a constraint set no dispatcher
+// uses, says "no such" alike for a task type and an instance it does not
+// know, recognises leasehold's own xDS port; leasehold dispatchers lists a
+// NACKing dispatcher and a refused stream with why.
+func TestExplainAndDispatchersOnALiveReplica(t *testing.T) {
+	a := consultest.Start(t)
+	startExecutor(t, a, "e1", "1.0.0", "zone=a")
+	startExecutor(t, a, "e2", "2.0.0", "zone=a")
+	startExecutor(t, a, "e3", "1.0.0", "zone=b")
+	addrs := startServe(t, a)
+
+	var out string
+	for deadline := time.Now().Add(15 * time.Second); ; {
+		var code int
+		code, out, _ = runCLI("explain", "--admin-addr", addrs.admin,
+			"--version-constraint", "<2.0.0", "--label", "zone=a")
+		if code == 0 && strings.Contains(out, "e1") && strings.Contains(out, "e2") &&
+			strings.Contains(out, "e3") {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("explain never showed e1, e2 and e3 (exit %d):\n%s", code, out)
+		}
+		<-time.After(50 * time.Millisecond) // the admin port has no watch API
+	}
+	for _, re := range []string{
+		`^a dispatcher with version <2\.0\.0, zone=a: no dispatcher with it is connected`,
+		`(?m)^HEALTHY +work +e1 `,
+		`(?m)^no: version-incompatible +work +e2 `,
+		`(?m)^no: label-mismatch +work +e3 .*zone`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("no match for %s in:\n%s", re, out)
+		}
+	}
+
+	codeT, _, taskErr := runCLI("explain", "--admin-addr", addrs.admin, "--task", "nosuch")
+	codeI, _, instErr := runCLI("explain", "--admin-addr", addrs.admin, "--instance", "nosuch")
+	if codeT != 1 || codeI != 1 || !strings.Contains(taskErr, `--task "nosuch": no such task`) ||
+		!strings.Contains(instErr, `--instance "nosuch": no such instance`) {
+		t.Errorf("--task nosuch: %d %q; --instance nosuch: %d %q", codeT, taskErr, codeI, instErr)
+	}
+	if code, _, stderr := runCLI("explain", "--admin-addr", addrs.xds); code != 1 ||
+		!strings.Contains(stderr, "leasehold's gRPC (xDS and fencing) port") {
+		t.Errorf("explain at the xDS port: %d %q", code, stderr)
+	}
+
+	nacker := nackingClient(t, addrs.xds)
+	bad := dialADS(t, addrs.xds, &corev3.Node{Id: "bad-meta", Metadata: &structpb.Struct{
+		Fields: map[string]*structpb.Value{
+			"version_constraint": structpb.NewStringValue(">= banana")}}})
+	bad.Subscribe(resource.EndpointType, "work")
+	if _, err := bad.Recv(); err == nil {
+		t.Fatal("a node with an invalid version_constraint was served")
+	}
+	code, out, stderr := runCLI("dispatchers", "--admin-addr", addrs.admin)
+	if code != 0 {
+		t.Fatalf("dispatchers: exit %d: %s", code, stderr)
+	}
+	for _, re := range []string{
+		`(?m)^  ` + nacker + ` +sotw +unconstrained `,
+		`(?m)^  ` + nacker + ` +ClusterLoadAssignment +work .*refused on purpose by the test`,
+		`(?m)^1 streams refused since the start`,
+		`(?m)^  \S+ +1 +bad-meta +- +127\.0\.0\.1:\d+ +sotw +invalid-node +.*version_constraint`,
+	} {
+		if !regexp.MustCompile(re).MatchString(out) {
+			t.Errorf("no match for %s in:\n%s", re, out)
+		}
 	}
 }
