@@ -6,8 +6,10 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"net"
 	"net/http"
 	"strings"
+	"syscall"
 	"time"
 )
 
@@ -65,7 +67,7 @@ func adminGet(ctx context.Context, f explainFlags, path string) (int, []byte, er
 	}
 	resp, err := client.Do(req)
 	if err != nil {
-		return 0, nil, adminDialError(base, err)
+		return 0, nil, adminDialError(ctx, base, f.client == nil, err)
 	}
 	defer resp.Body.Close()
 	b, err := io.ReadAll(io.LimitReader(resp.Body, 64<<20))
@@ -80,16 +82,39 @@ var errGRPCPort = errors.New("that is leasehold's gRPC (xDS and fencing) port, n
 	"admin port: give leasehold serve's --admin-addr (default 127.0.0.1:19000)")
 
 // adminDialError says why the admin port could not be read. A gRPC server
-// answers an HTTP/1 request with an HTTP/2 SETTINGS frame, which net/http
-// quotes as a malformed response starting "\x00\x00\x06\x04"; over TLS it
-// refuses a client that does not offer HTTP/2 before any byte is read.
-func adminDialError(addr string, err error) error {
+// sends an HTTP/2 SETTINGS frame as a connection opens, which net/http
+// quotes as a malformed response starting "\x00\x00\x06\x04" — or, when the
+// frame comes before the request is written, as a bare read error; over TLS
+// it refuses a client that does not offer HTTP/2 before any byte is read.
+func adminDialError(ctx context.Context, addr string, plain bool, err error) error {
 	msg := err.Error()
 	if strings.Contains(msg, `malformed HTTP response "\x00\x00`) ||
-		strings.Contains(msg, "no application protocol") {
+		strings.Contains(msg, "no application protocol") ||
+		(plain && ctx.Err() == nil && !errors.Is(err, syscall.ECONNREFUSED) &&
+			opensWithHTTP2Settings(ctx, addr)) {
 		return fmt.Errorf("admin API at %s: %w", addr, errGRPCPort)
 	}
 	return fmt.Errorf("admin API at %s: %w", addr, err)
+}
+
+// opensWithHTTP2Settings reports whether a server at addr sends an HTTP/2
+// SETTINGS frame (a 9-byte header of type 4 on stream 0) as a connection
+// opens, unasked: what a gRPC server does and an HTTP/1 one never does.
+func opensWithHTTP2Settings(ctx context.Context, addr string) bool {
+	ctx, cancel := context.WithTimeout(ctx, time.Second)
+	defer cancel()
+	conn, err := (&net.Dialer{}).DialContext(ctx, "tcp", addr)
+	if err != nil {
+		return false
+	}
+	defer conn.Close()
+	deadline, _ := ctx.Deadline()
+	conn.SetReadDeadline(deadline)
+	var h [9]byte
+	if _, err := io.ReadFull(conn, h[:]); err != nil {
+		return false
+	}
+	return h[3] == 0x4 && h[5]&0x7f == 0 && h[6] == 0 && h[7] == 0 && h[8] == 0
 }
 
 // adminRefused is an admin port's 401 or 403: it answered, and would not

@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"context"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
@@ -37,6 +38,31 @@ func TestAdminCommandsSayTheyReachedTheGRPCPort(t *testing.T) {
 			t.Errorf("%v at the gRPC port: exit %d, stdout %q, stderr %q",
 				cmd, code, stdout, stderr)
 		}
+	}
+}
+
+// The SETTINGS frame a gRPC server sends unasked tells it apart however the
+// HTTP client happened to report it; an HTTP/1 server sends nothing first.
+func TestGRPCPortIsRecognisedByItsFirstFrame(t *testing.T) {
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer()
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	srv := httptest.NewServer(http.NotFoundHandler())
+	t.Cleanup(srv.Close)
+	ctx := context.Background()
+	if !opensWithHTTP2Settings(ctx, lis.Addr().String()) {
+		t.Error("a gRPC server not recognised")
+	}
+	if opensWithHTTP2Settings(ctx, strings.TrimPrefix(srv.URL, "http://")) {
+		t.Error("an HTTP/1 server taken for a gRPC one")
+	}
+	err = adminDialError(ctx, lis.Addr().String(), true, errors.New("readLoopPeekFailLocked"))
+	if !errors.Is(err, errGRPCPort) {
+		t.Errorf("a bare read error from a gRPC port: %v", err)
 	}
 }
 
