@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"net/url"
@@ -463,9 +464,12 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 func (p printer) asked(ex server.ExplainExecutors, ds []server.StreamInfo) {
 	idx := *ex.Asked
 	cs := ex.ConstraintSets[idx]
+	// Streams are matched by their constraints, not the set's key, which also
+	// holds a stream's grant (under an authorization policy).
 	var nodes []string
 	for _, d := range ds {
-		if d.Group == cs.Key {
+		if d.Group == cs.Key || (d.VersionConstraint == cs.VersionConstraint &&
+			maps.Equal(d.Labels, cs.Labels) && d.Datacenter == cs.Datacenter) {
 			nodes = append(nodes, d.NodeID)
 		}
 	}
