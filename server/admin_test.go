@@ -274,8 +274,14 @@ func TestExplainAnswersForADispatcherNotConnected(t *testing.T) {
 	s := f.ads(node("d-old", map[string]any{"version_constraint": "<2.0.0"}))
 	s.Subscribe(resource.EndpointType, "work")
 	s.ACK(s.Next(), "work")
-	ex = ExplainExecutors{}
-	getAdmin(t, h, "/debug/executors?version_constraint="+url.QueryEscape("<2.0.0"), &ex)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		ex = ExplainExecutors{}
+		getAdmin(t, h, "/debug/executors?version_constraint="+url.QueryEscape("<2.0.0"), &ex)
+		if !ex.ConstraintSets[*ex.Asked].Hypothetical || time.Now().After(deadline) {
+			break
+		}
+		<-time.After(10 * time.Millisecond) // the view has no watch API for tests
+	}
 	if ex.Asked == nil || ex.ConstraintSets[*ex.Asked].Hypothetical ||
 		ex.ConstraintSets[*ex.Asked].VersionConstraint != "<2.0.0" ||
 		slices.ContainsFunc(ex.ConstraintSets,
@@ -311,7 +317,16 @@ func TestDebugDispatchersListsConstraintsAndRefusals(t *testing.T) {
 		t.Fatal("invalid metadata accepted")
 	}
 	var d DebugDispatchers
-	getAdmin(t, h, "/debug/dispatchers", &d)
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		d = DebugDispatchers{}
+		getAdmin(t, h, "/debug/dispatchers", &d)
+		acked := len(d.Dispatchers) == 1 && d.Dispatchers[0].Types[resource.EndpointType] != nil &&
+			d.Dispatchers[0].Types[resource.EndpointType].LastAcked != ""
+		if (acked && d.RefusedTotal > 0) || time.Now().After(deadline) {
+			break
+		}
+		<-time.After(10 * time.Millisecond) // the ACK and the refusal are handled apart
+	}
 	if len(d.Dispatchers) != 1 || d.Dispatchers[0].VersionConstraint != "<2.0.0" ||
 		d.Dispatchers[0].Labels["zone"] != "a" || d.Dispatchers[0].Peer == "" {
 		t.Errorf("dispatchers %+v", d.Dispatchers)

@@ -12,6 +12,7 @@ import (
 	"os"
 	"path/filepath"
 	"regexp"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -322,18 +323,29 @@ func TestExplainAndDispatchersOnALiveReplica(t *testing.T) {
 	if _, err := bad.Recv(); err == nil {
 		t.Fatal("a node with an invalid version_constraint was served")
 	}
-	code, out, stderr := runCLI("dispatchers", "--admin-addr", addrs.admin)
-	if code != 0 {
-		t.Fatalf("dispatchers: exit %d: %s", code, stderr)
+	wants := []*regexp.Regexp{
+		regexp.MustCompile(`(?m)^  ` + nacker + ` +sotw +unconstrained `),
+		regexp.MustCompile(`(?m)^  ` + nacker +
+			` +ClusterLoadAssignment +work .*refused on purpose by the test`),
+		regexp.MustCompile(`(?m)^1 streams refused since the start`),
+		regexp.MustCompile(`(?m)^  \S+ +1 +bad-meta +- +127\.0\.0\.1:\d+ +sotw +invalid-node ` +
+			`+.*version_constraint`),
 	}
-	for _, re := range []string{
-		`(?m)^  ` + nacker + ` +sotw +unconstrained `,
-		`(?m)^  ` + nacker + ` +ClusterLoadAssignment +work .*refused on purpose by the test`,
-		`(?m)^1 streams refused since the start`,
-		`(?m)^  \S+ +1 +bad-meta +- +127\.0\.0\.1:\d+ +sotw +invalid-node +.*version_constraint`,
-	} {
-		if !regexp.MustCompile(re).MatchString(out) {
-			t.Errorf("no match for %s in:\n%s", re, out)
+	// The NACK is handled apart from the client sending it: ask until it shows.
+	for deadline := time.Now().Add(10 * time.Second); ; {
+		code, out, stderr := runCLI("dispatchers", "--admin-addr", addrs.admin)
+		if code != 0 {
+			t.Fatalf("dispatchers: exit %d: %s", code, stderr)
 		}
+		missing := slices.IndexFunc(wants, func(re *regexp.Regexp) bool {
+			return !re.MatchString(out)
+		})
+		if missing < 0 {
+			break
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("no match for %s in:\n%s", wants[missing], out)
+		}
+		<-time.After(50 * time.Millisecond) // the admin port has no watch API
 	}
 }
