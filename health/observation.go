@@ -435,4 +435,7 @@ type RulesSource struct {
 type CordonSet struct {
 	Index uint64
 	Raw   map[string][]byte
+	// Removed are the removal records (CordonRemoval, JSON) by cordon id,
+	// read with the cordons: who removed those that are gone.
+	Removed map[string][]byte
 }

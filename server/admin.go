@@ -164,6 +164,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	// People read these views: a constraint such as <2.0.0 stays <2.0.0,
+	// not \u003c2.0.0 (the escaping only matters inside HTML).
+	enc.SetEscapeHTML(false)
 	enc.Encode(v)
 }
 

@@ -339,3 +339,17 @@ func TestDebugDispatchersListsConstraintsAndRefusals(t *testing.T) {
 		t.Errorf("refused %+v (total %d)", d.Refused, d.RefusedTotal)
 	}
 }
+
+// The admin port's JSON is read by people: a constraint such as <2.0.0 (and
+// labels with & or >) is written as it is, not as \u003c2.0.0, in the views
+// and in the protobuf resources /debug/dispatchers embeds.
+func TestAdminJSONIsNotHTMLEscaped(t *testing.T) {
+	rec := httptest.NewRecorder()
+	writeJSON(rec, 200, map[string]any{"constraint_set": "<2.0.0 & >=1.0.0",
+		"resources": []json.RawMessage{json.RawMessage(`{"name":"<2.0.0"}`)}})
+	body := rec.Body.String()
+	if !strings.Contains(body, `"<2.0.0 & >=1.0.0"`) ||
+		!strings.Contains(body, `"name": "<2.0.0"`) || strings.Contains(body, `\u00`) {
+		t.Fatalf("escaped for HTML:\n%s", body)
+	}
+}

@@ -18,7 +18,10 @@ const (
 	ControlPrefix = "leasehold/control/"
 	RulesKey      = ControlPrefix + "rules"    // the rollout configuration (JSON)
 	CordonPrefix  = ControlPrefix + "cordons/" // one cordon (JSON) per key
-	AuditPrefix   = "leasehold/audit/"         // operator actions, one JSON object per key
+	// RemovedPrefix holds who removed each cordon (health.CordonRemoval,
+	// JSON), written with the removal so every replica's audit log can say.
+	RemovedPrefix = ControlPrefix + "removed/"
+	AuditPrefix   = "leasehold/audit/" // operator actions, one JSON object per key
 )
 
 // ErrControl is returned for operator requests Consul state refuses (e.g.
@@ -105,6 +108,9 @@ type AuditEntry struct {
 	Action string    `json:"action"` // cordon, uncordon, approve, rules-set, rules-cleared
 	Target string    `json:"target,omitempty"`
 	Detail string    `json:"detail,omitempty"`
+	// Accessor is the acting ACL token's accessor id; "" when Consul could
+	// not attribute the action (ACLs off: Actor is only what --by said).
+	Accessor string `json:"accessor,omitempty"`
 }
 
 // auditTimeLayout makes record ids sort as their times do (fixed width, UTC).
@@ -133,16 +139,41 @@ func ParseAuditID(id string) (time.Time, error) {
 	return at, nil
 }
 
+// Actor is who acts, as Consul can vouch for it or not.
+type Actor struct {
+	// Name is what the audit trail records: "token:" and the token's
+	// description and accessor id with ACLs on, else the --by name.
+	Name string
+	// Accessor is the acting ACL token's accessor id; "" when ACLs are off,
+	// and Name is then only a name anyone can type.
+	Accessor string
+}
+
+// Attributed reports whether Consul said who acts (an ACL token).
+func (a Actor) Attributed() bool { return a.Accessor != "" }
+
+// Unattributed is what the audit trail and the CLI say of an action whose
+// actor Consul could not attribute.
+const Unattributed = "not attributed: Consul ACLs are off, so the name is only what --by " +
+	"said, which anyone can type"
+
 // Identity is who acts: the Consul token's description or accessor id when
 // ACLs are on (so it cannot be made up), else by (required then).
 func (k *Control) Identity(ctx context.Context, by string) (string, error) {
+	a, err := k.Who(ctx, by)
+	return a.Name, err
+}
+
+// Who is Identity with the token's accessor id, which says whether Consul
+// attributed the action.
+func (k *Control) Who(ctx context.Context, by string) (Actor, error) {
 	tok, _, err := k.c.ACL().TokenReadSelf((&api.QueryOptions{}).WithContext(ctx))
 	if err == nil && tok != nil {
 		name := tok.AccessorID
 		if tok.Description != "" {
 			name = tok.Description + " (" + tok.AccessorID + ")"
 		}
-		return "token:" + name, nil
+		return Actor{Name: "token:" + name, Accessor: tok.AccessorID}, nil
 	}
 	// Only Consul saying ACLs are off lets --by say who acts: any other
 	// failure (the anonymous token, which may not read itself; a token
@@ -150,18 +181,18 @@ func (k *Control) Identity(ctx context.Context, by string) (string, error) {
 	// approve their own cordon as someone else.
 	var se api.StatusError
 	if err != nil && !errors.As(err, &se) {
-		return "", fmt.Errorf("who acts: Consul did not answer the token's identity: %w", err)
+		return Actor{}, fmt.Errorf("who acts: Consul did not answer the token's identity: %w", err)
 	}
 	if err == nil || se.Code != 401 || !strings.Contains(se.Body, "ACL support disabled") {
 		if err == nil {
 			err = errors.New("no token")
 		}
-		return "", &IdentityError{Err: err}
+		return Actor{}, &IdentityError{Err: err}
 	}
 	if strings.TrimSpace(by) == "" {
-		return "", ErrByRequired
+		return Actor{}, ErrByRequired
 	}
-	return strings.TrimSpace(by), nil
+	return Actor{Name: strings.TrimSpace(by)}, nil
 }
 
 // ErrByRequired: Consul ACLs are off and no --by says who acts.

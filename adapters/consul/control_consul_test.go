@@ -6,6 +6,7 @@ package consul
 
 import (
 	"context"
+	"encoding/json"
 	"errors"
 	"fmt"
 	"slices"
@@ -404,5 +405,88 @@ func TestControlRetentionValidated(t *testing.T) {
 			!strings.Contains(err.Error(), tt.want) {
 			t.Errorf("%+v: %v, want an error naming %s", tt.r, err, tt.want)
 		}
+	}
+}
+
+// TestUncordonStoresWhoRemovedIt: an uncordon writes, in the removal's
+// transaction, a removal record naming who removed the cordon and why (the
+// control watch hands it to every replica with the removal), and deletes
+// the removal records older than removalKeep; an approval by the cordon's
+// own token under another name is refused, and one without ACLs says in its
+// audit record that it is not attributed.
+func TestUncordonStoresWhoRemovedIt(t *testing.T) {
+	a := consultest.Start(t)
+	c := a.Client()
+	ctx := context.Background()
+	clock := &fakeClock{now: time.Date(2025, 1, 2, 3, 4, 5, 0, time.UTC)}
+	k := newControl(t, c, clock, AuditRetention{})
+	removal := func(id string) *health.CordonRemoval {
+		t.Helper()
+		p, _, err := c.KV().Get(RemovedPrefix+id, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if p == nil {
+			return nil
+		}
+		var r health.CordonRemoval
+		if err := json.Unmarshal(p.Value, &r); err != nil {
+			t.Fatal(err)
+		}
+		return &r
+	}
+	for _, id := range []string{"c-1", "c-2"} {
+		if err := k.Cordon(ctx, testCordon(id, "alice")); err != nil {
+			t.Fatal(err)
+		}
+	}
+	if err := k.UncordonAs(ctx, "c-1", Actor{Name: "bob"}, "fixed"); err != nil {
+		t.Fatal(err)
+	}
+	if r := removal("c-1"); r == nil || r.By != "bob" || r.Reason != "fixed" || r.ID != "c-1" {
+		t.Fatalf("removal record of c-1: %+v", r)
+	}
+	clock.Advance(removalKeep + time.Hour)
+	if err := k.UncordonAs(ctx, "c-2", Actor{Name: "carol"}, ""); err != nil {
+		t.Fatal(err)
+	}
+	if r := removal("c-1"); r != nil {
+		t.Errorf("a removal record older than %s kept: %+v", removalKeep, r)
+	}
+	if r := removal("c-2"); r == nil || r.By != "carol" {
+		t.Fatalf("removal record of c-2: %+v", r)
+	}
+
+	// The same token cannot approve its own cordon under another name.
+	own := testCordon("c-3", "token:alice (aaaa)")
+	own.ByAccessor = "aaaa"
+	if err := k.Cordon(ctx, own); err != nil {
+		t.Fatal(err)
+	}
+	err := k.ApproveAs(ctx, "c-3", Actor{Name: "token:renamed (aaaa)", Accessor: "aaaa"})
+	if !errors.Is(err, ErrControl) || !strings.Contains(err.Error(), "different identity") {
+		t.Fatalf("approval by the cordon's own token: %v", err)
+	}
+	if err := k.ApproveAs(ctx, "c-3", Actor{Name: "bob"}); err != nil {
+		t.Fatal(err)
+	}
+	page, err := k.AuditLog(ctx, 100, "")
+	if err != nil {
+		t.Fatal(err)
+	}
+	var approval, cordon AuditEntry
+	for _, e := range page.Entries {
+		if e.Target == "c-3" && e.Action == "approve" {
+			approval = e
+		}
+		if e.Target == "c-3" && e.Action == "cordon" {
+			cordon = e
+		}
+	}
+	if !strings.Contains(approval.Detail, Unattributed) || approval.Accessor != "" {
+		t.Errorf("the unattributed approval's record: %+v", approval)
+	}
+	if cordon.Accessor != "aaaa" {
+		t.Errorf("the token's cordon record has no accessor: %+v", cordon)
 	}
 }

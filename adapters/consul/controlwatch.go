@@ -110,7 +110,7 @@ type sentControl struct {
 // rules and the cordons, each when it changed.
 func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observation {
 	var rules []byte
-	cordons := map[string][]byte{}
+	cordons, removed := map[string][]byte{}, map[string][]byte{}
 	for _, p := range pairs {
 		switch {
 		case p.Key == RulesKey:
@@ -120,6 +120,8 @@ func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observa
 			}
 		case strings.HasPrefix(p.Key, CordonPrefix):
 			cordons[strings.TrimPrefix(p.Key, CordonPrefix)] = p.Value
+		case strings.HasPrefix(p.Key, RemovedPrefix):
+			removed[strings.TrimPrefix(p.Key, RemovedPrefix)] = p.Value
 		}
 	}
 	var out []health.Observation
@@ -136,7 +138,9 @@ func (st *sentControl) changes(pairs api.KVPairs, index uint64) []health.Observa
 		st.cordons = fp
 		out = append(
 			out,
-			health.Observation{Data: &health.CordonSet{Index: index, Raw: cordons}},
+			health.Observation{
+				Data: &health.CordonSet{Index: index, Raw: cordons, Removed: removed},
+			},
 		)
 	}
 	return out

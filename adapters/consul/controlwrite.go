@@ -8,6 +8,7 @@ import (
 	"fmt"
 	"sort"
 	"strings"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 
@@ -146,18 +147,31 @@ func (k *Control) Cordon(ctx context.Context, c health.Cordon) error {
 		ctx,
 		change,
 		AuditEntry{
-			Actor:  c.By,
-			Action: "cordon",
-			Target: c.ID,
-			Detail: c.Selector() + ": " + c.Reason,
+			Actor:    c.By,
+			Action:   "cordon",
+			Target:   c.ID,
+			Detail:   c.Selector() + ": " + c.Reason,
+			Accessor: c.ByAccessor,
 		},
 		func(int) error { return fmt.Errorf("%w: cordon %s exists already", ErrControl, c.ID) },
 	)
 }
 
-// Uncordon removes a cordon, unless it changed since it was read, with its
-// audit record.
+// removalKeep is how long a removal record is kept: long enough for every
+// replica to see the removal it explains (a replica that restarts later has
+// no cordon to report removed), short enough that they do not pile up.
+const removalKeep = 7 * 24 * time.Hour
+
+// Uncordon removes a cordon as by, a name Consul did not attribute.
 func (k *Control) Uncordon(ctx context.Context, id, by, why string) error {
+	return k.UncordonAs(ctx, id, Actor{Name: by}, why)
+}
+
+// UncordonAs removes a cordon, unless it changed since it was read, with its
+// audit record and a removal record (RemovedPrefix) saying who removed it,
+// which the replicas' audit logs name. Removal records older than
+// removalKeep go in the same transaction.
+func (k *Control) UncordonAs(ctx context.Context, id string, by Actor, why string) error {
 	p, _, err := k.c.KV().Get(CordonPrefix+id, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		return fmt.Errorf("read cordon: %w", err)
@@ -165,20 +179,50 @@ func (k *Control) Uncordon(ctx context.Context, id, by, why string) error {
 	if p == nil {
 		return fmt.Errorf("%w: no cordon %s (see leasehold cordon --list)", ErrControl, id)
 	}
-	change := api.TxnOps{kvOp(api.KVTxnOp{Verb: api.KVDeleteCAS, Key: p.Key, Index: p.ModifyIndex})}
+	now := k.now().UTC()
+	rm, err := json.Marshal(health.CordonRemoval{ID: id, By: by.Name, ByAccessor: by.Accessor,
+		At: now, Reason: why})
+	if err != nil {
+		return fmt.Errorf("removal record of %s: %w", id, err)
+	}
+	change := api.TxnOps{
+		kvOp(api.KVTxnOp{Verb: api.KVDeleteCAS, Key: p.Key, Index: p.ModifyIndex}),
+		kvOp(api.KVTxnOp{Verb: api.KVSet, Key: RemovedPrefix + id, Value: rm}),
+	}
+	old, _, err := k.c.KV().List(RemovedPrefix, (&api.QueryOptions{}).WithContext(ctx))
+	if err != nil {
+		return fmt.Errorf("read removal records: %w", err)
+	}
+	for _, o := range old {
+		var r health.CordonRemoval
+		if len(change) >= maxTxnOps-2 {
+			break // the next removal prunes the rest
+		}
+		if o.Key != RemovedPrefix+id &&
+			(json.Unmarshal(o.Value, &r) != nil || now.Sub(r.At) > removalKeep) {
+			change = append(change, kvOp(api.KVTxnOp{Verb: api.KVDelete, Key: o.Key}))
+		}
+	}
 	return k.commit(
 		ctx,
 		change,
-		AuditEntry{Actor: by, Action: "uncordon", Target: id, Detail: why},
+		AuditEntry{Actor: by.Name, Action: "uncordon", Target: id, Detail: why,
+			Accessor: by.Accessor, At: now},
 		func(int) error {
 			return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id)
 		},
 	)
 }
 
-// Approve records a second person's approval of a pending cordon, unless it
-// changed since it was read, with its audit record.
+// Approve approves as by, a name Consul did not attribute.
 func (k *Control) Approve(ctx context.Context, id, by string) error {
+	return k.ApproveAs(ctx, id, Actor{Name: by})
+}
+
+// ApproveAs records a second person's approval of a pending cordon, unless
+// it changed since it was read, with its audit record; an approval Consul
+// cannot attribute (ACLs off) says so in the record.
+func (k *Control) ApproveAs(ctx context.Context, id string, by Actor) error {
 	p, _, err := k.c.KV().Get(CordonPrefix+id, (&api.QueryOptions{}).WithContext(ctx))
 	if err != nil {
 		return fmt.Errorf("read cordon: %w", err)
@@ -190,18 +234,18 @@ func (k *Control) Approve(ctx context.Context, id, by string) error {
 	if err := json.Unmarshal(p.Value, &c); err != nil {
 		return fmt.Errorf("cordon %s: %w", id, err)
 	}
-	if c.By == by {
+	if c.By == by.Name || (by.Accessor != "" && c.ByAccessor == by.Accessor) {
 		return fmt.Errorf(
 			"%w: %s created cordon %s; a different identity must approve it",
 			ErrControl,
-			by,
+			by.Name,
 			id,
 		)
 	}
 	if c.ApprovedBy != "" {
 		return fmt.Errorf("%w: cordon %s was approved by %s already", ErrControl, id, c.ApprovedBy)
 	}
-	c.ApprovedBy, c.ApprovedAt = by, k.now().UTC()
+	c.ApprovedBy, c.ApprovedByAccessor, c.ApprovedAt = by.Name, by.Accessor, k.now().UTC()
 	b, err := json.Marshal(c)
 	if err != nil {
 		return fmt.Errorf("cordon %s: %w", id, err)
@@ -209,10 +253,15 @@ func (k *Control) Approve(ctx context.Context, id, by string) error {
 	change := api.TxnOps{
 		kvOp(api.KVTxnOp{Verb: api.KVCAS, Key: p.Key, Value: b, Index: p.ModifyIndex}),
 	}
+	detail := c.Selector()
+	if !by.Attributed() {
+		detail += "; " + Unattributed
+	}
 	return k.commit(
 		ctx,
 		change,
-		AuditEntry{Actor: by, Action: "approve", Target: id, Detail: c.Selector()},
+		AuditEntry{Actor: by.Name, Action: "approve", Target: id, Detail: detail,
+			Accessor: by.Accessor},
 		func(int) error {
 			return fmt.Errorf("%w: cordon %s changed meanwhile; try again", ErrControl, id)
 		},

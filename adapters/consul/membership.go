@@ -25,8 +25,27 @@ type memberKey struct{ node, serviceID string }
 // a health listing of every member. Consul 1.13 has no delta reads: the
 // catalog listing itself stays whole (the read budget paces it).
 type taskMembership struct {
-	entries map[memberKey]*api.CatalogService
+	entries map[memberKey]entryPrint
 	members map[memberKey]health.Member
+}
+
+// entryPrint is what a member is built from of a catalog entry, kept to
+// tell whether the next answer changed it. The rest of the decoded entry
+// (node metadata, tagged addresses, proxy and Connect settings: most of its
+// bytes) is not kept: at 10,000 members whole entries held megabytes that
+// nothing read. Tags and metadata are the decoded slice and map, not copies.
+type entryPrint struct {
+	createIndex, modifyIndex uint64
+	address, serviceAddress  string
+	servicePort              int
+	tags                     []string
+	meta                     map[string]string
+}
+
+func printOf(n *api.CatalogService) entryPrint {
+	return entryPrint{createIndex: n.CreateIndex, modifyIndex: n.ModifyIndex,
+		address: n.Address, serviceAddress: n.ServiceAddress, servicePort: n.ServicePort,
+		tags: n.ServiceTags, meta: n.ServiceMeta}
 }
 
 // diff lists the entries of nodes that need reading: added, changed (any
@@ -41,7 +60,7 @@ func (m *taskMembership) diff(nodes []*api.CatalogService) (changed []memberKey,
 		if ok {
 			seen++
 		}
-		if _, read := m.members[k]; !ok || !read || !sameEntry(old, n) {
+		if _, read := m.members[k]; !ok || !read || !sameEntry(old, printOf(n)) {
 			changed = append(changed, k)
 		}
 	}
@@ -50,13 +69,13 @@ func (m *taskMembership) diff(nodes []*api.CatalogService) (changed []memberKey,
 
 // sameEntry compares what a member is built from, field by field (no joined
 // keys: metadata values may hold any byte).
-func sameEntry(a, b *api.CatalogService) bool {
-	return a.Node == b.Node && a.ServiceID == b.ServiceID &&
-		a.CreateIndex == b.CreateIndex && a.ModifyIndex == b.ModifyIndex &&
-		a.Address == b.Address && a.ServiceAddress == b.ServiceAddress &&
-		a.ServicePort == b.ServicePort &&
-		slices.Equal(a.ServiceTags, b.ServiceTags) &&
-		maps.Equal(a.ServiceMeta, b.ServiceMeta)
+// (The node and service id are the entry's key.)
+func sameEntry(a, b entryPrint) bool {
+	return a.createIndex == b.createIndex && a.modifyIndex == b.modifyIndex &&
+		a.address == b.address && a.serviceAddress == b.serviceAddress &&
+		a.servicePort == b.servicePort &&
+		slices.Equal(a.tags, b.tags) &&
+		maps.Equal(a.meta, b.meta)
 }
 
 // pointReadable reports whether the changed entries are few enough, and
@@ -111,11 +130,11 @@ func (m *taskMembership) apply(
 	changed []memberKey,
 ) *taskMembership {
 	next := &taskMembership{
-		entries: make(map[memberKey]*api.CatalogService, len(nodes)),
+		entries: make(map[memberKey]entryPrint, len(nodes)),
 		members: make(map[memberKey]health.Member, len(nodes)),
 	}
 	for _, n := range nodes {
-		next.entries[memberKey{n.Node, n.ServiceID}] = n
+		next.entries[memberKey{n.Node, n.ServiceID}] = printOf(n)
 	}
 	if !readAll {
 		stale := make(map[memberKey]bool, len(changed))

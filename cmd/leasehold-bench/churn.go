@@ -236,7 +236,8 @@ func (c *churner) pass(with bool) error {
 		defer func() { srv.stop(); b.srv = nil }()
 		dctx, stop := context.WithCancel(b.ctx)
 		defer stop()
-		if ds, err = startDispatchers(dctx, srv.xds, len(c.f.tasks), c.f.tasks); err != nil {
+		if ds, err = startDispatchers(dctx, srv.xds, len(c.f.tasks), c.f.tasks,
+			c.f.shards()); err != nil {
 			return err
 		}
 		if d := c.converge(ds, 60*time.Second); d < 0 {

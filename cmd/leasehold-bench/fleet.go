@@ -10,6 +10,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // fleet is the simulated executors: real registrations, real TTL checks.
@@ -22,15 +23,19 @@ import (
 // few seconds saturate 2 cores (Consul's agents, not leasehold, become the
 // bottleneck and leases lapse falsely); 10,000 long ones cost a trickle.
 type fleet struct {
-	agents     []*api.Client
-	ids        []string
-	tasks      []string
-	short      []bool // holds a short lease
-	bulkLease  time.Duration
-	session    string
-	lastAck    []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
-	lastRTT    []atomic.Int64 // its round trip in nanoseconds, within which the agent reset the TTL
-	stopped    []atomic.Bool
+	agents    []*api.Client
+	ids       []string
+	tasks     []string
+	short     []bool // holds a short lease
+	bulkLease time.Duration
+	session   string
+	lastAck   []atomic.Int64 // unix nanos when the last acknowledged heartbeat was sent
+	lastRTT   []atomic.Int64 // its round trip in nanoseconds, within which the agent reset the TTL
+	stopped   []atomic.Bool
+	// beating is held across each heartbeat of an executor, so stop waits
+	// for one in flight: the agent resets the TTL when that heartbeat
+	// arrives, and the expiry must count from it.
+	beating    []sync.Mutex
 	registered []atomic.Bool
 	gens       []atomic.Uint64 // the generation once --churn restarted it; 0 while on f.session
 	done       atomic.Int64    // registrations answered so far
@@ -44,7 +49,8 @@ func newFleet(
 	f := &fleet{agents: agents, tasks: tasks, bulkLease: bulkLease, session: "bench",
 		short: make([]bool, n), lastAck: make([]atomic.Int64, n), lastRTT: make([]atomic.Int64, n),
 		stopped: make([]atomic.Bool, n), registered: make([]atomic.Bool, n),
-		gens: make([]atomic.Uint64, n)}
+		beating: make([]sync.Mutex, n),
+		gens:    make([]atomic.Uint64, n)}
 	for i := range n {
 		f.ids = append(f.ids, fmt.Sprintf("x%05d", i))
 		f.short[i] = bulkLease <= 0 || short(i)
@@ -73,6 +79,16 @@ func (f *fleet) perTask() map[string]int {
 	m := map[string]int{}
 	for i := range f.ids {
 		m[f.taskOf(i)]++
+	}
+	return m
+}
+
+// shards is how many shards leasehold (at --shard-size) splits each task
+// type into: what the light streams subscribe to.
+func (f *fleet) shards() map[string]int {
+	m := map[string]int{}
+	for task, n := range f.perTask() {
+		m[task] = translator.ShardCount(n, *shardSize)
 	}
 	return m
 }
@@ -205,14 +221,20 @@ func spreadBatch(n int, interval, tick time.Duration) int {
 	return int(min(int64(n), max(1, (int64(n)+ticks-1)/ticks)))
 }
 
-// beat heartbeats executor i unless it was stopped or never registered.
+// beat heartbeats executor i unless it was stopped or never registered. A
+// heartbeat stop catches in flight still counts: the agent reset the TTL
+// when it arrived. (Not counting it put the expiry one heartbeat interval
+// early and added that interval to the lapse measured: the 3 s tails of
+// leasehold's and Consul's lapses at --heartbeat 3s.)
 func (f *fleet) beat(i int) {
+	f.beating[i].Lock()
+	defer f.beating[i].Unlock()
 	if f.stopped[i].Load() || !f.registered[i].Load() {
 		return
 	}
 	sent := time.Now()
 	if err := f.agent(i).UpdateTTL(health.CheckID(f.ids[i], f.sessionOf(i), f.taskOf(i)),
-		"load=1", "pass"); err == nil && !f.stopped[i].Load() {
+		"load=1", "pass"); err == nil {
 		f.lastAck[i].Store(sent.UnixNano())
 		f.lastRTT[i].Store(int64(time.Since(sent)))
 	}
@@ -246,13 +268,20 @@ func (f *fleet) agent(i int) *api.Agent { return f.agents[agentOf(i, len(f.agent
 // failure (final for its sessions, by design) takes a whole task type.
 func agentOf(i, n int) int { return (i + i/n) % n }
 
-// stop ends executor i's heartbeats and returns its lease's expiry instant.
+// stop ends executor i's heartbeats and returns its lease's expiry instant:
+// a lease after the last heartbeat the agent took, one in flight included.
 func (f *fleet) stop(i int) time.Time {
-	f.stopped[i].Store(true)
+	f.stopHeartbeat(i)
 	return time.Unix(0, f.lastAck[i].Load()).Add(f.leaseOf(i))
 }
 
-func (f *fleet) stopHeartbeat(i int) { f.stopped[i].Store(true) }
+// stopHeartbeat ends executor i's heartbeats once the one in flight, if
+// any, is answered.
+func (f *fleet) stopHeartbeat(i int) {
+	f.beating[i].Lock()
+	f.stopped[i].Store(true)
+	f.beating[i].Unlock()
+}
 
 // live is the executors still heartbeating.
 func (f *fleet) live() []int {

@@ -1,9 +1,13 @@
 package main
 
 import (
+	"net/http"
+	"net/http/httptest"
 	"reflect"
 	"testing"
 	"time"
+
+	"github.com/hashicorp/consul/api"
 )
 
 func TestTaskNames(t *testing.T) {
@@ -80,4 +84,43 @@ func TestAgentOfSpreadsTasks(t *testing.T) {
 	if agentOf(5, 1) != 0 {
 		t.Fatal("one agent: want it")
 	}
+}
+
+// A heartbeat in flight when an executor is stopped still reset its TTL at
+// the agent: stop waits for it and counts the expiry from it, not from the
+// heartbeat before (which made every such lapse one heartbeat interval
+// longer than it was).
+func TestStopCountsTheHeartbeatInFlight(t *testing.T) {
+	arrived, release := make(chan struct{}), make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		close(arrived)
+		<-release
+	}))
+	defer srv.Close()
+	c, err := api.NewClient(&api.Config{Address: srv.Listener.Addr().String()})
+	if err != nil {
+		t.Fatal(err)
+	}
+	f := newFleet([]*api.Client{c}, 1, taskNames(1), 0, func(int) bool { return true })
+	f.registered[0].Store(true)
+	f.lastAck[0].Store(time.Now().Add(-time.Hour).UnixNano()) // an old heartbeat
+	beaten := make(chan struct{})
+	before := time.Now()
+	go func() { f.beat(0); close(beaten) }()
+	<-arrived // the heartbeat is at the agent
+	stopped := make(chan time.Time, 1)
+	go func() { stopped <- f.stop(0) }()
+	select {
+	case <-stopped:
+		t.Fatal("stop returned while a heartbeat was in flight")
+	case <-time.After(50 * time.Millisecond): // stop is waiting, as it must
+	}
+	close(release)
+	<-beaten
+	expiry := <-stopped
+	if expiry.Before(before.Add(*lease)) {
+		t.Fatalf("expiry %s counts from the heartbeat before the one in flight (sent after %s)",
+			expiry, before)
+	}
+	f.beat(0) // stopped: sends nothing (the handler would panic closing arrived twice)
 }

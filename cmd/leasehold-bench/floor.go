@@ -55,26 +55,48 @@ type floorPlan struct {
 
 // planFloor keeps, of the responses received since base, those that removed
 // an endpoint (what the lapses and fan-outs measured), marshalled as
-// leasehold's codec writes them: a deterministic proto.Marshal.
+// leasehold's codec writes them: a deterministic proto.Marshal. A response
+// may carry only the load assignments that changed (one shard of a sharded
+// task), so the endpoints are followed per resource, as the clients do.
 func planFloor(
 	base *discovery.DiscoveryResponse, since []*discovery.DiscoveryResponse,
 ) (floorPlan, error) {
 	if base == nil {
 		return floorPlan{}, errors.New("floor: no response captured before the lapses")
 	}
-	prev := responseHosts(base)
+	held := map[string]map[string]bool{}
+	apply := func(resp *discovery.DiscoveryResponse) {
+		for _, res := range resp.GetResources() {
+			hosts := map[string]bool{}
+			healthyHosts(res.GetValue(), hosts)
+			held[resourceName(res.GetValue())] = hosts
+		}
+	}
+	union := func() map[string]bool {
+		set := map[string]bool{}
+		for _, hosts := range held {
+			for h := range hosts {
+				set[h] = true
+			}
+		}
+		return set
+	}
+	apply(base)
+	prev := union()
 	plan := floorPlan{base: len(prev)}
 	if err := plan.add(base); err != nil {
 		return floorPlan{}, err
 	}
 	for _, resp := range since {
-		cur := responseHosts(resp)
+		apply(resp)
+		cur := union()
 		var gone []string
 		for h := range prev {
 			if !cur[h] {
 				gone = append(gone, h)
 			}
 		}
+		prev = cur
 		if len(gone) == 0 {
 			continue
 		}
@@ -84,7 +106,6 @@ func planFloor(
 		}
 		plan.removed = append(plan.removed, gone[0])
 		plan.gone += len(gone)
-		prev = cur
 	}
 	return plan, nil
 }
@@ -125,7 +146,8 @@ func (b *bench) floor() error {
 	// what each of leasehold's pushes went to (all of them with one task
 	// type).
 	b.res.floorStreams = (*dispatchers + len(b.fleet.tasks) - 1) / len(b.fleet.tasks)
-	ds, err := startDispatchers(ctx, p.addr, b.res.floorStreams, b.fleet.tasks[:1])
+	ds, err := startDispatchers(ctx, p.addr, b.res.floorStreams, b.fleet.tasks[:1],
+		b.fleet.shards())
 	if err != nil {
 		return err
 	}

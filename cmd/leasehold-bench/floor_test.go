@@ -6,6 +6,7 @@ import (
 	"os"
 	"path/filepath"
 	"reflect"
+	"slices"
 	"testing"
 	"time"
 
@@ -14,6 +15,7 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/protobuf/types/known/anypb"
 
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/translator"
 )
@@ -95,7 +97,7 @@ func TestFloorServerWithLightClients(t *testing.T) {
 	defer g.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ds, err := startDispatchers(ctx, lis.Addr().String(), 5, []string{task})
+	ds, err := startDispatchers(ctx, lis.Addr().String(), 5, []string{task}, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -113,5 +115,73 @@ func TestFloorServerWithLightClients(t *testing.T) {
 	}
 	if !fs.push().IsZero() {
 		t.Fatal("a push past the last frame: want the zero time")
+	}
+}
+
+// named is response with its load assignments renamed name (a shard's) and
+// the resources of more added.
+func named(t *testing.T, version, name string, ids []string,
+	more ...*discovery.DiscoveryResponse) *discovery.DiscoveryResponse {
+	t.Helper()
+	r := response(t, version, ids...)
+	cla := &endpointv3.ClusterLoadAssignment{}
+	if err := r.Resources[0].UnmarshalTo(cla); err != nil {
+		t.Fatal(err)
+	}
+	cla.ClusterName = name
+	a, err := anypb.New(cla)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.Resources = []*anypb.Any{a}
+	for _, m := range more {
+		r.Resources = append(r.Resources, m.Resources...)
+	}
+	return r
+}
+
+// A sharded task's lapse resends its shard alone: the plan (and the light
+// clients) follow endpoints per load assignment, so a response carrying one
+// shard removes what left that shard, not the other shards' endpoints.
+func TestPlanFloorFollowsEachShard(t *testing.T) {
+	s0, s1 := translator.ShardName(task, 0, 2), translator.ShardName(task, 1, 2)
+	base := named(t, "1", s0, []string{"a", "b"}, named(t, "1", s1, []string{"c", "d"}))
+	plan, err := planFloor(base, []*discovery.DiscoveryResponse{
+		named(t, "2", s1, []string{"c"}), // d lapses: shard 1 alone is resent
+		named(t, "3", s0, []string{"a", "b"}),
+		named(t, "4", s0, []string{"b"}), // a lapses
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plan.base != 4 || !slices.Equal(plan.removed, []string{"d", "a"}) || plan.gone != 2 {
+		t.Fatalf("plan: base %d, removed %v (%d): want 4, [d a] (2)", plan.base, plan.removed,
+			plan.gone)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
+	fs := newFloorServer(plan.frames)
+	fs.register(g)
+	go g.Serve(lis)
+	defer g.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ds, err := startDispatchers(ctx, lis.Addr().String(), 3, []string{task},
+		map[string]int{task: 2})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := ds.awaitAll(func(_ string, set map[string]bool) bool { return len(set) == 4 },
+		10*time.Second); err != nil {
+		t.Fatal("starting state:", err)
+	}
+	fs.push() // removes d
+	if err := ds.awaitAll(func(_ string, set map[string]bool) bool {
+		return !set["d"] && set["a"] && set["b"] && set["c"]
+	}, 10*time.Second); err != nil {
+		t.Fatalf("after shard 1 alone was resent, a client must hold a, b, c: %v", err)
 	}
 }

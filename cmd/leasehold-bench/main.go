@@ -25,11 +25,13 @@ import (
 	"flag"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"net/http"
 	"os"
 	"os/exec"
 	"runtime"
+	"slices"
 	"sort"
 	"strconv"
 	"strings"
@@ -42,11 +44,18 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/credentials/insecure"
 	"google.golang.org/protobuf/encoding/protowire"
+	"google.golang.org/protobuf/types/known/anypb"
+
+	syncfleet "github.com/leasehold/leasehold/snapshot/fleet"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 var (
 	leaseholdBin = flag.String("leasehold", "bin/leasehold", "leasehold binary")
-	executors    = flag.Int("executors", 500,
+	shardSize    = flag.Int("shard-size", syncfleet.DefaultShardSize,
+		"leasehold serve --shard-size (0: never shard); the light streams subscribe to "+
+			"the shards it makes")
+	executors = flag.Int("executors", 500,
 		"registered executors, spread evenly over --tasks task types")
 	dispatchers = flag.Int("dispatchers", 100,
 		"ADS dispatcher streams, spread evenly over --tasks task types")
@@ -139,7 +148,8 @@ func startServe(consulAddr string) (*served, error) {
 		return nil, err
 	}
 	cmd := exec.Command(*leaseholdBin, "serve", "--consul-addr", consulAddr,
-		"--xds-addr", xds, "--admin-addr", admin, "--log-level", "warn")
+		"--xds-addr", xds, "--admin-addr", admin, "--log-level", "warn",
+		"--shard-size", strconv.Itoa(*shardSize))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (make bench builds it): %w", *leaseholdBin, err)
@@ -250,30 +260,48 @@ func (s *served) consulRequests() (float64, error) {
 }
 
 // dispatcherSet is M lightweight ADS clients that ACK every response;
-// client i follows task type tasks[i % len(tasks)].
+// client i follows task type tasks[i % len(tasks)], subscribing to its load
+// assignments by name (the task's, or its shards'). A state-of-the-world
+// response of load assignments may carry only those that changed (a lapse
+// resends one shard), so each client keeps its endpoints per resource.
 type dispatcherSet struct {
 	mu      sync.Mutex
-	tasks   []string               // the task type each client follows
-	sets    []map[string]bool      // latest endpoints per client
-	changed []time.Time            // when each client's set last changed
-	gone    []map[string]time.Time // per client: when each endpoint left its set
+	tasks   []string                     // the task type each client follows
+	byRes   []map[string]map[string]bool // per client: each resource's endpoints
+	sets    []map[string]bool            // latest endpoints per client, all resources
+	changed []time.Time                  // when each client's set last changed
+	gone    []map[string]time.Time       // per client: when each endpoint left its set
 	notify  chan struct{}
 
-	// Client 0's responses, kept for the floor to replay: its latest one
-	// until startCapture, then every one until stopCapture.
-	latest    *discovery.DiscoveryResponse
+	// Client 0's responses, kept for the floor to replay: the latest of each
+	// resource until startCapture, then every response until stopCapture.
+	latest    map[string]*anypb.Any
 	captured  []*discovery.DiscoveryResponse
 	capturing bool
 }
 
+// edsNames is the load assignments a client following task subscribes to:
+// its shards' when leasehold splits it (shards > 1), else the task's own.
+func edsNames(task string, shards int) []string {
+	names := make([]string, 0, shards)
+	for i := range max(shards, 1) {
+		names = append(names, translator.ShardName(task, i, shards))
+	}
+	return names
+}
+
+// startDispatchers starts m light streams following tasks, each subscribing
+// to edsNames(task, shards[task]) (nil shards: one per task).
 func startDispatchers(
-	ctx context.Context, addr string, m int, tasks []string,
+	ctx context.Context, addr string, m int, tasks []string, shards map[string]int,
 ) (*dispatcherSet, error) {
 	ds := &dispatcherSet{tasks: make([]string, m), sets: make([]map[string]bool, m),
+		byRes:   make([]map[string]map[string]bool, m),
 		changed: make([]time.Time, m), gone: make([]map[string]time.Time, m),
-		notify: make(chan struct{}, 1)}
+		notify: make(chan struct{}, 1), latest: map[string]*anypb.Any{}}
 	for i := range ds.gone {
 		ds.gone[i] = map[string]time.Time{}
+		ds.byRes[i] = map[string]map[string]bool{}
 		ds.tasks[i] = tasks[i%len(tasks)]
 	}
 	perConn := 100
@@ -292,7 +320,8 @@ func startDispatchers(
 			return nil, err
 		}
 		req := &discovery.DiscoveryRequest{Node: &corev3.Node{Id: fmt.Sprintf("bench-%d", i)},
-			TypeUrl: resource.EndpointType, ResourceNames: []string{ds.tasks[i]}}
+			TypeUrl:       resource.EndpointType,
+			ResourceNames: edsNames(ds.tasks[i], shards[ds.tasks[i]])}
 		if err := s.Send(req); err != nil {
 			return nil, err
 		}
@@ -315,11 +344,22 @@ func (ds *dispatcherSet) client(
 		// measured is leasehold's, not this harness's parsing.
 		req.VersionInfo, req.ResponseNonce = r.VersionInfo, r.Nonce
 		s.Send(req)
-		set := map[string]bool{}
+		updates := make(map[string]map[string]bool, len(r.GetResources()))
 		for _, res := range r.GetResources() {
-			healthyHosts(res.GetValue(), set)
+			hosts := map[string]bool{}
+			healthyHosts(res.GetValue(), hosts)
+			updates[resourceName(res.GetValue())] = hosts
 		}
 		ds.mu.Lock()
+		for name, hosts := range updates {
+			ds.byRes[i][name] = hosts
+		}
+		set := map[string]bool{}
+		for _, hosts := range ds.byRes[i] {
+			for h := range hosts {
+				set[h] = true
+			}
+		}
 		for host := range ds.sets[i] {
 			if !set[host] {
 				if _, seen := ds.gone[i][host]; !seen {
@@ -343,8 +383,10 @@ func (ds *dispatcherSet) client(
 func (ds *dispatcherSet) record(r *discovery.DiscoveryResponse) {
 	if ds.capturing {
 		ds.captured = append(ds.captured, r)
-	} else {
-		ds.latest = r
+		return
+	}
+	for _, res := range r.GetResources() {
+		ds.latest[resourceName(res.GetValue())] = res
 	}
 }
 
@@ -355,15 +397,24 @@ func (ds *dispatcherSet) startCapture() {
 	ds.capturing, ds.captured = true, nil
 }
 
-// stopCapture returns the response client 0 held when the capture started
-// and every one it received since.
+// stopCapture returns what client 0 held when the capture started, as one
+// response carrying each resource's latest (nil: nothing), and every
+// response it received since.
 func (ds *dispatcherSet) stopCapture() (
 	base *discovery.DiscoveryResponse, since []*discovery.DiscoveryResponse,
 ) {
 	ds.mu.Lock()
 	defer ds.mu.Unlock()
 	ds.capturing = false
-	return ds.latest, ds.captured
+	if len(ds.latest) == 0 {
+		return nil, ds.captured
+	}
+	base = &discovery.DiscoveryResponse{VersionInfo: "base", Nonce: "base",
+		TypeUrl: resource.EndpointType}
+	for _, name := range slices.Sorted(maps.Keys(ds.latest)) {
+		base.Resources = append(base.Resources, ds.latest[name])
+	}
+	return base, ds.captured
 }
 
 // awaitAll waits until every client's latest set satisfies cond (given the
@@ -742,6 +793,17 @@ func healthyHosts(b []byte, set map[string]bool) {
 			}
 		})
 	})
+}
+
+// resourceName is a serialized ClusterLoadAssignment's cluster_name (field 1).
+func resourceName(b []byte) string {
+	var name string
+	fields(b, func(num protowire.Number, v []byte) {
+		if num == 1 {
+			name = string(v)
+		}
+	})
+	return name
 }
 
 // fields calls bytesFn for each length-delimited field and varintFn (if

@@ -244,7 +244,7 @@ func (b *bench) startLeasehold() error {
 func (b *bench) connectDispatchers() error {
 	ctx, cancel := context.WithCancel(b.ctx)
 	b.stopDS = cancel
-	ds, err := startDispatchers(ctx, b.srv.xds, *dispatchers, b.fleet.tasks)
+	ds, err := startDispatchers(ctx, b.srv.xds, *dispatchers, b.fleet.tasks, b.fleet.shards())
 	if err != nil {
 		return err
 	}

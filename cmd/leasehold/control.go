@@ -10,6 +10,7 @@ import (
 	"math"
 	"net/http"
 	"os"
+	"os/user"
 	"strconv"
 	"strings"
 	"text/tabwriter"
@@ -21,6 +22,7 @@ import (
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/server"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
@@ -44,8 +46,9 @@ func (c *controlFlags) register(fs *pflag.FlagSet) {
 // its audit record): who acts, and the audit retention they prune to.
 func (c *controlFlags) registerWriter(fs *pflag.FlagSet) {
 	fs.StringVar(&c.by, "by", "",
-		"who acts, for the audit trail (used when Consul ACLs are off; with ACLs "+
-			"the token's identity is used)")
+		"who acts, for the audit trail: a name anyone can type, used when Consul ACLs are off "+
+			"(with ACLs the token's identity is used); with neither it nor $USER, this "+
+			"process's user@host")
 	bindEnv(fs, "by", "USER")
 	fs.IntVar(&c.auditKeep, "audit-keep", consul.DefaultAuditKeep,
 		"audit records kept in Consul KV: after writing its record this command deletes "+
@@ -89,17 +92,57 @@ func (c *controlFlags) control(stderr io.Writer) (*consul.Control, error) {
 func (c *controlFlags) open(
 	ctx context.Context, stderr io.Writer,
 ) (*consul.Control, string, error) {
+	k, who, err := c.openAs(ctx, stderr)
+	return k, who.Name, err
+}
+
+// openAs connects for a write and says who acts, and whether Consul
+// attributed it. Without --by (and $USER unset, as in containers and
+// systemd units) the process's own user and host are recorded, and stderr
+// says so: a write must not fail for want of a name ACLs do not check.
+func (c *controlFlags) openAs(
+	ctx context.Context, stderr io.Writer,
+) (*consul.Control, consul.Actor, error) {
 	k, err := c.control(stderr)
 	if err != nil {
-		return nil, "", err
+		return nil, consul.Actor{}, err
 	}
-	who, err := k.Identity(ctx, c.by)
+	by, fallback := strings.TrimSpace(c.by), false
+	if by == "" {
+		by, fallback = fallbackBy(), true
+	}
+	who, err := k.Who(ctx, by)
 	if errors.Is(err, consul.ErrByRequired) {
-		return nil, "", usagef("%v", err)
+		return nil, who, usagef("%v", err)
 	} else if err != nil {
-		return nil, "", failed(err) // Consul unreachable, or its token unreadable
+		return nil, who, failed(err) // Consul unreachable, or its token unreadable
+	}
+	if fallback && !who.Attributed() {
+		fmt.Fprintf(stderr, "who acts: no --by and $USER unset: recorded as %q (this "+
+			"process's user and host); pass --by NAME to record another name\n", who.Name)
 	}
 	return k, who, nil
+}
+
+// fallbackBy names who acts when neither --by nor $USER does: the
+// process's user (its uid when the user database has no name for it) on
+// this host.
+func fallbackBy() string {
+	name := "uid " + strconv.Itoa(os.Getuid())
+	if u, err := user.Current(); err == nil && u.Username != "" {
+		name = u.Username
+	}
+	if h, err := os.Hostname(); err == nil && h != "" {
+		name += "@" + h
+	}
+	return name
+}
+
+// unattributedNote is what approve and cordon print when Consul cannot say
+// who acts.
+func unattributedNote(who consul.Actor) string {
+	return fmt.Sprintf("note: %q is %s; it shows no second person, and a replica started "+
+		"with serve --require-acl-approvals does not count it", who.Name, consul.Unattributed)
 }
 
 // ageValue is a duration flag that also takes days ("90d").
@@ -245,6 +288,10 @@ func (v cordonView) long(id string) string {
 	}
 	where := " (as the replica at " + v.addr + " sees it)"
 	switch {
+	case st.Pending && st.ApprovalRefused != "":
+		return fmt.Sprintf("pending approval: it selects %d executor(s) and the rules require a "+
+			"second person's approval, and the one it carries does not count: %s%s",
+			st.Matched, st.ApprovalRefused, where)
 	case st.Pending:
 		return fmt.Sprintf("pending approval: it selects %d executor(s) and the rules require a "+
 			"second person's approval (a version cordon always, or more than %d "+
@@ -255,11 +302,17 @@ func (v cordonView) long(id string) string {
 		if n := st.Matched - st.Applied - st.Held; n > 0 {
 			out = fmt.Sprintf(", %d out of routing already (lapsed, fenced or cordoned earlier)", n)
 		}
+		var sets []string
+		for _, p := range st.HeldBy {
+			sets = append(sets, p.String())
+		}
 		return fmt.Sprintf("held by the safety limit: %d of the %d executor(s) it selects "+
-			"stay routed, %d applied%s; at most floor(%g × live executors) of a task "+
-			"type are cordoned at once, rounded down, so a task type with a single "+
-			"live executor can never be cordoned%s", st.Held,
-			st.Matched, st.Applied, out, v.limit, where)
+			"stay routed, %d applied%s; cordoning them would leave too few routable executors "+
+			"in: %s. The limit counts each constraint set a connected dispatcher uses "+
+			"(version constraint and labels) and each task type as a whole: at most "+
+			"floor(%g × live executors) of each are cordoned at once, rounded down, so a set "+
+			"with a single live executor keeps it%s", st.Held,
+			st.Matched, st.Applied, out, strings.Join(sets, "; "), v.limit, where)
 	case st.Applied > 0:
 		return fmt.Sprintf("applied: %d executor(s) get no new work (DRAINING)%s",
 			st.Applied, where)
@@ -300,10 +353,11 @@ const stateWait = 3 * time.Second
 
 func newCordonCmd() *cobra.Command {
 	var (
-		cf   controlFlags
-		af   adminFlags
-		c    health.Cordon
-		list bool
+		cf        controlFlags
+		af        adminFlags
+		c         health.Cordon
+		list      bool
+		allowNone bool
 	)
 	cmd := &cobra.Command{
 		Use: "cordon (--instance ID | --version-constraint C | --task " +
@@ -328,18 +382,21 @@ the safety limit. --list shows every cordon with its state.`,
 			c.ID, c.At = consul.NewCordonID(), time.Now().UTC()
 			c.By = "-" // checked below, once the identity is known
 			if err := c.Validate(); err != nil {
-				return usagef("invalid cordon:\n%v", cordonFlagNames(err))
+				return usagef("invalid cordon:%s", oneOrLines(cordonFlagNames(err)))
 			}
-			k, who, err := cf.open(ctx, stderr)
+			k, who, err := cf.openAs(ctx, stderr)
 			if err != nil {
 				return err
 			}
-			c.By = who
+			if err := selectsSome(ctx, f, &c, allowNone, stderr); err != nil {
+				return err
+			}
+			c.By, c.ByAccessor = who.Name, who.Accessor
 			if err := k.Cordon(ctx, c); err != nil {
 				return failed(err)
 			}
 			fmt.Fprintf(stdout, "%s: cordon of %s stored in Consul KV by %s\n",
-				c.ID, c.Selector(), who)
+				c.ID, c.Selector(), who.Name)
 			view := af.cordonView(ctx, fs, stateWait, func(m map[string]health.CordonStatus) bool {
 				_, ok := m[c.ID]
 				return ok
@@ -359,6 +416,9 @@ the safety limit. --list shows every cordon with its state.`,
 		"cordon executors of this task type (with the others: only those)")
 	fs.StringVar(&c.Reason, "reason", "",
 		"why (required; shown by explain and kept in the audit trail)")
+	fs.BoolVar(&allowNone, "allow-none", false,
+		"keep a cordon that selects no executor now (it then cordons any that matches later); "+
+			"without it such a cordon is refused")
 	fs.BoolVar(&list, "list", false, "list the cordons and their state instead (needs no --by)")
 	cf.register(fs)
 	cf.registerWriter(fs)
@@ -367,12 +427,44 @@ the safety limit. --list shows every cordon with its state.`,
 	return cmd
 }
 
+// selectsSome refuses, unless allowNone, a cordon that selects no executor
+// the replica at --admin-addr sees now: such a cordon would stay in force
+// and take out whatever matches later, which is seldom what a mistyped
+// instance id meant. With no replica answering, the check cannot be made:
+// it says so and the cordon is stored.
+func selectsSome(
+	ctx context.Context, f explainFlags, c *health.Cordon, allowNone bool, stderr io.Writer,
+) error {
+	var ex server.ExplainExecutors
+	if err := getJSON(ctx, f, "/debug/executors", &ex); err != nil {
+		fmt.Fprintf(stderr, "warning: whether the cordon selects any executor is not known: "+
+			"%v\n", err)
+		return nil
+	}
+	for _, x := range ex.Executors {
+		e := health.Executor{Registration: health.Registration{InstanceID: x.InstanceID,
+			Task: x.Task, Version: x.Version}}
+		if x.MetadataError == "" && c.Matches(&e) {
+			return nil
+		}
+	}
+	msg := fmt.Sprintf("the cordon of %s selects no executor the replica at %s sees now "+
+		"(%d executor(s)); it would stay in force and cordon any executor that matches later",
+		c.Selector(), f.admin, len(ex.Executors))
+	if allowNone {
+		fmt.Fprintf(stderr, "warning: %s; kept (--allow-none)\n", msg)
+		return nil
+	}
+	return usagef("%s: nothing written; check the selector (`leasehold explain` lists the "+
+		"executors), or pass --allow-none to keep it", msg)
+}
+
 // listCordons prints every cordon with its state as a replica sees it.
 func listCordons(
 	ctx context.Context, cf *controlFlags, af *adminFlags,
 	fs *pflag.FlagSet, stdout, stderr io.Writer,
 ) error {
-	for _, n := range []string{"instance", "version-constraint", "task", "reason"} {
+	for _, n := range []string{"instance", "version-constraint", "task", "reason", "allow-none"} {
 		if fs.Changed(n) {
 			return usagef("--list shows every cordon: it takes no --%s", n)
 		}
@@ -398,12 +490,22 @@ func listCordons(
 	} else if len(cs) > 0 {
 		fmt.Fprintf(stderr,
 			"STATE as the replica at %s sees it (held: kept routed by the safety limit, at most "+
-				"floor(%g × live executors) of a task type cordoned)\n", view.addr, view.limit)
+				"floor(%g × live executors) cordoned of a task type and of each constraint set "+
+				"a connected dispatcher uses)\n", view.addr, view.limit)
 	}
 	for key, err := range bad {
 		fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
 	}
 	return nil
+}
+
+// oneOrLines puts one problem on the line it follows and several on lines
+// of their own.
+func oneOrLines(msg string) string {
+	if strings.Contains(msg, "\n") {
+		return "\n" + msg
+	}
+	return " " + msg
 }
 
 // cordonFlagNames renames a cordon's fields in err to the flags that set
@@ -433,14 +535,14 @@ func newUncordonCmd() *cobra.Command {
 		Args:  exactArgs("CORDON_ID"),
 		RunE: func(cmd *cobra.Command, args []string) error {
 			ctx, stderr := cmd.Context(), cmd.ErrOrStderr()
-			k, who, err := cf.open(ctx, stderr)
+			k, who, err := cf.openAs(ctx, stderr)
 			if err != nil {
 				return err
 			}
-			if err := k.Uncordon(ctx, args[0], who, reason); err != nil {
+			if err := k.UncordonAs(ctx, args[0], who, reason); err != nil {
 				return failed(err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: removed by %s\n", args[0], who)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: removed by %s\n", args[0], who.Name)
 			return nil
 		},
 	}
@@ -467,15 +569,18 @@ func newApproveCmd() *cobra.Command {
 			if errs := af.explainFlags(fs, &f); len(errs) > 0 {
 				return usagef("%s", strings.Join(errs, "\n"))
 			}
-			k, who, err := cf.open(ctx, stderr)
+			k, who, err := cf.openAs(ctx, stderr)
 			if err != nil {
 				return err
 			}
 			id := args[0]
-			if err := k.Approve(ctx, id, who); err != nil {
+			if err := k.ApproveAs(ctx, id, who); err != nil {
 				return failed(err)
 			}
-			fmt.Fprintf(cmd.OutOrStdout(), "%s: approved by %s\n", id, who)
+			fmt.Fprintf(cmd.OutOrStdout(), "%s: approved by %s\n", id, who.Name)
+			if !who.Attributed() {
+				fmt.Fprintln(cmd.OutOrStdout(), unattributedNote(who))
+			}
 			view := af.cordonView(ctx, fs, stateWait, func(m map[string]health.CordonStatus) bool {
 				return m[id].Cordon.ApprovedBy != ""
 			})
@@ -698,6 +803,7 @@ the next (older) page's --before is printed on standard error.`,
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
+				enc.SetEscapeHTML(false) // <2.0.0 stays readable, not \u003c2.0.0
 				for _, e := range page.Entries {
 					if err := enc.Encode(e); err != nil {
 						return failed(err)

@@ -7,6 +7,7 @@ import (
 	"path/filepath"
 	"regexp"
 	"slices"
+	"strconv"
 	"strings"
 	"testing"
 	"time"
@@ -363,5 +364,159 @@ func TestAuditMaxAgeOverflowRefused(t *testing.T) {
 		!strings.Contains(stderr, "--audit-max-age") {
 		t.Errorf("uncordon --audit-max-age 213504d: exit %d, want 2 naming the flag\n%s",
 			code, stderr)
+	}
+}
+
+// Cordons and approvals cannot surprise, on real agents: with a <2.0.0
+// dispatcher whose only executor is e1, a cordon of e1 is held by the safety
+// limit (4 live executors of work would allow 2) and the command names the
+// set it would have emptied instead of saying "applied"; a cordon selecting
+// nothing is refused (exit 2, nothing written) unless --allow-none; an
+// approval without ACLs says it is only a name, in the output and in the
+// audit record; with $USER unset a write records the process's user and
+// host and says so; and the replica's audit, as log records on its log
+// stream, names who removed a cordon.
+func TestCordonsAndApprovalsCannotSurprise(t *testing.T) {
+	a := consultest.Start(t)
+	t.Setenv("CONSUL_HTTP_ADDR", a.HTTPAddr())
+	var log syncBuffer
+	l := startServeTo(t, a, &log, func(c *serveConfig) { c.auditLog = "-" })
+	t.Setenv("LEASEHOLD_ADMIN_ADDR", l.admin)
+	for _, e := range []struct{ id, v string }{{"e1", "1.0.0"}, {"e2", "2.0.0"}, {"e3", "2.0.0"},
+		{"e4", "2.0.0"}} {
+		startExecutor(t, a, e.id, e.v)
+	}
+	startDispatcher(t, l.xds, "d1", map[string]any{"version_constraint": "<2.0.0"})
+	const set = "v=<2.0.0"
+	admins := []string{l.admin}
+	awaitAll(t, admins, "e1 routed to the <2.0.0 set, e4 seen",
+		func(ad string) bool {
+			return verdict(t, ad, "e1", set).Route == "HEALTHY" &&
+				verdict(t, ad, "e4", "v=").Route == "HEALTHY"
+		})
+	cordons := func() int {
+		t.Helper()
+		keys, _, err := a.Client().KV().Keys(consul.CordonPrefix, "", nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+		return len(keys)
+	}
+
+	out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "disk", "--by", "alice")
+	c1 := strings.TrimSuffix(strings.Fields(out)[0], ":")
+	if !strings.Contains(out, "state: held by the safety limit: 1 of the 1 executor(s)") ||
+		!strings.Contains(out, "task work, constraint set v=<2.0.0: 1 live executor(s), at most "+
+			"0 cordoned at once") {
+		t.Errorf("cordon of the <2.0.0 set's only executor does not say it is held, naming the "+
+			"set:\n%s", out)
+	}
+	if v := verdict(t, l.admin, "e1", set); v.Route != "HEALTHY" {
+		t.Fatalf("the cordon left the <2.0.0 dispatcher without its only executor: %+v", v)
+	}
+
+	// A cordon selecting nothing: refused, nothing written; kept with --allow-none.
+	out = cli(t, 2, "cordon", "--instance", "nosuch", "--reason", "typo", "--by", "alice")
+	if !strings.Contains(out, "selects no executor") || !strings.Contains(out, "--allow-none") {
+		t.Errorf("a cordon selecting nothing is not refused naming --allow-none:\n%s", out)
+	}
+	if n := cordons(); n != 1 {
+		t.Fatalf("a refused cordon was written: %d cordons", n)
+	}
+	out = cli(t, 0, "cordon", "--instance", "nosuch", "--reason", "later", "--by", "alice",
+		"--allow-none")
+	if !strings.Contains(out, "warning:") || !strings.Contains(out, "kept (--allow-none)") ||
+		cordons() != 2 {
+		t.Errorf("cordon --allow-none of nothing not kept with a warning (%d cordons):\n%s",
+			cordons(), out)
+	}
+
+	// An approval without ACLs is only a name: said in the output and the record.
+	dir := t.TempDir()
+	rules := filepath.Join(dir, "rules.yaml")
+	if err := os.WriteFile(rules, []byte("approval: {required: true, max_executors: 5}\n"),
+		0o600); err != nil {
+		t.Fatal(err)
+	}
+	cli(t, 0, "rules", "--by", "alice", "set", rules)
+	out = cli(t, 0, "cordon", "--version-constraint", "=2.0.0", "--reason", "leak", "--by", "alice")
+	c2 := strings.TrimSuffix(strings.Fields(out)[0], ":")
+	out = cli(t, 0, "approve", c2, "--by", "bob")
+	if !strings.Contains(out, `note: "bob" is not attributed: Consul ACLs are off`) {
+		t.Errorf("approve without ACLs does not say --by is only a name:\n%s", out)
+	}
+	if audit := cli(t, 0, "audit", "--json"); !regexp.MustCompile(
+		`"actor":"bob","action":"approve","target":"` + c2 + `","detail":"[^"]*not attributed`).
+		MatchString(audit) {
+		t.Errorf("the approval's audit record does not say it is not attributed:\n%s", audit)
+	}
+
+	// $USER unset: the write records this process's user and host, and says so.
+	t.Setenv("USER", "")
+	os.Unsetenv("USER")
+	who := fallbackBy()
+	out = cli(t, 0, "uncordon", c1, "--reason", "disk replaced")
+	if !strings.Contains(out, "no --by and $USER unset: recorded as "+strconv.Quote(who)) ||
+		!strings.Contains(out, c1+": removed by "+who) {
+		t.Errorf("uncordon with $USER unset:\n%s", out)
+	}
+	// The replica's audit names who removed it, as a log record.
+	awaitAll(t, admins, "the removal audited", func(string) bool {
+		return strings.Contains(log.String(), "action=cordon-removed")
+	})
+	var removed string
+	for _, line := range strings.Split(log.String(), "\n") {
+		if strings.Contains(line, "action=cordon-removed") {
+			removed = line
+		}
+	}
+	if !strings.Contains(removed, "msg=audit") || !strings.Contains(removed, "audit=true") ||
+		(!strings.Contains(removed, "actor="+who+" ") &&
+			!strings.Contains(removed, "actor="+strconv.Quote(who))) ||
+		!strings.Contains(removed, "disk replaced") {
+		t.Errorf("the removal's audit record does not name who removed it: %s", removed)
+	}
+}
+
+// serve --require-acl-approvals counts only approvals Consul attributed: with
+// ACLs off an `approve --by` is only a name, so the cordon stays pending and
+// approve prints why; the same approval applies on a replica without the
+// flag.
+func TestRequireACLApprovalsRefusesAnUnattributedApproval(t *testing.T) {
+	a := consultest.Start(t)
+	t.Setenv("CONSUL_HTTP_ADDR", a.HTTPAddr())
+	strict := startServeTo(t, a, testWriter{t, "strict"},
+		func(c *serveConfig) { c.requireACLApprovals = true })
+	lax := startServe(t, a)
+	startExecutor(t, a, "e1", "1.0.0")
+	startExecutor(t, a, "e2", "1.0.0")
+	admins := []string{strict.admin, lax.admin}
+	awaitAll(t, admins, "e2 seen", func(ad string) bool {
+		return verdict(t, ad, "e2", "v=").Route == "HEALTHY"
+	})
+	rules := filepath.Join(t.TempDir(), "rules.yaml")
+	if err := os.WriteFile(rules, []byte("approval: {required: true, max_executors: 0}\n"),
+		0o600); err != nil {
+		t.Fatal(err)
+	}
+	cli(t, 0, "rules", "--by", "alice", "set", rules)
+	out := cli(t, 0, "cordon", "--instance", "e1", "--reason", "disk", "--by", "alice",
+		"--admin-addr", strict.admin)
+	id := strings.TrimSuffix(strings.Fields(out)[0], ":")
+	out = cli(t, 0, "approve", id, "--by", "bob", "--admin-addr", strict.admin)
+	if !strings.Contains(out, "state: pending approval") || !strings.Contains(out,
+		`the one it carries does not count: approved by "bob", a name given with --by that `+
+			"Consul cannot attribute") {
+		t.Errorf("approve on a --require-acl-approvals replica does not say it is refused:\n%s",
+			out)
+	}
+	if !control(t, strict.admin).RequireACLApprovals {
+		t.Error("/debug/config does not say the replica requires ACL approvals")
+	}
+	awaitAll(t, []string{lax.admin}, "the approval applied without the flag", func(ad string) bool {
+		return verdict(t, ad, "e1", "v=").Route == "DRAINING"
+	})
+	if v := verdict(t, strict.admin, "e1", "v="); v.Route != "HEALTHY" {
+		t.Fatalf("an unattributed approval counted on the strict replica: %+v", v)
 	}
 }

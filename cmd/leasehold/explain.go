@@ -8,7 +8,6 @@ import (
 	"fmt"
 	"io"
 	"maps"
-	"net"
 	"net/http"
 	"net/url"
 	"os"
@@ -65,10 +64,14 @@ func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 	var errs []string
 	f.admin = a.addr
 	// An unspecified host (serve's LEASEHOLD_ADMIN_ADDR may be 0.0.0.0:19000)
-	// dials this machine, where such a replica listens, so it is accepted.
-	if _, _, err := net.SplitHostPort(a.addr); err != nil {
-		errs = append(errs, fmt.Sprintf("invalid %s: want HOST:PORT: %v",
-			flagRef(fs, "admin-addr"), err))
+	// dials this machine, where such a replica listens, so it is accepted;
+	// so is the URL form serve's --admin-addr takes (http://HOST:PORT).
+	scheme, hp, err := flagx.HostPort(a.addr, 1)
+	if err != nil {
+		errs = append(errs,
+			fmt.Sprintf("invalid %s %q: %v", flagRef(fs, "admin-addr"), a.addr, err))
+	} else {
+		f.admin = hp
 	}
 	if a.tokenFile != "" {
 		if b, err := os.ReadFile(a.tokenFile); err != nil {
@@ -83,6 +86,14 @@ func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 			errs = append(errs, err.Error())
 		}
 		f.client = c
+	}
+	switch {
+	case scheme == "https" && f.client == nil:
+		f.client = &http.Client{} // verified against the system's CAs
+	case scheme == "http" && f.client != nil:
+		errs = append(errs, fmt.Sprintf("invalid %s %q: http://, but --tls-ca, --tls-cert or "+
+			"--tls-key ask for HTTPS: write https://HOST:PORT or HOST:PORT",
+			flagRef(fs, "admin-addr"), a.addr))
 	}
 	return errs
 }

@@ -5,6 +5,8 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"slices"
 	"sort"
 	"time"
 
@@ -29,6 +31,9 @@ type ControlState struct {
 	RolloutError  string                `json:"rollout_error,omitempty"`
 	Cordons       []health.CordonStatus `json:"cordons"`
 	CordonErrors  map[string]string     `json:"cordon_errors,omitempty"`
+	// RequireACLApprovals: this replica counts only approvals Consul
+	// attributed (serve --require-acl-approvals).
+	RequireACLApprovals bool `json:"require_acl_approvals"`
 }
 
 // control is the Syncer's operator state (owned by Run).
@@ -91,7 +96,13 @@ func (s *Syncer) applyRules(src *health.RulesSource) {
 	}
 	c.rollout, c.rolloutRaw, c.rolloutFrom, c.rolloutErr = r, raw, from, ""
 	c.dirty, c.clusters = true, true
-	detail, _ := json.Marshal(r)
+	// The detail is read by people (serve's log, the audit trail): a scope
+	// of <2.0.0 is written so, not as \u003c2.0.0.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.Encode(r)
+	detail := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	s.log.Info("rollout configuration applied", "source", from, "config", string(detail))
 	s.audit(AuditEvent{Action: "config-applied", Source: from, Detail: string(detail)})
 }
@@ -126,14 +137,16 @@ func (s *Syncer) applyCordons(set *health.CordonSet) {
 	after, _ := json.Marshal(cordons)
 	c.cordonErrs = errs
 	if !bytes.Equal(before, after) {
-		s.auditCordons(c.cordons, cordons)
+		s.auditCordons(c.cordons, cordons, set.Removed)
 		c.cordons, c.dirty = cordons, true
 	}
 }
 
 // auditCordons writes what changed between two cordon sets to this
-// replica's audit log, as the operators' actions it now applies.
-func (s *Syncer) auditCordons(old, cur []health.Cordon) {
+// replica's audit log, as the operators' actions it now applies; removed
+// holds the removal records `leasehold uncordon` writes with each removal,
+// which say who removed a cordon.
+func (s *Syncer) auditCordons(old, cur []health.Cordon, removed map[string][]byte) {
 	was := map[string]health.Cordon{}
 	for _, cd := range old {
 		was[cd.ID] = cd
@@ -146,14 +159,48 @@ func (s *Syncer) auditCordons(old, cur []health.Cordon) {
 			s.audit(AuditEvent{Actor: cd.By, Action: "cordon-applied", Source: "consul-kv",
 				Detail: cd.ID + " " + cd.Selector() + ": " + cd.Reason})
 		case prev.ApprovedBy == "" && cd.ApprovedBy != "":
+			detail := cd.ID + " " + cd.Selector()
+			if cd.ApprovedByAccessor == "" {
+				detail += "; the approver is a name given with --by, which Consul cannot " +
+					"attribute (ACLs off)"
+			}
 			s.audit(AuditEvent{Actor: cd.ApprovedBy, Action: "cordon-approved", Source: "consul-kv",
-				Detail: cd.ID + " " + cd.Selector()})
+				Detail: detail})
 		}
 	}
-	for id, cd := range was {
-		s.audit(AuditEvent{Actor: "operator", Action: "cordon-removed", Source: "consul-kv",
-			Detail: id + " " + cd.Selector()})
+	for _, id := range slices.Sorted(maps.Keys(was)) {
+		cd := was[id]
+		e := AuditEvent{Action: "cordon-removed", Source: "consul-kv",
+			Detail: id + " " + cd.Selector()}
+		var rm health.CordonRemoval
+		if err := json.Unmarshal(removed[id], &rm); err == nil && rm.ID == id && rm.By != "" {
+			e.Actor = rm.By
+			if rm.Reason != "" {
+				e.Detail += ": " + rm.Reason
+			}
+		} else {
+			// Deleted from Consul KV directly (not by leasehold uncordon,
+			// which records who), or the record is gone: who is not known.
+			e.Actor = "unknown"
+			e.Detail += " (removed without a removal record: not by leasehold uncordon; see " +
+				"Consul's own logs)"
+		}
+		s.audit(e)
 	}
+}
+
+// setsChanged redoes the cordons' decisions when a constraint set came or
+// went while cordons are in force: the safety limit counts each set in use,
+// so a new set may hold what a cordon took out, and a set gone may free
+// room. It reports whether it did (and so rebuilt every group).
+func (s *Syncer) setsChanged(ctx context.Context) bool {
+	if len(s.ctl.cordons) == 0 {
+		return false
+	}
+	s.ctl.dirty = true
+	s.batchStart = s.cfg.Clock.Now()
+	s.recompute(ctx)
+	return true
 }
 
 // applyControl sets the operators' cordons on the joined, fenced
@@ -165,14 +212,20 @@ func (s *Syncer) applyControl() {
 		c.cordonStatus = nil
 		return
 	}
-	// Cordons count matches and live executors per task type across the
-	// fleet, so while any is in force every registration is cordoned anew.
+	// Cordons count matches and live executors per task type and constraint
+	// set in use across the fleet, so while any is in force every
+	// registration is cordoned anew.
 	tasks := sortedKeys(s.members)
 	var all []health.Executor
 	for _, task := range tasks {
 		all = append(all, s.fleet[task].execs...)
 	}
-	c.cordonStatus = health.ApplyCordons(all, c.cordons, c.rollout)
+	sets := make([]health.Dispatcher, 0, len(s.groups))
+	for _, key := range slices.Sorted(maps.Keys(s.groups)) {
+		sets = append(sets, s.groups[key].d)
+	}
+	c.cordonStatus = health.ApplyCordons(all, c.cordons, c.rollout,
+		health.CordonOptions{Sets: sets, AttributedApprovals: s.cfg.RequireACLApprovals})
 	for _, task := range tasks {
 		ts := s.fleet[task]
 		ts.own()
@@ -180,14 +233,18 @@ func (s *Syncer) applyControl() {
 		all = all[copy(ts.execs, all):]
 	}
 	held := 0
+	var pools []string
 	for _, st := range c.cordonStatus {
 		held += st.Held
+		for _, p := range st.HeldBy {
+			pools = append(pools, p.String())
+		}
 	}
 	if held != c.held {
 		if held > 0 {
-			s.log.Warn("safety limit: cordons would take out more than the allowed fraction of a "+
-				"task's executors; the rest stay routed",
-				"held", held, "limit", c.rollout.Limit())
+			s.log.Warn("safety limit: cordons would take out more than the allowed fraction of "+
+				"the executors a constraint set in use routes to; the rest stay routed",
+				"held", held, "limit", c.rollout.Limit(), "pools", pools)
 		} else {
 			s.log.Info("safety limit: no cordon held any more")
 		}
@@ -218,5 +275,6 @@ func (s *Syncer) audit(e AuditEvent) {
 func (s *Syncer) controlState() *ControlState {
 	c := &s.ctl
 	return &ControlState{Rollout: c.rollout, RolloutSource: c.rolloutFrom,
-		RolloutError: c.rolloutErr, Cordons: c.cordonStatus, CordonErrors: c.cordonErrs}
+		RolloutError: c.rolloutErr, Cordons: c.cordonStatus, CordonErrors: c.cordonErrs,
+		RequireACLApprovals: s.cfg.RequireACLApprovals}
 }

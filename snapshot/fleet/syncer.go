@@ -94,6 +94,10 @@ type SyncConfig struct {
 	// first answer, so a session that lapsed before a restart (or that
 	// another replica saw lapse) is never routed meanwhile.
 	AwaitLapses bool
+	// RequireACLApprovals counts only the cordon approvals Consul
+	// attributed: created and approved with two different ACL tokens
+	// (health.CordonOptions.AttributedApprovals).
+	RequireACLApprovals bool
 }
 
 // localDC is leasehold's own datacenter ("" with one, unnamed).
@@ -476,6 +480,7 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 				delete(s.groups, key)
 				s.cache.Clear(key)
 				s.log.Info("constraint set unused: dropped", "group", key)
+				s.setsChanged(ctx)
 			}
 		}
 		return
@@ -487,8 +492,10 @@ func (s *Syncer) subscribe(ctx context.Context, sub subscription) {
 	g = &group{d: sub.d, refs: 1, loads: map[string][]translator.Shard{},
 		routes: map[string]shardedRoute{}, builders: map[string]*translator.Builder{}}
 	s.groups[key] = g
-	for _, task := range taskNames(s.members) {
-		s.rebuild(g, task)
+	if !s.setsChanged(ctx) { // (which rebuilt every group, this one too)
+		for _, task := range taskNames(s.members) {
+			s.rebuild(g, task)
+		}
 	}
 	s.log.Info("constraint set added", "group", key, "groups", len(s.groups))
 	if s.synced {

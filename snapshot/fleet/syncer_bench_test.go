@@ -5,7 +5,9 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"runtime"
 	"testing"
+	"time"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
@@ -106,5 +108,46 @@ func BenchmarkSyncerChange(b *testing.B) {
 				<-v.Changed()
 			}
 		})
+	}
+}
+
+// BenchmarkSyncerMemory reports the Go heap a Syncer holds per executor
+// once it has read a fleet of n over 10 task types (or one) and published
+// two constraint sets: what grows with the fleet, streams aside (after a
+// forced GC, measured against the heap before the Syncer started).
+func BenchmarkSyncerMemory(b *testing.B) {
+	for _, size := range []struct{ n, tasks int }{{10000, 10}, {10000, 1}} {
+		fleet := benchSyncFleet(size.n, size.tasks, 10)
+		b.Run(fmt.Sprintf("executors=%d/tasks=%d", size.n, size.tasks), func(b *testing.B) {
+			var perExecutor float64
+			for range b.N {
+				before := heapInUse()
+				s, _ := benchSyncer(b, fleet)
+				waitSynced(b, s)
+				perExecutor = float64(heapInUse()-before) / float64(size.n)
+				runtime.KeepAlive(s)
+			}
+			b.ReportMetric(perExecutor, "B/executor")
+		})
+	}
+}
+
+// heapInUse is the live heap after a forced GC.
+func heapInUse() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// waitSynced waits until s has published the whole fleet.
+func waitSynced(b *testing.B, s *Syncer) {
+	deadline := time.After(30 * time.Second)
+	for v := s.View(); !v.Synced; v = s.View() {
+		select {
+		case <-v.Changed():
+		case <-deadline:
+			b.Fatal("the fleet was never read")
+		}
 	}
 }
