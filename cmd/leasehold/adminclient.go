@@ -94,6 +94,10 @@ func adminDialError(ctx context.Context, addr string, plain bool, err error) err
 			opensWithHTTP2Settings(ctx, addr)) {
 		return fmt.Errorf("admin API at %s: %w", addr, errGRPCPort)
 	}
+	if errors.Is(err, syscall.ECONNREFUSED) {
+		return fmt.Errorf("admin API at %s: nothing listens there (connection refused): is "+
+			"leasehold serve running with this --admin-addr?", addr)
+	}
 	return fmt.Errorf("admin API at %s: %w", addr, err)
 }
 

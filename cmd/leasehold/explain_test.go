@@ -108,7 +108,8 @@ func TestExplainErrors(t *testing.T) {
 	}
 	var out bytes.Buffer
 	if code := runExplain(context.Background(), []string{"--admin-addr", "127.0.0.1:1"},
-		&out, &out); code != 1 || !strings.Contains(out.String(), "admin API") {
+		&out, &out); code != 1 || !strings.Contains(out.String(), "admin API") ||
+		!strings.Contains(out.String(), "nothing listens there") {
 		t.Errorf("unreachable admin: %d %q", code, out.String())
 	}
 }
