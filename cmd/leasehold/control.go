@@ -261,6 +261,11 @@ func notReady(ctx context.Context, f explainFlags) string {
 
 // unknown says why the state is not known here.
 func (v cordonView) unknown() string {
+	if refused := (*adminRefused)(nil); errors.As(v.err, &refused) {
+		return fmt.Sprintf("not known here: whether a cordon is applied, pending approval or "+
+			"held is decided by each leasehold serve replica, and the one at --admin-addr %s "+
+			"would not tell: %v", v.addr, refused)
+	}
 	return fmt.Sprintf("not known here: whether a cordon is applied, pending approval or held "+
 		"by the safety limit is decided by each leasehold serve replica from the fleet "+
 		"it sees, and no replica answered at --admin-addr %s (%v); ask one with "+
