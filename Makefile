@@ -4,12 +4,26 @@ GO    ?= go
 CONSUL := bin/consul
 STATICCHECK := bin/staticcheck
 
-.PHONY: all build test vet lint consul demo clean proto bench fuzz soak
+.PHONY: all build test vet lint consul demo clean proto bench fuzz soak leasehold
+
+# What `leasehold version` prints (and serve's start line, leasehold_build_info):
+# the tag `git describe` finds and the commit, -dirty with local changes. Without
+# a tag (or outside a checkout) they are empty and the binary falls back to what
+# the Go toolchain recorded: its module version ("dev" in a checkout) and commit.
+VERSION  ?= $(shell git describe --tags --dirty 2>/dev/null)
+REVISION ?= $(shell r=$$(git rev-parse HEAD 2>/dev/null) && \
+	{ git diff --quiet HEAD 2>/dev/null || r=$$r-dirty; echo $$r; })
+LDFLAGS  := -X main.version=$(VERSION) -X main.revision=$(REVISION)
 
 all: build
 
-build:
+build: leasehold
 	$(GO) build ./...
+
+# bin/leasehold, knowing its version and commit.
+leasehold:
+	@mkdir -p bin
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/leasehold ./cmd/leasehold
 
 # Consul 1.13.9 built from the Go module proxy (tools/consul); only when missing.
 consul: $(CONSUL)
@@ -57,7 +71,7 @@ clean:
 # gRPC executors and a dispatcher; DEMO_FLAGS=--keep leaves it running.
 demo: $(CONSUL)
 	@echo "building bin/leasehold, bin/executor, bin/dispatcher (first time: ~1 min)"
-	$(GO) build -o bin/leasehold ./cmd/leasehold
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/leasehold ./cmd/leasehold
 	$(GO) build -o bin/executor ./examples/executor
 	$(GO) build -o bin/dispatcher ./examples/dispatcher
 	$(GO) run ./examples/demo $(DEMO_FLAGS)
@@ -80,7 +94,7 @@ bench: $(CONSUL)
 	$(GO) test -run '^$$' -bench . -benchtime 1000x -count 4 ./adapters/otel
 	$(GO) test -run '^$$' -bench . -count 3 ./snapshot/translator ./snapshot/xdscache ./snapshot/fleet
 	$(GO) test -run '^$$' -bench CheckSessionBusyFleet -benchtime 1000x -count 3 ./adapters/consul
-	$(GO) build -o bin/leasehold ./cmd/leasehold
+	$(GO) build -ldflags '$(LDFLAGS)' -o bin/leasehold ./cmd/leasehold
 	$(GO) build -o bin/leasehold-bench ./cmd/leasehold-bench
 	bin/leasehold-bench --leasehold bin/leasehold --write BENCHMARKS.md
 	bin/leasehold-bench --leasehold bin/leasehold --churn --executors 10000 --tasks 10 --agents 10 --lease 6s --heartbeat 2s --write BENCHMARKS.md

@@ -162,10 +162,14 @@ func (r Registration) validate(fixed int) error {
 	errs = append(errs, validateID(MetaInstanceID, r.InstanceID)...)
 	errs = append(errs, validateID(MetaSessionID, r.SessionID)...)
 	if r.Generation == 0 {
+		// Zero means no generation was given (a value read from Consul as 0
+		// is reported by ParseRegistration as it was written): saying
+		// `generation "0"` would send the operator looking for a 0 that is
+		// nowhere.
 		errs = append(errs,
-			fieldErr(MetaGeneration, "0",
-				"must be a positive integer (taken from Consul KV %s<instance_id> at session "+
-					"start)",
+			fieldErr(MetaGeneration, "",
+				"missing: every registration carries its session's generation, a positive "+
+					"integer taken from Consul KV %s<instance_id> at session start",
 				GenerationKeyPrefix))
 	}
 	if e := ValidateTask(r.Task); e != nil {

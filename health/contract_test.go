@@ -154,6 +154,23 @@ func TestParseRegistrationRejectsBadMeta(t *testing.T) {
 	}
 }
 
+// A registration without a generation is told so, not reported as an
+// invalid "0" that appears nowhere; one written as 0 is reported as written.
+func TestMissingGenerationIsToldMissing(t *testing.T) {
+	meta := validReg().Meta()
+	delete(meta, MetaGeneration)
+	_, err := ParseRegistration("transcode", "127.0.0.1", 9000, meta)
+	if err == nil || !strings.Contains(err.Error(), "generation: missing") ||
+		strings.Contains(err.Error(), `"0"`) {
+		t.Fatalf("no generation: %v", err)
+	}
+	meta[MetaGeneration] = "0"
+	if _, err := ParseRegistration("transcode", "127.0.0.1", 9000, meta); err == nil ||
+		!strings.Contains(err.Error(), `generation "0": not a positive integer`) {
+		t.Fatalf("generation 0: %v", err)
+	}
+}
+
 // TestReplacesMeta: the optional replaces meta round-trips, an empty value
 // is refused (not read as "none"), and absent means none.
 func TestReplacesMeta(t *testing.T) {

@@ -62,7 +62,7 @@ func (c *Cordon) Validate() error {
 		}
 	}
 	if c.VersionConstraint != "" {
-		vc, err := semver.NewConstraint(c.VersionConstraint)
+		vc, err := ParseConstraint(c.VersionConstraint)
 		if err != nil {
 			errs = append(errs, fmt.Errorf("version_constraint: %q: %w", c.VersionConstraint, err))
 		}

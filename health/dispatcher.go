@@ -1,6 +1,7 @@
 package health
 
 import (
+	"errors"
 	"regexp"
 	"slices"
 	"strings"
@@ -63,17 +64,28 @@ type Dispatcher struct {
 	labelKeys  []string // sorted keys of Labels
 }
 
+// ParseConstraint reads a semver constraint (a dispatcher's or a cordon's).
+// Its error says what to write: the library's own ("improper constraint:
+// foo") only repeats the value the caller shows already.
+func ParseConstraint(s string) (*semver.Constraints, error) {
+	c, err := semver.NewConstraint(s)
+	if err != nil {
+		return nil, errors.New(`not a version constraint: write comparisons with a semver ` +
+			`version, such as "<2.0.0", ">=1.4.0, <1.5.0" or "=1.4.2"`)
+	}
+	return c, nil
+}
+
 // NewDispatcher validates a constraint set; errors name the node metadata
 // field (version_constraint, labels.<key>).
 func NewDispatcher(versionConstraint string, labels map[string]string) (Dispatcher, error) {
 	d := Dispatcher{VersionConstraint: strings.TrimSpace(versionConstraint)}
 	var errs FieldErrors
 	if d.VersionConstraint != "" {
-		c, err := semver.NewConstraint(d.VersionConstraint)
+		c, err := ParseConstraint(d.VersionConstraint)
 		if err != nil {
-			errs = append(errs,
-				fieldErr(NodeMetaVersionConstraint, d.VersionConstraint,
-					"not a semver constraint: %v", err))
+			errs = append(errs, fieldErr(NodeMetaVersionConstraint, d.VersionConstraint,
+				"%v", err))
 		}
 		d.constraint = c
 	}

@@ -35,6 +35,10 @@ type Executor struct {
 	NodeFailed bool
 	Other      CheckStatus // worst other check of the service; "" = none
 	Load       int         // from the lease check's output, when known
+	// LoadReported says the lease check's output carried a load (Load is 0
+	// until one does: a new check's output reaches the catalog only with
+	// Consul's next output sync, minutes after the registration).
+	LoadReported bool
 
 	// Set by Fence: a newer session of the instance exists.
 	Fenced          bool

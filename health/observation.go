@@ -202,10 +202,10 @@ func Join(m Member, np *NonPassingSet) Executor {
 		case c.CheckID == leaseID:
 			e.LeaseStatus, e.LeaseFound = c.Status, true
 			if n, ok := ParseLoad(c.Output); ok {
-				e.Load = n
+				e.Load, e.LoadReported = n, true
 			} else if n, ok := ParseLoad(read.Output); ok {
 				// The check's output is not a load (e.g. "TTL expired"): keep the last one.
-				e.Load = n
+				e.Load, e.LoadReported = n, true
 			}
 		default:
 			e.Other = worst(e.Other, c.Status)

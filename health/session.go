@@ -41,10 +41,16 @@ type SessionKey struct{ Instance, Session string }
 
 // SessionIndex answers session questions from one decided view of the fleet
 // (the same executors, fenced and joined, that the xDS resources come from).
+//
+// It is built for the sessions of one instance, as the fleet keeps them (an
+// index per instance): its sessions, newest and past are short lists that
+// lookups scan. Go maps allocate their slots eight at a time, so three small
+// maps cost ~1.6 KB an instance at 10,000 instances (BenchmarkSyncerMemory);
+// the lists cost what they hold. An index is never written once built.
 type SessionIndex struct {
-	sessions map[SessionKey]SessionStatus
-	newest   map[string]SessionStatus // per instance: its newest present session
-	past     map[SessionKey]PastSession
+	sessions []*SessionStatus
+	newest   []*SessionStatus // per instance: its newest present session
+	past     []PastSession
 	// replacedBy holds the sessions a present registration names in its
 	// replaces meta, with the newest session naming each.
 	replacedBy map[SessionKey]SessionStatus
@@ -99,10 +105,8 @@ func ValidateSessionQuery(instanceID, sessionID string) error {
 // older than it: they answer STALE too, though this index never saw them
 // (after a restart, on a new replica).
 func IndexSessions(es []Executor, past []PastSession) SessionIndex {
-	ix := SessionIndex{sessions: map[SessionKey]SessionStatus{}, newest: map[string]SessionStatus{},
-		past: map[SessionKey]PastSession{}}
+	ix := SessionIndex{past: slices.Clone(past)} // the caller's list changes later
 	for _, p := range past {
-		ix.past[SessionKey{p.InstanceID, p.SessionID}] = p
 		for _, t := range p.Tasks { // a namer gone is still newer than what it named
 			ix.named(p.InstanceID, p.Replaces,
 				SessionStatus{SessionID: p.SessionID, Generation: p.Generation}, t)
@@ -121,9 +125,9 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 			ix.exclude(e, "registered with bad metadata: excluded from routing, not vouched for: "+
 				e.Err.Error())
 			if e.Orders() { // not answered for, but a newer generation still fences older ones
-				if n, ok := ix.newest[e.InstanceID]; !ok || e.Generation > n.Generation {
-					ix.newest[e.InstanceID] = SessionStatus{InstanceID: e.InstanceID,
-						SessionID: e.SessionID, Generation: e.Generation, State: SessionUnknown}
+				if n, ok := ix.newestOf(e.InstanceID); !ok || e.Generation > n.Generation {
+					ix.setNewest(&SessionStatus{InstanceID: e.InstanceID,
+						SessionID: e.SessionID, Generation: e.Generation, State: SessionUnknown})
 				}
 				if ix.ordersOnly == nil {
 					ix.ordersOnly = map[SessionKey]uint64{}
@@ -137,11 +141,12 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 			SessionStatus{SessionID: e.SessionID, Generation: e.Generation,
 				Datacenter: e.Datacenter}, e.Task)
 		key := SessionKey{e.InstanceID, e.SessionID}
-		st, seen := ix.sessions[key]
+		st, seen := ix.session(key)
 		if !seen {
-			st = SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID,
+			st = &SessionStatus{InstanceID: e.InstanceID, SessionID: e.SessionID,
 				State: SessionCurrent, Generation: e.Generation, Version: e.Version,
 				Datacenter: e.Datacenter, Detail: "newest session of its instance, lease valid"}
+			ix.sessions = append(ix.sessions, st)
 		}
 		st.Tasks = append(st.Tasks, e.Task)
 		if e.LeaseTTL > 0 && (st.LeaseTTL == 0 || e.LeaseTTL < st.LeaseTTL) {
@@ -170,20 +175,59 @@ func IndexSessions(es []Executor, past []PastSession) SessionIndex {
 		if rank[state] > rank[st.State] {
 			st.State, st.Detail = state, detail
 		}
-		ix.sessions[key] = st
 	}
 	for k, by := range ix.replacedBy {
 		sort.Strings(by.Tasks)
 		ix.replacedBy[k] = by
 	}
-	for k, st := range ix.sessions {
+	for _, st := range ix.sessions {
 		sort.Strings(st.Tasks)
-		ix.sessions[k] = st
-		if n, ok := ix.newest[st.InstanceID]; !ok || newerStatus(st, n) {
-			ix.newest[st.InstanceID] = st
+		if n, ok := ix.newestOf(st.InstanceID); !ok || newerStatus(*st, *n) {
+			ix.setNewest(st)
 		}
 	}
 	return ix
+}
+
+// session is the present session key (false: none).
+func (ix SessionIndex) session(key SessionKey) (*SessionStatus, bool) {
+	for _, st := range ix.sessions {
+		if st.InstanceID == key.Instance && st.SessionID == key.Session {
+			return st, true
+		}
+	}
+	return nil, false
+}
+
+// newestOf is instance's newest present session (false: none).
+func (ix SessionIndex) newestOf(instance string) (*SessionStatus, bool) {
+	for _, st := range ix.newest {
+		if st.InstanceID == instance {
+			return st, true
+		}
+	}
+	return nil, false
+}
+
+// setNewest makes st its instance's newest present session.
+func (ix *SessionIndex) setNewest(st *SessionStatus) {
+	for i, n := range ix.newest {
+		if n.InstanceID == st.InstanceID {
+			ix.newest[i] = st
+			return
+		}
+	}
+	ix.newest = append(ix.newest, st)
+}
+
+// pastSession is the remembered session key (false: none).
+func (ix SessionIndex) pastSession(key SessionKey) (PastSession, bool) {
+	for _, p := range ix.past {
+		if p.InstanceID == key.Instance && p.SessionID == key.Session {
+			return p, true
+		}
+	}
+	return PastSession{}, false
 }
 
 // exclude records a registration of a session leasehold does not answer
@@ -244,8 +288,8 @@ func newerStatus(a, b SessionStatus) bool {
 // Check answers for one session; ids must be valid (ValidateSessionQuery).
 func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 	key := SessionKey{instanceID, sessionID}
-	if st, ok := ix.sessions[key]; ok {
-		return st
+	if st, ok := ix.session(key); ok {
+		return *st
 	}
 	// A session present with bad metadata is answered UNKNOWN, but its
 	// generation is known and orders the instance: a claim of replacing it
@@ -257,8 +301,8 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 		named = false
 	}
 	if x, ok := ix.excluded[key]; ok && !named {
-		p, seen := ix.past[key]
-		switch n, has := ix.newest[instanceID]; {
+		p, seen := ix.pastSession(key)
+		switch n, has := ix.newestOf(instanceID); {
 		case seen && p.Lapsed:
 			// Once lapsed, always lapsed.
 			x.State, x.Detail = SessionLapsed, "lease lapsed (seen before); "+x.Detail
@@ -271,10 +315,10 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 			return x
 		}
 	}
-	if p, ok := ix.past[key]; ok {
+	if p, ok := ix.pastSession(key); ok {
 		st := SessionStatus{InstanceID: instanceID, SessionID: sessionID, Generation: p.Generation,
 			Tasks: p.Tasks, Version: p.Version}
-		switch n, has := ix.newest[instanceID]; {
+		switch n, has := ix.newestOf(instanceID); {
 		case has && n.Generation > p.Generation:
 			st.State = SessionStale
 			st.NewerSessionID, st.NewerGeneration = n.SessionID, n.Generation
@@ -304,8 +348,8 @@ func (ix SessionIndex) Check(instanceID, sessionID string) SessionStatus {
 // session reported is the instance's newest (by or one newer still).
 func (ix SessionIndex) replacedState(st *SessionStatus, by SessionStatus) {
 	n := by
-	if newest, ok := ix.newest[st.InstanceID]; ok && newest.Generation > n.Generation {
-		n = newest
+	if newest, ok := ix.newestOf(st.InstanceID); ok && newest.Generation > n.Generation {
+		n = *newest
 	}
 	st.State, st.NewerSessionID, st.NewerGeneration = SessionStale, n.SessionID, n.Generation
 	if len(st.Tasks) == 0 {

@@ -2,9 +2,13 @@ package server
 
 import (
 	"encoding/json"
+	"fmt"
 	"net/http"
 	"net/http/pprof"
+	"net/url"
+	"slices"
 	"sort"
+	"strings"
 	"time"
 
 	"google.golang.org/protobuf/encoding/protojson"
@@ -59,14 +63,20 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 	mux.HandleFunc("GET /debug/pprof/trace", pprof.Trace)
 	if cfg.Syncer != nil {
 		mux.HandleFunc("GET /debug/executors", func(w http.ResponseWriter, r *http.Request) {
-			task := r.URL.Query().Get("task")
+			q := r.URL.Query()
+			task := q.Get("task")
 			if task != "" {
 				if fe := health.ValidateTask(task); fe != nil {
 					writeJSON(w, http.StatusBadRequest, map[string]string{"error": fe.Error()})
 					return
 				}
 			}
-			writeJSON(w, http.StatusOK, explainExecutors(cfg.Syncer.View(), task))
+			asked, err := askedDispatcher(q)
+			if err != nil {
+				writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
+				return
+			}
+			writeJSON(w, http.StatusOK, explainExecutors(cfg.Syncer.View(), task, asked...))
 		})
 	}
 	if cfg.Syncer != nil {
@@ -76,7 +86,7 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 	}
 	if cfg.XDS != nil {
 		mux.HandleFunc("GET /debug/dispatchers", func(w http.ResponseWriter, r *http.Request) {
-			writeJSON(w, http.StatusOK, map[string]any{"dispatchers": cfg.XDS.Dispatchers()})
+			writeJSON(w, http.StatusOK, debugDispatchers(cfg.XDS, cfg.Syncer))
 		})
 	}
 	if cfg.XDS != nil && cfg.Syncer != nil {
@@ -154,23 +164,81 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 	w.WriteHeader(status)
 	enc := json.NewEncoder(w)
 	enc.SetIndent("", "  ")
+	// People read these views: a constraint such as <2.0.0 stays <2.0.0,
+	// not \u003c2.0.0 (the escaping only matters inside HTML).
+	enc.SetEscapeHTML(false)
 	enc.Encode(v)
 }
 
 // ExplainExecutors is the body of /debug/executors.
+//
+// Tasks are the task types of every registration in the view (whatever
+// ?task= selects). Asked is the index in ConstraintSets of the constraint
+// set a question named (?version_constraint=, ?label=, ?datacenter=): a set
+// in use, or one added to answer what a dispatcher with it would get.
+// LoadMaxAgeSeconds is how old each executor's load can be.
 type ExplainExecutors struct {
-	ConsulIndex    uint64            `json:"consul_index"`
-	ConstraintSets []ConstraintSet   `json:"constraint_sets"`
-	Executors      []ExplainExecutor `json:"executors"`
+	ConsulIndex       uint64            `json:"consul_index"`
+	ConstraintSets    []ConstraintSet   `json:"constraint_sets"`
+	Asked             *int              `json:"asked,omitempty"`
+	Tasks             []string          `json:"tasks"`
+	LoadMaxAgeSeconds float64           `json:"load_max_age_seconds"`
+	Executors         []ExplainExecutor `json:"executors"`
 }
 
 // ConstraintSet is one dispatcher constraint set. Datacenter is the
 // dispatchers' datacenter, whose executors they get at priority 0.
+// Hypothetical is set on a set no dispatcher uses, decided for a question.
 type ConstraintSet struct {
 	Key               string            `json:"key"`
 	VersionConstraint string            `json:"version_constraint,omitempty"`
 	Labels            map[string]string `json:"labels,omitempty"`
 	Datacenter        string            `json:"datacenter,omitempty"`
+	Hypothetical      bool              `json:"hypothetical,omitempty"`
+}
+
+// LoadMaxAge is how old the load /debug/executors shows can be. It is the
+// lease check's output as Consul's catalog has it, and a Consul agent syncs
+// a check change that leaves the status alone (a new load, not full or free
+// again) only after check_update_interval/2 plus up to a whole
+// check_update_interval at random: up to 7.5 minutes with the default of 5.
+// leasehold has no fresher figure: executors report their current load over
+// ORCA to dispatchers, never to leasehold.
+const LoadMaxAge = 3 * consulCheckUpdateInterval / 2
+
+// consulCheckUpdateInterval is Consul's default check_update_interval.
+const consulCheckUpdateInterval = 5 * time.Minute
+
+// askedDispatcher is the constraint set a /debug/executors question names
+// (version_constraint, label=key=value repeated, datacenter), or none; errors
+// name the parameter.
+func askedDispatcher(q url.Values) ([]health.Dispatcher, error) {
+	if !q.Has("version_constraint") && !q.Has("label") && !q.Has("datacenter") {
+		return nil, nil
+	}
+	labels := map[string]string{}
+	for _, l := range q["label"] {
+		k, v, ok := strings.Cut(l, "=")
+		if !ok || k == "" {
+			return nil, fmt.Errorf("label %q: want key=value", l)
+		}
+		if _, dup := labels[k]; dup {
+			return nil, fmt.Errorf("label %q: key %q given twice", l, k)
+		}
+		labels[k] = v
+	}
+	d, err := health.NewDispatcher(q.Get("version_constraint"), labels)
+	if err != nil {
+		return nil, err
+	}
+	if dc := q.Get("datacenter"); dc != "" {
+		dc = health.NormalizeDatacenter(dc)
+		if err := health.ValidateDatacenter("datacenter", dc); err != nil {
+			return nil, err
+		}
+		d = d.InDatacenter(dc)
+	}
+	return []health.Dispatcher{d}, nil
 }
 
 // ExplainExecutor is one registration and its verdict per constraint set.
@@ -194,6 +262,7 @@ type ExplainExecutor struct {
 	Version        string            `json:"version"`
 	Capacity       int               `json:"capacity"`
 	Load           int               `json:"load"`
+	LoadReported   bool              `json:"load_reported"` // false: no load reached Consul yet
 	State          string            `json:"state"`
 	Labels         map[string]string `json:"labels,omitempty"`
 	Replaces       []string          `json:"replaces,omitempty"`
@@ -244,15 +313,32 @@ func datacenterReach(v *fleet.View) map[string]DatacenterReach {
 	return out
 }
 
-func explainExecutors(v *fleet.View, task string) ExplainExecutors {
-	out := ExplainExecutors{ConsulIndex: v.ConsulIndex, Executors: []ExplainExecutor{}}
-	verdicts := make([][]health.Verdict, len(v.Groups))
-	for i, d := range v.Groups {
+// explainExecutors explains the view's executors of task ("": all) for
+// every constraint set in use and, when asked names one, for that set too —
+// decided exactly as a stream with it would be.
+func explainExecutors(v *fleet.View, task string, asked ...health.Dispatcher) ExplainExecutors {
+	out := ExplainExecutors{ConsulIndex: v.ConsulIndex, Executors: []ExplainExecutor{},
+		Tasks: []string{}, LoadMaxAgeSeconds: LoadMaxAge.Seconds()}
+	groups := v.Groups
+	for _, a := range asked {
+		i := slices.IndexFunc(groups, func(d health.Dispatcher) bool { return d.Key() == a.Key() })
+		if i < 0 {
+			i = len(groups)
+			groups = append(slices.Clip(groups), a)
+		}
+		out.Asked = &i
+	}
+	verdicts := make([][]health.Verdict, len(groups))
+	for i, d := range groups {
 		out.ConstraintSets = append(out.ConstraintSets, ConstraintSet{Key: d.Key(),
-			VersionConstraint: d.VersionConstraint, Labels: d.Labels, Datacenter: d.Datacenter})
+			VersionConstraint: d.VersionConstraint, Labels: d.Labels, Datacenter: d.Datacenter,
+			Hypothetical: i >= len(v.Groups)})
 		verdicts[i] = v.DecideAll(d)
 	}
 	for ei, e := range v.Executors() {
+		if !slices.Contains(out.Tasks, e.Task) {
+			out.Tasks = append(out.Tasks, e.Task)
+		}
 		if task != "" && e.Task != task {
 			continue
 		}
@@ -260,7 +346,8 @@ func explainExecutors(v *fleet.View, task string) ExplainExecutors {
 			InstanceID: e.InstanceID, SessionID: e.SessionID, Generation: e.Generation,
 			Task: e.Task, Node: e.Node, ServiceID: e.ServiceID, Address: e.Address,
 			Port: e.Port, Version: e.Version, Capacity: e.Capacity, Load: e.Load,
-			State: string(e.State), Labels: e.Labels, LeaseCheck: string(e.LeaseStatus),
+			LoadReported: e.LoadReported,
+			State:        string(e.State), Labels: e.Labels, LeaseCheck: string(e.LeaseStatus),
 			NodeChecks: string(e.NodeChecks), OtherChecks: string(e.Other),
 			LapseObserved: e.LapseSeen, NewerSessionID: e.NewerSessionID,
 			CreateIndex: e.CreateIndex, Replaces: e.Replaces,
@@ -276,13 +363,34 @@ func explainExecutors(v *fleet.View, task string) ExplainExecutors {
 		if e.Reach != health.Reached {
 			x.Reach = e.Reach.String() + ": " + e.ReachDetail
 		}
-		for gi, d := range v.Groups {
+		for gi, d := range groups {
 			verdict := verdicts[gi][ei]
 			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(),
 				Route: string(verdict.Route), Reason: string(verdict.Reason),
 				Detail: verdict.Detail, WouldExclude: verdict.Observed})
 		}
 		out.Executors = append(out.Executors, x)
+	}
+	sort.Strings(out.Tasks)
+	return out
+}
+
+// DebugDispatchers is the body of /debug/dispatchers: the connected streams,
+// the recent kinds of refused stream (newest first; at most 32, each counted)
+// and how many streams were refused since the start. LocalDatacenter is
+// leasehold's own, which streams naming no datacenter run in.
+type DebugDispatchers struct {
+	Dispatchers     []StreamInfo `json:"dispatchers"`
+	Refused         []Refusal    `json:"refused"`
+	RefusedTotal    int          `json:"refused_total"`
+	LocalDatacenter string       `json:"local_datacenter,omitempty"`
+}
+
+func debugDispatchers(x *XDS, syncer *fleet.Syncer) DebugDispatchers {
+	out := DebugDispatchers{Dispatchers: x.Dispatchers()}
+	out.Refused, out.RefusedTotal = x.Refusals()
+	if syncer != nil {
+		out.LocalDatacenter = syncer.View().Local
 	}
 	return out
 }

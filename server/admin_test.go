@@ -2,10 +2,15 @@ package server
 
 import (
 	"encoding/json"
+	"net/http"
 	"net/http/httptest"
+	"net/url"
+	"slices"
 	"strings"
 	"testing"
 	"time"
+
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/fleet"
@@ -199,5 +204,152 @@ func TestExplainShowsReplaces(t *testing.T) {
 	}
 	if !strings.Contains(string(b), "s-old") {
 		t.Fatalf("/debug/executors does not show the replaces meta: %s", b)
+	}
+}
+
+// getAdmin GETs path from h and decodes the JSON answer into v.
+func getAdmin(t *testing.T, h http.Handler, path string, v any) int {
+	t.Helper()
+	rec := httptest.NewRecorder()
+	h.ServeHTTP(rec, httptest.NewRequest(http.MethodGet, path, nil))
+	if err := json.Unmarshal(rec.Body.Bytes(), v); err != nil {
+		t.Fatalf("%s: %d %q: %v", path, rec.Code, rec.Body.String(), err)
+	}
+	return rec.Code
+}
+
+// awaitExecutors waits until h's /debug/executors shows n registrations.
+func awaitExecutors(t *testing.T, h http.Handler, n int) {
+	t.Helper()
+	deadline := time.Now().Add(5 * time.Second)
+	for {
+		var ex ExplainExecutors
+		getAdmin(t, h, "/debug/executors", &ex)
+		if len(ex.Executors) == n {
+			return
+		}
+		if time.Now().After(deadline) {
+			t.Fatalf("%d executors in the view, want %d", len(ex.Executors), n)
+		}
+		<-time.After(10 * time.Millisecond) // the view has no watch API for tests
+	}
+}
+
+// A question naming a constraint set no dispatcher uses is answered as a
+// stream with that set would be served, for every executor, with why not;
+// a set in use is answered as that set, not added again; a bad question
+// is a 400 naming the parameter.
+func TestExplainAnswersForADispatcherNotConnected(t *testing.T) {
+	f := startXDS(t)
+	c := member("work", "c", 9003, "1.5.0")
+	c.Labels = map[string]string{"zone": "a"}
+	f.members("work", member("work", "a", 9001, "1.0.0"), member("work", "b", 9002, "2.0.0"), c)
+	h := AdminHandler(AdminConfig{Syncer: f.sync, XDS: f.xds})
+	awaitExecutors(t, h, 4)
+
+	var ex ExplainExecutors
+	q := "/debug/executors?task=work&version_constraint=" + url.QueryEscape("<2.0.0") +
+		"&label=zone%3Da"
+	if code := getAdmin(t, h, q, &ex); code != http.StatusOK || ex.Asked == nil {
+		t.Fatalf("%d, asked %v", code, ex.Asked)
+	}
+	cs := ex.ConstraintSets[*ex.Asked]
+	if !cs.Hypothetical || cs.VersionConstraint != "<2.0.0" || cs.Labels["zone"] != "a" {
+		t.Fatalf("asked set %+v", cs)
+	}
+	want := map[string]health.Reason{"a": health.ReasonLabels, "b": health.ReasonVersion,
+		"c": health.ReasonNone}
+	for _, e := range ex.Executors {
+		v := e.Verdicts[*ex.Asked]
+		if health.Reason(v.Reason) != want[e.InstanceID] || (v.Reason != "") != (v.Detail != "") {
+			t.Errorf("%s: %s %q (%s), want reason %q", e.InstanceID, v.Route, v.Reason, v.Detail,
+				want[e.InstanceID])
+		}
+	}
+	if !slices.Equal(ex.Tasks, []string{"other", "work"}) {
+		t.Errorf("tasks %v, want every task type registered", ex.Tasks)
+	}
+
+	// A connected dispatcher's set is the one answered.
+	s := f.ads(node("d-old", map[string]any{"version_constraint": "<2.0.0"}))
+	s.Subscribe(resource.EndpointType, "work")
+	s.ACK(s.Next(), "work")
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		ex = ExplainExecutors{}
+		getAdmin(t, h, "/debug/executors?version_constraint="+url.QueryEscape("<2.0.0"), &ex)
+		if !ex.ConstraintSets[*ex.Asked].Hypothetical || time.Now().After(deadline) {
+			break
+		}
+		<-time.After(10 * time.Millisecond) // the view has no watch API for tests
+	}
+	if ex.Asked == nil || ex.ConstraintSets[*ex.Asked].Hypothetical ||
+		ex.ConstraintSets[*ex.Asked].VersionConstraint != "<2.0.0" ||
+		slices.ContainsFunc(ex.ConstraintSets,
+			func(c ConstraintSet) bool { return c.Hypothetical }) {
+		t.Fatalf("set in use asked again: asked %v of %+v", ex.Asked, ex.ConstraintSets)
+	}
+
+	for q, field := range map[string]string{
+		"version_constraint=banana": "version_constraint",
+		"label=zone":                "label",
+		"datacenter=" + url.QueryEscape("no such dc!"): "datacenter",
+	} {
+		var e map[string]string
+		if code := getAdmin(t, h, "/debug/executors?"+q, &e); code != http.StatusBadRequest ||
+			!strings.Contains(e["error"], field) {
+			t.Errorf("%s: %d %q, want 400 naming %s", q, code, e["error"], field)
+		}
+	}
+}
+
+// /debug/dispatchers lists each stream's constraint set and datacenter and
+// the refused streams with why.
+func TestDebugDispatchersListsConstraintsAndRefusals(t *testing.T) {
+	f := startXDS(t)
+	h := AdminHandler(AdminConfig{Syncer: f.sync, XDS: f.xds})
+	s := f.ads(node("d-1", map[string]any{"version_constraint": "<2.0.0",
+		"labels": map[string]any{"zone": "a"}}))
+	s.Subscribe(resource.EndpointType, "work")
+	s.ACK(s.Next(), "work")
+	bad := f.ads(node("bad-meta", map[string]any{"version_constraint": ">= banana"}))
+	bad.Subscribe(resource.ListenerType, "work")
+	if _, err := bad.Recv(); err == nil {
+		t.Fatal("invalid metadata accepted")
+	}
+	var d DebugDispatchers
+	for deadline := time.Now().Add(5 * time.Second); ; {
+		d = DebugDispatchers{}
+		getAdmin(t, h, "/debug/dispatchers", &d)
+		acked := len(d.Dispatchers) == 1 && d.Dispatchers[0].Types[resource.EndpointType] != nil &&
+			d.Dispatchers[0].Types[resource.EndpointType].LastAcked != ""
+		if (acked && d.RefusedTotal > 0) || time.Now().After(deadline) {
+			break
+		}
+		<-time.After(10 * time.Millisecond) // the ACK and the refusal are handled apart
+	}
+	if len(d.Dispatchers) != 1 || d.Dispatchers[0].VersionConstraint != "<2.0.0" ||
+		d.Dispatchers[0].Labels["zone"] != "a" || d.Dispatchers[0].Peer == "" {
+		t.Errorf("dispatchers %+v", d.Dispatchers)
+	}
+	if typ := d.Dispatchers[0].Types[resource.EndpointType]; typ == nil || typ.LastAcked == "" {
+		t.Errorf("endpoints not shown ACKed: %+v", d.Dispatchers[0].Types)
+	}
+	if d.RefusedTotal != 1 || len(d.Refused) != 1 || d.Refused[0].NodeID != "bad-meta" ||
+		d.Refused[0].Reason != RefusedInvalidNode {
+		t.Errorf("refused %+v (total %d)", d.Refused, d.RefusedTotal)
+	}
+}
+
+// The admin port's JSON is read by people: a constraint such as <2.0.0 (and
+// labels with & or >) is written as it is, not as \u003c2.0.0, in the views
+// and in the protobuf resources /debug/dispatchers embeds.
+func TestAdminJSONIsNotHTMLEscaped(t *testing.T) {
+	rec := httptest.NewRecorder()
+	writeJSON(rec, 200, map[string]any{"constraint_set": "<2.0.0 & >=1.0.0",
+		"resources": []json.RawMessage{json.RawMessage(`{"name":"<2.0.0"}`)}})
+	body := rec.Body.String()
+	if !strings.Contains(body, `"<2.0.0 & >=1.0.0"`) ||
+		!strings.Contains(body, `"name": "<2.0.0"`) || strings.Contains(body, `\u00`) {
+		t.Fatalf("escaped for HTML:\n%s", body)
 	}
 }

@@ -23,9 +23,9 @@ type streamAuth struct {
 	denied  map[string]bool // resource names already logged as not granted
 }
 
-// openStream decides, when a stream opens, whether its client identity has
-// a grant. Without a policy every stream is let through.
-func (x *XDS) openStream(ctx context.Context, id int64) error {
+// openStream decides, when stream id (streamKey key) opens, whether its
+// client identity has a grant. Without a policy every stream is let through.
+func (x *XDS) openStream(ctx context.Context, key, id int64) error {
 	if x.policy == nil {
 		return nil
 	}
@@ -40,7 +40,7 @@ func (x *XDS) openStream(ctx context.Context, id int64) error {
 			"no authorization grant for client identity %s", ident)
 	}
 	x.mu.Lock()
-	x.auth[id] = &streamAuth{id: ident, grant: g, version: version, denied: map[string]bool{}}
+	x.auth[key] = &streamAuth{id: ident, grant: g, version: version, denied: map[string]bool{}}
 	x.mu.Unlock()
 	return nil
 }
@@ -49,13 +49,15 @@ func (x *XDS) openStream(ctx context.Context, id int64) error {
 // removes whatever a client put there), ends a stream whose grant a policy
 // change altered, and logs subscriptions to task types outside the grant —
 // which get nothing, exactly as if those task types did not exist.
-func (x *XDS) authorize(id int64, node *corev3.Node, typeURL string, names []string) error {
+func (x *XDS) authorize(
+	key, id int64, node *corev3.Node, typeURL string, names []string,
+) error {
 	if x.policy == nil {
 		xdscache.StampGrant(node, nil)
 		return nil
 	}
 	x.mu.Lock()
-	a := x.auth[id]
+	a := x.auth[key]
 	x.mu.Unlock()
 	if a == nil {
 		return status.Error(codes.PermissionDenied, "stream not authorized")
@@ -80,12 +82,6 @@ func (x *XDS) authorize(id int64, node *corev3.Node, typeURL string, names []str
 		}
 	}
 	return nil
-}
-
-func (x *XDS) closeAuth(id int64) {
-	x.mu.Lock()
-	delete(x.auth, id)
-	x.mu.Unlock()
 }
 
 // FencingAuthorizer guards leasehold.v1.Fencing with the policy: a client

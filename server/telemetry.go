@@ -41,7 +41,7 @@ const nacksRemembered = 256
 // ACK endpoints sent after the publication that dropped it.
 type pendingLapse struct {
 	at, published time.Time
-	waiting       map[int64]bool
+	waiting       map[int64]bool // by streamKey
 }
 
 var latencyBuckets = metric.WithExplicitBucketBoundaries(0.001, 0.0025, 0.005, 0.01, 0.025, 0.05,
@@ -265,7 +265,7 @@ func (x *XDS) streamGone(info *StreamInfo) {
 	now := time.Now()
 	kept := x.lapses[:0]
 	for _, pl := range x.lapses {
-		delete(pl.waiting, info.Stream)
+		delete(pl.waiting, info.key)
 		if len(pl.waiting) == 0 {
 			x.lapseToPush.Record(context.Background(), now.Sub(pl.at).Seconds())
 			continue

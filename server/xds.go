@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"log/slog"
 	"maps"
+	"slices"
 	"sort"
 	"strings"
 	"sync"
@@ -44,10 +45,30 @@ type XDS struct {
 	log  *slog.Logger
 
 	mu      sync.Mutex
-	streams map[int64]*StreamInfo // streams that announced a valid node
+	streams map[int64]*StreamInfo // streams that announced a valid node, by streamKey
 	policy  *PolicyStore          // nil without an authorization policy
-	auth    map[int64]*streamAuth
+	auth    map[int64]*streamAuth // by streamKey
+	conns   map[int64]streamConn  // every open stream's client, by streamKey
+	refused refusals
 	xdsTelemetry
+}
+
+// streamKey names a stream in x's maps. go-control-plane numbers SotW and
+// delta streams with separate counters, so the first stream of each is
+// stream 1: keyed by that number alone, a delta stream was taken for the
+// SotW stream of its number (and refused, its node "changed"), and the end
+// of one dropped the other. Delta streams are keyed by their number negated.
+func streamKey(id int64, delta bool) int64 {
+	if delta {
+		return -id
+	}
+	return id
+}
+
+// streamConn is who opened a stream: its peer address and, with mTLS, the
+// identity of its client certificate.
+type streamConn struct {
+	peer, identity string
 }
 
 // StreamInfo describes one dispatcher stream for /debug/dispatchers.
@@ -58,12 +79,22 @@ type StreamInfo struct {
 	Mode   string `json:"mode"` // sotw or delta
 	// EndpointMetadata is what its endpoints carry (node metadata
 	// endpoint_metadata: full, session or none).
-	EndpointMetadata string               `json:"endpoint_metadata"`
-	Opened           time.Time            `json:"opened"`
-	AgeSec           float64              `json:"age_seconds"`
-	Types            map[string]*TypeInfo `json:"types"`
-	dispatch         health.Dispatcher
-	node             *corev3.Node // the node of the latest request, guarded by x.mu
+	EndpointMetadata string `json:"endpoint_metadata"`
+	// VersionConstraint, Labels and Datacenter are its constraint set ("":
+	// leasehold's own datacenter); GrantedTasks the task types the
+	// authorization policy grants it (nil: no policy, every task type).
+	VersionConstraint string               `json:"version_constraint,omitempty"`
+	Labels            map[string]string    `json:"labels,omitempty"`
+	Datacenter        string               `json:"datacenter,omitempty"`
+	GrantedTasks      []string             `json:"granted_tasks"`
+	Peer              string               `json:"peer,omitempty"`     // its client's address
+	Identity          string               `json:"identity,omitempty"` // its mTLS identity
+	Opened            time.Time            `json:"opened"`
+	AgeSec            float64              `json:"age_seconds"`
+	Types             map[string]*TypeInfo `json:"types"`
+	dispatch          health.Dispatcher
+	key               int64        // streamKey
+	node              *corev3.Node // the node of the latest request, guarded by x.mu
 }
 
 // TypeInfo is the state of one resource type on a stream.
@@ -130,7 +161,7 @@ func NewXDS(ctx context.Context, syncer *fleet.Syncer, log *slog.Logger, opts ..
 		o = opts[0]
 	}
 	x := &XDS{subs: syncer, log: log.With("component", "xds"), streams: map[int64]*StreamInfo{},
-		policy: o.Policy, auth: map[int64]*streamAuth{}}
+		policy: o.Policy, auth: map[int64]*streamAuth{}, conns: map[int64]streamConn{}}
 	x.initTelemetry(o)
 	syncer.Notify(x.onPublish)
 	x.srv = xdsserver.NewServer(ctx, syncer.Cache(), x.callbacks())
@@ -149,17 +180,18 @@ func (x *XDS) Register(g *grpc.Server) {
 func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 	return xdsserver.CallbackFuncs{
 		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
-			return x.openStream(ctx, id)
+			return x.opened(ctx, id, streamKey(id, false), "sotw")
 		},
 		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
-			return x.openStream(ctx, id)
+			return x.opened(ctx, id, streamKey(id, true), "delta")
 		},
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
-			if err := x.authorize(id, req.GetNode(), req.GetTypeUrl(),
+			key := streamKey(id, false)
+			if err := x.authorize(key, id, req.GetNode(), req.GetTypeUrl(),
 				req.GetResourceNames()); err != nil {
-				return err
+				return x.refuse(key, "sotw", req.GetNode().GetId(), authzReason(err), err)
 			}
-			info, err := x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "sotw")
+			info, err := x.onRequest(key, id, req.GetNode(), req.GetTypeUrl(), "sotw")
 			if err != nil {
 				return err
 			}
@@ -176,14 +208,15 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			_ context.Context, id int64, _ *discovery.DiscoveryRequest,
 			resp *discovery.DiscoveryResponse,
 		) {
-			x.sent(id, resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce())
+			x.sent(streamKey(id, false), resp.GetTypeUrl(), resp.GetVersionInfo(), resp.GetNonce())
 		},
 		StreamDeltaRequestFunc: func(id int64, req *discovery.DeltaDiscoveryRequest) error {
-			if err := x.authorize(id, req.GetNode(), req.GetTypeUrl(),
+			key := streamKey(id, true)
+			if err := x.authorize(key, id, req.GetNode(), req.GetTypeUrl(),
 				req.GetResourceNamesSubscribe()); err != nil {
-				return err
+				return x.refuse(key, "delta", req.GetNode().GetId(), authzReason(err), err)
 			}
-			info, err := x.onRequest(id, req.GetNode(), req.GetTypeUrl(), "delta")
+			info, err := x.onRequest(key, id, req.GetNode(), req.GetTypeUrl(), "delta")
 			if err != nil {
 				return err
 			}
@@ -216,10 +249,11 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 				parts = append(parts, r.GetName()+"@"+r.GetVersion())
 			}
 			sort.Strings(parts)
-			x.sent(id, resp.GetTypeUrl(), strings.Join(parts, ","), resp.GetNonce())
+			x.sent(streamKey(id, true), resp.GetTypeUrl(), strings.Join(parts, ","),
+				resp.GetNonce())
 		},
-		StreamClosedFunc:      func(id int64, _ *corev3.Node) { x.onClosed(id); x.closeAuth(id) },
-		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { x.onClosed(id); x.closeAuth(id) },
+		StreamClosedFunc:      func(id int64, _ *corev3.Node) { x.onClosed(streamKey(id, false)) },
+		DeltaStreamClosedFunc: func(id int64, _ *corev3.Node) { x.onClosed(streamKey(id, true)) },
 		FetchRequestFunc: func(ctx context.Context, req *discovery.DiscoveryRequest) error {
 			if x.policy == nil {
 				xdscache.StampGrant(req.GetNode(), nil)
@@ -275,14 +309,14 @@ func (x *XDS) ackOrNack(
 	}
 	t.LastAcked, t.AckedAt = version, now
 	if typeURL == resource.EndpointType {
-		x.endpointsAcked(info.Stream, t, now)
+		x.endpointsAcked(info.key, t, now)
 	}
 }
 
-func (x *XDS) sent(id int64, typeURL, version, nonce string) {
+func (x *XDS) sent(key int64, typeURL, version, nonce string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
-	if info := x.streams[id]; info != nil {
+	if info := x.streams[key]; info != nil {
 		t := info.typeInfo(typeURL)
 		t.LastSent, t.SentAt, t.sentNonce = version, time.Now(), nonce
 		x.startPush(info, t, typeURL, version)
@@ -293,9 +327,11 @@ func (x *XDS) sent(id int64, typeURL, version, nonce string) {
 // stream with InvalidArgument naming the bad field, and subscribes its
 // constraint set before the cache sees the request. A later request whose
 // node differs from the stream's latest is checked by sameNode.
-func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*StreamInfo, error) {
+func (x *XDS) onRequest(
+	key, id int64, node *corev3.Node, typeURL, mode string,
+) (*StreamInfo, error) {
 	x.mu.Lock()
-	info, known := x.streams[id]
+	info, known := x.streams[key]
 	var last *corev3.Node
 	if known {
 		last = info.node
@@ -306,7 +342,7 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 		// then stands.
 		if node != nil && node != last {
 			if err := x.sameNode(info, last, node); err != nil {
-				return nil, err
+				return nil, x.refuse(key, mode, info.NodeID, RefusedNodeChanged, err)
 			}
 			x.mu.Lock()
 			info.node = node
@@ -317,15 +353,19 @@ func (x *XDS) onRequest(id int64, node *corev3.Node, typeURL, mode string) (*Str
 	d, err := xdscache.DispatcherOf(node)
 	if err != nil {
 		x.log.Warn("dispatcher refused: invalid node metadata", "node_id", node.GetId(), "err", err)
-		return nil, status.Error(codes.InvalidArgument, err.Error())
+		return nil, x.refuse(key, mode, node.GetId(), RefusedInvalidNode,
+			status.Error(codes.InvalidArgument, err.Error()))
 	}
 	form, _ := xdscache.EndpointMetadataOf(node) // DispatcherOf has validated it
 	x.subs.Subscribe(d)
 	info = &StreamInfo{Stream: id, NodeID: node.GetId(), Group: d.Key(), Mode: mode,
-		EndpointMetadata: string(form), Opened: time.Now(), Types: map[string]*TypeInfo{},
-		dispatch: d, node: node}
+		EndpointMetadata: string(form), VersionConstraint: d.VersionConstraint,
+		Labels: d.Labels, Datacenter: d.Datacenter, GrantedTasks: d.Tasks,
+		Opened: time.Now(), Types: map[string]*TypeInfo{}, dispatch: d, key: key, node: node}
 	x.mu.Lock()
-	x.streams[id] = info
+	c := x.conns[key]
+	info.Peer, info.Identity = c.peer, c.identity
+	x.streams[key] = info
 	n := len(x.streams)
 	x.mu.Unlock()
 	x.log.Info("dispatcher stream", "node_id", node.GetId(), "stream", id, "mode", mode,
@@ -409,10 +449,12 @@ func sameDispatch(a, b *corev3.Node) bool {
 	return true
 }
 
-func (x *XDS) onClosed(id int64) {
+func (x *XDS) onClosed(key int64) {
 	x.mu.Lock()
-	info, ok := x.streams[id]
-	delete(x.streams, id)
+	info, ok := x.streams[key]
+	delete(x.streams, key)
+	delete(x.conns, key)
+	delete(x.auth, key)
 	if ok {
 		x.streamGone(info)
 	}
@@ -430,6 +472,8 @@ func (x *XDS) Dispatchers() []StreamInfo {
 	for _, s := range x.streams {
 		c := *s
 		c.AgeSec = time.Since(s.Opened).Seconds()
+		c.Labels = maps.Clone(s.Labels)
+		c.GrantedTasks = slices.Clone(s.GrantedTasks)
 		c.Types = make(map[string]*TypeInfo, len(s.Types))
 		for k, t := range s.Types {
 			tc := *t

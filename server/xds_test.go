@@ -38,6 +38,7 @@ type fixture struct {
 	idx   uint64
 	creds credentials.TransportCredentials // dial's; nil: plaintext
 	xds   *XDS
+	sync  *fleet.Syncer
 }
 
 // secureOpts turn the fixture's server into a TLS one with a policy.
@@ -99,6 +100,7 @@ func startXDSWith(t *testing.T, so secureOpts) *fixture {
 	}
 	g := grpc.NewServer(opts...)
 	f.xds = NewXDS(ctx, syncer, log, XDSOptions{Policy: so.policy})
+	f.sync = syncer
 	f.xds.Register(g)
 	leaseholdv1.RegisterFencingServer(g, NewFencing(syncer, nowAt))
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
@@ -467,4 +469,38 @@ func BenchmarkSameNode(b *testing.B) {
 			sameDispatch(x, y)
 		}
 	})
+}
+
+// go-control-plane numbers SotW and delta streams with separate counters, so
+// the first stream of each is stream 1: both must be listed, and the end of
+// one must leave the other (and its constraint set) in place.
+func TestSotwAndDeltaStreamsOfOneNumberAreKeptApart(t *testing.T) {
+	f := startXDS(t)
+	s := f.ads(node("sotw-1", map[string]any{"version_constraint": "<2.0.0"}))
+	s.Subscribe(resource.EndpointType, "work")
+	s.ACK(s.Next(), "work")
+	d := f.delta(node("delta-1", nil))
+	d.Subscribe(resource.EndpointType, "work")
+	d.ACK(d.Next())
+	modes := func() map[string]string {
+		out := map[string]string{}
+		for _, i := range f.xds.Dispatchers() {
+			out[i.NodeID] = i.Mode
+		}
+		return out
+	}
+	if got := modes(); got["sotw-1"] != "sotw" || got["delta-1"] != "delta" {
+		t.Fatalf("dispatchers %v, want sotw-1 (sotw) and delta-1 (delta)", got)
+	}
+	s.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for got := modes(); got["sotw-1"] != ""; got = modes() {
+		if time.Now().After(deadline) {
+			t.Fatalf("closed SotW stream still listed: %v", got)
+		}
+		<-time.After(10 * time.Millisecond) // Dispatchers has no watch API
+	}
+	if got := modes(); got["delta-1"] != "delta" {
+		t.Fatalf("closing the SotW stream took the delta one with it: %v", got)
+	}
 }

@@ -24,9 +24,33 @@ type memberKey struct{ node, serviceID string }
 // so a registration or a deregistration costs one catalog listing, not also
 // a health listing of every member. Consul 1.13 has no delta reads: the
 // catalog listing itself stays whole (the read budget paces it).
+//
+// The members are kept once, as the sorted list the watch sends: the
+// syncer keeps that same list (never written once built), so a member is
+// not held twice; at is each member's place in it.
 type taskMembership struct {
-	entries map[memberKey]*api.CatalogService
-	members map[memberKey]health.Member
+	entries map[memberKey]entryPrint
+	sorted  []health.Member
+	at      map[memberKey]int32
+}
+
+// entryPrint is what a member is built from of a catalog entry, kept to
+// tell whether the next answer changed it. The rest of the decoded entry
+// (node metadata, tagged addresses, proxy and Connect settings: most of its
+// bytes) is not kept: at 10,000 members whole entries held megabytes that
+// nothing read. Tags and metadata are the decoded slice and map, not copies.
+type entryPrint struct {
+	createIndex, modifyIndex uint64
+	address, serviceAddress  string
+	servicePort              int
+	tags                     []string
+	meta                     map[string]string
+}
+
+func printOf(n *api.CatalogService) entryPrint {
+	return entryPrint{createIndex: n.CreateIndex, modifyIndex: n.ModifyIndex,
+		address: n.Address, serviceAddress: n.ServiceAddress, servicePort: n.ServicePort,
+		tags: n.ServiceTags, meta: n.ServiceMeta}
 }
 
 // diff lists the entries of nodes that need reading: added, changed (any
@@ -41,22 +65,22 @@ func (m *taskMembership) diff(nodes []*api.CatalogService) (changed []memberKey,
 		if ok {
 			seen++
 		}
-		if _, read := m.members[k]; !ok || !read || !sameEntry(old, n) {
+		if _, read := m.at[k]; !ok || !read || !sameEntry(old, printOf(n)) {
 			changed = append(changed, k)
 		}
 	}
-	return changed, seen < len(m.entries) || len(m.members) > seen
+	return changed, seen < len(m.entries) || len(m.at) > seen
 }
 
 // sameEntry compares what a member is built from, field by field (no joined
 // keys: metadata values may hold any byte).
-func sameEntry(a, b *api.CatalogService) bool {
-	return a.Node == b.Node && a.ServiceID == b.ServiceID &&
-		a.CreateIndex == b.CreateIndex && a.ModifyIndex == b.ModifyIndex &&
-		a.Address == b.Address && a.ServiceAddress == b.ServiceAddress &&
-		a.ServicePort == b.ServicePort &&
-		slices.Equal(a.ServiceTags, b.ServiceTags) &&
-		maps.Equal(a.ServiceMeta, b.ServiceMeta)
+// (The node and service id are the entry's key.)
+func sameEntry(a, b entryPrint) bool {
+	return a.createIndex == b.createIndex && a.modifyIndex == b.modifyIndex &&
+		a.address == b.address && a.serviceAddress == b.serviceAddress &&
+		a.servicePort == b.servicePort &&
+		slices.Equal(a.tags, b.tags) &&
+		maps.Equal(a.meta, b.meta)
 }
 
 // pointReadable reports whether the changed entries are few enough, and
@@ -110,48 +134,53 @@ func (m *taskMembership) apply(
 	readAll bool,
 	changed []memberKey,
 ) *taskMembership {
-	next := &taskMembership{
-		entries: make(map[memberKey]*api.CatalogService, len(nodes)),
-		members: make(map[memberKey]health.Member, len(nodes)),
-	}
+	next := &taskMembership{entries: make(map[memberKey]entryPrint, len(nodes))}
 	for _, n := range nodes {
-		next.entries[memberKey{n.Node, n.ServiceID}] = n
+		next.entries[memberKey{n.Node, n.ServiceID}] = printOf(n)
 	}
-	if !readAll {
-		stale := make(map[memberKey]bool, len(changed))
-		for _, k := range changed {
-			stale[k] = true
-		}
-		for k, mem := range m.members {
-			if _, ok := next.entries[k]; ok && !stale[k] {
-				next.members[k] = mem
-			}
-		}
-	}
+	fresh := make(map[memberKey]health.Member, len(entries))
 	for _, e := range entries {
 		if e.Node == nil || e.Service == nil {
 			continue
 		}
 		k := memberKey{e.Node.Node, e.Service.ID}
 		if _, ok := next.entries[k]; ok {
-			next.members[k] = member(task, e)
+			fresh[k] = member(task, e)
 		}
 	}
-	return next
-}
-
-// list is the members sorted by node and service id.
-func (m *taskMembership) list() []health.Member {
-	keys := slices.Collect(maps.Keys(m.members))
+	stale := make(map[memberKey]bool, len(changed))
+	if !readAll {
+		for _, k := range changed {
+			stale[k] = true
+		}
+	}
+	keys := make([]memberKey, 0, len(next.entries))
+	for k := range next.entries {
+		_, read := fresh[k]
+		_, kept := m.at[k]
+		if read || (!readAll && kept && !stale[k]) {
+			keys = append(keys, k)
+		}
+	}
 	sort.Slice(keys, func(i, j int) bool {
 		if keys[i].node != keys[j].node {
 			return keys[i].node < keys[j].node
 		}
 		return keys[i].serviceID < keys[j].serviceID
 	})
-	out := make([]health.Member, 0, len(keys))
-	for _, k := range keys {
-		out = append(out, m.members[k])
+	next.sorted = make([]health.Member, len(keys))
+	next.at = make(map[memberKey]int32, len(keys))
+	for i, k := range keys {
+		if mem, ok := fresh[k]; ok {
+			next.sorted[i] = mem
+		} else {
+			next.sorted[i] = m.sorted[m.at[k]]
+		}
+		next.at[k] = int32(i)
 	}
-	return out
+	return next
 }
+
+// list is the members sorted by node and service id. The caller must not
+// write to it: the next apply reads it.
+func (m *taskMembership) list() []health.Member { return m.sorted }

@@ -2,7 +2,9 @@ package consul
 
 import (
 	"context"
+	"encoding/json"
 	"fmt"
+	"runtime"
 	"slices"
 	"testing"
 	"time"
@@ -75,14 +77,15 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 		}
 	}
 	joined := &taskMembership{
-		entries: map[memberKey]*api.CatalogService{
-			{"n1", "work:a"}: {
+		entries: map[memberKey]entryPrint{
+			{"n1", "work:a"}: printOf(&api.CatalogService{
 				Node:        "n1",
 				ServiceID:   "work:a",
 				ServiceMeta: map[string]string{"a": "x", "b": "y"},
-			},
+			}),
 		},
-		members: map[memberKey]health.Member{{"n1", "work:a"}: {}},
+		sorted: []health.Member{{}},
+		at:     map[memberKey]int32{{"n1", "work:a"}: 0},
 	}
 	joinedMeta := map[string]string{"a": "x|b=y"}
 	changed, _ = joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a",
@@ -316,5 +319,95 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 				e.NodeChecks,
 			)
 		}
+	}
+}
+
+// BenchmarkMembershipRetained reports the heap a task watch keeps per member
+// of a catalog answer of 10,000 entries as Consul 1.13 writes them (node
+// metadata, tagged addresses, service metadata), decoded as the watch
+// decodes them: "whole" keeps the decoded entries, "prints" what the watch
+// keeps (entryPrint).
+func BenchmarkMembershipRetained(b *testing.B) {
+	const n = 10000
+	entries := make([]*api.CatalogService, n)
+	for i := range entries {
+		inst := fmt.Sprintf("x%05d", i)
+		entries[i] = &api.CatalogService{ID: "node-id", Node: fmt.Sprintf("n%02d", i%10),
+			Address: "127.0.0.1", Datacenter: "dc1",
+			TaggedAddresses: map[string]string{"lan": "127.0.0.1", "lan_ipv4": "127.0.0.1",
+				"wan": "127.0.0.1", "wan_ipv4": "127.0.0.1"},
+			NodeMeta:  map[string]string{"consul-network-segment": ""},
+			ServiceID: "work:" + inst, ServiceName: "work", ServiceAddress: "127.0.0.1",
+			ServicePort: 20000 + i, ServiceTags: []string{"leasehold"},
+			ServiceMeta: map[string]string{"instance_id": inst, "session_id": "s1",
+				"generation": "1", "version": "1.0.0", "capacity": "8", "state": "active"},
+			ServiceTaggedAddresses: map[string]api.ServiceAddress{
+				"lan_ipv4": {Address: "127.0.0.1", Port: 20000 + i},
+				"wan_ipv4": {Address: "127.0.0.1", Port: 20000 + i}},
+			ServiceWeights: api.Weights{Passing: 1, Warning: 1},
+			CreateIndex:    uint64(i + 10), ModifyIndex: uint64(i + 10)}
+	}
+	body, err := json.Marshal(entries)
+	if err != nil {
+		b.Fatal(err)
+	}
+	for _, keep := range []string{"whole", "prints"} {
+		b.Run(keep, func(b *testing.B) {
+			var per float64
+			for range b.N {
+				before := heapAfterGC()
+				var decoded []*api.CatalogService
+				if err := json.Unmarshal(body, &decoded); err != nil {
+					b.Fatal(err)
+				}
+				var kept any = decoded
+				if keep == "prints" {
+					prints := make(map[memberKey]entryPrint, n)
+					for _, e := range decoded {
+						prints[memberKey{e.Node, e.ServiceID}] = printOf(e)
+					}
+					kept, decoded = prints, nil
+				} else {
+					whole := make(map[memberKey]*api.CatalogService, n)
+					for _, e := range decoded {
+						whole[memberKey{e.Node, e.ServiceID}] = e
+					}
+					kept = whole
+				}
+				per = float64(heapAfterGC()-before) / n
+				runtime.KeepAlive(kept)
+			}
+			b.ReportMetric(per, "B/member")
+		})
+	}
+}
+
+func heapAfterGC() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
+}
+
+// The list a watch sent is the syncer's from then on: the next answer builds
+// a new one and leaves it as it was.
+func TestMembershipListSentIsNeverWritten(t *testing.T) {
+	nodes := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s1", 7)}
+	m := (&taskMembership{}).apply("work", nodes,
+		[]*api.ServiceEntry{entry("work", "n1", "a", "s1", 1, "passing"),
+			entry("work", "n1", "b", "s1", 1, "passing")}, true, nil)
+	sent := m.list()
+	before := memberIDs(sent)
+	nodes2 := []*api.CatalogService{catalogEntry("n1", "a", "s1", 7),
+		catalogEntry("n1", "b", "s2", 8)}
+	changed, _ := m.diff(nodes2)
+	m2 := m.apply("work", nodes2,
+		[]*api.ServiceEntry{entry("work", "n1", "b", "s2", 2, "passing")}, false, changed)
+	if got := memberIDs(sent); !slices.Equal(got, before) {
+		t.Fatalf("the list sent became %v, was %v", got, before)
+	}
+	if got := memberIDs(m2.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s2"}) {
+		t.Fatalf("next list %v", got)
 	}
 }

@@ -45,6 +45,7 @@ func openAudit(
 		}
 		var mu sync.Mutex
 		enc := json.NewEncoder(f)
+		enc.SetEscapeHTML(false) // a cordon of <2.0.0 reads <2.0.0, not \u003c2.0.0
 		write = func(e fleet.AuditEvent) {
 			mu.Lock()
 			enc.Encode(e)

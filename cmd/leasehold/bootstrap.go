@@ -1,6 +1,7 @@
 package main
 
 import (
+	"bytes"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -8,7 +9,6 @@ import (
 	"net/netip"
 	"os"
 	"path/filepath"
-	"strconv"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -98,14 +98,20 @@ func buildBootstrap(
 			"invalid --node-id: required (names the dispatcher in leasehold's /debug views)")
 	}
 	if _, err := health.NewDispatcher(versionConstraint, labels); err != nil {
-		for _, f := range health.Fields(err) {
-			flag := "--label"
-			if f == health.NodeMetaVersionConstraint {
-				flag = "--version-constraint"
-			}
-			errs = append(errs, fmt.Sprintf("invalid %s (%s)", flag, f))
+		// One line per mistake, under the flag that made it.
+		var fes health.FieldErrors
+		if !errors.As(err, &fes) {
+			fes = nil
+			errs = append(errs, err.Error())
 		}
-		errs = append(errs, err.Error())
+		for _, fe := range fes {
+			if fe.Field == health.NodeMetaVersionConstraint {
+				errs = append(errs,
+					fmt.Sprintf("invalid --version-constraint %q: %s", fe.Value, fe.Reason))
+			} else {
+				errs = append(errs, fmt.Sprintf("invalid --label: %v", fe))
+			}
+		}
 	}
 	if datacenter != "" {
 		datacenter = health.NormalizeDatacenter(datacenter)
@@ -152,20 +158,53 @@ func buildBootstrap(
 		meta[health.NodeMetaDatacenter] = datacenter
 		b.Node.Locality = &bootstrapLocality{Region: datacenter}
 	}
-	return json.MarshalIndent(b, "", "  ")
+	// A person reads (and edits) the bootstrap: its constraint <2.0.0 is
+	// written so, not as \u003c2.0.0 (json.Marshal's escaping for HTML).
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.SetIndent("", "  ")
+	if err := enc.Encode(b); err != nil {
+		return nil, err
+	}
+	return bytes.TrimSuffix(buf.Bytes(), []byte("\n")), nil
 }
 
 // xdsDialAddr checks the address dispatchers will dial: HOST:PORT whose
 // host is not unspecified (0.0.0.0, ::, empty), which is where leasehold
 // serve listens — $LEASEHOLD_XDS_ADDR may well be one — not an address a
 // dispatcher on another machine reaches.
+//
+// A gRPC dns target names several replicas behind one name:
+// dns:///NAME:PORT (the system's resolver) or dns://DNS-SERVER/NAME:PORT (a
+// resolver of its own, such as a Consul agent's DNS port). gRPC's xDS
+// client re-resolves it when its stream breaks and moves to another of the
+// name's addresses: replicas behind one name are failed over between.
 func xdsDialAddr(flag, addr string) error {
+	if rest, ok := strings.CutPrefix(addr, "dns://"); ok {
+		authority, target, ok := strings.Cut(rest, "/")
+		if !ok || target == "" {
+			return fmt.Errorf("invalid %s %q: a dns target is dns:///NAME:PORT or "+
+				"dns://DNS-SERVER/NAME:PORT", flag, addr)
+		}
+		if _, _, err := net.SplitHostPort(authority); authority != "" && err != nil &&
+			net.ParseIP(authority) == nil {
+			return fmt.Errorf("invalid %s %q: the DNS server %q: want HOST:PORT or an IP "+
+				"address (port 53)", flag, addr, authority)
+		}
+		addr = target
+	}
 	host, port, err := net.SplitHostPort(addr)
 	if err != nil {
-		return fmt.Errorf("invalid %s: want HOST:PORT: %v", flag, err)
+		// Said in flagx's words (what to write), not Go's ("too many colons").
+		_, _, err = flagx.HostPort(addr, 1)
+		if err == nil || strings.Contains(addr, "://") {
+			err = errors.New("a dispatcher dials HOST:PORT (gRPC), no scheme")
+		}
+		return fmt.Errorf("invalid %s %q: %v", flag, addr, err)
 	}
-	if n, err := strconv.Atoi(port); err != nil || n < 1 || n > 65535 {
-		return fmt.Errorf("invalid %s: port %q: want 1..65535", flag, port)
+	if err := flagx.CheckPort(port, 1); err != nil {
+		return fmt.Errorf("invalid %s %q: %v", flag, addr, err)
 	}
 	// netip also reads an address with a zone ([::%lo]), and one mapped
 	// from IPv4 (::ffff:0.0.0.0) is unspecified once unmapped.

@@ -65,7 +65,8 @@ func TestBootstrapCommand(t *testing.T) {
 
 // bootstrap's dial address: LEASEHOLD_XDS_ADDR is where serve listens, so
 // an unspecified host there (or in the flag) is refused, naming where it
-// came from; the flag overrides the variable.
+// came from; the flag overrides the variable, and an empty variable is
+// unset.
 func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
 	for _, c := range []struct {
 		env  string
@@ -75,7 +76,7 @@ func TestBootstrapRefusesUnspecifiedDialAddress(t *testing.T) {
 		{"0.0.0.0:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
 		{"[::]:18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
 		{":18000", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
-		{"", nil, "--xds-addr (from $LEASEHOLD_XDS_ADDR)"},
+		{"", nil, ""}, // an empty variable counts as unset: the default applies
 		{"0.0.0.0:18000", []string{"--xds-addr", "10.0.0.5:18000"}, ""},
 		{"10.0.0.5:18000", nil, ""},
 		{"leasehold.internal:18000", nil, ""},
@@ -120,6 +121,18 @@ func TestBootstrapRefusesUnspecifiedTargetsAndZones(t *testing.T) {
 	}
 }
 
+// A bootstrap is read and edited by people: its constraint and labels are
+// written as given (<2.0.0), not escaped for HTML (\u003c2.0.0).
+func TestBootstrapIsNotHTMLEscaped(t *testing.T) {
+	code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1",
+		"--version-constraint", "<2.0.0, >=1.0.0", "--label", "team=a&b")
+	if code != 0 || !strings.Contains(stdout, `"version_constraint": "<2.0.0, >=1.0.0"`) ||
+		!strings.Contains(stdout, `"team": "a&b"`) || strings.Contains(stdout, `\u00`) ||
+		!strings.HasSuffix(stdout, "}\n") || strings.HasSuffix(stdout, "\n\n") {
+		t.Fatalf("exit %d: %s%s", code, stdout, stderr)
+	}
+}
+
 // --weighted-clusters=false writes the node metadata leasehold reads as a
 // dispatcher that takes each task type as one cluster; the default writes
 // nothing.
@@ -142,6 +155,25 @@ func TestBootstrapWeightedClustersFalse(t *testing.T) {
 		}
 		if got := b.Node.Metadata["weighted_clusters"]; got != tt.want {
 			t.Fatalf("%v: weighted_clusters = %v, want %v", tt.args, got, tt.want)
+		}
+	}
+}
+
+// --xds-addr takes a gRPC dns target naming several replicas, checked as
+// strictly as HOST:PORT.
+func TestBootstrapTakesADNSTargetOfReplicas(t *testing.T) {
+	for _, ok := range []string{"dns:///leasehold.example:18000",
+		"dns://127.0.0.1:8600/leasehold-xds.service.consul:18000",
+		"dns://10.0.0.2/leasehold.example:18000"} {
+		if err := xdsDialAddr("--xds-addr", ok); err != nil {
+			t.Errorf("%s: %v", ok, err)
+		}
+	}
+	for _, bad := range []string{"dns://leasehold.example:18000", "dns:///leasehold.example",
+		"dns:///0.0.0.0:18000", "dns://not a server/x:1", "dns:///x:99999"} {
+		if err := xdsDialAddr("--xds-addr", bad); err == nil ||
+			!strings.Contains(err.Error(), "--xds-addr") {
+			t.Errorf("%s: %v, want an error naming --xds-addr", bad, err)
 		}
 	}
 }

@@ -4,7 +4,9 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"log/slog"
 	"os"
+	"regexp"
 	"strings"
 
 	"github.com/spf13/cobra"
@@ -12,18 +14,19 @@ import (
 )
 
 // Every command's flags follow the same rules, kept here: a flag may read
-// environment variables (the first one set applies when the flag is not
-// given, so a flag overrides its variable), an old spelling may stay as a
-// hidden alias that prints a deprecation note, and errors name the flag —
-// and the variable when the value came from one.
+// environment variables (the first one set to a non-empty value applies when
+// the flag is not given, so a flag overrides its variable, and an empty
+// variable counts as unset), an old spelling may stay as a hidden alias that
+// prints a deprecation note, and errors name the flag — and the variable
+// when the value came from one.
 
 const (
 	annotationEnv     = "leasehold/env"     // variables a flag reads, in order
 	annotationFromEnv = "leasehold/fromenv" // the variable its value came from
 )
 
-// bindEnv makes flag name read vars (the first one set, when the flag is
-// not given) and says so in its help.
+// bindEnv makes flag name read vars (the first one set and not empty, when
+// the flag is not given) and says so in its help.
 func bindEnv(fs *pflag.FlagSet, name string, vars ...string) {
 	f := fs.Lookup(name)
 	if f == nil {
@@ -43,7 +46,11 @@ func bindEnv(fs *pflag.FlagSet, name string, vars ...string) {
 func envOf(f *pflag.Flag) []string { return f.Annotations[annotationEnv] }
 
 // applyEnv sets every flag not given on the command line from the first of
-// its variables that is set; a bad value is refused naming both.
+// its variables that is set to a non-empty value; a bad value is refused
+// naming both. An empty variable counts as unset: systemd units
+// (Environment=LEASEHOLD_X=) and templates that fill in nothing produce
+// empty variables all the time, and taken as a value "" would refuse most
+// flags or, worse, mean something other than the default.
 func applyEnv(fs *pflag.FlagSet) error {
 	var errs []string
 	fs.VisitAll(func(f *pflag.Flag) {
@@ -51,9 +58,9 @@ func applyEnv(fs *pflag.FlagSet) error {
 			return
 		}
 		for _, v := range envOf(f) {
-			val, ok := os.LookupEnv(v)
-			if !ok {
-				continue
+			val := os.Getenv(v)
+			if val == "" {
+				continue // unset, or set to nothing: the same
 			}
 			if err := f.Value.Set(val); err != nil {
 				errs = append(errs,
@@ -82,6 +89,56 @@ func flagRef(fs *pflag.FlagSet, name string) string {
 		}
 	}
 	return "--" + name
+}
+
+// fromEnv maps each flag of fs whose value came from a variable to that
+// variable, for errors found after parsing (a busy --xds-addr, a missing
+// --rules file) to name it too.
+func fromEnv(fs *pflag.FlagSet) map[string]string {
+	m := map[string]string{}
+	fs.VisitAll(func(f *pflag.Flag) {
+		if v := f.Annotations[annotationFromEnv]; len(v) == 1 {
+			m[f.Name] = v[0]
+		}
+	})
+	return m
+}
+
+// flagWord finds a flag's name in a message (--tls-cert, not the tail of
+// --admin-tls-cert or the start of --tls-certs).
+var flagWord = regexp.MustCompile(`(^|[^a-z0-9-])--([a-z0-9][a-z0-9-]*)`)
+
+// withVariables names, after each flag in msg whose value came from a
+// variable, that variable: "--rules" becomes "--rules (from $LEASEHOLD_RULES)",
+// unless msg says so already.
+func withVariables(msg string, vars map[string]string) string {
+	if len(vars) == 0 {
+		return msg
+	}
+	var b strings.Builder
+	last := 0
+	for _, m := range flagWord.FindAllStringSubmatchIndex(msg, -1) {
+		end := m[1]
+		v, ok := vars[msg[m[4]:m[5]]]
+		if !ok || strings.HasPrefix(msg[end:], " (from $") {
+			continue
+		}
+		b.WriteString(msg[last:end])
+		b.WriteString(" (from $" + v + ")")
+		last = end
+	}
+	b.WriteString(msg[last:])
+	return b.String()
+}
+
+// parseLogLevel reads a --log-level: debug, info, warn or error (and slog's
+// offsets from them, such as info+2).
+func parseLogLevel(s string) (slog.Level, error) {
+	var l slog.Level
+	if err := l.UnmarshalText([]byte(s)); err != nil {
+		return 0, errors.New("not a level: want debug, info, warn or error")
+	}
+	return l, nil
 }
 
 // alias adds old as a hidden, deprecated spelling of flag name: it sets the

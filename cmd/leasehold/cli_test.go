@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"io"
 	"os"
 	"path/filepath"
@@ -129,8 +130,8 @@ func TestReadsNeedNoBy(t *testing.T) {
 	}
 }
 
-// Help exits 0 on standard output for every command; no command at all is
-// a usage error.
+// Help exits 0 on standard output for every command; no command at all, and
+// help or completion for something that does not exist, is a usage error.
 func TestHelpAndVersion(t *testing.T) {
 	for _, path := range append(commandPaths(), []string{}) {
 		for _, h := range [][]string{{"--help"}, {"-h"}} {
@@ -150,13 +151,33 @@ func TestHelpAndVersion(t *testing.T) {
 		!strings.Contains(stderr, "completion") {
 		t.Errorf("no command: exit %d, %q", code, stderr)
 	}
-	if code, stdout, _ := runCLI("version"); code != 0 || stdout != "leasehold "+version+"\n" {
+	b := readBuild()
+	if code, stdout, _ := runCLI("version"); code != 0 || stdout != fmt.Sprintf(
+		"leasehold %s (revision %s, %s)\n", b.Version, b.Revision, b.GoVersion) {
 		t.Errorf("version: exit %d, %q", code, stdout)
 	}
 	for _, shell := range []string{"bash", "zsh", "fish", "powershell"} {
 		if code, stdout, stderr := runCLI("completion", shell); code != 0 ||
 			!strings.Contains(stdout, "leasehold") {
 			t.Errorf("completion %s: exit %d, %d bytes, %q", shell, code, len(stdout), stderr)
+		}
+	}
+	// What help and completion do not know is a usage error, as for every
+	// other command: a script (or a shell's rc file) must not take it for
+	// success.
+	for _, c := range []struct {
+		args []string
+		want string
+	}{
+		{[]string{"completion", "tcsh"}, `no completion for shell "tcsh": the shells are bash`},
+		{[]string{"completion"}, "name a shell: bash, zsh, fish, powershell"},
+		{[]string{"help", "nosuch"}, `no command "nosuch"`},
+		{[]string{"help", "cordon", "nosuch"}, `no command "cordon nosuch"`},
+	} {
+		if code, stdout, stderr := runCLI(c.args...); code != 2 || stdout != "" ||
+			!strings.Contains(stderr, c.want) {
+			t.Errorf("leasehold %s: exit %d, stdout %q, stderr %q; want 2 saying %q",
+				strings.Join(c.args, " "), code, stdout, stderr, c.want)
 		}
 	}
 	// Flag values complete too.
@@ -245,6 +266,7 @@ func TestDeprecatedSpellings(t *testing.T) {
 		{"explain", "admin-ca", "tls-ca"}, {"explain", "admin-cert", "tls-cert"},
 		{"explain", "admin-key", "tls-key"},
 		{"cordon", "admin-ca", "tls-ca"}, {"serve", "consul", "consul-addr"},
+		{"serve", "tag", "service-tag"},
 	} {
 		cmd, _, err := root.Find([]string{c.cmd})
 		if err != nil {
@@ -355,5 +377,124 @@ func TestEmptyFlagValueRefusedNamingTheFlag(t *testing.T) {
 	t.Setenv("LEASEHOLD_RULES", "")
 	if _, err := parseServeFlags(nil, io.Discard); err != nil {
 		t.Errorf("serve with LEASEHOLD_RULES empty: %v", err)
+	}
+}
+
+// A bad --version-constraint is one line naming the flag and saying what to
+// write, in bootstrap and cordon alike: not the library's "improper
+// constraint" after a line that repeats it.
+func TestBadVersionConstraintIsOneClearLine(t *testing.T) {
+	t.Setenv("USER", "alice")
+	for _, args := range [][]string{
+		{"bootstrap", "--node-id", "d1", "--version-constraint", "foo"},
+		{"cordon", "--version-constraint", "foo", "--reason", "r", "--consul-addr", "127.0.0.1:1"},
+	} {
+		code, _, stderr := runCLI(args...)
+		first, _, _ := strings.Cut(stderr, "\n")
+		if code != 2 || !strings.Contains(first, `--version-constraint`) ||
+			!strings.Contains(first, `"foo": not a version constraint: write`) ||
+			strings.Contains(stderr, "improper") ||
+			strings.Count(stderr, "\n") != 2 { // the error, then "Run … --help"
+			t.Errorf("leasehold %s: exit %d, %q", strings.Join(args, " "), code, stderr)
+		}
+	}
+}
+
+// envVarsOf lists the variables every flag of the command at path reads.
+func envVarsOf(t *testing.T, path []string) []string {
+	t.Helper()
+	cmd, _, err := newRootCmd().Find(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var vars []string
+	cmd.Flags().VisitAll(func(f *pflag.Flag) { vars = append(vars, envOf(f)...) })
+	return vars
+}
+
+// An empty variable counts as unset, for every command and every variable:
+// systemd units (Environment=LEASEHOLD_X=) and templates produce empty
+// variables all the time, and "" taken as a value refused most flags
+// (LEASEHOLD_XDS_ADDR= bootstrap: "missing port"; LEASEHOLD_LOG_LEVEL= serve).
+func TestEmptyVariablesCountAsUnset(t *testing.T) {
+	for _, path := range commandPaths() {
+		cmd, _, err := newRootCmd().Find(path)
+		if err != nil {
+			t.Fatal(err)
+		}
+		for _, v := range envVarsOf(t, path) {
+			t.Setenv(v, "")
+		}
+		if err := applyEnv(cmd.Flags()); err != nil {
+			t.Errorf("leasehold %s with its variables empty: %v", strings.Join(path, " "), err)
+		}
+		cmd.Flags().VisitAll(func(f *pflag.Flag) {
+			if f.Changed || f.Annotations[annotationFromEnv] != nil {
+				t.Errorf("leasehold %s --%s set from an empty variable",
+					strings.Join(path, " "), f.Name)
+			}
+		})
+	}
+
+	// serve: the configuration is the one without the variables.
+	serveVars := envVarsOf(t, []string{"serve"})
+	for _, v := range serveVars {
+		unsetenv(t, v)
+	}
+	want, err := parseServeFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, v := range serveVars {
+		t.Setenv(v, "")
+	}
+	got, err := parseServeFlags(nil, io.Discard)
+	if err != nil {
+		t.Fatalf("serve with %d variables empty: %v", len(serveVars), err)
+	}
+	if fmt.Sprintf("%+v", got) != fmt.Sprintf("%+v", want) {
+		t.Errorf("serve with its variables empty:\n%+v\nwant\n%+v", got, want)
+	}
+
+	// bootstrap: the same bootstrap as without them.
+	bootVars := envVarsOf(t, []string{"bootstrap"})
+	for _, v := range bootVars {
+		unsetenv(t, v)
+	}
+	_, wantOut, _ := runCLI("bootstrap", "--node-id", "d1")
+	for _, v := range bootVars {
+		t.Setenv(v, "")
+	}
+	if code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1"); code != 0 ||
+		stdout != wantOut {
+		t.Errorf("bootstrap with %v empty: exit %d, %q, %s", bootVars, code, stdout, stderr)
+	}
+}
+
+// The commands asking a replica (explain, cordon, approve) take its admin
+// address as serve does: HOST:PORT or a URL ending at the port; https://
+// without TLS flags verifies against the system's CAs.
+func TestAdminAddrOfAReplica(t *testing.T) {
+	fs := pflag.NewFlagSet("t", pflag.ContinueOnError)
+	for _, c := range []struct {
+		addr, admin string
+		https       bool
+		want        string // "" = accepted
+	}{
+		{"127.0.0.1:19000", "127.0.0.1:19000", false, ""},
+		{"0.0.0.0:19000", "0.0.0.0:19000", false, ""},
+		{"http://127.0.0.1:19100", "127.0.0.1:19100", false, ""},
+		{"https://127.0.0.1:19100/", "127.0.0.1:19100", true, ""},
+		{"127.0.0.1", "", false, `invalid --admin-addr "127.0.0.1": no port: write HOST:PORT`},
+		{"ftp://127.0.0.1:1", "", false, "ftp:// is not a scheme this address takes"},
+	} {
+		var f explainFlags
+		errs := (&adminFlags{addr: c.addr}).explainFlags(fs, &f)
+		switch {
+		case c.want == "" && (len(errs) > 0 || f.admin != c.admin || (f.client != nil) != c.https):
+			t.Errorf("%s: %v, admin %q, https %v", c.addr, errs, f.admin, f.client != nil)
+		case c.want != "" && (len(errs) != 1 || !strings.Contains(errs[0], c.want)):
+			t.Errorf("%s: %v, want %q", c.addr, errs, c.want)
+		}
 	}
 }

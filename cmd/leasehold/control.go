@@ -261,6 +261,11 @@ func notReady(ctx context.Context, f explainFlags) string {
 
 // unknown says why the state is not known here.
 func (v cordonView) unknown() string {
+	if refused := (*adminRefused)(nil); errors.As(v.err, &refused) {
+		return fmt.Sprintf("not known here: whether a cordon is applied, pending approval or "+
+			"held is decided by each leasehold serve replica, and the one at --admin-addr %s "+
+			"would not tell: %v", v.addr, refused)
+	}
 	return fmt.Sprintf("not known here: whether a cordon is applied, pending approval or held "+
 		"by the safety limit is decided by each leasehold serve replica from the fleet "+
 		"it sees, and no replica answered at --admin-addr %s (%v); ask one with "+
@@ -377,7 +382,7 @@ the safety limit. --list shows every cordon with its state.`,
 			c.ID, c.At = consul.NewCordonID(), time.Now().UTC()
 			c.By = "-" // checked below, once the identity is known
 			if err := c.Validate(); err != nil {
-				return usagef("invalid cordon:\n%v", cordonFlagNames(err))
+				return usagef("invalid cordon:%s", oneOrLines(cordonFlagNames(err)))
 			}
 			k, who, err := cf.openAs(ctx, stderr)
 			if err != nil {
@@ -492,6 +497,15 @@ func listCordons(
 		fmt.Fprintf(stderr, "invalid cordon %s: %v\n", key, err)
 	}
 	return nil
+}
+
+// oneOrLines puts one problem on the line it follows and several on lines
+// of their own.
+func oneOrLines(msg string) string {
+	if strings.Contains(msg, "\n") {
+		return "\n" + msg
+	}
+	return " " + msg
 }
 
 // cordonFlagNames renames a cordon's fields in err to the flags that set
@@ -789,6 +803,7 @@ the next (older) page's --before is printed on standard error.`,
 			}
 			if asJSON {
 				enc := json.NewEncoder(stdout)
+				enc.SetEscapeHTML(false) // <2.0.0 stays readable, not \u003c2.0.0
 				for _, e := range page.Entries {
 					if err := enc.Encode(e); err != nil {
 						return failed(err)

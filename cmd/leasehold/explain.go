@@ -4,14 +4,14 @@ import (
 	"context"
 	"crypto/tls"
 	"crypto/x509"
-	"encoding/json"
 	"errors"
 	"fmt"
 	"io"
-	"net"
+	"maps"
 	"net/http"
 	"net/url"
 	"os"
+	"slices"
 	"sort"
 	"strings"
 	"text/tabwriter"
@@ -21,14 +21,21 @@ import (
 	"github.com/spf13/pflag"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/flagx"
 	"github.com/leasehold/leasehold/server"
 )
 
 type explainFlags struct {
 	admin, task, dispatcher, instance string
-	token                             string       // bearer token for a guarded admin port
-	client                            *http.Client // HTTPS with --tls-ca/--tls-cert/--tls-key
-	color                             bool
+	// A question without a connected dispatcher: what one with this
+	// constraint set would get (asked is set when any of them is given).
+	versionConstraint, datacenter string
+	labels                        flagx.Labels
+	asked                         bool
+	orca                          bool         // read the current load from the executors
+	token                         string       // bearer token for a guarded admin port
+	client                        *http.Client // HTTPS with --tls-ca/--tls-cert/--tls-key
+	color                         bool
 }
 
 // adminFlags reach a leasehold replica's admin port: its address, its
@@ -57,10 +64,14 @@ func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 	var errs []string
 	f.admin = a.addr
 	// An unspecified host (serve's LEASEHOLD_ADMIN_ADDR may be 0.0.0.0:19000)
-	// dials this machine, where such a replica listens, so it is accepted.
-	if _, _, err := net.SplitHostPort(a.addr); err != nil {
-		errs = append(errs, fmt.Sprintf("invalid %s: want HOST:PORT: %v",
-			flagRef(fs, "admin-addr"), err))
+	// dials this machine, where such a replica listens, so it is accepted;
+	// so is the URL form serve's --admin-addr takes (http://HOST:PORT).
+	scheme, hp, err := flagx.HostPort(a.addr, 1)
+	if err != nil {
+		errs = append(errs,
+			fmt.Sprintf("invalid %s %q: %v", flagRef(fs, "admin-addr"), a.addr, err))
+	} else {
+		f.admin = hp
 	}
 	if a.tokenFile != "" {
 		if b, err := os.ReadFile(a.tokenFile); err != nil {
@@ -76,6 +87,14 @@ func (a *adminFlags) explainFlags(fs *pflag.FlagSet, f *explainFlags) []string {
 		}
 		f.client = c
 	}
+	switch {
+	case scheme == "https" && f.client == nil:
+		f.client = &http.Client{} // verified against the system's CAs
+	case scheme == "http" && f.client != nil:
+		errs = append(errs, fmt.Sprintf("invalid %s %q: http://, but --tls-ca, --tls-cert or "+
+			"--tls-key ask for HTTPS: write https://HOST:PORT or HOST:PORT",
+			flagRef(fs, "admin-addr"), a.addr))
+	}
 	return errs
 }
 
@@ -89,7 +108,9 @@ func newExplainCmd() *cobra.Command {
 		Short: "show which executors each dispatcher routes to, and why not the others",
 		Long: `Ask a leasehold replica (its admin port) which executors each constraint set in
 use routes to, with the reason for every one it does not: all of them, one
-dispatcher's (--dispatcher) or one executor's (--instance).`,
+dispatcher's (--dispatcher) or one executor's (--instance). With
+--version-constraint, --label or --datacenter: what a dispatcher with that
+constraint set would get, whether or not one is connected.`,
 		Args: noArgs,
 		RunE: func(cmd *cobra.Command, args []string) error {
 			errs := a.explainFlags(cmd.Flags(), &f)
@@ -106,6 +127,7 @@ dispatcher's (--dispatcher) or one executor's (--instance).`,
 			if f.instance != "" && f.dispatcher != "" {
 				errs = append(errs, "invalid --instance: give --instance or --dispatcher, not both")
 			}
+			errs = append(errs, f.askedFlags(cmd.Flags())...)
 			if len(errs) > 0 {
 				return usagef("%s", strings.Join(errs, "\n"))
 			}
@@ -124,6 +146,17 @@ dispatcher's (--dispatcher) or one executor's (--instance).`,
 		"xDS node id: which executors does it route to, and why not the others")
 	fs.StringVar(&f.instance, "instance", "",
 		"one executor instance: every registration and every verdict")
+	f.labels = flagx.Labels{}
+	fs.StringVar(&f.versionConstraint, "version-constraint", "",
+		"without a connected dispatcher: what one with this constraint would get, and why not "+
+			"each executor (with --label, --datacenter)")
+	fs.Var(f.labels, "label", "with --version-constraint: a label key=value the dispatcher "+
+		"asks for (repeatable; alone, the question too)")
+	fs.BoolVar(&f.orca, "orca", false,
+		"read each executor's current load from its own ORCA report (gRPC executors "+
+			"reporting it: adapters/loadreport) rather than the lease check's older output")
+	fs.StringVar(&f.datacenter, "datacenter", "",
+		"with --version-constraint: the dispatcher's datacenter (default: leasehold's own)")
 	a.register(fs, "where to ask")
 	filenameFlags(cmd, "admin-token-file", "tls-ca", "tls-cert", "tls-key")
 	return cmd
@@ -138,66 +171,67 @@ func isTerminal(w io.Writer) bool {
 	return err == nil && st.Mode()&os.ModeCharDevice != 0
 }
 
-func getJSON(ctx context.Context, f explainFlags, path string, v any) error {
-	status, b, err := adminGet(ctx, f, path)
-	if err != nil {
-		return err
+// askedFlags validates the constraint set of a question without a
+// dispatcher, as a dispatcher's node metadata would be; errors name the flag.
+func (f *explainFlags) askedFlags(fs *pflag.FlagSet) []string {
+	f.asked = fs.Changed("version-constraint") || fs.Changed("label") ||
+		fs.Changed("datacenter")
+	if !f.asked {
+		return nil
 	}
-	if status != http.StatusOK {
-		return fmt.Errorf("%s: %d %s: %s", path, status, http.StatusText(status),
-			strings.TrimSpace(string(b[:min(len(b), 4096)])))
+	var errs []string
+	if f.dispatcher != "" {
+		errs = append(errs, "invalid --dispatcher: give --dispatcher (a connected one) or "+
+			"--version-constraint/--label/--datacenter (one that is not), not both")
 	}
-	return json.Unmarshal(b, v)
+	if _, err := health.NewDispatcher(f.versionConstraint, f.labels); err != nil {
+		var fe health.FieldErrors
+		if errors.As(err, &fe) {
+			for _, e := range fe {
+				flag := "--label"
+				if e.Field == health.NodeMetaVersionConstraint {
+					flag = "--version-constraint"
+				}
+				errs = append(errs, fmt.Sprintf("invalid %s: %s", flag, e.Error()))
+			}
+		} else {
+			errs = append(errs, "invalid --version-constraint/--label: "+err.Error())
+		}
+	}
+	if f.datacenter != "" {
+		dc := health.NormalizeDatacenter(f.datacenter)
+		if err := health.ValidateDatacenter("--datacenter", dc); err != nil {
+			errs = append(errs, "invalid "+err.Error())
+		}
+	}
+	return errs
 }
 
-// getJSONStatus is getJSON for a path whose every status carries a JSON
-// body (/readyz answers 503 with its reason).
-func getJSONStatus(ctx context.Context, f explainFlags, path string, v any) (int, error) {
-	status, b, err := adminGet(ctx, f, path)
-	if err != nil {
-		return 0, err
+// query is /debug/executors' question: the task type and the constraint
+// set asked about.
+func (f explainFlags) query() string {
+	q := url.Values{}
+	if f.task != "" {
+		q.Set("task", f.task)
 	}
-	if err := json.Unmarshal(b, v); err != nil {
-		return 0, fmt.Errorf("%s: %d %s: %w", path, status, http.StatusText(status), err)
+	if f.asked {
+		q.Set("version_constraint", f.versionConstraint)
+		for _, k := range sortedLabelKeys(f.labels) {
+			q.Add("label", k+"="+f.labels[k])
+		}
+		if f.datacenter != "" {
+			q.Set("datacenter", f.datacenter)
+		}
 	}
-	return status, nil
-}
-
-// adminGet reads path from the replica's admin port.
-func adminGet(ctx context.Context, f explainFlags, path string) (int, []byte, error) {
-	base := f.admin
-	ctx, cancel := context.WithTimeout(ctx, 10*time.Second)
-	defer cancel()
-	scheme, client := "http://", http.DefaultClient
-	if f.client != nil {
-		scheme, client = "https://", f.client
+	if len(q) == 0 {
+		return ""
 	}
-	req, err := http.NewRequestWithContext(ctx, http.MethodGet, scheme+base+path, nil)
-	if err != nil {
-		return 0, nil, err
-	}
-	if f.token != "" {
-		req.Header.Set("Authorization", "Bearer "+f.token)
-	}
-	resp, err := client.Do(req)
-	if err != nil {
-		return 0, nil, fmt.Errorf("admin API at %s: %w", base, err)
-	}
-	defer resp.Body.Close()
-	b, err := io.ReadAll(resp.Body)
-	if err != nil {
-		return 0, nil, fmt.Errorf("%s: %w", path, err)
-	}
-	return resp.StatusCode, b, nil
+	return "?" + q.Encode()
 }
 
 func explain(ctx context.Context, f explainFlags, w io.Writer) error {
 	var ex server.ExplainExecutors
-	path := "/debug/executors"
-	if f.task != "" {
-		path += "?task=" + url.QueryEscape(f.task)
-	}
-	if err := getJSON(ctx, f, path, &ex); err != nil {
+	if err := getJSON(ctx, f, "/debug/executors"+f.query(), &ex); err != nil {
 		return err
 	}
 	var ds struct {
@@ -206,21 +240,68 @@ func explain(ctx context.Context, f explainFlags, w io.Writer) error {
 	if err := getJSON(ctx, f, "/debug/dispatchers", &ds); err != nil {
 		return err
 	}
-	p := printer{w: w, color: f.color}
+	// A task type no registration has is an error, as an unknown instance
+	// is: an empty table would read as "no executor is eligible".
+	if f.task != "" && ex.Tasks != nil && !slices.Contains(ex.Tasks, f.task) {
+		return fmt.Errorf("--task %q: no such task type: no executor registers it (known: %s)",
+			f.task, listOr(ex.Tasks, "none"))
+	}
+	if f.asked && ex.Asked == nil {
+		return fmt.Errorf("the replica at %s does not answer questions without a connected "+
+			"dispatcher (--version-constraint, --label, --datacenter): it runs an older leasehold",
+			f.admin)
+	}
+	p := printer{w: w, color: f.color,
+		loadMaxAge: time.Duration(ex.LoadMaxAgeSeconds * float64(time.Second)),
+		askedORCA:  f.orca}
+	if f.orca {
+		shown := ex.Executors
+		if f.instance != "" {
+			shown = nil
+			for _, e := range ex.Executors {
+				if e.InstanceID == f.instance {
+					shown = append(shown, e)
+				}
+			}
+		}
+		p.orca = orcaLoads(ctx, shown)
+	}
 	switch {
 	case f.instance != "":
 		return p.instance(ex, f.instance)
 	case f.dispatcher != "":
 		return p.dispatcher(ex, ds.Dispatchers, f.dispatcher)
+	case f.asked:
+		p.asked(ex, ds.Dispatchers)
+		return nil
 	default:
 		p.overview(ex, ds.Dispatchers)
 		return nil
 	}
 }
 
+func sortedLabelKeys(m map[string]string) []string {
+	keys := make([]string, 0, len(m))
+	for k := range m {
+		keys = append(keys, k)
+	}
+	sort.Strings(keys)
+	return keys
+}
+
+func listOr(xs []string, none string) string {
+	if len(xs) == 0 {
+		return none
+	}
+	return strings.Join(xs, ", ")
+}
+
 type printer struct {
-	w     io.Writer
-	color bool
+	w          io.Writer
+	color      bool
+	loadMaxAge time.Duration  // how old LOAD can be; 0 from a replica that does not say
+	orca       map[string]int // by orcaKey: tasks in flight the executor reported now
+	askedORCA  bool           // --orca was given
 }
 
 func (p printer) route(v server.ExplainVerdict) string {
@@ -270,7 +351,49 @@ func short(s string) string {
 	return s
 }
 
-func load(e server.ExplainExecutor) string { return fmt.Sprintf("%d/%d", e.Load, e.Capacity) }
+// load is the executor's load of its capacity: "?" for the load when none
+// has reached Consul yet (a replica older than load_reported says nothing).
+func (p printer) load(e server.ExplainExecutor) string {
+	if e.MetadataError != "" {
+		return "-"
+	}
+	if n, ok := p.orca[orcaKey(e)]; ok {
+		return fmt.Sprintf("%d/%d orca", n, e.Capacity)
+	}
+	if !e.LoadReported && p.loadMaxAge > 0 {
+		return fmt.Sprintf("?/%d", e.Capacity)
+	}
+	return fmt.Sprintf("%d/%d", e.Load, e.Capacity)
+}
+
+// loadLong is load with where it comes from and how old it can be.
+func (p printer) loadLong(e server.ExplainExecutor) string {
+	if n, ok := p.orca[orcaKey(e)]; ok {
+		return fmt.Sprintf("%d/%d (the executor's own ORCA report, read now)", n, e.Capacity)
+	}
+	switch {
+	case p.loadMaxAge <= 0:
+		return p.load(e)
+	case !e.LoadReported:
+		return fmt.Sprintf("?/%d (no load in the lease check's output yet)", e.Capacity)
+	}
+	return fmt.Sprintf("%s (the lease check's output: up to %s old)", p.load(e), p.loadMaxAge)
+}
+
+// loadNote says where LOAD comes from and how old it can be.
+func (p printer) loadNote() {
+	if p.loadMaxAge <= 0 {
+		return
+	}
+	orca := "--orca reads it from executors that report it"
+	if p.askedORCA {
+		orca = "orca = the executor's own report, read now"
+	}
+	fmt.Fprintf(p.w, "\nLOAD: tasks in flight/capacity from the lease check's output, which "+
+		"Consul syncs every\ncheck_update_interval: up to %s old (? = none reported yet). "+
+		"Dispatchers weigh by\nthe current load, sent to them over ORCA (%s).\n",
+		p.loadMaxAge, orca)
+}
 
 // overview prints every executor with its verdict for every constraint set
 // in use.
@@ -293,16 +416,16 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 		}
 	}
 	fmt.Fprintln(p.w)
-	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
+	var t table
 	head := []string{"TASK", "INSTANCE", "SESSION", "GEN",
 		"VERSION", "STATE", "LOAD", "LEASE", "NODE"}
 	for i := range ex.ConstraintSets {
 		head = append(head, fmt.Sprintf("[%d]", i))
 	}
-	fmt.Fprintln(tw, strings.Join(head, "\t"))
+	t.row(head...)
 	for _, e := range ex.Executors {
 		row := []string{e.Task, e.InstanceID, short(e.SessionID), fmt.Sprint(e.Generation),
-			e.Version, e.State, load(e), e.LeaseCheck, e.NodeChecks}
+			e.Version, e.State, p.load(e), e.LeaseCheck, e.NodeChecks}
 		if e.MetadataError != "" {
 			row = []string{e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)),
 				"-", orDash(e.Version), orDash(e.State), "-", "-", e.NodeChecks}
@@ -310,9 +433,10 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 		for _, v := range e.Verdicts {
 			row = append(row, p.route(v))
 		}
-		fmt.Fprintln(tw, strings.Join(row, "\t"))
+		t.row(row...)
 	}
-	tw.Flush()
+	t.write(p.w, "")
+	p.loadNote()
 }
 
 // dispatcher prints which executors one node routes to, and why not the
@@ -326,8 +450,8 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 		}
 	}
 	if stream == nil {
-		return fmt.Errorf("--dispatcher %q: no connected xDS node with "+
-			"this id (see /debug/dispatchers)", node)
+		return fmt.Errorf("--dispatcher %q: no such dispatcher: no connected xDS node has "+
+			"this id (see leasehold dispatchers)", node)
 	}
 	idx := -1
 	for i, cs := range ex.ConstraintSets {
@@ -339,13 +463,45 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 	if idx < 0 {
 		return fmt.Errorf("constraint set %q of %s not in the executor view", stream.Group, node)
 	}
+	p.routes(ex, idx)
+	for _, l := range nackLines([]server.StreamInfo{*stream}, node) {
+		fmt.Fprintln(p.w, "\n"+l)
+	}
+	return nil
+}
+
+// asked prints what a dispatcher with the constraint set asked about would
+// get, and why not each executor, whether or not one is connected.
+func (p printer) asked(ex server.ExplainExecutors, ds []server.StreamInfo) {
+	idx := *ex.Asked
+	cs := ex.ConstraintSets[idx]
+	// Streams are matched by their constraints, not the set's key, which also
+	// holds a stream's grant (under an authorization policy).
+	var nodes []string
+	for _, d := range ds {
+		if d.Group == cs.Key || (d.VersionConstraint == cs.VersionConstraint &&
+			maps.Equal(d.Labels, cs.Labels) && d.Datacenter == cs.Datacenter) {
+			nodes = append(nodes, d.NodeID)
+		}
+	}
+	who := "no dispatcher with it is connected; one would get"
+	if len(nodes) > 0 {
+		who = "the constraint set of " + strings.Join(nodes, ", ") + ", which get"
+	}
+	fmt.Fprintf(p.w, "a dispatcher with %s: %s\n\n", setLabel(cs), who)
+	p.routes(ex, idx)
+}
+
+// routes prints every executor's verdict for constraint set idx, the routed
+// first, with why.
+func (p printer) routes(ex server.ExplainExecutors, idx int) {
 	rows := append([]server.ExplainExecutor(nil), ex.Executors...)
 	rank := map[string]int{"HEALTHY": 0, "DRAINING": 1, "NONE": 2}
 	sort.SliceStable(rows, func(i, j int) bool {
 		return rank[rows[i].Verdicts[idx].Route] < rank[rows[j].Verdicts[idx].Route]
 	})
-	tw := tabwriter.NewWriter(p.w, 0, 4, 2, ' ', 0)
-	fmt.Fprintln(tw, "ROUTE\tTASK\tINSTANCE\tSESSION\tVERSION\tLOAD\tWHY")
+	var t table
+	t.row("ROUTE", "TASK", "INSTANCE", "SESSION", "VERSION", "LOAD", "WHY")
 	for _, e := range rows {
 		v := e.Verdicts[idx]
 		why := v.Detail
@@ -354,14 +510,15 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 				min(max(e.Capacity, 1), 128))
 		}
 		why += observedText(v)
-		fmt.Fprintf(tw, "%s\t%s\t%s\t%s\t%s\t%s\t%s\n", p.route(v), e.Task,
-			orDash(e.InstanceID), short(orDash(e.SessionID)), orDash(e.Version), load(e), why)
+		t.row(p.route(v), e.Task, orDash(e.InstanceID), short(orDash(e.SessionID)),
+			orDash(e.Version), p.load(e), why)
 	}
-	tw.Flush()
-	for _, l := range nackLines([]server.StreamInfo{*stream}, node) {
-		fmt.Fprintln(p.w, "\n"+l)
+	if len(rows) == 0 {
+		fmt.Fprintln(p.w, "no executor is registered")
+		return
 	}
-	return nil
+	t.write(p.w, "")
+	p.loadNote()
 }
 
 // nackLines describe the last NACK of every stream and type, sorted. With
@@ -411,7 +568,7 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 		for _, kv := range [][2]string{
 			{"session", fmt.Sprintf("%s (generation %d)", e.SessionID, e.Generation)},
 			{"address", fmt.Sprintf("%s:%d", e.Address, e.Port)},
-			{"version", e.Version}, {"state", e.State}, {"load", load(e)},
+			{"version", e.Version}, {"state", e.State}, {"load", p.loadLong(e)},
 			{"lease check", e.LeaseCheck}, {"node checks", e.NodeChecks},
 			{"other checks", orDash(e.OtherChecks)},
 			{"labels", labelsText(e.Labels)},
@@ -437,6 +594,9 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 		tw.Flush()
 		for i, v := range e.Verdicts {
 			fmt.Fprintf(p.w, "  [%d] %s: %s", i, setLabel(ex.ConstraintSets[i]), p.route(v))
+			if ex.ConstraintSets[i].Hypothetical {
+				fmt.Fprint(p.w, " (asked: no dispatcher with it is connected)")
+			}
 			if v.Detail != "" {
 				fmt.Fprintf(p.w, " — %s", v.Detail)
 			}
@@ -446,7 +606,8 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 		fmt.Fprintln(p.w)
 	}
 	if !found {
-		return fmt.Errorf("--instance %q: no registration of this instance is known", instance)
+		return fmt.Errorf("--instance %q: no such instance: no registration of it is known",
+			instance)
 	}
 	return nil
 }

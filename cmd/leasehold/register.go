@@ -83,14 +83,13 @@ func (c *registerCLI) register(fs *pflag.FlagSet) {
 		"Consul removes a registration critical for this long (at least 1m)")
 	fs.DurationVar(&rf.drainTimeout, "drain-timeout", 5*time.Minute,
 		"on SIGTERM or SIGINT, how long to wait for in-flight work before deregistering")
-	fs.StringVar(&rf.cfg.Tag, "service-tag", health.DefaultTag,
+	serviceTagFlag(fs, &rf.cfg.Tag,
 		"Consul tag that marks task types (as leasehold serve --service-tag)")
-	bindEnv(fs, "service-tag", "LEASEHOLD_SERVICE_TAG")
-	alias(fs, "tag", "service-tag")
 	consulAddrFlag(fs, &rf.consulAddr)
 	fs.StringVar(&c.logLevel, "log-level", "info", "debug, info, warn or error")
 	fs.StringVar(&rf.metricsAddr, "metrics-addr", "",
-		"HOST:PORT to serve Prometheus /metrics on (off when empty); traces go where OTEL_* says")
+		"HOST:PORT (or http://HOST:PORT) to serve Prometheus /metrics on (off when empty); "+
+			"traces go where OTEL_* says")
 	emptyOK(fs, "metrics-addr") // an empty value turns it off
 }
 
@@ -111,7 +110,13 @@ func (c *registerCLI) flags() (*registerFlags, error) {
 	if c.address == "" {
 		addErr("--address", "required (HOST:PORT)")
 	} else if host, port, err := net.SplitHostPort(c.address); err != nil {
-		addErr("--address", fmt.Sprintf("want HOST:PORT: %v", err))
+		// What to write, not Go's "too many colons in address".
+		if _, _, ferr := flagx.HostPort(c.address, 1); ferr != nil {
+			err = ferr
+		} else {
+			err = errors.New("the executor's address is HOST:PORT, no scheme")
+		}
+		addErr("--address", fmt.Sprintf("%q: %v", c.address, err))
 	} else if p, err := strconv.Atoi(port); err != nil {
 		addErr("--address", fmt.Sprintf("port %q is not a number", port))
 	} else {
@@ -121,12 +126,19 @@ func (c *registerCLI) flags() (*registerFlags, error) {
 		addErr("--capacity", "required (a positive integer)")
 	}
 	rf.cfg.Capacity = c.capacity
-	if err := rf.logLevel.UnmarshalText([]byte(c.logLevel)); err != nil {
-		addErr("--log-level", err.Error())
+	if l, err := parseLogLevel(c.logLevel); err != nil {
+		addErr("--log-level", fmt.Sprintf("%q: %v", c.logLevel, err))
+	} else {
+		rf.logLevel = l
 	}
 	if rf.metricsAddr != "" {
-		if _, _, err := net.SplitHostPort(rf.metricsAddr); err != nil {
-			addErr("--metrics-addr", fmt.Sprintf("want HOST:PORT: %v", err))
+		if scheme, hp, err := flagx.HostPort(rf.metricsAddr, 0); err != nil {
+			addErr("--metrics-addr", fmt.Sprintf("%q: %v", rf.metricsAddr, err))
+		} else if scheme == "https" {
+			addErr("--metrics-addr", fmt.Sprintf("%q: /metrics is served over plain HTTP: "+
+				"write HOST:PORT or http://HOST:PORT", rf.metricsAddr))
+		} else {
+			rf.metricsAddr = hp // the URL form, as serve's --admin-addr takes it
 		}
 	}
 	if rf.drainTimeout <= 0 {

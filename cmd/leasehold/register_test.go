@@ -309,7 +309,10 @@ func TestSidecarBadFlagsNameTheFlag(t *testing.T) {
 		{"no task", without("--task"), "--task"},
 		{"bad task", set("--task", "trans code"), "--task"},
 		{"no address", without("--address"), "--address"},
-		{"address without port", set("--address", "127.0.0.1"), "--address"},
+		{"address without port", set("--address", "127.0.0.1"),
+			`invalid --address: "127.0.0.1": no port: write HOST:PORT`},
+		{"address as a URL", set("--address", "http://127.0.0.1:7000"),
+			"the executor's address is HOST:PORT, no scheme"},
 		{"port out of range", set("--address", "127.0.0.1:70000"), "--address"},
 		{"unspecified host", set("--address", "0.0.0.0:7000"), "--address"},
 		{"host name", set("--address", "exec-7.internal:7000"), "--address"},
@@ -326,6 +329,12 @@ func TestSidecarBadFlagsNameTheFlag(t *testing.T) {
 		{"probe without port", set("--probe", "http://127.0.0.1/healthz"), "--probe"},
 		{"load url", append(append([]string(nil), ok...), "--load-url", "ftp://x"), "--load-url"},
 		{"duration garbage", set("--heartbeat", "soon"), "-heartbeat"},
+		{"log level", set("--log-level", "verbose"),
+			`invalid --log-level: "verbose": not a level: want debug, info, warn or error`},
+		{"metrics without port", set("--metrics-addr", "127.0.0.1"),
+			`invalid --metrics-addr: "127.0.0.1": no port: write HOST:PORT`},
+		{"metrics over https", set("--metrics-addr", "https://127.0.0.1:0"),
+			"/metrics is served over plain HTTP"},
 	}
 	for _, tt := range tests {
 		t.Run(tt.name, func(t *testing.T) {

@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"syscall"
 	"time"
 
 	"go.opentelemetry.io/contrib/instrumentation/google.golang.org/grpc/otelgrpc"
@@ -52,6 +53,26 @@ type serveConfig struct {
 	// datacenters are in failover order, leasehold's own first; nil: the
 	// agent's own only.
 	datacenters []string
+	// fromEnv maps each flag whose value came from a variable to it, so
+	// errors found at start name the variable too (nil: none did).
+	fromEnv map[string]string
+}
+
+// startupError is a problem with serve's configuration found before
+// anything ran (a file missing or invalid): a usage error, exit 2, as a bad
+// flag is. err names the flag.
+func startupError(err error) error {
+	return &exitError{code: 2, err: fmt.Errorf("invalid %w", err)}
+}
+
+// listenError names the flag of an address serve cannot listen on, and
+// says why in an operator's words when the port is taken.
+func listenError(flag, addr string, err error) error {
+	if errors.Is(err, syscall.EADDRINUSE) {
+		return fmt.Errorf("%s: cannot listen on %s: the address is in use (by another "+
+			"leasehold serve?)", flag, addr)
+	}
+	return fmt.Errorf("%s: cannot listen on %s: %w", flag, addr, err)
 }
 
 // listening reports where serve listens (for tests using port 0).
@@ -59,8 +80,9 @@ type listening struct{ xds, admin string }
 
 // serve runs the pipeline — Consul watch → syncer → xDS — until ctx ends.
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<- listening) error {
+	build := readBuild()
 	tel, err := lhotel.Setup(ctx,
-		lhotel.Config{ServiceName: "leasehold", ServiceVersion: version, Logger: log})
+		lhotel.Config{ServiceName: "leasehold", ServiceVersion: build.Version, Logger: log})
 	if err != nil {
 		return err
 	}
@@ -69,6 +91,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		defer cancel()
 		tel.Shutdown(sctx)
 	}()
+	err = lhotel.BuildInfo(tel.Meter, build.Version, build.Revision, build.GoVersion)
+	if err != nil {
+		return err
+	}
 	p, err := newPipeline(cfg, log, tel)
 	if err != nil {
 		return err
@@ -76,16 +102,16 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	defer p.closeAudit()
 	sec, err := loadSecurity(cfg, log, tel.Meter)
 	if err != nil {
-		return err
+		return startupError(err)
 	}
 	xdsLis, err := net.Listen("tcp", cfg.xdsAddr)
 	if err != nil {
-		return fmt.Errorf("--xds-addr: %w", err)
+		return listenError("--xds-addr", cfg.xdsAddr, err)
 	}
 	adminLis, err := net.Listen("tcp", cfg.adminAddr)
 	if err != nil {
 		xdsLis.Close()
-		return fmt.Errorf("--admin-addr: %w", err)
+		return listenError("--admin-addr", cfg.adminAddr, err)
 	}
 
 	// Every long-running part runs in one group: the first to fail ends the
@@ -145,7 +171,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	admin := &http.Server{Handler: adminHandler, ReadHeaderTimeout: 5 * time.Second}
 	parts.run("admin server", func(context.Context) error { return admin.Serve(adminLis) })
 
-	log.Info("leasehold serving", "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(),
+	log.Info("leasehold serving", "version", build.Version, "revision", build.Revision,
+		"consul", cfg.consulAddr, "xds", xdsLis.Addr().String(), "admin", adminLis.Addr().String(),
 		"tag", cfg.tag, "traces_exported", tel.TracesExported, "tls", cfg.tls.Cert != "",
 		"mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "",
 		"admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "",
@@ -253,12 +280,12 @@ func newPipeline(cfg *serveConfig, log *slog.Logger, tel *lhotel.Telemetry) (*pi
 	}
 	audit, closeAudit, err := openAudit(cfg.auditLog, log, tel.Tracer)
 	if err != nil {
-		return nil, err
+		return nil, startupError(err)
 	}
 	if cfg.rulesFile != "" {
 		if p.rulesRaw, err = rulesJSON(cfg.rulesFile); err != nil {
 			closeAudit()
-			return nil, fmt.Errorf("--rules: %w", err)
+			return nil, startupError(fmt.Errorf("--rules: %w", err))
 		}
 	}
 	p.closeAudit = closeAudit
@@ -325,8 +352,9 @@ func loadSecurity(
 	}
 	var err error
 	if cfg.adminTLS.Cert != "" {
+		// Its errors name the --admin-tls-* flags at fault.
 		if sec.adminTLS, err = server.NewServerTLS(cfg.adminTLS, log); err != nil {
-			return sec, fmt.Errorf("admin port: %w", err)
+			return sec, err
 		}
 	}
 	if cfg.authzPolicy != "" {

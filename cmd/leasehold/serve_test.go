@@ -3,6 +3,9 @@ package main
 import (
 	"context"
 	"errors"
+	"net"
+	"os"
+	"path/filepath"
 	"strings"
 	"testing"
 	"time"
@@ -70,5 +73,61 @@ func TestServePartsShareOneLifecycle(t *testing.T) {
 				t.Fatalf("%d of the 2 other parts ended", len(ended))
 			}
 		})
+	}
+}
+
+// A mistake in what serve is given that is found as it starts (a file
+// missing, a token too short) is a usage error as a bad flag is: exit 2,
+// nothing ran, and the error names the flag, and the variable when the value
+// came from one. A port taken by another process is a failure (exit 1) that
+// names the flag and its variable too.
+func TestServeStartupMistakes(t *testing.T) {
+	dir := t.TempDir()
+	short := filepath.Join(dir, "token")
+	if err := os.WriteFile(short, []byte("tooshort\n"), 0o600); err != nil {
+		t.Fatal(err)
+	}
+	busy, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer busy.Close()
+	t.Setenv("LEASEHOLD_CONSUL_ADDR", "127.0.0.1:1") // nothing listens: never asked
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		code int
+		want string
+	}{
+		{[]string{"--rules", filepath.Join(dir, "nosuch.yaml")}, nil, 2, "invalid --rules: "},
+		{nil, map[string]string{"LEASEHOLD_RULES": filepath.Join(dir, "nosuch.yaml")}, 2,
+			"invalid --rules (from $LEASEHOLD_RULES): "},
+		{[]string{"--audit-log", filepath.Join(dir, "nosuch", "audit.jsonl")}, nil, 2,
+			"invalid --audit-log: "},
+		{[]string{"--admin-token-file", short}, nil, 2,
+			"invalid --admin-token-file: the token must be at least 16 characters"},
+		{nil, map[string]string{"LEASEHOLD_XDS_ADDR": busy.Addr().String()}, 1,
+			"--xds-addr (from $LEASEHOLD_XDS_ADDR): cannot listen on " + busy.Addr().String() +
+				": the address is in use"},
+		{[]string{"--admin-addr", busy.Addr().String()}, nil, 1,
+			"--admin-addr: cannot listen on " + busy.Addr().String() + ": the address is in use"},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		args := append([]string{"serve", "--xds-addr", "127.0.0.1:0",
+			"--admin-addr", "127.0.0.1:0"}, c.args...)
+		if c.env["LEASEHOLD_XDS_ADDR"] != "" {
+			args = append([]string{"serve", "--admin-addr", "127.0.0.1:0"}, c.args...)
+		}
+		code, _, stderr := runCLI(args...)
+		if code != c.code || !strings.Contains(stderr, c.want) ||
+			(code == 2) != strings.Contains(stderr, "Run 'leasehold serve --help'") {
+			t.Errorf("serve %v %v: exit %d, %q; want %d saying %q",
+				c.args, c.env, code, stderr, c.code, c.want)
+		}
+		for k := range c.env {
+			unsetenv(t, k)
+		}
 	}
 }

@@ -5,9 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
-	"net"
 	"os/signal"
-	"strconv"
 	"strings"
 	"syscall"
 	"time"
@@ -17,6 +15,7 @@ import (
 
 	"github.com/leasehold/leasehold/adapters/consul"
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/flagx"
 	"github.com/leasehold/leasehold/server"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 )
@@ -28,13 +27,26 @@ const defaultConsulAddr = "127.0.0.1:8500"
 // consulAddrFlag adds --consul-addr (and the old --consul, hidden), read
 // from LEASEHOLD_CONSUL_ADDR, then CONSUL_HTTP_ADDR: the one spelling of
 // the Consul agent's address in every command.
+//
+// The address is checked as it is given (flagx.ConsulAddr): another scheme
+// (ftp://x) would otherwise fail only at the first request, in words that
+// name no flag.
 func consulAddrFlag(fs *pflag.FlagSet, dst *string) {
-	fs.StringVar(dst, "consul-addr", defaultConsulAddr,
+	fs.Var(flagx.NewChecked(dst, defaultConsulAddr, flagx.ConsulAddr), "consul-addr",
 		"Consul agent HTTP address (http://, https:// or unix://; token and TLS "+
 			"from the standard CONSUL_HTTP_TOKEN, CONSUL_CACERT, "+
 			"CONSUL_CLIENT_CERT, CONSUL_CLIENT_KEY, ...)")
 	bindEnv(fs, "consul-addr", "LEASEHOLD_CONSUL_ADDR", "CONSUL_HTTP_ADDR")
 	alias(fs, "consul", "consul-addr")
+}
+
+// serviceTagFlag adds --service-tag (and the old --tag, hidden), read from
+// LEASEHOLD_SERVICE_TAG: the one spelling of the tag marking task types in
+// serve and register, which share the old one too.
+func serviceTagFlag(fs *pflag.FlagSet, dst *string, usage string) {
+	fs.StringVar(dst, "service-tag", health.DefaultTag, usage)
+	bindEnv(fs, "service-tag", "LEASEHOLD_SERVICE_TAG")
+	alias(fs, "tag", "service-tag")
 }
 
 // serveFlags are leasehold serve's flags before validation.
@@ -57,10 +69,10 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 		"gRPC listen address for xDS and the fencing API")
 	env("xds-addr", "LEASEHOLD_XDS_ADDR")
 	fs.StringVar(&cfg.adminAddr, "admin-addr", "127.0.0.1:19000",
-		"HTTP listen address of the admin port: /healthz, /readyz, /metrics, /debug/*, /v1/session")
+		"HTTP listen address of the admin port, HOST:PORT or http(s)://HOST:PORT: "+
+			"/healthz, /readyz, /metrics, /debug/*, /v1/session")
 	env("admin-addr", "LEASEHOLD_ADMIN_ADDR")
-	fs.StringVar(&f.tag, "service-tag", health.DefaultTag, "Consul tag marking task types")
-	env("service-tag", "LEASEHOLD_SERVICE_TAG")
+	serviceTagFlag(fs, &f.tag, "Consul tag marking task types")
 	fs.StringVar(&f.logFormat, "log-format", "text", "text or json")
 	env("log-format", "LEASEHOLD_LOG_FORMAT")
 	fs.StringVar(&f.logLevel, "log-level", "info", "debug, info, warn or error")
@@ -140,17 +152,31 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 // (and the variable its value came from).
 func (f *serveFlags) config() (*serveConfig, error) {
 	cfg := f.cfg
+	cfg.fromEnv = fromEnv(f.fs)
 	var errs []string
 	bad := func(flag, msg string) {
 		errs = append(errs, fmt.Sprintf("invalid %s: %s", flagRef(f.fs, flag), msg))
 	}
-	for _, a := range []struct{ flag, v string }{{"xds-addr", cfg.xdsAddr},
-		{"admin-addr", cfg.adminAddr}} {
-		if _, port, err := net.SplitHostPort(a.v); err != nil {
-			bad(a.flag, fmt.Sprintf("want HOST:PORT: %v", err))
-		} else if n, err := strconv.Atoi(port); err != nil || n < 0 || n > 65535 {
-			bad(a.flag, fmt.Sprintf("port %q", port))
-		}
+	badValue := func(flag, v string, err error) {
+		errs = append(errs, fmt.Sprintf("invalid %s %q: %v", flagRef(f.fs, flag), v, err))
+	}
+	// The admin port is HTTP, so its address may be written as a URL, as
+	// --consul-addr's may; the gRPC port's is HOST:PORT.
+	if _, hp, err := flagx.HostPort(cfg.xdsAddr, 0); err != nil {
+		badValue("xds-addr", cfg.xdsAddr, err)
+	} else if strings.Contains(cfg.xdsAddr, "://") {
+		badValue("xds-addr", cfg.xdsAddr,
+			errors.New("the gRPC port (xDS and fencing) takes HOST:PORT, no scheme"))
+	} else {
+		cfg.xdsAddr = hp
+	}
+	if scheme, hp, err := flagx.HostPort(cfg.adminAddr, 0); err != nil {
+		badValue("admin-addr", cfg.adminAddr, err)
+	} else {
+		checkAdminScheme(scheme, cfg.adminTLS.Cert != "", func(msg string) {
+			badValue("admin-addr", cfg.adminAddr, errors.New(msg))
+		})
+		cfg.adminAddr = hp
 	}
 	if fe := health.ValidateTag(f.tag); fe != nil {
 		bad("service-tag", fe.Error())
@@ -160,8 +186,10 @@ func (f *serveFlags) config() (*serveConfig, error) {
 		bad("log-format", fmt.Sprintf("%q: want text or json", f.logFormat))
 	}
 	cfg.logFormat = f.logFormat
-	if err := cfg.logLevel.UnmarshalText([]byte(f.logLevel)); err != nil {
-		bad("log-level", err.Error())
+	if l, err := parseLogLevel(f.logLevel); err != nil {
+		badValue("log-level", f.logLevel, err)
+	} else {
+		cfg.logLevel = l
 	}
 	if f.maxConns < 1 || f.maxConns > 190 {
 		bad("consul-max-conns", fmt.Sprintf("%d: want 1..190", f.maxConns))
@@ -202,6 +230,19 @@ func (f *serveFlags) config() (*serveConfig, error) {
 		return nil, errors.New(strings.Join(errs, "\n"))
 	}
 	return &cfg, nil
+}
+
+// checkAdminScheme checks the scheme an admin address was written with
+// against the admin port's TLS: https:// needs its certificate, and http://
+// contradicts one.
+func checkAdminScheme(scheme string, tls bool, bad func(msg string)) {
+	switch {
+	case scheme == "https" && !tls:
+		bad("https:// needs the admin port's certificate: --admin-tls-cert and --admin-tls-key")
+	case scheme == "http" && tls:
+		bad("http://, but --admin-tls-cert serves the admin port over HTTPS: " +
+			"write https://HOST:PORT or HOST:PORT")
+	}
 }
 
 // parseDatacenters reads --datacenters: names in Consul's lowercase, each
@@ -278,7 +319,13 @@ world and delta), with the fencing API on the same port and an admin port for
 			defer stop()
 			log := newLogger(cmd.ErrOrStderr(), cfg.logFormat, cfg.logLevel)
 			if err := serve(ctx, cfg, log, nil); err != nil {
-				log.Error("serve", "err", err)
+				// The error names flags; those set from a variable name it too.
+				msg := withVariables(err.Error(), cfg.fromEnv)
+				var ee *exitError
+				if errors.As(err, &ee) && ee.code == 2 {
+					return usagef("%s", msg) // nothing ran: told as a bad flag is
+				}
+				log.Error("serve", "err", msg)
 				return quiet(1) // already logged
 			}
 			return nil

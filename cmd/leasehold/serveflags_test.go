@@ -115,3 +115,54 @@ func TestDatacenterNamesAreLowercase(t *testing.T) {
 				"does not have")
 	}
 }
+
+// Mistakes in serve's addresses and log level are refused naming the flag
+// (and the variable a value came from) in a sentence saying what to write;
+// the admin port's address may be written as a URL, as --consul-addr's may.
+func TestServeFlagErrorsSayWhatToWrite(t *testing.T) {
+	for _, c := range []struct {
+		args []string
+		env  map[string]string
+		want string // "" = accepted
+	}{
+		{[]string{"--log-level", "verbose"}, nil,
+			`invalid --log-level "verbose": not a level: want debug, info, warn or error`},
+		{nil, map[string]string{"LEASEHOLD_LOG_LEVEL": "verbose"},
+			`invalid --log-level (from $LEASEHOLD_LOG_LEVEL) "verbose": not a level`},
+		{[]string{"--xds-addr", "127.0.0.1:99999"}, nil,
+			`invalid --xds-addr "127.0.0.1:99999": port 99999 is out of range: a port is 1 to ` +
+				`65535 (0 picks a free one)`},
+		{[]string{"--xds-addr", "http://127.0.0.1:18000"}, nil,
+			"the gRPC port (xDS and fencing) takes HOST:PORT, no scheme"},
+		{[]string{"--admin-addr", "127.0.0.1"}, nil,
+			`invalid --admin-addr "127.0.0.1": no port: write HOST:PORT`},
+		{[]string{"--admin-addr", "https://127.0.0.1:19100"}, nil,
+			"https:// needs the admin port's certificate"},
+		{[]string{"--consul-addr", "ftp://x"}, nil,
+			`"ftp://x" for "--consul-addr" flag: ftp:// is not a scheme Consul speaks`},
+		{nil, map[string]string{"LEASEHOLD_CONSUL_ADDR": "ftp://x"},
+			"--consul-addr (from $LEASEHOLD_CONSUL_ADDR)"},
+		{[]string{"--consul-addr", "http://127.0.0.1:8500"}, nil, ""},
+		{[]string{"--admin-addr", "http://127.0.0.1:19100"}, nil, ""},
+	} {
+		for k, v := range c.env {
+			t.Setenv(k, v)
+		}
+		cfg, err := parseServeFlags(c.args, io.Discard)
+		switch {
+		case c.want == "" && err != nil:
+			t.Errorf("%v refused: %v", c.args, err)
+		case c.want != "" && (err == nil || !strings.Contains(err.Error(), c.want)):
+			t.Errorf("%v %v: want an error saying %s, got %v", c.args, c.env, c.want, err)
+		case err != nil && strings.Contains(err.Error(), "in address"):
+			t.Errorf("%v: Go's words leak out: %v", c.args, err)
+		}
+		for k := range c.env {
+			unsetenv(t, k)
+		}
+		if len(c.args) == 2 && c.args[0] == "--admin-addr" && err == nil &&
+			cfg.adminAddr != "127.0.0.1:19100" {
+			t.Errorf("--admin-addr %s: serves on %q", c.args[1], cfg.adminAddr)
+		}
+	}
+}

@@ -3,6 +3,8 @@ package main
 import (
 	"context"
 	"encoding/hex"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"os"
@@ -131,7 +133,8 @@ func TestTelemetryOfALapse(t *testing.T) {
 	a.SettleSync()
 	e1 := startExecutor(t, a, "e1", "1.0.0")
 	e2 := startExecutor(t, a, "e2", "1.0.0")
-	addrs := startServe(t, a)
+	var serveLog syncBuffer
+	addrs := startServeTo(t, a, io.MultiWriter(testWriter{t, "serve"}, &serveLog))
 	eds := openEDS(t, addrs.xds) // a dispatcher that ACKs
 	if got, want := eds(), endpointSet(e1.endpoint(), e2.endpoint()); !got.equal(want) {
 		t.Fatalf("endpoints %v, want %v", got, want)
@@ -249,6 +252,7 @@ func TestTelemetryOfALapse(t *testing.T) {
 	if !strings.Contains(after["leasehold_executors"].String(), "lapsed") {
 		t.Errorf("executors gauge does not show the lapsed one: %v", after["leasehold_executors"])
 	}
+	buildInfoIsTold(t, after["leasehold_build_info"], serveLog.String(), a.HTTPAddr())
 
 	// a dispatcher's trace continues into the fencing API
 	const traceID = "4bf92f3577b34da6a3ce929d0e0e4736"
@@ -351,5 +355,41 @@ func TestEveryDocumentedFamilyIsExportedFromTheStart(t *testing.T) {
 	rules := got["leasehold_rules_would_exclude_total"].String()
 	if !strings.Contains(rules, `value:"version"`) || strings.Contains(rules, "incompatible") {
 		t.Errorf("rule labels are not the rules' names (version, labels, …): %s", rules)
+	}
+}
+
+// buildInfoIsTold checks that a running serve says which build it is: the
+// leasehold_build_info gauge (1, labelled with the version, revision and Go
+// version `leasehold version` prints) and its start line, which also names
+// the Consul agent it reads.
+func buildInfoIsTold(t *testing.T, f *dto.MetricFamily, serveLog, consulAddr string) {
+	t.Helper()
+	b := readBuild()
+	want := map[string]string{"version": b.Version, "revision": b.Revision,
+		"go_version": b.GoVersion}
+	if f == nil || len(f.GetMetric()) != 1 || f.GetMetric()[0].GetGauge().GetValue() != 1 {
+		t.Errorf("leasehold_build_info: %v", f)
+	} else {
+		for _, l := range f.GetMetric()[0].GetLabel() {
+			if v, ok := want[l.GetName()]; ok && v != l.GetValue() {
+				t.Errorf("leasehold_build_info{%s=%q}, want %q", l.GetName(), l.GetValue(), v)
+			}
+			delete(want, l.GetName())
+		}
+		if len(want) > 0 {
+			t.Errorf("leasehold_build_info lacks %v: %v", want, f)
+		}
+	}
+	var start string
+	for _, l := range strings.Split(serveLog, "\n") {
+		if strings.Contains(l, `msg="leasehold serving"`) {
+			start = l
+		}
+	}
+	for _, kv := range []string{"version=" + b.Version, "revision=" + b.Revision,
+		fmt.Sprintf("consul=%s ", consulAddr)} {
+		if !strings.Contains(start, kv) {
+			t.Errorf("start line lacks %s: %q", kv, start)
+		}
 	}
 }

@@ -96,7 +96,13 @@ func (s *Syncer) applyRules(src *health.RulesSource) {
 	}
 	c.rollout, c.rolloutRaw, c.rolloutFrom, c.rolloutErr = r, raw, from, ""
 	c.dirty, c.clusters = true, true
-	detail, _ := json.Marshal(r)
+	// The detail is read by people (serve's log, the audit trail): a scope
+	// of <2.0.0 is written so, not as \u003c2.0.0.
+	var buf bytes.Buffer
+	enc := json.NewEncoder(&buf)
+	enc.SetEscapeHTML(false)
+	enc.Encode(r)
+	detail := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
 	s.log.Info("rollout configuration applied", "source", from, "config", string(detail))
 	s.audit(AuditEvent{Action: "config-applied", Source: from, Detail: string(detail)})
 }

@@ -470,3 +470,40 @@ func mustJSON(t *testing.T, m proto.Message) []byte {
 	}
 	return b
 }
+
+// The rules applied are logged as JSON people read: a scope of <2.0.0 is
+// written so, not as \u003c2.0.0 (the audit record carries the same detail).
+func TestRulesAppliedAreWrittenReadably(t *testing.T) {
+	lines := make(logLines, 64)
+	h := startSyncer(t, slog.New(slog.NewTextHandler(lines, nil)))
+	h.obs <- health.Observation{Data: &health.RulesSource{Source: "file:test",
+		Raw: []byte(`{"modes":[{"rule":"version","mode":"observe",` +
+			`"constraint_set":{"version_constraint":"<2.0.0"}}]}`)}}
+	deadline := time.After(10 * time.Second)
+	for {
+		select {
+		case l := <-lines:
+			if !strings.Contains(l, "rollout configuration applied") {
+				continue
+			}
+			if !strings.Contains(l, `<2.0.0`) || strings.Contains(l, `u003c`) {
+				t.Fatalf("escaped for HTML: %s", l)
+			}
+			return
+		case <-deadline:
+			t.Fatal("the rules were never applied")
+		}
+	}
+}
+
+// logLines hands each log line written to the test (the syncer logs from
+// its own goroutine).
+type logLines chan string
+
+func (l logLines) Write(p []byte) (int, error) {
+	select {
+	case l <- string(p):
+	default: // the test reads what it needs; more is not kept
+	}
+	return len(p), nil
+}

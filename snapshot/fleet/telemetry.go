@@ -104,27 +104,17 @@ func (s *Syncer) initTelemetry() {
 			return nil
 		}))
 	m.Int64ObservableGauge("leasehold.capacity",
-		metric.WithDescription("capacity of executors holding a valid lease, by task: kind=total "+
-			"or in_use (their load)"),
+		metric.WithDescription("capacity of executors holding a valid lease, by task: "+
+			"kind=total; in_use, the load in their lease checks' output (up to 7.5 minutes "+
+			"old: Consul syncs an output-only change every check_update_interval); "+
+			"load_unreported, the capacity of those whose output carried no load yet"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			total, used := map[string]int64{}, map[string]int64{}
-			for _, e := range s.View().Executors() {
-				switch health.Eligible(e, health.Dispatcher{}).Reason {
-				case health.ReasonNone, health.ReasonFull, health.ReasonDraining:
-					total[e.Task] += int64(e.Capacity)
-					used[e.Task] += int64(e.Load)
-				default:
-					total[e.Task] += 0 // keep the series when nothing is valid
-					used[e.Task] += 0
+			for task, c := range capacityByTask(s.View().Executors()) {
+				for kind, n := range map[string]int64{"total": c.total, "in_use": c.inUse,
+					"load_unreported": c.unreported} {
+					o.Observe(n, metric.WithAttributes(attribute.String("task", task),
+						attribute.String("kind", kind)))
 				}
-			}
-			for task := range total {
-				o.Observe(total[task],
-					metric.WithAttributes(attribute.String("task", task),
-						attribute.String("kind", "total")))
-				o.Observe(used[task],
-					metric.WithAttributes(attribute.String("task", task),
-						attribute.String("kind", "in_use")))
 			}
 			return nil
 		}))
@@ -266,4 +256,31 @@ func (s *Syncer) explainBuild(g *group, task string, execs []health.Executor,
 				"route", d.Verdict.Route, "reason", d.Verdict.Reason, "detail", d.Verdict.Detail)
 		}
 	}
+}
+
+// taskCapacity is one task type's leasehold.capacity.
+type taskCapacity struct{ total, inUse, unreported int64 }
+
+// capacityByTask sums the capacity and load of the executors an
+// unconstrained dispatcher would route or that are draining or full, per
+// task type (every task type seen, so that its series stay when nothing is
+// valid). An executor whose lease check output carried no load yet (a new
+// one's reaches the catalog only with Consul's next output sync) adds its
+// capacity to unreported, not 0 to in_use: a silent 0 would read as idle.
+func capacityByTask(executors []health.Executor) map[string]taskCapacity {
+	out := map[string]taskCapacity{}
+	for _, e := range executors {
+		c := out[e.Task]
+		switch health.Eligible(e, health.Dispatcher{}).Reason {
+		case health.ReasonNone, health.ReasonFull, health.ReasonDraining:
+			c.total += int64(e.Capacity)
+			if e.LoadReported {
+				c.inUse += int64(e.Load)
+			} else {
+				c.unreported += int64(e.Capacity)
+			}
+		}
+		out[e.Task] = c
+	}
+	return out
 }

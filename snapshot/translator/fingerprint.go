@@ -87,6 +87,7 @@ func appendPrint(b []byte, e *health.Executor) []byte {
 	str(string(e.NodeChecks))
 	str(string(e.Other))
 	num(uint64(e.Load))
+	flag(e.LoadReported)
 	flag(e.Fenced)
 	str(e.NewerSessionID)
 	num(e.NewerGeneration)
