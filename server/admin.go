@@ -284,6 +284,9 @@ type ExplainVerdict struct {
 	Route         string `json:"route"`
 	Reason        string `json:"reason,omitempty"`
 	Detail        string `json:"detail,omitempty"`
+	// Cluster is the shard it is sent in, when its task type is split into
+	// shards for this set (translator.ShardName); empty otherwise.
+	Cluster string `json:"cluster,omitempty"`
 	// WouldExclude are the rules in observe mode that would have excluded it.
 	WouldExclude []health.Exclusion `json:"would_exclude,omitempty"`
 }
@@ -365,9 +368,13 @@ func explainExecutors(v *fleet.View, task string, asked ...health.Dispatcher) Ex
 		}
 		for gi, d := range groups {
 			verdict := verdicts[gi][ei]
-			x.Verdicts = append(x.Verdicts, ExplainVerdict{ConstraintSet: d.Key(),
+			ev := ExplainVerdict{ConstraintSet: d.Key(),
 				Route: string(verdict.Route), Reason: string(verdict.Reason),
-				Detail: verdict.Detail, WouldExclude: verdict.Observed})
+				Detail: verdict.Detail, WouldExclude: verdict.Observed}
+			if c := v.ClusterOf(e, d); c != e.Task {
+				ev.Cluster = c
+			}
+			x.Verdicts = append(x.Verdicts, ev)
 		}
 		out.Executors = append(out.Executors, x)
 	}

@@ -597,6 +597,9 @@ func (p printer) instance(ex server.ExplainExecutors, instance string) error {
 			if ex.ConstraintSets[i].Hypothetical {
 				fmt.Fprint(p.w, " (asked: no dispatcher with it is connected)")
 			}
+			if v.Cluster != "" {
+				fmt.Fprintf(p.w, " in shard %s", v.Cluster)
+			}
 			if v.Detail != "" {
 				fmt.Fprintf(p.w, " — %s", v.Detail)
 			}

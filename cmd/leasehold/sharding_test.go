@@ -1,8 +1,11 @@
 package main
 
 import (
+	"bytes"
+	"context"
 	"fmt"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -51,6 +54,17 @@ func TestADispatcherRoutesThroughShards(t *testing.T) {
 			return true
 		})
 	t.Logf("shards: %v", byShard)
+
+	// explain names the shard an executor is sent in.
+	var out, errOut bytes.Buffer
+	if code := runExplain(context.Background(),
+		[]string{"--admin-addr", addrs.admin, "--instance", "sh-0"}, &out, &errOut); code != 0 {
+		t.Fatalf("explain --instance sh-0: exit %d: %s", code, errOut.String())
+	}
+	if want := "in shard " + translator.ShardName("work", translator.ShardOf("sh-0", shards),
+		shards); !strings.Contains(out.String(), want) {
+		t.Fatalf("explain --instance sh-0 does not say %q:\n%s", want, out.String())
+	}
 
 	// Spread: over two seconds each executor gets within 1.6× of a sixth.
 	// Shards weighed alike would give a lone executor's shard as much as one

@@ -6,6 +6,7 @@ import (
 	"sync"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // View is one decided state of the fleet: the executors (joined, fenced)
@@ -35,6 +36,7 @@ type View struct {
 	unrecorded map[health.SessionKey]struct{}
 
 	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
+	shards   map[string]int      // per task type: its shards for sets taking weighted clusters
 	flatOnce sync.Once
 	flat     []health.Executor
 	sessions Sessions
@@ -169,10 +171,37 @@ func (s *Syncer) publishView() {
 		unrecorded:       s.marks.awaitedView,
 		byTask:           byTask,
 		sessions:         s.sessionIx.view(),
+		shards:           s.shardCounts(),
 		changed:          make(chan struct{}),
 	}
 	old := s.view.Swap(v)
 	close(old.changed)
+}
+
+// shardCounts is each sharded task type's shard count (sharded ones only).
+func (s *Syncer) shardCounts() map[string]int {
+	var out map[string]int
+	for _, task := range taskNames(s.members) {
+		execs, _ := s.taskExecutors(task)
+		if n := translator.ShardCount(len(execs), s.cfg.ShardSize); n > 1 {
+			if out == nil {
+				out = map[string]int{}
+			}
+			out[task] = n
+		}
+	}
+	return out
+}
+
+// ClusterOf is the cluster (and load assignment) e is sent in to dispatchers
+// of constraint set d: its task type's, or the shard's when the task is
+// sharded (translator.ShardName).
+func (v *View) ClusterOf(e health.Executor, d health.Dispatcher) string {
+	n := v.shards[e.Task]
+	if d.SingleCluster {
+		n = 1
+	}
+	return translator.ShardName(e.Task, translator.ShardOf(e.InstanceID, n), n)
 }
 
 // Decide is the verdict on e alone for constraint set d under the rule
