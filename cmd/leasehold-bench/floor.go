@@ -119,15 +119,6 @@ func (p *floorPlan) add(resp *discovery.DiscoveryResponse) error {
 	return nil
 }
 
-// responseHosts is the healthy hosts a response's load assignments list.
-func responseHosts(resp *discovery.DiscoveryResponse) map[string]bool {
-	set := map[string]bool{}
-	for _, res := range resp.GetResources() {
-		healthyHosts(res.GetValue(), set)
-	}
-	return set
-}
-
 // floor replays stream 0's responses from the bare server to fresh light
 // streams and measures push → last stream has it.
 func (b *bench) floor() error {

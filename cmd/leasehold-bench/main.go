@@ -600,6 +600,9 @@ func (res results) invocation() string {
 	if res.bulkLease > 0 {
 		cmd, extended = cmd+" --bulk-lease "+res.bulkLease.String(), true
 	}
+	if *shardSize != syncfleet.DefaultShardSize {
+		cmd, extended = cmd+fmt.Sprintf(" --shard-size %d", *shardSize), true
+	}
 	if res.busy != nil {
 		cmd, extended = cmd+fmt.Sprintf(" --flapping %d --flap-rate %g",
 			res.busy.services, res.busy.rate), true
