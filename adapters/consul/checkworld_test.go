@@ -314,15 +314,19 @@ type faultyWorld struct {
 	// checks in state fail
 	failFresh map[string]int
 	// failAll[state]: every read of the checks in state fails
-	failAll    map[string]bool
-	nodeDelay  time.Duration
+	failAll   map[string]bool
+	nodeDelay time.Duration
+	// freshDelay[state]: how long every fresh (index 0) read of the checks
+	// in state takes (a Consul busy serving a large listing)
+	freshDelay map[string]time.Duration
 	serfCalls  atomic.Int64
 	nodeCalls  atomic.Int64
 	freshCalls atomic.Int64
 }
 
 func newFaulty(w *worldCatalog) *faultyWorld {
-	return &faultyWorld{worldCatalog: w, failFresh: map[string]int{}, failAll: map[string]bool{}}
+	return &faultyWorld{worldCatalog: w, failFresh: map[string]int{}, failAll: map[string]bool{},
+		freshDelay: map[string]time.Duration{}}
 }
 
 var errInjected = errors.New("injected: 500 rpc error")
@@ -335,14 +339,23 @@ func (f *faultyWorld) ChecksInState(
 ) (api.HealthChecks, uint64, error) {
 	f.mu.Lock()
 	fail := f.failAll[state]
+	var delay time.Duration
 	if index == 0 {
 		f.freshCalls.Add(1)
 		if f.failFresh[state] > 0 {
 			f.failFresh[state]--
 			fail = true
 		}
+		delay = f.freshDelay[state]
 	}
 	f.mu.Unlock()
+	if delay > 0 {
+		select {
+		case <-time.After(delay):
+		case <-ctx.Done():
+			return nil, 0, ctx.Err()
+		}
+	}
 	if fail {
 		return nil, 0, errInjected
 	}

@@ -267,6 +267,19 @@ func (w *Watcher) applyFast(
 	}
 	if (changed || f.crossPending[name]) && otherRead {
 		// (until both were read once, no set goes out).
+		if state == api.HealthCritical && !f.crossPending[name] && len(f.carry) == 0 &&
+			!f.gap && containsAll(f.crit, mineBefore) {
+			// Checks only entered the critical state (a lapse) or changed
+			// within it: nothing is missing from both states, so the set
+			// goes out now, not after the warning checks' fresh read — a
+			// Consul round trip, long while Consul serves a large listing
+			// (every check change wakes the task's catalog watch). The read
+			// follows, and a set it changes goes out after it.
+			deliver := w.publish(ctx)
+			f.mu.Unlock()
+			deliver()
+			f.mu.Lock()
+		}
 		w.readOtherState(ctx, name, state, mineBefore)
 	}
 	w.readNodesBack(ctx, before)
@@ -321,6 +334,16 @@ func (w *Watcher) takeFast(
 	changed = !*read || !reflect.DeepEqual(states, *mine)
 	*mine, *read, *index, *current = states, true, idx, at
 	return changed, nil
+}
+
+// containsAll reports whether every check of sub is in set.
+func containsAll(set, sub []health.CheckState) bool {
+	for _, c := range sub {
+		if !containsCheck(set, c) {
+			return false
+		}
+	}
+	return true
 }
 
 // readOtherState reads the other state's checks afresh after state's

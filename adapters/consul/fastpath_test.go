@@ -821,3 +821,40 @@ func TestFastPathGapStillCarriesLapses(t *testing.T) {
 		}
 	}
 }
+
+// TestALapseGoesOutBeforeTheCrossRead: a check entering the critical state
+// leaves nothing missing from both states, so the set carrying it goes out
+// before the warning checks are read afresh — with Consul slow to answer
+// that read (busy serving a large listing: 500 ms here), the lapse is not
+// held behind it. The cross read still happens and its answer follows.
+func TestALapseGoesOutBeforeTheCrossRead(t *testing.T) {
+	world := newWorld(99, serfCheck("n1", "passing", 5, 5))
+	world.set(leaseCheck("passing")) // 100
+	fw := newFaulty(world)
+	_, out := runWorld(t, fw, WatchConfig{MinInterval: time.Millisecond})
+	nextObs(t, out, "first set", func(o health.Observation) bool { return o.NonPassing() != nil })
+	fw.mu.Lock()
+	fw.freshDelay[api.HealthWarning] = 500 * time.Millisecond
+	fw.mu.Unlock()
+	fresh := fw.freshCalls.Load()
+	start := time.Now()
+	world.set(leaseCheck("critical")) // 101: a lapses
+	nextObs(t, out, "the lapse", func(o health.Observation) bool {
+		np := o.NonPassing()
+		if np == nil {
+			return false
+		}
+		c, ok := checkIn(np, "n1", health.CheckID("a", "s1", "work"))
+		return ok && c.Status == health.StatusCritical
+	})
+	if d := time.Since(start); d >= 400*time.Millisecond {
+		t.Fatalf("the lapse went out after %v: held behind the warning checks' fresh read", d)
+	}
+	for deadline := time.After(5 * time.Second); fw.freshCalls.Load() == fresh; {
+		select {
+		case <-deadline:
+			t.Fatal("the warning checks were never read afresh after the lapse")
+		case <-time.After(10 * time.Millisecond):
+		}
+	}
+}
