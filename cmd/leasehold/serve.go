@@ -136,6 +136,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		parts.run("authorization policy", sec.policy.Run)
 	}
 	parts.run("systemd notifications", systemdNotify{readiness: p.syncer.Readiness, log: log}.Run)
+	parts.run("startup memory", startupMemory{view: p.syncer.View}.Run)
 
 	g := newGRPCServer(sec.creds, tel)
 	xds := server.NewXDS(
