@@ -335,7 +335,8 @@ type directSyncer struct {
 // registration on every batch).
 func newDirectSyncer(t *testing.T, clock clockwork.Clock, full bool,
 	groups []health.Dispatcher) *directSyncer {
-	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clock})
+	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clock,
+		ShardSize: worldShardSize})
 	s.fullBatches = full
 	ctx := context.Background()
 	for _, d := range groups {
@@ -1040,6 +1041,23 @@ func worldSeeds(defaults ...uint64) []uint64 {
 // (i2/s6, LAPSED), where a history that forgot registered sessions would make
 // the two syncers disagree.
 func TestIncrementalEqualsFullInAWideRandomWorld(t *testing.T) {
+	for _, seed := range worldSeeds(24, 26) {
+		t.Run(fmt.Sprint("seed=", seed),
+			func(t *testing.T) { runRandomWorld(t, seed, worldSteps(), false) })
+	}
+}
+
+// worldShardSize is the random worlds' SyncConfig.ShardSize (0: the
+// default, which their small task types never reach).
+var worldShardSize int
+
+// TestIncrementalEqualsFullWithShards: the same world with task types split
+// into shards of at most 3 (the count following joins and leaves), so every
+// path of a sharded build — shards re-assembled or kept, the count changing
+// and the builders starting afresh — is compared with a full recomputation.
+func TestIncrementalEqualsFullWithShards(t *testing.T) {
+	worldShardSize = 3
+	t.Cleanup(func() { worldShardSize = 0 })
 	for _, seed := range worldSeeds(24, 26) {
 		t.Run(fmt.Sprint("seed=", seed),
 			func(t *testing.T) { runRandomWorld(t, seed, worldSteps(), false) })
