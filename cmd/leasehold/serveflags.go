@@ -49,6 +49,10 @@ func serviceTagFlag(fs *pflag.FlagSet, dst *string, usage string) {
 	alias(fs, "tag", "service-tag")
 }
 
+// minShardSize is the smallest --shard-size taken: below it a large task
+// type would become thousands of clusters behind one route.
+const minShardSize = 100
+
 // serveFlags are leasehold serve's flags before validation.
 type serveFlags struct {
 	fs                       *pflag.FlagSet
@@ -209,9 +213,10 @@ func (f *serveFlags) config() (*serveConfig, error) {
 				"refuses more than 200 from one address: lower it",
 				cfg.consulMaxConns, max(len(cfg.datacenters), 1), n))
 	}
-	if cfg.shardSize < 0 {
-		bad("shard-size", fmt.Sprintf("%d: want a number of endpoints (0: never shard)",
-			cfg.shardSize))
+	if cfg.shardSize < 0 || (cfg.shardSize > 0 && cfg.shardSize < minShardSize) {
+		bad("shard-size", fmt.Sprintf("%d: want at least %d endpoints per shard, or 0 never "+
+			"to shard (a shard is a cluster every dispatcher of the task type holds)",
+			cfg.shardSize, minShardSize))
 	}
 	if p, err := health.ParseLBPolicy("--lb-policy", f.lbPolicy); err != nil {
 		bad("lb-policy", err.Error())

@@ -185,10 +185,7 @@ func (s *Syncer) routeOf(g *group, task string,
 		r := translator.Route(task)
 		return r, s.staticVersion(resource.RouteType, task, r)
 	}
-	weights := make([]uint32, len(shards))
-	for i, sh := range shards {
-		weights[i] = translator.ShardWeight(sh.Capacity)
-	}
+	weights := translator.ShardWeights(shards)
 	if sr, ok := g.routes[task]; ok && slices.Equal(sr.weights, weights) {
 		return sr.route, sr.version
 	}

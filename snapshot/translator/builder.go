@@ -143,8 +143,12 @@ type Shard struct {
 	Name    string // ShardName: the cluster's and the load assignment's
 	CLA     *endpointv3.ClusterLoadAssignment
 	Version string // content version: equal on every replica for equal inputs
-	// Capacity is the sum of its HEALTHY endpoints' weights at priority 0:
-	// what its route weight follows (ShardWeight).
+	// Rank is the failover rank (Failover) of the best-placed datacenter
+	// where it has HEALTHY endpoints — where a client sends its share, since
+	// a priority with none fails over to the next (-1: none at all) — and
+	// Capacity the sum of their weights: what its route weight follows
+	// (ShardWeights).
+	Rank     int
 	Capacity uint64
 }
 
@@ -178,7 +182,9 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	if bl.shards == 1 {
 		cla, version := bl.assemble(task, b.sorted, len(b.sorted)-len(b.losers), d)
 		r.CLA, r.Version = cla, version
-		r.Shards = []Shard{{Name: task, CLA: cla, Version: version, Capacity: capacityOf(cla)}}
+		rank, capacity := bl.serving(cla, d)
+		r.Shards = []Shard{{Name: task, CLA: cla, Version: version, Rank: rank,
+			Capacity: capacity}}
 	} else {
 		r.Shards = bl.assembleShards(task, &b, d, restarted)
 		r.Version = shardsVersion(r.Shards)

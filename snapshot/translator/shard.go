@@ -87,7 +87,7 @@ func TaskOf(name string) string {
 const ShardWeightStep = 0.05
 
 // ShardWeight is the route weight of a shard of routed capacity c (the sum
-// of its HEALTHY endpoints' weights at priority 0): 0 for none, else c
+// of the weights of the HEALTHY endpoints it serves from: Shard): 0 for none, else c
 // rounded to the nearest point of the grid. Ten thousand executors of
 // capacity 128 weigh at most ~1.3 million, far from the uint32 total
 // grpc-go accepts.
@@ -101,7 +101,7 @@ func ShardWeight(c uint64) uint32 {
 }
 
 // ShardedRoute is task's route over its shards, weighted by weights[i]
-// (ShardWeight of shard i's capacity). A shard of weight 0 is left out of
+// (ShardWeights). A shard of weight 0 is left out of
 // the clients' pick (grpc-go skips it; Envoy never picks it); when every
 // shard weighs 0 (nothing routable) each weighs 1 instead, since grpc-go
 // refuses a route whose weights sum to 0 and Envoy one whose weights do:
@@ -184,26 +184,60 @@ func (bl *Builder) assembleShards(task string, b *build, d health.Dispatcher,
 			shards[i] = bl.prev[i] // the same content: the same message
 			continue
 		}
-		shards[i] = Shard{Name: name, CLA: cla, Version: version, Capacity: capacityOf(cla)}
+		rank, capacity := bl.serving(cla, d)
+		shards[i] = Shard{Name: name, CLA: cla, Version: version, Rank: rank,
+			Capacity: capacity}
 	}
 	return shards
 }
 
-// capacityOf is a load assignment's routed capacity: the weights of its
-// HEALTHY endpoints at priority 0, the ones new work goes to.
-func capacityOf(cla *endpointv3.ClusterLoadAssignment) uint64 {
-	var c uint64
+// serving is where a load assignment's new work goes for dispatchers of d:
+// the failover rank of the best-placed datacenter with HEALTHY endpoints
+// (-1: none) and the sum of those endpoints' weights.
+func (bl *Builder) serving(cla *endpointv3.ClusterLoadAssignment,
+	d health.Dispatcher) (rank int, capacity uint64) {
+	rank = -1
 	for _, loc := range cla.GetEndpoints() {
-		if loc.GetPriority() != 0 {
-			continue
-		}
+		var c uint64
 		for _, lb := range loc.GetLbEndpoints() {
 			if lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY {
 				c += uint64(lb.GetLoadBalancingWeight().GetValue())
 			}
 		}
+		if c == 0 {
+			continue
+		}
+		r := bl.Failover.rank(d.Datacenter, loc.GetLocality().GetRegion())
+		switch {
+		case rank < 0 || r < rank:
+			rank, capacity = r, c
+		case r == rank:
+			capacity += c
+		}
 	}
-	return c
+	return rank, capacity
+}
+
+// ShardWeights are the route weights of a task's shards: each shard's
+// capacity on the ShardWeight grid if it serves from the best-placed
+// datacenter any shard serves from, else 0. A shard without executors in the
+// dispatcher's own datacenter would otherwise draw its share to another
+// while the own one has healthy executors in other shards: failover stays
+// per task, as without shards.
+func ShardWeights(shards []Shard) []uint32 {
+	best := -1
+	for _, sh := range shards {
+		if sh.Rank >= 0 && (best < 0 || sh.Rank < best) {
+			best = sh.Rank
+		}
+	}
+	weights := make([]uint32, len(shards))
+	for i, sh := range shards {
+		if sh.Rank == best && best >= 0 {
+			weights[i] = ShardWeight(sh.Capacity)
+		}
+	}
+	return weights
 }
 
 // shardsVersion is the content version of a sharded build as a whole: a

@@ -184,9 +184,9 @@ func TestShardedBuilderIncrementalEqualsFresh(t *testing.T) {
 				sh.Version != want.Shards[i].Version {
 				t.Fatalf("step %d: shard %d differs from a fresh build", step, i)
 			}
-			if sh.Capacity != capacityOf(want.Shards[i].CLA) {
-				t.Fatalf("step %d: shard %d capacity %d, its endpoints say %d", step, i,
-					sh.Capacity, capacityOf(want.Shards[i].CLA))
+			if sh.Capacity != want.Shards[i].Capacity || sh.Rank != want.Shards[i].Rank {
+				t.Fatalf("step %d: shard %d serves %d at rank %d, a fresh build says %d at %d",
+					step, i, sh.Capacity, sh.Rank, want.Shards[i].Capacity, want.Shards[i].Rank)
 			}
 			for _, loc := range sh.CLA.GetEndpoints() {
 				for _, lb := range loc.GetLbEndpoints() {
@@ -283,11 +283,10 @@ func TestShardsSendOneEndpointPerSocketAcrossShards(t *testing.T) {
 func TestShardedResourcesAreConsistent(t *testing.T) {
 	d, _ := health.NewDispatcher("", nil)
 	res := (&Builder{Shards: 3}).BuildPrinted("work", fleettest.Executors(90), nil, d)
-	weights := make([]uint32, len(res.Shards))
+	weights := ShardWeights(res.Shards)
 	var clusters []*clusterv3.Cluster
 	var loads []*endpointv3.ClusterLoadAssignment
-	for i, sh := range res.Shards {
-		weights[i] = ShardWeight(sh.Capacity)
+	for _, sh := range res.Shards {
 		clusters = append(clusters, Cluster(sh.Name, health.DefaultLBPolicy))
 		loads = append(loads, sh.CLA)
 	}
@@ -309,4 +308,47 @@ func loadsOf(shards []Shard) []*endpointv3.ClusterLoadAssignment {
 		out[i] = sh.CLA
 	}
 	return out
+}
+
+// Failover stays per task: with three executors in the dispatcher's own
+// datacenter and 3,000 in another, spread over four shards, no route weight
+// goes to a shard that would serve from the other datacenter — unsharded,
+// every call goes to the own datacenter's executors. Once none is healthy
+// there, the shards weigh what they serve from the next.
+func TestShardedFailoverKeepsTheOwnDatacenterFirst(t *testing.T) {
+	failover := Failover{Local: "dc1", Order: []string{"dc1", "dc2"}}
+	d, _ := health.NewDispatcher("", nil)
+	d = d.InDatacenter("dc1")
+	var es []health.Executor
+	for i := range 3 {
+		es = append(es, dcExecutor("dc1", "", fmt.Sprintf("local-%d", i), 10000+i))
+	}
+	for i := range 3000 {
+		es = append(es, dcExecutor("dc2", "", fmt.Sprintf("remote-%d", i), 20000+i))
+	}
+	n := ShardCount(len(es), 1000)
+	res := (&Builder{Failover: failover, Shards: n}).BuildPrinted("work", es, nil, d)
+	weights := ShardWeights(res.Shards)
+	var total uint64
+	for i, sh := range res.Shards {
+		total += uint64(weights[i])
+		if weights[i] > 0 && sh.Rank != 0 {
+			t.Fatalf("shard %d serves from rank %d (dc2) and weighs %d while dc1 has healthy "+
+				"executors", i, sh.Rank, weights[i])
+		}
+	}
+	if total == 0 {
+		t.Fatal("no shard weighs anything: the own datacenter's executors get no calls")
+	}
+	for i := range 3 {
+		es[i].LeaseStatus = health.StatusCritical // dc1 lapses whole
+	}
+	res = (&Builder{Failover: failover, Shards: n}).BuildPrinted("work", es, nil, d)
+	weights = ShardWeights(res.Shards)
+	for i, sh := range res.Shards {
+		if sh.Rank != 1 || weights[i] == 0 {
+			t.Fatalf("dc1 gone: shard %d serves from rank %d, weighs %d; want dc2's", i, sh.Rank,
+				weights[i])
+		}
+	}
 }
