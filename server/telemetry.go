@@ -13,7 +13,6 @@ import (
 	tracenoop "go.opentelemetry.io/otel/trace/noop"
 
 	"github.com/leasehold/leasehold/snapshot/fleet"
-	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // lapseWait is how long a lapse waits for every affected stream's ACK before
@@ -137,9 +136,9 @@ func (x *XDS) onPublish(p fleet.Publication) {
 	if p.LapsedAt.IsZero() {
 		return
 	}
-	removed := map[string]bool{}
-	for _, t := range p.RemovedTasks {
-		removed[t] = true
+	removed := map[string]bool{} // load assignments that changed with a removal
+	for _, n := range p.RemovedLoads {
+		removed[n] = true
 	}
 	pl := &pendingLapse{at: p.LapsedAt, published: time.Now(), waiting: map[int64]bool{}}
 	for id, s := range x.streams {
@@ -155,7 +154,7 @@ func (x *XDS) onPublish(p fleet.Publication) {
 			continue
 		}
 		for _, name := range t.Subscribed {
-			if removed[translator.TaskOf(name)] { // a shard's name, or its task's
+			if removed[name] {
 				pl.waiting[id] = true
 				break
 			}

@@ -34,6 +34,10 @@ type Publication struct {
 	// removes (zero: none).
 	LapsedAt     time.Time
 	RemovedTasks []string // task types whose endpoints lost or drained one
+	// RemovedLoads are the load assignments of those task types that changed:
+	// the task's, or the shards' of a sharded one (a stream waits for the
+	// removal only if it follows one of them).
+	RemovedLoads []string
 }
 
 // Notify registers f to be called (from Run; it must not block) for every
@@ -150,7 +154,7 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		))
 	// Listeners hear of the publication before any response it causes.
 	pub := Publication{Group: key, Snapshot: snap, Ctx: ctx, LapsedAt: g.lapsedAt,
-		RemovedTasks: g.removedTasks}
+		RemovedTasks: g.removedTasks, RemovedLoads: g.removedLoads}
 	for _, f := range s.listeners {
 		f(pub)
 	}
@@ -161,6 +165,7 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		return
 	}
 	g.dirty, g.urgent, g.lapsedAt, g.removedTasks = false, false, time.Time{}, nil
+	g.removedLoads = nil
 	g.changes = g.changes[:0]
 	if s.cfg.OnPublish != nil {
 		s.cfg.OnPublish(key, snap)

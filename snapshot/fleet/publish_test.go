@@ -677,3 +677,23 @@ func (e endedSpans) OnEnd(s sdktrace.ReadOnlySpan) {
 	default:
 	}
 }
+
+// A removal in one shard names that shard alone, so only streams following
+// it wait for the push (a stream following other shards is sent nothing and
+// must not be counted as a lapse it never got).
+func TestChangedLoadsNameOnlyTheShardsThatChanged(t *testing.T) {
+	old := []translator.Shard{{Name: "work/shard-0", Version: "a"},
+		{Name: "work/shard-1", Version: "b"}}
+	next := []translator.Shard{{Name: "work/shard-0", Version: "a"},
+		{Name: "work/shard-1", Version: "c"}}
+	if got := changedLoads(old, next); len(got) != 1 || got[0] != "work/shard-1" {
+		t.Fatalf("changed %v, want [work/shard-1]", got)
+	}
+	grown := append(next, translator.Shard{Name: "work/shard-2", Version: "d"})
+	if got := changedLoads(next, grown); len(got) != 1 || got[0] != "work/shard-2" {
+		t.Fatalf("a new shard: changed %v, want [work/shard-2]", got)
+	}
+	if got := changedLoads(nil, []translator.Shard{{Name: "work", Version: "e"}}); len(got) != 1 {
+		t.Fatalf("unsharded: changed %v, want [work]", got)
+	}
+}

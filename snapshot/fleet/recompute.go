@@ -181,6 +181,7 @@ func (s *Syncer) rebuild(g *group, task string) {
 	if old != nil && removes {
 		g.urgent = true
 		g.removedTasks = append(g.removedTasks, task)
+		g.removedLoads = append(g.removedLoads, changedLoads(old, r.Shards)...)
 		if !s.batchLapse.IsZero() && (g.lapsedAt.IsZero() || s.batchLapse.Before(g.lapsedAt)) {
 			g.lapsedAt = s.batchLapse
 		}
@@ -195,6 +196,22 @@ func (s *Syncer) shardCount(d health.Dispatcher, n int) int {
 		return 1
 	}
 	return translator.ShardCount(n, s.cfg.ShardSize)
+}
+
+// changedLoads are the names of the shards of next that old did not have
+// with the same content.
+func changedLoads(old, next []translator.Shard) []string {
+	was := make(map[string]string, len(old))
+	for _, sh := range old {
+		was[sh.Name] = sh.Version
+	}
+	var out []string
+	for _, sh := range next {
+		if v, ok := was[sh.Name]; !ok || v != sh.Version {
+			out = append(out, sh.Name)
+		}
+	}
+	return out
 }
 
 // sameShards reports whether two builds' shards have the same names and

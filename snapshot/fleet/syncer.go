@@ -247,6 +247,7 @@ type group struct {
 	dirty        bool      // something changed
 	urgent       bool      // an endpoint was removed or started draining: publish at once
 	removedTasks []string  // tasks whose endpoints lost or drained one
+	removedLoads []string  // their load assignments that changed (a shard's, or the task's)
 	lapsedAt     time.Time // when Consul reported the earliest lapse behind them
 	// The consul_change spans of the batches that changed it (markDirty).
 	changes []trace.SpanContext
