@@ -69,9 +69,13 @@ func (h *errorLog) handle(err error) {
 // to its endpoint, which say nothing a person understands on their own.
 func exportHint(msg string) string {
 	switch {
-	case strings.Contains(msg, "malformed HTTP response"):
+	case strings.Contains(msg, "malformed HTTP response"),
+		strings.Contains(msg, "readLoopPeekFailLocked"):
 		// An HTTP/1.1 client (OTLP/HTTP) reading the HTTP/2 frames a gRPC
-		// server answers with: "\x00\x00\x06\x04…" is a SETTINGS frame.
+		// server answers with: "\x00\x00\x06\x04…" is a SETTINGS frame. A
+		// server that sends it before the request is written makes net/http
+		// fail with readLoopPeekFailLocked instead (it saw bytes on an idle
+		// connection).
 		return "the endpoint speaks gRPC (HTTP/2), not OTLP/HTTP: set " +
 			"OTEL_EXPORTER_OTLP_PROTOCOL=grpc, or point OTEL_EXPORTER_OTLP_ENDPOINT at the " +
 			"collector's OTLP/HTTP port (4318 by convention)"

@@ -181,9 +181,12 @@ func (s *Syncer) publishView() {
 // shardCounts is each sharded task type's shard count (sharded ones only).
 func (s *Syncer) shardCounts() map[string]int {
 	var out map[string]int
-	for _, task := range taskNames(s.members) {
-		execs, _ := s.taskExecutors(task)
-		if n := translator.ShardCount(len(execs), s.cfg.ShardSize); n > 1 {
+	regs := map[string]int{} // per task type: its registrations in every datacenter
+	for k, ts := range s.fleet {
+		regs[k.task] += len(ts.execs)
+	}
+	for task, count := range regs {
+		if n := translator.ShardCount(count, s.cfg.ShardSize); n > 1 {
 			if out == nil {
 				out = map[string]int{}
 			}
