@@ -14,7 +14,7 @@ import (
 // index per instance and, on each change, indexes again only the instances
 // the change concerns; Views share the index by shard, copied on write.
 type Sessions struct {
-	shards *[sessionShards]map[string]health.SessionIndex
+	shards *[sessionShards]map[string]*health.SessionIndex
 }
 
 const sessionShards = 64
@@ -35,7 +35,10 @@ func (x Sessions) Check(instanceID, sessionID string) health.SessionStatus {
 
 // sessionIndex is the syncer's side of Sessions.
 type sessionIndex struct {
-	shards [sessionShards]map[string]health.SessionIndex
+	// Pointers, not values: a shard map keeps the slots of its largest size
+	// (deletions do not shrink it) until it is next copied, and an index
+	// is several slices and maps wide.
+	shards [sessionShards]map[string]*health.SessionIndex
 	owned  [sessionShards]bool // copied since the last View took the shards
 }
 
@@ -45,7 +48,7 @@ func (x *sessionIndex) update(inst string, regs []health.Executor, past []health
 	if !x.owned[i] {
 		x.shards[i] = maps.Clone(x.shards[i])
 		if x.shards[i] == nil {
-			x.shards[i] = map[string]health.SessionIndex{}
+			x.shards[i] = map[string]*health.SessionIndex{}
 		}
 		x.owned[i] = true
 	}
@@ -53,7 +56,8 @@ func (x *sessionIndex) update(inst string, regs []health.Executor, past []health
 		delete(x.shards[i], inst)
 		return
 	}
-	x.shards[i][inst] = health.IndexSessions(regs, past)
+	ix := health.IndexSessions(regs, past)
+	x.shards[i][inst] = &ix
 }
 
 // view hands the current shards to a View: later updates copy them first.
