@@ -144,6 +144,14 @@ func TestLapseStaysFinalWhenItsMarkIsPruned(t *testing.T) {
 // startServeStoppable is startServe with a stop the test calls itself.
 func startServeStoppable(t *testing.T, a *consultest.Agent) (listening, func()) {
 	t.Helper()
+	return startServeStoppableAs(t, a, "serve")
+}
+
+// startServeStoppableAs is startServeStoppable logging as name, with the
+// configuration tuned by tune (another --xds-addr, say).
+func startServeStoppableAs(t *testing.T, a *consultest.Agent, name string,
+	tune ...func(*serveConfig)) (listening, func()) {
+	t.Helper()
 	ctx, cancel := context.WithCancel(context.Background())
 	bound, served := make(chan listening, 1), make(chan error, 1)
 	cfg := &serveConfig{
@@ -153,9 +161,12 @@ func startServeStoppable(t *testing.T, a *consultest.Agent) (listening, func()) 
 		tag:            "leasehold",
 		consulMaxConns: 8,
 	}
+	for _, f := range tune {
+		f(cfg)
+	}
 	go func() {
 		served <- serve(ctx, cfg,
-			slog.New(slog.NewTextHandler(testWriter{t, "serve"}, nil)), bound)
+			slog.New(slog.NewTextHandler(testWriter{t, name}, nil)), bound)
 	}()
 	var l listening
 	select {

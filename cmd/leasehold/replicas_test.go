@@ -1,10 +1,8 @@
 package main
 
 import (
-	"context"
 	"encoding/json"
 	"fmt"
-	"log/slog"
 	"net"
 	"net/http"
 	"strconv"
@@ -25,29 +23,9 @@ type replica struct {
 // startReplica runs leasehold serve against a with its xDS port at xdsAddr.
 func startReplica(t *testing.T, a *consultest.Agent, name, xdsAddr string) *replica {
 	t.Helper()
-	ctx, cancel := context.WithCancel(context.Background())
-	bound, served := make(chan listening, 1), make(chan error, 1)
-	cfg := &serveConfig{consulAddr: a.HTTPAddr(), xdsAddr: xdsAddr, adminAddr: "127.0.0.1:0",
-		tag: "leasehold", consulMaxConns: 8}
-	go func() {
-		served <- serve(ctx, cfg, slog.New(slog.NewTextHandler(testWriter{t, name}, nil)), bound)
-	}()
-	r := &replica{}
-	select {
-	case r.addrs = <-bound:
-	case err := <-served:
-		t.Fatalf("%s: %v", name, err)
-	}
-	stopped := false
-	r.stop = func() {
-		if !stopped {
-			stopped = true
-			cancel()
-			<-served
-		}
-	}
-	t.Cleanup(r.stop)
-	return r
+	addrs, stop := startServeStoppableAs(t, a, name,
+		func(c *serveConfig) { c.xdsAddr = xdsAddr })
+	return &replica{addrs: addrs, stop: stop}
 }
 
 // streamsOf is the node ids of the xDS streams open on a replica.
