@@ -32,7 +32,7 @@ import (
 // number of lapses, the same spacing; the victims are the next executors.
 
 // consulLapses lets executors [n, 2n) lapse and measures lease expiry →
-// Consul's EDS without it.
+// the last of the Consul clients without it.
 func (b *bench) consulLapses() error {
 	if !*compare || b.n == 0 {
 		return nil
@@ -52,20 +52,36 @@ func (b *bench) consulLapses() error {
 		}
 		b.res.consulLapse = append(b.res.consulLapse, c.goneAt(port).Sub(expiries[k]))
 	}
-	logf("%d lapses through Consul's own xDS (its own phase): %s",
-		len(victims), dist(b.res.consulLapse))
+	logf("%d lapses through Consul's own xDS (its own phase, %d clients): %s",
+		len(victims), len(c.clients), dist(b.res.consulLapse))
 	return nil
 }
 
-// followConsul registers the dispatcher proxy and follows its EDS until it
-// offers every executor still heartbeating.
-func (b *bench) followConsul() (*consulEDS, error) {
+// consulClientCount is how many delta clients follow Consul's xDS: as
+// many as leasehold's streams unless --consul-xds-clients says otherwise, so
+// that both paths push to the same number of clients.
+func consulClientCount() int {
+	if *consulClients > 0 {
+		return *consulClients
+	}
+	return *dispatchers
+}
+
+// followConsul registers the dispatcher proxy and follows its EDS with
+// consulClientCount clients until each offers every executor still
+// heartbeating.
+func (b *bench) followConsul() (*consulSet, error) {
 	if err := registerDispatcherProxy(b.clients[0], b.fleet.tasks); err != nil {
 		return nil, fmt.Errorf("dispatcher proxy: %w", err)
 	}
-	c, err := followConsulEDS(b.ctx, fmt.Sprintf("127.0.0.1:%d", b.agent.Ports.GRPC), b.fleet.tasks)
-	if err != nil {
-		return nil, err
+	addr := fmt.Sprintf("127.0.0.1:%d", b.agent.Ports.GRPC)
+	c := &consulSet{}
+	for range consulClientCount() {
+		e, err := followConsulEDS(b.ctx, addr, b.fleet.tasks)
+		if err != nil {
+			return nil, err
+		}
+		c.clients = append(c.clients, e)
 	}
 	live := b.fleet.live()
 	offersLive := func(p map[uint32]bool) bool {
@@ -76,16 +92,45 @@ func (b *bench) followConsul() (*consulEDS, error) {
 		}
 		return true
 	}
-	if err := c.await(offersLive, 120*time.Second); err != nil {
-		c.mu.Lock()
-		got := len(c.ports)
-		c.mu.Unlock()
-		return nil, fmt.Errorf(
-			"the EDS of Consul never offered the live fleet (%d offered, %d live): %w",
-			got, len(live), err)
+	for _, e := range c.clients {
+		if err := e.await(offersLive, 120*time.Second); err != nil {
+			e.mu.Lock()
+			got := len(e.ports)
+			e.mu.Unlock()
+			return nil, fmt.Errorf(
+				"the EDS of Consul never offered the live fleet (%d offered, %d live): %w",
+				got, len(live), err)
+		}
 	}
-	logf("Consul's own xDS offers all %d live executors' sidecars", len(live))
+	logf("Consul's own xDS offers all %d live executors' sidecars to %d clients",
+		len(live), len(c.clients))
 	return c, nil
+}
+
+// consulSet is the delta clients following Consul's xDS, each on a stream
+// (and connection) of its own, as the dispatcher proxy's sidecars would be.
+type consulSet struct{ clients []*consulEDS }
+
+// await waits until cond holds at every client.
+func (c *consulSet) await(cond func(map[uint32]bool) bool, timeout time.Duration) error {
+	deadline := time.Now().Add(timeout)
+	for _, e := range c.clients {
+		if err := e.await(cond, time.Until(deadline)); err != nil {
+			return err
+		}
+	}
+	return nil
+}
+
+// goneAt is when the last client stopped offering port.
+func (c *consulSet) goneAt(port uint32) time.Time {
+	var last time.Time
+	for _, e := range c.clients {
+		if t := e.goneAt(port); t.After(last) {
+			last = t
+		}
+	}
+	return last
 }
 
 const dispatcherService = "bench-dispatcher"

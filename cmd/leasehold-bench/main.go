@@ -90,9 +90,15 @@ var (
 		"file to write the results into (empty: stdout only)")
 	profile = flag.String("profile", "",
 		"write a CPU profile of leasehold serve during the lapses to this file")
+	traceOut = flag.String("trace", "",
+		"write an execution trace of leasehold serve during the lapses to this file "+
+			"(go tool trace; -pprof=net, sync or sched for where pushes wait)")
 	compare = flag.Bool("consul-xds", true,
 		"also measure as many lapses through Consul's own xDS (Connect sidecars), "+
 			"in a phase after leasehold's")
+	consulClients = flag.Int("consul-xds-clients", 0,
+		"delta ADS clients following Consul's own xDS in its phase (0: as many as --dispatchers, "+
+			"so that both paths push to the same number of clients)")
 	agents = flag.Int("agents", 1,
 		"Consul agents holding the executors (the dev server plus client agents joined to it): "+
 			"one agent on 2 cores cannot keep ~10,000 TTL checks")
@@ -290,11 +296,9 @@ func edsNames(task string, shards int) []string {
 	return names
 }
 
-// startDispatchers starts m light streams following tasks, each subscribing
-// to edsNames(task, shards[task]) (nil shards: one per task).
-func startDispatchers(
-	ctx context.Context, addr string, m int, tasks []string, shards map[string]int,
-) (*dispatcherSet, error) {
+// newDispatcherSet is the state of m clients, client i following
+// tasks[i % len(tasks)].
+func newDispatcherSet(m int, tasks []string) *dispatcherSet {
 	ds := &dispatcherSet{tasks: make([]string, m), sets: make([]map[string]bool, m),
 		byRes:   make([]map[string]map[string]bool, m),
 		changed: make([]time.Time, m), gone: make([]map[string]time.Time, m),
@@ -304,6 +308,15 @@ func startDispatchers(
 		ds.byRes[i] = map[string]map[string]bool{}
 		ds.tasks[i] = tasks[i%len(tasks)]
 	}
+	return ds
+}
+
+// startDispatchers starts m light streams following tasks, each subscribing
+// to edsNames(task, shards[task]) (nil shards: one per task).
+func startDispatchers(
+	ctx context.Context, addr string, m int, tasks []string, shards map[string]int,
+) (*dispatcherSet, error) {
+	ds := newDispatcherSet(m, tasks)
 	perConn := 100
 	var conn *grpc.ClientConn
 	for i := range m {
@@ -350,32 +363,45 @@ func (ds *dispatcherSet) client(
 			healthyHosts(res.GetValue(), hosts)
 			updates[resourceName(res.GetValue())] = hosts
 		}
-		ds.mu.Lock()
-		for name, hosts := range updates {
-			ds.byRes[i][name] = hosts
+		ds.apply(i, at, updates, nil, r)
+	}
+}
+
+// apply takes client i's response received at: the endpoints of each
+// resource in updates, the resources removed (delta only); r is what client
+// 0 keeps for the floor.
+func (ds *dispatcherSet) apply(
+	i int, at time.Time, updates map[string]map[string]bool, removed []string,
+	r *discovery.DiscoveryResponse,
+) {
+	ds.mu.Lock()
+	for name, hosts := range updates {
+		ds.byRes[i][name] = hosts
+	}
+	for _, name := range removed {
+		delete(ds.byRes[i], name)
+	}
+	set := map[string]bool{}
+	for _, hosts := range ds.byRes[i] {
+		for h := range hosts {
+			set[h] = true
 		}
-		set := map[string]bool{}
-		for _, hosts := range ds.byRes[i] {
-			for h := range hosts {
-				set[h] = true
+	}
+	for host := range ds.sets[i] {
+		if !set[host] {
+			if _, seen := ds.gone[i][host]; !seen {
+				ds.gone[i][host] = at
 			}
 		}
-		for host := range ds.sets[i] {
-			if !set[host] {
-				if _, seen := ds.gone[i][host]; !seen {
-					ds.gone[i][host] = at
-				}
-			}
-		}
-		ds.sets[i], ds.changed[i] = set, at
-		if i == 0 {
-			ds.record(r)
-		}
-		ds.mu.Unlock()
-		select {
-		case ds.notify <- struct{}{}:
-		default:
-		}
+	}
+	ds.sets[i], ds.changed[i] = set, at
+	if i == 0 {
+		ds.record(r)
+	}
+	ds.mu.Unlock()
+	select {
+	case ds.notify <- struct{}{}:
+	default:
 	}
 }
 
@@ -610,8 +636,13 @@ func (res results) invocation() string {
 	if *consulProbe && res.busy == nil {
 		cmd, extended = cmd+" --consul-probe", true
 	}
+	if *deltaStreams {
+		cmd, extended = cmd+" --delta", true
+	}
 	if !*compare {
 		cmd += " --consul-xds=false"
+	} else if *consulClients > 0 {
+		cmd, extended = cmd+fmt.Sprintf(" --consul-xds-clients %d", *consulClients), true
 	}
 	if extended {
 		return "`" + cmd + "`"
@@ -621,11 +652,15 @@ func (res results) invocation() string {
 
 // streamsOf says which streams a lapse or removal is measured at.
 func (res results) streamsOf() string {
-	if res.tasks <= 1 {
-		return fmt.Sprintf("%d streams", res.dispatchers)
+	kind := "state-of-the-world"
+	if *deltaStreams {
+		kind = "delta"
 	}
-	return fmt.Sprintf("the ~%d streams of its task type (%d streams over %d task types)",
-		res.dispatchers/res.tasks, res.dispatchers, res.tasks)
+	if res.tasks <= 1 {
+		return fmt.Sprintf("%d %s streams", res.dispatchers, kind)
+	}
+	return fmt.Sprintf("the ~%d streams of its task type (%d %s streams over %d task types)",
+		res.dispatchers/res.tasks, res.dispatchers, kind, res.tasks)
 }
 
 func plural(n int, one, many string) string {
@@ -683,8 +718,9 @@ func (res results) latencyRows(b *strings.Builder) {
 	if len(res.consulLapse) > 0 {
 		fmt.Fprintf(b,
 			"| %d other lapses of the same fleet through Consul's own xDS, in a phase of "+
-				"their own (leasehold stopped; Connect sidecars; delta ADS client on "+
-				"Consul's gRPC port) | %s | |\n", len(res.consulLapse), dist(res.consulLapse))
+				"their own (leasehold stopped; Connect sidecars; lease expiry → the last "+
+				"of %d delta ADS clients on Consul's gRPC port without it) | %s | |\n",
+			len(res.consulLapse), consulClientCount(), dist(res.consulLapse))
 		fmt.Fprintf(b, "| Consul's own xDS ÷ leasehold's lapse → stop | %s | ≥ 10× |\n",
 			ratios(res.consulLapse, res.lapse))
 	}

@@ -244,7 +244,7 @@ func (b *bench) startLeasehold() error {
 func (b *bench) connectDispatchers() error {
 	ctx, cancel := context.WithCancel(b.ctx)
 	b.stopDS = cancel
-	ds, err := startDispatchers(ctx, b.srv.xds, *dispatchers, b.fleet.tasks, b.fleet.shards())
+	ds, err := startStreams(ctx, b.srv.xds, *dispatchers, b.fleet.tasks, b.fleet.shards())
 	if err != nil {
 		return err
 	}
@@ -311,24 +311,36 @@ func (b *bench) leaseholdLapses() error {
 	return nil
 }
 
-// profile writes a CPU profile of leasehold serve over d into --profile (if
-// set); the channel closes when it is written.
+// profile writes a CPU profile (--profile) and an execution trace (--trace)
+// of leasehold serve over d, if asked; the channel closes when both are
+// written.
 func (b *bench) profile(d time.Duration) <-chan struct{} {
+	cpu := b.fetch("profile", *profile, d)
+	tr := b.fetch("trace", *traceOut, d)
 	done := make(chan struct{})
-	if *profile == "" {
+	go func() { <-cpu; <-tr; close(done) }()
+	return done
+}
+
+// fetch writes leasehold serve's pprof endpoint kind (profile or trace)
+// over d into file (nothing when file is empty); the channel closes when it
+// is written.
+func (b *bench) fetch(kind, file string, d time.Duration) <-chan struct{} {
+	done := make(chan struct{})
+	if file == "" {
 		close(done)
 		return done
 	}
 	go func() {
 		defer close(done)
-		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/profile?seconds=%d",
-			b.srv.admin, int(d.Seconds())+1))
+		resp, err := http.Get(fmt.Sprintf("http://%s/debug/pprof/%s?seconds=%d",
+			b.srv.admin, kind, int(d.Seconds())+1))
 		if err != nil {
-			logf("profile: %v", err)
+			logf("%s: %v", kind, err)
 			return
 		}
 		defer resp.Body.Close()
-		out, err := os.Create(*profile)
+		out, err := os.Create(file)
 		if err == nil {
 			io.Copy(out, resp.Body)
 			out.Close()
