@@ -36,6 +36,8 @@ type lrsFixture struct {
 	clock   *clockwork.FakeClock
 	metrics *sdkmetric.ManualReader
 	ca      *testcerts.CA // with secure: the CA client certificates come from
+	policy  *PolicyStore  // with secure: testPolicy, in dir
+	dir     string
 }
 
 type lrsOpts struct {
@@ -56,6 +58,7 @@ func startLRS(t *testing.T, o lrsOpts) *lrsFixture {
 		Clock: f.clock, MaxReporters: o.maxReporters}
 	if o.secure {
 		dir := t.TempDir()
+		f.dir = dir
 		f.ca = testcerts.NewCA(t, "test CA")
 		cert, key := f.ca.Issue(t, true, nil, "localhost")
 		testcerts.WriteFile(t, filepath.Join(dir, "cert.pem"), cert)
@@ -70,6 +73,7 @@ func startLRS(t *testing.T, o lrsOpts) *lrsFixture {
 		if lo.Policy, err = LoadPolicy(filepath.Join(dir, "policy.yaml"), log); err != nil {
 			t.Fatal(err)
 		}
+		f.policy = lo.Policy
 		opts = append(opts, grpc.Creds(st.Credentials()))
 	}
 	g := grpc.NewServer(opts...)
@@ -492,5 +496,31 @@ func TestLoadReportsRefusedWithoutAGrant(t *testing.T) {
 	want := map[string]int64{"work//z1/succeeded": 2, "_other/_other/_other/succeeded": 3}
 	if got := f.requests(); !equalCounts(got, want) {
 		t.Errorf("counted %v, want %v", got, want)
+	}
+}
+
+// A policy change that takes a reporter's grant away ends its stream at its
+// next report (PermissionDenied); one that narrows it applies from then on.
+func TestLoadReportsFollowAPolicyChange(t *testing.T) {
+	f := startLRS(t, lrsOpts{secure: true})
+	w := f.as("spiffe://test/dispatcher/work").mustOpen("d-work")
+	a := f.as("spiffe://test/dispatcher/all").mustOpen("d-all")
+	a.report(clusterStats("other", 0, localityStats("", "", 1, 0, 0, 1)))
+	testcerts.WriteFile(t, filepath.Join(f.dir, "policy.yaml"), []byte(`
+dispatchers:
+  - identity: spiffe://test/dispatcher/all
+    tasks: [work]
+`))
+	f.policy.reload()
+	if err := w.stream.Send(&loadstatsv3.LoadStatsRequest{}); err != nil {
+		t.Fatal(err)
+	}
+	if _, err := w.stream.Recv(); status.Code(err) != codes.PermissionDenied {
+		t.Fatalf("a reporter whose grant was taken away: %v, want PermissionDenied", err)
+	}
+	a.report(clusterStats("other", 0, localityStats("", "", 2, 0, 0, 2)))
+	want := map[string]int64{"other///succeeded": 1, "_other/_other/_other/succeeded": 2}
+	if got := f.requests(); !equalCounts(got, want) {
+		t.Errorf("counted %v, want %v (other no longer granted)", got, want)
 	}
 }
