@@ -13,18 +13,29 @@ import (
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	loadstatsv3 "github.com/envoyproxy/go-control-plane/envoy/service/load_stats/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"github.com/jonboulle/clockwork"
 	"go.opentelemetry.io/otel/attribute"
 	sdkmetric "go.opentelemetry.io/otel/sdk/metric"
 	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
+	"google.golang.org/grpc/credentials/insecure"
+	grpchealth "google.golang.org/grpc/health"
+	healthpb "google.golang.org/grpc/health/grpc_health_v1"
 	"google.golang.org/grpc/status"
+	"google.golang.org/grpc/xds"
+	"google.golang.org/protobuf/types/known/wrapperspb"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/testcerts"
 	"github.com/leasehold/leasehold/snapshot/fleet"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // lrsFixture is a syncer fed by the test, serving tasks work (executors a
@@ -43,6 +54,8 @@ type lrsFixture struct {
 type lrsOpts struct {
 	secure       bool // mTLS with testPolicy
 	maxReporters int
+	interval     time.Duration
+	register     func(*grpc.Server) // more services on the LRS server's port
 }
 
 func startLRS(t *testing.T, o lrsOpts) *lrsFixture {
@@ -55,7 +68,7 @@ func startLRS(t *testing.T, o lrsOpts) *lrsFixture {
 	go func() { syncer.Run(ctx, f.obs); close(done) }()
 	var opts []grpc.ServerOption
 	lo := LRSOptions{Meter: sdkmetric.NewMeterProvider(sdkmetric.WithReader(f.metrics)),
-		Clock: f.clock, MaxReporters: o.maxReporters}
+		Clock: f.clock, MaxReporters: o.maxReporters, Interval: o.interval}
 	if o.secure {
 		dir := t.TempDir()
 		f.dir = dir
@@ -79,6 +92,9 @@ func startLRS(t *testing.T, o lrsOpts) *lrsFixture {
 	g := grpc.NewServer(opts...)
 	f.lrs = NewLRS(syncer, log, lo)
 	f.lrs.Register(g)
+	if o.register != nil {
+		o.register(g)
+	}
 	f.sync = syncer
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
@@ -522,5 +538,96 @@ dispatchers:
 	want := map[string]int64{"other///succeeded": 1, "_other/_other/_other/succeeded": 2}
 	if got := f.requests(); !equalCounts(got, want) {
 		t.Errorf("counted %v, want %v (other no longer granted)", got, want)
+	}
+}
+
+// A real grpc-go xds:/// dispatcher, whose cluster names lrs_server
+// {self: {}}, reports the calls it made to leasehold's LRS: the counts
+// equal the calls, within a report interval. (leasehold's own clusters name
+// lrs_server once the translator emits it; here a management server of the
+// test's serves translator's resources with the field set.)
+func TestRealGRPCDispatcherReportsItsCalls(t *testing.T) {
+	backend := grpc.NewServer()
+	hs := grpchealth.NewServer()
+	healthpb.RegisterHealthServer(backend, hs)
+	blis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	go backend.Serve(blis)
+	t.Cleanup(backend.Stop)
+	port := blis.Addr().(*net.TCPAddr).Port
+
+	snaps := cache.NewSnapshotCache(false, cache.IDHash{}, nil)
+	ctx, cancel := context.WithCancel(context.Background())
+	t.Cleanup(cancel)
+	f := startLRS(t, lrsOpts{interval: MinLoadReportInterval, register: func(g *grpc.Server) {
+		discovery.RegisterAggregatedDiscoveryServiceServer(g, xdsserver.NewServer(ctx, snaps, nil))
+	}})
+	// The load assignment the translator would send for one executor in
+	// zone z1 (its eligibility is the syncer's to decide, not this test's).
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: "work",
+		Endpoints: []*endpointv3.LocalityLbEndpoints{{
+			Locality:            &corev3.Locality{Zone: "z1"},
+			LoadBalancingWeight: wrapperspb.UInt32(1),
+			LbEndpoints: []*endpointv3.LbEndpoint{{
+				HostIdentifier: &endpointv3.LbEndpoint_Endpoint{Endpoint: &endpointv3.Endpoint{
+					Address: &corev3.Address{Address: &corev3.Address_SocketAddress{
+						SocketAddress: &corev3.SocketAddress{Address: "127.0.0.1",
+							PortSpecifier: &corev3.SocketAddress_PortValue{
+								PortValue: uint32(port)}}}}}},
+				HealthStatus:        corev3.HealthStatus_HEALTHY,
+				LoadBalancingWeight: wrapperspb.UInt32(1),
+			}},
+		}}}
+	cluster := translator.Cluster("work", health.LBRoundRobin)
+	cluster.LrsServer = &corev3.ConfigSource{
+		ConfigSourceSpecifier: &corev3.ConfigSource_Self{Self: &corev3.SelfConfigSource{}}}
+	snap, err := cache.NewSnapshot("1", map[resource.Type][]types.Resource{
+		resource.ListenerType: {translator.Listener("work")},
+		resource.RouteType:    {translator.Route("work")},
+		resource.ClusterType:  {cluster},
+		resource.EndpointType: {cla},
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := snaps.SetSnapshot(ctx, "e2e", snap); err != nil {
+		t.Fatal(err)
+	}
+	bootstrap := fmt.Sprintf(`{"xds_servers": [{"server_uri": %q, "channel_creds": [{"type": "insecure"}],
+		"server_features": ["xds_v3"]}], "node": {"id": "e2e"}}`, f.addr)
+	xdsResolver, err := xds.NewXDSResolverWithConfigForTesting([]byte(bootstrap))
+	if err != nil {
+		t.Fatal(err)
+	}
+	conn, err := grpc.NewClient("xds:///work", grpc.WithResolvers(xdsResolver),
+		grpc.WithTransportCredentials(insecure.NewCredentials()))
+	if err != nil {
+		t.Fatal(err)
+	}
+	t.Cleanup(func() { conn.Close() })
+	client := healthpb.NewHealthClient(conn)
+	cctx, ccancel := context.WithTimeout(ctx, 20*time.Second)
+	defer ccancel()
+	const succeeded, failed = 7, 3
+	for range succeeded {
+		if _, err := client.Check(cctx, &healthpb.HealthCheckRequest{},
+			grpc.WaitForReady(true)); err != nil {
+			t.Fatal(err)
+		}
+	}
+	for range failed {
+		_, err := client.Check(cctx, &healthpb.HealthCheckRequest{Service: "no-such-service"})
+		if status.Code(err) != codes.NotFound {
+			t.Fatalf("a failing call: %v, want NotFound", err)
+		}
+	}
+	want := map[string]int64{"work//z1/succeeded": succeeded, "work//z1/failed": failed}
+	f.await(func() bool { return equalCounts(f.requests(), want) },
+		fmt.Sprintf("the reported calls to be %v (%v when the wait began)", want, f.requests()))
+	if r := f.lrs.Outcomes("work").Tasks; len(r) != 1 || r[0].FailureRate == nil ||
+		*r[0].FailureRate != 0.3 {
+		t.Errorf("work's outcomes %+v", r)
 	}
 }
