@@ -7,6 +7,7 @@ import (
 	"log/slog"
 	"net"
 	"path/filepath"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -299,6 +300,16 @@ func TestLoadReportsAggregateIntoDispatchMetrics(t *testing.T) {
 		resp.GetLoadReportingInterval().AsDuration() != DefaultLoadReportInterval {
 		t.Fatalf("LRS answer %v: want send_all_clusters and a %s interval", resp,
 			DefaultLoadReportInterval)
+	}
+	// A client that does not announce send_all_clusters is named the task types.
+	if got := resp.GetClusters(); !slices.Equal(got, []string{"other", "work"}) {
+		t.Fatalf("clusters asked of a client without send_all_clusters: %v", got)
+	}
+	withAll := node("d-all", nil)
+	withAll.ClientFeatures = []string{"envoy.lrs.supports_send_all_clusters"}
+	if _, resp, err := f.open(withAll); err != nil || len(resp.GetClusters()) != 0 ||
+		!resp.GetSendAllClusters() {
+		t.Fatalf("a client announcing send_all_clusters: %v %v", resp, err)
 	}
 	d1.report(
 		clusterStats("work", 4,
