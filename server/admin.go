@@ -36,6 +36,7 @@ type AdminConfig struct {
 	Syncer      *fleet.Syncer // /debug/executors, /debug/snapshot
 	XDS         *XDS          // /debug/dispatchers, /debug/snapshot
 	Fencing     *Fencing      // /v1/session
+	LRS         *LRS          // dispatch outcomes in /debug/executors
 	Metrics     http.Handler  // /metrics (Prometheus text)
 }
 
@@ -76,7 +77,12 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 				writeJSON(w, http.StatusBadRequest, map[string]string{"error": err.Error()})
 				return
 			}
-			writeJSON(w, http.StatusOK, explainExecutors(cfg.Syncer.View(), task, asked...))
+			body := explainExecutors(cfg.Syncer.View(), task, asked...)
+			if cfg.LRS != nil {
+				d := cfg.LRS.Outcomes(task)
+				body.Dispatch = &d
+			}
+			writeJSON(w, http.StatusOK, body)
 		})
 	}
 	if cfg.Syncer != nil {
@@ -176,7 +182,9 @@ func writeJSON(w http.ResponseWriter, status int, v any) {
 // ?task= selects). Asked is the index in ConstraintSets of the constraint
 // set a question named (?version_constraint=, ?label=, ?datacenter=): a set
 // in use, or one added to answer what a dispatcher with it would get.
-// LoadMaxAgeSeconds is how old each executor's load can be.
+// LoadMaxAgeSeconds is how old each executor's load can be. Dispatch is the
+// recent dispatch outcomes of the task types (of ?task=) as dispatchers
+// reported them over LRS; absent from a replica without the LRS server.
 type ExplainExecutors struct {
 	ConsulIndex       uint64            `json:"consul_index"`
 	ConstraintSets    []ConstraintSet   `json:"constraint_sets"`
@@ -184,6 +192,7 @@ type ExplainExecutors struct {
 	Tasks             []string          `json:"tasks"`
 	LoadMaxAgeSeconds float64           `json:"load_max_age_seconds"`
 	Executors         []ExplainExecutor `json:"executors"`
+	Dispatch          *DispatchOutcomes `json:"dispatch,omitempty"`
 }
 
 // ConstraintSet is one dispatcher constraint set. Datacenter is the

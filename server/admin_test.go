@@ -353,3 +353,42 @@ func TestAdminJSONIsNotHTMLEscaped(t *testing.T) {
 		t.Fatalf("escaped for HTML:\n%s", body)
 	}
 }
+
+// /debug/executors carries each task type's recent dispatch outcomes from
+// the LRS server (?task= selects one), for explain.
+func TestExplainExecutorsCarriesDispatchOutcomes(t *testing.T) {
+	f := startLRS(t, lrsOpts{})
+	f.mustOpen("d").report(
+		clusterStats("work", 1, localityStats("", "z1", 3, 1, 2, 6)),
+		clusterStats("other", 0, localityStats("", "", 5, 0, 0, 5)))
+	h := AdminHandler(AdminConfig{Syncer: f.sync, LRS: f.lrs})
+	get := func(path string) ExplainExecutors {
+		w := httptest.NewRecorder()
+		h.ServeHTTP(w, httptest.NewRequest("GET", path, nil))
+		var body ExplainExecutors
+		if err := json.Unmarshal(w.Body.Bytes(), &body); err != nil {
+			t.Fatalf("%s: %v: %s", path, err, w.Body)
+		}
+		return body
+	}
+	all := get("/debug/executors").Dispatch
+	if all == nil || len(all.Tasks) != 2 || all.WindowSeconds != 60 || all.Reporters != 1 {
+		t.Fatalf("dispatch outcomes %+v", all)
+	}
+	work := get("/debug/executors?task=work").Dispatch
+	if work == nil || len(work.Tasks) != 1 {
+		t.Fatalf("?task=work: %+v", work)
+	}
+	r := work.Tasks[0]
+	if r.Task != "work" || r.Succeeded != 3 || r.Failed != 1 || r.Dropped != 1 ||
+		r.InFlight != 2 || r.FailureRate == nil || *r.FailureRate != 0.25 {
+		t.Fatalf("work's outcomes %+v", r)
+	}
+	if d := AdminHandler(AdminConfig{Syncer: f.sync}); d != nil {
+		w := httptest.NewRecorder()
+		d.ServeHTTP(w, httptest.NewRequest("GET", "/debug/executors", nil))
+		if strings.Contains(w.Body.String(), `"dispatch"`) {
+			t.Errorf("dispatch outcomes without an LRS server: %s", w.Body)
+		}
+	}
+}

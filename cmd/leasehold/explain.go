@@ -415,6 +415,7 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 			fmt.Fprintln(p.w, "  "+l)
 		}
 	}
+	p.dispatchOutcomes(ex.Dispatch)
 	fmt.Fprintln(p.w)
 	var t table
 	head := []string{"TASK", "INSTANCE", "SESSION", "GEN",
@@ -437,6 +438,30 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 	}
 	t.write(p.w, "")
 	p.loadNote()
+}
+
+// dispatchOutcomes prints each task type's recent dispatch failure rate as
+// dispatchers reported their calls over LRS (nothing from a replica that
+// has no LRS server).
+func (p printer) dispatchOutcomes(d *server.DispatchOutcomes) {
+	if d == nil {
+		return
+	}
+	fmt.Fprintf(p.w, "\nDispatch outcomes over the last %s, as dispatchers report them (LRS, "+
+		"every %s; %d reporting):\n",
+		time.Duration(d.WindowSeconds*float64(time.Second)),
+		time.Duration(d.IntervalSeconds*float64(time.Second)), d.Reporters)
+	if len(d.Tasks) == 0 {
+		fmt.Fprintln(p.w, "  none reported (a dispatcher reports for clusters with lrs_server)")
+	}
+	for _, r := range d.Tasks {
+		rate := "no call completed"
+		if r.FailureRate != nil {
+			rate = fmt.Sprintf("failure rate %.1f%%", *r.FailureRate*100)
+		}
+		fmt.Fprintf(p.w, "  %s: %s (%d failed, %d succeeded), %d dropped, %d in flight\n",
+			r.Task, rate, r.Failed, r.Succeeded, r.Dropped, r.InFlight)
+	}
 }
 
 // dispatcher prints which executors one node routes to, and why not the

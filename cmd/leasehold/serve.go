@@ -156,11 +156,16 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		},
 	)
 	leaseholdv1.RegisterFencingServer(g, fencing)
+	// Dispatchers whose clusters name lrs_server {self: {}} report their
+	// calls' outcomes here (the Load Reporting Service).
+	lrs := server.NewLRS(p.syncer, log,
+		server.LRSOptions{Meter: tel.Meter, Policy: sec.policy})
+	lrs.Register(g)
 	parts.run("xDS and fencing server", func(context.Context) error { return g.Serve(xdsLis) })
 
 	adminHandler := server.AdminHandler(server.AdminConfig{
 		Ready: p.syncer, LastContact: p.watcher.LastContact, Syncer: p.syncer, XDS: xds,
-		Fencing: fencing,
+		Fencing: fencing, LRS: lrs,
 		Metrics: tel.MetricsHandler(),
 	})
 	if sec.adminToken != nil || cfg.adminTLS.ClientCA != "" {
@@ -378,7 +383,7 @@ func loadSecurity(
 	return sec, nil
 }
 
-// newGRPCServer is the server of the xDS and fencing APIs.
+// newGRPCServer is the server of the xDS, fencing and load reporting APIs.
 func newGRPCServer(creds []grpc.ServerOption, tel *lhotel.Telemetry) *grpc.Server {
 	return grpc.NewServer(append(
 		creds,

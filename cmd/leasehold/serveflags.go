@@ -70,7 +70,7 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	env := func(name, v string) { bindEnv(fs, name, v) }
 	consulAddrFlag(fs, &cfg.consulAddr)
 	fs.StringVar(&cfg.xdsAddr, "xds-addr", "127.0.0.1:18000",
-		"gRPC listen address for xDS and the fencing API")
+		"gRPC listen address for xDS, the fencing API and load reports (LRS)")
 	env("xds-addr", "LEASEHOLD_XDS_ADDR")
 	fs.StringVar(&cfg.adminAddr, "admin-addr", "127.0.0.1:19000",
 		"HTTP listen address of the admin port, HOST:PORT or http(s)://HOST:PORT: "+
