@@ -213,3 +213,139 @@ func BenchmarkCodecMarshal(b *testing.B) {
 		out.Free()
 	}
 }
+
+// Delta responses too are encoded by reference, exactly as proto.Marshal
+// writes them, for any shape (empty fields, empty names and values, many
+// resources, removals).
+func TestCodecMatchesProtoMarshalForDelta(t *testing.T) {
+	r := rand.New(rand.NewPCG(3, 4))
+	c := NewCodec()
+	typeURL := "type.googleapis.com/envoy.config.endpoint.v3.ClusterLoadAssignment"
+	for i := range 300 {
+		resp := &discovery.DeltaDiscoveryResponse{TypeUrl: typeURL}
+		if r.IntN(4) > 0 {
+			resp.SystemVersionInfo = fmt.Sprintf("e%016x", r.Uint64())
+		}
+		if r.IntN(4) > 0 {
+			resp.Nonce = fmt.Sprint(r.IntN(1e6))
+		}
+		if r.IntN(10) == 0 {
+			resp.TypeUrl = ""
+		}
+		for range r.IntN(6) {
+			v := make([]byte, r.IntN(3)*r.IntN(70_000))
+			for k := range v {
+				v[k] = byte(r.Uint32())
+			}
+			res := &discovery.Resource{Resource: &anypb.Any{Value: v}}
+			if r.IntN(8) > 0 {
+				res.Resource.TypeUrl = typeURL
+			}
+			if r.IntN(8) > 0 {
+				res.Name = fmt.Sprintf("work/shard-%d", r.IntN(100))
+			}
+			if r.IntN(8) > 0 {
+				res.Version = fmt.Sprintf("%016x", r.Uint64())
+			}
+			resp.Resources = append(resp.Resources, res)
+		}
+		for range r.IntN(3) {
+			resp.RemovedResources = append(resp.RemovedResources, fmt.Sprint("gone-", r.IntN(3)))
+		}
+		if r.IntN(10) == 0 {
+			resp.RemovedResources = append(resp.RemovedResources, "")
+		}
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !plainDeltaResponse(resp) {
+			t.Fatalf("case %d: a response of the fields the cache sets is not plain", i)
+		}
+		got, err := c.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := got.Materialize(); !bytes.Equal(b, want) {
+			t.Fatalf("case %d: zero-copy delta encoding differs from proto.Marshal (%d vs %d "+
+				"bytes)", i, len(b), len(want))
+		}
+		back := &discovery.DeltaDiscoveryResponse{}
+		if err := c.Unmarshal(got, back); err != nil || !proto.Equal(back, resp) {
+			t.Fatalf("case %d: round trip: %v", i, err)
+		}
+	}
+}
+
+// A delta response's resources are referenced, not copied.
+func TestCodecReferencesDeltaResourceBytes(t *testing.T) {
+	a := &anypb.Any{TypeUrl: "type.googleapis.com/x", Value: make([]byte, 4096)}
+	resp := &discovery.DeltaDiscoveryResponse{TypeUrl: a.TypeUrl, Nonce: "1",
+		Resources: []*discovery.Resource{{Name: "work", Version: "v1", Resource: a}}}
+	got, err := NewCodec().Marshal(resp)
+	if err != nil {
+		t.Fatal(err)
+	}
+	for _, piece := range got {
+		if b := piece.ReadOnlyData(); len(b) == len(a.Value) && &b[0] == &a.Value[0] {
+			return
+		}
+	}
+	t.Fatal("the resource's bytes were copied into the delta response")
+}
+
+// TestCodecCarriesEveryDeltaField is TestCodecCarriesEveryField for delta:
+// DeltaDiscoveryResponse, Resource and Any, each field set alone, encode
+// byte for byte as proto.Marshal does (a field the encoder does not write
+// must make the response take the standard codec).
+func TestCodecCarriesEveryDeltaField(t *testing.T) {
+	base := func() *discovery.DeltaDiscoveryResponse {
+		return &discovery.DeltaDiscoveryResponse{SystemVersionInfo: "v1", TypeUrl: "t", Nonce: "n",
+			RemovedResources: []string{"old"},
+			Resources: []*discovery.Resource{
+				{Name: "a", Version: "1", Resource: &anypb.Any{TypeUrl: "type.googleapis.com/x",
+					Value: []byte("abc")}},
+				{Name: "b", Version: "2", Resource: &anypb.Any{TypeUrl: "type.googleapis.com/x",
+					Value: []byte("de")}},
+			}}
+	}
+	check := func(what string, resp *discovery.DeltaDiscoveryResponse) {
+		t.Helper()
+		want, err := proto.MarshalOptions{Deterministic: true}.Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		got, err := NewCodec().Marshal(resp)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if b := got.Materialize(); !bytes.Equal(b, want) {
+			t.Errorf("%s: the codec wrote %d bytes, proto.Marshal %d: a field is dropped or "+
+				"misplaced", what, len(b), len(want))
+		}
+	}
+	fields := base().ProtoReflect().Descriptor().Fields()
+	for i := range fields.Len() {
+		resp := base()
+		setField(t, resp.ProtoReflect(), fields.Get(i))
+		check("DeltaDiscoveryResponse."+string(fields.Get(i).Name()), resp)
+	}
+	resFields := (&discovery.Resource{}).ProtoReflect().Descriptor().Fields()
+	for i := range resFields.Len() {
+		resp := base()
+		resp.Resources[1] = &discovery.Resource{}
+		setField(t, resp.Resources[1].ProtoReflect(), resFields.Get(i))
+		check("Resource."+string(resFields.Get(i).Name()), resp)
+	}
+	anyFields := (&anypb.Any{}).ProtoReflect().Descriptor().Fields()
+	for i := range anyFields.Len() {
+		resp := base()
+		resp.Resources[1].Resource = &anypb.Any{}
+		setField(t, resp.Resources[1].Resource.ProtoReflect(), anyFields.Get(i))
+		check("Any."+string(anyFields.Get(i).Name()), resp)
+	}
+	if fields.Len() < 8 || resFields.Len() < 8 || anyFields.Len() != 2 {
+		t.Fatalf("walked %d, %d and %d fields: the descriptors were not read", fields.Len(),
+			resFields.Len(), anyFields.Len())
+	}
+}

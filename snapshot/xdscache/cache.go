@@ -1,6 +1,6 @@
 // Package xdscache is the cache the xDS server serves from: the snapshots
-// the syncer publishes per constraint set, the state-of-the-world watches
-// answered per resource, the forms of endpoint metadata derived per
+// the syncer publishes per constraint set, the state-of-the-world and delta
+// watches answered per resource (watches.go, delta.go), the forms of endpoint metadata derived per
 // dispatcher (forms.go), and how a dispatcher's node maps to its group
 // (node.go).
 package xdscache
@@ -15,17 +15,18 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 )
 
-// Cache is the cache the xDS server serves from: state-of-the-world
-// watches are answered per resource by sotwCache (a response carries only the
-// resources the client lacks, so a change of one task type never resends the
-// others'); delta watches and REST fetches by go-control-plane's
-// SnapshotCache, which already versions each resource by content hash.
-// Dispatchers asking for compact endpoint metadata are served from a group
-// of their own, derived from their constraint set's (forms).
+// Cache is the cache the xDS server serves from: state-of-the-world and
+// delta watches are answered per resource by watchCache (a response carries
+// only the resources the client lacks, so a change of one task type never
+// resends the others', and each resource version is marshalled once for
+// every stream); REST fetches by go-control-plane's SnapshotCache, given the
+// content versions. Dispatchers asking for compact endpoint metadata are
+// served from a group of their own, derived from their constraint set's
+// (forms).
 type Cache struct {
-	sotw  *sotwCache
-	delta cache.SnapshotCache
-	forms formCache
+	watches *watchCache
+	fetch   cache.SnapshotCache
+	forms   formCache
 }
 
 var _ cache.Cache = (*Cache)(nil)
@@ -34,10 +35,10 @@ var _ cache.Cache = (*Cache)(nil)
 // set (GroupOf).
 func New() *Cache {
 	return &Cache{
-		sotw: newSotwCache(GroupOf),
+		watches: newWatchCache(GroupOf),
 		// ads=false: go-control-plane's ADS mode never answers a request
 		// for a subset of a type's names, and gRPC clients ask for exact names.
-		delta: cache.NewSnapshotCache(false, nodeGroups{}, nil),
+		fetch: cache.NewSnapshotCache(false, nodeGroups{}, nil),
 	}
 }
 
@@ -47,15 +48,14 @@ type nodeGroups struct{}
 func (nodeGroups) ID(node *corev3.Node) string { return GroupOf(node) }
 
 // Snapshot is the snapshot set last for group.
-func (c *Cache) Snapshot(group string) (*cache.Snapshot, bool) { return c.sotw.snapshot(group) }
+func (c *Cache) Snapshot(group string) (*cache.Snapshot, bool) { return c.watches.snapshot(group) }
 
 // formCache is what derived groups are made from; the zero value is ready.
 // A form, once asked for, is derived at every publication of its constraint
 // set until the set is cleared (at most two forms per set). mu is held
 // across the caches' updates so a form is never derived from an older
-// snapshot than the one set last; the delta cache's sends under it do not
-// block (a delta stream's channel holds more responses than it can have
-// watches).
+// snapshot than the one set last; the watches' sends under it never block
+// (sotwWatch.deliver, deltaWatch.deliver).
 type formCache struct {
 	mu    sync.Mutex
 	bases map[string]groupSnapshot                   // constraint set → its latest snapshot
@@ -72,7 +72,7 @@ func (c *Cache) CreateWatch(req *cache.Request, sub cache.Subscription,
 	if err := c.useForm(context.Background(), req.GetNode()); err != nil {
 		return nil, err
 	}
-	return c.sotw.CreateWatch(req, sub, out)
+	return c.watches.CreateWatch(req, sub, out)
 }
 
 func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription,
@@ -80,14 +80,14 @@ func (c *Cache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription
 	if err := c.useForm(context.Background(), req.GetNode()); err != nil {
 		return nil, err
 	}
-	return c.delta.CreateDeltaWatch(req, sub, out)
+	return c.watches.CreateDeltaWatch(req, sub, out)
 }
 
 func (c *Cache) Fetch(ctx context.Context, req *cache.Request) (cache.Response, error) {
 	if err := c.useForm(ctx, req.GetNode()); err != nil {
 		return nil, err
 	}
-	return c.delta.Fetch(ctx, req)
+	return c.fetch.Fetch(ctx, req)
 }
 
 // useForm makes sure the group of a node asking for compact endpoint
@@ -126,10 +126,10 @@ func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot,
 	versions map[string]map[string]string) error {
 	c.forms.mu.Lock()
 	defer c.forms.mu.Unlock()
-	if err := c.delta.SetSnapshot(ctx, group, snap); err != nil {
+	if err := c.fetch.SetSnapshot(ctx, group, snap); err != nil {
 		return err
 	}
-	c.sotw.set(group, snap, versions)
+	c.watches.set(group, snap, versions)
 	p := groupSnapshot{snap: snap, versions: versions}
 	if c.forms.bases == nil {
 		c.forms.bases = map[string]groupSnapshot{}
@@ -146,10 +146,10 @@ func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot,
 func (c *Cache) setForm(ctx context.Context, base string, fs *formState, p groupSnapshot) error {
 	snap, versions := fs.derive(p.snap, p.versions)
 	group := formGroup(base, fs.form)
-	if err := c.delta.SetSnapshot(ctx, group, snap); err != nil {
+	if err := c.fetch.SetSnapshot(ctx, group, snap); err != nil {
 		return fmt.Errorf("%s: %w", group, err)
 	}
-	c.sotw.set(group, snap, versions)
+	c.watches.set(group, snap, versions)
 	return nil
 }
 
@@ -158,11 +158,11 @@ func (c *Cache) Clear(group string) {
 	c.forms.mu.Lock()
 	defer c.forms.mu.Unlock()
 	for f := range c.forms.used[group] {
-		c.delta.ClearSnapshot(formGroup(group, f))
-		c.sotw.clear(formGroup(group, f))
+		c.fetch.ClearSnapshot(formGroup(group, f))
+		c.watches.clear(formGroup(group, f))
 	}
 	delete(c.forms.used, group)
 	delete(c.forms.bases, group)
-	c.delta.ClearSnapshot(group)
-	c.sotw.clear(group)
+	c.fetch.ClearSnapshot(group)
+	c.watches.clear(group)
 }

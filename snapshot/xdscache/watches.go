@@ -14,15 +14,18 @@ import (
 	"google.golang.org/protobuf/types/known/anypb"
 )
 
-// sotwCache holds one snapshot per group and the open state-of-the-world
-// watches, answering each with what its subscription lacks.
-type sotwCache struct {
+// watchCache holds one snapshot per group and the open watches, state of
+// the world (here) and delta (delta.go), answering each with what its
+// subscription lacks. Both kinds send the same marshalled resources
+// (anyMemo): a change is marshalled once, whatever the number of streams.
+type watchCache struct {
 	groupOf func(*corev3.Node) string
 
 	mu      sync.Mutex
 	anys    anyMemo
 	snaps   map[string]*groupState
 	watches map[string]map[int64]sotwWatch
+	deltas  map[string]map[int64]deltaWatch
 	nextID  int64
 }
 
@@ -97,16 +100,17 @@ func (w sotwWatch) deliver(resp cache.Response) {
 	}
 }
 
-func newSotwCache(groupOf func(*corev3.Node) string) *sotwCache {
-	return &sotwCache{
+func newWatchCache(groupOf func(*corev3.Node) string) *watchCache {
+	return &watchCache{
 		groupOf: groupOf,
 		snaps:   map[string]*groupState{},
 		watches: map[string]map[int64]sotwWatch{},
+		deltas:  map[string]map[int64]deltaWatch{},
 		anys:    anyMemo{byKey: map[string]*anypb.Any{}, encoders: map[string]*claEncoder{}},
 	}
 }
 
-func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription,
+func (c *watchCache) CreateWatch(req *cache.Request, sub cache.Subscription,
 	out chan cache.Response) (func(), error) {
 	group := c.groupOf(req.GetNode())
 	w := sotwWatch{req: req, sub: sub, out: out, done: make(chan struct{})}
@@ -133,7 +137,7 @@ func (c *sotwCache) CreateWatch(req *cache.Request, sub cache.Subscription,
 	}, nil
 }
 
-func (c *sotwCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string) {
+func (c *watchCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string) {
 	st := &groupState{group: group, snap: snap, versions: versions, anys: &c.anys}
 	c.mu.Lock()
 	defer c.mu.Unlock()
@@ -146,9 +150,15 @@ func (c *sotwCache) set(group string, snap *cache.Snapshot, versions map[string]
 			delete(c.watches[group], id)
 		}
 	}
+	for id, w := range c.deltas[group] {
+		if resp := st.respondDelta(w.req, w.sub); resp != nil {
+			w.deliver(resp)
+			delete(c.deltas[group], id)
+		}
+	}
 }
 
-func (c *sotwCache) clear(group string) {
+func (c *watchCache) clear(group string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.snaps, group)
@@ -158,7 +168,7 @@ func (c *sotwCache) clear(group string) {
 
 // forgetEncoders drops the encoders of group's load assignments that its
 // snapshot no longer has (all of them for versions nil); c.mu is held.
-func (c *sotwCache) forgetEncoders(group string, versions map[string]string) {
+func (c *watchCache) forgetEncoders(group string, versions map[string]string) {
 	for k := range c.anys.encoders {
 		g, name, _ := strings.Cut(k, "\x00")
 		if _, ok := versions[name]; g == group && !ok {
@@ -168,7 +178,7 @@ func (c *sotwCache) forgetEncoders(group string, versions map[string]string) {
 }
 
 // pruneAnys forgets marshalled resources no group serves any more; c.mu is held.
-func (c *sotwCache) pruneAnys() {
+func (c *watchCache) pruneAnys() {
 	if len(c.anys.byKey) < 64 {
 		return
 	}
@@ -188,7 +198,7 @@ func (c *sotwCache) pruneAnys() {
 }
 
 // snapshot returns a group's current snapshot.
-func (c *sotwCache) snapshot(group string) (*cache.Snapshot, bool) {
+func (c *watchCache) snapshot(group string) (*cache.Snapshot, bool) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	st := c.snaps[group]
