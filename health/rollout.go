@@ -121,6 +121,10 @@ type Rollout struct {
 	Approval    CordonApproval `json:"approval"`
 	// LoadBalancing chooses each task type's load-balancing policy.
 	LoadBalancing *LoadBalancing `json:"load_balancing,omitempty"`
+	// Dispatch sets each task type's dispatch policy (dispatchpolicy.go).
+	Dispatch *DispatchRules `json:"dispatch,omitempty"`
+
+	dispatch *resolvedDispatch // Dispatch merged, by validate
 }
 
 // DefaultSafetyLimit is the safety limit when none is configured.
@@ -200,6 +204,11 @@ func (r *Rollout) validate() error {
 	}
 	if err := r.LoadBalancing.validate(); err != nil {
 		errs = append(errs, err)
+	}
+	if d, err := r.Dispatch.validate(); err != nil {
+		errs = append(errs, err)
+	} else {
+		r.dispatch = d
 	}
 	return errors.Join(errs...)
 }
