@@ -97,7 +97,7 @@ type TaskDispatch struct {
 	// MaxRequests is the calls in flight per dispatcher (0: not set, the
 	// clients' own default of 1024 applies).
 	MaxRequests int           `json:"max_requests,omitempty"`
-	Deadline    time.Duration `json:"-"` // 0: none
+	Deadline    time.Duration `json:"-"`                 // 0: none
 	Outlier     *Ejection     `json:"outlier,omitempty"` // nil: no ejection
 }
 
