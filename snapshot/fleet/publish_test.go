@@ -462,12 +462,12 @@ func TestStaticVersionIsPerPolicy(t *testing.T) {
 	for range 2 {
 		for _, p := range health.LBPolicies {
 			v := s.staticVersion(resource.ClusterType, "work\x00"+string(p),
-				translator.Cluster("work", p))
+				translator.Cluster("work", p, health.DefaultDispatch()))
 			if q, ok := seen[v]; ok && q != p {
 				t.Fatalf("%s and %s share cluster version %s", p, q, v)
 			}
 			seen[v] = p
-			if want := translator.Version(translator.Cluster("work", p)); v != want {
+			if want := translator.Version(translator.Cluster("work", p, health.DefaultDispatch())); v != want {
 				t.Fatalf("%s: memoised version %s, content version %s", p, v, want)
 			}
 		}
