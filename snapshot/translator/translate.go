@@ -72,7 +72,7 @@ func Route(task string, p health.TaskDispatch) *routev3.RouteConfiguration {
 			Name:    task,
 			Domains: []string{task},
 			Routes: []*routev3.Route{{
-				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
 				Action: &routev3.Route_Route{Route: action},
 			}},
 		}},
