@@ -212,17 +212,17 @@ func (r *Rollout) DispatchOf(task string) TaskDispatch {
 	if r == nil || r.Dispatch == nil {
 		return DefaultDispatch()
 	}
-	if r.dispatch == nil { // not parsed (built in code): resolve now
-		res, err := r.Dispatch.resolve()
-		if err != nil {
+	res := r.dispatch
+	if res == nil { // not parsed (built in code): resolved each time, the rules stay unwritten
+		var err error
+		if res, err = r.Dispatch.resolve(); err != nil {
 			return DefaultDispatch()
 		}
-		r.dispatch = res
 	}
-	if p, ok := r.dispatch.tasks[task]; ok {
+	if p, ok := res.tasks[task]; ok {
 		return p
 	}
-	return r.dispatch.def
+	return res.def
 }
 
 // resolvedDispatch is a dispatch section merged: the default's policy and

@@ -1,6 +1,8 @@
 package health
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -211,6 +213,22 @@ func (r *Rollout) validate() error {
 		r.dispatch = d
 	}
 	return errors.Join(errs...)
+}
+
+// ContentVersion is the content version of the rules: a hash of their
+// encoding, so equal rules have equal versions on every replica however the
+// document was laid out, and no rules (the defaults) the version of an
+// empty document.
+func (r *Rollout) ContentVersion() string {
+	if r == nil {
+		r = &Rollout{}
+	}
+	b, err := json.Marshal(r) // encoding/json sorts map keys: deterministic
+	if err != nil {
+		panic(fmt.Sprintf("encode rules: %v", err)) // plain data, always encodable
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 func (m *ScopedMode) setKey() string {

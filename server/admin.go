@@ -184,6 +184,11 @@ type ExplainExecutors struct {
 	Tasks             []string          `json:"tasks"`
 	LoadMaxAgeSeconds float64           `json:"load_max_age_seconds"`
 	Executors         []ExplainExecutor `json:"executors"`
+	// RulesVersion is the content version of the rules in force.
+	RulesVersion string `json:"rules_version,omitempty"`
+	// Dispatch is the dispatch policy in force for each task type shown, in
+	// words (health.TaskDispatch.String).
+	Dispatch map[string]string `json:"dispatch,omitempty"`
 }
 
 // ConstraintSet is one dispatcher constraint set. Datacenter is the
@@ -379,6 +384,17 @@ func explainExecutors(v *fleet.View, task string, asked ...health.Dispatcher) Ex
 		out.Executors = append(out.Executors, x)
 	}
 	sort.Strings(out.Tasks)
+	out.RulesVersion = v.RulesVersion()
+	var rules *health.Rollout
+	if v.Control != nil {
+		rules = v.Control.Rollout
+	}
+	out.Dispatch = map[string]string{}
+	for _, t := range out.Tasks {
+		if task == "" || t == task {
+			out.Dispatch[t] = rules.DispatchOf(t).String()
+		}
+	}
 	return out
 }
 

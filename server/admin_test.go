@@ -353,3 +353,33 @@ func TestAdminJSONIsNotHTMLEscaped(t *testing.T) {
 		t.Fatalf("escaped for HTML:\n%s", body)
 	}
 }
+
+// /debug/executors (and so `leasehold explain`) shows the version of the
+// rules in force and each task type's dispatch policy in force.
+func TestExplainShowsTheRulesVersionAndDispatchPolicy(t *testing.T) {
+	r, err := health.ParseRollout([]byte(
+		`{"dispatch":{"tasks":{"work":{"max_requests":8,"deadline":"30s"}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := func(m health.Member) health.Executor {
+		return health.Join(m, health.NewNonPassingSet(health.NonPassing{}))
+	}
+	v := fleet.NewView([]health.Executor{join(member("work", "a", 9001, "1.0.0")),
+		join(member("batch", "b", 9002, "1.0.0"))})
+	v.Control = &fleet.ControlState{Rollout: r, RulesVersion: r.ContentVersion()}
+	out := explainExecutors(v, "")
+	if out.RulesVersion != r.ContentVersion() {
+		t.Errorf("rules version %q, want %s", out.RulesVersion, r.ContentVersion())
+	}
+	if want := r.DispatchOf("work").String(); out.Dispatch["work"] != want ||
+		!strings.Contains(want, "max_requests 8") || !strings.Contains(want, "deadline 30s") {
+		t.Errorf("work's policy %q, want %q", out.Dispatch["work"], want)
+	}
+	if want := health.DefaultDispatch().String(); out.Dispatch["batch"] != want {
+		t.Errorf("batch's policy %q, want the default %q", out.Dispatch["batch"], want)
+	}
+	if only := explainExecutors(v, "batch"); len(only.Dispatch) != 1 {
+		t.Errorf("asked about batch: policies of %v", only.Dispatch)
+	}
+}

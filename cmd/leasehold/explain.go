@@ -409,6 +409,7 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 		}
 		fmt.Fprintf(p.w, "  [%d] %s: %s\n", i, setLabel(cs), listOrNone(nodes))
 	}
+	p.rules(ex)
 	if lines := nackLines(ds, ""); len(lines) > 0 {
 		fmt.Fprintln(p.w, "\nNACKs (responses dispatchers rejected):")
 		for _, l := range lines {
@@ -439,6 +440,18 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 	p.loadNote()
 }
 
+// rules prints the version of the rules in force and each task type's
+// dispatch policy (what its dispatchers' xDS clients are told to keep).
+func (p printer) rules(ex server.ExplainExecutors) {
+	if ex.RulesVersion == "" {
+		return // an older replica
+	}
+	fmt.Fprintf(p.w, "Rules version %s; dispatch policy:\n", ex.RulesVersion)
+	for _, t := range sortedLabelKeys(ex.Dispatch) {
+		fmt.Fprintf(p.w, "  %s: %s\n", t, ex.Dispatch[t])
+	}
+}
+
 // dispatcher prints which executors one node routes to, and why not the
 // others.
 func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, node string) error {
@@ -464,6 +477,10 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 		return fmt.Errorf("constraint set %q of %s not in the executor view", stream.Group, node)
 	}
 	p.routes(ex, idx)
+	if ex.RulesVersion != "" {
+		fmt.Fprintln(p.w)
+		p.rules(ex)
+	}
 	for _, l := range nackLines([]server.StreamInfo{*stream}, node) {
 		fmt.Fprintln(p.w, "\n"+l)
 	}
