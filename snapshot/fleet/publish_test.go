@@ -468,7 +468,8 @@ func TestStaticVersionIsPerPolicy(t *testing.T) {
 				t.Fatalf("%s and %s share cluster version %s", p, q, v)
 			}
 			seen[v] = p
-			if want := translator.Version(translator.Cluster("work", p, health.DefaultDispatch())); v != want {
+			want := translator.Version(translator.Cluster("work", p, health.DefaultDispatch()))
+			if v != want {
 				t.Fatalf("%s: memoised version %s, content version %s", p, v, want)
 			}
 		}

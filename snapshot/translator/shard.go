@@ -107,7 +107,8 @@ func ShardWeight(c uint64) uint32 {
 // refuses a route whose weights sum to 0 and Envoy one whose weights do:
 // the calls then fail as they would on one empty cluster. With one shard it
 // is Route(task, p). The dispatch policy p applies to the route as a whole.
-func ShardedRoute(task string, weights []uint32, p health.TaskDispatch) *routev3.RouteConfiguration {
+func ShardedRoute(task string, weights []uint32,
+	p health.TaskDispatch) *routev3.RouteConfiguration {
 	r := Route(task, p)
 	if len(weights) <= 1 {
 		return r
