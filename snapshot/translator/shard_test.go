@@ -123,8 +123,7 @@ func TestShardedRouteWeighsShardsAndNeverSumsToZero(t *testing.T) {
 	if err := r.ValidateAll(); err != nil {
 		t.Fatalf("sharded route: %v", err)
 	}
-	if err := Cluster(ShardName("work", 1, 3), health.DefaultLBPolicy, dd).ValidateAll(); err !=
-		nil {
+	if err := Cluster(ShardName("work", 1, 3), health.DefaultLBPolicy, dd).ValidateAll(); err != nil {
 		t.Fatalf("a shard's cluster: %v", err)
 	}
 	empty := ShardedRoute("work", []uint32{0, 0}, dd)
