@@ -1,6 +1,8 @@
 package health
 
 import (
+	"crypto/sha256"
+	"encoding/hex"
 	"encoding/json"
 	"errors"
 	"fmt"
@@ -121,6 +123,10 @@ type Rollout struct {
 	Approval    CordonApproval `json:"approval"`
 	// LoadBalancing chooses each task type's load-balancing policy.
 	LoadBalancing *LoadBalancing `json:"load_balancing,omitempty"`
+	// Dispatch sets each task type's dispatch policy (dispatchpolicy.go).
+	Dispatch *DispatchRules `json:"dispatch,omitempty"`
+
+	dispatch *resolvedDispatch // Dispatch merged, by validate
 }
 
 // DefaultSafetyLimit is the safety limit when none is configured.
@@ -201,7 +207,28 @@ func (r *Rollout) validate() error {
 	if err := r.LoadBalancing.validate(); err != nil {
 		errs = append(errs, err)
 	}
+	if d, err := r.Dispatch.validate(); err != nil {
+		errs = append(errs, err)
+	} else {
+		r.dispatch = d
+	}
 	return errors.Join(errs...)
+}
+
+// ContentVersion is the content version of the rules: a hash of their
+// encoding, so equal rules have equal versions on every replica however the
+// document was laid out, and no rules (the defaults) the version of an
+// empty document.
+func (r *Rollout) ContentVersion() string {
+	if r == nil {
+		r = &Rollout{}
+	}
+	b, err := json.Marshal(r) // encoding/json sorts map keys: deterministic
+	if err != nil {
+		panic(fmt.Sprintf("encode rules: %v", err)) // plain data, always encodable
+	}
+	sum := sha256.Sum256(b)
+	return hex.EncodeToString(sum[:8])
 }
 
 func (m *ScopedMode) setKey() string {

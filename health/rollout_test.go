@@ -217,3 +217,33 @@ func TestRuleNameIsTheRulesFilesWord(t *testing.T) {
 		t.Errorf("RuleName of an unknown reason = %q", got)
 	}
 }
+
+// The rules' content version follows their content, not the document's
+// layout: equal rules have equal versions (on every replica), no rules the
+// version of an empty document, and any change a new version.
+func TestRolloutContentVersionFollowsTheContent(t *testing.T) {
+	parse := func(doc string) *Rollout {
+		t.Helper()
+		r, err := ParseRollout([]byte(doc))
+		if err != nil {
+			t.Fatal(err)
+		}
+		return r
+	}
+	a := parse(`{"safety_limit":0.5,"dispatch":{"tasks":{"work":{"max_requests":4},"batch":{}}}}`)
+	b := parse("{\n  \"dispatch\": {\"tasks\": {\"batch\": {}, \"work\": {\"max_requests\": 4}}},\n" +
+		"  \"safety_limit\": 0.5\n}")
+	if a.ContentVersion() != b.ContentVersion() {
+		t.Error("the same rules laid out differently have different versions")
+	}
+	if (*Rollout)(nil).ContentVersion() != parse(`{}`).ContentVersion() {
+		t.Error("no rules and an empty document differ")
+	}
+	c := parse(`{"safety_limit":0.5,"dispatch":{"tasks":{"work":{"max_requests":5},"batch":{}}}}`)
+	if c.ContentVersion() == a.ContentVersion() {
+		t.Error("a changed max_requests kept the version")
+	}
+	if len(a.ContentVersion()) != 16 {
+		t.Errorf("version %q: want 16 hex digits", a.ContentVersion())
+	}
+}

@@ -80,7 +80,7 @@ func AdminHandler(cfg AdminConfig) http.Handler {
 			body := explainExecutors(cfg.Syncer.View(), task, asked...)
 			if cfg.LRS != nil {
 				d := cfg.LRS.Outcomes(task)
-				body.Dispatch = &d
+				body.DispatchOutcomes = &d
 			}
 			writeJSON(w, http.StatusOK, body)
 		})
@@ -192,7 +192,14 @@ type ExplainExecutors struct {
 	Tasks             []string          `json:"tasks"`
 	LoadMaxAgeSeconds float64           `json:"load_max_age_seconds"`
 	Executors         []ExplainExecutor `json:"executors"`
-	Dispatch          *DispatchOutcomes `json:"dispatch,omitempty"`
+	// DispatchOutcomes is each task type's recent dispatch outcomes, as
+	// dispatchers report them over LRS.
+	DispatchOutcomes *DispatchOutcomes `json:"dispatch_outcomes,omitempty"`
+	// RulesVersion is the content version of the rules in force.
+	RulesVersion string `json:"rules_version,omitempty"`
+	// DispatchPolicy is the dispatch policy in force for each task type
+	// shown, in words (health.TaskDispatch.String).
+	DispatchPolicy map[string]string `json:"dispatch_policy,omitempty"`
 }
 
 // ConstraintSet is one dispatcher constraint set. Datacenter is the
@@ -388,6 +395,17 @@ func explainExecutors(v *fleet.View, task string, asked ...health.Dispatcher) Ex
 		out.Executors = append(out.Executors, x)
 	}
 	sort.Strings(out.Tasks)
+	out.RulesVersion = v.RulesVersion()
+	var rules *health.Rollout
+	if v.Control != nil {
+		rules = v.Control.Rollout
+	}
+	out.DispatchPolicy = map[string]string{}
+	for _, t := range out.Tasks {
+		if task == "" || t == task {
+			out.DispatchPolicy[t] = rules.DispatchOf(t).String()
+		}
+	}
 	return out
 }
 

@@ -371,11 +371,11 @@ func TestExplainExecutorsCarriesDispatchOutcomes(t *testing.T) {
 		}
 		return body
 	}
-	all := get("/debug/executors").Dispatch
+	all := get("/debug/executors").DispatchOutcomes
 	if all == nil || len(all.Tasks) != 2 || all.WindowSeconds != 60 || all.Reporters != 1 {
 		t.Fatalf("dispatch outcomes %+v", all)
 	}
-	work := get("/debug/executors?task=work").Dispatch
+	work := get("/debug/executors?task=work").DispatchOutcomes
 	if work == nil || len(work.Tasks) != 1 {
 		t.Fatalf("?task=work: %+v", work)
 	}
@@ -387,8 +387,38 @@ func TestExplainExecutorsCarriesDispatchOutcomes(t *testing.T) {
 	if d := AdminHandler(AdminConfig{Syncer: f.sync}); d != nil {
 		w := httptest.NewRecorder()
 		d.ServeHTTP(w, httptest.NewRequest("GET", "/debug/executors", nil))
-		if strings.Contains(w.Body.String(), `"dispatch"`) {
+		if strings.Contains(w.Body.String(), `"dispatch_outcomes"`) {
 			t.Errorf("dispatch outcomes without an LRS server: %s", w.Body)
 		}
+	}
+}
+
+// /debug/executors (and so `leasehold explain`) shows the version of the
+// rules in force and each task type's dispatch policy in force.
+func TestExplainShowsTheRulesVersionAndDispatchPolicy(t *testing.T) {
+	r, err := health.ParseRollout([]byte(
+		`{"dispatch":{"tasks":{"work":{"max_requests":8,"deadline":"30s"}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	join := func(m health.Member) health.Executor {
+		return health.Join(m, health.NewNonPassingSet(health.NonPassing{}))
+	}
+	v := fleet.NewView([]health.Executor{join(member("work", "a", 9001, "1.0.0")),
+		join(member("batch", "b", 9002, "1.0.0"))})
+	v.Control = &fleet.ControlState{Rollout: r, RulesVersion: r.ContentVersion()}
+	out := explainExecutors(v, "")
+	if out.RulesVersion != r.ContentVersion() {
+		t.Errorf("rules version %q, want %s", out.RulesVersion, r.ContentVersion())
+	}
+	if want := r.DispatchOf("work").String(); out.DispatchPolicy["work"] != want ||
+		!strings.Contains(want, "max_requests 8") || !strings.Contains(want, "deadline 30s") {
+		t.Errorf("work's policy %q, want %q", out.DispatchPolicy["work"], want)
+	}
+	if want := health.DefaultDispatch().String(); out.DispatchPolicy["batch"] != want {
+		t.Errorf("batch's policy %q, want the default %q", out.DispatchPolicy["batch"], want)
+	}
+	if only := explainExecutors(v, "batch"); len(only.DispatchPolicy) != 1 {
+		t.Errorf("asked about batch: policies of %v", only.DispatchPolicy)
 	}
 }

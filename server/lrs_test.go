@@ -591,12 +591,15 @@ func TestRealGRPCDispatcherReportsItsCalls(t *testing.T) {
 				LoadBalancingWeight: wrapperspb.UInt32(1),
 			}},
 		}}}
-	cluster := translator.Cluster("work", health.LBRoundRobin)
-	cluster.LrsServer = &corev3.ConfigSource{
-		ConfigSourceSpecifier: &corev3.ConfigSource_Self{Self: &corev3.SelfConfigSource{}}}
+	// The translator's cluster names lrs_server self; no retries, so each
+	// call the test makes is one attempt the dispatcher reports.
+	cluster := translator.Cluster("work", health.LBRoundRobin, health.TaskDispatch{})
+	if cluster.GetLrsServer().GetSelf() == nil {
+		t.Fatal("the translator's cluster does not ask for load reports (lrs_server self)")
+	}
 	snap, err := cache.NewSnapshot("1", map[resource.Type][]types.Resource{
 		resource.ListenerType: {translator.Listener("work")},
-		resource.RouteType:    {translator.Route("work")},
+		resource.RouteType:    {translator.Route("work", health.TaskDispatch{})},
 		resource.ClusterType:  {cluster},
 		resource.EndpointType: {cla},
 	})

@@ -409,13 +409,14 @@ func (p printer) overview(ex server.ExplainExecutors, ds []server.StreamInfo) {
 		}
 		fmt.Fprintf(p.w, "  [%d] %s: %s\n", i, setLabel(cs), listOrNone(nodes))
 	}
+	p.rules(ex)
 	if lines := nackLines(ds, ""); len(lines) > 0 {
 		fmt.Fprintln(p.w, "\nNACKs (responses dispatchers rejected):")
 		for _, l := range lines {
 			fmt.Fprintln(p.w, "  "+l)
 		}
 	}
-	p.dispatchOutcomes(ex.Dispatch)
+	p.dispatchOutcomes(ex.DispatchOutcomes)
 	fmt.Fprintln(p.w)
 	var t table
 	head := []string{"TASK", "INSTANCE", "SESSION", "GEN",
@@ -464,6 +465,18 @@ func (p printer) dispatchOutcomes(d *server.DispatchOutcomes) {
 	}
 }
 
+// rules prints the version of the rules in force and each task type's
+// dispatch policy (what its dispatchers' xDS clients are told to keep).
+func (p printer) rules(ex server.ExplainExecutors) {
+	if ex.RulesVersion == "" {
+		return // an older replica
+	}
+	fmt.Fprintf(p.w, "Rules version %s; dispatch policy:\n", ex.RulesVersion)
+	for _, t := range sortedLabelKeys(ex.DispatchPolicy) {
+		fmt.Fprintf(p.w, "  %s: %s\n", t, ex.DispatchPolicy[t])
+	}
+}
+
 // dispatcher prints which executors one node routes to, and why not the
 // others.
 func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, node string) error {
@@ -489,6 +502,10 @@ func (p printer) dispatcher(ex server.ExplainExecutors, ds []server.StreamInfo, 
 		return fmt.Errorf("constraint set %q of %s not in the executor view", stream.Group, node)
 	}
 	p.routes(ex, idx)
+	if ex.RulesVersion != "" {
+		fmt.Fprintln(p.w)
+		p.rules(ex)
+	}
 	for _, l := range nackLines([]server.StreamInfo{*stream}, node) {
 		fmt.Fprintln(p.w, "\n"+l)
 	}

@@ -75,7 +75,7 @@ func checkBootstrap(t *testing.T, file string) *bootstrapv3.Bootstrap {
 	if err := b.GetStaticResources().GetListeners()[0].GetFilterChains()[0].GetFilters()[0].GetTypedConfig().UnmarshalTo(hcm); err != nil {
 		t.Fatal(err)
 	}
-	want := translator.Cluster("work", health.DefaultLBPolicy).GetName()
+	want := translator.Cluster("work", health.DefaultLBPolicy, health.DefaultDispatch()).GetName()
 	if got := hcm.GetRouteConfig().GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetCluster(); got != want {
 		t.Errorf("route goes to cluster %q, leasehold serves %q", got, want)
 	}
@@ -112,7 +112,7 @@ func checkBootstrap(t *testing.T, file string) *bootstrapv3.Bootstrap {
 // What leasehold sends Envoy passes Envoy's own validation.
 func TestServedResourcesPassEnvoyValidation(t *testing.T) {
 	for _, p := range health.LBPolicies {
-		c := translator.Cluster("work", p)
+		c := translator.Cluster("work", p, health.DefaultDispatch())
 		if err := c.ValidateAll(); err != nil {
 			t.Errorf("cluster (%s): %v", p, err)
 		}

@@ -713,8 +713,12 @@ func (w *randomWorld) observation(clock *clockwork.FakeClock) (health.Observatio
 	case k < 35:
 		rule := []string{"version", "labels", "capacity", "draining", "unhealthy",
 			"cordon"}[r.IntN(6)]
-		raw := fmt.Appendf(nil, `{"modes":[{"rule":%q,"mode":"observe"}],"safety_limit":%v}`, rule,
-			[]float64{0.25, 0.5, 1}[r.IntN(3)])
+		// A task's dispatch policy changes its route and clusters only.
+		dispatch := []string{``, `,"dispatch":{"default":{"deadline":"30s"}}`,
+			fmt.Sprintf(`,"dispatch":{"tasks":{%q:{"max_requests":%d,"retry":{"num_retries":%d}}}}`,
+				w.tasks[r.IntN(len(w.tasks))], 1+r.IntN(3), r.IntN(3))}[r.IntN(3)]
+		raw := fmt.Appendf(nil, `{"modes":[{"rule":%q,"mode":"observe"}],"safety_limit":%v%s}`, rule,
+			[]float64{0.25, 0.5, 1}[r.IntN(3)], dispatch)
 		switch r.IntN(4) {
 		case 0:
 			raw = nil

@@ -26,11 +26,14 @@ type AuditEvent struct {
 
 // ControlState is the operators' configuration in force, for /debug/config.
 type ControlState struct {
-	Rollout       *health.Rollout       `json:"rollout"`
-	RolloutSource string                `json:"rollout_source"` // "" = defaults
-	RolloutError  string                `json:"rollout_error,omitempty"`
-	Cordons       []health.CordonStatus `json:"cordons"`
-	CordonErrors  map[string]string     `json:"cordon_errors,omitempty"`
+	Rollout       *health.Rollout `json:"rollout"`
+	RolloutSource string          `json:"rollout_source"` // "" = defaults
+	RolloutError  string          `json:"rollout_error,omitempty"`
+	// RulesVersion is the content version of the rules in force
+	// (health.Rollout.ContentVersion; the defaults' when none is).
+	RulesVersion string                `json:"rules_version"`
+	Cordons      []health.CordonStatus `json:"cordons"`
+	CordonErrors map[string]string     `json:"cordon_errors,omitempty"`
 	// RequireACLApprovals: this replica counts only approvals Consul
 	// attributed (serve --require-acl-approvals).
 	RequireACLApprovals bool `json:"require_acl_approvals"`
@@ -38,11 +41,15 @@ type ControlState struct {
 
 // control is the Syncer's operator state (owned by Run).
 type control struct {
-	sources      map[string]*health.RulesSource // by kind: "file", "kv"
-	rollout      *health.Rollout
-	rolloutRaw   []byte
-	rolloutFrom  string
-	rolloutErr   string
+	sources     map[string]*health.RulesSource // by kind: "file", "kv"
+	rollout     *health.Rollout
+	rolloutRaw  []byte
+	rolloutFrom string
+	rolloutErr  string
+	version     string // rollout.ContentVersion()
+	// applied is the version a rules change applied since the last traced
+	// batch ("": none), for the change's trace.
+	applied      string
 	cordons      []health.Cordon
 	cordonErrs   map[string]string
 	cordonStatus []health.CordonStatus
@@ -95,6 +102,8 @@ func (s *Syncer) applyRules(src *health.RulesSource) {
 		}
 	}
 	c.rollout, c.rolloutRaw, c.rolloutFrom, c.rolloutErr = r, raw, from, ""
+	c.version = r.ContentVersion()
+	c.applied = c.version
 	c.dirty, c.clusters = true, true
 	// The detail is read by people (serve's log, the audit trail): a scope
 	// of <2.0.0 is written so, not as \u003c2.0.0.
@@ -103,7 +112,8 @@ func (s *Syncer) applyRules(src *health.RulesSource) {
 	enc.SetEscapeHTML(false)
 	enc.Encode(r)
 	detail := bytes.TrimSuffix(buf.Bytes(), []byte("\n"))
-	s.log.Info("rollout configuration applied", "source", from, "config", string(detail))
+	s.log.Info("rollout configuration applied", "source", from, "version", c.version,
+		"config", string(detail))
 	s.audit(AuditEvent{Action: "config-applied", Source: from, Detail: string(detail)})
 }
 
@@ -274,7 +284,12 @@ func (s *Syncer) audit(e AuditEvent) {
 
 func (s *Syncer) controlState() *ControlState {
 	c := &s.ctl
+	version := c.version
+	if version == "" {
+		version = defaultRulesVersion
+	}
 	return &ControlState{Rollout: c.rollout, RolloutSource: c.rolloutFrom,
-		RolloutError: c.rolloutErr, Cordons: c.cordonStatus, CordonErrors: c.cordonErrs,
+		RolloutError: c.rolloutErr, RulesVersion: version, Cordons: c.cordonStatus,
+		CordonErrors:        c.cordonErrs,
 		RequireACLApprovals: s.cfg.RequireACLApprovals}
 }

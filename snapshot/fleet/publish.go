@@ -16,6 +16,7 @@ import (
 	"go.opentelemetry.io/otel/trace"
 	"google.golang.org/protobuf/proto"
 
+	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/translator"
 	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
@@ -97,21 +98,23 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 			continue // not granted: as if it did not exist (same versions too)
 		}
 		lb := s.ctl.rollout.LBPolicyOf(task, s.cfg.LBPolicy)
+		pol := s.ctl.rollout.DispatchOf(task)
+		polKey := pol.Key()
 		l := translator.Listener(task)
 		res[types.Listener] = append(res[types.Listener], l)
 		versions[resource.ListenerType][task] = s.staticVersion(resource.ListenerType, task, l)
 		shards := g.loads[task]
-		r, rv := s.routeOf(g, task, shards)
+		r, rv := s.routeOf(g, task, shards, pol, polKey)
 		res[types.Route] = append(res[types.Route], r)
 		versions[resource.RouteType][task] = rv
 		if len(shards) == 0 { // not read yet: the task's cluster, no endpoints
 			shards = []translator.Shard{{Name: task}}
 		}
 		for _, sh := range shards {
-			c := translator.Cluster(sh.Name, lb)
+			c := translator.Cluster(sh.Name, lb, pol)
 			res[types.Cluster] = append(res[types.Cluster], c)
 			versions[resource.ClusterType][sh.Name] = s.staticVersion(resource.ClusterType,
-				sh.Name+"\x00"+string(lb), c)
+				sh.Name+"\x00"+string(lb)+"\x00"+polKey, c)
 			if sh.CLA != nil {
 				res[types.Endpoint] = append(res[types.Endpoint], sh.CLA)
 				versions[resource.EndpointType][sh.Name] = sh.Version
@@ -173,43 +176,51 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 }
 
 // shardedRoute is a sharded task's route for one group, kept while its
-// shards' weights stay the same.
+// shards' weights and its dispatch policy stay the same.
 type shardedRoute struct {
 	weights []uint32
+	policy  string // health.TaskDispatch.Key
 	route   *routev3.RouteConfiguration
 	version string
 }
 
-// routeOf is task's route for group g and its content version: the static
-// route to the task's cluster, or, when the task is sharded, the route
-// weighing its shards (rebuilt only when a weight changed).
-func (s *Syncer) routeOf(g *group, task string,
-	shards []translator.Shard) (*routev3.RouteConfiguration, string) {
+// routeOf is task's route for group g under dispatch policy pol (whose Key
+// is polKey) and its content version: the static route to the task's
+// cluster, or, when the task is sharded, the route weighing its shards
+// (rebuilt only when a weight or the policy changed).
+func (s *Syncer) routeOf(g *group, task string, shards []translator.Shard,
+	pol health.TaskDispatch, polKey string) (*routev3.RouteConfiguration, string) {
 	if len(shards) <= 1 {
 		delete(g.routes, task)
-		r := translator.Route(task)
-		return r, s.staticVersion(resource.RouteType, task, r)
+		r := translator.Route(task, pol)
+		return r, s.staticVersion(resource.RouteType, task+"\x00"+polKey, r)
 	}
 	weights := translator.ShardWeights(shards)
-	if sr, ok := g.routes[task]; ok && slices.Equal(sr.weights, weights) {
+	if sr, ok := g.routes[task]; ok && slices.Equal(sr.weights, weights) && sr.policy == polKey {
 		return sr.route, sr.version
 	}
-	r := translator.ShardedRoute(task, weights)
-	sr := shardedRoute{weights: weights, route: r, version: translator.Version(r)}
+	r := translator.ShardedRoute(task, weights, pol)
+	sr := shardedRoute{weights: weights, policy: polKey, route: r, version: translator.Version(r)}
 	g.routes[task] = sr
 	return sr.route, sr.version
 }
 
+// staticVersionsKept bounds the memo of static versions: every dispatch
+// policy a rules change brings adds keys, so past this many the memo starts
+// afresh (a version is a pure function of its key, so nothing else changes).
+const staticVersionsKept = 1 << 16
+
 // staticVersion is translator.Version of a listener, route or cluster,
 // computed once per key (which names everything its content depends on: a
-// cluster's load-balancing policy too).
+// cluster's load-balancing and dispatch policies, a route's dispatch policy
+// too).
 func (s *Syncer) staticVersion(typeURL, key string, m proto.Message) string {
 	k := typeURL + "/" + key
 	if v, ok := s.staticVersions[k]; ok {
 		return v
 	}
 	v := translator.Version(m)
-	if s.staticVersions == nil {
+	if s.staticVersions == nil || len(s.staticVersions) >= staticVersionsKept {
 		s.staticVersions = map[string]string{}
 	}
 	s.staticVersions[k] = v

@@ -10,6 +10,7 @@ import (
 	"testing"
 	"time"
 
+	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -462,12 +463,13 @@ func TestStaticVersionIsPerPolicy(t *testing.T) {
 	for range 2 {
 		for _, p := range health.LBPolicies {
 			v := s.staticVersion(resource.ClusterType, "work\x00"+string(p),
-				translator.Cluster("work", p))
+				translator.Cluster("work", p, health.DefaultDispatch()))
 			if q, ok := seen[v]; ok && q != p {
 				t.Fatalf("%s and %s share cluster version %s", p, q, v)
 			}
 			seen[v] = p
-			if want := translator.Version(translator.Cluster("work", p)); v != want {
+			want := translator.Version(translator.Cluster("work", p, health.DefaultDispatch()))
+			if v != want {
 				t.Fatalf("%s: memoised version %s, content version %s", p, v, want)
 			}
 		}
@@ -695,5 +697,119 @@ func TestChangedLoadsNameOnlyTheShardsThatChanged(t *testing.T) {
 	}
 	if got := changedLoads(nil, []translator.Shard{{Name: "work", Version: "e"}}); len(got) != 1 {
 		t.Fatalf("unsharded: changed %v, want [work]", got)
+	}
+}
+
+// routeAndClusterVersions are the route and cluster versions of snap, by
+// name.
+func routeAndClusterVersions(snap *cache.Snapshot) (map[string]string, map[string]string) {
+	return snap.VersionMap[resource.RouteType], snap.VersionMap[resource.ClusterType]
+}
+
+// TestDispatchPolicyChangeChangesOnlyItsTasksVersions: a rules change of one
+// task's dispatch policy changes that task's route and cluster versions
+// only, the resources carry the policy, two replicas with the same rules
+// agree, going back restores the first versions, and an invalid policy
+// changes nothing and is refused naming the field.
+func TestDispatchPolicyChangeChangesOnlyItsTasksVersions(t *testing.T) {
+	h := startSyncerWithPolicy(t, "")
+	first := readWorkAndBatch(h, t).snap
+	r0, c0 := routeAndClusterVersions(first)
+	rules := func(raw string) {
+		h.obs <- health.Observation{Data: &health.RulesSource{Source: "consul-kv:x",
+			Raw: []byte(raw)}}
+	}
+	const doc = `{"dispatch":{"tasks":{"batch":{"max_requests":2,"deadline":"10s",` +
+		`"retry":{"on":["UNAVAILABLE"],"num_retries":1}}}}}`
+	rules(doc)
+	h.advanceWindow()
+	p1 := h.publish().snap
+	r1, c1 := routeAndClusterVersions(p1)
+	if r1["batch"] == r0["batch"] || c1["batch"] == c0["batch"] {
+		t.Fatalf("batch's policy changed but its route %s→%s or cluster %s→%s did not",
+			r0["batch"], r1["batch"], c0["batch"], c1["batch"])
+	}
+	if r1["work"] != r0["work"] || c1["work"] != c0["work"] {
+		t.Fatal("work's policy did not change but its route or cluster got a new version")
+	}
+	for _, res := range p1.GetResources(resource.RouteType) {
+		r := res.(*routev3.RouteConfiguration)
+		a := r.GetVirtualHosts()[0].GetRoutes()[0].GetRoute()
+		want := map[string]string{"batch": "unavailable",
+			"work": "unavailable,resource-exhausted"}[r.GetName()]
+		if got := a.GetRetryPolicy().GetRetryOn(); got != want {
+			t.Errorf("%s: retry_on %q, want %q", r.GetName(), got, want)
+		}
+		if (r.GetName() == "batch") != (a.GetMaxStreamDuration() != nil) {
+			t.Errorf("%s: max_stream_duration %v", r.GetName(), a.GetMaxStreamDuration())
+		}
+	}
+	c := p1.GetResources(resource.ClusterType)["batch"].(*clusterv3.Cluster)
+	if c.GetCircuitBreakers().GetThresholds()[0].GetMaxRequests().GetValue() != 2 {
+		t.Errorf("batch's cluster: circuit breakers %v", c.GetCircuitBreakers())
+	}
+
+	// Another replica given the same rules serves the same versions.
+	other := startSyncerWithPolicy(t, "")
+	other.obs <- health.Observation{Data: &health.RulesSource{Source: "file:r", Raw: []byte(doc)}}
+	r2, c2 := routeAndClusterVersions(readWorkAndBatch(other, t).snap)
+	for _, task := range []string{"work", "batch"} {
+		if r2[task] != r1[task] || c2[task] != c1[task] {
+			t.Errorf("%s: replicas with the same rules disagree on versions", task)
+		}
+	}
+
+	rules(`{}`)
+	h.advanceWindow()
+	r3, c3 := routeAndClusterVersions(h.publish().snap)
+	if r3["batch"] != r0["batch"] || c3["batch"] != c0["batch"] {
+		t.Fatal("back to the default: batch's versions are not the first ones")
+	}
+
+	prevErr := ""
+	for _, tt := range []struct{ doc, field string }{
+		{`{"dispatch":{"tasks":{"batch":{"retry":{"on":["ABORTED"]}}}}}`,
+			`dispatch.tasks["batch"].retry.on[0]`},
+		{`{"dispatch":{"default":{"retry":{"num_retries":9}}}}`, "dispatch.default.retry.num_retries"},
+		{`{"dispatch":{"tasks":{"batch":{"max_requests":-1}}}}`, `dispatch.tasks["batch"].max_requests`},
+	} {
+		rules(tt.doc)
+		got := awaitRolloutError(h, prevErr)
+		if got == prevErr || !strings.Contains(got, tt.field) {
+			t.Errorf("%s: error %q, want one naming %s", tt.doc, got, tt.field)
+		}
+		prevErr = got
+	}
+	h.quiet() // nothing published: the previous rules stay in force
+}
+
+// A sharded task's route follows its policy too (the weighted route is kept
+// while the weights stay, but not across a policy change).
+func TestDispatchPolicyChangeRebuildsAShardedRoute(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := startSyncerWith(t, SyncConfig{ShardSize: 2, Logger: quiet})
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work")
+	var members []health.Member
+	for i := range 5 {
+		members = append(members, fleettest.Member("work", fmt.Sprintf("e%d", i),
+			fmt.Sprintf("s%d", i), 1, 9000+i, "1.0.0", health.StatusPassing, 4))
+	}
+	h.members("work", members...)
+	h.nonPassing()
+	r0, _ := routeAndClusterVersions(h.publish().snap)
+	h.obs <- health.Observation{Data: &health.RulesSource{Source: "consul-kv:x",
+		Raw: []byte(`{"dispatch":{"default":{"deadline":"3s"}}}`)}}
+	h.advanceWindow()
+	p := h.publish().snap
+	r1, _ := routeAndClusterVersions(p)
+	if r1["work"] == r0["work"] {
+		t.Fatal("the sharded route kept its version across a policy change")
+	}
+	r := p.GetResources(resource.RouteType)["work"].(*routev3.RouteConfiguration)
+	a := r.GetVirtualHosts()[0].GetRoutes()[0].GetRoute()
+	if a.GetWeightedClusters() == nil || a.GetMaxStreamDuration().GetMaxStreamDuration().
+		AsDuration() != 3*time.Second {
+		t.Fatalf("sharded route action %v", a)
 	}
 }

@@ -28,6 +28,7 @@ func (s *Syncer) recompute(ctx context.Context) {
 	s.recordLapses(r.lapses)
 	decided := time.Now()
 	ctx, tr := s.traceChange(ctx, r, started, decided)
+	s.ctl.applied = ""                                // told by this batch's trace, if any
 	s.batchChange = trace.SpanContextFromContext(ctx) // invalid when not traced
 	if len(r.lapses) > 0 {
 		s.batchLapse = s.batchStart

@@ -62,6 +62,14 @@ func (s *Syncer) initTelemetry() {
 			obs.Observe(int64(n))
 			return nil
 		}))
+	m.Int64ObservableGauge("leasehold.rules.info",
+		metric.WithDescription("always 1: the content version of the rules in force (one "+
+			"series; the defaults' version when no rules document is in force)"),
+		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
+			obs.Observe(1, metric.WithAttributes(attribute.String("version",
+				s.View().RulesVersion())))
+			return nil
+		}))
 	s.badMeta, _ = m.Int64Counter("leasehold.registrations.bad_metadata",
 		metric.WithDescription("registrations excluded for metadata that breaks the contract "+
 			"(counted once per change)"))
@@ -195,6 +203,18 @@ func (s *Syncer) traceChange(ctx context.Context, r batchResult,
 			attribute.Int("leasehold.instances.removed", diff.removed),
 			attribute.Int("leasehold.instances.lapsed", len(lapses)),
 		))
+	// The rules this change was decided under; a change that applied new
+	// rules says so in an event.
+	version := s.ctl.version
+	if version == "" {
+		version = defaultRulesVersion
+	}
+	root.SetAttributes(attribute.String("leasehold.rules.version", version))
+	if v := s.ctl.applied; v != "" {
+		root.AddEvent("rules applied", trace.WithAttributes(
+			attribute.String("leasehold.rules.version", v),
+			attribute.String("leasehold.rules.source", s.ctl.rolloutFrom)))
+	}
 	for _, e := range lapses {
 		root.AddEvent("lease lapsed", trace.WithAttributes(
 			attribute.String("leasehold.instance_id", e.InstanceID),

@@ -111,6 +111,18 @@ func (v *View) Sessions() Sessions { return v.sessions }
 // Changed is closed when a newer View replaces this one.
 func (v *View) Changed() <-chan struct{} { return v.changed }
 
+// RulesVersion is the content version of the rules in force: the defaults'
+// before the controls have been read.
+func (v *View) RulesVersion() string {
+	if v.Control == nil || v.Control.RulesVersion == "" {
+		return defaultRulesVersion
+	}
+	return v.Control.RulesVersion
+}
+
+// defaultRulesVersion is the content version of no rules.
+var defaultRulesVersion = (*health.Rollout)(nil).ContentVersion()
+
 // View is the latest decided state (never nil).
 func (s *Syncer) View() *View { return s.view.Load() }
 

@@ -64,8 +64,8 @@ func FuzzTranslate(f *testing.F) {
 		health.Fence(es, nil)
 		cla, version := endpointsVersioned("work", es, d)
 		if err := Consistent([]*listenerv3.Listener{Listener("work")},
-			[]*routev3.RouteConfiguration{Route("work")},
-			[]*clusterv3.Cluster{Cluster("work", health.DefaultLBPolicy)},
+			[]*routev3.RouteConfiguration{Route("work", dd)},
+			[]*clusterv3.Cluster{Cluster("work", health.DefaultLBPolicy, dd)},
 			[]*endpointv3.ClusterLoadAssignment{cla}); err != nil {
 			t.Fatal(err)
 		}

@@ -106,9 +106,10 @@ func ShardWeight(c uint64) uint32 {
 // shard weighs 0 (nothing routable) each weighs 1 instead, since grpc-go
 // refuses a route whose weights sum to 0 and Envoy one whose weights do:
 // the calls then fail as they would on one empty cluster. With one shard it
-// is Route(task).
-func ShardedRoute(task string, weights []uint32) *routev3.RouteConfiguration {
-	r := Route(task)
+// is Route(task, p). The dispatch policy p applies to the route as a whole.
+func ShardedRoute(task string, weights []uint32,
+	p health.TaskDispatch) *routev3.RouteConfiguration {
+	r := Route(task, p)
 	if len(weights) <= 1 {
 		return r
 	}

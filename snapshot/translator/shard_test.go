@@ -108,7 +108,7 @@ func TestShardWeightFollowsCapacityInSteps(t *testing.T) {
 }
 
 func TestShardedRouteWeighsShardsAndNeverSumsToZero(t *testing.T) {
-	r := ShardedRoute("work", []uint32{10, 0, 30})
+	r := ShardedRoute("work", []uint32{10, 0, 30}, dd)
 	wc := r.GetVirtualHosts()[0].GetRoutes()[0].GetRoute().GetWeightedClusters()
 	if len(wc.GetClusters()) != 3 {
 		t.Fatalf("weighted clusters %v: want the three shards", wc)
@@ -123,10 +123,10 @@ func TestShardedRouteWeighsShardsAndNeverSumsToZero(t *testing.T) {
 	if err := r.ValidateAll(); err != nil {
 		t.Fatalf("sharded route: %v", err)
 	}
-	if err := Cluster(ShardName("work", 1, 3), health.DefaultLBPolicy).ValidateAll(); err != nil {
+	if err := Cluster(ShardName("work", 1, 3), health.DefaultLBPolicy, dd).ValidateAll(); err != nil {
 		t.Fatalf("a shard's cluster: %v", err)
 	}
-	empty := ShardedRoute("work", []uint32{0, 0})
+	empty := ShardedRoute("work", []uint32{0, 0}, dd)
 	if err := empty.ValidateAll(); err != nil {
 		t.Fatalf("sharded route, every shard empty: %v", err)
 	}
@@ -136,13 +136,14 @@ func TestShardedRouteWeighsShardsAndNeverSumsToZero(t *testing.T) {
 			t.Fatal("every shard empty: weights summing to 0 are NACKed by grpc-go and Envoy")
 		}
 	}
-	if one := ShardedRoute("work", []uint32{7}); Version(one) != Version(Route("work")) {
+	if one := ShardedRoute("work", []uint32{7}, dd); Version(one) != Version(Route("work",
+		dd)) {
 		t.Fatal("one shard is the task's plain route")
 	}
 	if TaskOf(ShardName("work", 3, 4)) != "work" || TaskOf("work") != "work" {
 		t.Fatal("TaskOf does not undo ShardName")
 	}
-	fleettest.ProtoGolden(t, "route-sharded.json", ShardedRoute("transcode", []uint32{21, 0, 34}))
+	fleettest.ProtoGolden(t, "route-sharded.json", ShardedRoute("transcode", []uint32{21, 0, 34}, dd))
 }
 
 // A sharded build sends what one unsharded build sends — split by ShardOf,
@@ -287,16 +288,16 @@ func TestShardedResourcesAreConsistent(t *testing.T) {
 	var clusters []*clusterv3.Cluster
 	var loads []*endpointv3.ClusterLoadAssignment
 	for _, sh := range res.Shards {
-		clusters = append(clusters, Cluster(sh.Name, health.DefaultLBPolicy))
+		clusters = append(clusters, Cluster(sh.Name, health.DefaultLBPolicy, dd))
 		loads = append(loads, sh.CLA)
 	}
 	if err := Consistent([]*listenerv3.Listener{Listener("work")},
-		[]*routev3.RouteConfiguration{ShardedRoute("work", weights)}, clusters,
+		[]*routev3.RouteConfiguration{ShardedRoute("work", weights, dd)}, clusters,
 		loads); err != nil {
 		t.Fatal(err)
 	}
 	if err := Consistent([]*listenerv3.Listener{Listener("work")},
-		[]*routev3.RouteConfiguration{ShardedRoute("work", weights)}, clusters[:2],
+		[]*routev3.RouteConfiguration{ShardedRoute("work", weights, dd)}, clusters[:2],
 		loads[:2]); err == nil {
 		t.Fatal("a route to a missing shard not detected")
 	}

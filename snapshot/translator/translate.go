@@ -59,29 +59,34 @@ func Listener(task string) *listenerv3.Listener {
 }
 
 // Route is the route configuration of task: one virtual host for domain task
-// sending everything to Cluster(task).
-func Route(task string) *routev3.RouteConfiguration {
+// sending everything to Cluster(task), with the task's dispatch policy's
+// retries and deadline (dispatch.go).
+func Route(task string, p health.TaskDispatch) *routev3.RouteConfiguration {
+	action := &routev3.RouteAction{
+		ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: task},
+	}
+	applyDispatch(action, p)
 	return &routev3.RouteConfiguration{
 		Name: task,
 		VirtualHosts: []*routev3.VirtualHost{{
 			Name:    task,
 			Domains: []string{task},
 			Routes: []*routev3.Route{{
-				Match: &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
-				Action: &routev3.Route_Route{Route: &routev3.RouteAction{
-					ClusterSpecifier: &routev3.RouteAction_Cluster{Cluster: task},
-				}},
+				Match:  &routev3.RouteMatch{PathSpecifier: &routev3.RouteMatch_Prefix{Prefix: "/"}},
+				Action: &routev3.Route_Route{Route: action},
 			}},
 		}},
 	}
 }
 
 // Cluster is the EDS (over ADS) cluster name (a task type's, or one of its
-// shards': ShardName), balanced by policy lb (loadBalancingPolicy); its load
+// shards': ShardName), balanced by policy lb (loadBalancingPolicy), with the
+// task's dispatch policy's limit on calls in flight and ejection, and asking
+// its clients to report load to leasehold (dispatch.go); its load
 // assignment has the same name. Envoy forwards
 // to the executors in the protocol its client spoke (HTTP/2 for gRPC work
 // services, HTTP/1.1 otherwise); gRPC clients ignore the option.
-func Cluster(name string, lb health.LBPolicy) *clusterv3.Cluster {
+func Cluster(name string, lb health.LBPolicy, p health.TaskDispatch) *clusterv3.Cluster {
 	proto, _ := anypb.New(&upstreamhttpv3.HttpProtocolOptions{
 		UpstreamProtocolOptions: &upstreamhttpv3.HttpProtocolOptions_UseDownstreamProtocolConfig{
 			UseDownstreamProtocolConfig: &upstreamhttpv3.HttpProtocolOptions_UseDownstreamHttpConfig{
@@ -100,6 +105,9 @@ func Cluster(name string, lb health.LBPolicy) *clusterv3.Cluster {
 			ServiceName: name},
 		LoadBalancingPolicy: loadBalancingPolicy(lb),
 		ConnectTimeout:      durationpb.New(time.Second),
+		CircuitBreakers:     circuitBreakers(p.MaxRequests),
+		OutlierDetection:    outlierDetection(p.Outlier),
+		LrsServer:           lrsSelf(),
 	}
 }
 

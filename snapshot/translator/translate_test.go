@@ -22,10 +22,10 @@ func TestTranslateGolden(t *testing.T) {
 		t.Fatal(err)
 	}
 	fleettest.ProtoGolden(t, "listener.json", Listener("transcode"))
-	fleettest.ProtoGolden(t, "route.json", Route("transcode"))
-	fleettest.ProtoGolden(t, "cluster.json", Cluster("transcode", health.DefaultLBPolicy))
+	fleettest.ProtoGolden(t, "route.json", Route("transcode", dd))
+	fleettest.ProtoGolden(t, "cluster.json", Cluster("transcode", health.DefaultLBPolicy, dd))
 	for _, p := range health.LBPolicies[1:] {
-		fleettest.ProtoGolden(t, "cluster-"+string(p)+".json", Cluster("transcode", p))
+		fleettest.ProtoGolden(t, "cluster-"+string(p)+".json", Cluster("transcode", p, dd))
 	}
 	for name, d := range map[string]health.Dispatcher{"any": any, "strict": strict} {
 		cla, decisions := Endpoints("transcode", fleettest.GoldenFleet(),
@@ -105,8 +105,8 @@ func TestConsistent(t *testing.T) {
 	any, _ := health.NewDispatcher("", nil)
 	cla := Endpoints("t", nil, any)
 	ok := Consistent([]*listenerv3.Listener{Listener("t")},
-		[]*routev3.RouteConfiguration{Route("t")},
-		[]*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy)},
+		[]*routev3.RouteConfiguration{Route("t", dd)},
+		[]*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy, dd)},
 		[]*endpointv3.ClusterLoadAssignment{cla})
 	if ok != nil {
 		t.Fatal(ok)
@@ -114,11 +114,15 @@ func TestConsistent(t *testing.T) {
 	if err := Consistent([]*listenerv3.Listener{Listener("t")}, nil, nil, nil); err == nil {
 		t.Fatal("missing route not detected")
 	}
-	if err := Consistent(nil, []*routev3.RouteConfiguration{Route("t")}, nil, nil); err == nil {
+	if err := Consistent(nil, []*routev3.RouteConfiguration{Route("t", dd)}, nil, nil); err == nil {
 		t.Fatal("missing cluster not detected")
 	}
-	if err := Consistent(nil, nil, []*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy)},
+	if err := Consistent(nil, nil, []*clusterv3.Cluster{Cluster("t", health.DefaultLBPolicy, dd)},
 		nil); err == nil {
 		t.Fatal("missing endpoints not detected")
 	}
 }
+
+// dd is the default dispatch policy, which most tests' routes and clusters
+// carry.
+var dd = health.DefaultDispatch()
