@@ -147,7 +147,10 @@ func (b *bench) floor() error {
 	}, 60*time.Second); err != nil {
 		return fmt.Errorf("floor: streams never had the starting state: %w", err)
 	}
-	if b.res.floor, err = plan.replay(p, ds); err != nil {
+	stopTrace := traceSelf("floor")
+	b.res.floor, err = plan.replay(p, ds)
+	stopTrace()
+	if err != nil {
 		return err
 	}
 	logf("floor: %d of leasehold's responses (removing %d endpoints) replayed by a bare "+

@@ -1,7 +1,13 @@
 package main
 
 import (
+	"fmt"
+	"maps"
+	"math/rand/v2"
 	"testing"
+	"time"
+
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 
 	"google.golang.org/protobuf/proto"
 
@@ -27,5 +33,51 @@ func TestHealthyHosts(t *testing.T) {
 	healthyHosts(b, set)
 	if len(set) != 2 || !set["a"] || !set["c"] || set["b"] {
 		t.Fatalf("scan = %v, want a and c (b is draining)", set)
+	}
+}
+
+// A stream's endpoint set follows each response by the resources it
+// carries: always the union of every resource's endpoints, and an endpoint
+// is stamped gone when the last resource holding it drops it.
+func TestStreamSetIsTheUnionOfItsResources(t *testing.T) {
+	r := rand.New(rand.NewPCG(7, 8))
+	ds := newDispatcherSet(1, []string{"work"})
+	names := []string{"s0", "s1", "s2"}
+	stamped := map[string]bool{} // a departure is stamped the first time only
+	for step := range 500 {
+		at := time.Unix(int64(step), 0)
+		updates := map[string]map[string]bool{}
+		var removed []string
+		for _, n := range names {
+			switch r.IntN(4) {
+			case 0:
+				hosts := map[string]bool{}
+				for range r.IntN(5) {
+					hosts[fmt.Sprint("h", r.IntN(8))] = true // hosts may sit in two resources
+				}
+				updates[n] = hosts
+			case 1:
+				if r.IntN(3) == 0 {
+					removed = append(removed, n)
+				}
+			}
+		}
+		before := maps.Clone(ds.sets[0])
+		ds.apply(0, at, updates, removed, &discovery.DiscoveryResponse{})
+		union := map[string]bool{}
+		for _, hosts := range ds.byRes[0] {
+			maps.Copy(union, hosts)
+		}
+		if !maps.Equal(ds.sets[0], union) {
+			t.Fatalf("step %d: set %v, the union of the resources %v", step, ds.sets[0], union)
+		}
+		for h := range before {
+			if !union[h] && !stamped[h] {
+				if ds.gone[0][h] != at {
+					t.Fatalf("step %d: %s left at %v, stamped %v", step, h, at, ds.gone[0][h])
+				}
+				stamped[h] = true
+			}
+		}
 	}
 }

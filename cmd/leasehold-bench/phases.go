@@ -6,6 +6,7 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"runtime/trace"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -279,6 +280,7 @@ func (b *bench) leaseholdLapses() error {
 	}
 	b.ds.startCapture()
 	profiled := b.profile(time.Duration(b.n)*lapseSpacing + *lease + 2*time.Second)
+	defer traceSelf("lapses")()
 	before := b.usage()
 	expiries := b.fleet.lapseAll(victims)
 	var err error
@@ -309,6 +311,25 @@ func (b *bench) leaseholdLapses() error {
 	logf("of which from Consul reporting the lapse to the last ACK (leasehold's own "+
 		"histogram): mean %s over %.0f", r(b.res.inLeasehold), count)
 	return nil
+}
+
+// traceSelf traces this process into --trace-harness's PREFIX.name until
+// the returned function is called (nothing without the flag).
+func traceSelf(name string) (stop func()) {
+	if *traceHarness == "" {
+		return func() {}
+	}
+	f, err := os.Create(*traceHarness + "." + name)
+	if err != nil {
+		logf("trace-harness: %v", err)
+		return func() {}
+	}
+	if err := trace.Start(f); err != nil {
+		logf("trace-harness: %v", err)
+		f.Close()
+		return func() {}
+	}
+	return func() { trace.Stop(); f.Close() }
 }
 
 // profile writes a CPU profile (--profile) and an execution trace (--trace)
