@@ -26,7 +26,7 @@ func TestReadBudgetDebtAndRefill(t *testing.T) {
 		t.Fatalf("after the debt is paid: delay %s", d)
 	}
 	clock.Advance(time.Hour)
-	b.charge(2000)
+	b.charge(3000) // the burst holds two of the largest reads (1,500)
 	if d := b.delay(); d != 0 {
 		t.Fatal("the refill is capped at the burst, which a quiet fleet may spend at once")
 	}
@@ -38,6 +38,29 @@ func TestReadBudgetDebtAndRefill(t *testing.T) {
 	nilBudget.charge(10)
 	if nilBudget.delay() != 0 {
 		t.Fatal("no budget: no delay")
+	}
+}
+
+// A read larger than the configured burst (a whole task type of 10,000)
+// is made at once when the fleet has been quiet, however large it is, and
+// reads in a row are still paced at the rate.
+func TestALoneChangeIsReadAtOnceWhateverTheListingSize(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	const rate, listing = 4 << 20, 12 << 20
+	b := newReadBudget(clock, rate, 2*rate)
+	b.charge(listing)
+	if d := b.delay(); d != time.Second {
+		t.Fatalf("the first whole listing: delay %s, want 1s (its 4 MiB over the burst)", d)
+	}
+	clock.Advance(time.Minute) // quiet
+	b.charge(listing)
+	if d := b.delay(); d != 0 {
+		t.Fatalf("a lone change after a quiet minute waits %s: want none", d)
+	}
+	b.charge(listing)
+	b.charge(listing)
+	if d := b.delay(); d != 3*time.Second {
+		t.Fatalf("reads in a row: delay %s, want 3s (the rate paces them)", d)
 	}
 }
 

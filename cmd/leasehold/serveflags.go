@@ -89,7 +89,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.readRate, "consul-read-rate", "4MiB",
 		"JSON per second the listings that grow with the fleet (task members, generation keys) "+
 			"may read from Consul, all together, per datacenter (e.g. 512KiB, 4MiB, 8MB; off: "+
-			"unpaced); a quiet fleet reads 2 s of it at once, under churn the changes coalesce")
+			"unpaced); a quiet fleet reads 2 s of it (or two of its largest listings) at once, "+
+			"under churn the changes coalesce")
 	env("consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE")
 	fs.StringVar(&f.dcs, "datacenters", "",
 		"Consul datacenters to watch through the agent, comma-separated in failover order, "+
