@@ -258,6 +258,17 @@ func TestDispatchPolicyKeptByRealGRPCClients(t *testing.T) {
 				}
 			}
 		}
+		// An executor that has sent its response headers has started the task
+		// (the executor contract): even a code that is retried is then final.
+		f.setAll("retry", refuseAfterHeaders(codes.Unavailable))
+		for _, r := range c.call(t, callCmd{Target: "xds:///retry", N: 3,
+			Timeout: 5 * time.Second}) {
+			if at := f.attemptsOf(r.Call); r.Code != codes.Unavailable || len(at) != 1 {
+				t.Errorf("every executor failing UNAVAILABLE after its headers: call %s ended "+
+					"%v %q after attempts %v: want UNAVAILABLE after exactly one", r.Call,
+					r.Code, r.Msg, at)
+			}
+		}
 	})
 
 	t.Run("MaxRequestsCapsCallsInFlight", func(t *testing.T) {
@@ -668,6 +679,17 @@ type behaviour func(ctx context.Context) error
 func refuse(code codes.Code) behaviour {
 	return func(context.Context) error {
 		return status.Errorf(code, "test executor answers %v", code)
+	}
+}
+
+// refuseAfterHeaders answers code after sending the response headers, as an
+// executor does that started the task and then failed.
+func refuseAfterHeaders(code codes.Code) behaviour {
+	return func(ctx context.Context) error {
+		if err := grpc.SendHeader(ctx, metadata.Pairs("accepted-by", "test")); err != nil {
+			return err
+		}
+		return status.Errorf(code, "test executor answers %v after its headers", code)
 	}
 }
 
