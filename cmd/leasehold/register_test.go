@@ -35,6 +35,9 @@ func TestMain(m *testing.M) {
 	if target := os.Getenv(dispatcherEnv); target != "" {
 		os.Exit(runDispatcherChild(target))
 	}
+	if os.Getenv(callerEnv) != "" {
+		os.Exit(runCallerChild())
+	}
 	if spec := os.Getenv(executorEnv); spec != "" {
 		os.Exit(runExecutorChild(spec))
 	}

@@ -17,6 +17,9 @@ import (
 type Proc struct {
 	Cmd   *exec.Cmd
 	Lines <-chan []byte // stdout, one line at a time; closed at EOF
+	// Stdin is the child's stdin, for a child that takes commands: closing
+	// it tells the child to exit (the cleanup closes it).
+	Stdin io.Writer
 }
 
 // Start re-runs the test binary with env added (running no tests: the
@@ -61,7 +64,7 @@ func Start(t testing.TB, name string, env ...string) *Proc {
 			<-done
 		}
 	})
-	return &Proc{Cmd: cmd, Lines: lines}
+	return &Proc{Cmd: cmd, Lines: lines, Stdin: stdin}
 }
 
 // Signal sends sig to the child.
