@@ -2,8 +2,11 @@
 // free loopback ports, `leasehold serve`, three example gRPC executors (two
 // of version 1.x, one 2.x) and the example dispatcher constrained to 1.x,
 // which dials xds:///work through leasehold and confirms each result through
-// the Fencing API. It then makes an executor busy with other work (its load
-// reports lower its share of new tasks), freezes one past its lease
+// the Fencing API. It then makes an executor refuse every task (the
+// dispatch policy leasehold sends retries each refusal on the other; the
+// refused attempts show as the task's failure rate in explain, reported over
+// LRS, refuse.go), makes one busy with other work (its load reports lower
+// its share of new tasks), freezes one past its lease
 // (SIGSTOP, as a long GC pause would), resumes it, and drains another,
 // printing a timeline and `leasehold explain` at each step. With
 // --datacenters it plays the two-datacenter story instead (datacenters.go):
