@@ -333,7 +333,11 @@ func (w *work) Run(ctx context.Context, req *workpb.RunRequest) (*workpb.RunResu
 	}
 	if w.draining.Load() || w.stopping.Err() != nil {
 		w.inFlight.Add(-1)
-		return nil, w.refuse(req, codes.Unavailable, "draining: no new tasks")
+		why := "draining: no new tasks"
+		if !w.draining.Load() {
+			why = "stopping: no new tasks"
+		}
+		return nil, w.refuse(req, codes.Unavailable, why)
 	}
 	w.reg.LoadChanged() // if it is full now, the Registrar says so at once
 	defer w.load.Done()
