@@ -158,8 +158,8 @@ func run() error {
 		return fmt.Errorf("registration ended: %w", err)
 	case sig = <-sigs:
 	}
+	draining.Store(true) // first: the log line below says new tasks are refused
 	log.Info(signalName(sig)+": draining", "in_flight", inFlight.Load())
-	draining.Store(true)
 	hs.Shutdown() // health NOT_SERVING
 	dctx, cancel := context.WithTimeout(context.Background(), o.drainTimeout)
 	defer cancel()
