@@ -2,8 +2,11 @@
 // free loopback ports, `leasehold serve`, three example gRPC executors (two
 // of version 1.x, one 2.x) and the example dispatcher constrained to 1.x,
 // which dials xds:///work through leasehold and confirms each result through
-// the Fencing API. It then makes an executor busy with other work (its load
-// reports lower its share of new tasks), freezes one past its lease
+// the Fencing API. It then makes an executor refuse every task (the
+// dispatch policy leasehold sends retries each refusal on the other; the
+// refused attempts show as the task's failure rate in explain, reported over
+// LRS, refuse.go), makes one busy with other work (its load reports lower
+// its share of new tasks), freezes one past its lease
 // (SIGSTOP, as a long GC pause would), resumes it, and drains another,
 // printing a timeline and `leasehold explain` at each step. With
 // --datacenters it plays the two-datacenter story instead (datacenters.go):
@@ -80,6 +83,7 @@ type demo struct {
 	xdsAddr  string
 	admin    string
 	outcomes outcomes
+	scenes   struct{ refused refused } // what scenes saw, for TestDemo
 }
 
 // proc is a child process in its own process group.
@@ -171,6 +175,14 @@ func (d *demo) run(ctx context.Context) error {
 		return err
 	}
 	if err := d.spreadScene(ctx, constraint); err != nil {
+		return err
+	}
+	// A refusal (nothing started) is retried elsewhere by the dispatch
+	// policy the dispatcher's own client keeps. It comes while the two
+	// executors weigh the same: gRPC's retries do not avoid the executor
+	// that refused, the balancer picks again, so an executor weighing more
+	// (exec-2, after exec-1's busy scene) would draw the retries too.
+	if err := d.refuseScene(ctx, execs["exec-2"]); err != nil {
 		return err
 	}
 	// Load reported over ORCA weighs new work: a busier executor gets
@@ -429,7 +441,7 @@ func (d *demo) summary(ctx context.Context) error {
 // (SIGUSR1) and waits for its share of new tasks to drop under weighted
 // round robin, then frees it again.
 func (d *demo) busyScene(ctx context.Context, p *proc) error {
-	d.step("1b. exec-1 gets busy with other work: its load reports (ORCA, in every result) show " +
+	d.step("1c. exec-1 gets busy with other work: its load reports (ORCA, in every result) show " +
 		"it, and its share of new tasks drops")
 	share := func(since time.Time) (float64, int) {
 		c := d.outcomes.confirmedBy(since)
@@ -488,8 +500,9 @@ func (d *demo) await(
 	return nil
 }
 
-// explain prints `leasehold explain` as an operator would run it.
-func (d *demo) explain(args ...string) {
+// explain prints `leasehold explain` as an operator would run it, and
+// returns what it printed.
+func (d *demo) explain(args ...string) string {
 	args = append([]string{"explain", "--admin-addr", d.admin}, args...)
 	out, err := exec.Command(*leaseholdBin, args...).CombinedOutput()
 	fmt.Printf("\n   $ leasehold %s\n", strings.Join(args, " "))
@@ -500,6 +513,7 @@ func (d *demo) explain(args ...string) {
 		fmt.Printf("   (explain: %v)\n", err)
 	}
 	fmt.Println()
+	return string(out)
 }
 
 // sessionState asks leasehold's fencing API (JSON on the admin port).
@@ -528,6 +542,12 @@ type outcome struct {
 	State    string        `json:"session_state"`
 	Error    string        `json:"error"`
 	Latency  time.Duration `json:"latency_ns"`
+	Attempts int           `json:"attempts"`
+	Retried  []struct {
+		Executor string `json:"executor"`
+		Code     string `json:"code"`
+		Message  string `json:"message"`
+	} `json:"retried"`
 }
 
 func (o outcome) started() time.Time { return o.At.Add(-o.Latency) }

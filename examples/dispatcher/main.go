@@ -36,6 +36,7 @@ import (
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/credentials"
 	"google.golang.org/grpc/credentials/insecure"
+	"google.golang.org/grpc/stats"
 	"google.golang.org/grpc/status"
 	_ "google.golang.org/grpc/xds" // the xds:/// resolver and balancers
 
@@ -56,31 +57,24 @@ type options struct {
 	maxInFlight int
 	jsonOut     bool
 	failFast    bool
-	retries     int
 }
+
+// retriesRemoved says where --retries went.
+const retriesRemoved = "a task refused before it started (UNAVAILABLE, " +
+	"RESOURCE_EXHAUSTED) is retried on another executor by the dispatch policy " +
+	"leasehold sends this dispatcher's xDS client (the rules' dispatch section: " +
+	"retry.num_retries, backoff), not by the dispatcher"
+
+// removedFlag is a flag that is no longer: given, it is refused saying why,
+// rather than ignored or answered "flag provided but not defined".
+type removedFlag string
+
+func (f removedFlag) String() string   { return "" }
+func (f removedFlag) Set(string) error { return errors.New("removed: " + string(f)) }
 
 func main() {
 	var o options
-	flag.StringVar(&o.task, "task", "work", "task type: the dispatcher dials xds:///<task>")
-	flag.StringVar(&o.bootstrap, "bootstrap", "",
-		"gRPC xDS bootstrap file (from `leasehold bootstrap`; default $"+bootstrapEnv+")")
-	flag.StringVar(&o.leasehold, "leasehold", "",
-		"leasehold's gRPC address for the Fencing API (default: the bootstrap's xDS server)")
-	flag.Float64Var(&o.rate, "rate", 5,
-		"tasks started per second (open loop: a slow executor does not slow the rate)")
-	flag.DurationVar(&o.work, "work", 300*time.Millisecond,
-		"how long each task's simulated work takes")
-	flag.IntVar(&o.count, "count", 0, "stop after this many tasks (0: until SIGINT/SIGTERM)")
-	flag.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of one task")
-	flag.IntVar(&o.maxInFlight, "max-in-flight", 100,
-		"tasks in flight at most; beyond, a tick is skipped and counted")
-	flag.BoolVar(&o.failFast, "fail-fast", false,
-		"fail a task at once while no executor is routable (default: it "+
-			"waits, up to --timeout, for one)")
-	flag.IntVar(&o.retries, "retries", 3,
-		"a task refused before it started (executor full, draining or without a lease) is "+
-			"sent again up to this many times")
-	flag.BoolVar(&o.jsonOut, "json", false, "print one JSON object per task instead of a table row")
+	defineFlags(flag.CommandLine, &o)
 	flag.Parse()
 	if err := o.validate(); err != nil {
 		fmt.Fprintln(os.Stderr, "dispatcher:", err)
@@ -95,6 +89,28 @@ func main() {
 		fmt.Fprintln(os.Stderr, "dispatcher:", err)
 		os.Exit(1)
 	}
+}
+
+// defineFlags defines the command line's flags on fs, into o.
+func defineFlags(fs *flag.FlagSet, o *options) {
+	fs.StringVar(&o.task, "task", "work", "task type: the dispatcher dials xds:///<task>")
+	fs.StringVar(&o.bootstrap, "bootstrap", "",
+		"gRPC xDS bootstrap file (from `leasehold bootstrap`; default $"+bootstrapEnv+")")
+	fs.StringVar(&o.leasehold, "leasehold", "",
+		"leasehold's gRPC address for the Fencing API (default: the bootstrap's xDS server)")
+	fs.Float64Var(&o.rate, "rate", 5,
+		"tasks started per second (open loop: a slow executor does not slow the rate)")
+	fs.DurationVar(&o.work, "work", 300*time.Millisecond,
+		"how long each task's simulated work takes")
+	fs.IntVar(&o.count, "count", 0, "stop after this many tasks (0: until SIGINT/SIGTERM)")
+	fs.DurationVar(&o.timeout, "timeout", 10*time.Second, "deadline of one task")
+	fs.IntVar(&o.maxInFlight, "max-in-flight", 100,
+		"tasks in flight at most; beyond, a tick is skipped and counted")
+	fs.BoolVar(&o.failFast, "fail-fast", false,
+		"fail a task at once while no executor is routable (default: it "+
+			"waits, up to --timeout, for one)")
+	fs.Var(removedFlag(retriesRemoved), "retries", "removed: "+retriesRemoved)
+	fs.BoolVar(&o.jsonOut, "json", false, "print one JSON object per task instead of a table row")
 }
 
 func (o *options) validate() error {
@@ -113,9 +129,6 @@ func (o *options) validate() error {
 	}
 	if o.timeout <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --timeout %v: want > 0", o.timeout))
-	}
-	if o.retries < 0 {
-		errs = append(errs, fmt.Errorf("invalid --retries %d: want >= 0", o.retries))
 	}
 	if o.maxInFlight <= 0 {
 		errs = append(errs, fmt.Errorf("invalid --max-in-flight %d: want > 0", o.maxInFlight))
@@ -214,6 +227,11 @@ type Outcome struct {
 	State   string        `json:"session_state,omitempty"`
 	Error   string        `json:"error,omitempty"`
 	Latency time.Duration `json:"latency_ns"`
+	// Attempts is how many attempts the client made (the dispatch policy's
+	// retries included; 0 when none was seen); Retried are the attempts
+	// before the last, each failed, and where.
+	Attempts int       `json:"attempts,omitempty"`
+	Retried  []Attempt `json:"retried,omitempty"`
 }
 
 func run(ctx context.Context, o options) error {
@@ -226,7 +244,8 @@ func run(ctx context.Context, o options) error {
 		fencingAddr = xdsAddr
 	}
 	conn, err := grpc.NewClient("xds:///"+o.task,
-		grpc.WithTransportCredentials(insecure.NewCredentials()))
+		grpc.WithTransportCredentials(insecure.NewCredentials()),
+		grpc.WithStatsHandler(attemptStats{}))
 	if err != nil {
 		return fmt.Errorf("dial xds:///%s: %w", o.task, err)
 	}
@@ -265,6 +284,9 @@ func run(ctx context.Context, o options) error {
 		detail := oc.State
 		if oc.Error != "" {
 			detail = oc.Error
+		}
+		if len(oc.Retried) > 0 {
+			detail = strings.TrimSpace(detail + " " + retriedNote(oc.Retried))
 		}
 		fmt.Printf("%s  %-8s %-10s %-40s %s\n",
 			oc.At.Format("15:04:05.000"), oc.TaskID, oc.Result, who, detail)
@@ -342,30 +364,25 @@ func dispatch(
 	start := time.Now()
 	tctx, cancel := context.WithTimeout(context.WithoutCancel(ctx), o.timeout)
 	defer cancel()
-	var res *workpb.RunResult
-	var err error
-	for attempt := 0; ; attempt++ {
-		res, err = work.Run(tctx,
-			&workpb.RunRequest{TaskId: id, DurationMs: uint32(o.work.Milliseconds())},
-			grpc.WaitForReady(!o.failFast))
-		// Full, or without a current lease, or draining: the executor did not
-		// accept the task, so trying another one is safe. Anything else (a
-		// deadline, ABORTED) may have run, so it is not retried.
-		c := status.Code(err)
-		if (c != codes.ResourceExhausted && c != codes.Unavailable) ||
-			attempt >= o.retries || tctx.Err() != nil {
-			break
-		}
-		time.Sleep(time.Duration(attempt+1) * 20 * time.Millisecond)
-	}
+	// One call: a refusal (full, draining, no lease: the executor did not
+	// start the task) is retried on another executor by the client itself,
+	// as the dispatch policy leasehold sent it says (which codes, how many
+	// times, the backoff); anything else may have run and is never retried.
+	// The attempts are recorded only to show them.
+	tries := &attempts{}
+	res, err := work.Run(withAttempts(tctx, tries),
+		&workpb.RunRequest{TaskId: id, DurationMs: uint32(o.work.Milliseconds())},
+		grpc.WaitForReady(!o.failFast))
+	n, retried := tries.ended()
 	if err != nil {
 		st := status.Convert(err)
 		return Outcome{At: time.Now(), TaskID: id, Result: "failed",
-			Error:   st.Code().String() + ": " + st.Message() + failureHint(st.Code(), o.task),
-			Latency: time.Since(start)}
+			Error:    st.Code().String() + ": " + st.Message() + failureHint(st.Code(), o.task),
+			Latency:  time.Since(start),
+			Attempts: n, Retried: retried}
 	}
 	oc := Outcome{TaskID: id, Instance: res.GetInstanceId(),
-		Session: res.GetSessionId(), Version: res.GetVersion()}
+		Session: res.GetSessionId(), Version: res.GetVersion(), Attempts: n, Retried: retried}
 	chk, err := fencing.CheckSession(tctx, &leaseholdv1.CheckSessionRequest{
 		InstanceId: res.GetInstanceId(), SessionId: res.GetSessionId(),
 		MinConsulIndex: seenIndex.Load()})
@@ -411,4 +428,109 @@ func short(s string) string {
 		return s[:8]
 	}
 	return s
+}
+
+// Attempt is one attempt of a task's call that failed: the executor's
+// address it went to ("" when it never reached one) and the status.
+type Attempt struct {
+	Executor string `json:"executor,omitempty"`
+	Code     string `json:"code"`
+	Message  string `json:"message,omitempty"`
+}
+
+// attempts collects the attempts of one call, as the client's stats see
+// them (grpc-go reports each attempt, the policy's retries included).
+type attempts struct {
+	mu   sync.Mutex
+	list []*attempt
+}
+
+type attempt struct {
+	executor string
+	err      error
+}
+
+// ended is how many attempts were made and those before the last.
+func (a *attempts) ended() (int, []Attempt) {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	var out []Attempt
+	for _, t := range a.list[:max(len(a.list)-1, 0)] {
+		st := status.Convert(t.err)
+		out = append(out, Attempt{Executor: t.executor, Code: st.Code().String(),
+			Message: st.Message()})
+	}
+	return len(a.list), out
+}
+
+type attemptsKey struct{}
+type attemptKey struct{}
+
+func withAttempts(ctx context.Context, a *attempts) context.Context {
+	return context.WithValue(ctx, attemptsKey{}, a)
+}
+
+// attemptStats is the client's stats handler that records attempts: each
+// attempt's context derives from its call's, which carries the collector.
+type attemptStats struct{}
+
+func (attemptStats) TagRPC(ctx context.Context, _ *stats.RPCTagInfo) context.Context {
+	a, _ := ctx.Value(attemptsKey{}).(*attempts)
+	if a == nil {
+		return ctx
+	}
+	t := &attempt{}
+	a.mu.Lock()
+	a.list = append(a.list, t)
+	a.mu.Unlock()
+	return context.WithValue(ctx, attemptKey{}, attemptRef{a, t})
+}
+
+type attemptRef struct {
+	a *attempts
+	t *attempt
+}
+
+func (attemptStats) HandleRPC(ctx context.Context, s stats.RPCStats) {
+	r, ok := ctx.Value(attemptKey{}).(attemptRef)
+	if !ok {
+		return
+	}
+	r.a.mu.Lock()
+	defer r.a.mu.Unlock()
+	switch s := s.(type) {
+	case *stats.OutHeader:
+		if s.RemoteAddr != nil {
+			r.t.executor = s.RemoteAddr.String()
+		}
+	case *stats.End:
+		r.t.err = s.Error
+	}
+}
+
+func (attemptStats) TagConn(ctx context.Context, _ *stats.ConnTagInfo) context.Context {
+	return ctx
+}
+
+func (attemptStats) HandleConn(context.Context, stats.ConnStats) {}
+
+// retriedNote says, in a table row, which attempts failed before the last.
+func retriedNote(rs []Attempt) string {
+	var parts []string
+	for _, r := range rs {
+		p := r.Code
+		if r.Message != "" {
+			p += " (" + r.Message + ")"
+		}
+		if r.Executor != "" {
+			p = r.Executor + " " + p
+		}
+		parts = append(parts, p)
+	}
+	n := "attempt"
+	if len(rs) > 1 {
+		n = "attempts"
+	}
+	return fmt.Sprintf("after %d failed %s, retried by the dispatch policy: %s", len(rs), n,
+		strings.Join(parts, "; "))
 }
