@@ -91,7 +91,8 @@ var (
 	profile = flag.String("profile", "",
 		"write a CPU profile of leasehold serve during the lapses to this file")
 	traceOut = flag.String("trace", "",
-		"write an execution trace of leasehold serve during the lapses to this file "+
+		"write an execution trace of leasehold serve during the lapses to this file (and "+
+			"during the fan-out to FILE.fanout) "+
 			"(go tool trace; -pprof=net, sync or sched for where pushes wait)")
 	traceHarness = flag.String("trace-harness", "",
 		"write execution traces of this harness (its light streams) to PREFIX.lapses during "+

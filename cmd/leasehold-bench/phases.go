@@ -343,6 +343,14 @@ func (b *bench) profile(d time.Duration) <-chan struct{} {
 	return done
 }
 
+// suffixed is file with suffix, or empty if file is.
+func suffixed(file, suffix string) string {
+	if file == "" {
+		return ""
+	}
+	return file + suffix
+}
+
 // fetch writes leasehold serve's pprof endpoint kind (profile or trace)
 // over d into file (nothing when file is empty); the channel closes when it
 // is written.
@@ -375,6 +383,8 @@ func (b *bench) fetch(kind, file string, d time.Duration) <-chan struct{} {
 func (b *bench) fanOut() error {
 	cpuBefore := b.srv.cpu()
 	reqBefore, _ := b.srv.consulRequests()
+	traced := b.fetch("trace", suffixed(*traceOut, ".fanout"), time.Duration(*fanouts)*5*time.Second)
+	defer func() { <-traced }()
 	for i := range *fanouts {
 		d, err := b.deregister(*executors - 1 - i)
 		if err != nil {
