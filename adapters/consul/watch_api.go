@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"strconv"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"time"
 
@@ -26,6 +27,8 @@ type catalog interface {
 		wait time.Duration,
 	) (map[string][]string, uint64, error)
 	// ServiceNodes lists the registrations of task carrying tag (no checks).
+	// A blocking call may answer errCatalogUnchanged (with the new index)
+	// instead: the index moved (or the wait ended) but no registration did.
 	ServiceNodes(
 		ctx context.Context,
 		task, tag string,
@@ -70,6 +73,9 @@ type apiCatalog struct {
 	c       *api.Client
 	checked *atomic.Uint64 // services index at which read rights were last verified
 	dc      string         // the datacenter read ("": the agent's own)
+	// listed is, per task type and tag, the registration indexes as of the
+	// last whole listing (nil: every blocking ServiceNodes call lists).
+	listed *listedIndexes
 }
 
 var _ catalog = apiCatalog{}
@@ -288,11 +294,108 @@ func (a apiCatalog) ServiceNodes(
 	index uint64,
 	wait time.Duration,
 ) ([]*api.CatalogService, uint64, error) {
-	s, meta, err := a.c.Catalog().Service(task, tag, a.query(ctx, index, wait))
+	if a.listed == nil { // every wake lists
+		s, meta, err := a.c.Catalog().Service(task, tag, a.query(ctx, index, wait))
+		if err := a.catalogCheck(ctx, "catalog service "+task, meta, err); err != nil {
+			return nil, 0, err
+		}
+		return s, meta.LastIndex, nil
+	}
+	key := task + "\x00" + tag
+	var regs registrationIndexes
+	var err error
+	if index > 0 && wait > 0 {
+		var idx uint64
+		if idx, regs, err = a.awaitTaskIndex(ctx, task, tag, index, wait); err != nil {
+			return nil, idx, err // errCatalogUnchanged when the wait ended
+		}
+		if was, ok := a.listed.get(key); ok && regs == was {
+			return nil, idx, errCatalogUnchanged
+		}
+	} else if regs, err = a.registrationIndexes(ctx); err != nil {
+		return nil, 0, err
+	}
+	// The indexes were read first: a change after them moves them again.
+	s, meta, err := a.c.Catalog().Service(task, tag, a.query(ctx, 0, 0))
 	if err := a.catalogCheck(ctx, "catalog service "+task, meta, err); err != nil {
 		return nil, 0, err
 	}
+	a.listed.set(key, regs)
 	return s, meta.LastIndex, nil
+}
+
+// errCatalogUnchanged: ServiceNodes woke at a new index of the task type,
+// but no registration or node of the datacenter changed since its last
+// listing (a check changed): the listing would be the same.
+var errCatalogUnchanged = errors.New("catalog registrations unchanged")
+
+// noSuchID is a service id leasehold filters on to have Consul answer a
+// blocking query with its index and (almost always) an empty body; what the
+// body holds is never read.
+const noSuchID = "leasehold:index-only"
+
+// awaitTaskIndex blocks on task's catalog entries without their bodies:
+// Consul moves a service's index when a check of it changes status (a
+// lapse, a flap) as well as when a registration does, and at 10,000
+// executors in one task type each wake re-read ~12 MB of unchanged entries.
+// Once woken, it reads the datacenter's registration indexes (services and
+// nodes), which checks do not move.
+func (a apiCatalog) awaitTaskIndex(
+	ctx context.Context, task, tag string, index uint64, wait time.Duration,
+) (uint64, registrationIndexes, error) {
+	q := a.query(ctx, index, wait)
+	q.Filter = `ServiceID == "` + noSuchID + `"`
+	_, meta, err := a.c.Catalog().Service(task, tag, q)
+	if err := a.catalogCheck(ctx, "catalog service "+task, meta, err); err != nil {
+		return 0, registrationIndexes{}, err
+	}
+	if meta.LastIndex == index {
+		return index, registrationIndexes{}, errCatalogUnchanged // the wait ended
+	}
+	regs, err := a.registrationIndexes(ctx)
+	return meta.LastIndex, regs, err
+}
+
+// registrationIndexes are the indexes of the datacenter's service
+// registrations and nodes: any registration, deregistration or change of a
+// service or a node (its address) moves one of them; a check's status does
+// not.
+type registrationIndexes struct{ services, nodes uint64 }
+
+func (a apiCatalog) registrationIndexes(ctx context.Context) (registrationIndexes, error) {
+	_, smeta, err := a.c.Catalog().Services(a.query(ctx, 0, 0))
+	if err := aclNeeds("catalog services", []string{RightServices}, smeta, err); err != nil {
+		return registrationIndexes{}, err
+	}
+	q := a.query(ctx, 0, 0)
+	q.Filter = `Node == "` + noSuchID + `"`
+	_, nmeta, err := a.c.Catalog().Nodes(q)
+	if err := aclNeeds("catalog nodes", []string{RightNodes}, nmeta, err); err != nil {
+		return registrationIndexes{}, err
+	}
+	return registrationIndexes{services: smeta.LastIndex, nodes: nmeta.LastIndex}, nil
+}
+
+// listedIndexes holds registrationIndexes per task type and tag.
+type listedIndexes struct {
+	mu sync.Mutex
+	m  map[string]registrationIndexes
+}
+
+func (l *listedIndexes) get(key string) (registrationIndexes, bool) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	r, ok := l.m[key]
+	return r, ok
+}
+
+func (l *listedIndexes) set(key string, r registrationIndexes) {
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[string]registrationIndexes{}
+	}
+	l.m[key] = r
 }
 
 func (a apiCatalog) HealthService(

@@ -106,7 +106,8 @@ var refreshable = []string{"non-passing", "warning", "serf", "generations", "lap
 
 // NewWatcher watches Consul through client.
 func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
-	return newWatcher(apiCatalog{c: client, checked: new(atomic.Uint64), dc: cfg.Datacenter}, cfg)
+	return newWatcher(apiCatalog{c: client, checked: new(atomic.Uint64), dc: cfg.Datacenter,
+		listed: &listedIndexes{}}, cfg)
 }
 
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {

@@ -113,6 +113,7 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 	}
 	memReads, _, memBytes := ct.snapshot("/v1/health/service/")
 	t.Logf("one membership read of %d instances: %d bytes", n, memBytes)
+	_, catBefore, catListing := ct.snapshot("/v1/catalog/service/")
 
 	// each change must come through the fast path alone
 	victim := health.CheckID("e0500", "s", "work")
@@ -169,6 +170,15 @@ func TestConsulWatchCostDoesNotGrowWithFleet(t *testing.T) {
 	}
 	if reads, _, _ := ct.snapshot("/v1/health/service/"); reads != memReads {
 		t.Errorf("check changes re-read the membership (%d reads, want %d)", reads, memReads)
+	}
+	// A check's status moves the task type's catalog index too: the task
+	// watch wakes, but must not list the (unchanged) registrations again.
+	catReqs, catAfter, _ := ct.snapshot("/v1/catalog/service/")
+	t.Logf("catalog: %d requests, %d bytes after the first read (one listing %d)", catReqs,
+		catAfter-catBefore, catListing)
+	if catAfter-catBefore >= catListing {
+		t.Errorf("four check changes read %d bytes of catalog listings (one listing: %d)",
+			catAfter-catBefore, catListing)
 	}
 }
 

@@ -2,6 +2,7 @@ package consul
 
 import (
 	"context"
+	"errors"
 	"sort"
 	"time"
 
@@ -114,7 +115,13 @@ func (w *Watcher) watchTask(ctx context.Context, task string) {
 		ctx,
 		spec,
 		queryRead(func(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+			if full {
+				index = 0 // a whole listing now, not at the next change
+			}
 			nodes, idx, err := w.cat.ServiceNodes(ctx, task, w.cfg.Tag, index, wait)
+			if errors.Is(err, errCatalogUnchanged) {
+				return idx, nil // a check moved the index; no registration changed
+			}
 			if err != nil {
 				full = true // whatever Consul says next is read in full
 				return 0, err
