@@ -455,3 +455,68 @@ func TestConsulNewSessionsKeyComesWithItsMembership(t *testing.T) {
 	e2 := runLive(t, a, "exec-1", nil)
 	keyOf(e2.session(t, nil))
 }
+
+// TestConsulNodeChangesOfATaskAreListed: on a real agent, after the first
+// listing, changes that touch a registration only through its node — the
+// node's address (a service without an address of its own is reached at
+// its node's), and a registration moving to another node — are listed and
+// sent, though no check changed and the task watch skips wakes in which
+// no registration or node changed.
+func TestConsulNodeChangesOfATaskAreListed(t *testing.T) {
+	a := consultest.Start(t)
+	a.SettleSync()
+	reg := a.Client()
+	r := health.Registration{InstanceID: "x1", SessionID: "s", Generation: 1, Task: "work",
+		Port: 10001, Version: "1.0.0", Capacity: 4, State: health.StateActive}
+	register := func(node, addr string) {
+		t.Helper()
+		_, err := reg.Catalog().Register(&api.CatalogRegistration{Node: node, Address: addr,
+			Service: &api.AgentService{ID: health.ServiceID("x1", "work"), Service: "work",
+				Tags: []string{"leasehold"}, Port: r.Port, Meta: r.Meta()}}, nil)
+		if err != nil {
+			t.Fatal(err)
+		}
+	}
+	register("ext-1", "127.0.0.2")
+	registerMany(t, reg, 3) // agent-registered neighbours, so the task type is listed
+	out := make(chan health.Observation, 64)
+	w := NewWatcher(reg, WatchConfig{Out: out, WaitTime: 200 * time.Millisecond,
+		ContendedWait: 200 * time.Millisecond})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	seen := func(what string, ok func(health.Member) bool) {
+		t.Helper()
+		deadline := time.After(30 * time.Second)
+		for {
+			select {
+			case o := <-out:
+				if o.Members() == nil {
+					continue
+				}
+				for _, m := range o.Members().Members {
+					if m.InstanceID == "x1" && ok(m) {
+						return
+					}
+				}
+			case <-deadline:
+				t.Fatalf("%s never observed", what)
+			}
+		}
+	}
+	seen("x1 at its node's address", func(m health.Member) bool {
+		return m.Address == "127.0.0.2" && m.Node == "ext-1"
+	})
+	register("ext-1", "127.0.0.3")
+	seen("x1 at its node's new address", func(m health.Member) bool {
+		return m.Address == "127.0.0.3"
+	})
+	if _, err := reg.Catalog().Deregister(&api.CatalogDeregistration{Node: "ext-1",
+		ServiceID: health.ServiceID("x1", "work")}, nil); err != nil {
+		t.Fatal(err)
+	}
+	register("ext-2", "127.0.0.4")
+	seen("x1 on its new node", func(m health.Member) bool {
+		return m.Node == "ext-2" && m.Address == "127.0.0.4"
+	})
+}
