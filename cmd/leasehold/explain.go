@@ -448,8 +448,8 @@ func (p printer) dispatchOutcomes(d *server.DispatchOutcomes) {
 	if d == nil {
 		return
 	}
-	fmt.Fprintf(p.w, "\nDispatch outcomes over the last %s, as dispatchers report them (LRS, "+
-		"every %s; %d reporting):\n",
+	fmt.Fprintf(p.w, "\nDispatch outcomes over the last %s, per attempt as dispatchers "+
+		"report them (LRS, every %s; %d reporting):\n",
 		time.Duration(d.WindowSeconds*float64(time.Second)),
 		time.Duration(d.IntervalSeconds*float64(time.Second)), d.Reporters)
 	if len(d.Tasks) == 0 {

@@ -73,7 +73,9 @@ func (c *watchCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 // first wildcard request is answered even when empty (Envoy waits for it).
 // Resources and removals are sorted by name; each resource's version is
 // its content version, equal on every replica.
-func (st *groupState) respondDelta(req *cache.DeltaRequest, sub cache.Subscription) cache.DeltaResponse {
+func (st *groupState) respondDelta(
+	req *cache.DeltaRequest, sub cache.Subscription,
+) cache.DeltaResponse {
 	typeURL := req.GetTypeUrl()
 	versions := st.versions[typeURL]
 	resources := st.snap.GetResourcesAndTTL(typeURL)
