@@ -142,6 +142,10 @@ const (
 	MaxDeadline    = 24 * time.Hour
 	MaxMaxRequests = 1 << 20
 	maxOutlierTime = time.Hour
+	// maxBaseEjection is Envoy's max_ejection_time when unset (leasehold
+	// leaves it unset): Envoy refuses a cluster whose base_ejection_time is
+	// above it.
+	maxBaseEjection = 5 * time.Minute
 	maxConsecutive = 1000
 	maxHosts       = 10000
 	maxVolume      = 1 << 20
@@ -368,6 +372,10 @@ func (p *DispatchPolicy) mergeOver(base TaskDispatch, at string) (TaskDispatch, 
 	}
 	if o := p.Outlier; o != nil {
 		if o.Enabled != nil && !*o.Enabled {
+			// What else is written is still checked: a bad value is refused
+			// now, not on the day ejection is turned on.
+			e := defaultEjection()
+			o.mergeInto(&e, bad)
 			out.Outlier = nil
 		} else {
 			if out.Outlier == nil {
@@ -414,8 +422,13 @@ func (o *OutlierSpec) mergeInto(e *Ejection, bad func(field, format string, args
 		}
 	}
 	if o.BaseEjectionTime != "" {
-		if d, err := parseDur(o.BaseEjectionTime, maxOutlierTime); err != nil {
-			bad("outlier.base_ejection_time", "%v", err)
+		if d, err := parseDur(o.BaseEjectionTime, maxBaseEjection); err != nil {
+			why := ""
+			if d, perr := time.ParseDuration(o.BaseEjectionTime); perr == nil && d > 0 {
+				why = ": Envoy refuses a cluster whose base_ejection_time is above its " +
+					"max_ejection_time (5m when unset)"
+			}
+			bad("outlier.base_ejection_time", "%v%s", err, why)
 		} else {
 			e.BaseEjectionTime = d
 		}

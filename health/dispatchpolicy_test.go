@@ -118,7 +118,14 @@ func TestDispatchPolicyRefusesNamingTheField(t *testing.T) {
 			`outlier.failure_percentage.request_volume`, "want 1.."},
 		{`{"outlier":{"consecutive_failures":0}}`, `outlier.consecutive_failures`, "want 1.."},
 		{`{"outlier":{"interval":"0s"}}`, `outlier.interval`, "more than 0"},
-		{`{"outlier":{"base_ejection_time":"2h"}}`, `outlier.base_ejection_time`, "at most 1h"},
+		{`{"outlier":{"base_ejection_time":"2h"}}`, `outlier.base_ejection_time`, "at most 5m"},
+		// Envoy refuses a base_ejection_time above max_ejection_time, unset: 300 s.
+		{`{"outlier":{"base_ejection_time":"5m1s"}}`, `outlier.base_ejection_time`,
+			"max_ejection_time"},
+		// Ejection turned off still has what is written checked.
+		{`{"outlier":{"enabled":false,"failure_percentage":{"threshold":500}}}`,
+			`outlier.failure_percentage.threshold`, "1..100"},
+		{`{"outlier":{"enabled":false,"interval":"soon"}}`, `outlier.interval`, "Go duration"},
 		{`{"retries":3}`, `retries`, "unknown field"},
 	} {
 		doc := `{"dispatch":{"tasks":{"work":` + tt.doc + `}}}`
@@ -195,5 +202,25 @@ func TestDispatchSectionIsEncodedAsWritten(t *testing.T) {
 	}
 	if string(b) != doc {
 		t.Fatalf("encoded %s\nwant    %s", b, doc)
+	}
+}
+
+// The edges of every bound are accepted, and yield what they say.
+func TestDispatchPolicyAcceptsTheEdgesOfEveryBound(t *testing.T) {
+	r, err := ParseRollout([]byte(`{"dispatch":{"tasks":{"work":{
+		"retry":{"num_retries":4,"backoff":{"base":"1m","max":"1m"}},
+		"max_requests":1048576,"deadline":"24h",
+		"outlier":{"failure_percentage":{"threshold":1,"minimum_hosts":10000,
+			"request_volume":1048576},"consecutive_failures":1000,"interval":"1h",
+			"base_ejection_time":"5m","max_ejection_percent":100}}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := r.DispatchOf("work")
+	if p.NumRetries != 4 || p.BackoffBase != time.Minute || p.BackoffMax != time.Minute ||
+		p.MaxRequests != 1<<20 || p.Deadline != 24*time.Hour || p.Outlier == nil ||
+		p.Outlier.BaseEjectionTime != 5*time.Minute || p.Outlier.MaxEjectionPercent != 100 ||
+		p.Outlier.FailurePercentage != 1 {
+		t.Fatalf("edges: %+v %+v", p, p.Outlier)
 	}
 }

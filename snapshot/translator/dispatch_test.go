@@ -165,3 +165,35 @@ func TestShardedRouteCarriesTheDispatchPolicy(t *testing.T) {
 		}
 	}
 }
+
+// A policy at the edge of every bound the rules accept passes Envoy's PGV
+// rules and Envoy's own cross-field check of outlier detection
+// (base_ejection_time no more than max_ejection_time, 300 s when unset).
+func TestDispatchPolicyAtEveryBoundIsValid(t *testing.T) {
+	r, err := health.ParseRollout([]byte(`{"dispatch":{"tasks":{"work":{
+		"retry":{"num_retries":4,"backoff":{"base":"1m","max":"1m"}},
+		"max_requests":1048576,"deadline":"24h",
+		"outlier":{"failure_percentage":{"threshold":1,"minimum_hosts":10000,
+			"request_volume":1048576},"consecutive_failures":1000,"interval":"1h",
+			"base_ejection_time":"5m","max_ejection_percent":100}}}}}`))
+	if err != nil {
+		t.Fatal(err)
+	}
+	p := r.DispatchOf("work")
+	rt, c := Route("work", p), Cluster("work", health.DefaultLBPolicy, p)
+	if err := rt.ValidateAll(); err != nil {
+		t.Errorf("route: %v", err)
+	}
+	if err := c.ValidateAll(); err != nil {
+		t.Errorf("cluster: %v", err)
+	}
+	od := c.GetOutlierDetection()
+	maxEjection := 300 * time.Second
+	if m := od.GetMaxEjectionTime(); m != nil {
+		maxEjection = m.AsDuration()
+	}
+	if od.GetBaseEjectionTime().AsDuration() > maxEjection {
+		t.Errorf("base_ejection_time %s over max_ejection_time %s: Envoy refuses the cluster",
+			od.GetBaseEjectionTime().AsDuration(), maxEjection)
+	}
+}
