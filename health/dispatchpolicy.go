@@ -146,9 +146,9 @@ const (
 	// leaves it unset): Envoy refuses a cluster whose base_ejection_time is
 	// above it.
 	maxBaseEjection = 5 * time.Minute
-	maxConsecutive = 1000
-	maxHosts       = 10000
-	maxVolume      = 1 << 20
+	maxConsecutive  = 1000
+	maxHosts        = 10000
+	maxVolume       = 1 << 20
 )
 
 // DefaultDispatch is the policy when nothing is configured: retries only on
