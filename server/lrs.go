@@ -372,6 +372,17 @@ func (l *LRS) report(rep *reporter, req *loadstatsv3.LoadStatsRequest) error {
 	defer l.mu.Unlock()
 	now := l.clock.Now()
 	s := l.servedLocked()
+	// A report's counts are summed per label set before they are added,
+	// each sum capped at maxReportCount: a report may name one cluster and
+	// locality many times over, and capping each entry alone would let one
+	// report add hundreds of thousands of times the bound (and a few
+	// thousand such reports wrap a counter).
+	type outcomeKey struct {
+		p       place
+		outcome string
+	}
+	requests, issued := map[outcomeKey]int64{}, map[place]int64{}
+	rates := map[string]*[3]int64{} // task → succeeded, failed, dropped
 	flight := map[flightKey]int64{}
 	for _, cs := range req.GetClusterStats() {
 		name := cs.GetClusterName()
@@ -382,7 +393,11 @@ func (l *LRS) report(rep *reporter, req *loadstatsv3.LoadStatsRequest) error {
 		if _, ok := s.tasks[task]; !ok || (rep.grant != nil && !rep.grant.AllowsTask(task)) {
 			task = OtherLabel
 		}
-		var succeeded, failed int64
+		rate := rates[task]
+		if rate == nil {
+			rate = &[3]int64{}
+			rates[task] = rate
+		}
 		dropped := count(cs.GetTotalDroppedRequests())
 		if dropped > 0 {
 			// A drop happens before a locality is picked: it has none.
@@ -390,29 +405,40 @@ func (l *LRS) report(rep *reporter, req *loadstatsv3.LoadStatsRequest) error {
 			if task == OtherLabel {
 				p = place{OtherLabel, OtherLabel, OtherLabel}
 			}
-			l.add(ctx, p, OutcomeDropped, dropped)
+			addCapped(requests, outcomeKey{p, OutcomeDropped}, dropped)
+			rate[2] = capped(rate[2], dropped)
 		}
 		for _, ls := range cs.GetUpstreamLocalityStats() {
 			p := s.placeOf(task, ls.GetLocality())
 			ok, bad := count(ls.GetTotalSuccessfulRequests()), count(ls.GetTotalErrorRequests())
-			l.add(ctx, p, OutcomeSucceeded, ok)
-			l.add(ctx, p, OutcomeFailed, bad)
-			if n := count(ls.GetTotalIssuedRequests()); n > 0 {
-				l.issued.Add(ctx, n, metric.WithAttributes(p.attrs()...))
-			}
-			succeeded += ok
-			failed += bad
-			if n := count(ls.GetTotalRequestsInProgress()); n > 0 {
-				flight[flightKey{p.task, p.dc}] += n
-			}
+			addCapped(requests, outcomeKey{p, OutcomeSucceeded}, ok)
+			addCapped(requests, outcomeKey{p, OutcomeFailed}, bad)
+			addCapped(issued, p, count(ls.GetTotalIssuedRequests()))
+			rate[0], rate[1] = capped(rate[0], ok), capped(rate[1], bad)
+			addCapped(flight, flightKey{p.task, p.dc}, count(ls.GetTotalRequestsInProgress()))
 		}
-		if task != OtherLabel && succeeded+failed+dropped > 0 {
+	}
+	for k, n := range requests {
+		l.add(ctx, k.p, k.outcome, n)
+	}
+	for p, n := range issued {
+		if n > 0 {
+			l.issued.Add(ctx, n, metric.WithAttributes(p.attrs()...))
+		}
+	}
+	for task, r := range rates {
+		if task != OtherLabel && r[0]+r[1]+r[2] > 0 {
 			w := l.windows[task]
 			if w == nil {
 				w = &window{}
 				l.windows[task] = w
 			}
-			w.add(now, succeeded, failed, dropped)
+			w.add(now, r[0], r[1], r[2])
+		}
+	}
+	for k, n := range flight {
+		if n == 0 {
+			delete(flight, k)
 		}
 	}
 	if l.reporters[rep.stream] == rep {
@@ -464,6 +490,12 @@ func (p place) attrs() []attribute.KeyValue {
 
 // count is a report's count as a counter adds it.
 func count(n uint64) int64 { return int64(min(n, maxReportCount)) }
+
+// capped is a+n, at most maxReportCount (a and n are within it).
+func capped(a, n int64) int64 { return min(a+n, maxReportCount) }
+
+// addCapped adds n to m[k], the sum at most maxReportCount.
+func addCapped[K comparable](m map[K]int64, k K, n int64) { m[k] = capped(m[k], n) }
 
 // placeOf labels a locality a report names for task: its datacenter and
 // zone when task has executors there, else OtherLabel.

@@ -146,7 +146,9 @@ func (f *lrsFixture) open(n *corev3.Node) (*lrsClient, *loadstatsv3.LoadStatsRes
 	if err != nil {
 		f.t.Fatal(err)
 	}
-	if err := s.Send(&loadstatsv3.LoadStatsRequest{Node: n}); err != nil {
+	// A stream the server refuses at once (no grant) may end before the
+	// request is sent: Send says io.EOF, and Recv has the status.
+	if err := s.Send(&loadstatsv3.LoadStatsRequest{Node: n}); err != nil && err != io.EOF {
 		f.t.Fatal(err)
 	}
 	resp, err := s.Recv()
@@ -445,6 +447,39 @@ func TestReportsOfUnservedPlacesAddNoSeries(t *testing.T) {
 	hostile(1)
 	if n := series(); n != after {
 		t.Fatalf("series grew from %d to %d with new names", after, n)
+	}
+}
+
+// A report's counts are bounded per label set, not per entry: a hostile
+// dispatcher naming one cluster and locality a thousand times over at the
+// largest counts adds maxReportCount once (a few thousand such reports
+// would otherwise wrap the counters, and the failure rate with them).
+func TestAReportRepeatingOnePlaceAddsTheBoundOnce(t *testing.T) {
+	f := startLRS(t, lrsOpts{})
+	d := f.mustOpen("hostile")
+	const huge = ^uint64(0)
+	var stats []*endpointv3.ClusterStats
+	for range 1000 {
+		stats = append(stats, clusterStats("work", huge,
+			localityStats("", "z1", huge, huge, huge, huge)))
+	}
+	d.report(stats...)
+	want := map[string]int64{"work//z1/succeeded": maxReportCount,
+		"work//z1/failed": maxReportCount, "work///dropped": maxReportCount}
+	if got := f.requests(); !equalCounts(got, want) {
+		t.Errorf("counted %v, want %v", got, want)
+	}
+	if got := f.collect("leasehold.dispatch.requests_issued", "task", "datacenter",
+		"locality")["work//z1"]; got != maxReportCount {
+		t.Errorf("issued %d, want %d", got, int64(maxReportCount))
+	}
+	if got := f.inFlight()["work/"]; got != maxReportCount {
+		t.Errorf("in flight %d, want %d", got, int64(maxReportCount))
+	}
+	r := f.lrs.Outcomes("work").Tasks
+	if len(r) != 1 || r[0].Succeeded != maxReportCount || r[0].Failed != maxReportCount ||
+		r[0].FailureRate == nil || *r[0].FailureRate != 0.5 {
+		t.Errorf("outcomes %+v", r)
 	}
 }
 
