@@ -51,7 +51,8 @@ func (b *readBudget) refill(now time.Time) {
 // executors lists ~12 MB, more than the configured burst, so each lone
 // deregistration waited 3 s for the debt of the one before
 // (TestALoneChangeIsReadAtOnceWhateverTheListingSize). Sustained reads are
-// still paced at the rate.
+// still paced at the rate. The growth stops at maxGrownBurst, so that one
+// huge read (an incident's) cannot loosen the pacing for good.
 func (b *readBudget) charge(n int64) {
 	if b == nil || n <= 0 {
 		return
@@ -59,9 +60,13 @@ func (b *readBudget) charge(n int64) {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refill(b.clock.Now())
-	b.burst = max(b.burst, 2*float64(n))
+	b.burst = max(b.burst, min(2*float64(n), maxGrownBurst))
 	b.tokens -= float64(n)
 }
+
+// maxGrownBurst bounds how far reads grow the burst: two listings of a task
+// type of ~50,000 executors.
+const maxGrownBurst = 128 << 20
 
 // delay is how long until the balance is back to zero (0: not in debt).
 func (b *readBudget) delay() time.Duration {

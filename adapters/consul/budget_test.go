@@ -62,6 +62,13 @@ func TestALoneChangeIsReadAtOnceWhateverTheListingSize(t *testing.T) {
 	if d := b.delay(); d != 3*time.Second {
 		t.Fatalf("reads in a row: delay %s, want 3s (the rate paces them)", d)
 	}
+	// One huge read grows the burst only to maxGrownBurst.
+	b.charge(1 << 30)
+	clock.Advance(time.Hour)
+	b.charge(maxGrownBurst + 1)
+	if d := b.delay(); d <= 0 {
+		t.Fatal("a read past maxGrownBurst after a quiet hour: no debt (the burst grew unbounded)")
+	}
 }
 
 // TestWatcherReadBudgetPacesMembershipReads: a task watch whose reads put the

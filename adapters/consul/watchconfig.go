@@ -59,8 +59,8 @@ type WatchConfig struct {
 	// generation keys): bytes of JSON per second, all watches together
 	// (default 4 MiB/s; negative: unpaced). ReadBurst is what a quiet fleet
 	// may read at once (default 2 s of ReadRate, and never less than two of
-	// the largest reads made), so a lone change is read without waiting;
-	// under churn the changes of each wait coalesce.
+	// the largest reads made, up to 128 MiB), so a lone change is read
+	// without waiting; under churn the changes of each wait coalesce.
 	ReadRate, ReadBurst int64
 
 	Clock  clockwork.Clock
