@@ -2,7 +2,6 @@ package xdscache
 
 import (
 	"sort"
-	"sync"
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
@@ -23,46 +22,19 @@ type deltaWatch struct {
 	done chan struct{} // closed when the server cancels the watch
 }
 
-// deliver hands a response to the server without ever blocking the cache
-// (as sotwWatch.deliver).
-func (w deltaWatch) deliver(resp cache.DeltaResponse) {
-	select {
-	case w.out <- resp:
-	default:
-		go func() {
-			select {
-			case w.out <- resp:
-			case <-w.done:
-			}
-		}()
-	}
-}
-
 func (c *watchCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscription,
 	out chan cache.DeltaResponse) (func(), error) {
 	group := c.groupOf(req.GetNode())
 	w := deltaWatch{req: req, sub: sub, out: out, done: make(chan struct{})}
-	var once sync.Once
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st := c.snaps[group]; st != nil {
 		if resp := st.respondDelta(req, sub); resp != nil {
-			w.deliver(resp)
-			return func() { once.Do(func() { close(w.done) }) }, nil
+			deliver(w.out, w.done, resp)
+			return answered(w.done), nil
 		}
 	}
-	c.nextID++
-	id := c.nextID
-	if c.deltas[group] == nil {
-		c.deltas[group] = map[int64]deltaWatch{}
-	}
-	c.deltas[group][id] = w
-	return func() {
-		once.Do(func() { close(w.done) })
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		delete(c.deltas[group], id)
-	}, nil
+	return keep(c, c.deltas, group, w, w.done), nil
 }
 
 // respondDelta builds the delta response a watch needs now, or nil if the

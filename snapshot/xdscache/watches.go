@@ -86,17 +86,43 @@ type sotwWatch struct {
 
 // deliver hands a response to the server without ever blocking the cache: a
 // full channel (an ADS stream busy in CreateWatch) gets it from a goroutine
-// that gives up when the watch is cancelled.
-func (w sotwWatch) deliver(resp cache.Response) {
+// that gives up when the watch is cancelled (done closed).
+func deliver[R any](out chan R, done <-chan struct{}, resp R) {
 	select {
-	case w.out <- resp:
+	case out <- resp:
 	default:
 		go func() {
 			select {
-			case w.out <- resp:
-			case <-w.done:
+			case out <- resp:
+			case <-done:
 			}
 		}()
+	}
+}
+
+// answered is the cancel of a watch answered at once: it only closes done.
+func answered(done chan struct{}) func() {
+	var once sync.Once
+	return func() { once.Do(func() { close(done) }) }
+}
+
+// keep holds w among group's open watches (c.mu is held) and returns its
+// cancel, which closes done once and forgets w. State-of-the-world and
+// delta watches share it.
+func keep[W any](c *watchCache, watches map[string]map[int64]W, group string, w W,
+	done chan struct{}) func() {
+	c.nextID++
+	id := c.nextID
+	if watches[group] == nil {
+		watches[group] = map[int64]W{}
+	}
+	watches[group][id] = w
+	closeDone := answered(done)
+	return func() {
+		closeDone()
+		c.mu.Lock()
+		defer c.mu.Unlock()
+		delete(watches[group], id)
 	}
 }
 
@@ -114,27 +140,15 @@ func (c *watchCache) CreateWatch(req *cache.Request, sub cache.Subscription,
 	out chan cache.Response) (func(), error) {
 	group := c.groupOf(req.GetNode())
 	w := sotwWatch{req: req, sub: sub, out: out, done: make(chan struct{})}
-	var once sync.Once
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	if st := c.snaps[group]; st != nil {
 		if resp := st.respond(req, sub); resp != nil {
-			w.deliver(resp)
-			return func() { once.Do(func() { close(w.done) }) }, nil
+			deliver(w.out, w.done, resp)
+			return answered(w.done), nil
 		}
 	}
-	c.nextID++
-	id := c.nextID
-	if c.watches[group] == nil {
-		c.watches[group] = map[int64]sotwWatch{}
-	}
-	c.watches[group][id] = w
-	return func() {
-		once.Do(func() { close(w.done) })
-		c.mu.Lock()
-		defer c.mu.Unlock()
-		delete(c.watches[group], id)
-	}, nil
+	return keep(c, c.watches, group, w, w.done), nil
 }
 
 func (c *watchCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string) {
@@ -146,13 +160,13 @@ func (c *watchCache) set(group string, snap *cache.Snapshot, versions map[string
 	c.pruneAnys()
 	for id, w := range c.watches[group] {
 		if resp := st.respond(w.req, w.sub); resp != nil {
-			w.deliver(resp)
+			deliver(w.out, w.done, resp)
 			delete(c.watches[group], id)
 		}
 	}
 	for id, w := range c.deltas[group] {
 		if resp := st.respondDelta(w.req, w.sub); resp != nil {
-			w.deliver(resp)
+			deliver(w.out, w.done, resp)
 			delete(c.deltas[group], id)
 		}
 	}
