@@ -55,7 +55,7 @@ func (c *Cache) Snapshot(group string) (*cache.Snapshot, bool) { return c.watche
 // set until the set is cleared (at most two forms per set). mu is held
 // across the caches' updates so a form is never derived from an older
 // snapshot than the one set last; the watches' sends under it never block
-// (sotwWatch.deliver, deltaWatch.deliver).
+// (deliver, watches.go).
 type formCache struct {
 	mu    sync.Mutex
 	bases map[string]groupSnapshot                   // constraint set → its latest snapshot
