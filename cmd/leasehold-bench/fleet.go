@@ -154,8 +154,9 @@ func (f *fleet) registerAll() error {
 // Raft write the agent forwards, so concurrency batches them.
 func registerWorkers(agents int) int { return min(64, max(16, 8*agents)) }
 
-// heartbeatAll keeps every lease alive until ctx ends: the short ones in
-// rounds every --heartbeat (as a real executor does), the long ones spread.
+// heartbeatAll keeps every lease alive until ctx ends: the short ones every
+// --heartbeat, each at its own phase (real executors start at different
+// moments), or all in one round with --heartbeat-rounds; the long ones spread.
 func (f *fleet) heartbeatAll(ctx context.Context) {
 	var short, bulk []int
 	for i := range f.ids {
@@ -166,12 +167,21 @@ func (f *fleet) heartbeatAll(ctx context.Context) {
 		}
 	}
 	if len(bulk) > 0 {
-		go f.heartbeatSpread(ctx, bulk, f.bulkLease/3)
+		go spreadBeats(ctx, len(bulk), f.bulkLease/3, spreadTick, 4,
+			func(k int) { f.beat(bulk[k]) })
 	}
-	f.heartbeatRounds(ctx, short, *heartbeat)
+	if *heartbeatRounds {
+		f.heartbeatRounds(ctx, short, *heartbeat)
+		return
+	}
+	spreadBeats(ctx, len(short), *heartbeat, phaseTick(len(short), *heartbeat), 32,
+		func(k int) { f.beat(short[k]) })
 }
 
-// heartbeatRounds heartbeats every executor of ids each interval.
+// heartbeatRounds heartbeats every executor of ids each interval, together.
+// Victims stopped within one round then share their last heartbeat, so their
+// leases expire at the same instant: a burst of lapses, one push after
+// another (--heartbeat-rounds keeps it for measuring that case).
 func (f *fleet) heartbeatRounds(ctx context.Context, ids []int, interval time.Duration) {
 	t := time.NewTicker(interval)
 	defer t.Stop()
@@ -188,37 +198,53 @@ func (f *fleet) heartbeatRounds(ctx context.Context, ids []int, interval time.Du
 // spreadTick is how often the long leases' heartbeats are handed out.
 const spreadTick = 100 * time.Millisecond
 
-// heartbeatSpread heartbeats each executor of ids once per interval, a few
-// every spreadTick, so the long leases never come in bursts that would hold
-// up the short leases' heartbeats.
-func (f *fleet) heartbeatSpread(ctx context.Context, ids []int, interval time.Duration) {
-	per := spreadBatch(len(ids), interval, spreadTick)
-	t := time.NewTicker(spreadTick)
+// phaseTick is the tick that gives each of n short leases heartbeated every
+// interval a phase of its own where it can: interval/n, between 5 ms (finer
+// ticks cost the harness more than they spread) and spreadTick.
+func phaseTick(n int, interval time.Duration) time.Duration {
+	return min(spreadTick, max(5*time.Millisecond, interval/time.Duration(max(1, n))))
+}
+
+// spreadBeats calls beat(k) for each k < n once per interval, executor k at
+// phase k·interval/n, checked every tick, so that heartbeats never come in
+// bursts: the long leases' would hold up the short ones', and short ones
+// beaten together would expire together. At most workers beats are in
+// flight; a slow one delays the next rather than piling up.
+func spreadBeats(ctx context.Context, n int, interval, tick time.Duration, workers int, beat func(k int)) {
+	if n == 0 {
+		<-ctx.Done()
+		return
+	}
+	sem := make(chan struct{}, workers)
+	t := time.NewTicker(tick)
 	defer t.Stop()
-	next := 0
+	start := time.Now()
+	var sent int64 // beats handed out since start
 	for {
+		for owed := owedBeats(time.Since(start), n, interval); sent < owed; sent++ {
+			select {
+			case <-ctx.Done():
+				return
+			case sem <- struct{}{}:
+			}
+			go func(k int) {
+				defer func() { <-sem }()
+				beat(k)
+			}(int(sent % int64(n)))
+		}
 		select {
 		case <-ctx.Done():
 			return
 		case <-t.C:
 		}
-		batch := make([]int, 0, per)
-		for range per {
-			batch = append(batch, ids[next])
-			next = (next + 1) % len(ids)
-		}
-		parallel(len(batch), 4, func(k int) error { f.beat(batch[k]); return nil })
 	}
 }
 
-// spreadBatch is how many of n heartbeats to send each tick so that every
-// one goes out once per interval (at least one a tick, at most n).
-func spreadBatch(n int, interval, tick time.Duration) int {
-	if n == 0 {
-		return 0
-	}
-	ticks := max(1, int64(interval/tick))
-	return int(min(int64(n), max(1, (int64(n)+ticks-1)/ticks)))
+// owedBeats is how many beats are due elapsed after the start when each of n
+// executors beats once per interval, executor k's m-th at (m·n + k)·interval/n:
+// beat j goes to executor j mod n.
+func owedBeats(elapsed time.Duration, n int, interval time.Duration) int64 {
+	return int64(elapsed)*int64(n)/int64(interval) + 1
 }
 
 // beat heartbeats executor i unless it was stopped or never registered. A

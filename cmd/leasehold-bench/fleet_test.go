@@ -1,9 +1,12 @@
 package main
 
 import (
+	"context"
 	"net/http"
 	"net/http/httptest"
 	"reflect"
+	"slices"
+	"sync"
 	"testing"
 	"time"
 
@@ -39,26 +42,78 @@ func TestFleetSpreadAndLeases(t *testing.T) {
 	}
 }
 
-// Every long lease is heartbeated once per interval, a few a tick.
-func TestSpreadBatch(t *testing.T) {
+// Every executor is heartbeated once per interval, each at a phase of its
+// own: executor k first at k·interval/n, so victims stopped apart expire apart.
+func TestBeatsAreOwedOncePerIntervalEachAtItsPhase(t *testing.T) {
+	const n, interval = 25, 3 * time.Second
+	step := interval / n
 	for _, c := range []struct {
-		n              int
-		interval, tick time.Duration
-		want           int
+		elapsed time.Duration
+		want    int64
 	}{
-		{10000, 200 * time.Second, 100 * time.Millisecond, 5},
-		{10001, 200 * time.Second, 100 * time.Millisecond, 6},
-		{3, 200 * time.Second, 100 * time.Millisecond, 1},
-		{50, 50 * time.Millisecond, 100 * time.Millisecond, 50},
-		{0, time.Second, 100 * time.Millisecond, 0},
+		{0, 1},                    // executor 0 at once
+		{step - 1, 1},             // executor 1 not before its phase
+		{step, 2},                 // executor 1 at its phase
+		{24 * step, 25},           // every executor once
+		{interval - 1, 25},        // nobody twice within the interval
+		{interval, 26},            // executor 0 again, one interval after its first
+		{10 * interval, 10*n + 1}, // n beats per interval, however long it runs
 	} {
-		got := spreadBatch(c.n, c.interval, c.tick)
-		if got != c.want {
-			t.Errorf("spreadBatch(%d, %s, %s) = %d, want %d", c.n, c.interval, c.tick, got, c.want)
+		if got := owedBeats(c.elapsed, n, interval); got != c.want {
+			t.Errorf("owedBeats(%s) = %d, want %d", c.elapsed, got, c.want)
 		}
-		if ticks := int(c.interval / c.tick); c.n > 0 && got*max(1, ticks) < c.n {
-			t.Errorf("spreadBatch(%d, %s, %s) = %d: not every one within the interval", c.n, c.interval, c.tick, got)
+	}
+	for _, c := range []struct {
+		n        int
+		interval time.Duration
+		want     time.Duration
+	}{
+		{25, 3 * time.Second, 100 * time.Millisecond}, // a tick per 120 ms phase, at most spreadTick
+		{500, 3 * time.Second, 6 * time.Millisecond},
+		{10000, 3 * time.Second, 5 * time.Millisecond},
+		{0, 3 * time.Second, 100 * time.Millisecond},
+	} {
+		if got := phaseTick(c.n, c.interval); got != c.want {
+			t.Errorf("phaseTick(%d, %s) = %s, want %s", c.n, c.interval, got, c.want)
 		}
+	}
+}
+
+// spreadBeats beats every executor, and each again, until its context ends.
+func TestSpreadBeatsReachesEveryExecutor(t *testing.T) {
+	const n = 10
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	var mu sync.Mutex
+	beats := make([]int, n)
+	all := make(chan struct{})
+	done := make(chan struct{})
+	go func() {
+		defer close(done)
+		spreadBeats(ctx, n, 50*time.Millisecond, 5*time.Millisecond, 4, func(k int) {
+			mu.Lock()
+			defer mu.Unlock()
+			beats[k]++
+			if slices.Min(beats) == 2 {
+				select {
+				case <-all:
+				default:
+					close(all)
+				}
+			}
+		})
+	}()
+	select {
+	case <-all:
+	case <-time.After(10 * time.Second):
+		mu.Lock()
+		t.Fatalf("not every executor beaten twice within 10 s: %v", beats)
+	}
+	cancel()
+	select {
+	case <-done:
+	case <-time.After(10 * time.Second):
+		t.Fatal("spreadBeats did not return once its context ended")
 	}
 }
 

@@ -174,7 +174,7 @@ func (plan floorPlan) replay(p *floorProc, ds *dispatcherSet) ([]time.Duration, 
 			return nil, fmt.Errorf("floor push %d: %w", k, err)
 		}
 		lat = append(lat, ds.goneFromAll(host).Sub(at))
-		time.Sleep(lapseSpacing) // the drill's spacing, not a wait for a result
+		time.Sleep(*lapseSpacing) // the drill's spacing, not a wait for a result
 	}
 	return lat, nil
 }

@@ -64,12 +64,18 @@ var (
 			"\"work\"; more: work-0, work-1, …)")
 	lapses = flag.Int("lapses", 50,
 		"lapses to measure (in leasehold's phase, and as many in Consul's xDS phase)")
+	lapseSpacing = flag.Duration("lapse-spacing", 200*time.Millisecond,
+		"how far apart the victims of a phase stop heartbeating, and the floor's pushes are")
 	fanouts = flag.Int("fanouts", 10, "single changes to measure fan-out with")
 	lease   = flag.Duration("lease", 10*time.Second,
 		"executor lease (TTL); with --bulk-lease, only of the executors "+
 			"the run lapses or deregisters")
 	heartbeat = flag.Duration("heartbeat", 3*time.Second,
 		"heartbeat interval of the --lease executors")
+	heartbeatRounds = flag.Bool("heartbeat-rounds", false,
+		"heartbeat every --lease executor in one round each --heartbeat, as one clock would; "+
+			"by default each has its own phase, as executors started at different moments do, "+
+			"so victims stopped apart expire apart")
 	bulkLease = flag.Duration("bulk-lease", 0,
 		"lease of every executor the run never lapses nor deregisters, heartbeated a third of it "+
 			"apart at an even pace (0: they hold --lease too); e.g. 10m for 10,000 executors, "+
@@ -90,6 +96,9 @@ var (
 		"file to write the results into (empty: stdout only)")
 	profile = flag.String("profile", "",
 		"write a CPU profile of leasehold serve during the lapses to this file")
+	heapOut = flag.String("heap-profile", "",
+		"write heap profiles of leasehold serve once the fleet is read (FILE.idle) and once "+
+			"the streams hold it (FILE.streams)")
 	traceOut = flag.String("trace", "",
 		"write an execution trace of leasehold serve during the lapses to this file (and "+
 			"during the fan-out to FILE.fanout) "+
@@ -216,6 +225,22 @@ func (s *served) heap() int64 {
 		}
 	}
 	return 0
+}
+
+// saveHeap writes the heap profile after a forced GC to path (go tool pprof
+// -sample_index=inuse_space: what the bytes measured are).
+func (s *served) saveHeap(path string) error {
+	resp, err := http.Get("http://" + s.admin + "/debug/pprof/heap?gc=1")
+	if err != nil {
+		return err
+	}
+	defer resp.Body.Close()
+	f, err := os.Create(path)
+	if err != nil {
+		return err
+	}
+	_, err = io.Copy(f, resp.Body)
+	return errors.Join(err, f.Close())
 }
 
 // rss reads the process's resident set size in KB.
@@ -559,6 +584,7 @@ type results struct {
 	registering            time.Duration
 	lapse, fanout          []time.Duration
 	consulPart             []time.Duration
+	afterConsul            []time.Duration // per lapse, the probe saw it → the last stream dropped it
 	lastBeat               []time.Duration // round trip of each victim's last heartbeat
 	loadStart              string          // the machine's load average when the run began
 	floor                  []time.Duration
@@ -655,6 +681,12 @@ func (res results) invocation() string {
 	if *shardSize != syncfleet.DefaultShardSize {
 		cmd, extended = cmd+fmt.Sprintf(" --shard-size %d", *shardSize), true
 	}
+	if *lapseSpacing != 200*time.Millisecond {
+		cmd, extended = cmd+" --lapse-spacing "+lapseSpacing.String(), true
+	}
+	if *heartbeatRounds {
+		cmd, extended = cmd+" --heartbeat-rounds", true
+	}
 	if res.busy != nil {
 		cmd, extended = cmd+fmt.Sprintf(" --flapping %d --flap-rate %g",
 			res.busy.services, res.busy.rate), true
@@ -721,6 +753,14 @@ func (res results) latencyRows(b *strings.Builder) {
 		fmt.Fprintf(b,
 			"| the lapsed executors' last heartbeat round trip (expiry counts from its sending; "+
 				"the agent reset the TTL within it) | %s | |\n", dist(res.lastBeat))
+		floorCmp := ""
+		if len(res.floor) > 0 {
+			floorCmp = " — ÷ floor: " + ratios(res.afterConsul, res.floor)
+		}
+		fmt.Fprintf(b,
+			"| of which leasehold on the harness's clock: that query has it critical → the "+
+				"last stream without it (as the floor's push → last stream) | %s%s | |\n",
+			dist(res.afterConsul), floorCmp)
 	}
 	fmt.Fprintf(b,
 		"| of which inside leasehold: Consul reporting the lapse → last ACK (mean, "+
@@ -784,9 +824,11 @@ func (res results) costRows(b *strings.Builder) {
 		res.executors, streams, kb(res.rssIdle), kb(res.rssStreams), perStream)
 	fmt.Fprintf(b,
 		"| Go heap after GC: no streams → %d streams | %s → %s (%.1f KB per "+
-			"stream) | ≤ 48 KB per stream |\n",
+			"stream; %.2f KB per executor with no stream, the process's base included) "+
+			"| ≤ 48 KB per stream |\n",
 		streams, kb(res.heapIdle), kb(res.heapStreams),
-		float64(res.heapStreams-res.heapIdle)/float64(streams))
+		float64(res.heapStreams-res.heapIdle)/float64(streams),
+		float64(res.heapIdle)/float64(max(1, res.executors)))
 	fmt.Fprintf(b, "| server CPU per stream per update (fan-out phase, user+system) | %s | |\n",
 		res.cpuPerStream)
 	fmt.Fprintf(b,

@@ -16,10 +16,6 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// lapseSpacing is how far apart the victims of a phase stop heartbeating,
-// and the floor's pushes are.
-const lapseSpacing = 200 * time.Millisecond
-
 // bench is one run of the harness: what its phases share. The phases run in
 // order, each measuring one part of BENCHMARKS.md's table:
 //
@@ -237,6 +233,11 @@ func (b *bench) startLeasehold() error {
 	logf("leasehold serve pid %d ready (admin %s); RSS %s",
 		srv.cmd.Process.Pid, srv.admin, kb(srv.rss()))
 	b.res.rssIdle, b.res.heapIdle = srv.rss(), srv.heap()
+	if *heapOut != "" {
+		if err := srv.saveHeap(*heapOut + ".idle"); err != nil {
+			return fmt.Errorf("heap profile: %w", err)
+		}
+	}
 	return nil
 }
 
@@ -266,6 +267,11 @@ func (b *bench) connectDispatchers() error {
 		logf("%d grpc-go xds:/// dispatchers hold the whole fleet", *grpcN)
 	}
 	b.res.rssStreams, b.res.heapStreams = b.srv.rss(), b.srv.heap()
+	if *heapOut != "" {
+		if err := b.srv.saveHeap(*heapOut + ".streams"); err != nil {
+			return fmt.Errorf("heap profile: %w", err)
+		}
+	}
 	logf("%d dispatcher streams connected; RSS %s, Go heap %s (idle: %s)",
 		*dispatchers, kb(b.res.rssStreams), kb(b.res.heapStreams), kb(b.res.heapIdle))
 	return nil
@@ -279,7 +285,7 @@ func (b *bench) leaseholdLapses() error {
 		return err
 	}
 	b.ds.startCapture()
-	profiled := b.profile(time.Duration(b.n)*lapseSpacing + *lease + 2*time.Second)
+	profiled := b.profile(time.Duration(b.n)**lapseSpacing + *lease + 2*time.Second)
 	defer traceSelf("lapses")()
 	before := b.usage()
 	expiries := b.fleet.lapseAll(victims)
@@ -290,6 +296,7 @@ func (b *bench) leaseholdLapses() error {
 	quiet := b.closeWindow(before)
 	b.quiet = &quiet
 	b.res.consulPart = b.probe.consulPart(b.fleet, victims, expiries)
+	b.res.afterConsul = b.probe.afterConsul(b.fleet, b.ds, victims)
 	if b.gc != nil {
 		if b.res.grpcLapse, err = b.fleet.lapseLatencies(b.gc, victims, expiries); err != nil {
 			return fmt.Errorf("at the grpc-go dispatchers: %w", err)
@@ -469,9 +476,10 @@ type hostWatcher interface {
 
 // lapseAll stops the victims' heartbeats lapseSpacing apart and returns each
 // lease's expiry (when its last acknowledged heartbeat was sent + the lease).
-// Victims stopped within one heartbeat round share that heartbeat, so their
-// leases expire at the same moment and may reach the dispatchers in one
-// response.
+// Each victim heartbeats at its own phase, so their leases expire apart;
+// with --heartbeat-rounds victims stopped within one round share that
+// heartbeat, their leases expire at the same moment and their pushes queue
+// one behind another.
 func (f *fleet) lapseAll(victims []int) []time.Time {
 	expiries := make([]time.Time, len(victims))
 	for k, i := range victims {
@@ -482,7 +490,7 @@ func (f *fleet) lapseAll(victims []int) []time.Time {
 			f.beat(i)
 		}
 		expiries[k] = f.stop(i)
-		time.Sleep(lapseSpacing) // the spacing of the drill, not a wait for a result
+		time.Sleep(*lapseSpacing) // the spacing of the drill, not a wait for a result
 	}
 	return expiries
 }

@@ -118,6 +118,30 @@ func (p *taskProbe) consulPart(f *fleet, victims []int, expiries []time.Time) []
 	return out
 }
 
+// afterConsul is, per victim the probe saw critical and every dispatcher of w
+// dropped, the probe seeing it → the last dispatcher without it: leasehold's
+// part of a lapse on the harness's clock, as the floor's push → last stream
+// is (leasehold's own histogram ends at the last ACK instead, a round trip
+// later). It is negative when leasehold's watch answered before the probe's.
+func (p *taskProbe) afterConsul(f *fleet, w hostWatcher, victims []int) []time.Duration {
+	if p == nil {
+		return nil
+	}
+	p.mu.Lock()
+	defer p.mu.Unlock()
+	var out []time.Duration
+	for _, i := range victims {
+		at, ok := p.critical[f.ids[i]]
+		if !ok {
+			continue
+		}
+		if gone := w.goneFromAll(f.ids[i]); !gone.IsZero() {
+			out = append(out, gone.Sub(at))
+		}
+	}
+	return out
+}
+
 func (b *bench) stopProbe() {
 	if b.probe != nil {
 		b.probe.stop()

@@ -31,3 +31,31 @@ func TestProbeSplitsConsulsPart(t *testing.T) {
 		t.Fatal("no probe: want nothing")
 	}
 }
+
+// goneAt is a hostWatcher whose dispatchers all dropped each host at a set
+// instant.
+type goneAt map[string]time.Time
+
+func (g goneAt) awaitAll(func(string, map[string]bool) bool, time.Duration) error { return nil }
+func (g goneAt) goneFromAll(host string) time.Time                                { return g[host] }
+
+// leasehold's part on the harness's clock runs from the probe seeing a lease
+// critical to the last dispatcher without it, for the victims both saw; a
+// watch that beat the probe gives a negative part, kept as it is.
+func TestAfterConsulIsProbeToLastStream(t *testing.T) {
+	f := newFleet(nil, 4, taskNames(1), 0, nil)
+	t0 := time.Now()
+	p := &taskProbe{critical: map[string]time.Time{
+		f.ids[0]: t0, f.ids[1]: t0, f.ids[3]: t0.Add(5 * time.Millisecond),
+	}}
+	w := goneAt{f.ids[0]: t0.Add(12 * time.Millisecond), f.ids[2]: t0, f.ids[3]: t0.Add(2 * time.Millisecond)}
+	got := p.afterConsul(f, w, []int{0, 1, 2, 3})
+	want := []time.Duration{12 * time.Millisecond, -3 * time.Millisecond}
+	if len(got) != len(want) || got[0] != want[0] || got[1] != want[1] {
+		t.Fatalf("afterConsul = %v, want %v (1 never dropped, 2 never seen critical)", got, want)
+	}
+	var none *taskProbe
+	if none.afterConsul(f, w, []int{0}) != nil {
+		t.Fatal("no probe: want nothing")
+	}
+}
