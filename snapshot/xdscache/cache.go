@@ -121,7 +121,9 @@ func (c *Cache) useForm(ctx context.Context, node *corev3.Node) error {
 }
 
 // Set publishes a group's snapshot, and the forms derived from it;
-// versions holds each resource's content version by type URL and name.
+// versions holds each resource's content version by type URL and name, for
+// exactly the resources snap holds. The cache keeps versions and compares
+// the next publication's with it, so it must not be changed afterwards.
 func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot,
 	versions map[string]map[string]string) error {
 	c.forms.mu.Lock()
