@@ -15,6 +15,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
 	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
@@ -26,6 +27,9 @@ type watchWorld struct {
 	c     *Cache
 	node  *corev3.Node
 	group string
+	// forms, when set, are nodes of the same constraint set asking for
+	// compact endpoint metadata: a watch is opened by one of node and forms.
+	forms []*corev3.Node
 }
 
 var worldNames = []string{"a", "b", "c", "d", "e"}
@@ -97,17 +101,21 @@ func (w *watchWorld) open() {
 	if w.rng.IntN(3) > 0 {
 		version, nonce = "v", "1"
 	}
+	node := w.node
+	if n := w.rng.IntN(len(w.forms) + 1); n > 0 {
+		node = w.forms[n-1]
+	}
 	var err error
 	if w.rng.IntN(2) == 0 {
 		sub := stream.NewSotwSubscription(named, wildcard)
 		sub.SetReturnedResources(known)
-		_, err = w.c.CreateWatch(&cache.Request{Node: w.node, TypeUrl: typeURL,
+		_, err = w.c.CreateWatch(&cache.Request{Node: node, TypeUrl: typeURL,
 			ResourceNames: named, VersionInfo: version, ResponseNonce: nonce},
 			&sub, make(chan cache.Response, 1))
 	} else {
 		sub := stream.NewDeltaSubscription(named, nil, nil, wildcard)
 		sub.SetReturnedResources(known)
-		_, err = w.c.CreateDeltaWatch(&cache.DeltaRequest{Node: w.node, TypeUrl: typeURL,
+		_, err = w.c.CreateDeltaWatch(&cache.DeltaRequest{Node: node, TypeUrl: typeURL,
 			ResponseNonce: nonce}, &sub, make(chan cache.DeltaResponse, 1))
 	}
 	if err != nil {
@@ -115,30 +123,29 @@ func (w *watchWorld) open() {
 	}
 }
 
-// unanswered fails when a watch left open would have been answered by the
-// group's current snapshot: what asking every watch at each publication
-// would have done.
+// unanswered fails when a watch left open would have been answered by its
+// group's current snapshot (the constraint set's or a form's): what asking
+// every watch at each publication would have done.
 func (w *watchWorld) unanswered(step string) {
 	w.t.Helper()
 	wc := w.c.watches
 	wc.mu.Lock()
 	defer wc.mu.Unlock()
-	st := wc.snaps[w.group]
-	if st == nil {
-		return
-	}
-	for _, x := range wc.watches[w.group] {
-		if st.respond(x.req, x.sub) != nil {
-			w.t.Fatalf("%s: a state-of-the-world watch of %s (wildcard %v, names %v, known %v) "+
-				"was left open though the snapshot answers it", step, x.req.GetTypeUrl(),
-				x.sub.IsWildcard(), x.sub.SubscribedResources(), x.sub.ReturnedResources())
+	for group, st := range wc.snaps {
+		for _, x := range wc.watches[group] {
+			if st.respond(x.req, x.sub) != nil {
+				w.t.Fatalf("%s: a state-of-the-world watch of %s in %s (wildcard %v, names %v, "+
+					"known %v) was left open though the snapshot answers it", step,
+					x.req.GetTypeUrl(), group, x.sub.IsWildcard(), x.sub.SubscribedResources(),
+					x.sub.ReturnedResources())
+			}
 		}
-	}
-	for _, x := range wc.deltas[w.group] {
-		if st.respondDelta(x.req, x.sub) != nil {
-			w.t.Fatalf("%s: a delta watch of %s (wildcard %v, names %v, known %v) was left "+
-				"open though the snapshot answers it", step, x.req.GetTypeUrl(),
-				x.sub.IsWildcard(), x.sub.SubscribedResources(), x.sub.ReturnedResources())
+		for _, x := range wc.deltas[group] {
+			if st.respondDelta(x.req, x.sub) != nil {
+				w.t.Fatalf("%s: a delta watch of %s in %s (wildcard %v, names %v, known %v) was "+
+					"left open though the snapshot answers it", step, x.req.GetTypeUrl(), group,
+					x.sub.IsWildcard(), x.sub.SubscribedResources(), x.sub.ReturnedResources())
+			}
 		}
 	}
 }
@@ -165,6 +172,42 @@ func TestAPublicationLeavesOpenOnlyWatchesItDoesNotAnswer(t *testing.T) {
 				w.c.watches.mu.Unlock()
 			}
 			w.publish(v)
+			w.unanswered(fmt.Sprintf("run %d, step %d", run, step))
+		}
+	}
+}
+
+// The same holds for the groups of compact endpoint metadata derived from a
+// constraint set (a form first asked for before or after the set's first
+// publication, its load assignments versioned apart from the set's) and
+// across a Clear: the first publication after one asks every watch again,
+// even those opened while the group had no snapshot.
+func TestFormsAndClearsLeaveOpenOnlyWatchesTheirSnapshotDoesNotAnswer(t *testing.T) {
+	for run := range 300 {
+		node := fleettest.Node(t, map[string]any{})
+		w := &watchWorld{t: t, rng: rand.New(rand.NewPCG(uint64(run), 31)), c: New(),
+			node: node, group: GroupOf(node), forms: []*corev3.Node{
+				fleettest.Node(t, map[string]any{NodeMetaEndpointMetadata: string(MetadataSession)}),
+				fleettest.Node(t, map[string]any{NodeMetaEndpointMetadata: string(MetadataNone)}),
+			}}
+		for step := range 60 {
+			// A form's first watch derives it (useForm): every step is checked.
+			switch r := w.rng.IntN(10); {
+			case r < 5:
+				w.open()
+			case r == 5:
+				w.c.Clear(w.group)
+			default:
+				v := w.versions()
+				if w.rng.IntN(4) == 0 { // an unchanged republication
+					w.c.watches.mu.Lock()
+					if st := w.c.watches.snaps[w.group]; st != nil {
+						v = st.versions
+					}
+					w.c.watches.mu.Unlock()
+				}
+				w.publish(v)
+			}
 			w.unanswered(fmt.Sprintf("run %d, step %d", run, step))
 		}
 	}
