@@ -9,9 +9,11 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"maps"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 )
 
@@ -122,10 +124,15 @@ func (c *Cache) useForm(ctx context.Context, node *corev3.Node) error {
 
 // Set publishes a group's snapshot, and the forms derived from it;
 // versions holds each resource's content version by type URL and name, for
-// exactly the resources snap holds. The cache keeps versions and compares
-// the next publication's with it, so it must not be changed afterwards.
+// exactly the resources snap holds (else Set refuses it, naming the first
+// difference). The cache compares the next publication's versions with
+// these to ask only the watches of what changed, so it keeps its own copy.
 func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot,
 	versions map[string]map[string]string) error {
+	if err := versionsMatch(snap, versions); err != nil {
+		return fmt.Errorf("snapshot of %s: %w", group, err)
+	}
+	versions = cloneVersions(versions)
 	c.forms.mu.Lock()
 	defer c.forms.mu.Unlock()
 	if err := c.fetch.SetSnapshot(ctx, group, snap); err != nil {
@@ -167,4 +174,61 @@ func (c *Cache) Clear(group string) {
 	delete(c.forms.bases, group)
 	c.fetch.ClearSnapshot(group)
 	c.watches.clear(group)
+}
+
+// versionsMatch reports the first resource that snap holds and versions
+// does not name, or the reverse: a watch would be skipped for a change it
+// cannot be told of.
+func versionsMatch(snap *cache.Snapshot, versions map[string]map[string]string) error {
+	for typ := range snap.Resources {
+		url, err := cache.GetResponseTypeURL(types.ResponseType(typ))
+		if err != nil {
+			return err
+		}
+		items := snap.Resources[typ].Items
+		vs := versions[url]
+		for name := range items {
+			if _, ok := vs[name]; !ok {
+				return fmt.Errorf("%s %q has no content version", url, name)
+			}
+		}
+		if len(vs) != len(items) {
+			for name := range vs {
+				if _, ok := items[name]; !ok {
+					return fmt.Errorf("content version of %s %q, which the snapshot does not hold",
+						url, name)
+				}
+			}
+		}
+	}
+	for url, vs := range versions {
+		if len(vs) > 0 && !knownType(url) {
+			return fmt.Errorf("content versions of %s, which a snapshot does not serve", url)
+		}
+	}
+	return nil
+}
+
+// knownType reports whether url is a type a snapshot holds.
+func knownType(url string) bool {
+	for typ := range types.UnknownType {
+		if u, err := cache.GetResponseTypeURL(typ); err == nil && u == url {
+			return true
+		}
+	}
+	return false
+}
+
+// cloneVersions copies versions (a group holds a few hundred resources at
+// most: shards, not endpoints), so that no caller can change what the next
+// publication is compared with.
+func cloneVersions(versions map[string]map[string]string) map[string]map[string]string {
+	out := make(map[string]map[string]string, len(versions))
+	for url, vs := range versions {
+		out[url] = maps.Clone(vs)
+		if out[url] == nil {
+			out[url] = map[string]string{}
+		}
+	}
+	return out
 }

@@ -1,0 +1,97 @@
+package xdscache
+
+import (
+	"context"
+	"strings"
+	"testing"
+
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
+	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
+
+	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/snapshot/translator"
+)
+
+func endpointsSnapshot(t *testing.T, names ...string) *cache.Snapshot {
+	t.Helper()
+	var res []types.Resource
+	for _, n := range names {
+		res = append(res, translator.Endpoints(n, nil, health.Dispatcher{}))
+	}
+	snap, err := cache.NewSnapshot("v", map[resource.Type][]types.Resource{resource.EndpointType: res})
+	if err != nil {
+		t.Fatal(err)
+	}
+	return snap
+}
+
+// Versions that do not name exactly the snapshot's resources are refused,
+// naming the first difference: a watch would otherwise be skipped for a
+// change the versions do not show.
+func TestSetRefusesVersionsThatDoNotNameItsResources(t *testing.T) {
+	c := New()
+	for _, tc := range []struct {
+		name     string
+		snap     []string
+		versions map[string]map[string]string
+		want     string
+	}{
+		{"a resource without a version", []string{"a", "b"},
+			map[string]map[string]string{resource.EndpointType: {"a": "1"}}, `"b" has no content version`},
+		{"a version without a resource", []string{"a"},
+			map[string]map[string]string{resource.EndpointType: {"a": "1", "x": "1"}},
+			`"x", which the snapshot does not hold`},
+		{"a type no snapshot serves", []string{"a"},
+			map[string]map[string]string{resource.EndpointType: {"a": "1"}, "type.example/x": {"x": "1"}},
+			"type.example/x, which a snapshot does not serve"},
+	} {
+		err := c.Set(context.Background(), "g", endpointsSnapshot(t, tc.snap...), tc.versions)
+		if err == nil || !strings.Contains(err.Error(), tc.want) {
+			t.Errorf("%s: %v, want an error saying %s", tc.name, err, tc.want)
+		}
+	}
+	if err := c.Set(context.Background(), "g", endpointsSnapshot(t, "a"),
+		map[string]map[string]string{resource.EndpointType: {"a": "1"}}); err != nil {
+		t.Fatalf("matching versions refused: %v", err)
+	}
+}
+
+// The cache keeps its own copy of the versions it was given: a caller that
+// changes its map after Set cannot hide the next publication's change from
+// the watches (the comparison would see none, and a lapse would stay routed).
+func TestAPublicationsVersionsCannotBeChangedAfterSet(t *testing.T) {
+	c := New()
+	node := &corev3.Node{Id: "n"}
+	group := GroupOf(node)
+	versions := map[string]map[string]string{resource.EndpointType: {"a": "1"}}
+	if err := c.Set(context.Background(), group, endpointsSnapshot(t, "a"), versions); err != nil {
+		t.Fatal(err)
+	}
+	sub := stream.NewSotwSubscription([]string{"a"}, false)
+	sub.SetReturnedResources(map[string]string{"a": "1"})
+	out := make(chan cache.Response, 1)
+	if _, err := c.CreateWatch(&cache.Request{Node: node, TypeUrl: resource.EndpointType,
+		ResourceNames: []string{"a"}, VersionInfo: "v", ResponseNonce: "1"}, &sub, out); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case <-out:
+		t.Fatal("an up-to-date watch was answered")
+	default:
+	}
+	versions[resource.EndpointType]["a"] = "2" // the caller reuses its map
+	if err := c.Set(context.Background(), group, endpointsSnapshot(t, "a"), versions); err != nil {
+		t.Fatal(err)
+	}
+	select {
+	case r := <-out:
+		if got := r.GetReturnedResources()["a"]; got != "2" {
+			t.Fatalf("answered with a at %q, want 2", got)
+		}
+	default:
+		t.Fatal("the watch of a was not answered when a changed from 1 to 2")
+	}
+}
