@@ -52,8 +52,10 @@ func (b *bench) consulLapses() error {
 		}
 		b.res.consulLapse = append(b.res.consulLapse, c.goneAt(port).Sub(expiries[k]))
 	}
-	logf("%d lapses through Consul's own xDS (its own phase, %d clients): %s",
-		len(victims), len(c.clients), dist(b.res.consulLapse))
+	b.res.consulLastBeat = b.fleet.heartbeatRTTs(victims)
+	logf("%d lapses through Consul's own xDS (its own phase, %d clients): %s; the victims' "+
+		"last heartbeat round trips: %s", len(victims), len(c.clients),
+		dist(b.res.consulLapse), dist(b.res.consulLastBeat))
 	return nil
 }
 

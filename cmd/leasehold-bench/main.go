@@ -591,6 +591,7 @@ type results struct {
 	floorStreams           int
 	busy                   *busyResults // with --flapping
 	consulLapse            []time.Duration
+	consulLastBeat         []time.Duration // the round trip of each of Consul's phase's victims' last heartbeat
 	grpcLapse              []time.Duration
 	grpcN                  int
 	inLeasehold            time.Duration
@@ -792,6 +793,10 @@ func (res results) latencyRows(b *strings.Builder) {
 			len(res.consulLapse), consulClientCount(), dist(res.consulLapse))
 		fmt.Fprintf(b, "| Consul's own xDS ÷ leasehold's lapse → stop | %s | ≥ 10× |\n",
 			ratios(res.consulLapse, res.lapse))
+		fmt.Fprintf(b,
+			"| the victims' last heartbeat round trip, leasehold's phase / Consul's (either "+
+				"path's lapse → stop holds its victims' uncertainty) | %s / %s | |\n",
+			dist(res.lastBeat), dist(res.consulLastBeat))
 	}
 }
 
