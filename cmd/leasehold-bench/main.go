@@ -64,6 +64,10 @@ var (
 			"\"work\"; more: work-0, work-1, …)")
 	lapses = flag.Int("lapses", 50,
 		"lapses to measure (in leasehold's phase, and as many in Consul's xDS phase)")
+	settle = flag.Duration("settle", 10*time.Second,
+		"how long leasehold serves the connected streams before its lapses begin: its first "+
+			"seconds held the one agent's heartbeats ~150 ms at 500 executors, while Consul's "+
+			"phase, long after its start, met none")
 	lapseSpacing = flag.Duration("lapse-spacing", 200*time.Millisecond,
 		"how far apart the victims of a phase stop heartbeating, and the floor's pushes are")
 	fanouts = flag.Int("fanouts", 10, "single changes to measure fan-out with")
@@ -690,6 +694,9 @@ func (res results) invocation() string {
 	}
 	if *heartbeatRounds {
 		cmd, extended = cmd+" --heartbeat-rounds", true
+	}
+	if *settle != 10*time.Second {
+		cmd, extended = cmd+" --settle "+settle.String(), true
 	}
 	if res.busy != nil {
 		cmd, extended = cmd+fmt.Sprintf(" --flapping %d --flap-rate %g",

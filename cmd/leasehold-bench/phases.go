@@ -299,6 +299,9 @@ func (b *bench) leaseholdLapses() error {
 	if err := b.startProbe(); err != nil {
 		return err
 	}
+	if *settle > 0 {
+		time.Sleep(*settle) // a quiet spell before the drill, not a wait for a result
+	}
 	b.ds.startCapture()
 	profiled := b.profile(time.Duration(b.n)**lapseSpacing + *lease + 2*time.Second)
 	defer traceSelf("lapses")()
