@@ -72,6 +72,21 @@ func (w *watchWorld) publish(versions map[string]map[string]string) {
 	}
 }
 
+// publishRandom publishes random versions, or now and then the group's
+// current ones again (an unchanged republication).
+func (w *watchWorld) publishRandom() {
+	w.t.Helper()
+	v := w.versions()
+	if w.rng.IntN(4) == 0 {
+		w.c.watches.mu.Lock()
+		if st := w.c.watches.snaps[w.group]; st != nil {
+			v = st.versions
+		}
+		w.c.watches.mu.Unlock()
+	}
+	w.publish(v)
+}
+
 // open starts a random watch: state of the world or delta, wildcard or
 // named, initial or not, knowing a random part of the resources at random
 // versions. Its answers are dropped: only which watches stay open matters.
@@ -163,15 +178,7 @@ func TestAPublicationLeavesOpenOnlyWatchesItDoesNotAnswer(t *testing.T) {
 				w.open()
 				continue
 			}
-			v := w.versions()
-			if w.rng.IntN(4) == 0 { // an unchanged republication
-				w.c.watches.mu.Lock()
-				if st := w.c.watches.snaps[w.group]; st != nil {
-					v = st.versions
-				}
-				w.c.watches.mu.Unlock()
-			}
-			w.publish(v)
+			w.publishRandom()
 			w.unanswered(fmt.Sprintf("run %d, step %d", run, step))
 		}
 	}
@@ -198,15 +205,7 @@ func TestFormsAndClearsLeaveOpenOnlyWatchesTheirSnapshotDoesNotAnswer(t *testing
 			case r == 5:
 				w.c.Clear(w.group)
 			default:
-				v := w.versions()
-				if w.rng.IntN(4) == 0 { // an unchanged republication
-					w.c.watches.mu.Lock()
-					if st := w.c.watches.snaps[w.group]; st != nil {
-						v = st.versions
-					}
-					w.c.watches.mu.Unlock()
-				}
-				w.publish(v)
+				w.publishRandom()
 			}
 			w.unanswered(fmt.Sprintf("run %d, step %d", run, step))
 		}
