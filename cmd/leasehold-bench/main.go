@@ -65,9 +65,10 @@ var (
 	lapses = flag.Int("lapses", 50,
 		"lapses to measure (in leasehold's phase, and as many in Consul's xDS phase)")
 	settle = flag.Duration("settle", 10*time.Second,
-		"how long leasehold serves the connected streams before its lapses begin: its first "+
-			"seconds held the one agent's heartbeats ~150 ms at 500 executors, while Consul's "+
-			"phase, long after its start, met none")
+		"how long leasehold serves the connected streams before its lapses begin: with "+
+			"--consul-xds the executors are Connect services, and Consul's setting up their "+
+			"sidecars' proxy configurations after registering held the one agent's heartbeats "+
+			"~150 ms at 500 executors, in leasehold's phase only (Consul's comes long after)")
 	lapseSpacing = flag.Duration("lapse-spacing", 200*time.Millisecond,
 		"how far apart the victims of a phase stop heartbeating, and the floor's pushes are")
 	fanouts = flag.Int("fanouts", 10, "single changes to measure fan-out with")

@@ -300,7 +300,9 @@ func (b *bench) leaseholdLapses() error {
 		return err
 	}
 	if *settle > 0 {
+		settling := b.usage()
 		time.Sleep(*settle) // a quiet spell before the drill, not a wait for a result
+		logf("settling %s", b.closeWindow(settling))
 	}
 	b.ds.startCapture()
 	profiled := b.profile(time.Duration(b.n)**lapseSpacing + *lease + 2*time.Second)
@@ -313,6 +315,7 @@ func (b *bench) leaseholdLapses() error {
 	}
 	quiet := b.closeWindow(before)
 	b.quiet = &quiet
+	logf("during the lapses %s", quiet)
 	b.res.consulPart = b.probe.consulPart(b.fleet, victims, expiries)
 	b.res.afterConsul = b.probe.afterConsul(b.fleet, b.ds, victims)
 	if b.gc != nil {

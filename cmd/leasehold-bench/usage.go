@@ -3,6 +3,7 @@ package main
 import (
 	"fmt"
 	"io"
+	"maps"
 	"net/http"
 	"os"
 	"path/filepath"
@@ -147,6 +148,22 @@ type window struct {
 	probeAnswers               int64
 	fastPathBytes              int           // one fast-path answer at the window's end
 	fastPathTime               time.Duration // median time of a fast-path read at the window's end
+}
+
+// String says what leasehold asked of Consul over the window, by watch, and
+// the CPU each side spent: what was going on while a phase ran.
+func (w window) String() string {
+	watches := slices.Sorted(maps.Keys(w.requests))
+	var b strings.Builder
+	fmt.Fprintf(&b, "over %s leasehold made", r(w.d))
+	for _, k := range watches {
+		if n := w.requests[k]; n > 0 {
+			fmt.Fprintf(&b, " %s %.0f,", k, n)
+		}
+	}
+	fmt.Fprintf(&b, " requests; CPU: leasehold %.0f%%, Consul's server %.0f%%, its clients %.0f%% "+
+		"of a core", w.share(w.leasehold), w.share(w.server), w.share(w.clients))
+	return b.String()
 }
 
 // usage reads every counter now.
