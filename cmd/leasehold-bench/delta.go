@@ -26,19 +26,18 @@ func startStreams(
 	ctx context.Context, addr string, m int, tasks []string, shards map[string]int,
 ) (*dispatcherSet, error) {
 	if *deltaStreams {
-		return startDeltaDispatchers(ctx, addr, m, tasks, shards)
+		return startDeltaDispatchers(ctx, addr, m, tasks, shards, streamsPerConn)
 	}
-	return startDispatchers(ctx, addr, m, tasks, shards)
+	return startDispatchers(ctx, addr, m, tasks, shards, streamsPerConn)
 }
 
 // startDeltaDispatchers is startDispatchers speaking delta xDS: each stream
 // subscribes to its task's load assignments by name and ACKs every
 // response by its nonce.
 func startDeltaDispatchers(
-	ctx context.Context, addr string, m int, tasks []string, shards map[string]int,
+	ctx context.Context, addr string, m int, tasks []string, shards map[string]int, perConn int,
 ) (*dispatcherSet, error) {
 	ds := newDispatcherSet(m, tasks)
-	perConn := 100
 	var conn *grpc.ClientConn
 	for i := range m {
 		if i%perConn == 0 {

@@ -137,8 +137,12 @@ func (b *bench) floor() error {
 	// what each of leasehold's pushes went to (all of them with one task
 	// type).
 	b.res.floorStreams = (*dispatchers + len(b.fleet.tasks) - 1) / len(b.fleet.tasks)
+	// Each connection carries as many of those streams as it did in
+	// leasehold's phase, where a connection's 100 streams were spread over
+	// every task type: one task's push then went out over several
+	// connections, not one.
 	ds, err := startDispatchers(ctx, p.addr, b.res.floorStreams, b.fleet.tasks[:1],
-		b.fleet.shards())
+		b.fleet.shards(), max(1, streamsPerConn/len(b.fleet.tasks)))
 	if err != nil {
 		return err
 	}

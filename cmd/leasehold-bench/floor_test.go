@@ -97,7 +97,7 @@ func TestFloorServerWithLightClients(t *testing.T) {
 	defer g.Stop()
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ds, err := startDispatchers(ctx, lis.Addr().String(), 5, []string{task}, nil)
+	ds, err := startDispatchers(ctx, lis.Addr().String(), 5, []string{task}, nil, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -170,7 +170,7 @@ func TestPlanFloorFollowsEachShard(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ds, err := startDispatchers(ctx, lis.Addr().String(), 3, []string{task},
-		map[string]int{task: 2})
+		map[string]int{task: 2}, streamsPerConn)
 	if err != nil {
 		t.Fatal(err)
 	}

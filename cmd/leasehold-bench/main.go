@@ -346,13 +346,16 @@ func newDispatcherSet(m int, tasks []string) *dispatcherSet {
 	return ds
 }
 
+// streamsPerConn is how many light streams share a connection.
+const streamsPerConn = 100
+
 // startDispatchers starts m light streams following tasks, each subscribing
-// to edsNames(task, shards[task]) (nil shards: one per task).
+// to edsNames(task, shards[task]) (nil shards: one per task), perConn to a
+// connection.
 func startDispatchers(
-	ctx context.Context, addr string, m int, tasks []string, shards map[string]int,
+	ctx context.Context, addr string, m int, tasks []string, shards map[string]int, perConn int,
 ) (*dispatcherSet, error) {
 	ds := newDispatcherSet(m, tasks)
-	perConn := 100
 	var conn *grpc.ClientConn
 	for i := range m {
 		if i%perConn == 0 {
