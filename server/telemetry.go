@@ -141,10 +141,7 @@ func (x *XDS) onPublish(p fleet.Publication) {
 		removed[n] = true
 	}
 	pl := &pendingLapse{at: p.LapsedAt, published: time.Now(), waiting: map[int64]bool{}}
-	for id, s := range x.streams {
-		if s.Group != p.Group {
-			continue
-		}
+	for id, s := range x.bySet[p.Group] {
 		t := s.Types[resource.EndpointType]
 		if t == nil {
 			continue

@@ -46,6 +46,11 @@ type XDS struct {
 
 	mu      sync.Mutex
 	streams map[int64]*StreamInfo // streams that announced a valid node, by streamKey
+	// bySet is streams by constraint set (a stream's never changes), so a
+	// publication looks only at its own set's streams: with thousands of
+	// streams, walking them all per publication held x.mu, which every
+	// stream's sends and ACKs take too.
+	bySet   map[string]map[int64]*StreamInfo
 	policy  *PolicyStore          // nil without an authorization policy
 	auth    map[int64]*streamAuth // by streamKey
 	conns   map[int64]streamConn  // every open stream's client, by streamKey
@@ -365,7 +370,7 @@ func (x *XDS) onRequest(
 	x.mu.Lock()
 	c := x.conns[key]
 	info.Peer, info.Identity = c.peer, c.identity
-	x.streams[key] = info
+	x.addStream(key, info)
 	n := len(x.streams)
 	x.mu.Unlock()
 	x.log.Info("dispatcher stream", "node_id", node.GetId(), "stream", id, "mode", mode,
@@ -452,7 +457,7 @@ func sameDispatch(a, b *corev3.Node) bool {
 func (x *XDS) onClosed(key int64) {
 	x.mu.Lock()
 	info, ok := x.streams[key]
-	delete(x.streams, key)
+	x.dropStream(key)
 	delete(x.conns, key)
 	delete(x.auth, key)
 	if ok {
@@ -461,6 +466,35 @@ func (x *XDS) onClosed(key int64) {
 	x.mu.Unlock()
 	if ok {
 		x.subs.Unsubscribe(info.dispatch)
+	}
+}
+
+// addStream holds info as stream key's state, in its constraint set too;
+// x.mu is held.
+func (x *XDS) addStream(key int64, info *StreamInfo) {
+	x.dropStream(key) // a stream's state is added once; never two entries for one key
+	x.streams[key] = info
+	if x.bySet == nil {
+		x.bySet = map[string]map[int64]*StreamInfo{}
+	}
+	if x.bySet[info.Group] == nil {
+		x.bySet[info.Group] = map[int64]*StreamInfo{}
+	}
+	x.bySet[info.Group][key] = info
+}
+
+// dropStream forgets stream key's state; x.mu is held.
+func (x *XDS) dropStream(key int64) {
+	info, ok := x.streams[key]
+	if !ok {
+		return
+	}
+	delete(x.streams, key)
+	if set := x.bySet[info.Group]; set != nil {
+		delete(set, key)
+		if len(set) == 0 {
+			delete(x.bySet, info.Group)
+		}
 	}
 }
 
