@@ -472,7 +472,7 @@ func (x *XDS) onClosed(key int64) {
 // addStream holds info as stream key's state, in its constraint set too;
 // x.mu is held.
 func (x *XDS) addStream(key int64, info *StreamInfo) {
-	x.dropStream(key) // a stream's state is added once; never two entries for one key
+	x.dropStream(key) // onRequest adds a stream once; this keeps bySet exact regardless
 	x.streams[key] = info
 	if x.bySet == nil {
 		x.bySet = map[string]map[int64]*StreamInfo{}

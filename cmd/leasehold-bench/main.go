@@ -64,12 +64,12 @@ var (
 			"\"work\"; more: work-0, work-1, …)")
 	lapses = flag.Int("lapses", 50,
 		"lapses to measure (in leasehold's phase, and as many in Consul's xDS phase)")
-	settle = flag.Duration("settle", 10*time.Second,
+	settle = flag.Duration("settle", defaultSettle,
 		"how long leasehold serves the connected streams before its lapses begin: with "+
 			"--consul-xds the executors are Connect services, and Consul's setting up their "+
 			"sidecars' proxy configurations after registering held the one agent's heartbeats "+
 			"~150 ms at 500 executors, in leasehold's phase only (Consul's comes long after)")
-	lapseSpacing = flag.Duration("lapse-spacing", 200*time.Millisecond,
+	lapseSpacing = flag.Duration("lapse-spacing", defaultLapseSpacing,
 		"how far apart the victims of a phase stop heartbeating, and the floor's pushes are")
 	fanouts = flag.Int("fanouts", 10, "single changes to measure fan-out with")
 	lease   = flag.Duration("lease", 10*time.Second,
@@ -345,6 +345,13 @@ func newDispatcherSet(m int, tasks []string) *dispatcherSet {
 	}
 	return ds
 }
+
+// The defaults of --lapse-spacing and --settle, which a run's invocation
+// leaves out.
+const (
+	defaultLapseSpacing = 200 * time.Millisecond
+	defaultSettle       = 10 * time.Second
+)
 
 // streamsPerConn is how many light streams share a connection.
 const streamsPerConn = 100
@@ -693,13 +700,13 @@ func (res results) invocation() string {
 	if *shardSize != syncfleet.DefaultShardSize {
 		cmd, extended = cmd+fmt.Sprintf(" --shard-size %d", *shardSize), true
 	}
-	if *lapseSpacing != 200*time.Millisecond {
+	if *lapseSpacing != defaultLapseSpacing {
 		cmd, extended = cmd+" --lapse-spacing "+lapseSpacing.String(), true
 	}
 	if *heartbeatRounds {
 		cmd, extended = cmd+" --heartbeat-rounds", true
 	}
-	if *settle != 10*time.Second {
+	if *settle != defaultSettle {
 		cmd, extended = cmd+" --settle "+settle.String(), true
 	}
 	if res.busy != nil {
