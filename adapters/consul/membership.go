@@ -1,7 +1,8 @@
 package consul
 
 import (
-	"maps"
+	"encoding/binary"
+	"hash/maphash"
 	"slices"
 	"sort"
 
@@ -27,30 +28,76 @@ type memberKey struct{ node, serviceID string }
 //
 // The members are kept once, as the sorted list the watch sends: the
 // syncer keeps that same list (never written once built), so a member is
-// not held twice; at is each member's place in it.
+// not held twice; each entry's at is its member's place in it.
 type taskMembership struct {
-	entries map[memberKey]entryPrint
+	entries map[memberKey]entrySeen
 	sorted  []health.Member
-	at      map[memberKey]int32
+}
+
+// entrySeen is a catalog entry of the last answer: its print, and its
+// member's place in sorted (-1: it has none yet, since the health read did
+// not find it).
+type entrySeen struct {
+	print entryPrint
+	at    int32
 }
 
 // entryPrint is what a member is built from of a catalog entry, kept to
-// tell whether the next answer changed it. The rest of the decoded entry
-// (node metadata, tagged addresses, proxy and Connect settings: most of its
-// bytes) is not kept: at 10,000 members whole entries held megabytes that
-// nothing read. Tags and metadata are the decoded slice and map, not copies.
+// tell whether the next answer changed it: its indexes and a digest of the
+// rest (addresses, port, tags, metadata). Nothing of the decoded entry is
+// kept: at 10,000 members its metadata maps and tags alone held ~4 MB that
+// only this comparison read. The digest is two 64-bit hashes under seeds
+// drawn when the process starts, of every string length-prefixed (metadata
+// values may hold any byte), so no registration can choose a change that
+// compares equal.
 type entryPrint struct {
 	createIndex, modifyIndex uint64
-	address, serviceAddress  string
-	servicePort              int
-	tags                     []string
-	meta                     map[string]string
+	sum                      [2]uint64
 }
 
+var printSeeds = [2]maphash.Seed{maphash.MakeSeed(), maphash.MakeSeed()}
+
 func printOf(n *api.CatalogService) entryPrint {
-	return entryPrint{createIndex: n.CreateIndex, modifyIndex: n.ModifyIndex,
-		address: n.Address, serviceAddress: n.ServiceAddress, servicePort: n.ServicePort,
-		tags: n.ServiceTags, meta: n.ServiceMeta}
+	p := entryPrint{createIndex: n.CreateIndex, modifyIndex: n.ModifyIndex}
+	var h maphash.Hash
+	for lane, seed := range printSeeds {
+		h.SetSeed(seed)
+		writeField(&h, n.Address)
+		writeField(&h, n.ServiceAddress)
+		writeLen(&h, n.ServicePort)
+		writeLen(&h, len(n.ServiceTags))
+		for _, t := range n.ServiceTags {
+			writeField(&h, t)
+		}
+		writeLen(&h, len(n.ServiceMeta))
+		// Map order is random: each pair is hashed alone and the sums
+		// added, which no order changes.
+		var meta uint64
+		var e maphash.Hash
+		e.SetSeed(seed)
+		for k, v := range n.ServiceMeta {
+			e.Reset()
+			writeField(&e, k)
+			writeField(&e, v)
+			meta += e.Sum64()
+		}
+		writeLen(&h, int(meta))
+		p.sum[lane] = h.Sum64()
+	}
+	return p
+}
+
+// writeField writes s with its length before it, so no two lists of
+// strings write the same bytes.
+func writeField(h *maphash.Hash, s string) {
+	writeLen(h, len(s))
+	h.WriteString(s)
+}
+
+func writeLen(h *maphash.Hash, n int) {
+	var b [8]byte
+	binary.LittleEndian.PutUint64(b[:], uint64(n))
+	h.Write(b[:])
 }
 
 // diff lists the entries of nodes that need reading: added, changed (any
@@ -58,29 +105,21 @@ func printOf(n *api.CatalogService) entryPrint {
 // indexes with other content is seen), or never read; and whether any entry
 // left.
 func (m *taskMembership) diff(nodes []*api.CatalogService) (changed []memberKey, left bool) {
-	seen := 0
+	seen, members := 0, 0
 	for _, n := range nodes {
 		k := memberKey{n.Node, n.ServiceID}
 		old, ok := m.entries[k]
 		if ok {
 			seen++
+			if old.at >= 0 {
+				members++
+			}
 		}
-		if _, read := m.at[k]; !ok || !read || !sameEntry(old, printOf(n)) {
+		if !ok || old.at < 0 || old.print != printOf(n) {
 			changed = append(changed, k)
 		}
 	}
-	return changed, seen < len(m.entries) || len(m.at) > seen
-}
-
-// sameEntry compares what a member is built from, field by field (no joined
-// keys: metadata values may hold any byte).
-// (The node and service id are the entry's key.)
-func sameEntry(a, b entryPrint) bool {
-	return a.createIndex == b.createIndex && a.modifyIndex == b.modifyIndex &&
-		a.address == b.address && a.serviceAddress == b.serviceAddress &&
-		a.servicePort == b.servicePort &&
-		slices.Equal(a.tags, b.tags) &&
-		maps.Equal(a.meta, b.meta)
+	return changed, seen < len(m.entries) || len(m.sorted) > members
 }
 
 // pointReadable reports whether the changed entries are few enough, and
@@ -134,9 +173,9 @@ func (m *taskMembership) apply(
 	readAll bool,
 	changed []memberKey,
 ) *taskMembership {
-	next := &taskMembership{entries: make(map[memberKey]entryPrint, len(nodes))}
+	next := &taskMembership{entries: make(map[memberKey]entrySeen, len(nodes))}
 	for _, n := range nodes {
-		next.entries[memberKey{n.Node, n.ServiceID}] = printOf(n)
+		next.entries[memberKey{n.Node, n.ServiceID}] = entrySeen{print: printOf(n), at: -1}
 	}
 	fresh := make(map[memberKey]health.Member, len(entries))
 	for _, e := range entries {
@@ -157,7 +196,8 @@ func (m *taskMembership) apply(
 	keys := make([]memberKey, 0, len(next.entries))
 	for k := range next.entries {
 		_, read := fresh[k]
-		_, kept := m.at[k]
+		was, ok := m.entries[k]
+		kept := ok && was.at >= 0
 		if read || (!readAll && kept && !stale[k]) {
 			keys = append(keys, k)
 		}
@@ -169,14 +209,15 @@ func (m *taskMembership) apply(
 		return keys[i].serviceID < keys[j].serviceID
 	})
 	next.sorted = make([]health.Member, len(keys))
-	next.at = make(map[memberKey]int32, len(keys))
 	for i, k := range keys {
 		if mem, ok := fresh[k]; ok {
 			next.sorted[i] = mem
 		} else {
-			next.sorted[i] = m.sorted[m.at[k]]
+			next.sorted[i] = m.sorted[m.entries[k].at]
 		}
-		next.at[k] = int32(i)
+		e := next.entries[k]
+		e.at = int32(i)
+		next.entries[k] = e
 	}
 	return next
 }

@@ -67,6 +67,27 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 		"address":      func(c *api.CatalogService) { c.ServiceAddress = "127.0.0.2" },
 		"node address": func(c *api.CatalogService) { c.Address = "127.0.0.3" },
 		"tags":         func(c *api.CatalogService) { c.ServiceTags = []string{"leasehold", "x"} },
+		// The print is a digest: strings are length-prefixed and metadata
+		// pairs hashed whole, so none of these compares equal.
+		"tag split": func(c *api.CatalogService) { c.ServiceTags = []string{"lease", "hold"} },
+		"tag moved": func(c *api.CatalogService) {
+			c.ServiceTags = []string{""}
+			c.ServiceMeta[""] = "leasehold"
+		},
+		"meta values swapped": func(c *api.CatalogService) {
+			m := c.ServiceMeta
+			m["instance_id"], m["session_id"] = m["session_id"], m["instance_id"]
+		},
+		"meta key into value": func(c *api.CatalogService) {
+			v := c.ServiceMeta["version"]
+			delete(c.ServiceMeta, "version")
+			c.ServiceMeta["capacity"] += "\x00version\x00" + v
+		},
+		"empty meta value added": func(c *api.CatalogService) { c.ServiceMeta["zz"] = "" },
+		"node address into service address": func(c *api.CatalogService) {
+			c.ServiceAddress = "127.0.0.9"
+			c.Address, c.ServiceAddress = c.ServiceAddress, c.Address
+		},
 		"create index": func(c *api.CatalogService) { c.CreateIndex++ },
 		"modify index": func(c *api.CatalogService) { c.ModifyIndex++ },
 	} {
@@ -77,15 +98,14 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 		}
 	}
 	joined := &taskMembership{
-		entries: map[memberKey]entryPrint{
-			{"n1", "work:a"}: printOf(&api.CatalogService{
+		entries: map[memberKey]entrySeen{
+			{"n1", "work:a"}: {print: printOf(&api.CatalogService{
 				Node:        "n1",
 				ServiceID:   "work:a",
 				ServiceMeta: map[string]string{"a": "x", "b": "y"},
-			}),
+			})},
 		},
 		sorted: []health.Member{{}},
-		at:     map[memberKey]int32{{"n1", "work:a"}: 0},
 	}
 	joinedMeta := map[string]string{"a": "x|b=y"}
 	changed, _ = joined.diff([]*api.CatalogService{{Node: "n1", ServiceID: "work:a",
