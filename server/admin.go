@@ -11,10 +11,12 @@ import (
 	"strings"
 	"time"
 
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/encoding/protojson"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/fleet"
+	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
 // Readiness is what /readyz reports.
@@ -464,7 +466,11 @@ func nodeSnapshot(x *XDS, syncer *fleet.Syncer, node string) (map[string]any, bo
 		sort.Strings(names)
 		var list []json.RawMessage
 		for _, n := range names {
-			b, err := protojson.Marshal(res[n])
+			m := res[n]
+			if cla, ok := m.(*endpointv3.ClusterLoadAssignment); ok {
+				m = translator.Expand(cla) // its endpoints are held encoded
+			}
+			b, err := protojson.Marshal(m)
 			if err == nil {
 				list = append(list, b)
 			}

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net/http"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -270,6 +271,31 @@ func TestFencingAndExplain(t *testing.T) {
 		&snap); code != 200 ||
 		snap["constraint_set"] == nil {
 		t.Fatalf("/debug/snapshot %d %v", code, snap)
+	}
+	// Its load assignment lists its endpoints, held encoded in the server
+	// (translator.Expand): a dump without them would say nothing is routed.
+	var dump struct {
+		Resources map[string]struct {
+			Resources []struct {
+				Endpoints []struct {
+					LbEndpoints []struct {
+						Endpoint struct{ Hostname string }
+					}
+				}
+			}
+		}
+	}
+	getBody(t, "http://"+addrs.admin+"/debug/snapshot?node="+nacker, &dump)
+	var hosts []string
+	for _, r := range dump.Resources[resource.EndpointType].Resources {
+		for _, l := range r.Endpoints {
+			for _, lb := range l.LbEndpoints {
+				hosts = append(hosts, lb.Endpoint.Hostname)
+			}
+		}
+	}
+	if len(hosts) == 0 || slices.Contains(hosts, "") {
+		t.Fatalf("/debug/snapshot lists endpoints %q", hosts)
 	}
 	// the explain CLI against the live server
 	var out strings.Builder

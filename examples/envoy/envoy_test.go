@@ -124,7 +124,7 @@ func TestServedResourcesPassEnvoyValidation(t *testing.T) {
 		{Registration: health.Registration{InstanceID: "e2", SessionID: "s2", Generation: 1, Task: "work", Address: "127.0.0.1", Port: 9002, Version: "1.4.0", Capacity: 4, State: health.StateDraining},
 			ServiceID: "work:e2", Node: "n1", LeaseStatus: health.StatusPassing, LeaseFound: true, NodeChecks: health.StatusPassing},
 	}
-	cla := translator.Endpoints("work", es, health.Dispatcher{})
+	cla := translator.Expand(translator.Endpoints("work", es, health.Dispatcher{}))
 	if n := len(cla.GetEndpoints()[0].GetLbEndpoints()); n != 2 {
 		t.Fatalf("want 2 endpoints (one HEALTHY, one DRAINING), got %d", n)
 	}

@@ -166,7 +166,7 @@ func endpointsOf(t *testing.T, snap *cache.Snapshot, task string) []string {
 		return nil
 	}
 	var out []string
-	for _, loc := range r.(*endpointv3.ClusterLoadAssignment).GetEndpoints() {
+	for _, loc := range translator.Expand(r.(*endpointv3.ClusterLoadAssignment)).GetEndpoints() {
 		for _, lb := range loc.GetLbEndpoints() {
 			out = append(out, lb.GetEndpoint().GetHostname()+":"+lb.GetHealthStatus().String())
 		}

@@ -14,11 +14,12 @@ import (
 
 // Builder builds one task's load assignments for one constraint set again
 // and again. It remembers, per executor fingerprint, the verdict and the
-// endpoint message, and the sorted order of the previous build: executors
-// whose fingerprint is unchanged are neither decided nor encoded again, and
-// the new ones are sorted among themselves and merged into the previous
-// order. A single change therefore costs a map lookup per executor, not a
-// decision, a message and a sort. Endpoint messages are immutable once built.
+// endpoint's encoding (encoded.go), and the sorted order of the previous
+// build: executors whose fingerprint is unchanged are neither decided nor
+// encoded again, and the new ones are sorted among themselves and merged
+// into the previous order. A single change therefore costs a map lookup per
+// executor, not a decision, an encoding and a sort. Encodings are immutable
+// once made.
 //
 // Of routed entries claiming one socket (address:port) only the one whose
 // health.Claim beats the others' is sent (grpc-go rejects a load assignment
@@ -51,6 +52,7 @@ type Builder struct {
 	// sorting and splitting the endpoints as cheap as with one locality
 	localities []localityName
 	localityID map[localityName]int32
+	enc        endpointEncoder
 }
 
 // localityName is a locality's datacenter and zone.
@@ -73,10 +75,10 @@ func (bl *Builder) localityOf(dc, zone string) int32 {
 
 // entry is one executor as decided for the Builder's constraint set.
 type entry struct {
-	e      *health.Executor // valid during the build that created it only
 	status corev3.HealthStatus
 	routed bool
-	lb     *endpointv3.LbEndpoint
+	lb     []byte // the endpoint's encoding (LbEndpoint)
+	weight uint32 // its load_balancing_weight
 	digest uint64 // FNV-1a of the endpoint's whole content
 	key    endpointSortKey
 	loc    int32  // its locality (Builder.localities)
@@ -180,10 +182,10 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 	r := Result{RemovesOrDrains: removes, Decided: len(b.fresh), Observed: b.observed,
 		Restarted: restarted}
 	if bl.shards == 1 {
-		cla, version := bl.assemble(task, b.sorted, len(b.sorted)-len(b.losers), d)
-		r.CLA, r.Version = cla, version
-		rank, capacity := bl.serving(cla, d)
-		r.Shards = []Shard{{Name: task, CLA: cla, Version: version, Rank: rank,
+		a := bl.assemble(task, b.sorted, len(b.sorted)-len(b.losers), d)
+		r.CLA, r.Version = a.message(), a.version
+		rank, capacity := a.serving(bl.Failover, d.Datacenter)
+		r.Shards = []Shard{{Name: task, CLA: r.CLA, Version: a.version, Rank: rank,
 			Capacity: capacity}}
 	} else {
 		r.Shards = bl.assembleShards(task, &b, d, restarted)
@@ -269,18 +271,26 @@ func (bl *Builder) decide(b *build, executors []health.Executor, prints []uint64
 	}
 }
 
-// route fills a new entry from its executor's verdict and reports whether
-// it is routed (its endpoint message is made later, in a batch).
+// route fills a new entry from its executor's verdict, encoding its
+// endpoint, and reports whether it is routed.
 func (bl *Builder) route(en *entry, e *health.Executor, r health.Route, buf *[]byte) bool {
 	switch r {
 	case health.RouteHealthy:
-		en.routed, en.status = true, corev3.HealthStatus_HEALTHY
+		en.status = corev3.HealthStatus_HEALTHY
 	case health.RouteDraining:
-		en.routed, en.status = true, corev3.HealthStatus_DRAINING
+		en.status = corev3.HealthStatus_DRAINING
 	default:
 		return false
 	}
-	en.e = e
+	lb, err := bl.enc.encode(nil, e, en.status)
+	if err != nil {
+		// Only a string that is not UTF-8 fails, which no registration
+		// parsed from Consul holds (ids are ASCII by validation, versions
+		// semantic, addresses hosts): an executor made by hand is left out
+		// rather than sending a load assignment no client parses.
+		return false
+	}
+	en.routed, en.lb, en.weight = true, lb, weight(*e)
 	*buf = endpointContent((*buf)[:0], e, en.status)
 	zone := e.Labels[ZoneLabel]
 	// Its locality (none: one unnamed locality, the content alone).
@@ -297,7 +307,7 @@ func (bl *Builder) route(en *entry, e *health.Executor, r health.Route, buf *[]b
 }
 
 // order is the previous order minus what is gone, merged with the new
-// entries sorted among themselves (whose endpoint messages are made here).
+// entries sorted among themselves.
 func (bl *Builder) order(b *build) {
 	kept := bl.sorted
 	if b.reused != len(bl.sorted) {
@@ -321,11 +331,6 @@ func (bl *Builder) order(b *build) {
 			}
 			return 0
 		})
-		batch := newEndpointBatch(len(b.fresh))
-		for _, en := range b.fresh {
-			en.lb = batch.lbEndpoint(en.e, en.status)
-			en.e = nil // the executors slice is the caller's
-		}
 		b.sorted = mergeSorted(kept, b.fresh)
 	}
 	bl.all, bl.sorted = b.all, b.sorted
@@ -415,17 +420,24 @@ func (b *build) sendChanges() bool {
 	return removes
 }
 
-// assemble makes the load assignment named name of sorted (n of them sent,
-// the others lost their socket) and its content version, which hashes the
+// assembly is a load assignment laid out: named name, of the localities
+// of the routed entries sent, and its content version, which hashes the
 // name and, order-independently, the content digest of each endpoint (the
 // order is a function of the contents) and the localities' layout.
-func (bl *Builder) assemble(name string, sorted []*entry, n int,
-	d health.Dispatcher) (*endpointv3.ClusterLoadAssignment, string) {
-	cla := &endpointv3.ClusterLoadAssignment{ClusterName: name}
+type assembly struct {
+	name    string
+	locs    []*locality
+	version string
+}
+
+// assemble lays out the load assignment named name of sorted (n of them
+// sent, the others lost their socket).
+func (bl *Builder) assemble(name string, sorted []*entry, n int, d health.Dispatcher) assembly {
+	a := assembly{name: name}
 	var sum, xor uint64
 	if n > 0 {
 		var layout uint64
-		cla.Endpoints, layout, sum, xor = assembleLocalities(sorted, n, bl.localities,
+		a.locs, layout, sum, xor = layoutLocalities(sorted, n, bl.localities,
 			bl.Failover, d.Datacenter)
 		// The localities' priorities and weights (they follow the dispatcher's datacenter).
 		xor ^= layout
@@ -435,7 +447,37 @@ func (bl *Builder) assemble(name string, sorted []*entry, n int,
 	binary.LittleEndian.PutUint64(vb[8:], uint64(n))
 	binary.LittleEndian.PutUint64(vb[16:], sum)
 	binary.LittleEndian.PutUint64(vb[24:], xor)
-	return cla, "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
+	a.version = "e" + hex.EncodeToString(vb[16:]) + strconv.FormatUint(fnv64a(vb[:])&0xffff, 16)
+	return a
+}
+
+// message makes the load assignment, its endpoints encoded (encoded.go).
+func (a assembly) message() *endpointv3.ClusterLoadAssignment {
+	cla := &endpointv3.ClusterLoadAssignment{ClusterName: a.name}
+	if len(a.locs) > 0 {
+		cla.Endpoints = localityMessages(a.locs)
+	}
+	return cla
+}
+
+// serving is where the load assignment's new work goes for dispatchers in
+// dispatcherDC: the failover rank of the best-placed datacenter with
+// HEALTHY endpoints (-1: none) and the sum of those endpoints' weights.
+func (a assembly) serving(f Failover, dispatcherDC string) (rank int, capacity uint64) {
+	rank = -1
+	for _, l := range a.locs {
+		if l.healthy == 0 {
+			continue
+		}
+		r := f.rank(dispatcherDC, l.dc)
+		switch {
+		case rank < 0 || r < rank:
+			rank, capacity = r, l.healthy
+		case r == rank:
+			capacity += l.healthy
+		}
+	}
+	return rank, capacity
 }
 
 // claimSocket and unclaim count the routed entries claiming a socket.
@@ -459,7 +501,7 @@ func (bl *Builder) unclaim(s health.Socket) {
 	}
 }
 
-// endpointContent is everything an endpoint message holds, for its digest.
+// endpointContent is everything an endpoint holds, for its digest.
 func endpointContent(buf []byte, e *health.Executor, status corev3.HealthStatus) []byte {
 	buf = append(buf, 0)
 	buf = append(buf, e.InstanceID...)
@@ -515,18 +557,27 @@ func RemovesOrDrainsBetween(prev, next *endpointv3.ClusterLoadAssignment) bool {
 
 // RemovesOrDrainsAcross is RemovesOrDrainsBetween over a task's shards: an
 // endpoint that moved to another shard is no removal.
+// A load assignment whose endpoints do not parse is taken to remove them.
 func RemovesOrDrainsAcross(prev, next []*endpointv3.ClusterLoadAssignment) bool {
 	status := map[string]corev3.HealthStatus{}
 	for _, cla := range next {
 		for _, loc := range cla.GetEndpoints() {
-			for _, lb := range loc.GetLbEndpoints() {
+			lbs, err := LbEndpoints(loc)
+			if err != nil {
+				return true
+			}
+			for _, lb := range lbs {
 				status[endpointKey(lb)] = lb.GetHealthStatus()
 			}
 		}
 	}
 	for _, cla := range prev {
 		for _, loc := range cla.GetEndpoints() {
-			for _, lb := range loc.GetLbEndpoints() {
+			lbs, err := LbEndpoints(loc)
+			if err != nil {
+				return true
+			}
+			for _, lb := range lbs {
 				now, kept := status[endpointKey(lb)]
 				if !kept ||
 					(lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY &&

@@ -153,7 +153,7 @@ func sendsWhatDecideRoutes(cla *endpointv3.ClusterLoadAssignment, es []health.Ex
 	}
 	got := map[string]bool{}
 	sockets := map[health.Socket]bool{}
-	for _, loc := range cla.GetEndpoints() {
+	for _, loc := range Expand(cla).GetEndpoints() {
 		for _, lb := range loc.GetLbEndpoints() {
 			sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
 			s := health.SocketOf(sa.GetAddress(), int(sa.GetPortValue()))
@@ -195,7 +195,7 @@ func TestBuilderDuplicateSocket(t *testing.T) {
 	}
 	sent := func(cla *endpointv3.ClusterLoadAssignment) []string {
 		var out []string
-		for _, lb := range cla.GetEndpoints()[0].GetLbEndpoints() {
+		for _, lb := range Expand(cla).GetEndpoints()[0].GetLbEndpoints() {
 			md := lb.GetMetadata().GetFilterMetadata()[MetadataNamespace].GetFields()
 			out = append(out, lb.GetEndpoint().GetHostname()+"/"+md["session_id"].GetStringValue())
 		}

@@ -75,7 +75,7 @@ func FuzzTranslate(f *testing.F) {
 				routable[fmt.Sprintf("%s|%s|%d", e.InstanceID, e.Address, e.Port)] = true
 			}
 		}
-		for _, loc := range cla.GetEndpoints() {
+		for _, loc := range Expand(cla).GetEndpoints() {
 			if loc.GetLoadBalancingWeight().GetValue() == 0 {
 				t.Fatal("locality weight 0: grpc-go would ignore it")
 			}
@@ -94,7 +94,7 @@ func FuzzTranslate(f *testing.F) {
 		if err := sendsWhatDecideRoutes(cla, es, d); err != nil {
 			t.Fatal(err)
 		}
-		for _, loc := range cla.GetEndpoints() {
+		for _, loc := range Expand(cla).GetEndpoints() {
 			for _, lb := range loc.GetLbEndpoints() {
 				a := lb.GetEndpoint().GetAddress().GetSocketAddress().GetAddress()
 				if net.ParseIP(a) == nil {

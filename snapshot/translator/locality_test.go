@@ -27,7 +27,7 @@ func dcExecutor(dc, zone, inst string, port int) health.Executor {
 // "p<priority>:<region>/<zone>×<endpoints>(w<weight>)".
 func layoutOf(b *Builder, es []health.Executor, d health.Dispatcher) []string {
 	var out []string
-	for _, l := range b.BuildPrinted("work", es, nil, d).CLA.GetEndpoints() {
+	for _, l := range Expand(b.BuildPrinted("work", es, nil, d).CLA).GetEndpoints() {
 		out = append(out,
 			fmt.Sprintf("p%d:%s/%s×%d(w%d)", l.GetPriority(), l.GetLocality().GetRegion(),
 				l.GetLocality().GetZone(), len(l.GetLbEndpoints()),
@@ -134,7 +134,7 @@ func clientRejection(cla *endpointv3.ClusterLoadAssignment) string {
 	priorities := map[uint32]bool{}
 	localities := map[string]bool{}
 	addrs := map[string]bool{}
-	for _, l := range cla.GetEndpoints() {
+	for _, l := range Expand(cla).GetEndpoints() {
 		if l.GetLocality() == nil {
 			return "a locality without ID"
 		}
@@ -268,11 +268,11 @@ func TestLocalitiesOfRandomFleetsAreAcceptedByClients(t *testing.T) {
 					lost[e.InstanceID+"/"+e.SessionID+"@"+e.Datacenter] = true
 				}
 			}
-			for _, l := range got.CLA.GetEndpoints() {
+			for _, l := range Expand(got.CLA).GetEndpoints() {
 				if l.GetPriority() == 0 && ownRouted && l.GetLocality().GetRegion() != own {
 					// its own datacenter may still have lost every endpoint to duplicates
 					hasOwn := false
-					for _, l2 := range got.CLA.GetEndpoints() {
+					for _, l2 := range Expand(got.CLA).GetEndpoints() {
 						hasOwn = hasOwn || l2.GetLocality().GetRegion() == own
 					}
 					if hasOwn {

@@ -5,8 +5,6 @@ import (
 	"strconv"
 	"strings"
 
-	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
 	"google.golang.org/protobuf/types/known/wrapperspb"
 
@@ -179,44 +177,16 @@ func (bl *Builder) assembleShards(task string, b *build, d health.Dispatcher,
 			shards[i] = bl.prev[i]
 			continue
 		}
-		name := ShardName(task, i, n)
-		cla, version := bl.assemble(name, parts[i], sent[i], d)
-		if len(bl.prev) == n && bl.prev[i].Version == version {
+		a := bl.assemble(ShardName(task, i, n), parts[i], sent[i], d)
+		if len(bl.prev) == n && bl.prev[i].Version == a.version {
 			shards[i] = bl.prev[i] // the same content: the same message
 			continue
 		}
-		rank, capacity := bl.serving(cla, d)
-		shards[i] = Shard{Name: name, CLA: cla, Version: version, Rank: rank,
+		rank, capacity := a.serving(bl.Failover, d.Datacenter)
+		shards[i] = Shard{Name: a.name, CLA: a.message(), Version: a.version, Rank: rank,
 			Capacity: capacity}
 	}
 	return shards
-}
-
-// serving is where a load assignment's new work goes for dispatchers of d:
-// the failover rank of the best-placed datacenter with HEALTHY endpoints
-// (-1: none) and the sum of those endpoints' weights.
-func (bl *Builder) serving(cla *endpointv3.ClusterLoadAssignment,
-	d health.Dispatcher) (rank int, capacity uint64) {
-	rank = -1
-	for _, loc := range cla.GetEndpoints() {
-		var c uint64
-		for _, lb := range loc.GetLbEndpoints() {
-			if lb.GetHealthStatus() == corev3.HealthStatus_HEALTHY {
-				c += uint64(lb.GetLoadBalancingWeight().GetValue())
-			}
-		}
-		if c == 0 {
-			continue
-		}
-		r := bl.Failover.rank(d.Datacenter, loc.GetLocality().GetRegion())
-		switch {
-		case rank < 0 || r < rank:
-			rank, capacity = r, c
-		case r == rank:
-			capacity += c
-		}
-	}
-	return rank, capacity
 }
 
 // ShardWeights are the route weights of a task's shards: each shard's

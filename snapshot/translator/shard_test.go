@@ -189,7 +189,7 @@ func TestShardedBuilderIncrementalEqualsFresh(t *testing.T) {
 				t.Fatalf("step %d: shard %d serves %d at rank %d, a fresh build says %d at %d",
 					step, i, sh.Capacity, sh.Rank, want.Shards[i].Capacity, want.Shards[i].Rank)
 			}
-			for _, loc := range sh.CLA.GetEndpoints() {
+			for _, loc := range Expand(sh.CLA).GetEndpoints() {
 				for _, lb := range loc.GetLbEndpoints() {
 					if s := ShardOf(lb.GetEndpoint().GetHostname(), shards); s != i {
 						t.Fatalf("step %d: %s in shard %d, ShardOf says %d", step,
@@ -262,7 +262,7 @@ func TestShardsSendOneEndpointPerSocketAcrossShards(t *testing.T) {
 	res := (&Builder{Shards: 4}).BuildPrinted("work", es, nil, d)
 	n := 0
 	for _, sh := range res.Shards {
-		for _, loc := range sh.CLA.GetEndpoints() {
+		for _, loc := range Expand(sh.CLA).GetEndpoints() {
 			for _, lb := range loc.GetLbEndpoints() {
 				sa := lb.GetEndpoint().GetAddress().GetSocketAddress()
 				if sa.GetAddress() == es[0].Address && int(sa.GetPortValue()) == es[0].Port {

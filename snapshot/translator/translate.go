@@ -1,7 +1,7 @@
 // Package translator turns decided executors and a dispatcher's constraint
 // set into xDS resources: pure and deterministic (sorted output, content-hash
 // versions). Its functions keep no state; a Builder keeps what one task's
-// builds reuse (verdicts and endpoint messages of unchanged executors), owned
+// builds reuse (verdicts and endpoint encodings of unchanged executors), owned
 // by its caller. It imports nothing of Consul, gRPC servers or the cache.
 package translator
 

@@ -30,7 +30,7 @@ func TestTranslateGolden(t *testing.T) {
 	for name, d := range map[string]health.Dispatcher{"any": any, "strict": strict} {
 		cla, decisions := Endpoints("transcode", fleettest.GoldenFleet(),
 			d), Decide(fleettest.GoldenFleet(), d)
-		fleettest.ProtoGolden(t, "endpoints-"+name+".json", cla)
+		fleettest.ProtoGolden(t, "endpoints-"+name+".json", Expand(cla))
 		type row struct{ Instance, Session, Route, Reason string }
 		var rows []row
 		for _, dec := range decisions {

@@ -94,13 +94,17 @@ func splitFormGroup(group string) (string, EndpointMetadata) {
 }
 
 // formState derives one form's snapshots of one constraint set. It keeps
-// the endpoint messages it derived, by the message they came from (the
-// Builder keeps the messages of unchanged executors), so a change derives
-// only what changed and the derived messages stay the same pointers, which
-// the incremental encoder reuses.
+// the load assignments it derived last, by name, with the content version
+// they were derived from: a change derives only the load assignments that
+// changed (at 10,000 executors, the shard of a lapse).
 type formState struct {
-	form EndpointMetadata
-	lbs  map[*endpointv3.LbEndpoint]*endpointv3.LbEndpoint
+	form    EndpointMetadata
+	derived map[string]derivedLoad
+}
+
+type derivedLoad struct {
+	version string
+	cla     *endpointv3.ClusterLoadAssignment
 }
 
 // derive is snap in this form: the same listeners, routes and clusters;
@@ -118,7 +122,7 @@ func (fs *formState) derive(snap *cache.Snapshot,
 		eds[name] = v + "-" + string(fs.form)
 	}
 	out[resource.EndpointType] = eds
-	next := make(map[*endpointv3.LbEndpoint]*endpointv3.LbEndpoint, len(fs.lbs))
+	next := make(map[string]derivedLoad, len(fs.derived))
 	d := &cache.Snapshot{VersionMap: out}
 	for typ := range types.UnknownType {
 		url, err := cache.GetResponseTypeURL(typ)
@@ -129,33 +133,55 @@ func (fs *formState) derive(snap *cache.Snapshot,
 		res := make([]types.Resource, 0, len(items))
 		for _, r := range items {
 			if cla, ok := r.(*endpointv3.ClusterLoadAssignment); ok {
-				r = fs.cla(cla, next)
+				name := cla.GetClusterName()
+				v := versions[resource.EndpointType][name]
+				was, seen := fs.derived[name]
+				if !seen || v == "" || was.version != v {
+					was = derivedLoad{version: v, cla: fs.cla(cla)}
+				}
+				next[name] = was
+				r = was.cla
 			}
 			res = append(res, r)
 		}
 		d.Resources[typ] = cache.NewResources(TypeVersion(out[url]), res)
 	}
-	fs.lbs = next
+	fs.derived = next
 	return d, out
 }
 
-// cla is a copy of cla whose endpoints carry the form's metadata; every
-// other field is shared.
-func (fs *formState) cla(cla *endpointv3.ClusterLoadAssignment,
-	next map[*endpointv3.LbEndpoint]*endpointv3.LbEndpoint) *endpointv3.ClusterLoadAssignment {
+// Field numbers the derivation copies around: ClusterLoadAssignment.endpoints
+// and LocalityLbEndpoints.lb_endpoints.
+const (
+	claEndpointsField   = 2
+	localityLbEndpoints = 2
+)
+
+// cla is a copy of cla whose endpoints carry the form's metadata, encoded
+// as the Builder's are (translator.SetEncoded); every other field is
+// shared. A locality whose endpoints do not parse (none of a Builder's) is
+// kept whole: more metadata than asked for, rather than no endpoints.
+func (fs *formState) cla(cla *endpointv3.ClusterLoadAssignment) *endpointv3.ClusterLoadAssignment {
 	out := shallowWithout(cla, claEndpointsField).(*endpointv3.ClusterLoadAssignment)
 	out.Endpoints = make([]*endpointv3.LocalityLbEndpoints, len(cla.Endpoints))
 	for i, loc := range cla.Endpoints {
-		l := shallowWithout(loc, localityLbEndpoints).(*endpointv3.LocalityLbEndpoints)
-		l.LbEndpoints = make([]*endpointv3.LbEndpoint, len(loc.LbEndpoints))
-		for j, lb := range loc.LbEndpoints {
-			d, ok := fs.lbs[lb]
-			if !ok {
-				d = fs.lb(lb)
-			}
-			next[lb] = d
-			l.LbEndpoints[j] = d
+		lbs, err := translator.LbEndpoints(loc)
+		if err != nil {
+			out.Endpoints[i] = loc
+			continue
 		}
+		l := shallowWithout(loc, localityLbEndpoints).(*endpointv3.LocalityLbEndpoints)
+		enc := make([][]byte, len(lbs))
+		for j, lb := range lbs {
+			if enc[j], err = deterministic.Marshal(fs.lb(lb)); err != nil {
+				break
+			}
+		}
+		if err != nil {
+			out.Endpoints[i] = loc
+			continue
+		}
+		translator.SetEncoded(l, enc)
 		out.Endpoints[i] = l
 	}
 	return out

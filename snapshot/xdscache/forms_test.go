@@ -57,7 +57,7 @@ func TestFormsGolden(t *testing.T) {
 		fs := &formState{form: f}
 		ds, dv := fs.derive(snap, versions)
 		res := ds.GetResources(resource.EndpointType)
-		got := res["transcode"].(*endpointv3.ClusterLoadAssignment)
+		got := translator.Expand(res["transcode"].(*endpointv3.ClusterLoadAssignment))
 		if err := got.ValidateAll(); err != nil {
 			t.Fatalf("%s: %v", f, err)
 		}
@@ -65,7 +65,7 @@ func TestFormsGolden(t *testing.T) {
 		if v := dv[resource.EndpointType]["transcode"]; v != "e1-"+string(f) {
 			t.Errorf("%s: version %q", f, v)
 		}
-		want := proto.Clone(cla).(*endpointv3.ClusterLoadAssignment)
+		want := translator.Expand(cla)
 		if len(want.Endpoints) < 2 {
 			t.Fatal("the golden fleet has one locality: localities other than the first are not " +
 				"exercised")
@@ -91,5 +91,44 @@ func TestFormsGolden(t *testing.T) {
 		}
 		size := func(m proto.Message) int { return proto.Size(m) }
 		t.Logf("%s: %d of %d bytes (%d localities)", f, size(got), size(cla), len(cla.Endpoints))
+	}
+}
+
+// A derivation derives again only the load assignments whose content
+// version changed; what it keeps and what it derives anew are what a
+// derivation from nothing gives.
+func TestADerivationKeepsWhatDidNotChange(t *testing.T) {
+	d, _ := health.NewDispatcher("", nil)
+	fleet := fleettest.GoldenFleet()
+	build := func(task string, es []health.Executor) *endpointv3.ClusterLoadAssignment {
+		return translator.Endpoints(task, es, d)
+	}
+	snapOf := func(a, b *endpointv3.ClusterLoadAssignment, va, vb string) (*cache.Snapshot,
+		map[string]map[string]string) {
+		snap := &cache.Snapshot{}
+		snap.Resources[types.Endpoint] = cache.NewResources("v", []types.Resource{a, b})
+		return snap, map[string]map[string]string{resource.EndpointType: {"a": va, "b": vb}}
+	}
+	for _, f := range []EndpointMetadata{MetadataSession, MetadataNone} {
+		fs := &formState{form: f}
+		first, _ := fs.derive(snapOf(build("a", fleet), build("b", fleet), "a1", "b1"))
+		next, _ := fs.derive(snapOf(build("a", fleet), build("b", fleet[1:]), "a1", "b2"))
+		was, now := first.GetResources(resource.EndpointType),
+			next.GetResources(resource.EndpointType)
+		if was["a"] != now["a"] {
+			t.Errorf("%s: a load assignment whose version did not change was derived again", f)
+		}
+		if was["b"] == now["b"] {
+			t.Fatalf("%s: a load assignment whose version changed was kept", f)
+		}
+		fresh, _ := (&formState{form: f}).derive(snapOf(build("a", fleet), build("b", fleet[1:]),
+			"a1", "b2"))
+		for _, name := range []string{"a", "b"} {
+			got := now[name].(*endpointv3.ClusterLoadAssignment)
+			want := fresh.GetResources(resource.EndpointType)[name].(*endpointv3.ClusterLoadAssignment)
+			if !proto.Equal(translator.Expand(got), translator.Expand(want)) {
+				t.Errorf("%s: %s differs from a derivation from nothing", f, name)
+			}
+		}
 	}
 }

@@ -2,14 +2,11 @@ package xdscache
 
 import (
 	"sort"
-	"strings"
 	"sync"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
-	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
-	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -40,10 +37,12 @@ type groupState struct {
 // replica sends the same bytes) for every stream and group that sends it.
 type anyMemo struct {
 	byKey map[string]*anypb.Any // type URL, name, version
-	// Load assignments are encoded incrementally: one encoder per group and
-	// name, since each group's Builder keeps its own endpoint messages.
-	encoders map[string]*claEncoder
 }
+
+// deterministic marshals as every replica does. A load assignment costs a
+// copy of its endpoints' encodings: the Builder holds them encoded
+// (translator/encoded.go), so none is marshalled again.
+var deterministic = proto.MarshalOptions{Deterministic: true}
 
 // marshalled returns the resource as an Any, marshalling it only the first
 // time its version is sent; c.mu is held.
@@ -52,19 +51,7 @@ func (st *groupState) marshalled(typeURL, name, version string, r proto.Message)
 	if a, ok := st.anys.byKey[key]; ok {
 		return a
 	}
-	var b []byte
-	var err error
-	if cla, ok := r.(*endpointv3.ClusterLoadAssignment); ok {
-		ek := st.group + "\x00" + name
-		enc := st.anys.encoders[ek]
-		if enc == nil {
-			enc = &claEncoder{}
-			st.anys.encoders[ek] = enc
-		}
-		b, err = enc.marshal(cla)
-	} else {
-		b, err = deterministic.Marshal(r)
-	}
+	b, err := deterministic.Marshal(r)
 	if err != nil {
 		return nil // validated protos always marshal
 	}
@@ -132,7 +119,7 @@ func newWatchCache(groupOf func(*corev3.Node) string) *watchCache {
 		snaps:   map[string]*groupState{},
 		watches: map[string]map[int64]sotwWatch{},
 		deltas:  map[string]map[int64]deltaWatch{},
-		anys:    anyMemo{byKey: map[string]*anypb.Any{}, encoders: map[string]*claEncoder{}},
+		anys:    anyMemo{byKey: map[string]*anypb.Any{}},
 	}
 }
 
@@ -166,7 +153,6 @@ func (c *watchCache) set(group string, snap *cache.Snapshot, versions map[string
 		changed = changedNames(prev.versions, versions)
 	}
 	c.snaps[group] = st
-	c.forgetEncoders(group, versions[resource.EndpointType])
 	c.pruneAnys()
 	for id, w := range c.watches[group] {
 		if prev != nil && !changed[w.req.GetTypeUrl()].touches(w.sub) {
@@ -267,19 +253,7 @@ func (c *watchCache) clear(group string) {
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	delete(c.snaps, group)
-	c.forgetEncoders(group, nil)
 	c.pruneAnys()
-}
-
-// forgetEncoders drops the encoders of group's load assignments that its
-// snapshot no longer has (all of them for versions nil); c.mu is held.
-func (c *watchCache) forgetEncoders(group string, versions map[string]string) {
-	for k := range c.anys.encoders {
-		g, name, _ := strings.Cut(k, "\x00")
-		if _, ok := versions[name]; g == group && !ok {
-			delete(c.anys.encoders, k)
-		}
-	}
 }
 
 // pruneAnys forgets marshalled resources no group serves any more; c.mu is held.
