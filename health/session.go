@@ -103,9 +103,10 @@ func ValidateSessionQuery(instanceID, sessionID string) error {
 // replaced session is still answered STALE (with its successor) rather than
 // UNKNOWN. Sessions a present registration names in its replaces meta are
 // older than it: they answer STALE too, though this index never saw them
-// (after a restart, on a new replica).
+// (after a restart, on a new replica). The index keeps past: the caller
+// must not write to it afterwards.
 func IndexSessions(es []Executor, past []PastSession) SessionIndex {
-	ix := SessionIndex{past: slices.Clone(past)} // the caller's list changes later
+	ix := SessionIndex{past: past} // shared: the caller never writes a list it handed over
 	for _, p := range past {
 		for _, t := range p.Tasks { // a namer gone is still newer than what it named
 			ix.named(p.InstanceID, p.Replaces,

@@ -178,13 +178,14 @@ func (m *taskMembership) apply(
 		next.entries[memberKey{n.Node, n.ServiceID}] = entrySeen{print: printOf(n), at: -1}
 	}
 	fresh := make(map[memberKey]health.Member, len(entries))
+	in := interner{}
 	for _, e := range entries {
 		if e.Node == nil || e.Service == nil {
 			continue
 		}
 		k := memberKey{e.Node.Node, e.Service.ID}
 		if _, ok := next.entries[k]; ok {
-			fresh[k] = member(task, e)
+			fresh[k] = member(task, e, in)
 		}
 	}
 	stale := make(map[memberKey]bool, len(changed))

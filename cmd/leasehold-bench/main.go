@@ -232,6 +232,48 @@ func (s *served) heap() int64 {
 	return 0
 }
 
+// memDetail is where the process's memory is, for the log: the runtime's
+// own accounts (after a forced GC) and its goroutines, whose stacks are in
+// the RSS but not in the heap.
+func (s *served) memDetail() string {
+	stats := map[string]int64{}
+	if resp, err := http.Get("http://" + s.admin + "/debug/pprof/heap?gc=1&debug=1"); err == nil {
+		sc := bufio.NewScanner(resp.Body)
+		sc.Buffer(make([]byte, 1<<20), 1<<20)
+		for sc.Scan() {
+			// "# Name = n", or "# Name = in use / from the system"
+			k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "# "), " = ")
+			v, _, _ = strings.Cut(v, " /")
+			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); ok && err == nil {
+				stats[k] = n
+			}
+		}
+		resp.Body.Close()
+	}
+	goroutines := "?"
+	if resp, err := http.Get("http://" + s.admin + "/debug/pprof/goroutine?debug=1"); err == nil {
+		sc := bufio.NewScanner(resp.Body)
+		if sc.Scan() {
+			goroutines = strings.TrimPrefix(sc.Text(), "goroutine profile: total ")
+		}
+		resp.Body.Close()
+	}
+	rss := map[string]int64{}
+	if b, err := os.ReadFile(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid)); err == nil {
+		for _, line := range strings.Split(string(b), "\n") {
+			if k, v, ok := strings.Cut(line, ":"); ok && strings.HasPrefix(k, "Rss") {
+				n, _ := strconv.ParseInt(strings.Fields(v + " 0")[0], 10, 64)
+				rss[k] = n
+			}
+		}
+	}
+	mb := func(k string) string { return kb(stats[k] / 1024) }
+	return fmt.Sprintf("heap in use %s, idle %s (released %s), stacks %s, the collector's %s; "+
+		"%s goroutines; RSS anonymous %s, of files (the binary) %s", mb("HeapInuse"),
+		mb("HeapIdle"), mb("HeapReleased"), mb("Stack"), mb("GCSys"), goroutines,
+		kb(rss["RssAnon"]), kb(rss["RssFile"]))
+}
+
 // saveHeap writes the heap profile after a forced GC to path (go tool pprof
 // -sample_index=inuse_space: what the bytes measured are).
 func (s *served) saveHeap(path string) error {
@@ -249,7 +291,11 @@ func (s *served) saveHeap(path string) error {
 }
 
 // rss reads the process's resident set size in KB.
-func (s *served) rss() int64 {
+func (s *served) rss() int64 { return s.status("VmRSS") }
+
+// status reads a size in KB from the process's /proc status (VmRSS, VmHWM:
+// the peak resident set size).
+func (s *served) status(field string) int64 {
 	f, err := os.Open(fmt.Sprintf("/proc/%d/status", s.cmd.Process.Pid))
 	if err != nil {
 		return 0
@@ -257,7 +303,7 @@ func (s *served) rss() int64 {
 	defer f.Close()
 	sc := bufio.NewScanner(f)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "VmRSS:"); ok {
+		if v, ok := strings.CutPrefix(sc.Text(), field+":"); ok {
 			n, _ := strconv.ParseInt(strings.Fields(v)[0], 10, 64)
 			return n
 		}
@@ -613,6 +659,9 @@ type results struct {
 	cpuPerStream           time.Duration
 	reqPerChange           float64
 	rssIdle, rssStreams    int64
+	// rssAfter is the RSS after the lapses and fan-outs, rssPeak the
+	// highest since the start (VmHWM: the fleet's first read included).
+	rssAfter, rssPeak int64
 	heapIdle, heapStreams  int64
 	// rssSet and heapSet are measured with one stream per task type: the
 	// constraint set's xDS state built, before the other streams connect.
@@ -853,6 +902,11 @@ func (res results) costRows(b *strings.Builder) {
 			"≤ 100 MB total at 1,000 streams + 10,000 executors |\n",
 		res.executors, streams, kb(res.rssIdle), kb(res.rssSet), kb(res.rssStreams),
 		perStream(res.rssSet, res.rssStreams))
+	if res.rssPeak > 0 {
+		fmt.Fprintf(b, "| RSS of `leasehold serve` after the lapses and fan-outs; its peak since it "+
+			"started (VmHWM, the first read of the fleet included) | %s; %s | ≤ 100 MB |\n",
+			kb(res.rssAfter), kb(res.rssPeak))
+	}
 	fmt.Fprintf(b,
 		"| Go heap after GC: the same three | %s → %s → %s (%.2f KB per executor with no "+
 			"stream, the process's base included; the constraint set's xDS state %.2f KB per "+

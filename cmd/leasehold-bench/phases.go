@@ -289,6 +289,7 @@ func (b *bench) connectDispatchers() error {
 	}
 	logf("%d dispatcher streams connected; RSS %s, Go heap %s (idle: %s)",
 		*dispatchers, kb(b.res.rssStreams), kb(b.res.heapStreams), kb(b.res.heapIdle))
+	logf("memory of leasehold serve: %s", b.srv.memDetail())
 	return nil
 }
 
@@ -327,6 +328,9 @@ func (b *bench) leaseholdLapses() error {
 	}
 	<-profiled
 	logf("lapse → stop over %d lapses: %s", len(b.res.lapse), dist(b.res.lapse))
+	b.res.rssAfter, b.res.rssPeak = b.srv.rss(), b.srv.status("VmHWM")
+	logf("RSS of leasehold serve after the lapses and fan-outs %s, its peak %s",
+		kb(b.res.rssAfter), kb(b.res.rssPeak))
 	b.res.lastBeat = b.fleet.heartbeatRTTs(victims)
 	logf("the victims' last heartbeat round trips (the expiry instant's uncertainty): %s",
 		dist(b.res.lastBeat))

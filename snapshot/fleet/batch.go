@@ -59,10 +59,12 @@ type taskState struct {
 func newTaskState(tm *health.TaskMembers) *taskState {
 	n := len(tm.Members)
 	ts := &taskState{
-		tm:       tm,
-		execs:    make([]health.Executor, n),
-		prints:   make([]uint64, n),
-		checks:   make(map[checkRef][]int32, 2*n),
+		tm:     tm,
+		execs:  make([]health.Executor, n),
+		prints: make([]uint64, n),
+		// A member's own lease check and its node's checks, which its
+		// node's other members share: about one entry per member.
+		checks:   make(map[checkRef][]int32, n),
 		insts:    make(map[string][]int32, n),
 		nodes:    map[string][]int32{},
 		services: make(map[checkRef][]int32, n),

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"reflect"
 	"runtime"
 	"strconv"
 	"testing"
@@ -508,5 +509,43 @@ func TestChurnDoesNotGrowMemory(t *testing.T) {
 	}
 	if st := h.s.View().Sessions().Check("inst-5", "s-5"); st.State != health.SessionUnknown {
 		t.Fatalf("a session gone past the retention answers %s", st.State)
+	}
+}
+
+// TestAViewsAnswersDoNotChangeWithTheHistory: the session indexes share the
+// history's lists (a list is never written once set), so a view taken while
+// a session was answered from the history alone still answers as it did
+// when it was taken after that session comes back and lapses, while the
+// next view answers LAPSED.
+func TestAViewsAnswersDoNotChangeWithTheHistory(t *testing.T) {
+	h := startSyncer(t)
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work")
+	h.nonPassing()
+	s1 := fleettest.Member("work", "x", "s1", 1, 9001, "1.0.0", health.StatusPassing, 4)
+	y1 := fleettest.Member("work", "y", "y1", 1, 9101, "1.0.0", health.StatusPassing, 5)
+	h.members("work", s1, y1)
+	h.settle()
+	h.members("work", y1) // s1's registration gone: answered from the history
+	gone := h.settle()
+	was := gone.Sessions().Check("x", "s1")
+	if was.State == health.SessionLapsed || was.State == health.SessionCurrent {
+		t.Fatalf("s1 gone without a lapse: %s", was.State)
+	}
+	var lease health.CheckState
+	for _, c := range s1.Checks {
+		if c.ServiceID != "" {
+			lease = c
+		}
+	}
+	lease.Status = health.StatusCritical
+	h.nonPassing(lease)
+	h.members("work", s1, y1) // back, its lease critical
+	if st := h.settle().Sessions().Check("x", "s1"); st.State != health.SessionLapsed {
+		t.Fatalf("s1 back with its lease critical: %s, want LAPSED", st.State)
+	}
+	if st := gone.Sessions().Check("x", "s1"); !reflect.DeepEqual(st, was) {
+		t.Fatalf("the view taken while s1 was gone answered %s (%s), now %s (%s)", was.State,
+			was.Detail, st.State, st.Detail)
 	}
 }
