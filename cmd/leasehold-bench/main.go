@@ -661,8 +661,8 @@ type results struct {
 	rssIdle, rssStreams    int64
 	// rssAfter is the RSS after the lapses and fan-outs, rssPeak the
 	// highest since the start (VmHWM: the fleet's first read included).
-	rssAfter, rssPeak int64
-	heapIdle, heapStreams  int64
+	rssAfter, rssPeak     int64
+	heapIdle, heapStreams int64
 	// rssSet and heapSet are measured with one stream per task type: the
 	// constraint set's xDS state built, before the other streams connect.
 	rssSet, heapSet int64
