@@ -4,6 +4,7 @@ import (
 	"errors"
 	"fmt"
 	"slices"
+	"strconv"
 )
 
 // Executor is one registration as leasehold sees it: the contract fields
@@ -157,8 +158,8 @@ func Eligible(e Executor, d Dispatcher) Verdict { return EligibleObserving(e, d,
 // metadata and fenced always exclude, whatever observe holds.
 func EligibleObserving(e Executor, d Dispatcher, observe []Reason) Verdict {
 	var observed []Exclusion
-	for _, rule := range rules {
-		v, excluded := rule(&e, d)
+	for i := range ruleCount {
+		v, excluded := rule(i, &e, d)
 		if !excluded {
 			continue
 		}
@@ -172,110 +173,154 @@ func EligibleObserving(e Executor, d Dispatcher, observe []Reason) Verdict {
 	return Verdict{Route: RouteHealthy, Observed: observed}
 }
 
-// rules in order; each reports its verdict and whether it excludes.
-var rules = []func(e *Executor, d Dispatcher) (Verdict, bool){
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.Err != nil {
-			return Verdict{Route: RouteNone, Reason: ReasonBadMetadata, Detail: e.Err.Error()}, true
-		}
+// rules in order: rule i reports its verdict and whether it excludes. A
+// switch of direct calls, not a slice of functions: through a function value
+// the executor escapes, and every decision copied it to the heap (440 bytes:
+// at 10,000 executors, 4.4 MB per decision of the fleet, which the executors
+// gauge makes at every collection; TestEligibleAllocatesNothingForARoutedExecutor).
+// The last rule's table test fails when ruleCount is short of the cases.
+const ruleCount = 12
+
+func rule(i int, e *Executor, d Dispatcher) (Verdict, bool) {
+	switch i {
+	case 0:
+		return badMetadataRule(e, d)
+	case 1:
+		return unconfirmedRule(e, d)
+	case 2:
+		return addressRule(e, d)
+	case 3:
+		return leaseRule(e, d)
+	case 4:
+		return reachRule(e, d)
+	case 5:
+		return healthRule(e, d)
+	case 6:
+		return fencedRule(e, d)
+	case 7:
+		return versionRule(e, d)
+	case 8:
+		return labelsRule(e, d)
+	case 9:
+		return cordonRule(e, d)
+	case 10:
+		return drainingRule(e, d)
+	case 11:
+		return fullRule(e, d)
+	}
+	panic("no rule " + strconv.Itoa(i)) // ruleCount is wrong: every decision fails
+}
+
+func badMetadataRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	if e.Err != nil {
+		return Verdict{Route: RouteNone, Reason: ReasonBadMetadata, Detail: e.Err.Error()}, true
+	}
+	return Verdict{}, false
+}
+
+func unconfirmedRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	if e.Unconfirmed != "" {
+		return Verdict{Route: RouteNone, Reason: ReasonUnconfirmed, Detail: e.Unconfirmed}, true
+	}
+	return Verdict{}, false
+}
+
+func leaseRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	lapsed := func(detail string) (Verdict, bool) {
+		return Verdict{Route: RouteNone, Reason: ReasonLapsed, Detail: detail}, true
+	}
+	switch {
+	case e.LapseSeen:
+		return lapsed("session " + e.SessionID + " was seen lapsed; a resumed process must " +
+			"register a new session")
+	case !e.LeaseFound:
+		// Not "lapsed", which is final: a missing check is no proof
+		// the lease ended, and the session is answered UNKNOWN.
+		return Verdict{Route: RouteNone, Reason: ReasonNoLease,
+			Detail: "no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task) +
+				" of this session: not routed, and the fencing API answers it UNKNOWN"}, true
+	case e.LeaseStatus == StatusCritical:
+		return lapsed("lease check critical")
+	case e.NodeFailed:
+		return lapsed("node " + e.Node + " failed (serfHealth critical): Consul lost contact " +
+			"with its agent")
+	case e.LeaseStatus != StatusPassing && e.LeaseStatus != StatusWarning:
+		return lapsed(fmt.Sprintf("lease check status %q", e.LeaseStatus))
+	}
+	return Verdict{}, false
+}
+
+func reachRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	if e.Reach == Lost {
+		return Verdict{Route: RouteNone, Reason: ReasonUnreachable, Detail: e.ReachDetail}, true
+	}
+	return Verdict{}, false
+}
+
+func healthRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	if (e.NodeChecks != "" && e.NodeChecks != StatusPassing) ||
+		(e.Other != "" && e.Other != StatusPassing) {
+		return Verdict{Route: RouteNone, Reason: ReasonUnhealthy,
+			Detail: fmt.Sprintf("node checks %q, other service checks %q", e.NodeChecks,
+				e.Other)}, true
+	}
+	return Verdict{}, false
+}
+
+func fencedRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	if e.Fenced {
+		return Verdict{Route: RouteNone, Reason: ReasonFenced,
+			Detail: fmt.Sprintf("session %s (generation %d) is newer", e.NewerSessionID,
+				e.NewerGeneration)}, true
+	}
+	return Verdict{}, false
+}
+
+func versionRule(e *Executor, d Dispatcher) (Verdict, bool) {
+	if !d.versionOK(&e.Registration) {
+		return Verdict{Route: RouteNone, Reason: ReasonVersion,
+			Detail: fmt.Sprintf("version %s does not satisfy %q", e.Version,
+				d.VersionConstraint)}, true
+	}
+	return Verdict{}, false
+}
+
+func labelsRule(e *Executor, d Dispatcher) (Verdict, bool) {
+	ok, k := d.labelsOK(e.Labels)
+	if ok {
 		return Verdict{}, false
-	},
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.Unconfirmed != "" {
-			return Verdict{Route: RouteNone, Reason: ReasonUnconfirmed, Detail: e.Unconfirmed}, true
-		}
-		return Verdict{}, false
-	},
-	addressRule, // address.go
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		lapsed := func(detail string) (Verdict, bool) {
-			return Verdict{Route: RouteNone, Reason: ReasonLapsed, Detail: detail}, true
-		}
-		switch {
-		case e.LapseSeen:
-			return lapsed("session " + e.SessionID + " was seen lapsed; a resumed process must " +
-				"register a new session")
-		case !e.LeaseFound:
-			// Not "lapsed", which is final: a missing check is no proof
-			// the lease ended, and the session is answered UNKNOWN.
-			return Verdict{Route: RouteNone, Reason: ReasonNoLease,
-				Detail: "no lease check " + CheckID(e.InstanceID, e.SessionID, e.Task) +
-					" of this session: not routed, and the fencing API answers it UNKNOWN"}, true
-		case e.LeaseStatus == StatusCritical:
-			return lapsed("lease check critical")
-		case e.NodeFailed:
-			return lapsed("node " + e.Node + " failed (serfHealth critical): Consul lost contact " +
-				"with its agent")
-		case e.LeaseStatus != StatusPassing && e.LeaseStatus != StatusWarning:
-			return lapsed(fmt.Sprintf("lease check status %q", e.LeaseStatus))
-		}
-		return Verdict{}, false
-	},
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.Reach == Lost {
-			return Verdict{Route: RouteNone, Reason: ReasonUnreachable, Detail: e.ReachDetail}, true
-		}
-		return Verdict{}, false
-	},
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if (e.NodeChecks != "" && e.NodeChecks != StatusPassing) ||
-			(e.Other != "" && e.Other != StatusPassing) {
-			return Verdict{Route: RouteNone, Reason: ReasonUnhealthy,
-				Detail: fmt.Sprintf("node checks %q, other service checks %q", e.NodeChecks,
-					e.Other)}, true
-		}
-		return Verdict{}, false
-	},
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.Fenced {
-			return Verdict{Route: RouteNone, Reason: ReasonFenced,
-				Detail: fmt.Sprintf("session %s (generation %d) is newer", e.NewerSessionID,
-					e.NewerGeneration)}, true
-		}
-		return Verdict{}, false
-	},
-	func(e *Executor, d Dispatcher) (Verdict, bool) {
-		if !d.versionOK(&e.Registration) {
-			return Verdict{Route: RouteNone, Reason: ReasonVersion,
-				Detail: fmt.Sprintf("version %s does not satisfy %q", e.Version,
-					d.VersionConstraint)}, true
-		}
-		return Verdict{}, false
-	},
-	func(e *Executor, d Dispatcher) (Verdict, bool) {
-		ok, k := d.labelsOK(e.Labels)
-		if ok {
-			return Verdict{}, false
-		}
-		have, present := e.Labels[k]
-		if !present {
-			return Verdict{Route: RouteNone, Reason: ReasonLabels,
-				Detail: fmt.Sprintf("label %s missing, want %q", k, d.Labels[k])}, true
-		}
+	}
+	have, present := e.Labels[k]
+	if !present {
 		return Verdict{Route: RouteNone, Reason: ReasonLabels,
-			Detail: fmt.Sprintf("label %s=%q, want %q", k, have, d.Labels[k])}, true
-	},
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.CordonID != "" {
-			return Verdict{Route: RouteDraining, Reason: ReasonCordoned,
-				Detail: "cordoned by an operator (" + e.CordonID + "): " + e.CordonReason}, true
-		}
-		return Verdict{}, false
-	},
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.State == StateDraining {
-			return Verdict{Route: RouteDraining, Reason: ReasonDraining,
-				Detail: "executor is draining: in-flight work finishes, no new work"}, true
-		}
-		return Verdict{}, false
-	},
-	func(e *Executor, _ Dispatcher) (Verdict, bool) {
-		if e.LeaseStatus == StatusWarning {
-			return Verdict{Route: RouteNone, Reason: ReasonFull,
-				Detail: fmt.Sprintf("full (load %d of capacity %d)", e.Load, e.Capacity)}, true
-		}
-		return Verdict{}, false
-	},
+			Detail: fmt.Sprintf("label %s missing, want %q", k, d.Labels[k])}, true
+	}
+	return Verdict{Route: RouteNone, Reason: ReasonLabels,
+		Detail: fmt.Sprintf("label %s=%q, want %q", k, have, d.Labels[k])}, true
+}
+
+func cordonRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	if e.CordonID != "" {
+		return Verdict{Route: RouteDraining, Reason: ReasonCordoned,
+			Detail: "cordoned by an operator (" + e.CordonID + "): " + e.CordonReason}, true
+	}
+	return Verdict{}, false
+}
+
+func drainingRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	if e.State == StateDraining {
+		return Verdict{Route: RouteDraining, Reason: ReasonDraining,
+			Detail: "executor is draining: in-flight work finishes, no new work"}, true
+	}
+	return Verdict{}, false
+}
+
+func fullRule(e *Executor, _ Dispatcher) (Verdict, bool) {
+	if e.LeaseStatus == StatusWarning {
+		return Verdict{Route: RouteNone, Reason: ReasonFull,
+			Detail: fmt.Sprintf("full (load %d of capacity %d)", e.Load, e.Capacity)}, true
+	}
+	return Verdict{}, false
 }
 
 // Fence marks every executor whose session is older than the newest session

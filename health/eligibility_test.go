@@ -139,6 +139,26 @@ func fenced(es []Executor) []string {
 	return out
 }
 
+// Deciding a routed executor allocates nothing: the rules are direct calls,
+// so the executor (440 bytes) stays on the stack. The executors gauge and
+// every full build decide the whole fleet.
+func TestEligibleAllocatesNothingForARoutedExecutor(t *testing.T) {
+	e := exec(nil)
+	// As the watch reads it: its version parsed with the rest.
+	reg, err := ParseRegistration(e.Task, e.Address, e.Port, e.Meta())
+	if err != nil {
+		t.Fatal(err)
+	}
+	e.Registration = reg
+	d := mustDispatcher(t, ">=1.0.0", map[string]string{"zone": "eu-1"})
+	if v := Eligible(e, d); v.Route != RouteHealthy {
+		t.Fatalf("the executor is not routed: %+v", v)
+	}
+	if n := testing.AllocsPerRun(100, func() { _ = EligibleObserving(e, d, nil) }); n != 0 {
+		t.Fatalf("%.0f allocations per decision", n)
+	}
+}
+
 func TestFence(t *testing.T) {
 	tests := []struct {
 		name string

@@ -101,9 +101,13 @@ var (
 		"file to write the results into (empty: stdout only)")
 	profile = flag.String("profile", "",
 		"write a CPU profile of leasehold serve during the lapses to this file")
+	serveEnv = flag.String("serve-env", "",
+		"KEY=VALUE[,…] set for leasehold serve alone (e.g. GOGC=50 or GOMEMLIMIT=70MiB: the "+
+			"collector's settings, measured without changing the harness's own)")
 	heapOut = flag.String("heap-profile", "",
 		"write heap profiles of leasehold serve once the fleet is read (FILE.idle) and once "+
-			"the streams hold it (FILE.streams)")
+			"the streams hold it (FILE.streams), and after the lapses (FILE.lapses; "+
+			"-diff_base FILE.streams -sample_index=alloc_space: what the lapses allocated)")
 	traceOut = flag.String("trace", "",
 		"write an execution trace of leasehold serve during the lapses to this file (and "+
 			"during the fan-out to FILE.fanout) "+
@@ -176,6 +180,9 @@ func startServe(consulAddr string) (*served, error) {
 		"--xds-addr", xds, "--admin-addr", admin, "--log-level", "warn",
 		"--shard-size", strconv.Itoa(*shardSize))
 	cmd.Stdout, cmd.Stderr = os.Stderr, os.Stderr
+	if *serveEnv != "" {
+		cmd.Env = append(os.Environ(), strings.Split(*serveEnv, ",")...)
+	}
 	if err := cmd.Start(); err != nil {
 		return nil, fmt.Errorf("start %s (make bench builds it): %w", *leaseholdBin, err)
 	}

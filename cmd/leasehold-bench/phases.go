@@ -329,6 +329,11 @@ func (b *bench) leaseholdLapses() error {
 	<-profiled
 	logf("lapse → stop over %d lapses: %s", len(b.res.lapse), dist(b.res.lapse))
 	b.res.rssAfter, b.res.rssPeak = b.srv.rss(), b.srv.status("VmHWM")
+	if *heapOut != "" {
+		if err := b.srv.saveHeap(*heapOut + ".lapses"); err != nil {
+			return fmt.Errorf("heap profile: %w", err)
+		}
+	}
 	logf("RSS of leasehold serve after the lapses and fan-outs %s, its peak %s",
 		kb(b.res.rssAfter), kb(b.res.rssPeak))
 	b.res.lastBeat = b.fleet.heartbeatRTTs(victims)

@@ -88,23 +88,7 @@ func (s *Syncer) initTelemetry() {
 		metric.WithDescription("registrations by task, state and verdict for an unconstrained "+
 			"dispatcher"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			v := s.View()
-			type key struct{ task, state, verdict string }
-			counts := map[key]int64{}
-			verdicts := v.DecideAll(health.Dispatcher{})
-			for i, e := range v.Executors() {
-				verdict := verdicts[i]
-				reason := string(verdict.Reason)
-				if reason == "" {
-					reason = "eligible"
-				}
-				state := string(e.State)
-				if e.Err != nil {
-					state = "unknown"
-				}
-				counts[key{e.Task, state, reason}]++
-			}
-			for k, n := range counts {
+			for k, n := range s.View().gauges().executors {
 				o.Observe(n,
 					metric.WithAttributes(attribute.String("task", k.task),
 						attribute.String("state", k.state), attribute.String("verdict", k.verdict)))
@@ -117,7 +101,7 @@ func (s *Syncer) initTelemetry() {
 			"old: Consul syncs an output-only change every check_update_interval); "+
 			"load_unreported, the capacity of those whose output carried no load yet"),
 		metric.WithInt64Callback(func(_ context.Context, o metric.Int64Observer) error {
-			for task, c := range capacityByTask(s.View().Executors()) {
+			for task, c := range s.View().gauges().capacity {
 				for kind, n := range map[string]int64{"total": c.total, "in_use": c.inUse,
 					"load_unreported": c.unreported} {
 					o.Observe(n, metric.WithAttributes(attribute.String("task", task),
@@ -287,6 +271,48 @@ type taskCapacity struct{ total, inUse, unreported int64 }
 // valid). An executor whose lease check output carried no load yet (a new
 // one's reaches the catalog only with Consul's next output sync) adds its
 // capacity to unreported, not 0 to in_use: a silent 0 would read as idle.
+// fleetGauges are the executors and capacity gauges' values of one view.
+// A view is immutable, so they are computed once per view, on the first
+// collection that asks (a collection of an unchanged view decides nothing
+// again), and per task type, without the view's flat list: at 10,000
+// executors each collection used to allocate ~35 MB.
+type fleetGauges struct {
+	executors map[executorsKey]int64
+	capacity  map[string]taskCapacity
+}
+
+type executorsKey struct{ task, state, verdict string }
+
+func (v *View) gauges() *fleetGauges {
+	v.gaugesOnce.Do(func() {
+		g := &fleetGauges{executors: map[executorsKey]int64{}, capacity: map[string]taskCapacity{}}
+		var d health.Dispatcher // unconstrained
+		for _, es := range v.byTask {
+			verdicts := v.decideEach(es, d)
+			for i := range es {
+				e := &es[i]
+				reason := string(verdicts[i].Reason)
+				if reason == "" {
+					reason = "eligible"
+				}
+				state := string(e.State)
+				if e.Err != nil {
+					state = "unknown"
+				}
+				g.executors[executorsKey{e.Task, state, reason}]++
+			}
+			for task, c := range capacityByTask(es) {
+				t := g.capacity[task]
+				t.total, t.inUse, t.unreported = t.total+c.total, t.inUse+c.inUse,
+					t.unreported+c.unreported
+				g.capacity[task] = t
+			}
+		}
+		v.gaugeValues = g
+	})
+	return v.gaugeValues
+}
+
 func capacityByTask(executors []health.Executor) map[string]taskCapacity {
 	out := map[string]taskCapacity{}
 	for _, e := range executors {

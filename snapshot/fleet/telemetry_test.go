@@ -4,6 +4,7 @@ import (
 	"context"
 	"io"
 	"log/slog"
+	"maps"
 	"testing"
 
 	"go.opentelemetry.io/otel/attribute"
@@ -139,5 +140,46 @@ func TestRulesInfoIsTheVersionInForce(t *testing.T) {
 	h.publish()
 	if got := rulesInfo(t, reader); len(got) != 1 || got[defaults] != 1 {
 		t.Fatalf("rules removed: %v, want only {%s: 1}", got, defaults)
+	}
+}
+
+// The executors and capacity gauges' values are a view's: counted per task
+// type and verdict once per view (a second collection of the same view
+// counts nothing again), and the next view counts its own.
+func TestGaugesAreAViewsCountedOnce(t *testing.T) {
+	h := startSyncer(t)
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work", "other")
+	h.nonPassing()
+	a := fleettest.Member("work", "a", "s1", 1, 9001, "1.0.0", health.StatusPassing, 4)
+	b := fleettest.Member("work", "b", "s1", 1, 9002, "1.0.0", health.StatusWarning, 5)
+	c := fleettest.Member("other", "c", "s1", 1, 9003, "1.0.0", health.StatusPassing, 6)
+	h.members("work", a, b)
+	h.members("other", c)
+	var lease health.CheckState
+	for _, ch := range b.Checks {
+		if ch.ServiceID != "" {
+			lease = ch
+		}
+	}
+	lease.Status = health.StatusWarning
+	h.nonPassing(lease)
+	v := h.settle()
+	g := v.gauges()
+	want := map[executorsKey]int64{{"work", "active", "eligible"}: 1,
+		{"work", "active", string(health.ReasonFull)}: 1, {"other", "active", "eligible"}: 1}
+	if !maps.Equal(g.executors, want) {
+		t.Fatalf("executors %v, want %v", g.executors, want)
+	}
+	if g.capacity["work"].total == 0 || g.capacity["other"].total == 0 {
+		t.Fatalf("capacity %+v", g.capacity)
+	}
+	if v.gauges() != g {
+		t.Fatal("the same view counted again")
+	}
+	h.members("other")
+	next := h.settle()
+	if n := next.gauges().executors[executorsKey{"other", "active", "eligible"}]; n != 0 {
+		t.Fatalf("the next view still counts c: %d", n)
 	}
 }

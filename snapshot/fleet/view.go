@@ -39,8 +39,11 @@ type View struct {
 	shards   map[string]int      // per task type: its shards for sets taking weighted clusters
 	flatOnce sync.Once
 	flat     []health.Executor
-	sessions Sessions
-	changed  chan struct{}
+	// The gauges' values (telemetry.go), computed on first use.
+	gaugesOnce  sync.Once
+	gaugeValues *fleetGauges
+	sessions    Sessions
+	changed     chan struct{}
 }
 
 // NewView is a view of a fixed set of executors, decided by nothing (for
@@ -233,7 +236,11 @@ func (v *View) Decide(e health.Executor, d health.Dispatcher) health.Verdict {
 // Executors) for constraint set d: what the xDS resources of this view were
 // built with, duplicate-address exclusions included.
 func (v *View) DecideAll(d health.Dispatcher) []health.Verdict {
-	es := v.Executors()
+	return v.decideEach(v.Executors(), d)
+}
+
+// decideEach is DecideAll over es, executors of this view.
+func (v *View) decideEach(es []health.Executor, d health.Dispatcher) []health.Verdict {
 	vs := make([]health.Verdict, len(es))
 	for i, e := range es {
 		vs[i] = v.Decide(e, d)
