@@ -23,9 +23,11 @@ import (
 // few seconds saturate 2 cores (Consul's agents, not leasehold, become the
 // bottleneck and leases lapse falsely); 10,000 long ones cost a trickle.
 type fleet struct {
-	agents    []*api.Client
-	ids       []string
-	tasks     []string
+	agents []*api.Client
+	ids    []string
+	tasks  []string
+	// firstTask executors [0, firstTask) all serve tasks[0] (--victims-one-task).
+	firstTask int
 	short     []bool // holds a short lease
 	bulkLease time.Duration
 	session   string
@@ -72,7 +74,12 @@ func taskNames(n int) []string {
 }
 
 // taskOf is the task type executor i serves.
-func (f *fleet) taskOf(i int) string { return f.tasks[i%len(f.tasks)] }
+func (f *fleet) taskOf(i int) string {
+	if i < f.firstTask {
+		return f.tasks[0]
+	}
+	return f.tasks[i%len(f.tasks)]
+}
 
 // perTask is how many executors serve each task type.
 func (f *fleet) perTask() map[string]int {

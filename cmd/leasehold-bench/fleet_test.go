@@ -179,3 +179,18 @@ func TestStopCountsTheHeartbeatInFlight(t *testing.T) {
 	}
 	f.beat(0) // stopped: sends nothing (the handler would panic closing arrived twice)
 }
+
+// With --victims-one-task, leasehold's victims [0, n) all serve the first
+// task type; the others spread as before.
+func TestVictimsOfOneTask(t *testing.T) {
+	f := newFleet(nil, 10, taskNames(3), 10*time.Minute, func(i int) bool { return i < 3 })
+	f.firstTask = 3
+	for i := range 3 {
+		if f.taskOf(i) != "work-0" {
+			t.Fatalf("victim %d serves %s, want work-0", i, f.taskOf(i))
+		}
+	}
+	if f.taskOf(4) != "work-1" || f.taskOf(5) != "work-2" {
+		t.Fatalf("the others: %s, %s", f.taskOf(4), f.taskOf(5))
+	}
+}

@@ -101,6 +101,10 @@ var (
 		"file to write the results into (empty: stdout only)")
 	profile = flag.String("profile", "",
 		"write a CPU profile of leasehold serve during the lapses to this file")
+	victimsOneTask = flag.Bool("victims-one-task", false,
+		"leasehold's lapse victims all serve the first task type, so stream 0, whose responses "+
+			"the floor replays, gets a push for every lapse: a floor of as many pushes as lapses "+
+			"rather than those of one task type's share (the other task types' streams stay idle)")
 	serveEnv = flag.String("serve-env", "",
 		"KEY=VALUE[,…] set for leasehold serve alone (e.g. GOGC=50 or GOMEMLIMIT=70MiB: the "+
 			"collector's settings, measured without changing the harness's own)")

@@ -190,6 +190,9 @@ func (b *bench) startClientAgents(bin string) error {
 // registering, not the phases, what is measured.
 func (b *bench) registerFleet() error {
 	b.fleet = newFleet(b.clients, *executors, taskNames(*tasks), *bulkLease, b.shortLease)
+	if *victimsOneTask {
+		b.fleet.firstTask = b.n
+	}
 	b.res.shortLeases = b.fleet.shortCount()
 	if *bulkLease > 0 {
 		logf("registering %d executors over %d task types: %d on lease %s (heartbeat %s), the "+
