@@ -16,6 +16,16 @@ import (
 	"github.com/leasehold/leasehold/internal/fleettest"
 )
 
+// leaseCheckOf is m's lease check (its service's check).
+func leaseCheckOf(m health.Member) health.CheckState {
+	for _, c := range m.Checks {
+		if c.ServiceID != "" {
+			return c
+		}
+	}
+	return health.CheckState{}
+}
+
 // withLeaseCreated is m with its lease check created at index created.
 func withLeaseCreated(m health.Member, created uint64) health.Member {
 	checks := append([]health.CheckState(nil), m.Checks...)
@@ -532,12 +542,7 @@ func TestAViewsAnswersDoNotChangeWithTheHistory(t *testing.T) {
 	if was.State == health.SessionLapsed || was.State == health.SessionCurrent {
 		t.Fatalf("s1 gone without a lapse: %s", was.State)
 	}
-	var lease health.CheckState
-	for _, c := range s1.Checks {
-		if c.ServiceID != "" {
-			lease = c
-		}
-	}
+	lease := leaseCheckOf(s1)
 	lease.Status = health.StatusCritical
 	h.nonPassing(lease)
 	h.members("work", s1, y1) // back, its lease critical

@@ -156,12 +156,7 @@ func TestGaugesAreAViewsCountedOnce(t *testing.T) {
 	c := fleettest.Member("other", "c", "s1", 1, 9003, "1.0.0", health.StatusPassing, 6)
 	h.members("work", a, b)
 	h.members("other", c)
-	var lease health.CheckState
-	for _, ch := range b.Checks {
-		if ch.ServiceID != "" {
-			lease = ch
-		}
-	}
+	lease := leaseCheckOf(b)
 	lease.Status = health.StatusWarning
 	h.nonPassing(lease)
 	v := h.settle()
