@@ -183,10 +183,18 @@ func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints
 		Restarted: restarted}
 	if bl.shards == 1 {
 		a := bl.assemble(task, b.sorted, len(b.sorted)-len(b.losers), d)
-		r.CLA, r.Version = a.message(), a.version
-		rank, capacity := a.serving(bl.Failover, d.Datacenter)
-		r.Shards = []Shard{{Name: task, CLA: r.CLA, Version: a.version, Rank: rank,
-			Capacity: capacity}}
+		if len(bl.prev) == 1 && bl.prev[0].Name == task && bl.prev[0].Version == a.version {
+			// The same content: the same message, as a shard's. A new one
+			// would hold a second copy of every endpoint's encoding (the
+			// entries point into the newest message) while the syncer
+			// keeps the one it has.
+			r.Shards = []Shard{bl.prev[0]}
+		} else {
+			rank, capacity := a.serving(bl.Failover, d.Datacenter)
+			r.Shards = []Shard{{Name: task, CLA: a.message(), Version: a.version, Rank: rank,
+				Capacity: capacity}}
+		}
+		r.CLA, r.Version = r.Shards[0].CLA, r.Shards[0].Version
 	} else {
 		r.Shards = bl.assembleShards(task, &b, d, restarted)
 		r.Version = shardsVersion(r.Shards)

@@ -234,3 +234,32 @@ func TestBuilderDuplicateSocket(t *testing.T) {
 		t.Fatal("input order changed the output")
 	}
 }
+
+// A build whose content did not change hands out the previous build's load
+// assignment, message and all, unsharded as in shards: the syncer keeps the
+// message it has when the version is the same, and a new one would hold a
+// second copy of every endpoint's encoding (the entries point into the
+// newest message's buffers) for as long as the content stays unchanged.
+func TestAnUnchangedUnshardedBuildIsThePreviousMessage(t *testing.T) {
+	d, _ := health.NewDispatcher("", nil)
+	es := fleettest.Executors(50)
+	bl := &Builder{}
+	before := bl.BuildPrinted("work", es, nil, d)
+	es[7].Load++ // a load report: decided again, the same endpoint
+	after := bl.BuildPrinted("work", es, nil, d)
+	if after.Decided != 1 || after.Version != before.Version {
+		t.Fatalf("precondition: decided %d, version %s → %s", after.Decided, before.Version,
+			after.Version)
+	}
+	if after.CLA != before.CLA || after.Shards[0].CLA != before.Shards[0].CLA {
+		t.Fatal("the same content was handed out as a new message")
+	}
+	if after.Shards[0] != before.Shards[0] {
+		t.Fatalf("shard %+v, was %+v", after.Shards[0], before.Shards[0])
+	}
+	es[7].LeaseStatus = health.StatusCritical
+	if lapsed := bl.BuildPrinted("work", es, nil, d); lapsed.CLA == before.CLA ||
+		lapsed.Version == before.Version {
+		t.Fatal("a lapse did not change the load assignment")
+	}
+}

@@ -150,7 +150,9 @@ func Decide(executors []health.Executor, d health.Dispatcher, observe ...health.
 // Endpoints decides every executor of task for constraint set d and builds
 // the load assignment: eligible executors HEALTHY, draining ones DRAINING,
 // weights from capacity. Executors must all serve task; the output is
-// sorted, so equal inputs give byte-identical resources.
+// sorted, so equal inputs give byte-identical resources. Its localities hold
+// their endpoints encoded (encoded.go): in process, read them with
+// LbEndpoints or Expand, not GetLbEndpoints.
 func Endpoints(task string, executors []health.Executor,
 	d health.Dispatcher) *endpointv3.ClusterLoadAssignment {
 	cla, _ := endpointsVersioned(task, executors, d)
