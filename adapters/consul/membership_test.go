@@ -12,6 +12,7 @@ import (
 	"github.com/hashicorp/consul/api"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
 )
 
 func catalogEntry(node, instance, session string, modify uint64) *api.CatalogService {
@@ -375,7 +376,7 @@ func BenchmarkMembershipRetained(b *testing.B) {
 		b.Run(keep, func(b *testing.B) {
 			var per float64
 			for range b.N {
-				before := heapAfterGC()
+				before := fleettest.HeapAfterGC()
 				var decoded []*api.CatalogService
 				if err := json.Unmarshal(body, &decoded); err != nil {
 					b.Fatal(err)
@@ -394,19 +395,12 @@ func BenchmarkMembershipRetained(b *testing.B) {
 					}
 					kept = whole
 				}
-				per = float64(heapAfterGC()-before) / n
+				per = float64(fleettest.HeapAfterGC()-before) / n
 				runtime.KeepAlive(kept)
 			}
 			b.ReportMetric(per, "B/member")
 		})
 	}
-}
-
-func heapAfterGC() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
 
 // The list a watch sent is the syncer's from then on: the next answer builds

@@ -11,6 +11,7 @@ import (
 	"fmt"
 	"os"
 	"path/filepath"
+	"runtime"
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
@@ -171,4 +172,13 @@ func Keys(gens map[string]uint64) map[string]health.GenerationRecord {
 		out[inst] = health.GenerationRecord{Generation: g}
 	}
 	return out
+}
+
+// HeapAfterGC is the live heap after a forced collection: what the memory
+// benchmarks report per executor, member or endpoint.
+func HeapAfterGC() uint64 {
+	runtime.GC()
+	var m runtime.MemStats
+	runtime.ReadMemStats(&m)
+	return m.HeapAlloc
 }

@@ -121,23 +121,15 @@ func BenchmarkSyncerMemory(b *testing.B) {
 		b.Run(fmt.Sprintf("executors=%d/tasks=%d", size.n, size.tasks), func(b *testing.B) {
 			var perExecutor float64
 			for range b.N {
-				before := heapInUse()
+				before := fleettest.HeapAfterGC()
 				s, _ := benchSyncer(b, fleet)
 				waitSynced(b, s)
-				perExecutor = float64(heapInUse()-before) / float64(size.n)
+				perExecutor = float64(fleettest.HeapAfterGC()-before) / float64(size.n)
 				runtime.KeepAlive(s)
 			}
 			b.ReportMetric(perExecutor, "B/executor")
 		})
 	}
-}
-
-// heapInUse is the live heap after a forced GC.
-func heapInUse() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
 
 // waitSynced waits until s has published the whole fleet.

@@ -112,21 +112,14 @@ func BenchmarkBuilderRetained(b *testing.B) {
 		b.Run(fmt.Sprintf("shards-%d", shards), func(b *testing.B) {
 			var per float64
 			for range b.N {
-				before := heapAfterGC()
+				before := fleettest.HeapAfterGC()
 				bl := &Builder{Shards: shards}
 				r := bl.BuildPrinted("work", es, nil, d)
-				per = float64(heapAfterGC()-before) / n
+				per = float64(fleettest.HeapAfterGC()-before) / n
 				runtime.KeepAlive(bl)
 				runtime.KeepAlive(r)
 			}
 			b.ReportMetric(per, "B/endpoint")
 		})
 	}
-}
-
-func heapAfterGC() uint64 {
-	runtime.GC()
-	var m runtime.MemStats
-	runtime.ReadMemStats(&m)
-	return m.HeapAlloc
 }
