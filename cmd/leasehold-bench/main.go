@@ -369,6 +369,7 @@ type dispatcherSet struct {
 	sets   []map[string]bool            // latest endpoints per client, all resources
 	held   []map[string]int             // per client: how many resources hold each endpoint
 	gone   []map[string]time.Time       // per client: when each endpoint left its set
+	moved  []time.Time                  // per client: when its set last changed
 	notify chan struct{}
 
 	// Client 0's responses, kept for the floor to replay: the latest of each
@@ -394,6 +395,7 @@ func newDispatcherSet(m int, tasks []string) *dispatcherSet {
 	ds := &dispatcherSet{tasks: make([]string, m), sets: make([]map[string]bool, m),
 		byRes: make([]map[string]map[string]bool, m),
 		held:  make([]map[string]int, m), gone: make([]map[string]time.Time, m),
+		moved:  make([]time.Time, m),
 		notify: make(chan struct{}, 1), latest: map[string]*anypb.Any{}}
 	for i := range ds.gone {
 		ds.gone[i] = map[string]time.Time{}
@@ -492,6 +494,7 @@ func (ds *dispatcherSet) apply(
 			if !old[h] {
 				if held[h]++; held[h] == 1 {
 					set[h] = true
+					ds.moved[i] = at
 				}
 			}
 		}
@@ -500,6 +503,7 @@ func (ds *dispatcherSet) apply(
 				if held[h]--; held[h] == 0 {
 					delete(held, h)
 					delete(set, h)
+					ds.moved[i] = at
 					if _, seen := ds.gone[i][h]; !seen {
 						ds.gone[i][h] = at
 					}
@@ -579,6 +583,19 @@ func (ds *dispatcherSet) awaitAll(
 		}
 		return true
 	})
+}
+
+// lastMoved is when the last of the clients' sets changed.
+func (ds *dispatcherSet) lastMoved() time.Time {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	var last time.Time
+	for _, t := range ds.moved {
+		if t.After(last) {
+			last = t
+		}
+	}
+	return last
 }
 
 // shortfall says, per task type whose streams do not all hold want[task]

@@ -38,7 +38,8 @@ func TestHealthyHosts(t *testing.T) {
 
 // A stream's endpoint set follows each response by the resources it
 // carries: always the union of every resource's endpoints, and an endpoint
-// is stamped gone when the last resource holding it drops it.
+// is stamped gone when the last resource holding it drops it, and the set is
+// stamped moved when, and only when, it changed (what converge reports).
 func TestStreamSetIsTheUnionOfItsResources(t *testing.T) {
 	r := rand.New(rand.NewPCG(7, 8))
 	ds := newDispatcherSet(1, []string{"work"})
@@ -62,7 +63,7 @@ func TestStreamSetIsTheUnionOfItsResources(t *testing.T) {
 				}
 			}
 		}
-		before := maps.Clone(ds.sets[0])
+		before, movedBefore := maps.Clone(ds.sets[0]), ds.moved[0]
 		ds.apply(0, at, updates, removed, &discovery.DiscoveryResponse{})
 		union := map[string]bool{}
 		for _, hosts := range ds.byRes[0] {
@@ -70,6 +71,10 @@ func TestStreamSetIsTheUnionOfItsResources(t *testing.T) {
 		}
 		if !maps.Equal(ds.sets[0], union) {
 			t.Fatalf("step %d: set %v, the union of the resources %v", step, ds.sets[0], union)
+		}
+		if want := map[bool]time.Time{true: movedBefore, false: at}[maps.Equal(before, union)]; ds.moved[0] != want || ds.lastMoved() != want {
+			t.Fatalf("step %d: set %v → %v stamped moved at %v, want %v", step, before, union,
+				ds.moved[0], want)
 		}
 		for h := range before {
 			if !union[h] && !stamped[h] {
