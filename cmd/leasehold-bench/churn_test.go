@@ -23,3 +23,33 @@ func TestChurnServesUnshardedUnlessAsked(t *testing.T) {
 		t.Fatalf("--shard-size 500 given: %d", *shardSize)
 	}
 }
+
+// TestEqualApartIgnoresOnlyTheIgnored: converge compares the streams with
+// Consul's passing set apart from the canaries.
+func TestEqualApartIgnoresOnlyTheIgnored(t *testing.T) {
+	set := func(ks ...string) map[string]bool {
+		m := map[string]bool{}
+		for _, k := range ks {
+			m[k] = true
+		}
+		return m
+	}
+	ignore := set("c")
+	for _, tc := range []struct {
+		a, b map[string]bool
+		want bool
+	}{
+		{set("a", "b"), set("a", "b"), true},
+		{set("a", "b", "c"), set("a", "b"), true},
+		{set("a", "b"), set("a", "b", "c"), true},
+		{set("a"), set("a", "b"), false},
+		{set("a", "b"), set("a"), false},
+		{set("a", "c"), set("b", "c"), false},
+		{set("a", "d"), set("a", "c"), false},
+		{set(), set("c"), true},
+	} {
+		if got := equalApart(tc.a, tc.b, ignore); got != tc.want {
+			t.Errorf("equalApart(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}

@@ -370,6 +370,7 @@ type dispatcherSet struct {
 	held   []map[string]int             // per client: how many resources hold each endpoint
 	gone   []map[string]time.Time       // per client: when each endpoint left its set
 	moved  []time.Time                  // per client: when its set last changed
+	ignore map[string]bool              // endpoints whose coming and going is no move
 	notify chan struct{}
 
 	// Client 0's responses, kept for the floor to replay: the latest of each
@@ -494,7 +495,7 @@ func (ds *dispatcherSet) apply(
 			if !old[h] {
 				if held[h]++; held[h] == 1 {
 					set[h] = true
-					ds.moved[i] = at
+					ds.moved[i] = moveAt(ds.moved[i], at, ds.ignore[h])
 				}
 			}
 		}
@@ -503,7 +504,7 @@ func (ds *dispatcherSet) apply(
 				if held[h]--; held[h] == 0 {
 					delete(held, h)
 					delete(set, h)
-					ds.moved[i] = at
+					ds.moved[i] = moveAt(ds.moved[i], at, ds.ignore[h])
 					if _, seen := ds.gone[i][h]; !seen {
 						ds.gone[i][h] = at
 					}
@@ -583,6 +584,27 @@ func (ds *dispatcherSet) awaitAll(
 		}
 		return true
 	})
+}
+
+// moveAt is when a set last moved after an endpoint came or went at: then,
+// unless the endpoint is one whose moves are ignored.
+func moveAt(last, at time.Time, ignored bool) time.Time {
+	if ignored {
+		return last
+	}
+	return at
+}
+
+// ignoreMoves has the coming and going of hosts not count as moves of the
+// sets (lastMoved), nor in converge's comparison: the churn's canaries,
+// whose lapses are measured on their own.
+func (ds *dispatcherSet) ignoreMoves(hosts []string) {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	ds.ignore = map[string]bool{}
+	for _, h := range hosts {
+		ds.ignore[h] = true
+	}
 }
 
 // lastMoved is when the last of the clients' sets changed.
