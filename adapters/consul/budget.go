@@ -26,6 +26,11 @@ type readBudget struct {
 	mu     sync.Mutex
 	tokens float64
 	at     time.Time
+	// last is each watch's latest read and round their sum: what one read
+	// of every watch costs, which the reads at a pause may borrow
+	// (settledDelay).
+	last  map[string]float64
+	round float64
 }
 
 func newReadBudget(clock clockwork.Clock, rate, burst int64) *readBudget {
@@ -62,6 +67,53 @@ func (b *readBudget) charge(n int64) {
 	b.refill(b.clock.Now())
 	b.burst = max(b.burst, min(2*float64(n), maxGrownBurst))
 	b.tokens -= float64(n)
+}
+
+// chargeRead is charge for one read of the watch named key, which it also
+// remembers as that watch's share of a round.
+func (b *readBudget) chargeRead(key string, n int64) {
+	if b == nil || n <= 0 {
+		return
+	}
+	b.charge(n)
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	if b.last == nil {
+		b.last = map[string]float64{}
+	}
+	b.round += float64(n) - b.last[key]
+	b.last[key] = float64(n)
+}
+
+// forget drops the watch named key from the round (its task type is gone).
+func (b *readBudget) forget(key string) {
+	if b == nil {
+		return
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.round -= b.last[key]
+	delete(b.last, key)
+}
+
+// settledDelay is delay for a read at a pause of the registrations
+// (settle.go): it may borrow one round (one read of every watch, at most
+// maxGrownBurst) ahead of the rate. The borrowed bytes are paid back at the
+// rate before any other read, so over time reads stay paced at the rate;
+// what the allowance moves is when: a fleet whose churn just ended is read
+// at once rather than after the debt of its last round.
+func (b *readBudget) settledDelay() time.Duration {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	b.refill(b.clock.Now())
+	floor := -min(b.round, maxGrownBurst)
+	if b.tokens >= floor {
+		return 0
+	}
+	return time.Duration((floor - b.tokens) / b.rate * float64(time.Second))
 }
 
 // maxGrownBurst bounds how far reads grow the burst: two listings of a task
@@ -117,7 +169,13 @@ func (w *Watcher) awaitBudget(
 	if kick := w.refreshC[spec.name]; len(kick) > 0 {
 		return ctx.Err() == nil // a refresh is pending: answer it now
 	}
-	waited, ok := spec.budget.wait(ctx, wake)
+	var waited time.Duration
+	var ok bool
+	if spec.settles && w.quiet != nil && wake == nil {
+		waited, ok = w.awaitSettling(ctx, spec.budget)
+	} else {
+		waited, ok = spec.budget.wait(ctx, wake)
+	}
 	if waited > 0 {
 		w.budgetWait.Add(ctx, waited.Seconds(), kind)
 	}

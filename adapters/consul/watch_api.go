@@ -356,6 +356,18 @@ func (a apiCatalog) awaitTaskIndex(
 	return meta.LastIndex, regs, err
 }
 
+var _ servicesIndexCatalog = apiCatalog{}
+
+// ServicesIndex waits on the datacenter's catalog services; the answer (the
+// service names and their tags, a few hundred bytes) is not read.
+func (a apiCatalog) ServicesIndex(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
+	_, meta, err := a.c.Catalog().Services(a.query(ctx, index, wait))
+	if err := aclNeeds("catalog services", []string{RightServices}, meta, err); err != nil {
+		return 0, err
+	}
+	return meta.LastIndex, nil
+}
+
 // registrationIndexes are the indexes of the datacenter's service
 // registrations and nodes: any registration, deregistration or change of a
 // service or a node (its address) moves one of them; a check's status does

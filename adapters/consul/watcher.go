@@ -82,6 +82,9 @@ type Watcher struct {
 	budget                  *readBudget
 	genBudget               *readBudget
 	refreshBudget           *readBudget
+	// quiet (nil: none) is the pause of the registrations that task
+	// watches in debt wait for (settle.go).
+	quiet *quietProbe
 
 	// Refresh requests (refresh.go): each watch a round asks reads afresh
 	// beside its blocking query; once all have, one Refreshed observation
@@ -127,6 +130,9 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
 		w.genBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
 		w.refreshBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
+		if _, ok := cat.(servicesIndexCatalog); ok {
+			w.quiet = newQuietProbe()
+		}
 	}
 	_, marks := cat.(lapseCatalog)
 	for _, name := range refreshable {
@@ -157,6 +163,10 @@ func (w *Watcher) Run(ctx context.Context) error {
 	go func() { defer wg.Done(); w.watchSerf(ctx) }()
 	go func() { defer wg.Done(); w.watchServices(ctx) }()
 	go func() { defer wg.Done(); w.watchGenerations(ctx) }()
+	if sc, ok := w.cat.(servicesIndexCatalog); ok && w.quiet != nil {
+		wg.Add(1)
+		go func() { defer wg.Done(); w.probeQuiet(ctx, sc) }()
+	}
 	if lc, ok := w.cat.(lapseCatalog); ok {
 		wg.Add(1)
 		go func() { defer wg.Done(); w.watchLapses(ctx, lc) }()

@@ -247,7 +247,13 @@ func TestConsulQuietTaskTypeIsNotListedAgain(t *testing.T) {
 // long passing leases, session "s".
 func registerMany(t *testing.T, reg *api.Client, n int) {
 	t.Helper()
-	for i := range n {
+	registerRange(t, reg, 0, n)
+}
+
+// registerRange is registerMany of instances from to to-1.
+func registerRange(t *testing.T, reg *api.Client, from, to int) {
+	t.Helper()
+	for i := from; i < to; i++ {
 		r := health.Registration{
 			InstanceID: fmt.Sprintf("e%04d", i),
 			SessionID:  "s",

@@ -114,7 +114,10 @@ type watchSpec struct {
 	minInterval time.Duration // least time between two of its queries
 	useSlot     bool          // holds a per-task query slot while querying
 	// Answers grow with the fleet: paced by this read budget (nil: not paced).
-	budget    *readBudget
+	budget *readBudget
+	// settles: the watch waits for the budget until a pause of the
+	// registrations, then reads on the budget's allowance (settle.go).
+	settles   bool
 	kvListing bool // a KV listing: its index also goes back when Consul reaps tombstones
 }
 

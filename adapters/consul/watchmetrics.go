@@ -41,7 +41,7 @@ func (w *Watcher) countRead(
 			n,
 			metric.WithAttributes(append(kind, attribute.String("encoding", "json"))...),
 		)
-		budget.charge(n)
+		budget.chargeRead(spec.name, n)
 	}
 }
 

@@ -76,6 +76,7 @@ func (w *Watcher) watchServices(ctx context.Context) {
 					<-r.done
 					delete(tasks, task)
 					w.forgetWatch("task " + task)
+					w.budget.forget("task " + task)
 					w.log.Info("task type gone", "task", task)
 					w.send(
 						ctx,
@@ -110,6 +111,7 @@ func (w *Watcher) watchTask(ctx context.Context, task string) {
 		minInterval: w.cfg.MinInterval * 4,
 		useSlot:     true,
 		budget:      w.budget,
+		settles:     true,
 	}
 	w.blockingLoop(
 		ctx,

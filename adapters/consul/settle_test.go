@@ -1,0 +1,282 @@
+package consul
+
+import (
+	"context"
+	"net/http"
+	"strings"
+	"sync"
+	"testing"
+	"time"
+
+	"github.com/hashicorp/consul/api"
+	"github.com/hashicorp/go-cleanhttp"
+	"github.com/jonboulle/clockwork"
+
+	"github.com/leasehold/leasehold/adapters/consul/consultest"
+	"github.com/leasehold/leasehold/health"
+)
+
+// servicesIndexFake answers ServicesIndex on a fake clock: its first moves
+// queries at once, each at a new index (a churning catalog), every later
+// one after its whole wait at the same index (a pause).
+type servicesIndexFake struct {
+	clock clockwork.Clock
+	moves int
+	mu    sync.Mutex
+	calls int
+}
+
+func (f *servicesIndexFake) ServicesIndex(
+	ctx context.Context, index uint64, wait time.Duration,
+) (uint64, error) {
+	f.mu.Lock()
+	f.calls++
+	n := f.calls
+	f.mu.Unlock()
+	if n <= f.moves {
+		return uint64(n), nil
+	}
+	select {
+	case <-f.clock.After(wait):
+		return uint64(f.moves), nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+func (f *servicesIndexFake) queries() int {
+	f.mu.Lock()
+	defer f.mu.Unlock()
+	return f.calls
+}
+
+// settling runs awaitSettling for a task watch after charges, with the
+// quiet probe on a servicesIndexFake of moves, on a fake clock advanced 10
+// ms at a time; it returns how long the wait took on that clock and the
+// probe's queries.
+func settling(t *testing.T, charges []int64, moves int) (time.Duration, int) {
+	t.Helper()
+	clock := clockwork.NewFakeClock()
+	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
+		Out: make(chan health.Observation, 1)})
+	for _, n := range charges {
+		w.budget.chargeRead("task work", n)
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	fake := &servicesIndexFake{clock: clock, moves: moves}
+	w.quiet = newQuietProbe()
+	probed := make(chan struct{})
+	go func() { defer close(probed); w.probeQuiet(ctx, fake) }()
+	defer func() { cancel(); <-probed }()
+	start := clock.Now()
+	done := make(chan bool, 1)
+	go func() {
+		_, ok := w.awaitSettling(ctx, w.budget)
+		done <- ok
+	}()
+	for {
+		// The clock moves when something waits on it, and after each step
+		// this goroutine blocks a moment: a timer the watch no longer waits
+		// on (it woke on a pause) still counts as a waiter until the watch
+		// runs, which a loop that never blocked would keep from running
+		// while the clock raced ahead.
+		select {
+		case ok := <-done:
+			if !ok {
+				t.Fatal("the wait ended with its context")
+			}
+			return clock.Since(start), fake.queries()
+		case <-time.After(time.Millisecond):
+		}
+		bctx, bcancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		if clock.BlockUntilContext(bctx, 1) == nil {
+			clock.Advance(10 * time.Millisecond)
+		}
+		bcancel()
+		if ctx.Err() != nil {
+			t.Fatal("awaitSettling never returned")
+		}
+	}
+}
+
+// A pause of the registrations while a task watch is in debt has it read
+// then, on the budget's allowance (one round), not after the whole debt.
+func TestAPauseIsReadBeforeTheDebtIsPaid(t *testing.T) {
+	// 3,000 bytes against a burst of 1,000 at 1,000 B/s: 2 s of debt.
+	took, queries := settling(t, []int64{3000}, 1)
+	if took < settleQuiet || took > settleQuiet+probeEvery+50*time.Millisecond {
+		t.Fatalf("a pause was read after %s (%d probe queries): want settleQuiet to "+
+			"settleQuiet+probeEvery, not the 2 s debt", took, queries)
+	}
+}
+
+// Registrations that go on have the watch read when the debt is paid, as
+// without the probe, which queries at most once per probeEvery meanwhile.
+func TestChurnWaitsForTheWholeDebt(t *testing.T) {
+	took, queries := settling(t, []int64{3000}, 1<<30)
+	if took < 2*time.Second || took > 2*time.Second+50*time.Millisecond {
+		t.Fatalf("a churning catalog: waited %s, want the 2 s debt", took)
+	}
+	if queries > int(2*time.Second/probeEvery)+2 {
+		t.Fatalf("%d probe queries in 2 s: more than one per probeEvery", queries)
+	}
+}
+
+// A paused read borrows at most one round: deeper in debt, it waits until
+// the debt is back within a round.
+func TestAPauseBorrowsAtMostOneRound(t *testing.T) {
+	// Two reads of 3,000 against a burst of 1,000: 5 s of debt; the round is
+	// 3,000 (the watch's last read), so the allowance reaches 2 s from now.
+	took, _ := settling(t, []int64{3000, 3000}, 1)
+	if took < 2*time.Second || took > 2*time.Second+settleQuiet+50*time.Millisecond {
+		t.Fatalf("a pause 5 s in debt was read after %s, want 2 s (back within a round)", took)
+	}
+}
+
+// The probe queries only while a task watch waits for the budget.
+func TestTheQuietProbeQueriesOnlyForAWaitingWatch(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
+		Out: make(chan health.Observation, 1)})
+	w.quiet = newQuietProbe()
+	fake := &servicesIndexFake{clock: clock, moves: 1 << 30}
+	ctx, cancel := context.WithCancel(context.Background())
+	probed := make(chan struct{})
+	go func() { defer close(probed); w.probeQuiet(ctx, fake) }()
+	defer func() { cancel(); <-probed }()
+	// Nobody waits: no query however long.
+	clock.Advance(time.Hour)
+	if n := fake.queries(); n != 0 {
+		t.Fatalf("%d queries with no watch waiting", n)
+	}
+	quiet, leave := w.quiet.join()
+	deadline := time.Now().Add(5 * time.Second)
+	for fake.queries() < 3 {
+		if time.Now().After(deadline) {
+			t.Fatal("a waiting watch: the probe never queried")
+		}
+		bctx, bcancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		if clock.BlockUntilContext(bctx, 1) == nil {
+			clock.Advance(settleQuiet)
+		}
+		bcancel()
+	}
+	select {
+	case <-quiet:
+		t.Fatal("a pause seen while every query moved")
+	default:
+	}
+	leave()
+	// The probe finishes the query it is in (and its pause), then sleeps
+	// until a watch joins again: on no timer.
+	for i := 0; i < 3; i++ {
+		bctx, bcancel := context.WithTimeout(ctx, 20*time.Millisecond)
+		if clock.BlockUntilContext(bctx, 1) == nil {
+			clock.Advance(settleQuiet)
+		}
+		bcancel()
+	}
+	n := fake.queries()
+	clock.Advance(time.Hour)
+	if m := fake.queries(); m > n+1 {
+		t.Fatalf("%d queries after the last watch left", m-n)
+	}
+}
+
+// The round is each watch's last read, summed; a task type gone leaves it.
+func TestTheRoundIsEachWatchsLastRead(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newReadBudget(clock, 1000, 1000)
+	b.chargeRead("task a", 3000)
+	b.chargeRead("task a", 2000)
+	b.chargeRead("task b", 4000)
+	if b.round != 6000 {
+		t.Fatalf("round %v, want 6000 (a's last 2,000 + b's 4,000)", b.round)
+	}
+	b.forget("task b")
+	if b.round != 2000 {
+		t.Fatalf("round %v after b left, want 2000", b.round)
+	}
+	// tokens 1000 - 9000 = -8000; the allowance reaches -2000: 6 s.
+	if d := b.settledDelay(); d != 6*time.Second {
+		t.Fatalf("settled delay %s, want 6s", d)
+	}
+	if d := b.delay(); d != 8*time.Second {
+		t.Fatalf("delay %s, want 8s", d)
+	}
+	var nilBudget *readBudget
+	nilBudget.chargeRead("x", 1)
+	nilBudget.forget("x")
+	if nilBudget.settledDelay() != 0 {
+		t.Fatal("no budget: no delay")
+	}
+}
+
+// transportFunc is an http.RoundTripper of a function.
+type transportFunc func(*http.Request) (*http.Response, error)
+
+func (f transportFunc) RoundTrip(r *http.Request) (*http.Response, error) { return f(r) }
+
+// TestConsulAChurnsLastChangeIsReadInDebt: on a real agent, with a read
+// budget the first listing puts seconds in debt, a burst of registrations
+// that then stops is read at the pause, while the budget is still in debt
+// (a listing starts with the budget's delay above 0), rather than after the
+// whole debt (without the quiet probe, a listing never starts in debt).
+func TestConsulAChurnsLastChangeIsReadInDebt(t *testing.T) {
+	const n, more = 100, 20
+	a := consultest.Start(t)
+	a.SettleSync()
+	reg := a.Client()
+	registerMany(t, reg, n)
+	var w *Watcher
+	var mu sync.Mutex
+	var inDebt []time.Duration // the budget's delay as each listing started, when above 0
+	base := cleanhttp.DefaultPooledTransport()
+	cfg := a.Config()
+	cfg.HttpClient = &http.Client{Transport: sizingTransport{next: transportFunc(
+		func(r *http.Request) (*http.Response, error) {
+			if strings.HasPrefix(r.URL.Path, "/v1/catalog/service/") &&
+				r.URL.Query().Get("filter") == "" {
+				if d := w.budget.delay(); d > 0 {
+					mu.Lock()
+					inDebt = append(inDebt, d)
+					mu.Unlock()
+				}
+			}
+			return base.RoundTrip(r)
+		})}}
+	client, err := api.NewClient(cfg)
+	if err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan health.Observation, 64)
+	// ~100 KB read at 5 KB/s: ~20 s of debt after the first read.
+	w = NewWatcher(client, WatchConfig{Out: out, WaitTime: 200 * time.Millisecond,
+		ContendedWait: 200 * time.Millisecond, ReadRate: 5000, ReadBurst: 5000})
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	go w.Run(ctx)
+	members := func(what string, want int) {
+		t.Helper()
+		deadline := time.After(15 * time.Second)
+		for {
+			select {
+			case o := <-out:
+				if o.Members() != nil && len(o.Members().Members) == want {
+					return
+				}
+			case <-deadline:
+				t.Fatalf("%s never observed (the budget's delay is %s)", what, w.budget.delay())
+			}
+		}
+	}
+	members("the first read", n)
+	registerRange(t, reg, n, n+more)
+	members("the burst's registrations", n+more)
+	mu.Lock()
+	defer mu.Unlock()
+	if len(inDebt) == 0 {
+		t.Fatal("no listing started in debt: the burst was read after the whole debt")
+	}
+}
