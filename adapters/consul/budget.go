@@ -27,7 +27,7 @@ type readBudget struct {
 	tokens float64
 	at     time.Time
 	// last is each watch's latest read and round their sum: what one read
-	// of every watch costs, which the reads at a pause may borrow
+	// of every watch costs, two of which the reads at a pause may borrow
 	// (settledDelay).
 	last  map[string]float64
 	round float64
@@ -97,11 +97,15 @@ func (b *readBudget) forget(key string) {
 }
 
 // settledDelay is delay for a read at a pause of the registrations
-// (settle.go): it may borrow one round (one read of every watch, at most
-// maxGrownBurst) ahead of the rate. The borrowed bytes are paid back at the
-// rate before any other read, so over time reads stay paced at the rate;
-// what the allowance moves is when: a fleet whose churn just ended is read
-// at once rather than after the debt of its last round.
+// (settle.go): it may borrow up to two rounds (a round is one read of every
+// watch, at most maxGrownBurst) ahead of the rate: one for the reads the
+// pause needs, and one for a pause that was not the end (registrations
+// that stalled for a moment mid-churn), after which the real end would
+// otherwise wait a round's debt again. The borrowed bytes are paid back at
+// the rate before any other read, and the debt never goes past three
+// rounds, so over time reads stay paced at the rate; what the allowance
+// moves is when: a fleet whose churn just ended is read at once rather than
+// after the debt of its last round.
 func (b *readBudget) settledDelay() time.Duration {
 	if b == nil {
 		return 0
@@ -109,7 +113,7 @@ func (b *readBudget) settledDelay() time.Duration {
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refill(b.clock.Now())
-	floor := -min(b.round, maxGrownBurst)
+	floor := -2 * min(b.round, maxGrownBurst)
 	if b.tokens >= floor {
 		return 0
 	}

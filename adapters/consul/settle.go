@@ -20,11 +20,12 @@ import (
 // on the datacenter's catalog services (which every registration,
 // deregistration or change of a service moves, and a check's status does
 // not) looks for a pause: an index that stays put for settleQuiet. Once it
-// sees one, the waiting watches go on, each borrowing up to one round (the
-// last read of every watch) ahead of the rate (readBudget.settledDelay).
-// The reads after them pay the loan back first, so over time the rate
-// still bounds what leasehold reads; what moves is when: the reads the end
-// of a churn needs come right after it, not a round later.
+// sees one, the waiting watches go on, borrowing up to two rounds (a round
+// is the last read of every watch) ahead of the rate
+// (readBudget.settledDelay). The reads after them pay the loan back first,
+// so over time the rate still bounds what leasehold reads; what moves is
+// when: the reads the end of a churn needs come right after it, not a round
+// later.
 
 // settleQuiet is how long the catalog's services index must stay put for
 // the registrations to count as paused. A registering fleet moves it every

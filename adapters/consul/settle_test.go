@@ -123,14 +123,21 @@ func TestChurnWaitsForTheWholeDebt(t *testing.T) {
 	}
 }
 
-// A paused read borrows at most one round: deeper in debt, it waits until
-// the debt is back within a round.
-func TestAPauseBorrowsAtMostOneRound(t *testing.T) {
-	// Two reads of 3,000 against a burst of 1,000: 5 s of debt; the round is
-	// 3,000 (the watch's last read), so the allowance reaches 2 s from now.
-	took, _ := settling(t, []int64{3000, 3000}, 1)
+// A paused read borrows at most two rounds: deeper in debt, it waits until
+// the debt is back within two rounds.
+func TestAPauseBorrowsAtMostTwoRounds(t *testing.T) {
+	// Three reads of 3,000 against a burst of 1,000: 8 s of debt; the round
+	// is 3,000 (the watch's last read), so the allowance (6,000) reaches 2 s
+	// from now.
+	took, _ := settling(t, []int64{3000, 3000, 3000}, 1)
 	if took < 2*time.Second || took > 2*time.Second+settleQuiet+50*time.Millisecond {
-		t.Fatalf("a pause 5 s in debt was read after %s, want 2 s (back within a round)", took)
+		t.Fatalf("a pause 8 s in debt was read after %s, want 2 s (back within two rounds)",
+			took)
+	}
+	// 5 s in debt (tokens -5,000), within two rounds: read at the pause.
+	took, _ = settling(t, []int64{3000, 3000}, 1)
+	if took > settleQuiet+probeEvery+50*time.Millisecond {
+		t.Fatalf("a pause 5 s in debt (within two rounds) was read after %s", took)
 	}
 }
 
@@ -198,9 +205,9 @@ func TestTheRoundIsEachWatchsLastRead(t *testing.T) {
 	if b.round != 2000 {
 		t.Fatalf("round %v after b left, want 2000", b.round)
 	}
-	// tokens 1000 - 9000 = -8000; the allowance reaches -2000: 6 s.
-	if d := b.settledDelay(); d != 6*time.Second {
-		t.Fatalf("settled delay %s, want 6s", d)
+	// tokens 1000 - 9000 = -8000; the allowance reaches -4000: 4 s.
+	if d := b.settledDelay(); d != 4*time.Second {
+		t.Fatalf("settled delay %s, want 4s", d)
 	}
 	if d := b.delay(); d != 8*time.Second {
 		t.Fatalf("delay %s, want 8s", d)
