@@ -2,6 +2,7 @@ package consul
 
 import (
 	"context"
+	"fmt"
 	"net/http"
 	"strings"
 	"sync"
@@ -285,5 +286,71 @@ func TestConsulAChurnsLastChangeIsReadInDebt(t *testing.T) {
 	defer mu.Unlock()
 	if len(inDebt) == 0 {
 		t.Fatal("no listing started in debt: the burst was read after the whole debt")
+	}
+}
+
+// TestConsulACheckStatusDoesNotMoveTheServicesIndex: on a real agent, what
+// the quiet probe waits on (the catalog services index) stays put while
+// checks change status (a lease's TTL check failing, warning, passing again,
+// with new output; a node-level check flipping), so a pause of the
+// registrations is seen in a fleet whose checks flap, and moves when a
+// service registers.
+func TestConsulACheckStatusDoesNotMoveTheServicesIndex(t *testing.T) {
+	a := consultest.Start(t)
+	a.SettleSync()
+	reg := a.Client()
+	registerMany(t, reg, 2)
+	if err := reg.Agent().CheckRegister(&api.AgentCheckRegistration{
+		ID: "node-ttl", Name: "node-ttl",
+		AgentServiceCheck: api.AgentServiceCheck{TTL: "1h", Status: "passing"},
+	}); err != nil {
+		t.Fatal(err)
+	}
+	cat := NewWatcher(reg, WatchConfig{Out: make(chan health.Observation, 1)}).cat.(apiCatalog)
+	ctx, cancel := context.WithTimeout(context.Background(), 30*time.Second)
+	defer cancel()
+	// seen waits until the catalog holds check id at status.
+	seen := func(id, status string) {
+		t.Helper()
+		var index uint64
+		for {
+			checks, meta, err := reg.Health().State(api.HealthAny,
+				(&api.QueryOptions{WaitIndex: index, WaitTime: time.Second}).WithContext(ctx))
+			if err != nil {
+				t.Fatal(err)
+			}
+			for _, c := range checks {
+				if c.CheckID == id && c.Status == status {
+					return
+				}
+			}
+			index = meta.LastIndex
+		}
+	}
+	seen("node-ttl", api.HealthPassing)
+	before, err := cat.ServicesIndex(ctx, 0, 0)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lease := health.CheckID("e0000", "s", "work")
+	for i, status := range []string{api.HealthCritical, api.HealthWarning, api.HealthPassing,
+		api.HealthCritical, api.HealthPassing} {
+		for _, id := range []string{lease, "node-ttl"} {
+			if err := reg.Agent().UpdateTTL(id, fmt.Sprintf("flip %d", i), status); err != nil {
+				t.Fatal(err)
+			}
+			seen(id, status)
+		}
+	}
+	if after, err := cat.ServicesIndex(ctx, before, 300*time.Millisecond); err != nil {
+		t.Fatal(err)
+	} else if after != before {
+		t.Fatalf("checks changing status moved the catalog services index %d → %d", before, after)
+	}
+	registerRange(t, reg, 2, 3)
+	if after, err := cat.ServicesIndex(ctx, before, 5*time.Second); err != nil {
+		t.Fatal(err)
+	} else if after == before {
+		t.Fatal("a registration did not move the catalog services index")
 	}
 }
