@@ -113,8 +113,12 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 		select {
 		case w.slots <- struct{}{}:
 			wait := max(settleQuiet-clock.Since(at), time.Millisecond)
-			next, err := cat.ServicesIndex(ctx, index, wait)
+			// Its answers (the datacenter's whole services listing) are
+			// counted in the read bytes, not charged to the budget.
+			qctx, sizes := withReadSizes(ctx)
+			next, err := cat.ServicesIndex(qctx, index, wait)
 			<-w.slots
+			w.countRead(ctx, watchSpec{name: "quiet"}, sizes, nil)
 			w.requests.Add(ctx, 1, kind)
 			switch {
 			case err != nil:

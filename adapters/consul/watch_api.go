@@ -359,7 +359,8 @@ func (a apiCatalog) awaitTaskIndex(
 var _ servicesIndexCatalog = apiCatalog{}
 
 // ServicesIndex waits on the datacenter's catalog services; the answer (the
-// service names and their tags, a few hundred bytes) is not read.
+// service names and their tags: Consul 1.13 ignores a filter here) is not
+// read.
 func (a apiCatalog) ServicesIndex(ctx context.Context, index uint64, wait time.Duration) (uint64, error) {
 	_, meta, err := a.c.Catalog().Services(a.query(ctx, index, wait))
 	if err := aclNeeds("catalog services", []string{RightServices}, meta, err); err != nil {
