@@ -106,36 +106,28 @@ func (b *readBudget) forget(key string) {
 // rounds, so over time reads stay paced at the rate; what the allowance
 // moves is when: a fleet whose churn just ended is read at once rather than
 // after the debt of its last round.
-func (b *readBudget) settledDelay() time.Duration {
-	if b == nil {
-		return 0
-	}
-	b.mu.Lock()
-	defer b.mu.Unlock()
-	b.refill(b.clock.Now())
-	floor := -2 * min(b.round, maxGrownBurst)
-	if b.tokens >= floor {
-		return 0
-	}
-	return time.Duration((floor - b.tokens) / b.rate * float64(time.Second))
-}
+func (b *readBudget) settledDelay() time.Duration { return b.delayPast(2) }
 
 // maxGrownBurst bounds how far reads grow the burst: two listings of a task
 // type of ~50,000 executors.
 const maxGrownBurst = 128 << 20
 
 // delay is how long until the balance is back to zero (0: not in debt).
-func (b *readBudget) delay() time.Duration {
+func (b *readBudget) delay() time.Duration { return b.delayPast(0) }
+
+// delayPast is how long until the debt is within rounds rounds (0: it is).
+func (b *readBudget) delayPast(rounds float64) time.Duration {
 	if b == nil {
 		return 0
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
 	b.refill(b.clock.Now())
-	if b.tokens >= 0 {
+	floor := -rounds * min(b.round, maxGrownBurst)
+	if b.tokens >= floor {
 		return 0
 	}
-	return time.Duration(-b.tokens / b.rate * float64(time.Second))
+	return time.Duration((floor - b.tokens) / b.rate * float64(time.Second))
 }
 
 // wait blocks while the budget is in debt, until ctx ends or wake fires (a
