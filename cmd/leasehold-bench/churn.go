@@ -38,8 +38,10 @@ var (
 		"with --churn: executors on the short --lease heartbeated every --heartbeat throughout; "+
 			"a third of them stop during the steps with leasehold (lapse → stop)")
 	consulProfile = flag.String("consul-profile", "",
-		"with --churn: write a 10 s CPU profile of the Consul server taken during the restart "+
-			"step with leasehold to this file")
+		"with --churn: write a 10 s CPU profile of the Consul server taken during the "+
+			"--consul-profile-step with leasehold to this file (and without it to FILE.without)")
+	consulProfileStep = flag.String("consul-profile-step", "restart",
+		"with --consul-profile: the step profiled (register or restart)")
 	churnFirst = flag.String("churn-first", "without",
 		"with --churn and one run: which pass runs first, without or with (leasehold)")
 	churnRuns = flag.Int("churn-runs", 3,
@@ -106,6 +108,9 @@ func runChurn() error {
 	}
 	if *churnRuns < 1 {
 		return fmt.Errorf("--churn-runs %d: want at least 1", *churnRuns)
+	}
+	if s := *consulProfileStep; s != "register" && s != "restart" && s != "deregister" {
+		return fmt.Errorf("--consul-profile-step %q: want register, restart or deregister", s)
 	}
 	if *bulkLease == 0 {
 		*bulkLease = 10 * time.Minute
@@ -288,8 +293,12 @@ func (c *churner) pass(with bool) error {
 			go c.stopVictims(done, ds, &lapses, &mu, &s.lapses, &s.consulParts)
 		}
 		go c.f.progress(done, 15*time.Second)
-		if with && step.name == "restart" && *consulProfile != "" {
-			go c.profileConsul(*consulProfile)
+		if step.name == *consulProfileStep && *consulProfile != "" {
+			path := *consulProfile
+			if !with {
+				path += ".without"
+			}
+			go c.profileConsul(path)
 		}
 		if with && step.name == "restart" {
 			b.profile(10 * time.Second) // leasehold serve's profile, with --profile

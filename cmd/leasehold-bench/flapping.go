@@ -302,7 +302,7 @@ func (br *busyResults) rows(b *strings.Builder, res results) {
 		q.d.Round(100*time.Millisecond), f.d.Round(100*time.Millisecond),
 		a.d.Round(100*time.Millisecond))
 	fmt.Fprintf(b,
-		"| Consul dev server CPU, %% of one core: quiet → flapping → alone (the rest of "+
+		"| Consul server CPU, %% of one core: quiet → flapping → alone (the rest of "+
 			"flapping's is serving leasehold's wakes) | %.1f%% → %.1f%% → %.1f%% | |\n",
 		q.share(q.server), f.share(f.server), a.share(a.server))
 	if *agents > 1 {

@@ -1,5 +1,6 @@
 // Command leasehold-bench measures leasehold on loopback with real parts: a
-// Consul dev agent (and client agents), real registrations with TTL checks
+// Consul server (not -dev unless --consul-dev: a dev agent indents every JSON
+// answer) and client agents, real registrations with TTL checks
 // heartbeated by the harness (fleet.go), `leasehold serve` as a separate
 // process, lightweight ADS dispatchers that ACK like real clients, and a few
 // real grpc-go dispatchers, child processes that check that the light ones
@@ -108,6 +109,10 @@ var (
 	serveEnv = flag.String("serve-env", "",
 		"KEY=VALUE[,…] set for leasehold serve alone (e.g. GOGC=50 or GOMEMLIMIT=70MiB: the "+
 			"collector's settings, measured without changing the harness's own)")
+	consulDev = flag.Bool("consul-dev", false,
+		"run the Consul server as a -dev agent, as the harness did before 2026-12-02: a dev agent "+
+			"indents every JSON answer, so leasehold's reads cost it more than they cost a "+
+			"production server (the default is a server that is not -dev, raft on disk)")
 	heapOut = flag.String("heap-profile", "",
 		"write heap profiles of leasehold serve once the fleet is read (FILE.idle) and once "+
 			"the streams hold it (FILE.streams), and after the lapses (FILE.lapses; "+
@@ -127,7 +132,7 @@ var (
 		"delta ADS clients following Consul's own xDS in its phase (0: as many as --dispatchers, "+
 			"so that both paths push to the same number of clients)")
 	agents = flag.Int("agents", 1,
-		"Consul agents holding the executors (the dev server plus client agents joined to it): "+
+		"Consul agents holding the executors (the server plus client agents joined to it): "+
 			"one agent on 2 cores cannot keep ~10,000 TTL checks")
 	grpcN = flag.Int("grpc-clients", 3,
 		"real grpc-go xds:/// dispatchers (child processes) measured next to the light ones")
@@ -141,6 +146,12 @@ func main() {
 		os.Exit(runFloorChild(frames))
 	}
 	flag.Parse()
+	if *streamsPerConnFlag < 1 {
+		fmt.Fprintf(os.Stderr, "leasehold-bench: --streams-per-conn %d: want at least 1\n",
+			*streamsPerConnFlag)
+		os.Exit(2)
+	}
+	streamsPerConn = *streamsPerConnFlag
 	runner := run
 	if *churnMode {
 		runner = runChurn
@@ -414,7 +425,12 @@ const (
 )
 
 // streamsPerConn is how many light streams share a connection.
-const streamsPerConn = 100
+var streamsPerConnFlag = flag.Int("streams-per-conn", 100,
+	"light streams per gRPC connection (1: a connection per stream, as real dispatchers "+
+		"each dial leasehold, with the server's buffers and goroutines per connection)")
+
+// streamsPerConn is --streams-per-conn, at least 1.
+var streamsPerConn = 100
 
 // startDispatchers starts m light streams following tasks, each subscribing
 // to edsNames(task, shards[task]) (nil shards: one per task), perConn to a
@@ -807,6 +823,12 @@ func (res results) invocation() string {
 	}
 	if *settle != defaultSettle {
 		cmd, extended = cmd+" --settle "+settle.String(), true
+	}
+	if streamsPerConn != 100 {
+		cmd, extended = cmd+fmt.Sprintf(" --streams-per-conn %d", streamsPerConn), true
+	}
+	if *consulDev {
+		cmd, extended = cmd+" --consul-dev", true
 	}
 	if res.busy != nil {
 		cmd, extended = cmd+fmt.Sprintf(" --flapping %d --flap-rate %g",

@@ -121,7 +121,7 @@ func (b *bench) startConsul() error {
 	if err != nil {
 		return err
 	}
-	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench",
+	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench", Server: !*consulDev,
 		ExtraHCL: `limits { http_max_conns_per_client = 1000 }` + "\nenable_debug = true\n" +
 			gossipHCL()})
 	if agent != nil {
@@ -140,7 +140,7 @@ func (b *bench) startConsul() error {
 	if err := b.startClientAgents(bin); err != nil {
 		return err
 	}
-	b.pids = findConsulPIDs()
+	b.pids = findConsulPIDs(b.agent.PID())
 	logf("Consul agents: server pid %d, client pids %v", b.pids.server, b.pids.clients)
 	return nil
 }
@@ -159,7 +159,7 @@ func gossipHCL() string {
 		"\"3s\"\n  suspicion_mult = 8\n}\n"
 }
 
-// startClientAgents joins --agents - 1 client agents to the dev server.
+// startClientAgents joins --agents - 1 client agents to the server.
 func (b *bench) startClientAgents(bin string) error {
 	for i := 1; i < *agents; i++ {
 		ca, err := consultest.Launch(bin, consultest.Options{

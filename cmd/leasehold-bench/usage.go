@@ -58,7 +58,7 @@ func statParent(stat string) (ppid int, comm string) {
 	return ppid, stat[i+1 : j]
 }
 
-// consulPIDs are the Consul agent processes this harness started: the dev
+// consulPIDs are the Consul agent processes this harness started: the
 // server and the client agents.
 type consulPIDs struct {
 	server  int
@@ -66,8 +66,8 @@ type consulPIDs struct {
 }
 
 // findConsulPIDs finds them among this process's children (consultest
-// starts each agent as a direct child; the dev server runs with -dev).
-func findConsulPIDs() consulPIDs {
+// starts each agent as a direct child); server is the server's pid.
+func findConsulPIDs(server int) consulPIDs {
 	var p consulPIDs
 	self := os.Getpid()
 	stats, _ := filepath.Glob("/proc/[0-9]*/stat")
@@ -81,8 +81,7 @@ func findConsulPIDs() consulPIDs {
 			continue
 		}
 		pid, _ := strconv.Atoi(filepath.Base(filepath.Dir(path)))
-		args, _ := os.ReadFile(filepath.Join(filepath.Dir(path), "cmdline"))
-		if slices.Contains(strings.Split(string(args), "\x00"), "-dev") {
+		if pid == server {
 			p.server = pid
 		} else {
 			p.clients = append(p.clients, pid)

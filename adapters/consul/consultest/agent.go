@@ -55,6 +55,12 @@ type Options struct {
 	// FederateWith, for a dev server, joins that dev server's datacenter
 	// over WAN (another Datacenter): ?dc= reads then work through either.
 	FederateWith *Agent
+	// Server starts a server that is not -dev: bootstrap_expect 1 with raft
+	// on disk, as a production server runs. A -dev agent indents every JSON
+	// answer (DevMode pretty-prints), so what a watch costs it — the
+	// encoding, the bytes, their gzip — is not what it costs a real server:
+	// benchmarks of Consul's load use this. Not with JoinClientOf.
+	Server bool
 
 	member *clusterMember // set by StartCluster: a non-dev server or client of a cluster
 }
@@ -67,7 +73,7 @@ type TLSFiles struct {
 // Agent is a running (or stopped) Consul dev agent.
 type Agent struct {
 	client  bool // a client agent joined to a dev server
-	server  bool // a server of a StartCluster cluster (not -dev)
+	server  bool // a server that is not -dev (StartCluster's, or Options.Server)
 	t       testing.TB
 	bin     string
 	dir     string
@@ -165,7 +171,8 @@ func Start(t testing.TB, opts ...Options) *Agent {
 	return a
 }
 
-// Launch starts a dev agent outside a test (demo, benchmarks) and waits until
+// Launch starts an agent outside a test (demo, benchmarks; a dev agent unless
+// o says otherwise) and waits until
 // it is ready. Close stops it and removes its data dir. On error the returned
 // Agent, if any, still needs Close.
 func Launch(bin string, o Options) (*Agent, error) {
@@ -173,7 +180,12 @@ func Launch(bin string, o Options) (*Agent, error) {
 	if err != nil {
 		return nil, err
 	}
-	a := &Agent{bin: bin, dir: dir, Node: o.NodeName, client: o.JoinClientOf != nil}
+	if o.Server && o.JoinClientOf != nil {
+		os.RemoveAll(dir)
+		return nil, errors.New("consultest: Options.Server and JoinClientOf: an agent is a server or a client")
+	}
+	a := &Agent{bin: bin, dir: dir, Node: o.NodeName, client: o.JoinClientOf != nil,
+		server: o.Server}
 	if a.Node == "" {
 		a.Node = "lh-" + sanitize("agent")
 	}
@@ -194,6 +206,16 @@ func Launch(bin string, o Options) (*Agent, error) {
 func (a *Agent) Close() {
 	a.Stop()
 	os.RemoveAll(a.dir)
+}
+
+// PID is the agent process's id (0 when it is not running).
+func (a *Agent) PID() int {
+	a.mu.Lock()
+	defer a.mu.Unlock()
+	if a.cmd == nil || a.cmd.Process == nil {
+		return 0
+	}
+	return a.cmd.Process.Pid
 }
 
 // Log is the tail of the agent's output.
@@ -286,6 +308,12 @@ log_level = %q
 	}
 	if m := o.member; m != nil {
 		hcl += m.hcl()
+	}
+	if o.Server {
+		// What -dev would give that tests rely on: raft at full speed and
+		// Connect (Consul's own xDS) on.
+		hcl += "server = true\nbootstrap_expect = 1\nperformance {\n  raft_multiplier = 1\n}\n" +
+			"connect {\n  enabled = true\n}\n"
 	}
 	a.cfgPath = filepath.Join(a.dir, "agent.hcl")
 	return os.WriteFile(a.cfgPath, []byte(hcl), 0o600)

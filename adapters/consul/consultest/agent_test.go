@@ -1,6 +1,8 @@
 package consultest
 
 import (
+	"io"
+	"net/http"
 	"os"
 	"strings"
 	"testing"
@@ -45,6 +47,47 @@ func TestMissingBinarySaysMakeConsul(t *testing.T) {
 	_, err = Binary()
 	if err == nil || !strings.Contains(err.Error(), "make consul") {
 		t.Fatalf("error %v does not say `make consul`", err)
+	}
+}
+
+// A server started with Options.Server is not -dev: its JSON answers are
+// not indented, as a production server's are not, while a dev agent indents
+// every answer. Benchmarks of what Consul pays for leasehold's reads depend
+// on the difference; a client agent joins the server as it joins a dev one.
+func TestAServerIsNotDevAndAnswersUnindented(t *testing.T) {
+	body := func(a *Agent) string {
+		t.Helper()
+		resp, err := http.Get("http://" + a.HTTPAddr() + "/v1/catalog/nodes")
+		if err != nil {
+			t.Fatal(err)
+		}
+		defer resp.Body.Close()
+		b, err := io.ReadAll(resp.Body)
+		if err != nil || resp.StatusCode != http.StatusOK {
+			t.Fatalf("catalog nodes: %d %v", resp.StatusCode, err)
+		}
+		return string(b)
+	}
+	server := Start(t, Options{Server: true})
+	if b := body(server); strings.Contains(b, "\n") || !strings.Contains(b, `"Node":"`) {
+		t.Fatalf("a server that is not -dev answered indented JSON (or none): %q", b)
+	}
+	if self, err := server.Client().Agent().Self(); err != nil ||
+		self["DebugConfig"]["DevMode"] != false || self["DebugConfig"]["ServerMode"] != true {
+		t.Fatalf("not a server out of dev mode: DevMode %v, ServerMode %v (%v)",
+			self["DebugConfig"]["DevMode"], self["DebugConfig"]["ServerMode"], err)
+	}
+	client := Start(t, Options{NodeName: "client-of-server", JoinClientOf: server})
+	if nodes, _, err := client.Client().Catalog().Nodes(nil); err != nil || len(nodes) != 2 {
+		t.Fatalf("nodes through the client: %v %v", nodes, err)
+	}
+	dev := Start(t, Options{NodeName: "dev"})
+	if b := body(dev); !strings.Contains(b, "\n    ") {
+		t.Fatalf("a dev agent no longer indents (the case Options.Server is for): %q", b)
+	}
+	if _, err := Launch(RequireBinary(t), Options{Server: true, JoinClientOf: server}); err == nil ||
+		!strings.Contains(err.Error(), "Options.Server and JoinClientOf") {
+		t.Fatalf("a server and a client at once: %v", err)
 	}
 }
 
