@@ -32,10 +32,10 @@ type taskState struct {
 	print  taskPrint
 	// The members by the checks of their read (service and node checks), by
 	// instance id, by node, and by checkRef{node, service id}.
-	checks   map[checkRef][]int32
-	insts    map[string][]int32
-	nodes    map[string][]int32
-	services map[checkRef][]int32
+	checks   places[checkRef]
+	insts    places[string]
+	nodes    map[string][]int32 // a few nodes, each with many members
+	services places[checkRef]
 	// Members whose read saw a check non-passing: their join follows the
 	// non-passing set's index even when the set has no entry for it.
 	nonPassing []int32
@@ -64,10 +64,10 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 		prints: make([]uint64, n),
 		// A member's own lease check and its node's checks, which its
 		// node's other members share: about one entry per member.
-		checks:   make(map[checkRef][]int32, n),
-		insts:    make(map[string][]int32, n),
+		checks:   newPlaces[checkRef](n),
+		insts:    newPlaces[string](n),
 		nodes:    map[string][]int32{},
-		services: make(map[checkRef][]int32, n),
+		services: newPlaces[checkRef](n),
 		bad:      map[string]string{},
 		owned:    true, all: true, fresh: true, touched: true,
 	}
@@ -76,7 +76,7 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 		np := false
 		for _, c := range m.Checks {
 			k := checkRef{c.Node, c.CheckID}
-			ts.checks[k] = append(ts.checks[k], int32(i))
+			ts.checks.add(k, int32(i))
 			np = np || c.Status != health.StatusPassing
 		}
 		if np {
@@ -86,10 +86,10 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 			(ts.shortestLease == 0 || l < ts.shortestLease) {
 			ts.shortestLease = l
 		}
-		ts.insts[m.InstanceID] = append(ts.insts[m.InstanceID], int32(i))
+		ts.insts.add(m.InstanceID, int32(i))
 		ts.nodes[m.Node] = append(ts.nodes[m.Node], int32(i))
 		k := checkRef{m.Node, m.ServiceID}
-		ts.services[k] = append(ts.services[k], int32(i))
+		ts.services.add(k, int32(i))
 		ts.execs[i] = m.Executor
 	}
 	return ts
@@ -262,7 +262,7 @@ func (s *Syncer) markNonPassing(name string, d *dcState) {
 	{
 		moved := d.np.EachChange(d.npJoined, func(c health.CheckState) {
 			for _, ts := range fleet {
-				for _, i := range ts.checks[checkRef{c.Node, c.CheckID}] {
+				for i := range ts.checks.of(checkRef{c.Node, c.CheckID}) {
 					ts.mark(i)
 				}
 				// a check the members' reads lack counts too (health.Join)
@@ -271,7 +271,7 @@ func (s *Syncer) markNonPassing(name string, d *dcState) {
 						ts.mark(i)
 					}
 				} else {
-					for _, i := range ts.services[checkRef{c.Node, c.ServiceID}] {
+					for i := range ts.services.of(checkRef{c.Node, c.ServiceID}) {
 						ts.mark(i)
 					}
 				}
@@ -338,12 +338,11 @@ func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct
 	for inst := range instances {
 		group = group[:0]
 		for _, ts := range s.fleet {
-			idx := ts.insts[inst]
-			if len(idx) == 0 {
+			if _, ok := ts.insts.first[inst]; !ok {
 				continue
 			}
 			ts.own()
-			for _, i := range idx {
+			for i := range ts.insts.of(inst) {
 				ts.mark(i)
 				group = append(group, &ts.execs[i])
 			}

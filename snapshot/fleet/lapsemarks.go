@@ -35,7 +35,7 @@ func (s *Syncer) markLapseMarks(instances map[string]struct{}) {
 		for inst := range s.mergeMarks() {
 			instances[inst] = struct{}{}
 			for _, ts := range s.fleet {
-				for _, i := range ts.insts[inst] {
+				for i := range ts.insts.of(inst) {
 					ts.mark(i)
 				}
 			}

@@ -79,7 +79,7 @@ func (s *Syncer) indexSessions(tasks []fleetKey, instances map[string]struct{}) 
 			if ts == nil {
 				continue
 			}
-			for _, i := range ts.insts[inst] {
+			for i := range ts.insts.of(inst) {
 				regs = append(regs, ts.execs[i])
 			}
 		}
