@@ -108,8 +108,12 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 	clock := w.cfg.Clock
 	var index uint64
 	var at time.Time // when Consul answered index
+	// Failing queries are retried at a backing-off pace, not 8 a second
+	// for as long as Consul fails.
+	bo := newBackoff(probeEvery, probeBackoffCap)
 	for w.quiet.await(ctx) {
 		start := clock.Now()
+		every := probeEvery
 		select {
 		case w.slots <- struct{}{}:
 			wait := max(settleQuiet-clock.Since(at), time.Millisecond)
@@ -127,6 +131,7 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 				}
 				w.errs.Add(ctx, 1, kind)
 				next = 0 // the next query answers at once: no pause
+				every = bo.next()
 			case index != 0 && next == index:
 				if clock.Since(at) >= settleQuiet {
 					w.quiet.paused()
@@ -134,10 +139,13 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 			default: // moved, or a first answer
 				at = clock.Now()
 			}
+			if err == nil {
+				bo.reset()
+			}
 			index = next
 		default:
 		}
-		if !pause(ctx, clock, probeEvery-clock.Since(start), nil) {
+		if !pause(ctx, clock, every-clock.Since(start), nil) {
 			return
 		}
 	}
@@ -147,6 +155,11 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 // at once, so this is its rate then (8 a second), and a pause is seen
 // settleQuiet to settleQuiet+probeEvery after the last change.
 const probeEvery = settleQuiet / 2
+
+// probeBackoffCap is the longest wait between failing probe queries: a
+// pause is not seen while Consul fails, and the watches then read at the
+// budget's pace, as they would without the probe.
+const probeBackoffCap = 5 * time.Second
 
 // awaitSettling is readBudget.wait for a task watch while the quiet probe
 // runs: it ends when the debt is paid, or at a pause of the datacenter's

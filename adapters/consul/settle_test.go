@@ -2,10 +2,12 @@ package consul
 
 import (
 	"context"
+	"errors"
 	"fmt"
 	"net/http"
 	"strings"
 	"sync"
+	"sync/atomic"
 	"testing"
 	"time"
 
@@ -23,6 +25,7 @@ import (
 type servicesIndexFake struct {
 	clock clockwork.Clock
 	moves int
+	fail  atomic.Bool // every query fails
 	mu    sync.Mutex
 	calls int
 }
@@ -34,6 +37,9 @@ func (f *servicesIndexFake) ServicesIndex(
 	f.calls++
 	n := f.calls
 	f.mu.Unlock()
+	if f.fail.Load() {
+		return 0, errors.New("consul: 500 no leader")
+	}
 	if n <= f.moves {
 		return uint64(n), nil
 	}
@@ -189,6 +195,53 @@ func TestTheQuietProbeQueriesOnlyForAWaitingWatch(t *testing.T) {
 	clock.Advance(time.Hour)
 	if m := fake.queries(); m > n+1 {
 		t.Fatalf("%d queries after the last watch left", m-n)
+	}
+}
+
+// While Consul fails the probe's queries, it backs off to one every few
+// seconds instead of 8 a second, and it is back at its pace once a query
+// answers.
+func TestTheQuietProbeBacksOffWhileConsulFails(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
+		Out: make(chan health.Observation, 1)})
+	w.quiet = newQuietProbe()
+	fake := &servicesIndexFake{clock: clock, moves: 1 << 30}
+	fake.fail.Store(true)
+	ctx, cancel := context.WithCancel(context.Background())
+	probed := make(chan struct{})
+	go func() { defer close(probed); w.probeQuiet(ctx, fake) }()
+	defer func() { cancel(); <-probed }()
+	_, leave := w.quiet.join()
+	defer leave()
+	// run advances the fake clock by d, 50 ms at a time, each step once the
+	// probe waits on it; it returns the queries made meanwhile.
+	run := func(d time.Duration) int {
+		t.Helper()
+		before := fake.queries()
+		deadline := time.Now().Add(20 * time.Second)
+		for passed := time.Duration(0); passed < d; passed += 50 * time.Millisecond {
+			if time.Now().After(deadline) {
+				t.Fatalf("the probe stopped waiting on the clock after %s", passed)
+			}
+			bctx, bcancel := context.WithTimeout(ctx, time.Second)
+			if err := clock.BlockUntilContext(bctx, 1); err != nil {
+				bcancel()
+				t.Fatalf("the probe never waited on the clock after %s", passed)
+			}
+			bcancel()
+			clock.Advance(50 * time.Millisecond)
+		}
+		return fake.queries() - before
+	}
+	// 60 s at 8 a second would be 480 queries; backing off to 5 s, ~20.
+	if n := run(60 * time.Second); n > 30 || n < 5 {
+		t.Fatalf("%d failing queries in 60 s: want a backing-off few (5 to 30)", n)
+	}
+	fake.fail.Store(false)
+	run(probeBackoffCap) // the wait in progress ends
+	if n := run(5 * time.Second); n < 30 {
+		t.Fatalf("%d queries in 5 s once Consul answers: want its pace back (~40)", n)
 	}
 }
 
