@@ -146,10 +146,10 @@ func churnSummary(runs []*churner) string {
 	var b strings.Builder
 	fmt.Fprintf(&b,
 		"%d runs of `leasehold-bench --churn --executors %d --tasks %d --agents %d "+
-			"--churn-canaries %d --lease %s --heartbeat %s`, %s, %d cores; passes "+
+			"--churn-canaries %d --lease %s --heartbeat %s%s`, %s, %d cores; passes "+
 			"alternate which goes first.\n\n",
 		len(runs), *executors, max(1, *tasks), *agents, *churnCanaries, *lease,
-		*heartbeat, time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
+		*heartbeat, setupFlags(), time.Now().UTC().Format("2006-01-02"), runtime.NumCPU())
 	b.WriteString("| step | time with ÷ without, each run | median | leasehold's reads per " +
 		"change (wire / JSON), median | false lapses (all runs) | lapse → stop (all " +
 		"runs) | of which Consul: expiry → its catalog shows it critical " +
@@ -613,9 +613,9 @@ func (c *churner) markdown() string {
 	var b strings.Builder
 	fmt.Fprintf(&b,
 		"\n`leasehold-bench --churn --executors %d --tasks %d --agents %d --churn-canaries %d "+
-			"--lease %s --heartbeat %s --churn-first %s` (load average %s at its end)\n\n",
+			"--lease %s --heartbeat %s --churn-first %s%s` (load average %s at its end)\n\n",
 		*executors, len(c.f.tasks), len(c.b.clients), *churnCanaries,
-		*lease, *heartbeat, c.first, loadAverage())
+		*lease, *heartbeat, c.first, setupFlags(), loadAverage())
 	b.WriteString("| step | without leasehold | with leasehold | ratio | Consul CPU without / " +
 		"with | leasehold CPU | leasehold read per change (wire / JSON) | by watch (JSON " +
 		"per change) | budget wait | requests | false lapses | lapse → stop | view = " +

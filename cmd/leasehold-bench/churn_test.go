@@ -2,6 +2,7 @@ package main
 
 import (
 	"flag"
+	"strings"
 	"testing"
 )
 
@@ -50,6 +51,26 @@ func TestEqualApartIgnoresOnlyTheIgnored(t *testing.T) {
 	} {
 		if got := equalApart(tc.a, tc.b, ignore); got != tc.want {
 			t.Errorf("equalApart(%v, %v) = %v, want %v", tc.a, tc.b, got, tc.want)
+		}
+	}
+}
+
+// The churn's reported command line names --consul-dev and
+// --streams-per-conn when they were given: both change what Consul and
+// leasehold pay, so a result without them could not be told from the
+// default run's.
+func TestChurnSummaryNamesTheConsulServerAndStreamsPerConn(t *testing.T) {
+	savedDev, savedPer := *consulDev, streamsPerConn
+	t.Cleanup(func() { *consulDev, streamsPerConn = savedDev, savedPer })
+	if s := churnSummary(nil); strings.Contains(s, "--consul-dev") ||
+		strings.Contains(s, "--streams-per-conn") {
+		t.Fatalf("the defaults named: %q", s)
+	}
+	*consulDev, streamsPerConn = true, 1
+	s := churnSummary(nil)
+	for _, want := range []string{" --consul-dev", " --streams-per-conn 1"} {
+		if !strings.Contains(s, want) {
+			t.Errorf("summary lacks %q: %q", want, s)
 		}
 	}
 }

@@ -798,6 +798,20 @@ func (res results) markdown() string {
 	return b.String()
 }
 
+// setupFlags are --streams-per-conn and --consul-dev as given (each with a
+// leading space), or "" for the defaults: every reported command line names
+// them, as both change what leasehold and Consul pay.
+func setupFlags() string {
+	var f string
+	if streamsPerConn != 100 {
+		f += fmt.Sprintf(" --streams-per-conn %d", streamsPerConn)
+	}
+	if *consulDev {
+		f += " --consul-dev"
+	}
+	return f
+}
+
 // invocation is the command line of the run: `make bench`'s unless
 // --tasks, --bulk-lease or --flapping were used.
 func (res results) invocation() string {
@@ -824,11 +838,8 @@ func (res results) invocation() string {
 	if *settle != defaultSettle {
 		cmd, extended = cmd+" --settle "+settle.String(), true
 	}
-	if streamsPerConn != 100 {
-		cmd, extended = cmd+fmt.Sprintf(" --streams-per-conn %d", streamsPerConn), true
-	}
-	if *consulDev {
-		cmd, extended = cmd+" --consul-dev", true
+	if f := setupFlags(); f != "" {
+		cmd, extended = cmd+f, true
 	}
 	if res.busy != nil {
 		cmd, extended = cmd+fmt.Sprintf(" --flapping %d --flap-rate %g",
