@@ -41,7 +41,7 @@ var (
 		"with --churn: write a 10 s CPU profile of the Consul server taken during the "+
 			"--consul-profile-step with leasehold to this file (and without it to FILE.without)")
 	consulProfileStep = flag.String("consul-profile-step", "restart",
-		"with --consul-profile: the step profiled (register or restart)")
+		"with --consul-profile: the step profiled (register, restart or deregister)")
 	churnFirst = flag.String("churn-first", "without",
 		"with --churn and one run: which pass runs first, without or with (leasehold)")
 	churnRuns = flag.Int("churn-runs", 3,

@@ -424,7 +424,7 @@ const (
 	defaultSettle       = 10 * time.Second
 )
 
-// streamsPerConn is how many light streams share a connection.
+// streamsPerConnFlag is how many light streams share a connection.
 var streamsPerConnFlag = flag.Int("streams-per-conn", 100,
 	"light streams per gRPC connection (1: a connection per stream, as real dispatchers "+
 		"each dial leasehold, with the server's buffers and goroutines per connection)")
