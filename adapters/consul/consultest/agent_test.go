@@ -73,9 +73,11 @@ func TestAServerIsNotDevAndAnswersUnindented(t *testing.T) {
 		t.Fatalf("a server that is not -dev answered indented JSON (or none): %q", b)
 	}
 	if self, err := server.Client().Agent().Self(); err != nil ||
-		self["DebugConfig"]["DevMode"] != false || self["DebugConfig"]["ServerMode"] != true {
-		t.Fatalf("not a server out of dev mode: DevMode %v, ServerMode %v (%v)",
-			self["DebugConfig"]["DevMode"], self["DebugConfig"]["ServerMode"], err)
+		self["DebugConfig"]["DevMode"] != false || self["DebugConfig"]["ServerMode"] != true ||
+		self["DebugConfig"]["ConnectEnabled"] != true {
+		t.Fatalf("not a server out of dev mode with Connect on: DevMode %v, ServerMode %v, "+
+			"ConnectEnabled %v (%v)", self["DebugConfig"]["DevMode"],
+			self["DebugConfig"]["ServerMode"], self["DebugConfig"]["ConnectEnabled"], err)
 	}
 	client := Start(t, Options{NodeName: "client-of-server", JoinClientOf: server})
 	if nodes, _, err := client.Client().Catalog().Nodes(nil); err != nil || len(nodes) != 2 {
@@ -88,6 +90,30 @@ func TestAServerIsNotDevAndAnswersUnindented(t *testing.T) {
 	if _, err := Launch(RequireBinary(t), Options{Server: true, JoinClientOf: server}); err == nil ||
 		!strings.Contains(err.Error(), "Options.Server and JoinClientOf") {
 		t.Fatalf("a server and a client at once: %v", err)
+	}
+}
+
+// A server started with Options.Server keeps its raft state on disk: after
+// RestartKeepingState it still holds what was written (a -dev agent's raft is
+// in memory), while Restart wipes the state and the server bootstraps again.
+func TestAServerKeepsItsRaftStateOnlyAcrossRestartKeepingState(t *testing.T) {
+	server := Start(t, Options{Server: true})
+	if _, err := server.Client().KV().Put(&api.KVPair{Key: "kept", Value: []byte("v")},
+		nil); err != nil {
+		t.Fatal(err)
+	}
+	server.RestartKeepingState()
+	if kv, _, err := server.Client().KV().Get("kept", nil); err != nil || kv == nil ||
+		string(kv.Value) != "v" {
+		t.Fatalf("after RestartKeepingState: %v %v, want the key kept", kv, err)
+	}
+	server.Restart()
+	if kv, _, err := server.Client().KV().Get("kept", nil); err != nil || kv != nil {
+		t.Fatalf("after Restart: %v %v, want the key gone", kv, err)
+	}
+	if self, err := server.Client().Agent().Self(); err != nil ||
+		self["DebugConfig"]["DevMode"] != false {
+		t.Fatalf("restarted as a -dev agent: DevMode %v (%v)", self["DebugConfig"]["DevMode"], err)
 	}
 }
 
