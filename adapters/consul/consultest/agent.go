@@ -70,9 +70,10 @@ type TLSFiles struct {
 	CA, Cert, Key string
 }
 
-// Agent is a running (or stopped) Consul dev agent.
+// Agent is a running (or stopped) Consul agent: a dev agent unless it is a
+// client or a server that is not -dev.
 type Agent struct {
-	client  bool // a client agent joined to a dev server
+	client  bool // a client agent joined to a server
 	server  bool // a server that is not -dev (StartCluster's, or Options.Server)
 	t       testing.TB
 	bin     string
@@ -143,8 +144,8 @@ func RequireBinary(t testing.TB) string {
 	return ""
 }
 
-// Start runs a dev agent for the test and waits until it has a leader and its
-// own node is in the catalog. It is stopped when the test ends.
+// Start runs an agent for the test (a dev agent unless opts say otherwise)
+// and waits until it has a leader and its own node is in the catalog. It is stopped when the test ends.
 func Start(t testing.TB, opts ...Options) *Agent {
 	t.Helper()
 	var o Options
@@ -172,9 +173,8 @@ func Start(t testing.TB, opts ...Options) *Agent {
 }
 
 // Launch starts an agent outside a test (demo, benchmarks; a dev agent unless
-// o says otherwise) and waits until
-// it is ready. Close stops it and removes its data dir. On error the returned
-// Agent, if any, still needs Close.
+// o says otherwise) and waits until it is ready. Close stops it and removes
+// its data dir. On error the returned Agent, if any, still needs Close.
 func Launch(bin string, o Options) (*Agent, error) {
 	dir, err := os.MkdirTemp("", "leasehold-consul-")
 	if err != nil {

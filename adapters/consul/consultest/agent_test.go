@@ -87,8 +87,11 @@ func TestAServerIsNotDevAndAnswersUnindented(t *testing.T) {
 	if b := body(dev); !strings.Contains(b, "\n    ") {
 		t.Fatalf("a dev agent no longer indents (the case Options.Server is for): %q", b)
 	}
-	if _, err := Launch(RequireBinary(t), Options{Server: true, JoinClientOf: server}); err == nil ||
-		!strings.Contains(err.Error(), "Options.Server and JoinClientOf") {
+	both, err := Launch(RequireBinary(t), Options{Server: true, JoinClientOf: server})
+	if both != nil {
+		both.Close() // had it started, the agent would outlive the test
+	}
+	if err == nil || !strings.Contains(err.Error(), "Options.Server and JoinClientOf") {
 		t.Fatalf("a server and a client at once: %v", err)
 	}
 }
