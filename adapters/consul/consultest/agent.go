@@ -145,7 +145,8 @@ func RequireBinary(t testing.TB) string {
 }
 
 // Start runs an agent for the test (a dev agent unless opts say otherwise)
-// and waits until it has a leader and its own node is in the catalog. It is stopped when the test ends.
+// and waits until it has a leader and its own node is in the catalog. It is
+// stopped when the test ends.
 func Start(t testing.TB, opts ...Options) *Agent {
 	t.Helper()
 	var o Options
