@@ -148,17 +148,29 @@ func TestAPauseBorrowsAtMostTwoRounds(t *testing.T) {
 	}
 }
 
-// The probe queries only while a task watch waits for the budget.
-func TestTheQuietProbeQueriesOnlyForAWaitingWatch(t *testing.T) {
+// probing runs a Watcher's quiet probe on a servicesIndexFake whose every
+// query moves the index (a churning catalog), on a fake clock, until the test
+// ends; fail, when set, has every query fail from the start.
+func probing(
+	t *testing.T, fail bool,
+) (*Watcher, *servicesIndexFake, *clockwork.FakeClock, context.Context) {
+	t.Helper()
 	clock := clockwork.NewFakeClock()
 	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
 		Out: make(chan health.Observation, 1)})
 	w.quiet = newQuietProbe()
 	fake := &servicesIndexFake{clock: clock, moves: 1 << 30}
+	fake.fail.Store(fail)
 	ctx, cancel := context.WithCancel(context.Background())
 	probed := make(chan struct{})
 	go func() { defer close(probed); w.probeQuiet(ctx, fake) }()
-	defer func() { cancel(); <-probed }()
+	t.Cleanup(func() { cancel(); <-probed })
+	return w, fake, clock, ctx
+}
+
+// The probe queries only while a task watch waits for the budget.
+func TestTheQuietProbeQueriesOnlyForAWaitingWatch(t *testing.T) {
+	w, fake, clock, ctx := probing(t, false)
 	// Nobody waits: no query however long.
 	clock.Advance(time.Hour)
 	if n := fake.queries(); n != 0 {
@@ -202,16 +214,7 @@ func TestTheQuietProbeQueriesOnlyForAWaitingWatch(t *testing.T) {
 // seconds instead of 8 a second, and it is back at its pace once a query
 // answers.
 func TestTheQuietProbeBacksOffWhileConsulFails(t *testing.T) {
-	clock := clockwork.NewFakeClock()
-	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
-		Out: make(chan health.Observation, 1)})
-	w.quiet = newQuietProbe()
-	fake := &servicesIndexFake{clock: clock, moves: 1 << 30}
-	fake.fail.Store(true)
-	ctx, cancel := context.WithCancel(context.Background())
-	probed := make(chan struct{})
-	go func() { defer close(probed); w.probeQuiet(ctx, fake) }()
-	defer func() { cancel(); <-probed }()
+	w, fake, clock, ctx := probing(t, true)
 	_, leave := w.quiet.join()
 	defer leave()
 	// run advances the fake clock by d, 50 ms at a time, each step once the
