@@ -258,7 +258,7 @@ func (c *churner) pass(with bool) error {
 		dctx, stop := context.WithCancel(b.ctx)
 		defer stop()
 		if ds, err = startDispatchers(dctx, srv.xds, len(c.f.tasks), c.f.tasks,
-			c.f.shards(), streamsPerConn); err != nil {
+			c.f.shards(), *streamsPerConn); err != nil {
 			return err
 		}
 		if d := c.converge(ds, 60*time.Second); d < 0 {

@@ -60,13 +60,13 @@ func TestEqualApartIgnoresOnlyTheIgnored(t *testing.T) {
 // leasehold pay, so a result without them could not be told from the
 // default run's.
 func TestChurnSummaryNamesTheConsulServerAndStreamsPerConn(t *testing.T) {
-	savedDev, savedPer := *consulDev, streamsPerConn
-	t.Cleanup(func() { *consulDev, streamsPerConn = savedDev, savedPer })
+	savedDev, savedPer := *consulDev, *streamsPerConn
+	t.Cleanup(func() { *consulDev, *streamsPerConn = savedDev, savedPer })
 	if s := churnSummary(nil); strings.Contains(s, "--consul-dev") ||
 		strings.Contains(s, "--streams-per-conn") {
 		t.Fatalf("the defaults named: %q", s)
 	}
-	*consulDev, streamsPerConn = true, 1
+	*consulDev, *streamsPerConn = true, 1
 	s := churnSummary(nil)
 	for _, want := range []string{" --consul-dev", " --streams-per-conn 1"} {
 		if !strings.Contains(s, want) {

@@ -26,9 +26,9 @@ func startStreams(
 	ctx context.Context, addr string, m int, tasks []string, shards map[string]int,
 ) (*dispatcherSet, error) {
 	if *deltaStreams {
-		return startDeltaDispatchers(ctx, addr, m, tasks, shards, streamsPerConn)
+		return startDeltaDispatchers(ctx, addr, m, tasks, shards, *streamsPerConn)
 	}
-	return startDispatchers(ctx, addr, m, tasks, shards, streamsPerConn)
+	return startDispatchers(ctx, addr, m, tasks, shards, *streamsPerConn)
 }
 
 // startDeltaDispatchers is startDispatchers speaking delta xDS: each stream

@@ -59,7 +59,7 @@ func TestDeltaStreamsFollowEachShard(t *testing.T) {
 	go g.Serve(lis)
 	defer g.Stop()
 	ds, err := startDeltaDispatchers(ctx, lis.Addr().String(), streams, []string{task},
-		map[string]int{task: 2}, streamsPerConn)
+		map[string]int{task: 2}, *streamsPerConn)
 	if err != nil {
 		t.Fatal(err)
 	}

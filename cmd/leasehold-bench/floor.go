@@ -142,7 +142,7 @@ func (b *bench) floor() error {
 	// every task type: one task's push then went out over several
 	// connections, not one.
 	ds, err := startDispatchers(ctx, p.addr, b.res.floorStreams, b.fleet.tasks[:1],
-		b.fleet.shards(), max(1, streamsPerConn/len(b.fleet.tasks)))
+		b.fleet.shards(), max(1, *streamsPerConn/len(b.fleet.tasks)))
 	if err != nil {
 		return err
 	}

@@ -170,7 +170,7 @@ func TestPlanFloorFollowsEachShard(t *testing.T) {
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
 	ds, err := startDispatchers(ctx, lis.Addr().String(), 3, []string{task},
-		map[string]int{task: 2}, streamsPerConn)
+		map[string]int{task: 2}, *streamsPerConn)
 	if err != nil {
 		t.Fatal(err)
 	}

@@ -146,12 +146,11 @@ func main() {
 		os.Exit(runFloorChild(frames))
 	}
 	flag.Parse()
-	if *streamsPerConnFlag < 1 {
+	if *streamsPerConn < 1 {
 		fmt.Fprintf(os.Stderr, "leasehold-bench: --streams-per-conn %d: want at least 1\n",
-			*streamsPerConnFlag)
+			*streamsPerConn)
 		os.Exit(2)
 	}
-	streamsPerConn = *streamsPerConnFlag
 	runner := run
 	if *churnMode {
 		runner = runChurn
@@ -424,13 +423,13 @@ const (
 	defaultSettle       = 10 * time.Second
 )
 
-// streamsPerConnFlag is how many light streams share a connection.
-var streamsPerConnFlag = flag.Int("streams-per-conn", 100,
+// streamsPerConn is how many light streams share a connection (at least 1,
+// checked when the flags are parsed).
+var streamsPerConn = flag.Int("streams-per-conn", defaultStreamsPerConn,
 	"light streams per gRPC connection (1: a connection per stream, as real dispatchers "+
 		"each dial leasehold, with the server's buffers and goroutines per connection)")
 
-// streamsPerConn is --streams-per-conn, at least 1.
-var streamsPerConn = 100
+const defaultStreamsPerConn = 100
 
 // startDispatchers starts m light streams following tasks, each subscribing
 // to edsNames(task, shards[task]) (nil shards: one per task), perConn to a
@@ -803,8 +802,8 @@ func (res results) markdown() string {
 // them, as both change what leasehold and Consul pay.
 func setupFlags() string {
 	var f string
-	if streamsPerConn != 100 {
-		f += fmt.Sprintf(" --streams-per-conn %d", streamsPerConn)
+	if *streamsPerConn != defaultStreamsPerConn {
+		f += fmt.Sprintf(" --streams-per-conn %d", *streamsPerConn)
 	}
 	if *consulDev {
 		f += " --consul-dev"
