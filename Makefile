@@ -46,7 +46,7 @@ lint: $(STATICCHECK)
 	$(STATICCHECK) ./...
 
 # Fuzz targets, with their committed seed corpora (testdata/fuzz).
-FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzDispatcherKey:./health FuzzTranslate:./snapshot/translator FuzzExecutorPrint:./snapshot/translator
+FUZZ := FuzzParseRegistration:./health FuzzNewDispatcher:./health FuzzDispatcherKey:./health FuzzTranslate:./snapshot/translator FuzzExecutorPrint:./snapshot/translator FuzzLeanListings:./adapters/consul
 FUZZTIME ?= 3s
 
 # Packages run one at a time (-p 1): the drills start real Consul agents,

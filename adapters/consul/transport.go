@@ -5,10 +5,13 @@ import (
 	"compress/gzip"
 	"context"
 	"errors"
+	"fmt"
 	"io"
 	"net/http"
 	"strings"
 	"sync/atomic"
+
+	"github.com/hashicorp/consul/api"
 )
 
 // readSizes collects the bytes of the answers to the requests made with a
@@ -68,7 +71,64 @@ func (t sizingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.Uncompressed = true
 	}
 	resp.Body = &countingReader{r: body, n: sizes.counter(true)}
+	if c := bodyCaptureOf(req.Context()); c != nil && resp.StatusCode == http.StatusOK {
+		return c.take(resp)
+	}
 	return resp, nil
+}
+
+// bodyCapture takes the body of a successful answer to a request made with
+// a context carrying it (withBodyCapture) and hands the api client a JSON
+// null in its place: the listings leasehold decodes itself (listing.go)
+// are then not decoded twice. The status, headers and query metadata stay
+// the api client's to read; an answer that is not 200 is left alone, for
+// the client's errors.
+type bodyCapture struct {
+	body  []byte
+	taken bool
+}
+
+type bodyCaptureKey struct{}
+
+// withBodyCapture returns ctx carrying a fresh bodyCapture.
+func withBodyCapture(ctx context.Context) (context.Context, *bodyCapture) {
+	c := new(bodyCapture)
+	return context.WithValue(ctx, bodyCaptureKey{}, c), c
+}
+
+func bodyCaptureOf(ctx context.Context) *bodyCapture {
+	c, _ := ctx.Value(bodyCaptureKey{}).(*bodyCapture)
+	return c
+}
+
+func (c *bodyCapture) take(resp *http.Response) (*http.Response, error) {
+	body, err := io.ReadAll(resp.Body)
+	resp.Body.Close()
+	if err != nil {
+		return nil, fmt.Errorf("reading the answer: %w", err)
+	}
+	c.body, c.taken = body, true
+	resp.Body = io.NopCloser(strings.NewReader("null"))
+	resp.ContentLength = int64(len("null"))
+	return resp, nil
+}
+
+// catalog is the catalog listing the request answered: decoded from the
+// captured body, or decoded (as given) by the api client when the client's
+// transport captured nothing (a client not built by NewClient).
+func (c *bodyCapture) catalog(decoded []*api.CatalogService) ([]*api.CatalogService, error) {
+	if !c.taken {
+		return decoded, nil
+	}
+	return decodeCatalogListing(c.body)
+}
+
+// health is catalog for a health listing.
+func (c *bodyCapture) health(decoded []*api.ServiceEntry) ([]*api.ServiceEntry, error) {
+	if !c.taken {
+		return decoded, nil
+	}
+	return decodeHealthListing(c.body)
 }
 
 func (s *readSizes) counter(decoded bool) *atomic.Int64 {

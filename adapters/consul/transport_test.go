@@ -4,9 +4,12 @@ import (
 	"bytes"
 	"compress/gzip"
 	"context"
+	"encoding/json"
+	"errors"
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -102,5 +105,86 @@ func TestSizingTransportHandlesEveryKindOfBody(t *testing.T) {
 	mode.Store("error-gzip")
 	if _, _, _, err := get(); err == nil || !strings.Contains(err.Error(), "no leader") {
 		t.Errorf("error body: %v", err)
+	}
+}
+
+// TestListingsAreDecodedOnceFromTheCapturedBody: a client built by
+// NewClient hands the task watch's listings to the lean decoder (an entry's
+// metadata with escapes comes out whole; the api client decoded only the
+// null put in the body's place), their sizes are still counted, the tag is
+// still asked for, and an answer that is not 200 keeps its body for the
+// error. A client built otherwise decodes as the api does.
+func TestListingsAreDecodedOnceFromTheCapturedBody(t *testing.T) {
+	catDoc := mustRead(t, "testdata/consul-1.13-catalog-service.json")
+	healthDoc := mustRead(t, "testdata/consul-1.13-health-service.json")
+	var status atomic.Int64
+	status.Store(200)
+	var tags atomic.Value
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		tags.Store(r.URL.Query().Get("tag"))
+		w.Header().Set("X-Consul-Index", "42")
+		if s := int(status.Load()); s != 200 {
+			w.WriteHeader(s)
+			w.Write([]byte("Permission denied: token lacks service:read"))
+			return
+		}
+		switch {
+		case strings.HasPrefix(r.URL.Path, "/v1/catalog/service/"):
+			w.Write(catDoc)
+		case strings.HasPrefix(r.URL.Path, "/v1/health/service/"):
+			w.Write(healthDoc)
+		default:
+			w.Write([]byte("[]"))
+		}
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	own, err := NewClient(addr, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := api.NewClient(&api.Config{Address: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	var want []*api.CatalogService
+	json.Unmarshal(catDoc, &want)
+	var wantHealth []*api.ServiceEntry
+	json.Unmarshal(healthDoc, &wantHealth)
+	for name, c := range map[string]*api.Client{"NewClient": own, "api.NewClient": plain} {
+		cat := apiCatalog{c: c}
+		ctx, sizes := withReadSizes(context.Background())
+		nodes, idx, err := cat.ServiceNodes(ctx, "fixture", "leasehold", 0, 0)
+		if err != nil || idx != 42 || len(nodes) != 2 || tags.Load() != "leasehold" {
+			t.Fatalf("%s: catalog %d entries, index %d, tag %v: %v", name, len(nodes), idx,
+				tags.Load(), err)
+		}
+		if !reflect.DeepEqual(nodes[0].ServiceMeta, want[0].ServiceMeta) ||
+			nodes[1].ServicePort != want[1].ServicePort {
+			t.Errorf("%s: catalog entry %s, want %s", name, dump(nodes[0]), dump(want[0]))
+		}
+		if name == "NewClient" {
+			if n := sizes.decoded.Load(); n != int64(len(catDoc)) {
+				t.Errorf("decoded size %d counted, the answer was %d", n, len(catDoc))
+			}
+			// Only the lean decoder keeps the node's address and nothing of
+			// its tagged addresses: what came back was not the api's decoding.
+			if nodes[0].TaggedAddresses != nil || want[0].TaggedAddresses == nil {
+				t.Errorf("the listing was decoded by the api client: %s", dump(nodes[0]))
+			}
+		}
+		entries, _, err := cat.HealthService(context.Background(), "fixture", "leasehold", nil)
+		if err != nil || len(entries) != 2 ||
+			entries[0].Checks[1].Output != wantHealth[0].Checks[1].Output ||
+			!reflect.DeepEqual(entries[1].Service.Meta, wantHealth[1].Service.Meta) {
+			t.Fatalf("%s: health %s: %v", name, dump(entries), err)
+		}
+		status.Store(403)
+		_, _, err = cat.HealthService(context.Background(), "fixture", "leasehold", nil)
+		var ae *ACLError
+		if !errors.As(err, &ae) || !strings.Contains(err.Error(), "token lacks service:read") {
+			t.Errorf("%s: a refused listing: %v", name, err)
+		}
+		status.Store(200)
 	}
 }

@@ -295,7 +295,7 @@ func (a apiCatalog) ServiceNodes(
 	wait time.Duration,
 ) ([]*api.CatalogService, uint64, error) {
 	if a.listed == nil { // every wake lists
-		s, meta, err := a.c.Catalog().Service(task, tag, a.query(ctx, index, wait))
+		s, meta, err := a.catalogListing(ctx, task, tag, index, wait)
 		if err := a.catalogCheck(ctx, "catalog service "+task, meta, err); err != nil {
 			return nil, 0, err
 		}
@@ -316,12 +316,26 @@ func (a apiCatalog) ServiceNodes(
 		return nil, 0, err
 	}
 	// The indexes were read first: a change after them moves them again.
-	s, meta, err := a.c.Catalog().Service(task, tag, a.query(ctx, 0, 0))
+	s, meta, err := a.catalogListing(ctx, task, tag, 0, 0)
 	if err := a.catalogCheck(ctx, "catalog service "+task, meta, err); err != nil {
 		return nil, 0, err
 	}
 	a.listed.set(key, regs)
 	return s, meta.LastIndex, nil
+}
+
+// catalogListing reads task's catalog entries carrying tag, decoded by
+// listing.go's lean decoder.
+func (a apiCatalog) catalogListing(
+	ctx context.Context, task, tag string, index uint64, wait time.Duration,
+) ([]*api.CatalogService, *api.QueryMeta, error) {
+	lctx, body := withBodyCapture(ctx)
+	s, meta, err := a.c.Catalog().Service(task, tag, a.query(lctx, index, wait))
+	if err != nil {
+		return nil, meta, err
+	}
+	s, err = body.catalog(s)
+	return s, meta, err
 }
 
 // errCatalogUnchanged: ServiceNodes woke at a new index of the task type,
@@ -416,7 +430,8 @@ func (a apiCatalog) HealthService(
 	task, tag string,
 	ids []string,
 ) ([]*api.ServiceEntry, uint64, error) {
-	q := a.query(ctx, 0, 0)
+	lctx, body := withBodyCapture(ctx)
+	q := a.query(lctx, 0, 0)
 	if ids != nil {
 		var f strings.Builder
 		for i, id := range ids {
@@ -435,6 +450,9 @@ func (a apiCatalog) HealthService(
 		q.Filter = f.String()
 	}
 	s, meta, err := a.c.Health().Service(task, tag, false, q)
+	if err == nil {
+		s, err = body.health(s)
+	}
 	if err := a.catalogCheck(ctx, "health service "+task, meta, err); err != nil {
 		return nil, 0, err
 	}
