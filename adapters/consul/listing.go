@@ -35,8 +35,8 @@ import (
 // errListing is the error of a listing that is not the JSON expected.
 var errListing = errors.New("consul listing")
 
-// maxListingDepth bounds how deeply skipped values may nest, as
-// encoding/json bounds any document (Consul's entries nest four levels).
+// maxListingDepth bounds how deeply a listing may nest, as encoding/json
+// bounds any document (Consul's entries nest five levels).
 const maxListingDepth = 10000
 
 // listingScan is a cursor over one JSON document. Its first error sticks:
@@ -106,6 +106,10 @@ func (s *listingScan) array(elem func()) {
 		s.fail("expected an array")
 		return
 	}
+	if !s.deeper() {
+		return
+	}
+	defer s.shallower()
 	s.i++
 	if s.ws() == ']' {
 		s.i++
@@ -136,6 +140,10 @@ func (s *listingScan) object(member func(key []byte)) {
 		s.fail("expected an object")
 		return
 	}
+	if !s.deeper() {
+		return
+	}
+	defer s.shallower()
 	s.i++
 	if s.ws() == '}' {
 		s.i++
@@ -168,6 +176,17 @@ func (s *listingScan) object(member func(key []byte)) {
 	}
 }
 
+// deeper enters an array or an object, failing past maxListingDepth.
+func (s *listingScan) deeper() bool {
+	if s.depth++; s.depth > maxListingDepth {
+		s.fail("nested too deeply")
+		return false
+	}
+	return true
+}
+
+func (s *listingScan) shallower() { s.depth-- }
+
 // quoted scans the string that is next and returns where its bytes lie
 // between the quotes (s.b[start:end]), and whether it must be unquoted by
 // encoding/json (it holds an escape or bytes outside ASCII).
@@ -184,7 +203,13 @@ func (s *listingScan) quoted() (start, end int, slow bool) {
 			return start, i, slow
 		case c == '\\':
 			slow = true
-			i++ // the escaped byte cannot end the string
+			n := escapeLen(s.b[i:])
+			if n == 0 {
+				s.i = i
+				s.fail("invalid escape in a string")
+				return 0, 0, false
+			}
+			i += n - 1
 		case c < 0x20:
 			s.i = i
 			s.fail("control character in a string")
@@ -196,6 +221,29 @@ func (s *listingScan) quoted() (start, end int, slow bool) {
 	s.i = len(s.b)
 	s.fail("unterminated string")
 	return 0, 0, false
+}
+
+// escapeLen is the length of the escape b starts with (b[0] is a
+// backslash), 0 if JSON has no such escape.
+func escapeLen(b []byte) int {
+	if len(b) < 2 {
+		return 0
+	}
+	switch b[1] {
+	case '"', '\\', '/', 'b', 'f', 'n', 'r', 't':
+		return 2
+	case 'u':
+		if len(b) < 6 {
+			return 0
+		}
+		for _, c := range b[2:6] {
+			if !(c >= '0' && c <= '9' || c >= 'a' && c <= 'f' || c >= 'A' && c <= 'F') {
+				return 0
+			}
+		}
+		return 6
+	}
+	return 0
 }
 
 // unquote decodes the string s.b[start:end] (between its quotes) as
@@ -251,22 +299,51 @@ func (s *listingScan) shared() string {
 	return s.in.of(string(s.b[start:end]))
 }
 
-// number returns the next number's bytes.
+// number returns the next number's bytes, held to JSON's grammar: an
+// optional minus, an integer without leading zeros, an optional fraction
+// and an optional exponent.
 func (s *listingScan) number() []byte {
 	s.ws()
 	start := s.i
-	for s.i < len(s.b) {
-		c := s.b[s.i]
-		if c >= '0' && c <= '9' || c == '-' || c == '+' || c == '.' || c == 'e' || c == 'E' {
-			s.i++
-			continue
-		}
-		break
+	if s.at('-') {
+		s.i++
 	}
-	if s.i == start {
+	switch {
+	case s.at('0'):
+		s.i++
+	case s.digits() == 0:
 		s.fail("expected a number")
+		return nil
+	}
+	if s.at('.') {
+		s.i++
+		if s.digits() == 0 {
+			s.fail("expected digits after a decimal point")
+			return nil
+		}
+	}
+	if s.at('e') || s.at('E') {
+		s.i++
+		if s.at('+') || s.at('-') {
+			s.i++
+		}
+		if s.digits() == 0 {
+			s.fail("expected digits in an exponent")
+			return nil
+		}
 	}
 	return s.b[start:s.i]
+}
+
+func (s *listingScan) at(c byte) bool { return s.i < len(s.b) && s.b[s.i] == c }
+
+// digits consumes a run of decimal digits and reports its length.
+func (s *listingScan) digits() int {
+	start := s.i
+	for s.i < len(s.b) && s.b[s.i] >= '0' && s.b[s.i] <= '9' {
+		s.i++
+	}
+	return s.i - start
 }
 
 // uint decodes the next value as an unsigned integer (0 for null).
@@ -325,17 +402,10 @@ func (s *listingScan) skip() {
 	switch s.ws() {
 	case '"':
 		s.quoted()
-	case '{', '[':
-		if s.depth++; s.depth > maxListingDepth {
-			s.fail("nested too deeply")
-			return
-		}
-		if s.b[s.i] == '{' {
-			s.object(func([]byte) { s.skip() })
-		} else {
-			s.array(s.skip)
-		}
-		s.depth--
+	case '{':
+		s.object(func([]byte) { s.skip() })
+	case '[':
+		s.array(s.skip)
 	case 't':
 		s.literal("true")
 	case 'f':

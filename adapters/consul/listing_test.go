@@ -272,7 +272,7 @@ func TestLeanListingsRefuseMalformedJSON(t *testing.T) {
 			}
 		}
 	}
-	for _, doc := range []string{
+	wrong := []string{
 		``, ` `, `{}`, `"x"`, `[1,]`, `[,1]`, `[{"Node":1}]`, `[{"ServicePort":"80"}]`,
 		`[{"ServicePort":1.5}]`, `[{"CreateIndex":-1}]`, `[{"ServiceMeta":{"a":1}}]`,
 		`[{"ServiceTags":"x"}]`, `[{"a":1,}]`, `[{"a" 1}]`, `[{a:1}]`, `[] []`, `[]x`,
@@ -281,14 +281,41 @@ func TestLeanListingsRefuseMalformedJSON(t *testing.T) {
 		`[[]]`, `[{"x":` + strings.Repeat(`[`, 10001) + strings.Repeat(`]`, 10001) + `}]`,
 		`[{"x":` + strings.Repeat(`{"a":`, 10001) + `1` + strings.Repeat(`}`, 10001) + `}]`,
 		`[{"Service":{"Port":"x"}}]`, `[{"Checks":[{"ModifyIndex":true}]}]`, `[{"Node":[]}]`,
-	} {
+	}
+	notJSON := []string{ // inside values the decoders skip or keep
+		`[{"x":-}]`, `[{"x":e}]`, `[{"x":+}]`, `[{"Weights":1..2}]`, `[{"x":01}]`, `[{"x":1e}]`,
+		`[{"x":1.}]`, `[{"x":.5}]`, `[{"x":1e+}]`, `[{"x":-01}]`,
+		`[{"Service":{"Port":+1},"Checks":[{"x":--}]}]`, `[{"ServicePort":+80}]`,
+		`[{"ServicePort":080}]`, `[{"CreateIndex":007}]`, `[{"x":"\q"}]`, `[{"x":"\u12"}]`,
+		`[{"x":"\uZZZZ"}]`, `[{"x":"\"}]`,
+		strings.Repeat(`[`, 10001) + strings.Repeat(`]`, 10001),
+		`[{"Service":{"Proxy":` + strings.Repeat(`[`, 9998) + strings.Repeat(`]`, 9998) + `}}]`,
+	}
+	for _, doc := range notJSON {
+		if json.Valid([]byte(doc)) {
+			t.Errorf("%q: the case is JSON", doc)
+		}
+		if _, err := decodeCatalogListing([]byte(doc)); err == nil {
+			t.Errorf("%q: the catalog decoder took it", doc)
+		}
+		if _, err := decodeHealthListing([]byte(doc)); err == nil {
+			t.Errorf("%q: the health decoder took it", doc)
+		}
+	}
+	for _, doc := range wrong {
 		_, cerr := decodeCatalogListing([]byte(doc))
 		_, herr := decodeHealthListing([]byte(doc))
 		if cerr == nil && herr == nil {
 			t.Errorf("%q: both decoders took it", doc)
 		}
 	}
-	for _, doc := range []string{`null`, `[]`, ` [ ] `, `[null]`, `[{}]`, `[{"Node":null}]`} {
+	for _, doc := range []string{`null`, `[]`, ` [ ] `, `[null]`, `[{}]`, `[{"Node":null}]`,
+		`[{"x":-0.5e+10,"y":0,"z":1E-2,"w":"\u00e9\/\b"}]`,
+		`[{"Service":{"Proxy":` + strings.Repeat(`[`, 9997) + strings.Repeat(`]`, 9997) + `}}]`,
+	} {
+		if !json.Valid([]byte(doc)) {
+			t.Errorf("%q: the case is not JSON", doc)
+		}
 		if _, err := decodeCatalogListing([]byte(doc)); err != nil {
 			t.Errorf("%q: %v", doc, err)
 		}
@@ -382,8 +409,9 @@ func mustReadB(path string) []byte {
 	return b
 }
 
-// FuzzLeanListings: any bytes decode without a panic, and a document
-// encoding/json decodes into the api types the lean decoders decode alike,
+// FuzzLeanListings: any bytes decode without a panic, what is not JSON is
+// an error, and a document encoding/json decodes into the api types the
+// lean decoders decode alike,
 // unless one of its objects holds a key twice or in two cases (see
 // listing.go: Consul writes neither).
 func FuzzLeanListings(f *testing.F) {
@@ -398,6 +426,9 @@ func FuzzLeanListings(f *testing.F) {
 		_, cerr := decodeCatalogListing(doc)
 		_, herr := decodeHealthListing(doc)
 		if !json.Valid(doc) {
+			if cerr == nil || herr == nil {
+				t.Fatalf("%q is not JSON; catalog decoder: %v, health decoder: %v", doc, cerr, herr)
+			}
 			return
 		}
 		if repeatsAKey(doc) || respellsAKey(doc) {

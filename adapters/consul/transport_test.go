@@ -9,10 +9,12 @@ import (
 	"net"
 	"net/http"
 	"net/http/httptest"
+	"path/filepath"
 	"reflect"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"time"
 
 	"github.com/hashicorp/consul/api"
 )
@@ -128,15 +130,25 @@ func TestListingsAreDecodedOnceFromTheCapturedBody(t *testing.T) {
 			w.Write([]byte("Permission denied: token lacks service:read"))
 			return
 		}
+		body := []byte("[]")
 		switch {
 		case strings.HasPrefix(r.URL.Path, "/v1/catalog/service/"):
-			w.Write(catDoc)
+			body = catDoc
 		case strings.HasPrefix(r.URL.Path, "/v1/health/service/"):
-			w.Write(healthDoc)
-		default:
-			w.Write([]byte("[]"))
+			body = healthDoc
 		}
+		if r.Header.Get("Accept-Encoding") == "gzip" {
+			w.Header().Set("Content-Encoding", "gzip")
+			body = gzipped(body)
+		}
+		w.Write(body)
 	}))
+	var conns atomic.Int64
+	srv.Config.ConnState = func(_ net.Conn, s http.ConnState) {
+		if s == http.StateNew {
+			conns.Add(1)
+		}
+	}
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	own, err := NewClient(addr, 4)
@@ -167,6 +179,9 @@ func TestListingsAreDecodedOnceFromTheCapturedBody(t *testing.T) {
 			if n := sizes.decoded.Load(); n != int64(len(catDoc)) {
 				t.Errorf("decoded size %d counted, the answer was %d", n, len(catDoc))
 			}
+			if n := sizes.wire.Load(); n != int64(len(gzipped(catDoc))) {
+				t.Errorf("wire size %d counted, %d were sent", n, len(gzipped(catDoc)))
+			}
 			// Only the lean decoder keeps the node's address and nothing of
 			// its tagged addresses: what came back was not the api's decoding.
 			if nodes[0].TaggedAddresses != nil || want[0].TaggedAddresses == nil {
@@ -186,5 +201,109 @@ func TestListingsAreDecodedOnceFromTheCapturedBody(t *testing.T) {
 			t.Errorf("%s: a refused listing: %v", name, err)
 		}
 		status.Store(200)
+	}
+	if n := conns.Load(); n > 2 {
+		t.Errorf("%d connections for two clients' sequential reads: captured bodies were "+
+			"not read to the end", n)
+	}
+}
+
+func gzipped(b []byte) []byte {
+	var out bytes.Buffer
+	zw := gzip.NewWriter(&out)
+	zw.Write(b)
+	zw.Close()
+	return out.Bytes()
+}
+
+// TestACapturedListingThatFailsIsAnError: a 200 listing whose body is cut
+// short, empty, or still coming when the read is cancelled is an error (the
+// cancellation's own), and one Consul filtered by ACLs is an ACLError
+// naming the rights, read without the capture.
+func TestACapturedListingThatFailsIsAnError(t *testing.T) {
+	doc := mustRead(t, "testdata/consul-1.13-catalog-service.json")
+	var mode atomic.Value
+	mode.Store("")
+	stall := make(chan struct{})
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Consul-Index", "42")
+		if r.URL.Path == "/v1/catalog/services" || r.URL.Path == "/v1/catalog/nodes" {
+			w.Write([]byte(`{"consul":[]}`)) // what catalogRights asks
+			return
+		}
+		switch mode.Load().(string) {
+		case "cut-gzip":
+			w.Header().Set("Content-Encoding", "gzip")
+			w.Write(gzipped(doc)[:40])
+		case "empty":
+		case "stall":
+			w.Write(doc[:100])
+			w.(http.Flusher).Flush()
+			<-stall
+		case "filtered":
+			// The api client stops reading the headers at a missing LastContact.
+			w.Header().Set("X-Consul-LastContact", "0")
+			w.Header().Set("X-Consul-Results-Filtered-By-ACLs", "true")
+			w.Write(doc)
+		}
+	}))
+	defer srv.Close()
+	defer close(stall) // before the server closes: it waits for its handlers
+	c, err := NewClient(strings.TrimPrefix(srv.URL, "http://"), 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	cat := apiCatalog{c: c}
+	for _, m := range []string{"cut-gzip", "empty"} {
+		mode.Store(m)
+		if nodes, _, err := cat.ServiceNodes(context.Background(), "fixture", "leasehold", 0, 0); err == nil {
+			t.Errorf("%s: %d entries, no error", m, len(nodes))
+		}
+	}
+	mode.Store("stall")
+	ctx, cancel := context.WithCancel(context.Background())
+	go func() {
+		time.Sleep(50 * time.Millisecond) // the server has sent the first bytes by then
+		cancel()
+	}()
+	if _, _, err := cat.ServiceNodes(ctx, "fixture", "leasehold", 0, 0); !errors.Is(err, context.Canceled) {
+		t.Errorf("a read cancelled mid-body: %v", err)
+	}
+	mode.Store("filtered")
+	_, _, err = cat.ServiceNodes(context.Background(), "fixture", "leasehold", 0, 0)
+	var ae *ACLError
+	if !errors.As(err, &ae) || len(ae.Rights) == 0 || !strings.Contains(err.Error(), "filtered") {
+		t.Errorf("a filtered listing: %v", err)
+	}
+}
+
+// TestAClientOnAUnixSocketKeepsItsTransport: NewClient with a unix://
+// address dials the socket through its own transport (the api client would
+// replace it with one of its own, losing the sizes and the capture).
+func TestAClientOnAUnixSocketKeepsItsTransport(t *testing.T) {
+	doc := mustRead(t, "testdata/consul-1.13-catalog-service.json")
+	sock := filepath.Join(t.TempDir(), "consul.sock")
+	l, err := net.Listen("unix", sock)
+	if err != nil {
+		t.Fatal(err)
+	}
+	srv := &http.Server{Handler: http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Consul-Index", "7")
+		w.Write(doc)
+	})}
+	go srv.Serve(l)
+	defer srv.Close()
+	c, err := NewClient("unix://"+sock, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	ctx, sizes := withReadSizes(context.Background())
+	nodes, idx, err := apiCatalog{c: c}.ServiceNodes(ctx, "fixture", "leasehold", 0, 0)
+	if err != nil || idx != 7 || len(nodes) != 2 {
+		t.Fatalf("%d entries at %d: %v", len(nodes), idx, err)
+	}
+	if sizes.decoded.Load() != int64(len(doc)) || nodes[0].TaggedAddresses != nil {
+		t.Errorf("sizes %d (want %d) and tagged addresses %v: the transport was replaced",
+			sizes.decoded.Load(), len(doc), nodes[0].TaggedAddresses)
 	}
 }

@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"net"
 	"strconv"
 	"strings"
 	"sync"
@@ -568,6 +569,16 @@ func NewClient(addr string, maxConns int) (*api.Client, error) {
 	}
 	if cfg.Transport == nil {
 		cfg.Transport = cleanhttp.DefaultPooledTransport()
+	}
+	if sock, ok := strings.CutPrefix(cfg.Address, "unix://"); ok {
+		// The api client would dial a unix:// address through a client of
+		// its own, without the sizing transport: the socket is dialled here
+		// instead (the address is then only the requests' host).
+		cfg.Transport.DialContext = func(ctx context.Context, _, _ string) (net.Conn, error) {
+			var d net.Dialer
+			return d.DialContext(ctx, "unix", sock)
+		}
+		cfg.Address = sock
 	}
 	cfg.Transport.MaxConnsPerHost = maxConns
 	cfg.Transport.MaxIdleConnsPerHost = maxConns
