@@ -122,7 +122,7 @@ func TestListingsAreDecodedOnceFromTheCapturedBody(t *testing.T) {
 	var status atomic.Int64
 	status.Store(200)
 	var tags atomic.Value
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+	srv := httptest.NewUnstartedServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		tags.Store(r.URL.Query().Get("tag"))
 		w.Header().Set("X-Consul-Index", "42")
 		if s := int(status.Load()); s != 200 {
@@ -149,6 +149,7 @@ func TestListingsAreDecodedOnceFromTheCapturedBody(t *testing.T) {
 			conns.Add(1)
 		}
 	}
+	srv.Start() // after ConnState is set: the server reads it
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
 	own, err := NewClient(addr, 4)
