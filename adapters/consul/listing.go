@@ -423,53 +423,32 @@ func (s *listingScan) skip() {
 // of each entry its node, node address, service id, address, port, tags,
 // metadata and indexes.
 func decodeCatalogListing(b []byte) ([]*api.CatalogService, error) {
-	s := newListingScan(b)
-	if s.null() {
-		if s.end(); s.err != nil {
-			return nil, fmt.Errorf("catalog: %w", s.err)
+	return decodeListing(b, "catalog", func(s *listingScan, n *api.CatalogService, key []byte) {
+		switch string(key) {
+		case "Node":
+			n.Node = s.shared()
+		case "Address":
+			n.Address = s.shared()
+		case "ServiceID":
+			n.ServiceID = s.str()
+		case "ServiceName":
+			n.ServiceName = s.shared()
+		case "ServiceAddress":
+			n.ServiceAddress = s.shared()
+		case "ServicePort":
+			n.ServicePort = s.int()
+		case "ServiceTags":
+			n.ServiceTags = s.strings()
+		case "ServiceMeta":
+			n.ServiceMeta = s.meta()
+		case "CreateIndex":
+			n.CreateIndex = s.uint()
+		case "ModifyIndex":
+			n.ModifyIndex = s.uint()
+		default:
+			s.skip()
 		}
-		return nil, nil
-	}
-	out := []*api.CatalogService{}
-	s.array(func() {
-		if s.null() {
-			out = append(out, nil)
-			return
-		}
-		n := &api.CatalogService{}
-		s.object(func(key []byte) {
-			switch string(key) {
-			case "Node":
-				n.Node = s.shared()
-			case "Address":
-				n.Address = s.shared()
-			case "ServiceID":
-				n.ServiceID = s.str()
-			case "ServiceName":
-				n.ServiceName = s.shared()
-			case "ServiceAddress":
-				n.ServiceAddress = s.shared()
-			case "ServicePort":
-				n.ServicePort = s.int()
-			case "ServiceTags":
-				n.ServiceTags = s.strings()
-			case "ServiceMeta":
-				n.ServiceMeta = s.meta()
-			case "CreateIndex":
-				n.CreateIndex = s.uint()
-			case "ModifyIndex":
-				n.ModifyIndex = s.uint()
-			default:
-				s.skip()
-			}
-		})
-		out = append(out, n)
 	})
-	s.end()
-	if s.err != nil {
-		return nil, fmt.Errorf("catalog: %w", s.err)
-	}
-	return out, nil
 }
 
 // decodeHealthListing decodes the answer to /v1/health/service/:service:
@@ -477,39 +456,50 @@ func decodeCatalogListing(b []byte) ([]*api.CatalogService, error) {
 // port, tags, metadata and indexes, and its checks (node, id, service id
 // and name, status, output, indexes).
 func decodeHealthListing(b []byte) ([]*api.ServiceEntry, error) {
-	s := newListingScan(b)
-	if s.null() {
-		if s.end(); s.err != nil {
-			return nil, fmt.Errorf("health: %w", s.err)
+	return decodeListing(b, "health", func(s *listingScan, e *api.ServiceEntry, key []byte) {
+		switch string(key) {
+		case "Node":
+			e.Node = s.healthNode()
+		case "Service":
+			e.Service = s.healthService()
+		case "Checks":
+			e.Checks = s.healthChecks()
+		default:
+			s.skip()
 		}
-		return nil, nil
+	})
+}
+
+// decodeListing decodes b, an array of entries (each an object or null),
+// with member reading each key of an entry into it (skip for the others).
+func decodeListing[T any](
+	b []byte, what string, member func(s *listingScan, v *T, key []byte),
+) ([]*T, error) {
+	s := newListingScan(b)
+	out := list(s, func(v *T, key []byte) { member(s, v, key) })
+	if s.end(); s.err != nil {
+		return nil, fmt.Errorf("%s: %w", what, s.err)
 	}
-	out := []*api.ServiceEntry{}
+	return out, nil
+}
+
+// list decodes the next value as an array of objects or nulls (nil for
+// null), member reading each key of an object into its entry.
+func list[T any](s *listingScan, member func(v *T, key []byte)) []*T {
+	if s.null() {
+		return nil
+	}
+	out := []*T{}
 	s.array(func() {
 		if s.null() {
 			out = append(out, nil)
 			return
 		}
-		e := &api.ServiceEntry{}
-		s.object(func(key []byte) {
-			switch string(key) {
-			case "Node":
-				e.Node = s.healthNode()
-			case "Service":
-				e.Service = s.healthService()
-			case "Checks":
-				e.Checks = s.healthChecks()
-			default:
-				s.skip()
-			}
-		})
-		out = append(out, e)
+		v := new(T)
+		s.object(func(key []byte) { member(v, key) })
+		out = append(out, v)
 	})
-	s.end()
-	if s.err != nil {
-		return nil, fmt.Errorf("health: %w", s.err)
-	}
-	return out, nil
+	return out
 }
 
 func (s *listingScan) healthNode() *api.Node {
@@ -563,39 +553,26 @@ func (s *listingScan) healthService() *api.AgentService {
 }
 
 func (s *listingScan) healthChecks() api.HealthChecks {
-	if s.null() {
-		return nil
-	}
-	out := api.HealthChecks{}
-	s.array(func() {
-		if s.null() {
-			out = append(out, nil)
-			return
+	return list(s, func(c *api.HealthCheck, key []byte) {
+		switch string(key) {
+		case "Node":
+			c.Node = s.shared()
+		case "CheckID":
+			c.CheckID = s.str()
+		case "Status":
+			c.Status = s.shared()
+		case "Output":
+			c.Output = s.str()
+		case "ServiceID":
+			c.ServiceID = s.str()
+		case "ServiceName":
+			c.ServiceName = s.shared()
+		case "CreateIndex":
+			c.CreateIndex = s.uint()
+		case "ModifyIndex":
+			c.ModifyIndex = s.uint()
+		default:
+			s.skip()
 		}
-		c := &api.HealthCheck{}
-		s.object(func(key []byte) {
-			switch string(key) {
-			case "Node":
-				c.Node = s.shared()
-			case "CheckID":
-				c.CheckID = s.str()
-			case "Status":
-				c.Status = s.shared()
-			case "Output":
-				c.Output = s.str()
-			case "ServiceID":
-				c.ServiceID = s.str()
-			case "ServiceName":
-				c.ServiceName = s.shared()
-			case "CreateIndex":
-				c.CreateIndex = s.uint()
-			case "ModifyIndex":
-				c.ModifyIndex = s.uint()
-			default:
-				s.skip()
-			}
-		})
-		out = append(out, c)
 	})
-	return out
 }

@@ -134,7 +134,7 @@ func TestLeanListingsDecodeConsulsAnswersAsEncodingJSONDoes(t *testing.T) {
 	}
 }
 
-func mustRead(t *testing.T, path string) []byte {
+func mustRead(t testing.TB, path string) []byte {
 	t.Helper()
 	b, err := os.ReadFile(path)
 	if err != nil {
@@ -327,7 +327,7 @@ func TestLeanListingsRefuseMalformedJSON(t *testing.T) {
 // them for 1,000 executors, decoded by encoding/json into the api types (the
 // floor: what the watch did before) and by the lean decoder.
 func BenchmarkListingDecode(b *testing.B) {
-	catDoc, healthDoc := consulLikeListings(1000)
+	catDoc, healthDoc := consulLikeListings(b, 1000)
 	for _, c := range []struct {
 		name string
 		doc  []byte
@@ -362,14 +362,14 @@ func BenchmarkListingDecode(b *testing.B) {
 // consulLikeListings writes n executors' catalog and health listings in the
 // shape of the fixtures (one node, a TTL check per service; keys sorted, as
 // encoding/json writes a map, where Consul keeps its structs' order).
-func consulLikeListings(n int) (catalog, healthDoc []byte) {
+func consulLikeListings(tb testing.TB, n int) (catalog, healthDoc []byte) {
 	var cat []map[string]any
 	var hl []map[string]any
-	if err := json.Unmarshal(mustReadB("testdata/consul-1.13-catalog-service.json"), &cat); err != nil {
-		panic(err)
+	if err := json.Unmarshal(mustRead(tb, "testdata/consul-1.13-catalog-service.json"), &cat); err != nil {
+		tb.Fatal(err)
 	}
-	if err := json.Unmarshal(mustReadB("testdata/consul-1.13-health-service.json"), &hl); err != nil {
-		panic(err)
+	if err := json.Unmarshal(mustRead(tb, "testdata/consul-1.13-health-service.json"), &hl); err != nil {
+		tb.Fatal(err)
 	}
 	var cs, hs []map[string]any
 	for i := range n {
@@ -401,14 +401,6 @@ func clone(m map[string]any) map[string]any {
 	return out
 }
 
-func mustReadB(path string) []byte {
-	b, err := os.ReadFile(path)
-	if err != nil {
-		panic(err)
-	}
-	return b
-}
-
 // FuzzLeanListings: any bytes decode without a panic, what is not JSON is
 // an error, and a document encoding/json decodes into the api types the
 // lean decoders decode alike,
@@ -416,7 +408,7 @@ func mustReadB(path string) []byte {
 // listing.go: Consul writes neither).
 func FuzzLeanListings(f *testing.F) {
 	for _, p := range []string{"consul-1.13-catalog-service.json", "consul-1.13-health-service.json"} {
-		f.Add(mustReadB("testdata/" + p))
+		f.Add(mustRead(f, "testdata/"+p))
 	}
 	for _, s := range []string{`null`, `[]`, `[null]`, `[{"Node":null,"Checks":[null,{}]}]`,
 		`[{"ServiceMeta":{"a":null},"ServiceTags":[null,"x"]}]`} {
