@@ -47,7 +47,10 @@ func runGRPCChild(target string) int {
 		return 2
 	}
 	enc := json.NewEncoder(os.Stdout)
-	last := ""
+	// A sharded task type is several load assignments: each is followed by
+	// its own version, and what the child holds is the union of their hosts.
+	versions := map[string]string{}      // load assignment → its version
+	held := map[string]map[string]bool{} // load assignment → its healthy hosts
 	stdin := make(chan struct{})
 	go func() { // the parent closes stdin to stop us
 		bufio.NewReader(os.Stdin).ReadString('\n')
@@ -68,21 +71,34 @@ func runGRPCChild(target string) int {
 		if err != nil {
 			continue
 		}
+		changed := ""
 		for _, cfg := range resp.GetConfig() {
 			for _, x := range cfg.GetGenericXdsConfigs() {
-				if x.GetTypeUrl() != claType || x.GetVersionInfo() == last {
+				if x.GetTypeUrl() != claType || x.GetXdsConfig() == nil ||
+					versions[x.GetName()] == x.GetVersionInfo() {
 					continue
 				}
-				last = x.GetVersionInfo()
+				versions[x.GetName()] = x.GetVersionInfo()
 				set := map[string]bool{}
 				healthyHosts(x.GetXdsConfig().GetValue(), set)
-				u := grpcUpdate{At: time.Now(), Version: last}
-				for h := range set {
-					u.Hosts = append(u.Hosts, h)
-				}
-				enc.Encode(u)
+				held[x.GetName()] = set
+				changed = x.GetVersionInfo()
 			}
 		}
+		if changed == "" {
+			continue
+		}
+		u := grpcUpdate{At: time.Now(), Version: changed}
+		union := map[string]bool{}
+		for _, set := range held {
+			for h := range set {
+				if !union[h] {
+					union[h] = true
+					u.Hosts = append(u.Hosts, h)
+				}
+			}
+		}
+		enc.Encode(u)
 	}
 }
 

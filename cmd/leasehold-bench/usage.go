@@ -107,12 +107,17 @@ func (s *served) metricBy(name, label string) (map[string]float64, error) {
 }
 
 // samplesBy sums the samples of metric name in Prometheus text by the value
-// of label ("" for samples without it).
+// of label ("" for samples without it). name may hold one label matcher,
+// name{label="value"}, to sum only the samples that have it.
 func samplesBy(text, name, label string) map[string]float64 {
 	out := map[string]float64{}
+	name, matcher, filtered := strings.Cut(name, "{")
 	for _, line := range strings.Split(text, "\n") {
 		rest, ok := strings.CutPrefix(line, name)
 		if !ok || rest == "" || (rest[0] != '{' && rest[0] != ' ') {
+			continue
+		}
+		if filtered && (rest[0] != '{' || !hasLabel(rest, matcher)) {
 			continue
 		}
 		f := strings.Fields(rest)
@@ -129,11 +134,20 @@ func samplesBy(text, name, label string) map[string]float64 {
 	return out
 }
 
+// hasLabel reports whether the label set that opens rest ({a="x",b="y"} …)
+// holds matcher (b="y").
+func hasLabel(rest, matcher string) bool {
+	set, _, _ := strings.Cut(rest[1:], "}")
+	return strings.HasPrefix(set, matcher) && (len(set) == len(matcher) || set[len(matcher)] == ',') ||
+		strings.Contains(set, ","+matcher+",") || strings.HasSuffix(set, ","+matcher)
+}
+
 // usage is a reading of the counters a window compares.
 type usage struct {
 	at                         time.Time
 	server, clients, leasehold time.Duration // CPU so far
 	wakeups, requests          map[string]float64
+	readJSON                   map[string]float64 // bytes of JSON read, by watch
 	probeWakes, probeBytes     int64
 	probeAnswers               int64
 }
@@ -143,6 +157,7 @@ type window struct {
 	d                          time.Duration
 	server, clients, leasehold time.Duration // CPU
 	wakeups, requests          map[string]float64
+	readJSON                   map[string]float64
 	probeWakes, probeBytes     int64
 	probeAnswers               int64
 	fastPathBytes              int           // one fast-path answer at the window's end
@@ -160,7 +175,13 @@ func (w window) String() string {
 			fmt.Fprintf(&b, " %s %.0f,", k, n)
 		}
 	}
-	fmt.Fprintf(&b, " requests; CPU: leasehold %.0f%%, Consul's server %.0f%%, its clients %.0f%% "+
+	fmt.Fprintf(&b, " requests (JSON read:")
+	for _, k := range slices.Sorted(maps.Keys(w.readJSON)) {
+		if n := w.readJSON[k]; n > 0 {
+			fmt.Fprintf(&b, " %s %.1f KB,", k, n/1e3)
+		}
+	}
+	fmt.Fprintf(&b, "); CPU: leasehold %.0f%%, Consul's server %.0f%%, its clients %.0f%% "+
 		"of a core", w.share(w.leasehold), w.share(w.server), w.share(w.clients))
 	return b.String()
 }
@@ -171,6 +192,7 @@ func (b *bench) usage() usage {
 	u.leasehold = b.srv.cpu()
 	u.wakeups, _ = b.srv.metricBy("leasehold_consul_wakeups_total", "watch")
 	u.requests, _ = b.srv.metricBy("leasehold_consul_requests_total", "watch")
+	u.readJSON, _ = b.srv.metricBy(`leasehold_consul_read_bytes_total{encoding="json"`, "watch")
 	if b.probe != nil {
 		u.probeWakes, u.probeBytes, u.probeAnswers = b.probe.wakes.Load(),
 			b.probe.bytes.Load(), b.probe.answers.Load()
@@ -192,7 +214,7 @@ func (b *bench) closeWindow(before usage) window {
 func (u usage) since(prev usage) window {
 	w := window{d: u.at.Sub(prev.at), server: u.server - prev.server,
 		clients: u.clients - prev.clients, leasehold: u.leasehold - prev.leasehold,
-		wakeups: map[string]float64{}, requests: map[string]float64{},
+		wakeups: map[string]float64{}, requests: map[string]float64{}, readJSON: map[string]float64{},
 		probeWakes: u.probeWakes - prev.probeWakes, probeBytes: u.probeBytes - prev.probeBytes,
 		probeAnswers: u.probeAnswers - prev.probeAnswers}
 	for k, v := range u.wakeups {
@@ -200,6 +222,9 @@ func (u usage) since(prev usage) window {
 	}
 	for k, v := range u.requests {
 		w.requests[k] = v - prev.requests[k]
+	}
+	for k, v := range u.readJSON {
+		w.readJSON[k] = v - prev.readJSON[k]
 	}
 	return w
 }

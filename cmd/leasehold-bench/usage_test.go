@@ -42,6 +42,21 @@ leasehold_consul_wakeups_total 1
 	}
 }
 
+func TestSamplesByOneLabelValue(t *testing.T) {
+	text := `leasehold_consul_read_bytes_total{encoding="json",otel_scope_name="x",watch="task"} 100
+leasehold_consul_read_bytes_total{encoding="wire",otel_scope_name="x",watch="task"} 10
+leasehold_consul_read_bytes_total{otel_scope_name="x",encoding="json",watch="generations"} 50
+leasehold_consul_read_bytes_total{otel_scope_name="x",watch="quiet",encoding="json"} 7
+leasehold_consul_read_bytes_total{encoding="jsonx",watch="task"} 1000
+leasehold_consul_read_bytes_total 1
+`
+	got := samplesBy(text, `leasehold_consul_read_bytes_total{encoding="json"`, "watch")
+	want := map[string]float64{"task": 100, "generations": 50, "quiet": 7}
+	if !reflect.DeepEqual(got, want) {
+		t.Fatalf("samplesBy = %v, want %v", got, want)
+	}
+}
+
 func TestWindow(t *testing.T) {
 	at := time.Now()
 	before := usage{at: at, server: time.Second, leasehold: 0, wakeups: map[string]float64{"non-passing": 10}}
