@@ -535,7 +535,7 @@ func (l *LRS) servedLocked() servedSet {
 		return l.served
 	}
 	s := servedSet{local: v.Local, tasks: map[string]map[string]map[string]bool{}}
-	for _, e := range v.Executors() {
+	for e := range v.All() {
 		if health.ValidateTask(e.Task) != nil {
 			continue
 		}
