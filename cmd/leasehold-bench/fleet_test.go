@@ -90,7 +90,7 @@ func TestSpreadBeatsReachesEveryExecutor(t *testing.T) {
 	done := make(chan struct{})
 	go func() {
 		defer close(done)
-		spreadBeats(ctx, n, 50*time.Millisecond, 5*time.Millisecond, 4, func(k int) {
+		spreadBeats(ctx, time.Now(), n, 50*time.Millisecond, 5*time.Millisecond, 4, func(k int) {
 			mu.Lock()
 			defer mu.Unlock()
 			beats[k]++
@@ -192,5 +192,65 @@ func TestVictimsOfOneTask(t *testing.T) {
 	}
 	if f.taskOf(4) != "work-1" || f.taskOf(5) != "work-2" {
 		t.Fatalf("the others: %s, %s", f.taskOf(4), f.taskOf(5))
+	}
+}
+
+// Victims stopped spacing apart, each just after its slot's heartbeat
+// (phaseOrder, lapseAll), expire spacing apart: by executor order their
+// slots were interval/n apart and their lapses came in bursts (15 in 350 ms at
+// 130 short leases on a 3 s heartbeat, for a 200 ms spacing). Simulated
+// with every heartbeat handed out as late as a tick allows: each still comes
+// before its victim's stop, and the expiries keep the spacing within two
+// slots.
+func TestVictimsExpireLapseSpacingApart(t *testing.T) {
+	const (
+		n        = 130 // short leases: two phases of 60 victims and 10 fan-outs
+		victims  = 60
+		interval = 3 * time.Second
+		spacing  = 200 * time.Millisecond
+		lease    = 10 * time.Second
+	)
+	ids := make([]int, n)
+	for i := range ids {
+		ids[i] = i
+	}
+	rank := func(i int) int {
+		if i < 2*victims {
+			return i % victims
+		}
+		return -1
+	}
+	slots := phaseOrder(ids, rank, spacing, interval)
+	if got := slices.Sorted(slices.Values(slots)); !slices.Equal(got, ids) {
+		t.Fatalf("phaseOrder lost or repeated executors: %v", got)
+	}
+	slotOf := map[int]int{}
+	for j, i := range slots {
+		slotOf[i] = j
+	}
+	tick := phaseTick(n, interval)
+	slot := interval / n
+	after := 2*tick + 30*time.Millisecond // awaitPhaseZero's
+	for phase := range 2 {
+		from := 5*interval + after // a stop schedule in step with the beats (awaitPhaseZero)
+		var last time.Duration
+		for k := range victims {
+			i := phase*victims + k
+			stop := from + time.Duration(k)*spacing
+			beatPhase := time.Duration(slotOf[i])*slot + tick // as late as a tick allows
+			beat := stop - (stop-beatPhase)%interval          // the last one at or before the stop
+			if stop-beat > interval-tick {
+				t.Fatalf("victim %d of phase %d: its heartbeat comes %s after its stop",
+					k, phase, interval-(stop-beat))
+			}
+			expiry := beat + lease
+			if k > 0 {
+				if gap := expiry - last; gap < spacing-2*slot || gap > spacing+2*slot {
+					t.Fatalf("victims %d and %d of phase %d expire %s apart, want %s ± %s",
+						k-1, k, phase, gap, spacing, 2*slot)
+				}
+			}
+			last = expiry
+		}
 	}
 }

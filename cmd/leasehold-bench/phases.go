@@ -190,6 +190,7 @@ func (b *bench) startClientAgents(bin string) error {
 // registering, not the phases, what is measured.
 func (b *bench) registerFleet() error {
 	b.fleet = newFleet(b.clients, *executors, taskNames(*tasks), *bulkLease, b.shortLease)
+	b.fleet.victimRank = b.victimRank
 	if *victimsOneTask {
 		b.fleet.firstTask = b.n
 	}
@@ -500,6 +501,19 @@ func (b *bench) report() error {
 	return nil
 }
 
+// victimRank is executor i's place among its phase's victims (leasehold's
+// [0, n), Consul's [n, 2n), the busy phase's [2n, 3n)), -1 for the others.
+func (b *bench) victimRank(i int) int {
+	phases := 2
+	if *flapping > 0 {
+		phases++
+	}
+	if b.n == 0 || i >= phases*b.n {
+		return -1
+	}
+	return i % b.n
+}
+
 // hostWatcher is a set of dispatchers whose endpoints are followed: the
 // light ADS streams or the grpc-go children.
 type hostWatcher interface {
@@ -509,13 +523,20 @@ type hostWatcher interface {
 
 // lapseAll stops the victims' heartbeats lapseSpacing apart and returns each
 // lease's expiry (when its last acknowledged heartbeat was sent + the lease).
-// Each victim heartbeats at its own phase, so their leases expire apart;
+// Each victim heartbeats at its own phase, in step with its stop
+// (phaseOrder), so their leases expire lapseSpacing apart too;
 // with --heartbeat-rounds victims stopped within one round share that
 // heartbeat, their leases expire at the same moment and their pushes queue
 // one behind another.
 func (f *fleet) lapseAll(victims []int) []time.Time {
 	expiries := make([]time.Time, len(victims))
+	f.awaitPhaseZero()
+	from := time.Now()
 	for k, i := range victims {
+		// The drill's schedule, not a wait for a result: victim k stops
+		// k·spacing after the first, on the clock rather than after the
+		// stops before it, so its stop stays just after its slot's heartbeat.
+		time.Sleep(time.Until(from.Add(time.Duration(k) * *lapseSpacing)))
 		if f.lastRTT[i].Load() == 0 {
 			// Never heartbeated: its expiry would count from its registration,
 			// whose processing (the agent persists the service and its check
@@ -523,9 +544,24 @@ func (f *fleet) lapseAll(victims []int) []time.Time {
 			f.beat(i)
 		}
 		expiries[k] = f.stop(i)
-		time.Sleep(*lapseSpacing) // the spacing of the drill, not a wait for a result
 	}
+	time.Sleep(*lapseSpacing)
 	return expiries
+}
+
+// awaitPhaseZero waits until just after the short leases' heartbeat
+// schedule passes phase 0 (phaseOrder put the victims' slots in step with
+// their stops from there): late enough that a slot's heartbeat, handed out
+// up to a tick late, is answered before its victim stops.
+func (f *fleet) awaitPhaseZero() {
+	from := f.beatsFrom.Load()
+	if from == 0 || f.victimRank == nil || *heartbeatRounds {
+		return
+	}
+	after := 2*phaseTick(f.shortCount(), *heartbeat) + 30*time.Millisecond
+	since := time.Since(time.Unix(0, from)) - after
+	wait := (*heartbeat - since%*heartbeat) % *heartbeat
+	time.Sleep(wait) // the drill's schedule, not a wait for a result
 }
 
 // lapseLatencies waits until every dispatcher of w has dropped each victim

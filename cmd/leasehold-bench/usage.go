@@ -146,6 +146,7 @@ func hasLabel(rest, matcher string) bool {
 type usage struct {
 	at                         time.Time
 	server, clients, leasehold time.Duration // CPU so far
+	harness                    time.Duration // this process's (its light streams, probe, executors)
 	wakeups, requests          map[string]float64
 	readJSON                   map[string]float64 // bytes of JSON read, by watch
 	probeWakes, probeBytes     int64
@@ -156,6 +157,7 @@ type usage struct {
 type window struct {
 	d                          time.Duration
 	server, clients, leasehold time.Duration // CPU
+	harness                    time.Duration
 	wakeups, requests          map[string]float64
 	readJSON                   map[string]float64
 	probeWakes, probeBytes     int64
@@ -182,7 +184,8 @@ func (w window) String() string {
 		}
 	}
 	fmt.Fprintf(&b, "); CPU: leasehold %.0f%%, Consul's server %.0f%%, its clients %.0f%% "+
-		"of a core", w.share(w.leasehold), w.share(w.server), w.share(w.clients))
+		"of a core, the harness %.0f%%", w.share(w.leasehold), w.share(w.server), w.share(w.clients),
+		w.share(w.harness))
 	return b.String()
 }
 
@@ -190,6 +193,7 @@ func (w window) String() string {
 func (b *bench) usage() usage {
 	u := b.consulCPU()
 	u.leasehold = b.srv.cpu()
+	u.harness = procCPU(os.Getpid())
 	u.wakeups, _ = b.srv.metricBy("leasehold_consul_wakeups_total", "watch")
 	u.requests, _ = b.srv.metricBy("leasehold_consul_requests_total", "watch")
 	u.readJSON, _ = b.srv.metricBy(`leasehold_consul_read_bytes_total{encoding="json"`, "watch")
@@ -214,6 +218,7 @@ func (b *bench) closeWindow(before usage) window {
 func (u usage) since(prev usage) window {
 	w := window{d: u.at.Sub(prev.at), server: u.server - prev.server,
 		clients: u.clients - prev.clients, leasehold: u.leasehold - prev.leasehold,
+		harness: u.harness - prev.harness,
 		wakeups: map[string]float64{}, requests: map[string]float64{}, readJSON: map[string]float64{},
 		probeWakes: u.probeWakes - prev.probeWakes, probeBytes: u.probeBytes - prev.probeBytes,
 		probeAnswers: u.probeAnswers - prev.probeAnswers}
