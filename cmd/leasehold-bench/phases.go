@@ -1,12 +1,14 @@
 package main
 
 import (
+	"cmp"
 	"context"
 	"fmt"
 	"io"
 	"net/http"
 	"os"
 	"runtime/trace"
+	"slices"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -332,6 +334,9 @@ func (b *bench) leaseholdLapses() error {
 	}
 	<-profiled
 	logf("lapse → stop over %d lapses: %s", len(b.res.lapse), dist(b.res.lapse))
+	for _, line := range slowestLapses(b.fleet, b.ds, b.probe, victims, expiries, 5) {
+		logf("  %s", line)
+	}
 	b.res.rssAfter, b.res.rssPeak = b.srv.rss(), b.srv.status("VmHWM")
 	if *heapOut != "" {
 		if err := b.srv.saveHeap(*heapOut + ".lapses"); err != nil {
@@ -352,6 +357,42 @@ func (b *bench) leaseholdLapses() error {
 	logf("of which from Consul reporting the lapse to the last ACK (leasehold's own "+
 		"histogram): mean %s over %.0f", r(b.res.inLeasehold), count)
 	return nil
+}
+
+// slowestLapses describes the n slowest of the victims' lapses: when each
+// lease expired, and how its lapse → stop splits into Consul's part and
+// leasehold's when the probe saw it (so that a tail can be told from the
+// machine's hiccups at that moment).
+func slowestLapses(f *fleet, w hostWatcher, p *taskProbe, victims []int,
+	expiries []time.Time, n int) []string {
+	type lapse struct {
+		k     int
+		total time.Duration
+	}
+	var all []lapse
+	for k, i := range victims {
+		if gone := w.goneFromAll(f.ids[i]); !gone.IsZero() {
+			all = append(all, lapse{k, gone.Sub(expiries[k])})
+		}
+	}
+	slices.SortFunc(all, func(a, b lapse) int { return cmp.Compare(b.total, a.total) })
+	var out []string
+	for _, l := range all[:min(n, len(all))] {
+		i := victims[l.k]
+		line := fmt.Sprintf("lapse %d (%s) expired %s: lapse → stop %s", l.k, f.ids[i],
+			expiries[l.k].Format("15:04:05.000"), r(l.total))
+		if p != nil {
+			p.mu.Lock()
+			at, ok := p.critical[f.ids[i]]
+			p.mu.Unlock()
+			if ok {
+				line += fmt.Sprintf(" = Consul %s + leasehold %s", r(at.Sub(expiries[l.k])),
+					r(w.goneFromAll(f.ids[i]).Sub(at)))
+			}
+		}
+		out = append(out, line)
+	}
+	return out
 }
 
 // traceSelf traces this process into --trace-harness's PREFIX.name until
