@@ -18,8 +18,9 @@ import (
 // well-behaved dispatcher still gets its updates promptly, and no goroutines
 // are left behind.
 func TestHostileClientsDoNotHurtOthers(t *testing.T) {
-	f := startXDS(t)
-	// a big task so a response exceeds the stream's flow-control window
+	// a big task, not sharded, so a response exceeds the stream's
+	// flow-control window
+	f := startXDSWith(t, fixtureOpts{shardSize: -1})
 	var big []health.Member
 	for i := range 600 {
 		big = append(big,

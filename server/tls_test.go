@@ -64,7 +64,7 @@ func startSecure(t *testing.T) *secureFixture {
 	if err != nil {
 		t.Fatal(err)
 	}
-	f := startXDSWith(t, secureOpts{tls: st, policy: policy})
+	f := startXDSWith(t, fixtureOpts{tls: st, policy: policy})
 	return &secureFixture{
 		fixture: f,
 		ca:      ca,

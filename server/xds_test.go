@@ -41,10 +41,11 @@ type fixture struct {
 	sync  *fleet.Syncer
 }
 
-// secureOpts turn the fixture's server into a TLS one with a policy.
-type secureOpts struct {
-	tls    *ServerTLS
-	policy *PolicyStore
+// fixtureOpts turn the fixture's server into a TLS one with a policy.
+type fixtureOpts struct {
+	tls       *ServerTLS
+	policy    *PolicyStore
+	shardSize int // the syncer's (0: the default)
 }
 
 func member(task, inst string, port int, version string) health.Member {
@@ -81,13 +82,14 @@ func member(task, inst string, port int, version string) health.Member {
 }
 
 // startXDS runs a syncer fed by the test and an xDS server for it.
-func startXDS(t *testing.T) *fixture { return startXDSWith(t, secureOpts{}) }
+func startXDS(t *testing.T) *fixture { return startXDSWith(t, fixtureOpts{}) }
 
-func startXDSWith(t *testing.T, so secureOpts) *fixture {
+func startXDSWith(t *testing.T, so fixtureOpts) *fixture {
 	f := &fixture{t: t, obs: make(chan health.Observation, 16)}
 	ctx, cancel := context.WithCancel(context.Background())
 	log := slog.New(slog.NewTextHandler(io.Discard, nil))
-	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log, AddDelay: time.Millisecond})
+	syncer := fleet.NewSyncer(fleet.SyncConfig{Logger: log, AddDelay: time.Millisecond,
+		ShardSize: so.shardSize})
 	done := make(chan struct{})
 	go func() { syncer.Run(ctx, f.obs); close(done) }()
 	opts := []grpc.ServerOption{ServerOption()}

@@ -225,7 +225,10 @@ func TestChurnDrill(t *testing.T) {
 	f.register(t, 0, canaries)
 	go f.heartbeat(ctx)
 	lapses := f.falseLapses(ctx, server.Client(), t.Logf)
-	addrs := startServe(t, server)
+	// One cluster, whatever the size: the drill follows the task's one load
+	// assignment (sharding has drills of its own).
+	addrs := startServeTo(t, server, testWriter{t, "serve"},
+		func(c *serveConfig) { c.shardSize = 0 })
 	eds := latestEDS(t, addrs.xds)
 
 	// awaitConsul waits until the assignment is what Consul shows passing.

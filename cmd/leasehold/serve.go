@@ -49,7 +49,7 @@ type serveConfig struct {
 	adminTLS            server.TLSFiles
 	staleAfter          time.Duration
 	lbPolicy            health.LBPolicy
-	shardSize           int // endpoints per shard; 0: never shard
+	shardSize           int // instances per shard; 0: never shard
 	// datacenters are in failover order, leasehold's own first; nil: the
 	// agent's own only.
 	datacenters []string

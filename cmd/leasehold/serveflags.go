@@ -105,9 +105,9 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 			"it), round_robin or least_request")
 	env("lb-policy", "LEASEHOLD_LB_POLICY")
 	fs.IntVar(&cfg.shardSize, "shard-size", fleet.DefaultShardSize,
-		"most endpoints in one cluster: a task type with more registrations is split into "+
-			"shards of at most this many, behind one route weighing them (dispatchers whose "+
-			"bootstrap says weighted_clusters: false keep one cluster); 0: never shard")
+		"most instances in one cluster: a task type whose registrations name more is split "+
+			"into shards of at most this many, behind one route weighing them (dispatchers "+
+			"whose bootstrap says weighted_clusters: false keep one cluster); 0: never shard")
 	env("shard-size", "LEASEHOLD_SHARD_SIZE")
 	fs.DurationVar(&f.staleAfter, "fencing-stale-after", health.DefaultLeaseTTL,
 		"once leasehold's view of Consul is older than this (at least 3s), or than a "+
@@ -215,7 +215,7 @@ func (f *serveFlags) config() (*serveConfig, error) {
 				cfg.consulMaxConns, max(len(cfg.datacenters), 1), n))
 	}
 	if cfg.shardSize < 0 || (cfg.shardSize > 0 && cfg.shardSize < minShardSize) {
-		bad("shard-size", fmt.Sprintf("%d: want at least %d endpoints per shard, or 0 never "+
+		bad("shard-size", fmt.Sprintf("%d: want at least %d instances per shard, or 0 never "+
 			"to shard (a shard is a cluster every dispatcher of the task type holds)",
 			cfg.shardSize, minShardSize))
 	}

@@ -145,7 +145,7 @@ func TestServeFlagErrorsSayWhatToWrite(t *testing.T) {
 		{[]string{"--consul-addr", "http://127.0.0.1:8500"}, nil, ""},
 		{[]string{"--admin-addr", "http://127.0.0.1:19100"}, nil, ""},
 		{[]string{"--shard-size", "1"}, nil,
-			"invalid --shard-size: 1: want at least 100 endpoints per shard, or 0 never to shard"},
+			"invalid --shard-size: 1: want at least 100 instances per shard, or 0 never to shard"},
 		{[]string{"--shard-size", "-5"}, nil, "invalid --shard-size: -5"},
 		{[]string{"--shard-size", "0"}, nil, ""},
 		{[]string{"--shard-size", "500"}, nil, ""},

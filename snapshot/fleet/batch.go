@@ -26,8 +26,9 @@ type checkRef struct{ node, id string }
 type taskState struct {
 	tm *health.TaskMembers
 	// execs are the members decided, aligned with tm.Members. Views share
-	// them: a batch copies them before a change (own).
-	execs  []health.Executor
+	// them: a batch writes through mut, which copies a chunk before its
+	// first write.
+	execs  execList
 	prints []uint64 // executorPrint of execs
 	print  taskPrint
 	// The members by the checks of their read (service and node checks), by
@@ -49,18 +50,18 @@ type taskState struct {
 	was map[string]uint64
 
 	// Per batch.
-	owned   bool // execs is this batch's copy
-	all     bool // every member is to be decided again
-	fresh   bool // replaced by a membership read in this batch
-	dirty   map[int32]struct{}
-	touched bool
+	ownChunks []bool // the chunks of execs this batch copied (nil: none, nor the list)
+	all       bool   // every member is to be decided again
+	fresh     bool   // replaced by a membership read in this batch
+	dirty     map[int32]struct{}
+	touched   bool
 }
 
 func newTaskState(tm *health.TaskMembers) *taskState {
 	n := len(tm.Members)
 	ts := &taskState{
 		tm:     tm,
-		execs:  make([]health.Executor, n),
+		execs:  newExecList(n),
 		prints: make([]uint64, n),
 		// A member's own lease check and its node's checks, which its
 		// node's other members share: about one entry per member.
@@ -69,7 +70,11 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 		nodes:    map[string][]int32{},
 		services: newPlaces[checkRef](n),
 		bad:      map[string]string{},
-		owned:    true, all: true, fresh: true, touched: true,
+		all:      true, fresh: true, touched: true,
+	}
+	ts.ownChunks = make([]bool, len(ts.execs.chunks)) // a new list: every chunk its own
+	for c := range ts.ownChunks {
+		ts.ownChunks[c] = true
 	}
 	for i := range tm.Members {
 		m := &tm.Members[i]
@@ -90,17 +95,14 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 		ts.nodes[m.Node] = append(ts.nodes[m.Node], int32(i))
 		k := checkRef{m.Node, m.ServiceID}
 		ts.services.add(k, int32(i))
-		ts.execs[i] = m.Executor
+		*ts.execs.at(i) = m.Executor
 	}
 	return ts
 }
 
-func (ts *taskState) own() {
-	if !ts.owned {
-		ts.execs = slices.Clone(ts.execs)
-		ts.owned = true
-	}
-}
+// instances is how many instances the task state's registrations name
+// (bad registrations' ids too): what its shards are counted from.
+func (ts *taskState) instances() int { return len(ts.insts.first) }
 
 func (ts *taskState) mark(i int32) {
 	ts.touched = true
@@ -118,7 +120,7 @@ func (ts *taskState) markAll() { ts.touched, ts.all, ts.dirty = true, true, nil 
 // each calls f with every member marked in this batch, in order.
 func (ts *taskState) each(f func(i int32)) {
 	if ts.all {
-		for i := range ts.execs {
+		for i := range ts.execs.len() {
 			f(int32(i))
 		}
 		return
@@ -134,7 +136,7 @@ func (ts *taskState) each(f func(i int32)) {
 }
 
 func (ts *taskState) endBatch() {
-	ts.owned, ts.all, ts.fresh, ts.dirty, ts.touched, ts.was = false, false, false, nil, false, nil
+	ts.ownChunks, ts.all, ts.fresh, ts.dirty, ts.touched, ts.was = nil, false, false, nil, false, nil
 }
 
 // regKey names a registration across reads.
@@ -204,9 +206,9 @@ func (s *Syncer) replaceMemberships(tasks []fleetKey, instances map[string]struc
 		ts := newTaskState(tm)
 		if old != nil {
 			ts.bad = old.bad // to log only new errors; rebuilt in the join pass
-			ts.was = make(map[string]uint64, len(old.execs))
-			for i := range old.execs {
-				ts.was[regKey(&old.execs[i])] = old.prints[i]
+			ts.was = make(map[string]uint64, old.execs.len())
+			for i := range old.execs.len() {
+				ts.was[regKey(old.execs.at(i))] = old.prints[i]
 			}
 			replaced = append(replaced, old)
 		}
@@ -218,7 +220,7 @@ func (s *Syncer) replaceMemberships(tasks []fleetKey, instances map[string]struc
 			delete(s.fleet, task)
 			replaced = append(replaced, old)
 			r.changed = append(r.changed, task.task)
-			r.diff.removed += len(old.execs)
+			r.diff.removed += old.execs.len()
 		}
 	}
 	// After counting the new reads: a session still listed stays present.
@@ -234,7 +236,7 @@ func (s *Syncer) rememberChanges(tasks []fleetKey, r *batchResult) {
 		if ts == nil {
 			continue
 		}
-		r.present += len(ts.execs)
+		r.present += ts.execs.len()
 		if !ts.touched {
 			continue
 		}
@@ -294,7 +296,6 @@ func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState,
 	instances map[string]struct{}, r *batchResult) {
 	d := s.dc(dc)
 	{
-		ts.own()
 		bad := map[string]string(nil)
 		if ts.fresh {
 			bad = map[string]string{}
@@ -306,7 +307,7 @@ func (s *Syncer) joinMarked(ctx context.Context, dc string, ts *taskState,
 			if d.reach != health.Reached {
 				e.ReachDetail = dc + ": " + d.reachDetail
 			}
-			ts.execs[i] = e
+			*ts.mut(i) = e
 			instances[e.InstanceID] = struct{}{}
 			if e.Err != nil {
 				if bad != nil {
@@ -341,10 +342,9 @@ func (s *Syncer) fenceInstances(ctx context.Context, instances map[string]struct
 			if _, ok := ts.insts.first[inst]; !ok {
 				continue
 			}
-			ts.own()
 			for i := range ts.insts.of(inst) {
 				ts.mark(i)
-				group = append(group, &ts.execs[i])
+				group = append(group, ts.mut(i))
 			}
 		}
 		health.FenceInstance(group, s.keys[inst])
@@ -396,7 +396,7 @@ func (s *Syncer) printChanges(task fleetKey, ts *taskState, r *batchResult) {
 			before = s.printOf[task]
 		}
 		ts.each(func(i int32) {
-			e := &ts.execs[i]
+			e := ts.execs.at(int(i))
 			s.remember(e)
 			x := translator.ExecutorPrint(e)
 			if ts.fresh {

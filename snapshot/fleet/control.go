@@ -228,7 +228,7 @@ func (s *Syncer) applyControl() {
 	tasks := sortedKeys(s.members)
 	var all []health.Executor
 	for _, task := range tasks {
-		all = append(all, s.fleet[task].execs...)
+		all = s.fleet[task].execs.appendTo(all)
 	}
 	sets := make([]health.Dispatcher, 0, len(s.groups))
 	for _, key := range slices.Sorted(maps.Keys(s.groups)) {
@@ -238,9 +238,11 @@ func (s *Syncer) applyControl() {
 		health.CordonOptions{Sets: sets, AttributedApprovals: s.cfg.RequireACLApprovals})
 	for _, task := range tasks {
 		ts := s.fleet[task]
-		ts.own()
 		ts.markAll()
-		all = all[copy(ts.execs, all):]
+		for i := range ts.execs.len() {
+			*ts.mut(int32(i)) = all[i]
+		}
+		all = all[ts.execs.len():]
 	}
 	held := 0
 	var pools []string

@@ -6,6 +6,8 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"maps"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -772,6 +774,45 @@ func TestDispatchPolicyChangeChangesOnlyItsTasksVersions(t *testing.T) {
 		prevErr = got
 	}
 	h.quiet() // nothing published: the previous rules stay in force
+}
+
+// A task's shards follow its instances, not its registrations: an instance
+// whose new session starts on another node holds two registrations until
+// the old one goes, and a task of exactly ShardSize instances must not be
+// re-sharded (every shard resent) at each such step of a rollout. One more
+// instance does shard it.
+func TestShardsFollowInstancesNotRegistrations(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := startSyncerWith(t, SyncConfig{ShardSize: 10, Logger: quiet})
+	h.s.Subscribe(dispatcher(t, ""))
+	h.tasks("work")
+	var members []health.Member
+	for i := range 10 {
+		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i),
+			fmt.Sprintf("s%02d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
+	}
+	moved := onNodeWithSerf(fleettest.Member("work", "e03", "s03-new", 2, 9100, "1.0.0",
+		health.StatusPassing, 20), "n2", health.StatusPassing, 1)
+	h.members("work", append(members, moved)...)
+	h.nonPassing()
+	snap := h.publish().snap
+	if loads := snap.GetResources(resource.EndpointType); len(loads) != 1 || loads["work"] == nil {
+		t.Fatalf("10 instances in 11 registrations, shards of 10: load assignments %v, "+
+			"want work alone", slices.Sorted(maps.Keys(loads)))
+	}
+	if c := h.s.View().ClusterOf(moved.Executor, dispatcher(t, "")); c != "work" {
+		t.Fatalf("the view sends e03 in %s, want work", c)
+	}
+
+	h.members("work", append(members, moved, fleettest.Member("work", "e10", "s10", 1, 9010,
+		"1.0.0", health.StatusPassing, 21))...)
+	h.advanceWindow()
+	snap = h.publish().snap
+	loads := snap.GetResources(resource.EndpointType)
+	want := []string{translator.ShardName("work", 0, 2), translator.ShardName("work", 1, 2)}
+	if got := slices.Sorted(maps.Keys(loads)); !slices.Equal(got, want) {
+		t.Fatalf("11 instances in shards of 10: load assignments %v, want %v", got, want)
+	}
 }
 
 // A sharded task's route follows its policy too (the weighted route is kept

@@ -93,12 +93,13 @@ func (s *Syncer) anyReachable() bool {
 }
 
 // taskExecutors are task's registrations in every datacenter, in
-// datacenter order, with their prints (nil, nil: the task is nowhere).
-func (s *Syncer) taskExecutors(task string) ([]health.Executor, []uint64) {
+// datacenter order, as the chunks they are kept in (one list's chunks after
+// another's), with their prints (nil, nil: the task is nowhere).
+func (s *Syncer) taskExecutors(task string) ([][]health.Executor, []uint64) {
 	if len(s.dcs) == 1 { // the common case: no names to sort, no copy
 		for name := range s.dcs {
 			if ts := s.fleet[fleetKey{name, task}]; ts != nil {
-				return ts.execs, ts.prints
+				return ts.execs.chunks, ts.prints
 			}
 		}
 		return nil, nil
@@ -107,22 +108,23 @@ func (s *Syncer) taskExecutors(task string) ([]health.Executor, []uint64) {
 	n, parts := 0, 0
 	for _, name := range s.dcNames() {
 		if ts := s.fleet[fleetKey{name, task}]; ts != nil {
-			one, n, parts = ts, n+len(ts.execs), parts+1
+			one, n, parts = ts, n+ts.execs.len(), parts+1
 		}
 	}
 	switch parts {
 	case 0:
 		return nil, nil
 	case 1:
-		return one.execs, one.prints // the common case: no copy
+		return one.execs.chunks, one.prints // the common case: no copy
 	}
-	execs, prints := make([]health.Executor, 0, n), make([]uint64, 0, n)
+	var chunks [][]health.Executor
+	prints := make([]uint64, 0, n)
 	for _, name := range s.dcNames() {
 		if ts := s.fleet[fleetKey{name, task}]; ts != nil {
-			execs, prints = append(execs, ts.execs...), append(prints, ts.prints...)
+			chunks, prints = append(chunks, ts.execs.chunks...), append(prints, ts.prints...)
 		}
 	}
-	return execs, prints
+	return chunks, prints
 }
 
 // changesCarried bounds the changes one publication links to (OpenTelemetry's
@@ -167,8 +169,8 @@ func (s *Syncer) rebuild(g *group, task string) {
 		b = &translator.Builder{Failover: s.cfg.failover()}
 		g.builders[task] = b
 	}
-	b.Shards = s.shardCount(g.d, len(execs))
-	r := b.BuildPrinted(task, execs, prints, g.d, s.observed(task, g.d)...)
+	b.Shards = s.shardCount(g.d, s.taskInstances(task))
+	r := b.BuildParts(task, execs, prints, g.d, s.observed(task, g.d)...)
 	s.explainBuild(g, task, execs, r.Observed)
 	if old != nil && sameShards(old, r.Shards) {
 		return // same content
@@ -189,14 +191,30 @@ func (s *Syncer) rebuild(g *group, task string) {
 	}
 }
 
-// shardCount is how many shards a task of n registrations has for
-// dispatchers of constraint set d: the same for every set, except one that
-// cannot take weighted clusters.
+// shardCount is how many shards a task of n instances has for dispatchers
+// of constraint set d: the same for every set, except one that cannot take
+// weighted clusters.
 func (s *Syncer) shardCount(d health.Dispatcher, n int) int {
 	if d.SingleCluster {
 		return 1
 	}
 	return translator.ShardCount(n, s.cfg.ShardSize)
+}
+
+// taskInstances is how many instances task's registrations name, per
+// datacenter summed: what its shard count follows. Not its registrations:
+// an instance whose new session starts on another node (a surge deployment
+// moving it) holds two until its old registration goes, and a task of
+// exactly a multiple of the shard size would then be re-sharded, every
+// shard resent, at each step of such a rollout.
+func (s *Syncer) taskInstances(task string) int {
+	n := 0
+	for name := range s.dcs {
+		if ts := s.fleet[fleetKey{name, task}]; ts != nil {
+			n += ts.instances()
+		}
+	}
+	return n
 }
 
 // changedLoads are the names of the shards of next that old did not have

@@ -80,7 +80,7 @@ func (s *Syncer) indexSessions(tasks []fleetKey, instances map[string]struct{}) 
 				continue
 			}
 			for i := range ts.insts.of(inst) {
-				regs = append(regs, ts.execs[i])
+				regs = append(regs, *ts.execs.at(int(i)))
 			}
 		}
 		s.sessionIx.update(inst, regs, s.pastOf(inst))

@@ -83,7 +83,7 @@ type SyncConfig struct {
 	// (so no executor an operator took out is routed after a start), and
 	// readiness needs it to read them.
 	AwaitControl bool
-	// ShardSize is the most endpoints a task type's load assignment holds
+	// ShardSize is the most instances a task type's load assignment holds
 	// before the task is split into shards, each a cluster of its own behind
 	// one weighted route (translator.ShardCount; default DefaultShardSize;
 	// negative: never). Dispatchers that cannot take weighted clusters
@@ -118,9 +118,12 @@ func (c SyncConfig) failover() translator.Failover {
 // a failed node's registrations cannot come back after leasehold forgot them.
 const DefaultHistoryRetention = 73 * time.Hour
 
-// DefaultShardSize is SyncConfig.ShardSize's default (measured: BENCHMARKS.md,
-// "Sharded task types").
-const DefaultShardSize = 1000
+// DefaultShardSize is SyncConfig.ShardSize's default. A lapse resends its
+// shard to every stream of the task, and at 100 streams per task type the
+// push of a 1,000-endpoint shard (~120 KB each) kept lapse → stop's p99 at
+// 250–340 ms on 2 cores, a 250-endpoint one at 39–126 ms (BENCHMARKS.md,
+// "Shards of 250").
+const DefaultShardSize = 250
 
 func (c SyncConfig) withDefaults() SyncConfig {
 	if c.ShardSize == 0 {

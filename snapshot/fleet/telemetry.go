@@ -241,7 +241,7 @@ func (t *changeTrace) end() {
 // explainBuild counts and logs what the rules in observe mode would have
 // excluded from a group's load assignment of task (routed all the same) and,
 // at debug level, logs every decision.
-func (s *Syncer) explainBuild(g *group, task string, execs []health.Executor,
+func (s *Syncer) explainBuild(g *group, task string, parts [][]health.Executor,
 	observed []translator.ObservedDecision) {
 	for _, o := range observed {
 		for _, x := range o.Exclusions {
@@ -254,6 +254,10 @@ func (s *Syncer) explainBuild(g *group, task string, execs []health.Executor,
 		}
 	}
 	if s.log.Enabled(context.Background(), slog.LevelDebug) {
+		var execs []health.Executor
+		for _, part := range parts {
+			execs = append(execs, part...)
+		}
 		for _, d := range translator.Decide(execs, g.d, s.observed(task, g.d)...) {
 			s.log.Debug("decision", "group", g.d.Key(), "task", task,
 				"instance_id", d.Executor.InstanceID, "session_id", d.Executor.SessionID,
@@ -286,8 +290,10 @@ type executorsKey struct{ task, state, verdict string }
 func (v *View) gauges() *fleetGauges {
 	v.gaugesOnce.Do(func() {
 		g := &fleetGauges{executors: map[executorsKey]int64{}, capacity: map[string]taskCapacity{}}
-		var d health.Dispatcher // unconstrained
-		for _, es := range v.byTask {
+		var d health.Dispatcher  // unconstrained
+		var es []health.Executor // one task state's, in one slice (duplicates are per task)
+		for _, l := range v.byTask {
+			es = l.appendTo(es[:0])
 			verdicts := v.decideEach(es, d)
 			for i := range es {
 				e := &es[i]

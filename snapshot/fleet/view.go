@@ -36,8 +36,8 @@ type View struct {
 	// (LapseUnrecorded); shared with the syncer: never written.
 	unrecorded map[health.SessionKey]struct{}
 
-	byTask   [][]health.Executor // shared with the syncer's fleet state: never written
-	shards   map[string]int      // per task type: its shards for sets taking weighted clusters
+	byTask   []execList     // shared with the syncer's fleet state: never written
+	shards   map[string]int // per task type: its shards for sets taking weighted clusters
 	flatOnce sync.Once
 	flat     []health.Executor
 	// The gauges' values (telemetry.go), computed on first use.
@@ -51,7 +51,7 @@ type View struct {
 // tools that explain a given fleet).
 func NewView(executors []health.Executor) *View {
 	v := emptyView()
-	v.byTask = [][]health.Executor{executors}
+	v.byTask = []execList{execListOf(executors)}
 	v.sessions = sessionsOf(executors)
 	return v
 }
@@ -62,17 +62,17 @@ func NewView(executors []health.Executor) *View {
 // asks. The slice is shared: do not modify it.
 func (v *View) Executors() []health.Executor {
 	v.flatOnce.Do(func() {
-		if len(v.byTask) == 1 {
-			v.flat = v.byTask[0]
+		if len(v.byTask) == 1 && len(v.byTask[0].chunks) == 1 {
+			v.flat = v.byTask[0].chunks[0]
 			return
 		}
 		n := 0
-		for _, es := range v.byTask {
-			n += len(es)
+		for _, l := range v.byTask {
+			n += l.len()
 		}
 		v.flat = make([]health.Executor, 0, n)
-		for _, es := range v.byTask {
-			v.flat = append(v.flat, es...)
+		for _, l := range v.byTask {
+			v.flat = l.appendTo(v.flat)
 		}
 	})
 	return v.flat
@@ -84,9 +84,9 @@ func (v *View) Executors() []health.Executor {
 // walk the fleet once per view (load reporting's label sets) use this.
 func (v *View) All() iter.Seq[*health.Executor] {
 	return func(yield func(*health.Executor) bool) {
-		for _, es := range v.byTask {
-			for i := range es {
-				if !yield(&es[i]) {
+		for _, l := range v.byTask {
+			for e := range l.all() {
+				if !yield(e) {
 					return
 				}
 			}
@@ -156,7 +156,7 @@ func (s *Syncer) publishView() {
 	local := s.localDC()
 	index := s.consulIndex(local)
 	tasks := sortedKeys(s.members)
-	byTask := make([][]health.Executor, 0, len(tasks))
+	byTask := make([]execList, 0, len(tasks))
 	for _, task := range tasks {
 		if ts := s.fleet[task]; ts != nil {
 			byTask = append(byTask, ts.execs)
@@ -213,11 +213,11 @@ func (s *Syncer) publishView() {
 // shardCounts is each sharded task type's shard count (sharded ones only).
 func (s *Syncer) shardCounts() map[string]int {
 	var out map[string]int
-	regs := map[string]int{} // per task type: its registrations in every datacenter
+	insts := map[string]int{} // per task type: its instances, per datacenter summed
 	for k, ts := range s.fleet {
-		regs[k.task] += len(ts.execs)
+		insts[k.task] += ts.instances()
 	}
-	for task, count := range regs {
+	for task, count := range insts {
 		if n := translator.ShardCount(count, s.cfg.ShardSize); n > 1 {
 			if out == nil {
 				out = map[string]int{}

@@ -17,6 +17,7 @@ import (
 // fencing API, explain, metrics) while Run decides the next batches; run with
 // -race. Each reader also checks that a View it holds never changes.
 func TestViewsDoNotChangeWhileRunDecides(t *testing.T) {
+	smallChunks(t) // writes to a chunk a view holds are races too
 	groups := worldGroups(t)
 	clock := clockwork.NewFakeClock()
 	s := NewSyncer(SyncConfig{Logger: slog.New(slog.NewTextHandler(io.Discard, nil)), Clock: clock})
@@ -91,7 +92,8 @@ func TestAllYieldsExecutorsWithoutTheFlatList(t *testing.T) {
 	exec := func(inst string) health.Executor {
 		return health.Executor{Registration: health.Registration{InstanceID: inst}}
 	}
-	v.byTask = [][]health.Executor{{exec("a"), exec("b")}, nil, {exec("c")}}
+	v.byTask = []execList{execListOf([]health.Executor{exec("a"), exec("b")}), {},
+		execListOf([]health.Executor{exec("c")})}
 	var got []string
 	for e := range v.All() {
 		got = append(got, e.InstanceID)

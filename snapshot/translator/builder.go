@@ -172,10 +172,19 @@ func (bl *Builder) Build(task string, executors []health.Executor,
 // Rules listed in observe are in observe mode (see health.EligibleObserving).
 func (bl *Builder) BuildPrinted(task string, executors []health.Executor, prints []uint64,
 	d health.Dispatcher, observe ...health.Reason) Result {
+	return bl.BuildParts(task, [][]health.Executor{executors}, prints, d, observe...)
+}
+
+// BuildParts is BuildPrinted of the executors of parts one after another
+// (prints aligned with them as one list): a caller that keeps a large task
+// type's executors in chunks, copying only a changed chunk, builds from them
+// without making them one slice.
+func (bl *Builder) BuildParts(task string, parts [][]health.Executor, prints []uint64,
+	d health.Dispatcher, observe ...health.Reason) Result {
 	restarted := bl.restartFor(d, observe)
 	bl.gen++
 	b := build{gen: bl.gen}
-	bl.decide(&b, executors, prints, d)
+	bl.decide(&b, parts, prints, d)
 	bl.order(&b)
 	bl.settleSockets(&b)
 	removes := b.sendChanges()
@@ -233,50 +242,64 @@ func (bl *Builder) restartFor(d health.Dispatcher, observe []health.Reason) bool
 
 // decide finds each executor's entry by fingerprint, deciding and encoding
 // only those not seen before, and forgets the entries no executor has now.
-func (bl *Builder) decide(b *build, executors []health.Executor, prints []uint64,
+func (bl *Builder) decide(b *build, parts [][]health.Executor, prints []uint64,
 	d health.Dispatcher) {
-	b.all = make([]*entry, 0, len(executors))
+	n := 0
+	for _, part := range parts {
+		n += len(part)
+	}
+	b.all = make([]*entry, 0, n)
 	var buf []byte
-	for i := range executors {
-		e := &executors[i]
-		var p uint64
-		if prints != nil {
-			p = prints[i]
-		} else {
-			p = ExecutorPrint(e)
+	i := -1
+	for _, part := range parts {
+		for j := range part {
+			i++
+			bl.decideOne(b, &part[j], i, prints, d, &buf)
 		}
-		var en *entry
-		if i < len(bl.all) && bl.all[i].print == p {
-			en = bl.all[i] // same executor at the same place: no map lookup
-		} else {
-			en = bl.entries[p]
-		}
-		if en != nil && en.gen == b.gen {
-			continue // the same registration twice: one endpoint
-		}
-		if en == nil {
-			en = &entry{print: p}
-			bl.entries[p] = en
-			v := health.EligibleObserving(*e, d, bl.observe)
-			if len(v.Observed) > 0 {
-				b.observed = append(b.observed,
-					ObservedDecision{InstanceID: e.InstanceID, SessionID: e.SessionID,
-						Exclusions: v.Observed})
-			}
-			if bl.route(en, e, v.Route, &buf) {
-				b.fresh = append(b.fresh, en)
-			}
-		} else if en.routed {
-			b.reused++
-		}
-		en.gen = b.gen
-		b.all = append(b.all, en)
 	}
 	for _, en := range bl.all { // forget what this build did not see
 		if en.gen != b.gen {
 			delete(bl.entries, en.print)
 		}
 	}
+}
+
+// decideOne decides executor e, the i-th of the build, reusing its entry
+// when its print is known.
+func (bl *Builder) decideOne(b *build, e *health.Executor, i int, prints []uint64,
+	d health.Dispatcher, buf *[]byte) {
+	var p uint64
+	if prints != nil {
+		p = prints[i]
+	} else {
+		p = ExecutorPrint(e)
+	}
+	var en *entry
+	if i < len(bl.all) && bl.all[i].print == p {
+		en = bl.all[i] // same executor at the same place: no map lookup
+	} else {
+		en = bl.entries[p]
+	}
+	if en != nil && en.gen == b.gen {
+		return // the same registration twice: one endpoint
+	}
+	if en == nil {
+		en = &entry{print: p}
+		bl.entries[p] = en
+		v := health.EligibleObserving(*e, d, bl.observe)
+		if len(v.Observed) > 0 {
+			b.observed = append(b.observed,
+				ObservedDecision{InstanceID: e.InstanceID, SessionID: e.SessionID,
+					Exclusions: v.Observed})
+		}
+		if bl.route(en, e, v.Route, buf) {
+			b.fresh = append(b.fresh, en)
+		}
+	} else if en.routed {
+		b.reused++
+	}
+	en.gen = b.gen
+	b.all = append(b.all, en)
 }
 
 // route fills a new entry from its executor's verdict, encoding its

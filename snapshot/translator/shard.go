@@ -28,11 +28,13 @@ import (
 // name is never another task's.
 const ShardSeparator = "/shard-"
 
-// ShardCount is how many shards a task type of n registrations is split
-// into with at most size endpoints per shard: 1 (not sharded) when n is at
-// most size or size is 0 or less (sharding off), else ⌈n/size⌉. It counts
-// registrations, not the endpoints a constraint set routes, so every
-// constraint set of a task has the same shards and names.
+// ShardCount is how many shards a task type of n instances is split into
+// with at most size instances per shard: 1 (not sharded) when n is at most
+// size or size is 0 or less (sharding off), else ⌈n/size⌉. The syncer counts
+// the instances its registrations name, not the endpoints a constraint set
+// routes, so every constraint set of a task has the same shards and names,
+// and not the registrations, of which an instance moving to another node
+// holds two for a moment.
 func ShardCount(n, size int) int {
 	if size <= 0 || n <= size {
 		return 1
