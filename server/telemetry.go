@@ -141,20 +141,13 @@ func (x *XDS) onPublish(p fleet.Publication) {
 		removed[n] = true
 	}
 	pl := &pendingLapse{at: p.LapsedAt, published: time.Now(), waiting: map[int64]bool{}}
-	for id, s := range x.bySet[p.Group] {
-		t := s.Types[resource.EndpointType]
-		if t == nil {
-			continue
-		}
-		if len(t.Subscribed) == 0 { // wildcard
+	set := x.followers[p.Group]
+	for id := range set[""] { // wildcards
+		pl.waiting[id] = true
+	}
+	for name := range removed {
+		for id := range set[name] {
 			pl.waiting[id] = true
-			continue
-		}
-		for _, name := range t.Subscribed {
-			if removed[name] {
-				pl.waiting[id] = true
-				break
-			}
 		}
 	}
 	if len(pl.waiting) > 0 {

@@ -3,6 +3,7 @@ package server
 import (
 	"context"
 	"maps"
+	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
@@ -53,12 +54,85 @@ func TestALapseWaitsOnlyForItsSetsStreamsThatFollowIt(t *testing.T) {
 	if got := waiting(); got != nil {
 		t.Fatalf("no stream of set a follows shard 0: waiting for %v", got)
 	}
-	if _, ok := x.bySet["a"]; !ok || len(x.bySet["a"]) != 2 {
-		t.Fatalf("set a holds %v, want streams 2 and 5", x.bySet["a"])
+	if got := x.followers["a"]; len(got) != 1 || len(got["work/shard-1"]) != 1 {
+		t.Fatalf("set a's followers %v, want stream 2 of shard 1 alone", got)
 	}
 	x.dropStream(2)
 	x.dropStream(5)
-	if _, ok := x.bySet["a"]; ok {
+	if _, ok := x.followers["a"]; ok {
 		t.Fatal("an empty set is kept")
+	}
+}
+
+// The followers index is exact after any sequence of streams opening with or
+// without endpoints asked for, changing what they follow (names, a wildcard,
+// none) and ending: the streams a lapse waits for are those a walk of every
+// stream finds.
+func TestFollowersStayExactWhateverStreamsDo(t *testing.T) {
+	r := rand.New(rand.NewPCG(30, 1))
+	x := &XDS{streams: map[int64]*StreamInfo{}}
+	x.latest = map[string]context.Context{}
+	sets, names := []string{"a", "b"}, []string{"w/shard-0", "w/shard-1", "w/shard-2", "v"}
+	pick := func() []string {
+		var out []string
+		for _, n := range names {
+			if r.IntN(3) == 0 {
+				out = append(out, n)
+			}
+		}
+		return out
+	}
+	// walk is what a lapse of set removing load waits for, by every stream.
+	walk := func(set, load string) []int64 {
+		var out []int64
+		for key, info := range x.streams {
+			tt := info.Types[resource.EndpointType]
+			if info.Group != set || tt == nil {
+				continue
+			}
+			if len(tt.Subscribed) == 0 || slices.Contains(tt.Subscribed, load) {
+				out = append(out, key)
+			}
+		}
+		slices.Sort(out)
+		return out
+	}
+	for step := range 2000 {
+		key := int64(r.IntN(20) - 10)
+		switch op := r.IntN(4); {
+		case op == 0: // a stream (re)opens, asking for endpoints or not
+			info := &StreamInfo{Group: sets[r.IntN(2)], key: key, Types: map[string]*TypeInfo{}}
+			if r.IntN(2) == 0 {
+				info.Types[resource.EndpointType] = &TypeInfo{Subscribed: pick()}
+			}
+			x.addStream(key, info)
+		case op == 1:
+			x.dropStream(key)
+		default: // a request changes what it follows (endpoints or another type)
+			info := x.streams[key]
+			if info == nil {
+				info = &StreamInfo{Group: sets[r.IntN(2)], key: key, Types: map[string]*TypeInfo{}}
+			}
+			typ := resource.EndpointType
+			if r.IntN(4) == 0 {
+				typ = resource.ClusterType
+			}
+			x.subscribed(info, typ, info.typeInfo(typ), pick())
+		}
+		for _, set := range sets {
+			for _, load := range names {
+				x.lapses = nil
+				x.onPublish(fleet.Publication{Group: set, LapsedAt: time.Now(),
+					RemovedLoads: []string{load}})
+				var got []int64
+				if len(x.lapses) > 0 {
+					got = slices.Sorted(maps.Keys(x.lapses[0].waiting))
+				}
+				if want := walk(set, load); !slices.Equal(got, want) {
+					t.Fatalf("step %d: a lapse of %s in set %s waits for %v, every stream's walk "+
+						"finds %v", step, load, set, got, want)
+				}
+			}
+		}
 	}
 }

@@ -46,11 +46,14 @@ type XDS struct {
 
 	mu      sync.Mutex
 	streams map[int64]*StreamInfo // streams that announced a valid node, by streamKey
-	// bySet is streams by constraint set (a stream's never changes), so a
-	// publication looks only at its own set's streams: with thousands of
-	// streams, walking them all per publication held x.mu, which every
-	// stream's sends and ACKs take too.
-	bySet   map[string]map[int64]*StreamInfo
+	// followers are the streams following load assignments, by constraint
+	// set (a stream's never changes) and load assignment name ("" for a
+	// wildcard subscription), so a publication notes the streams its lapse
+	// waits for without walking any other: walking every stream held x.mu,
+	// which every stream's sends and ACKs take too, and walking the set's
+	// took ~1.7 ms of each lapse with 1,000 streams in one set, on the
+	// syncer's goroutine, before the cache update.
+	followers map[string]map[string]map[int64]struct{}
 	policy  *PolicyStore          // nil without an authorization policy
 	auth    map[int64]*streamAuth // by streamKey
 	conns   map[int64]streamConn  // every open stream's client, by streamKey
@@ -112,6 +115,7 @@ type TypeInfo struct {
 	LastNack   *Nack     `json:"last_nack,omitempty"`
 	Nacks      int       `json:"nacks,omitempty"` // NACKs on this stream
 	sentNonce  string
+	asked      []string // the names of the last state-of-the-world request, as sent
 	deltaNames map[string]bool
 	push       trace.Span // open from a response until its ACK or NACK
 }
@@ -203,8 +207,15 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			x.mu.Lock()
 			defer x.mu.Unlock()
 			t := info.typeInfo(req.GetTypeUrl())
-			t.Subscribed = append([]string(nil), req.GetResourceNames()...)
-			sort.Strings(t.Subscribed)
+			// An ACK repeats its names, in the same order: nothing is copied,
+			// sorted or indexed again.
+			if names := req.GetResourceNames(); !slices.Equal(t.asked, names) {
+				t.asked = names
+				sorted := slices.Sorted(slices.Values(names))
+				if !slices.Equal(t.Subscribed, sorted) {
+					x.subscribed(info, req.GetTypeUrl(), t, sorted)
+				}
+			}
 			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(),
 				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
@@ -237,11 +248,12 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			for _, n := range req.GetResourceNamesUnsubscribe() {
 				delete(t.deltaNames, n)
 			}
-			t.Subscribed = t.Subscribed[:0]
-			for n := range t.deltaNames {
-				t.Subscribed = append(t.Subscribed, n)
+			if len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe()) > 0 {
+				names := slices.Sorted(maps.Keys(t.deltaNames))
+				if !slices.Equal(t.Subscribed, names) {
+					x.subscribed(info, req.GetTypeUrl(), t, names)
+				}
 			}
-			sort.Strings(t.Subscribed)
 			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), t.LastSent,
 				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
@@ -469,18 +481,12 @@ func (x *XDS) onClosed(key int64) {
 	}
 }
 
-// addStream holds info as stream key's state, in its constraint set too;
-// x.mu is held.
+// addStream holds info as stream key's state, and the load assignments it
+// follows in followers; x.mu is held.
 func (x *XDS) addStream(key int64, info *StreamInfo) {
-	x.dropStream(key) // onRequest adds a stream once; this keeps bySet exact regardless
+	x.dropStream(key) // onRequest adds a stream once; this keeps followers exact regardless
 	x.streams[key] = info
-	if x.bySet == nil {
-		x.bySet = map[string]map[int64]*StreamInfo{}
-	}
-	if x.bySet[info.Group] == nil {
-		x.bySet[info.Group] = map[int64]*StreamInfo{}
-	}
-	x.bySet[info.Group][key] = info
+	x.follow(info, true)
 }
 
 // dropStream forgets stream key's state; x.mu is held.
@@ -489,12 +495,61 @@ func (x *XDS) dropStream(key int64) {
 	if !ok {
 		return
 	}
+	x.follow(info, false)
 	delete(x.streams, key)
-	if set := x.bySet[info.Group]; set != nil {
-		delete(set, key)
-		if len(set) == 0 {
-			delete(x.bySet, info.Group)
+}
+
+// subscribed sets the names a stream's request of typeURL subscribes to
+// (sorted; none: a wildcard), following them in followers when they are
+// load assignments of a stream held; x.mu is held.
+func (x *XDS) subscribed(info *StreamInfo, typeURL string, t *TypeInfo, names []string) {
+	held := typeURL == resource.EndpointType && x.streams[info.key] == info
+	if held {
+		x.follow(info, false)
+	}
+	t.Subscribed = names
+	if held {
+		x.follow(info, true)
+	}
+}
+
+// follow adds (or removes) info's stream as a follower of each load
+// assignment its endpoints subscription names ("" for a wildcard); a
+// stream that asked for no endpoints follows none; x.mu is held.
+func (x *XDS) follow(info *StreamInfo, add bool) {
+	t := info.Types[resource.EndpointType]
+	if t == nil {
+		return
+	}
+	names := t.Subscribed
+	if len(names) == 0 {
+		names = []string{""}
+	}
+	set := x.followers[info.Group]
+	for _, n := range names {
+		if add {
+			if set == nil {
+				if x.followers == nil {
+					x.followers = map[string]map[string]map[int64]struct{}{}
+				}
+				set = map[string]map[int64]struct{}{}
+				x.followers[info.Group] = set
+			}
+			if set[n] == nil {
+				set[n] = map[int64]struct{}{}
+			}
+			set[n][info.key] = struct{}{}
+			continue
 		}
+		if keys := set[n]; keys != nil {
+			delete(keys, info.key)
+			if len(keys) == 0 {
+				delete(set, n)
+			}
+		}
+	}
+	if set != nil && len(set) == 0 {
+		delete(x.followers, info.Group)
 	}
 }
 

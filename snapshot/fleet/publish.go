@@ -100,9 +100,10 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 		lb := s.ctl.rollout.LBPolicyOf(task, s.cfg.LBPolicy)
 		pol := s.ctl.rollout.DispatchOf(task)
 		polKey := pol.Key()
-		l := translator.Listener(task)
+		l, lv := s.staticResource(resource.ListenerType, task,
+			func() proto.Message { return translator.Listener(task) })
 		res[types.Listener] = append(res[types.Listener], l)
-		versions[resource.ListenerType][task] = s.staticVersion(resource.ListenerType, task, l)
+		versions[resource.ListenerType][task] = lv
 		shards := g.loads[task]
 		r, rv := s.routeOf(g, task, shards, pol, polKey)
 		res[types.Route] = append(res[types.Route], r)
@@ -111,10 +112,11 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 			shards = []translator.Shard{{Name: task}}
 		}
 		for _, sh := range shards {
-			c := translator.Cluster(sh.Name, lb, pol)
+			c, cv := s.staticResource(resource.ClusterType,
+				sh.Name+"\x00"+string(lb)+"\x00"+polKey,
+				func() proto.Message { return translator.Cluster(sh.Name, lb, pol) })
 			res[types.Cluster] = append(res[types.Cluster], c)
-			versions[resource.ClusterType][sh.Name] = s.staticVersion(resource.ClusterType,
-				sh.Name+"\x00"+string(lb)+"\x00"+polKey, c)
+			versions[resource.ClusterType][sh.Name] = cv
 			if sh.CLA != nil {
 				res[types.Endpoint] = append(res[types.Endpoint], sh.CLA)
 				versions[resource.EndpointType][sh.Name] = sh.Version
@@ -192,8 +194,9 @@ func (s *Syncer) routeOf(g *group, task string, shards []translator.Shard,
 	pol health.TaskDispatch, polKey string) (*routev3.RouteConfiguration, string) {
 	if len(shards) <= 1 {
 		delete(g.routes, task)
-		r := translator.Route(task, pol)
-		return r, s.staticVersion(resource.RouteType, task+"\x00"+polKey, r)
+		r, v := s.staticResource(resource.RouteType, task+"\x00"+polKey,
+			func() proto.Message { return translator.Route(task, pol) })
+		return r.(*routev3.RouteConfiguration), v
 	}
 	weights := translator.ShardWeights(shards)
 	if sr, ok := g.routes[task]; ok && slices.Equal(sr.weights, weights) && sr.policy == polKey {
@@ -205,26 +208,36 @@ func (s *Syncer) routeOf(g *group, task string, shards []translator.Shard,
 	return sr.route, sr.version
 }
 
-// staticVersionsKept bounds the memo of static versions: every dispatch
-// policy a rules change brings adds keys, so past this many the memo starts
-// afresh (a version is a pure function of its key, so nothing else changes).
-const staticVersionsKept = 1 << 16
+// staticKept bounds the memo of static resources: every dispatch policy a
+// rules change brings adds keys, so past this many the memo starts afresh
+// (a resource is a pure function of its key, so nothing else changes).
+const staticKept = 1 << 16
 
-// staticVersion is translator.Version of a listener, route or cluster,
-// computed once per key (which names everything its content depends on: a
+// staticResource is a listener, route or cluster and its translator.Version,
+// made once per key (which names everything its content depends on: a
 // cluster's load-balancing and dispatch policies, a route's dispatch policy
-// too).
-func (s *Syncer) staticVersion(typeURL, key string, m proto.Message) string {
+// too) and shared by every publication after: a publication of a sharded
+// task made every shard's cluster afresh, at each lapse. Published
+// resources are never written.
+func (s *Syncer) staticResource(typeURL, key string,
+	make func() proto.Message) (proto.Message, string) {
 	k := typeURL + "/" + key
-	if v, ok := s.staticVersions[k]; ok {
-		return v
+	if r, ok := s.statics[k]; ok {
+		return r.message, r.version
 	}
-	v := translator.Version(m)
-	if s.staticVersions == nil || len(s.staticVersions) >= staticVersionsKept {
-		s.staticVersions = map[string]string{}
+	m := make()
+	r := staticMemo{message: m, version: translator.Version(m)}
+	if s.statics == nil || len(s.statics) >= staticKept {
+		s.statics = map[string]staticMemo{}
 	}
-	s.staticVersions[k] = v
-	return v
+	s.statics[k] = r
+	return r.message, r.version
+}
+
+// staticMemo is one static resource made, and its version.
+type staticMemo struct {
+	message proto.Message
+	version string
 }
 
 func consistentSet(res map[types.ResponseType][]types.Resource) error {

@@ -447,24 +447,30 @@ func TestPolicyChangeChangesOnlyItsClusterVersion(t *testing.T) {
 	h.quiet()
 }
 
-// TestStaticVersionIsPerPolicy: every policy gives a distinct cluster
-// version, and the same policy the same version however often it is asked
-// for.
-func TestStaticVersionIsPerPolicy(t *testing.T) {
+// TestStaticResourceIsPerPolicy: every policy gives a distinct cluster and
+// version, and the same policy the same cluster (made once) and version
+// however often it is asked for.
+func TestStaticResourceIsPerPolicy(t *testing.T) {
 	seen := map[string]health.LBPolicy{}
 	s := NewSyncer(SyncConfig{})
+	made := map[health.LBPolicy]proto.Message{}
 	for range 2 {
 		for _, p := range health.LBPolicies {
-			v := s.staticVersion(resource.ClusterType, "work\x00"+string(p),
-				translator.Cluster("work", p, health.DefaultDispatch()))
+			m, v := s.staticResource(resource.ClusterType, "work\x00"+string(p),
+				func() proto.Message { return translator.Cluster("work", p, health.DefaultDispatch()) })
 			if q, ok := seen[v]; ok && q != p {
 				t.Fatalf("%s and %s share cluster version %s", p, q, v)
 			}
 			seen[v] = p
-			want := translator.Version(translator.Cluster("work", p, health.DefaultDispatch()))
-			if v != want {
-				t.Fatalf("%s: memoised version %s, content version %s", p, v, want)
+			want := translator.Cluster("work", p, health.DefaultDispatch())
+			if v != translator.Version(want) || !proto.Equal(m, want) {
+				t.Fatalf("%s: memoised version %s of %v, content version %s of %v", p, v, m,
+					translator.Version(want), want)
 			}
+			if prev, ok := made[p]; ok && prev != m {
+				t.Fatalf("%s: the cluster was made again", p)
+			}
+			made[p] = m
 		}
 	}
 }

@@ -213,13 +213,13 @@ type Syncer struct {
 	prunedAt  time.Time            // when absent instances were last pruned from the history
 
 	// Groups and publishing (recompute.go, publish.go).
-	groups         map[string]*group   // per constraint set with streams
-	flushAt        time.Time           // when the groups coalescing additions are published
-	staticVersions map[string]string   // listeners', routes' and clusters' versions, by key
-	listeners      []func(Publication) // Notify's
-	batchStart     time.Time           // when Consul's answer behind the current batch arrived
-	batchLapse     time.Time           // batchStart, when the batch holds a new lapse
-	batchChange    trace.SpanContext   // the current batch's consul_change span, if traced
+	groups      map[string]*group     // per constraint set with streams
+	flushAt     time.Time             // when the groups coalescing additions are published
+	statics     map[string]staticMemo // listeners, routes and clusters made, by key
+	listeners   []func(Publication)   // Notify's
+	batchStart  time.Time             // when Consul's answer behind the current batch arrived
+	batchLapse  time.Time             // batchStart, when the batch holds a new lapse
+	batchChange trace.SpanContext     // the current batch's consul_change span, if traced
 
 	// The operators' controls and what readiness knows of the reads'
 	// failures (control.go, readiness.go).
