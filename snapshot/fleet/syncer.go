@@ -119,10 +119,10 @@ func (c SyncConfig) failover() translator.Failover {
 const DefaultHistoryRetention = 73 * time.Hour
 
 // DefaultShardSize is SyncConfig.ShardSize's default. A lapse resends its
-// shard to every stream of the task, and at 100 streams per task type the
-// push of a 1,000-endpoint shard (~120 KB each) kept lapse → stop's p99 at
-// 250–340 ms on 2 cores, a 250-endpoint one at 39–126 ms (BENCHMARKS.md,
-// "Shards of 250").
+// shard to every stream of the task: at 100 streams per task type on 2
+// cores, the push of a 1,000-endpoint shard (~120 KB each) took lapse → stop
+// to p99 189–333 ms, a 250-endpoint one to 55–75 ms (BENCHMARKS.md, "Shards
+// of 250").
 const DefaultShardSize = 250
 
 func (c SyncConfig) withDefaults() SyncConfig {
