@@ -239,14 +239,16 @@ func (l *LRS) StreamLoadStats(stream loadstatsv3.LoadReportingService_StreamLoad
 		return err
 	}
 	defer l.close(rep)
+	// The first request's counts are added before the answer: a client that
+	// has its answer knows its first report was counted.
+	if err := l.report(rep, req); err != nil {
+		return err
+	}
 	if err := stream.Send(l.response(node)); err != nil {
 		return err
 	}
 	l.log.Debug("load reports: stream open", "node_id", rep.nodeID, "stream", rep.stream,
 		"identity", rep.identity)
-	if err := l.report(rep, req); err != nil {
-		return err
-	}
 	reqs, errs := make(chan *loadstatsv3.LoadStatsRequest), make(chan error, 1)
 	go func() {
 		for {

@@ -2,14 +2,18 @@ package server
 
 import (
 	"context"
+	"io"
+	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"slices"
 	"testing"
 	"time"
 
+	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 
+	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 )
 
@@ -117,7 +121,13 @@ func TestFollowersStayExactWhateverStreamsDo(t *testing.T) {
 			if r.IntN(4) == 0 {
 				typ = resource.ClusterType
 			}
-			x.subscribed(info, typ, info.typeInfo(typ), pick())
+			// as the request callbacks do: a new type's state, then its
+			// names only when they changed (a first request naming nothing
+			// changes none)
+			tt := x.typeInfo(info, typ)
+			if names := pick(); !slices.Equal(tt.Subscribed, names) {
+				x.subscribed(info, typ, tt, names)
+			}
 		}
 		for _, set := range sets {
 			for _, load := range names {
@@ -134,5 +144,50 @@ func TestFollowersStayExactWhateverStreamsDo(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// nopSubscriber is a syncer that takes no notice of constraint sets.
+type nopSubscriber struct{}
+
+func (nopSubscriber) Subscribe(health.Dispatcher)   {}
+func (nopSubscriber) Unsubscribe(health.Dispatcher) {}
+
+// A stream whose first endpoints request names nothing (a wildcard, SotW or
+// delta) follows every load assignment, as the request callbacks index it:
+// a lapse of its set waits for it. (The index is filled by the callbacks,
+// not by a StreamInfo made with its endpoints type already there.)
+func TestALapseWaitsForAStreamAskingEveryEndpoint(t *testing.T) {
+	x := &XDS{subs: nopSubscriber{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		streams: map[int64]*StreamInfo{}, auth: map[int64]*streamAuth{},
+		conns: map[int64]streamConn{}}
+	x.latest = map[string]context.Context{}
+	cb := x.callbacks()
+	n := node("wild", nil)
+	if err := cb.StreamRequestFunc(7, &discovery.DiscoveryRequest{Node: n,
+		TypeUrl: resource.EndpointType}); err != nil {
+		t.Fatal(err)
+	}
+	if err := cb.StreamDeltaRequestFunc(8, &discovery.DeltaDiscoveryRequest{Node: n,
+		TypeUrl: resource.EndpointType}); err != nil {
+		t.Fatal(err)
+	}
+	// and one naming a load assignment, then another
+	if err := cb.StreamRequestFunc(9, &discovery.DiscoveryRequest{Node: n,
+		TypeUrl: resource.EndpointType, ResourceNames: []string{"other"}}); err != nil {
+		t.Fatal(err)
+	}
+	x.mu.Lock()
+	group := x.streams[7].Group
+	x.mu.Unlock()
+	x.onPublish(fleet.Publication{Group: group, LapsedAt: time.Now(), RemovedLoads: []string{"work"}})
+	x.mu.Lock()
+	defer x.mu.Unlock()
+	var got []int64
+	if len(x.lapses) > 0 {
+		got = slices.Sorted(maps.Keys(x.lapses[0].waiting))
+	}
+	if want := []int64{streamKey(8, true), streamKey(7, false)}; !slices.Equal(got, want) {
+		t.Fatalf("a lapse of work waits for streams %v, want the wildcards %v", got, want)
 	}
 }

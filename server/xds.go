@@ -54,10 +54,10 @@ type XDS struct {
 	// took ~1.7 ms of each lapse with 1,000 streams in one set, on the
 	// syncer's goroutine, before the cache update.
 	followers map[string]map[string]map[int64]struct{}
-	policy  *PolicyStore          // nil without an authorization policy
-	auth    map[int64]*streamAuth // by streamKey
-	conns   map[int64]streamConn  // every open stream's client, by streamKey
-	refused refusals
+	policy    *PolicyStore          // nil without an authorization policy
+	auth      map[int64]*streamAuth // by streamKey
+	conns     map[int64]streamConn  // every open stream's client, by streamKey
+	refused   refusals
 	xdsTelemetry
 }
 
@@ -206,7 +206,7 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			}
 			x.mu.Lock()
 			defer x.mu.Unlock()
-			t := info.typeInfo(req.GetTypeUrl())
+			t := x.typeInfo(info, req.GetTypeUrl())
 			// An ACK repeats its names, in the same order: nothing is copied,
 			// sorted or indexed again.
 			if names := req.GetResourceNames(); !slices.Equal(t.asked, names) {
@@ -238,7 +238,7 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			}
 			x.mu.Lock()
 			defer x.mu.Unlock()
-			t := info.typeInfo(req.GetTypeUrl())
+			t := x.typeInfo(info, req.GetTypeUrl())
 			if t.deltaNames == nil {
 				t.deltaNames = map[string]bool{}
 			}
@@ -297,6 +297,22 @@ func (i *StreamInfo) typeInfo(typeURL string) *TypeInfo {
 	return t
 }
 
+// typeInfo is info's state of typeURL, made on first use: a stream held
+// whose endpoints state is new follows every load assignment (its names,
+// none yet, are a wildcard) until subscribed says otherwise. A first request
+// naming nothing changes no names, so without this a wildcard stream was
+// never in followers and no lapse waited for it; x.mu is held.
+func (x *XDS) typeInfo(info *StreamInfo, typeURL string) *TypeInfo {
+	if t := info.Types[typeURL]; t != nil {
+		return t
+	}
+	t := info.typeInfo(typeURL)
+	if typeURL == resource.EndpointType && x.streams[info.key] == info {
+		x.follow(info, true)
+	}
+	return t
+}
+
 // ackOrNack records what a request says of the previous response.
 func (x *XDS) ackOrNack(
 	t *TypeInfo, typeURL, nonce, version, detail string, nack bool, info *StreamInfo,
@@ -334,7 +350,7 @@ func (x *XDS) sent(key int64, typeURL, version, nonce string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if info := x.streams[key]; info != nil {
-		t := info.typeInfo(typeURL)
+		t := x.typeInfo(info, typeURL)
 		t.LastSent, t.SentAt, t.sentNonce = version, time.Now(), nonce
 		x.startPush(info, t, typeURL, version)
 	}

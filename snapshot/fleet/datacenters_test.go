@@ -1472,3 +1472,58 @@ func singleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
 	snapOut("lapsed")
 	return hex.EncodeToString(hb.Sum(nil)), hex.EncodeToString(hv.Sum(nil))
 }
+
+// Executors kept in chunks of 2 in both datacenters (five each: chunks of
+// 2, 2, 1): a build from the two lists' chunks one after another keeps each
+// executor with its own print (a lapse in either datacenter removes that
+// executor and no other), and no view already published changes when a
+// later batch writes a chunk it holds.
+func TestDCsChunksOfBothDatacentersStayAlignedAndViewsUnchanged(t *testing.T) {
+	smallChunks(t)
+	var execs []mdcExec
+	for _, dc := range []string{"dc1", "dc2"} {
+		for i := range 5 {
+			execs = append(execs, mdcExec{dc, fmt.Sprintf("%s-%d", dc, i), "s1", 1,
+				fmt.Sprintf("n%d", i)})
+		}
+	}
+	h := mdcStart(t, execs...)
+	h.readAll("dc1")
+	h.readAll("dc2")
+	d := mdcDispatcher(t, "dc1")
+	h.subscribe(d)
+	hosts := func(dc string, skip ...string) string {
+		var out []string
+		for _, x := range execs {
+			if x.dc == dc && !slices.Contains(skip, x.inst) {
+				out = append(out, x.inst)
+			}
+		}
+		return strings.Join(out, " ")
+	}
+	h.waitLoad(d, "0:dc1["+hosts("dc1")+"] 1:dc2["+hosts("dc2")+"]")
+	frozen := []frozenView{freezeView(h.s.View())}
+	lease := func(x mdcExec) health.CheckState {
+		return health.CheckState{Node: x.node, CheckID: mdcLeaseOf(x),
+			ServiceID: health.ServiceID(x.inst, mdcTask), Status: health.StatusCritical,
+			CreateIndex: 1}
+	}
+	unchanged := func(step string) {
+		t.Helper()
+		for i, f := range frozen {
+			if err := f.changed(); err != nil {
+				t.Fatalf("%s: view %d: %v", step, i, err)
+			}
+		}
+		frozen = append(frozen, freezeView(h.s.View()))
+	}
+	h.send("dc2", h.nonPassing("dc2", lease(execs[8]))) // dc2-3, in dc2's second chunk
+	h.expectLoad(d, "0:dc1["+hosts("dc1")+"] 1:dc2["+hosts("dc2", "dc2-3")+"]")
+	unchanged("dc2-3 lapsed")
+	h.send("dc1", h.nonPassing("dc1", lease(execs[4]))) // dc1-4, alone in dc1's last chunk
+	h.expectLoad(d, "0:dc1["+hosts("dc1", "dc1-4")+"] 1:dc2["+hosts("dc2", "dc2-3")+"]")
+	unchanged("dc1-4 lapsed")
+	h.send("dc2", h.nonPassing("dc2", lease(execs[8]), lease(execs[5]))) // dc2-0 too
+	h.expectLoad(d, "0:dc1["+hosts("dc1", "dc1-4")+"] 1:dc2["+hosts("dc2", "dc2-3", "dc2-0")+"]")
+	unchanged("dc2-0 lapsed")
+}

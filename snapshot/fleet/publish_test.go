@@ -3,6 +3,7 @@ package fleet
 import (
 	"bytes"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"log/slog"
@@ -849,5 +850,72 @@ func TestDispatchPolicyChangeRebuildsAShardedRoute(t *testing.T) {
 	if a.GetWeightedClusters() == nil || a.GetMaxStreamDuration().GetMaxStreamDuration().
 		AsDuration() != 3*time.Second {
 		t.Fatalf("sharded route action %v", a)
+	}
+}
+
+// Explain names the shard that serves each executor: for every executor the
+// view routes, ClusterOf names a load assignment of the snapshot that holds
+// it, whatever the registrations (an instance on two nodes, a bad
+// registration naming no instance, one naming an instance that others name
+// too), and a set that cannot take weighted clusters is named the task.
+func TestClusterOfNamesTheShardThatServesTheExecutor(t *testing.T) {
+	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
+	h := startSyncerWith(t, SyncConfig{ShardSize: 5, Logger: quiet})
+	d := dispatcher(t, "")
+	h.s.Subscribe(d)
+	h.tasks("work")
+	var members []health.Member
+	for i := range 9 {
+		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i),
+			fmt.Sprintf("s%02d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
+	}
+	moved := onNodeWithSerf(fleettest.Member("work", "e03", "s03-new", 2, 9100, "1.0.0",
+		health.StatusPassing, 20), "n2", health.StatusPassing, 1)
+	noID := fleettest.Member("work", "", "s-bad", 1, 9200, "1.0.0", health.StatusPassing, 21)
+	noID.Err = errors.New("instance_id: missing")
+	badOfE05 := fleettest.Member("work", "e05", "s-bad", 1, 9201, "1.0.0", health.StatusPassing, 22)
+	badOfE05.Node, badOfE05.Err = "n3", errors.New("version: not semver")
+	h.members("work", append(members, moved, noID, badOfE05)...)
+	h.nonPassing()
+	snap := h.publish().snap
+	v := h.settle()
+	loads := snap.GetResources(resource.EndpointType)
+	if len(loads) < 2 {
+		t.Fatalf("10 instances in shards of 5: load assignments %v", slices.Sorted(maps.Keys(loads)))
+	}
+	holds := func(name, session string) bool {
+		cla, ok := loads[name].(*endpointv3.ClusterLoadAssignment)
+		if !ok {
+			return false
+		}
+		for _, l := range translator.Expand(cla).GetEndpoints() {
+			for _, lb := range l.GetLbEndpoints() {
+				md := lb.GetMetadata().GetFilterMetadata()[translator.MetadataNamespace]
+				if md.GetFields()["session_id"].GetStringValue() == session {
+					return true
+				}
+			}
+		}
+		return false
+	}
+	verdicts := v.DecideAll(d)
+	routed := 0
+	for i, e := range v.Executors() {
+		if verdicts[i].Route == health.RouteNone {
+			continue
+		}
+		routed++
+		if c := v.ClusterOf(e, d); !holds(c, e.SessionID) {
+			t.Errorf("explain sends %s/%s in %s, which does not hold it", e.InstanceID,
+				e.SessionID, c)
+		}
+	}
+	if routed < 9 {
+		t.Fatalf("%d executors routed, want at least 9", routed)
+	}
+	single := d
+	single.SingleCluster = true
+	if c := v.ClusterOf(v.Executors()[0], single); c != "work" {
+		t.Fatalf("a set without weighted clusters is sent %s, want work", c)
 	}
 }

@@ -263,3 +263,49 @@ func TestAnUnchangedUnshardedBuildIsThePreviousMessage(t *testing.T) {
 		t.Fatal("a lapse did not change the load assignment")
 	}
 }
+
+// BuildParts over the executors cut into parts anywhere (empty parts, parts
+// of one, a cut between a registration and its duplicate), with their
+// prints as one list, builds what BuildPrinted of the one list builds, one
+// step after another on the same Builder, sharded or not.
+func TestBuildPartsEqualsOneList(t *testing.T) {
+	r := rand.New(rand.NewPCG(5, 3))
+	for _, shards := range []int{1, 3} {
+		es := fleettest.Executors(60)
+		bl := &Builder{Shards: shards}
+		for step := range 300 {
+			for range 1 + r.IntN(3) {
+				mutate(r, &es)
+			}
+			prints := make([]uint64, len(es))
+			for i := range es {
+				prints[i] = ExecutorPrint(&es[i])
+			}
+			var parts [][]health.Executor
+			for rest := es; ; {
+				n := r.IntN(min(len(rest), 7) + 1)
+				parts = append(parts, rest[:n:n])
+				if rest = rest[n:]; len(rest) == 0 {
+					break
+				}
+			}
+			if r.IntN(3) == 0 {
+				parts = append(parts, nil)
+			}
+			got := bl.BuildParts("work", parts, prints, health.Dispatcher{})
+			want := (&Builder{Shards: shards}).BuildPrinted("work", es, nil, health.Dispatcher{})
+			if len(got.Shards) != len(want.Shards) {
+				t.Fatalf("shards %d step %d: %d shards, one list's build %d", shards, step,
+					len(got.Shards), len(want.Shards))
+			}
+			for i := range got.Shards {
+				g, w := got.Shards[i], want.Shards[i]
+				if g.Name != w.Name || g.Version != w.Version ||
+					!bytes.Equal(marshal(t, g.CLA), marshal(t, w.CLA)) {
+					t.Fatalf("shards %d step %d: shard %s (%s) differs from one list's %s (%s)",
+						shards, step, g.Name, g.Version, w.Name, w.Version)
+				}
+			}
+		}
+	}
+}
