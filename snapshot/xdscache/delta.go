@@ -34,7 +34,7 @@ func (c *watchCache) CreateDeltaWatch(req *cache.DeltaRequest, sub cache.Subscri
 			return answered(w.done), nil
 		}
 	}
-	return keep(c, c.deltas, group, w, w.done), nil
+	return keep(c, &c.deltas, group, w, req.GetTypeUrl(), sub, w.done), nil
 }
 
 // respondDelta builds the delta response a watch needs now, or nil if the

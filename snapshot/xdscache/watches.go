@@ -21,8 +21,8 @@ type watchCache struct {
 	mu      sync.Mutex
 	anys    anyMemo
 	snaps   map[string]*groupState
-	watches map[string]map[int64]sotwWatch
-	deltas  map[string]map[int64]deltaWatch
+	watches watchSet[sotwWatch]
+	deltas  watchSet[deltaWatch]
 	nextID  int64
 }
 
@@ -93,23 +93,20 @@ func answered(done chan struct{}) func() {
 	return func() { once.Do(func() { close(done) }) }
 }
 
-// keep holds w among group's open watches (c.mu is held) and returns its
-// cancel, which closes done once and forgets w. State-of-the-world and
-// delta watches share it.
-func keep[W any](c *watchCache, watches map[string]map[int64]W, group string, w W,
-	done chan struct{}) func() {
+// keep holds w, of typeURL following sub, among group's open watches (c.mu
+// is held) and returns its cancel, which closes done once and forgets w.
+// State-of-the-world and delta watches share it.
+func keep[W any](c *watchCache, watches *watchSet[W], group string, w W, typeURL string,
+	sub cache.Subscription, done chan struct{}) func() {
 	c.nextID++
 	id := c.nextID
-	if watches[group] == nil {
-		watches[group] = map[int64]W{}
-	}
-	watches[group][id] = w
+	watches.add(group, id, w, typeURL, sub)
 	closeDone := answered(done)
 	return func() {
 		closeDone()
 		c.mu.Lock()
 		defer c.mu.Unlock()
-		delete(watches[group], id)
+		watches.remove(group, id)
 	}
 }
 
@@ -117,8 +114,8 @@ func newWatchCache(groupOf func(*corev3.Node) string) *watchCache {
 	return &watchCache{
 		groupOf: groupOf,
 		snaps:   map[string]*groupState{},
-		watches: map[string]map[int64]sotwWatch{},
-		deltas:  map[string]map[int64]deltaWatch{},
+		watches: newWatchSet[sotwWatch](),
+		deltas:  newWatchSet[deltaWatch](),
 		anys:    anyMemo{byKey: map[string]*anypb.Any{}},
 	}
 }
@@ -135,7 +132,7 @@ func (c *watchCache) CreateWatch(req *cache.Request, sub cache.Subscription,
 			return answered(w.done), nil
 		}
 	}
-	return keep(c, c.watches, group, w, w.done), nil
+	return keep(c, &c.watches, group, w, req.GetTypeUrl(), sub, w.done), nil
 }
 
 func (c *watchCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string) {
@@ -146,30 +143,39 @@ func (c *watchCache) set(group string, snap *cache.Snapshot, versions map[string
 	// its answer depends only on the versions of the resources it follows;
 	// so only the watches following a resource that changed are asked again
 	// (a lapse in one task's shard asks that shard's streams, not every
-	// stream of the constraint set, ~1 ms per publication at 1,000 streams).
-	var changed map[string]typeChange
+	// stream of the constraint set), found by the index of what each
+	// follows (watchSet), not by walking them all.
 	prev := c.snaps[group]
-	if prev != nil {
-		changed = changedNames(prev.versions, versions)
-	}
 	c.snaps[group] = st
 	c.pruneAnys()
-	for id, w := range c.watches[group] {
-		if prev != nil && !changed[w.req.GetTypeUrl()].touches(w.sub) {
-			continue
-		}
+	if prev == nil {
+		c.watches.each(group, func(id int64, w sotwWatch) {
+			if resp := st.respond(w.req, w.sub); resp != nil {
+				deliver(w.out, w.done, resp)
+				c.watches.remove(group, id)
+			}
+		})
+		c.deltas.each(group, func(id int64, w deltaWatch) {
+			if resp := st.respondDelta(w.req, w.sub); resp != nil {
+				deliver(w.out, w.done, resp)
+				c.deltas.remove(group, id)
+			}
+		})
+		return
+	}
+	changed := changedNames(prev.versions, versions)
+	for _, id := range c.watches.touched(group, changed) {
+		w := c.watches.held[group][id].w
 		if resp := st.respond(w.req, w.sub); resp != nil {
 			deliver(w.out, w.done, resp)
-			delete(c.watches[group], id)
+			c.watches.remove(group, id)
 		}
 	}
-	for id, w := range c.deltas[group] {
-		if prev != nil && !changed[w.req.GetTypeUrl()].touches(w.sub) {
-			continue
-		}
+	for _, id := range c.deltas.touched(group, changed) {
+		w := c.deltas.held[group][id].w
 		if resp := st.respondDelta(w.req, w.sub); resp != nil {
 			deliver(w.out, w.done, resp)
-			delete(c.deltas[group], id)
+			c.deltas.remove(group, id)
 		}
 	}
 }
@@ -221,7 +227,9 @@ func changedNames(prev, cur map[string]map[string]string) map[string]typeChange 
 }
 
 // touches reports whether a watch with subscription sub follows anything
-// of the change: a wildcard watch follows every resource of its type.
+// of the change: a wildcard watch follows every resource of its type. It is
+// what watchSet.touched finds for all of a group's watches at once (its
+// specification: the tests hold one to the other).
 func (tc typeChange) touches(sub cache.Subscription) bool {
 	if tc.all {
 		return true

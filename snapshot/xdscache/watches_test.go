@@ -3,7 +3,9 @@ package xdscache
 import (
 	"context"
 	"fmt"
+	"maps"
 	"math/rand/v2"
+	"slices"
 	"strconv"
 	"testing"
 
@@ -30,6 +32,8 @@ type watchWorld struct {
 	// forms, when set, are nodes of the same constraint set asking for
 	// compact endpoint metadata: a watch is opened by one of node and forms.
 	forms []*corev3.Node
+	// cancels are the open watches' cancels, as the server holds them.
+	cancels []func()
 }
 
 var worldNames = []string{"a", "b", "c", "d", "e"}
@@ -121,20 +125,30 @@ func (w *watchWorld) open() {
 		node = w.forms[n-1]
 	}
 	var err error
+	var cancel func()
 	if w.rng.IntN(2) == 0 {
 		sub := stream.NewSotwSubscription(named, wildcard)
 		sub.SetReturnedResources(known)
-		_, err = w.c.CreateWatch(&cache.Request{Node: node, TypeUrl: typeURL,
+		cancel, err = w.c.CreateWatch(&cache.Request{Node: node, TypeUrl: typeURL,
 			ResourceNames: named, VersionInfo: version, ResponseNonce: nonce},
 			&sub, make(chan cache.Response, 1))
 	} else {
 		sub := stream.NewDeltaSubscription(named, nil, nil, wildcard)
 		sub.SetReturnedResources(known)
-		_, err = w.c.CreateDeltaWatch(&cache.DeltaRequest{Node: node, TypeUrl: typeURL,
+		cancel, err = w.c.CreateDeltaWatch(&cache.DeltaRequest{Node: node, TypeUrl: typeURL,
 			ResponseNonce: nonce}, &sub, make(chan cache.DeltaResponse, 1))
 	}
 	if err != nil {
 		w.t.Fatal(err)
+	}
+	w.cancels = append(w.cancels, cancel)
+}
+
+// cancel cancels a random watch opened (answered or not; a cancel may come
+// twice, as when a stream ends after its watch was answered).
+func (w *watchWorld) cancel() {
+	if len(w.cancels) > 0 {
+		w.cancels[w.rng.IntN(len(w.cancels))]()
 	}
 }
 
@@ -146,22 +160,28 @@ func (w *watchWorld) unanswered(step string) {
 	wc := w.c.watches
 	wc.mu.Lock()
 	defer wc.mu.Unlock()
+	if err := indexed(&wc.watches); err != nil {
+		w.t.Fatalf("%s: state-of-the-world watches: %v", step, err)
+	}
+	if err := indexed(&wc.deltas); err != nil {
+		w.t.Fatalf("%s: delta watches: %v", step, err)
+	}
 	for group, st := range wc.snaps {
-		for _, x := range wc.watches[group] {
+		wc.watches.each(group, func(_ int64, x sotwWatch) {
 			if st.respond(x.req, x.sub) != nil {
 				w.t.Fatalf("%s: a state-of-the-world watch of %s in %s (wildcard %v, names %v, "+
 					"known %v) was left open though the snapshot answers it", step,
 					x.req.GetTypeUrl(), group, x.sub.IsWildcard(), x.sub.SubscribedResources(),
 					x.sub.ReturnedResources())
 			}
-		}
-		for _, x := range wc.deltas[group] {
+		})
+		wc.deltas.each(group, func(_ int64, x deltaWatch) {
 			if st.respondDelta(x.req, x.sub) != nil {
 				w.t.Fatalf("%s: a delta watch of %s in %s (wildcard %v, names %v, known %v) was "+
 					"left open though the snapshot answers it", step, x.req.GetTypeUrl(), group,
 					x.sub.IsWildcard(), x.sub.SubscribedResources(), x.sub.ReturnedResources())
 			}
-		}
+		})
 	}
 }
 
@@ -174,11 +194,15 @@ func TestAPublicationLeavesOpenOnlyWatchesItDoesNotAnswer(t *testing.T) {
 		w := &watchWorld{t: t, rng: rand.New(rand.NewPCG(uint64(run), 30)), c: New(),
 			node: node, group: GroupOf(node)}
 		for step := range 40 {
-			if w.rng.IntN(2) == 0 {
+			switch r := w.rng.IntN(8); {
+			case r < 4:
 				w.open()
 				continue
+			case r == 4:
+				w.cancel()
+			default:
+				w.publishRandom()
 			}
-			w.publishRandom()
 			w.unanswered(fmt.Sprintf("run %d, step %d", run, step))
 		}
 	}
@@ -199,11 +223,13 @@ func TestFormsAndClearsLeaveOpenOnlyWatchesTheirSnapshotDoesNotAnswer(t *testing
 			}}
 		for step := range 60 {
 			// A form's first watch derives it (useForm): every step is checked.
-			switch r := w.rng.IntN(10); {
+			switch r := w.rng.IntN(11); {
 			case r < 5:
 				w.open()
 			case r == 5:
 				w.c.Clear(w.group)
+			case r == 6:
+				w.cancel()
 			default:
 				w.publishRandom()
 			}
@@ -254,4 +280,141 @@ func TestChangedNames(t *testing.T) {
 	if !eds.touches(&wild) || (typeChange{}).touches(&wild) {
 		t.Error("a wildcard watch is touched by any change of its type, and only then")
 	}
+}
+
+// indexed says how s's index of followers differs from the one its held
+// watches make (nil when it is exact: no watch missing, none left over, no
+// empty set kept).
+func indexed[W any](s *watchSet[W]) error {
+	want := newWatchSet[W]()
+	for group, held := range s.held {
+		if len(held) == 0 {
+			return fmt.Errorf("group %s kept with no watch", group)
+		}
+		for id, h := range held {
+			var sub stream.Subscription
+			if h.wild {
+				sub = stream.NewSotwSubscription(nil, true)
+			} else {
+				sub = stream.NewSotwSubscription(h.names, false)
+			}
+			want.add(group, id, h.w, h.typeURL, &sub)
+		}
+	}
+	if len(want.follow) != len(s.follow) {
+		return fmt.Errorf("followers of %d groups, held watches in %d", len(s.follow),
+			len(want.follow))
+	}
+	for group, types := range want.follow {
+		if len(types) != len(s.follow[group]) {
+			return fmt.Errorf("group %s: followers of %d types, held watches of %d", group,
+				len(s.follow[group]), len(types))
+		}
+		for typeURL, f := range types {
+			g := s.follow[group][typeURL]
+			if g == nil || !maps.Equal(f.all, g.all) || !maps.Equal(f.wild, g.wild) ||
+				!maps.EqualFunc(f.named, g.named, maps.Equal) {
+				return fmt.Errorf("group %s, %s: followers %+v, held watches make %+v", group,
+					typeURL, g, f)
+			}
+		}
+	}
+	return nil
+}
+
+// touched finds exactly the watches typeChange.touches says a change
+// touches (each once), for random watches and changes: wildcard and named,
+// of several types, a type changed whole or by names.
+func TestTouchedIsWhatTouchesSays(t *testing.T) {
+	r := rand.New(rand.NewPCG(4, 30))
+	types := []string{resource.EndpointType, resource.ClusterType, resource.RouteType}
+	for run := range 500 {
+		s := newWatchSet[sotwWatch]()
+		subs := map[int64]cache.Subscription{}
+		typeOf := map[int64]string{}
+		for id := range int64(r.IntN(12)) {
+			var named []string
+			for _, n := range worldNames {
+				if r.IntN(3) == 0 {
+					named = append(named, n)
+				}
+			}
+			sub := stream.NewSotwSubscription(named, r.IntN(4) == 0 && len(named) == 0)
+			typeURL := types[r.IntN(len(types))]
+			s.add("g", id, sotwWatch{}, typeURL, &sub)
+			subs[id], typeOf[id] = &sub, typeURL
+		}
+		changed := map[string]typeChange{}
+		for _, typeURL := range types {
+			switch r.IntN(4) {
+			case 0:
+				changed[typeURL] = typeChange{all: true}
+			case 1:
+				names := map[string]struct{}{}
+				for _, n := range append(worldNames, "other") {
+					if r.IntN(3) == 0 {
+						names[n] = struct{}{}
+					}
+				}
+				changed[typeURL] = typeChange{names: names}
+			}
+		}
+		got := s.touched("g", changed)
+		var want []int64
+		for id, sub := range subs {
+			if changed[typeOf[id]].touches(sub) {
+				want = append(want, id)
+			}
+		}
+		slices.Sort(got)
+		slices.Sort(want)
+		if !slices.Equal(got, want) {
+			t.Fatalf("run %d: touched %v, touches says %v (changed %+v)", run, got, want, changed)
+		}
+	}
+}
+
+// A lapse's publication at 1,000 streams of one constraint set over 10 task
+// types, 100 streams on each task's 4 shards: which open watches it asks
+// again. "walk" is the way before the index (every watch's subscription
+// asked, typeChange.touches), the floor the index is measured against in
+// the same run; "index" is watchSet.touched.
+func BenchmarkTouchedByALapse(b *testing.B) {
+	s := newWatchSet[sotwWatch]()
+	subs := map[int64]cache.Subscription{}
+	var id int64
+	for task := range 10 {
+		var names []string
+		for shard := range 4 {
+			names = append(names, fmt.Sprintf("task-%d/shard-%d", task, shard))
+		}
+		for range 100 {
+			sub := stream.NewSotwSubscription(names, false)
+			s.add("g", id, sotwWatch{}, resource.EndpointType, &sub)
+			subs[id] = &sub
+			id++
+		}
+	}
+	changed := map[string]typeChange{resource.EndpointType: {
+		names: map[string]struct{}{"task-3/shard-2": {}}}}
+	b.Run("walk", func(b *testing.B) {
+		for b.Loop() {
+			n := 0
+			s.each("g", func(id int64, _ sotwWatch) {
+				if changed[resource.EndpointType].touches(subs[id]) {
+					n++
+				}
+			})
+			if n != 100 {
+				b.Fatalf("%d touched", n)
+			}
+		}
+	})
+	b.Run("index", func(b *testing.B) {
+		for b.Loop() {
+			if n := len(s.touched("g", changed)); n != 100 {
+				b.Fatalf("%d touched", n)
+			}
+		}
+	})
 }
