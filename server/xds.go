@@ -24,7 +24,6 @@ import (
 	"google.golang.org/grpc"
 	"google.golang.org/grpc/codes"
 	"google.golang.org/grpc/status"
-	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/fleet"
@@ -451,35 +450,25 @@ func (x *XDS) sameNode(info *StreamInfo, last, node *corev3.Node) error {
 		field += "." + health.NodeMetaVersionConstraint
 	case !maps.Equal(d.Labels, info.dispatch.Labels):
 		field += "." + health.NodeMetaLabels
+	case d.Datacenter != info.dispatch.Datacenter:
+		field += "." + health.NodeMetaDatacenter + " (or node.locality.region)"
+	case d.SingleCluster != info.dispatch.SingleCluster:
+		field += "." + xdscache.NodeMetaWeightedClusters
 	}
 	return refuse(field,
 		"the constraint set changed on a later request of the stream (from %q to %q); a stream "+
 			"keeps the constraint set of its first request: open a new stream", info.Group, d.Key())
 }
 
-// dispatchKeys are the node metadata keys that decide what a stream is
-// sent: its constraint set, its grant and its endpoint metadata.
-var dispatchKeys = []string{health.NodeMetaVersionConstraint, health.NodeMetaLabels,
-	xdscache.NodeMetaGrantedTasks, xdscache.NodeMetaEndpointMetadata}
-
-// sameDispatch reports whether two nodes have the same id and the same
-// values under dispatchKeys, so the stream goes on as it is. It compares
-// nothing else: Envoy repeats its whole node on every request, and
-// comparing all of it (user agent, hundreds of extensions) on every ACK
-// cost more CPU than anything else leasehold does per ACK.
+// sameDispatch reports whether two nodes have the same id and give the
+// cache's GroupOf the same inputs (xdscache.SameGroupInputs: the constraint
+// set's metadata, datacenter, weighted_clusters, grant, endpoint metadata and
+// locality region), so the stream goes on as it is. It compares nothing
+// else: Envoy repeats its whole node on every request, and comparing all of
+// it (user agent, hundreds of extensions) on every ACK cost more CPU than
+// anything else leasehold does per ACK.
 func sameDispatch(a, b *corev3.Node) bool {
-	if a.GetId() != b.GetId() {
-		return false
-	}
-	fa, fb := a.GetMetadata().GetFields(), b.GetMetadata().GetFields()
-	for _, k := range dispatchKeys {
-		va, oka := fa[k]
-		vb, okb := fb[k]
-		if oka != okb || (oka && !proto.Equal(va, vb)) {
-			return false
-		}
-	}
-	return true
+	return a.GetId() == b.GetId() && xdscache.SameGroupInputs(a, b)
 }
 
 func (x *XDS) onClosed(key int64) {

@@ -29,6 +29,7 @@ import (
 	"github.com/leasehold/leasehold/internal/adstest"
 	leaseholdv1 "github.com/leasehold/leasehold/proto/leasehold/v1"
 	"github.com/leasehold/leasehold/snapshot/fleet"
+	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
 
 type fixture struct {
@@ -421,8 +422,8 @@ func envoyNode(meta map[string]any) *corev3.Node {
 }
 
 // The nodes sameDispatch calls the same are those sameNode would let go on
-// after a full check: everything but the id and the dispatch keys may
-// differ.
+// after a full check: everything but the id and what the cache's GroupOf
+// reads (metadata keys and locality region) may differ.
 func TestSameDispatch(t *testing.T) {
 	base := map[string]any{
 		"version_constraint": "<2.0.0",
@@ -438,7 +439,9 @@ func TestSameDispatch(t *testing.T) {
 	if !sameDispatch(a, same) {
 		t.Fatal("a node differing outside the dispatch keys counted as another")
 	}
-	for _, k := range dispatchKeys {
+	for _, k := range []string{health.NodeMetaVersionConstraint, health.NodeMetaLabels,
+		xdscache.NodeMetaGrantedTasks, xdscache.NodeMetaEndpointMetadata,
+		health.NodeMetaDatacenter, xdscache.NodeMetaWeightedClusters} {
 		b := proto.Clone(a).(*corev3.Node)
 		b.Metadata.Fields[k] = structpb.NewStringValue("other")
 		if sameDispatch(a, b) {
@@ -453,6 +456,11 @@ func TestSameDispatch(t *testing.T) {
 	other.Id = "envoy-2"
 	if sameDispatch(a, other) {
 		t.Error("another node id counted as the same")
+	}
+	region := proto.Clone(a).(*corev3.Node)
+	region.Locality = &corev3.Locality{Region: "dc2"}
+	if sameDispatch(a, region) {
+		t.Error("another locality region (the datacenter without metadata) counted as the same")
 	}
 }
 
@@ -504,5 +512,61 @@ func TestSotwAndDeltaStreamsOfOneNumberAreKeptApart(t *testing.T) {
 	}
 	if got := modes(); got["delta-1"] != "delta" {
 		t.Fatalf("closing the SotW stream took the delta one with it: %v", got)
+	}
+}
+
+// A later request whose node keeps the version constraint, labels and
+// endpoint metadata but names another datacenter (metadata or locality
+// region) or turns weighted clusters off is another constraint set: the
+// stream ends with InvalidArgument naming the field. It must never go on
+// with its next watch in a group nothing subscribed, where no publication
+// (no lapse) would reach it again.
+func TestANodeChangingItsDatacenterOrClustersEndsTheStream(t *testing.T) {
+	first := map[string]any{"version_constraint": "<2.0.0"}
+	for _, tt := range []struct {
+		name, field string
+		node        func() *corev3.Node
+	}{
+		{"same node", "", func() *corev3.Node { return node("d1", first) }},
+		{"datacenter", "node.metadata.datacenter", func() *corev3.Node {
+			return node("d1", map[string]any{"version_constraint": "<2.0.0", "datacenter": "dc2"})
+		}},
+		{"locality region", "node.metadata.datacenter", func() *corev3.Node {
+			n := node("d1", first)
+			n.Locality = &corev3.Locality{Region: "dc2"}
+			return n
+		}},
+		{"weighted clusters off", "node.metadata.weighted_clusters", func() *corev3.Node {
+			return node("d1", map[string]any{"version_constraint": "<2.0.0",
+				"weighted_clusters": false})
+		}},
+	} {
+		t.Run(tt.name, func(t *testing.T) {
+			f := startXDS(t)
+			f.members("work", member("work", "a", 9001, "1.0.0"))
+			a := f.ads(node("d1", first))
+			a.Subscribe(resource.EndpointType, "work")
+			r := a.Next()
+			a.Node = tt.node()
+			a.ACK(r, "work", "other") // ACK, and ask for more
+			got := make(chan error, 1)
+			go func() {
+				_, err := a.Recv()
+				got <- err
+			}()
+			select {
+			case err := <-got:
+				switch {
+				case tt.field == "" && err != nil:
+					t.Fatalf("the same node: %v, want an answer", err)
+				case tt.field != "" && (status.Code(err) != codes.InvalidArgument ||
+					!strings.Contains(status.Convert(err).Message(), tt.field)):
+					t.Fatalf("err %v, want InvalidArgument naming %s", err, tt.field)
+				}
+			case <-time.After(5 * time.Second):
+				t.Fatal("the request naming \"other\" was never answered nor refused: its watch " +
+					"sits in a group no constraint set publishes")
+			}
+		})
 	}
 }

@@ -8,6 +8,7 @@ import (
 	"sync/atomic"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 
 	"github.com/leasehold/leasehold/health"
@@ -221,6 +222,26 @@ func (c *memo) store(key, group string) {
 var groupKeys = [...]string{health.NodeMetaVersionConstraint, health.NodeMetaLabels,
 	NodeMetaGrantedTasks, NodeMetaEndpointMetadata, health.NodeMetaDatacenter,
 	NodeMetaWeightedClusters}
+
+// SameGroupInputs reports whether two nodes give GroupOf the same inputs:
+// equal values (or absence) under every metadata key it reads, and the same
+// locality region. Nodes that do are in one group; nodes that do not may be
+// in two (a server checks such a node afresh: a stream whose watches moved
+// to a group its syncer never publishes would never be answered again).
+func SameGroupInputs(a, b *corev3.Node) bool {
+	if a.GetLocality().GetRegion() != b.GetLocality().GetRegion() {
+		return false
+	}
+	fa, fb := a.GetMetadata().GetFields(), b.GetMetadata().GetFields()
+	for _, k := range groupKeys {
+		va, oka := fa[k]
+		vb, okb := fb[k]
+		if oka != okb || (oka && !proto.Equal(va, vb)) {
+			return false
+		}
+	}
+	return true
+}
 
 // groupMemoKey spells out the values GroupOf reads, each length-prefixed;
 // false for a value of a kind it does not spell (GroupOf then reads it

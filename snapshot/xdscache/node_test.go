@@ -5,6 +5,7 @@ import (
 	"testing"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/structpb"
 )
 
@@ -84,6 +85,40 @@ func TestGroupOfMemoIsExact(t *testing.T) {
 	}
 	if len(byKey) < 100 {
 		t.Fatalf("only %d nodes memoized", len(byKey))
+	}
+}
+
+// SameGroupInputs calls two nodes alike exactly when they differ only in
+// what GroupOf does not read (other metadata, user agent, locality zone),
+// and such nodes have one group: a server that lets a stream go on when it
+// says so never moves the stream's watches to another group. Any key GroupOf
+// reads, or the locality region, changed or dropped, is another input.
+func TestSameGroupInputsMeansTheSameGroup(t *testing.T) {
+	base := nodeWith(map[string]any{"version_constraint": ">=1.0.0",
+		"labels": map[string]any{"zone": "eu-1"}, NodeMetaGrantedTasks: []any{"work"},
+		NodeMetaEndpointMetadata: "session", "datacenter": "dc1",
+		NodeMetaWeightedClusters: true, "owner": "a"}, "dc1")
+	alike := proto.Clone(base).(*corev3.Node)
+	alike.UserAgentName = "envoy"
+	alike.Locality.Zone = "z2"
+	alike.Metadata.Fields["owner"] = structpb.NewStringValue("b")
+	if !SameGroupInputs(base, alike) || GroupOf(base) != GroupOf(alike) {
+		t.Fatalf("nodes differing outside GroupOf's inputs: same inputs %v, groups %q and %q",
+			SameGroupInputs(base, alike), GroupOf(base), GroupOf(alike))
+	}
+	for _, k := range groupKeys {
+		changed := proto.Clone(base).(*corev3.Node)
+		changed.Metadata.Fields[k] = structpb.NewStringValue("other")
+		dropped := proto.Clone(base).(*corev3.Node)
+		delete(dropped.Metadata.Fields, k)
+		if SameGroupInputs(base, changed) || SameGroupInputs(base, dropped) {
+			t.Errorf("%s changed or dropped: called the same inputs", k)
+		}
+	}
+	region := proto.Clone(base).(*corev3.Node)
+	region.Locality.Region = "dc2"
+	if SameGroupInputs(base, region) {
+		t.Error("another locality region: called the same inputs")
 	}
 }
 
