@@ -162,15 +162,26 @@ func (c *Cache) setForm(ctx context.Context, base string, fs *formState, p group
 	return nil
 }
 
-// Clear drops a group and the forms derived from it.
+// Clear drops a group and the forms derived from it. A form with a watch
+// still held stays in use: the group's next publication derives it again
+// and answers that watch, as it answers the group's own (no new watch of
+// the form may come to derive it).
 func (c *Cache) Clear(group string) {
 	c.forms.mu.Lock()
 	defer c.forms.mu.Unlock()
 	for f := range c.forms.used[group] {
-		c.fetch.ClearSnapshot(formGroup(group, f))
-		c.watches.clear(formGroup(group, f))
+		fg := formGroup(group, f)
+		c.fetch.ClearSnapshot(fg)
+		c.watches.clear(fg)
+		if c.watches.holds(fg) {
+			c.forms.used[group][f] = &formState{form: f}
+		} else {
+			delete(c.forms.used[group], f)
+		}
 	}
-	delete(c.forms.used, group)
+	if len(c.forms.used[group]) == 0 {
+		delete(c.forms.used, group)
+	}
 	delete(c.forms.bases, group)
 	c.fetch.ClearSnapshot(group)
 	c.watches.clear(group)

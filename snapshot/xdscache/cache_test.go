@@ -12,6 +12,7 @@ import (
 	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 
 	"github.com/leasehold/leasehold/health"
+	"github.com/leasehold/leasehold/internal/fleettest"
 	"github.com/leasehold/leasehold/snapshot/translator"
 )
 
@@ -93,5 +94,67 @@ func TestAPublicationsVersionsCannotBeChangedAfterSet(t *testing.T) {
 		}
 	default:
 		t.Fatal("the watch of a was not answered when a changed from 1 to 2")
+	}
+}
+
+// A watch held in a form's group (a dispatcher asking for compact endpoint
+// metadata) is answered by the first publication of its constraint set
+// after a Clear, as a watch of the set's own group is: the set's next
+// publication must derive the form again, not only a new watch of the form.
+func TestAFormWatchHeldAcrossAClearIsAnsweredByTheNextPublication(t *testing.T) {
+	c := New()
+	base := fleettest.Node(t, map[string]any{})
+	formNode := fleettest.Node(t, map[string]any{NodeMetaEndpointMetadata: string(MetadataSession)})
+	group := GroupOf(base)
+	publish := func(v string) {
+		t.Helper()
+		if err := c.Set(context.Background(), group, endpointsSnapshot(t, "a"),
+			map[string]map[string]string{resource.EndpointType: {"a": v}}); err != nil {
+			t.Fatal(err)
+		}
+	}
+	publish("1")
+	watch := func(nodeName string, node *corev3.Node) (chan cache.Response, func()) {
+		t.Helper()
+		sub := stream.NewSotwSubscription([]string{"a"}, true)
+		out := make(chan cache.Response, 1)
+		req := &cache.Request{Node: node, TypeUrl: resource.EndpointType, ResourceNames: []string{"a"}}
+		cancel, err := c.CreateWatch(req, sub, out)
+		if err != nil {
+			t.Fatal(err)
+		}
+		r := <-out // the first request is answered
+		sub.SetReturnedResources(r.GetReturnedResources())
+		req2 := &cache.Request{Node: req.Node, TypeUrl: req.TypeUrl, ResourceNames: []string{"a"},
+			VersionInfo: "v", ResponseNonce: "1"}
+		cancel()
+		out2 := make(chan cache.Response, 1)
+		cancel2, err := c.CreateWatch(req2, sub, out2) // the ACK: held
+		if err != nil {
+			t.Fatal(err)
+		}
+		select {
+		case r := <-out2:
+			t.Fatalf("%s: an up-to-date ACK was answered %v", nodeName, r)
+		default:
+		}
+		return out2, cancel2
+	}
+	full, cancelFull := watch("full", base)
+	defer cancelFull()
+	form, cancelForm := watch("form", formNode)
+	defer cancelForm()
+	c.Clear(group) // (as when the set's last stream ends while another opens)
+	publish("2")   // a lapse: a's endpoints changed
+	select {
+	case <-full:
+	default:
+		t.Error("the constraint set's held watch was not answered after the Clear")
+	}
+	select {
+	case <-form:
+	default:
+		t.Error("the session form's held watch was not answered by the set's publication " +
+			"after a Clear: the form is never derived again until a new form watch asks")
 	}
 }

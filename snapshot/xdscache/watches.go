@@ -264,6 +264,13 @@ func (c *watchCache) clear(group string) {
 	c.pruneAnys()
 }
 
+// holds reports whether group has an open watch.
+func (c *watchCache) holds(group string) bool {
+	c.mu.Lock()
+	defer c.mu.Unlock()
+	return len(c.watches.held[group]) > 0 || len(c.deltas.held[group]) > 0
+}
+
 // pruneAnys forgets marshalled resources no group serves any more; c.mu is held.
 func (c *watchCache) pruneAnys() {
 	if len(c.anys.byKey) < 64 {
