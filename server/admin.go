@@ -459,7 +459,7 @@ func nodeSnapshot(x *XDS, syncer *fleet.Syncer, node string) (map[string]any, bo
 		res := snap.GetResources(typeURL)
 		names := make([]string, 0, len(res))
 		for n := range res {
-			if len(want) == 0 || want[n] {
+			if t.Wildcard || want[n] {
 				names = append(names, n)
 			}
 		}

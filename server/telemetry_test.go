@@ -26,7 +26,8 @@ func TestALapseWaitsOnlyForItsSetsStreamsThatFollowIt(t *testing.T) {
 	add := func(key int64, set string, eds bool, subscribed ...string) {
 		info := &StreamInfo{Group: set, key: key, Types: map[string]*TypeInfo{}}
 		if eds {
-			info.Types[resource.EndpointType] = &TypeInfo{Subscribed: subscribed}
+			info.Types[resource.EndpointType] = &TypeInfo{Subscribed: subscribed,
+				Wildcard: len(subscribed) == 0}
 		}
 		x.addStream(key, info)
 	}
@@ -94,7 +95,7 @@ func TestFollowersStayExactWhateverStreamsDo(t *testing.T) {
 			if info.Group != set || tt == nil {
 				continue
 			}
-			if len(tt.Subscribed) == 0 || slices.Contains(tt.Subscribed, load) {
+			if tt.Wildcard || slices.Contains(tt.Subscribed, load) {
 				out = append(out, key)
 			}
 		}
@@ -107,7 +108,9 @@ func TestFollowersStayExactWhateverStreamsDo(t *testing.T) {
 		case op == 0: // a stream (re)opens, asking for endpoints or not
 			info := &StreamInfo{Group: sets[r.IntN(2)], key: key, Types: map[string]*TypeInfo{}}
 			if r.IntN(2) == 0 {
-				info.Types[resource.EndpointType] = &TypeInfo{Subscribed: pick()}
+				names := pick()
+				info.Types[resource.EndpointType] = &TypeInfo{Subscribed: names,
+					Wildcard: len(names) == 0}
 			}
 			x.addStream(key, info)
 		case op == 1:
@@ -121,12 +124,17 @@ func TestFollowersStayExactWhateverStreamsDo(t *testing.T) {
 			if r.IntN(4) == 0 {
 				typ = resource.ClusterType
 			}
-			// as the request callbacks do: a new type's state, then its
-			// names only when they changed (a first request naming nothing
-			// changes none)
-			tt := x.typeInfo(info, typ)
-			if names := pick(); !slices.Equal(tt.Subscribed, names) {
-				x.subscribed(info, typ, tt, names)
+			// as the request callbacks do, state of the world or delta
+			// (names, none, "*"; subscribed and unsubscribed)
+			tt := info.typeInfo(typ)
+			names := pick()
+			if r.IntN(5) == 0 {
+				names = append(names, "*")
+			}
+			if r.IntN(2) == 0 {
+				x.sotwRequest(info, typ, tt, names, tt.sentNonce)
+			} else {
+				x.deltaRequest(info, typ, tt, names, pick())
 			}
 		}
 		for _, set := range sets {
@@ -189,5 +197,102 @@ func TestALapseWaitsForAStreamAskingEveryEndpoint(t *testing.T) {
 	}
 	if want := []int64{streamKey(8, true), streamKey(7, false)}; !slices.Equal(got, want) {
 		t.Fatalf("a lapse of work waits for streams %v, want the wildcards %v", got, want)
+	}
+}
+
+// A lapse waits for exactly the streams go-control-plane (legacy wildcard
+// on, as NewXDS serves) will push the removal to: a stream that is a
+// wildcard by go-control-plane's rules follows every load assignment,
+// whatever names it also subscribes; one that subscribes nothing follows
+// none. Each case is a stream's endpoints requests, in order; the lapse
+// removes "work".
+func TestALapseWaitsForTheStreamsGoControlPlaneTreatsAsWildcard(t *testing.T) {
+	sotw := func(names ...string) any {
+		return &discovery.DiscoveryRequest{TypeUrl: resource.EndpointType, ResourceNames: names}
+	}
+	delta := func(sub, unsub []string) any {
+		return &discovery.DeltaDiscoveryRequest{TypeUrl: resource.EndpointType,
+			ResourceNamesSubscribe: sub, ResourceNamesUnsubscribe: unsub}
+	}
+	for _, tc := range []struct {
+		name string
+		reqs []any
+		wait bool
+	}{
+		// delta, legacy wildcard: a first request naming nothing stays a
+		// wildcard when it later subscribes a name (stream.Subscription
+		// UpdateResourceSubscriptions), until it unsubscribes "*"
+		{"delta wildcard, then a name", []any{delta(nil, nil), delta([]string{"other"}, nil)}, true},
+		{"delta explicit *", []any{delta([]string{"*"}, nil)}, true},
+		{"delta *, and a name", []any{delta([]string{"*", "other"}, nil)}, true},
+		{"delta wildcard, then a name, then * unsubscribed",
+			[]any{delta(nil, nil), delta([]string{"other"}, nil), delta(nil, []string{"*"})}, false},
+		{"sotw explicit *", []any{sotw("*")}, true},
+		{"sotw *, and a name", []any{sotw("*", "other")}, true},
+		// SotW: once a request named something, a request naming nothing
+		// subscribes nothing (it is no longer a legacy wildcard)
+		{"sotw a name, then nothing", []any{sotw("other"), sotw()}, false},
+		{"sotw wildcard (control)", []any{sotw()}, true},
+		{"sotw a name (control)", []any{sotw("other")}, false},
+	} {
+		t.Run(tc.name, func(t *testing.T) {
+			x := &XDS{subs: nopSubscriber{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+				streams: map[int64]*StreamInfo{}, auth: map[int64]*streamAuth{},
+				conns: map[int64]streamConn{}}
+			x.latest = map[string]context.Context{}
+			cb := x.callbacks()
+			n := node("wild", nil)
+			var key int64
+			for _, r := range tc.reqs {
+				var err error
+				switch r := r.(type) {
+				case *discovery.DiscoveryRequest:
+					r.Node, key = n, streamKey(7, false)
+					err = cb.StreamRequestFunc(7, r)
+				case *discovery.DeltaDiscoveryRequest:
+					r.Node, key = n, streamKey(7, true)
+					err = cb.StreamDeltaRequestFunc(7, r)
+				}
+				if err != nil {
+					t.Fatal(err)
+				}
+			}
+			x.mu.Lock()
+			group := x.streams[key].Group
+			x.mu.Unlock()
+			x.onPublish(fleet.Publication{Group: group, LapsedAt: time.Now(),
+				RemovedLoads: []string{"work"}})
+			x.mu.Lock()
+			defer x.mu.Unlock()
+			var waiting []int64
+			if len(x.lapses) > 0 {
+				waiting = slices.Sorted(maps.Keys(x.lapses[0].waiting))
+			}
+			if got := slices.Contains(waiting, key); got != tc.wait {
+				t.Errorf("the lapse waits for the stream: %v, want %v (followers %v)", got,
+					tc.wait, x.followers[group])
+			}
+		})
+	}
+}
+
+// A state-of-the-world request whose nonce is not the last response's is
+// ignored, as go-control-plane ignores it: what the stream follows stays.
+func TestAStaleRequestChangesNothingFollowed(t *testing.T) {
+	x := &XDS{streams: map[int64]*StreamInfo{}}
+	info := &StreamInfo{Group: "a", key: 1, Types: map[string]*TypeInfo{}}
+	x.addStream(1, info)
+	tt := info.typeInfo(resource.EndpointType)
+	x.sotwRequest(info, resource.EndpointType, tt, []string{"w/shard-0"}, "")
+	tt.sentNonce = "2"
+	x.sotwRequest(info, resource.EndpointType, tt, []string{"w/shard-1"}, "1")
+	if !slices.Equal(tt.Subscribed, []string{"w/shard-0"}) || len(x.followers["a"]["w/shard-1"]) > 0 {
+		t.Fatalf("a stale request moved the stream to %v (followers %v)", tt.Subscribed,
+			x.followers["a"])
+	}
+	x.sotwRequest(info, resource.EndpointType, tt, []string{"w/shard-1"}, "2")
+	if !slices.Equal(tt.Subscribed, []string{"w/shard-1"}) || len(x.followers["a"]["w/shard-1"]) != 1 {
+		t.Fatalf("the current request left the stream at %v (followers %v)", tt.Subscribed,
+			x.followers["a"])
 	}
 }

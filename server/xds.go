@@ -18,6 +18,7 @@ import (
 	listenerservice "github.com/envoyproxy/go-control-plane/envoy/service/listener/v3"
 	routeservice "github.com/envoyproxy/go-control-plane/envoy/service/route/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
 	xdsserver "github.com/envoyproxy/go-control-plane/pkg/server/v3"
 	"go.opentelemetry.io/otel/metric"
 	"go.opentelemetry.io/otel/trace"
@@ -106,17 +107,23 @@ type StreamInfo struct {
 
 // TypeInfo is the state of one resource type on a stream.
 type TypeInfo struct {
-	Subscribed []string  `json:"subscribed"` // empty for a wildcard subscription
-	LastSent   string    `json:"last_sent_version,omitempty"`
-	SentAt     time.Time `json:"last_sent_at,omitzero"`
-	LastAcked  string    `json:"last_acked_version,omitempty"`
-	AckedAt    time.Time `json:"last_acked_at,omitzero"`
-	LastNack   *Nack     `json:"last_nack,omitempty"`
-	Nacks      int       `json:"nacks,omitempty"` // NACKs on this stream
-	sentNonce  string
-	asked      []string // the names of the last state-of-the-world request, as sent
-	deltaNames map[string]bool
-	push       trace.Span // open from a response until its ACK or NACK
+	Subscribed []string `json:"subscribed"` // the names subscribed ("*" aside)
+	// Wildcard: every resource of the type is sent (a legacy wildcard, a
+	// first request naming nothing, or "*"), whatever names it also has.
+	Wildcard  bool      `json:"wildcard"`
+	LastSent  string    `json:"last_sent_version,omitempty"`
+	SentAt    time.Time `json:"last_sent_at,omitzero"`
+	LastAcked string    `json:"last_acked_version,omitempty"`
+	AckedAt   time.Time `json:"last_acked_at,omitzero"`
+	LastNack  *Nack     `json:"last_nack,omitempty"`
+	Nacks     int       `json:"nacks,omitempty"` // NACKs on this stream
+	sentNonce string
+	asked     []string // the names of the last state-of-the-world request, as sent
+	// sub is the subscription as go-control-plane keeps it (its own type
+	// and rules: legacy wildcard, "*", delta's subscribe and unsubscribe),
+	// so a stream is said to follow what the library will push it.
+	sub  *stream.Subscription
+	push trace.Span // open from a response until its ACK or NACK
 }
 
 // Nack is a rejected response.
@@ -205,16 +212,9 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			}
 			x.mu.Lock()
 			defer x.mu.Unlock()
-			t := x.typeInfo(info, req.GetTypeUrl())
-			// An ACK repeats its names, in the same order: nothing is copied,
-			// sorted or indexed again.
-			if names := req.GetResourceNames(); !slices.Equal(t.asked, names) {
-				t.asked = names
-				sorted := slices.Sorted(slices.Values(names))
-				if !slices.Equal(t.Subscribed, sorted) {
-					x.subscribed(info, req.GetTypeUrl(), t, sorted)
-				}
-			}
+			t := info.typeInfo(req.GetTypeUrl())
+			x.sotwRequest(info, req.GetTypeUrl(), t, req.GetResourceNames(),
+				req.GetResponseNonce())
 			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(),
 				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
@@ -237,22 +237,9 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			}
 			x.mu.Lock()
 			defer x.mu.Unlock()
-			t := x.typeInfo(info, req.GetTypeUrl())
-			if t.deltaNames == nil {
-				t.deltaNames = map[string]bool{}
-			}
-			for _, n := range req.GetResourceNamesSubscribe() {
-				t.deltaNames[n] = true
-			}
-			for _, n := range req.GetResourceNamesUnsubscribe() {
-				delete(t.deltaNames, n)
-			}
-			if len(req.GetResourceNamesSubscribe())+len(req.GetResourceNamesUnsubscribe()) > 0 {
-				names := slices.Sorted(maps.Keys(t.deltaNames))
-				if !slices.Equal(t.Subscribed, names) {
-					x.subscribed(info, req.GetTypeUrl(), t, names)
-				}
-			}
+			t := info.typeInfo(req.GetTypeUrl())
+			x.deltaRequest(info, req.GetTypeUrl(), t, req.GetResourceNamesSubscribe(),
+				req.GetResourceNamesUnsubscribe())
 			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), t.LastSent,
 				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
@@ -296,20 +283,59 @@ func (i *StreamInfo) typeInfo(typeURL string) *TypeInfo {
 	return t
 }
 
-// typeInfo is info's state of typeURL, made on first use: a stream held
-// whose endpoints state is new follows every load assignment (its names,
-// none yet, are a wildcard) until subscribed says otherwise. A first request
-// naming nothing changes no names, so without this a wildcard stream was
-// never in followers and no lapse waited for it; x.mu is held.
-func (x *XDS) typeInfo(info *StreamInfo, typeURL string) *TypeInfo {
-	if t := info.Types[typeURL]; t != nil {
-		return t
+// sotwRequest follows a state-of-the-world request's names as
+// go-control-plane does: a first request makes the subscription (legacy
+// wildcard allowed, as the server is built), a later one replaces its names
+// unless its nonce is stale (the library ignores such a request); an ACK
+// repeating its names, in the same order, changes nothing and costs no copy
+// or sort. x.mu is held.
+func (x *XDS) sotwRequest(info *StreamInfo, typeURL string, t *TypeInfo, names []string,
+	nonce string) {
+	switch {
+	case t.sub == nil:
+		x.resubscribe(info, typeURL, t, func() {
+			s := stream.NewSotwSubscription(names, true)
+			t.sub = &s
+		})
+	case t.sentNonce != "" && nonce != t.sentNonce:
+		return
+	case !slices.Equal(t.asked, names):
+		x.resubscribe(info, typeURL, t, func() { t.sub.SetResourceSubscription(names) })
+	default:
+		return
 	}
-	t := info.typeInfo(typeURL)
-	if typeURL == resource.EndpointType && x.streams[info.key] == info {
+	t.asked = names
+}
+
+// deltaRequest follows a delta request's subscribe and unsubscribe lists as
+// go-control-plane does (a first request naming nothing is a wildcard that
+// names added later do not end; only unsubscribing "*" does). x.mu is held.
+func (x *XDS) deltaRequest(info *StreamInfo, typeURL string, t *TypeInfo, sub, unsub []string) {
+	switch {
+	case t.sub == nil:
+		x.resubscribe(info, typeURL, t, func() {
+			s := stream.NewDeltaSubscription(sub, unsub, nil, true)
+			t.sub = &s
+		})
+	case len(sub)+len(unsub) > 0:
+		x.resubscribe(info, typeURL, t, func() { t.sub.UpdateResourceSubscriptions(sub, unsub) })
+	}
+}
+
+// resubscribe applies change to t's subscription and, for a held stream's
+// endpoints, moves the stream in followers from what it followed to what it
+// follows now; x.mu is held.
+func (x *XDS) resubscribe(info *StreamInfo, typeURL string, t *TypeInfo, change func()) {
+	held := typeURL == resource.EndpointType && x.streams[info.key] == info
+	if held {
+		x.follow(info, false)
+	}
+	change()
+	t.Wildcard = t.sub.IsWildcard()
+	t.Subscribed = slices.Sorted(maps.Keys(t.sub.SubscribedResources()))
+	if held {
 		x.follow(info, true)
 	}
-	return t
 }
 
 // ackOrNack records what a request says of the previous response.
@@ -349,7 +375,7 @@ func (x *XDS) sent(key int64, typeURL, version, nonce string) {
 	x.mu.Lock()
 	defer x.mu.Unlock()
 	if info := x.streams[key]; info != nil {
-		t := x.typeInfo(info, typeURL)
+		t := info.typeInfo(typeURL)
 		t.LastSent, t.SentAt, t.sentNonce = version, time.Now(), nonce
 		x.startPush(info, t, typeURL, version)
 	}
@@ -504,30 +530,17 @@ func (x *XDS) dropStream(key int64) {
 	delete(x.streams, key)
 }
 
-// subscribed sets the names a stream's request of typeURL subscribes to
-// (sorted; none: a wildcard), following them in followers when they are
-// load assignments of a stream held; x.mu is held.
-func (x *XDS) subscribed(info *StreamInfo, typeURL string, t *TypeInfo, names []string) {
-	held := typeURL == resource.EndpointType && x.streams[info.key] == info
-	if held {
-		x.follow(info, false)
-	}
-	t.Subscribed = names
-	if held {
-		x.follow(info, true)
-	}
-}
-
 // follow adds (or removes) info's stream as a follower of each load
-// assignment its endpoints subscription names ("" for a wildcard); a
-// stream that asked for no endpoints follows none; x.mu is held.
+// assignment its endpoints subscription names, or of all ("") as a
+// wildcard; a stream that asked for no endpoints, or subscribes none,
+// follows none; x.mu is held.
 func (x *XDS) follow(info *StreamInfo, add bool) {
 	t := info.Types[resource.EndpointType]
 	if t == nil {
 		return
 	}
 	names := t.Subscribed
-	if len(names) == 0 {
+	if t.Wildcard {
 		names = []string{""}
 	}
 	set := x.followers[info.Group]
@@ -572,6 +585,7 @@ func (x *XDS) Dispatchers() []StreamInfo {
 		for k, t := range s.Types {
 			tc := *t
 			tc.Subscribed = append([]string(nil), t.Subscribed...)
+			tc.sub, tc.asked, tc.push = nil, nil, nil // the stream's own, not a copy's
 			if t.LastNack != nil {
 				n := *t.LastNack
 				tc.LastNack = &n
