@@ -88,7 +88,7 @@ func dispatchers(ctx context.Context, f explainFlags, w io.Writer) error {
 						n.At.UTC().Format(time.RFC3339), orDash(n.Reason), n.Detail)
 				}
 				rt.row(s.NodeID, typ[strings.LastIndex(typ, ".")+1:],
-					listOr(ti.Subscribed, "*"), orDash(ti.LastSent), orDash(ti.LastAcked),
+					subscribedText(ti), orDash(ti.LastSent), orDash(ti.LastAcked),
 					fmt.Sprint(ti.Nacks), nack)
 			}
 		}
@@ -108,4 +108,14 @@ func dispatchers(ctx context.Context, f explainFlags, w io.Writer) error {
 	}
 	t.write(w, "  ")
 	return nil
+}
+
+// subscribedText is what a stream's type follows: "*" for a wildcard (with
+// the names it also gave), its names, or "none" (a state-of-the-world
+// stream that named resources and then none subscribes nothing).
+func subscribedText(ti *server.TypeInfo) string {
+	if ti.Wildcard {
+		return strings.Join(append([]string{"*"}, ti.Subscribed...), ", ")
+	}
+	return listOr(ti.Subscribed, "none")
 }

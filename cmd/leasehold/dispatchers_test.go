@@ -20,7 +20,9 @@ const dispatchersJSON = `{"dispatchers": [
   {"stream": 1, "node_id": "any-1", "constraint_set": "k1", "mode": "sotw",
    "granted_tasks": null, "peer": "127.0.0.1:40001", "age_seconds": 5,
    "types": {"type.googleapis.com/envoy.config.listener.v3.Listener":
-     {"subscribed": [], "last_sent_version": "v1", "last_acked_version": "v1"}}}],
+     {"subscribed": [], "wildcard": true, "last_sent_version": "v1", "last_acked_version": "v1"},
+     "type.googleapis.com/envoy.config.cluster.v3.Cluster":
+     {"subscribed": [], "wildcard": false, "last_sent_version": "c1"}}}],
  "refused": [{"node_id": "bad-meta", "peer": "127.0.0.1:40003", "mode": "sotw",
    "reason": "invalid-node", "detail": "node.metadata.version_constraint: not a constraint",
    "count": 3, "first": "2026-01-01T00:00:00Z", "last": "2026-01-01T00:00:02Z"}],
@@ -64,6 +66,7 @@ func TestDispatchersListsStreamsAcksNacksAndRefusals(t *testing.T) {
 		{"eu-strict", "ClusterLoadAssignment", "def", "abc", "2",
 			"version def at 2026-01-01T00:00:01Z, reason weight: zero weight"},
 		{"any-1", "Listener", "*", "v1", "0", "-"},
+		{"any-1", "Cluster", "none", "c1", "-", "0"},
 		{"3 streams refused since the start"},
 		{"2026-01-01T00:00:02Z", "3", "bad-meta", "127.0.0.1:40003", "sotw", "invalid-node",
 			"node.metadata.version_constraint: not a constraint"},
