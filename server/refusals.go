@@ -92,8 +92,8 @@ func clip(s string) string {
 
 // opened records who opened stream id (streamKey key), then lets the
 // authorization policy decide.
-func (x *XDS) opened(ctx context.Context, id, key int64, mode string) error {
-	c := streamConn{}
+func (x *XDS) opened(ctx context.Context, id, key int64, mode, typeURL string) error {
+	c := streamConn{typeURL: typeURL}
 	if p, ok := peer.FromContext(ctx); ok && p.Addr != nil {
 		c.peer = p.Addr.String()
 	}

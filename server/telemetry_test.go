@@ -2,11 +2,13 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"io"
 	"log/slog"
 	"maps"
 	"math/rand/v2"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -284,7 +286,7 @@ func TestAStaleRequestChangesNothingFollowed(t *testing.T) {
 	x.addStream(1, info)
 	tt := info.typeInfo(resource.EndpointType)
 	x.sotwRequest(info, resource.EndpointType, tt, []string{"w/shard-0"}, "")
-	tt.sentNonce = "2"
+	tt.watchNonce = "2" // as a response sent with nonce 2 leaves it
 	x.sotwRequest(info, resource.EndpointType, tt, []string{"w/shard-1"}, "1")
 	if !slices.Equal(tt.Subscribed, []string{"w/shard-0"}) || len(x.followers["a"]["w/shard-1"]) > 0 {
 		t.Fatalf("a stale request moved the stream to %v (followers %v)", tt.Subscribed,
@@ -294,5 +296,29 @@ func TestAStaleRequestChangesNothingFollowed(t *testing.T) {
 	if !slices.Equal(tt.Subscribed, []string{"w/shard-1"}) || len(x.followers["a"]["w/shard-1"]) != 1 {
 		t.Fatalf("the current request left the stream at %v (followers %v)", tt.Subscribed,
 			x.followers["a"])
+	}
+}
+
+// A delta wildcard stream that subscribes names and unsubscribes them again
+// keeps nothing of them: go-control-plane's own subscription marks each
+// unsubscribed name "returned" until its next response replaces that map,
+// but leasehold's copy never sees a response.
+func TestADeltaWildcardUnsubscribingNamesHoldsNoMemoryForThem(t *testing.T) {
+	x := &XDS{streams: map[int64]*StreamInfo{}}
+	info := &StreamInfo{Group: "a", key: 1, Types: map[string]*TypeInfo{}}
+	x.addStream(1, info)
+	tt := info.typeInfo(resource.EndpointType)
+	x.deltaRequest(info, resource.EndpointType, tt, nil, nil) // wildcard
+	for i := range 1000 {
+		n := []string{fmt.Sprintf("junk-%08d-%s", i, strings.Repeat("x", 200))}
+		x.deltaRequest(info, resource.EndpointType, tt, n, nil)
+		x.deltaRequest(info, resource.EndpointType, tt, nil, n)
+	}
+	if len(tt.Subscribed) != 0 {
+		t.Fatalf("subscribed %d", len(tt.Subscribed))
+	}
+	if n := len(tt.sub.ReturnedResources()); n != 0 {
+		t.Fatalf("after 1000 names subscribed and unsubscribed, the stream's copy of the "+
+			"subscription holds %d of them (about %d KB), for as long as the stream lives", n, n*220/1024)
 	}
 }

@@ -77,6 +77,10 @@ func streamKey(id int64, delta bool) int64 {
 // identity of its client certificate.
 type streamConn struct {
 	peer, identity string
+	// typeURL is the stream's own type: a per-type delta stream's requests
+	// may leave theirs empty, and the delta server fills it in only after
+	// the request callback has run.
+	typeURL string
 }
 
 // StreamInfo describes one dispatcher stream for /debug/dispatchers.
@@ -122,8 +126,12 @@ type TypeInfo struct {
 	// sub is the subscription as go-control-plane keeps it (its own type
 	// and rules: legacy wildcard, "*", delta's subscribe and unsubscribe),
 	// so a stream is said to follow what the library will push it.
-	sub  *stream.Subscription
-	push trace.Span // open from a response until its ACK or NACK
+	sub *stream.Subscription
+	// watchNonce is the nonce go-control-plane's state-of-the-world watch of
+	// the type holds: the last response's, until a request (not ignored)
+	// replaces the watch with one that holds none.
+	watchNonce string
+	push       trace.Span // open from a response until its ACK or NACK
 }
 
 // Nack is a rejected response.
@@ -195,10 +203,10 @@ func (x *XDS) Register(g *grpc.Server) {
 func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 	return xdsserver.CallbackFuncs{
 		StreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
-			return x.opened(ctx, id, streamKey(id, false), "sotw")
+			return x.opened(ctx, id, streamKey(id, false), "sotw", "")
 		},
-		DeltaStreamOpenFunc: func(ctx context.Context, id int64, _ string) error {
-			return x.opened(ctx, id, streamKey(id, true), "delta")
+		DeltaStreamOpenFunc: func(ctx context.Context, id int64, typeURL string) error {
+			return x.opened(ctx, id, streamKey(id, true), "delta", typeURL)
 		},
 		StreamRequestFunc: func(id int64, req *discovery.DiscoveryRequest) error {
 			key := streamKey(id, false)
@@ -237,10 +245,14 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			}
 			x.mu.Lock()
 			defer x.mu.Unlock()
-			t := info.typeInfo(req.GetTypeUrl())
-			x.deltaRequest(info, req.GetTypeUrl(), t, req.GetResourceNamesSubscribe(),
+			typeURL := req.GetTypeUrl()
+			if typeURL == "" {
+				typeURL = x.conns[key].typeURL // a per-type stream's (ADS: refused next)
+			}
+			t := info.typeInfo(typeURL)
+			x.deltaRequest(info, typeURL, t, req.GetResourceNamesSubscribe(),
 				req.GetResourceNamesUnsubscribe())
-			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), t.LastSent,
+			x.ackOrNack(t, typeURL, req.GetResponseNonce(), t.LastSent,
 				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
 		},
@@ -297,13 +309,14 @@ func (x *XDS) sotwRequest(info *StreamInfo, typeURL string, t *TypeInfo, names [
 			s := stream.NewSotwSubscription(names, true)
 			t.sub = &s
 		})
-	case t.sentNonce != "" && nonce != t.sentNonce:
+	case t.watchNonce != "" && nonce != t.watchNonce:
 		return
 	case !slices.Equal(t.asked, names):
 		x.resubscribe(info, typeURL, t, func() { t.sub.SetResourceSubscription(names) })
-	default:
-		return
 	}
+	// The library replaced the type's watch with one that holds no nonce
+	// until its next response: until then no request is stale.
+	t.watchNonce = ""
 	t.asked = names
 }
 
@@ -319,6 +332,12 @@ func (x *XDS) deltaRequest(info *StreamInfo, typeURL string, t *TypeInfo, sub, u
 		})
 	case len(sub)+len(unsub) > 0:
 		x.resubscribe(info, typeURL, t, func() { t.sub.UpdateResourceSubscriptions(sub, unsub) })
+	}
+	// An unsubscribed name is kept among the returned resources (at version
+	// ""), which the library replaces at its next response; this copy
+	// follows names only, and must not grow with every name ever dropped.
+	if len(t.sub.ReturnedResources()) > 0 {
+		t.sub.SetReturnedResources(map[string]string{}) // not nil: an unsubscribe writes to it
 	}
 }
 
@@ -376,7 +395,7 @@ func (x *XDS) sent(key int64, typeURL, version, nonce string) {
 	defer x.mu.Unlock()
 	if info := x.streams[key]; info != nil {
 		t := info.typeInfo(typeURL)
-		t.LastSent, t.SentAt, t.sentNonce = version, time.Now(), nonce
+		t.LastSent, t.SentAt, t.sentNonce, t.watchNonce = version, time.Now(), nonce, nonce
 		x.startPush(info, t, typeURL, version)
 	}
 }

@@ -6,6 +6,7 @@ import (
 	"io"
 	"log/slog"
 	"net"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -568,5 +569,82 @@ func TestANodeChangingItsDatacenterOrClustersEndsTheStream(t *testing.T) {
 					"sits in a group no constraint set publishes")
 			}
 		})
+	}
+}
+
+// endpointsState is what /debug/dispatchers says node id's stream follows of
+// load assignments, and whether the stream is among the followers of load.
+func endpointsState(f *fixture, id, load string) (ti *TypeInfo, follows bool, types []string) {
+	for _, s := range f.xds.Dispatchers() {
+		if s.NodeID != id {
+			continue
+		}
+		for k := range s.Types {
+			types = append(types, k)
+		}
+		ti = s.Types[resource.EndpointType]
+		f.xds.mu.Lock()
+		_, follows = f.xds.followers[s.Group][load][streamKey(s.Stream, s.Mode == "delta")]
+		f.xds.mu.Unlock()
+	}
+	return ti, follows, types
+}
+
+// go-control-plane forgets a type's nonce once it processes a request (the
+// new watch's nonce is ""), so until its next response any request of the
+// type is processed, whatever nonce it carries. A client that ACKs, then
+// asks for other names without a nonce, is sent them: what leasehold says
+// the stream follows must be those names.
+func TestASotwRequestAfterAnACKIsFollowedWhateverItsNonce(t *testing.T) {
+	f := startXDS(t)
+	a := f.ads(node("renamer", nil))
+	a.Subscribe(resource.EndpointType, "work")
+	r := a.Next()
+	a.ACK(r, "work") // processed: go-control-plane's watch has no nonce now
+	time.Sleep(100 * time.Millisecond)
+	a.Request(resource.EndpointType, "", "", "other") // nonce "": a confused client
+	r2 := a.Next()
+	if got := names(r2); len(got) != 1 || got[0] != "other" {
+		t.Fatalf("go-control-plane sent %v, want [other] (it processed the request)", got)
+	}
+	ti, follows, _ := endpointsState(f, "renamer", "other")
+	if ti == nil || len(ti.Subscribed) != 1 || ti.Subscribed[0] != "other" || !follows {
+		t.Fatalf("go-control-plane pushes the stream \"other\"; leasehold says it subscribes %v, "+
+			"follows other: %v", ti.Subscribed, follows)
+	}
+}
+
+// The per-type delta EDS service: go-control-plane calls
+// OnStreamDeltaRequest before it fills in an empty type URL (the
+// state-of-the-world server fills it in first), then serves load
+// assignments. The stream must be seen to follow what it is sent.
+func TestADeltaEDSRequestWithoutTypeURLIsFollowedAsEndpoints(t *testing.T) {
+	f := startXDS(t)
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	eds, err := endpointservice.NewEndpointDiscoveryServiceClient(f.dial()).DeltaEndpoints(ctx)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if err := eds.Send(&discovery.DeltaDiscoveryRequest{Node: node("no-type", nil),
+		ResourceNamesSubscribe: []string{"work"}}); err != nil {
+		t.Fatal(err)
+	}
+	r, err := eds.Recv()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if r.GetTypeUrl() != resource.EndpointType || len(r.GetResources()) != 1 {
+		t.Fatalf("go-control-plane answered %s %v", r.GetTypeUrl(), r.GetResources())
+	}
+	if err := eds.Send(&discovery.DeltaDiscoveryRequest{ResponseNonce: r.GetNonce()}); err != nil {
+		t.Fatal(err)
+	}
+	time.Sleep(100 * time.Millisecond)
+	ti, follows, types := endpointsState(f, "no-type", "work")
+	if ti == nil || !slices.Equal(ti.Subscribed, []string{"work"}) || !follows ||
+		ti.LastAcked == "" || slices.Contains(types, "") {
+		t.Fatalf("sent load assignment work; leasehold's types %q, endpoints %+v, follows work: %v",
+			types, ti, follows)
 	}
 }
