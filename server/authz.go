@@ -23,6 +23,12 @@ type streamAuth struct {
 	denied  map[string]bool // resource names already logged as not granted
 }
 
+// maxDeniedNames bounds the names outside its grant a stream's denials are
+// remembered, counted and logged for: a client naming ever new ones must not
+// grow leasehold's memory or its log without end (nothing is sent for any of
+// them either way).
+const maxDeniedNames = 256
+
 // openStream decides, when stream id (streamKey key) opens, whether its
 // client identity has a grant. Without a policy every stream is let through.
 func (x *XDS) openStream(ctx context.Context, key, id int64) error {
@@ -73,10 +79,16 @@ func (x *XDS) authorize(
 	}
 	xdscache.StampGrant(node, a.grant.TaskList())
 	for _, n := range names {
-		if !a.grant.AllowsTask(translator.TaskOf(n)) && !a.denied[n] {
+		if !a.grant.AllowsTask(translator.TaskOf(n)) && !a.denied[n] &&
+			len(a.denied) < maxDeniedNames {
 			a.denied[n] = true
 			x.denied.Add(context.Background(), 1,
 				metric.WithAttributes(attribute.String("api", "xds")))
+			if len(a.denied) == maxDeniedNames {
+				x.log.Info("subscriptions outside the dispatcher's grant: further names of "+
+					"this stream are neither counted nor logged", "identity", a.id.String(),
+					"stream", id, "names", maxDeniedNames)
+			}
 			x.log.Info("subscription outside the dispatcher's grant: nothing is sent for it",
 				"identity", a.id.String(), "stream", id, "type_url", typeURL, "name", n)
 		}

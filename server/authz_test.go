@@ -2,6 +2,7 @@ package server
 
 import (
 	"context"
+	"fmt"
 	"slices"
 	"testing"
 	"time"
@@ -58,6 +59,42 @@ func TestGrantsScopeTaskTypesWithoutLeaking(t *testing.T) {
 	all.Subscribe(resource.ListenerType)
 	if got := listenerNames(all.Next()); !slices.Equal(got, []string{"other", "work"}) {
 		t.Errorf("wildcard grant: %v", got)
+	}
+}
+
+// A granted stream naming ever new task types outside its grant is answered
+// as before, and leasehold remembers (counts, logs) at most maxDeniedNames of
+// them: a hostile client cannot grow its memory or log without end.
+func TestDeniedNamesAreRememberedBoundedly(t *testing.T) {
+	s := startSecure(t)
+	a := s.as(t, "spiffe://test/dispatcher/work").ads(node("d-work", nil))
+	for round := range 3 {
+		subs := []string{"work"}
+		for i := range 300 {
+			subs = append(subs, fmt.Sprintf("other-%d-%d", round, i))
+		}
+		a.Subscribe(resource.EndpointType, subs...)
+		if round == 0 { // later rounds change nothing the stream is sent
+			if got := names(a.Next()); !slices.Equal(got, []string{"work"}) {
+				t.Fatalf("endpoints %v for a dispatcher granted [work]", got)
+			}
+		}
+	}
+	// The stream's requests are handled in order: once its first listeners
+	// request is answered, every endpoints request before it was.
+	a.Subscribe(resource.ListenerType)
+	if got := listenerNames(a.Next()); !slices.Equal(got, []string{"work"}) {
+		t.Fatalf("listeners %v for a dispatcher granted [work]", got)
+	}
+	s.xds.mu.Lock()
+	defer s.xds.mu.Unlock()
+	if len(s.xds.auth) != 1 {
+		t.Fatalf("%d streams authorized, want 1", len(s.xds.auth))
+	}
+	for _, a := range s.xds.auth {
+		if n := len(a.denied); n != maxDeniedNames {
+			t.Fatalf("%d denied names remembered after 900, want the bound %d", n, maxDeniedNames)
+		}
 	}
 }
 
