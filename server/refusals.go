@@ -25,6 +25,9 @@ const (
 	// RefusedPolicyChanged: a policy change altered its grant, so the stream
 	// was ended to reconnect under the new one.
 	RefusedPolicyChanged = "policy-changed"
+	// RefusedTooManyNames: a request made the stream subscribe more than
+	// maxSubscribedNames names of one type.
+	RefusedTooManyNames = "too-many-names"
 )
 
 // Refusal is one kind of refused stream: the same client refused for the
@@ -114,6 +117,11 @@ func (x *XDS) opened(ctx context.Context, id, key int64, mode, typeURL string) e
 func (x *XDS) refuse(key int64, mode, nodeID, reason string, err error) error {
 	x.mu.Lock()
 	defer x.mu.Unlock()
+	return x.refuseLocked(key, mode, nodeID, reason, err)
+}
+
+// refuseLocked is refuse with x.mu held.
+func (x *XDS) refuseLocked(key int64, mode, nodeID, reason string, err error) error {
 	c := x.conns[key]
 	x.refused.add(Refusal{NodeID: clip(nodeID), Identity: clip(c.identity), Peer: c.peer,
 		Mode: mode, Reason: reason, Detail: clip(status.Convert(err).Message()), Last: time.Now()})

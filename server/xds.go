@@ -223,6 +223,9 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			t := info.typeInfo(req.GetTypeUrl())
 			x.sotwRequest(info, req.GetTypeUrl(), t, req.GetResourceNames(),
 				req.GetResponseNonce())
+			if err := tooManyNames(t, req.GetTypeUrl(), "resource_names"); err != nil {
+				return x.refuseLocked(key, "sotw", info.NodeID, RefusedTooManyNames, err)
+			}
 			x.ackOrNack(t, req.GetTypeUrl(), req.GetResponseNonce(), req.GetVersionInfo(),
 				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
@@ -252,6 +255,9 @@ func (x *XDS) callbacks() xdsserver.CallbackFuncs {
 			t := info.typeInfo(typeURL)
 			x.deltaRequest(info, typeURL, t, req.GetResourceNamesSubscribe(),
 				req.GetResourceNamesUnsubscribe())
+			if err := tooManyNames(t, typeURL, "resource_names_subscribe"); err != nil {
+				return x.refuseLocked(key, "delta", info.NodeID, RefusedTooManyNames, err)
+			}
 			x.ackOrNack(t, typeURL, req.GetResponseNonce(), t.LastSent,
 				req.GetErrorDetail().GetMessage(), req.GetErrorDetail() != nil, info)
 			return nil
@@ -293,6 +299,24 @@ func (i *StreamInfo) typeInfo(typeURL string) *TypeInfo {
 		i.Types[typeURL] = t
 	}
 	return t
+}
+
+// maxSubscribedNames bounds the names a stream subscribes of one type. A
+// dispatcher follows a load assignment per task type and shard (thousands);
+// without a bound a delta client adding names request after request would
+// grow the subscription (the library's, this record and the cache's index)
+// and the work of each of its requests without end.
+const maxSubscribedNames = 1 << 16
+
+// tooManyNames is the error ending a stream whose subscription of typeURL
+// names more than maxSubscribedNames, naming the request's field.
+func tooManyNames(t *TypeInfo, typeURL, field string) error {
+	if n := len(t.Subscribed); n > maxSubscribedNames {
+		return status.Errorf(codes.InvalidArgument,
+			"%s: the stream would subscribe %d names of %s; at most %d of one type",
+			field, n, typeURL, maxSubscribedNames)
+	}
+	return nil
 }
 
 // sotwRequest follows a state-of-the-world request's names as

@@ -648,3 +648,37 @@ func TestADeltaEDSRequestWithoutTypeURLIsFollowedAsEndpoints(t *testing.T) {
 			types, ti, follows)
 	}
 }
+
+// A delta stream adding names request after request is ended, with
+// InvalidArgument naming the field, once it would subscribe more than
+// maxSubscribedNames of one type (the subscription and each request's work
+// would otherwise grow without end), and the refusal says why; the stream's
+// first requests, under the bound, are answered.
+func TestAStreamSubscribingTooManyNamesIsEnded(t *testing.T) {
+	f := startXDS(t)
+	f.members("work", member("work", "a", 9001, "1.0.0"))
+	d := f.delta(node("greedy", nil))
+	batch := func(round int) []string {
+		names := make([]string, 0, maxSubscribedNames/2+1)
+		if round == 0 {
+			names = append(names, "work")
+		}
+		for i := range maxSubscribedNames / 2 {
+			names = append(names, fmt.Sprintf("t%d-%d", round, i))
+		}
+		return names
+	}
+	d.Subscribe(resource.EndpointType, batch(0)...)
+	d.ACK(d.Next()) // "work" is answered
+	d.Subscribe(resource.EndpointType, batch(1)...)
+	_, err := d.Recv()
+	if status.Code(err) != codes.InvalidArgument ||
+		!strings.Contains(status.Convert(err).Message(), "resource_names_subscribe") {
+		t.Fatalf("subscribing %d names: %v, want InvalidArgument naming resource_names_subscribe",
+			maxSubscribedNames+1, err)
+	}
+	refused, _ := f.xds.Refusals()
+	if len(refused) != 1 || refused[0].Reason != RefusedTooManyNames || refused[0].NodeID != "greedy" {
+		t.Fatalf("refusals %+v, want greedy's too-many-names", refused)
+	}
+}
