@@ -157,6 +157,16 @@ func TestFollowersStayExactWhateverStreamsDo(t *testing.T) {
 	}
 }
 
+// bareXDS is an XDS with no syncer or server behind it, for driving its
+// request callbacks directly.
+func bareXDS() *XDS {
+	x := &XDS{subs: nopSubscriber{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
+		streams: map[int64]*StreamInfo{}, auth: map[int64]*streamAuth{},
+		conns: map[int64]streamConn{}}
+	x.latest = map[string]context.Context{}
+	return x
+}
+
 // nopSubscriber is a syncer that takes no notice of constraint sets.
 type nopSubscriber struct{}
 
@@ -168,10 +178,7 @@ func (nopSubscriber) Unsubscribe(health.Dispatcher) {}
 // a lapse of its set waits for it. (The index is filled by the callbacks,
 // not by a StreamInfo made with its endpoints type already there.)
 func TestALapseWaitsForAStreamAskingEveryEndpoint(t *testing.T) {
-	x := &XDS{subs: nopSubscriber{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-		streams: map[int64]*StreamInfo{}, auth: map[int64]*streamAuth{},
-		conns: map[int64]streamConn{}}
-	x.latest = map[string]context.Context{}
+	x := bareXDS()
 	cb := x.callbacks()
 	n := node("wild", nil)
 	if err := cb.StreamRequestFunc(7, &discovery.DiscoveryRequest{Node: n,
@@ -238,10 +245,7 @@ func TestALapseWaitsForTheStreamsGoControlPlaneTreatsAsWildcard(t *testing.T) {
 		{"sotw a name (control)", []any{sotw("other")}, false},
 	} {
 		t.Run(tc.name, func(t *testing.T) {
-			x := &XDS{subs: nopSubscriber{}, log: slog.New(slog.NewTextHandler(io.Discard, nil)),
-				streams: map[int64]*StreamInfo{}, auth: map[int64]*streamAuth{},
-				conns: map[int64]streamConn{}}
-			x.latest = map[string]context.Context{}
+			x := bareXDS()
 			cb := x.callbacks()
 			n := node("wild", nil)
 			var key int64

@@ -783,6 +783,19 @@ func TestDispatchPolicyChangeChangesOnlyItsTasksVersions(t *testing.T) {
 	h.quiet() // nothing published: the previous rules stay in force
 }
 
+// workWithAMovedInstance is n passing registrations of task work (e00…,
+// sessions s00…) and a new session of e03 starting on another node while
+// its old one stays: n+1 registrations of n instances.
+func workWithAMovedInstance(n int) (members []health.Member, moved health.Member) {
+	for i := range n {
+		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i),
+			fmt.Sprintf("s%02d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
+	}
+	moved = onNodeWithSerf(fleettest.Member("work", "e03", "s03-new", 2, 9100, "1.0.0",
+		health.StatusPassing, 20), "n2", health.StatusPassing, 1)
+	return members, moved
+}
+
 // A task's shards follow its instances, not its registrations: an instance
 // whose new session starts on another node holds two registrations until
 // the old one goes, and a task of exactly ShardSize instances must not be
@@ -793,13 +806,7 @@ func TestShardsFollowInstancesNotRegistrations(t *testing.T) {
 	h := startSyncerWith(t, SyncConfig{ShardSize: 10, Logger: quiet})
 	h.s.Subscribe(dispatcher(t, ""))
 	h.tasks("work")
-	var members []health.Member
-	for i := range 10 {
-		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i),
-			fmt.Sprintf("s%02d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
-	}
-	moved := onNodeWithSerf(fleettest.Member("work", "e03", "s03-new", 2, 9100, "1.0.0",
-		health.StatusPassing, 20), "n2", health.StatusPassing, 1)
+	members, moved := workWithAMovedInstance(10)
 	h.members("work", append(members, moved)...)
 	h.nonPassing()
 	snap := h.publish().snap
@@ -864,13 +871,7 @@ func TestClusterOfNamesTheShardThatServesTheExecutor(t *testing.T) {
 	d := dispatcher(t, "")
 	h.s.Subscribe(d)
 	h.tasks("work")
-	var members []health.Member
-	for i := range 9 {
-		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i),
-			fmt.Sprintf("s%02d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
-	}
-	moved := onNodeWithSerf(fleettest.Member("work", "e03", "s03-new", 2, 9100, "1.0.0",
-		health.StatusPassing, 20), "n2", health.StatusPassing, 1)
+	members, moved := workWithAMovedInstance(9)
 	noID := fleettest.Member("work", "", "s-bad", 1, 9200, "1.0.0", health.StatusPassing, 21)
 	noID.Err = errors.New("instance_id: missing")
 	badOfE05 := fleettest.Member("work", "e05", "s-bad", 1, 9201, "1.0.0", health.StatusPassing, 22)

@@ -43,57 +43,41 @@ func TestGoControlPlaneNeverChangesTheSubscriptionOfAHeldWatch(t *testing.T) {
 	}
 }
 
-type fakeSotwStream struct {
+// fakeStream is a gRPC stream of requests Req and responses Resp that
+// records the last nonce sent per type (state of the world and delta alike).
+type fakeStream[Req any, Resp interface {
+	GetTypeUrl() string
+	GetNonce() string
+}] struct {
 	grpc.ServerStream
 	ctx    context.Context
-	recv   chan *discovery.DiscoveryRequest
+	recv   chan Req
 	ended  chan struct{}
 	mu     sync.Mutex
 	nonces map[string]string
 }
 
-func (s *fakeSotwStream) Context() context.Context { return s.ctx }
+type (
+	fakeSotwStream  = fakeStream[*discovery.DiscoveryRequest, *discovery.DiscoveryResponse]
+	fakeDeltaStream = fakeStream[*discovery.DeltaDiscoveryRequest, *discovery.DeltaDiscoveryResponse]
+)
 
-func (s *fakeSotwStream) Send(r *discovery.DiscoveryResponse) error {
+func (s *fakeStream[Req, Resp]) Context() context.Context { return s.ctx }
+
+func (s *fakeStream[Req, Resp]) Send(r Resp) error {
 	s.mu.Lock()
 	s.nonces[r.GetTypeUrl()] = r.GetNonce()
 	s.mu.Unlock()
 	return nil
 }
 
-func (s *fakeSotwStream) Recv() (*discovery.DiscoveryRequest, error) {
+func (s *fakeStream[Req, Resp]) Recv() (Req, error) {
 	select {
 	case r := <-s.recv:
 		return r, nil
 	case <-s.ctx.Done():
-		return nil, io.EOF
-	}
-}
-
-type fakeDeltaStream struct {
-	grpc.ServerStream
-	ctx    context.Context
-	recv   chan *discovery.DeltaDiscoveryRequest
-	ended  chan struct{}
-	mu     sync.Mutex
-	nonces map[string]string
-}
-
-func (s *fakeDeltaStream) Context() context.Context { return s.ctx }
-
-func (s *fakeDeltaStream) Send(r *discovery.DeltaDiscoveryResponse) error {
-	s.mu.Lock()
-	s.nonces[r.GetTypeUrl()] = r.GetNonce()
-	s.mu.Unlock()
-	return nil
-}
-
-func (s *fakeDeltaStream) Recv() (*discovery.DeltaDiscoveryRequest, error) {
-	select {
-	case r := <-s.recv:
-		return r, nil
-	case <-s.ctx.Done():
-		return nil, io.EOF
+		var none Req
+		return none, io.EOF
 	}
 }
 
