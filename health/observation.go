@@ -20,8 +20,28 @@ type CheckState struct {
 // Member is one registration of a task type with its checks (service and
 // node) as read together with the membership.
 type Member struct {
-	Executor              // contract fields, ServiceID, Node, CreateIndex, Err
-	Checks   []CheckState // the service's checks and its node's checks
+	Observed
+	Checks []CheckState // the service's checks and its node's checks
+}
+
+// Observed is a registration as a membership read found it: the contract's
+// fields and what the catalog says of the registration itself, nothing
+// decided. Join makes the Executor. Members are held for as long as their
+// membership is current, beside the executors decided from them: at 10,000
+// executors a member holding a whole Executor (440 bytes, its decisions
+// unset) cost ~2 MB more of the heap (issue 30).
+type Observed struct {
+	Registration
+	ServiceID   string
+	Node        string
+	CreateIndex uint64
+	Err         error // bad metadata: the registration cannot be trusted at all
+}
+
+// Executor is the registration as observed, nothing decided yet.
+func (o *Observed) Executor() Executor {
+	return Executor{Registration: o.Registration, ServiceID: o.ServiceID, Node: o.Node,
+		CreateIndex: o.CreateIndex, Err: o.Err}
 }
 
 // TaskMembers is the full membership of one task type at Index. Gone means
@@ -163,9 +183,7 @@ func (s *NonPassingSet) current(c CheckState) CheckState {
 // check, the worst other check of the service, and the load from the lease
 // check's output.
 func Join(m Member, np *NonPassingSet) Executor {
-	e := m.Executor
-	e.LeaseStatus, e.LeaseFound, e.NodeChecks, e.Other = "", false, "", ""
-	e.NodeFailed, e.LeaseCreateIndex = false, 0
+	e := m.Executor()
 	if e.Err != nil {
 		return e
 	}

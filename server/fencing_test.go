@@ -414,7 +414,7 @@ func sessionMember(task, inst, sess string, gen uint64, node string, port int,
 		State:      health.StateActive,
 	}
 	return health.Member{
-		Executor: health.Executor{
+		Observed: health.Observed{
 			Registration: reg,
 			ServiceID:    health.ServiceID(inst, task),
 			Node:         node,
@@ -779,7 +779,7 @@ func dcMember(inst, sess string, gen uint64, node string, port int, create uint6
 		State:      health.StateActive,
 	}
 	return health.Member{
-		Executor: health.Executor{
+		Observed: health.Observed{
 			Registration: reg,
 			ServiceID:    health.ServiceID(inst, "work"),
 			Node:         node,

@@ -63,7 +63,7 @@ func member(task, inst string, port int, version string) health.Member {
 		State:      health.StateActive,
 	}
 	return health.Member{
-		Executor: health.Executor{
+		Observed: health.Observed{
 			Registration: reg,
 			ServiceID:    health.ServiceID(inst, task),
 			Node:         "n1",

@@ -263,7 +263,7 @@ func memberA() health.Member {
 		State:      health.StateActive,
 	}
 	return health.Member{
-		Executor: health.Executor{
+		Observed: health.Observed{
 			Registration: reg,
 			ServiceID:    health.ServiceID("a", "work"),
 			Node:         "n1",

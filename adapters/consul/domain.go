@@ -22,7 +22,7 @@ func member(task string, e *api.ServiceEntry, in interner) health.Member {
 	}
 	reg, err := health.ParseRegistration(task, in.of(addr), e.Service.Port, e.Service.Meta)
 	node := in.of(e.Node.Node)
-	m := health.Member{Executor: health.Executor{
+	m := health.Member{Observed: health.Observed{
 		Registration: reg, ServiceID: e.Service.ID, Node: node,
 		CreateIndex: e.Service.CreateIndex,
 	}}

@@ -40,7 +40,7 @@ func fleetOf(gen, n int, lapsed bool) []health.Member {
 		}
 		reg := health.Registration{InstanceID: inst, SessionID: sess, Generation: 1, Task: "work", Address: "127.0.0.1", Port: 10000 + i, Version: "1.0.0", Capacity: 4, State: health.StateActive}
 		ms = append(ms, health.Member{
-			Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(inst, "work"), Node: "n1", CreateIndex: uint64(i + 1)},
+			Observed: health.Observed{Registration: reg, ServiceID: health.ServiceID(inst, "work"), Node: "n1", CreateIndex: uint64(i + 1)},
 			Checks: []health.CheckState{
 				{Node: "n1", CheckID: "serfHealth", Status: health.StatusPassing, ModifyIndex: 1},
 				{Node: "n1", CheckID: health.CheckID(inst, sess, "work"), ServiceID: health.ServiceID(inst, "work"), Status: status, ModifyIndex: uint64(gen*10000 + i + 1)},

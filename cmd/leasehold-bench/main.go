@@ -93,9 +93,10 @@ var (
 	flapRate = flag.Float64("flap-rate", 100,
 		"with --flapping: check status changes per second, over all flapping services")
 	consulProbe = flag.Bool("consul-probe", false,
-		"follow every task type's non-passing executors with a blocking query of the harness's "+
-			"own (/v1/health/service/<task>, always on with --flapping), to split lapse → "+
-			"stop into Consul's part and leasehold's")
+		"follow the critical checks with a blocking query of the harness's own "+
+			"(/v1/health/state/critical; with --flapping, always on, one filtered "+
+			"/v1/health/service/<task> per task type), to split lapse → stop into Consul's "+
+			"part and leasehold's")
 	idle = flag.Duration("idle", 20*time.Second,
 		"idle period over which Consul load is measured")
 	write = flag.String("write", "BENCHMARKS.md",
@@ -699,7 +700,7 @@ func (ds *dispatcherSet) goneFromAll(host string) time.Time {
 // results is what a run measured, for BENCHMARKS.md's table. registering is
 // how long registering the fleet (and the flapping services) took, before
 // leasehold started; consulPart is, per lapse, lease expiry → the harness's
-// per-task query saw it critical (--consul-probe); floor is, per push of the
+// probe saw it critical (--consul-probe); floor is, per push of the
 // floor's replay of leasehold's responses, push → last stream.
 type results struct {
 	executors, dispatchers int
@@ -901,7 +902,7 @@ func (res results) latencyRows(b *strings.Builder) {
 	if len(res.consulPart) > 0 {
 		fmt.Fprintf(b,
 			"| of which Consul: lease expiry → a blocking query of the harness's own "+
-				"(`/v1/health/service/<task>`, per-task index) has the lease critical | %s | |\n",
+				"(`/v1/health/state/critical`) has the lease critical | %s | |\n",
 			dist(res.consulPart))
 		fmt.Fprintf(b,
 			"| the lapsed executors' last heartbeat round trip (expiry counts from its sending; "+

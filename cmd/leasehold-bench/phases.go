@@ -349,7 +349,7 @@ func (b *bench) leaseholdLapses() error {
 	logf("the victims' last heartbeat round trips (the expiry instant's uncertainty): %s",
 		dist(b.res.lastBeat))
 	if len(b.res.consulPart) > 0 {
-		logf("of which lease expiry → the harness's per-task query sees it critical: %s",
+		logf("of which lease expiry → the harness's probe sees it critical: %s",
 			dist(b.res.consulPart))
 	}
 	var count float64

@@ -13,14 +13,23 @@ import (
 	"github.com/leasehold/leasehold/health"
 )
 
-// taskProbe follows, per task type, the executors with a non-passing check
-// through blocking queries of /v1/health/service/<task> with a filter — the
-// watch design a busy datacenter calls for, whose index is the task's own
-// (Consul's per-service index: moved by that task's registrations, their
-// checks and their nodes' checks only) — and records when each lease first
-// shows critical there: when Consul could have told leasehold of a lapse.
-// That splits lapse → stop into Consul's part and leasehold's, and counts
-// how often the alternative would wake. leasehold does not use it.
+// taskProbe records when each lease first shows critical in a blocking query
+// of the harness's own: when Consul could have told leasehold of a lapse.
+// That splits lapse → stop into Consul's part and leasehold's.
+//
+// With --consul-probe it follows /v1/health/state/critical: one query whose
+// answer holds only the critical checks. With --flapping it follows, per
+// task type, the executors with a non-passing check through
+// /v1/health/service/<task> with a filter — the watch design a busy
+// datacenter calls for, whose index is the task's own (moved by that task's
+// registrations, their checks and their nodes' checks only) — and counts how
+// often that alternative would wake. leasehold uses neither. The per-task
+// query is no instrument for a large task type: each of its wakes has Consul
+// run the filter over every registration of the task (~5 ms a thousand), and
+// at 10,000 executors in one task type every lapse's wake cost Consul tens
+// of milliseconds of a 2-core box it shares with leasehold and the harness —
+// lapse → stop p99 185 ms with it, 109 ms without (BENCHMARKS.md, "The
+// instrument's own load").
 type taskProbe struct {
 	wakes, answers, bytes atomic.Int64
 	mu                    sync.Mutex
@@ -33,17 +42,43 @@ const probeFilter = `Checks.Status != "passing"`
 
 // probeEntry is what the probe reads of a /v1/health/service answer.
 type probeEntry struct {
-	Checks []struct{ CheckID, Status string }
+	Checks []probeCheck
 }
 
-// startProbe starts one blocking query per task type (with --consul-probe
-// or --flapping).
+// probeCheck is what the probe reads of a check.
+type probeCheck struct{ CheckID, Status string }
+
+// decodeServiceEntries reads a /v1/health/service answer.
+func decodeServiceEntries(body []byte) ([]probeEntry, error) {
+	var entries []probeEntry
+	err := json.Unmarshal(body, &entries)
+	return entries, err
+}
+
+// decodeChecks reads a /v1/health/state answer as one entry of its checks.
+func decodeChecks(body []byte) ([]probeEntry, error) {
+	var checks []probeCheck
+	if err := json.Unmarshal(body, &checks); err != nil {
+		return nil, err
+	}
+	return []probeEntry{{Checks: checks}}, nil
+}
+
+// startProbe starts the probe's blocking queries: with --flapping one per
+// task type, else (--consul-probe) one of the critical checks.
 func (b *bench) startProbe() error {
 	if !*consulProbe && *flapping == 0 {
 		return nil
 	}
 	ctx, cancel := context.WithCancel(b.ctx)
 	p := &taskProbe{critical: map[string]time.Time{}, stop: cancel}
+	if *flapping == 0 {
+		base := "http://" + b.agent.HTTPAddr() + "/v1/health/state/critical?wait=10s"
+		p.wg.Add(1)
+		go func() { defer p.wg.Done(); p.follow(ctx, base, decodeChecks) }()
+		b.probe = p
+		return nil
+	}
 	for _, task := range b.fleet.tasks {
 		base := "http://" + b.agent.HTTPAddr() + "/v1/health/service/" + task +
 			"?wait=10s&filter=" + url.QueryEscape(probeFilter)
@@ -52,20 +87,21 @@ func (b *bench) startProbe() error {
 			return fmt.Errorf("per-task probe: %w", err)
 		}
 		p.wg.Add(1)
-		go func() { defer p.wg.Done(); p.follow(ctx, base) }()
+		go func() { defer p.wg.Done(); p.follow(ctx, base, decodeServiceEntries) }()
 	}
 	b.probe = p
 	return nil
 }
 
-func (p *taskProbe) follow(ctx context.Context, base string) {
+func (p *taskProbe) follow(ctx context.Context, base string,
+	decode func([]byte) ([]probeEntry, error)) {
 	var index uint64
 	for ctx.Err() == nil {
 		body, next, err := get(ctx, base+"&index="+strconv.FormatUint(index, 10))
 		at := time.Now()
 		if err != nil {
 			if ctx.Err() == nil {
-				logf("per-task probe: %v", err)
+				logf("probe: %v", err)
 				time.Sleep(time.Second) // back off; the probe is an aside
 			}
 			continue
@@ -76,9 +112,9 @@ func (p *taskProbe) follow(ctx context.Context, base string) {
 			p.wakes.Add(1)
 		}
 		index = next
-		var entries []probeEntry
-		if err := json.Unmarshal(body, &entries); err != nil {
-			logf("per-task probe: %v", err)
+		entries, err := decode(body)
+		if err != nil {
+			logf("probe: %v", err)
 			continue
 		}
 		p.seen(entries, at)

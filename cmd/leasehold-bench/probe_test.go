@@ -15,8 +15,7 @@ func TestProbeSplitsConsulsPart(t *testing.T) {
 	entry := func(inst, status string) probeEntry {
 		var e probeEntry
 		e.Checks = append(e.Checks,
-			struct{ CheckID, Status string }{"serfHealth", "passing"},
-			struct{ CheckID, Status string }{health.CheckID(inst, "s", task), status})
+			probeCheck{"serfHealth", "passing"}, probeCheck{health.CheckID(inst, "s", task), status})
 		return e
 	}
 	t0 := time.Now()
@@ -29,6 +28,40 @@ func TestProbeSplitsConsulsPart(t *testing.T) {
 	var none *taskProbe
 	if none.consulPart(f, []int{0}, []time.Time{t0}) != nil {
 		t.Fatal("no probe: want nothing")
+	}
+}
+
+// Both answers the probe follows decode to the checks it reads: a health
+// state answer (the critical checks, each with its service's fields) and a
+// service answer (entries, each with its checks).
+func TestProbeReadsBothAnswers(t *testing.T) {
+	f := newFleet(nil, 2, taskNames(1), 0, nil)
+	lease := health.CheckID(f.ids[0], "s", task)
+	state := `[{"Node":"n1","CheckID":"` + lease + `","Name":"lease","Status":"critical",` +
+		`"Output":"TTL expired","ServiceID":"` + task + `:` + f.ids[0] + `","ServiceName":"` +
+		task + `","ServiceTags":[],"Type":"ttl","CreateIndex":7,"ModifyIndex":9},` +
+		`{"Node":"n1","CheckID":"other","Status":"critical","ServiceID":"","ServiceName":""}]`
+	service := `[{"Node":{"Node":"n1"},"Service":{"ID":"x"},"Checks":[` +
+		`{"CheckID":"serfHealth","Status":"passing"},` +
+		`{"CheckID":"` + health.CheckID(f.ids[1], "s", task) + `","Status":"critical"}]}]`
+	t0 := time.Now()
+	for _, c := range []struct {
+		body   string
+		decode func([]byte) ([]probeEntry, error)
+		at     time.Duration
+	}{{state, decodeChecks, 10 * time.Millisecond}, {service, decodeServiceEntries, 20 * time.Millisecond}} {
+		entries, err := c.decode([]byte(c.body))
+		if err != nil {
+			t.Fatal(err)
+		}
+		p := &taskProbe{critical: map[string]time.Time{}}
+		p.seen(entries, t0.Add(c.at))
+		if got := p.consulPart(f, []int{0, 1}, []time.Time{t0, t0}); len(got) != 1 || got[0] != c.at {
+			t.Fatalf("consul part from %.20s… = %v, want [%v] (one lease critical)", c.body, got, c.at)
+		}
+	}
+	if _, err := decodeChecks([]byte(`{"not":"a list"}`)); err == nil {
+		t.Fatal("decodeChecks accepted an object")
 	}
 }
 

@@ -143,7 +143,7 @@ func Member(task, inst, sess string, gen uint64, port int, version string, lease
 		Task: task, Address: "127.0.0.1", Port: port, Version: version, Capacity: 4,
 		State: health.StateActive})
 	return health.Member{
-		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(inst, task),
+		Observed: health.Observed{Registration: reg, ServiceID: health.ServiceID(inst, task),
 			Node: "n1", CreateIndex: idx},
 		Checks: []health.CheckState{
 			{Node: "n1", CheckID: "serfHealth", Status: health.StatusPassing, ModifyIndex: 1},

@@ -95,7 +95,7 @@ func newTaskState(tm *health.TaskMembers) *taskState {
 		ts.nodes[m.Node] = append(ts.nodes[m.Node], int32(i))
 		k := checkRef{m.Node, m.ServiceID}
 		ts.services.add(k, int32(i))
-		*ts.execs.at(i) = m.Executor
+		*ts.execs.at(i) = m.Executor()
 	}
 	return ts
 }
@@ -432,7 +432,7 @@ func (s *Syncer) printChanges(task fleetKey, ts *taskState, r *batchResult) {
 func (s *Syncer) countPresence(ts *taskState, sign int, instances map[string]struct{}) {
 	now := s.cfg.Clock.Now()
 	for i := range ts.tm.Members {
-		e := &ts.tm.Members[i].Executor
+		e := &ts.tm.Members[i].Observed
 		instances[e.InstanceID] = struct{}{}
 		if e.Err != nil {
 			continue

@@ -514,7 +514,7 @@ func (w *randomWorld) read(task string, stale bool) health.TaskMembers {
 			Port: m.port, Version: p.version, Capacity: p.capacity, State: p.state,
 			Labels: p.labels}
 		reg.Generation += m.genDelta
-		hm := health.Member{Executor: health.Executor{Registration: reg,
+		hm := health.Member{Observed: health.Observed{Registration: reg,
 			ServiceID: health.ServiceID(p.inst, task), Node: m.node, CreateIndex: m.create,
 			Err: p.err}}
 		if m.badHere && hm.Err == nil {

@@ -170,7 +170,7 @@ func (h *mdcHarness) member(x mdcExec) health.Member {
 		Address: fmt.Sprintf("10.%s.0.%d", strings.TrimPrefix(x.dc, "dc"), 1+n), Port: 9000,
 		Version: "1.0.0", Capacity: 4, State: health.StateActive}
 	return health.Member{
-		Executor: health.Executor{Registration: reg, ServiceID: health.ServiceID(x.inst, mdcTask),
+		Observed: health.Observed{Registration: reg, ServiceID: health.ServiceID(x.inst, mdcTask),
 			Node: x.node, CreateIndex: create},
 		Checks: []health.CheckState{
 			{Node: x.node, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing,
@@ -1405,8 +1405,9 @@ func singleDCDigest(t *testing.T) (bytesDigest, versionsDigest string) {
 	defer func() { cancel(); <-done }()
 	var members []health.Member
 	for i, e := range fleet()[:40] {
-		e.LeaseStatus, e.LeaseFound, e.NodeChecks = "", false, ""
-		members = append(members, health.Member{Executor: e, Checks: []health.CheckState{
+		o := health.Observed{Registration: e.Registration, ServiceID: e.ServiceID, Node: e.Node,
+			CreateIndex: e.CreateIndex}
+		members = append(members, health.Member{Observed: o, Checks: []health.CheckState{
 			{Node: e.Node, CheckID: health.SerfHealthCheckID, Status: health.StatusPassing,
 				CreateIndex: 1, ModifyIndex: 1},
 			{Node: e.Node, CheckID: health.CheckID(e.InstanceID, e.SessionID, "work"),

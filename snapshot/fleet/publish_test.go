@@ -814,7 +814,7 @@ func TestShardsFollowInstancesNotRegistrations(t *testing.T) {
 		t.Fatalf("10 instances in 11 registrations, shards of 10: load assignments %v, "+
 			"want work alone", slices.Sorted(maps.Keys(loads)))
 	}
-	if c := h.s.View().ClusterOf(moved.Executor, dispatcher(t, "")); c != "work" {
+	if c := h.s.View().ClusterOf(moved.Executor(), dispatcher(t, "")); c != "work" {
 		t.Fatalf("the view sends e03 in %s, want work", c)
 	}
 

@@ -114,11 +114,17 @@ func BenchmarkSyncerChange(b *testing.B) {
 // BenchmarkSyncerMemory reports the Go heap a Syncer holds per executor
 // once it has read a fleet of n over 10 task types (or one) and published
 // two constraint sets: what grows with the fleet, streams aside (after a
-// forced GC, measured against the heap before the Syncer started).
+// forced GC, measured against the heap before the Syncer started); and,
+// apart (member-B/executor), the members it was handed as a watch holds them.
 func BenchmarkSyncerMemory(b *testing.B) {
 	for _, size := range []struct{ n, tasks int }{{10000, 10}, {10000, 1}} {
+		// The members as a watch holds them (and hands the syncer), apart
+		// from the syncer's own state.
+		base := fleettest.HeapAfterGC()
 		fleet := benchSyncFleet(size.n, size.tasks, 10)
+		perMember := float64(fleettest.HeapAfterGC()-base) / float64(size.n)
 		b.Run(fmt.Sprintf("executors=%d/tasks=%d", size.n, size.tasks), func(b *testing.B) {
+			b.ReportMetric(perMember, "member-B/executor")
 			var perExecutor float64
 			for range b.N {
 				before := fleettest.HeapAfterGC()
