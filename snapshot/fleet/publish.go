@@ -89,6 +89,7 @@ func (s *Syncer) publishDirty(ctx context.Context, onlyUrgent bool) {
 func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	tasks := taskNames(s.members)
 	res := map[types.ResponseType][]types.Resource{}
+	wires := map[string][]byte{} // load assignments the translator marshalled, by name
 	versions := map[string]map[string]string{ // type URL → name → content version
 		resource.ListenerType: {}, resource.RouteType: {},
 		resource.ClusterType: {}, resource.EndpointType: {},
@@ -120,6 +121,9 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 			if sh.CLA != nil {
 				res[types.Endpoint] = append(res[types.Endpoint], sh.CLA)
 				versions[resource.EndpointType][sh.Name] = sh.Version
+				if sh.Wire != nil {
+					wires[sh.Name] = sh.Wire
+				}
 			}
 		}
 	}
@@ -163,7 +167,7 @@ func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	for _, f := range s.listeners {
 		f(pub)
 	}
-	err := s.cache.Set(ctx, key, snap, versions)
+	err := s.cache.SetWired(ctx, key, snap, versions, wires)
 	span.End()
 	if err != nil {
 		s.log.Error("set snapshot", "group", key, "err", err)

@@ -7,6 +7,7 @@ import (
 	"math/rand/v2"
 	"slices"
 	"testing"
+	"unsafe"
 
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"google.golang.org/protobuf/proto"
@@ -63,6 +64,7 @@ func TestBuilderIncrementalEqualsFresh(t *testing.T) {
 				t.Fatalf("%s step %d: version %s, fresh %s", d.Key(), step, got.Version,
 					want.Version)
 			}
+			wiresHold(t, got.Shards, prev.Shards)
 			if ref := RemovesOrDrainsBetween(prev.CLA, got.CLA); got.RemovesOrDrains != ref {
 				t.Fatalf("%s step %d: RemovesOrDrains %v, comparing the assignments says %v",
 					d.Key(), step, got.RemovesOrDrains, ref)
@@ -254,8 +256,9 @@ func TestAnUnchangedUnshardedBuildIsThePreviousMessage(t *testing.T) {
 	if after.CLA != before.CLA || after.Shards[0].CLA != before.Shards[0].CLA {
 		t.Fatal("the same content was handed out as a new message")
 	}
-	if after.Shards[0] != before.Shards[0] {
-		t.Fatalf("shard %+v, was %+v", after.Shards[0], before.Shards[0])
+	if a, b := after.Shards[0], before.Shards[0]; a.Name != b.Name || a.Version != b.Version ||
+		a.Rank != b.Rank || a.Capacity != b.Capacity || len(a.Wire) == 0 || &a.Wire[0] != &b.Wire[0] {
+		t.Fatalf("shard %+v, was %+v (the same wire too)", a, b)
 	}
 	es[7].LeaseStatus = health.StatusCritical
 	if lapsed := bl.BuildPrinted("work", es, nil, d); lapsed.CLA == before.CLA ||
@@ -307,5 +310,14 @@ func TestBuildPartsEqualsOneList(t *testing.T) {
 				}
 			}
 		}
+	}
+}
+
+// A Builder holds an entry per executor for as long as the executor is
+// unchanged: 192 bytes (an allocation size class of its own), its sort key
+// and socket read from what it holds, not held again.
+func TestAnEntryIsHeldInOneSizeClass(t *testing.T) {
+	if n := unsafe.Sizeof(entry{}); n > 192 {
+		t.Fatalf("an entry is %d bytes, want at most 192", n)
 	}
 }

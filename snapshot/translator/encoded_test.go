@@ -6,6 +6,7 @@ import (
 	"math/rand/v2"
 	"strings"
 	"testing"
+	"unsafe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -179,4 +180,35 @@ func TestLbEndpointsReadsBothKindsAndSetEncodedReplacesThem(t *testing.T) {
 	if Expand(nil) != nil {
 		t.Fatal("Expand(nil) is not nil")
 	}
+}
+
+// wiresHold checks what a Shard's Wire promises: it is its load assignment
+// marshalled as every replica and the cache marshal it, its localities'
+// encoded endpoints lie in it (the endpoints are held once), and a wire is
+// never written — the previous build's wires still marshal their messages,
+// though the entries now point into newer ones.
+func wiresHold(t *testing.T, shards ...[]Shard) {
+	t.Helper()
+	for _, list := range shards {
+		for _, sh := range list {
+			if sh.CLA == nil {
+				continue
+			}
+			if !bytes.Equal(sh.Wire, marshal(t, sh.CLA)) {
+				t.Fatalf("shard %s: its wire is not its load assignment marshalled", sh.Name)
+			}
+			for i, loc := range sh.CLA.GetEndpoints() {
+				if raw := loc.ProtoReflect().GetUnknown(); len(raw) > 0 && !within(raw, sh.Wire) {
+					t.Fatalf("shard %s: locality %d's endpoints are a copy beside the wire",
+						sh.Name, i)
+				}
+			}
+		}
+	}
+}
+
+// within reports whether part's bytes are inside whole's.
+func within(part, whole []byte) bool {
+	p, w := uintptr(unsafe.Pointer(unsafe.SliceData(part))), uintptr(unsafe.Pointer(unsafe.SliceData(whole)))
+	return p >= w && p+uintptr(len(part)) <= w+uintptr(len(whole))
 }

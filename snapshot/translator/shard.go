@@ -185,8 +185,9 @@ func (bl *Builder) assembleShards(task string, b *build, d health.Dispatcher,
 			continue
 		}
 		rank, capacity := a.serving(bl.Failover, d.Datacenter)
-		shards[i] = Shard{Name: a.name, CLA: a.message(), Version: a.version, Rank: rank,
-			Capacity: capacity}
+		cla, wire := a.message()
+		shards[i] = Shard{Name: a.name, CLA: cla, Version: a.version, Rank: rank,
+			Capacity: capacity, Wire: wire}
 	}
 	return shards
 }

@@ -206,6 +206,7 @@ func TestShardedBuilderIncrementalEqualsFresh(t *testing.T) {
 		if err := sendsWhatDecideRoutes(whole, es, d); err != nil {
 			t.Fatalf("step %d: %v", step, err)
 		}
+		wiresHold(t, got.Shards, prev.Shards)
 		ref := RemovesOrDrainsAcross(loadsOf(prev.Shards), loadsOf(got.Shards))
 		if !got.Restarted && got.RemovesOrDrains != ref {
 			t.Fatalf("step %d: RemovesOrDrains %v, comparing the shards says %v", step,

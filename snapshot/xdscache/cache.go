@@ -15,6 +15,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 )
 
 // Cache is the cache the xDS server serves from: state-of-the-world and
@@ -129,8 +130,24 @@ func (c *Cache) useForm(ctx context.Context, node *corev3.Node) error {
 // these to ask only the watches of what changed, so it keeps its own copy.
 func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot,
 	versions map[string]map[string]string) error {
+	return c.SetWired(ctx, group, snap, versions, nil)
+}
+
+// SetWired is Set with load assignments already marshalled: wires holds, by
+// name, a load assignment of snap marshalled deterministically (as the
+// cache would marshal it; translator.Shard.Wire), which the group's streams
+// are then sent as it is. A wire naming no load assignment of snap is
+// refused.
+func (c *Cache) SetWired(ctx context.Context, group string, snap *cache.Snapshot,
+	versions map[string]map[string]string, wires map[string][]byte) error {
 	if err := versionsMatch(snap, versions); err != nil {
 		return fmt.Errorf("snapshot of %s: %w", group, err)
+	}
+	for name := range wires {
+		if _, ok := versions[resource.EndpointType][name]; !ok {
+			return fmt.Errorf("snapshot of %s: a wire of load assignment %q, which it does not hold",
+				group, name)
+		}
 	}
 	versions = cloneVersions(versions)
 	c.forms.mu.Lock()
@@ -138,7 +155,7 @@ func (c *Cache) Set(ctx context.Context, group string, snap *cache.Snapshot,
 	if err := c.fetch.SetSnapshot(ctx, group, snap); err != nil {
 		return err
 	}
-	c.watches.set(group, snap, versions)
+	c.watches.set(group, snap, versions, wires)
 	p := groupSnapshot{snap: snap, versions: versions}
 	if c.forms.bases == nil {
 		c.forms.bases = map[string]groupSnapshot{}
@@ -158,7 +175,7 @@ func (c *Cache) setForm(ctx context.Context, base string, fs *formState, p group
 	if err := c.fetch.SetSnapshot(ctx, group, snap); err != nil {
 		return fmt.Errorf("%s: %w", group, err)
 	}
-	c.watches.set(group, snap, versions)
+	c.watches.set(group, snap, versions, nil)
 	return nil
 }
 

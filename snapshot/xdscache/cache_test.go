@@ -4,12 +4,15 @@ import (
 	"context"
 	"strings"
 	"testing"
+	"unsafe"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
+	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/types"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/server/stream/v3"
+	"google.golang.org/protobuf/proto"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/fleettest"
@@ -156,5 +159,55 @@ func TestAFormWatchHeldAcrossAClearIsAnsweredByTheNextPublication(t *testing.T) 
 	default:
 		t.Error("the session form's held watch was not answered by the set's publication " +
 			"after a Clear: the form is never derived again until a new form watch asks")
+	}
+}
+
+// A load assignment the translator marshalled (its wire) is sent as it is:
+// the response's bytes are the wire's, not a copy marshalled beside it, and
+// they parse as the load assignment. A wire naming a load assignment the
+// snapshot does not hold is refused, naming it.
+func TestAWiredLoadAssignmentIsSentAsItIs(t *testing.T) {
+	c := New()
+	node := &corev3.Node{Id: "n"}
+	group := GroupOf(node)
+	r := (&translator.Builder{}).BuildPrinted("work", fleettest.Executors(20), nil, health.Dispatcher{})
+	sh := r.Shards[0]
+	if len(sh.Wire) == 0 {
+		t.Fatal("precondition: the translator made no wire")
+	}
+	snap, err := cache.NewSnapshot("v",
+		map[resource.Type][]types.Resource{resource.EndpointType: {sh.CLA}})
+	if err != nil {
+		t.Fatal(err)
+	}
+	versions := map[string]map[string]string{resource.EndpointType: {sh.Name: sh.Version}}
+	err = c.SetWired(context.Background(), group, snap, versions, map[string][]byte{"x": sh.Wire})
+	if err == nil || !strings.Contains(err.Error(), `"x"`) {
+		t.Fatalf("a wire of a load assignment not held: %v, want it refused naming x", err)
+	}
+	if err := c.SetWired(context.Background(), group, snap, versions,
+		map[string][]byte{sh.Name: sh.Wire}); err != nil {
+		t.Fatal(err)
+	}
+	out := make(chan cache.Response, 1)
+	sub := stream.NewSotwSubscription([]string{sh.Name}, false)
+	if _, err := c.CreateWatch(&cache.Request{Node: node, TypeUrl: resource.EndpointType,
+		ResourceNames: []string{sh.Name}}, &sub, out); err != nil {
+		t.Fatal(err)
+	}
+	resp, err := (<-out).GetDiscoveryResponse()
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(resp.GetResources()) != 1 {
+		t.Fatalf("%d resources, want the load assignment", len(resp.GetResources()))
+	}
+	got := resp.GetResources()[0].GetValue()
+	if unsafe.SliceData(got) != unsafe.SliceData(sh.Wire) || len(got) != len(sh.Wire) {
+		t.Fatal("the load assignment was sent as a copy, not as its wire")
+	}
+	var cla endpointv3.ClusterLoadAssignment
+	if err := proto.Unmarshal(got, &cla); err != nil || !proto.Equal(&cla, translator.Expand(sh.CLA)) {
+		t.Fatalf("the wire does not parse as the load assignment (%v)", err)
 	}
 }

@@ -7,6 +7,7 @@ import (
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/cache/v3"
+	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 )
@@ -30,6 +31,7 @@ type groupState struct {
 	group    string
 	snap     *cache.Snapshot
 	versions map[string]map[string]string // type URL → name → content version
+	wires    map[string][]byte            // load assignments already marshalled, by name
 	anys     *anyMemo
 }
 
@@ -51,9 +53,12 @@ func (st *groupState) marshalled(typeURL, name, version string, r proto.Message)
 	if a, ok := st.anys.byKey[key]; ok {
 		return a
 	}
-	b, err := deterministic.Marshal(r)
-	if err != nil {
-		return nil // validated protos always marshal
+	b := st.wires[name]
+	if typeURL != resource.EndpointType || b == nil {
+		var err error
+		if b, err = deterministic.Marshal(r); err != nil {
+			return nil // validated protos always marshal
+		}
 	}
 	// What anypb.MarshalFrom writes, without marshalling again.
 	a := &anypb.Any{TypeUrl: anyURLPrefix + string(r.ProtoReflect().Descriptor().FullName()),
@@ -135,8 +140,9 @@ func (c *watchCache) CreateWatch(req *cache.Request, sub cache.Subscription,
 	return keep(c, &c.watches, group, w, req.GetTypeUrl(), sub, w.done), nil
 }
 
-func (c *watchCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string) {
-	st := &groupState{group: group, snap: snap, versions: versions, anys: &c.anys}
+func (c *watchCache) set(group string, snap *cache.Snapshot, versions map[string]map[string]string,
+	wires map[string][]byte) {
+	st := &groupState{group: group, snap: snap, versions: versions, wires: wires, anys: &c.anys}
 	c.mu.Lock()
 	defer c.mu.Unlock()
 	// A watch still open was not answered by the previous publication, and
