@@ -89,7 +89,8 @@ func (s *Syncer) publishDirty(ctx context.Context, onlyUrgent bool) {
 func (s *Syncer) publish(ctx context.Context, key string, g *group) {
 	tasks := taskNames(s.members)
 	res := map[types.ResponseType][]types.Resource{}
-	wires := map[string][]byte{} // load assignments the translator marshalled, by name
+	// The load assignments the translator marshalled, by name.
+	wires := map[string][]byte{}
 	versions := map[string]map[string]string{ // type URL → name → content version
 		resource.ListenerType: {}, resource.RouteType: {},
 		resource.ClusterType: {}, resource.EndpointType: {},
