@@ -8,6 +8,7 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
+	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -50,6 +51,9 @@ type serveConfig struct {
 	staleAfter          time.Duration
 	lbPolicy            health.LBPolicy
 	shardSize           int // instances per shard; 0: never shard
+	// memoryLimit is --memory-limit's size (0: auto, unless memoryLimitOff).
+	memoryLimit    int64
+	memoryLimitOff bool
 	// datacenters are in failover order, leasehold's own first; nil: the
 	// agent's own only.
 	datacenters []string
@@ -81,6 +85,8 @@ type listening struct{ xds, admin string }
 // serve runs the pipeline — Consul watch → syncer → xDS — until ctx ends.
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<- listening) error {
 	build := readBuild()
+	memLimit := decideMemoryLimit(cfg.memoryLimit, cfg.memoryLimitOff, os.Getenv, rootFS())
+	memLimit.apply()
 	tel, err := lhotel.Setup(ctx,
 		lhotel.Config{ServiceName: "leasehold", ServiceVersion: build.Version, Logger: log})
 	if err != nil {
@@ -182,7 +188,8 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		"tag", cfg.tag, "traces_exported", tel.TracesExported, "tls", cfg.tls.Cert != "",
 		"mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "",
 		"admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "",
-		"admin_tls", cfg.adminTLS.Cert != "")
+		"admin_tls", cfg.adminTLS.Cert != "", "memory_limit_bytes", memLimit.bytes,
+		"memory_limit_from", memLimit.source)
 	if bound != nil {
 		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
 	}
@@ -430,22 +437,34 @@ func parseByteRate(s string) (int64, error) {
 	if s == "off" {
 		return -1, nil
 	}
+	n, err := parseByteSize(s)
+	if err != nil {
+		return 0, fmt.Errorf(
+			"%q: want a positive size per second such as 512KiB, 4MiB or 8MB, or off",
+			s,
+		)
+	}
+	return n, nil
+}
+
+// parseByteSize reads a positive size of at most 1 TiB: a number and a unit
+// (B, KB, MB, GB, KiB, MiB, GiB; none: bytes).
+func parseByteSize(s string) (int64, error) {
 	num := strings.TrimRightFunc(s, func(r rune) bool { return r < '0' || r > '9' })
 	units := map[string]int64{
 		"":    1,
 		"B":   1,
 		"KB":  1000,
 		"MB":  1000 * 1000,
+		"GB":  1000 * 1000 * 1000,
 		"KiB": 1 << 10,
 		"MiB": 1 << 20,
+		"GiB": 1 << 30,
 	}
 	unit, ok := units[s[len(num):]]
 	n, err := strconv.ParseInt(num, 10, 64)
 	if !ok || err != nil || n <= 0 || n > (1<<40)/unit {
-		return 0, fmt.Errorf(
-			"%q: want a positive size per second such as 512KiB, 4MiB or 8MB, or off",
-			s,
-		)
+		return 0, fmt.Errorf("%q: %w", s, errNoSize)
 	}
 	return n * unit, nil
 }

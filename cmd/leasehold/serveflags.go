@@ -59,6 +59,7 @@ type serveFlags struct {
 	cfg                      serveConfig
 	logLevel, tag, logFormat string
 	lbPolicy, readRate, dcs  string
+	memoryLimit              string
 	maxConns                 int
 	staleAfter               time.Duration
 }
@@ -92,6 +93,11 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 			"unpaced); a quiet fleet reads 2 s of it (or two of its largest listings) at once, "+
 			"under churn the changes coalesce")
 	env("consul-read-rate", "LEASEHOLD_CONSUL_READ_RATE")
+	fs.StringVar(&f.memoryLimit, "memory-limit", "auto",
+		"the Go runtime's soft memory limit (e.g. 96MiB, 1GiB; off: none): the collector runs "+
+			"more often as the process nears it, trading CPU for memory; auto: GOMEMLIMIT when "+
+			"set, else 90% of the cgroup's memory limit, else none")
+	env("memory-limit", "LEASEHOLD_MEMORY_LIMIT")
 	fs.StringVar(&f.dcs, "datacenters", "",
 		"Consul datacenters to watch through the agent, comma-separated in failover order, "+
 			"leasehold's own first (the datacenter of dispatchers that name none); a "+
@@ -205,6 +211,11 @@ func (f *serveFlags) config() (*serveConfig, error) {
 		bad("consul-read-rate", err.Error())
 	} else {
 		cfg.consulReadRate = n
+	}
+	if n, off, err := parseMemoryLimit(f.memoryLimit); err != nil {
+		bad("memory-limit", err.Error())
+	} else {
+		cfg.memoryLimit, cfg.memoryLimitOff = n, off
 	}
 	cfg.datacenters = parseDatacenters(f.dcs, bad)
 	if n := consul.Connections(cfg.consulMaxConns, len(cfg.datacenters)); cfg.consulMaxConns > 0 &&
