@@ -10,6 +10,7 @@ import (
 	"os"
 	"path"
 	"runtime/debug"
+	"slices"
 	"strconv"
 	"strings"
 )
@@ -70,7 +71,9 @@ func decideMemoryLimit(flagLimit int64, off bool, getenv func(string) string,
 		return memoryLimit{bytes: flagLimit, source: "--memory-limit"}
 	case off:
 		return memoryLimit{source: "--memory-limit off"}
-	case getenv("GOMEMLIMIT") != "" && getenv("GOMEMLIMIT") != "off":
+	case getenv("GOMEMLIMIT") == "off":
+		return memoryLimit{source: "GOMEMLIMIT=off"}
+	case getenv("GOMEMLIMIT") != "":
 		return memoryLimit{bytes: debug.SetMemoryLimit(-1), source: "GOMEMLIMIT"}
 	}
 	if n, where, ok := cgroupMemoryLimit(root); ok {
@@ -89,15 +92,20 @@ func (l memoryLimit) apply() {
 	}
 }
 
-// cgroupMemoryLimit is the memory limit of the process's cgroup: v2's
-// memory.max of the cgroup /proc/self/cgroup names, else v1's
-// memory.limit_in_bytes; false when neither sets one (v2's "max", v1's
-// near-2^63 unlimited value) or neither can be read.
+// cgroupMemoryLimit is the memory limit binding the process's cgroup: the
+// lowest of its own and its ancestors' (a slice's limit binds the services
+// in it), read from cgroup v2's memory.max, else v1's
+// memory.limit_in_bytes, in the cgroup /proc/self/cgroup names under the
+// hierarchy's mount (/proc/self/mountinfo: a container sees its own cgroup
+// mounted as the root, though /proc/self/cgroup names it by its path on the
+// host). False when none sets one (v2's "max", v1's near-2^63 unlimited
+// value) or nothing can be read.
 func cgroupMemoryLimit(root fs.FS) (int64, string, bool) {
 	self, err := fs.ReadFile(root, "proc/self/cgroup")
 	if err != nil {
 		return 0, "", false
 	}
+	mounts := cgroupMounts(root)
 	sc := bufio.NewScanner(bytes.NewReader(self))
 	for sc.Scan() {
 		// hierarchy-ID:controllers:path; v2's is 0::/path.
@@ -105,20 +113,76 @@ func cgroupMemoryLimit(root fs.FS) (int64, string, bool) {
 		if len(parts) != 3 {
 			continue
 		}
+		var m cgroupMount
 		var file string
 		switch {
 		case parts[0] == "0" && parts[1] == "":
-			file = path.Join("sys/fs/cgroup", parts[2], "memory.max")
+			m, file = mounts.v2, "memory.max"
 		case hasController(parts[1], "memory"):
-			file = path.Join("sys/fs/cgroup/memory", parts[2], "memory.limit_in_bytes")
+			m, file = mounts.v1, "memory.limit_in_bytes"
 		default:
 			continue
 		}
-		if n, ok := readLimit(root, file); ok {
-			return n, "/" + file, true
+		if n, where, ok := lowestLimit(root, m, parts[2], file); ok {
+			return n, where, true
 		}
 	}
 	return 0, "", false
+}
+
+// cgroupMount is where a cgroup hierarchy is mounted (point, relative to
+// "/") and which of its cgroups the mount shows as its root.
+type cgroupMount struct{ point, root string }
+
+// cgroupMounts finds the v2 hierarchy's mount and v1's memory controller's
+// in /proc/self/mountinfo, else the usual places.
+func cgroupMounts(root fs.FS) (ms struct{ v2, v1 cgroupMount }) {
+	ms.v2 = cgroupMount{point: "sys/fs/cgroup", root: "/"}
+	ms.v1 = cgroupMount{point: "sys/fs/cgroup/memory", root: "/"}
+	info, err := fs.ReadFile(root, "proc/self/mountinfo")
+	if err != nil {
+		return ms
+	}
+	sc := bufio.NewScanner(bytes.NewReader(info))
+	for sc.Scan() {
+		// id parent major:minor root point options [optional...] - type source super
+		f := strings.Fields(sc.Text())
+		dash := slices.Index(f, "-")
+		if dash < 5 || dash+1 >= len(f) {
+			continue
+		}
+		m := cgroupMount{point: strings.TrimPrefix(f[4], "/"), root: f[3]}
+		switch {
+		case f[dash+1] == "cgroup2":
+			ms.v2 = m
+		case f[dash+1] == "cgroup" && dash+3 < len(f) && hasController(f[dash+3], "memory"):
+			ms.v1 = m
+		}
+	}
+	return ms
+}
+
+// lowestLimit reads file in the cgroup at path (as /proc/self/cgroup names
+// it) and in each of its ancestors up to the mount's root, and returns the
+// lowest limit set, with the file that sets it.
+func lowestLimit(root fs.FS, m cgroupMount, cgroup, file string) (int64, string, bool) {
+	rel := cgroup
+	if m.root != "/" {
+		if r, ok := strings.CutPrefix(cgroup, m.root); ok && (r == "" || r[0] == '/') {
+			rel = r
+		}
+	}
+	var best int64
+	where := ""
+	for dir := path.Join(m.point, rel); ; dir = path.Dir(dir) {
+		if n, ok := readLimit(root, path.Join(dir, file)); ok && (best == 0 || n < best) {
+			best, where = n, "/"+path.Join(dir, file)
+		}
+		if dir == m.point || !strings.HasPrefix(dir, m.point+"/") {
+			break
+		}
+	}
+	return best, where, best > 0
 }
 
 func hasController(list, name string) bool {

@@ -92,6 +92,15 @@ func TestAutoMemoryLimitFollowsGOMEMLIMITThenTheCgroup(t *testing.T) {
 				tc.source)
 		}
 	}
+	off := func(k string) string {
+		if k == "GOMEMLIMIT" {
+			return "off"
+		}
+		return ""
+	}
+	if got := decideMemoryLimit(0, false, off, v2); got.bytes != 0 || got.source != "GOMEMLIMIT=off" {
+		t.Fatalf("with GOMEMLIMIT=off: %d from %q, want none", got.bytes, got.source)
+	}
 	// GOMEMLIMIT: the runtime's limit as the variable set it, not the cgroup's.
 	prev := debug.SetMemoryLimit(512 << 20)
 	defer debug.SetMemoryLimit(prev)
@@ -117,5 +126,54 @@ func TestAMemoryLimitIsApplied(t *testing.T) {
 	memoryLimit{}.apply()
 	if got := debug.SetMemoryLimit(-1); got != math.MaxInt64 {
 		t.Fatalf("limit %d after applying none, want the largest", got)
+	}
+}
+
+// In a cgroup v1 container (Docker, or a Kubernetes pod, without a cgroup
+// namespace: v1's default) /proc/self/cgroup names the container's cgroup by
+// its path on the host, while the container sees that cgroup mounted as the
+// root of /sys/fs/cgroup/memory (mountinfo's root field says so): the limit
+// is in /sys/fs/cgroup/memory/memory.limit_in_bytes, and auto must find it.
+func TestAutoMemoryLimitFindsAV1ContainersLimitAtItsMountRoot(t *testing.T) {
+	const id = "/docker/3f1e2fc46f19"
+	root := fstest.MapFS{
+		"proc/self/cgroup": {Data: []byte("12:cpu,cpuacct:" + id + "\n9:memory:" + id +
+			"\n1:name=systemd:" + id + "\n")},
+		"proc/self/mountinfo": {Data: []byte(
+			"600 590 0:52 / / rw,relatime - overlay overlay rw\n" +
+				"610 600 0:33 " + id + " /sys/fs/cgroup/memory ro,nosuid,nodev,noexec,relatime " +
+				"master:15 - cgroup cgroup rw,memory\n")},
+		"sys/fs/cgroup/memory/memory.limit_in_bytes": {Data: []byte("536870912\n")},
+	}
+	got := decideMemoryLimit(0, false, func(string) string { return "" }, root)
+	if want := int64(536870912 * 9 / 10); got.bytes != want {
+		t.Fatalf("v1 container limited to 512 MiB: %d from %q, want %d (90%% of its limit)",
+			got.bytes, got.source, want)
+	}
+}
+
+// A cgroup v2 limit binds every cgroup below it: serve run in a slice with a
+// limit (systemd MemoryMax= on leasehold.slice), its own cgroup without one,
+// is killed at the slice's limit, so auto follows the lowest limit on the
+// way up, not only its own cgroup's.
+func TestAutoMemoryLimitFollowsAV2AncestorsLimit(t *testing.T) {
+	root := fstest.MapFS{
+		"proc/self/cgroup": {Data: []byte("0::/leasehold.slice/leasehold.service\n")},
+		"proc/self/mountinfo": {Data: []byte(
+			"30 25 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n")},
+		"sys/fs/cgroup/leasehold.slice/memory.max":                   {Data: []byte("200000000\n")},
+		"sys/fs/cgroup/leasehold.slice/leasehold.service/memory.max": {Data: []byte("max\n")},
+		"sys/fs/cgroup/memory.max":                                   {Data: []byte("max\n")},
+	}
+	got := decideMemoryLimit(0, false, func(string) string { return "" }, root)
+	if got.bytes != 180000000 || !strings.Contains(got.source, "leasehold.slice/memory.max") {
+		t.Fatalf("in a slice limited to 200 MB: %d from %q, want 180000000 (90%% of the slice's)",
+			got.bytes, got.source)
+	}
+	// Its own lower limit wins over the slice's.
+	root["sys/fs/cgroup/leasehold.slice/leasehold.service/memory.max"] =
+		&fstest.MapFile{Data: []byte("100000000\n")}
+	if got := decideMemoryLimit(0, false, func(string) string { return "" }, root); got.bytes != 90000000 {
+		t.Fatalf("its own 100 MB under the slice's 200 MB: %d, want 90000000", got.bytes)
 	}
 }

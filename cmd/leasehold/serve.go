@@ -8,7 +8,6 @@ import (
 	"log/slog"
 	"net"
 	"net/http"
-	"os"
 	"strconv"
 	"strings"
 	"syscall"
@@ -85,8 +84,6 @@ type listening struct{ xds, admin string }
 // serve runs the pipeline — Consul watch → syncer → xDS — until ctx ends.
 func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<- listening) error {
 	build := readBuild()
-	memLimit := decideMemoryLimit(cfg.memoryLimit, cfg.memoryLimitOff, os.Getenv, rootFS())
-	memLimit.apply()
 	tel, err := lhotel.Setup(ctx,
 		lhotel.Config{ServiceName: "leasehold", ServiceVersion: build.Version, Logger: log})
 	if err != nil {
@@ -188,8 +185,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		"tag", cfg.tag, "traces_exported", tel.TracesExported, "tls", cfg.tls.Cert != "",
 		"mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "",
 		"admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "",
-		"admin_tls", cfg.adminTLS.Cert != "", "memory_limit_bytes", memLimit.bytes,
-		"memory_limit_from", memLimit.source)
+		"admin_tls", cfg.adminTLS.Cert != "")
 	if bound != nil {
 		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
 	}

@@ -5,6 +5,7 @@ import (
 	"fmt"
 	"io"
 	"log/slog"
+	"os"
 	"os/signal"
 	"strings"
 	"syscall"
@@ -335,6 +336,11 @@ world and delta), with the fencing API on the same port and an admin port for
 			ctx, stop := signal.NotifyContext(cmd.Context(), syscall.SIGTERM, syscall.SIGINT)
 			defer stop()
 			log := newLogger(cmd.ErrOrStderr(), cfg.logFormat, cfg.logLevel)
+			// The process's, set here rather than in serve: tests run serve
+			// in their own process.
+			limit := decideMemoryLimit(cfg.memoryLimit, cfg.memoryLimitOff, os.Getenv, rootFS())
+			limit.apply()
+			log.Info("memory limit", "bytes", limit.bytes, "from", limit.source)
 			if err := serve(ctx, cfg, log, nil); err != nil {
 				// The error names flags; those set from a variable name it too.
 				msg := withVariables(err.Error(), cfg.fromEnv)
