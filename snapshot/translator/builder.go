@@ -3,6 +3,7 @@ package translator
 import (
 	"encoding/binary"
 	"encoding/hex"
+	"hash/maphash"
 	"net/netip"
 	"slices"
 	"strconv"
@@ -46,9 +47,9 @@ type Builder struct {
 	entries   map[uint64]*entry // by executor fingerprint
 	all       []*entry          // every entry of the previous build
 	sorted    []*entry          // routed entries of the previous build, in order
-	sockets   map[health.Socket]int32
-	contested int      // sockets claimed by more than one routed entry
-	losers    []*entry // routed entries the previous build did not send
+	sockets   map[uint64]int32  // routed entries claiming each socket, by socketSum
+	contested int               // sums claimed by more than one routed entry
+	losers    []*entry          // routed entries the previous build did not send
 	// localities seen, by id (entry.loc): comparing ids, not names, keeps
 	// sorting and splitting the endpoints as cheap as with one locality
 	localities []localityName
@@ -263,7 +264,7 @@ func (bl *Builder) restartFor(d health.Dispatcher, observe []health.Reason) bool
 	f := bl.Failover
 	*bl = Builder{Failover: f, failover: f, Shards: bl.Shards, shards: shards, d: d,
 		observe: slices.Clone(observe), started: true,
-		entries: map[uint64]*entry{}, sockets: map[health.Socket]int32{}}
+		entries: map[uint64]*entry{}, sockets: map[uint64]int32{}}
 	return true
 }
 
@@ -409,7 +410,7 @@ func (bl *Builder) settleSockets(b *build) {
 	if bl.contested > 0 {
 		best := map[health.Socket]*entry{}
 		for _, en := range b.sorted {
-			if s := en.socket(); bl.sockets[s] > 1 {
+			if s := en.socket(); bl.sockets[socketSum(s)] > 1 {
 				if w := best[s]; w == nil || en.claim.Beats(w.claim) {
 					best[s] = en
 				}
@@ -538,26 +539,38 @@ func (a assembly) serving(f Failover, dispatcherDC string) (rank int, capacity u
 	return rank, capacity
 }
 
-// claimSocket and unclaim count the routed entries claiming a socket.
+// claimSocket and unclaim count the routed entries claiming a socket, by
+// a sum of it: a map keyed by the socket itself (48 bytes) held ~1.25 MB per
+// constraint set at 10,000 executors. Sums that collide only make sockets
+// look contested: settleSockets then compares the sockets themselves, which
+// keep apart (TestCollidingSocketSumsChangeNothing).
 func (bl *Builder) claimSocket(s health.Socket) {
-	n := bl.sockets[s] + 1
-	bl.sockets[s] = n
+	k := socketSum(s)
+	n := bl.sockets[k] + 1
+	bl.sockets[k] = n
 	if n == 2 {
 		bl.contested++
 	}
 }
 
 func (bl *Builder) unclaim(s health.Socket) {
-	n := bl.sockets[s] - 1
+	k := socketSum(s)
+	n := bl.sockets[k] - 1
 	if n <= 0 {
-		delete(bl.sockets, s)
+		delete(bl.sockets, k)
 	} else {
-		bl.sockets[s] = n
+		bl.sockets[k] = n
 	}
 	if n == 1 {
 		bl.contested--
 	}
 }
+
+var socketSeed = maphash.MakeSeed()
+
+// socketSum is a socket's sum for Builder.sockets (a variable: tests make
+// every sum collide).
+var socketSum = func(s health.Socket) uint64 { return maphash.Comparable(socketSeed, s) }
 
 // endpointContent is everything an endpoint holds, for its digest.
 func endpointContent(buf []byte, e *health.Executor, status corev3.HealthStatus) []byte {

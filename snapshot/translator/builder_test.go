@@ -321,3 +321,37 @@ func TestAnEntryIsHeldInOneSizeClass(t *testing.T) {
 		t.Fatalf("an entry is %d bytes, want at most 192", n)
 	}
 }
+
+// The Builder counts a socket's claims by a sum of it. Sums that collide —
+// here every socket's — only make sockets look contested: which endpoint is
+// sent for a socket is still decided by the sockets themselves, so over
+// random changes (sockets claimed twice among them) the load assignment is
+// the one a Builder whose sums never collide makes.
+func TestCollidingSocketSumsChangeNothing(t *testing.T) {
+	keep := socketSum
+	defer func() { socketSum = keep }()
+	collide := func(health.Socket) uint64 { return 7 }
+	r := rand.New(rand.NewPCG(5, 9))
+	d, err := health.NewDispatcher("", nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	es := fleettest.Executors(120)
+	colliding, apart := &Builder{}, &Builder{}
+	for step := range 300 {
+		for range 1 + r.IntN(3) {
+			mutate(r, &es)
+		}
+		socketSum = collide
+		got := colliding.BuildPrinted("work", es, nil, d)
+		socketSum = keep
+		want := apart.BuildPrinted("work", es, nil, d)
+		if !bytes.Equal(marshal(t, got.CLA), marshal(t, want.CLA)) || got.Version != want.Version {
+			t.Fatalf("step %d: with every socket sum colliding the load assignment differs", step)
+		}
+		if got.RemovesOrDrains != want.RemovesOrDrains {
+			t.Fatalf("step %d: removes %v with colliding sums, %v without", step,
+				got.RemovesOrDrains, want.RemovesOrDrains)
+		}
+	}
+}
