@@ -41,6 +41,9 @@ func (b *bench) consulLapses() error {
 	if err != nil {
 		return err
 	}
+	if err := b.snapshotRaft(); err != nil {
+		return err
+	}
 	victims := span(b.n, 2*b.n)
 	expiries := b.fleet.lapseAll(victims)
 	for k, i := range victims {

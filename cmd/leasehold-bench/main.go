@@ -70,6 +70,9 @@ var (
 			"--consul-xds the executors are Connect services, and Consul's setting up their "+
 			"sidecars' proxy configurations after registering held the one agent's heartbeats "+
 			"~150 ms at 500 executors, in leasehold's phase only (Consul's comes long after)")
+	consulSnapshot = flag.Bool("consul-snapshot", true,
+		"have the Consul server take a raft snapshot before each phase's lapses, so that the one "+
+			"registering the fleet made due does not fall among them (false: Consul's own timing)")
 	lapseSpacing = flag.Duration("lapse-spacing", defaultLapseSpacing,
 		"how far apart the victims of a phase stop heartbeating, and the floor's pushes are")
 	fanouts = flag.Int("fanouts", 10, "single changes to measure fan-out with")
@@ -713,6 +716,7 @@ type results struct {
 	consulPart             []time.Duration
 	afterConsul            []time.Duration // per lapse, the probe saw it → the last stream dropped it
 	lastBeat               []time.Duration // round trip of each victim's last heartbeat
+	raft                   string          // the Consul server's raft timers during the lapses
 	loadStart              string          // the machine's load average when the run began
 	floor                  []time.Duration
 	floorStreams           int
@@ -848,6 +852,9 @@ func (res results) invocation() string {
 	if *consulProbe && res.busy == nil {
 		cmd, extended = cmd+" --consul-probe", true
 	}
+	if !*consulSnapshot {
+		cmd, extended = cmd+" --consul-snapshot=false", true
+	}
 	if *deltaStreams {
 		cmd, extended = cmd+" --delta", true
 	}
@@ -907,6 +914,10 @@ func (res results) latencyRows(b *strings.Builder) {
 		fmt.Fprintf(b,
 			"| the lapsed executors' last heartbeat round trip (expiry counts from its sending; "+
 				"the agent reset the TTL within it) | %s | |\n", dist(res.lastBeat))
+		if res.raft != "" {
+			fmt.Fprintf(b, "| Consul's server during the lapses (its `/v1/agent/metrics`): a lease's "+
+				"critical status is a catalog write committed through raft | %s | |\n", res.raft)
+		}
 		floorCmp := ""
 		if len(res.floor) > 0 {
 			floorCmp = " — ÷ floor: " + ratios(res.afterConsul, res.floor)

@@ -303,6 +303,9 @@ func (b *bench) connectDispatchers() error {
 // last stream without it; stream 0's responses are kept for the floor.
 func (b *bench) leaseholdLapses() error {
 	victims := span(0, b.n)
+	if err := b.snapshotRaft(); err != nil {
+		return err
+	}
 	if err := b.startProbe(); err != nil {
 		return err
 	}
@@ -315,11 +318,15 @@ func (b *bench) leaseholdLapses() error {
 	profiled := b.profile(time.Duration(b.n)**lapseSpacing + *lease + 2*time.Second)
 	defer traceSelf("lapses")()
 	before := b.usage()
+	raft := startRaftWatch(b.ctx, b.agent.HTTPAddr(), 3*time.Second)
 	expiries := b.fleet.lapseAll(victims)
 	var err error
-	if b.res.lapse, err = b.fleet.lapseLatencies(b.ds, victims, expiries); err != nil {
+	b.res.lapse, err = b.fleet.lapseLatencies(b.ds, victims, expiries)
+	b.res.raft = raft.end()
+	if err != nil {
 		return err
 	}
+	logf("Consul's server during the lapses: %s", b.res.raft)
 	quiet := b.closeWindow(before)
 	b.quiet = &quiet
 	logf("during the lapses %s", quiet)

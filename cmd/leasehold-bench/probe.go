@@ -24,12 +24,12 @@ import (
 // datacenter calls for, whose index is the task's own (moved by that task's
 // registrations, their checks and their nodes' checks only) — and counts how
 // often that alternative would wake. leasehold uses neither. The per-task
-// query is no instrument for a large task type: each of its wakes has Consul
-// run the filter over every registration of the task (~5 ms a thousand), and
-// at 10,000 executors in one task type every lapse's wake cost Consul tens
-// of milliseconds of a 2-core box it shares with leasehold and the harness —
-// lapse → stop p99 185 ms with it, 109 ms without (BENCHMARKS.md, "The
-// instrument's own load").
+// query is a poor instrument for a large task type: each of its wakes has
+// Consul run the filter over every registration of the task (~5 ms a
+// thousand), and at 10,000 executors in one task type every lapse woke it,
+// on a 2-core box Consul shares with leasehold and the harness: Consul's
+// part at p50 11.2 ms with it, 7.4–9.5 ms with the state query, the same
+// build on the same day (BENCHMARKS.md, "The instrument's own load").
 type taskProbe struct {
 	wakes, answers, bytes atomic.Int64
 	mu                    sync.Mutex
