@@ -20,12 +20,16 @@ import (
 // /v1/agent/metrics answers with its last complete 10 s interval only, so
 // the watch reads it every few seconds and keeps each interval's maxima.
 type raftWatch struct {
-	stop context.CancelFunc
-	done chan struct{}
-	mu   sync.Mutex
+	stop  context.CancelFunc
+	done  chan struct{}
+	since time.Time // the watch's start: intervals that ended before it are not kept
+	mu    sync.Mutex
 	// intervals by their start: each timer's max and count in it.
-	intervals map[string]map[string]timerMax
+	intervals map[time.Time]map[string]timerMax
 }
+
+// metricsInterval is how long Consul's metrics intervals are.
+const metricsInterval = 10 * time.Second
 
 // followed says which server timers (milliseconds) the watch keeps: raft's
 // commit, its leader's write of the log, the log store's write, the state's
@@ -66,8 +70,8 @@ type agentMetrics struct {
 // startRaftWatch starts reading the server's metrics at addr every period.
 func startRaftWatch(ctx context.Context, addr string, period time.Duration) *raftWatch {
 	ctx, cancel := context.WithCancel(ctx)
-	w := &raftWatch{stop: cancel, done: make(chan struct{}),
-		intervals: map[string]map[string]timerMax{}}
+	w := &raftWatch{stop: cancel, done: make(chan struct{}), since: time.Now(),
+		intervals: map[time.Time]map[string]timerMax{}}
 	go func() {
 		defer close(w.done)
 		t := time.NewTicker(period)
@@ -92,6 +96,12 @@ func (w *raftWatch) read(body []byte) {
 	if json.Unmarshal(body, &m) != nil || m.Timestamp == "" {
 		return
 	}
+	// Consul writes the interval's start as Go's time.String without the
+	// monotonic reading.
+	start, err := time.Parse("2006-01-02 15:04:05 -0700 MST", m.Timestamp)
+	if err != nil || !start.Add(metricsInterval).After(w.since) {
+		return // not an interval of the watch's
+	}
 	got := map[string]timerMax{}
 	for _, s := range m.Samples {
 		if followed(s.Name) {
@@ -100,7 +110,7 @@ func (w *raftWatch) read(body []byte) {
 	}
 	w.mu.Lock()
 	defer w.mu.Unlock()
-	w.intervals[m.Timestamp] = got
+	w.intervals[start] = got
 }
 
 // end stops the watch and says, for the timers with the worst maxima over
@@ -120,10 +130,11 @@ func (w *raftWatch) end() string {
 	type timer struct {
 		name       string
 		worst      float64
+		at         time.Time // the start of the interval of its worst
 		slow, seen int
 	}
 	byName := map[string]*timer{}
-	for _, iv := range w.intervals {
+	for start, iv := range w.intervals {
 		for name, t := range iv {
 			tm := byName[name]
 			if tm == nil {
@@ -131,7 +142,9 @@ func (w *raftWatch) end() string {
 				byName[name] = tm
 			}
 			tm.seen++
-			tm.worst = max(tm.worst, t.Max)
+			if t.Max > tm.worst || (t.Max == tm.worst && start.Before(tm.at)) {
+				tm.worst, tm.at = t.Max, start
+			}
 			if t.Max > 100 {
 				tm.slow++
 			}
@@ -145,8 +158,9 @@ func (w *raftWatch) end() string {
 	})
 	var parts []string
 	for _, t := range timers[:min(reported, len(timers))] {
-		parts = append(parts, fmt.Sprintf("%s max %.1f ms (over 100 ms in %d of %d intervals)",
-			strings.TrimPrefix(t.name, "consul."), t.worst, t.slow, t.seen))
+		parts = append(parts, fmt.Sprintf("%s max %.1f ms in %s–%s (over 100 ms in %d of %d intervals)",
+			strings.TrimPrefix(t.name, "consul."), t.worst, t.at.Local().Format("15:04:05"),
+			t.at.Add(metricsInterval).Local().Format("15:04:05"), t.slow, t.seen))
 	}
 	if len(parts) == 0 {
 		parts = append(parts, "no raft timer")

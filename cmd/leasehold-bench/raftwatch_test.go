@@ -12,9 +12,12 @@ import (
 
 // The watch keeps each 10 s interval's maxima of the raft timers (Consul
 // answers with its last complete interval only, so intervals are read
-// several times and kept once) and reports the worst and how many intervals
-// went over 100 ms; other samples are not its business.
+// several times and kept once), not an interval that ended before it began,
+// and reports the worst, when, and how many intervals went over 100 ms;
+// other samples are not its business.
 func TestRaftWatchKeepsEachIntervalsWorst(t *testing.T) {
+	base := time.Now().UTC().Truncate(10 * time.Second)
+	ts := func(k int) string { return base.Add(time.Duration(k) * 10 * time.Second).String() }
 	interval := func(ts string, commit, dispatch float64) string {
 		return `{"Timestamp":"` + ts + `","Gauges":[],"Samples":[` +
 			`{"Name":"consul.raft.commitTime","Count":40,"Max":` + ftoa(commit) + `},` +
@@ -22,8 +25,8 @@ func TestRaftWatchKeepsEachIntervalsWorst(t *testing.T) {
 			`{"Name":"consul.raft.boltdb.logBatchSize","Count":40,"Max":12450},` +
 			`{"Name":"consul.http.GET.v1.agent.metrics","Count":3,"Max":900}]}`
 	}
-	answers := []string{interval("t0", 12.5, 10), interval("t0", 12.5, 10),
-		interval("t1", 480.2, 470.9), interval("t2", 30, 25)}
+	answers := []string{interval(ts(-2), 900, 900), interval(ts(0), 12.5, 10),
+		interval(ts(0), 12.5, 10), interval(ts(1), 480.2, 470.9), interval(ts(2), 30, 25)}
 	served := 0
 	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
 		if r.URL.Path != "/v1/agent/metrics" {
@@ -51,8 +54,9 @@ func TestRaftWatchKeepsEachIntervalsWorst(t *testing.T) {
 		}
 	}
 	got := w.end()
-	for _, want := range []string{"3 intervals", "raft.commitTime max 480.2 ms (over 100 ms in 1 of 3",
-		"raft.leader.dispatchLog max 470.9 ms"} {
+	at := base.Add(10 * time.Second).Local().Format("15:04:05")
+	for _, want := range []string{"3 intervals", "raft.commitTime max 480.2 ms in " + at + "–",
+		"(over 100 ms in 1 of 3", "raft.leader.dispatchLog max 470.9 ms"} {
 		if !strings.Contains(got, want) {
 			t.Errorf("%q lacks %q", got, want)
 		}
