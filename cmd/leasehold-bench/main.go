@@ -70,6 +70,11 @@ var (
 			"--consul-xds the executors are Connect services, and Consul's setting up their "+
 			"sidecars' proxy configurations after registering held the one agent's heartbeats "+
 			"~150 ms at 500 executors, in leasehold's phase only (Consul's comes long after)")
+	consulData = flag.String("consul-data", "",
+		"the directory the Consul server's data dir (its raft log) is made in (default: the "+
+			"system's temporary directory, on this box's disk); /dev/shm puts the log in "+
+			"memory, so that its commits wait for no disk: on this virtual disk raft's log "+
+			"writes took up to 1.3 s, which Consul's part of a lapse then waited for")
 	consulSnapshot = flag.Bool("consul-snapshot", true,
 		"have the Consul server take a raft snapshot before each phase's lapses, so that the one "+
 			"registering the fleet made due does not fall among them (false: Consul's own timing)")
@@ -854,6 +859,9 @@ func (res results) invocation() string {
 	}
 	if !*consulSnapshot {
 		cmd, extended = cmd+" --consul-snapshot=false", true
+	}
+	if *consulData != "" {
+		cmd, extended = cmd+" --consul-data "+*consulData, true
 	}
 	if *deltaStreams {
 		cmd, extended = cmd+" --delta", true

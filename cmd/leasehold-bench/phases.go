@@ -125,7 +125,7 @@ func (b *bench) startConsul() error {
 	}
 	agent, err := consultest.Launch(bin, consultest.Options{NodeName: "bench", Server: !*consulDev,
 		ExtraHCL: `limits { http_max_conns_per_client = 1000 }` + "\nenable_debug = true\n" +
-			gossipHCL()})
+			gossipHCL(), DataParent: *consulData})
 	if agent != nil {
 		b.onClose(agent.Close)
 	}

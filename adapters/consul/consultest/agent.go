@@ -61,6 +61,10 @@ type Options struct {
 	// encoding, the bytes, their gzip — is not what it costs a real server:
 	// benchmarks of Consul's load use this. Not with JoinClientOf.
 	Server bool
+	// DataParent is the directory the agent's data dir is made in (default:
+	// the system's temporary directory). On a tmpfs (/dev/shm) a server's
+	// raft log is written to memory: its commits then wait for no disk.
+	DataParent string
 
 	member *clusterMember // set by StartCluster: a non-dev server or client of a cluster
 }
@@ -177,7 +181,7 @@ func Start(t testing.TB, opts ...Options) *Agent {
 // o says otherwise) and waits until it is ready. Close stops it and removes
 // its data dir. On error the returned Agent, if any, still needs Close.
 func Launch(bin string, o Options) (*Agent, error) {
-	dir, err := os.MkdirTemp("", "leasehold-consul-")
+	dir, err := os.MkdirTemp(o.DataParent, "leasehold-consul-")
 	if err != nil {
 		return nil, err
 	}
