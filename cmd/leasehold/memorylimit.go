@@ -19,16 +19,18 @@ import (
 // --memory-limit sets. Without one the collector lets the heap grow to
 // twice what is live before collecting, and the runtime keeps what it
 // freed for a while: at 10,000 executors and 1,000 streams serve's live
-// heap was ~40 MB and its resident set ~130 MB after a run of lapses
-// (BENCHMARKS.md, "A memory limit"). A limit makes the collector run before
-// the process outgrows it, at a cost in CPU that grows as the live heap
-// nears it; past it the runtime gives the collector at most half the CPU
-// rather than fail, so a limit set too low slows serve but does not stop it.
+// heap was ~40 MB and its resident set ~126 MB after a run of lapses
+// (BENCHMARKS.md, "A third cut of memory, and a memory limit"). A limit
+// makes the collector run before the process outgrows it, at a cost in CPU
+// that grows as the live heap nears it; past it the runtime gives the
+// collector at most half the CPU rather than fail, so a limit set too low
+// slows serve but does not stop it.
 
-// memoryLimitAuto is --memory-limit's default: GOMEMLIMIT when set, else
-// this share of the memory limit of serve's cgroup (the rest is for what the
-// Go runtime does not count: the binary's pages, which a cgroup charges
-// too), else none.
+// memoryLimitAutoShare is the share of the cgroup's memory limit that
+// --memory-limit's default (auto: GOMEMLIMIT when set, else this share of
+// the lowest cgroup limit above serve, else none) takes; the rest is for
+// what the Go runtime does not count: the binary's pages, which a cgroup
+// charges too.
 const memoryLimitAutoShare = 0.9
 
 // memoryLimit is --memory-limit decided: the limit in bytes (0: none) and
