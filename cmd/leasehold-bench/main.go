@@ -160,6 +160,7 @@ func main() {
 			*streamsPerConn)
 		os.Exit(2)
 	}
+	closeOnInterrupt()
 	runner := run
 	if *churnMode {
 		runner = runChurn

@@ -89,3 +89,31 @@ func TestStreamSetIsTheUnionOfItsResources(t *testing.T) {
 		}
 	}
 }
+
+// A bench's cleanups run newest first, once: an interrupt closing every
+// running bench while the bench closes itself stops nothing twice, and a
+// closed bench is no longer among those an interrupt closes.
+func TestABenchClosesOnceNewestFirst(t *testing.T) {
+	b := &bench{}
+	var order []int
+	for i := range 3 {
+		b.onClose(func() { order = append(order, i) })
+	}
+	cleanupMu.Lock()
+	_, listed := running[b]
+	cleanupMu.Unlock()
+	if !listed {
+		t.Fatal("a bench with cleanups is not among those an interrupt closes")
+	}
+	b.close()
+	b.close()
+	if len(order) != 3 || order[0] != 2 || order[2] != 0 {
+		t.Fatalf("cleanups ran %v, want [2 1 0] once", order)
+	}
+	cleanupMu.Lock()
+	_, listed = running[b]
+	cleanupMu.Unlock()
+	if listed {
+		t.Fatal("a closed bench is still among those an interrupt closes")
+	}
+}

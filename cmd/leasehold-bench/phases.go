@@ -7,8 +7,11 @@ import (
 	"io"
 	"net/http"
 	"os"
+	"os/signal"
 	"runtime/trace"
 	"slices"
+	"sync"
+	"syscall"
 	"time"
 
 	"github.com/hashicorp/consul/api"
@@ -47,7 +50,7 @@ type bench struct {
 	gc       *grpcClients
 	n        int // lapses per phase
 	res      results
-	cleanups []func()
+	cleanups []func() // guarded by cleanupMu: an interrupt runs them from another goroutine
 }
 
 func run() error {
@@ -110,12 +113,52 @@ func (b *bench) shortLease(i int) bool {
 	return i < phases*b.n || i >= *executors-*fanouts
 }
 
-func (b *bench) onClose(f func()) { b.cleanups = append(b.cleanups, f) }
+func (b *bench) onClose(f func()) {
+	cleanupMu.Lock()
+	defer cleanupMu.Unlock()
+	b.cleanups = append(b.cleanups, f)
+	running[b] = struct{}{}
+}
 
+// close stops what the bench started, newest first, once (a second call,
+// or one racing an interrupt's, finds nothing left to stop).
 func (b *bench) close() {
-	for i := len(b.cleanups) - 1; i >= 0; i-- {
-		b.cleanups[i]()
+	cleanupMu.Lock()
+	fs := b.cleanups
+	b.cleanups = nil
+	delete(running, b)
+	cleanupMu.Unlock()
+	for i := len(fs) - 1; i >= 0; i-- {
+		fs[i]()
 	}
+}
+
+// The benches with something to stop, for an interrupt.
+var (
+	cleanupMu sync.Mutex
+	running   = map[*bench]struct{}{}
+)
+
+// closeOnInterrupt stops every bench's agents and processes when the
+// harness is interrupted (SIGINT, SIGTERM) and exits 130: without it, Go's
+// default exit left the Consul agents running and their data dirs behind.
+func closeOnInterrupt() {
+	sigs := make(chan os.Signal, 1)
+	signal.Notify(sigs, os.Interrupt, syscall.SIGTERM)
+	go func() {
+		<-sigs
+		logf("interrupted: stopping the agents and processes the harness started")
+		cleanupMu.Lock()
+		var bs []*bench
+		for b := range running {
+			bs = append(bs, b)
+		}
+		cleanupMu.Unlock()
+		for _, b := range bs {
+			b.close()
+		}
+		os.Exit(130)
+	}()
 }
 
 func (b *bench) startConsul() error {

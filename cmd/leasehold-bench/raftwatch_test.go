@@ -6,6 +6,7 @@ import (
 	"net/http/httptest"
 	"strconv"
 	"strings"
+	"sync"
 	"testing"
 	"time"
 )
@@ -94,5 +95,64 @@ func TestTakeSnapshotAsksTheServer(t *testing.T) {
 	})
 	if _, _, err := takeSnapshot(context.Background(), addr); err == nil {
 		t.Fatal("a refused snapshot was taken as taken")
+	}
+}
+
+// fakeInmemSink answers /v1/agent/metrics as Consul's armon/go-metrics
+// InmemSink does (DisplayMetrics): intervals start at time.Now().Truncate(10 s)
+// on the wall clock, and the answer is the last complete one (data[n-2]),
+// its Timestamp interval.Round(time.Second).UTC().String().
+type fakeInmemSink struct {
+	mu        sync.Mutex
+	intervals map[time.Time]map[string]float64 // by start: each timer's max
+}
+
+func (s *fakeInmemSink) record(name string, ms float64) {
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	start := time.Now().Truncate(metricsInterval)
+	if s.intervals == nil {
+		s.intervals = map[time.Time]map[string]float64{}
+	}
+	if s.intervals[start] == nil {
+		s.intervals[start] = map[string]float64{}
+	}
+	s.intervals[start][name] = max(s.intervals[start][name], ms)
+}
+
+func (s *fakeInmemSink) ServeHTTP(w http.ResponseWriter, r *http.Request) {
+	if r.URL.Path != "/v1/agent/metrics" {
+		http.NotFound(w, r)
+		return
+	}
+	s.mu.Lock()
+	defer s.mu.Unlock()
+	last := time.Now().Truncate(metricsInterval).Add(-metricsInterval)
+	var samples []string
+	for name, ms := range s.intervals[last] {
+		samples = append(samples, `{"Name":"`+name+`","Count":1,"Max":`+ftoa(ms)+`}`)
+	}
+	w.Write([]byte(`{"Timestamp":"` + last.Round(time.Second).UTC().String() +
+		`","Gauges":[],"Samples":[` + strings.Join(samples, ",") + `]}`))
+}
+
+// The interval a window ends in is answered only once it is complete: the
+// watch waits for it rather than report a window whose slow commit fell in
+// its last seconds as having none (a review's finding).
+func TestRaftWatchReadsTheIntervalItsWindowEndsIn(t *testing.T) {
+	if time.Until(time.Now().Truncate(metricsInterval).Add(metricsInterval)) < time.Second {
+		time.Sleep(time.Second) // the window below stays inside one interval
+	}
+	sink := &fakeInmemSink{}
+	srv := httptest.NewServer(sink)
+	defer srv.Close()
+	w := startRaftWatch(context.Background(), strings.TrimPrefix(srv.URL, "http://"),
+		50*time.Millisecond)
+	time.Sleep(200 * time.Millisecond)           // the watch reads Consul's answers meanwhile
+	sink.record("consul.raft.commitTime", 480.2) // a lapse's commit waited for the disk
+	time.Sleep(200 * time.Millisecond)
+	got := w.end()
+	if !strings.Contains(got, "raft.commitTime max 480.2 ms") {
+		t.Fatalf("the watch of a window with a 480.2 ms commit says %q", got)
 	}
 }
