@@ -3,7 +3,6 @@ package main
 import (
 	"bufio"
 	"bytes"
-	"errors"
 	"fmt"
 	"io/fs"
 	"math"
@@ -212,6 +211,3 @@ func readLimit(root fs.FS, file string) (int64, bool) {
 
 // rootFS is the file system cgroupMemoryLimit reads in serve.
 func rootFS() fs.FS { return os.DirFS("/") }
-
-// errNoSize is what parseByteSize says of what is not a size.
-var errNoSize = errors.New("want a positive size such as 512MiB, 1GiB or 800MB")

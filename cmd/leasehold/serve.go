@@ -443,6 +443,9 @@ func parseByteRate(s string) (int64, error) {
 	return n, nil
 }
 
+// errNoSize is what parseByteSize says of what is not a size.
+var errNoSize = errors.New("want a positive size such as 512MiB, 1GiB or 800MB")
+
 // parseByteSize reads a positive size of at most 1 TiB: a number and a unit
 // (B, KB, MB, GB, KiB, MiB, GiB; none: bytes).
 func parseByteSize(s string) (int64, error) {
