@@ -20,8 +20,9 @@ import (
 // change is read at once.
 type readBudget struct {
 	clock clockwork.Clock
-	rate  float64 // bytes per second
+	rate  float64 // bytes per second, Consul having time to spare
 	burst float64
+	pace  *readPace // scales rate to Consul's load (nil: rate as it is)
 
 	mu     sync.Mutex
 	tokens float64
@@ -45,9 +46,22 @@ func newReadBudget(clock clockwork.Clock, rate, burst int64) *readBudget {
 
 func (b *readBudget) refill(now time.Time) {
 	if dt := now.Sub(b.at).Seconds(); dt > 0 {
-		b.tokens = min(b.burst, b.tokens+dt*b.rate)
+		b.tokens = min(b.burst, b.tokens+dt*b.paced())
 	}
 	b.at = now
+}
+
+// paced is the rate now: rate scaled to Consul's load (readPace).
+func (b *readBudget) paced() float64 { return b.rate * b.pace.factor() }
+
+// rateNow is the rate now, in bytes per second (0: a nil budget, unpaced).
+func (b *readBudget) rateNow() float64 {
+	if b == nil {
+		return 0
+	}
+	b.mu.Lock()
+	defer b.mu.Unlock()
+	return b.paced()
 }
 
 // charge spends n bytes; the balance may go negative (a debt). The burst
@@ -127,7 +141,7 @@ func (b *readBudget) delayPast(rounds float64) time.Duration {
 	if b.tokens >= floor {
 		return 0
 	}
-	return time.Duration((floor - b.tokens) / b.rate * float64(time.Second))
+	return time.Duration((floor - b.tokens) / b.paced() * float64(time.Second))
 }
 
 // wait blocks while the budget is in debt, until ctx ends or wake fires (a

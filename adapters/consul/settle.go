@@ -134,6 +134,7 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 				every = bo.next()
 			case index != 0 && next == index:
 				if clock.Since(at) >= settleQuiet {
+					w.pace.quieted()
 					w.quiet.paused()
 				}
 			default: // moved, or a first answer

@@ -63,9 +63,21 @@ func (f *servicesIndexFake) queries() int {
 // probe's queries.
 func settling(t *testing.T, charges []int64, moves int) (time.Duration, int) {
 	t.Helper()
+	return settlingAfter(t, charges, moves, nil)
+}
+
+// settlingAfter is settling with before (nil: none) run on the watcher
+// first.
+func settlingAfter(
+	t *testing.T, charges []int64, moves int, before func(*Watcher),
+) (time.Duration, int) {
+	t.Helper()
 	clock := clockwork.NewFakeClock()
 	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
 		Out: make(chan health.Observation, 1)})
+	if before != nil {
+		before(w)
+	}
 	for _, n := range charges {
 		w.budget.chargeRead("task work", n)
 	}
@@ -145,6 +157,33 @@ func TestAPauseBorrowsAtMostTwoRounds(t *testing.T) {
 	took, _ = settling(t, []int64{3000, 3000}, 1)
 	if took > settleQuiet+probeEvery+50*time.Millisecond {
 		t.Fatalf("a pause 5 s in debt (within two rounds) was read after %s", took)
+	}
+}
+
+// A pause after a churn that slowed Consul's answers is paid for at the
+// whole rate: nothing is read while the budget is in debt, so nothing else
+// would tell it Consul is quiet again (measured: a deregistered fleet read
+// 17.5 s after its last deregistration). Beyond two rounds of debt (8 s at
+// the rate, three reads of 3,000), the read waits until the debt is back
+// within two rounds: 2 s at the whole rate, not 8 s at a quarter of it.
+func TestAPauseRestoresTheWholeRate(t *testing.T) {
+	busy := func(w *Watcher) {
+		w.pace.observe(1<<20, 20*time.Millisecond)
+		for range 30 {
+			w.pace.observe(1<<20, 80*time.Millisecond) // answers 4× slower
+		}
+		if f := w.pace.factor(); f > 0.26 {
+			t.Fatalf("a busy Consul's factor %.2f, want ~0.25", f)
+		}
+	}
+	took, _ := settlingAfter(t, []int64{3000, 3000, 3000}, 1, busy)
+	if took < 2*time.Second || took > 2*time.Second+settleQuiet+50*time.Millisecond {
+		t.Fatalf("a pause 8 s in debt after a slow churn was read after %s, want 2 s", took)
+	}
+	took, _ = settlingAfter(t, []int64{3000, 3000, 3000}, 1<<30, busy)
+	if took < 7*time.Second {
+		t.Fatalf("a churn that goes on was read after %s: want the whole debt at "+
+			"a quarter of the rate (~32 s)", took)
 	}
 }
 
