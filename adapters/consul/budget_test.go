@@ -41,6 +41,60 @@ func TestReadBudgetDebtAndRefill(t *testing.T) {
 	}
 }
 
+// While the catalog is being written a yielding budget pays at a quarter
+// of its rate, until settleQuiet after the last write; what it earned
+// before a write is not repriced, and a budget that does not yield (the
+// refreshes') ignores writes.
+func TestAYieldingBudgetPaysAtAQuarterWhileTheCatalogIsWritten(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newReadBudget(clock, 1000, 1000)
+	b.yields = true
+	b.charge(3000) // 2,000 in debt
+	b.writing(clock.Now())
+	// 250 ms at 250 B/s earn 62.5; the other 1,937.5 take 1.9375 s.
+	if d, want := b.delay(), 2187500*time.Microsecond; d != want {
+		t.Fatalf("a write just now: delay %s, want %s", d, want)
+	}
+	if r := b.rateNow(); r != 250 {
+		t.Fatalf("rate while written %.0f, want 250", r)
+	}
+	for range 40 { // 4 s of writes, 100 ms apart
+		clock.Advance(100 * time.Millisecond)
+		b.writing(clock.Now())
+	}
+	// 4 s at 250 B/s: 1,000 earned, 1,000 owed.
+	if d, want := b.delay(), 250*time.Millisecond+937500*time.Microsecond; d != want {
+		t.Fatalf("after 4 s of writes: delay %s, want %s", d, want)
+	}
+	clock.Advance(time.Second) // the writes stopped: 250 ms at 250 B/s, 750 ms at 1,000
+	if d, want := b.delay(), 187500*time.Microsecond; d != want {
+		t.Fatalf("1 s after the last write: delay %s, want %s", d, want)
+	}
+	if r := b.rateNow(); r != 1000 {
+		t.Fatalf("rate after the writes %.0f, want the whole 1000", r)
+	}
+
+	clock.Advance(time.Hour)
+	b.charge(7000) // 1,000 in debt from a full bucket of 6,000 (the burst grew)
+	clock.Advance(500 * time.Millisecond)
+	b.writing(clock.Now()) // the quiet 500 ms before it earned 500
+	if d, want := b.delay(), 250*time.Millisecond+437500*time.Microsecond; d != want {
+		t.Fatalf("a write after a quiet 500 ms: delay %s, want %s", d, want)
+	}
+
+	refresh := newReadBudget(clock, 1000, 1000)
+	refresh.charge(2000)
+	refresh.writing(clock.Now())
+	if d := refresh.delay(); d != time.Second || refresh.rateNow() != 1000 {
+		t.Fatalf("a budget that does not yield: delay %s, rate %.0f", d, refresh.rateNow())
+	}
+	var none *readBudget
+	none.writing(clock.Now())
+	if none.rateNow() != 0 {
+		t.Fatal("no budget: rate 0")
+	}
+}
+
 // A read larger than the configured burst (a whole task type of 10,000)
 // is made at once when the fleet has been quiet, however large it is, and
 // reads in a row are still paced at the rate.

@@ -134,11 +134,16 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 				every = bo.next()
 			case index != 0 && next == index:
 				if clock.Since(at) >= settleQuiet {
-					w.pace.quieted()
 					w.quiet.paused()
 				}
 			default: // moved, or a first answer
 				at = clock.Now()
+				if index != 0 {
+					// The catalog is being written: the membership and
+					// generation reads yield to it until the pause.
+					w.budget.writing(at)
+					w.genBudget.writing(at)
+				}
 			}
 			if err == nil {
 				bo.reset()

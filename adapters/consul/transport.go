@@ -10,7 +10,6 @@ import (
 	"net/http"
 	"strings"
 	"sync/atomic"
-	"time"
 
 	"github.com/hashicorp/consul/api"
 )
@@ -21,10 +20,6 @@ import (
 // The watcher charges its read budget and its metrics with them.
 type readSizes struct {
 	wire, decoded atomic.Int64
-	// Of the answers that did not block (no index to wait past): the JSON
-	// bytes and the time from each request to its last byte, which
-	// readPace follows Consul's load with.
-	timedBytes, timedNanos atomic.Int64
 }
 
 type readSizesKey struct{}
@@ -47,8 +42,6 @@ func (s *readSizes) plus(o *readSizes) *readSizes {
 	}
 	s.wire.Add(o.wire.Load())
 	s.decoded.Add(o.decoded.Load())
-	s.timedBytes.Add(o.timedBytes.Load())
-	s.timedNanos.Add(o.timedNanos.Load())
 	return s
 }
 
@@ -58,7 +51,6 @@ func (s *readSizes) plus(o *readSizes) *readSizes {
 type sizingTransport struct{ next http.RoundTripper }
 
 func (t sizingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
-	start := time.Now()
 	sizes := readSizesOf(req.Context())
 	ownGzip := req.Header.Get("Accept-Encoding") == "" && req.Header.Get("Range") == ""
 	if ownGzip {
@@ -78,14 +70,7 @@ func (t sizingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 		resp.ContentLength = -1
 		resp.Uncompressed = true
 	}
-	decoded := &countingReader{r: body, n: sizes.counter(true)}
-	resp.Body = decoded
-	if sizes != nil && !blocking(req) {
-		decoded.atEOF = func(n int64) {
-			sizes.timedBytes.Add(n)
-			sizes.timedNanos.Add(int64(time.Since(start)))
-		}
-	}
+	resp.Body = &countingReader{r: body, n: sizes.counter(true)}
 	if c := bodyCaptureOf(req.Context()); c != nil && resp.StatusCode == http.StatusOK {
 		return c.take(resp)
 	}
@@ -161,10 +146,6 @@ func (s *readSizes) counter(decoded bool) *atomic.Int64 {
 type countingReader struct {
 	r io.ReadCloser
 	n *atomic.Int64
-	// atEOF (nil: none) is called once, with the bytes read, when the body
-	// ends whole.
-	atEOF func(read int64)
-	read  int64
 }
 
 func (c *countingReader) Read(p []byte) (int, error) {
@@ -172,19 +153,7 @@ func (c *countingReader) Read(p []byte) (int, error) {
 	if c.n != nil {
 		c.n.Add(int64(n))
 	}
-	c.read += int64(n)
-	if errors.Is(err, io.EOF) && c.atEOF != nil {
-		c.atEOF(c.read)
-		c.atEOF = nil
-	}
 	return n, err
-}
-
-// blocking reports whether req is a blocking query (an index to wait
-// past): its answer's time is mostly the wait, not Consul's work.
-func blocking(req *http.Request) bool {
-	i := req.URL.Query().Get("index")
-	return i != "" && i != "0"
 }
 
 func (c *countingReader) Close() error { return c.r.Close() }

@@ -308,38 +308,3 @@ func TestAClientOnAUnixSocketKeepsItsTransport(t *testing.T) {
 			sizes.decoded.Load(), len(doc), nodes[0].TaggedAddresses)
 	}
 }
-
-// TestTheTimeOfAnAnswerThatDidNotBlockIsCounted: readPace follows Consul's
-// load through the time its listings take, so an answer that did not block
-// is timed from the request to its last byte, and a blocking query's
-// (mostly its wait) is not.
-func TestTheTimeOfAnAnswerThatDidNotBlockIsCounted(t *testing.T) {
-	const work = 20 * time.Millisecond
-	listing := `[{"Node":"n1","ServiceID":"w1","ServiceName":"work"}]`
-	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
-		time.Sleep(work) // Consul at work, or waiting on the index
-		w.Header().Set("X-Consul-Index", "7")
-		w.Write([]byte(listing))
-	}))
-	defer srv.Close()
-	c, err := NewClient(strings.TrimPrefix(srv.URL, "http://"), 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	cat := apiCatalog{c: c}
-	for _, index := range []uint64{0, 5} {
-		ctx, sizes := withReadSizes(context.Background())
-		s, _, err := cat.catalogListing(ctx, "work", "", index, time.Second)
-		if err != nil || len(s) != 1 {
-			t.Fatalf("index %d: %v %v", index, s, err)
-		}
-		bytes, took := sizes.timedBytes.Load(), time.Duration(sizes.timedNanos.Load())
-		switch {
-		case index == 0 && (bytes != int64(len(listing)) || took < work):
-			t.Errorf("a listing that did not block: timed %d bytes in %s, want %d in ≥ %s",
-				bytes, took, len(listing), work)
-		case index > 0 && (bytes != 0 || took != 0):
-			t.Errorf("a blocking query was timed: %d bytes in %s", bytes, took)
-		}
-	}
-}

@@ -82,8 +82,6 @@ type Watcher struct {
 	budget                  *readBudget
 	genBudget               *readBudget
 	refreshBudget           *readBudget
-	// pace (nil: none) scales the first two to Consul's load (readpace.go).
-	pace *readPace
 	// quiet (nil: none) is the pause of the registrations that task
 	// watches in debt wait for (settle.go).
 	quiet *quietProbe
@@ -129,13 +127,12 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	w.fast.serf = map[string]health.CheckState{}
 	w.fast.failing, w.fast.crossPending = map[string]bool{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
-		// The membership and generation reads slow down with Consul's
-		// load (readPace); fencing's refreshes do not: a fencing call
-		// waits for them.
-		w.pace = newReadPace(cfg.Clock)
+		// The membership and generation reads slow down while the
+		// catalog is being written (readBudget.writing); fencing's
+		// refreshes do not: a fencing call waits for them.
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
 		w.genBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
-		w.budget.pace, w.genBudget.pace = w.pace, w.pace
+		w.budget.yields, w.genBudget.yields = true, true
 		w.refreshBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
 		if _, ok := cat.(servicesIndexCatalog); ok {
 			w.quiet = newQuietProbe()

@@ -3,7 +3,6 @@ package consul
 import (
 	"context"
 	"strings"
-	"time"
 
 	"go.opentelemetry.io/otel/attribute"
 	"go.opentelemetry.io/otel/metric"
@@ -20,9 +19,8 @@ func (w *Watcher) attrs(kv ...attribute.KeyValue) []attribute.KeyValue {
 
 func (w *Watcher) dcAttrs() metric.MeasurementOption { return metric.WithAttributes(w.attrs()...) }
 
-// countRead records the sizes of one query's answers, charges budget (nil:
-// none) with what it parsed, and gives the read pace the time its listings
-// took.
+// countRead records the sizes of one query's answers and charges budget
+// (nil: none) with what it parsed.
 func (w *Watcher) countRead(
 	ctx context.Context,
 	spec watchSpec,
@@ -45,7 +43,6 @@ func (w *Watcher) countRead(
 		)
 		budget.chargeRead(spec.name, n)
 	}
-	w.pace.observe(sizes.timedBytes.Load(), time.Duration(sizes.timedNanos.Load()))
 }
 
 // watchKind is the bounded metric label of a watch name ("task X" → "task").
@@ -97,8 +94,9 @@ func (w *Watcher) initMetrics(provider metric.MeterProvider) {
 		"leasehold.consul.read_rate",
 		metric.WithUnit("By/s"),
 		metric.WithDescription(
-			"the rate task-membership reads are paced at now: --consul-read-rate scaled to "+
-				"Consul's load (how much slower than its quiet baseline Consul answers listings)",
+			"the rate task-membership reads are paced at now: --consul-read-rate, or a quarter "+
+				"of it while the datacenter's catalog is being written (registrations, "+
+				"deregistrations)",
 		),
 		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
 			if w.budget != nil {
