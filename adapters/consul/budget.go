@@ -22,10 +22,11 @@ type readBudget struct {
 	clock clockwork.Clock
 	rate  float64 // bytes per second
 	burst float64
-	// yields: the budget pays at writingShare of its rate while the
+	// yields: the budget pays at a share of its rate while the
 	// datacenter's catalog is being written (writing), until busyUntil.
 	yields    bool
 	busyUntil time.Time
+	busyShare float64
 
 	mu     sync.Mutex
 	tokens float64
@@ -37,17 +38,21 @@ type readBudget struct {
 	round float64
 }
 
-// writingShare is the share of its rate a yielding budget pays its debt at
-// while the datacenter's catalog is being written. Consul 1.13 has no
-// delta reads, so each round of a fleet registering by the thousand
-// re-reads every task type whole, and Consul encodes those listings with
-// the CPU its registrations need: measured at 10,000 executors over 10
-// task types on 2 cores, Consul's CPU while registering was 1 m 45 s
-// without leasehold and 3 m 15 s with it reading at the whole rate, and
-// registering took 1.96× as long. What a churn changes is read whole at
-// its end anyway (settle.go), so reading less while it lasts costs the
-// view's freshness during the churn, not after it.
-const writingShare = 0.25
+// While the catalog is being written, a yielding budget pays its debt at
+// writeVolume over Consul's raft entries a second, at least writingShare
+// and at most the whole rate. Consul 1.13 has no delta reads, so each
+// round of a fleet registering by the thousand re-reads every task type
+// whole, and Consul encodes those listings with the CPU its registrations
+// need (measured at 10,000 executors over 10 task types on 2 cores: see
+// BENCHMARKS.md, "Reads that yield to a catalog being written"). A fleet
+// registering 180 executors a second grows the log by ~500 entries a
+// second and reads at a quarter of the rate; a trickle of a few writes a
+// second (other services of the datacenter) costs Consul little, and the
+// reads do not yield to it.
+const (
+	writingShare = 0.25
+	writeVolume  = 50.0 // raft entries a second
+)
 
 func newReadBudget(clock clockwork.Clock, rate, burst int64) *readBudget {
 	return &readBudget{
@@ -59,44 +64,53 @@ func newReadBudget(clock clockwork.Clock, rate, burst int64) *readBudget {
 	}
 }
 
-// refill adds what the budget earned since it last did: at writingShare of
-// the rate up to busyUntil, at the rate after it. Exact, because writing
-// refills before it moves busyUntil.
+// refill adds what the budget earned since it last did: at the writing
+// share of the rate up to busyUntil, at the rate after it. Exact: writing
+// refills before it moves busyUntil or the share, and time never runs
+// back (a now before the last refill adds nothing and moves nothing).
 func (b *readBudget) refill(now time.Time) {
-	if now.After(b.at) {
-		end := now
-		if b.busyUntil.Before(now) {
-			end = b.busyUntil
-		}
-		busy := max(end.Sub(b.at), 0).Seconds()
-		whole := now.Sub(b.at).Seconds() - busy
-		b.tokens = min(b.burst, b.tokens+busy*b.writingRate()+whole*b.rate)
+	if !now.After(b.at) {
+		return
 	}
+	end := now
+	if b.busyUntil.Before(now) {
+		end = b.busyUntil
+	}
+	busy := max(end.Sub(b.at), 0).Seconds()
+	whole := now.Sub(b.at).Seconds() - busy
+	b.tokens = min(b.burst, b.tokens+busy*b.writingRate()+whole*b.rate)
 	b.at = now
 }
 
 // writingRate is the rate while the catalog is being written.
 func (b *readBudget) writingRate() float64 {
-	if !b.yields {
+	if !b.yields || b.busyShare <= 0 {
 		return b.rate
 	}
-	return b.rate * writingShare
+	return b.rate * b.busyShare
 }
 
-// writing: the datacenter's catalog moved at now (a registration,
-// deregistration or change of a service); a yielding budget counts it as
-// being written until settleQuiet after it, the pause the quiet probe
-// waits for. Nil or not yielding: nothing.
-func (b *readBudget) writing(now time.Time) {
+// writing: the datacenter's catalog moved just now (a registration,
+// deregistration or change of a service) while its raft log grew by volume
+// entries a second; a yielding budget counts it as being written until
+// settleQuiet after now, the pause the quiet probe waits for. Nil or not
+// yielding: nothing.
+func (b *readBudget) writing(volume float64) {
 	if b == nil || !b.yields {
 		return
 	}
 	b.mu.Lock()
 	defer b.mu.Unlock()
+	now := b.clock.Now()
 	b.refill(now)
-	if until := now.Add(settleQuiet); until.After(b.busyUntil) {
-		b.busyUntil = until
+	if !now.After(b.at) {
+		now = b.at
 	}
+	share := 1.0
+	if volume > 0 {
+		share = min(max(writeVolume/volume, writingShare), 1)
+	}
+	b.busyUntil, b.busyShare = now.Add(settleQuiet), share
 }
 
 // rateNow is the rate the budget pays at now, in bytes per second (0: a

@@ -41,16 +41,17 @@ func TestReadBudgetDebtAndRefill(t *testing.T) {
 	}
 }
 
-// While the catalog is being written a yielding budget pays at a quarter
-// of its rate, until settleQuiet after the last write; what it earned
-// before a write is not repriced, and a budget that does not yield (the
-// refreshes') ignores writes.
-func TestAYieldingBudgetPaysAtAQuarterWhileTheCatalogIsWritten(t *testing.T) {
+// While the catalog is being written a yielding budget pays at a share of
+// its rate (writeVolume over Consul's raft entries a second, at least a
+// quarter), until settleQuiet after the last write; what it earned before a
+// write is not repriced, and a budget that does not yield (the generation
+// keys', the refreshes') ignores writes.
+func TestAYieldingBudgetPaysLessWhileTheCatalogIsWritten(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	b := newReadBudget(clock, 1000, 1000)
 	b.yields = true
 	b.charge(3000) // 2,000 in debt
-	b.writing(clock.Now())
+	b.writing(1000)
 	// 250 ms at 250 B/s earn 62.5; the other 1,937.5 take 1.9375 s.
 	if d, want := b.delay(), 2187500*time.Microsecond; d != want {
 		t.Fatalf("a write just now: delay %s, want %s", d, want)
@@ -60,7 +61,7 @@ func TestAYieldingBudgetPaysAtAQuarterWhileTheCatalogIsWritten(t *testing.T) {
 	}
 	for range 40 { // 4 s of writes, 100 ms apart
 		clock.Advance(100 * time.Millisecond)
-		b.writing(clock.Now())
+		b.writing(1000)
 	}
 	// 4 s at 250 B/s: 1,000 earned, 1,000 owed.
 	if d, want := b.delay(), 250*time.Millisecond+937500*time.Microsecond; d != want {
@@ -73,25 +74,60 @@ func TestAYieldingBudgetPaysAtAQuarterWhileTheCatalogIsWritten(t *testing.T) {
 	if r := b.rateNow(); r != 1000 {
 		t.Fatalf("rate after the writes %.0f, want the whole 1000", r)
 	}
+	clock.Advance(time.Hour)
+	b.charge(int64(b.burst) + 50) // 50 in debt from a full bucket: within one write's
+	// 250 ms at 250 B/s
+	b.writing(1000)
+	if d, want := b.delay(), 200*time.Millisecond; d != want {
+		t.Fatalf("50 owed while written: delay %s, want %s", d, want)
+	}
+	b.writing(100) // 100 entries a second: half the rate
+	if r := b.rateNow(); r != 500 {
+		t.Fatalf("rate at 100 entries a second %.0f, want 500", r)
+	}
+	b.writing(10) // a trickle: the whole rate
+	if r := b.rateNow(); r != 1000 {
+		t.Fatalf("rate at 10 entries a second %.0f, want the whole 1000", r)
+	}
 
 	clock.Advance(time.Hour)
-	b.charge(7000) // 1,000 in debt from a full bucket of 6,000 (the burst grew)
+	b.charge(int64(b.burst) + 1000) // 1,000 in debt from a full bucket
 	clock.Advance(500 * time.Millisecond)
-	b.writing(clock.Now()) // the quiet 500 ms before it earned 500
+	b.writing(1000) // the quiet 500 ms before it earned 500
 	if d, want := b.delay(), 250*time.Millisecond+437500*time.Microsecond; d != want {
 		t.Fatalf("a write after a quiet 500 ms: delay %s, want %s", d, want)
 	}
 
 	refresh := newReadBudget(clock, 1000, 1000)
 	refresh.charge(2000)
-	refresh.writing(clock.Now())
+	refresh.writing(1000)
 	if d := refresh.delay(); d != time.Second || refresh.rateNow() != 1000 {
 		t.Fatalf("a budget that does not yield: delay %s, rate %.0f", d, refresh.rateNow())
 	}
 	var none *readBudget
-	none.writing(clock.Now())
+	none.writing(1000)
 	if none.rateNow() != 0 {
 		t.Fatal("no budget: rate 0")
+	}
+}
+
+// A refill at a time before the last one (a caller's stale now) credits
+// nothing and does not move the budget's time back, so no interval is
+// earned twice.
+func TestAStaleRefillEarnsNothingTwice(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newReadBudget(clock, 1000, 1000)
+	b.charge(2000) // 1,000 in debt
+	stale := clock.Now()
+	clock.Advance(500 * time.Millisecond)
+	if d := b.delay(); d != 500*time.Millisecond {
+		t.Fatalf("delay %s, want 500ms", d)
+	}
+	b.mu.Lock()
+	b.refill(stale)
+	b.mu.Unlock()
+	if d := b.delay(); d != 500*time.Millisecond {
+		t.Fatalf("after a stale refill: delay %s, want 500ms (the 500 ms not earned twice)", d)
 	}
 }
 

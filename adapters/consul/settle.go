@@ -107,7 +107,9 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 	w.errs.Add(ctx, 0, kind)
 	clock := w.cfg.Clock
 	var index uint64
-	var at time.Time // when Consul answered index
+	var at time.Time       // when Consul answered index
+	var answered time.Time // when the last query was answered
+	var volume float64     // Consul's raft entries a second while its catalog moves
 	// Failing queries are retried at a backing-off pace, not 8 a second
 	// for as long as Consul fails.
 	bo := newBackoff(probeEvery, probeBackoffCap)
@@ -138,12 +140,28 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 				}
 			default: // moved, or a first answer
 				at = clock.Now()
-				if index != 0 {
-					// The catalog is being written: the membership and
-					// generation reads yield to it until the pause.
-					w.budget.writing(at)
-					w.genBudget.writing(at)
+				// A move between two answers of a running probe is the
+				// catalog being written: the membership reads yield to it,
+				// as much as its raft log grows, until the pause. A first
+				// answer, one after the probe slept (no watch waited: what
+				// moved meanwhile is no write seen now) and an index that
+				// went back (a restored snapshot) are not.
+				if gap := at.Sub(answered); index != 0 && next > index &&
+					gap <= settleQuiet+2*probeEvery {
+					dt := max(gap.Seconds(), 1e-3)
+					sample := float64(next-index) / dt
+					if volume == 0 {
+						volume = sample
+					} else {
+						volume += (sample - volume) / 2
+					}
+					w.budget.writing(volume)
+				} else {
+					volume = 0
 				}
+			}
+			if err == nil {
+				answered = clock.Now()
 			}
 			if err == nil {
 				bo.reset()

@@ -25,6 +25,7 @@ import (
 type servicesIndexFake struct {
 	clock clockwork.Clock
 	moves int
+	step  uint64      // how far each move takes the index (0: 1): raft entries between answers
 	fail  atomic.Bool // every query fails
 	mu    sync.Mutex
 	calls int
@@ -40,12 +41,13 @@ func (f *servicesIndexFake) ServicesIndex(
 	if f.fail.Load() {
 		return 0, errors.New("consul: 500 no leader")
 	}
+	step := max(f.step, 1)
 	if n <= f.moves {
-		return uint64(n), nil
+		return uint64(n) * step, nil
 	}
 	select {
 	case <-f.clock.After(wait):
-		return uint64(f.moves), nil
+		return uint64(f.moves) * step, nil
 	case <-ctx.Done():
 		return 0, ctx.Err()
 	}
@@ -63,6 +65,13 @@ func (f *servicesIndexFake) queries() int {
 // probe's queries.
 func settling(t *testing.T, charges []int64, moves int) (time.Duration, int) {
 	t.Helper()
+	return settlingAt(t, charges, moves, 100)
+}
+
+// settlingAt is settling with each move taking the index step entries on
+// (100 every 125 ms, 800 a second: a fleet registering; 1: a trickle).
+func settlingAt(t *testing.T, charges []int64, moves int, step uint64) (time.Duration, int) {
+	t.Helper()
 	clock := clockwork.NewFakeClock()
 	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
 		Out: make(chan health.Observation, 1)})
@@ -71,7 +80,7 @@ func settling(t *testing.T, charges []int64, moves int) (time.Duration, int) {
 	}
 	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
 	defer cancel()
-	fake := &servicesIndexFake{clock: clock, moves: moves}
+	fake := &servicesIndexFake{clock: clock, moves: moves, step: step}
 	w.quiet = newQuietProbe()
 	probed := make(chan struct{})
 	go func() { defer close(probed); w.probeQuiet(ctx, fake) }()
@@ -149,6 +158,16 @@ func TestAPauseBorrowsAtMostTwoRounds(t *testing.T) {
 	took, _ = settling(t, []int64{3000, 3000}, 1)
 	if took > settleQuiet+probeEvery+50*time.Millisecond {
 		t.Fatalf("a pause 5 s in debt (within two rounds) was read after %s", took)
+	}
+}
+
+// A trickle of writes (8 raft entries a second, other services of the
+// datacenter) costs Consul little: the reads do not yield to it, and the
+// debt is paid at the whole rate (2,000 at 1,000 B/s: 2 s).
+func TestATrickleOfWritesIsNotYieldedTo(t *testing.T) {
+	took, _ := settlingAt(t, []int64{3000}, 1<<30, 1)
+	if took < 2*time.Second || took > 2*time.Second+50*time.Millisecond {
+		t.Fatalf("a trickle of writes: waited %s, want the 2 s debt at the whole rate", took)
 	}
 }
 
@@ -428,4 +447,71 @@ func TestConsulACheckStatusDoesNotMoveTheServicesIndex(t *testing.T) {
 	} else if after == before {
 		t.Fatal("a registration did not move the catalog services index")
 	}
+}
+
+// scriptedIndexes answers each ServicesIndex query with the next index the
+// test sends, at once.
+type scriptedIndexes struct {
+	next     chan uint64
+	answered chan struct{}
+}
+
+func (s *scriptedIndexes) ServicesIndex(
+	ctx context.Context, _ uint64, _ time.Duration,
+) (uint64, error) {
+	select {
+	case i := <-s.next:
+		defer func() { s.answered <- struct{}{} }()
+		return i, nil
+	case <-ctx.Done():
+		return 0, ctx.Err()
+	}
+}
+
+// Only a move the probe sees while a watch waits is a write: not its first
+// answer, not an index that went back (a restored snapshot), and not what
+// moved while no watch waited (its first answer after one joins again).
+func TestOnlyAMoveSeenIsAWrite(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
+		Out: make(chan health.Observation, 1)})
+	w.quiet = newQuietProbe()
+	s := &scriptedIndexes{next: make(chan uint64), answered: make(chan struct{})}
+	ctx, cancel := context.WithCancel(context.Background())
+	probed := make(chan struct{})
+	go func() { defer close(probed); w.probeQuiet(ctx, s) }()
+	defer func() { cancel(); <-probed }()
+	answer := func(i uint64, what string, wantRate float64) {
+		t.Helper()
+		select {
+		case s.next <- i:
+		case <-time.After(5 * time.Second):
+			t.Fatalf("%s: the probe never queried", what)
+		}
+		<-s.answered
+		// The probe handles the answer before its next pause on the clock.
+		bctx, bcancel := context.WithTimeout(ctx, 5*time.Second)
+		defer bcancel()
+		if err := clock.BlockUntilContext(bctx, 1); err != nil {
+			t.Fatalf("%s: the probe never paced its next query", what)
+		}
+		if r := w.budget.rateNow(); r != wantRate {
+			t.Fatalf("%s: rate %.0f, want %.0f", what, r, wantRate)
+		}
+	}
+	_, leave := w.quiet.join()
+	answer(1000, "a first answer", 1000)
+	clock.Advance(probeEvery)
+	answer(1100, "100 entries in 125 ms", 250)
+	clock.Advance(time.Second) // the write's 250 ms are over, and the probe's pause
+	answer(500, "an index that went back", 1000)
+	// Nobody waits for a minute; the catalog moves meanwhile. Once a watch
+	// joins again, the probe's first answer is no write.
+	leave()
+	clock.Advance(time.Minute)
+	_, leave = w.quiet.join()
+	defer leave()
+	answer(90000, "the first answer after a watch joined again", 1000)
+	clock.Advance(probeEvery)
+	answer(90100, "a move after it", 250)
 }

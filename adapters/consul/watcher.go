@@ -127,12 +127,13 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	w.fast.serf = map[string]health.CheckState{}
 	w.fast.failing, w.fast.crossPending = map[string]bool{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
-		// The membership and generation reads slow down while the
-		// catalog is being written (readBudget.writing); fencing's
-		// refreshes do not: a fencing call waits for them.
+		// The membership reads slow down while the catalog is being
+		// written (readBudget.writing). The generation keys and lapse
+		// marks do not: they are small, and fencing waits for them (a
+		// LAPSED answer waits for its mark read back).
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
 		w.genBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
-		w.budget.yields, w.genBudget.yields = true, true
+		w.budget.yields = true
 		w.refreshBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
 		if _, ok := cat.(servicesIndexCatalog); ok {
 			w.quiet = newQuietProbe()

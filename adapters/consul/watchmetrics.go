@@ -94,9 +94,9 @@ func (w *Watcher) initMetrics(provider metric.MeterProvider) {
 		"leasehold.consul.read_rate",
 		metric.WithUnit("By/s"),
 		metric.WithDescription(
-			"the rate task-membership reads are paced at now: --consul-read-rate, or a quarter "+
-				"of it while the datacenter's catalog is being written (registrations, "+
-				"deregistrations)",
+			"the rate task-membership reads are paced at now: --consul-read-rate, or down to a "+
+				"quarter of it while the datacenter's catalog is being written (50 raft entries a "+
+				"second over Consul's rate of them)",
 		),
 		metric.WithFloat64Callback(func(_ context.Context, o metric.Float64Observer) error {
 			if w.budget != nil {
