@@ -45,7 +45,7 @@ type readBudget struct {
 // whole, and Consul encodes those listings with the CPU its registrations
 // need (measured at 10,000 executors over 10 task types on 2 cores: see
 // BENCHMARKS.md, "Reads that yield to a catalog being written"). A fleet
-// registering 180 executors a second grows the log by ~500 entries a
+// registering ~160 executors a second grows the log by ~460 entries a
 // second and reads at a quarter of the rate; a trickle of a few writes a
 // second (other services of the datacenter) costs Consul little, and the
 // reads do not yield to it.

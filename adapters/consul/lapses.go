@@ -65,8 +65,9 @@ func canWriteKV(ctx context.Context, c *api.Client, dc, prefix string) error {
 	return aclNeeds("kv "+prefix+" (write)", []string{RightKeyPrefix(prefix, "write")}, nil, err)
 }
 
-// watchLapses follows the lapse marks (paced like the generation keys, and
-// charged to their budget: both grow with the fleet's history).
+// watchLapses follows the lapse marks (paced like the generation keys, on a
+// budget of their own that does not yield to a catalog being written: a
+// LAPSED answer waits for its mark to be read back).
 func (w *Watcher) watchLapses(ctx context.Context, cat lapseCatalog) {
 	var last []health.LapseMark
 	bad := map[string]bool{}
@@ -106,7 +107,7 @@ func (w *Watcher) watchLapses(ctx context.Context, cat lapseCatalog) {
 		watchSpec{
 			name:        "lapses",
 			minInterval: w.cfg.MinInterval * 4,
-			budget:      w.genBudget,
+			budget:      w.lapseBudget,
 			kvListing:   true,
 		},
 		func(ctx context.Context, index uint64, wait time.Duration) (uint64, handleFunc) {

@@ -140,30 +140,28 @@ func (w *Watcher) probeQuiet(ctx context.Context, cat servicesIndexCatalog) {
 				}
 			default: // moved, or a first answer
 				at = clock.Now()
-				// A move between two answers of a running probe is the
-				// catalog being written: the membership reads yield to it,
-				// as much as its raft log grows, until the pause. A first
-				// answer, one after the probe slept (no watch waited: what
-				// moved meanwhile is no write seen now) and an index that
-				// went back (a restored snapshot) are not.
-				if gap := at.Sub(answered); index != 0 && next > index &&
-					gap <= settleQuiet+2*probeEvery {
-					dt := max(gap.Seconds(), 1e-3)
-					sample := float64(next-index) / dt
-					if volume == 0 {
-						volume = sample
+				// A move is the catalog being written: the membership and
+				// generation reads yield to it, as much as Consul's raft
+				// log grew since the last answer, until the pause. What
+				// moved while the probe slept (no watch waited) counts at
+				// its average over that time. A first answer and an index
+				// that went back (a restored snapshot) are no writes.
+				if index != 0 && next > index {
+					gap := at.Sub(answered)
+					sample := float64(next-index) / max(gap.Seconds(), 1e-3)
+					if volume == 0 || gap > settleQuiet+2*probeEvery {
+						volume = sample // not the answer after one just before
 					} else {
 						volume += (sample - volume) / 2
 					}
 					w.budget.writing(volume)
+					w.genBudget.writing(volume)
 				} else {
 					volume = 0
 				}
 			}
 			if err == nil {
 				answered = clock.Now()
-			}
-			if err == nil {
 				bo.reset()
 			}
 			index = next

@@ -468,9 +468,10 @@ func (s *scriptedIndexes) ServicesIndex(
 	}
 }
 
-// Only a move the probe sees while a watch waits is a write: not its first
-// answer, not an index that went back (a restored snapshot), and not what
-// moved while no watch waited (its first answer after one joins again).
+// A move the probe sees is a write, at the raft entries a second it took:
+// not its first answer, not an index that went back (a restored snapshot);
+// what moved while no watch waited counts at its average over that time.
+// The membership and generation budgets yield to it, the lapse marks' not.
 func TestOnlyAMoveSeenIsAWrite(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	w := newWatcher(newFakeCatalog(), WatchConfig{Clock: clock, ReadRate: 1000, ReadBurst: 1000,
@@ -511,7 +512,15 @@ func TestOnlyAMoveSeenIsAWrite(t *testing.T) {
 	clock.Advance(time.Minute)
 	_, leave = w.quiet.join()
 	defer leave()
-	answer(90000, "the first answer after a watch joined again", 1000)
+	answer(600, "100 entries over the minute the probe slept", 1000)
 	clock.Advance(probeEvery)
-	answer(90100, "a move after it", 250)
+	answer(700, "100 entries in 125 ms after it", 250)
+	if r := w.genBudget.rateNow(); r != w.genBudget.rate/4 {
+		t.Fatalf("the generation keys' rate %.0f while written, want a quarter of %.0f",
+			r, w.genBudget.rate)
+	}
+	if r := w.lapseBudget.rateNow(); r != w.lapseBudget.rate {
+		t.Fatalf("the lapse marks' rate %.0f while written, want the whole %.0f",
+			r, w.lapseBudget.rate)
+	}
 }

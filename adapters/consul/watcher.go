@@ -81,6 +81,7 @@ type Watcher struct {
 	rounds                  metric.Int64Counter
 	budget                  *readBudget
 	genBudget               *readBudget
+	lapseBudget             *readBudget
 	refreshBudget           *readBudget
 	// quiet (nil: none) is the pause of the registrations that task
 	// watches in debt wait for (settle.go).
@@ -127,13 +128,15 @@ func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
 	w.fast.serf = map[string]health.CheckState{}
 	w.fast.failing, w.fast.crossPending = map[string]bool{}, map[string]bool{}
 	if cfg.ReadRate > 0 {
-		// The membership reads slow down while the catalog is being
-		// written (readBudget.writing). The generation keys and lapse
-		// marks do not: they are small, and fencing waits for them (a
-		// LAPSED answer waits for its mark read back).
+		// The membership and generation reads slow down while the
+		// catalog is being written (readBudget.writing); a fencing call
+		// that needs the generation keys afresh refreshes them without
+		// waiting. The lapse marks do not yield: a LAPSED answer waits
+		// for its mark to be read back, with no refresh.
 		w.budget = newReadBudget(cfg.Clock, cfg.ReadRate, cfg.ReadBurst)
 		w.genBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
-		w.budget.yields = true
+		w.lapseBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
+		w.budget.yields, w.genBudget.yields = true, true
 		w.refreshBudget = newReadBudget(cfg.Clock, max(cfg.ReadRate/4, 1), max(cfg.ReadBurst/4, 1))
 		if _, ok := cat.(servicesIndexCatalog); ok {
 			w.quiet = newQuietProbe()
