@@ -117,3 +117,32 @@ func TestABenchClosesOnceNewestFirst(t *testing.T) {
 		t.Fatal("a closed bench is still among those an interrupt closes")
 	}
 }
+
+// A close racing one in progress (the run failing while an interrupt stops
+// its agents) returns only once everything is stopped: the harness then
+// exits with nothing left running.
+func TestASecondCloseWaitsForTheFirst(t *testing.T) {
+	b := &bench{}
+	stopping, release := make(chan struct{}), make(chan struct{})
+	stopped := false
+	b.onClose(func() { stopped = true })
+	b.onClose(func() { close(stopping); <-release }) // newest: runs first
+	go b.close()
+	<-stopping
+	second := make(chan struct{})
+	go func() { b.close(); close(second) }()
+	select {
+	case <-second:
+		t.Fatal("a second close returned while the first was still stopping")
+	case <-time.After(50 * time.Millisecond): // absence check only
+	}
+	close(release)
+	select {
+	case <-second:
+	case <-time.After(5 * time.Second):
+		t.Fatal("the second close never returned")
+	}
+	if !stopped {
+		t.Fatal("the second close returned before every cleanup ran")
+	}
+}

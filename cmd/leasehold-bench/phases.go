@@ -50,7 +50,8 @@ type bench struct {
 	gc       *grpcClients
 	n        int // lapses per phase
 	res      results
-	cleanups []func() // guarded by cleanupMu: an interrupt runs them from another goroutine
+	cleanups []func()      // guarded by cleanupMu: an interrupt runs them from another goroutine
+	closed   chan struct{} // guarded by cleanupMu: nil until close, closed once it is done
 }
 
 func run() error {
@@ -120,14 +121,26 @@ func (b *bench) onClose(f func()) {
 	running[b] = struct{}{}
 }
 
-// close stops what the bench started, newest first, once (a second call,
-// or one racing an interrupt's, finds nothing left to stop).
+// close stops what the bench started, newest first, once. A second call,
+// or one racing an interrupt's, waits for the first to have stopped it
+// all: a run that failed because an interrupt was stopping its agents
+// returned, and the harness exited, while the interrupt's close was
+// still stopping them, leaving the rest running.
 func (b *bench) close() {
 	cleanupMu.Lock()
+	if b.closed != nil {
+		done := b.closed
+		cleanupMu.Unlock()
+		<-done
+		return
+	}
+	done := make(chan struct{})
+	b.closed = done
 	fs := b.cleanups
 	b.cleanups = nil
 	delete(running, b)
 	cleanupMu.Unlock()
+	defer close(done)
 	for i := len(fs) - 1; i >= 0; i-- {
 		fs[i]()
 	}
