@@ -111,6 +111,51 @@ func TestAYieldingBudgetPaysLessWhileTheCatalogIsWritten(t *testing.T) {
 	}
 }
 
+// A pause may borrow what yielding withheld while the budget was in debt,
+// up to one round, and nothing once the debt is paid.
+func TestAPauseBorrowsWhatTheYieldWithheld(t *testing.T) {
+	clock := clockwork.NewFakeClock()
+	b := newReadBudget(clock, 1000, 1000)
+	b.yields = true
+	for range 3 {
+		b.chargeRead("task work", 3000) // 8,000 in debt; a round is 3,000
+	}
+	for range 20 { // 2 s of writes: 500 earned, 1,500 withheld
+		b.writing(1000)
+		clock.Advance(100 * time.Millisecond)
+	}
+	clock.Advance(250 * time.Millisecond) // the last write's 250 ms: 62.5 and 187.5 more
+	// -8,000 + 562.5 = -7,437.5, within two rounds and the 1,687.5 withheld.
+	if d := b.settledDelay(); d != 0 {
+		t.Fatalf("a pause after the writes waits %s: want none", d)
+	}
+	if d := b.delayPast(2); d == 0 {
+		t.Fatal("beyond two rounds without what was withheld: want a wait")
+	}
+	for range 200 { // 20 s of writes: 15,000 more withheld, a round (3,000) counted
+		b.writing(1000)
+		clock.Advance(100 * time.Millisecond)
+	}
+	b.charge(8000) // ~10,400 in debt, past three rounds
+	clock.Advance(250 * time.Millisecond)
+	b.mu.Lock()
+	b.refill(clock.Now())
+	tokens := b.tokens
+	b.mu.Unlock()
+	if d, want := b.settledDelay(), seconds((-9000-tokens)/1000); d != want {
+		t.Fatalf("deep in debt: settled delay %s, want %s (to three rounds at the whole rate)",
+			d, want)
+	}
+	clock.Advance(time.Hour) // paid
+	b.mu.Lock()
+	b.refill(clock.Now())
+	withheld := b.withheld
+	b.mu.Unlock()
+	if withheld != 0 {
+		t.Fatalf("%.0f still withheld once the debt is paid", withheld)
+	}
+}
+
 // A refill at a time before the last one (a caller's stale now) credits
 // nothing and does not move the budget's time back, so no interval is
 // earned twice.

@@ -21,7 +21,8 @@ import (
 // deregistration or change of a service moves, and a check's status does
 // not) looks for a pause: an index that stays put for settleQuiet. Once it
 // sees one, the waiting watches go on, borrowing up to two rounds (a round
-// is the last read of every watch) ahead of the rate
+// is the last read of every watch) ahead of the rate, and what yielding to
+// the catalog's writes withheld, up to a round more
 // (readBudget.settledDelay). The reads after them pay the loan back first,
 // so over time the rate still bounds what leasehold reads; what moves is
 // when: the reads the end of a churn needs come right after it, not a round
