@@ -23,17 +23,19 @@ type readBudget struct {
 	rate  float64 // bytes per second
 	burst float64
 	// yields: the budget pays at a share of its rate while the
-	// datacenter's catalog is being written (writing), until busyUntil.
-	yields    bool
-	busyUntil time.Time
-	busyShare float64
-	// withheld is what yielding kept from the budget while it was in debt
-	// (guarded by mu): a pause may borrow it too (settledDelay).
-	withheld float64
+	// datacenter's catalog is being written (writing).
+	yields bool
 
 	mu     sync.Mutex
 	tokens float64
 	at     time.Time
+	// The catalog counts as being written until busyUntil, and the budget
+	// pays at busyShare of its rate until then; withheld is what yielding
+	// kept from the budget while it was in debt, which a pause may borrow
+	// too (settledDelay).
+	busyUntil time.Time
+	busyShare float64
+	withheld  float64
 	// last is each watch's latest read and round their sum: what one read
 	// of every watch costs, two of which the reads at a pause may borrow
 	// (settledDelay).
@@ -183,17 +185,19 @@ func (b *readBudget) forget(key string) {
 // settledDelay is delay for a read at a pause of the registrations
 // (settle.go): it may borrow up to two rounds (a round is one read of every
 // watch, at most maxGrownBurst) ahead of the rate: one for the reads the
-// pause needs, and one for a pause that was not the end (registrations
-// that stalled for a moment mid-churn), after which the real end would
-// otherwise wait a round's debt again. It may also borrow what yielding to
-// the catalog's writes withheld while the budget was in debt, up to one
-// round more: the yield defers reads to the churn's end, when Consul has
-// the time, and does not deny them (measured: with yielding and no such
-// allowance, the view caught up 2.2 s after the end of two churn steps in
-// six). The borrowed bytes are paid back at the rate before any other
-// read, and the debt never goes past four rounds, so over time reads stay
-// paced at the rate; what the allowance moves is when: a fleet whose churn
-// just ended is read at once rather than after the debt of its last round.
+// pause needs, and one for a pause that was not the end (registrations that
+// stalled for a moment mid-churn), after which the real end would otherwise
+// wait a round's debt again. It may also borrow what yielding to the
+// catalog's writes withheld while the budget was in debt, up to one round
+// more: the yield defers reads to the churn's end, when Consul has the
+// time, and does not deny them (with yielding and no such allowance, the
+// view caught up 2.2 s after two churn steps in six; in the one run with
+// it, after two in three as well: BENCHMARKS.md, "Reads that yield to a
+// catalog being written"). The borrowed bytes are paid back at the rate
+// before any other read, and the debt never goes past four rounds, so over
+// time reads stay paced at the rate; what the allowance moves is when: a
+// fleet whose churn just ended is read at once rather than after the debt
+// of its last round.
 func (b *readBudget) settledDelay() time.Duration {
 	if b == nil {
 		return 0
