@@ -44,8 +44,8 @@ func TestReadBudgetDebtAndRefill(t *testing.T) {
 // While the catalog is being written a yielding budget pays at a share of
 // its rate (writeVolume over Consul's raft entries a second, at least a
 // quarter), until settleQuiet after the last write; what it earned before a
-// write is not repriced, and a budget that does not yield (the generation
-// keys', the refreshes') ignores writes.
+// write is not repriced, and a budget that does not yield (the lapse
+// marks', the refreshes') ignores writes.
 func TestAYieldingBudgetPaysLessWhileTheCatalogIsWritten(t *testing.T) {
 	clock := clockwork.NewFakeClock()
 	b := newReadBudget(clock, 1000, 1000)
