@@ -53,6 +53,8 @@ type serveConfig struct {
 	// memoryLimit is --memory-limit's size (0: auto, unless memoryLimitOff).
 	memoryLimit    int64
 	memoryLimitOff bool
+	// gcPercent is --gc-percent's (0: auto).
+	gcPercent int
 	// datacenters are in failover order, leasehold's own first; nil: the
 	// agent's own only.
 	datacenters []string

@@ -61,6 +61,7 @@ type serveFlags struct {
 	logLevel, tag, logFormat string
 	lbPolicy, readRate, dcs  string
 	memoryLimit              string
+	gcPercent                string
 	maxConns                 int
 	staleAfter               time.Duration
 }
@@ -99,6 +100,11 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 			"more often as the process nears it, trading CPU for memory; auto: GOMEMLIMIT when "+
 			"set, else 90% of the cgroup's memory limit, else none")
 	env("memory-limit", "LEASEHOLD_MEMORY_LIMIT")
+	fs.StringVar(&f.gcPercent, "gc-percent", "auto",
+		"how far the heap may grow past what is live (and the stacks) before the collector "+
+			"runs, in percent (1 to 10000): lower trades CPU for memory; auto: GOGC when set, "+
+			"else 25 (leasehold's heap is mostly state that lives, a change allocates little)")
+	env("gc-percent", "LEASEHOLD_GC_PERCENT")
 	fs.StringVar(&f.dcs, "datacenters", "",
 		"Consul datacenters to watch through the agent, comma-separated in failover order, "+
 			"leasehold's own first (the datacenter of dispatchers that name none); a "+
@@ -217,6 +223,11 @@ func (f *serveFlags) config() (*serveConfig, error) {
 		bad("memory-limit", err.Error())
 	} else {
 		cfg.memoryLimit, cfg.memoryLimitOff = n, off
+	}
+	if n, err := parseGCPercent(f.gcPercent); err != nil {
+		bad("gc-percent", err.Error())
+	} else {
+		cfg.gcPercent = n
 	}
 	cfg.datacenters = parseDatacenters(f.dcs, bad)
 	if n := consul.Connections(cfg.consulMaxConns, len(cfg.datacenters)); cfg.consulMaxConns > 0 &&
@@ -341,6 +352,9 @@ world and delta), with the fencing API on the same port and an admin port for
 			limit := decideMemoryLimit(cfg.memoryLimit, cfg.memoryLimitOff, os.Getenv, rootFS())
 			limit.apply()
 			log.Info("memory limit", "bytes", limit.bytes, "from", limit.source)
+			gc := decideGCPercent(cfg.gcPercent, os.Getenv)
+			gc.apply()
+			log.Info("collector", "gc_percent", gc.percent, "from", gc.source)
 			if err := serve(ctx, cfg, log, nil); err != nil {
 				// The error names flags; those set from a variable name it too.
 				msg := withVariables(err.Error(), cfg.fromEnv)
