@@ -75,11 +75,7 @@ func (x *XDS) initTelemetry(o XDSOptions) {
 	m.Int64ObservableGauge("leasehold.dispatchers",
 		metric.WithDescription("open xDS streams of dispatchers, by mode (sotw, delta)"),
 		metric.WithInt64Callback(func(_ context.Context, obs metric.Int64Observer) error {
-			counts := map[string]int64{"sotw": 0, "delta": 0}
-			for _, s := range x.Dispatchers() {
-				counts[s.Mode]++
-			}
-			for mode, n := range counts {
+			for mode, n := range x.streamsByMode() {
 				obs.Observe(n, metric.WithAttributes(attribute.String("mode", mode)))
 			}
 			return nil

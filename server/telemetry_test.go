@@ -14,6 +14,7 @@ import (
 
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
+	"go.opentelemetry.io/otel/sdk/metric/metricdata"
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/snapshot/fleet"
@@ -324,5 +325,56 @@ func TestADeltaWildcardUnsubscribingNamesHoldsNoMemoryForThem(t *testing.T) {
 	if n := len(tt.sub.ReturnedResources()); n != 0 {
 		t.Fatalf("after 1000 names subscribed and unsubscribed, the stream's copy of the "+
 			"subscription holds %d of them (about %d KB), for as long as the stream lives", n, n*220/1024)
+	}
+}
+
+// The leasehold.dispatchers gauge counts the open streams by mode, both
+// modes always exported, and follows a stream that ends.
+func TestTheDispatchersGaugeCountsOpenStreamsByMode(t *testing.T) {
+	o := startObservedXDS(t)
+	gauge := func() map[string]int64 {
+		var rm metricdata.ResourceMetrics
+		if err := o.metrics.Collect(context.Background(), &rm); err != nil {
+			t.Fatal(err)
+		}
+		out := map[string]int64{}
+		for _, sm := range rm.ScopeMetrics {
+			for _, m := range sm.Metrics {
+				if m.Name != "leasehold.dispatchers" {
+					continue
+				}
+				for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
+					mode, _ := dp.Attributes.Value("mode")
+					out[mode.AsString()] = dp.Value
+				}
+			}
+		}
+		return out
+	}
+	if got := gauge(); !maps.Equal(got, map[string]int64{"sotw": 0, "delta": 0}) {
+		t.Fatalf("no stream: %v, want both modes at 0", got)
+	}
+	s1 := o.ads(node("sotw-1", nil))
+	s1.Subscribe(resource.EndpointType, "work")
+	s1.ACK(s1.Next(), "work")
+	s2 := o.ads(node("sotw-2", nil))
+	s2.Subscribe(resource.EndpointType, "work")
+	s2.ACK(s2.Next(), "work")
+	d := o.delta(node("delta-1", nil))
+	d.Subscribe(resource.EndpointType, "work")
+	d.ACK(d.Next())
+	if got := gauge(); !maps.Equal(got, map[string]int64{"sotw": 2, "delta": 1}) {
+		t.Fatalf("two SotW streams and a delta one: %v", got)
+	}
+	s1.Close()
+	deadline := time.Now().Add(5 * time.Second)
+	for got := gauge(); got["sotw"] != 1; got = gauge() {
+		if time.Now().After(deadline) {
+			t.Fatalf("a SotW stream closed: %v, want sotw 1", got)
+		}
+		<-time.After(10 * time.Millisecond) // the gauge has no watch API
+	}
+	if got := gauge(); !maps.Equal(got, map[string]int64{"sotw": 1, "delta": 1}) {
+		t.Fatalf("after one SotW stream closed: %v", got)
 	}
 }
