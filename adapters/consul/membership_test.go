@@ -4,8 +4,11 @@ import (
 	"context"
 	"encoding/json"
 	"fmt"
+	"maps"
+	"math/rand/v2"
 	"runtime"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -99,13 +102,11 @@ func TestMembershipDiffSeesEveryFieldAndDepartures(t *testing.T) {
 		}
 	}
 	joined := &taskMembership{
-		entries: map[memberKey]entrySeen{
-			{"n1", "work:a"}: {print: printOf(&api.CatalogService{
-				Node:        "n1",
-				ServiceID:   "work:a",
-				ServiceMeta: map[string]string{"a": "x", "b": "y"},
-			})},
-		},
+		entries: []entrySeen{{key: memberKey{"n1", "work:a"}, print: printOf(&api.CatalogService{
+			Node:        "n1",
+			ServiceID:   "work:a",
+			ServiceMeta: map[string]string{"a": "x", "b": "y"},
+		})}},
 		sorted: []health.Member{{}},
 	}
 	joinedMeta := map[string]string{"a": "x|b=y"}
@@ -347,7 +348,7 @@ func TestCheckAddedToAnUnchangedMemberIsReadWithTheNextChange(t *testing.T) {
 // of a catalog answer of 10,000 entries as Consul 1.13 writes them (node
 // metadata, tagged addresses, service metadata), decoded as the watch
 // decodes them: "whole" keeps the decoded entries, "prints" what the watch
-// keeps (entryPrint).
+// keeps of them (its membership's entries: key, print and member's place).
 func BenchmarkMembershipRetained(b *testing.B) {
 	const n = 10000
 	entries := make([]*api.CatalogService, n)
@@ -383,11 +384,9 @@ func BenchmarkMembershipRetained(b *testing.B) {
 				}
 				var kept any = decoded
 				if keep == "prints" {
-					prints := make(map[memberKey]entryPrint, n)
-					for _, e := range decoded {
-						prints[memberKey{e.Node, e.ServiceID}] = printOf(e)
-					}
-					kept, decoded = prints, nil
+					// The membership's entries (no health read: no members).
+					kept = (&taskMembership{}).apply("work", decoded, nil, true, nil)
+					decoded = nil
 				} else {
 					whole := make(map[memberKey]*api.CatalogService, n)
 					for _, e := range decoded {
@@ -423,5 +422,170 @@ func TestMembershipListSentIsNeverWritten(t *testing.T) {
 	}
 	if got := memberIDs(m2.list()); !slices.Equal(got, []string{"n1/a/s1", "n1/b/s2"}) {
 		t.Fatalf("next list %v", got)
+	}
+}
+
+// mapMembership is the membership as a map of entries, as it was kept
+// before the entries became a sorted list: the specification the list is
+// held to (TestMembershipListMatchesTheMapItReplaced).
+type mapMembership struct {
+	entries map[memberKey]entrySeen
+	sorted  []health.Member
+}
+
+func (m *mapMembership) diff(nodes []*api.CatalogService) (changed []memberKey, left bool) {
+	seen, members := 0, 0
+	for _, n := range nodes {
+		k := memberKey{n.Node, n.ServiceID}
+		old, ok := m.entries[k]
+		if ok {
+			seen++
+			if old.at >= 0 {
+				members++
+			}
+		}
+		if !ok || old.at < 0 || old.print != printOf(n) {
+			changed = append(changed, k)
+		}
+	}
+	return changed, seen < len(m.entries) || len(m.sorted) > members
+}
+
+func (m *mapMembership) apply(task string, nodes []*api.CatalogService,
+	entries []*api.ServiceEntry, readAll bool, changed []memberKey) *mapMembership {
+	next := &mapMembership{entries: map[memberKey]entrySeen{}}
+	for _, n := range nodes {
+		next.entries[memberKey{n.Node, n.ServiceID}] = entrySeen{print: printOf(n), at: -1}
+	}
+	fresh := map[memberKey]health.Member{}
+	in := interner{}
+	for _, e := range entries {
+		if e.Node == nil || e.Service == nil {
+			continue
+		}
+		k := memberKey{e.Node.Node, e.Service.ID}
+		if _, ok := next.entries[k]; ok {
+			fresh[k] = member(task, e, in)
+		}
+	}
+	stale := map[memberKey]bool{}
+	if !readAll {
+		for _, k := range changed {
+			stale[k] = true
+		}
+	}
+	var keys []memberKey
+	for k := range next.entries {
+		_, read := fresh[k]
+		was, ok := m.entries[k]
+		if read || (!readAll && ok && was.at >= 0 && !stale[k]) {
+			keys = append(keys, k)
+		}
+	}
+	slices.SortFunc(keys, compareKeys)
+	next.sorted = make([]health.Member, len(keys))
+	for i, k := range keys {
+		if mem, ok := fresh[k]; ok {
+			next.sorted[i] = mem
+		} else {
+			next.sorted[i] = m.sorted[m.entries[k].at]
+		}
+		e := next.entries[k]
+		e.at = int32(i)
+		next.entries[k] = e
+	}
+	return next
+}
+
+// Random catalog answers (entries added, changed, gone, listed in any
+// order and now and then twice) and health reads (of every member or of
+// some, missing some, with entries of other keys and empty ones): the list
+// of entries diffs, finds and builds the members exactly as the map did.
+func TestMembershipListMatchesTheMapItReplaced(t *testing.T) {
+	seed := uint64(time.Now().UnixNano())
+	rng := rand.New(rand.NewPCG(seed, 7))
+	keys := []memberKey{}
+	for _, n := range []string{"n1", "n2", "n10"} {
+		for _, inst := range []string{"a", "b", "c", "d", "e"} {
+			keys = append(keys, memberKey{n, health.ServiceID(inst, "work")})
+		}
+	}
+	instOf := func(k memberKey) string { return strings.TrimPrefix(k.serviceID, "work:") }
+	for run := range 200 {
+		list, spec := &taskMembership{}, &mapMembership{}
+		session := map[memberKey]string{}
+		for step := range 12 {
+			var nodes []*api.CatalogService
+			for _, k := range keys {
+				if rng.IntN(4) == 0 {
+					continue // not in this answer
+				}
+				if rng.IntN(5) == 0 {
+					session[k] = fmt.Sprintf("s%d", step) // a new session: a change
+				}
+				if session[k] == "" {
+					session[k] = "s0"
+				}
+				nodes = append(nodes, catalogEntry(k.node, instOf(k), session[k], uint64(step+1)))
+			}
+			rng.Shuffle(len(nodes), func(i, j int) { nodes[i], nodes[j] = nodes[j], nodes[i] })
+			if len(nodes) > 0 && rng.IntN(6) == 0 {
+				// The same key listed twice, the later with other content.
+				dup := *nodes[rng.IntN(len(nodes))]
+				dup.ServiceMeta = maps.Clone(dup.ServiceMeta)
+				dup.ServiceMeta["extra"] = fmt.Sprint(step)
+				nodes = append(nodes, &dup)
+			}
+			changed, left := list.diff(nodes)
+			wantChanged, wantLeft := spec.diff(nodes)
+			if !slices.Equal(changed, wantChanged) || left != wantLeft {
+				t.Fatalf("seed %d run %d step %d: diff %v %v, the map's %v %v", seed, run, step,
+					changed, left, wantChanged, wantLeft)
+			}
+			readAll := rng.IntN(3) == 0
+			var entries []*api.ServiceEntry
+			read := func(k memberKey) {
+				if rng.IntN(8) != 0 { // now and then gone before the health read
+					entries = append(entries,
+						entry("work", k.node, instOf(k), session[k], 1, "passing"))
+				}
+			}
+			if readAll {
+				for _, k := range keys {
+					read(k)
+				}
+			} else {
+				for _, k := range changed {
+					read(k)
+				}
+				if rng.IntN(3) == 0 {
+					read(keys[rng.IntN(len(keys))]) // a fresher read of an unchanged one
+				}
+			}
+			entries = append(entries, &api.ServiceEntry{}) // no node, no service
+			list = list.apply("work", nodes, entries, readAll, changed)
+			spec = spec.apply("work", nodes, entries, readAll, changed)
+			if got, want := memberIDs(list.list()), memberIDs(spec.sorted); !slices.Equal(got, want) {
+				t.Fatalf("seed %d run %d step %d: members %v, the map's %v", seed, run, step,
+					got, want)
+			}
+			if len(list.entries) != len(spec.entries) {
+				t.Fatalf("seed %d run %d step %d: %d entries, the map's %d", seed, run, step,
+					len(list.entries), len(spec.entries))
+			}
+			for i, e := range list.entries {
+				if i > 0 && compareKeys(list.entries[i-1].key, e.key) >= 0 {
+					t.Fatalf("seed %d: entries out of order at %d: %v", seed, i, e.key)
+				}
+				want, ok := spec.entries[e.key]
+				if !ok || want.print != e.print || want.at != e.at {
+					t.Fatalf("seed %d run %d step %d: entry %v %+v, the map's %+v (%v)", seed,
+						run, step, e.key, e, want, ok)
+				}
+				if got, ok := list.find(e.key); !ok || got != e {
+					t.Fatalf("seed %d: find(%v) = %+v %v", seed, e.key, got, ok)
+				}
+			}
+		}
 	}
 }
