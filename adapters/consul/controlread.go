@@ -17,7 +17,7 @@ import (
 // left out because the token may not read it is an *ACLError naming the
 // rule (examples/consul/operator-policy.hcl), never an empty answer.
 func (k *Control) list(ctx context.Context, prefix string) (api.KVPairs, error) {
-	pairs, _, err := listKV(ctx, k.c, (&api.QueryOptions{}).WithContext(ctx), prefix, "read")
+	pairs, _, err := listKV(ctx, k.c, (&api.QueryOptions{}).WithContext(ctx), prefix, "read", nil)
 	var ae *ACLError
 	if errors.As(err, &ae) {
 		ae.Policy = "operator-policy.hcl"

@@ -39,7 +39,7 @@ func (a apiCatalog) LapseMarks(
 	wait time.Duration,
 ) (api.KVPairs, uint64, error) {
 	// The token must write them too: leasehold records the lapses.
-	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write")
+	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write", nil)
 	if err != nil {
 		return nil, 0, err
 	}

@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"bytes"
 	"cmp"
 	"compress/gzip"
 	"context"
@@ -9,6 +10,7 @@ import (
 	"io"
 	"net/http"
 	"strings"
+	"sync"
 	"sync/atomic"
 
 	"github.com/hashicorp/consul/api"
@@ -86,14 +88,49 @@ func (t sizingTransport) RoundTrip(req *http.Request) (*http.Response, error) {
 type bodyCapture struct {
 	body  []byte
 	taken bool
+	hint  int // the bytes the answer is expected to hold (0: unknown)
 }
 
 type bodyCaptureKey struct{}
 
-// withBodyCapture returns ctx carrying a fresh bodyCapture.
-func withBodyCapture(ctx context.Context) (context.Context, *bodyCapture) {
-	c := new(bodyCapture)
+// withBodyCapture returns ctx carrying a fresh bodyCapture, expecting an
+// answer of about hint bytes (0: unknown).
+func withBodyCapture(ctx context.Context, hint int) (context.Context, *bodyCapture) {
+	c := &bodyCapture{hint: hint}
 	return context.WithValue(ctx, bodyCaptureKey{}, c), c
+}
+
+// listingSizes remembers the size of each listing's last answer, so that
+// the next answer of the same listing is read into one buffer of about its
+// size. Read into a buffer grown from nothing (io.ReadAll), a 2 MB listing
+// allocated and copied ~2-3 times its size, the largest allocation of a
+// fleet registering at 10,000 executors (BENCHMARKS.md, "The collector's
+// target"). The zero value is ready; a nil one remembers nothing.
+type listingSizes struct {
+	mu sync.Mutex
+	m  map[string]int
+}
+
+func (l *listingSizes) get(key string) int {
+	if l == nil {
+		return 0
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	return l.m[key]
+}
+
+// set remembers what c read for key (nothing when it read nothing).
+func (l *listingSizes) set(key string, c *bodyCapture) {
+	if l == nil || !c.taken {
+		return
+	}
+	l.mu.Lock()
+	defer l.mu.Unlock()
+	if l.m == nil {
+		l.m = map[string]int{}
+	}
+	l.m[key] = len(c.body)
 }
 
 func bodyCaptureOf(ctx context.Context) *bodyCapture {
@@ -102,12 +139,18 @@ func bodyCaptureOf(ctx context.Context) *bodyCapture {
 }
 
 func (c *bodyCapture) take(resp *http.Response) (*http.Response, error) {
-	body, err := io.ReadAll(resp.Body)
+	var buf bytes.Buffer
+	if c.hint > 0 {
+		// An eighth more: a listing grows a little between answers, and
+		// one that outgrows the buffer is read on in a doubled one.
+		buf.Grow(c.hint + c.hint/8 + bytes.MinRead)
+	}
+	_, err := buf.ReadFrom(resp.Body)
 	resp.Body.Close()
 	if err != nil {
 		return nil, fmt.Errorf("reading the answer: %w", err)
 	}
-	c.body, c.taken = body, true
+	c.body, c.taken = buf.Bytes(), true
 	resp.Body = io.NopCloser(strings.NewReader("null"))
 	resp.ContentLength = int64(len("null"))
 	resp.Header.Del("Content-Length")

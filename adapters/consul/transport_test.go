@@ -6,17 +6,23 @@ import (
 	"context"
 	"encoding/json"
 	"errors"
+	"fmt"
+	"io"
 	"net"
 	"net/http"
 	"net/http/httptest"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
 	"sync/atomic"
 	"testing"
+	"testing/iotest"
 	"time"
 
 	"github.com/hashicorp/consul/api"
+
+	"github.com/leasehold/leasehold/health"
 )
 
 // TestSizingTransportHandlesEveryKindOfBody: gzip answers decode and keep the
@@ -306,5 +312,168 @@ func TestAClientOnAUnixSocketKeepsItsTransport(t *testing.T) {
 	if sizes.decoded.Load() != int64(len(doc)) || nodes[0].TaggedAddresses != nil {
 		t.Errorf("sizes %d (want %d) and tagged addresses %v: the transport was replaced",
 			sizes.decoded.Load(), len(doc), nodes[0].TaggedAddresses)
+	}
+}
+
+// captured is what take keeps of an answer of body, expecting hint bytes,
+// and the bytes the read allocated.
+func captured(t testing.TB, body []byte, hint int) ([]byte, uint64) {
+	c := &bodyCapture{hint: hint}
+	resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{},
+		Body: io.NopCloser(iotest.HalfReader(bytes.NewReader(body)))}
+	var before, after runtime.MemStats
+	runtime.ReadMemStats(&before)
+	if _, err := c.take(resp); err != nil {
+		t.Fatal(err)
+	}
+	runtime.ReadMemStats(&after)
+	if !c.taken {
+		t.Fatal("the answer was not taken")
+	}
+	return c.body, after.TotalAlloc - before.TotalAlloc
+}
+
+// An answer expected at its size is read into one buffer of about it (not
+// one doubled from nothing, which allocated 2-3 times the listing); one
+// larger or smaller than expected is read whole all the same.
+func TestAListingIsReadIntoABufferOfItsLastSize(t *testing.T) {
+	body := bytes.Repeat([]byte(`{"Node":"n1","ServiceID":"work:x"},`), 60000) // ~2 MB
+	got, grown := captured(t, body, 0)
+	if !bytes.Equal(got, body) {
+		t.Fatal("read without a hint: not the body")
+	}
+	got, sized := captured(t, body, len(body))
+	if !bytes.Equal(got, body) {
+		t.Fatal("read at its size: not the body")
+	}
+	if limit := uint64(len(body)) * 13 / 10; sized > limit {
+		t.Fatalf("read at its size allocated %d bytes for %d, want at most %d (grown: %d)",
+			sized, len(body), limit, grown)
+	}
+	if grown < 2*sized {
+		t.Logf("grown %d bytes against sized %d: the doubling copies cost less than expected",
+			grown, sized)
+	}
+	for _, hint := range []int{1, len(body) / 3, len(body) - 1, len(body) + 1, 4 * len(body)} {
+		if got, _ := captured(t, body, hint); !bytes.Equal(got, body) {
+			t.Fatalf("expecting %d bytes: read %d, not the body of %d", hint, len(got), len(body))
+		}
+	}
+}
+
+// listingSizes remembers what each listing last read, per key, only from
+// answers taken; a nil one remembers nothing.
+func TestListingSizesAreRememberedPerListing(t *testing.T) {
+	var l listingSizes
+	l.set("catalog\x00work\x00leasehold", &bodyCapture{body: make([]byte, 100), taken: true})
+	l.set("health\x00work\x00leasehold", &bodyCapture{body: make([]byte, 7), taken: true})
+	l.set("catalog\x00other\x00leasehold", &bodyCapture{body: make([]byte, 5)}) // not taken
+	if got := l.get("catalog\x00work\x00leasehold"); got != 100 {
+		t.Fatalf("catalog of work: %d, want 100", got)
+	}
+	if got := l.get("health\x00work\x00leasehold"); got != 7 {
+		t.Fatalf("health of work: %d, want 7", got)
+	}
+	if got := l.get("catalog\x00other\x00leasehold"); got != 0 {
+		t.Fatalf("an answer not taken was remembered: %d", got)
+	}
+	var none *listingSizes
+	none.set("catalog\x00work\x00leasehold", &bodyCapture{body: make([]byte, 100), taken: true})
+	if got := none.get("catalog\x00work\x00leasehold"); got != 0 {
+		t.Fatalf("a nil listingSizes remembered %d", got)
+	}
+}
+
+// BenchmarkTakeAListing reads a ~2 MB listing as the task watch captures
+// it: into a buffer grown as it reads (the first answer), or one of the
+// last answer's size.
+func BenchmarkTakeAListing(b *testing.B) {
+	body := bytes.Repeat([]byte(`{"Node":"n1","ServiceID":"work:x"},`), 60000)
+	for _, tc := range []struct {
+		name string
+		hint int
+	}{{"grown", 0}, {"sized", len(body)}} {
+		b.Run(tc.name, func(b *testing.B) {
+			b.ReportAllocs()
+			b.SetBytes(int64(len(body)))
+			for range b.N {
+				c := &bodyCapture{hint: tc.hint}
+				resp := &http.Response{StatusCode: http.StatusOK, Header: http.Header{},
+					Body: io.NopCloser(bytes.NewReader(body))}
+				if _, err := c.take(resp); err != nil {
+					b.Fatal(err)
+				}
+			}
+		})
+	}
+}
+
+// The generation keys' listing, read into a buffer of the last one's size
+// and decoded whole, is what the api client decodes; its size is
+// remembered; an empty listing still asks whether the keys may be read; a
+// body that is not a listing is an error.
+func TestAGenerationListingIsDecodedFromItsCapturedBody(t *testing.T) {
+	var pairs api.KVPairs
+	for i := range 300 {
+		pairs = append(pairs, &api.KVPair{Key: health.GenerationKey(fmt.Sprintf("x%03d", i)),
+			Value: []byte(fmt.Sprintf(`{"generation":%d,"session_id":"s%d"}`, i+1, i)),
+			CreateIndex: uint64(10 + i), ModifyIndex: uint64(20 + i), Flags: uint64(i % 3)})
+	}
+	doc, err := json.Marshal(pairs)
+	if err != nil {
+		t.Fatal(err)
+	}
+	var answer atomic.Value // the listing's body
+	answer.Store(doc)
+	var probes atomic.Int64
+	srv := httptest.NewServer(http.HandlerFunc(func(w http.ResponseWriter, r *http.Request) {
+		w.Header().Set("X-Consul-Index", "42")
+		if _, recurse := r.URL.Query()["recurse"]; !recurse {
+			probes.Add(1) // the read of the prefix key an empty listing asks
+			w.WriteHeader(http.StatusNotFound)
+			return
+		}
+		body := answer.Load().([]byte)
+		if r.Header.Get("Accept-Encoding") == "gzip" {
+			w.Header().Set("Content-Encoding", "gzip")
+			body = gzipped(body)
+		}
+		w.Write(body)
+	}))
+	defer srv.Close()
+	addr := strings.TrimPrefix(srv.URL, "http://")
+	own, err := NewClient(addr, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	plain, err := api.NewClient(&api.Config{Address: addr})
+	if err != nil {
+		t.Fatal(err)
+	}
+	want, _, err := (apiCatalog{c: plain}).Generations(context.Background(), 0, 0)
+	if err != nil || len(want) != len(pairs) {
+		t.Fatalf("as the api client decodes: %d pairs, %v", len(want), err)
+	}
+	sized := apiCatalog{c: own, sizes: &listingSizes{}}
+	for read := range 2 { // the first read has no size to expect, the second has
+		got, idx, err := sized.Generations(context.Background(), 0, 0)
+		if err != nil || idx != 42 || !reflect.DeepEqual(got, want) {
+			t.Fatalf("read %d: %d pairs at %d, %v; want the api client's %d", read, len(got),
+				idx, err, len(want))
+		}
+		if n := sized.sizes.get("kv\x00" + health.GenerationKeyPrefix); n != len(doc) {
+			t.Fatalf("read %d: %d bytes remembered, the listing is %d", read, n, len(doc))
+		}
+	}
+	answer.Store([]byte("[]"))
+	if got, _, err := sized.Generations(context.Background(), 0, 0); err != nil || len(got) != 0 ||
+		probes.Load() != 1 {
+		t.Fatalf("an empty listing: %d pairs, %v, %d probes of the prefix", len(got), err,
+			probes.Load())
+	}
+	answer.Store([]byte(`{"not":"a listing"}`))
+	if _, _, err := sized.Generations(context.Background(), 0, 0); err == nil ||
+		!strings.Contains(err.Error(), "decoding the listing") {
+		t.Fatalf("a body that is no listing: %v", err)
 	}
 }

@@ -111,7 +111,7 @@ var refreshable = []string{"non-passing", "warning", "serf", "generations", "lap
 // NewWatcher watches Consul through client.
 func NewWatcher(client *api.Client, cfg WatchConfig) *Watcher {
 	return newWatcher(apiCatalog{c: client, checked: new(atomic.Uint64), dc: cfg.Datacenter,
-		listed: &listedIndexes{}}, cfg)
+		listed: &listedIndexes{}, sizes: &listingSizes{}}, cfg)
 }
 
 func newWatcher(cat catalog, cfg WatchConfig) *Watcher {
