@@ -295,6 +295,7 @@ func (b *bench) startLeasehold() error {
 	logf("leasehold serve pid %d ready (admin %s); RSS %s",
 		srv.cmd.Process.Pid, srv.admin, kb(srv.rss()))
 	b.res.rssIdle, b.res.heapIdle = srv.rss(), srv.heap()
+	logf("memory of leasehold serve, no stream yet: %s", srv.memDetail())
 	if *heapOut != "" {
 		if err := srv.saveHeap(*heapOut + ".idle"); err != nil {
 			return fmt.Errorf("heap profile: %w", err)
@@ -408,6 +409,7 @@ func (b *bench) leaseholdLapses() error {
 	}
 	logf("RSS of leasehold serve after the lapses and fan-outs %s, its peak %s",
 		kb(b.res.rssAfter), kb(b.res.rssPeak))
+	logf("memory of leasehold serve after the lapses: %s", b.srv.memDetail())
 	b.res.lastBeat = b.fleet.heartbeatRTTs(victims)
 	logf("the victims' last heartbeat round trips (the expiry instant's uncertainty): %s",
 		dist(b.res.lastBeat))
