@@ -6,6 +6,7 @@ import (
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"reflect"
 	"runtime"
 	"slices"
 	"strings"
@@ -497,57 +498,59 @@ func (m *mapMembership) apply(task string, nodes []*api.CatalogService,
 	return next
 }
 
-// Random catalog answers (entries added, changed, gone, listed in any
-// order and now and then twice) and health reads (of every member or of
-// some, missing some, with entries of other keys and empty ones): the list
-// of entries diffs, finds and builds the members exactly as the map did.
+// Random catalog answers (entries added, changed by a new session, gone,
+// none at all, listed in any order and now and then twice anywhere) and
+// health reads (of every member or of the changed ones and some others,
+// each read with its own status and generation, missing some, with an
+// entry of no service): the list of entries diffs, finds and builds the
+// members exactly as the map did. Unchanged entries keep their indexes, so
+// members are kept from before, and a fresher read of one is taken.
 func TestMembershipListMatchesTheMapItReplaced(t *testing.T) {
-	seed := uint64(time.Now().UnixNano())
-	rng := rand.New(rand.NewPCG(seed, 7))
 	keys := []memberKey{}
-	for _, n := range []string{"n1", "n2", "n10"} {
-		for _, inst := range []string{"a", "b", "c", "d", "e"} {
+	for _, n := range []string{"n1", "n2", "n10", "N3", ""} {
+		for _, inst := range []string{"a", "b", "c"} {
 			keys = append(keys, memberKey{n, health.ServiceID(inst, "work")})
 		}
 	}
 	instOf := func(k memberKey) string { return strings.TrimPrefix(k.serviceID, "work:") }
-	for run := range 200 {
+	statuses := []string{"passing", "warning", "critical"}
+	for seed := range uint64(300) {
+		rng := rand.New(rand.NewPCG(seed, 9))
 		list, spec := &taskMembership{}, &mapMembership{}
-		session := map[memberKey]string{}
-		for step := range 12 {
+		session, modify := map[memberKey]string{}, map[memberKey]uint64{}
+		for step := range 15 {
 			var nodes []*api.CatalogService
+			empty := rng.IntN(8) == 0
 			for _, k := range keys {
-				if rng.IntN(4) == 0 {
+				if empty || rng.IntN(4) == 0 {
 					continue // not in this answer
 				}
-				if rng.IntN(5) == 0 {
-					session[k] = fmt.Sprintf("s%d", step) // a new session: a change
+				if session[k] == "" || rng.IntN(5) == 0 {
+					session[k], modify[k] = fmt.Sprintf("s%d", step), uint64(step+1)
 				}
-				if session[k] == "" {
-					session[k] = "s0"
-				}
-				nodes = append(nodes, catalogEntry(k.node, instOf(k), session[k], uint64(step+1)))
+				nodes = append(nodes, catalogEntry(k.node, instOf(k), session[k], modify[k]))
 			}
 			rng.Shuffle(len(nodes), func(i, j int) { nodes[i], nodes[j] = nodes[j], nodes[i] })
-			if len(nodes) > 0 && rng.IntN(6) == 0 {
-				// The same key listed twice, the later with other content.
+			for d := rng.IntN(3); d > 0 && len(nodes) > 0; d-- {
+				// The same key listed twice, anywhere, with other content.
 				dup := *nodes[rng.IntN(len(nodes))]
 				dup.ServiceMeta = maps.Clone(dup.ServiceMeta)
-				dup.ServiceMeta["extra"] = fmt.Sprint(step)
-				nodes = append(nodes, &dup)
+				dup.ServiceMeta["extra"] = fmt.Sprint(step, d)
+				at := rng.IntN(len(nodes) + 1)
+				nodes = append(nodes[:at], append([]*api.CatalogService{&dup}, nodes[at:]...)...)
 			}
 			changed, left := list.diff(nodes)
 			wantChanged, wantLeft := spec.diff(nodes)
 			if !slices.Equal(changed, wantChanged) || left != wantLeft {
-				t.Fatalf("seed %d run %d step %d: diff %v %v, the map's %v %v", seed, run, step,
+				t.Fatalf("seed %d step %d: diff %v %v, the map's %v %v", seed, step,
 					changed, left, wantChanged, wantLeft)
 			}
 			readAll := rng.IntN(3) == 0
 			var entries []*api.ServiceEntry
 			read := func(k memberKey) {
 				if rng.IntN(8) != 0 { // now and then gone before the health read
-					entries = append(entries,
-						entry("work", k.node, instOf(k), session[k], 1, "passing"))
+					entries = append(entries, entry("work", k.node, instOf(k), session[k],
+						1+rng.IntN(3), statuses[rng.IntN(3)]))
 				}
 			}
 			if readAll {
@@ -558,32 +561,37 @@ func TestMembershipListMatchesTheMapItReplaced(t *testing.T) {
 				for _, k := range changed {
 					read(k)
 				}
-				if rng.IntN(3) == 0 {
-					read(keys[rng.IntN(len(keys))]) // a fresher read of an unchanged one
+				for i := rng.IntN(4); i > 0; i-- {
+					read(keys[rng.IntN(len(keys))]) // fresher reads of unchanged ones
 				}
 			}
-			entries = append(entries, &api.ServiceEntry{}) // no node, no service
+			entries = append(entries, &api.ServiceEntry{Node: &api.Node{Node: "n1"}}) // no service
 			list = list.apply("work", nodes, entries, readAll, changed)
 			spec = spec.apply("work", nodes, entries, readAll, changed)
-			if got, want := memberIDs(list.list()), memberIDs(spec.sorted); !slices.Equal(got, want) {
-				t.Fatalf("seed %d run %d step %d: members %v, the map's %v", seed, run, step,
-					got, want)
+			if !reflect.DeepEqual(list.list(), spec.sorted) {
+				t.Fatalf("seed %d step %d: members %v, the map's %v", seed, step,
+					memberIDs(list.list()), memberIDs(spec.sorted))
 			}
 			if len(list.entries) != len(spec.entries) {
-				t.Fatalf("seed %d run %d step %d: %d entries, the map's %d", seed, run, step,
+				t.Fatalf("seed %d step %d: %d entries, the map's %d", seed, step,
 					len(list.entries), len(spec.entries))
 			}
 			for i, e := range list.entries {
 				if i > 0 && compareKeys(list.entries[i-1].key, e.key) >= 0 {
-					t.Fatalf("seed %d: entries out of order at %d: %v", seed, i, e.key)
+					t.Fatalf("seed %d step %d: entries out of order at %d: %v", seed, step, i,
+						e.key)
 				}
-				want, ok := spec.entries[e.key]
-				if !ok || want.print != e.print || want.at != e.at {
-					t.Fatalf("seed %d run %d step %d: entry %v %+v, the map's %+v (%v)", seed,
-						run, step, e.key, e, want, ok)
+				if want, ok := spec.entries[e.key]; !ok || want.print != e.print || want.at != e.at {
+					t.Fatalf("seed %d step %d: entry %v %+v, the map's %+v (%v)", seed, step,
+						e.key, e, want, ok)
 				}
-				if got, ok := list.find(e.key); !ok || got != e {
-					t.Fatalf("seed %d: find(%v) = %+v %v", seed, e.key, got, ok)
+			}
+			for _, k := range keys {
+				got, ok := list.find(k)
+				want, wantOK := spec.entries[k]
+				if ok != wantOK || ok && (got.print != want.print || got.at != want.at) {
+					t.Fatalf("seed %d step %d: find(%v) = %+v %v, the map's %+v %v", seed,
+						step, k, got, ok, want, wantOK)
 				}
 			}
 		}

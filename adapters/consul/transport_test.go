@@ -416,7 +416,7 @@ func TestAGenerationListingIsDecodedFromItsCapturedBody(t *testing.T) {
 	var pairs api.KVPairs
 	for i := range 300 {
 		pairs = append(pairs, &api.KVPair{Key: health.GenerationKey(fmt.Sprintf("x%03d", i)),
-			Value: []byte(fmt.Sprintf(`{"generation":%d,"session_id":"s%d"}`, i+1, i)),
+			Value:       []byte(fmt.Sprintf(`{"generation":%d,"session_id":"s%d"}`, i+1, i)),
 			CreateIndex: uint64(10 + i), ModifyIndex: uint64(20 + i), Flags: uint64(i % 3)})
 	}
 	doc, err := json.Marshal(pairs)
