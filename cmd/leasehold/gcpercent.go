@@ -1,9 +1,16 @@
 package main
 
 import (
+	"context"
 	"fmt"
+	"log/slog"
+	"math"
 	"runtime/debug"
+	"runtime/metrics"
 	"strconv"
+	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 // The collector's target percentage (runtime/debug.SetGCPercent), which
@@ -15,14 +22,18 @@ import (
 // ~2 MB against a live heap of ~40 MB. Collecting at a quarter of that
 // growth costs a collection per ~13 MB allocated instead of per ~53 MB, and
 // kept the resident set after a run of lapses at 101 MB instead of 128 MB
-// (BENCHMARKS.md, "The collector's target").
+// (BENCHMARKS.md, "The collector's target"). While serve allocates fast the
+// pacer below lets it go to 100.
 const defaultGCPercent = 25
 
 // gcPercent is --gc-percent decided: the percentage (-1: off, as GOGC=off
-// may set it) and where it came from, for the log.
+// may set it), where it came from, for the log, and whether the pacer
+// (gcPacer) moves it with what serve allocates: only leasehold's default
+// is paced, a percentage asked for is kept.
 type gcPercent struct {
 	percent int
 	source  string
+	paced   bool
 }
 
 // parseGCPercent reads --gc-percent: auto (0) or a percentage from 1 to
@@ -47,12 +58,16 @@ func decideGCPercent(flagPercent int, getenv func(string) string) gcPercent {
 	case flagPercent > 0:
 		return gcPercent{percent: flagPercent, source: "--gc-percent"}
 	case getenv("GOGC") != "":
-		// What the runtime read from GOGC, read back (setting it again).
-		p := debug.SetGCPercent(100)
-		debug.SetGCPercent(p)
+		// What the runtime made of GOGC (100 for a value it could not read).
+		s := []metrics.Sample{{Name: "/gc/gogc:percent"}}
+		metrics.Read(s)
+		p := -1 // off
+		if s[0].Value.Kind() == metrics.KindUint64 && s[0].Value.Uint64() <= math.MaxInt32 {
+			p = int(s[0].Value.Uint64())
+		}
 		return gcPercent{percent: p, source: "GOGC"}
 	}
-	return gcPercent{percent: defaultGCPercent, source: "leasehold's default"}
+	return gcPercent{percent: defaultGCPercent, source: "leasehold's default", paced: true}
 }
 
 // apply sets the collector's percentage; GOGC's, already applied by the
@@ -61,4 +76,145 @@ func (g gcPercent) apply() {
 	if g.source != "GOGC" {
 		debug.SetGCPercent(g.percent)
 	}
+}
+
+// The pacer: --gc-percent's default holds the collector at
+// defaultGCPercent while serve allocates little (a fleet at rest, lapses,
+// their fan-outs) and lets it go to the runtime's 100 while serve allocates
+// a lot (a fleet registering or restarting: every change re-reads a task
+// type's listing). The collector's share of the CPU grows with what is
+// allocated over the percentage, whatever the heap's size: at 25 a fleet
+// of 10,000 registering cost leasehold 15–16 s of CPU against 10 s at 100
+// (BENCHMARKS.md, "The collector's target"), CPU the Consul servers on the
+// same cores then lack. Past gcBusyRate the pacer trades the memory back
+// for it until the allocation has stayed below it for gcCalmFor.
+const (
+	gcBusyPercent = 100
+	// gcBusyRate is the allocation rate, in bytes a second over
+	// gcWindow, from which serve counts as busy: at 25 the collector then
+	// marks the live heap for every quarter of it allocated, ~3% of a core
+	// at this rate. Over a window, so that a burst (a fan-out to 1,000
+	// streams allocates ~10 MB at once) does not count: a churn allocates
+	// at this rate for minutes.
+	gcBusyRate  = 8 << 20
+	gcWindow    = 10 * time.Second
+	gcPaceEvery = time.Second
+	gcCalmFor   = 10 * time.Second
+)
+
+// gcPace is the pacer's state; step is its decision, a pure function of
+// the samples.
+type gcPace struct {
+	quiet     int        // the percentage while calm
+	busy      bool       // at gcBusyPercent
+	calmSince time.Time  // since when the rate stayed below gcBusyRate while busy (zero: not)
+	samples   []gcSample // the last gcWindow's, oldest first
+}
+
+type gcSample struct {
+	at        time.Time
+	allocated uint64 // bytes allocated since the process started
+}
+
+// step takes a sample (the bytes allocated since the process started, at
+// now) and returns the percentage to set, or 0 to leave it. The rate is
+// over the samples of the last gcWindow (at least two); a sample that goes
+// back in time or counts less than the last restarts them.
+func (p *gcPace) step(now time.Time, allocated uint64) int {
+	if n := len(p.samples); n > 0 &&
+		(!now.After(p.samples[n-1].at) || allocated < p.samples[n-1].allocated) {
+		p.samples = p.samples[:0]
+	}
+	p.samples = append(p.samples, gcSample{now, allocated})
+	drop := 0
+	for drop < len(p.samples)-2 && now.Sub(p.samples[drop+1].at) >= gcWindow {
+		drop++ // the next one still spans the window
+	}
+	p.samples = append(p.samples[:0], p.samples[drop:]...)
+	if len(p.samples) < 2 {
+		return 0
+	}
+	first := p.samples[0]
+	rate := float64(allocated-first.allocated) / now.Sub(first.at).Seconds()
+	switch {
+	case rate >= gcBusyRate:
+		p.calmSince = time.Time{}
+		if !p.busy {
+			p.busy = true
+			return gcBusyPercent
+		}
+	case p.busy:
+		if p.calmSince.IsZero() {
+			p.calmSince = now
+		}
+		if now.Sub(p.calmSince) >= gcCalmFor {
+			p.busy, p.calmSince = false, time.Time{}
+			return p.quiet
+		}
+	}
+	return 0
+}
+
+// gcPacer samples the bytes allocated every gcPaceEvery and sets the
+// percentage step decides, from the first view of the whole fleet on: the
+// first read of a fleet is done at the quiet percentage (once), so that
+// its allocation does not hold the collector at 100 while serve's first
+// streams and changes come in.
+type gcPacer struct {
+	quiet  int
+	ready  func(context.Context) error // waits for the first view of the whole fleet (nil: none)
+	clock  clockwork.Clock             // default: the real clock
+	allocs func() uint64               // default: runtime/metrics' /gc/heap/allocs:bytes
+	set    func(int) int               // default: debug.SetGCPercent
+	log    *slog.Logger
+}
+
+// Run paces until ctx ends, leaving the quiet percentage set; it returns
+// ctx's error.
+func (g gcPacer) Run(ctx context.Context) error {
+	if g.ready != nil {
+		if err := g.ready(ctx); err != nil {
+			return err
+		}
+	}
+	if g.clock == nil {
+		g.clock = clockwork.NewRealClock()
+	}
+	if g.allocs == nil {
+		g.allocs = heapAllocated
+	}
+	if g.set == nil {
+		g.set = debug.SetGCPercent
+	}
+	p := gcPace{quiet: g.quiet}
+	p.step(g.clock.Now(), g.allocs())
+	t := g.clock.NewTicker(gcPaceEvery)
+	defer t.Stop()
+	for {
+		select {
+		case <-ctx.Done():
+			if p.busy {
+				g.set(g.quiet)
+			}
+			return ctx.Err()
+		case <-t.Chan():
+		}
+		if pct := p.step(g.clock.Now(), g.allocs()); pct != 0 {
+			g.set(pct)
+			if g.log != nil {
+				g.log.Debug("collector", "gc_percent", pct, "busy", p.busy)
+			}
+		}
+	}
+}
+
+// heapAllocated is the bytes allocated on the heap since the process
+// started (runtime/metrics; no stop of the world, unlike ReadMemStats).
+func heapAllocated() uint64 {
+	s := []metrics.Sample{{Name: "/gc/heap/allocs:bytes"}}
+	metrics.Read(s)
+	if s[0].Value.Kind() != metrics.KindUint64 {
+		return 0
+	}
+	return s[0].Value.Uint64()
 }

@@ -1,9 +1,16 @@
 package main
 
 import (
+	"context"
+	"errors"
+	"fmt"
 	"runtime/debug"
 	"strings"
+	"sync/atomic"
 	"testing"
+	"time"
+
+	"github.com/jonboulle/clockwork"
 )
 
 // --gc-percent takes auto or a percentage in range, and a bad value is
@@ -39,15 +46,15 @@ func TestGCPercentParses(t *testing.T) {
 }
 
 // The flag wins; auto takes GOGC as the runtime applied it, else
-// leasehold's default; apply sets the flag's and the default, never
-// overrides GOGC's.
+// leasehold's default, the only one paced; apply sets the flag's and the
+// default, never overrides GOGC's.
 func TestGCPercentIsDecidedAndApplied(t *testing.T) {
 	prev := debug.SetGCPercent(100)
 	defer debug.SetGCPercent(prev)
 	noEnv := func(string) string { return "" }
 
 	g := decideGCPercent(40, noEnv)
-	if g.percent != 40 || g.source != "--gc-percent" {
+	if g.percent != 40 || g.source != "--gc-percent" || g.paced {
 		t.Fatalf("flag 40: %+v", g)
 	}
 	g.apply()
@@ -56,7 +63,7 @@ func TestGCPercentIsDecidedAndApplied(t *testing.T) {
 	}
 
 	g = decideGCPercent(0, noEnv)
-	if g.percent != defaultGCPercent || g.source != "leasehold's default" {
+	if g.percent != defaultGCPercent || g.source != "leasehold's default" || !g.paced {
 		t.Fatalf("auto without GOGC: %+v", g)
 	}
 	g.apply()
@@ -73,11 +80,92 @@ func TestGCPercentIsDecidedAndApplied(t *testing.T) {
 		return ""
 	}
 	g = decideGCPercent(0, gogc)
-	if g.percent != 70 || g.source != "GOGC" {
+	if g.percent != 70 || g.source != "GOGC" || g.paced {
 		t.Fatalf("auto with GOGC=70: %+v", g)
 	}
 	g.apply()
 	if got := debug.SetGCPercent(100); got != 70 {
 		t.Fatalf("collector at %d after applying GOGC's decision, want 70 left as it was", got)
+	}
+}
+
+// The pacer's decisions, over the rate of the last gcWindow: calm at the
+// quiet percentage, and a burst (30 MiB at once) calm too; 100 as soon as
+// the window's rate reaches gcBusyRate; back to the quiet percentage only
+// after gcCalmFor below it; a sample back in time restarts the count, and
+// two samples are a window.
+func TestThePacerLoosensTheCollectorWhileServeAllocatesFast(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	const mib = 1 << 20
+	p := gcPace{quiet: 25}
+	var total uint64
+	sample := func(s float64, add uint64, want int, why string) {
+		t.Helper()
+		total += add
+		at := t0.Add(time.Duration(s * float64(time.Second)))
+		if got := p.step(at, total); got != want {
+			t.Fatalf("at %.1f s, %d MiB allocated (%s): set %d, want %d", s, total/mib, why,
+				got, want)
+		}
+	}
+	sample(0, 0, 0, "the first sample")
+	for s := 1; s <= 12; s++ {
+		sample(float64(s), mib, 0, "1 MiB/s")
+	}
+	sample(13, 30*mib, 0, "a burst of 30 MiB: 3.9 MiB/s over the window")
+	for s, rate := range []float64{4.7, 5.5, 6.3, 7.1, 7.9} {
+		sample(float64(14+s), 9*mib, 0, fmt.Sprintf("9 MiB/s for a while: %.1f over the window",
+			rate))
+	}
+	sample(19, 9*mib, gcBusyPercent, "8.7 MiB/s over the window")
+	sample(20, 9*mib, 0, "busy, already at 100")
+	sample(21, 0, 0, "nothing allocated, the window still at 9.4 MiB/s")
+	sample(22, 0, 0, "9.3 MiB/s")
+	for s := 23; s <= 32; s++ {
+		sample(float64(s), 0, 0, fmt.Sprintf("calm for %d s", s-23))
+	}
+	sample(33, 0, 25, "calm for 10 s: back to the quiet percentage")
+	sample(34, mib, 0, "calm and quiet")
+	sample(33.5, 100*mib, 0, "a sample back in time restarts the count")
+	sample(34.5, 60*mib, gcBusyPercent, "two samples a second apart: 60 MiB/s")
+}
+
+// Run samples every gcPaceEvery, sets what the pace decides, and leaves
+// the quiet percentage set when it ends busy.
+func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
+	fc := clockwork.NewFakeClock()
+	var allocated atomic.Uint64
+	sets := make(chan int, 8)
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() {
+		done <- gcPacer{quiet: 25, clock: fc, allocs: allocated.Load,
+			set: func(p int) int { sets <- p; return 0 }}.Run(ctx)
+	}()
+	next := func(add uint64) {
+		t.Helper()
+		if err := fc.BlockUntilContext(ctx, 1); err != nil { // the ticker is set
+			t.Fatal(err)
+		}
+		allocated.Add(add)
+		fc.Advance(gcPaceEvery)
+	}
+	expect := func(want int) {
+		t.Helper()
+		select {
+		case got := <-sets:
+			if got != want {
+				t.Fatalf("set %d, want %d", got, want)
+			}
+		case <-time.After(5 * time.Second):
+			t.Fatalf("nothing set, want %d", want)
+		}
+	}
+	next(64 << 20) // 64 MiB in a second
+	expect(gcBusyPercent)
+	cancel()
+	expect(25)
+	if err := <-done; !errors.Is(err, context.Canceled) {
+		t.Fatalf("Run returned %v", err)
 	}
 }

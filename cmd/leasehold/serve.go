@@ -55,6 +55,10 @@ type serveConfig struct {
 	memoryLimitOff bool
 	// gcPercent is --gc-percent's (0: auto).
 	gcPercent int
+	// gcPace, set by the command (not by tests, which run serve in their
+	// own process), is the quiet percentage serve's pacer holds the
+	// collector at (gcPacer; 0: no pacer).
+	gcPace int
 	// datacenters are in failover order, leasehold's own first; nil: the
 	// agent's own only.
 	datacenters []string
@@ -142,6 +146,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	}
 	parts.run("systemd notifications", systemdNotify{readiness: p.syncer.Readiness, log: log}.Run)
 	parts.run("startup memory", startupMemory{view: p.syncer.View}.Run)
+	if cfg.gcPace > 0 {
+		view := p.syncer.View
+		parts.run("collector pacing", gcPacer{quiet: cfg.gcPace, log: log,
+			ready: func(ctx context.Context) error { return awaitWholeFleet(ctx, view) }}.Run)
+	}
 
 	g := newGRPCServer(sec.creds, tel)
 	xds := server.NewXDS(

@@ -103,7 +103,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 	fs.StringVar(&f.gcPercent, "gc-percent", "auto",
 		"how far the heap may grow past what is live (and the stacks) before the collector "+
 			"runs, in percent (1 to 10000): lower trades CPU for memory; auto: GOGC when set, "+
-			"else 25 (leasehold's heap is mostly state that lives, a change allocates little)")
+			"else 25 while serve allocates little and 100 while it allocates fast (a fleet "+
+			"registering)")
 	env("gc-percent", "LEASEHOLD_GC_PERCENT")
 	fs.StringVar(&f.dcs, "datacenters", "",
 		"Consul datacenters to watch through the agent, comma-separated in failover order, "+
@@ -354,7 +355,10 @@ world and delta), with the fencing API on the same port and an admin port for
 			log.Info("memory limit", "bytes", limit.bytes, "from", limit.source)
 			gc := decideGCPercent(cfg.gcPercent, os.Getenv)
 			gc.apply()
-			log.Info("collector", "gc_percent", gc.percent, "from", gc.source)
+			log.Info("collector", "gc_percent", gc.percent, "from", gc.source, "paced", gc.paced)
+			if gc.paced {
+				cfg.gcPace = gc.percent
+			}
 			if err := serve(ctx, cfg, log, nil); err != nil {
 				// The error names flags; those set from a variable name it too.
 				msg := withVariables(err.Error(), cfg.fromEnv)

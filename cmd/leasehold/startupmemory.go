@@ -26,14 +26,22 @@ func (m startupMemory) Run(ctx context.Context) error {
 	if m.free == nil {
 		m.free = debug.FreeOSMemory
 	}
-	for v := m.view(); !v.Synced; v = m.view() {
+	if err := awaitWholeFleet(ctx, m.view); err != nil {
+		return err
+	}
+	m.free()
+	<-ctx.Done()
+	return ctx.Err()
+}
+
+// awaitWholeFleet waits for the first view of the whole fleet (Synced).
+func awaitWholeFleet(ctx context.Context, view func() *fleet.View) error {
+	for v := view(); !v.Synced; v = view() {
 		select {
 		case <-ctx.Done():
 			return ctx.Err()
 		case <-v.Changed():
 		}
 	}
-	m.free()
-	<-ctx.Done()
-	return ctx.Err()
+	return nil
 }
