@@ -4,6 +4,7 @@ import (
 	"context"
 	"errors"
 	"fmt"
+	"io"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -167,5 +168,25 @@ func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
 	expect(25)
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run returned %v", err)
+	}
+}
+
+// A bad --gc-percent stops serve before it starts, naming the flag, and
+// the variable when the value came from it; a good one reaches the config.
+func TestABadGCPercentNamesTheFlagAndItsVariable(t *testing.T) {
+	unsetenv(t, "LEASEHOLD_GC_PERCENT")
+	if _, err := parseServeFlags([]string{"--gc-percent", "0"}, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "--gc-percent") ||
+		!strings.Contains(err.Error(), "from 1 to 10000") {
+		t.Fatalf("--gc-percent 0: %v, want an error naming the flag and the range", err)
+	}
+	cfg, err := parseServeFlags([]string{"--gc-percent", "40"}, io.Discard)
+	if err != nil || cfg.gcPercent != 40 || cfg.gcPace != 0 {
+		t.Fatalf("--gc-percent 40: %+v %v", cfg, err)
+	}
+	t.Setenv("LEASEHOLD_GC_PERCENT", "off")
+	if _, err := parseServeFlags(nil, io.Discard); err == nil ||
+		!strings.Contains(err.Error(), "--gc-percent (from $LEASEHOLD_GC_PERCENT)") {
+		t.Fatalf("LEASEHOLD_GC_PERCENT=off: %v, want an error naming the flag and variable", err)
 	}
 }
