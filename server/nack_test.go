@@ -94,29 +94,36 @@ func (f *fixture) lapseB() {
 	)
 }
 
-// nacks is the leasehold.xds.nacks counter by (type URL, reason).
-func (o *observedXDS) nacks() map[[2]string]int64 {
+// metric collects the server's metrics and returns the data of the one
+// named (nil: not exported).
+func (o *observedXDS) metric(name string) metricdata.Aggregation {
 	var rm metricdata.ResourceMetrics
 	if err := o.metrics.Collect(context.Background(), &rm); err != nil {
 		o.t.Fatal(err)
 	}
-	out := map[[2]string]int64{}
 	for _, sm := range rm.ScopeMetrics {
 		for _, m := range sm.Metrics {
-			if m.Name != "leasehold.xds.nacks" {
-				continue
+			if m.Name == name {
+				return m.Data
 			}
-			for _, dp := range m.Data.(metricdata.Sum[int64]).DataPoints {
-				typeURL, _ := dp.Attributes.Value("type_url")
-				reason, _ := dp.Attributes.Value("reason")
-				if len(dp.Attributes.ToSlice()) != 2 {
-					o.t.Fatalf("NACK counter labels %v: want type_url and reason only",
-						dp.Attributes.ToSlice())
-				}
-				if dp.Value != 0 { // every known series is exported at 0 from the start
-					out[[2]string{typeURL.AsString(), reason.AsString()}] += dp.Value
-				}
-			}
+		}
+	}
+	return nil
+}
+
+// nacks is the leasehold.xds.nacks counter by (type URL, reason).
+func (o *observedXDS) nacks() map[[2]string]int64 {
+	out := map[[2]string]int64{}
+	sum, _ := o.metric("leasehold.xds.nacks").(metricdata.Sum[int64])
+	for _, dp := range sum.DataPoints {
+		typeURL, _ := dp.Attributes.Value("type_url")
+		reason, _ := dp.Attributes.Value("reason")
+		if len(dp.Attributes.ToSlice()) != 2 {
+			o.t.Fatalf("NACK counter labels %v: want type_url and reason only",
+				dp.Attributes.ToSlice())
+		}
+		if dp.Value != 0 { // every known series is exported at 0 from the start
+			out[[2]string{typeURL.AsString(), reason.AsString()}] += dp.Value
 		}
 	}
 	return out

@@ -333,21 +333,14 @@ func TestADeltaWildcardUnsubscribingNamesHoldsNoMemoryForThem(t *testing.T) {
 func TestTheDispatchersGaugeCountsOpenStreamsByMode(t *testing.T) {
 	o := startObservedXDS(t)
 	gauge := func() map[string]int64 {
-		var rm metricdata.ResourceMetrics
-		if err := o.metrics.Collect(context.Background(), &rm); err != nil {
-			t.Fatal(err)
+		g, ok := o.metric("leasehold.dispatchers").(metricdata.Gauge[int64])
+		if !ok {
+			t.Fatal("leasehold.dispatchers is not exported as a gauge")
 		}
 		out := map[string]int64{}
-		for _, sm := range rm.ScopeMetrics {
-			for _, m := range sm.Metrics {
-				if m.Name != "leasehold.dispatchers" {
-					continue
-				}
-				for _, dp := range m.Data.(metricdata.Gauge[int64]).DataPoints {
-					mode, _ := dp.Attributes.Value("mode")
-					out[mode.AsString()] = dp.Value
-				}
-			}
+		for _, dp := range g.DataPoints {
+			mode, _ := dp.Attributes.Value("mode")
+			out[mode.AsString()] = dp.Value
 		}
 		return out
 	}

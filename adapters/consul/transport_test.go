@@ -157,14 +157,7 @@ func TestListingsAreDecodedOnceFromTheCapturedBody(t *testing.T) {
 	srv.Start() // after ConnState is set: the server reads it
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	own, err := NewClient(addr, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain, err := api.NewClient(&api.Config{Address: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
+	own, plain := bothClients(t, addr)
 	var want []*api.CatalogService
 	json.Unmarshal(catDoc, &want)
 	var wantHealth []*api.ServiceEntry
@@ -212,6 +205,20 @@ func TestListingsAreDecodedOnceFromTheCapturedBody(t *testing.T) {
 		t.Errorf("%d connections for two clients' sequential reads: captured bodies were "+
 			"not read to the end", n)
 	}
+}
+
+// bothClients are a client of addr built by NewClient (its transport
+// captures listings) and one built by the api package alone.
+func bothClients(t *testing.T, addr string) (own, plain *api.Client) {
+	t.Helper()
+	own, err := NewClient(addr, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	if plain, err = api.NewClient(&api.Config{Address: addr}); err != nil {
+		t.Fatal(err)
+	}
+	return own, plain
 }
 
 func gzipped(b []byte) []byte {
@@ -434,14 +441,7 @@ func TestAGenerationListingIsDecodedFromItsCapturedBody(t *testing.T) {
 	}))
 	defer srv.Close()
 	addr := strings.TrimPrefix(srv.URL, "http://")
-	own, err := NewClient(addr, 4)
-	if err != nil {
-		t.Fatal(err)
-	}
-	plain, err := api.NewClient(&api.Config{Address: addr})
-	if err != nil {
-		t.Fatal(err)
-	}
+	own, plain := bothClients(t, addr)
 	want, _, err := (apiCatalog{c: plain}).Generations(context.Background(), 0, 0)
 	if err != nil || len(want) != len(pairs) {
 		t.Fatalf("as the api client decodes: %d pairs, %v", len(want), err)
