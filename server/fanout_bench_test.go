@@ -25,6 +25,7 @@ import (
 
 	"github.com/leasehold/leasehold/health"
 	"github.com/leasehold/leasehold/internal/adstest"
+	"github.com/leasehold/leasehold/internal/fleettest"
 	"github.com/leasehold/leasehold/snapshot/fleet"
 	"github.com/leasehold/leasehold/snapshot/xdscache"
 )
@@ -132,9 +133,15 @@ func startFanOutServer(b *testing.B, n int) *fanOutServer {
 		m.Checks[1].CheckID = health.CheckID(m.InstanceID, m.SessionID, "work")
 		s.members = append(s.members, m)
 	}
+	// Each instance's generation key confirms its registration: without
+	// one nothing is routed, and a removal changes no response.
+	gens := map[string]uint64{}
+	for _, m := range s.members {
+		gens[m.InstanceID] = m.Generation
+	}
 	s.obs <- health.Observation{Data: &health.TaskList{Tasks: []string{"work"}}}
 	s.obs <- health.Observation{Data: &health.NonPassing{Index: 2}}
-	s.obs <- health.Observation{Data: &health.Generations{Index: 2}}
+	s.obs <- health.Observation{Data: &health.Generations{Index: 2, Keys: fleettest.Keys(gens)}}
 	s.send()
 	return s
 }
@@ -172,7 +179,10 @@ func dialStreams(b *testing.B, addr string, n int, form string, capture bool) *b
 		b.Fatal(err)
 	}
 	b.Cleanup(func() { conn.Close() })
-	meta, _ := structpb.NewStruct(map[string]any{xdscache.NodeMetaEndpointMetadata: form})
+	// One cluster of every endpoint, not shards of 250: a removal is pushed
+	// whole, as the benchmark means to measure.
+	meta, _ := structpb.NewStruct(map[string]any{xdscache.NodeMetaEndpointMetadata: form,
+		xdscache.NodeMetaWeightedClusters: false})
 	c := &benchStreams{
 		counts: make([]int, n),
 		last:   make([]time.Time, n),
