@@ -46,7 +46,10 @@ func BenchmarkFanOut(b *testing.B) {
 	endpoints, streams, frames := *fanOutEndpoints, *fanOutStreams, 20
 	for _, form := range []string{"full", "session", "none"} {
 		b.Run(form, func(b *testing.B) {
-			lh := startFanOutServer(b, endpoints+frames+b.N)
+			// Removals run the fleet down from endpoints+frames+slack to
+			// endpoints, then it is filled again (unmeasured): b.Loop's
+			// iterations are not known before it runs.
+			lh := startFanOutServer(b, endpoints+frames+max(endpoints/10, 10))
 			lc := dialStreams(b, lh.addr, streams, form, true)
 			lc.await(b, 1)
 			for i := 2; i <= frames; i++ { // stream 0's responses: the floor's frames
@@ -59,6 +62,11 @@ func BenchmarkFanOut(b *testing.B) {
 			ln, fn := len(lc.frames), 1
 			var lat, floor []time.Duration
 			for i := 0; b.Loop(); i++ {
+				if len(lh.members) <= endpoints {
+					lh.refill()
+					ln++
+					lc.await(b, ln)
+				}
 				at := lh.remove()
 				ln++
 				lat = append(lat, lc.await(b, ln).Sub(at))
@@ -103,6 +111,7 @@ type fanOutServer struct {
 	obs       chan health.Observation
 	published chan time.Time
 	members   []health.Member
+	all       []health.Member // what it started with (refill)
 	idx       uint64
 }
 
@@ -139,6 +148,7 @@ func startFanOutServer(b *testing.B, n int) *fanOutServer {
 	for _, m := range s.members {
 		gens[m.InstanceID] = m.Generation
 	}
+	s.all = s.members
 	s.obs <- health.Observation{Data: &health.TaskList{Tasks: []string{"work"}}}
 	s.obs <- health.Observation{Data: &health.NonPassing{Index: 2}}
 	s.obs <- health.Observation{Data: &health.Generations{Index: 2, Keys: fleettest.Keys(gens)}}
@@ -161,6 +171,16 @@ func (s *fanOutServer) remove() time.Time {
 	s.members = s.members[1:]
 	s.send()
 	return <-s.published
+}
+
+// refill puts every member back and returns when the syncer published it.
+func (s *fanOutServer) refill() {
+	for len(s.published) > 0 {
+		<-s.published
+	}
+	s.members = s.all
+	s.send()
+	<-s.published
 }
 
 // benchStreams are light ADS clients on one connection: they ACK each
