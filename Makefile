@@ -101,6 +101,7 @@ bench: $(CONSUL)
 	$(GO) test -run '^$$' -bench . -benchtime 1000x -count 4 ./adapters/otel
 	$(GO) test -run '^$$' -bench . -count 3 ./snapshot/translator ./snapshot/xdscache ./snapshot/fleet
 	$(GO) test -run '^$$' -bench CheckSessionBusyFleet -benchtime 1000x -count 3 ./adapters/consul
+	$(GO) test -run '^$$' -bench FanOut -benchtime 200x -count 3 ./server
 	$(GO) build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o bin/leasehold ./cmd/leasehold
 	$(GO) build -o bin/leasehold-bench ./cmd/leasehold-bench
 	bin/leasehold-bench --leasehold bin/leasehold --write BENCHMARKS.md

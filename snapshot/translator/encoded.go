@@ -208,6 +208,33 @@ func LbEndpoints(loc *endpointv3.LocalityLbEndpoints) ([]*endpointv3.LbEndpoint,
 	return out, nil
 }
 
+// EncodedLbEndpoints is each of loc's endpoints as its encoding (an
+// LbEndpoint's), in wire order, sharing loc's bytes (not to be written); ok
+// is false when loc holds endpoints as messages too, or its encodings do not
+// scan.
+func EncodedLbEndpoints(loc *endpointv3.LocalityLbEndpoints) (lbs [][]byte, ok bool) {
+	if len(loc.GetLbEndpoints()) > 0 {
+		return nil, false
+	}
+	b := []byte(loc.ProtoReflect().GetUnknown())
+	for len(b) > 0 {
+		num, typ, n := protowire.ConsumeTag(b)
+		if n < 0 {
+			return nil, false
+		}
+		m := protowire.ConsumeFieldValue(num, typ, b[n:])
+		if m < 0 {
+			return nil, false
+		}
+		if num == lbEndpointsField && typ == protowire.BytesType {
+			v, _ := protowire.ConsumeBytes(b[n : n+m])
+			lbs = append(lbs, v)
+		}
+		b = b[n+m:]
+	}
+	return lbs, true
+}
+
 // Expand is cla with every endpoint as a message (a copy: cla is not
 // modified), by marshalling and parsing it again; nil for nil. It panics if
 // cla does not marshal or parse, which a load assignment of this package
