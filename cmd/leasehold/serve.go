@@ -197,6 +197,11 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		"mtls", cfg.tls.ClientCA != "", "authz_policy", cfg.authzPolicy != "",
 		"admin_guarded", sec.adminToken != nil || cfg.adminTLS.ClientCA != "",
 		"admin_tls", cfg.adminTLS.Cert != "")
+	if grpcTraceLinked {
+		log.Info("built without -tags grpcnotrace: gRPC's request tracing is linked in, and " +
+			"with it every method of every type; the binary is ~15 MB larger and ~7 MB more of " +
+			"it resident (README, Installing it)")
+	}
 	if bound != nil {
 		bound <- listening{xds: xdsLis.Addr().String(), admin: adminLis.Addr().String()}
 	}

@@ -361,7 +361,7 @@ func TestEveryDocumentedFamilyIsExportedFromTheStart(t *testing.T) {
 // buildInfoIsTold checks that a running serve says which build it is: the
 // leasehold_build_info gauge (1, labelled with the version, revision and Go
 // version `leasehold version` prints) and its start line, which also names
-// the Consul agent it reads.
+// the Consul agent it reads, and whether it was built without grpcnotrace.
 func buildInfoIsTold(t *testing.T, f *dto.MetricFamily, serveLog, consulAddr string) {
 	t.Helper()
 	b := readBuild()
@@ -391,5 +391,11 @@ func buildInfoIsTold(t *testing.T, f *dto.MetricFamily, serveLog, consulAddr str
 		if !strings.Contains(start, kv) {
 			t.Errorf("start line lacks %s: %q", kv, start)
 		}
+	}
+	// A binary built without -tags grpcnotrace (as this test's is, unless
+	// go test was given the tag) says so; one built with it does not.
+	if said := strings.Contains(serveLog, "built without -tags grpcnotrace"); said != grpcTraceLinked {
+		t.Errorf("serve said it was built without grpcnotrace: %v; the build links gRPC's "+
+			"tracing: %v", said, grpcTraceLinked)
 	}
 }
