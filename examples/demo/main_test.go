@@ -55,7 +55,7 @@ func playDemo(t *testing.T, twoDCs bool, executors ...string) *demo {
 		t.Skip("builds three binaries and runs for ~20 s")
 	}
 	bins := t.TempDir()
-	// Built as make demo builds them (the Makefile's TAGS).
+	// Built as make demo builds them: -tags grpcnotrace, the Makefile's TAGS.
 	for name, pkg := range map[string]string{"leasehold": "../../cmd/leasehold", "executor": "../executor", "dispatcher": "../dispatcher"} {
 		out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", filepath.Join(bins, name), pkg).CombinedOutput()
 		if err != nil {

@@ -29,7 +29,9 @@ var (
 	buildErr  error
 )
 
-// executorBinary builds the executor once for the package's tests.
+// executorBinary builds the executor once for the package's tests, as make
+// builds it (-tags grpcnotrace, the Makefile's TAGS: the build cache is then
+// shared with the other tests' builds).
 func executorBinary(t *testing.T) string {
 	t.Helper()
 	buildOnce.Do(func() {
@@ -39,7 +41,7 @@ func executorBinary(t *testing.T) string {
 			return
 		}
 		built = filepath.Join(dir, "executor")
-		if out, err := exec.Command("go", "build", "-o", built, ".").CombinedOutput(); err != nil {
+		if out, err := exec.Command("go", "build", "-tags", "grpcnotrace", "-o", built, ".").CombinedOutput(); err != nil {
 			buildErr = fmt.Errorf("go build: %v\n%s", err, out)
 		}
 	})

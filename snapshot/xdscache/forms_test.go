@@ -147,7 +147,11 @@ func TestTheWireFormIsTheMessageForm(t *testing.T) {
 	word := func() string {
 		const alphabet = "abcXYZ019-_.:é日\u0001"
 		rs := []rune(alphabet)
-		b := make([]rune, r.IntN(40))
+		n := r.IntN(40)
+		if r.IntN(8) == 0 { // past 127 bytes: lengths of two bytes and more
+			n = 100 + r.IntN(2000)
+		}
+		b := make([]rune, n)
 		for i := range b {
 			b[i] = rs[r.IntN(len(rs))]
 		}
