@@ -5,6 +5,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"runtime"
 	"runtime/debug"
 	"strings"
 	"sync/atomic"
@@ -104,7 +105,7 @@ func TestThePacerLoosensTheCollectorWhileServeAllocatesFast(t *testing.T) {
 		t.Helper()
 		total += add
 		at := t0.Add(time.Duration(s * float64(time.Second)))
-		if got := p.step(at, total); got != want {
+		if got := p.step(at, total, 0); got != want {
 			t.Fatalf("at %.1f s, %d MiB allocated (%s): set %d, want %d", s, total/mib, why,
 				got, want)
 		}
@@ -133,6 +134,45 @@ func TestThePacerLoosensTheCollectorWhileServeAllocatesFast(t *testing.T) {
 
 // Run samples every gcPaceEvery, sets what the pace decides, and leaves
 // the quiet percentage set when it ends busy.
+// While calm, the collector is given at least gcHeadroom past what is
+// retained: a small heap's quarter would run it inside every fan-out. The
+// percentage moves only by gcQuietStep or more, and never past 100; busy
+// and back, it is set again whatever it was.
+func TestThePacerKeepsTheHeadroomOfAFanOut(t *testing.T) {
+	t0 := time.Unix(1000, 0)
+	const mib = 1 << 20
+	p := gcPace{quiet: 25}
+	var total uint64
+	sample := func(s float64, add, retained uint64, want int, why string) {
+		t.Helper()
+		total += add
+		at := t0.Add(time.Duration(s * float64(time.Second)))
+		if got := p.step(at, total, retained); got != want {
+			t.Fatalf("at %.0f s, %d MiB retained (%s): set %d, want %d", s, retained/mib, why,
+				got, want)
+		}
+	}
+	sample(0, 0, 100*mib, 0, "a quarter of 100 MiB is past 10: 25 holds")
+	sample(1, mib, 40*mib, 0, "a quarter of 40 MiB is 10")
+	sample(2, mib, 20*mib, 50, "20 MiB retained: 50% leaves 10")
+	sample(3, mib, 21*mib, 0, "48% is within 5 of 50")
+	sample(4, mib, 30*mib, 34, "30 MiB: 34%, rounded up")
+	sample(5, mib, 8*mib, gcBusyPercent, "8 MiB: 125%, held to 100")
+	sample(6, mib, 0, 25, "retained not known: back to the quiet 25")
+	p = gcPace{quiet: 25}
+	total = 0
+	sample(0, 0, 100*mib, 0, "a new pace")
+	sample(1, 64*mib, 100*mib, gcBusyPercent, "64 MiB/s: busy")
+	for s := 2; s <= 18; s++ { // the window's rate falls under 8 MiB/s at 9 s
+		sample(float64(s), 0, 20*mib, 0, "busy, or calm for less than 10 s")
+	}
+	sample(19, 0, 20*mib, 50, "calm for 10 s at 20 MiB retained: 50, not 25")
+	runtime.GC()
+	if r := heapRetained(); r == 0 {
+		t.Error("the runtime reported nothing retained: the pacer would never move past 25")
+	}
+}
+
 func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
 	fc := clockwork.NewFakeClock()
 	var allocated atomic.Uint64
@@ -141,7 +181,8 @@ func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- gcPacer{quiet: 25, clock: fc, allocs: allocated.Load,
-			set: func(p int) int { sets <- p; return 0 }}.Run(ctx)
+			retained: func() uint64 { return 100 << 20 }, // past gcHeadroom×4: 25 holds
+			set:      func(p int) int { sets <- p; return 0 }}.Run(ctx)
 	}()
 	next := func(add uint64) {
 		t.Helper()
