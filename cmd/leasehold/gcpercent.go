@@ -101,14 +101,15 @@ const (
 	gcPaceEvery = time.Second
 	gcCalmFor   = 10 * time.Second
 	// gcHeadroom is the least the heap may grow past what is retained (the
-	// live heap, the stacks' used part and the globals, which the
+	// live heap, the goroutines' stacks and the globals, which the
 	// percentage is of) before the collector runs while calm: about what a
 	// fan-out to 1,000 streams allocates at once. A quarter of a small heap
 	// is less than that, and the collector then ran inside every fan-out:
-	// at 1,000 executors and 1,000 streams (~10 MB retained) 25 cost 12–15
-	// µs of CPU per stream and update against 5 µs at 100 (BENCHMARKS.md,
-	// "The collector's headroom"). The percentage stays at 25 from 40 MiB
-	// retained on (10,000 executors and 1,000 streams retain ~43 MB).
+	// at 1,000 executors and 1,000 streams (21–25 MB retained) 25 cost 12–15
+	// µs of CPU per stream and update against 5 µs at 100, and 9 µs with
+	// this headroom (43–50%; BENCHMARKS.md, "The collector's headroom").
+	// The percentage stays at 25 from 40 MiB retained on (10,000 executors
+	// and 1,000 streams retain ~45 MB).
 	gcHeadroom = 10 << 20
 	// gcQuietStep is how far the calm percentage must move before it is set
 	// again: what is retained moves a little with every change.
