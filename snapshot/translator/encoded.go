@@ -3,6 +3,7 @@ package translator
 import (
 	"bytes"
 	"fmt"
+	"iter"
 
 	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -216,23 +217,53 @@ func EncodedLbEndpoints(loc *endpointv3.LocalityLbEndpoints) (lbs [][]byte, ok b
 	if len(loc.GetLbEndpoints()) > 0 {
 		return nil, false
 	}
-	b := []byte(loc.ProtoReflect().GetUnknown())
-	for len(b) > 0 {
-		num, typ, n := protowire.ConsumeTag(b)
-		if n < 0 {
+	for f, scanned := range WireFields(loc.ProtoReflect().GetUnknown()) {
+		if !scanned {
 			return nil, false
 		}
-		m := protowire.ConsumeFieldValue(num, typ, b[n:])
-		if m < 0 {
-			return nil, false
+		if f.Num == lbEndpointsField && f.Type == protowire.BytesType {
+			lbs = append(lbs, f.Value)
 		}
-		if num == lbEndpointsField && typ == protowire.BytesType {
-			v, _ := protowire.ConsumeBytes(b[n : n+m])
-			lbs = append(lbs, v)
-		}
-		b = b[n+m:]
 	}
 	return lbs, true
+}
+
+// WireField is one field of an encoding: its number and wire type, the
+// field as encoded (Raw: tag and value) and, for a bytes field, its
+// contents (Value, without the length; nil for other types). Both share the
+// encoding's bytes.
+type WireField struct {
+	Num        protowire.Number
+	Type       protowire.Type
+	Raw, Value []byte
+}
+
+// WireFields yields each field of b in order, and then, if the rest of b
+// does not scan (a tag or value cut short or malformed), a zero field with
+// false.
+func WireFields(b []byte) iter.Seq2[WireField, bool] {
+	return func(yield func(WireField, bool) bool) {
+		for len(b) > 0 {
+			num, typ, n := protowire.ConsumeTag(b)
+			if n < 0 {
+				yield(WireField{}, false)
+				return
+			}
+			m := protowire.ConsumeFieldValue(num, typ, b[n:])
+			if m < 0 {
+				yield(WireField{}, false)
+				return
+			}
+			f := WireField{Num: num, Type: typ, Raw: b[:n+m]}
+			if typ == protowire.BytesType {
+				f.Value, _ = protowire.ConsumeBytes(b[n : n+m])
+			}
+			if !yield(f, true) {
+				return
+			}
+			b = b[n+m:]
+		}
+	}
 }
 
 // Expand is cla with every endpoint as a message (a copy: cla is not

@@ -4,6 +4,7 @@ import (
 	"bytes"
 	"fmt"
 	"math/rand/v2"
+	"reflect"
 	"strings"
 	"testing"
 	"unsafe"
@@ -211,4 +212,44 @@ func wiresHold(t *testing.T, shards ...[]Shard) {
 func within(part, whole []byte) bool {
 	p, w := uintptr(unsafe.Pointer(unsafe.SliceData(part))), uintptr(unsafe.Pointer(unsafe.SliceData(whole)))
 	return p >= w && p+uintptr(len(part)) <= w+uintptr(len(whole))
+}
+
+// WireFields yields each field of an encoding with its raw bytes and, for a
+// bytes field, its contents; then one false for a rest that does not scan;
+// and stops when asked.
+func TestWireFieldsYieldEachFieldThenWhetherTheRestScans(t *testing.T) {
+	b := protowire.AppendTag(nil, 1, protowire.VarintType)
+	b = protowire.AppendVarint(b, 300)
+	first := len(b)
+	b = protowire.AppendTag(b, 2, protowire.BytesType)
+	b = protowire.AppendString(b, "abc")
+	type got struct {
+		num        protowire.Number
+		raw, value string
+		ok         bool
+	}
+	scan := func(b []byte, stopAfter int) []got {
+		var out []got
+		for f, ok := range WireFields(b) {
+			out = append(out, got{f.Num, string(f.Raw), string(f.Value), ok})
+			if len(out) == stopAfter {
+				break
+			}
+		}
+		return out
+	}
+	want := []got{{1, string(b[:first]), "", true}, {2, string(b[first:]), "abc", true}}
+	if g := scan(b, 0); !reflect.DeepEqual(g, want) {
+		t.Errorf("whole: %+v, want %+v", g, want)
+	}
+	if g := scan(b, 1); !reflect.DeepEqual(g, want[:1]) {
+		t.Errorf("stopped after one: %+v", g)
+	}
+	cut := append(append([]byte(nil), b...), 0x1a, 0x05, 0x01) // field 3: 5 bytes, 1 there
+	if g := scan(cut, 0); !reflect.DeepEqual(g, append(want[:2:2], got{})) {
+		t.Errorf("cut short: %+v, want the two fields then a false", g)
+	}
+	if g := scan(nil, 0); len(g) != 0 {
+		t.Errorf("nothing: %+v", g)
+	}
 }

@@ -216,25 +216,18 @@ func (fs *formState) wireForm(loc *endpointv3.LocalityLbEndpoints) ([][]byte, bo
 // lbWire appends lb (an LbEndpoint's encoding) in the form to dst.
 func (fs *formState) lbWire(dst, lb []byte) ([]byte, bool) {
 	seen := false
-	for len(lb) > 0 {
-		num, typ, n := protowire.ConsumeTag(lb)
-		if n < 0 {
+	for f, scanned := range translator.WireFields(lb) {
+		switch {
+		case !scanned:
 			return dst, false
-		}
-		m := protowire.ConsumeFieldValue(num, typ, lb[n:])
-		if m < 0 {
+		case f.Num != lbMetadataField:
+			dst = append(dst, f.Raw...)
+		case f.Type != protowire.BytesType || seen: // one metadata, as a Builder writes it
 			return dst, false
-		}
-		if num != lbMetadataField {
-			dst = append(dst, lb[:n+m]...)
-		} else {
-			if typ != protowire.BytesType || seen { // one metadata, as a Builder writes it
-				return dst, false
-			}
+		default:
 			seen = true
 			if fs.form == MetadataSession {
-				md, _ := protowire.ConsumeBytes(lb[n : n+m])
-				sess, found, ok := sessionValue(md)
+				sess, found, ok := sessionValue(f.Value)
 				if !ok {
 					return dst, false
 				}
@@ -243,7 +236,6 @@ func (fs *formState) lbWire(dst, lb []byte) ([]byte, bool) {
 				}
 			}
 		}
-		lb = lb[n+m:]
 	}
 	return dst, true
 }
@@ -272,32 +264,25 @@ func sessionValue(md []byte) (sess []byte, found, ok bool) {
 // mapValue is the value's encoding of the entry of key in the map field num
 // of msg (an encoding).
 func mapValue(msg []byte, num protowire.Number, key string) (val []byte, found, ok bool) {
-	for len(msg) > 0 {
-		n0, typ, n := protowire.ConsumeTag(msg)
-		if n < 0 {
+	for f, scanned := range translator.WireFields(msg) {
+		switch {
+		case !scanned:
+			return nil, false, false
+		case f.Num != num:
+			continue
+		case f.Type != protowire.BytesType:
 			return nil, false, false
 		}
-		m := protowire.ConsumeFieldValue(n0, typ, msg[n:])
-		if m < 0 {
+		k, v, hasV, eok := mapEntry(f.Value)
+		if !eok {
 			return nil, false, false
 		}
-		if n0 == num {
-			if typ != protowire.BytesType {
+		if string(k) == key { // compared, not converted: no allocation
+			if found || !hasV {
 				return nil, false, false
 			}
-			entry, _ := protowire.ConsumeBytes(msg[n : n+m])
-			k, v, hasV, eok := mapEntry(entry)
-			if !eok {
-				return nil, false, false
-			}
-			if string(k) == key { // compared, not converted: no allocation
-				if found || !hasV {
-					return nil, false, false
-				}
-				val, found = v, true
-			}
+			val, found = v, true
 		}
-		msg = msg[n+m:]
 	}
 	return val, found, true
 }
@@ -305,24 +290,17 @@ func mapValue(msg []byte, num protowire.Number, key string) (val []byte, found, 
 // mapEntry is a map entry's key (a string) and value (an encoding).
 func mapEntry(entry []byte) (key, val []byte, hasVal, ok bool) {
 	hasKey := false
-	for len(entry) > 0 {
-		num, typ, n := protowire.ConsumeTag(entry)
-		if n < 0 || typ != protowire.BytesType {
-			return nil, nil, false, false
-		}
-		v, m := protowire.ConsumeBytes(entry[n:])
-		if m < 0 {
-			return nil, nil, false, false
-		}
+	for f, scanned := range translator.WireFields(entry) {
 		switch {
-		case num == mapKeyField && !hasKey:
-			key, hasKey = v, true
-		case num == mapValueField && !hasVal:
-			val, hasVal = v, true
+		case !scanned || f.Type != protowire.BytesType:
+			return nil, nil, false, false
+		case f.Num == mapKeyField && !hasKey:
+			key, hasKey = f.Value, true
+		case f.Num == mapValueField && !hasVal:
+			val, hasVal = f.Value, true
 		default:
 			return nil, nil, false, false
 		}
-		entry = entry[n+m:]
 	}
 	return key, val, hasVal, hasKey
 }
