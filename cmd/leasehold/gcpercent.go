@@ -80,9 +80,9 @@ func (g gcPercent) apply() {
 
 // The pacer: --gc-percent's default holds the collector at
 // defaultGCPercent while serve allocates little (a fleet at rest, lapses,
-// their fan-outs), or higher on a small heap (gcHeadroom), and lets it go to the runtime's 100 while serve allocates
-// a lot (a fleet registering or restarting: every change re-reads a task
-// type's listing). The collector's share of the CPU grows with what is
+// their fan-outs), or higher on a small heap (gcHeadroom), and lets it go
+// to the runtime's 100 while serve allocates a lot (a fleet registering or
+// restarting: every change re-reads a task type's listing). The collector's share of the CPU grows with what is
 // allocated over the percentage, whatever the heap's size: at 25 a fleet
 // of 10,000 registering cost leasehold 15–16 s of CPU against 10 s at 100
 // (BENCHMARKS.md, "The collector's target"), CPU the Consul servers on the
@@ -100,19 +100,23 @@ const (
 	gcWindow    = 10 * time.Second
 	gcPaceEvery = time.Second
 	gcCalmFor   = 10 * time.Second
-	// gcHeadroom is the least the heap may grow past what is retained (the
-	// live heap, the goroutines' stacks and the globals, which the
-	// percentage is of) before the collector runs while calm: about what a
-	// fan-out to 1,000 streams allocates at once. A quarter of a small heap
-	// is less than that, and the collector then ran inside every fan-out:
+	// gcHeadroom is the least the heap's goal is set past its live part
+	// while calm: the percentage is of what is retained (the live heap, the
+	// goroutines' stacks and the globals: the goal is live + retained ×
+	// percentage / 100), and the collector starts somewhat before the goal.
+	// It is about what a fan-out to 1,000 streams allocates at once. A
+	// quarter of a small heap is less than that, and the collector then ran
+	// inside every fan-out:
 	// at 1,000 executors and 1,000 streams (21–25 MB retained) 25 cost 12–15
 	// µs of CPU per stream and update against 5 µs at 100, and 9 µs with
 	// this headroom (43–50%; BENCHMARKS.md, "The collector's headroom").
 	// The percentage stays at 25 from 40 MiB retained on (10,000 executors
 	// and 1,000 streams retain ~45 MB).
 	gcHeadroom = 10 << 20
-	// gcQuietStep is how far the calm percentage must move before it is set
-	// again: what is retained moves a little with every change.
+	// gcQuietStep is how far the calm percentage must fall before it is
+	// lowered (to the quiet one at once): what is retained moves a little
+	// with every change. It is raised at once: less would leave less than
+	// gcHeadroom.
 	gcQuietStep = 5
 )
 
@@ -153,6 +157,9 @@ func (p *gcPace) step(now time.Time, allocated, retained uint64) int {
 	p.samples = append(p.samples[:0], p.samples[drop:]...)
 	quiet := p.quietFor(retained)
 	if len(p.samples) < 2 {
+		if p.busy { // the samples restarted: busy until shown calm
+			return 0
+		}
 		return p.calm(quiet, false)
 	}
 	first := p.samples[0]
@@ -189,21 +196,19 @@ func (p *gcPace) quietFor(retained uint64) int {
 	return min(max(pct, p.quiet), gcBusyPercent)
 }
 
-// calm returns quiet to set when it is not set yet (always when the pacer
-// just left busy), or 0 when the one set is within gcQuietStep of it.
+// calm returns quiet to set, or 0 to leave the one set: it is set when the
+// pacer just left busy, when it is above the one set (less headroom would
+// be left), when it is the least (the quiet percentage) and when it is
+// gcQuietStep or more below the one set.
 func (p *gcPace) calm(quiet int, leaving bool) int {
-	if !leaving && (quiet == p.current || abs(quiet-p.current) < gcQuietStep) {
+	if quiet == p.current && !leaving {
 		return 0
 	}
-	p.current = quiet
-	return quiet
-}
-
-func abs(n int) int {
-	if n < 0 {
-		return -n
+	if leaving || quiet > p.current || quiet == p.quiet || p.current-quiet >= gcQuietStep {
+		p.current = quiet
+		return quiet
 	}
-	return n
+	return 0
 }
 
 // gcPacer samples the bytes allocated every gcPaceEvery and sets the
@@ -221,7 +226,7 @@ type gcPacer struct {
 	log      *slog.Logger
 }
 
-// Run paces until ctx ends, leaving the quiet percentage set; it returns
+// Run paces until ctx ends, leaving the calm percentage set; it returns
 // ctx's error.
 func (g gcPacer) Run(ctx context.Context) error {
 	if g.ready != nil {

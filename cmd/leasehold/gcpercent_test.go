@@ -7,6 +7,7 @@ import (
 	"io"
 	"runtime"
 	"runtime/debug"
+	"runtime/metrics"
 	"strings"
 	"sync/atomic"
 	"testing"
@@ -132,47 +133,78 @@ func TestThePacerLoosensTheCollectorWhileServeAllocatesFast(t *testing.T) {
 	sample(34.5, 60*mib, gcBusyPercent, "two samples a second apart: 60 MiB/s")
 }
 
-// Run samples every gcPaceEvery, sets what the pace decides, and leaves
-// the quiet percentage set when it ends busy.
-// While calm, the collector is given at least gcHeadroom past what is
-// retained: a small heap's quarter would run it inside every fan-out. The
-// percentage moves only by gcQuietStep or more, and never past 100; busy
-// and back, it is set again whatever it was.
+// While calm, the collector's goal is set at least gcHeadroom past the
+// live heap: a small heap's quarter would run it inside every fan-out. The
+// percentage is raised at once, lowered by gcQuietStep or more or straight
+// to the quiet one, and never past 100; busy and back, it is set again
+// whatever it was; samples that restart while busy keep it busy.
 func TestThePacerKeepsTheHeadroomOfAFanOut(t *testing.T) {
 	t0 := time.Unix(1000, 0)
 	const mib = 1 << 20
 	p := gcPace{quiet: 25}
 	var total uint64
-	sample := func(s float64, add, retained uint64, want int, why string) {
+	sample := func(s float64, add uint64, retained float64, want int, why string) {
 		t.Helper()
 		total += add
 		at := t0.Add(time.Duration(s * float64(time.Second)))
-		if got := p.step(at, total, retained); got != want {
-			t.Fatalf("at %.0f s, %d MiB retained (%s): set %d, want %d", s, retained/mib, why,
+		if got := p.step(at, total, uint64(retained*mib)); got != want {
+			t.Fatalf("at %.1f s, %.1f MiB retained (%s): set %d, want %d", s, retained, why,
 				got, want)
 		}
 	}
-	sample(0, 0, 100*mib, 0, "a quarter of 100 MiB is past 10: 25 holds")
-	sample(1, mib, 40*mib, 0, "a quarter of 40 MiB is 10")
-	sample(2, mib, 20*mib, 50, "20 MiB retained: 50% leaves 10")
-	sample(3, mib, 21*mib, 0, "48% is within 5 of 50")
-	sample(4, mib, 30*mib, 34, "30 MiB: 34%, rounded up")
-	sample(5, mib, 8*mib, gcBusyPercent, "8 MiB: 125%, held to 100")
-	sample(6, mib, 0, 25, "retained not known: back to the quiet 25")
-	p = gcPace{quiet: 25}
-	total = 0
-	sample(0, 0, 100*mib, 0, "a new pace")
-	sample(1, 64*mib, 100*mib, gcBusyPercent, "64 MiB/s: busy")
-	for s := 2; s <= 18; s++ { // the window's rate falls under 8 MiB/s at 9 s
-		sample(float64(s), 0, 20*mib, 0, "busy, or calm for less than 10 s")
+	sample(0, 0, 100, 0, "a quarter of 100 MiB is past 10: 25 holds")
+	sample(1, mib, 40, 0, "a quarter of 40 MiB is 10")
+	sample(2, mib, 20, 50, "20 MiB retained: 50% leaves 10, raised at once")
+	sample(3, mib, 21, 0, "48% is 2 below 50")
+	sample(4, mib, 22, 0, "46% is 4 below 50")
+	sample(5, mib, 22.3, 45, "45% is 5 below 50: lowered")
+	sample(6, mib, 21, 48, "48% is above 45: raised at once")
+	sample(7, mib, 36, 28, "28% is 20 below 48")
+	sample(8, mib, 100, 25, "25, the least, 3 below 28: lowered")
+	sample(9, mib, 8, gcBusyPercent, "8 MiB: 125%, held to 100")
+	sample(10, mib, 0, 25, "retained not known: the quiet 25")
+	p, total = gcPace{quiet: 25}, 0
+	sample(0, 0, 100, 0, "a new pace")
+	sample(1, 64*mib, 100, gcBusyPercent, "64 MiB/s: busy")
+	sample(0.5, 0, 20, 0, "a sample back in time restarts the count, still busy")
+	sample(2, 64*mib, 20, 0, "busy, already at 100")
+	for s := 3; s <= 18; s++ { // the window's rate falls under 8 MiB/s at 9 s
+		sample(float64(s), 0, 20, 0, "busy, or calm for less than 10 s")
 	}
-	sample(19, 0, 20*mib, 50, "calm for 10 s at 20 MiB retained: 50, not 25")
-	runtime.GC()
-	if r := heapRetained(); r == 0 {
-		t.Error("the runtime reported nothing retained: the pacer would never move past 25")
-	}
+	sample(19, 0, 20, 50, "calm for 10 s at 20 MiB retained: 50, not 25")
 }
 
+// The bytes heapRetained reads are what the collector's percentage is of:
+// the runtime's goal is the live heap plus them times the percentage, to the
+// byte (Go's pacer: heapMarked + (heapMarked + lastStackScan + globalsScan)
+// × GOGC / 100).
+func TestHeapRetainedIsWhatThePercentageIsOf(t *testing.T) {
+	keep := make([]byte, 32<<20) // past the runtime's heap minimum, by far
+	defer runtime.KeepAlive(keep)
+	for range 5 {
+		runtime.GC()
+		s := []metrics.Sample{{Name: "/gc/heap/live:bytes"}, {Name: "/gc/scan/stack:bytes"},
+			{Name: "/gc/scan/globals:bytes"}, {Name: "/gc/heap/goal:bytes"},
+			{Name: "/gc/gogc:percent"}}
+		metrics.Read(s)
+		live, stack, globals := s[0].Value.Uint64(), s[1].Value.Uint64(), s[2].Value.Uint64()
+		goal, pct := s[3].Value.Uint64(), s[4].Value.Uint64()
+		retained := heapRetained()
+		if retained != live+stack+globals {
+			continue // a collection in between: read again
+		}
+		if want := live + retained*pct/100; goal != want {
+			t.Errorf("goal %d, want live %d + retained %d × %d%% = %d", goal, live, retained, pct,
+				want)
+		}
+		return
+	}
+	t.Error("heapRetained never read the live heap, stacks and globals a collection had left")
+}
+
+// Run samples every gcPaceEvery, sets what the pace decides from the bytes
+// allocated and retained, and leaves the calm percentage set when it ends
+// busy.
 func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
 	fc := clockwork.NewFakeClock()
 	var allocated atomic.Uint64
@@ -181,7 +213,7 @@ func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
 	done := make(chan error, 1)
 	go func() {
 		done <- gcPacer{quiet: 25, clock: fc, allocs: allocated.Load,
-			retained: func() uint64 { return 100 << 20 }, // past gcHeadroom×4: 25 holds
+			retained: func() uint64 { return 20 << 20 }, // 50% leaves gcHeadroom
 			set:      func(p int) int { sets <- p; return 0 }}.Run(ctx)
 	}()
 	next := func(add uint64) {
@@ -203,10 +235,11 @@ func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
 			t.Fatalf("nothing set, want %d", want)
 		}
 	}
+	expect(50)     // the first sample: calm, on a small heap
 	next(64 << 20) // 64 MiB in a second
 	expect(gcBusyPercent)
 	cancel()
-	expect(25)
+	expect(50)
 	if err := <-done; !errors.Is(err, context.Canceled) {
 		t.Fatalf("Run returned %v", err)
 	}
