@@ -82,8 +82,9 @@ func (g gcPercent) apply() {
 // defaultGCPercent while serve allocates little (a fleet at rest, lapses,
 // their fan-outs), or higher on a small heap (gcHeadroom), and lets it go
 // to the runtime's 100 while serve allocates a lot (a fleet registering or
-// restarting: every change re-reads a task type's listing). The collector's share of the CPU grows with what is
-// allocated over the percentage, whatever the heap's size: at 25 a fleet
+// restarting: every change re-reads a task type's listing). The
+// collector's share of the CPU grows with what is allocated over the
+// percentage, whatever the heap's size: at 25 a fleet
 // of 10,000 registering cost leasehold 15–16 s of CPU against 10 s at 100
 // (BENCHMARKS.md, "The collector's target"), CPU the Consul servers on the
 // same cores then lack. Past gcBusyRate the pacer trades the memory back
@@ -106,10 +107,10 @@ const (
 	// percentage / 100), and the collector starts somewhat before the goal.
 	// It is about what a fan-out to 1,000 streams allocates at once. A
 	// quarter of a small heap is less than that, and the collector then ran
-	// inside every fan-out:
-	// at 1,000 executors and 1,000 streams (21–25 MB retained) 25 cost 12–15
-	// µs of CPU per stream and update against 5 µs at 100, and 9 µs with
-	// this headroom (43–50%; BENCHMARKS.md, "The collector's headroom").
+	// inside every fan-out: at 1,000 executors and 1,000 streams (21–25 MB
+	// retained) 25 cost 12–15 µs of CPU per stream and update against 5 µs
+	// at 100, and 9 µs with this headroom (43–50%; BENCHMARKS.md, "The
+	// collector's headroom").
 	// The percentage stays at 25 from 40 MiB retained on (10,000 executors
 	// and 1,000 streams retain ~45 MB).
 	gcHeadroom = 10 << 20
@@ -185,9 +186,9 @@ func (p *gcPace) step(now time.Time, allocated, retained uint64) int {
 	return 0
 }
 
-// quietFor is the calm percentage with retained bytes retained: the quiet
-// one, or the one that leaves gcHeadroom, up to gcBusyPercent (retained 0:
-// not known, the quiet one).
+// quietFor is the calm percentage when retained bytes are retained: the
+// quiet one, or the one that sets the goal gcHeadroom past the live heap,
+// up to gcBusyPercent (retained 0: not known, the quiet one).
 func (p *gcPace) quietFor(retained uint64) int {
 	if retained == 0 {
 		return p.quiet
