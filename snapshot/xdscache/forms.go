@@ -317,20 +317,19 @@ func appendSessionMetadata(dst, sess []byte) []byte {
 	st := tag + protowire.SizeBytes(field)
 	entry := tag + protowire.SizeBytes(len(ns)) + tag + protowire.SizeBytes(st)
 	md := tag + protowire.SizeBytes(entry)
-	dst = protowire.AppendTag(dst, lbMetadataField, protowire.BytesType)
-	dst = protowire.AppendVarint(dst, uint64(md))
-	dst = protowire.AppendTag(dst, filterMetadataField, protowire.BytesType)
-	dst = protowire.AppendVarint(dst, uint64(entry))
-	dst = protowire.AppendTag(dst, mapKeyField, protowire.BytesType)
-	dst = protowire.AppendString(dst, ns)
-	dst = protowire.AppendTag(dst, mapValueField, protowire.BytesType)
-	dst = protowire.AppendVarint(dst, uint64(st))
-	dst = protowire.AppendTag(dst, structFieldsField, protowire.BytesType)
-	dst = protowire.AppendVarint(dst, uint64(field))
-	dst = protowire.AppendTag(dst, mapKeyField, protowire.BytesType)
-	dst = protowire.AppendString(dst, key)
-	dst = protowire.AppendTag(dst, mapValueField, protowire.BytesType)
-	return protowire.AppendBytes(dst, sess)
+	dst = openField(dst, lbMetadataField, md)
+	dst = openField(dst, filterMetadataField, entry)
+	dst = append(openField(dst, mapKeyField, len(ns)), ns...)
+	dst = openField(dst, mapValueField, st)
+	dst = openField(dst, structFieldsField, field)
+	dst = append(openField(dst, mapKeyField, len(key)), key...)
+	return append(openField(dst, mapValueField, len(sess)), sess...)
+}
+
+// openField appends the tag and length of a bytes field num of n bytes, which
+// follow.
+func openField(dst []byte, num protowire.Number, n int) []byte {
+	return protowire.AppendVarint(protowire.AppendTag(dst, num, protowire.BytesType), uint64(n))
 }
 
 // messageForm is loc in the form through its endpoints' messages.
