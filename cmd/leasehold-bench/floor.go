@@ -10,6 +10,7 @@ import (
 	"net"
 	"os"
 	"os/exec"
+	"slices"
 	"sort"
 	"strconv"
 	"sync"
@@ -44,13 +45,17 @@ import (
 const floorChildEnv = "LEASEHOLD_BENCH_FLOOR_CHILD"
 
 // floorPlan is what the floor replays: frames[0] is the state every stream
-// starts from; frames[k] (k ≥ 1) is pushed k-th, and removed[k-1], one host
-// it no longer lists, tells when a stream has it.
+// of the pushed task type starts from; frames[k] (k ≥ 1) is pushed k-th, and
+// removed[k-1], one host it no longer lists, tells when a stream has it.
+// others, when set, is the other task types' state: their streams get it
+// once and nothing after, as leasehold's idle streams did.
 type floorPlan struct {
 	frames  [][]byte
 	base    int // hosts frames[0] lists
 	removed []string
 	gone    int // endpoints the pushes remove in all
+	others  [][]byte
+	hosts   map[string]int // per task type in others, the hosts its streams start with
 }
 
 // planFloor keeps, of the responses received since base, those that removed
@@ -111,56 +116,115 @@ func planFloor(
 }
 
 func (p *floorPlan) add(resp *discovery.DiscoveryResponse) error {
-	b, err := protobuf.MarshalOptions{Deterministic: true}.Marshal(resp)
+	b, err := marshalFrame(resp)
 	if err != nil {
-		return fmt.Errorf("floor: %w", err)
+		return err
 	}
 	p.frames = append(p.frames, b)
 	return nil
 }
 
+func marshalFrame(resp *discovery.DiscoveryResponse) ([]byte, error) {
+	b, err := protobuf.MarshalOptions{Deterministic: true}.Marshal(resp)
+	if err != nil {
+		return nil, fmt.Errorf("floor: %w", err)
+	}
+	return b, nil
+}
+
+// withOthers is the plan that also serves, to the streams of every task type
+// in tasks but the pushed one (tasks[0]), that task type's state in state.
+func (p floorPlan) withOthers(
+	tasks []string, state map[string]*discovery.DiscoveryResponse,
+) (floorPlan, error) {
+	p.others, p.hosts = nil, map[string]int{}
+	for _, task := range tasks[1:] {
+		resp, ok := state[task]
+		if !ok {
+			return floorPlan{}, fmt.Errorf("floor: no state captured for task type %s", task)
+		}
+		b, err := marshalFrame(resp)
+		if err != nil {
+			return floorPlan{}, err
+		}
+		hosts := map[string]bool{}
+		for _, res := range resp.GetResources() {
+			healthyHosts(res.GetValue(), hosts)
+		}
+		p.others, p.hosts[task] = append(p.others, b), len(hosts)
+	}
+	return p, nil
+}
+
 // floor replays stream 0's responses from the bare server to fresh light
-// streams and measures push → last stream has it.
+// streams and measures push → last stream has it: first to as many streams
+// as leasehold served, in the same layout, those of the other task types
+// holding their state and idle (the floor the ratio is taken against), then,
+// with more than one task type, to the pushed task type's streams alone.
 func (b *bench) floor() error {
 	plan, err := planFloor(b.ds.stopCapture())
 	if err != nil {
 		return err
 	}
-	p, err := startFloor(plan.frames)
+	tasks := b.fleet.tasks
+	if *dispatchers < len(tasks) {
+		tasks = tasks[:*dispatchers]
+	}
+	whole, err := plan.withOthers(tasks, b.ds.otherState())
 	if err != nil {
 		return err
+	}
+	b.res.floorStreams = *dispatchers
+	if b.res.floor, err = b.replayFloor(whole, tasks, *dispatchers, *streamsPerConn); err != nil {
+		return err
+	}
+	logf("floor: %d of leasehold's responses (removing %d endpoints) replayed by a bare "+
+		"ADS server to %d streams over %d task types, as leasehold served them: %s",
+		len(b.res.floor), plan.gone, b.res.floorStreams, len(tasks), dist(b.res.floor))
+	if len(tasks) == 1 {
+		return nil
+	}
+	// The pushed task type's share of the streams alone. Each connection
+	// carries as many of them as it did in leasehold's phase, where a
+	// connection's streams were spread over every task type: one task's push
+	// then went out over several connections, not one.
+	b.res.floorTaskStreams = (*dispatchers + len(tasks) - 1) / len(tasks)
+	if b.res.floorTask, err = b.replayFloor(plan, tasks[:1], b.res.floorTaskStreams,
+		max(1, *streamsPerConn/len(tasks))); err != nil {
+		return err
+	}
+	logf("floor: the same to the %d streams of the pushed task type alone: %s",
+		b.res.floorTaskStreams, dist(b.res.floorTask))
+	return nil
+}
+
+// replayFloor starts a bare server for plan, m light streams over tasks
+// (client i following tasks[i % len(tasks)], perConn to a connection, the
+// pushed task type first) and replays the plan to them.
+func (b *bench) replayFloor(
+	plan floorPlan, tasks []string, m, perConn int,
+) ([]time.Duration, error) {
+	p, err := startFloor(plan.frames, plan.others)
+	if err != nil {
+		return nil, err
 	}
 	defer p.stop()
 	ctx, cancel := context.WithCancel(b.ctx)
 	defer cancel()
-	// The floor serves stream 0's task type's share of the streams, which is
-	// what each of leasehold's pushes went to (all of them with one task
-	// type).
-	b.res.floorStreams = (*dispatchers + len(b.fleet.tasks) - 1) / len(b.fleet.tasks)
-	// Each connection carries as many of those streams as it did in
-	// leasehold's phase, where a connection's 100 streams were spread over
-	// every task type: one task's push then went out over several
-	// connections, not one.
-	ds, err := startDispatchers(ctx, p.addr, b.res.floorStreams, b.fleet.tasks[:1],
-		b.fleet.shards(), max(1, *streamsPerConn/len(b.fleet.tasks)))
+	ds, err := startDispatchers(ctx, p.addr, m, tasks, b.fleet.shards(), perConn)
 	if err != nil {
-		return err
+		return nil, err
 	}
-	if err := ds.awaitAll(func(_ string, set map[string]bool) bool {
-		return len(set) == plan.base
+	if err := ds.awaitAll(func(task string, set map[string]bool) bool {
+		if task == tasks[0] {
+			return len(set) == plan.base
+		}
+		return len(set) == plan.hosts[task]
 	}, 60*time.Second); err != nil {
-		return fmt.Errorf("floor: streams never had the starting state: %w", err)
+		return nil, fmt.Errorf("floor: streams never had the starting state: %w", err)
 	}
-	stopTrace := traceSelf("floor")
-	b.res.floor, err = plan.replay(p, ds)
-	stopTrace()
-	if err != nil {
-		return err
-	}
-	logf("floor: %d of leasehold's responses (removing %d endpoints) replayed by a bare "+
-		"ADS server to %d streams: %s", len(b.res.floor),
-		plan.gone, b.res.floorStreams, dist(b.res.floor))
-	return nil
+	defer traceSelf("floor")()
+	return plan.replay(p, ds)
 }
 
 // replay pushes each frame after the first and waits until every stream has
@@ -193,8 +257,8 @@ type floorProc struct {
 	file string
 }
 
-func startFloor(frames [][]byte) (*floorProc, error) {
-	file, err := writeFrames(frames)
+func startFloor(frames, others [][]byte) (*floorProc, error) {
+	file, err := writeFrames(frames, others)
 	if err != nil {
 		return nil, err
 	}
@@ -263,15 +327,17 @@ func (p *floorProc) stop() {
 	os.Remove(p.file)
 }
 
-// writeFrames stores frames, each preceded by its length (uvarint), in a
+// writeFrames stores the pushed frames and the others, each preceded by its
+// length (uvarint), after how many frames are pushed (uvarint), in a
 // temporary file.
-func writeFrames(frames [][]byte) (string, error) {
+func writeFrames(frames, others [][]byte) (string, error) {
 	f, err := os.CreateTemp("", "leasehold-bench-floor-*")
 	if err != nil {
 		return "", err
 	}
 	w := bufio.NewWriter(f)
-	for _, fr := range frames {
+	w.Write(binary.AppendUvarint(nil, uint64(len(frames))))
+	for _, fr := range append(slices.Clip(frames), others...) {
 		w.Write(binary.AppendUvarint(nil, uint64(len(fr))))
 		w.Write(fr)
 	}
@@ -282,41 +348,52 @@ func writeFrames(frames [][]byte) (string, error) {
 	return f.Name(), nil
 }
 
-func readFrames(path string) ([][]byte, error) {
+func readFrames(path string) (frames, others [][]byte, err error) {
 	b, err := os.ReadFile(path)
 	if err != nil {
-		return nil, err
+		return nil, nil, err
 	}
-	var frames [][]byte
+	pushed, k := binary.Uvarint(b)
+	if k <= 0 {
+		return nil, nil, fmt.Errorf("%s: no frame count", path)
+	}
+	b = b[k:]
+	var all [][]byte
 	for len(b) > 0 {
 		n, k := binary.Uvarint(b)
 		if k <= 0 || uint64(len(b)-k) < n {
-			return nil, fmt.Errorf("%s: truncated frame", path)
+			return nil, nil, fmt.Errorf("%s: truncated frame", path)
 		}
-		frames = append(frames, b[k:k+int(n)])
+		all = append(all, b[k:k+int(n)])
 		b = b[k+int(n):]
 	}
-	if len(frames) == 0 {
-		return nil, fmt.Errorf("%s: no frames", path)
+	if pushed == 0 || uint64(len(all)) < pushed {
+		return nil, nil, fmt.Errorf("%s: %d frames, %d of them pushed", path, len(all), pushed)
 	}
-	return frames, nil
+	return all[:pushed], all[pushed:], nil
 }
 
 // runFloorChild is the bare server's process: it prints its address, then
 // pushes the next frame for each line on stdin until stdin ends.
 func runFloorChild(path string) int {
-	frames, err := readFrames(path)
-	if err != nil {
-		fmt.Fprintln(os.Stderr, "floor:", err)
-		return 2
+	frames, others, err := readFrames(path)
+	if err == nil {
+		var fs *floorServer
+		if fs, err = newFloorServer(frames, others); err == nil {
+			return serveFloor(fs)
+		}
 	}
+	fmt.Fprintln(os.Stderr, "floor:", err)
+	return 2
+}
+
+func serveFloor(fs *floorServer) int {
 	lis, err := net.Listen("tcp", "127.0.0.1:0")
 	if err != nil {
 		fmt.Fprintln(os.Stderr, "floor:", err)
 		return 2
 	}
 	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
-	fs := newFloorServer(frames)
 	fs.register(g)
 	go g.Serve(lis)
 	defer g.Stop()
@@ -338,17 +415,32 @@ func unixNanos(t time.Time) int64 {
 	return t.UnixNano()
 }
 
-// floorServer is a hand-rolled SotW ADS server: every stream gets the
-// current frame when it opens and each pushed frame after; requests (ACKs)
-// are read and dropped.
+// floorServer is a hand-rolled SotW ADS server: a stream whose first request
+// names one of the other task types' load assignments gets that task type's
+// state once; every other stream gets the current frame when it opens and
+// each pushed frame after. Requests after the first (ACKs) are read and
+// dropped.
 type floorServer struct {
 	frames  [][]byte
+	other   map[string][]byte // each of the others' load assignments → its frame
 	mu      sync.Mutex
 	current int
 	streams []chan []byte
 }
 
-func newFloorServer(frames [][]byte) *floorServer { return &floorServer{frames: frames} }
+func newFloorServer(frames, others [][]byte) (*floorServer, error) {
+	f := &floorServer{frames: frames, other: map[string][]byte{}}
+	for _, fr := range others {
+		var resp discovery.DiscoveryResponse
+		if err := protobuf.Unmarshal(fr, &resp); err != nil {
+			return nil, err
+		}
+		for _, res := range resp.GetResources() {
+			f.other[resourceName(res.GetValue())] = fr
+		}
+	}
+	return f, nil
+}
 
 func (f *floorServer) register(g *grpc.Server) {
 	g.RegisterService(&grpc.ServiceDesc{
@@ -361,8 +453,8 @@ func (f *floorServer) register(g *grpc.Server) {
 	}, f)
 }
 
-// push hands the next frame to every stream and returns when it began (zero
-// when none is left).
+// push hands the next frame to every stream of the pushed task type and
+// returns when it began (zero when none is left).
 func (f *floorServer) push() time.Time {
 	f.mu.Lock()
 	defer f.mu.Unlock()
@@ -378,15 +470,26 @@ func (f *floorServer) push() time.Time {
 }
 
 func (f *floorServer) stream(_ any, ss grpc.ServerStream) error {
+	var req discovery.DiscoveryRequest
+	if err := ss.RecvMsg(&req); err != nil {
+		return err
+	}
+	go func() { // ACKs are read and dropped
+		for ss.RecvMsg(nil) == nil {
+		}
+	}()
+	if names := req.GetResourceNames(); len(names) > 0 && f.other[names[0]] != nil {
+		if err := ss.SendMsg(f.other[names[0]]); err != nil {
+			return err
+		}
+		<-ss.Context().Done()
+		return nil
+	}
 	ch := make(chan []byte, len(f.frames))
 	f.mu.Lock()
 	ch <- f.frames[f.current]
 	f.streams = append(f.streams, ch)
 	f.mu.Unlock()
-	go func() { // ACKs are read and dropped
-		for ss.RecvMsg(nil) == nil {
-		}
-	}()
 	for {
 		select {
 		case b := <-ch:
@@ -399,8 +502,8 @@ func (f *floorServer) stream(_ any, ss grpc.ServerStream) error {
 	}
 }
 
-// rawCodec sends pre-marshalled frames as they are (no copy) and drops
-// what it receives.
+// rawCodec sends pre-marshalled frames as they are (no copy); it decodes
+// what it receives into a message, and drops it given none.
 type rawCodec struct{}
 
 func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
@@ -411,6 +514,11 @@ func (rawCodec) Marshal(v any) (mem.BufferSlice, error) {
 	return mem.BufferSlice{mem.SliceBuffer(b)}, nil
 }
 
-func (rawCodec) Unmarshal(mem.BufferSlice, any) error { return nil }
+func (rawCodec) Unmarshal(data mem.BufferSlice, v any) error {
+	if m, ok := v.(protobuf.Message); ok {
+		return protobuf.Unmarshal(data.Materialize(), m)
+	}
+	return nil
+}
 
 func (rawCodec) Name() string { return proto.Name }

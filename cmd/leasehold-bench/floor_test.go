@@ -13,6 +13,7 @@ import (
 	discovery "github.com/envoyproxy/go-control-plane/envoy/service/discovery/v3"
 	"github.com/envoyproxy/go-control-plane/pkg/resource/v3"
 	"google.golang.org/grpc"
+	protobuf "google.golang.org/protobuf/proto"
 	"google.golang.org/protobuf/types/known/anypb"
 
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
@@ -61,21 +62,36 @@ func TestPlanFloor(t *testing.T) {
 }
 
 func TestFramesRoundTrip(t *testing.T) {
-	frames := [][]byte{{1, 2, 3}, make([]byte, 300), {}}
-	path, err := writeFrames(frames)
+	frames, others := [][]byte{{1, 2, 3}, make([]byte, 300), {}}, [][]byte{{4}, {5, 6}}
+	path, err := writeFrames(frames, others)
 	if err != nil {
 		t.Fatal(err)
 	}
 	defer os.Remove(path)
-	got, err := readFrames(path)
+	got, gotOthers, err := readFrames(path)
 	if err != nil {
 		t.Fatal(err)
 	}
 	if len(got) != 3 || len(got[1]) != 300 || got[0][2] != 3 || len(got[2]) != 0 {
 		t.Fatalf("frames = %v", got)
 	}
-	if _, err := readFrames(filepath.Join(t.TempDir(), "none")); err == nil {
+	if !reflect.DeepEqual(gotOthers, others) {
+		t.Fatalf("others = %v, want %v", gotOthers, others)
+	}
+	if _, _, err := readFrames(filepath.Join(t.TempDir(), "none")); err == nil {
 		t.Fatal("missing file: want an error")
+	}
+	b, err := os.ReadFile(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	short := filepath.Join(t.TempDir(), "short")
+	b[0] = 9 // more frames pushed than the file holds
+	if err := os.WriteFile(short, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := readFrames(short); err == nil {
+		t.Fatal("a count past the frames: want an error")
 	}
 }
 
@@ -91,7 +107,10 @@ func TestFloorServerWithLightClients(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
-	fs := newFloorServer(plan.frames)
+	fs, err := newFloorServer(plan.frames, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	fs.register(g)
 	go g.Serve(lis)
 	defer g.Stop()
@@ -163,7 +182,10 @@ func TestPlanFloorFollowsEachShard(t *testing.T) {
 		t.Fatal(err)
 	}
 	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
-	fs := newFloorServer(plan.frames)
+	fs, err := newFloorServer(plan.frames, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
 	fs.register(g)
 	go g.Serve(lis)
 	defer g.Stop()
@@ -183,5 +205,117 @@ func TestPlanFloorFollowsEachShard(t *testing.T) {
 		return !set["d"] && set["a"] && set["b"] && set["c"]
 	}, 10*time.Second); err != nil {
 		t.Fatalf("after shard 1 alone was resent, a client must hold a, b, c: %v", err)
+	}
+}
+
+// The floor holds as many streams as leasehold did: those of the other task
+// types get their task type's state when they open and no push after, and
+// each push reaches the pushed task type's streams, in leasehold's layout
+// (client i follows tasks[i % len(tasks)], streams of every task type
+// sharing a connection).
+func TestTheFloorHoldsTheOtherTaskTypesStreams(t *testing.T) {
+	tasks := taskNames(3)
+	other := func(task, version string, ids ...string) *discovery.DiscoveryResponse {
+		return named(t, version, task, ids)
+	}
+	plan, err := planFloor(named(t, "1", tasks[0], []string{"a", "b", "c"}),
+		[]*discovery.DiscoveryResponse{
+			named(t, "2", tasks[0], []string{"b", "c"}),
+			named(t, "3", tasks[0], []string{"c"}),
+		})
+	if err != nil {
+		t.Fatal(err)
+	}
+	whole, err := plan.withOthers(tasks, map[string]*discovery.DiscoveryResponse{
+		tasks[1]: other(tasks[1], "1", "x", "y"),
+		tasks[2]: other(tasks[2], "1", "z"),
+	})
+	if err != nil {
+		t.Fatal(err)
+	}
+	if len(whole.others) != 2 || whole.hosts[tasks[1]] != 2 || whole.hosts[tasks[2]] != 1 {
+		t.Fatalf("others: %d frames, hosts %v; want 2, {%s:2 %s:1}", len(whole.others),
+			whole.hosts, tasks[1], tasks[2])
+	}
+	if _, err := plan.withOthers(tasks, map[string]*discovery.DiscoveryResponse{
+		tasks[1]: other(tasks[1], "1", "x")}); err == nil {
+		t.Fatalf("no state for %s: want an error", tasks[2])
+	}
+	path, err := writeFrames(whole.frames, whole.others)
+	if err != nil {
+		t.Fatal(err)
+	}
+	defer os.Remove(path)
+	frames, others, err := readFrames(path)
+	if err != nil {
+		t.Fatal(err)
+	}
+	fs, err := newFloorServer(frames, others)
+	if err != nil {
+		t.Fatal(err)
+	}
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
+	fs.register(g)
+	go g.Serve(lis)
+	defer g.Stop()
+	ctx, cancel := context.WithCancel(context.Background())
+	defer cancel()
+	ds, err := startDispatchers(ctx, lis.Addr().String(), 9, tasks, nil, 4)
+	if err != nil {
+		t.Fatal(err)
+	}
+	want := map[string][]string{tasks[0]: {"a", "b", "c"}, tasks[1]: {"x", "y"},
+		tasks[2]: {"z"}}
+	holds := func(set map[string]bool, hosts []string) bool {
+		return len(set) == len(hosts) && !slices.ContainsFunc(hosts, func(h string) bool {
+			return !set[h]
+		})
+	}
+	if err := ds.awaitAll(func(task string, set map[string]bool) bool {
+		return holds(set, want[task])
+	}, 10*time.Second); err != nil {
+		t.Fatal("starting state:", err)
+	}
+	for k, host := range whole.removed {
+		at := fs.push()
+		want[tasks[0]] = want[tasks[0]][1:]
+		if err := ds.awaitAll(func(task string, set map[string]bool) bool {
+			return holds(set, want[task])
+		}, 10*time.Second); err != nil {
+			t.Fatalf("push %d removing %s: %v", k, host, err)
+		}
+		if d := ds.goneFromAll(host).Sub(at); d < 0 || d > 10*time.Second {
+			t.Fatalf("push → last stream = %s", d)
+		}
+	}
+	fs.mu.Lock()
+	pushed := len(fs.streams)
+	fs.mu.Unlock()
+	if pushed != 3 {
+		t.Fatalf("%d streams took pushes; want the pushed task type's 3", pushed)
+	}
+}
+
+// Each task type's first client keeps what it holds for the floor's other
+// streams; client 0's responses are the pushed ones.
+func TestTheOtherTaskTypesStateIsWhatTheirFirstClientHolds(t *testing.T) {
+	tasks := taskNames(2)
+	ds := newDispatcherSet(4, tasks)
+	r1 := named(t, "1", tasks[1], []string{"x", "y"})
+	ds.apply(1, time.Now(), nil, nil, r1)
+	ds.apply(3, time.Now(), nil, nil, named(t, "9", tasks[1], []string{"q"})) // not a first client
+	ds.apply(0, time.Now(), nil, nil, named(t, "1", tasks[0], []string{"a"}))
+	state := ds.otherState()
+	if len(state) != 1 || len(state[tasks[1]].GetResources()) != 1 ||
+		!protobuf.Equal(state[tasks[1]].Resources[0], r1.Resources[0]) {
+		t.Fatalf("other state = %v; want %s's first client's response", state, tasks[1])
+	}
+	ds.apply(1, time.Now(), nil, []string{tasks[1]}, &discovery.DiscoveryResponse{})
+	if n := len(ds.otherState()[tasks[1]].GetResources()); n != 0 {
+		t.Fatalf("after its removal %d resources held; want 0", n)
 	}
 }

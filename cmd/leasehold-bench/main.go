@@ -398,6 +398,12 @@ type dispatcherSet struct {
 	latest    map[string]*anypb.Any
 	captured  []*discovery.DiscoveryResponse
 	capturing bool
+	// others is, per task type other than client 0's, the latest of each
+	// resource the first client following it holds: the state the floor
+	// serves to the streams its pushes do not go to, so that it holds as
+	// many streams, as much state, as leasehold did.
+	ntasks int // clients [0, ntasks) each follow a different task type
+	others map[string]map[string]*anypb.Any
 }
 
 // edsNames is the load assignments a client following task subscribes to:
@@ -417,7 +423,8 @@ func newDispatcherSet(m int, tasks []string) *dispatcherSet {
 		byRes: make([]map[string]map[string]bool, m),
 		held:  make([]map[string]int, m), gone: make([]map[string]time.Time, m),
 		moved:  make([]time.Time, m),
-		notify: make(chan struct{}, 1), latest: map[string]*anypb.Any{}}
+		notify: make(chan struct{}, 1), latest: map[string]*anypb.Any{},
+		ntasks: min(m, len(tasks)), others: map[string]map[string]*anypb.Any{}}
 	for i := range ds.gone {
 		ds.gone[i] = map[string]time.Time{}
 		ds.byRes[i] = map[string]map[string]bool{}
@@ -548,8 +555,11 @@ func (ds *dispatcherSet) apply(
 	for _, name := range removed {
 		replace(name, nil)
 	}
-	if i == 0 {
+	switch {
+	case i == 0:
 		ds.record(r)
+	case i < ds.ntasks:
+		ds.recordOther(ds.tasks[i], r, removed)
 	}
 	ds.mu.Unlock()
 	select {
@@ -567,6 +577,41 @@ func (ds *dispatcherSet) record(r *discovery.DiscoveryResponse) {
 	for _, res := range r.GetResources() {
 		ds.latest[resourceName(res.GetValue())] = res
 	}
+}
+
+// recordOther keeps, for task, the resources of r and forgets those removed
+// (called under mu).
+func (ds *dispatcherSet) recordOther(
+	task string, r *discovery.DiscoveryResponse, removed []string,
+) {
+	held := ds.others[task]
+	if held == nil {
+		held = map[string]*anypb.Any{}
+		ds.others[task] = held
+	}
+	for _, res := range r.GetResources() {
+		held[resourceName(res.GetValue())] = res
+	}
+	for _, name := range removed {
+		delete(held, name)
+	}
+}
+
+// otherState is, per task type other than client 0's, what its first client
+// holds, as one response carrying each resource's latest.
+func (ds *dispatcherSet) otherState() map[string]*discovery.DiscoveryResponse {
+	ds.mu.Lock()
+	defer ds.mu.Unlock()
+	state := make(map[string]*discovery.DiscoveryResponse, len(ds.others))
+	for task, held := range ds.others {
+		resp := &discovery.DiscoveryResponse{VersionInfo: "idle", Nonce: "idle",
+			TypeUrl: resource.EndpointType}
+		for _, name := range slices.Sorted(maps.Keys(held)) {
+			resp.Resources = append(resp.Resources, held[name])
+		}
+		state[task] = resp
+	}
+	return state
 }
 
 // startCapture keeps every later response of client 0.
@@ -724,8 +769,10 @@ type results struct {
 	lastBeat               []time.Duration // round trip of each victim's last heartbeat
 	raft                   string          // the Consul server's raft timers during the lapses
 	loadStart              string          // the machine's load average when the run began
-	floor                  []time.Duration
+	floor                  []time.Duration // to as many streams as leasehold's, in its layout
 	floorStreams           int
+	floorTask              []time.Duration // to the pushed task type's streams alone
+	floorTaskStreams       int
 	busy                   *busyResults // with --flapping
 	consulLapse            []time.Duration
 	consulLastBeat         []time.Duration // the round trip of each of Consul's phase's victims' last heartbeat
@@ -891,6 +938,16 @@ func (res results) streamsOf() string {
 		res.dispatchers/res.tasks, res.dispatchers, kind, res.tasks)
 }
 
+// floorLayout says how the floor's streams were laid out.
+func (res results) floorLayout() string {
+	layout := fmt.Sprintf("%d to a connection", *streamsPerConn)
+	if others := min(res.tasks, res.dispatchers) - 1; others > 0 {
+		layout += fmt.Sprintf("; those of the %d other task types hold their state and get "+
+			"no push", others)
+	}
+	return layout
+}
+
 func plural(n int, one, many string) string {
 	if n == 1 {
 		return one
@@ -945,9 +1002,15 @@ func (res results) latencyRows(b *strings.Builder) {
 		fmt.Fprintf(b,
 			"| floor: the %d responses stream 0 got for those lapses and fan-outs, "+
 				"byte-identical, pushed by a bare ADS server (pre-marshalled, no Consul, "+
-				"no decisions) to %d light streams with the same client code: push → "+
-				"last stream has it | %s | |\n",
-			len(res.floor), res.floorStreams, dist(res.floor))
+				"no decisions) to %d light streams with the same client code, in leasehold's "+
+				"layout (%s): push → last stream has it | %s | |\n",
+			len(res.floor), res.floorStreams, res.floorLayout(), dist(res.floor))
+		if len(res.floorTask) > 0 {
+			fmt.Fprintf(b,
+				"| the same floor to the %d streams of the pushed task type alone (no "+
+					"other task type's streams held) | %s | |\n",
+				res.floorTaskStreams, dist(res.floorTask))
+		}
 		fmt.Fprintf(b,
 			"| lapse → stop ÷ floor (leasehold's includes Consul noticing "+
 				"the lapse) | %s | ≤ 1.5× |\n", ratios(res.lapse, res.floor))
