@@ -263,6 +263,28 @@ func (s *served) heap() int64 {
 	return 0
 }
 
+// allocs is what serve has allocated in all (bytes) and how many collections
+// it has run, read from its heap profile's statistics without a collection.
+// The profile is written after they are read, so its own allocation counts
+// in the next reading.
+func (s *served) allocs() (total, gcs int64) {
+	resp, err := http.Get("http://" + s.admin + "/debug/pprof/heap?debug=1")
+	if err != nil {
+		return 0, 0
+	}
+	defer resp.Body.Close()
+	sc := bufio.NewScanner(resp.Body)
+	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	for sc.Scan() {
+		if v, ok := strings.CutPrefix(sc.Text(), "# TotalAlloc = "); ok {
+			total, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		} else if v, ok := strings.CutPrefix(sc.Text(), "# NumGC = "); ok {
+			gcs, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		}
+	}
+	return total, gcs
+}
+
 // memDetail is where the process's memory is, for the log: the runtime's
 // own accounts (after a forced GC) and its goroutines, whose stacks are in
 // the RSS but not in the heap.
@@ -779,9 +801,12 @@ type results struct {
 	grpcLapse              []time.Duration
 	grpcN                  int
 	inLeasehold            time.Duration
-	cpuPerStream           time.Duration
-	reqPerChange           float64
-	rssIdle, rssStreams    int64
+	// allocLapses is what serve allocated during the lapses (bytes), and
+	// gcLapses how many collections it ran meanwhile.
+	allocLapses, gcLapses int64
+	cpuPerStream          time.Duration
+	reqPerChange          float64
+	rssIdle, rssStreams   int64
 	// rssAfter is the RSS after the lapses and fan-outs, rssPeak the
 	// highest since the start (VmHWM: the fleet's first read included).
 	rssAfter, rssPeak     int64
@@ -938,6 +963,14 @@ func (res results) streamsOf() string {
 		res.dispatchers/res.tasks, res.dispatchers, kind, res.tasks)
 }
 
+// lapseAllocs says what serve allocated during the lapses, in all and per
+// lapse, and how many collections ran meanwhile.
+func (res results) lapseAllocs() string {
+	return fmt.Sprintf("%.1f MB allocated (%.0f KB a lapse), %d collections",
+		float64(res.allocLapses)/(1<<20),
+		float64(res.allocLapses)/1024/float64(max(1, len(res.lapse))), res.gcLapses)
+}
+
 // floorLayout says how the floor's streams were laid out.
 func (res results) floorLayout() string {
 	layout := fmt.Sprintf("%d to a connection", *streamsPerConn)
@@ -1083,6 +1116,10 @@ func (res results) costRows(b *strings.Builder) {
 		perStream(res.heapSet, res.heapStreams))
 	fmt.Fprintf(b, "| server CPU per stream per update (fan-out phase, user+system) | %s | |\n",
 		res.cpuPerStream)
+	if len(res.lapse) > 0 {
+		fmt.Fprintf(b, "| what `leasehold serve` allocated during the lapses (its TotalAlloc) and "+
+			"the collections it ran meanwhile | %s | |\n", res.lapseAllocs())
+	}
 	fmt.Fprintf(b,
 		"| Consul requests at idle (%d task %s) | %.2f/s | ≤ services/300 + 1 req/s |\n",
 		res.tasks, plural(res.tasks, "type", "types"), res.idleRate)

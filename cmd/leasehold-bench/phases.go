@@ -376,9 +376,12 @@ func (b *bench) leaseholdLapses() error {
 	defer traceSelf("lapses")()
 	before := b.usage()
 	raft := startRaftWatch(b.ctx, b.agent.HTTPAddr(), 3*time.Second)
+	alloc0, gcs0 := b.srv.allocs()
 	expiries := b.fleet.lapseAll(victims)
 	var err error
 	b.res.lapse, err = b.fleet.lapseLatencies(b.ds, victims, expiries)
+	alloc1, gcs1 := b.srv.allocs()
+	b.res.allocLapses, b.res.gcLapses = alloc1-alloc0, gcs1-gcs0
 	b.res.raft = raft.end()
 	if err != nil {
 		return err
@@ -398,6 +401,7 @@ func (b *bench) leaseholdLapses() error {
 	}
 	<-profiled
 	logf("lapse → stop over %d lapses: %s", len(b.res.lapse), dist(b.res.lapse))
+	logf("leasehold serve during the lapses: %s", b.res.lapseAllocs())
 	for _, line := range slowestLapses(b.fleet, b.ds, b.probe, victims, expiries, 5) {
 		logf("  %s", line)
 	}
