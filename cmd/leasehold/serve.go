@@ -150,6 +150,7 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 		view := p.syncer.View
 		parts.run("collector pacing", gcPacer{quiet: cfg.gcPace, log: log,
 			ready: func(ctx context.Context) error { return awaitWholeFleet(ctx, view) }}.Run)
+		parts.run("idle collection", gcIdle{log: log}.Run)
 	}
 
 	g := newGRPCServer(sec.creds, tel)

@@ -104,7 +104,8 @@ func (f *serveFlags) register(fs *pflag.FlagSet) {
 		"how far the heap may grow past what is live (and the stacks) before the collector "+
 			"runs, in percent (1 to 10000): lower trades CPU for memory; auto: GOGC when set, "+
 			"else 25 while serve allocates little (more on a small heap: at least 10 MiB of "+
-			"headroom) and 100 while it allocates fast (a fleet registering)")
+			"headroom) and 100 while it allocates fast (a fleet registering), collecting in the "+
+			"pauses between changes once a third of the headroom is used")
 	env("gc-percent", "LEASEHOLD_GC_PERCENT")
 	fs.StringVar(&f.dcs, "datacenters", "",
 		"Consul datacenters to watch through the agent, comma-separated in failover order, "+
