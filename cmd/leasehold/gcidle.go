@@ -17,9 +17,10 @@ import (
 // cores: at 1,000 executors and 1,000 streams serve ran 14 collections over
 // 100 lapses, each begun inside one, and in an execution trace the bursts
 // that ran beside the collector's marking (11–23 ms of it) were the longest
-// (BENCHMARKS.md, "Collecting while idle"). The idle collector starts that
-// collection soon after a burst instead, once serve has allocated next to
-// nothing for two samples: the next bursts find the goal far ahead.
+// (BENCHMARKS.md, "A floor of leasehold's shape, and collecting while
+// idle"). The idle collector starts that collection soon after a burst
+// instead, once serve has allocated next to nothing for two samples: the
+// next bursts find the goal far ahead.
 //
 // It collects only when more than a third of the headroom (goal − live) has
 // been allocated since the last collection, so it collects at most about
