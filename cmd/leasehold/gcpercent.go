@@ -8,6 +8,7 @@ import (
 	"runtime/debug"
 	"runtime/metrics"
 	"strconv"
+	"sync/atomic"
 	"time"
 
 	"github.com/jonboulle/clockwork"
@@ -224,7 +225,10 @@ type gcPacer struct {
 	allocs   func() uint64               // default: runtime/metrics' /gc/heap/allocs:bytes
 	retained func() uint64               // default: heapRetained
 	set      func(int) int               // default: debug.SetGCPercent
-	log      *slog.Logger
+	// busy, when set, says after each sample whether the pacer counts serve
+	// busy (the idle collector leaves the collector alone then).
+	busy *atomic.Bool
+	log  *slog.Logger
 }
 
 // Run paces until ctx ends, leaving the calm percentage set; it returns
@@ -251,7 +255,11 @@ func (g gcPacer) Run(ctx context.Context) error {
 	p := gcPace{quiet: g.quiet}
 	step := func() {
 		r := retained()
-		if pct := p.step(g.clock.Now(), g.allocs(), r); pct != 0 {
+		pct := p.step(g.clock.Now(), g.allocs(), r)
+		if g.busy != nil {
+			g.busy.Store(p.busy)
+		}
+		if pct != 0 {
 			g.set(pct)
 			if g.log != nil {
 				g.log.Debug("collector", "gc_percent", pct, "busy", p.busy, "retained_bytes", r)

@@ -204,15 +204,16 @@ func TestHeapRetainedIsWhatThePercentageIsOf(t *testing.T) {
 
 // Run samples every gcPaceEvery, sets what the pace decides from the bytes
 // allocated and retained, and leaves the calm percentage set when it ends
-// busy.
+// busy; it shares whether it counts serve busy with the idle collector.
 func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
 	fc := clockwork.NewFakeClock()
 	var allocated atomic.Uint64
 	sets := make(chan int, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	done := make(chan error, 1)
+	busy := new(atomic.Bool)
 	go func() {
-		done <- gcPacer{quiet: 25, clock: fc, allocs: allocated.Load,
+		done <- gcPacer{quiet: 25, clock: fc, allocs: allocated.Load, busy: busy,
 			retained: func() uint64 { return 20 << 20 }, // 50% leaves gcHeadroom
 			set:      func(p int) int { sets <- p; return 0 }}.Run(ctx)
 	}()
@@ -235,9 +236,15 @@ func TestThePacerSetsWhatItDecidesAndEndsQuiet(t *testing.T) {
 			t.Fatalf("nothing set, want %d", want)
 		}
 	}
-	expect(50)     // the first sample: calm, on a small heap
+	expect(50) // the first sample: calm, on a small heap
+	if busy.Load() {
+		t.Fatal("busy shared while calm")
+	}
 	next(64 << 20) // 64 MiB in a second
 	expect(gcBusyPercent)
+	if !busy.Load() { // stored before the percentage is set: the idle collector's to read
+		t.Fatal("busy not shared with the idle collector")
+	}
 	cancel()
 	expect(50)
 	if err := <-done; !errors.Is(err, context.Canceled) {

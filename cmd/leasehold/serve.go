@@ -10,6 +10,7 @@ import (
 	"net/http"
 	"strconv"
 	"strings"
+	"sync/atomic"
 	"syscall"
 	"time"
 
@@ -148,9 +149,10 @@ func serve(ctx context.Context, cfg *serveConfig, log *slog.Logger, bound chan<-
 	parts.run("startup memory", startupMemory{view: p.syncer.View}.Run)
 	if cfg.gcPace > 0 {
 		view := p.syncer.View
-		parts.run("collector pacing", gcPacer{quiet: cfg.gcPace, log: log,
+		busy := new(atomic.Bool)
+		parts.run("collector pacing", gcPacer{quiet: cfg.gcPace, log: log, busy: busy,
 			ready: func(ctx context.Context) error { return awaitWholeFleet(ctx, view) }}.Run)
-		parts.run("idle collection", gcIdle{log: log}.Run)
+		parts.run("idle collection", gcIdle{log: log, busy: busy.Load}.Run)
 	}
 
 	g := newGRPCServer(sec.creds, tel)
