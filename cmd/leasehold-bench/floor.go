@@ -7,6 +7,7 @@ import (
 	"errors"
 	"fmt"
 	"io"
+	"maps"
 	"net"
 	"os"
 	"os/exec"
@@ -51,11 +52,12 @@ const floorChildEnv = "LEASEHOLD_BENCH_FLOOR_CHILD"
 // once and nothing after, as leasehold's idle streams did.
 type floorPlan struct {
 	frames  [][]byte
-	base    int // hosts frames[0] lists
+	base    int             // hosts frames[0] lists
+	start   map[string]bool // those hosts
 	removed []string
 	gone    int // endpoints the pushes remove in all
 	others  [][]byte
-	hosts   map[string]int // per task type in others, the hosts its streams start with
+	hosts   map[string]map[string]bool // per task type in others, the hosts its streams hold
 }
 
 // planFloor keeps, of the responses received since base, those that removed
@@ -88,7 +90,7 @@ func planFloor(
 	}
 	apply(base)
 	prev := union()
-	plan := floorPlan{base: len(prev)}
+	plan := floorPlan{base: len(prev), start: prev}
 	if err := plan.add(base); err != nil {
 		return floorPlan{}, err
 	}
@@ -137,10 +139,12 @@ func marshalFrame(resp *discovery.DiscoveryResponse) ([]byte, error) {
 func (p floorPlan) withOthers(
 	tasks []string, state map[string]*discovery.DiscoveryResponse,
 ) (floorPlan, error) {
-	p.others, p.hosts = nil, map[string]int{}
+	p.others, p.hosts = nil, map[string]map[string]bool{}
 	for _, task := range tasks[1:] {
 		resp, ok := state[task]
-		if !ok {
+		if !ok || len(resp.GetResources()) == 0 {
+			// (Its streams would name no load assignment the floor serves
+			// them, and be pushed the pushed task type's frames instead.)
 			return floorPlan{}, fmt.Errorf("floor: no state captured for task type %s", task)
 		}
 		b, err := marshalFrame(resp)
@@ -151,7 +155,7 @@ func (p floorPlan) withOthers(
 		for _, res := range resp.GetResources() {
 			healthyHosts(res.GetValue(), hosts)
 		}
-		p.others, p.hosts[task] = append(p.others, b), len(hosts)
+		p.others, p.hosts[task] = append(p.others, b), hosts
 	}
 	return p, nil
 }
@@ -175,7 +179,8 @@ func (b *bench) floor() error {
 		return err
 	}
 	b.res.floorStreams = *dispatchers
-	if b.res.floor, err = b.replayFloor(whole, tasks, *dispatchers, *streamsPerConn); err != nil {
+	if b.res.floor, err = b.replayFloor(whole, tasks, *dispatchers, *streamsPerConn,
+		"floor"); err != nil {
 		return err
 	}
 	logf("floor: %d of leasehold's responses (removing %d endpoints) replayed by a bare "+
@@ -190,7 +195,7 @@ func (b *bench) floor() error {
 	// then went out over several connections, not one.
 	b.res.floorTaskStreams = (*dispatchers + len(tasks) - 1) / len(tasks)
 	if b.res.floorTask, err = b.replayFloor(plan, tasks[:1], b.res.floorTaskStreams,
-		max(1, *streamsPerConn/len(tasks))); err != nil {
+		max(1, *streamsPerConn/len(tasks)), "floor.task"); err != nil {
 		return err
 	}
 	logf("floor: the same to the %d streams of the pushed task type alone: %s",
@@ -202,7 +207,7 @@ func (b *bench) floor() error {
 // (client i following tasks[i % len(tasks)], perConn to a connection, the
 // pushed task type first) and replays the plan to them.
 func (b *bench) replayFloor(
-	plan floorPlan, tasks []string, m, perConn int,
+	plan floorPlan, tasks []string, m, perConn int, trace string,
 ) ([]time.Duration, error) {
 	p, err := startFloor(plan.frames, plan.others)
 	if err != nil {
@@ -216,15 +221,32 @@ func (b *bench) replayFloor(
 		return nil, err
 	}
 	if err := ds.awaitAll(func(task string, set map[string]bool) bool {
-		if task == tasks[0] {
-			return len(set) == plan.base
-		}
-		return len(set) == plan.hosts[task]
+		return maps.Equal(set, plan.startOf(task, tasks[0]))
 	}, 60*time.Second); err != nil {
 		return nil, fmt.Errorf("floor: streams never had the starting state: %w", err)
 	}
-	defer traceSelf("floor")()
-	return plan.replay(p, ds)
+	stopTrace := traceSelf(trace)
+	lat, err := plan.replay(p, ds)
+	stopTrace()
+	if err != nil {
+		return nil, err
+	}
+	if err := ds.awaitAll(func(task string, set map[string]bool) bool {
+		return task == tasks[0] || maps.Equal(set, plan.startOf(task, tasks[0]))
+	}, time.Second); err != nil {
+		return nil, errors.New("floor: a stream of a task type not pushed to no longer holds " +
+			"its state: the floor pushed to it")
+	}
+	return lat, nil
+}
+
+// startOf is what a stream following task holds before the pushes, pushed
+// being the task type the plan pushes to.
+func (plan floorPlan) startOf(task, pushed string) map[string]bool {
+	if task == pushed {
+		return plan.start
+	}
+	return plan.hosts[task]
 }
 
 // replay pushes each frame after the first and waits until every stream has

@@ -5,8 +5,10 @@ import (
 	"net"
 	"os"
 	"path/filepath"
+	"maps"
 	"reflect"
 	"slices"
+	"strings"
 	"testing"
 	"time"
 
@@ -86,6 +88,13 @@ func TestFramesRoundTrip(t *testing.T) {
 		t.Fatal(err)
 	}
 	short := filepath.Join(t.TempDir(), "short")
+	b[0] = 0 // no frame pushed: not even the starting state
+	if err := os.WriteFile(short, b, 0o600); err != nil {
+		t.Fatal(err)
+	}
+	if _, _, err := readFrames(short); err == nil {
+		t.Fatal("no pushed frame: want an error")
+	}
 	b[0] = 9 // more frames pushed than the file holds
 	if err := os.WriteFile(short, b, 0o600); err != nil {
 		t.Fatal(err)
@@ -233,13 +242,22 @@ func TestTheFloorHoldsTheOtherTaskTypesStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	if len(whole.others) != 2 || whole.hosts[tasks[1]] != 2 || whole.hosts[tasks[2]] != 1 {
-		t.Fatalf("others: %d frames, hosts %v; want 2, {%s:2 %s:1}", len(whole.others),
-			whole.hosts, tasks[1], tasks[2])
+	if len(whole.others) != 2 || !maps.Equal(whole.startOf(tasks[1], tasks[0]), set("x", "y")) ||
+		!maps.Equal(whole.startOf(tasks[2], tasks[0]), set("z")) ||
+		!maps.Equal(whole.startOf(tasks[0], tasks[0]), set("a", "b", "c")) {
+		t.Fatalf("others: %d frames, hosts %v, pushed %v; want 2, {%s:[x y] %s:[z]}, [a b c]",
+			len(whole.others), whole.hosts, whole.start, tasks[1], tasks[2])
 	}
 	if _, err := plan.withOthers(tasks, map[string]*discovery.DiscoveryResponse{
-		tasks[1]: other(tasks[1], "1", "x")}); err == nil {
-		t.Fatalf("no state for %s: want an error", tasks[2])
+		tasks[1]: other(tasks[1], "1", "x")}); err == nil || !strings.Contains(err.Error(), tasks[2]) {
+		t.Fatalf("no state for %s: %v, want an error naming it", tasks[2], err)
+	}
+	// A task type whose every load assignment went (delta) holds nothing to
+	// classify its streams by: refused, naming it.
+	if _, err := plan.withOthers(tasks, map[string]*discovery.DiscoveryResponse{
+		tasks[1]: other(tasks[1], "1", "x"), tasks[2]: {}}); err == nil ||
+		!strings.Contains(err.Error(), tasks[2]) {
+		t.Fatalf("empty state for %s: %v, want an error naming it", tasks[2], err)
 	}
 	path, err := writeFrames(whole.frames, whole.others)
 	if err != nil {
@@ -298,6 +316,15 @@ func TestTheFloorHoldsTheOtherTaskTypesStreams(t *testing.T) {
 	if pushed != 3 {
 		t.Fatalf("%d streams took pushes; want the pushed task type's 3", pushed)
 	}
+}
+
+// set is the set of hosts.
+func set(hosts ...string) map[string]bool {
+	s := map[string]bool{}
+	for _, h := range hosts {
+		s[h] = true
+	}
+	return s
 }
 
 // Each task type's first client keeps what it holds for the floor's other

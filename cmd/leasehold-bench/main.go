@@ -132,7 +132,8 @@ var (
 			"(go tool trace; -pprof=net, sync or sched for where pushes wait)")
 	traceHarness = flag.String("trace-harness", "",
 		"write execution traces of this harness (its light streams) to PREFIX.lapses during "+
-			"leasehold's lapses and PREFIX.floor during the floor's replay (go tool trace "+
+			"leasehold's lapses, PREFIX.floor during the floor's replay and PREFIX.floor.task "+
+			"during its replay to the pushed task type's streams alone (go tool trace "+
 			"-pprof=sched: how long its streams waited for a CPU)")
 	compare = flag.Bool("consul-xds", true,
 		"also measure as many lapses through Consul's own xDS (Connect sidecars), "+
@@ -267,22 +268,41 @@ func (s *served) heap() int64 {
 // it has run, read from its heap profile's statistics without a collection.
 // The profile is written after they are read, so its own allocation counts
 // in the next reading.
-func (s *served) allocs() (total, gcs int64) {
+func (s *served) allocs() (total, gcs int64, err error) {
 	resp, err := http.Get("http://" + s.admin + "/debug/pprof/heap?debug=1")
 	if err != nil {
-		return 0, 0
+		return 0, 0, err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return 0, 0, fmt.Errorf("heap profile: %s", resp.Status)
+	}
+	return parseAllocs(resp.Body)
+}
+
+// parseAllocs reads TotalAlloc and NumGC from a heap profile in its text
+// form (debug=1).
+func parseAllocs(r io.Reader) (total, gcs int64, err error) {
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
+	found := 0
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "# TotalAlloc = "); ok {
-			total, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-		} else if v, ok := strings.CutPrefix(sc.Text(), "# NumGC = "); ok {
-			gcs, _ = strconv.ParseInt(strings.TrimSpace(v), 10, 64)
+		for name, v := range map[string]*int64{"# TotalAlloc = ": &total, "# NumGC = ": &gcs} {
+			if rest, ok := strings.CutPrefix(sc.Text(), name); ok {
+				if *v, err = strconv.ParseInt(strings.TrimSpace(rest), 10, 64); err != nil {
+					return 0, 0, fmt.Errorf("heap profile: %s%w", name, err)
+				}
+				found++
+			}
 		}
 	}
-	return total, gcs
+	if err := sc.Err(); err != nil {
+		return 0, 0, fmt.Errorf("heap profile: %w", err)
+	}
+	if found != 2 {
+		return 0, 0, errors.New("heap profile: no TotalAlloc and NumGC")
+	}
+	return total, gcs, nil
 }
 
 // memDetail is where the process's memory is, for the log: the runtime's
@@ -802,8 +822,10 @@ type results struct {
 	grpcN                  int
 	inLeasehold            time.Duration
 	// allocLapses is what serve allocated during the lapses (bytes), and
-	// gcLapses how many collections it ran meanwhile.
+	// gcLapses how many collections it ran meanwhile; allocErr why they are
+	// not known.
 	allocLapses, gcLapses int64
+	allocErr              error
 	cpuPerStream          time.Duration
 	reqPerChange          float64
 	rssIdle, rssStreams   int64
@@ -966,6 +988,9 @@ func (res results) streamsOf() string {
 // lapseAllocs says what serve allocated during the lapses, in all and per
 // lapse, and how many collections ran meanwhile.
 func (res results) lapseAllocs() string {
+	if res.allocErr != nil {
+		return fmt.Sprintf("unknown (%v)", res.allocErr)
+	}
 	return fmt.Sprintf("%.1f MB allocated (%.0f KB a lapse), %d collections",
 		float64(res.allocLapses)/(1<<20),
 		float64(res.allocLapses)/1024/float64(max(1, len(res.lapse))), res.gcLapses)

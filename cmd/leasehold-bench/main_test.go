@@ -1,9 +1,15 @@
 package main
 
 import (
+	"errors"
 	"fmt"
 	"maps"
 	"math/rand/v2"
+	"net/http"
+	"net/http/httptest"
+	"net/http/pprof"
+	"runtime"
+	"strings"
 	"testing"
 	"time"
 
@@ -144,5 +150,40 @@ func TestASecondCloseWaitsForTheFirst(t *testing.T) {
 	}
 	if !stopped {
 		t.Fatal("the second close returned before every cleanup ran")
+	}
+}
+
+// What serve allocated is read from a real heap profile's statistics, the
+// form net/http/pprof writes; a failed read says so instead of counting 0.
+func TestAllocationsAreReadFromTheHeapProfile(t *testing.T) {
+	srv := httptest.NewServer(http.HandlerFunc(pprof.Index))
+	defer srv.Close()
+	s := &served{admin: strings.TrimPrefix(srv.URL, "http://")}
+	runtime.GC()
+	total, gcs, err := s.allocs()
+	if err != nil {
+		t.Fatal(err)
+	}
+	var ms runtime.MemStats
+	runtime.ReadMemStats(&ms)
+	if total <= 0 || uint64(total) > ms.TotalAlloc || gcs < 1 || uint32(gcs) > ms.NumGC {
+		t.Fatalf("TotalAlloc %d, NumGC %d: want > 0 and at most the runtime's %d, %d since",
+			total, gcs, ms.TotalAlloc, ms.NumGC)
+	}
+	if _, _, err := parseAllocs(strings.NewReader("heap profile: 0: 0 [0: 0] @ heap/1\n")); err == nil {
+		t.Fatal("a profile without its statistics: want an error")
+	}
+	if _, _, err := parseAllocs(strings.NewReader("# TotalAlloc = x\n# NumGC = 1\n")); err == nil ||
+		!strings.Contains(err.Error(), "TotalAlloc") {
+		t.Fatalf("a bad TotalAlloc: %v, want an error naming it", err)
+	}
+	gone := &served{admin: s.admin}
+	srv.Close()
+	if _, _, err := gone.allocs(); err == nil {
+		t.Fatal("serve gone: want an error")
+	}
+	res := results{allocErr: errors.New("refused")}
+	if got := res.lapseAllocs(); !strings.Contains(got, "unknown") {
+		t.Fatalf("lapseAllocs with an error = %q, want unknown", got)
 	}
 }

@@ -3,6 +3,7 @@ package main
 import (
 	"cmp"
 	"context"
+	"errors"
 	"fmt"
 	"io"
 	"net/http"
@@ -376,12 +377,13 @@ func (b *bench) leaseholdLapses() error {
 	defer traceSelf("lapses")()
 	before := b.usage()
 	raft := startRaftWatch(b.ctx, b.agent.HTTPAddr(), 3*time.Second)
-	alloc0, gcs0 := b.srv.allocs()
+	alloc0, gcs0, err0 := b.srv.allocs()
 	expiries := b.fleet.lapseAll(victims)
 	var err error
 	b.res.lapse, err = b.fleet.lapseLatencies(b.ds, victims, expiries)
-	alloc1, gcs1 := b.srv.allocs()
+	alloc1, gcs1, err1 := b.srv.allocs()
 	b.res.allocLapses, b.res.gcLapses = alloc1-alloc0, gcs1-gcs0
+	b.res.allocErr = errors.Join(err0, err1)
 	b.res.raft = raft.end()
 	if err != nil {
 		return err
