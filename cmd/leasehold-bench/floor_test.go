@@ -2,10 +2,10 @@ package main
 
 import (
 	"context"
+	"maps"
 	"net"
 	"os"
 	"path/filepath"
-	"maps"
 	"reflect"
 	"slices"
 	"strings"
