@@ -105,7 +105,7 @@ func (p *idlePace) step(s heapState, busy bool) bool {
 type gcIdle struct {
 	busy    func() bool      // whether the pacer counts serve busy (nil: never)
 	clock   clockwork.Clock  // default: the real clock
-	read    func() heapState // default: readHeapState
+	read    func() heapState // default: a heapReader's
 	collect func()           // default: runtime.GC
 	log     *slog.Logger
 }
@@ -115,7 +115,7 @@ func (g gcIdle) Run(ctx context.Context) error {
 		g.clock = clockwork.NewRealClock()
 	}
 	if g.read == nil {
-		g.read = readHeapState
+		g.read = newHeapReader().read
 	}
 	if g.collect == nil {
 		g.collect = runtime.GC
@@ -142,12 +142,21 @@ func (g gcIdle) Run(ctx context.Context) error {
 var heapStateSamples = []string{"/gc/heap/allocs:bytes", "/gc/cycles/total:gc-cycles",
 	"/sched/pauses/total/gc:seconds", "/gc/heap/live:bytes", "/gc/heap/goal:bytes"}
 
-// readHeapState reads heapState from runtime/metrics (no stop of the world).
-func readHeapState() heapState {
-	s := make([]metrics.Sample, len(heapStateSamples))
+// heapReader reads heapState from runtime/metrics (no stop of the world)
+// into the same samples each time: a histogram's read reuses their memory,
+// so sampling 50 times a second allocates nothing.
+type heapReader struct{ samples []metrics.Sample }
+
+func newHeapReader() *heapReader {
+	r := &heapReader{samples: make([]metrics.Sample, len(heapStateSamples))}
 	for i, name := range heapStateSamples {
-		s[i].Name = name
+		r.samples[i].Name = name
 	}
+	return r
+}
+
+func (r *heapReader) read() heapState {
+	s := r.samples
 	metrics.Read(s)
 	v := func(i int) uint64 {
 		if s[i].Value.Kind() != metrics.KindUint64 {
