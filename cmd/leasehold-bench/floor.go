@@ -205,9 +205,10 @@ func (b *bench) floor() error {
 
 // replayFloor starts a bare server for plan, m light streams over tasks
 // (client i following tasks[i % len(tasks)], perConn to a connection, the
-// pushed task type first) and replays the plan to them.
+// pushed task type first) and replays the plan to them (traced as traceName
+// with --trace-harness).
 func (b *bench) replayFloor(
-	plan floorPlan, tasks []string, m, perConn int, trace string,
+	plan floorPlan, tasks []string, m, perConn int, traceName string,
 ) ([]time.Duration, error) {
 	p, err := startFloor(plan.frames, plan.others)
 	if err != nil {
@@ -225,7 +226,7 @@ func (b *bench) replayFloor(
 	}, 60*time.Second); err != nil {
 		return nil, fmt.Errorf("floor: streams never had the starting state: %w", err)
 	}
-	stopTrace := traceSelf(trace)
+	stopTrace := traceSelf(traceName)
 	lat, err := plan.replay(p, ds)
 	stopTrace()
 	if err != nil {
