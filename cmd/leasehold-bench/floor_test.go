@@ -111,21 +111,14 @@ func TestFloorServerWithLightClients(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
 	fs, err := newFloorServer(plan.frames, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs.register(g)
-	go g.Serve(lis)
-	defer g.Stop()
+	addr := serveFloorFor(t, fs)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ds, err := startDispatchers(ctx, lis.Addr().String(), 5, []string{task}, nil, 2)
+	ds, err := startDispatchers(ctx, addr, 5, []string{task}, nil, 2)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -186,21 +179,14 @@ func TestPlanFloorFollowsEachShard(t *testing.T) {
 		t.Fatalf("plan: base %d, removed %v (%d): want 4, [d a] (2)", plan.base, plan.removed,
 			plan.gone)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
 	fs, err := newFloorServer(plan.frames, nil)
 	if err != nil {
 		t.Fatal(err)
 	}
-	fs.register(g)
-	go g.Serve(lis)
-	defer g.Stop()
+	addr := serveFloorFor(t, fs)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ds, err := startDispatchers(ctx, lis.Addr().String(), 3, []string{task},
+	ds, err := startDispatchers(ctx, addr, 3, []string{task},
 		map[string]int{task: 2}, *streamsPerConn)
 	if err != nil {
 		t.Fatal(err)
@@ -272,17 +258,10 @@ func TestTheFloorHoldsTheOtherTaskTypesStreams(t *testing.T) {
 	if err != nil {
 		t.Fatal(err)
 	}
-	lis, err := net.Listen("tcp", "127.0.0.1:0")
-	if err != nil {
-		t.Fatal(err)
-	}
-	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
-	fs.register(g)
-	go g.Serve(lis)
-	defer g.Stop()
+	addr := serveFloorFor(t, fs)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
-	ds, err := startDispatchers(ctx, lis.Addr().String(), 9, tasks, nil, 4)
+	ds, err := startDispatchers(ctx, addr, 9, tasks, nil, 4)
 	if err != nil {
 		t.Fatal(err)
 	}
@@ -345,4 +324,19 @@ func TestTheOtherTaskTypesStateIsWhatTheirFirstClientHolds(t *testing.T) {
 	if n := len(ds.otherState()[tasks[1]].GetResources()); n != 0 {
 		t.Fatalf("after its removal %d resources held; want 0", n)
 	}
+}
+
+// serveFloorFor serves fs on a loopback port until the test ends and
+// returns its address.
+func serveFloorFor(t *testing.T, fs *floorServer) string {
+	t.Helper()
+	lis, err := net.Listen("tcp", "127.0.0.1:0")
+	if err != nil {
+		t.Fatal(err)
+	}
+	g := grpc.NewServer(grpc.ForceServerCodecV2(rawCodec{}))
+	fs.register(g)
+	go g.Serve(lis)
+	t.Cleanup(g.Stop)
+	return lis.Addr().String()
 }
