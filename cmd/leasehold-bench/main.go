@@ -248,20 +248,45 @@ func (s *served) cpu() time.Duration { return procCPU(s.cmd.Process.Pid) }
 // heap is the Go heap in use after a forced GC, in KB (from the admin
 // port's pprof endpoint).
 func (s *served) heap() int64 {
-	resp, err := http.Get("http://" + s.admin + "/debug/pprof/heap?gc=1&debug=1")
+	stats, _ := s.heapStats(true)
+	return stats["HeapAlloc"] / 1024
+}
+
+// heapStats is the runtime's accounts at the head of serve's heap profile
+// (debug=1), after a forced collection if gc.
+func (s *served) heapStats(gc bool) (map[string]int64, error) {
+	url := "http://" + s.admin + "/debug/pprof/heap?debug=1"
+	if gc {
+		url += "&gc=1"
+	}
+	resp, err := http.Get(url)
 	if err != nil {
-		return 0
+		return nil, err
 	}
 	defer resp.Body.Close()
-	sc := bufio.NewScanner(resp.Body)
+	if resp.StatusCode != http.StatusOK {
+		return nil, fmt.Errorf("heap profile: %s", resp.Status)
+	}
+	return parseHeapStats(resp.Body)
+}
+
+// parseHeapStats reads the "# Name = n" (or "# Name = in use / from the
+// system") lines of a heap profile in its text form.
+func parseHeapStats(r io.Reader) (map[string]int64, error) {
+	stats := map[string]int64{}
+	sc := bufio.NewScanner(r)
 	sc.Buffer(make([]byte, 1<<20), 1<<20)
 	for sc.Scan() {
-		if v, ok := strings.CutPrefix(sc.Text(), "# HeapAlloc = "); ok {
-			n, _ := strconv.ParseInt(strings.TrimSpace(v), 10, 64)
-			return n / 1024
+		k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "# "), " = ")
+		v, _, _ = strings.Cut(v, " /")
+		if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); ok && err == nil {
+			stats[k] = n
 		}
 	}
-	return 0
+	if err := sc.Err(); err != nil {
+		return nil, fmt.Errorf("heap profile: %w", err)
+	}
+	return stats, nil
 }
 
 // allocs is what serve has allocated in all (bytes) and how many collections
@@ -269,60 +294,28 @@ func (s *served) heap() int64 {
 // The profile is written after they are read, so its own allocation counts
 // in the next reading.
 func (s *served) allocs() (total, gcs int64, err error) {
-	resp, err := http.Get("http://" + s.admin + "/debug/pprof/heap?debug=1")
+	stats, err := s.heapStats(false)
 	if err != nil {
 		return 0, 0, err
 	}
-	defer resp.Body.Close()
-	if resp.StatusCode != http.StatusOK {
-		return 0, 0, fmt.Errorf("heap profile: %s", resp.Status)
-	}
-	return parseAllocs(resp.Body)
+	return allocsOf(stats)
 }
 
-// parseAllocs reads TotalAlloc and NumGC from a heap profile in its text
-// form (debug=1).
-func parseAllocs(r io.Reader) (total, gcs int64, err error) {
-	sc := bufio.NewScanner(r)
-	sc.Buffer(make([]byte, 1<<20), 1<<20)
-	found := 0
-	for sc.Scan() {
-		for name, v := range map[string]*int64{"# TotalAlloc = ": &total, "# NumGC = ": &gcs} {
-			if rest, ok := strings.CutPrefix(sc.Text(), name); ok {
-				if *v, err = strconv.ParseInt(strings.TrimSpace(rest), 10, 64); err != nil {
-					return 0, 0, fmt.Errorf("heap profile: %s%w", name, err)
-				}
-				found++
-			}
+// allocsOf is TotalAlloc and NumGC of a heap profile's statistics.
+func allocsOf(stats map[string]int64) (total, gcs int64, err error) {
+	for _, name := range []string{"TotalAlloc", "NumGC"} {
+		if _, ok := stats[name]; !ok {
+			return 0, 0, fmt.Errorf("heap profile: no %s", name)
 		}
 	}
-	if err := sc.Err(); err != nil {
-		return 0, 0, fmt.Errorf("heap profile: %w", err)
-	}
-	if found != 2 {
-		return 0, 0, errors.New("heap profile: no TotalAlloc and NumGC")
-	}
-	return total, gcs, nil
+	return stats["TotalAlloc"], stats["NumGC"], nil
 }
 
 // memDetail is where the process's memory is, for the log: the runtime's
 // own accounts (after a forced GC) and its goroutines, whose stacks are in
 // the RSS but not in the heap.
 func (s *served) memDetail() string {
-	stats := map[string]int64{}
-	if resp, err := http.Get("http://" + s.admin + "/debug/pprof/heap?gc=1&debug=1"); err == nil {
-		sc := bufio.NewScanner(resp.Body)
-		sc.Buffer(make([]byte, 1<<20), 1<<20)
-		for sc.Scan() {
-			// "# Name = n", or "# Name = in use / from the system"
-			k, v, ok := strings.Cut(strings.TrimPrefix(sc.Text(), "# "), " = ")
-			v, _, _ = strings.Cut(v, " /")
-			if n, err := strconv.ParseInt(strings.TrimSpace(v), 10, 64); ok && err == nil {
-				stats[k] = n
-			}
-		}
-		resp.Body.Close()
-	}
+	stats, _ := s.heapStats(true)
 	goroutines := "?"
 	if resp, err := http.Get("http://" + s.admin + "/debug/pprof/goroutine?debug=1"); err == nil {
 		sc := bufio.NewScanner(resp.Body)

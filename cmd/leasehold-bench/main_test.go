@@ -170,12 +170,23 @@ func TestAllocationsAreReadFromTheHeapProfile(t *testing.T) {
 		t.Fatalf("TotalAlloc %d, NumGC %d: want > 0 and at most the runtime's %d, %d since",
 			total, gcs, ms.TotalAlloc, ms.NumGC)
 	}
-	if _, _, err := parseAllocs(strings.NewReader("heap profile: 0: 0 [0: 0] @ heap/1\n")); err == nil {
+	parseAllocs := func(text string) (int64, int64, error) {
+		stats, err := parseHeapStats(strings.NewReader(text))
+		if err != nil {
+			return 0, 0, err
+		}
+		return allocsOf(stats)
+	}
+	if _, _, err := parseAllocs("heap profile: 0: 0 [0: 0] @ heap/1\n"); err == nil {
 		t.Fatal("a profile without its statistics: want an error")
 	}
-	if _, _, err := parseAllocs(strings.NewReader("# TotalAlloc = x\n# NumGC = 1\n")); err == nil ||
+	if _, _, err := parseAllocs("# TotalAlloc = x\n# NumGC = 1\n"); err == nil ||
 		!strings.Contains(err.Error(), "TotalAlloc") {
 		t.Fatalf("a bad TotalAlloc: %v, want an error naming it", err)
+	}
+	if total, gcs, err := parseAllocs("# TotalAlloc = 7\n# Sys = 3 / 4\n# NumGC = 2\n"); err != nil ||
+		total != 7 || gcs != 2 {
+		t.Fatalf("TotalAlloc 7, NumGC 2 read as %d, %d, %v", total, gcs, err)
 	}
 	gone := &served{admin: s.admin}
 	srv.Close()
