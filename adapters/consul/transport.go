@@ -1,6 +1,7 @@
 package consul
 
 import (
+	"bufio"
 	"bytes"
 	"cmp"
 	"compress/gzip"
@@ -175,6 +176,14 @@ func (c *bodyCapture) health(decoded []*api.ServiceEntry) ([]*api.ServiceEntry, 
 	return decodeHealthListing(c.body)
 }
 
+// checks is catalog for a listing of checks.
+func (c *bodyCapture) checks(decoded api.HealthChecks) (api.HealthChecks, error) {
+	if !c.taken {
+		return decoded, nil
+	}
+	return decodeCheckListing(c.body)
+}
+
 func (s *readSizes) counter(decoded bool) *atomic.Int64 {
 	switch {
 	case s == nil:
@@ -202,24 +211,56 @@ func (c *countingReader) Read(p []byte) (int, error) {
 func (c *countingReader) Close() error { return c.r.Close() }
 
 // gunzipBody decompresses lazily: the gzip header is read on the first Read,
-// so an empty or failed body surfaces there, as the caller expects.
+// so an empty or failed body surfaces there, as the caller expects. Its
+// decompressor comes from gunzips and goes back once the body is read to its
+// end (the checksum verified); a body closed or failed before that drops it,
+// so a Close racing a Read (a blocking call cut short) never frees one in
+// use.
 type gunzipBody struct {
 	wire io.ReadCloser
-	zr   *gzip.Reader
-	err  error
+	z    *gunzip
+	err  error // sticky: the body's end (io.EOF) or its failure
 }
 
+// gunzip is one decompressor and the buffered reader it reads the wire
+// through. A fresh one allocates its 32 KB window and 4 KB buffer: for
+// every answer of every watch, that was a tenth of what serve allocated
+// per lapse at 1,000 streams (BENCHMARKS.md, "Fewer allocations per lapse").
+type gunzip struct {
+	br *bufio.Reader
+	zr gzip.Reader
+}
+
+// gunzips holds the decompressors of bodies read to their end.
+var gunzips = sync.Pool{New: func() any { return &gunzip{br: bufio.NewReader(nil)} }}
+
 func (g *gunzipBody) Read(p []byte) (int, error) {
-	if g.zr == nil && g.err == nil {
-		g.zr, g.err = gzip.NewReader(g.wire)
-		if errors.Is(g.err, io.EOF) {
-			g.err = io.ErrUnexpectedEOF
+	if g.z == nil && g.err == nil {
+		z := gunzips.Get().(*gunzip)
+		z.br.Reset(g.wire)
+		if err := z.zr.Reset(z.br); err != nil {
+			if errors.Is(err, io.EOF) {
+				err = io.ErrUnexpectedEOF
+			}
+			g.err = err
+			return 0, err
 		}
+		g.z = z
 	}
 	if g.err != nil {
 		return 0, g.err
 	}
-	return g.zr.Read(p)
+	n, err := g.z.zr.Read(p)
+	if err != nil {
+		g.err = err
+		if err == io.EOF {
+			z := g.z
+			z.br.Reset(nil) // holds no connection's body while pooled
+			gunzips.Put(z)
+		}
+		g.z = nil
+	}
+	return n, err
 }
 
 func (g *gunzipBody) Close() error { return g.wire.Close() }

@@ -13,7 +13,9 @@ import (
 	"net/http/httptest"
 	"path/filepath"
 	"reflect"
+	"runtime"
 	"strings"
+	"sync"
 	"sync/atomic"
 	"testing"
 	"testing/iotest"
@@ -333,6 +335,104 @@ func captured(t testing.TB, body []byte, hint int) []byte {
 		t.Fatal("the answer was not taken")
 	}
 	return c.body
+}
+
+// A body read to its end leaves its decompressor for the next answer: what
+// reading an answer allocates is measured against a fresh gzip reader per
+// answer (as before) in the same run, and is at most half of it (under the
+// race detector the pool drops a quarter of what it is given).
+func TestADecompressorServesTheNextAnswerOnceItsBodyEnds(t *testing.T) {
+	payload := strings.Repeat(`{"Node":"n1","CheckID":"service:x","Status":"critical"},`, 100)
+	wire := gzipped([]byte(payload))
+	read := func(fresh bool) {
+		var r io.Reader = &gunzipBody{wire: io.NopCloser(bytes.NewReader(wire))}
+		if fresh {
+			zr, err := gzip.NewReader(bytes.NewReader(wire))
+			if err != nil {
+				t.Fatal(err)
+			}
+			r = zr
+		}
+		if n, err := io.Copy(io.Discard, r); err != nil || n != int64(len(payload)) {
+			t.Fatalf("read %d bytes (%v), want %d", n, err, len(payload))
+		}
+	}
+	allocated := func(fresh bool) uint64 {
+		read(fresh) // the pool holds one from here on
+		var before, after runtime.MemStats
+		runtime.ReadMemStats(&before)
+		for range 50 {
+			read(fresh)
+		}
+		runtime.ReadMemStats(&after)
+		return (after.TotalAlloc - before.TotalAlloc) / 50
+	}
+	fresh, pooled := allocated(true), allocated(false)
+	if pooled*2 > fresh {
+		t.Fatalf("an answer allocated %d bytes with the pool, %d with a fresh reader each: "+
+			"the decompressor is not reused", pooled, fresh)
+	}
+	t.Logf("an answer allocated %d bytes, %d with a fresh reader each", pooled, fresh)
+}
+
+// Bodies read at once each decode to their own answer, and one closed or
+// failed before its end gives back no decompressor it may still be using:
+// a Read after its Close fails, and a corrupt answer fails, and neither
+// disturbs the answers read meanwhile (the race detector watches).
+func TestBodiesReadAtOnceKeepTheirOwnDecompressors(t *testing.T) {
+	const readers, answers = 8, 30
+	var wants [readers][answers]string
+	var wires [readers][answers][]byte
+	for i := range readers {
+		for j := range answers {
+			wants[i][j] = strings.Repeat(fmt.Sprintf("answer %d.%d;", i, j), 50+i*j)
+			wires[i][j] = gzipped([]byte(wants[i][j]))
+		}
+	}
+	var wg sync.WaitGroup
+	for i := range readers {
+		wg.Add(1)
+		go func() {
+			defer wg.Done()
+			for j := range answers {
+				want, wire := wants[i][j], wires[i][j]
+				switch j % 3 {
+				case 0: // closed halfway, then read again
+					pr, pw := io.Pipe()
+					go func() {
+						pw.Write(wire[:len(wire)/2])
+						pw.Write(wire[len(wire)/2:]) // blocks until the close below ends it
+					}()
+					body := &gunzipBody{wire: pr}
+					buf := make([]byte, 10)
+					if _, err := io.ReadFull(body, buf); err != nil {
+						t.Errorf("the first bytes: %v", err)
+						return
+					}
+					body.Close()
+					if _, err := io.Copy(io.Discard, body); err == nil {
+						t.Error("a body read after its Close: no error")
+					}
+				case 1: // corrupt
+					body := &gunzipBody{wire: io.NopCloser(bytes.NewReader(wire[:len(wire)-6]))}
+					if _, err := io.Copy(io.Discard, body); err == nil {
+						t.Error("a truncated answer: no error")
+					}
+				default:
+					body := &gunzipBody{wire: io.NopCloser(bytes.NewReader(wire))}
+					got, err := io.ReadAll(body)
+					if err != nil || string(got) != want {
+						t.Errorf("answer %d.%d: %d bytes (%v), want %d", i, j, len(got), err,
+							len(want))
+					}
+					if n, err := body.Read(make([]byte, 4)); n != 0 || err != io.EOF {
+						t.Errorf("a Read past the end: %d, %v", n, err)
+					}
+				}
+			}
+		}()
+	}
+	wg.Wait()
 }
 
 // An answer expected at its size is read into one buffer of about it (the
