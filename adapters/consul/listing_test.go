@@ -46,18 +46,22 @@ func keptHealth(e *api.ServiceEntry) *api.ServiceEntry {
 	if e.Checks != nil {
 		out.Checks = api.HealthChecks{}
 		for _, c := range e.Checks {
-			if c == nil {
-				out.Checks = append(out.Checks, nil)
-				continue
-			}
-			out.Checks = append(out.Checks, &api.HealthCheck{
-				Node: c.Node, CheckID: c.CheckID, Status: c.Status, Output: c.Output,
-				ServiceID: c.ServiceID, ServiceName: c.ServiceName,
-				CreateIndex: c.CreateIndex, ModifyIndex: c.ModifyIndex,
-			})
+			out.Checks = append(out.Checks, keptCheck(c))
 		}
 	}
 	return out
+}
+
+// keptCheck is keptCatalog for a check.
+func keptCheck(c *api.HealthCheck) *api.HealthCheck {
+	if c == nil {
+		return nil
+	}
+	return &api.HealthCheck{
+		Node: c.Node, CheckID: c.CheckID, Status: c.Status, Output: c.Output,
+		ServiceID: c.ServiceID, ServiceName: c.ServiceName,
+		CreateIndex: c.CreateIndex, ModifyIndex: c.ModifyIndex,
+	}
 }
 
 // agree fails t unless the lean decoders decode doc as encoding/json does,
@@ -98,6 +102,23 @@ func agree(t *testing.T, what string, doc []byte) {
 			t.Fatalf("%s: health:\n got %s\nwant %s", what, dump(got), dump(want))
 		}
 	}
+	var wantChecks api.HealthChecks
+	if err := json.Unmarshal(doc, &wantChecks); err == nil {
+		got, err := decodeCheckListing(doc)
+		if err != nil {
+			t.Fatalf("%s: checks: %v", what, err)
+		}
+		want := api.HealthChecks(nil)
+		if wantChecks != nil {
+			want = api.HealthChecks{}
+		}
+		for _, c := range wantChecks {
+			want = append(want, keptCheck(c))
+		}
+		if !reflect.DeepEqual(got, want) {
+			t.Fatalf("%s: checks:\n got %s\nwant %s", what, dump(got), dump(want))
+		}
+	}
 }
 
 func dump(v any) string {
@@ -132,6 +153,25 @@ func TestLeanListingsDecodeConsulsAnswersAsEncodingJSONDoes(t *testing.T) {
 	if len(h) != 2 || len(h[0].Checks) != 2 || h[0].Checks[1].Output != `load=3 "x" \ é` || h[0].Checks[1].Status != "warning" {
 		t.Fatalf("the fixture decoded to %s", dump(h))
 	}
+	// A listing of checks (/v1/health/state/:state) is an array of the
+	// checks a health listing holds, written alike: the fixture's, as Consul
+	// wrote them.
+	var entries []struct{ Checks []json.RawMessage }
+	if err := json.Unmarshal(mustRead(t, "testdata/consul-1.13-health-service.json"), &entries); err != nil {
+		t.Fatal(err)
+	}
+	var checks [][]byte
+	for _, e := range entries {
+		for _, c := range e.Checks {
+			checks = append(checks, c)
+		}
+	}
+	doc := append(append([]byte("["), bytes.Join(checks, []byte(","))...), ']')
+	agree(t, "the fixture's checks", doc)
+	k, _ := decodeCheckListing(doc)
+	if len(k) != 4 || k[1].Output != `load=3 "x" \ é` || k[1].Status != "warning" || k[1].ModifyIndex == 0 {
+		t.Fatalf("the fixture's checks decoded to %s", dump(k))
+	}
 }
 
 func mustRead(t testing.TB, path string) []byte {
@@ -153,18 +193,20 @@ func TestLeanListingsAgreeWithEncodingJSONOnRandomEntries(t *testing.T) {
 	for round := range 300 {
 		var cat []*api.CatalogService
 		var hl []*api.ServiceEntry
+		var cl api.HealthChecks
 		for range r.IntN(6) {
 			if r.IntN(12) == 0 {
-				cat, hl = append(cat, nil), append(hl, nil)
+				cat, hl, cl = append(cat, nil), append(hl, nil), append(cl, nil)
 				continue
 			}
 			cat = append(cat, randomCatalogEntry(r))
 			hl = append(hl, randomHealthEntry(r))
+			cl = append(cl, randomCheck(r))
 		}
 		if r.IntN(10) == 0 {
-			cat, hl = nil, nil
+			cat, hl, cl = nil, nil, nil
 		}
-		for _, v := range []any{cat, hl} {
+		for _, v := range []any{cat, hl, cl} {
 			doc, err := json.Marshal(v)
 			if r.IntN(2) == 0 {
 				doc, err = json.MarshalIndent(v, "", "\t")
@@ -246,15 +288,21 @@ func randomHealthEntry(r *rand.Rand) *api.ServiceEntry {
 	if r.IntN(8) > 0 {
 		e.Checks = api.HealthChecks{}
 		for range r.IntN(4) {
-			e.Checks = append(e.Checks, &api.HealthCheck{Node: randomString(r),
-				CheckID: randomString(r), Name: randomString(r), Status: randomString(r),
-				Output: randomString(r), ServiceID: randomString(r),
-				ServiceName: randomString(r), ServiceTags: randomTags(r),
-				Definition:  api.HealthCheckDefinition{HTTP: randomString(r)},
-				CreateIndex: r.Uint64(), ModifyIndex: r.Uint64()})
+			e.Checks = append(e.Checks, randomCheck(r))
 		}
 	}
 	return e
+}
+
+func randomCheck(r *rand.Rand) *api.HealthCheck {
+	return &api.HealthCheck{Node: randomString(r),
+		CheckID: randomString(r), Name: randomString(r), Status: randomString(r),
+		Output: randomString(r), ServiceID: randomString(r),
+		ServiceName: randomString(r), ServiceTags: randomTags(r), Type: randomString(r),
+		Namespace: randomString(r), ExposedPort: r.IntN(1 << 16),
+		Definition: api.HealthCheckDefinition{HTTP: randomString(r),
+			Header: map[string][]string{randomString(r): randomTags(r)}},
+		CreateIndex: r.Uint64(), ModifyIndex: r.Uint64()}
 }
 
 // TestLeanListingsRefuseMalformedJSON: a listing cut short anywhere, or
@@ -270,6 +318,9 @@ func TestLeanListingsRefuseMalformedJSON(t *testing.T) {
 			if _, err := decodeHealthListing(doc[:i]); err == nil {
 				t.Fatalf("%s cut at %d of %d: the health decoder took it", f, i, len(doc))
 			}
+			if _, err := decodeCheckListing(doc[:i]); err == nil {
+				t.Fatalf("%s cut at %d of %d: the checks decoder took it", f, i, len(doc))
+			}
 		}
 	}
 	wrong := []string{
@@ -281,6 +332,7 @@ func TestLeanListingsRefuseMalformedJSON(t *testing.T) {
 		`[[]]`, `[{"x":` + strings.Repeat(`[`, 10001) + strings.Repeat(`]`, 10001) + `}]`,
 		`[{"x":` + strings.Repeat(`{"a":`, 10001) + `1` + strings.Repeat(`}`, 10001) + `}]`,
 		`[{"Service":{"Port":"x"}}]`, `[{"Checks":[{"ModifyIndex":true}]}]`, `[{"Node":[]}]`,
+		`[{"CheckID":1}]`, `[{"Status":true}]`, `[{"Output":{}}]`,
 	}
 	notJSON := []string{ // inside values the decoders skip or keep
 		`[{"x":-}]`, `[{"x":e}]`, `[{"x":+}]`, `[{"Weights":1..2}]`, `[{"x":01}]`, `[{"x":1e}]`,
@@ -301,12 +353,16 @@ func TestLeanListingsRefuseMalformedJSON(t *testing.T) {
 		if _, err := decodeHealthListing([]byte(doc)); err == nil {
 			t.Errorf("%q: the health decoder took it", doc)
 		}
+		if _, err := decodeCheckListing([]byte(doc)); err == nil {
+			t.Errorf("%q: the checks decoder took it", doc)
+		}
 	}
 	for _, doc := range wrong {
 		_, cerr := decodeCatalogListing([]byte(doc))
 		_, herr := decodeHealthListing([]byte(doc))
-		if cerr == nil && herr == nil {
-			t.Errorf("%q: both decoders took it", doc)
+		_, kerr := decodeCheckListing([]byte(doc))
+		if cerr == nil && herr == nil && kerr == nil {
+			t.Errorf("%q: every decoder took it", doc)
 		}
 	}
 	for _, doc := range []string{`null`, `[]`, ` [ ] `, `[null]`, `[{}]`, `[{"Node":null}]`,
@@ -417,9 +473,11 @@ func FuzzLeanListings(f *testing.F) {
 	f.Fuzz(func(t *testing.T, doc []byte) {
 		_, cerr := decodeCatalogListing(doc)
 		_, herr := decodeHealthListing(doc)
+		_, kerr := decodeCheckListing(doc)
 		if !json.Valid(doc) {
-			if cerr == nil || herr == nil {
-				t.Fatalf("%q is not JSON; catalog decoder: %v, health decoder: %v", doc, cerr, herr)
+			if cerr == nil || herr == nil || kerr == nil {
+				t.Fatalf("%q is not JSON; catalog decoder: %v, health decoder: %v, checks "+
+					"decoder: %v", doc, cerr, herr, kerr)
 			}
 			return
 		}
@@ -433,6 +491,10 @@ func FuzzLeanListings(f *testing.F) {
 		var h []*api.ServiceEntry
 		if json.Unmarshal(doc, &h) == nil && herr != nil {
 			t.Fatalf("encoding/json took %q, the lean health decoder: %v", doc, herr)
+		}
+		var k api.HealthChecks
+		if json.Unmarshal(doc, &k) == nil && kerr != nil {
+			t.Fatalf("encoding/json took %q, the lean checks decoder: %v", doc, kerr)
 		}
 		agree(t, string(doc), doc)
 	})

@@ -501,11 +501,26 @@ func (a apiCatalog) ChecksInState(
 ) (api.HealthChecks, uint64, error) {
 	q := a.query(ctx, index, wait)
 	q.Filter = `ServiceTags contains ` + strconv.Quote(tag) + ` or ServiceID == ""`
-	s, meta, err := a.c.Health().State(state, q)
+	s, meta, err := a.checkListing(ctx, "state\x00"+state+"\x00"+tag, state, q)
 	if err := a.catalogCheck(ctx, state+" checks", meta, err); err != nil {
 		return nil, 0, err
 	}
 	return s, meta.LastIndex, nil
+}
+
+// checkListing reads the checks in state that q asks for, decoded by
+// listing.go's lean decoder from a buffer of the size of key's last answer.
+func (a apiCatalog) checkListing(
+	ctx context.Context, key, state string, q *api.QueryOptions,
+) (api.HealthChecks, *api.QueryMeta, error) {
+	lctx, body := withBodyCapture(ctx, a.sizes.get(key))
+	s, meta, err := a.c.Health().State(state, q.WithContext(lctx))
+	if err != nil {
+		return nil, meta, err
+	}
+	a.sizes.set(key, body)
+	s, err = body.checks(s)
+	return s, meta, err
 }
 
 func (a apiCatalog) SerfHealth(
@@ -515,7 +530,7 @@ func (a apiCatalog) SerfHealth(
 ) (api.HealthChecks, uint64, error) {
 	q := a.query(ctx, index, wait)
 	q.Filter = `CheckID == "` + health.SerfHealthCheckID + `" and ServiceID == ""`
-	s, meta, err := a.c.Health().State(api.HealthAny, q)
+	s, meta, err := a.checkListing(ctx, "serf", api.HealthAny, q)
 	if err := aclNeeds("serfHealth checks", []string{RightNodes}, meta, err); err != nil {
 		// Node checks: node rights only.
 		return nil, 0, err
