@@ -13,9 +13,11 @@ import (
 // chunks), not the task's every executor. At 10,000 executors in one task
 // type the whole copy was 4.4 MB per lapse, a fifth of leasehold's CPU over a
 // run of lapses and most of what made the collector run (BENCHMARKS.md,
-// "Shards of 250"); a chunk is 56 KB. (A variable, for tests to make
-// chunks of a few.)
-var execChunk = 128
+// "Shards of 250"). A chunk is 14 KB; the list of a 10,000-executor task
+// type's chunks 7.5 KB. (Chunks of 128 were 56 KB, a tenth of what serve
+// allocated per lapse at 1,000 streams: BENCHMARKS.md, "Fewer allocations
+// per lapse". A variable, for tests to make chunks of a few.)
+var execChunk = 32
 
 // execList is a task state's decided registrations, in chunks of
 // execChunk, indexed as one list. A chunk is never written once a view may
