@@ -39,7 +39,8 @@ func (a apiCatalog) LapseMarks(
 	wait time.Duration,
 ) (api.KVPairs, uint64, error) {
 	// The token must write them too: leasehold records the lapses.
-	pairs, meta, err := listKV(ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write", nil)
+	pairs, meta, err := listKV(
+		ctx, a.c, a.query(ctx, index, wait), health.LapseMarkPrefix, "write", a.sizes)
 	if err != nil {
 		return nil, 0, err
 	}
@@ -130,6 +131,7 @@ type LapseRecorder struct {
 	clock       clockwork.Clock
 	retention   time.Duration
 	every       time.Duration // between prunes
+	gather      time.Duration // how long a mark waits for others (0: not at all)
 	datacenters []string      // pruned ([""]: the agent's own)
 	failed      metric.Int64Counter
 
@@ -149,6 +151,18 @@ type markSeen struct {
 	absent bool      // its session had no registration in the catalog then
 }
 
+// DefaultMarkGather is how long a lapse's mark waits for others by default.
+// Written at once, the mark's write and the marks' reads it woke ran beside
+// the lapse's pushes on every measured lapse: at 1,000 streams on 2 cores,
+// the median lapse reached its task type's last stream 2 ms later
+// (BENCHMARKS.md, "Lapse marks written after the pushes"). A LAPSED answer
+// waits for its mark (at most 2 s) that much longer.
+const DefaultMarkGather = 50 * time.Millisecond
+
+// markTxnOps is how many marks one transaction writes at most: Consul's
+// limit of operations in one transaction.
+const markTxnOps = 64
+
 // LapseRecorderConfig tunes a LapseRecorder; the zero value is serve's.
 type LapseRecorderConfig struct {
 	// Retention is how long a mark is kept once its session has no
@@ -161,6 +175,14 @@ type LapseRecorderConfig struct {
 	Datacenters []string
 	// PruneEvery is the time between prunes (default: an hour).
 	PruneEvery time.Duration
+	// Gather is how long a lapse's mark waits for the marks of the lapses
+	// seen after it, to be written with them in one transaction (default
+	// DefaultMarkGather; negative: written at once, one transaction for what
+	// is queued). It keeps the mark's raft write, and the reads of the marks
+	// it wakes in every replica, out of the moments when the lapse's pushes
+	// go out, and makes a node's lapsing executors one write rather than
+	// one each.
+	Gather time.Duration
 
 	Clock  clockwork.Clock      // default: the real clock (monotonic readings)
 	Logger *slog.Logger         // default: slog.Default()
@@ -178,6 +200,9 @@ func NewLapseRecorder(client *api.Client, cfg LapseRecorderConfig) *LapseRecorde
 	if cfg.PruneEvery <= 0 {
 		cfg.PruneEvery = time.Hour
 	}
+	if cfg.Gather == 0 {
+		cfg.Gather = DefaultMarkGather
+	}
 	if cfg.Clock == nil {
 		cfg.Clock = clockwork.NewRealClock()
 	}
@@ -193,6 +218,7 @@ func NewLapseRecorder(client *api.Client, cfg LapseRecorderConfig) *LapseRecorde
 		clock:       cfg.Clock,
 		retention:   cfg.Retention,
 		every:       cfg.PruneEvery,
+		gather:      max(cfg.Gather, 0),
 		datacenters: cfg.Datacenters,
 		dcOf:        map[[2]string]string{},
 		pending:     make(chan struct{}, 1),
@@ -200,14 +226,16 @@ func NewLapseRecorder(client *api.Client, cfg LapseRecorderConfig) *LapseRecorde
 	}
 	r.failed, _ = cfg.Meter.Meter("github.com/leasehold/leasehold/adapters/consul").
 		Int64Counter("leasehold.lapse_marks.failed",
-			metric.WithDescription("writes of lapse marks to Consul KV that failed (retried); a "+
-				"lapse not recorded is final only in this replica's memory until it is"),
+			metric.WithDescription("lapse marks whose write to Consul KV failed (retried; a "+
+				"failed transaction counts every mark it carried); a lapse not recorded is "+
+				"final only in this replica's memory until it is"),
 		)
 	r.failed.Add(context.Background(), 0) // exported before the first failure
 	return r
 }
 
-// Record queues a lapse mark for e's session.
+// Record queues a lapse mark for e's session; Run writes it after the
+// gather, with the others queued meanwhile.
 func (r *LapseRecorder) Record(e health.Executor) {
 	m := health.LapseMark{
 		InstanceID: e.InstanceID,
@@ -231,8 +259,9 @@ func (r *LapseRecorder) Record(e health.Executor) {
 // it bounds how long the process takes to stop.
 const shutdownFlush = 3 * time.Second
 
-// Run writes queued marks and prunes until ctx ends; then it writes what is
-// still queued for shutdownFlush more (a lapse seen just before a shutdown
+// Run writes queued marks, each the gather after the first of them was
+// queued, and prunes until ctx ends; then it writes what is still queued
+// for shutdownFlush more (a lapse seen just before a shutdown
 // is recorded too, if Consul answers) and returns ctx's error.
 func (r *LapseRecorder) Run(ctx context.Context) error {
 	prune := r.clock.NewTicker(r.every)
@@ -245,27 +274,34 @@ func (r *LapseRecorder) Run(ctx context.Context) error {
 	r.prune(ctx)
 	bo := newBackoff(100*time.Millisecond, 10*time.Second)
 	for {
-		if r.flush(ctx) {
-			bo.reset()
-		} else {
+		select {
+		case <-ctx.Done():
+			return ctx.Err()
+		case <-prune.Chan():
+			r.prune(ctx)
+			continue
+		case <-r.pending:
+		}
+		if r.gather > 0 {
+			select {
+			case <-ctx.Done():
+				return ctx.Err() // what is queued is written by the deferred flush
+			case <-r.clock.After(r.gather):
+			}
+		}
+		for !r.flush(ctx) {
 			select {
 			case <-ctx.Done():
 				return ctx.Err()
 			case <-r.clock.After(bo.next()):
 			}
-			continue
 		}
-		select {
-		case <-ctx.Done():
-			return ctx.Err()
-		case <-r.pending:
-		case <-prune.Chan():
-			r.prune(ctx)
-		}
+		bo.reset()
 	}
 }
 
-// flush writes every queued mark; false when one failed (it stays queued).
+// flush writes every queued mark, a datacenter's in transactions of up to
+// markTxnOps; false when one failed (its marks stay queued).
 func (r *LapseRecorder) flush(ctx context.Context) bool {
 	for {
 		r.mu.Lock()
@@ -273,28 +309,88 @@ func (r *LapseRecorder) flush(ctx context.Context) bool {
 			r.mu.Unlock()
 			return true
 		}
-		m := r.queue[0]
-		dc := r.dcOf[[2]string{m.InstanceID, m.SessionID}]
+		// The first datacenter's marks, in the order they were queued, once
+		// each (a session that lapsed in two task types is one mark: the
+		// first; a transaction creating one key twice would fail whole).
+		dc := r.dcOf[[2]string{r.queue[0].InstanceID, r.queue[0].SessionID}]
+		var batch []health.LapseMark
+		in := map[[2]string]bool{}
+		for _, m := range r.queue {
+			k := [2]string{m.InstanceID, m.SessionID}
+			if r.dcOf[k] == dc && !in[k] && len(batch) < markTxnOps {
+				in[k] = true
+				batch = append(batch, m)
+			}
+		}
 		r.mu.Unlock()
-		// Create only: a mark another replica wrote first stays as it is.
-		key := health.LapseMarkKey(m.InstanceID, m.SessionID)
-		mark := &api.KVPair{Key: key, Value: m.Value(), ModifyIndex: 0}
-		_, _, err := r.kv.KV().CAS(mark, (&api.WriteOptions{Datacenter: dc}).WithContext(ctx))
-		if err != nil {
+		if err := r.writeMarks(ctx, dc, batch); err != nil {
 			if ctx.Err() == nil {
-				r.failed.Add(ctx, 1)
+				r.failed.Add(ctx, int64(len(batch)))
 				r.log.Error(
-					"lapse mark not written; retrying (until it is, the lapse is final in this "+
-						"replica's memory only)",
-					"key", key, "datacenter", dc, "err", err)
+					"lapse marks not written; retrying (until they are, those lapses are final "+
+						"in this replica's memory only)",
+					"marks", len(batch), "first", health.LapseMarkKey(batch[0].InstanceID,
+						batch[0].SessionID), "datacenter", dc, "err", err)
 			}
 			return false
 		}
 		r.mu.Lock()
-		r.queue = r.queue[1:]
-		delete(r.dcOf, [2]string{m.InstanceID, m.SessionID})
+		r.queue = slices.DeleteFunc(r.queue, func(m health.LapseMark) bool {
+			return in[[2]string{m.InstanceID, m.SessionID}]
+		})
+		for k := range in {
+			delete(r.dcOf, k)
+		}
 		r.mu.Unlock()
 	}
+}
+
+// writeMarks creates marks in datacenter dc in one transaction, each only
+// if it is absent: a mark another replica wrote first stays as it is. Such
+// a mark fails its check-and-set, which rolls the transaction back; the
+// marks whose failure is that are left out and the rest written again. Any
+// other failure is an error, and nothing was written.
+func (r *LapseRecorder) writeMarks(ctx context.Context, dc string, marks []health.LapseMark) error {
+	ops := make(api.TxnOps, 0, len(marks))
+	for _, m := range marks {
+		key := health.LapseMarkKey(m.InstanceID, m.SessionID)
+		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: key, Value: m.Value()}})
+	}
+	for len(ops) > 0 {
+		ok, resp, _, err := r.kv.Txn().Txn(ops, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
+		if err != nil {
+			return err
+		}
+		if ok {
+			return nil
+		}
+		present := map[int]bool{}
+		for _, te := range resp.Errors {
+			if te.OpIndex < 0 || te.OpIndex >= len(ops) {
+				return fmt.Errorf("transaction refused: %s", te.What)
+			}
+			key := ops[te.OpIndex].KV.Key
+			p, _, err := r.kv.KV().Get(key, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
+			if err != nil {
+				return fmt.Errorf("%s refused (%s), and reading it: %w", key, te.What, err)
+			}
+			if p == nil {
+				return fmt.Errorf("%s refused: %s", key, te.What)
+			}
+			present[te.OpIndex] = true
+		}
+		if len(present) == 0 {
+			return errors.New("transaction refused, naming no operation")
+		}
+		kept := ops[:0:0]
+		for i, op := range ops {
+			if !present[i] {
+				kept = append(kept, op)
+			}
+		}
+		ops = kept
+	}
+	return nil
 }
 
 // prune is Prune from Run: what fails is logged, and tried again at the

@@ -2,6 +2,8 @@ package consul
 
 import (
 	"context"
+	"fmt"
+	"slices"
 	"strings"
 	"testing"
 	"time"
@@ -342,4 +344,130 @@ func TestPruneKeepsTheMarkWhileItsSessionIsRegisteredInAnotherDatacenter(t *test
 	clock.Advance(lapseRetention)
 	prune(t, r)
 	wantNoMark(t, c, "dc1", "unregistered everywhere for 73 h")
+}
+
+// lapseOf is instance's session s1 lapsing in task.
+func lapseOf(instance, task string) health.Executor {
+	return health.Executor{Registration: health.Registration{
+		InstanceID: instance, SessionID: "s1", Generation: 1, Task: task}}
+}
+
+// awaitMarks waits (blocking queries) until c holds n lapse marks, and
+// returns them by key.
+func awaitMarks(t *testing.T, c *api.Client, n int) map[string]*api.KVPair {
+	t.Helper()
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	var index uint64
+	for {
+		pairs, meta, err := c.KV().List(health.LapseMarkPrefix,
+			(&api.QueryOptions{WaitIndex: index, WaitTime: 5 * time.Second}).WithContext(ctx))
+		if err != nil {
+			t.Fatalf("%d lapse marks awaited: %v", n, err)
+		}
+		if len(pairs) >= n {
+			byKey := map[string]*api.KVPair{}
+			for _, p := range pairs {
+				byKey[p.Key] = p
+			}
+			return byKey
+		}
+		index = meta.LastIndex
+	}
+}
+
+// The marks of lapses seen within the gather are written together, one
+// transaction of up to 64 (Consul's limit) at a time, and not before the
+// gather ends: 69 sessions are two transactions, so their marks carry two
+// creation indexes. A mark another replica wrote first stays as it is (its
+// check-and-set failing rolled the first transaction back; it is written
+// again without it), and a session recorded twice (two task types) is one
+// mark, its first.
+func TestMarksSeenTogetherAreWrittenInOneTransaction(t *testing.T) {
+	c := consultest.Start(t).Client()
+	theirs := health.LapseMark{InstanceID: "x5", SessionID: "s1", Generation: 1,
+		At: time.Date(2026, 1, 2, 3, 4, 5, 0, time.UTC), Tasks: []string{"theirs"}}
+	theirKey := health.LapseMarkKey("x5", "s1")
+	if _, err := c.KV().Put(&api.KVPair{Key: theirKey, Value: theirs.Value()}, nil); err != nil {
+		t.Fatal(err)
+	}
+	clock := clockwork.NewFakeClock()
+	r := NewLapseRecorder(c, LapseRecorderConfig{Clock: clock, Gather: time.Second})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	defer func() { cancel(); <-done }()
+	for i := range 69 {
+		r.Record(lapseOf(fmt.Sprintf("x%d", i), "work"))
+	}
+	r.Record(lapseOf("x7", "other"))
+
+	bctx, bcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer bcancel()
+	if err := clock.BlockUntilContext(bctx, 2); err != nil { // the prune ticker and the gather
+		t.Fatalf("the recorder does not gather: %v", err)
+	}
+	if pairs, _, err := c.KV().List(health.LapseMarkPrefix, nil); err != nil || len(pairs) != 1 {
+		t.Fatalf("%d marks (%v) before the gather ended, want only the one already there",
+			len(pairs), err)
+	}
+	clock.Advance(time.Second)
+	marks := awaitMarks(t, c, 69)
+	if len(marks) != 69 {
+		t.Fatalf("%d marks, want 69", len(marks))
+	}
+	created := map[uint64]int{}
+	for key, p := range marks {
+		if key == theirKey {
+			continue
+		}
+		created[p.CreateIndex]++
+		m, err := health.ParseLapseMark(p.Key, p.Value)
+		if err != nil {
+			t.Fatal(err)
+		}
+		if !slices.Equal(m.Tasks, []string{"work"}) {
+			t.Errorf("%s records tasks %v, want the first recorded, [work]", key, m.Tasks)
+		}
+	}
+	if len(created) != 2 {
+		t.Errorf("68 marks written in %d transactions (%v), want 2 (63 and 5)", len(created),
+			created)
+	}
+	if p := marks[theirKey]; string(p.Value) != string(theirs.Value()) {
+		t.Errorf("the mark another replica wrote is now %s, want it as it was (%s)", p.Value,
+			theirs.Value())
+	}
+}
+
+// Marks still gathering when the recorder stops are written as it stops;
+// with a negative gather a mark is written at once (the fake clock never
+// moves).
+func TestMarksAreWrittenAtStopAndAtOnceWithoutAGather(t *testing.T) {
+	c := consultest.Start(t).Client()
+	clock := clockwork.NewFakeClock()
+	r := NewLapseRecorder(c, LapseRecorderConfig{Clock: clock, Gather: time.Hour})
+	ctx, cancel := context.WithCancel(context.Background())
+	done := make(chan error, 1)
+	go func() { done <- r.Run(ctx) }()
+	r.Record(lapseOf("a", "work"))
+	bctx, bcancel := context.WithTimeout(ctx, 10*time.Second)
+	defer bcancel()
+	if err := clock.BlockUntilContext(bctx, 2); err != nil {
+		t.Fatalf("the recorder does not gather: %v", err)
+	}
+	cancel()
+	<-done
+	if p, _, err := c.KV().Get(health.LapseMarkKey("a", "s1"), nil); err != nil || p == nil {
+		t.Fatalf("a's mark not written as the recorder stopped (%v)", err)
+	}
+
+	r = NewLapseRecorder(c, LapseRecorderConfig{Clock: clock, Gather: -1})
+	ctx, cancel = context.WithCancel(context.Background())
+	defer cancel()
+	go func() { done <- r.Run(ctx) }()
+	r.Record(lapseOf("b", "work"))
+	awaitMarks(t, c, 2)
+	cancel()
+	<-done
 }
