@@ -122,6 +122,13 @@ var (
 		"run the Consul server as a -dev agent, as the harness did before 2026-12-02: a dev agent "+
 			"indents every JSON answer, so leasehold's reads cost it more than they cost a "+
 			"production server (the default is a server that is not -dev, raft on disk)")
+	samplesOut = flag.String("samples", "",
+		"write the run's samples (each lapse, its parts, each floor push, each fan-out) to "+
+			"this file as JSON, for --pool")
+	pool = flag.Bool("pool", false,
+		"run nothing: pool the samples files named as arguments (--samples, runs of one "+
+			"invocation) and print each series' distribution over all of them, and leasehold's "+
+			"part ÷ its floor pooled and per run")
 	heapOut = flag.String("heap-profile", "",
 		"write heap profiles of leasehold serve once the fleet is read (FILE.idle) and once "+
 			"the streams hold it (FILE.streams), and after the lapses (FILE.lapses; "+
@@ -160,6 +167,13 @@ func main() {
 		fmt.Fprintf(os.Stderr, "leasehold-bench: --streams-per-conn %d: want at least 1\n",
 			*streamsPerConn)
 		os.Exit(2)
+	}
+	if *pool {
+		if err := runPool(flag.Args()); err != nil {
+			fmt.Fprintln(os.Stderr, "leasehold-bench:", err)
+			os.Exit(1)
+		}
+		return
 	}
 	closeOnInterrupt()
 	runner := run
@@ -944,6 +958,9 @@ func (res results) invocation() string {
 	}
 	if *consulProbe && res.busy == nil {
 		cmd, extended = cmd+" --consul-probe", true
+	}
+	if *victimsOneTask {
+		cmd, extended = cmd+" --victims-one-task", true
 	}
 	if !*consulSnapshot {
 		cmd, extended = cmd+" --consul-snapshot=false", true

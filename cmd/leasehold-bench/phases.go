@@ -607,6 +607,11 @@ func (b *bench) stopLeasehold() error {
 func (b *bench) report() error {
 	table := b.res.markdown()
 	fmt.Println(table)
+	if *samplesOut != "" {
+		if err := writeSamples(*samplesOut, b.res); err != nil {
+			return err
+		}
+	}
 	if *write != "" {
 		return writeInto(*write, table)
 	}
