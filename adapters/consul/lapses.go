@@ -154,9 +154,10 @@ type markSeen struct {
 // DefaultMarkGather is how long a lapse's mark waits for others by default.
 // Written at once, the mark's write and the marks' reads it woke ran beside
 // the lapse's pushes on every measured lapse: at 1,000 streams on 2 cores,
-// the median lapse reached its task type's last stream 2 ms later
-// (BENCHMARKS.md, "Lapse marks written after the pushes"). A LAPSED answer
-// waits for its mark (at most 2 s) that much longer.
+// the median lapse reached its task type's last stream ~2 ms later
+// (BENCHMARKS.md, "Lapse marks after the pushes, and fewer allocations per
+// lapse"). A LAPSED answer waits for its mark (at most 2 s) that much
+// longer.
 const DefaultMarkGather = 50 * time.Millisecond
 
 // markTxnOps is how many marks one transaction writes at most: Consul's
@@ -301,29 +302,20 @@ func (r *LapseRecorder) Run(ctx context.Context) error {
 }
 
 // flush writes every queued mark, a datacenter's in transactions of up to
-// markTxnOps; false when one failed (its marks stay queued).
+// markTxnOps; false when one was not written (it stays queued). A mark
+// Consul refuses (a rule denying its key, say) is left out of this flush's
+// later transactions, so the others are written all the same.
 func (r *LapseRecorder) flush(ctx context.Context) bool {
+	refused := map[[2]string]bool{}
 	for {
 		r.mu.Lock()
-		if len(r.queue) == 0 {
-			r.mu.Unlock()
-			return true
-		}
-		// The first datacenter's marks, in the order they were queued, once
-		// each (a session that lapsed in two task types is one mark: the
-		// first; a transaction creating one key twice would fail whole).
-		dc := r.dcOf[[2]string{r.queue[0].InstanceID, r.queue[0].SessionID}]
-		var batch []health.LapseMark
-		in := map[[2]string]bool{}
-		for _, m := range r.queue {
-			k := [2]string{m.InstanceID, m.SessionID}
-			if r.dcOf[k] == dc && !in[k] && len(batch) < markTxnOps {
-				in[k] = true
-				batch = append(batch, m)
-			}
-		}
+		dc, batch := r.nextBatch(refused)
 		r.mu.Unlock()
-		if err := r.writeMarks(ctx, dc, batch); err != nil {
+		if len(batch) == 0 {
+			return len(refused) == 0
+		}
+		bad, err := r.writeMarks(ctx, dc, batch)
+		if err != nil {
 			if ctx.Err() == nil {
 				r.failed.Add(ctx, int64(len(batch)))
 				r.log.Error(
@@ -334,63 +326,117 @@ func (r *LapseRecorder) flush(ctx context.Context) bool {
 			}
 			return false
 		}
+		for k, why := range bad {
+			refused[k] = true
+			r.failed.Add(ctx, 1)
+			r.log.Error(
+				"lapse mark refused; retrying (until it is written, the lapse is final in this "+
+					"replica's memory only)",
+				"key", health.LapseMarkKey(k[0], k[1]), "datacenter", dc, "err", why)
+		}
+		done := map[[2]string]bool{} // written, or another replica's
+		for _, m := range batch {
+			if k := [2]string{m.InstanceID, m.SessionID}; bad[k] == nil {
+				done[k] = true
+			}
+		}
 		r.mu.Lock()
 		r.queue = slices.DeleteFunc(r.queue, func(m health.LapseMark) bool {
-			return in[[2]string{m.InstanceID, m.SessionID}]
+			return done[[2]string{m.InstanceID, m.SessionID}]
 		})
-		for k := range in {
+		for k := range done {
 			delete(r.dcOf, k)
 		}
 		r.mu.Unlock()
 	}
 }
 
+// nextBatch is the next transaction's marks (called with r.mu held): those
+// of the datacenter of the first queued mark not in skip, in the order they
+// were queued, at most markTxnOps, and once each (a session that lapsed in
+// two task types is one mark: the first; a transaction creating one key
+// twice would fail whole).
+func (r *LapseRecorder) nextBatch(skip map[[2]string]bool) (string, []health.LapseMark) {
+	var (
+		dc    string
+		batch []health.LapseMark
+		in    = map[[2]string]bool{}
+	)
+	for _, m := range r.queue {
+		k := [2]string{m.InstanceID, m.SessionID}
+		if skip[k] || in[k] {
+			continue
+		}
+		if len(batch) == 0 {
+			dc = r.dcOf[k]
+		} else if r.dcOf[k] != dc {
+			continue
+		}
+		in[k] = true
+		batch = append(batch, m)
+		if len(batch) == markTxnOps {
+			break
+		}
+	}
+	return dc, batch
+}
+
 // writeMarks creates marks in datacenter dc in one transaction, each only
-// if it is absent: a mark another replica wrote first stays as it is. Such
-// a mark fails its check-and-set, which rolls the transaction back; the
-// marks whose failure is that are left out and the rest written again. Any
-// other failure is an error, and nothing was written.
-func (r *LapseRecorder) writeMarks(ctx context.Context, dc string, marks []health.LapseMark) error {
+// if it is absent: a mark another replica wrote first stays as it is. A
+// mark Consul refuses rolls the transaction back; the marks refused are
+// read, and left out of the transaction written again: present (another
+// replica's, which fails the check-and-set) they are done, absent (or
+// unreadable) they are returned, each with why, to stay queued. An error
+// is a transaction that failed whole (Consul unreachable, say): nothing was
+// written.
+func (r *LapseRecorder) writeMarks(
+	ctx context.Context, dc string, marks []health.LapseMark,
+) (map[[2]string]error, error) {
 	ops := make(api.TxnOps, 0, len(marks))
 	for _, m := range marks {
 		key := health.LapseMarkKey(m.InstanceID, m.SessionID)
 		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: key, Value: m.Value()}})
 	}
+	of := slices.Clone(marks) // the mark of each op
+	bad := map[[2]string]error{}
 	for len(ops) > 0 {
 		ok, resp, _, err := r.kv.Txn().Txn(ops, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
 		if err != nil {
-			return err
+			return nil, err
 		}
 		if ok {
-			return nil
+			return bad, nil
 		}
-		present := map[int]bool{}
+		out := map[int]bool{}
 		for _, te := range resp.Errors {
 			if te.OpIndex < 0 || te.OpIndex >= len(ops) {
-				return fmt.Errorf("transaction refused: %s", te.What)
+				return nil, fmt.Errorf("transaction refused: %s", te.What)
 			}
 			key := ops[te.OpIndex].KV.Key
 			p, _, err := r.kv.KV().Get(key, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
-			if err != nil {
-				return fmt.Errorf("%s refused (%s), and reading it: %w", key, te.What, err)
+			switch {
+			case err != nil:
+				bad[[2]string{of[te.OpIndex].InstanceID, of[te.OpIndex].SessionID}] =
+					fmt.Errorf("%s refused (%s), and reading it: %w", key, te.What, err)
+			case p == nil:
+				bad[[2]string{of[te.OpIndex].InstanceID, of[te.OpIndex].SessionID}] =
+					fmt.Errorf("%s refused: %s", key, te.What)
 			}
-			if p == nil {
-				return fmt.Errorf("%s refused: %s", key, te.What)
-			}
-			present[te.OpIndex] = true
+			out[te.OpIndex] = true
 		}
-		if len(present) == 0 {
-			return errors.New("transaction refused, naming no operation")
+		if len(out) == 0 {
+			return nil, errors.New("transaction refused, naming no operation")
 		}
-		kept := ops[:0:0]
-		for i, op := range ops {
-			if !present[i] {
-				kept = append(kept, op)
+		var keptOps api.TxnOps
+		var keptOf []health.LapseMark
+		for i := range ops {
+			if !out[i] {
+				keptOps, keptOf = append(keptOps, ops[i]), append(keptOf, of[i])
 			}
 		}
-		ops = kept
+		ops, of = keptOps, keptOf
 	}
-	return nil
+	return bad, nil
 }
 
 // prune is Prune from Run: what fails is logged, and tried again at the

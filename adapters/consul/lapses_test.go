@@ -471,3 +471,50 @@ func TestMarksAreWrittenAtStopAndAtOnceWithoutAGather(t *testing.T) {
 	cancel()
 	<-done
 }
+
+// A mark Consul refuses (a rule denying its key) holds back no other: the
+// marks queued before and after it are written, it stays queued and counts
+// as failed, and once the rule allows it a later flush writes it.
+func TestAMarkConsulRefusesHoldsBackNoOther(t *testing.T) {
+	a := consultest.Start(t, consultest.Options{ACLManagementToken: aclRoot})
+	c := clientWith(t, a, "deny-one", `key_prefix "leasehold/lapsed/" { policy = "write" }
+key_prefix "leasehold/lapsed/bad/" { policy = "deny" }`)
+	r := NewLapseRecorder(c, LapseRecorderConfig{Gather: -1})
+	for _, inst := range []string{"good1", "bad", "good2"} {
+		r.Record(lapseOf(inst, "work"))
+	}
+	ctx, cancel := context.WithTimeout(context.Background(), 10*time.Second)
+	defer cancel()
+	if r.flush(ctx) {
+		t.Fatal("a flush with a mark refused reported every mark written")
+	}
+	root := a.Client()
+	for _, inst := range []string{"good1", "good2"} {
+		if p, _, err := root.KV().Get(health.LapseMarkKey(inst, "s1"), nil); err != nil || p == nil {
+			t.Errorf("%s's mark not written (%v): the refused one held it back", inst, err)
+		}
+	}
+	r.mu.Lock()
+	queued := slices.Clone(r.queue)
+	r.mu.Unlock()
+	if len(queued) != 1 || queued[0].InstanceID != "bad" {
+		t.Fatalf("queued after the flush: %+v, want bad's mark alone", queued)
+	}
+	p, _, err := root.ACL().PolicyCreate(&api.ACLPolicy{Name: "allow-bad",
+		Rules: `key_prefix "leasehold/lapsed/bad/" { policy = "write" }`}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	tok, _, err := root.ACL().TokenCreate(&api.ACLToken{
+		Policies: []*api.ACLTokenPolicyLink{{ID: p.ID}}}, nil)
+	if err != nil {
+		t.Fatal(err)
+	}
+	r.kv = clientOf(t, a, tok.SecretID)
+	if !r.flush(ctx) {
+		t.Fatal("bad's mark not written once allowed")
+	}
+	if p, _, err := root.KV().Get(health.LapseMarkKey("bad", "s1"), nil); err != nil || p == nil {
+		t.Fatalf("bad's mark not written once allowed (%v)", err)
+	}
+}

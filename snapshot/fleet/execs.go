@@ -14,9 +14,10 @@ import (
 // type the whole copy was 4.4 MB per lapse, a fifth of leasehold's CPU over a
 // run of lapses and most of what made the collector run (BENCHMARKS.md,
 // "Shards of 250"). A chunk is 14 KB; the list of a 10,000-executor task
-// type's chunks 7.5 KB. (Chunks of 128 were 56 KB, a tenth of what serve
-// allocated per lapse at 1,000 streams: BENCHMARKS.md, "Fewer allocations
-// per lapse". A variable, for tests to make chunks of a few.)
+// type's chunks 7.5 KB. (Chunks of 128 were 56 KB: ~86 KB of the ~1 MB
+// serve allocated per lapse at 1,000 streams, BENCHMARKS.md, "Lapse marks
+// after the pushes, and fewer allocations per lapse". A variable, for tests
+// to make chunks of a few.)
 var execChunk = 32
 
 // execList is a task state's decided registrations, in chunks of
