@@ -262,8 +262,8 @@ const shutdownFlush = 3 * time.Second
 
 // Run writes queued marks, each the gather after the first of them was
 // queued, and prunes until ctx ends; then it writes what is still queued
-// for shutdownFlush more (a lapse seen just before a shutdown
-// is recorded too, if Consul answers) and returns ctx's error.
+// for shutdownFlush more (a lapse seen just before a shutdown is recorded
+// too, if Consul answers) and returns ctx's error.
 func (r *LapseRecorder) Run(ctx context.Context) error {
 	prune := r.clock.NewTicker(r.every)
 	defer prune.Stop()
