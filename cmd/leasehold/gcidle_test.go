@@ -133,7 +133,10 @@ func TestTheIdleCollectorCollectsAfterABurstPastAThirdOfTheHeadroom(t *testing.T
 // its context ends.
 func TestTheIdleCollectorRunsOnItsClock(t *testing.T) {
 	fc := clockwork.NewFakeClock()
-	samples := make(chan heapState, 1)
+	// Unbuffered: a sample is taken only when a tick reads it, so the next
+	// tick is set after the last was consumed (a fake ticker drops a tick
+	// its reader has not taken, and a sample would then wait for no tick).
+	samples := make(chan heapState)
 	collected := make(chan struct{}, 8)
 	ctx, cancel := context.WithCancel(context.Background())
 	defer cancel()
