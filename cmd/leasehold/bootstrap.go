@@ -181,6 +181,7 @@ func buildBootstrap(
 // client re-resolves it when its stream breaks and moves to another of the
 // name's addresses: replicas behind one name are failed over between.
 func xdsDialAddr(flag, addr string) error {
+	typed := addr // what errors quote: the target as given, not the part read
 	if rest, ok := strings.CutPrefix(addr, "dns://"); ok {
 		authority, target, ok := strings.Cut(rest, "/")
 		if !ok || target == "" {
@@ -201,10 +202,10 @@ func xdsDialAddr(flag, addr string) error {
 		if err == nil || strings.Contains(addr, "://") {
 			err = errors.New("a dispatcher dials HOST:PORT (gRPC), no scheme")
 		}
-		return fmt.Errorf("invalid %s %q: %v", flag, addr, err)
+		return fmt.Errorf("invalid %s %q: %v", flag, typed, err)
 	}
 	if err := flagx.CheckPort(port, 1); err != nil {
-		return fmt.Errorf("invalid %s %q: %v", flag, addr, err)
+		return fmt.Errorf("invalid %s %q: %v", flag, typed, err)
 	}
 	// netip also reads an address with a zone ([::%lo]), and one mapped
 	// from IPv4 (::ffff:0.0.0.0) is unspecified once unmapped.
@@ -214,9 +215,33 @@ func xdsDialAddr(flag, addr string) error {
 		(ipErr == nil && ipa.WithZone("").Unmap().IsUnspecified()) {
 		return fmt.Errorf("invalid %s %q: an unspecified host is a listen address (where "+
 			"leasehold serve listens), not one a dispatcher can dial: give leasehold's "+
-			"reachable address, e.g. --xds-addr 10.0.0.5:18000", flag, addr)
+			"reachable address, e.g. --xds-addr 10.0.0.5:18000", flag, typed)
+	}
+	if ipErr != nil && !validHostName(host) {
+		return fmt.Errorf("invalid %s %q: the host %q is neither an IP address nor a host "+
+			"name (letters, digits, '-', '_' and '.')", flag, typed, host)
 	}
 	return nil
+}
+
+// validHostName reports whether host is a name a resolver can be asked:
+// labels of letters, digits, '-' or '_' separated by dots.
+func validHostName(host string) bool {
+	if host == "" || len(host) > 253 {
+		return false
+	}
+	for label := range strings.SplitSeq(strings.TrimSuffix(host, "."), ".") {
+		if label == "" || len(label) > 63 {
+			return false
+		}
+		for _, r := range label {
+			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
+				r == '-' || r == '_') {
+				return false
+			}
+		}
+	}
+	return true
 }
 
 func newBootstrapCmd() *cobra.Command {
@@ -256,8 +281,12 @@ or GRPC_XDS_BOOTSTRAP_CONFIG (the JSON) when the process starts.`,
 	fs.SortFlags = false
 	fs.StringVar(&nodeID, "node-id", "",
 		"the dispatcher's xDS node id (required; names it in leasehold's /debug views and explain)")
-	fs.StringVar(&xdsAddr, "xds-addr", "127.0.0.1:18000",
-		"leasehold's xDS address as dispatchers dial it (an unspecified "+
+	xdsAddr = "127.0.0.1:18000"
+	fs.Var(&flagx.Once{V: &xdsAddr, Hint: "one bootstrap names one xDS server; put several " +
+		"replicas behind one name and give it as dns:///NAME:PORT (docs/operating.md, " +
+		"\"Several replicas behind one name\")"}, "xds-addr",
+		"leasehold's xDS address as dispatchers dial it: HOST:PORT, or a dns target naming "+
+			"several replicas, dns:///NAME:PORT or dns://DNS-SERVER/NAME:PORT (an unspecified "+
 			"host such as 0.0.0.0 is refused)")
 	bindEnv(fs, "xds-addr", "LEASEHOLD_XDS_ADDR") // the variable leasehold serve listens on
 	fs.StringVar(&constraint, "version-constraint", "",

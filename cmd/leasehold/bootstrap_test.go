@@ -3,6 +3,7 @@ package main
 import (
 	"bytes"
 	"encoding/json"
+	"fmt"
 	"strings"
 	"testing"
 )
@@ -170,10 +171,35 @@ func TestBootstrapTakesADNSTargetOfReplicas(t *testing.T) {
 		}
 	}
 	for _, bad := range []string{"dns://leasehold.example:18000", "dns:///leasehold.example",
-		"dns:///0.0.0.0:18000", "dns://not a server/x:1", "dns:///x:99999"} {
+		"dns:///0.0.0.0:18000", "dns://not a server/x:1", "dns:///x:99999",
+		"dns:///not@a#name:1", "not@a#name:1", "dns:///leasehold..example:18000"} {
+		// The error quotes the target as given, not only the part it read.
 		if err := xdsDialAddr("--xds-addr", bad); err == nil ||
-			!strings.Contains(err.Error(), "--xds-addr") {
-			t.Errorf("%s: %v, want an error naming --xds-addr", bad, err)
+			!strings.Contains(err.Error(), "--xds-addr") ||
+			!strings.Contains(err.Error(), fmt.Sprintf("%q", bad)) {
+			t.Errorf("%s: %v, want an error naming --xds-addr and quoting it", bad, err)
 		}
+	}
+}
+
+// One bootstrap names one xDS server: a second --xds-addr is refused naming
+// the flag and pointing at a dns target of several replicas, never dropped
+// for the last one. LEASEHOLD_XDS_ADDR is a default the flag overrides, not
+// a second value.
+func TestBootstrapRefusesASecondXDSAddr(t *testing.T) {
+	code, stdout, stderr := runCLI("bootstrap", "--node-id", "d1",
+		"--xds-addr", "10.0.0.1:18000", "--xds-addr", "10.0.0.2:18000")
+	if code != 2 || stdout != "" || !strings.Contains(stderr, "--xds-addr") ||
+		!strings.Contains(stderr, "given twice") || !strings.Contains(stderr, "dns:///NAME:PORT") {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	t.Setenv("LEASEHOLD_XDS_ADDR", "10.0.0.3:18000")
+	code, stdout, stderr = runCLI("bootstrap", "--node-id", "d1", "--xds-addr", "10.0.0.4:18000")
+	if code != 0 || !strings.Contains(stdout, `"server_uri": "10.0.0.4:18000"`) {
+		t.Fatalf("exit %d, stdout %q, stderr %q", code, stdout, stderr)
+	}
+	code, stdout, stderr = runCLI("bootstrap", "--node-id", "d1")
+	if code != 0 || !strings.Contains(stdout, `"server_uri": "10.0.0.3:18000"`) {
+		t.Fatalf("from the variable: exit %d, stdout %q, stderr %q", code, stdout, stderr)
 	}
 }

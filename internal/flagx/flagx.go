@@ -49,3 +49,30 @@ func (l Labels) Set(v string) error {
 	l[k] = val
 	return nil
 }
+
+// Once is a single-valued string flag given at most once: where a second
+// value would silently replace the first, it is refused, with Hint saying
+// what to do instead.
+type Once struct {
+	V    *string // the value, preset to the default
+	Hint string
+	set  bool
+}
+
+func (o *Once) String() string {
+	if o.V == nil {
+		return ""
+	}
+	return *o.V
+}
+
+// Type names the value in help (github.com/spf13/pflag).
+func (o *Once) Type() string { return "string" }
+
+func (o *Once) Set(v string) error {
+	if o.set {
+		return fmt.Errorf("given twice (%q, then %q): %s", *o.V, v, o.Hint)
+	}
+	o.set, *o.V = true, v
+	return nil
+}

@@ -2,6 +2,7 @@ package flagx
 
 import (
 	"reflect"
+	"strings"
 	"testing"
 )
 
@@ -29,5 +30,23 @@ func TestLabels(t *testing.T) {
 		if err := l.Set(bad); err == nil {
 			t.Errorf("accepted %q", bad)
 		}
+	}
+}
+
+// Once takes its first value and refuses a second, naming both and saying
+// what to do instead; its String is the default until it is set.
+func TestOnceRefusesASecondValue(t *testing.T) {
+	v := "default"
+	o := &Once{V: &v, Hint: "use one"}
+	if o.String() != "default" {
+		t.Fatalf("String() = %q before Set", o.String())
+	}
+	if err := o.Set("a"); err != nil || v != "a" {
+		t.Fatalf("first Set: %v, value %q", err, v)
+	}
+	err := o.Set("b")
+	if err == nil || v != "a" || !strings.Contains(err.Error(), `"a", then "b"`) ||
+		!strings.Contains(err.Error(), "use one") {
+		t.Fatalf("second Set: %v, value %q", err, v)
 	}
 }
