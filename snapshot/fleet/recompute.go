@@ -46,6 +46,15 @@ func (s *Syncer) recompute(ctx context.Context) {
 // group; after a rules change every group's clusters are published again (the
 // load-balancing policies may have changed).
 func (s *Syncer) rebuildGroups(changed []string) {
+	if s.fullBatches {
+		// Tests: the syncer compared with the incremental one builds every
+		// task type afresh, with builders, routes and static resources that
+		// remember nothing of earlier batches.
+		s.statics = map[string]staticMemo{}
+		for _, g := range s.groups {
+			g.builders, g.routes = map[string]*translator.Builder{}, map[string]shardedRoute{}
+		}
+	}
 	for _, g := range s.groups {
 		for _, task := range changed {
 			s.rebuild(g, task)

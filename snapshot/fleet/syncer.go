@@ -189,7 +189,7 @@ type Syncer struct {
 	members     map[fleetKey]*health.TaskMembers
 	fleet       map[fleetKey]*taskState
 	printOf     map[fleetKey]taskPrint
-	fullBatches bool // tests: decide every registration on every batch
+	fullBatches bool // tests: decide every registration and build afresh on every batch
 
 	// Generation keys (generations.go): per instance, its key (the newest of
 	// any datacenter), and the instances whose key changed since the fleet
