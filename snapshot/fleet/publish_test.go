@@ -495,28 +495,37 @@ func awaitRolloutError(h *syncHarness, prev string) string {
 
 // A task type past ShardSize registrations is published as shards: one
 // route weighing them, a cluster and a load assignment per shard, the
-// resources consistent and the same on two replicas. A lapse is published at
-// once and changes its shard's load assignment alone. Dispatchers that said
-// weighted_clusters: false get the task as one cluster.
+// resources consistent and the same on two replicas. Each shard's cluster is
+// balanced as the task's one cluster is (the task's policy: weighted round
+// robin on ORCA reports by default). A constraint set that routes to part of
+// the task has the same shards, each executor in the same one. A lapse is
+// published at once and changes its shard's load assignment alone.
+// Dispatchers that said weighted_clusters: false get the task as one cluster.
 func TestShardedTaskIsPublishedAsShardsAndALapseAsItsShard(t *testing.T) {
 	quiet := slog.New(slog.NewTextHandler(io.Discard, nil))
 	replicas := []*syncHarness{startSyncerWith(t, SyncConfig{ShardSize: 10, Logger: quiet}),
 		startSyncerWith(t, SyncConfig{ShardSize: 10, Logger: quiet})}
 	d, single := dispatcher(t, ""), dispatcher(t, "").InSingleCluster()
+	newer := dispatcher(t, ">=1.0.0") // routes to 25 of the 35
 	var members []health.Member
 	for i := range 35 {
+		version := "1.0.0"
+		if i%7 < 2 {
+			version = "0.9.0"
+		}
 		members = append(members, fleettest.Member("work", fmt.Sprintf("e%02d", i),
-			fmt.Sprintf("s%02d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
+			fmt.Sprintf("s%02d", i), 1, 9000+i, version, health.StatusPassing, uint64(5+i)))
 	}
 	snaps := make([]map[string]*cache.Snapshot, len(replicas))
 	for r, h := range replicas {
 		h.s.Subscribe(d)
 		h.s.Subscribe(single)
+		h.s.Subscribe(newer)
 		h.tasks("work")
 		h.members("work", members...)
 		h.nonPassing()
 		snaps[r] = map[string]*cache.Snapshot{}
-		for range 2 {
+		for range 3 {
 			p := h.publish()
 			snaps[r][p.group] = p.snap
 		}
@@ -555,6 +564,38 @@ func TestShardedTaskIsPublishedAsShardsAndALapseAsItsShard(t *testing.T) {
 		len(endpointsOf(t, snaps[0][single.Key()], "work")) != 35 {
 		t.Fatalf("weighted_clusters: false got %d load assignments, want work alone", len(one))
 	}
+	// Nothing configured: every cluster of the task, its one and each shard's,
+	// balances by the default policy.
+	want := translator.Cluster("work", health.DefaultLBPolicy, health.TaskDispatch{}).
+		GetLoadBalancingPolicy()
+	clusters["work (one cluster)"] = snaps[0][single.Key()].GetResources(
+		resource.ClusterType)["work"]
+	for n, c := range clusters {
+		if got := c.(*clusterv3.Cluster).GetLoadBalancingPolicy(); got == nil ||
+			!proto.Equal(got, want) {
+			t.Fatalf("%s is balanced by %v, want the task's %v", n, got, want)
+		}
+	}
+	delete(clusters, "work (one cluster)")
+	part := snaps[0][newer.Key()]
+	routed := 0
+	for i := range 4 {
+		n := translator.ShardName("work", i, 4)
+		if part.GetResources(resource.ClusterType)[n] == nil {
+			t.Fatalf("the constraint set >=1.0.0 has no shard %s", n)
+		}
+		for _, e := range endpointsOf(t, part, n) {
+			inst, _, _ := strings.Cut(e, ":")
+			if translator.ShardOf(inst, 4) != i {
+				t.Fatalf("the constraint set >=1.0.0 has %s in shard %d, the others in %d", inst,
+					i, translator.ShardOf(inst, 4))
+			}
+			routed++
+		}
+	}
+	if routed != 25 {
+		t.Fatalf("the constraint set >=1.0.0 routes to %d, want the 25 of 1.0.0", routed)
+	}
 
 	// e07 lapses: published at once, its shard alone changed.
 	h := replicas[0]
@@ -562,10 +603,11 @@ func TestShardedTaskIsPublishedAsShardsAndALapseAsItsShard(t *testing.T) {
 	h.nonPassing(health.CheckState{Node: "n1", CheckID: health.CheckID("e07", "s07", "work"),
 		ServiceID: "work:e07", Status: health.StatusCritical})
 	after := map[string]*cache.Snapshot{}
-	for range 2 {
+	for range 2 { // e07 runs 0.9.0: the set >=1.0.0 has nothing new to publish
 		p := h.publish()
 		after[p.group] = p.snap
 	}
+	h.quiet()
 	lapsed := translator.ShardName("work", translator.ShardOf("e07", 4), 4)
 	versions := func(s *cache.Snapshot) map[string]string {
 		return s.VersionMap[resource.EndpointType]
@@ -583,6 +625,48 @@ func TestShardedTaskIsPublishedAsShardsAndALapseAsItsShard(t *testing.T) {
 	}
 	if got := endpointsOf(t, after[single.Key()], "work"); len(got) != 34 {
 		t.Fatalf("the single-cluster group after the lapse: %d endpoints, want 34", len(got))
+	}
+}
+
+// At fleet size a lapse seldom moves its shard's route weight: one executor
+// of ~80 is ~1% of the shard's capacity, under a step. It is published at
+// once all the same (no coalescing window passes), as its shard's load
+// assignment alone, with the route as it was.
+func TestALapseThatMovesNoWeightIsPublishedAtOnce(t *testing.T) {
+	h := startSyncerWith(t, SyncConfig{ShardSize: 100,
+		Logger: slog.New(slog.NewTextHandler(io.Discard, nil))})
+	d := dispatcher(t, "")
+	var members []health.Member
+	for i := range 250 {
+		members = append(members, fleettest.Member("work", fmt.Sprintf("e%03d", i),
+			fmt.Sprintf("s%03d", i), 1, 9000+i, "1.0.0", health.StatusPassing, uint64(5+i)))
+	}
+	h.s.Subscribe(d)
+	h.tasks("work")
+	h.members("work", members...)
+	h.nonPassing()
+	before := h.publish().snap
+	if n := len(before.GetResources(resource.EndpointType)); n != 3 {
+		t.Fatalf("250 registrations in shards of 100: %d load assignments, want 3", n)
+	}
+	h.index = 1000 // past the members' own check indexes
+	h.nonPassing(health.CheckState{Node: "n1", CheckID: health.CheckID("e100", "s100", "work"),
+		ServiceID: "work:e100", Status: health.StatusCritical})
+	after := h.publish().snap // at once: the fake clock never reached a window's end
+	if a, b := before.GetVersion(resource.RouteType), after.GetVersion(resource.RouteType); a != b {
+		t.Fatalf("the route changed (%s → %s): this lapse moved a weight, so the test "+
+			"drills nothing; lapse another executor", a, b)
+	}
+	lapsed := translator.ShardName("work", translator.ShardOf("e100", 3), 3)
+	for name, v := range after.VersionMap[resource.EndpointType] {
+		if changed := v != before.VersionMap[resource.EndpointType][name]; changed != (name == lapsed) {
+			t.Fatalf("after a lapse in %s, %s changed: %v", lapsed, name, changed)
+		}
+	}
+	for _, e := range endpointsOf(t, after, lapsed) {
+		if strings.HasPrefix(e, "e100:") {
+			t.Fatalf("lapsed e100 still in %s", lapsed)
+		}
 	}
 }
 

@@ -8,6 +8,7 @@ import (
 	"testing"
 
 	clusterv3 "github.com/envoyproxy/go-control-plane/envoy/config/cluster/v3"
+	corev3 "github.com/envoyproxy/go-control-plane/envoy/config/core/v3"
 	endpointv3 "github.com/envoyproxy/go-control-plane/envoy/config/endpoint/v3"
 	listenerv3 "github.com/envoyproxy/go-control-plane/envoy/config/listener/v3"
 	routev3 "github.com/envoyproxy/go-control-plane/envoy/config/route/v3"
@@ -352,5 +353,57 @@ func TestShardedFailoverKeepsTheOwnDatacenterFirst(t *testing.T) {
 			t.Fatalf("dc1 gone: shard %d serves from rank %d, weighs %d; want dc2's", i, sh.Rank,
 				weights[i])
 		}
+	}
+}
+
+// A shard weighs the capacity its executors can still take: the sum of its
+// HEALTHY endpoints' weights, not a count of endpoints, and nothing for a
+// draining executor (it takes no new work). A shard whose executors all
+// drain weighs 0 in the route, so no call is picked for it.
+func TestAShardWeighsTheCapacityItsHealthyExecutorsCanTake(t *testing.T) {
+	d, _ := health.NewDispatcher("", nil)
+	es := fleettest.Executors(120)
+	for i := range es {
+		es[i].Capacity = 2 + 3*(i%7) // unequal: a count of endpoints is not their capacity
+		es[i].Load = i % 2
+		if ShardOf(es[i].InstanceID, 4) == 0 || i%5 == 0 {
+			es[i].State = health.StateDraining // all of shard 0, and some elsewhere
+		}
+	}
+	res := (&Builder{Shards: 4}).BuildPrinted("work", es, nil, d)
+	weights := ShardWeights(res.Shards)
+	counted := false
+	for i, sh := range res.Shards {
+		var healthy uint64
+		n, draining := 0, 0
+		for _, loc := range Expand(sh.CLA).GetEndpoints() {
+			for _, lb := range loc.GetLbEndpoints() {
+				switch lb.GetHealthStatus() {
+				case corev3.HealthStatus_HEALTHY:
+					healthy += uint64(lb.GetLoadBalancingWeight().GetValue())
+					n++
+				case corev3.HealthStatus_DRAINING:
+					draining++
+				}
+			}
+		}
+		if sh.Capacity != healthy {
+			t.Errorf("shard %d: capacity %d, its healthy endpoints' weights sum to %d", i,
+				sh.Capacity, healthy)
+		}
+		if healthy != uint64(n) {
+			counted = true
+		}
+		if i == 0 && (draining == 0 || n != 0 || weights[0] != 0) {
+			t.Errorf("shard 0, every executor draining: %d healthy, %d draining, weight %d; "+
+				"want 0 healthy and weight 0", n, draining, weights[0])
+		}
+		if i > 0 && (draining == 0 || weights[i] != ShardWeight(healthy)) {
+			t.Errorf("shard %d: %d draining, weight %d; want some draining and weight %d", i,
+				draining, weights[i], ShardWeight(healthy))
+		}
+	}
+	if !counted {
+		t.Fatal("every endpoint weighs 1: the test cannot tell capacity from a count")
 	}
 }
