@@ -104,5 +104,5 @@ bench: $(CONSUL)
 	$(GO) test -run '^$$' -bench FanOut -benchtime 200x -count 3 ./server
 	$(GO) build -tags '$(TAGS)' -ldflags '$(LDFLAGS)' -o bin/leasehold ./cmd/leasehold
 	$(GO) build -tags '$(TAGS)' -o bin/leasehold-bench ./cmd/leasehold-bench
-	bin/leasehold-bench --leasehold bin/leasehold --write BENCHMARKS.md
+	bin/leasehold-bench --leasehold bin/leasehold --delta --write BENCHMARKS.md
 	bin/leasehold-bench --leasehold bin/leasehold --churn --executors 10000 --tasks 10 --agents 10 --lease 6s --heartbeat 2s --write BENCHMARKS.md

@@ -969,7 +969,11 @@ func (res results) invocation() string {
 		cmd, extended = cmd+" --consul-data "+*consulData, true
 	}
 	if *deltaStreams {
-		cmd, extended = cmd+" --delta", true
+		cmd += " --delta"
+	} else {
+		// make bench runs --delta: its clients are then of the kind Consul's
+		// own xDS has (delta), as many on each path.
+		extended = true
 	}
 	if !*compare {
 		cmd += " --consul-xds=false"
