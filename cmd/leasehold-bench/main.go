@@ -923,14 +923,17 @@ func setupFlags() string {
 	return f
 }
 
-// invocation is the command line of the run: `make bench`'s unless
-// --tasks, --bulk-lease or --flapping were used.
+// invocation is the command line of the run, labelled `make bench`'s only
+// when its flags are the ones make bench passes.
 func (res results) invocation() string {
 	cmd := fmt.Sprintf("leasehold-bench --executors %d --agents %d --dispatchers %d "+
 		"--grpc-clients %d --lapses %d --fanouts %d --lease %s --heartbeat %s",
 		res.executors, *agents, res.dispatchers, res.grpcN,
 		len(res.lapse), len(res.fanout), res.lease, res.heartbeat)
-	extended := false
+	// make bench's own sizes (the defaults): any other is the harness's run.
+	extended := *executors != 500 || *agents != 1 || *dispatchers != 100 || *grpcN != 3 ||
+		*lapses != 50 || *fanouts != 10 || *lease != 10*time.Second ||
+		*heartbeat != 3*time.Second
 	if res.tasks > 1 {
 		cmd, extended = cmd+fmt.Sprintf(" --tasks %d", res.tasks), true
 	}
@@ -976,7 +979,7 @@ func (res results) invocation() string {
 		extended = true
 	}
 	if !*compare {
-		cmd += " --consul-xds=false"
+		cmd, extended = cmd+" --consul-xds=false", true
 	} else if *consulClients > 0 {
 		cmd, extended = cmd+fmt.Sprintf(" --consul-xds-clients %d", *consulClients), true
 	}

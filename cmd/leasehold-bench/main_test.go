@@ -2,6 +2,7 @@ package main
 
 import (
 	"errors"
+	"flag"
 	"fmt"
 	"maps"
 	"math/rand/v2"
@@ -196,5 +197,35 @@ func TestAllocationsAreReadFromTheHeapProfile(t *testing.T) {
 	res := results{allocErr: errors.New("refused")}
 	if got := res.lapseAllocs(); !strings.Contains(got, "unknown") {
 		t.Fatalf("lapseAllocs with an error = %q, want unknown", got)
+	}
+}
+
+// A run is labelled make bench's only when its flags are the ones make bench
+// passes (--delta among them); any other size, path or client kind is the
+// harness's own run.
+func TestARunIsLabelledMakeBenchOnlyWithItsFlags(t *testing.T) {
+	res := results{executors: 500, dispatchers: 100, grpcN: 3, tasks: 1,
+		lapse: make([]time.Duration, 50), fanout: make([]time.Duration, 10),
+		lease: 10 * time.Second, heartbeat: 3 * time.Second}
+	set := func(name, v string) (restore func()) {
+		was := flag.Lookup(name).Value.String()
+		if err := flag.Set(name, v); err != nil {
+			t.Fatal(err)
+		}
+		return func() { flag.Set(name, was) }
+	}
+	defer set("delta", "true")()
+	if got := res.invocation(); !strings.HasPrefix(got, "`make bench` → ") ||
+		!strings.HasSuffix(got, " --delta`") {
+		t.Fatalf("make bench's flags: %s", got)
+	}
+	for _, f := range [][2]string{{"executors", "1000"}, {"dispatchers", "1000"},
+		{"grpc-clients", "0"}, {"lapses", "20"}, {"lease", "6s"}, {"consul-xds", "false"},
+		{"delta", "false"}} {
+		restore := set(f[0], f[1])
+		if got := res.invocation(); strings.HasPrefix(got, "`make bench`") {
+			t.Errorf("--%s %s labelled as make bench's: %s", f[0], f[1], got)
+		}
+		restore()
 	}
 }

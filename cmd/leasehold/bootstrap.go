@@ -217,31 +217,40 @@ func xdsDialAddr(flag, addr string) error {
 			"leasehold serve listens), not one a dispatcher can dial: give leasehold's "+
 			"reachable address, e.g. --xds-addr 10.0.0.5:18000", flag, typed)
 	}
-	if ipErr != nil && !validHostName(host) {
-		return fmt.Errorf("invalid %s %q: the host %q is neither an IP address nor a host "+
-			"name (letters, digits, '-', '_' and '.')", flag, typed, host)
+	if ipErr == nil {
+		return nil
+	}
+	if p := hostNameProblem(host); p != "" {
+		return fmt.Errorf("invalid %s %q: the host %q: %s", flag, typed, host, p)
 	}
 	return nil
 }
 
-// validHostName reports whether host is a name a resolver can be asked:
-// labels of letters, digits, '-' or '_' separated by dots.
-func validHostName(host string) bool {
-	if host == "" || len(host) > 253 {
-		return false
+// hostNameProblem says what keeps host from being a name a resolver can be
+// asked ("": nothing): labels of letters, digits, '-' or '_' separated by
+// dots, at most 63 characters each and 253 in all (a final dot aside).
+func hostNameProblem(host string) string {
+	name := strings.TrimSuffix(host, ".")
+	if len(name) > 253 {
+		return fmt.Sprintf("a host name is at most 253 characters, this one %d", len(name))
 	}
-	for label := range strings.SplitSeq(strings.TrimSuffix(host, "."), ".") {
-		if label == "" || len(label) > 63 {
-			return false
+	for label := range strings.SplitSeq(name, ".") {
+		if label == "" {
+			return "a host name has no empty label (two dots, or a dot first)"
+		}
+		if len(label) > 63 {
+			return fmt.Sprintf("a host name's label is at most 63 characters, %q has %d",
+				label, len(label))
 		}
 		for _, r := range label {
 			if !(r >= 'a' && r <= 'z' || r >= 'A' && r <= 'Z' || r >= '0' && r <= '9' ||
 				r == '-' || r == '_') {
-				return false
+				return "neither an IP address nor a host name (letters, digits, '-', '_' " +
+					"and '.'; a name in another script is written in punycode, xn--…)"
 			}
 		}
 	}
-	return true
+	return ""
 }
 
 func newBootstrapCmd() *cobra.Command {

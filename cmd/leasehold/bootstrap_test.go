@@ -164,6 +164,8 @@ func TestBootstrapWeightedClustersFalse(t *testing.T) {
 // strictly as HOST:PORT.
 func TestBootstrapTakesADNSTargetOfReplicas(t *testing.T) {
 	for _, ok := range []string{"dns:///leasehold.example:18000",
+		strings.Repeat("a.", 126) + "a.:1", // 253 characters and a final dot
+		strings.Repeat("a", 63) + ".example:1", "xn--bcher-kva.example:1", "LEASEHOLD_1.local.:1",
 		"dns://127.0.0.1:8600/leasehold-xds.service.consul:18000",
 		"dns://10.0.0.2/leasehold.example:18000"} {
 		if err := xdsDialAddr("--xds-addr", ok); err != nil {
@@ -172,7 +174,8 @@ func TestBootstrapTakesADNSTargetOfReplicas(t *testing.T) {
 	}
 	for _, bad := range []string{"dns://leasehold.example:18000", "dns:///leasehold.example",
 		"dns:///0.0.0.0:18000", "dns://not a server/x:1", "dns:///x:99999",
-		"dns:///not@a#name:1", "not@a#name:1", "dns:///leasehold..example:18000"} {
+		"dns:///not@a#name:1", "not@a#name:1", "dns:///leasehold..example:18000",
+		strings.Repeat("a", 64) + ".example:1", strings.Repeat("a.", 127) + "ab:1"} {
 		// The error quotes the target as given, not only the part it read.
 		if err := xdsDialAddr("--xds-addr", bad); err == nil ||
 			!strings.Contains(err.Error(), "--xds-addr") ||
