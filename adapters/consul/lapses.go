@@ -397,7 +397,7 @@ func (r *LapseRecorder) writeMarks(
 		key := health.LapseMarkKey(m.InstanceID, m.SessionID)
 		ops = append(ops, &api.TxnOp{KV: &api.KVTxnOp{Verb: api.KVCAS, Key: key, Value: m.Value()}})
 	}
-	of := slices.Clone(marks) // the mark of each op
+	of := marks // the mark of each op (replaced, never written in place)
 	bad := map[[2]string]error{}
 	for len(ops) > 0 {
 		ok, resp, _, err := r.kv.Txn().Txn(ops, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
@@ -412,15 +412,13 @@ func (r *LapseRecorder) writeMarks(
 			if te.OpIndex < 0 || te.OpIndex >= len(ops) {
 				return nil, fmt.Errorf("transaction refused: %s", te.What)
 			}
-			key := ops[te.OpIndex].KV.Key
+			key, m := ops[te.OpIndex].KV.Key, of[te.OpIndex]
 			p, _, err := r.kv.KV().Get(key, (&api.QueryOptions{Datacenter: dc}).WithContext(ctx))
-			switch {
+			switch k := [2]string{m.InstanceID, m.SessionID}; {
 			case err != nil:
-				bad[[2]string{of[te.OpIndex].InstanceID, of[te.OpIndex].SessionID}] =
-					fmt.Errorf("%s refused (%s), and reading it: %w", key, te.What, err)
+				bad[k] = fmt.Errorf("%s refused (%s), and reading it: %w", key, te.What, err)
 			case p == nil:
-				bad[[2]string{of[te.OpIndex].InstanceID, of[te.OpIndex].SessionID}] =
-					fmt.Errorf("%s refused: %s", key, te.What)
+				bad[k] = fmt.Errorf("%s refused: %s", key, te.What)
 			}
 			out[te.OpIndex] = true
 		}
